@@ -1,0 +1,155 @@
+//! What each command does: `run` measures and writes results; `models` lists the catalogue.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use crate::cli::RunArgs;
+use crate::device::DeviceSpec;
+use crate::run::{execute, Run, RunContext, RunSpec};
+use crate::store::{read_table, write_run, Table};
+use crate::{plot, provenance, summary};
+
+/// Outcome of `migprof run`: how many runs were written and whether one failed.
+pub struct RunReport {
+    pub completed: Vec<Run>,
+    pub failed: Option<(RunSpec, anyhow::Error)>,
+}
+
+pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
+    let specs = args.specs();
+    let spec = match args.device {
+        Some(d) => d,
+        None => default_device(log)?,
+    };
+    let device = spec.open()?;
+    // Make the folder before the first run, so a bad --out fails before any time is spent.
+    std::fs::create_dir_all(&args.out).with_context(|| format!("cannot use {} as the results folder", args.out.display()))?;
+    let context = RunContext {
+        invocation_id: provenance::run_id(provenance::now()),
+        host: provenance::host(),
+        device: device.info.clone(),
+    };
+    writeln!(log, "migprof {}: {} run(s) on {} [{}], results to {}", provenance::VERSION, specs.len(), spec, device.info.name, args.out.display())?;
+
+    let mut completed = Vec::new();
+    let mut failed = None;
+    for (i, s) in specs.iter().enumerate() {
+        write!(log, "[{}/{}] {} {} {} batch {} ... ", i + 1, specs.len(), s.model, s.mode.as_str(), s.dtype.as_str(), s.batch)?;
+        log.flush()?;
+        let outcome = execute(s, &device, context.clone()).and_then(|run| write_run(&args.out, &run).map(|_| run));
+        match outcome {
+            Ok(run) => {
+                writeln!(
+                    log,
+                    "{} iterations, p50 {:.3} ms, {:.1} samples/s, {}",
+                    run.stats.iterations,
+                    run.stats.p50_ns as f64 / 1e6,
+                    run.throughput(),
+                    run.assessment.verdict
+                )?;
+                completed.push(run);
+            }
+            Err(e) => {
+                writeln!(log, "failed")?;
+                failed = Some((s.clone(), e));
+                break;
+            }
+        }
+    }
+    Ok(RunReport { completed, failed })
+}
+
+/// CUDA device 0 when this build has CUDA and finds a device; otherwise the CPU, saying why.
+fn default_device(log: &mut dyn Write) -> Result<DeviceSpec> {
+    if candle_core::utils::cuda_is_available() {
+        return Ok(DeviceSpec::Cuda { ordinal: 0 });
+    }
+    writeln!(log, "note: this migprof was built without CUDA support; running on the CPU")?;
+    Ok(DeviceSpec::Cpu)
+}
+
+/// Plots everything in the folder and prints the summary and where things are.
+pub fn finish(out: &Path, report: &RunReport, stdout: &mut dyn Write) -> Result<()> {
+    let all = read_table(out, Table::Runs)?;
+    let plots = plot::write_plots(out, &all)?;
+    if !report.completed.is_empty() {
+        write!(stdout, "\n{}", summary::table(&report.completed))?;
+    }
+    writeln!(stdout)?;
+    writeln!(
+        stdout,
+        "wrote {} run(s) to {} and {} ({} runs in the folder in all)",
+        report.completed.len(),
+        out.join(Table::Runs.dir_name()).display(),
+        out.join(Table::Samples.dir_name()).display(),
+        all.height()
+    )?;
+    for p in &plots {
+        writeln!(stdout, "plot: {}", p.display())?;
+    }
+    let not_ok = report.completed.iter().filter(|r| r.assessment.verdict != crate::verdict::Verdict::Ok).count();
+    if not_ok > 0 {
+        writeln!(stdout, "{not_ok} run(s) have a verdict other than ok; their verdict_reason column says why")?;
+    }
+    Ok(())
+}
+
+/// The model catalogue as a table.
+pub fn models(stdout: &mut dyn Write) -> Result<()> {
+    let header = format!("{:<12} {:<8} {:<14} {:>13} {:>14} {:>9}", "model", "family", "input", "params", "GFLOPs/sample", "preset");
+    writeln!(stdout, "{header}")?;
+    writeln!(stdout, "{}", "-".repeat(header.len()))?;
+    for m in workloads::models() {
+        let input = match m.input {
+            workloads::InputShape::Image { channels, height, width } => format!("{channels}x{height}x{width}"),
+        };
+        writeln!(
+            stdout,
+            "{:<12} {:<8} {:<14} {:>13} {:>14.3} {:>9}",
+            m.name,
+            m.family.as_str(),
+            input,
+            thousands(m.params),
+            m.flops_per_sample as f64 / 1e9,
+            if m.tiny { "tiny" } else { "published" }
+        )?;
+    }
+    writeln!(stdout, "\nGFLOPs/sample: forward pass, a multiply-add counted as 2 FLOPs (torchvision counts it once); a training step counts 3x.")?;
+    Ok(())
+}
+
+fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(11_689_512), "11,689,512");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+    }
+
+    #[test]
+    fn models_lists_exact_counts() -> Result<()> {
+        let mut out = Vec::new();
+        models(&mut out)?;
+        let text = String::from_utf8(out)?;
+        assert!(text.lines().any(|l| l.starts_with("resnet18 ") && l.contains("11,689,512")), "{text}");
+        assert!(text.lines().any(|l| l.starts_with("resnet50 ") && l.contains("25,557,032")), "{text}");
+        Ok(())
+    }
+}

@@ -1,0 +1,251 @@
+//! The command line: what each flag means, how values are checked, and the defaults of `run`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::builder::PossibleValuesParser;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use workloads::Mode;
+
+use crate::device::DeviceSpec;
+use crate::measure::{Stop, Warmup};
+use crate::run::RunSpec;
+
+#[derive(Debug, Parser)]
+#[command(name = "migprof", version, about = "Profile deep-learning workloads on NVIDIA GPUs, MIG slices and CPUs")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Measure models: one run per model x mode x dtype x batch size. With no flags, a default set
+    /// that takes about two minutes on a 2-core CPU.
+    Run(RunArgs),
+    /// List the models with their parameter counts and FLOPs per sample.
+    Models,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    Infer,
+    Train,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Infer => Mode::Infer,
+            ModeArg::Train => Mode::Train,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DTypeArg {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl From<DTypeArg> for candle_core::DType {
+    fn from(d: DTypeArg) -> Self {
+        match d {
+            DTypeArg::F32 => candle_core::DType::F32,
+            DTypeArg::Bf16 => candle_core::DType::BF16,
+            DTypeArg::F16 => candle_core::DType::F16,
+        }
+    }
+}
+
+/// The default set: ResNet-18 inference at batch 1 and 8, training at batch 8.
+pub const DEFAULT_MODEL: &str = "resnet18";
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Models to run, comma-separated (see `migprof models`).
+    #[arg(long, value_delimiter = ',', value_parser = PossibleValuesParser::new(workloads::model_names()))]
+    pub model: Vec<String>,
+
+    /// infer (forward only, no gradients) or train (forward, cross-entropy, backward, AdamW), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub mode: Vec<ModeArg>,
+
+    /// Batch sizes, comma-separated: one run per value.
+    #[arg(long, value_delimiter = ',', value_parser = parse_batch)]
+    pub batch: Vec<usize>,
+
+    /// Element types, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "f32")]
+    pub dtype: Vec<DTypeArg>,
+
+    /// cpu, cuda (first CUDA device) or cuda:N. Default: cuda when this build has CUDA and a device, else cpu.
+    #[arg(long)]
+    pub device: Option<DeviceSpec>,
+
+    /// Warm-up iterations before measuring.
+    #[arg(long, conflicts_with = "warmup_secs")]
+    pub warmup: Option<u64>,
+
+    /// Warm-up time in seconds (at least one iteration). Default: 1.
+    #[arg(long, value_parser = parse_secs)]
+    pub warmup_secs: Option<f64>,
+
+    /// Measure exactly this many iterations.
+    #[arg(long, conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(1..))]
+    pub iters: Option<u64>,
+
+    /// Measure for at least this many seconds (and at least --min-iters iterations). Default: 3.
+    #[arg(long, value_parser = parse_secs)]
+    pub duration: Option<f64>,
+
+    /// With --duration: the fewest iterations to measure however long they take.
+    #[arg(long, default_value_t = 10, conflicts_with = "iters")]
+    pub min_iters: u64,
+
+    /// Results folder: Parquet tables under runs/ and samples/, SVG plots beside them.
+    #[arg(long, default_value = "data/results")]
+    pub out: PathBuf,
+
+    /// Seeds the weights and the synthetic inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+fn parse_batch(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(b) if b > 0 => Ok(b),
+        _ => Err(format!("batch sizes are positive integers, comma-separated (e.g. --batch 1,8,32); got `{s}`")),
+    }
+}
+
+fn parse_secs(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("expected a number of seconds (e.g. 2.5); got `{s}`")),
+    }
+}
+
+impl RunArgs {
+    pub fn warmup_rule(&self) -> Warmup {
+        match (self.warmup, self.warmup_secs) {
+            (Some(n), _) => Warmup::Iterations(n),
+            (None, secs) => Warmup::Duration(Duration::from_secs_f64(secs.unwrap_or(1.0))),
+        }
+    }
+
+    pub fn stop_rule(&self) -> Stop {
+        match self.iters {
+            Some(n) => Stop::Iterations(n),
+            None => Stop::Duration {
+                min: Duration::from_secs_f64(self.duration.unwrap_or(3.0)),
+                min_iterations: self.min_iters,
+            },
+        }
+    }
+
+    /// Every run to make, in order: model, then mode, then dtype, then batch. Unset lists take the
+    /// default set's values.
+    pub fn specs(&self) -> Vec<RunSpec> {
+        let defaults_only = self.model.is_empty() && self.mode.is_empty() && self.batch.is_empty();
+        let models = if self.model.is_empty() { vec![DEFAULT_MODEL.to_string()] } else { self.model.clone() };
+        let modes = if self.mode.is_empty() {
+            if defaults_only { vec![ModeArg::Infer, ModeArg::Train] } else { vec![ModeArg::Infer] }
+        } else {
+            self.mode.clone()
+        };
+        let batches_for = |mode: ModeArg| -> Vec<usize> {
+            match (self.batch.is_empty(), defaults_only, mode) {
+                (false, _, _) => self.batch.clone(),
+                (true, true, ModeArg::Train) => vec![8],
+                (true, true, ModeArg::Infer) => vec![1, 8],
+                (true, false, _) => vec![1],
+            }
+        };
+        let mut specs = Vec::new();
+        for model in &models {
+            for &mode in &modes {
+                for &dtype in &self.dtype {
+                    for batch in batches_for(mode) {
+                        specs.push(RunSpec {
+                            model: model.clone(),
+                            mode: mode.into(),
+                            dtype: dtype.into(),
+                            batch,
+                            warmup: self.warmup_rule(),
+                            stop: self.stop_rule(),
+                            seed: self.seed,
+                        });
+                    }
+                }
+            }
+        }
+        specs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &str) -> RunArgs {
+        let argv = std::iter::once("migprof").chain(std::iter::once("run")).chain(line.split_whitespace());
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Run(a) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_default_set() {
+        let specs = args("").specs();
+        let got: Vec<(String, Mode, usize)> = specs.iter().map(|s| (s.model.clone(), s.mode, s.batch)).collect();
+        assert_eq!(
+            got,
+            vec![("resnet18".into(), Mode::Infer, 1), ("resnet18".into(), Mode::Infer, 8), ("resnet18".into(), Mode::Train, 8)]
+        );
+        assert_eq!(specs[0].warmup, Warmup::Duration(Duration::from_secs(1)));
+        assert_eq!(specs[0].stop, Stop::Duration { min: Duration::from_secs(3), min_iterations: 10 });
+    }
+
+    #[test]
+    fn lists_make_a_cross_product() {
+        let specs = args("--model resnet18,resnet50 --mode infer,train --batch 1,2 --dtype f32,bf16 --iters 5 --warmup 0").specs();
+        assert_eq!(specs.len(), 16);
+        assert!(specs.iter().all(|s| s.stop == Stop::Iterations(5) && s.warmup == Warmup::Iterations(0)));
+        assert_eq!(specs[15].model, "resnet50");
+        assert_eq!(specs[15].batch, 2);
+    }
+
+    #[test]
+    fn a_model_alone_runs_inference_at_batch_one() {
+        let specs = args("--model resnet50").specs();
+        assert_eq!(specs.len(), 1);
+        assert_eq!((specs[0].mode, specs[0].batch), (Mode::Infer, 1));
+    }
+
+    #[test]
+    fn bad_values_name_the_valid_choices() {
+        let err = |line: &str| {
+            let argv = ["migprof", "run"].into_iter().chain(line.split_whitespace());
+            Cli::try_parse_from(argv).unwrap_err().to_string()
+        };
+        let e = err("--model resnet19");
+        assert!(e.contains("resnet19") && e.contains("resnet18") && e.contains("resnet152"), "{e}");
+        let e = err("--batch 1,0");
+        assert!(e.contains("positive integers"), "{e}");
+        let e = err("--batch eight");
+        assert!(e.contains("`eight`"), "{e}");
+        let e = err("--mode eval");
+        assert!(e.contains("infer") && e.contains("train"), "{e}");
+        let e = err("--dtype fp8");
+        assert!(e.contains("f32") && e.contains("bf16") && e.contains("f16"), "{e}");
+        let e = err("--device MIG-1234");
+        assert!(e.contains("cuda:N"), "{e}");
+        let e = err("--iters 0");
+        assert!(e.contains("--iters"), "{e}");
+        let e = err("--iters 5 --duration 2");
+        assert!(e.contains("cannot be used with"), "{e}");
+    }
+}

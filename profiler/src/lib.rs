@@ -1,0 +1,14 @@
+//! migprof: measures deep-learning workloads on a device (CPU, GPU, MIG slice) and records what it
+//! measured, where, and whether the number can be trusted.
+
+pub mod app;
+pub mod cli;
+pub mod device;
+pub mod measure;
+pub mod plot;
+pub mod provenance;
+pub mod run;
+pub mod stats;
+pub mod store;
+pub mod summary;
+pub mod verdict;

@@ -1,0 +1,33 @@
+use std::process::ExitCode;
+
+use clap::Parser;
+use migprof::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
+    let result = match &cli.command {
+        Command::Models => migprof::app::models(&mut stdout).map(|_| ExitCode::SUCCESS),
+        Command::Run(args) => migprof::app::run(args, &mut stderr).and_then(|report| {
+            migprof::app::finish(&args.out, &report, &mut stdout)?;
+            Ok(match &report.failed {
+                None => ExitCode::SUCCESS,
+                Some((spec, err)) => {
+                    eprintln!(
+                        "error: {} {} {} batch {} failed: {err:#}\n(runs finished before it are kept in {})",
+                        spec.model,
+                        spec.mode.as_str(),
+                        spec.dtype.as_str(),
+                        spec.batch,
+                        args.out.display()
+                    );
+                    ExitCode::FAILURE
+                }
+            })
+        }),
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        ExitCode::FAILURE
+    })
+}

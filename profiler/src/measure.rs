@@ -1,0 +1,273 @@
+//! The measuring loop: warm-up, then timed iterations of one step until a stop rule is met.
+//!
+//! It drives any step through [`Executor`] and reads time through [`Clock`], as hyperfine's executor
+//! does, so tests can run it on a fake step and a fake clock and check every number exactly.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+/// A monotonic time source.
+pub trait Clock {
+    /// Time since an arbitrary, fixed origin.
+    fn now(&self) -> Duration;
+}
+
+/// The real clock.
+pub struct MonotonicClock(Instant);
+
+impl MonotonicClock {
+    pub fn new() -> Self {
+        Self(Instant::now())
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now(&self) -> Duration {
+        self.0.elapsed()
+    }
+}
+
+/// One step of a workload, as the loop sees it.
+pub trait Executor {
+    /// Runs one step and returns only once the device has finished it, so that the clock read right
+    /// after it measures the step and not merely its launch.
+    fn step(&mut self) -> Result<()>;
+    /// The loss of the most recent step when training. Reading it may copy from the device, so the
+    /// loop reads it outside the timed section and only for the first and last measured steps.
+    fn loss(&mut self) -> Result<Option<f32>>;
+}
+
+/// How long to run before measuring.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Warmup {
+    Iterations(u64),
+    /// Until this much time has passed, and at least one iteration.
+    Duration(Duration),
+}
+
+/// When to stop measuring.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Stop {
+    /// Exactly this many measured iterations.
+    Iterations(u64),
+    /// Until this much measured time has passed and at least `min_iterations` have run.
+    Duration { min: Duration, min_iterations: u64 },
+}
+
+impl Stop {
+    fn reached(&self, iterations: u64, elapsed: Duration) -> bool {
+        match *self {
+            Stop::Iterations(n) => iterations >= n,
+            Stop::Duration { min, min_iterations } => iterations >= min_iterations.max(1) && elapsed >= min,
+        }
+    }
+}
+
+/// What one measurement produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measurement {
+    pub warmup_iterations: u64,
+    /// Latency of each measured step, in order, in nanoseconds.
+    pub latencies_ns: Vec<u64>,
+    /// Wall-clock time of the whole measured phase, harness included.
+    pub elapsed: Duration,
+    pub loss_first: Option<f32>,
+    pub loss_last: Option<f32>,
+}
+
+/// Warms up, then measures until `stop`.
+pub fn measure(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup, stop: Stop) -> Result<Measurement> {
+    let warmup_iterations = warm_up(exec, clock, warmup)?;
+    let mut latencies_ns = Vec::new();
+    let mut loss_first = None;
+    let start = clock.now();
+    let loss_last = loop {
+        let t0 = clock.now();
+        exec.step()?;
+        let t1 = clock.now();
+        latencies_ns.push(nanos(t1 - t0));
+        let n = latencies_ns.len() as u64;
+        if n == 1 {
+            loss_first = exec.loss()?;
+        }
+        if stop.reached(n, clock.now() - start) {
+            break exec.loss()?;
+        }
+    };
+    let elapsed = clock.now() - start;
+    Ok(Measurement { warmup_iterations, latencies_ns, elapsed, loss_first, loss_last })
+}
+
+fn warm_up(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup) -> Result<u64> {
+    let start = clock.now();
+    let mut n = 0;
+    loop {
+        let done = match warmup {
+            Warmup::Iterations(k) => n >= k,
+            Warmup::Duration(d) => n >= 1 && clock.now() - start >= d,
+        };
+        if done {
+            return Ok(n);
+        }
+        exec.step()?;
+        n += 1;
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+pub(crate) mod fake {
+    //! A step of scripted duration on a clock that only moves when told to.
+
+    use super::*;
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    #[derive(Clone, Default)]
+    pub struct FakeClock {
+        now: Rc<Cell<Duration>>,
+        /// Added on every read: models what reading the clock and bookkeeping cost.
+        pub tick: Duration,
+    }
+
+    impl FakeClock {
+        pub fn with_tick(tick: Duration) -> Self {
+            Self { tick, ..Default::default() }
+        }
+
+        pub fn advance(&self, d: Duration) {
+            self.now.set(self.now.get() + d);
+        }
+    }
+
+    impl Clock for FakeClock {
+        fn now(&self) -> Duration {
+            let t = self.now.get();
+            self.now.set(t + self.tick);
+            t
+        }
+    }
+
+    /// Takes `durations[i % len]` for step i, and reports a loss that halves each step.
+    pub struct FakeStep {
+        pub clock: FakeClock,
+        pub durations: Vec<Duration>,
+        pub steps: usize,
+        pub train: bool,
+        pub loss_reads: usize,
+    }
+
+    impl FakeStep {
+        pub fn new(clock: &FakeClock, durations_ms: &[f64]) -> Self {
+            let durations = durations_ms.iter().map(|&ms| Duration::from_secs_f64(ms / 1e3)).collect();
+            Self { clock: clock.clone(), durations, steps: 0, train: false, loss_reads: 0 }
+        }
+    }
+
+    impl Executor for FakeStep {
+        fn step(&mut self) -> Result<()> {
+            self.clock.advance(self.durations[self.steps % self.durations.len()]);
+            self.steps += 1;
+            Ok(())
+        }
+
+        fn loss(&mut self) -> Result<Option<f32>> {
+            self.loss_reads += 1;
+            Ok(self.train.then(|| 0.5f32.powi(self.steps as i32)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::*;
+    use super::*;
+
+    #[test]
+    fn fixed_iterations_record_each_step_latency_in_order() -> Result<()> {
+        let clock = FakeClock::default();
+        let mut step = FakeStep::new(&clock, &[1.0, 3.0]);
+        let m = measure(&mut step, &clock, Warmup::Iterations(3), Stop::Iterations(4))?;
+        assert_eq!(m.warmup_iterations, 3);
+        // Warm-up took steps 0..3 (1, 3, 1 ms), so measuring starts on a 3 ms step.
+        assert_eq!(m.latencies_ns, vec![3_000_000, 1_000_000, 3_000_000, 1_000_000]);
+        assert_eq!(m.elapsed, Duration::from_millis(8));
+        assert_eq!(step.steps, 7);
+        Ok(())
+    }
+
+    #[test]
+    fn duration_stop_waits_for_both_time_and_minimum_iterations() -> Result<()> {
+        let clock = FakeClock::default();
+        let mut step = FakeStep::new(&clock, &[2.0]);
+        let stop = Stop::Duration { min: Duration::from_millis(9), min_iterations: 3 };
+        let m = measure(&mut step, &clock, Warmup::Iterations(0), stop)?;
+        assert_eq!(m.latencies_ns.len(), 5, "9 ms of 2 ms steps needs 5");
+
+        let stop = Stop::Duration { min: Duration::from_millis(1), min_iterations: 7 };
+        let m = measure(&mut step, &clock, Warmup::Iterations(0), stop)?;
+        assert_eq!(m.latencies_ns.len(), 7, "the minimum count wins over a short duration");
+        Ok(())
+    }
+
+    #[test]
+    fn duration_warmup_runs_at_least_once_and_until_the_time_is_up() -> Result<()> {
+        let clock = FakeClock::default();
+        let mut step = FakeStep::new(&clock, &[4.0]);
+        let m = measure(&mut step, &clock, Warmup::Duration(Duration::from_millis(10)), Stop::Iterations(1))?;
+        assert_eq!(m.warmup_iterations, 3);
+        let m = measure(&mut step, &clock, Warmup::Duration(Duration::ZERO), Stop::Iterations(1))?;
+        assert_eq!(m.warmup_iterations, 1);
+        Ok(())
+    }
+
+    #[test]
+    fn clock_cost_shows_in_wall_time_not_in_latencies() -> Result<()> {
+        // Every clock read costs 10 us: a latency spans one read, the wall time every read.
+        let clock = FakeClock::with_tick(Duration::from_micros(10));
+        let mut step = FakeStep::new(&clock, &[1.0]);
+        let m = measure(&mut step, &clock, Warmup::Iterations(0), Stop::Iterations(10))?;
+        assert!(m.latencies_ns.iter().all(|&l| l == 1_010_000), "{:?}", m.latencies_ns);
+        // Each iteration reads the clock three times (t0, t1, the stop check) around its 1 ms step,
+        // and the final elapsed read is one more tick: 10 ms + 31 ticks.
+        assert_eq!(m.elapsed, Duration::from_micros(10_000 + 31 * 10));
+        Ok(())
+    }
+
+    #[test]
+    fn loss_is_read_for_the_first_and_last_measured_step_only() -> Result<()> {
+        let clock = FakeClock::default();
+        let mut step = FakeStep::new(&clock, &[1.0]);
+        step.train = true;
+        let m = measure(&mut step, &clock, Warmup::Iterations(2), Stop::Iterations(5))?;
+        assert_eq!(step.loss_reads, 2);
+        assert_eq!(m.loss_first, Some(0.5f32.powi(3)));
+        assert_eq!(m.loss_last, Some(0.5f32.powi(7)));
+        Ok(())
+    }
+
+    #[test]
+    fn a_failing_step_is_an_error() {
+        struct Broken;
+        impl Executor for Broken {
+            fn step(&mut self) -> Result<()> {
+                anyhow::bail!("out of memory")
+            }
+            fn loss(&mut self) -> Result<Option<f32>> {
+                Ok(None)
+            }
+        }
+        let err = measure(&mut Broken, &MonotonicClock::new(), Warmup::Iterations(0), Stop::Iterations(1)).unwrap_err();
+        assert_eq!(err.to_string(), "out of memory");
+    }
+}

@@ -1,0 +1,199 @@
+//! SVG plots of a results folder: throughput against batch size, and latency (p50 with a whisker to
+//! p99) against batch size, one series per model, mode, dtype and device. Text is laid out with
+//! plotters' built-in metrics, so no system font is needed.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use plotters::prelude::*;
+use polars::prelude::*;
+
+pub const THROUGHPUT_SVG: &str = "throughput_vs_batch.svg";
+pub const LATENCY_SVG: &str = "latency_vs_batch.svg";
+
+/// The columns of one `runs` row that the plots use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Point {
+    pub run_id: String,
+    pub batch: f64,
+    pub throughput: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+/// Groups rows into series keyed by "model mode dtype · device", sorted by batch size; where a
+/// folder holds several runs of one configuration, the latest (largest run id) is plotted.
+pub fn series(runs: &DataFrame) -> Result<BTreeMap<String, Vec<Point>>> {
+    if runs.height() == 0 {
+        return Ok(BTreeMap::new());
+    }
+    let text = |name: &str| -> Result<Vec<String>> {
+        Ok(runs.column(name)?.str()?.iter().map(|v| v.unwrap_or("?").to_string()).collect())
+    };
+    let number = |name: &str| -> Result<Vec<f64>> {
+        let c = runs.column(name)?.cast(&DataType::Float64)?;
+        Ok(c.f64()?.iter().map(|v| v.unwrap_or(f64::NAN)).collect())
+    };
+    let (model, mode, dtype, device, run_id) =
+        (text("model")?, text("mode")?, text("dtype")?, text("device_name")?, text("run_id")?);
+    let (batch, throughput, p50, p99) = (number("batch")?, number("throughput")?, number("p50_ms")?, number("p99_ms")?);
+    let mut latest: BTreeMap<String, BTreeMap<u64, Point>> = BTreeMap::new();
+    for i in 0..runs.height() {
+        let key = format!("{} {} {} · {}", model[i], mode[i], dtype[i], device[i]);
+        let p = Point { run_id: run_id[i].clone(), batch: batch[i], throughput: throughput[i], p50_ms: p50[i], p99_ms: p99[i] };
+        let by_batch = latest.entry(key).or_default();
+        match by_batch.get(&(batch[i] as u64)) {
+            Some(old) if old.run_id >= p.run_id => {}
+            _ => {
+                by_batch.insert(batch[i] as u64, p);
+            }
+        }
+    }
+    Ok(latest.into_iter().map(|(k, v)| (k, v.into_values().collect())).collect())
+}
+
+/// Draws both plots into `out` and returns their paths; nothing is drawn for an empty table.
+pub fn write_plots(out: &Path, runs: &DataFrame) -> Result<Vec<PathBuf>> {
+    let series = series(runs)?;
+    if series.is_empty() {
+        return Ok(Vec::new());
+    }
+    let throughput = out.join(THROUGHPUT_SVG);
+    draw(&throughput, &series, Chart::Throughput).with_context(|| format!("drawing {}", throughput.display()))?;
+    let latency = out.join(LATENCY_SVG);
+    draw(&latency, &series, Chart::Latency).with_context(|| format!("drawing {}", latency.display()))?;
+    Ok(vec![throughput, latency])
+}
+
+#[derive(Clone, Copy)]
+enum Chart {
+    Throughput,
+    Latency,
+}
+
+fn draw(path: &Path, series: &BTreeMap<String, Vec<Point>>, chart: Chart) -> Result<()> {
+    let all: Vec<&Point> = series.values().flatten().collect();
+    let (bmin, bmax) = bounds(all.iter().map(|p| p.batch));
+    let (title, y_desc) = match chart {
+        Chart::Throughput => ("Throughput vs batch size", "throughput (samples/s)"),
+        Chart::Latency => ("Latency vs batch size (p50, whisker to p99)", "latency per step (ms)"),
+    };
+    let (ymin, ymax) = match chart {
+        Chart::Throughput => bounds(all.iter().map(|p| p.throughput)),
+        Chart::Latency => bounds(all.iter().flat_map(|p| [p.p50_ms, p.p99_ms])),
+    };
+    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    // Batch sizes and latencies span orders of magnitude: both axes are logarithmic, padded so that
+    // a single point is not drawn on the frame.
+    let mut ctx = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 24))
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d((bmin / 1.5..bmax * 1.5).log_scale(), (ymin / 1.5..ymax * 1.5).log_scale())?;
+    ctx.configure_mesh()
+        .x_desc("batch size (samples per step)")
+        .y_desc(y_desc)
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{}", significant(*v)))
+        .draw()?;
+    for (i, (name, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let y = |p: &Point| match chart {
+            Chart::Throughput => p.throughput,
+            Chart::Latency => p.p50_ms,
+        };
+        ctx.draw_series(LineSeries::new(points.iter().map(|p| (p.batch, y(p))), color.stroke_width(2)))?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+        ctx.draw_series(points.iter().map(|p| Circle::new((p.batch, y(p)), 4, color.filled())))?;
+        if let Chart::Latency = chart {
+            ctx.draw_series(points.iter().map(|p| ErrorBar::new_vertical(p.batch, p.p50_ms, p.p50_ms, p.p99_ms, color.stroke_width(1), 10)))?;
+        }
+    }
+    ctx.configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// Smallest and largest positive finite value (a log axis cannot show zero).
+fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .fold((f64::INFINITY, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if lo.is_finite() {
+        (lo, hi)
+    } else {
+        (1.0, 10.0)
+    }
+}
+
+/// A tick label with three significant digits and no exponent.
+fn significant(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return format!("{v}");
+    }
+    let decimals = (2 - v.abs().log10().floor() as i32).max(0) as usize;
+    format!("{v:.decimals$}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::tests::fake_run;
+    use crate::store::runs_frame;
+    use std::time::Duration;
+
+    #[test]
+    fn latest_run_per_batch_in_batch_order() -> Result<()> {
+        let a8 = fake_run(8, 10, Duration::ZERO);
+        let a1 = fake_run(1, 10, Duration::ZERO);
+        let newer8 = fake_run(8, 10, Duration::from_micros(500)); // created last: largest run id
+        let df = runs_frame(&[a8, a1, newer8.clone()])?;
+        let s = series(&df)?;
+        assert_eq!(s.len(), 1);
+        let (name, points) = s.iter().next().unwrap();
+        assert_eq!(name, "resnet_tiny infer f32 · Test CPU (2 threads)");
+        assert_eq!(points.iter().map(|p| p.batch).collect::<Vec<_>>(), vec![1.0, 8.0]);
+        assert_eq!(points[1].run_id, newer8.run_id);
+        assert_eq!(points[1].throughput, newer8.throughput());
+        Ok(())
+    }
+
+    #[test]
+    fn svgs_have_titles_axes_series_and_whiskers() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runs = [fake_run(1, 10, Duration::ZERO), fake_run(4, 10, Duration::ZERO), fake_run(16, 10, Duration::ZERO)];
+        let written = write_plots(dir.path(), &runs_frame(&runs)?)?;
+        assert_eq!(written.len(), 2);
+        let tput = std::fs::read_to_string(dir.path().join(THROUGHPUT_SVG))?;
+        for want in ["Throughput vs batch size", "batch size (samples per step)", "throughput (samples/s)", "resnet_tiny infer f32"] {
+            assert!(tput.contains(want), "throughput plot lacks {want:?}");
+        }
+        assert_eq!(tput.matches("<circle").count(), 3, "one marker per run");
+        let lat = std::fs::read_to_string(dir.path().join(LATENCY_SVG))?;
+        assert!(lat.contains("latency per step (ms)") && lat.contains("p50, whisker to p99"));
+        Ok(())
+    }
+
+    #[test]
+    fn nothing_is_drawn_for_an_empty_folder() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        assert!(write_plots(dir.path(), &DataFrame::default())?.is_empty());
+        assert!(!dir.path().join(THROUGHPUT_SVG).exists());
+        Ok(())
+    }
+
+    #[test]
+    fn tick_labels_keep_three_significant_digits() {
+        assert_eq!(significant(1234.4), "1234");
+        assert_eq!(significant(12.345), "12.3");
+        assert_eq!(significant(0.012345), "0.0123");
+    }
+}

@@ -1,0 +1,234 @@
+//! One run: a model, mode, dtype and batch size measured on one device, and everything recorded
+//! about it. [`Run`] is the results model that the Parquet store, the plots and the summary read.
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor};
+use chrono::{DateTime, Utc};
+use workloads::{Batch, Mode, ModelInfo, Workload};
+
+use crate::device::{DeviceInfo, OpenDevice};
+use crate::measure::{measure, Executor, Measurement, MonotonicClock, Stop, Warmup};
+use crate::provenance;
+use crate::stats::{wall_throughput, LatencyStats};
+use crate::verdict::{assess, Assessment};
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSpec {
+    pub model: String,
+    pub mode: Mode,
+    pub dtype: DType,
+    pub batch: usize,
+    pub warmup: Warmup,
+    pub stop: Stop,
+    pub seed: u64,
+}
+
+/// Identity of the run within its invocation and its surroundings.
+#[derive(Debug, Clone)]
+pub struct RunContext {
+    pub invocation_id: String,
+    pub host: String,
+    pub device: DeviceInfo,
+}
+
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub run_id: String,
+    pub context: RunContext,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub model: ModelInfo,
+    pub mode: Mode,
+    pub dtype: DType,
+    pub batch: usize,
+    pub seed: u64,
+    pub warmup_iterations: u64,
+    pub measurement: Measurement,
+    pub stats: LatencyStats,
+    pub assessment: Assessment,
+}
+
+impl Run {
+    /// Assembles a run from a finished measurement.
+    pub fn new(
+        spec: &RunSpec,
+        model: ModelInfo,
+        context: RunContext,
+        started_at: DateTime<Utc>,
+        measurement: Measurement,
+    ) -> Result<Self> {
+        let stats = LatencyStats::from_latencies(&measurement.latencies_ns)?;
+        let assessment = assess(&measurement.latencies_ns);
+        Ok(Self {
+            run_id: provenance::run_id(started_at),
+            context,
+            started_at,
+            finished_at: provenance::now(),
+            model,
+            mode: spec.mode,
+            dtype: spec.dtype,
+            batch: spec.batch,
+            seed: spec.seed,
+            warmup_iterations: measurement.warmup_iterations,
+            measurement,
+            stats,
+            assessment,
+        })
+    }
+
+    /// `1000 / mean_latency_ms * batch`, samples per second.
+    pub fn throughput(&self) -> f64 {
+        self.stats.throughput(self.batch)
+    }
+
+    /// Samples per second over the measured wall-clock time.
+    pub fn wall_throughput(&self) -> f64 {
+        wall_throughput(self.stats.iterations, self.batch, self.measurement.elapsed)
+    }
+
+    /// Forward FLOPs per sample for inference, 3x that for training.
+    pub fn flops_per_sample(&self) -> u64 {
+        match self.mode {
+            Mode::Infer => self.model.flops_per_sample,
+            Mode::Train => self.model.train_flops_per_sample(),
+        }
+    }
+}
+
+/// Builds the workload, measures it and returns the run.
+pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext) -> Result<Run> {
+    let (_, info) = workloads::lookup(&spec.model)?;
+    let cfg = workloads::WorkloadConfig {
+        device: device.device.clone(),
+        dtype: spec.dtype,
+        mode: spec.mode,
+        seed: spec.seed,
+        train: workloads::TrainConfig::default(),
+    };
+    let workload = workloads::build(&spec.model, &cfg).with_context(|| format!("building {}", spec.model))?;
+    let batch = workload.synthetic_batch(spec.batch, spec.seed).context("making the synthetic batch")?;
+    let mut exec = WorkloadExecutor { workload, batch, device: device.device.clone(), loss: None };
+    let started_at = provenance::now();
+    let measurement = measure(&mut exec, &MonotonicClock::new(), spec.warmup, spec.stop)?;
+    Run::new(spec, info, context, started_at, measurement)
+}
+
+/// Drives a [`Workload`]: one inference or training step on a fixed batch, then a device sync.
+struct WorkloadExecutor {
+    workload: Box<dyn Workload>,
+    batch: Batch,
+    device: Device,
+    loss: Option<Tensor>,
+}
+
+impl Executor for WorkloadExecutor {
+    fn step(&mut self) -> Result<()> {
+        match self.workload.mode() {
+            Mode::Infer => {
+                let logits = self.workload.infer(&self.batch)?;
+                self.device.synchronize()?;
+                drop(logits);
+            }
+            Mode::Train => {
+                let loss = self.workload.train_step(&self.batch)?;
+                self.device.synchronize()?;
+                self.loss = Some(loss);
+            }
+        }
+        Ok(())
+    }
+
+    fn loss(&mut self) -> Result<Option<f32>> {
+        match &self.loss {
+            Some(l) => Ok(Some(l.to_dtype(DType::F32)?.to_scalar::<f32>()?)),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::measure::fake::{FakeClock, FakeStep};
+    use crate::verdict::Verdict;
+    use std::time::Duration;
+
+    pub fn context() -> RunContext {
+        RunContext {
+            invocation_id: "inv-test".into(),
+            host: "testhost".into(),
+            device: DeviceInfo { kind: "cpu", name: "Test CPU (2 threads)".into() },
+        }
+    }
+
+    pub fn spec(batch: usize, iters: u64) -> RunSpec {
+        RunSpec {
+            model: "resnet_tiny".into(),
+            mode: Mode::Infer,
+            dtype: DType::F32,
+            batch,
+            warmup: Warmup::Iterations(2),
+            stop: Stop::Iterations(iters),
+            seed: 1,
+        }
+    }
+
+    /// A run measured on the fake 1 ms / 3 ms step.
+    pub fn fake_run(batch: usize, iters: u64, tick: Duration) -> Run {
+        let clock = FakeClock::with_tick(tick);
+        let mut step = FakeStep::new(&clock, &[1.0, 3.0]);
+        let spec = spec(batch, iters);
+        let m = measure(&mut step, &clock, spec.warmup, spec.stop).unwrap();
+        let (_, info) = workloads::lookup("resnet_tiny").unwrap();
+        Run::new(&spec, info, context(), provenance::now(), m).unwrap()
+    }
+
+    #[test]
+    fn throughputs_of_the_alternating_fake_step() {
+        // Mean 2 ms, batch 8: 1000 / 2 * 8 = 4000 samples/s by the formula and by the wall clock.
+        let run = fake_run(8, 30, Duration::ZERO);
+        assert_eq!(run.throughput(), 4000.0);
+        assert_eq!(run.wall_throughput(), 4000.0);
+        assert_eq!(run.assessment.verdict, Verdict::Ok, "{}", run.assessment.reason);
+        assert!((run.stats.p50_ns as f64 / 1e6 - 1.0).abs() < 1e-3);
+        assert_eq!(run.stats.p99_ns, 3_000_000);
+    }
+
+    #[test]
+    fn wall_throughput_includes_harness_time_and_the_formula_does_not() {
+        // Each clock read costs 100 us: latencies are 2.1 ms on average, the 30 iterations take
+        // 60 ms of steps + 91 reads x 100 us = 69.1 ms of wall time.
+        let run = fake_run(4, 30, Duration::from_micros(100));
+        assert!((run.throughput() - 1000.0 / 2.1 * 4.0).abs() < 1e-9, "{}", run.throughput());
+        assert!((run.wall_throughput() - 120.0 / 0.0691).abs() < 1e-6, "{}", run.wall_throughput());
+    }
+
+    #[test]
+    fn five_iterations_are_too_few() {
+        let run = fake_run(1, 5, Duration::ZERO);
+        assert_eq!(run.assessment.verdict, Verdict::TooFewIterations);
+        assert_eq!(run.stats.iterations, 5);
+    }
+
+    #[test]
+    fn training_flops_are_three_forwards() {
+        let mut run = fake_run(1, 10, Duration::ZERO);
+        let fwd = run.flops_per_sample();
+        run.mode = Mode::Train;
+        assert_eq!(run.flops_per_sample(), 3 * fwd);
+    }
+
+    #[test]
+    fn real_tiny_training_run_records_a_falling_loss() -> Result<()> {
+        let mut spec = spec(4, 12);
+        spec.mode = Mode::Train;
+        let device = crate::device::DeviceSpec::Cpu.open()?;
+        let run = execute(&spec, &device, context())?;
+        assert_eq!(run.stats.iterations, 12);
+        assert_eq!(run.warmup_iterations, 2);
+        let (first, last) = (run.measurement.loss_first.unwrap(), run.measurement.loss_last.unwrap());
+        assert!(last < first, "loss {first} -> {last}");
+        Ok(())
+    }
+}

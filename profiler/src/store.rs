@@ -1,0 +1,257 @@
+//! The Parquet store: each run is written as its own part files (`runs/` and `samples/`) through a
+//! temporary file and a rename, so a crash or a later bad run never loses what was already written;
+//! a reader loads every part of a folder as one table.
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use polars::prelude::*;
+
+use crate::provenance;
+use crate::run::Run;
+use crate::stats::ns_to_ms;
+
+/// Bumped whenever a column changes meaning or type; readers concatenate parts of every version.
+pub const SCHEMA_VERSION: i32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    /// One row per run: identity, latency statistics, throughputs, verdict, histogram.
+    Runs,
+    /// One row per measured iteration: run_id, iteration, latency_ns.
+    Samples,
+}
+
+impl Table {
+    pub fn dir_name(self) -> &'static str {
+        match self {
+            Table::Runs => "runs",
+            Table::Samples => "samples",
+        }
+    }
+}
+
+/// Where one run's parts were written.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub runs: PathBuf,
+    pub samples: PathBuf,
+}
+
+/// Writes the run's samples, then its row: a `runs` row is only ever present with its samples.
+pub fn write_run(out: &Path, run: &Run) -> Result<Written> {
+    let file = format!("part-{}.parquet", run.run_id);
+    let samples = write_part(&out.join(Table::Samples.dir_name()), &file, &mut samples_frame(run)?)?;
+    let runs = write_part(&out.join(Table::Runs.dir_name()), &file, &mut runs_frame(std::slice::from_ref(run))?)?;
+    Ok(Written { runs, samples })
+}
+
+/// Every part of a table under `out`, oldest part first, as one frame; empty when there is none.
+/// Parts written by other schema versions are combined by column name, missing columns as nulls.
+pub fn read_table(out: &Path, table: Table) -> Result<DataFrame> {
+    let dir = out.join(table.dir_name());
+    let mut parts: Vec<PathBuf> = match fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                // Temporary files start with a dot; pyarrow skips those too.
+                !name.starts_with('.') && name.ends_with(".parquet")
+            })
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DataFrame::default()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+    };
+    parts.sort();
+    let frames = parts
+        .iter()
+        .map(|p| {
+            let f = File::open(p).with_context(|| format!("opening {}", p.display()))?;
+            anyhow::Context::with_context(ParquetReader::new(f).finish(), || format!("reading {}", p.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    match frames.len() {
+        0 => Ok(DataFrame::default()),
+        1 => Ok(frames.into_iter().next().expect("one frame")),
+        _ => Ok(polars::functions::concat_df_diagonal(&frames)?),
+    }
+}
+
+/// Writes `df` as `dir/name` atomically: a hidden temporary file in the same folder, flushed to
+/// disk, then renamed over the final name.
+fn write_part(dir: &Path, name: &str, df: &mut DataFrame) -> Result<PathBuf> {
+    fs::create_dir_all(dir).with_context(|| format!("creating the results folder {}", dir.display()))?;
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let path = dir.join(name);
+    let result = (|| -> Result<()> {
+        let mut f = File::create(&tmp)?;
+        ParquetWriter::new(&mut f).finish(df)?;
+        f.sync_all()?;
+        fs::rename(&tmp, &path)?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(e.context(format!("writing {}", path.display())));
+    }
+    Ok(path)
+}
+
+fn col<T, Phantom: ?Sized>(name: &str, values: T) -> Column
+where
+    Series: NamedFrom<T, Phantom>,
+{
+    Column::new(name.into(), values)
+}
+
+fn utc_micros(name: &str, values: Vec<i64>) -> Column {
+    Int64Chunked::from_vec(name.into(), values)
+        .into_datetime(TimeUnit::Microseconds, Some(TimeZone::UTC))
+        .into_series()
+        .into_column()
+}
+
+/// The `runs` table: one row per run.
+pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
+    let s = |f: fn(&Run) -> String| runs.iter().map(f).collect::<Vec<String>>();
+    let i = |f: fn(&Run) -> i64| runs.iter().map(f).collect::<Vec<i64>>();
+    let ms = |f: fn(&Run) -> u64| runs.iter().map(|r| ns_to_ms(f(r))).collect::<Vec<f64>>();
+    let x = |f: fn(&Run) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
+    let histograms = runs.iter().map(|r| r.stats.histogram_v2_deflate()).collect::<Result<Vec<_>>>()?;
+    let histogram_refs: Vec<&[u8]> = histograms.iter().map(|h| h.as_slice()).collect();
+    let columns = vec![
+        Column::new("schema_version".into(), vec![SCHEMA_VERSION; runs.len()]),
+        col("run_id", s(|r| r.run_id.clone())),
+        col("invocation_id", s(|r| r.context.invocation_id.clone())),
+        utc_micros("started_at", i(|r| r.started_at.timestamp_micros())),
+        utc_micros("finished_at", i(|r| r.finished_at.timestamp_micros())),
+        col("host", s(|r| r.context.host.clone())),
+        col("model", s(|r| r.model.name.to_string())),
+        col("family", s(|r| r.model.family.as_str().to_string())),
+        col("mode", s(|r| r.mode.as_str().to_string())),
+        col("dtype", s(|r| r.dtype.as_str().to_string())),
+        col("batch", i(|r| r.batch as i64)),
+        Column::new("seq_len".into(), runs.iter().map(|r| r.model.input.seq_len().map(|l| l as i64)).collect::<Vec<_>>()),
+        col("device_kind", s(|r| r.context.device.kind.to_string())),
+        col("device_name", s(|r| r.context.device.name.clone())),
+        Column::new("seed".into(), runs.iter().map(|r| r.seed).collect::<Vec<u64>>()),
+        col("warmup_iterations", i(|r| r.warmup_iterations as i64)),
+        col("iterations", i(|r| r.stats.iterations as i64)),
+        col("measured_s", x(|r| r.measurement.elapsed.as_secs_f64())),
+        col("mean_ms", x(|r| r.stats.mean_ms())),
+        Column::new("std_ms".into(), runs.iter().map(|r| r.stats.std_ns.map(|s| s / 1e6)).collect::<Vec<_>>()),
+        col("min_ms", ms(|r| r.stats.min_ns)),
+        col("max_ms", ms(|r| r.stats.max_ns)),
+        col("p50_ms", ms(|r| r.stats.p50_ns)),
+        col("p90_ms", ms(|r| r.stats.p90_ns)),
+        col("p95_ms", ms(|r| r.stats.p95_ns)),
+        col("p99_ms", ms(|r| r.stats.p99_ns)),
+        col("p999_ms", ms(|r| r.stats.p999_ns)),
+        col("throughput", x(Run::throughput)),
+        col("wall_throughput", x(Run::wall_throughput)),
+        Column::new("loss_first".into(), runs.iter().map(|r| r.measurement.loss_first).collect::<Vec<_>>()),
+        Column::new("loss_last".into(), runs.iter().map(|r| r.measurement.loss_last).collect::<Vec<_>>()),
+        col("params", i(|r| r.model.params as i64)),
+        col("flops_per_sample", i(|r| r.flops_per_sample() as i64)),
+        col("verdict", s(|r| r.assessment.verdict.as_str().to_string())),
+        col("verdict_reason", s(|r| r.assessment.reason.clone())),
+        Column::new("histogram".into(), histogram_refs),
+        col("migprof_version", s(|_| provenance::VERSION.to_string())),
+        col("git_commit", s(|_| provenance::GIT_COMMIT.to_string())),
+    ];
+    Ok(DataFrame::new(runs.len(), columns)?)
+}
+
+/// The `samples` table: every measured iteration of one run.
+fn samples_frame(run: &Run) -> Result<DataFrame> {
+    let lat = &run.measurement.latencies_ns;
+    let columns = vec![
+        Column::new("run_id".into(), vec![run.run_id.as_str(); lat.len()]),
+        Column::new("iteration".into(), (0..lat.len() as i64).collect::<Vec<i64>>()),
+        Column::new("latency_ns".into(), lat.iter().map(|&l| l as i64).collect::<Vec<i64>>()),
+    ];
+    Ok(DataFrame::new(lat.len(), columns)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::tests::fake_run;
+    use std::time::Duration;
+
+    fn get_f64(df: &DataFrame, name: &str, row: usize) -> f64 {
+        df.column(name).unwrap().get(row).unwrap().try_extract::<f64>().unwrap()
+    }
+
+    #[test]
+    fn runs_and_samples_round_trip() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let a = fake_run(8, 30, Duration::ZERO);
+        let b = fake_run(1, 5, Duration::from_micros(50));
+        write_run(dir.path(), &a)?;
+        write_run(dir.path(), &b)?;
+
+        let runs = read_table(dir.path(), Table::Runs)?;
+        assert_eq!(runs.height(), 2);
+        let ids: Vec<String> =
+            runs.column("run_id")?.str()?.iter().map(|s| s.unwrap().to_string()).collect();
+        let row_a = ids.iter().position(|id| *id == a.run_id).expect("run a");
+        let row_b = ids.iter().position(|id| *id == b.run_id).expect("run b");
+        assert_eq!(get_f64(&runs, "throughput", row_a), 4000.0);
+        assert_eq!(get_f64(&runs, "mean_ms", row_a), 2.0);
+        assert_eq!(get_f64(&runs, "p99_ms", row_a), 3.0);
+        assert_eq!(runs.column("verdict")?.str()?.get(row_b), Some("too_few_iterations"));
+        assert_eq!(runs.column("seq_len")?.null_count(), 2, "images have no sequence length");
+        assert_eq!(runs.column("std_ms")?.null_count(), 0);
+        assert_eq!(runs.column("started_at")?.dtype(), &DataType::Datetime(TimeUnit::Microseconds, Some(TimeZone::UTC)));
+
+        // The stored histogram decodes to the run's latencies.
+        let bytes = runs.column("histogram")?.binary()?.get(row_a).unwrap().to_vec();
+        let h: hdrhistogram::Histogram<u64> =
+            hdrhistogram::serialization::Deserializer::new().deserialize(&mut bytes.as_slice()).unwrap();
+        assert_eq!(h.len(), 30);
+
+        let samples = read_table(dir.path(), Table::Samples)?;
+        assert_eq!(samples.height(), 35);
+        let lat: i64 = samples.column("latency_ns")?.i64()?.iter().flatten().sum();
+        let want: u64 = a.measurement.latencies_ns.iter().chain(&b.measurement.latencies_ns).sum();
+        assert_eq!(lat as u64, want);
+        Ok(())
+    }
+
+    #[test]
+    fn an_empty_or_missing_folder_reads_as_no_rows() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        assert_eq!(read_table(&dir.path().join("nothing"), Table::Runs)?.height(), 0);
+        assert_eq!(read_table(dir.path(), Table::Runs)?.height(), 0);
+        Ok(())
+    }
+
+    #[test]
+    fn leftover_temporary_files_are_ignored() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        write_run(dir.path(), &fake_run(2, 10, Duration::ZERO))?;
+        fs::write(dir.path().join("runs/.part-x.parquet.tmp-1"), b"half a file")?;
+        assert_eq!(read_table(dir.path(), Table::Runs)?.height(), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn a_failed_write_leaves_earlier_parts_and_no_temporary_file() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let first = fake_run(2, 10, Duration::ZERO);
+        write_run(dir.path(), &first)?;
+        // A later run whose part cannot be renamed into place: its final name is a folder.
+        let second = fake_run(4, 10, Duration::ZERO);
+        fs::create_dir_all(dir.path().join(format!("samples/part-{}.parquet/x", second.run_id)))?;
+        assert!(write_run(dir.path(), &second).is_err());
+        assert_eq!(read_table(dir.path(), Table::Runs)?.height(), 1);
+        let leftovers: Vec<_> = fs::read_dir(dir.path().join("samples"))?
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(leftovers.is_empty(), "temporary files left behind: {leftovers:?}");
+        Ok(())
+    }
+}

@@ -1,0 +1,231 @@
+//! Seeded, device-independent parameter initialisation.
+//!
+//! candle cannot seed its CPU generator, and a CUDA generator draws different numbers from a CPU one,
+//! so every initial value is drawn here, on the host, from a generator keyed by (seed, parameter name):
+//! the same seed gives the same weights on every device and in every construction order.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use candle_core::{DType, Device, Result, Shape, Tensor, Var};
+use candle_nn::init::{FanInOut, NormalOrUniform};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::{Init, VarBuilder, VarMap};
+
+/// SplitMix64: tiny, fast and good enough for initial weights and synthetic inputs; chosen because its
+/// output is fixed by its definition, not by a crate version.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// A generator for one named stream, independent of the order in which streams are created.
+    pub fn for_name(seed: u64, name: &str) -> Self {
+        // FNV-1a over the name, mixed with the seed.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in name.bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        let mut rng = Self(seed ^ h);
+        rng.next_u64();
+        rng
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform integer in [0, n).
+    pub fn below(&mut self, n: u32) -> u32 {
+        ((self.next_u64() >> 32) * n as u64 >> 32) as u32
+    }
+
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.uniform(); // (0, 1]: ln stays finite
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+
+    pub fn normal_vec(&mut self, n: usize, mean: f64, std: f64) -> Vec<f32> {
+        (0..n).map(|_| (mean + std * self.normal()) as f32).collect()
+    }
+
+    pub fn uniform_vec(&mut self, n: usize, lo: f64, up: f64) -> Vec<f32> {
+        (0..n).map(|_| (lo + (up - lo) * self.uniform()) as f32).collect()
+    }
+}
+
+/// Draws the values `init` asks for, on the host, as f32.
+fn sample(init: Init, shape: &Shape, rng: &mut Rng) -> Vec<f32> {
+    let n = shape.elem_count();
+    match init {
+        Init::Const(v) => vec![v as f32; n],
+        Init::Randn { mean, stdev } => rng.normal_vec(n, mean, stdev),
+        Init::Uniform { lo, up } => rng.uniform_vec(n, lo, up),
+        Init::Kaiming { dist, fan, non_linearity } => {
+            let fan = fan.for_shape(shape) as f64;
+            let std = non_linearity.gain() / fan.sqrt();
+            match dist {
+                NormalOrUniform::Normal => rng.normal_vec(n, 0.0, std),
+                NormalOrUniform::Uniform => {
+                    let bound = 3f64.sqrt() * std;
+                    rng.uniform_vec(n, -bound, bound)
+                }
+            }
+        }
+    }
+}
+
+/// Kaiming-normal with fan-out, as torchvision initialises convolutions.
+pub const KAIMING_NORMAL_FAN_OUT: Init = Init::Kaiming {
+    dist: NormalOrUniform::Normal,
+    fan: FanInOut::FanOut,
+    non_linearity: candle_nn::init::NonLinearity::ReLU,
+};
+
+/// Where a model's tensors live: trainable variables in a [`VarMap`] (the optimizer updates them), or
+/// plain tensors for inference, so that no gradient graph is recorded.
+#[derive(Clone)]
+pub enum Params {
+    Trainable(VarMap),
+    Frozen(Arc<Mutex<HashMap<String, Tensor>>>),
+}
+
+impl Params {
+    pub fn new(trainable: bool) -> Self {
+        if trainable {
+            Self::Trainable(VarMap::new())
+        } else {
+            Self::Frozen(Arc::default())
+        }
+    }
+
+    /// Every tensor the model holds (parameters and buffers such as batch-norm running statistics),
+    /// sorted by name.
+    pub fn tensors(&self) -> Vec<(String, Tensor)> {
+        let mut all: Vec<(String, Tensor)> = match self {
+            Self::Trainable(vm) => {
+                let data = vm.data().lock().unwrap();
+                data.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect()
+            }
+            Self::Frozen(map) => {
+                let data = map.lock().unwrap();
+                data.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+            }
+        };
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+}
+
+/// A [`SimpleBackend`] that draws every tensor a model asks for from the seeded generator, once, and
+/// keeps it in `params`.
+pub struct SeededInit {
+    params: Params,
+    seed: u64,
+}
+
+impl SeededInit {
+    pub fn var_builder(params: Params, seed: u64, dtype: DType, device: &Device) -> VarBuilder<'static> {
+        VarBuilder::from_backend(Box::new(Self { params, seed }), dtype, device.clone())
+    }
+}
+
+impl SimpleBackend for SeededInit {
+    fn get(&self, shape: Shape, name: &str, init: Init, dtype: DType, dev: &Device) -> Result<Tensor> {
+        let existing = match &self.params {
+            Params::Trainable(vm) => vm.data().lock().unwrap().get(name).map(|v| v.as_tensor().clone()),
+            Params::Frozen(map) => map.lock().unwrap().get(name).cloned(),
+        };
+        if let Some(t) = existing {
+            if t.shape() != &shape {
+                candle_core::bail!("parameter {name} requested as {shape:?} but exists as {:?}", t.shape())
+            }
+            return Ok(t);
+        }
+        let values = sample(init, &shape, &mut Rng::for_name(self.seed, name));
+        let tensor = Tensor::from_vec(values, shape, &Device::Cpu)?.to_dtype(dtype)?.to_device(dev)?;
+        match &self.params {
+            Params::Trainable(vm) => {
+                let var = Var::from_tensor(&tensor)?;
+                let t = var.as_tensor().clone();
+                vm.data().lock().unwrap().insert(name.to_string(), var);
+                Ok(t)
+            }
+            Params::Frozen(map) => {
+                map.lock().unwrap().insert(name.to_string(), tensor.clone());
+                Ok(tensor)
+            }
+        }
+    }
+
+    fn get_unchecked(&self, name: &str, _dtype: DType, _dev: &Device) -> Result<Tensor> {
+        candle_core::bail!("parameter {name} requested without a shape; seeded initialisation needs one")
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        match &self.params {
+            Params::Trainable(vm) => vm.data().lock().unwrap().contains_key(name),
+            Params::Frozen(map) => map.lock().unwrap().contains_key(name),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_and_name_give_same_values_whatever_the_order() {
+        let a = Rng::for_name(7, "layer1.0.conv1.weight").normal_vec(4, 0.0, 1.0);
+        let _ = Rng::for_name(7, "other").normal_vec(4, 0.0, 1.0);
+        let b = Rng::for_name(7, "layer1.0.conv1.weight").normal_vec(4, 0.0, 1.0);
+        assert_eq!(a, b);
+        assert_ne!(a, Rng::for_name(8, "layer1.0.conv1.weight").normal_vec(4, 0.0, 1.0));
+    }
+
+    #[test]
+    fn normal_samples_have_the_asked_moments() {
+        let v = Rng::new(1).normal_vec(100_000, 0.5, 2.0);
+        let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+        let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / v.len() as f64;
+        assert!((mean - 0.5).abs() < 0.03, "mean {mean}");
+        assert!((var.sqrt() - 2.0).abs() < 0.03, "std {}", var.sqrt());
+    }
+
+    #[test]
+    fn below_stays_in_range_and_covers_it() {
+        let mut rng = Rng::new(3);
+        let mut seen = [false; 10];
+        for _ in 0..1000 {
+            let k = rng.below(10) as usize;
+            assert!(k < 10);
+            seen[k] = true;
+        }
+        assert!(seen.iter().all(|&s| s));
+    }
+
+    #[test]
+    fn kaiming_fan_out_has_torchvision_std() {
+        // conv 64->128, 3x3: fan_out = 128*9, std = sqrt(2/fan_out).
+        let shape = Shape::from((128, 64, 3, 3));
+        let v = sample(KAIMING_NORMAL_FAN_OUT, &shape, &mut Rng::new(5));
+        let std = (v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
+        let want = (2.0f64 / (128.0 * 9.0)).sqrt();
+        assert!((std / want - 1.0).abs() < 0.02, "std {std} want {want}");
+    }
+}

@@ -1,0 +1,12 @@
+//! Deep-learning workloads on candle: the models migprof measures, their synthetic inputs, inference
+//! and training steps, and their parameter and FLOP counts. Knows nothing of profiling.
+
+pub mod init;
+pub mod models;
+pub mod ops;
+mod workload;
+mod zoo;
+
+pub use models::{is_buffer, Inputs};
+pub use workload::{build, Batch, Mode, TrainConfig, Workload, WorkloadConfig};
+pub use zoo::{lookup, model_names, models, Arch, Family, InputShape, ModelInfo, ZooError};

@@ -1,0 +1,310 @@
+//! ResNet (He et al. 2015) as torchvision builds it: v1.5, with the stride on the 3x3 convolution of
+//! the bottleneck. Parameter names follow torchvision's `resnet*` state dicts.
+
+use candle_core::{Result, Tensor};
+use candle_nn::{BatchNorm, Conv2d, Conv2dConfig, Linear, Module, ModuleT, VarBuilder};
+
+use super::{torch_linear, Classifier, Inputs};
+use crate::init::KAIMING_NORMAL_FAN_OUT;
+use crate::ops::max_pool2d;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Block {
+    /// Two 3x3 convolutions (ResNet-18/34).
+    Basic,
+    /// 1x1 → 3x3 → 1x1 with a 4x wider output (ResNet-50/101/152).
+    Bottleneck,
+}
+
+impl Block {
+    fn expansion(self) -> usize {
+        match self {
+            Block::Basic => 1,
+            Block::Bottleneck => 4,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub block: Block,
+    /// Blocks in each of the four stages.
+    pub layers: [usize; 4],
+    /// Channels of the stem and of the first stage (64 in the published models).
+    pub width: usize,
+    pub num_classes: usize,
+    pub image_size: usize,
+}
+
+impl Config {
+    fn preset(block: Block, layers: [usize; 4]) -> Self {
+        Self { block, layers, width: 64, num_classes: 1000, image_size: 224 }
+    }
+    pub fn resnet18() -> Self {
+        Self::preset(Block::Basic, [2, 2, 2, 2])
+    }
+    pub fn resnet34() -> Self {
+        Self::preset(Block::Basic, [3, 4, 6, 3])
+    }
+    pub fn resnet50() -> Self {
+        Self::preset(Block::Bottleneck, [3, 4, 6, 3])
+    }
+    pub fn resnet101() -> Self {
+        Self::preset(Block::Bottleneck, [3, 4, 23, 3])
+    }
+    pub fn resnet152() -> Self {
+        Self::preset(Block::Bottleneck, [3, 8, 36, 3])
+    }
+    /// The architecture at test size: one basic block a stage, 8 channels, 32x32 inputs, 10 classes.
+    pub fn tiny() -> Self {
+        Self { block: Block::Basic, layers: [1, 1, 1, 1], width: 8, num_classes: 10, image_size: 32 }
+    }
+
+    /// Every residual block in order, with its shapes: the one walk both the builder and the counters
+    /// use, so that the counted architecture is the built one.
+    fn blocks(&self) -> Vec<BlockShape> {
+        let mut shapes = Vec::new();
+        let mut in_ch = self.width;
+        for (stage, &count) in self.layers.iter().enumerate() {
+            let planes = self.width << stage;
+            let out_ch = planes * self.block.expansion();
+            for i in 0..count {
+                let stride = if stage > 0 && i == 0 { 2 } else { 1 };
+                let downsample = i == 0 && (stride != 1 || in_ch != out_ch);
+                shapes.push(BlockShape { stage, index: i, in_ch, planes, out_ch, stride, downsample });
+                in_ch = out_ch;
+            }
+        }
+        shapes
+    }
+
+    fn features(&self) -> usize {
+        (self.width << 3) * self.block.expansion()
+    }
+
+    /// Every convolution as (in, out, kernel, stride, padding) with the side of its input, in order.
+    fn convs(&self) -> Vec<(ConvShape, usize)> {
+        let mut out = Vec::new();
+        let stem = ConvShape { cin: 3, cout: self.width, k: 7, stride: 2, pad: 3 };
+        let mut side = self.image_size;
+        out.push((stem, side));
+        side = stem.out_side(side);
+        side = (side + 2 - 3) / 2 + 1; // 3x3/2 max-pool, padding 1
+        for b in self.blocks() {
+            // The projection sees the block's input; each path conv the previous one's output.
+            if let Some(p) = b.projection() {
+                out.push((p, side));
+            }
+            for conv in b.path(self.block) {
+                out.push((conv, side));
+                side = conv.out_side(side);
+            }
+        }
+        out
+    }
+
+    /// Trainable parameters: convolution weights, batch-norm scale and shift, the classifier.
+    pub fn params(&self) -> u64 {
+        let convs: usize = self.convs().iter().map(|(c, _)| c.cin * c.cout * c.k * c.k).sum();
+        let bns: usize = 2 * self.width
+            + self.blocks().iter().map(|b| b.bn_channels(self.block).iter().map(|c| 2 * c).sum::<usize>()).sum::<usize>();
+        let fc = self.features() * self.num_classes + self.num_classes;
+        (convs + bns + fc) as u64
+    }
+
+    /// Forward FLOPs per image: 2 per multiply-add of every convolution and of the classifier.
+    /// Batch norm, ReLU, pooling and the residual additions (under 1% together) are not counted,
+    /// as in torchvision's published GFLOPs, which count a multiply-add once.
+    pub fn flops(&self) -> u64 {
+        let convs: usize = self
+            .convs()
+            .iter()
+            .map(|(c, side)| {
+                let o = c.out_side(*side);
+                c.cin * c.cout * c.k * c.k * o * o
+            })
+            .sum();
+        2 * (convs + self.features() * self.num_classes) as u64
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ConvShape {
+    cin: usize,
+    cout: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+}
+
+impl ConvShape {
+    fn out_side(&self, side: usize) -> usize {
+        (side + 2 * self.pad - self.k) / self.stride + 1
+    }
+
+    fn build(&self, vb: VarBuilder) -> Result<Conv2d> {
+        let weight = vb.get_with_hints((self.cout, self.cin, self.k, self.k), "weight", KAIMING_NORMAL_FAN_OUT)?;
+        let cfg = Conv2dConfig { padding: self.pad, stride: self.stride, ..Default::default() };
+        Ok(Conv2d::new(weight, None, cfg))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct BlockShape {
+    stage: usize,
+    index: usize,
+    in_ch: usize,
+    planes: usize,
+    out_ch: usize,
+    stride: usize,
+    downsample: bool,
+}
+
+impl BlockShape {
+    /// The main path's convolutions, in the order of their names (conv1, conv2[, conv3]).
+    fn path(&self, block: Block) -> Vec<ConvShape> {
+        match block {
+            Block::Basic => vec![conv(self.in_ch, self.planes, 3, self.stride), conv(self.planes, self.planes, 3, 1)],
+            Block::Bottleneck => vec![
+                conv(self.in_ch, self.planes, 1, 1),
+                conv(self.planes, self.planes, 3, self.stride),
+                conv(self.planes, self.out_ch, 1, 1),
+            ],
+        }
+    }
+
+    /// The 1x1 projection (`downsample`) on the shortcut, when the block changes shape.
+    fn projection(&self) -> Option<ConvShape> {
+        self.downsample.then(|| conv(self.in_ch, self.out_ch, 1, self.stride))
+    }
+
+    /// Channels of every batch norm in the block (one after each convolution).
+    fn bn_channels(&self, block: Block) -> Vec<usize> {
+        self.path(block).iter().chain(self.projection().as_ref()).map(|c| c.cout).collect()
+    }
+}
+
+/// A convolution padded to keep the side (before striding), as ResNet's are.
+fn conv(cin: usize, cout: usize, k: usize, stride: usize) -> ConvShape {
+    ConvShape { cin, cout, k, stride, pad: k / 2 }
+}
+
+fn batch_norm(channels: usize, vb: VarBuilder) -> Result<BatchNorm> {
+    // torchvision's defaults: eps 1e-5, momentum 0.1.
+    candle_nn::batch_norm(channels, 1e-5, vb)
+}
+
+/// One residual block: the main path's (conv, bn) pairs, and the projection when shapes change.
+struct Residual {
+    path: Vec<(Conv2d, BatchNorm)>,
+    downsample: Option<(Conv2d, BatchNorm)>,
+}
+
+impl Residual {
+    fn new(shape: &BlockShape, block: Block, vb: VarBuilder) -> Result<Self> {
+        let downsample = match shape.projection() {
+            Some(c) => {
+                let vb = vb.pp("downsample");
+                Some((c.build(vb.pp("0"))?, batch_norm(c.cout, vb.pp("1"))?))
+            }
+            None => None,
+        };
+        let path = shape
+            .path(block)
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Ok((c.build(vb.pp(format!("conv{}", i + 1)))?, batch_norm(c.cout, vb.pp(format!("bn{}", i + 1)))?)))
+            .collect::<Result<_>>()?;
+        Ok(Self { path, downsample })
+    }
+
+    fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let mut h = x.clone();
+        let last = self.path.len() - 1;
+        for (i, (conv, bn)) in self.path.iter().enumerate() {
+            h = bn.forward_t(&conv.forward(&h)?, train)?;
+            if i < last {
+                h = h.relu()?;
+            }
+        }
+        let identity = match &self.downsample {
+            Some((conv, bn)) => bn.forward_t(&conv.forward(x)?, train)?,
+            None => x.clone(),
+        };
+        (h + identity)?.relu()
+    }
+}
+
+pub struct ResNet {
+    conv1: Conv2d,
+    bn1: BatchNorm,
+    blocks: Vec<Residual>,
+    fc: Linear,
+}
+
+impl ResNet {
+    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let stem = ConvShape { cin: 3, cout: cfg.width, k: 7, stride: 2, pad: 3 };
+        let conv1 = stem.build(vb.pp("conv1"))?;
+        let bn1 = batch_norm(cfg.width, vb.pp("bn1"))?;
+        let blocks = cfg
+            .blocks()
+            .iter()
+            .map(|b| Residual::new(b, cfg.block, vb.pp(format!("layer{}.{}", b.stage + 1, b.index))))
+            .collect::<Result<_>>()?;
+        let fc = torch_linear(cfg.features(), cfg.num_classes, vb.pp("fc"))?;
+        Ok(Self { conv1, bn1, blocks, fc })
+    }
+}
+
+impl Classifier for ResNet {
+    fn forward(&self, inputs: &Inputs, train: bool) -> Result<Tensor> {
+        let Inputs::Images(x) = inputs;
+        let x = self.bn1.forward_t(&self.conv1.forward(x)?, train)?.relu()?;
+        let mut x = max_pool2d(&x, 3, 2, 1)?;
+        for block in &self.blocks {
+            x = block.forward(&x, train)?;
+        }
+        // Global average pool, then the classifier.
+        let x = x.mean((2, 3))?;
+        self.fc.forward(&x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_counts_match_torchvision() {
+        assert_eq!(Config::resnet18().params(), 11_689_512);
+        assert_eq!(Config::resnet34().params(), 21_797_672);
+        assert_eq!(Config::resnet50().params(), 25_557_032);
+        assert_eq!(Config::resnet101().params(), 44_549_160);
+        assert_eq!(Config::resnet152().params(), 60_192_808);
+    }
+
+    #[test]
+    fn flops_within_two_percent_of_torchvision() {
+        // torchvision's GFLOPS column counts a multiply-add once.
+        for (cfg, gmacs) in [
+            (Config::resnet18(), 1.81),
+            (Config::resnet34(), 3.66),
+            (Config::resnet50(), 4.09),
+            (Config::resnet101(), 7.80),
+            (Config::resnet152(), 11.51),
+        ] {
+            let ours = cfg.flops() as f64 / 2e9;
+            assert!((ours / gmacs - 1.0).abs() < 0.02, "{cfg:?}: {ours} vs {gmacs}");
+        }
+    }
+
+    #[test]
+    fn resnet50_has_the_v1_5_stride_on_the_3x3() {
+        let b = Config::resnet50().blocks()[3]; // layer2.0
+        assert_eq!((b.stage, b.index, b.stride), (1, 0, 2));
+        let convs = b.path(Block::Bottleneck);
+        assert_eq!((convs[0].k, convs[0].stride), (1, 1));
+        assert_eq!((convs[1].k, convs[1].stride), (3, 2));
+    }
+}

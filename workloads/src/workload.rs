@@ -1,0 +1,159 @@
+//! The one interface the profiler drives: a model built on a device and dtype, a synthetic batch, and
+//! one inference or training step.
+
+use candle_core::{DType, Device, Result, Tensor, Var};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+
+use crate::init::{Params, Rng, SeededInit};
+use crate::models::{is_buffer, Classifier, Inputs};
+use crate::zoo::{lookup, InputShape, ModelInfo};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Forward pass only, batch norm on running statistics, no gradient graph.
+    Infer,
+    /// Forward, cross-entropy, backward and an optimizer step.
+    Train,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Infer => "infer",
+            Mode::Train => "train",
+        }
+    }
+}
+
+/// The optimizer of a training workload, with PyTorch's defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrainConfig {
+    pub lr: f64,
+    pub weight_decay: f64,
+}
+
+impl Default for TrainConfig {
+    /// `torch.optim.AdamW`'s defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+    fn default() -> Self {
+        Self { lr: 1e-3, weight_decay: 0.01 }
+    }
+}
+
+/// How to build a workload.
+#[derive(Debug, Clone)]
+pub struct WorkloadConfig {
+    pub device: Device,
+    pub dtype: DType,
+    pub mode: Mode,
+    /// Seeds the weights; the same seed gives the same weights on every device.
+    pub seed: u64,
+    pub train: TrainConfig,
+}
+
+/// One batch of synthetic inputs with class labels.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub size: usize,
+    pub inputs: Inputs,
+    /// Class indices (u32), one per sample.
+    pub labels: Tensor,
+}
+
+/// A model ready to run on a device: the profiler's only view of a workload.
+pub trait Workload {
+    fn info(&self) -> &ModelInfo;
+    fn device(&self) -> &Device;
+    fn dtype(&self) -> DType;
+    fn mode(&self) -> Mode;
+    /// A batch of `size` samples drawn from `seed`, already on the device.
+    fn synthetic_batch(&self, size: usize, seed: u64) -> Result<Batch>;
+    /// Forward pass without gradients; returns the logits. The work may still be queued on the device.
+    fn infer(&self, batch: &Batch) -> Result<Tensor>;
+    /// Forward, loss, backward and optimizer step; returns the loss (a scalar, possibly still queued).
+    fn train_step(&mut self, batch: &Batch) -> Result<Tensor>;
+    /// Every named tensor of the model (parameters and buffers), sorted by name.
+    fn tensors(&self) -> Vec<(String, Tensor)>;
+}
+
+/// Builds the named model as a workload.
+pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
+    let (arch, info) = lookup(name).map_err(candle_core::Error::wrap)?;
+    let params = Params::new(cfg.mode == Mode::Train);
+    let vb = SeededInit::var_builder(params.clone(), cfg.seed, cfg.dtype, &cfg.device);
+    let model = arch.build(vb)?;
+    let optimizer = match &params {
+        Params::Trainable(vm) => {
+            let vars: Vec<Var> = {
+                let data = vm.data().lock().unwrap();
+                let mut named: Vec<(&String, &Var)> = data.iter().filter(|(n, _)| !is_buffer(n)).collect();
+                named.sort_by(|a, b| a.0.cmp(b.0));
+                named.into_iter().map(|(_, v)| v.clone()).collect()
+            };
+            let adamw = ParamsAdamW { lr: cfg.train.lr, weight_decay: cfg.train.weight_decay, ..Default::default() };
+            Some(AdamW::new(vars, adamw)?)
+        }
+        Params::Frozen(_) => None,
+    };
+    Ok(Box::new(Classification { info, model, params, device: cfg.device.clone(), dtype: cfg.dtype, mode: cfg.mode, optimizer }))
+}
+
+/// A classifier of any family trained with cross-entropy.
+struct Classification {
+    info: ModelInfo,
+    model: Box<dyn Classifier>,
+    params: Params,
+    device: Device,
+    dtype: DType,
+    mode: Mode,
+    optimizer: Option<AdamW>,
+}
+
+impl Workload for Classification {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    fn synthetic_batch(&self, size: usize, seed: u64) -> Result<Batch> {
+        let mut rng = Rng::for_name(seed, "batch");
+        let inputs = match self.info.input {
+            InputShape::Image { channels, height, width } => {
+                let n = size * channels * height * width;
+                let pixels = Tensor::from_vec(rng.normal_vec(n, 0.0, 1.0), (size, channels, height, width), &Device::Cpu)?;
+                Inputs::Images(pixels.to_dtype(self.dtype)?.to_device(&self.device)?)
+            }
+        };
+        let labels: Vec<u32> = (0..size).map(|_| rng.below(self.info.num_classes as u32)).collect();
+        let labels = Tensor::from_vec(labels, size, &self.device)?;
+        Ok(Batch { size, inputs, labels })
+    }
+
+    fn infer(&self, batch: &Batch) -> Result<Tensor> {
+        self.model.forward(&batch.inputs, false)
+    }
+
+    fn train_step(&mut self, batch: &Batch) -> Result<Tensor> {
+        let Some(optimizer) = self.optimizer.as_mut() else {
+            candle_core::bail!("{} was built for inference; build it with Mode::Train to train", self.info.name)
+        };
+        let logits = self.model.forward(&batch.inputs, true)?;
+        let loss = crate::ops::cross_entropy(&logits, &batch.labels)?;
+        optimizer.backward_step(&loss)?;
+        Ok(loss)
+    }
+
+    fn tensors(&self) -> Vec<(String, Tensor)> {
+        self.params.tensors()
+    }
+}

@@ -1,0 +1,132 @@
+//! The catalogue of models migprof can run: names as the CLI spells them, their facts (parameters,
+//! FLOPs, input shape), and how to build each one.
+
+use candle_core::Result;
+use candle_nn::VarBuilder;
+
+use crate::models::{resnet, Classifier};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    ResNet,
+}
+
+impl Family {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::ResNet => "resnet",
+        }
+    }
+}
+
+/// The shape of one sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputShape {
+    Image { channels: usize, height: usize, width: usize },
+}
+
+impl InputShape {
+    /// Sequence length for token inputs; `None` for images.
+    pub fn seq_len(&self) -> Option<usize> {
+        match self {
+            InputShape::Image { .. } => None,
+        }
+    }
+}
+
+/// What migprof knows about a model without building it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelInfo {
+    pub name: &'static str,
+    pub family: Family,
+    pub input: InputShape,
+    pub num_classes: usize,
+    /// Trainable parameters (buffers such as batch-norm running statistics excluded).
+    pub params: u64,
+    /// Forward FLOPs per sample, a multiply-add counted as 2.
+    pub flops_per_sample: u64,
+    /// A test-size preset rather than a published model.
+    pub tiny: bool,
+}
+
+impl ModelInfo {
+    /// FLOPs of one training step per sample: forward + backward, the backward counted as twice the
+    /// forward (a gradient for the activations and one for the weights).
+    pub fn train_flops_per_sample(&self) -> u64 {
+        3 * self.flops_per_sample
+    }
+}
+
+/// A model's architecture, as its family's config.
+#[derive(Debug, Clone)]
+pub enum Arch {
+    ResNet(resnet::Config),
+}
+
+impl Arch {
+    fn info(&self, name: &'static str, tiny: bool) -> ModelInfo {
+        match self {
+            Arch::ResNet(cfg) => ModelInfo {
+                name,
+                family: Family::ResNet,
+                input: InputShape::Image { channels: 3, height: cfg.image_size, width: cfg.image_size },
+                num_classes: cfg.num_classes,
+                params: cfg.params(),
+                flops_per_sample: cfg.flops(),
+                tiny,
+            },
+        }
+    }
+
+    pub(crate) fn build(&self, vb: VarBuilder) -> Result<Box<dyn Classifier>> {
+        Ok(match self {
+            Arch::ResNet(cfg) => Box::new(resnet::ResNet::new(cfg, vb)?),
+        })
+    }
+}
+
+struct Entry {
+    name: &'static str,
+    arch: fn() -> Arch,
+    tiny: bool,
+}
+
+const fn entry(name: &'static str, arch: fn() -> Arch, tiny: bool) -> Entry {
+    Entry { name, arch, tiny }
+}
+
+const ZOO: &[Entry] = &[
+    entry("resnet18", || Arch::ResNet(resnet::Config::resnet18()), false),
+    entry("resnet34", || Arch::ResNet(resnet::Config::resnet34()), false),
+    entry("resnet50", || Arch::ResNet(resnet::Config::resnet50()), false),
+    entry("resnet101", || Arch::ResNet(resnet::Config::resnet101()), false),
+    entry("resnet152", || Arch::ResNet(resnet::Config::resnet152()), false),
+    entry("resnet_tiny", || Arch::ResNet(resnet::Config::tiny()), true),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ZooError {
+    #[error("unknown model `{name}`; valid models: {}", valid.join(", "))]
+    UnknownModel { name: String, valid: Vec<&'static str> },
+}
+
+/// Every model, in catalogue order.
+pub fn models() -> Vec<ModelInfo> {
+    ZOO.iter().map(|e| (e.arch)().info(e.name, e.tiny)).collect()
+}
+
+/// Every model name, in catalogue order.
+pub fn model_names() -> Vec<&'static str> {
+    ZOO.iter().map(|e| e.name).collect()
+}
+
+/// A model's architecture and facts, by its CLI name.
+pub fn lookup(name: &str) -> std::result::Result<(Arch, ModelInfo), ZooError> {
+    let e = ZOO
+        .iter()
+        .find(|e| e.name == name)
+        .ok_or_else(|| ZooError::UnknownModel { name: name.to_string(), valid: model_names() })?;
+    let arch = (e.arch)();
+    let info = arch.info(e.name, e.tiny);
+    Ok((arch, info))
+}

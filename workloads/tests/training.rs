@@ -1,0 +1,132 @@
+//! Training and inference behaviour of the workloads on CPU, with the tiny presets.
+
+use candle_core::{DType, Device, Result, Tensor};
+use workloads::{build, is_buffer, lookup, Mode, TrainConfig, Workload, WorkloadConfig};
+
+fn config(mode: Mode, train: TrainConfig) -> WorkloadConfig {
+    WorkloadConfig { device: Device::Cpu, dtype: DType::F32, mode, seed: 42, train }
+}
+
+fn values(t: &Tensor) -> Result<Vec<f32>> {
+    t.flatten_all()?.to_dtype(DType::F32)?.to_vec1()
+}
+
+fn trainable(w: &dyn Workload) -> Vec<(String, Tensor)> {
+    w.tensors().into_iter().filter(|(n, _)| !is_buffer(n)).collect()
+}
+
+#[test]
+fn one_step_changes_every_parameter() -> Result<()> {
+    // No weight decay: a parameter then moves only if its gradient is non-zero.
+    let mut w = build("resnet_tiny", &config(Mode::Train, TrainConfig { lr: 1e-3, weight_decay: 0.0 }))?;
+    let batch = w.synthetic_batch(4, 1)?;
+    let before: Vec<(String, Vec<f32>)> =
+        trainable(w.as_ref()).iter().map(|(n, t)| Ok((n.clone(), values(t)?))).collect::<Result<_>>()?;
+    assert!(before.len() > 20, "expected every conv, bn and fc tensor, got {}", before.len());
+    w.train_step(&batch)?;
+    let after = trainable(w.as_ref());
+    for ((name, old), (name2, new)) in before.iter().zip(&after) {
+        assert_eq!(name, name2);
+        let new = values(new)?;
+        let moved = old.iter().zip(&new).filter(|(a, b)| a != b).count();
+        assert!(moved > 0, "{name} did not change after one step (zero gradient?)");
+    }
+    Ok(())
+}
+
+#[test]
+fn loss_on_a_fixed_batch_falls_by_half() -> Result<()> {
+    let mut w = build("resnet_tiny", &config(Mode::Train, TrainConfig { lr: 1e-2, weight_decay: 0.0 }))?;
+    let batch = w.synthetic_batch(8, 3)?;
+    let first = w.train_step(&batch)?.to_scalar::<f32>()?;
+    let mut last = first;
+    for _ in 0..30 {
+        last = w.train_step(&batch)?.to_scalar::<f32>()?;
+        if last < first / 2.0 {
+            break;
+        }
+    }
+    assert!(last < first / 2.0, "loss went from {first} to {last} in 30 steps");
+    Ok(())
+}
+
+#[test]
+fn batch_norm_running_statistics_update_only_when_training() -> Result<()> {
+    let mut w = build("resnet_tiny", &config(Mode::Train, TrainConfig::default()))?;
+    let batch = w.synthetic_batch(4, 1)?;
+    let mean = |w: &dyn Workload| -> Result<Vec<f32>> {
+        let t = w.tensors().into_iter().find(|(n, _)| n == "bn1.running_mean").expect("bn1.running_mean").1;
+        values(&t)
+    };
+    let m0 = mean(w.as_ref())?;
+    w.infer(&batch)?;
+    assert_eq!(mean(w.as_ref())?, m0, "inference must not touch running statistics");
+    w.train_step(&batch)?;
+    assert_ne!(mean(w.as_ref())?, m0, "training must update running statistics");
+    Ok(())
+}
+
+#[test]
+fn inference_builds_no_gradient_graph_and_has_the_right_shape() -> Result<()> {
+    let w = build("resnet_tiny", &config(Mode::Infer, TrainConfig::default()))?;
+    let batch = w.synthetic_batch(3, 1)?;
+    let logits = w.infer(&batch)?;
+    assert_eq!(logits.dims(), &[3, 10]);
+    assert!(!logits.track_op(), "inference logits carry a gradient graph");
+    Ok(())
+}
+
+#[test]
+fn training_an_inference_workload_is_a_clear_error() -> Result<()> {
+    let mut w = build("resnet_tiny", &config(Mode::Infer, TrainConfig::default()))?;
+    let batch = w.synthetic_batch(2, 1)?;
+    let err = w.train_step(&batch).unwrap_err().to_string();
+    assert!(err.contains("built for inference"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn same_seed_same_weights_and_logits() -> Result<()> {
+    let a = build("resnet_tiny", &config(Mode::Infer, TrainConfig::default()))?;
+    let b = build("resnet_tiny", &config(Mode::Infer, TrainConfig::default()))?;
+    let batch = a.synthetic_batch(2, 9)?;
+    assert_eq!(values(&a.infer(&batch)?)?, values(&b.infer(&batch)?)?);
+    Ok(())
+}
+
+#[test]
+fn built_models_hold_exactly_the_counted_parameters() -> Result<()> {
+    for name in ["resnet_tiny", "resnet18", "resnet50"] {
+        let w = build(name, &config(Mode::Infer, TrainConfig::default()))?;
+        let (_, info) = lookup(name).unwrap();
+        let held: u64 = trainable(w.as_ref()).iter().map(|(_, t)| t.elem_count() as u64).sum();
+        assert_eq!(held, info.params, "{name}");
+    }
+    Ok(())
+}
+
+#[test]
+fn torchvision_parameter_names() -> Result<()> {
+    let w = build("resnet50", &config(Mode::Infer, TrainConfig::default()))?;
+    let names: Vec<String> = w.tensors().into_iter().map(|(n, _)| n).collect();
+    for want in [
+        "conv1.weight",
+        "bn1.running_var",
+        "layer1.0.conv3.weight",
+        "layer1.0.downsample.0.weight",
+        "layer1.0.downsample.1.bias",
+        "layer4.2.bn3.weight",
+        "fc.weight",
+        "fc.bias",
+    ] {
+        assert!(names.iter().any(|n| n == want), "missing {want}");
+    }
+    assert!(!names.iter().any(|n| n.starts_with("layer1.1.downsample")));
+    Ok(())
+}
+
+#[test]
+fn unknown_model_names_the_valid_ones() {
+    let err = lookup("resnet19").unwrap_err().to_string();
+    assert!(err.contains("resnet19") && err.contains("resnet18") && err.contains("resnet152"), "{err}");
+}
