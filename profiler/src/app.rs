@@ -24,6 +24,7 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
         None => default_device(log)?,
     };
     let device = spec.open()?;
+    crate::preflight::check(&specs, &device)?;
     // Make the folder before the first run, so a bad --out fails before any time is spent.
     std::fs::create_dir_all(&args.out).with_context(|| format!("cannot use {} as the results folder", args.out.display()))?;
     let context = RunContext {

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod device;
 pub mod measure;
 pub mod plot;
+pub mod preflight;
 pub mod provenance;
 pub mod run;
 pub mod stats;

@@ -8,7 +8,7 @@ use crate::init::{Params, Rng, SeededInit};
 use crate::models::{is_buffer, Classifier, Inputs};
 use crate::zoo::{lookup, InputShape, ModelInfo};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {
     /// Forward pass only, batch norm on running statistics, no gradient graph.
     Infer,

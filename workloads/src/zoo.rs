@@ -6,7 +6,7 @@ use candle_nn::VarBuilder;
 
 use crate::models::{resnet, Classifier};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
     ResNet,
 }
@@ -113,6 +113,14 @@ pub enum ZooError {
 /// Every model, in catalogue order.
 pub fn models() -> Vec<ModelInfo> {
     ZOO.iter().map(|e| (e.arch)().info(e.name, e.tiny)).collect()
+}
+
+/// The test-size preset of a family: the cheapest model that exercises the family's kernels.
+pub fn tiny_model(family: Family) -> &'static str {
+    ZOO.iter()
+        .find(|e| e.tiny && (e.arch)().info(e.name, e.tiny).family == family)
+        .map(|e| e.name)
+        .expect("every family has a tiny preset")
 }
 
 /// Every model name, in catalogue order.

@@ -1,0 +1,91 @@
+//! Before the first run: one step of each family's tiny preset for every (family, mode, dtype) asked
+//! for, so that a combination the device's kernels cannot run fails in milliseconds, with the list
+//! of those that do run, instead of after an hour of earlier runs.
+
+use anyhow::{bail, Result};
+use candle_core::{DType, Device};
+use workloads::{Family, Mode, TrainConfig, WorkloadConfig};
+
+use crate::device::OpenDevice;
+use crate::run::RunSpec;
+
+const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+const MODES: [Mode; 2] = [Mode::Infer, Mode::Train];
+
+pub fn check(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
+    let mut checked: Vec<(Family, Mode, DType)> = Vec::new();
+    for s in specs {
+        let (_, info) = workloads::lookup(&s.model)?;
+        let key = (info.family, s.mode, s.dtype);
+        if checked.contains(&key) {
+            continue;
+        }
+        checked.push(key);
+        if let Err(e) = probe(info.family, s.mode, s.dtype, &device.device) {
+            let runnable: Vec<String> = MODES
+                .iter()
+                .flat_map(|&m| DTYPES.iter().map(move |&d| (m, d)))
+                .filter(|&(m, d)| probe(info.family, m, d, &device.device).is_ok())
+                .map(|(m, d)| format!("{} {}", m.as_str(), d.as_str()))
+                .collect();
+            bail!(
+                "{} {} {} cannot run on {}: {} failed with: {}\nwhat runs there for {} models: {}",
+                s.model,
+                s.mode.as_str(),
+                s.dtype.as_str(),
+                device.info.kind,
+                workloads::tiny_model(info.family),
+                first_line(&e.to_string()),
+                info.family.as_str(),
+                if runnable.is_empty() { "nothing".to_string() } else { runnable.join(", ") }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One step of the family's tiny preset at batch 2, synchronised.
+fn probe(family: Family, mode: Mode, dtype: DType, device: &Device) -> Result<()> {
+    let cfg = WorkloadConfig { device: device.clone(), dtype, mode, seed: 0, train: TrainConfig::default() };
+    let mut w = workloads::build(workloads::tiny_model(family), &cfg)?;
+    let batch = w.synthetic_batch(2, 0)?;
+    match mode {
+        Mode::Infer => drop(w.infer(&batch)?),
+        Mode::Train => drop(w.train_step(&batch)?),
+    }
+    device.synchronize()?;
+    Ok(())
+}
+
+/// candle appends a backtrace to its messages when RUST_BACKTRACE is set; the first line is the cause.
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::DeviceSpec;
+    use crate::run::tests::spec;
+
+    #[test]
+    fn f32_inference_and_training_pass_on_cpu() -> Result<()> {
+        let device = DeviceSpec::Cpu.open()?;
+        let mut train = spec(2, 1);
+        train.mode = Mode::Train;
+        check(&[spec(2, 1), train], &device)
+    }
+
+    #[test]
+    fn bf16_on_cpu_fails_naming_the_cause_and_what_runs() -> Result<()> {
+        // candle's CPU matmul has no bf16 kernel.
+        let device = DeviceSpec::Cpu.open()?;
+        let mut s = spec(2, 1);
+        s.dtype = DType::BF16;
+        let err = check(&[s], &device).unwrap_err().to_string();
+        assert!(err.starts_with("resnet_tiny infer bf16 cannot run on cpu"), "{err}");
+        assert!(err.contains("BF16") && err.contains("infer f32") && err.contains("train f32"), "{err}");
+        assert!(!err.contains("infer bf16,") && !err.contains("train bf16"), "{err}");
+        Ok(())
+    }
+}

@@ -1,0 +1,130 @@
+//! The `migprof` binary end to end on CPU: what it writes, what it prints, how it refuses bad input.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use migprof::store::{read_table, Table};
+use polars::prelude::*;
+
+fn migprof(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_migprof")).args(args).output().expect("migprof runs")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn f64s(df: &DataFrame, name: &str) -> Vec<f64> {
+    df.column(name).unwrap().cast(&DataType::Float64).unwrap().f64().unwrap().iter().map(|v| v.unwrap()).collect()
+}
+
+fn run_tiny(out: &Path, extra: &[&str]) -> Output {
+    let out = out.to_str().unwrap();
+    let mut args = vec!["run", "--model", "resnet_tiny", "--device", "cpu", "--out", out];
+    args.extend_from_slice(extra);
+    migprof(&args)
+}
+
+#[test]
+fn resnet18_two_batches_then_again_keeps_all_four_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("D");
+    let args = ["run", "--model", "resnet18", "--batch", "1,2", "--iters", "5", "--device", "cpu", "--out", out.to_str().unwrap()];
+    let first = migprof(&args);
+    assert!(first.status.success(), "{}", text(&first));
+
+    let runs = read_table(&out, Table::Runs).unwrap();
+    assert_eq!(runs.height(), 2);
+    let (mean, batch, tput) = (f64s(&runs, "mean_ms"), f64s(&runs, "batch"), f64s(&runs, "throughput"));
+    let (p50, p99) = (f64s(&runs, "p50_ms"), f64s(&runs, "p99_ms"));
+    for i in 0..2 {
+        assert!((tput[i] - 1000.0 / mean[i] * batch[i]).abs() < 1e-9 * tput[i]);
+        assert!(p50[i] <= p99[i]);
+    }
+    let verdicts: Vec<&str> = runs.column("verdict").unwrap().str().unwrap().iter().map(|v| v.unwrap()).collect();
+    assert_eq!(verdicts, vec!["too_few_iterations"; 2], "5 iterations are fewer than the minimum");
+    assert_eq!(read_table(&out, Table::Samples).unwrap().height(), 10);
+
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    assert!(stdout.contains("resnet18") && stdout.contains("too_few_iterations"), "{stdout}");
+    assert!(out.join("throughput_vs_batch.svg").exists() && out.join("latency_vs_batch.svg").exists());
+
+    let second = migprof(&args);
+    assert!(second.status.success(), "{}", text(&second));
+    assert_eq!(read_table(&out, Table::Runs).unwrap().height(), 4);
+    assert!(String::from_utf8_lossy(&second.stdout).contains("4 runs in the folder in all"));
+}
+
+#[test]
+fn training_records_loss_and_training_flops() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_tiny(dir.path(), &["--mode", "train", "--batch", "4", "--iters", "12", "--warmup", "1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let runs = read_table(dir.path(), Table::Runs).unwrap();
+    let (first, last) = (f64s(&runs, "loss_first")[0], f64s(&runs, "loss_last")[0]);
+    assert!(last < first, "loss {first} -> {last}");
+    let (_, info) = workloads::lookup("resnet_tiny").unwrap();
+    assert_eq!(f64s(&runs, "flops_per_sample")[0], 3.0 * info.flops_per_sample as f64);
+}
+
+#[test]
+fn bad_values_are_refused_naming_the_choices_and_earlier_results_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = run_tiny(dir.path(), &["--batch", "2", "--iters", "3", "--warmup", "0"]);
+    assert!(ok.status.success(), "{}", text(&ok));
+
+    for (args, wants) in [
+        (vec!["--model", "resnet19"], vec!["resnet19", "resnet18", "resnet50", "resnet_tiny"]),
+        (vec!["--batch", "1,-2"], vec!["positive integers", "--batch 1,8,32"]),
+        (vec!["--batch", "0"], vec!["positive integers"]),
+        (vec!["--device", "tpu:0"], vec!["unknown device `tpu:0`", "cpu, cuda", "cuda:N"]),
+        (vec!["--device", "MIG-c2b4e1a4-1c2d-5f3e-9a8b-0123456789ab"], vec!["MIG slice", "cpu, cuda"]),
+        (vec!["--dtype", "fp8"], vec!["f32", "bf16", "f16"]),
+        (vec!["--mode", "eval"], vec!["infer", "train"]),
+    ] {
+        let out = dir.path().to_str().unwrap();
+        let mut argv = vec!["run", "--out", out];
+        argv.extend_from_slice(&args);
+        let o = migprof(&argv);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let msg = text(&o);
+        for w in wants {
+            assert!(msg.contains(w), "{args:?}: message lacks {w:?}:\n{msg}");
+        }
+    }
+    assert_eq!(read_table(dir.path(), Table::Runs).unwrap().height(), 1, "the earlier run is kept");
+}
+
+#[test]
+fn an_unsupported_dtype_fails_before_any_run_and_keeps_the_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    run_tiny(dir.path(), &["--batch", "2", "--iters", "3", "--warmup", "0"]);
+    // f32 would run, bf16 cannot on candle's CPU kernels: nothing new is written.
+    let o = run_tiny(dir.path(), &["--batch", "2", "--iters", "3", "--dtype", "f32,bf16"]);
+    assert_eq!(o.status.code(), Some(1));
+    let msg = text(&o);
+    assert!(msg.contains("resnet_tiny infer bf16 cannot run on cpu") && msg.contains("what runs there"), "{msg}");
+    assert_eq!(read_table(dir.path(), Table::Runs).unwrap().height(), 1);
+}
+
+#[test]
+fn an_unusable_results_folder_is_refused_before_measuring() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "not a folder").unwrap();
+    let o = run_tiny(&file, &["--iters", "3"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("cannot use") && text(&o).contains("as the results folder"), "{}", text(&o));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a folder");
+}
+
+#[test]
+fn models_lists_every_model_with_exact_counts() {
+    let o = migprof(&["models"]);
+    assert!(o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    for name in workloads::model_names() {
+        assert!(out.lines().any(|l| l.starts_with(&format!("{name} "))), "{name} missing:\n{out}");
+    }
+    assert!(out.contains("11,689,512") && out.contains("25,557,032") && out.contains("60,192,808"), "{out}");
+}
