@@ -59,7 +59,7 @@ impl From<DTypeArg> for candle_core::DType {
     }
 }
 
-/// The default set: ResNet-18 inference at batch 1 and 8, training at batch 8.
+/// The default set: ResNet-18 inference at batch 1, 4 and 8, training at batch 4 and 8.
 pub const DEFAULT_MODEL: &str = "resnet18";
 
 #[derive(Debug, Clone, Args)]
@@ -80,7 +80,7 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', default_value = "f32")]
     pub dtype: Vec<DTypeArg>,
 
-    /// cpu, cuda (first CUDA device) or cuda:N. Default: cuda when this build has CUDA and a device, else cpu.
+    /// cpu, cuda (first CUDA device) or cuda:N. Default: cuda in a build with CUDA, else cpu.
     #[arg(long)]
     pub device: Option<DeviceSpec>,
 
@@ -88,7 +88,7 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "warmup_secs")]
     pub warmup: Option<u64>,
 
-    /// Warm-up time in seconds (at least one iteration). Default: 1.
+    /// Warm-up time in seconds (at least one iteration). Default: 1 s and at least 3 iterations.
     #[arg(long, value_parser = parse_secs)]
     pub warmup_secs: Option<f64>,
 
@@ -131,7 +131,9 @@ impl RunArgs {
     pub fn warmup_rule(&self) -> Warmup {
         match (self.warmup, self.warmup_secs) {
             (Some(n), _) => Warmup::Iterations(n),
-            (None, secs) => Warmup::Duration(Duration::from_secs_f64(secs.unwrap_or(1.0))),
+            (None, Some(secs)) => Warmup::Duration { min: Duration::from_secs_f64(secs), min_iterations: 1 },
+            // The first steps allocate and fault in memory; on a CPU one second can be one step.
+            (None, None) => Warmup::Duration { min: Duration::from_secs(1), min_iterations: 3 },
         }
     }
 
@@ -158,8 +160,8 @@ impl RunArgs {
         let batches_for = |mode: ModeArg| -> Vec<usize> {
             match (self.batch.is_empty(), defaults_only, mode) {
                 (false, _, _) => self.batch.clone(),
-                (true, true, ModeArg::Train) => vec![8],
-                (true, true, ModeArg::Infer) => vec![1, 8],
+                (true, true, ModeArg::Train) => vec![4, 8],
+                (true, true, ModeArg::Infer) => vec![1, 4, 8],
                 (true, false, _) => vec![1],
             }
         };
@@ -203,9 +205,17 @@ mod tests {
         let got: Vec<(String, Mode, usize)> = specs.iter().map(|s| (s.model.clone(), s.mode, s.batch)).collect();
         assert_eq!(
             got,
-            vec![("resnet18".into(), Mode::Infer, 1), ("resnet18".into(), Mode::Infer, 8), ("resnet18".into(), Mode::Train, 8)]
+            vec![
+                ("resnet18".into(), Mode::Infer, 1),
+                ("resnet18".into(), Mode::Infer, 4),
+                ("resnet18".into(), Mode::Infer, 8),
+                ("resnet18".into(), Mode::Train, 4),
+                ("resnet18".into(), Mode::Train, 8)
+            ]
         );
-        assert_eq!(specs[0].warmup, Warmup::Duration(Duration::from_secs(1)));
+        assert_eq!(specs[0].warmup, Warmup::Duration { min: Duration::from_secs(1), min_iterations: 3 });
+        let specs = args("--warmup-secs 0.5").specs();
+        assert_eq!(specs[0].warmup, Warmup::Duration { min: Duration::from_millis(500), min_iterations: 1 });
         assert_eq!(specs[0].stop, Stop::Duration { min: Duration::from_secs(3), min_iterations: 10 });
     }
 

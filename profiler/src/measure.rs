@@ -48,8 +48,8 @@ pub trait Executor {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Warmup {
     Iterations(u64),
-    /// Until this much time has passed, and at least one iteration.
-    Duration(Duration),
+    /// Until this much time has passed and at least `min_iterations` (at least one) have run.
+    Duration { min: Duration, min_iterations: u64 },
 }
 
 /// When to stop measuring.
@@ -111,7 +111,7 @@ fn warm_up(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup) -> Result
     loop {
         let done = match warmup {
             Warmup::Iterations(k) => n >= k,
-            Warmup::Duration(d) => n >= 1 && clock.now() - start >= d,
+            Warmup::Duration { min, min_iterations } => n >= min_iterations.max(1) && clock.now() - start >= min,
         };
         if done {
             return Ok(n);
@@ -221,13 +221,16 @@ mod tests {
     }
 
     #[test]
-    fn duration_warmup_runs_at_least_once_and_until_the_time_is_up() -> Result<()> {
+    fn duration_warmup_runs_until_both_time_and_count_are_reached() -> Result<()> {
         let clock = FakeClock::default();
         let mut step = FakeStep::new(&clock, &[4.0]);
-        let m = measure(&mut step, &clock, Warmup::Duration(Duration::from_millis(10)), Stop::Iterations(1))?;
+        let warmup = |ms, min_iterations| Warmup::Duration { min: Duration::from_millis(ms), min_iterations };
+        let m = measure(&mut step, &clock, warmup(10, 1), Stop::Iterations(1))?;
         assert_eq!(m.warmup_iterations, 3);
-        let m = measure(&mut step, &clock, Warmup::Duration(Duration::ZERO), Stop::Iterations(1))?;
+        let m = measure(&mut step, &clock, warmup(0, 0), Stop::Iterations(1))?;
         assert_eq!(m.warmup_iterations, 1);
+        let m = measure(&mut step, &clock, warmup(10, 5), Stop::Iterations(1))?;
+        assert_eq!(m.warmup_iterations, 5, "the minimum count wins over a short duration");
         Ok(())
     }
 

@@ -94,6 +94,7 @@ fn draw(path: &Path, series: &BTreeMap<String, Vec<Point>>, chart: Chart) -> Res
         .y_label_area_size(80)
         .build_cartesian_2d((bmin / 1.5..bmax * 1.5).log_scale(), (ymin / 1.5..ymax * 1.5).log_scale())?;
     ctx.configure_mesh()
+        .light_line_style(RGBColor(238, 238, 238))
         .x_desc("batch size (samples per step)")
         .y_desc(y_desc)
         .x_label_formatter(&|v| format!("{v:.0}"))

@@ -151,6 +151,7 @@ impl Executor for WorkloadExecutor {
 pub(crate) mod tests {
     use super::*;
     use crate::measure::fake::{FakeClock, FakeStep};
+    use crate::stats::tests::close;
     use crate::verdict::Verdict;
     use std::time::Duration;
 
@@ -191,8 +192,8 @@ pub(crate) mod tests {
         assert_eq!(run.throughput(), 4000.0);
         assert_eq!(run.wall_throughput(), 4000.0);
         assert_eq!(run.assessment.verdict, Verdict::Ok, "{}", run.assessment.reason);
-        assert!((run.stats.p50_ns as f64 / 1e6 - 1.0).abs() < 1e-3);
-        assert_eq!(run.stats.p99_ns, 3_000_000);
+        assert!(close(run.stats.p50_ns, 1_000_000), "{}", run.stats.p50_ns);
+        assert!(close(run.stats.p99_ns, 3_000_000), "{}", run.stats.p99_ns);
     }
 
     #[test]

@@ -41,9 +41,12 @@ impl LatencyStats {
         });
         let min_ns = *latencies_ns.iter().min().expect("non-empty");
         let max_ns = *latencies_ns.iter().max().expect("non-empty");
-        // The histogram answers with the top of a bucket, which can lie above the largest sample;
-        // clamping to the exact maximum keeps p99.9 <= max without losing precision.
-        let q = |quantile: f64| histogram.value_at_quantile(quantile).min(max_ns);
+        // The histogram answers with the top of a bucket; its middle halves the worst-case error, and
+        // clamping to the exact extremes keeps min <= p50 <= ... <= p99.9 <= max.
+        let q = |quantile: f64| {
+            let v = histogram.median_equivalent(histogram.value_at_quantile(quantile));
+            v.clamp(min_ns, max_ns)
+        };
         Ok(Self {
             iterations: latencies_ns.len() as u64,
             mean_ns,
@@ -86,11 +89,11 @@ pub fn ns_to_ms(ns: u64) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use hdrhistogram::serialization::Deserializer;
 
-    fn close(got: u64, want: u64) -> bool {
+    pub fn close(got: u64, want: u64) -> bool {
         // Within the histogram's precision: 3 significant digits.
         (got as f64 - want as f64).abs() <= want as f64 * 1e-3
     }
@@ -105,7 +108,7 @@ mod tests {
         // Half the samples are 1 ms: the median is the 1 ms bucket, every upper percentile 3 ms.
         assert!(close(s.p50_ns, 1_000_000), "p50 {}", s.p50_ns);
         for p in [s.p90_ns, s.p95_ns, s.p99_ns, s.p999_ns] {
-            assert_eq!(p, 3_000_000, "upper percentiles are clamped to the exact max");
+            assert!(close(p, 3_000_000) && p <= s.max_ns, "upper percentile {p}");
         }
         // Sample std of 50 x (-1 ms) and 50 x (+1 ms): sqrt(100 / 99) ms.
         let std = s.std_ns.unwrap();
