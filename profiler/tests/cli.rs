@@ -128,3 +128,23 @@ fn models_lists_every_model_with_exact_counts() {
     }
     assert!(out.contains("11,689,512") && out.contains("25,557,032") && out.contains("60,192,808"), "{out}");
 }
+
+/// pyarrow, the reader most users have, reads what migprof wrote and every row keeps its promises
+/// (scripts/check_results.py). Without pyarrow the test says so and passes, except under CI, whose
+/// .ci/run installs it.
+#[test]
+fn pyarrow_reads_the_folder_and_every_row_checks_out() {
+    let has_pyarrow = Command::new("python3").args(["-c", "import pyarrow"]).output().is_ok_and(|o| o.status.success());
+    if !has_pyarrow {
+        assert!(std::env::var_os("CI").is_none(), "CI must have pyarrow (.ci/run installs it)");
+        eprintln!("pyarrow is not installed: skipping the pyarrow read-back");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_tiny(dir.path(), &["--mode", "infer,train", "--batch", "1,3", "--iters", "10", "--warmup", "1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/check_results.py");
+    let check = Command::new("python3").args([script, dir.path().to_str().unwrap(), "--runs", "4"]).output().unwrap();
+    assert!(check.status.success(), "{}", text(&check));
+    assert!(String::from_utf8_lossy(&check.stdout).contains("4 runs checked, 0 problems"), "{}", text(&check));
+}

@@ -4,17 +4,19 @@
 use candle_core::Result;
 use candle_nn::VarBuilder;
 
-use crate::models::{resnet, Classifier};
+use crate::models::{resnet, vit, Classifier};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
     ResNet,
+    Vit,
 }
 
 impl Family {
     pub fn as_str(self) -> &'static str {
         match self {
             Family::ResNet => "resnet",
+            Family::Vit => "vit",
         }
     }
 }
@@ -61,6 +63,7 @@ impl ModelInfo {
 #[derive(Debug, Clone)]
 pub enum Arch {
     ResNet(resnet::Config),
+    Vit(vit::Config),
 }
 
 impl Arch {
@@ -75,12 +78,22 @@ impl Arch {
                 flops_per_sample: cfg.flops(),
                 tiny,
             },
+            Arch::Vit(cfg) => ModelInfo {
+                name,
+                family: Family::Vit,
+                input: InputShape::Image { channels: 3, height: cfg.image_size, width: cfg.image_size },
+                num_classes: cfg.num_classes,
+                params: cfg.params(),
+                flops_per_sample: cfg.flops(),
+                tiny,
+            },
         }
     }
 
     pub(crate) fn build(&self, vb: VarBuilder) -> Result<Box<dyn Classifier>> {
         Ok(match self {
             Arch::ResNet(cfg) => Box::new(resnet::ResNet::new(cfg, vb)?),
+            Arch::Vit(cfg) => Box::new(vit::VisionTransformer::new(cfg, vb)?),
         })
     }
 }
@@ -102,6 +115,10 @@ const ZOO: &[Entry] = &[
     entry("resnet101", || Arch::ResNet(resnet::Config::resnet101()), false),
     entry("resnet152", || Arch::ResNet(resnet::Config::resnet152()), false),
     entry("resnet_tiny", || Arch::ResNet(resnet::Config::tiny()), true),
+    entry("vit_ti_16", || Arch::Vit(vit::Config::vit_ti_16()), false),
+    entry("vit_s_16", || Arch::Vit(vit::Config::vit_s_16()), false),
+    entry("vit_b_16", || Arch::Vit(vit::Config::vit_b_16()), false),
+    entry("vit_tiny", || Arch::Vit(vit::Config::tiny()), true),
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -15,38 +15,52 @@ fn trainable(w: &dyn Workload) -> Vec<(String, Tensor)> {
     w.tensors().into_iter().filter(|(n, _)| !is_buffer(n)).collect()
 }
 
+/// The test-size preset of every family.
+fn tiny_presets() -> Vec<&'static str> {
+    workloads::models().into_iter().filter(|m| m.tiny).map(|m| m.name).collect()
+}
+
+#[test]
+fn every_family_has_a_tiny_preset() {
+    assert_eq!(tiny_presets(), vec!["resnet_tiny", "vit_tiny"]);
+}
+
 #[test]
 fn one_step_changes_every_parameter() -> Result<()> {
-    // No weight decay: a parameter then moves only if its gradient is non-zero.
-    let mut w = build("resnet_tiny", &config(Mode::Train, TrainConfig { lr: 1e-3, weight_decay: 0.0 }))?;
-    let batch = w.synthetic_batch(4, 1)?;
-    let before: Vec<(String, Vec<f32>)> =
-        trainable(w.as_ref()).iter().map(|(n, t)| Ok((n.clone(), values(t)?))).collect::<Result<_>>()?;
-    assert!(before.len() > 20, "expected every conv, bn and fc tensor, got {}", before.len());
-    w.train_step(&batch)?;
-    let after = trainable(w.as_ref());
-    for ((name, old), (name2, new)) in before.iter().zip(&after) {
-        assert_eq!(name, name2);
-        let new = values(new)?;
-        let moved = old.iter().zip(&new).filter(|(a, b)| a != b).count();
-        assert!(moved > 0, "{name} did not change after one step (zero gradient?)");
+    for name in tiny_presets() {
+        // No weight decay: a parameter then moves only if its gradient is non-zero.
+        let mut w = build(name, &config(Mode::Train, TrainConfig { lr: 1e-3, weight_decay: 0.0 }))?;
+        let batch = w.synthetic_batch(4, 1)?;
+        let before: Vec<(String, Vec<f32>)> =
+            trainable(w.as_ref()).iter().map(|(n, t)| Ok((n.clone(), values(t)?))).collect::<Result<_>>()?;
+        assert!(before.len() > 10, "{name}: expected every weight tensor, got {}", before.len());
+        w.train_step(&batch)?;
+        let after = trainable(w.as_ref());
+        assert_eq!(before.len(), after.len());
+        for ((name2, old), (_, new)) in before.iter().zip(&after) {
+            let new = values(new)?;
+            let moved = old.iter().zip(&new).filter(|(a, b)| a != b).count();
+            assert!(moved > 0, "{name}: {name2} did not change after one step (zero gradient?)");
+        }
     }
     Ok(())
 }
 
 #[test]
 fn loss_on_a_fixed_batch_falls_by_half() -> Result<()> {
-    let mut w = build("resnet_tiny", &config(Mode::Train, TrainConfig { lr: 1e-2, weight_decay: 0.0 }))?;
-    let batch = w.synthetic_batch(8, 3)?;
-    let first = w.train_step(&batch)?.to_scalar::<f32>()?;
-    let mut last = first;
-    for _ in 0..30 {
-        last = w.train_step(&batch)?.to_scalar::<f32>()?;
-        if last < first / 2.0 {
-            break;
+    for name in tiny_presets() {
+        let mut w = build(name, &config(Mode::Train, TrainConfig { lr: 1e-2, weight_decay: 0.0 }))?;
+        let batch = w.synthetic_batch(8, 3)?;
+        let first = w.train_step(&batch)?.to_scalar::<f32>()?;
+        let mut last = first;
+        for _ in 0..30 {
+            last = w.train_step(&batch)?.to_scalar::<f32>()?;
+            if last < first / 2.0 {
+                break;
+            }
         }
+        assert!(last < first / 2.0, "{name}: loss went from {first} to {last} in 30 steps");
     }
-    assert!(last < first / 2.0, "loss went from {first} to {last} in 30 steps");
     Ok(())
 }
 
@@ -68,11 +82,27 @@ fn batch_norm_running_statistics_update_only_when_training() -> Result<()> {
 
 #[test]
 fn inference_builds_no_gradient_graph_and_has_the_right_shape() -> Result<()> {
-    let w = build("resnet_tiny", &config(Mode::Infer, TrainConfig::default()))?;
-    let batch = w.synthetic_batch(3, 1)?;
-    let logits = w.infer(&batch)?;
-    assert_eq!(logits.dims(), &[3, 10]);
-    assert!(!logits.track_op(), "inference logits carry a gradient graph");
+    for name in tiny_presets() {
+        let w = build(name, &config(Mode::Infer, TrainConfig::default()))?;
+        let batch = w.synthetic_batch(3, 1)?;
+        let logits = w.infer(&batch)?;
+        assert_eq!(logits.dims(), &[3, 10], "{name}");
+        assert!(!logits.track_op(), "{name}: inference logits carry a gradient graph");
+    }
+    Ok(())
+}
+
+#[test]
+fn half_precision_training_runs_on_cpu_where_candle_has_kernels() -> Result<()> {
+    // candle's CPU matmul has f16 kernels (not bf16); batch norm keeps f32 statistics.
+    for name in tiny_presets() {
+        let mut cfg = config(Mode::Train, TrainConfig::default());
+        cfg.dtype = DType::F16;
+        let mut w = build(name, &cfg)?;
+        let batch = w.synthetic_batch(4, 1)?;
+        let loss = w.train_step(&batch)?.to_scalar::<f32>()?;
+        assert!(loss.is_finite() && loss > 0.0, "{name}: loss {loss}");
+    }
     Ok(())
 }
 
@@ -96,7 +126,7 @@ fn same_seed_same_weights_and_logits() -> Result<()> {
 
 #[test]
 fn built_models_hold_exactly_the_counted_parameters() -> Result<()> {
-    for name in ["resnet_tiny", "resnet18", "resnet50"] {
+    for name in ["resnet_tiny", "resnet18", "resnet50", "vit_tiny", "vit_b_16"] {
         let w = build(name, &config(Mode::Infer, TrainConfig::default()))?;
         let (_, info) = lookup(name).unwrap();
         let held: u64 = trainable(w.as_ref()).iter().map(|(_, t)| t.elem_count() as u64).sum();
@@ -106,7 +136,7 @@ fn built_models_hold_exactly_the_counted_parameters() -> Result<()> {
 }
 
 #[test]
-fn torchvision_parameter_names() -> Result<()> {
+fn torchvision_resnet_parameter_names() -> Result<()> {
     let w = build("resnet50", &config(Mode::Infer, TrainConfig::default()))?;
     let names: Vec<String> = w.tensors().into_iter().map(|(n, _)| n).collect();
     for want in [
@@ -122,6 +152,28 @@ fn torchvision_parameter_names() -> Result<()> {
         assert!(names.iter().any(|n| n == want), "missing {want}");
     }
     assert!(!names.iter().any(|n| n.starts_with("layer1.1.downsample")));
+    Ok(())
+}
+
+#[test]
+fn torchvision_vit_parameter_names() -> Result<()> {
+    let w = build("vit_tiny", &config(Mode::Infer, TrainConfig::default()))?;
+    let names: Vec<String> = w.tensors().into_iter().map(|(n, _)| n).collect();
+    let want = [
+        "class_token",
+        "conv_proj.bias",
+        "conv_proj.weight",
+        "encoder.layers.encoder_layer_1.self_attention.in_proj_weight",
+        "encoder.layers.encoder_layer_1.self_attention.out_proj.bias",
+        "encoder.layers.encoder_layer_0.mlp.3.weight",
+        "encoder.layers.encoder_layer_0.ln_2.bias",
+        "encoder.ln.weight",
+        "encoder.pos_embedding",
+        "heads.head.weight",
+    ];
+    for n in want {
+        assert!(names.iter().any(|x| x == n), "missing {n} in {names:?}");
+    }
     Ok(())
 }
 

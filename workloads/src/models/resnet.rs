@@ -2,9 +2,10 @@
 //! the bottleneck. Parameter names follow torchvision's `resnet*` state dicts.
 
 use candle_core::{Result, Tensor};
-use candle_nn::{BatchNorm, Conv2d, Conv2dConfig, Linear, Module, ModuleT, VarBuilder};
+use candle_nn::{Conv2d, Conv2dConfig, Linear, Module, VarBuilder};
 
-use super::{torch_linear, Classifier, Inputs};
+use super::layers::{torch_linear, BatchNorm2d};
+use super::{Classifier, Inputs};
 use crate::init::KAIMING_NORMAL_FAN_OUT;
 use crate::ops::max_pool2d;
 
@@ -189,15 +190,10 @@ fn conv(cin: usize, cout: usize, k: usize, stride: usize) -> ConvShape {
     ConvShape { cin, cout, k, stride, pad: k / 2 }
 }
 
-fn batch_norm(channels: usize, vb: VarBuilder) -> Result<BatchNorm> {
-    // torchvision's defaults: eps 1e-5, momentum 0.1.
-    candle_nn::batch_norm(channels, 1e-5, vb)
-}
-
 /// One residual block: the main path's (conv, bn) pairs, and the projection when shapes change.
 struct Residual {
-    path: Vec<(Conv2d, BatchNorm)>,
-    downsample: Option<(Conv2d, BatchNorm)>,
+    path: Vec<(Conv2d, BatchNorm2d)>,
+    downsample: Option<(Conv2d, BatchNorm2d)>,
 }
 
 impl Residual {
@@ -205,7 +201,7 @@ impl Residual {
         let downsample = match shape.projection() {
             Some(c) => {
                 let vb = vb.pp("downsample");
-                Some((c.build(vb.pp("0"))?, batch_norm(c.cout, vb.pp("1"))?))
+                Some((c.build(vb.pp("0"))?, BatchNorm2d::new(c.cout, vb.pp("1"))?))
             }
             None => None,
         };
@@ -213,7 +209,7 @@ impl Residual {
             .path(block)
             .iter()
             .enumerate()
-            .map(|(i, c)| Ok((c.build(vb.pp(format!("conv{}", i + 1)))?, batch_norm(c.cout, vb.pp(format!("bn{}", i + 1)))?)))
+            .map(|(i, c)| Ok((c.build(vb.pp(format!("conv{}", i + 1)))?, BatchNorm2d::new(c.cout, vb.pp(format!("bn{}", i + 1)))?)))
             .collect::<Result<_>>()?;
         Ok(Self { path, downsample })
     }
@@ -222,13 +218,13 @@ impl Residual {
         let mut h = x.clone();
         let last = self.path.len() - 1;
         for (i, (conv, bn)) in self.path.iter().enumerate() {
-            h = bn.forward_t(&conv.forward(&h)?, train)?;
+            h = bn.forward(&conv.forward(&h)?, train)?;
             if i < last {
                 h = h.relu()?;
             }
         }
         let identity = match &self.downsample {
-            Some((conv, bn)) => bn.forward_t(&conv.forward(x)?, train)?,
+            Some((conv, bn)) => bn.forward(&conv.forward(x)?, train)?,
             None => x.clone(),
         };
         (h + identity)?.relu()
@@ -237,7 +233,7 @@ impl Residual {
 
 pub struct ResNet {
     conv1: Conv2d,
-    bn1: BatchNorm,
+    bn1: BatchNorm2d,
     blocks: Vec<Residual>,
     fc: Linear,
 }
@@ -246,7 +242,7 @@ impl ResNet {
     pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
         let stem = ConvShape { cin: 3, cout: cfg.width, k: 7, stride: 2, pad: 3 };
         let conv1 = stem.build(vb.pp("conv1"))?;
-        let bn1 = batch_norm(cfg.width, vb.pp("bn1"))?;
+        let bn1 = BatchNorm2d::new(cfg.width, vb.pp("bn1"))?;
         let blocks = cfg
             .blocks()
             .iter()
@@ -260,7 +256,7 @@ impl ResNet {
 impl Classifier for ResNet {
     fn forward(&self, inputs: &Inputs, train: bool) -> Result<Tensor> {
         let Inputs::Images(x) = inputs;
-        let x = self.bn1.forward_t(&self.conv1.forward(x)?, train)?.relu()?;
+        let x = self.bn1.forward(&self.conv1.forward(x)?, train)?.relu()?;
         let mut x = max_pool2d(&x, 3, 2, 1)?;
         for block in &self.blocks {
             x = block.forward(&x, train)?;

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Read a migprof results folder with pyarrow, as any downstream user would, and check what every row
+promises: the documented columns, throughput = 1000 / mean_ms * batch, min <= p50 <= p90 <= p95 <= p99
+<= p99.9 <= max, a verdict from the documented set with its reason, and one sample per iteration.
+
+usage: scripts/check_results.py DIR [--runs N]    (exit 1 on the first broken promise)
+"""
+import argparse
+import sys
+
+import pyarrow.parquet as pq
+
+COLUMNS = (
+    "schema_version run_id invocation_id started_at finished_at host model family mode dtype batch seq_len "
+    "device_kind device_name seed warmup_iterations iterations measured_s mean_ms std_ms min_ms max_ms p50_ms "
+    "p90_ms p95_ms p99_ms p999_ms throughput wall_throughput loss_first loss_last params flops_per_sample "
+    "verdict verdict_reason histogram migprof_version git_commit"
+).split()
+VERDICTS = {"ok", "too_few_iterations", "unstable"}
+
+
+def check(folder, expected_runs):
+    runs = pq.read_table(f"{folder}/runs").to_pylist()
+    samples = pq.read_table(f"{folder}/samples").to_pylist()
+    problems = []
+    if expected_runs is not None and len(runs) != expected_runs:
+        problems.append(f"{len(runs)} runs, expected {expected_runs}")
+    per_run = {}
+    for s in samples:
+        per_run[s["run_id"]] = per_run.get(s["run_id"], 0) + 1
+    for r in runs:
+        rid = r.get("run_id")
+        missing = [c for c in COLUMNS if c not in r]
+        if missing:
+            problems.append(f"{rid}: missing columns {missing}")
+            continue
+        want = 1000.0 / r["mean_ms"] * r["batch"]
+        if abs(r["throughput"] - want) > 1e-9 * want:
+            problems.append(f"{rid}: throughput {r['throughput']} != 1000/mean_ms*batch = {want}")
+        chain = [r[c] for c in ("min_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "max_ms")]
+        if chain != sorted(chain):
+            problems.append(f"{rid}: percentiles out of order {chain}")
+        if r["verdict"] not in VERDICTS or not r["verdict_reason"]:
+            problems.append(f"{rid}: verdict {r['verdict']!r} reason {r['verdict_reason']!r}")
+        if per_run.get(rid, 0) != r["iterations"]:
+            problems.append(f"{rid}: {per_run.get(rid, 0)} samples for {r['iterations']} iterations")
+        if r["mode"] == "train" and (r["loss_first"] is None or r["loss_last"] is None):
+            problems.append(f"{rid}: a training run without loss_first/loss_last")
+    return runs, problems
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder")
+    ap.add_argument("--runs", type=int, help="the number of runs the folder must hold")
+    args = ap.parse_args()
+    runs, problems = check(args.folder, args.runs)
+    for r in runs:
+        print(f"{r['model']:<12} {r['mode']:<5} {r['dtype']:<4} batch {r['batch']:>4}  p50 {r['p50_ms']:9.3f} ms"
+              f"  p99 {r['p99_ms']:9.3f} ms  {r['throughput']:10.1f}/s  {r['verdict']}")
+    for p in problems:
+        print("FAIL:", p, file=sys.stderr)
+    print(f"{len(runs)} runs checked, {len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+//! Layers the model families share, written from candle's differentiable primitives: candle's fused
+//! layer norm drops gradients, and its batch norm cannot train in half precision (it mixes f16/bf16
+//! running statistics with f32 batch statistics).
+
+use candle_core::{DType, Result, Tensor, Var, D};
+use candle_nn::{Init, Linear, VarBuilder};
+
+/// A linear layer initialised as `torch.nn.Linear` is (weight and bias uniform in ±1/sqrt(fan_in)),
+/// so that a freshly built model starts where the PyTorch one does.
+pub fn torch_linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
+    let bound = 1.0 / (in_dim as f64).sqrt();
+    let init = Init::Uniform { lo: -bound, up: bound };
+    let weight = vb.get_with_hints((out_dim, in_dim), "weight", init)?;
+    let bias = vb.get_with_hints(out_dim, "bias", init)?;
+    Ok(Linear::new(weight, Some(bias)))
+}
+
+/// The dtype normalisation statistics are computed in: f32 for half-precision inputs (as PyTorch's
+/// autocast does), the input's own otherwise.
+fn stats_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        d => d,
+    }
+}
+
+/// Batch normalisation over NCHW, as `torch.nn.BatchNorm2d`: batch statistics (biased variance) when
+/// training, with the running statistics updated by `momentum` (unbiased variance); running statistics
+/// when inferring. Running statistics are kept in f32 whatever the model's dtype.
+pub struct BatchNorm2d {
+    weight: Tensor,
+    bias: Tensor,
+    running_mean: Var,
+    running_var: Var,
+    eps: f64,
+    momentum: f64,
+}
+
+impl BatchNorm2d {
+    /// torchvision's defaults: eps 1e-5, momentum 0.1.
+    pub fn new(channels: usize, vb: VarBuilder) -> Result<Self> {
+        let weight = vb.get_with_hints(channels, "weight", Init::Const(1.0))?;
+        let bias = vb.get_with_hints(channels, "bias", Init::Const(0.0))?;
+        let running_mean = vb.get_with_hints_dtype(channels, "running_mean", Init::Const(0.0), DType::F32)?;
+        let running_var = vb.get_with_hints_dtype(channels, "running_var", Init::Const(1.0), DType::F32)?;
+        Ok(Self {
+            weight,
+            bias,
+            running_mean: Var::from_tensor(&running_mean)?,
+            running_var: Var::from_tensor(&running_var)?,
+            eps: 1e-5,
+            momentum: 0.1,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let (_, c, _, _) = x.dims4()?;
+        let dtype = x.dtype();
+        let compute = stats_dtype(dtype);
+        let xs = x.to_dtype(compute)?;
+        let per_channel = |t: &Tensor| t.to_dtype(compute)?.reshape((1, c, 1, 1));
+        let (mean, var) = if train {
+            let n = (x.elem_count() / c) as f64;
+            let mean = xs.mean_keepdim(0)?.mean_keepdim(2)?.mean_keepdim(3)?;
+            let var = xs.broadcast_sub(&mean)?.sqr()?.mean_keepdim(0)?.mean_keepdim(2)?.mean_keepdim(3)?;
+            let stat = |t: &Tensor| t.detach().flatten_all()?.to_dtype(DType::F32);
+            let keep = 1.0 - self.momentum;
+            let unbiased = n / (n - 1.0).max(1.0);
+            self.running_mean.set(&((self.running_mean.as_tensor() * keep)? + (stat(&mean)? * self.momentum)?)?)?;
+            self.running_var.set(&((self.running_var.as_tensor() * keep)? + (stat(&var)? * (self.momentum * unbiased))?)?)?;
+            (mean, var)
+        } else {
+            (per_channel(&self.running_mean.as_detached_tensor())?, per_channel(&self.running_var.as_detached_tensor())?)
+        };
+        // y = x * scale + shift with scale = w / sqrt(var + eps), shift = b - mean * scale.
+        let scale = per_channel(&self.weight)?.broadcast_div(&(var + self.eps)?.sqrt()?)?;
+        let shift = per_channel(&self.bias)?.sub(&mean.broadcast_mul(&scale)?)?;
+        xs.broadcast_mul(&scale)?.broadcast_add(&shift)?.to_dtype(dtype)
+    }
+}
+
+/// Layer normalisation over the last dimension, as `torch.nn.LayerNorm`.
+pub struct LayerNorm {
+    weight: Tensor,
+    bias: Tensor,
+    eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(dim: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+        let weight = vb.get_with_hints(dim, "weight", Init::Const(1.0))?;
+        let bias = vb.get_with_hints(dim, "bias", Init::Const(0.0))?;
+        Ok(Self { weight, bias, eps })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dtype = x.dtype();
+        let x = x.to_dtype(stats_dtype(dtype))?;
+        let centred = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
+        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
+        let normed = centred.broadcast_div(&(var + self.eps)?.sqrt()?)?.to_dtype(dtype)?;
+        normed.broadcast_mul(&self.weight)?.broadcast_add(&self.bias)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::init::{Params, Rng, SeededInit};
+    use candle_core::Device;
+
+    /// Compares autograd's gradient of `sum(f(x) * r)` (r fixed, random) with central differences,
+    /// in f64 so that the differences are exact to ~1e-8.
+    pub fn check_gradient(f: impl Fn(&Tensor) -> Result<Tensor>, shape: &[usize], seed: u64) -> Result<()> {
+        let n: usize = shape.iter().product();
+        let mut rng = Rng::new(seed);
+        let x0: Vec<f64> = (0..n).map(|_| rng.normal()).collect();
+        let out_shape = f(&Tensor::from_vec(x0.clone(), shape, &Device::Cpu)?)?.dims().to_vec();
+        let r = Tensor::from_vec(
+            (0..out_shape.iter().product::<usize>()).map(|_| rng.normal()).collect::<Vec<f64>>(),
+            out_shape,
+            &Device::Cpu,
+        )?;
+        let loss = |x: &Tensor| -> Result<Tensor> { (f(x)? * &r)?.sum_all() };
+        let x = Var::from_vec(x0.clone(), shape, &Device::Cpu)?;
+        let grads = loss(x.as_tensor())?.backward()?;
+        let analytic = grads.get(x.as_tensor()).expect("a gradient reaches the input").flatten_all()?.to_vec1::<f64>()?;
+        let h = 1e-5;
+        for i in 0..n {
+            let at = |d: f64| -> Result<f64> {
+                let mut v = x0.clone();
+                v[i] += d;
+                loss(&Tensor::from_vec(v, shape, &Device::Cpu)?)?.to_scalar::<f64>()
+            };
+            let numeric = (at(h)? - at(-h)?) / (2.0 * h);
+            let tol = 1e-6 * (1.0 + numeric.abs());
+            assert!((analytic[i] - numeric).abs() < tol, "element {i}: autograd {} vs numeric {numeric}", analytic[i]);
+        }
+        Ok(())
+    }
+
+    fn vb(dtype: DType) -> VarBuilder<'static> {
+        SeededInit::var_builder(Params::new(true), 1, dtype, &Device::Cpu)
+    }
+
+    #[test]
+    fn layer_norm_matches_candle_and_has_exact_gradients() -> Result<()> {
+        let ln = LayerNorm::new(6, 1e-5, vb(DType::F32))?;
+        let x = Tensor::from_vec((0..24).map(|i| (i as f32).sin() * 3.0 + 1.0).collect::<Vec<_>>(), (4, 6), &Device::Cpu)?;
+        let w = Tensor::ones(6, DType::F32, &Device::Cpu)?;
+        let b = Tensor::zeros(6, DType::F32, &Device::Cpu)?;
+        let reference = candle_nn::ops::layer_norm(&x, &w, &b, 1e-5)?;
+        let diff = (ln.forward(&x)? - reference)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff < 1e-5, "{diff}");
+        let ln = LayerNorm::new(6, 1e-5, vb(DType::F64))?;
+        check_gradient(|x| ln.forward(x), &[3, 6], 2)
+    }
+
+    #[test]
+    fn batch_norm_train_has_exact_gradients_and_eval_uses_running_statistics() -> Result<()> {
+        let bn = BatchNorm2d::new(3, vb(DType::F64))?;
+        check_gradient(|x| bn.forward(x, true), &[2, 3, 2, 2], 3)?;
+        check_gradient(|x| bn.forward(x, false), &[2, 3, 2, 2], 4)?;
+        // After a training forward of a batch with per-channel mean m and unbiased variance v, the running
+        // statistics are 0.9 * (0, 1) + 0.1 * (m, v).
+        let bn = BatchNorm2d::new(1, vb(DType::F32))?;
+        let x = Tensor::new(&[1f32, 2., 3., 6.], &Device::Cpu)?.reshape((4, 1, 1, 1))?;
+        let y = bn.forward(&x, true)?.flatten_all()?.to_vec1::<f32>()?;
+        let (mean, biased_var, unbiased_var) = (3.0f32, 3.5f32, 14.0f32 / 3.0);
+        for (yi, xi) in y.iter().zip([1f32, 2., 3., 6.]) {
+            assert!((yi - (xi - mean) / (biased_var + 1e-5).sqrt()).abs() < 1e-5);
+        }
+        let rm = bn.running_mean.as_tensor().to_vec1::<f32>()?[0];
+        let rv = bn.running_var.as_tensor().to_vec1::<f32>()?[0];
+        assert!((rm - 0.1 * mean).abs() < 1e-6 && (rv - (0.9 + 0.1 * unbiased_var)).abs() < 1e-6, "{rm} {rv}");
+        let eval = bn.forward(&x, false)?.flatten_all()?.to_vec1::<f32>()?;
+        assert!((eval[0] - (1.0 - rm) / (rv + 1e-5).sqrt()).abs() < 1e-5);
+        Ok(())
+    }
+
+    #[test]
+    fn half_precision_batch_norm_trains_with_f32_statistics() -> Result<()> {
+        for dtype in [DType::F16, DType::BF16] {
+            let bn = BatchNorm2d::new(2, vb(dtype))?;
+            let x = Tensor::randn(0f32, 1., (4, 2, 3, 3), &Device::Cpu)?.to_dtype(dtype)?;
+            let y = bn.forward(&x, true)?;
+            assert_eq!(y.dtype(), dtype);
+            assert_eq!(bn.running_mean.as_tensor().dtype(), DType::F32);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,169 @@
+//! Vision Transformer (Dosovitskiy et al. 2020) as torchvision builds it: patch embedding by a strided
+//! convolution, a class token, learned position embeddings, pre-norm encoder blocks with exact-GELU
+//! MLPs. Parameter names follow torchvision's `vit_*` state dicts.
+
+use candle_core::{Result, Tensor, D};
+use candle_nn::{Conv2d, Conv2dConfig, Init, Linear, Module, VarBuilder};
+
+use super::attention::{attend, merge_heads, split_heads};
+use super::layers::{torch_linear, LayerNorm};
+use super::{Classifier, Inputs};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub image_size: usize,
+    pub patch_size: usize,
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub mlp_dim: usize,
+    pub num_classes: usize,
+}
+
+impl Config {
+    fn preset(hidden: usize, heads: usize) -> Self {
+        Self { image_size: 224, patch_size: 16, hidden, layers: 12, heads, mlp_dim: 4 * hidden, num_classes: 1000 }
+    }
+    /// ViT-B/16, torchvision's `vit_b_16`.
+    pub fn vit_b_16() -> Self {
+        Self::preset(768, 12)
+    }
+    /// ViT-S/16 (DeiT-S shape: 384 wide, 6 heads).
+    pub fn vit_s_16() -> Self {
+        Self::preset(384, 6)
+    }
+    /// ViT-Ti/16 (DeiT-Ti shape: 192 wide, 3 heads).
+    pub fn vit_ti_16() -> Self {
+        Self::preset(192, 3)
+    }
+    /// Test size: 32x32 images in 8x8 patches, 2 blocks 32 wide, 10 classes.
+    pub fn tiny() -> Self {
+        Self { image_size: 32, patch_size: 8, hidden: 32, layers: 2, heads: 2, mlp_dim: 64, num_classes: 10 }
+    }
+
+    fn patches(&self) -> usize {
+        (self.image_size / self.patch_size).pow(2)
+    }
+
+    pub fn params(&self) -> u64 {
+        let (d, m, p) = (self.hidden, self.mlp_dim, self.patch_size);
+        let embed = d * 3 * p * p + d + d + (self.patches() + 1) * d;
+        let block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * m + m) + (m * d + d);
+        (embed + self.layers * block + 2 * d + d * self.num_classes + self.num_classes) as u64
+    }
+
+    /// Forward FLOPs per image, 2 per multiply-add: patch embedding, per block the QKV projection,
+    /// the attention scores and their weighted sum, the output projection and the MLP; the head.
+    /// Layer norms, softmax, GELU and additions are not counted.
+    pub fn flops(&self) -> u64 {
+        let (d, m, t) = (self.hidden, self.mlp_dim, self.patches() + 1);
+        let embed = self.patches() * d * 3 * self.patch_size * self.patch_size;
+        let block = t * d * 3 * d + 2 * t * t * d + t * d * d + 2 * t * d * m;
+        2 * (embed + self.layers * block + d * self.num_classes) as u64
+    }
+}
+
+struct EncoderBlock {
+    ln_1: LayerNorm,
+    in_proj_weight: Tensor,
+    in_proj_bias: Tensor,
+    out_proj: Linear,
+    ln_2: LayerNorm,
+    mlp_fc1: Linear,
+    mlp_fc2: Linear,
+    heads: usize,
+}
+
+impl EncoderBlock {
+    fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let d = cfg.hidden;
+        let attn = vb.pp("self_attention");
+        // torch.nn.MultiheadAttention: xavier-uniform packed projection, zero biases.
+        let bound = (6.0 / (d + 3 * d) as f64).sqrt();
+        let in_proj_weight = attn.get_with_hints((3 * d, d), "in_proj_weight", Init::Uniform { lo: -bound, up: bound })?;
+        let in_proj_bias = attn.get_with_hints(3 * d, "in_proj_bias", Init::Const(0.0))?;
+        Ok(Self {
+            ln_1: LayerNorm::new(d, 1e-6, vb.pp("ln_1"))?,
+            in_proj_weight,
+            in_proj_bias,
+            out_proj: torch_linear(d, d, attn.pp("out_proj"))?,
+            ln_2: LayerNorm::new(d, 1e-6, vb.pp("ln_2"))?,
+            mlp_fc1: torch_linear(d, cfg.mlp_dim, vb.pp("mlp.0"))?,
+            mlp_fc2: torch_linear(cfg.mlp_dim, d, vb.pp("mlp.3"))?,
+            heads: cfg.heads,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = self.ln_1.forward(x)?;
+        let qkv = h.broadcast_matmul(&self.in_proj_weight.t()?)?.broadcast_add(&self.in_proj_bias)?;
+        let d = x.dim(D::Minus1)?;
+        let part = |i: usize| split_heads(&qkv.narrow(D::Minus1, i * d, d)?, self.heads);
+        let attn = merge_heads(&attend(&part(0)?, &part(1)?, &part(2)?, None)?)?;
+        let x = (x + self.out_proj.forward(&attn)?)?;
+        let h = self.mlp_fc1.forward(&self.ln_2.forward(&x)?)?.gelu_erf()?;
+        x + self.mlp_fc2.forward(&h)?
+    }
+}
+
+pub struct VisionTransformer {
+    conv_proj: Conv2d,
+    class_token: Tensor,
+    pos_embedding: Tensor,
+    blocks: Vec<EncoderBlock>,
+    ln: LayerNorm,
+    head: Linear,
+}
+
+impl VisionTransformer {
+    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let (d, p) = (cfg.hidden, cfg.patch_size);
+        // As torchvision: conv_proj normal with std sqrt(1/fan_in) (torchvision truncates it at 2 std),
+        // zero bias; position embeddings normal(std 0.02); class token zeros. Unlike torchvision, the
+        // head starts as nn.Linear does rather than at zero: a zero head sends no gradient back, so the
+        // first training steps would update the head alone.
+        let conv_w = vb.get_with_hints((d, 3, p, p), "conv_proj.weight", Init::Randn { mean: 0.0, stdev: (1.0 / (3 * p * p) as f64).sqrt() })?;
+        let conv_b = vb.get_with_hints(d, "conv_proj.bias", Init::Const(0.0))?;
+        let conv_proj = Conv2d::new(conv_w, Some(conv_b), Conv2dConfig { stride: p, ..Default::default() });
+        let class_token = vb.get_with_hints((1, 1, d), "class_token", Init::Const(0.0))?;
+        let enc = vb.pp("encoder");
+        let pos_embedding = enc.get_with_hints((1, cfg.patches() + 1, d), "pos_embedding", Init::Randn { mean: 0.0, stdev: 0.02 })?;
+        let blocks = (0..cfg.layers)
+            .map(|i| EncoderBlock::new(cfg, enc.pp(format!("layers.encoder_layer_{i}"))))
+            .collect::<Result<_>>()?;
+        let ln = LayerNorm::new(d, 1e-6, enc.pp("ln"))?;
+        let head = torch_linear(d, cfg.num_classes, vb.pp("heads.head"))?;
+        Ok(Self { conv_proj, class_token, pos_embedding, blocks, ln, head })
+    }
+}
+
+impl Classifier for VisionTransformer {
+    fn forward(&self, inputs: &Inputs, _train: bool) -> Result<Tensor> {
+        let Inputs::Images(x) = inputs;
+        let b = x.dim(0)?;
+        let x = self.conv_proj.forward(x)?.flatten_from(2)?.transpose(1, 2)?; // [b, patches, d]
+        let cls = self.class_token.broadcast_as((b, 1, x.dim(2)?))?;
+        let mut x = Tensor::cat(&[&cls, &x], 1)?.broadcast_add(&self.pos_embedding)?;
+        for block in &self.blocks {
+            x = block.forward(&x)?;
+        }
+        let cls = self.ln.forward(&x)?.narrow(1, 0, 1)?.squeeze(1)?;
+        self.head.forward(&cls)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_counts_match_torchvision() {
+        assert_eq!(Config::vit_b_16().params(), 86_567_656);
+    }
+
+    #[test]
+    fn flops_within_two_percent_of_torchvision() {
+        let ours = Config::vit_b_16().flops() as f64 / 2e9;
+        assert!((ours / 17.56 - 1.0).abs() < 0.02, "{ours}");
+    }
+}
