@@ -19,6 +19,12 @@ pub struct RunReport {
 
 pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
     let specs = args.specs();
+    for s in &specs {
+        workloads::lookup_with(&s.model, s.seq_len)?;
+    }
+    if args.seq_len.is_some() && specs.iter().all(|s| s.seq_len.is_none()) {
+        anyhow::bail!("--seq-len applies to token models (bert_*) only, and none was asked for");
+    }
     let spec = match args.device {
         Some(d) => d,
         None => default_device(log)?,
@@ -105,6 +111,7 @@ pub fn models(stdout: &mut dyn Write) -> Result<()> {
     for m in workloads::models() {
         let input = match m.input {
             workloads::InputShape::Image { channels, height, width } => format!("{channels}x{height}x{width}"),
+            workloads::InputShape::Tokens { seq_len, .. } => format!("{seq_len} tokens"),
         };
         writeln!(
             stdout,
@@ -118,6 +125,7 @@ pub fn models(stdout: &mut dyn Write) -> Result<()> {
         )?;
     }
     writeln!(stdout, "\nGFLOPs/sample: forward pass, a multiply-add counted as 2 FLOPs (torchvision counts it once); a training step counts 3x.")?;
+    writeln!(stdout, "params include the classification head: 1000 classes for images; for BERT, Hugging Face's BertModel (with pooler) plus a 2-label head on the pooled output (bert_base: 109,482,240 + 1,538).")?;
     Ok(())
 }
 

@@ -76,6 +76,10 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', value_parser = parse_batch)]
     pub batch: Vec<usize>,
 
+    /// Tokens per sequence for token models (BERT); default 128. Image models ignore it.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub seq_len: Option<u64>,
+
     /// Element types, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "f32")]
     pub dtype: Vec<DTypeArg>,
@@ -111,6 +115,10 @@ pub struct RunArgs {
     /// Seeds the weights and the synthetic inputs.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+fn takes_tokens(model: &str) -> bool {
+    workloads::lookup(model).is_ok_and(|(_, info)| info.input.seq_len().is_some())
 }
 
 fn parse_batch(s: &str) -> Result<usize, String> {
@@ -175,6 +183,7 @@ impl RunArgs {
                             mode: mode.into(),
                             dtype: dtype.into(),
                             batch,
+                            seq_len: self.seq_len.filter(|_| takes_tokens(model)).map(|l| l as usize),
                             warmup: self.warmup_rule(),
                             stop: self.stop_rule(),
                             seed: self.seed,
@@ -226,6 +235,13 @@ mod tests {
         assert!(specs.iter().all(|s| s.stop == Stop::Iterations(5) && s.warmup == Warmup::Iterations(0)));
         assert_eq!(specs[15].model, "resnet50");
         assert_eq!(specs[15].batch, 2);
+    }
+
+    #[test]
+    fn seq_len_goes_to_token_models_only() {
+        let specs = args("--model resnet_tiny,bert_tiny --seq-len 32").specs();
+        assert_eq!(specs.iter().map(|s| s.seq_len).collect::<Vec<_>>(), vec![None, Some(32)]);
+        assert_eq!(args("--model bert_tiny").specs()[0].seq_len, None, "the model's default");
     }
 
     #[test]

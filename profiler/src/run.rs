@@ -19,6 +19,8 @@ pub struct RunSpec {
     pub mode: Mode,
     pub dtype: DType,
     pub batch: usize,
+    /// Tokens per sequence for token models (their default when `None`); always `None` for images.
+    pub seq_len: Option<usize>,
     pub warmup: Warmup,
     pub stop: Stop,
     pub seed: u64,
@@ -98,12 +100,13 @@ impl Run {
 
 /// Builds the workload, measures it and returns the run.
 pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext) -> Result<Run> {
-    let (_, info) = workloads::lookup(&spec.model)?;
+    let (_, info) = workloads::lookup_with(&spec.model, spec.seq_len)?;
     let cfg = workloads::WorkloadConfig {
         device: device.device.clone(),
         dtype: spec.dtype,
         mode: spec.mode,
         seed: spec.seed,
+        seq_len: spec.seq_len,
         train: workloads::TrainConfig::default(),
     };
     let workload = workloads::build(&spec.model, &cfg).with_context(|| format!("building {}", spec.model))?;
@@ -169,6 +172,7 @@ pub(crate) mod tests {
             mode: Mode::Infer,
             dtype: DType::F32,
             batch,
+            seq_len: None,
             warmup: Warmup::Iterations(2),
             stop: Stop::Iterations(iters),
             seed: 1,

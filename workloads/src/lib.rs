@@ -9,4 +9,4 @@ mod zoo;
 
 pub use models::{is_buffer, Inputs};
 pub use workload::{build, Batch, Mode, TrainConfig, Workload, WorkloadConfig};
-pub use zoo::{lookup, model_names, models, tiny_model, Arch, Family, InputShape, ModelInfo, ZooError};
+pub use zoo::{lookup, lookup_with, model_names, models, tiny_model, Arch, Family, InputShape, ModelInfo, ZooError};

@@ -6,7 +6,7 @@ use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 
 use crate::init::{Params, Rng, SeededInit};
 use crate::models::{is_buffer, Classifier, Inputs};
-use crate::zoo::{lookup, InputShape, ModelInfo};
+use crate::zoo::{lookup_with, InputShape, ModelInfo};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {
@@ -47,6 +47,8 @@ pub struct WorkloadConfig {
     pub mode: Mode,
     /// Seeds the weights; the same seed gives the same weights on every device.
     pub seed: u64,
+    /// Tokens per sequence for token models; `None` for their default (and for image models).
+    pub seq_len: Option<usize>,
     pub train: TrainConfig,
 }
 
@@ -77,7 +79,7 @@ pub trait Workload {
 
 /// Builds the named model as a workload.
 pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
-    let (arch, info) = lookup(name).map_err(candle_core::Error::wrap)?;
+    let (arch, info) = lookup_with(name, cfg.seq_len).map_err(candle_core::Error::wrap)?;
     let params = Params::new(cfg.mode == Mode::Train);
     let vb = SeededInit::var_builder(params.clone(), cfg.seed, cfg.dtype, &cfg.device);
     let model = arch.build(vb)?;
@@ -132,6 +134,18 @@ impl Workload for Classification {
                 let n = size * channels * height * width;
                 let pixels = Tensor::from_vec(rng.normal_vec(n, 0.0, 1.0), (size, channels, height, width), &Device::Cpu)?;
                 Inputs::Images(pixels.to_dtype(self.dtype)?.to_device(&self.device)?)
+            }
+            // Full-length sequences (every position attended) of uniform random ids; the first half
+            // of each sequence is segment 0, the second half segment 1, as in a sentence pair.
+            InputShape::Tokens { seq_len, vocab_size, type_vocab_size } => {
+                let ids: Vec<u32> = (0..size * seq_len).map(|_| rng.below(vocab_size as u32)).collect();
+                let types: Vec<u32> =
+                    (0..size * seq_len).map(|i| ((i % seq_len) * type_vocab_size.min(2) / seq_len) as u32).collect();
+                Inputs::Tokens {
+                    input_ids: Tensor::from_vec(ids, (size, seq_len), &self.device)?,
+                    token_type_ids: Tensor::from_vec(types, (size, seq_len), &self.device)?,
+                    attention_mask: Tensor::ones((size, seq_len), self.dtype, &self.device)?,
+                }
             }
         };
         let labels: Vec<u32> = (0..size).map(|_| rng.below(self.info.num_classes as u32)).collect();

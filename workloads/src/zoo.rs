@@ -4,12 +4,13 @@
 use candle_core::Result;
 use candle_nn::VarBuilder;
 
-use crate::models::{resnet, vit, Classifier};
+use crate::models::{bert, resnet, vit, Classifier};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
     ResNet,
     Vit,
+    Bert,
 }
 
 impl Family {
@@ -17,6 +18,7 @@ impl Family {
         match self {
             Family::ResNet => "resnet",
             Family::Vit => "vit",
+            Family::Bert => "bert",
         }
     }
 }
@@ -25,6 +27,8 @@ impl Family {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InputShape {
     Image { channels: usize, height: usize, width: usize },
+    /// Sequences of `seq_len` token ids below `vocab_size`, of `type_vocab_size` token types.
+    Tokens { seq_len: usize, vocab_size: usize, type_vocab_size: usize },
 }
 
 impl InputShape {
@@ -32,6 +36,7 @@ impl InputShape {
     pub fn seq_len(&self) -> Option<usize> {
         match self {
             InputShape::Image { .. } => None,
+            InputShape::Tokens { seq_len, .. } => Some(*seq_len),
         }
     }
 }
@@ -64,6 +69,7 @@ impl ModelInfo {
 pub enum Arch {
     ResNet(resnet::Config),
     Vit(vit::Config),
+    Bert(bert::Config),
 }
 
 impl Arch {
@@ -87,6 +93,30 @@ impl Arch {
                 flops_per_sample: cfg.flops(),
                 tiny,
             },
+            Arch::Bert(cfg) => ModelInfo {
+                name,
+                family: Family::Bert,
+                input: InputShape::Tokens {
+                    seq_len: cfg.seq_len,
+                    vocab_size: cfg.vocab_size,
+                    type_vocab_size: cfg.type_vocab_size,
+                },
+                num_classes: cfg.num_labels,
+                params: cfg.params(),
+                flops_per_sample: cfg.flops(),
+                tiny,
+            },
+        }
+    }
+
+    /// The same architecture fed sequences of `seq_len` tokens; only token models take one.
+    fn with_seq_len(self, name: &str, seq_len: usize) -> std::result::Result<Self, ZooError> {
+        match self {
+            Arch::Bert(cfg) if seq_len == 0 || seq_len > cfg.max_position => {
+                Err(ZooError::SeqLen { name: name.to_string(), why: format!("must be 1 to {} (its position embeddings)", cfg.max_position) })
+            }
+            Arch::Bert(cfg) => Ok(Arch::Bert(bert::Config { seq_len, ..cfg })),
+            _ => Err(ZooError::SeqLen { name: name.to_string(), why: "applies to token models (bert_*) only".to_string() }),
         }
     }
 
@@ -94,6 +124,7 @@ impl Arch {
         Ok(match self {
             Arch::ResNet(cfg) => Box::new(resnet::ResNet::new(cfg, vb)?),
             Arch::Vit(cfg) => Box::new(vit::VisionTransformer::new(cfg, vb)?),
+            Arch::Bert(cfg) => Box::new(bert::Bert::new(cfg, vb)?),
         })
     }
 }
@@ -119,12 +150,17 @@ const ZOO: &[Entry] = &[
     entry("vit_s_16", || Arch::Vit(vit::Config::vit_s_16()), false),
     entry("vit_b_16", || Arch::Vit(vit::Config::vit_b_16()), false),
     entry("vit_tiny", || Arch::Vit(vit::Config::tiny()), true),
+    entry("bert_base", || Arch::Bert(bert::Config::bert_base()), false),
+    entry("bert_large", || Arch::Bert(bert::Config::bert_large()), false),
+    entry("bert_tiny", || Arch::Bert(bert::Config::tiny()), true),
 ];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ZooError {
     #[error("unknown model `{name}`; valid models: {}", valid.join(", "))]
     UnknownModel { name: String, valid: Vec<&'static str> },
+    #[error("--seq-len for `{name}` {why}")]
+    SeqLen { name: String, why: String },
 }
 
 /// Every model, in catalogue order.
@@ -145,13 +181,21 @@ pub fn model_names() -> Vec<&'static str> {
     ZOO.iter().map(|e| e.name).collect()
 }
 
-/// A model's architecture and facts, by its CLI name.
+/// A model's architecture and facts, by its CLI name, at its default input size.
 pub fn lookup(name: &str) -> std::result::Result<(Arch, ModelInfo), ZooError> {
+    lookup_with(name, None)
+}
+
+/// As [`lookup`], with the sequence length of a token model set.
+pub fn lookup_with(name: &str, seq_len: Option<usize>) -> std::result::Result<(Arch, ModelInfo), ZooError> {
     let e = ZOO
         .iter()
         .find(|e| e.name == name)
         .ok_or_else(|| ZooError::UnknownModel { name: name.to_string(), valid: model_names() })?;
-    let arch = (e.arch)();
+    let arch = match seq_len {
+        Some(len) => (e.arch)().with_seq_len(e.name, len)?,
+        None => (e.arch)(),
+    };
     let info = arch.info(e.name, e.tiny);
     Ok((arch, info))
 }

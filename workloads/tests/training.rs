@@ -4,7 +4,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use workloads::{build, is_buffer, lookup, Mode, TrainConfig, Workload, WorkloadConfig};
 
 fn config(mode: Mode, train: TrainConfig) -> WorkloadConfig {
-    WorkloadConfig { device: Device::Cpu, dtype: DType::F32, mode, seed: 42, train }
+    WorkloadConfig { device: Device::Cpu, dtype: DType::F32, mode, seed: 42, seq_len: None, train }
 }
 
 fn values(t: &Tensor) -> Result<Vec<f32>> {
@@ -22,7 +22,7 @@ fn tiny_presets() -> Vec<&'static str> {
 
 #[test]
 fn every_family_has_a_tiny_preset() {
-    assert_eq!(tiny_presets(), vec!["resnet_tiny", "vit_tiny"]);
+    assert_eq!(tiny_presets(), vec!["resnet_tiny", "vit_tiny", "bert_tiny"]);
 }
 
 #[test]
@@ -86,7 +86,7 @@ fn inference_builds_no_gradient_graph_and_has_the_right_shape() -> Result<()> {
         let w = build(name, &config(Mode::Infer, TrainConfig::default()))?;
         let batch = w.synthetic_batch(3, 1)?;
         let logits = w.infer(&batch)?;
-        assert_eq!(logits.dims(), &[3, 10], "{name}");
+        assert_eq!(logits.dims(), &[3, w.info().num_classes], "{name}");
         assert!(!logits.track_op(), "{name}: inference logits carry a gradient graph");
     }
     Ok(())
@@ -126,7 +126,7 @@ fn same_seed_same_weights_and_logits() -> Result<()> {
 
 #[test]
 fn built_models_hold_exactly_the_counted_parameters() -> Result<()> {
-    for name in ["resnet_tiny", "resnet18", "resnet50", "vit_tiny", "vit_b_16"] {
+    for name in ["resnet_tiny", "resnet18", "resnet50", "vit_tiny", "vit_b_16", "bert_tiny", "bert_base"] {
         let w = build(name, &config(Mode::Infer, TrainConfig::default()))?;
         let (_, info) = lookup(name).unwrap();
         let held: u64 = trainable(w.as_ref()).iter().map(|(_, t)| t.elem_count() as u64).sum();
@@ -174,6 +174,51 @@ fn torchvision_vit_parameter_names() -> Result<()> {
     for n in want {
         assert!(names.iter().any(|x| x == n), "missing {n} in {names:?}");
     }
+    Ok(())
+}
+
+#[test]
+fn hugging_face_bert_parameter_names() -> Result<()> {
+    let w = build("bert_tiny", &config(Mode::Infer, TrainConfig::default()))?;
+    let names: Vec<String> = w.tensors().into_iter().map(|(n, _)| n).collect();
+    for n in [
+        "embeddings.word_embeddings.weight",
+        "embeddings.position_embeddings.weight",
+        "embeddings.token_type_embeddings.weight",
+        "embeddings.LayerNorm.weight",
+        "encoder.layer.1.attention.self.query.weight",
+        "encoder.layer.1.attention.self.value.bias",
+        "encoder.layer.0.attention.output.dense.weight",
+        "encoder.layer.0.attention.output.LayerNorm.bias",
+        "encoder.layer.0.intermediate.dense.weight",
+        "encoder.layer.0.output.dense.bias",
+        "encoder.layer.0.output.LayerNorm.weight",
+        "pooler.dense.weight",
+        "classifier.weight",
+    ] {
+        assert!(names.iter().any(|x| x == n), "missing {n} in {names:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn sequence_length_changes_inputs_and_flops_and_is_checked() -> Result<()> {
+    let (_, at16) = workloads::lookup("bert_tiny").unwrap();
+    let (_, at32) = workloads::lookup_with("bert_tiny", Some(32)).unwrap();
+    assert_eq!(at16.input.seq_len(), Some(16));
+    assert_eq!(at32.input.seq_len(), Some(32));
+    assert!(at32.flops_per_sample > 2 * at16.flops_per_sample - at16.flops_per_sample / 4);
+    let mut cfg = config(Mode::Infer, TrainConfig::default());
+    cfg.seq_len = Some(32);
+    let w = build("bert_tiny", &cfg)?;
+    let batch = w.synthetic_batch(2, 0)?;
+    let workloads::Inputs::Tokens { input_ids, token_type_ids, .. } = &batch.inputs else { panic!("tokens") };
+    assert_eq!(input_ids.dims(), &[2, 32]);
+    assert_eq!(token_type_ids.get(0)?.to_vec1::<u32>()?, [vec![0u32; 16], vec![1u32; 16]].concat());
+    let too_long = workloads::lookup_with("bert_tiny", Some(65)).unwrap_err().to_string();
+    assert!(too_long.contains("1 to 64"), "{too_long}");
+    let image = workloads::lookup_with("resnet18", Some(128)).unwrap_err().to_string();
+    assert!(image.contains("token models"), "{image}");
     Ok(())
 }
 

@@ -2,6 +2,7 @@
 //! presets, and modules whose parameter names mirror the reference implementation.
 
 pub mod attention;
+pub mod bert;
 pub mod layers;
 pub mod resnet;
 pub mod vit;
@@ -13,6 +14,9 @@ use candle_core::{Result, Tensor};
 pub enum Inputs {
     /// NCHW images.
     Images(Tensor),
+    /// Token sequences: ids and token types (u32, [batch, seq]) and the attention mask (1 attend,
+    /// 0 ignore, [batch, seq]).
+    Tokens { input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor },
 }
 
 /// A model that maps inputs to class logits; `train` selects training behaviour (batch statistics).

@@ -255,7 +255,7 @@ impl ResNet {
 
 impl Classifier for ResNet {
     fn forward(&self, inputs: &Inputs, train: bool) -> Result<Tensor> {
-        let Inputs::Images(x) = inputs;
+        let Inputs::Images(x) = inputs else { candle_core::bail!("ResNet takes images") };
         let x = self.bn1.forward(&self.conv1.forward(x)?, train)?.relu()?;
         let mut x = max_pool2d(&x, 3, 2, 1)?;
         for block in &self.blocks {

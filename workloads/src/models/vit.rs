@@ -139,7 +139,7 @@ impl VisionTransformer {
 
 impl Classifier for VisionTransformer {
     fn forward(&self, inputs: &Inputs, _train: bool) -> Result<Tensor> {
-        let Inputs::Images(x) = inputs;
+        let Inputs::Images(x) = inputs else { candle_core::bail!("a vision transformer takes images") };
         let b = x.dim(0)?;
         let x = self.conv_proj.forward(x)?.flatten_from(2)?.transpose(1, 2)?; // [b, patches, d]
         let cls = self.class_token.broadcast_as((b, 1, x.dim(2)?))?;

@@ -1,0 +1,200 @@
+//! BERT (Devlin et al. 2018) as Hugging Face's `BertModel` builds it — word, position and token-type
+//! embeddings, post-norm encoder layers with exact-GELU feed-forward, the tanh pooler — plus a
+//! sequence-classification head (`classifier`, on the pooled output) for training. Parameter names
+//! follow `BertModel`'s state dict, so its safetensors files load unchanged; the head is ours.
+
+use candle_core::{DType, Result, Tensor};
+use candle_nn::{Embedding, Init, Linear, Module, VarBuilder};
+
+use super::attention::{attend, merge_heads, split_heads};
+use super::layers::LayerNorm;
+use super::{Classifier, Inputs};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub vocab_size: usize,
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub intermediate: usize,
+    pub max_position: usize,
+    pub type_vocab_size: usize,
+    pub num_labels: usize,
+    /// Tokens per sequence of the synthetic inputs.
+    pub seq_len: usize,
+}
+
+/// Sequence length when none is given.
+pub const DEFAULT_SEQ_LEN: usize = 128;
+const EPS: f64 = 1e-12;
+
+impl Config {
+    fn preset(hidden: usize, layers: usize, heads: usize) -> Self {
+        Self {
+            vocab_size: 30522,
+            hidden,
+            layers,
+            heads,
+            intermediate: 4 * hidden,
+            max_position: 512,
+            type_vocab_size: 2,
+            num_labels: 2,
+            seq_len: DEFAULT_SEQ_LEN,
+        }
+    }
+    /// `bert-base-uncased`.
+    pub fn bert_base() -> Self {
+        Self::preset(768, 12, 12)
+    }
+    /// `bert-large-uncased`.
+    pub fn bert_large() -> Self {
+        Self::preset(1024, 24, 16)
+    }
+    /// Test size: 2 layers 32 wide, a 128-token vocabulary, 16-token sequences.
+    pub fn tiny() -> Self {
+        Self { vocab_size: 128, max_position: 64, seq_len: 16, ..Self::preset(32, 2, 2) }
+    }
+
+    /// Parameters of `BertModel` (embeddings, encoder, pooler), without our head.
+    pub fn bert_model_params(&self) -> u64 {
+        let (d, i) = (self.hidden, self.intermediate);
+        let embeddings = (self.vocab_size + self.max_position + self.type_vocab_size) * d + 2 * d;
+        let layer = 4 * (d * d + d) + 2 * d + (d * i + i) + (i * d + d) + 2 * d;
+        (embeddings + self.layers * layer + d * d + d) as u64
+    }
+
+    /// All trainable parameters: `BertModel` plus the classification head.
+    pub fn params(&self) -> u64 {
+        self.bert_model_params() + (self.hidden * self.num_labels + self.num_labels) as u64
+    }
+
+    /// Forward FLOPs per sequence of `seq_len` tokens, 2 per multiply-add: per layer the Q, K, V and
+    /// output projections, the attention scores and their weighted sum, the feed-forward; the pooler
+    /// and the head. Embedding look-ups, layer norms, softmax, GELU and additions are not counted.
+    pub fn flops(&self) -> u64 {
+        let (d, i, s) = (self.hidden, self.intermediate, self.seq_len);
+        let layer = 4 * s * d * d + 2 * s * s * d + 2 * s * d * i;
+        2 * (self.layers * layer + d * d + d * self.num_labels) as u64
+    }
+}
+
+/// `torch.nn.Linear` as `BertPreTrainedModel._init_weights` initialises it: normal(0, 0.02), zero bias.
+fn bert_linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
+    let w = vb.get_with_hints((out_dim, in_dim), "weight", Init::Randn { mean: 0.0, stdev: 0.02 })?;
+    let b = vb.get_with_hints(out_dim, "bias", Init::Const(0.0))?;
+    Ok(Linear::new(w, Some(b)))
+}
+
+fn bert_embedding(rows: usize, dim: usize, vb: VarBuilder) -> Result<Embedding> {
+    Ok(Embedding::new(vb.get_with_hints((rows, dim), "weight", Init::Randn { mean: 0.0, stdev: 0.02 })?, dim))
+}
+
+struct Layer {
+    query: Linear,
+    key: Linear,
+    value: Linear,
+    attention_out: Linear,
+    attention_norm: LayerNorm,
+    intermediate: Linear,
+    output: Linear,
+    output_norm: LayerNorm,
+    heads: usize,
+}
+
+impl Layer {
+    fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let (d, i) = (cfg.hidden, cfg.intermediate);
+        let attn = vb.pp("attention");
+        let this = attn.pp("self");
+        Ok(Self {
+            query: bert_linear(d, d, this.pp("query"))?,
+            key: bert_linear(d, d, this.pp("key"))?,
+            value: bert_linear(d, d, this.pp("value"))?,
+            attention_out: bert_linear(d, d, attn.pp("output.dense"))?,
+            attention_norm: LayerNorm::new(d, EPS, attn.pp("output.LayerNorm"))?,
+            intermediate: bert_linear(d, i, vb.pp("intermediate.dense"))?,
+            output: bert_linear(i, d, vb.pp("output.dense"))?,
+            output_norm: LayerNorm::new(d, EPS, vb.pp("output.LayerNorm"))?,
+            heads: cfg.heads,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, mask_bias: &Tensor) -> Result<Tensor> {
+        let heads = |l: &Linear| split_heads(&l.forward(x)?, self.heads);
+        let ctx = merge_heads(&attend(&heads(&self.query)?, &heads(&self.key)?, &heads(&self.value)?, Some(mask_bias))?)?;
+        let x = self.attention_norm.forward(&(x + self.attention_out.forward(&ctx)?)?)?;
+        let h = self.intermediate.forward(&x)?.gelu_erf()?;
+        self.output_norm.forward(&(&x + self.output.forward(&h)?)?)
+    }
+}
+
+pub struct Bert {
+    word_embeddings: Embedding,
+    position_embeddings: Tensor,
+    token_type_embeddings: Embedding,
+    embeddings_norm: LayerNorm,
+    layers: Vec<Layer>,
+    pooler: Linear,
+    classifier: Linear,
+}
+
+impl Bert {
+    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let d = cfg.hidden;
+        let emb = vb.pp("embeddings");
+        let position_embeddings = bert_embedding(cfg.max_position, d, emb.pp("position_embeddings"))?.embeddings().clone();
+        Ok(Self {
+            word_embeddings: bert_embedding(cfg.vocab_size, d, emb.pp("word_embeddings"))?,
+            position_embeddings,
+            token_type_embeddings: bert_embedding(cfg.type_vocab_size, d, emb.pp("token_type_embeddings"))?,
+            embeddings_norm: LayerNorm::new(d, EPS, emb.pp("LayerNorm"))?,
+            layers: (0..cfg.layers).map(|i| Layer::new(cfg, vb.pp(format!("encoder.layer.{i}")))).collect::<Result<_>>()?,
+            pooler: bert_linear(d, d, vb.pp("pooler.dense"))?,
+            classifier: bert_linear(d, cfg.num_labels, vb.pp("classifier"))?,
+        })
+    }
+}
+
+impl Classifier for Bert {
+    fn forward(&self, inputs: &Inputs, _train: bool) -> Result<Tensor> {
+        let Inputs::Tokens { input_ids, token_type_ids, attention_mask } = inputs else {
+            candle_core::bail!("BERT takes token inputs")
+        };
+        let seq = input_ids.dim(1)?;
+        let x = self
+            .word_embeddings
+            .forward(input_ids)?
+            .add(&self.token_type_embeddings.forward(token_type_ids)?)?
+            .broadcast_add(&self.position_embeddings.narrow(0, 0, seq)?)?;
+        let mut x = self.embeddings_norm.forward(&x)?;
+        // Masked keys get -10000 added to their scores, as the original BERT does (finite in f16).
+        let (b, s) = attention_mask.dims2()?;
+        let mask_bias = ((attention_mask.to_dtype(DType::F32)? - 1.0)? * 10000.0)?.reshape((b, 1, 1, s))?;
+        for layer in &self.layers {
+            x = layer.forward(&x, &mask_bias)?;
+        }
+        let pooled = self.pooler.forward(&x.narrow(1, 0, 1)?.squeeze(1)?)?.tanh()?;
+        self.classifier.forward(&pooled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_counts_match_hugging_face() {
+        assert_eq!(Config::bert_base().bert_model_params(), 109_482_240);
+        assert_eq!(Config::bert_large().bert_model_params(), 335_141_888);
+        // The head: 768 x 2 weights and 2 biases.
+        assert_eq!(Config::bert_base().params(), 109_482_240 + 1_538);
+    }
+
+    #[test]
+    fn flops_of_bert_base_at_128_tokens() {
+        // 12 x (4*128*768^2 + 2*128^2*768 + 2*128*768*3072) + 768^2 + 768*2 multiply-adds.
+        let macs: u64 = 12 * (4 * 128 * 768 * 768 + 2 * 128 * 128 * 768 + 2 * 128 * 768 * 3072) + 768 * 768 + 768 * 2;
+        assert_eq!(Config::bert_base().flops(), 2 * macs);
+        assert!((Config::bert_base().flops() as f64 / 1e9 - 22.35).abs() < 0.01);
+    }
+}
