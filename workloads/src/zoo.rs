@@ -4,12 +4,13 @@
 use candle_core::Result;
 use candle_nn::VarBuilder;
 
-use crate::models::{bert, resnet, vit, Classifier};
+use crate::models::{bert, resnet, swin, vit, Classifier};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
     ResNet,
     Vit,
+    Swin,
     Bert,
 }
 
@@ -18,6 +19,7 @@ impl Family {
         match self {
             Family::ResNet => "resnet",
             Family::Vit => "vit",
+            Family::Swin => "swin",
             Family::Bert => "bert",
         }
     }
@@ -69,6 +71,7 @@ impl ModelInfo {
 pub enum Arch {
     ResNet(resnet::Config),
     Vit(vit::Config),
+    Swin(swin::Config),
     Bert(bert::Config),
 }
 
@@ -87,6 +90,15 @@ impl Arch {
             Arch::Vit(cfg) => ModelInfo {
                 name,
                 family: Family::Vit,
+                input: InputShape::Image { channels: 3, height: cfg.image_size, width: cfg.image_size },
+                num_classes: cfg.num_classes,
+                params: cfg.params(),
+                flops_per_sample: cfg.flops(),
+                tiny,
+            },
+            Arch::Swin(cfg) => ModelInfo {
+                name,
+                family: Family::Swin,
                 input: InputShape::Image { channels: 3, height: cfg.image_size, width: cfg.image_size },
                 num_classes: cfg.num_classes,
                 params: cfg.params(),
@@ -124,6 +136,7 @@ impl Arch {
         Ok(match self {
             Arch::ResNet(cfg) => Box::new(resnet::ResNet::new(cfg, vb)?),
             Arch::Vit(cfg) => Box::new(vit::VisionTransformer::new(cfg, vb)?),
+            Arch::Swin(cfg) => Box::new(swin::Swin::new(cfg, vb)?),
             Arch::Bert(cfg) => Box::new(bert::Bert::new(cfg, vb)?),
         })
     }
@@ -150,6 +163,10 @@ const ZOO: &[Entry] = &[
     entry("vit_s_16", || Arch::Vit(vit::Config::vit_s_16()), false),
     entry("vit_b_16", || Arch::Vit(vit::Config::vit_b_16()), false),
     entry("vit_tiny", || Arch::Vit(vit::Config::tiny()), true),
+    entry("swin_t", || Arch::Swin(swin::Config::swin_t()), false),
+    entry("swin_s", || Arch::Swin(swin::Config::swin_s()), false),
+    entry("swin_b", || Arch::Swin(swin::Config::swin_b()), false),
+    entry("swin_tiny", || Arch::Swin(swin::Config::tiny()), true),
     entry("bert_base", || Arch::Bert(bert::Config::bert_base()), false),
     entry("bert_large", || Arch::Bert(bert::Config::bert_large()), false),
     entry("bert_tiny", || Arch::Bert(bert::Config::tiny()), true),

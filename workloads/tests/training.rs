@@ -22,7 +22,7 @@ fn tiny_presets() -> Vec<&'static str> {
 
 #[test]
 fn every_family_has_a_tiny_preset() {
-    assert_eq!(tiny_presets(), vec!["resnet_tiny", "vit_tiny", "bert_tiny"]);
+    assert_eq!(tiny_presets(), vec!["resnet_tiny", "vit_tiny", "swin_tiny", "bert_tiny"]);
 }
 
 #[test]
@@ -126,7 +126,7 @@ fn same_seed_same_weights_and_logits() -> Result<()> {
 
 #[test]
 fn built_models_hold_exactly_the_counted_parameters() -> Result<()> {
-    for name in ["resnet_tiny", "resnet18", "resnet50", "vit_tiny", "vit_b_16", "bert_tiny", "bert_base"] {
+    for name in ["resnet_tiny", "resnet18", "resnet50", "vit_tiny", "vit_b_16", "swin_tiny", "swin_t", "bert_tiny", "bert_base"] {
         let w = build(name, &config(Mode::Infer, TrainConfig::default()))?;
         let (_, info) = lookup(name).unwrap();
         let held: u64 = trainable(w.as_ref()).iter().map(|(_, t)| t.elem_count() as u64).sum();

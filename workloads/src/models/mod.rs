@@ -5,6 +5,7 @@ pub mod attention;
 pub mod bert;
 pub mod layers;
 pub mod resnet;
+pub mod swin;
 pub mod vit;
 
 use candle_core::{Result, Tensor};

@@ -1,0 +1,344 @@
+//! Swin Transformer v1 (Liu et al. 2021) as torchvision builds it: a 4x4 patch embedding, stages of
+//! window attention with a relative position bias, every second block on windows shifted by half a
+//! window (with the mask that keeps wrapped-around regions apart), patch merging between stages.
+//! Feature maps are channels-last, [batch, height, width, channels]. Parameter names follow
+//! torchvision's `swin_*` state dicts (`relative_position_index` is recomputed, not loaded).
+
+use candle_core::{Device, Result, Tensor, D};
+use candle_nn::{Conv2d, Conv2dConfig, Init, Linear, Module, VarBuilder};
+
+use super::attention::{attend, merge_heads, split_heads};
+use super::layers::LayerNorm;
+use super::{Classifier, Inputs};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub image_size: usize,
+    pub patch_size: usize,
+    pub embed_dim: usize,
+    /// Blocks per stage; the channels double and the side halves from one stage to the next.
+    pub depths: Vec<usize>,
+    pub heads: Vec<usize>,
+    pub window: usize,
+    pub num_classes: usize,
+}
+
+impl Config {
+    fn preset(embed_dim: usize, depths: [usize; 4], heads: [usize; 4]) -> Self {
+        Self { image_size: 224, patch_size: 4, embed_dim, depths: depths.to_vec(), heads: heads.to_vec(), window: 7, num_classes: 1000 }
+    }
+    pub fn swin_t() -> Self {
+        Self::preset(96, [2, 2, 6, 2], [3, 6, 12, 24])
+    }
+    pub fn swin_s() -> Self {
+        Self::preset(96, [2, 2, 18, 2], [3, 6, 12, 24])
+    }
+    pub fn swin_b() -> Self {
+        Self::preset(128, [2, 2, 18, 2], [4, 8, 16, 32])
+    }
+    /// Test size: 32x32 images in 2x2 patches (16x16 tokens), two stages of 4x4 windows, 10 classes.
+    pub fn tiny() -> Self {
+        Self { image_size: 32, patch_size: 2, embed_dim: 16, depths: vec![2, 2], heads: vec![2, 4], window: 4, num_classes: 10 }
+    }
+
+    /// (channels, side) of each stage's feature map.
+    fn stages(&self) -> Vec<(usize, usize)> {
+        let side = self.image_size / self.patch_size;
+        (0..self.depths.len()).map(|i| (self.embed_dim << i, side >> i)).collect()
+    }
+
+    fn features(&self) -> usize {
+        self.embed_dim << (self.depths.len() - 1)
+    }
+
+    fn table_rows(&self) -> usize {
+        (2 * self.window - 1).pow(2)
+    }
+
+    pub fn params(&self) -> u64 {
+        let p = self.patch_size;
+        let embed = self.embed_dim * 3 * p * p + self.embed_dim + 2 * self.embed_dim;
+        let mut total = embed;
+        let last = self.depths.len() - 1;
+        for (i, &(c, _)) in self.stages().iter().enumerate() {
+            let block = 2 * c + (3 * c * c + 3 * c) + (c * c + c) + self.table_rows() * self.heads[i] + 2 * c + (4 * c * c + 4 * c) + (4 * c * c + c);
+            total += self.depths[i] * block;
+            if i < last {
+                total += 2 * 4 * c + 4 * c * 2 * c; // merging: LayerNorm(4c), Linear(4c -> 2c) without bias
+            }
+        }
+        (total + 2 * self.features() + self.features() * self.num_classes + self.num_classes) as u64
+    }
+
+    /// Forward FLOPs per image, 2 per multiply-add: patch embedding; per block, over L tokens of C
+    /// channels in windows of N tokens, QKV and output projections and the MLP (12·L·C²) and the
+    /// windowed attention (2·L·N·C); patch merging (2·L·C² per stage); the head.
+    pub fn flops(&self) -> u64 {
+        let n = self.window * self.window;
+        let (c0, side0) = self.stages()[0];
+        let mut macs = side0 * side0 * c0 * 3 * self.patch_size * self.patch_size;
+        let last = self.depths.len() - 1;
+        for (i, &(c, side)) in self.stages().iter().enumerate() {
+            let l = side * side;
+            macs += self.depths[i] * (12 * l * c * c + 2 * l * n.min(l) * c);
+            if i < last {
+                macs += 2 * l * c * c;
+            }
+        }
+        2 * (macs + self.features() * self.num_classes) as u64
+    }
+}
+
+/// torchvision initialises every Linear of Swin with normal(std 0.02) weights (truncated at 2 std)
+/// and zero biases.
+fn swin_linear(in_dim: usize, out_dim: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
+    let w = vb.get_with_hints((out_dim, in_dim), "weight", Init::Randn { mean: 0.0, stdev: 0.02 })?;
+    let b = if bias { Some(vb.get_with_hints(out_dim, "bias", Init::Const(0.0))?) } else { None };
+    Ok(Linear::new(w, b))
+}
+
+/// For every pair of positions (i, j) in a window of `w`x`w`, the row of the relative position bias
+/// table holding their offset: (dy + w - 1) * (2w - 1) + (dx + w - 1), row-major as torchvision.
+pub fn relative_position_index(w: usize) -> Vec<u32> {
+    let n = w * w;
+    let mut index = Vec::with_capacity(n * n);
+    for i in 0..n {
+        for j in 0..n {
+            let dy = (i / w) as isize - (j / w) as isize + w as isize - 1;
+            let dx = (i % w) as isize - (j % w) as isize + w as isize - 1;
+            index.push((dy * (2 * w as isize - 1) + dx) as u32);
+        }
+    }
+    index
+}
+
+/// The mask of shifted-window attention for a `side`x`side` map in windows of `w` shifted by `shift`:
+/// [windows, w², w²], 0 where two positions come from the same region of the unshifted map and -100
+/// where the cyclic shift brought them together from different regions (torchvision's values).
+pub fn shifted_window_mask(side: usize, w: usize, shift: usize) -> Vec<f32> {
+    // Label each position by the region it came from: three bands in each direction.
+    let band = |p: usize| if p < side - w { 0 } else if p < side - shift { 1 } else { 2 };
+    let label = |y: usize, x: usize| 3 * band(y) + band(x);
+    let per_side = side / w;
+    let mut mask = Vec::with_capacity(per_side * per_side * w.pow(4));
+    for wy in 0..per_side {
+        for wx in 0..per_side {
+            let labels: Vec<usize> = (0..w * w).map(|k| label(wy * w + k / w, wx * w + k % w)).collect();
+            for a in &labels {
+                for b in &labels {
+                    mask.push(if a == b { 0.0 } else { -100.0 });
+                }
+            }
+        }
+    }
+    mask
+}
+
+struct Block {
+    norm1: LayerNorm,
+    qkv: Linear,
+    proj: Linear,
+    /// [1, heads, w², w²]: the table gathered by the relative position index.
+    bias_table: Tensor,
+    index: Tensor,
+    norm2: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+    heads: usize,
+    window: usize,
+    /// The cyclic shift and its mask ([1, windows, 1, w², w²]), when the block shifts.
+    shift: Option<(usize, Tensor)>,
+}
+
+impl Block {
+    fn new(c: usize, side: usize, heads: usize, shifted: bool, cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let w = cfg.window;
+        if side % w != 0 {
+            candle_core::bail!("swin: a {side}x{side} feature map does not split into {w}x{w} windows")
+        }
+        let attn = vb.pp("attn");
+        let bias_table = attn.get_with_hints((cfg.table_rows(), heads), "relative_position_bias_table", Init::Randn { mean: 0.0, stdev: 0.02 })?;
+        let device = bias_table.device().clone();
+        let index = Tensor::from_vec(relative_position_index(w), w.pow(4), &device)?;
+        // As torchvision: no shift when one window covers the whole map.
+        let shift = if shifted && w < side {
+            let s = w / 2;
+            let mask = Tensor::from_vec(shifted_window_mask(side, w, s), (1, (side / w).pow(2), 1, w * w, w * w), &Device::Cpu)?;
+            Some((s, mask.to_device(&device)?))
+        } else {
+            None
+        };
+        Ok(Self {
+            norm1: LayerNorm::new(c, 1e-5, vb.pp("norm1"))?,
+            qkv: swin_linear(c, 3 * c, true, attn.pp("qkv"))?,
+            proj: swin_linear(c, c, true, attn.pp("proj"))?,
+            bias_table,
+            index,
+            norm2: LayerNorm::new(c, 1e-5, vb.pp("norm2"))?,
+            fc1: swin_linear(c, 4 * c, true, vb.pp("mlp.0"))?,
+            fc2: swin_linear(4 * c, c, true, vb.pp("mlp.3"))?,
+            heads,
+            window: w,
+            shift,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = (x + self.window_attention(&self.norm1.forward(x)?)?)?;
+        let h = self.fc1.forward(&self.norm2.forward(&x)?)?.gelu_erf()?;
+        x + self.fc2.forward(&h)?
+    }
+
+    fn window_attention(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, side, _, c) = x.dims4()?;
+        let (w, per_side) = (self.window, side / self.window);
+        let x = match &self.shift {
+            Some((s, _)) => x.roll(-(*s as i32), 1)?.roll(-(*s as i32), 2)?,
+            None => x.clone(),
+        };
+        // [b, side, side, c] -> [b * windows, w², c]
+        let windows = x
+            .reshape((b, per_side, w, per_side, w, c))?
+            .permute((0, 1, 3, 2, 4, 5))?
+            .reshape((b * per_side * per_side, w * w, c))?;
+        let qkv = self.qkv.forward(&windows)?;
+        let part = |i: usize| split_heads(&qkv.narrow(D::Minus1, i * c, c)?, self.heads);
+        let n = w * w;
+        let table = self.bias_table.index_select(&self.index, 0)?; // [n*n, heads]
+        let mut bias = table.reshape((n, n, self.heads))?.permute((2, 0, 1))?.unsqueeze(0)?; // [1, heads, n, n]
+        if let Some((_, mask)) = &self.shift {
+            // Per window: [1, windows, 1, n, n] + [1, 1, heads, n, n], flattened back to windows.
+            let per_window = mask.to_dtype(bias.dtype())?.broadcast_add(&bias.unsqueeze(0)?)?;
+            bias = per_window.broadcast_as((b, per_side * per_side, self.heads, n, n))?.reshape((b * per_side * per_side, self.heads, n, n))?;
+        }
+        let out = merge_heads(&attend(&part(0)?, &part(1)?, &part(2)?, Some(&bias))?)?;
+        let out = self.proj.forward(&out)?;
+        let out = out
+            .reshape((b, per_side, per_side, w, w, c))?
+            .permute((0, 1, 3, 2, 4, 5))?
+            .reshape((b, side, side, c))?;
+        match &self.shift {
+            Some((s, _)) => out.roll(*s as i32, 1)?.roll(*s as i32, 2),
+            None => Ok(out),
+        }
+    }
+}
+
+/// Halves the side and doubles the channels: 2x2 neighbours concatenated (in torchvision's order
+/// x[0::2, 0::2], x[1::2, 0::2], x[0::2, 1::2], x[1::2, 1::2]), normalised, projected.
+struct PatchMerging {
+    norm: LayerNorm,
+    reduction: Linear,
+}
+
+impl PatchMerging {
+    fn new(c: usize, vb: VarBuilder) -> Result<Self> {
+        Ok(Self { norm: LayerNorm::new(4 * c, 1e-5, vb.pp("norm"))?, reduction: swin_linear(4 * c, 2 * c, false, vb.pp("reduction"))? })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, h, w, c) = x.dims4()?;
+        let grid = x.reshape((b, h / 2, 2, w / 2, 2, c))?;
+        let at = |dy: usize, dx: usize| grid.narrow(2, dy, 1)?.narrow(4, dx, 1)?.reshape((b, h / 2, w / 2, c));
+        let x = Tensor::cat(&[&at(0, 0)?, &at(1, 0)?, &at(0, 1)?, &at(1, 1)?], 3)?;
+        self.reduction.forward(&self.norm.forward(&x)?)
+    }
+}
+
+pub struct Swin {
+    patch_embed: Conv2d,
+    embed_norm: LayerNorm,
+    stages: Vec<(Vec<Block>, Option<PatchMerging>)>,
+    norm: LayerNorm,
+    head: Linear,
+}
+
+impl Swin {
+    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let (c0, p) = (cfg.embed_dim, cfg.patch_size);
+        // nn.Conv2d's default init: uniform in ±1/sqrt(fan_in) for weight and bias.
+        let bound = 1.0 / ((3 * p * p) as f64).sqrt();
+        let init = Init::Uniform { lo: -bound, up: bound };
+        let f = vb.pp("features");
+        let conv_w = f.get_with_hints((c0, 3, p, p), "0.0.weight", init)?;
+        let conv_b = f.get_with_hints(c0, "0.0.bias", init)?;
+        let patch_embed = Conv2d::new(conv_w, Some(conv_b), Conv2dConfig { stride: p, ..Default::default() });
+        let embed_norm = LayerNorm::new(c0, 1e-5, f.pp("0.2"))?;
+        let last = cfg.depths.len() - 1;
+        let mut stages = Vec::new();
+        for (i, &(c, side)) in cfg.stages().iter().enumerate() {
+            // features.0 is the embedding; stage i is features.(2i+1), its merging features.(2i+2).
+            let blocks = (0..cfg.depths[i])
+                .map(|j| Block::new(c, side, cfg.heads[i], j % 2 == 1, cfg, f.pp(format!("{}.{j}", 2 * i + 1))))
+                .collect::<Result<Vec<_>>>()?;
+            let merge = if i < last { Some(PatchMerging::new(c, f.pp(format!("{}", 2 * i + 2)))?) } else { None };
+            stages.push((blocks, merge));
+        }
+        let norm = LayerNorm::new(cfg.features(), 1e-5, vb.pp("norm"))?;
+        let head = swin_linear(cfg.features(), cfg.num_classes, true, vb.pp("head"))?;
+        Ok(Self { patch_embed, embed_norm, stages, norm, head })
+    }
+}
+
+impl Classifier for Swin {
+    fn forward(&self, inputs: &Inputs, _train: bool) -> Result<Tensor> {
+        let Inputs::Images(x) = inputs else { candle_core::bail!("Swin takes images") };
+        let x = self.patch_embed.forward(x)?.permute((0, 2, 3, 1))?; // channels last
+        let mut x = self.embed_norm.forward(&x)?;
+        for (blocks, merge) in &self.stages {
+            for block in blocks {
+                x = block.forward(&x)?;
+            }
+            if let Some(m) = merge {
+                x = m.forward(&x)?;
+            }
+        }
+        let x = self.norm.forward(&x)?.mean((1, 2))?; // global average pool
+        self.head.forward(&x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_counts_match_torchvision() {
+        assert_eq!(Config::swin_t().params(), 28_288_354);
+        assert_eq!(Config::swin_s().params(), 49_606_258);
+        assert_eq!(Config::swin_b().params(), 87_768_224);
+    }
+
+    #[test]
+    fn flops_within_two_percent_of_torchvision() {
+        for (cfg, gmacs) in [(Config::swin_t(), 4.49), (Config::swin_s(), 8.74), (Config::swin_b(), 15.43)] {
+            let ours = cfg.flops() as f64 / 2e9;
+            assert!((ours / gmacs - 1.0).abs() < 0.02, "{ours} vs {gmacs}");
+        }
+    }
+
+    #[test]
+    fn relative_position_index_of_a_2x2_window() {
+        // Positions (0,0), (0,1), (1,0), (1,1); row = (dy + 1) * 3 + (dx + 1).
+        assert_eq!(relative_position_index(2), vec![4, 3, 1, 0, 5, 4, 2, 1, 7, 6, 4, 3, 8, 7, 5, 4]);
+    }
+
+    #[test]
+    fn shifted_window_mask_of_a_4x4_map_by_hand() {
+        // Window 2, shift 1. Regions of the rolled map (rows then columns: [0,2), [2,3), [3,4)):
+        //   0 0 1 2
+        //   0 0 1 2
+        //   3 3 4 5
+        //   6 6 7 8
+        // Window 0 holds {0,0,0,0}: nothing masked. Window 1 holds {1,2,1,2}, window 2 {3,3,6,6},
+        // window 3 {4,5,7,8}: pairs from different regions get -100.
+        let m = shifted_window_mask(4, 2, 1);
+        assert_eq!(m.len(), 4 * 16);
+        let x = -100.0;
+        let window = |k: usize| m[16 * k..16 * (k + 1)].to_vec();
+        assert_eq!(window(0), vec![0.0; 16]);
+        assert_eq!(window(1), vec![0., x, 0., x, x, 0., x, 0., 0., x, 0., x, x, 0., x, 0.]);
+        assert_eq!(window(2), vec![0., 0., x, x, 0., 0., x, x, x, x, 0., 0., x, x, 0., 0.]);
+        assert_eq!(window(3), vec![0., x, x, x, x, 0., x, x, x, x, 0., x, x, x, x, 0.]);
+    }
+}
