@@ -22,6 +22,12 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
     for s in &specs {
         workloads::lookup_with(&s.model, s.seq_len)?;
     }
+    if args.weights.is_some() && args.model.len() != 1 {
+        anyhow::bail!("--weights loads one checkpoint into one model: give exactly one --model");
+    }
+    if let Some(w) = &args.weights {
+        anyhow::ensure!(w.is_file(), "--weights {}: no such file", w.display());
+    }
     if args.seq_len.is_some() && specs.iter().all(|s| s.seq_len.is_none()) {
         anyhow::bail!("--seq-len applies to token models (bert_*) only, and none was asked for");
     }

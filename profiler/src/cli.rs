@@ -80,6 +80,11 @@ pub struct RunArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub seq_len: Option<u64>,
 
+    /// Load the model's weights from a safetensors file with torchvision's (ResNet, ViT, Swin) or
+    /// Hugging Face BertModel's names, instead of seeded random weights. Needs exactly one --model.
+    #[arg(long)]
+    pub weights: Option<PathBuf>,
+
     /// Element types, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "f32")]
     pub dtype: Vec<DTypeArg>,
@@ -184,6 +189,7 @@ impl RunArgs {
                             dtype: dtype.into(),
                             batch,
                             seq_len: self.seq_len.filter(|_| takes_tokens(model)).map(|l| l as usize),
+                            weights: self.weights.clone(),
                             warmup: self.warmup_rule(),
                             stop: self.stop_rule(),
                             seed: self.seed,

@@ -46,7 +46,7 @@ pub fn check(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
 
 /// One step of the family's tiny preset at batch 2, synchronised.
 fn probe(family: Family, mode: Mode, dtype: DType, device: &Device) -> Result<()> {
-    let cfg = WorkloadConfig { device: device.clone(), dtype, mode, seed: 0, seq_len: None, train: TrainConfig::default() };
+    let cfg = WorkloadConfig { device: device.clone(), dtype, mode, seed: 0, seq_len: None, weights: None, train: TrainConfig::default() };
     let mut w = workloads::build(workloads::tiny_model(family), &cfg)?;
     let batch = w.synthetic_batch(2, 0)?;
     match mode {

@@ -21,6 +21,8 @@ pub struct RunSpec {
     pub batch: usize,
     /// Tokens per sequence for token models (their default when `None`); always `None` for images.
     pub seq_len: Option<usize>,
+    /// A safetensors checkpoint to load instead of seeded random weights.
+    pub weights: Option<std::path::PathBuf>,
     pub warmup: Warmup,
     pub stop: Stop,
     pub seed: u64,
@@ -45,6 +47,8 @@ pub struct Run {
     pub dtype: DType,
     pub batch: usize,
     pub seed: u64,
+    /// The checkpoint the weights came from; `None` for seeded random weights.
+    pub weights: Option<String>,
     pub warmup_iterations: u64,
     pub measurement: Measurement,
     pub stats: LatencyStats,
@@ -72,6 +76,7 @@ impl Run {
             dtype: spec.dtype,
             batch: spec.batch,
             seed: spec.seed,
+            weights: spec.weights.as_ref().map(|p| p.display().to_string()),
             warmup_iterations: measurement.warmup_iterations,
             measurement,
             stats,
@@ -107,6 +112,7 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext) -> Resu
         mode: spec.mode,
         seed: spec.seed,
         seq_len: spec.seq_len,
+        weights: spec.weights.clone(),
         train: workloads::TrainConfig::default(),
     };
     let workload = workloads::build(&spec.model, &cfg).with_context(|| format!("building {}", spec.model))?;
@@ -173,6 +179,7 @@ pub(crate) mod tests {
             dtype: DType::F32,
             batch,
             seq_len: None,
+            weights: None,
             warmup: Warmup::Iterations(2),
             stop: Stop::Iterations(iters),
             seed: 1,

@@ -132,16 +132,60 @@ impl Params {
     }
 }
 
-/// A [`SimpleBackend`] that draws every tensor a model asks for from the seeded generator, once, and
-/// keeps it in `params`.
+/// Tensors from a checkpoint, and what a model asked for that they could not give.
+pub struct Checkpoint {
+    tensors: HashMap<String, Tensor>,
+    problems: Mutex<Vec<String>>,
+}
+
+impl Checkpoint {
+    pub fn new(tensors: HashMap<String, Tensor>) -> Arc<Self> {
+        Arc::new(Self { tensors, problems: Mutex::default() })
+    }
+
+    /// Every tensor the model needed that was missing or of another shape, one line each, sorted.
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = self.problems.lock().unwrap().clone();
+        p.sort();
+        p
+    }
+}
+
+/// A [`SimpleBackend`] that gives every tensor a model asks for once and keeps it in `params`: from the
+/// checkpoint when there is one, else drawn from the seeded generator.
 pub struct SeededInit {
     params: Params,
     seed: u64,
+    checkpoint: Option<Arc<Checkpoint>>,
 }
 
 impl SeededInit {
     pub fn var_builder(params: Params, seed: u64, dtype: DType, device: &Device) -> VarBuilder<'static> {
-        VarBuilder::from_backend(Box::new(Self { params, seed }), dtype, device.clone())
+        Self::with_checkpoint(params, seed, None, dtype, device)
+    }
+
+    /// As [`SeededInit::var_builder`], taking tensors from `checkpoint`. A tensor the checkpoint lacks or
+    /// holds in another shape is recorded in [`Checkpoint::problems`] and initialised from the seed, so
+    /// that building goes on and every problem can be reported at once.
+    pub fn with_checkpoint(
+        params: Params,
+        seed: u64,
+        checkpoint: Option<Arc<Checkpoint>>,
+        dtype: DType,
+        device: &Device,
+    ) -> VarBuilder<'static> {
+        VarBuilder::from_backend(Box::new(Self { params, seed, checkpoint }), dtype, device.clone())
+    }
+
+    fn initial_value(&self, shape: &Shape, name: &str, init: Init) -> Result<Tensor> {
+        if let Some(ckpt) = &self.checkpoint {
+            match ckpt.tensors.get(name) {
+                Some(t) if t.shape() == shape => return Ok(t.clone()),
+                Some(t) => ckpt.problems.lock().unwrap().push(format!("{name}: {:?} in the file, {:?} in the model", t.dims(), shape.dims())),
+                None => ckpt.problems.lock().unwrap().push(format!("{name}: missing from the file ({:?} in the model)", shape.dims())),
+            }
+        }
+        Tensor::from_vec(sample(init, shape, &mut Rng::for_name(self.seed, name)), shape, &Device::Cpu)
     }
 }
 
@@ -157,8 +201,7 @@ impl SimpleBackend for SeededInit {
             }
             return Ok(t);
         }
-        let values = sample(init, &shape, &mut Rng::for_name(self.seed, name));
-        let tensor = Tensor::from_vec(values, shape, &Device::Cpu)?.to_dtype(dtype)?.to_device(dev)?;
+        let tensor = self.initial_value(&shape, name, init)?.to_dtype(dtype)?.to_device(dev)?;
         match &self.params {
             Params::Trainable(vm) => {
                 let var = Var::from_tensor(&tensor)?;

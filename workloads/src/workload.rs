@@ -1,10 +1,12 @@
 //! The one interface the profiler drives: a model built on a device and dtype, a synthetic batch, and
 //! one inference or training step.
 
+use std::path::PathBuf;
+
 use candle_core::{DType, Device, Result, Tensor, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 
-use crate::init::{Params, Rng, SeededInit};
+use crate::init::{Checkpoint, Params, Rng, SeededInit};
 use crate::models::{is_buffer, Classifier, Inputs};
 use crate::zoo::{lookup_with, InputShape, ModelInfo};
 
@@ -49,6 +51,9 @@ pub struct WorkloadConfig {
     pub seed: u64,
     /// Tokens per sequence for token models; `None` for their default (and for image models).
     pub seq_len: Option<usize>,
+    /// A safetensors checkpoint with the reference implementation's parameter names (torchvision,
+    /// Hugging Face `BertModel`); `None` for seeded random weights.
+    pub weights: Option<PathBuf>,
     pub train: TrainConfig,
 }
 
@@ -81,8 +86,25 @@ pub trait Workload {
 pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
     let (arch, info) = lookup_with(name, cfg.seq_len).map_err(candle_core::Error::wrap)?;
     let params = Params::new(cfg.mode == Mode::Train);
-    let vb = SeededInit::var_builder(params.clone(), cfg.seed, cfg.dtype, &cfg.device);
+    let checkpoint = match &cfg.weights {
+        Some(path) => Some(Checkpoint::new(candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| {
+            candle_core::Error::Msg(format!("cannot read the weights file {}: {e}", path.display()))
+        })?)),
+        None => None,
+    };
+    let vb = SeededInit::with_checkpoint(params.clone(), cfg.seed, checkpoint.clone(), cfg.dtype, &cfg.device);
     let model = arch.build(vb)?;
+    if let Some(ckpt) = checkpoint {
+        let problems = ckpt.problems();
+        if !problems.is_empty() {
+            candle_core::bail!(
+                "{} does not fit {name}: {} tensor(s) missing or misshaped:\n  {}",
+                cfg.weights.as_ref().expect("checkpoint from a file").display(),
+                problems.len(),
+                problems.join("\n  ")
+            )
+        }
+    }
     let optimizer = match &params {
         Params::Trainable(vm) => {
             let vars: Vec<Var> = {

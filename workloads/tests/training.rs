@@ -4,7 +4,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use workloads::{build, is_buffer, lookup, Mode, TrainConfig, Workload, WorkloadConfig};
 
 fn config(mode: Mode, train: TrainConfig) -> WorkloadConfig {
-    WorkloadConfig { device: Device::Cpu, dtype: DType::F32, mode, seed: 42, seq_len: None, train }
+    WorkloadConfig { device: Device::Cpu, dtype: DType::F32, mode, seed: 42, seq_len: None, weights: None, train }
 }
 
 fn values(t: &Tensor) -> Result<Vec<f32>> {
@@ -226,4 +226,57 @@ fn sequence_length_changes_inputs_and_flops_and_is_checked() -> Result<()> {
 fn unknown_model_names_the_valid_ones() {
     let err = lookup("resnet19").unwrap_err().to_string();
     assert!(err.contains("resnet19") && err.contains("resnet18") && err.contains("resnet152"), "{err}");
+}
+
+fn save(tensors: Vec<(String, Tensor)>, path: &std::path::Path) -> Result<()> {
+    let map: std::collections::HashMap<String, Tensor> = tensors.into_iter().collect();
+    candle_core::safetensors::save(&map, path)
+}
+
+#[test]
+fn weights_load_from_safetensors_in_place_of_the_seed() -> Result<()> {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["resnet_tiny", "swin_tiny", "bert_tiny"] {
+        let source = build(name, &config(Mode::Infer, TrainConfig::default()))?; // seed 42
+        let file = dir.path().join(format!("{name}.safetensors"));
+        save(source.tensors(), &file)?;
+        for mode in [Mode::Infer, Mode::Train] {
+            let mut cfg = config(mode, TrainConfig::default());
+            cfg.seed = 1;
+            let seeded = build(name, &cfg)?;
+            cfg.weights = Some(file.clone());
+            let loaded = build(name, &cfg)?;
+            let batch = source.synthetic_batch(2, 0)?;
+            let want = values(&source.infer(&batch)?)?;
+            assert_eq!(values(&loaded.infer(&batch)?)?, want, "{name} {mode:?}: loaded weights give the source's logits");
+            assert_ne!(values(&seeded.infer(&batch)?)?, want, "{name}: seed 1 alone differs");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn weights_that_do_not_fit_name_every_missing_and_misshaped_tensor() -> Result<()> {
+    let dir = tempfile::tempdir().unwrap();
+    let source = build("resnet_tiny", &config(Mode::Infer, TrainConfig::default()))?;
+    let mut tensors = source.tensors();
+    tensors.retain(|(n, _)| n != "fc.bias" && n != "layer2.0.bn1.running_var");
+    for (n, t) in tensors.iter_mut() {
+        if n == "conv1.weight" {
+            *t = Tensor::zeros((8, 3, 3, 3), DType::F32, &Device::Cpu)?;
+        }
+    }
+    let file = dir.path().join("bad.safetensors");
+    save(tensors, &file)?;
+    let mut cfg = config(Mode::Infer, TrainConfig::default());
+    cfg.weights = Some(file);
+    let err = build("resnet_tiny", &cfg).err().expect("a misfit checkpoint is an error").to_string();
+    assert!(err.contains("3 tensor(s) missing or misshaped"), "{err}");
+    assert!(err.contains("fc.bias: missing") && err.contains("layer2.0.bn1.running_var: missing"), "{err}");
+    assert!(err.contains("conv1.weight: [8, 3, 3, 3] in the file, [8, 3, 7, 7] in the model"), "{err}");
+
+    cfg.weights = Some(dir.path().join("nope.safetensors"));
+    let err = build("resnet_tiny", &cfg).err().unwrap().to_string();
+    assert!(err.contains("cannot read the weights file") && err.contains("nope.safetensors"), "{err}");
+    Ok(())
 }

@@ -155,11 +155,9 @@ impl Bert {
     }
 }
 
-impl Classifier for Bert {
-    fn forward(&self, inputs: &Inputs, _train: bool) -> Result<Tensor> {
-        let Inputs::Tokens { input_ids, token_type_ids, attention_mask } = inputs else {
-            candle_core::bail!("BERT takes token inputs")
-        };
+impl Bert {
+    /// `BertModel`'s sequence output, [batch, seq, hidden], before the pooler.
+    pub fn encode(&self, input_ids: &Tensor, token_type_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
         let seq = input_ids.dim(1)?;
         let x = self
             .word_embeddings
@@ -173,6 +171,16 @@ impl Classifier for Bert {
         for layer in &self.layers {
             x = layer.forward(&x, &mask_bias)?;
         }
+        Ok(x)
+    }
+}
+
+impl Classifier for Bert {
+    fn forward(&self, inputs: &Inputs, _train: bool) -> Result<Tensor> {
+        let Inputs::Tokens { input_ids, token_type_ids, attention_mask } = inputs else {
+            candle_core::bail!("BERT takes token inputs")
+        };
+        let x = self.encode(input_ids, token_type_ids, attention_mask)?;
         let pooled = self.pooler.forward(&x.narrow(1, 0, 1)?.squeeze(1)?)?.tanh()?;
         self.classifier.forward(&pooled)
     }
