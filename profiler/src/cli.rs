@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::builder::PossibleValuesParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use workloads::Mode;
+use workloads::{Mode, TrainConfig};
 
 use crate::device::DeviceSpec;
 use crate::measure::{Stop, Warmup};
@@ -40,6 +40,14 @@ impl From<ModeArg> for Mode {
             ModeArg::Train => Mode::Train,
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OptimizerArg {
+    /// AdamW, PyTorch's defaults: lr 1e-3, weight decay 0.01.
+    Adamw,
+    /// SGD with momentum 0.9: lr 0.01, no weight decay.
+    Sgd,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -84,6 +92,18 @@ pub struct RunArgs {
     /// Hugging Face BertModel's names, instead of seeded random weights. Needs exactly one --model.
     #[arg(long)]
     pub weights: Option<PathBuf>,
+
+    /// The optimizer of training runs.
+    #[arg(long, value_enum, default_value_t = OptimizerArg::Adamw)]
+    pub optimizer: OptimizerArg,
+
+    /// Learning rate of training runs (default: the optimizer's).
+    #[arg(long, value_parser = parse_secs)]
+    pub lr: Option<f64>,
+
+    /// Weight decay of training runs (default: the optimizer's).
+    #[arg(long, value_parser = parse_secs)]
+    pub weight_decay: Option<f64>,
 
     /// Element types, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "f32")]
@@ -133,14 +153,23 @@ fn parse_batch(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A finite, non-negative number: seconds, a learning rate, a weight decay.
 fn parse_secs(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("expected a number of seconds (e.g. 2.5); got `{s}`")),
+        _ => Err(format!("expected a non-negative number (e.g. 2.5 or 1e-3); got `{s}`")),
     }
 }
 
 impl RunArgs {
+    pub fn train_config(&self) -> TrainConfig {
+        let base = match self.optimizer {
+            OptimizerArg::Adamw => TrainConfig::adamw(),
+            OptimizerArg::Sgd => TrainConfig::sgd(),
+        };
+        TrainConfig { lr: self.lr.unwrap_or(base.lr), weight_decay: self.weight_decay.unwrap_or(base.weight_decay), ..base }
+    }
+
     pub fn warmup_rule(&self) -> Warmup {
         match (self.warmup, self.warmup_secs) {
             (Some(n), _) => Warmup::Iterations(n),
@@ -190,6 +219,7 @@ impl RunArgs {
                             batch,
                             seq_len: self.seq_len.filter(|_| takes_tokens(model)).map(|l| l as usize),
                             weights: self.weights.clone(),
+                            train: self.train_config(),
                             warmup: self.warmup_rule(),
                             stop: self.stop_rule(),
                             seed: self.seed,
@@ -248,6 +278,13 @@ mod tests {
         let specs = args("--model resnet_tiny,bert_tiny --seq-len 32").specs();
         assert_eq!(specs.iter().map(|s| s.seq_len).collect::<Vec<_>>(), vec![None, Some(32)]);
         assert_eq!(args("--model bert_tiny").specs()[0].seq_len, None, "the model's default");
+    }
+
+    #[test]
+    fn optimizer_defaults_and_overrides() {
+        assert_eq!(args("").specs()[0].train, TrainConfig::adamw());
+        let t = args("--optimizer sgd --lr 0.1").specs()[0].train;
+        assert_eq!((t.optimizer, t.lr, t.weight_decay), (workloads::OptimizerKind::Sgd { momentum: 0.9 }, 0.1, 0.0));
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub struct RunSpec {
     pub seq_len: Option<usize>,
     /// A safetensors checkpoint to load instead of seeded random weights.
     pub weights: Option<std::path::PathBuf>,
+    /// The optimizer of a training run (unused when inferring).
+    pub train: workloads::TrainConfig,
     pub warmup: Warmup,
     pub stop: Stop,
     pub seed: u64,
@@ -49,6 +51,8 @@ pub struct Run {
     pub seed: u64,
     /// The checkpoint the weights came from; `None` for seeded random weights.
     pub weights: Option<String>,
+    /// The optimizer and its settings for training runs, e.g. `adamw(lr=0.001, weight_decay=0.01)`.
+    pub optimizer: Option<String>,
     pub warmup_iterations: u64,
     pub measurement: Measurement,
     pub stats: LatencyStats,
@@ -77,6 +81,7 @@ impl Run {
             batch: spec.batch,
             seed: spec.seed,
             weights: spec.weights.as_ref().map(|p| p.display().to_string()),
+            optimizer: (spec.mode == Mode::Train).then(|| describe(&spec.train)),
             warmup_iterations: measurement.warmup_iterations,
             measurement,
             stats,
@@ -103,6 +108,15 @@ impl Run {
     }
 }
 
+fn describe(t: &workloads::TrainConfig) -> String {
+    match t.optimizer {
+        workloads::OptimizerKind::AdamW => format!("adamw(lr={}, weight_decay={})", t.lr, t.weight_decay),
+        workloads::OptimizerKind::Sgd { momentum } => {
+            format!("sgd(lr={}, momentum={momentum}, weight_decay={})", t.lr, t.weight_decay)
+        }
+    }
+}
+
 /// Builds the workload, measures it and returns the run.
 pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext) -> Result<Run> {
     let (_, info) = workloads::lookup_with(&spec.model, spec.seq_len)?;
@@ -113,7 +127,7 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext) -> Resu
         seed: spec.seed,
         seq_len: spec.seq_len,
         weights: spec.weights.clone(),
-        train: workloads::TrainConfig::default(),
+        train: spec.train,
     };
     let workload = workloads::build(&spec.model, &cfg).with_context(|| format!("building {}", spec.model))?;
     let batch = workload.synthetic_batch(spec.batch, spec.seed).context("making the synthetic batch")?;
@@ -180,6 +194,7 @@ pub(crate) mod tests {
             batch,
             seq_len: None,
             weights: None,
+            train: workloads::TrainConfig::default(),
             warmup: Warmup::Iterations(2),
             stop: Stop::Iterations(iters),
             seed: 1,

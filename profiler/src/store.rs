@@ -137,6 +137,7 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         col("device_name", s(|r| r.context.device.name.clone())),
         Column::new("seed".into(), runs.iter().map(|r| r.seed).collect::<Vec<u64>>()),
         Column::new("weights".into(), runs.iter().map(|r| r.weights.clone()).collect::<Vec<Option<String>>>()),
+        Column::new("optimizer".into(), runs.iter().map(|r| r.optimizer.clone()).collect::<Vec<Option<String>>>()),
         col("warmup_iterations", i(|r| r.warmup_iterations as i64)),
         col("iterations", i(|r| r.stats.iterations as i64)),
         col("measured_s", x(|r| r.measurement.elapsed.as_secs_f64())),

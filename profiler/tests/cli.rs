@@ -148,3 +148,31 @@ fn pyarrow_reads_the_folder_and_every_row_checks_out() {
     assert!(check.status.success(), "{}", text(&check));
     assert!(String::from_utf8_lossy(&check.stdout).contains("4 runs checked, 0 problems"), "{}", text(&check));
 }
+
+#[test]
+fn every_family_runs_in_both_modes_and_every_cpu_dtype() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny: Vec<&str> = workloads::models().into_iter().filter(|m| m.tiny).map(|m| m.name).collect();
+    let models = tiny.join(",");
+    let out = dir.path().to_str().unwrap();
+    let args = ["run", "--model", &models, "--mode", "infer,train", "--dtype", "f32,f16", "--batch", "2", "--iters", "2", "--warmup", "0", "--device", "cpu", "--out", out];
+    let o = migprof(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    let runs = read_table(dir.path(), Table::Runs).unwrap();
+    assert_eq!(runs.height(), tiny.len() * 4);
+    let col = |name: &str| -> Vec<Option<String>> {
+        runs.column(name).unwrap().str().unwrap().iter().map(|v| v.map(str::to_string)).collect()
+    };
+    let (mode, optimizer, model) = (col("mode"), col("optimizer"), col("model"));
+    for i in 0..runs.height() {
+        match mode[i].as_deref() {
+            Some("infer") => assert_eq!(optimizer[i], None),
+            Some("train") => assert_eq!(optimizer[i].as_deref(), Some("adamw(lr=0.001, weight_decay=0.01)")),
+            other => panic!("mode {other:?}"),
+        }
+    }
+    let seq: Vec<Option<i64>> = runs.column("seq_len").unwrap().i64().unwrap().iter().collect();
+    for i in 0..runs.height() {
+        assert_eq!(seq[i].is_some(), model[i].as_deref() == Some("bert_tiny"), "{:?}", model[i]);
+    }
+}

@@ -4,9 +4,11 @@
 pub mod init;
 pub mod models;
 pub mod ops;
+pub mod optim;
 mod workload;
 mod zoo;
 
 pub use models::{is_buffer, Inputs};
+pub use optim::OptimizerKind;
 pub use workload::{build, Batch, Mode, TrainConfig, Workload, WorkloadConfig};
 pub use zoo::{lookup, lookup_with, model_names, models, tiny_model, Arch, Family, InputShape, ModelInfo, ZooError};

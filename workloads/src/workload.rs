@@ -4,17 +4,17 @@
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 
 use crate::init::{Checkpoint, Params, Rng, SeededInit};
 use crate::models::{is_buffer, Classifier, Inputs};
+use crate::optim::{Optimizer, OptimizerKind};
 use crate::zoo::{lookup_with, InputShape, ModelInfo};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {
     /// Forward pass only, batch norm on running statistics, no gradient graph.
     Infer,
-    /// Forward, cross-entropy, backward and an optimizer step.
+    /// Forward, cross-entropy, backward and an optimizer step (AdamW, or SGD with momentum).
     Train,
 }
 
@@ -27,17 +27,30 @@ impl Mode {
     }
 }
 
-/// The optimizer of a training workload, with PyTorch's defaults.
+/// The optimizer of a training workload.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TrainConfig {
+    pub optimizer: OptimizerKind,
     pub lr: f64,
     pub weight_decay: f64,
 }
 
+impl TrainConfig {
+    /// AdamW with `torch.optim.AdamW`'s defaults: lr 1e-3, weight decay 0.01.
+    pub fn adamw() -> Self {
+        Self { optimizer: OptimizerKind::AdamW, lr: 1e-3, weight_decay: 0.01 }
+    }
+
+    /// SGD with momentum 0.9, lr 0.01, no weight decay (`torch.optim.SGD` needs an lr; this one is a
+    /// usual fine-tuning value).
+    pub fn sgd() -> Self {
+        Self { optimizer: OptimizerKind::Sgd { momentum: 0.9 }, lr: 0.01, weight_decay: 0.0 }
+    }
+}
+
 impl Default for TrainConfig {
-    /// `torch.optim.AdamW`'s defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
     fn default() -> Self {
-        Self { lr: 1e-3, weight_decay: 0.01 }
+        Self::adamw()
     }
 }
 
@@ -113,8 +126,7 @@ pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
                 named.sort_by(|a, b| a.0.cmp(b.0));
                 named.into_iter().map(|(_, v)| v.clone()).collect()
             };
-            let adamw = ParamsAdamW { lr: cfg.train.lr, weight_decay: cfg.train.weight_decay, ..Default::default() };
-            Some(AdamW::new(vars, adamw)?)
+            Some(Optimizer::new(cfg.train.optimizer, vars, cfg.train.lr, cfg.train.weight_decay)?)
         }
         Params::Frozen(_) => None,
     };
@@ -129,7 +141,7 @@ struct Classification {
     device: Device,
     dtype: DType,
     mode: Mode,
-    optimizer: Option<AdamW>,
+    optimizer: Option<Optimizer>,
 }
 
 impl Workload for Classification {

@@ -29,7 +29,7 @@ fn every_family_has_a_tiny_preset() {
 fn one_step_changes_every_parameter() -> Result<()> {
     for name in tiny_presets() {
         // No weight decay: a parameter then moves only if its gradient is non-zero.
-        let mut w = build(name, &config(Mode::Train, TrainConfig { lr: 1e-3, weight_decay: 0.0 }))?;
+        let mut w = build(name, &config(Mode::Train, TrainConfig { lr: 1e-3, weight_decay: 0.0, ..TrainConfig::adamw() }))?;
         let batch = w.synthetic_batch(4, 1)?;
         let before: Vec<(String, Vec<f32>)> =
             trainable(w.as_ref()).iter().map(|(n, t)| Ok((n.clone(), values(t)?))).collect::<Result<_>>()?;
@@ -49,7 +49,7 @@ fn one_step_changes_every_parameter() -> Result<()> {
 #[test]
 fn loss_on_a_fixed_batch_falls_by_half() -> Result<()> {
     for name in tiny_presets() {
-        let mut w = build(name, &config(Mode::Train, TrainConfig { lr: 1e-2, weight_decay: 0.0 }))?;
+        let mut w = build(name, &config(Mode::Train, TrainConfig { lr: 1e-2, weight_decay: 0.0, ..TrainConfig::adamw() }))?;
         let batch = w.synthetic_batch(8, 3)?;
         let first = w.train_step(&batch)?.to_scalar::<f32>()?;
         let mut last = first;
@@ -61,6 +61,23 @@ fn loss_on_a_fixed_batch_falls_by_half() -> Result<()> {
         }
         assert!(last < first / 2.0, "{name}: loss went from {first} to {last} in 30 steps");
     }
+    Ok(())
+}
+
+#[test]
+fn sgd_with_momentum_trains_every_parameter_and_lowers_the_loss() -> Result<()> {
+    let mut w = build("resnet_tiny", &config(Mode::Train, TrainConfig { lr: 0.05, ..TrainConfig::sgd() }))?;
+    let batch = w.synthetic_batch(8, 3)?;
+    let before: Vec<Vec<f32>> = trainable(w.as_ref()).iter().map(|(_, t)| values(t)).collect::<Result<_>>()?;
+    let first = w.train_step(&batch)?.to_scalar::<f32>()?;
+    for ((name, t), old) in trainable(w.as_ref()).iter().zip(&before) {
+        assert_ne!(&values(t)?, old, "{name} did not change");
+    }
+    let mut last = first;
+    for _ in 0..30 {
+        last = w.train_step(&batch)?.to_scalar::<f32>()?;
+    }
+    assert!(last < first / 2.0, "loss {first} -> {last}");
     Ok(())
 }
 
