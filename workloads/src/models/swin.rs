@@ -89,8 +89,8 @@ impl Config {
     }
 }
 
-/// torchvision initialises every Linear of Swin with normal(std 0.02) weights (truncated at 2 std)
-/// and zero biases.
+/// torchvision initialises every Linear of Swin with normal(std 0.02) weights truncated at ±2 (that is,
+/// at 100 std: never in practice), and zero biases; we draw the plain normal.
 fn swin_linear(in_dim: usize, out_dim: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
     let w = vb.get_with_hints((out_dim, in_dim), "weight", Init::Randn { mean: 0.0, stdev: 0.02 })?;
     let b = if bias { Some(vb.get_with_hints(out_dim, "bias", Init::Const(0.0))?) } else { None };
