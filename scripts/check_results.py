@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 COLUMNS = (
     "schema_version run_id invocation_id started_at finished_at host model family mode dtype batch seq_len "
-    "device_kind device_name seed weights optimizer warmup_iterations iterations measured_s mean_ms std_ms min_ms max_ms p50_ms "
+    "device_kind device_name gpu_name gpu_uuid mig_uuid mig_profile gpu_instance_id compute_instance_id sm_count device_memory_mib seed weights optimizer warmup_iterations iterations measured_s mean_ms std_ms min_ms max_ms p50_ms "
     "p90_ms p95_ms p99_ms p999_ms throughput wall_throughput loss_first loss_last params flops_per_sample "
     "verdict verdict_reason histogram migprof_version git_commit"
 ).split()

@@ -31,9 +31,16 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
     if args.seq_len.is_some() && specs.iter().all(|s| s.seq_len.is_none()) {
         anyhow::bail!("--seq-len applies to token models (bert_*) only, and none was asked for");
     }
-    let spec = match args.device {
-        Some(d) => d,
-        None => default_device(log)?,
+    let spec = match &args.device {
+        Some(d) => d.clone(),
+        None => {
+            let topology = crate::gpu::discover();
+            let (spec, why) = DeviceSpec::default_for(topology.as_ref());
+            if let Some(why) = why {
+                writeln!(log, "note: {why}")?;
+            }
+            spec
+        }
     };
     let device = spec.open()?;
     crate::preflight::check(&specs, &device)?;
@@ -74,15 +81,6 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
     Ok(RunReport { completed, failed })
 }
 
-/// CUDA device 0 when this build has CUDA and finds a device; otherwise the CPU, saying why.
-fn default_device(log: &mut dyn Write) -> Result<DeviceSpec> {
-    if candle_core::utils::cuda_is_available() {
-        return Ok(DeviceSpec::Cuda { ordinal: 0 });
-    }
-    writeln!(log, "note: this migprof was built without CUDA support; running on the CPU")?;
-    Ok(DeviceSpec::Cpu)
-}
-
 /// Plots everything in the folder and prints the summary and where things are.
 pub fn finish(out: &Path, report: &RunReport, stdout: &mut dyn Write) -> Result<()> {
     let all = read_table(out, Table::Runs)?;
@@ -105,6 +103,17 @@ pub fn finish(out: &Path, report: &RunReport, stdout: &mut dyn Write) -> Result<
     let not_ok = report.completed.iter().filter(|r| r.assessment.verdict != crate::verdict::Verdict::Ok).count();
     if not_ok > 0 {
         writeln!(stdout, "{not_ok} run(s) have a verdict other than ok; their verdict_reason column says why")?;
+    }
+    Ok(())
+}
+
+/// `migprof devices`: the GPU tree, or why there is none (not an error: a CPU machine is a valid place
+/// to run migprof).
+pub fn devices(json: bool, stdout: &mut dyn Write) -> Result<()> {
+    match crate::gpu::discover() {
+        Ok(t) if json => writeln!(stdout, "{}", t.to_json())?,
+        Ok(t) => write!(stdout, "{}", t.tree())?,
+        Err(e) => writeln!(stdout, "no NVIDIA GPU here: {e:#}\nmigprof runs on the CPU (--device cpu).")?,
     }
     Ok(())
 }

@@ -25,6 +25,13 @@ pub enum Command {
     Run(RunArgs),
     /// List the models with their parameter counts and FLOPs per sample.
     Models,
+    /// List the NVIDIA GPUs and their MIG devices (profile, GPU/compute instance ids, SMs, memory,
+    /// UUID), as NVML reports them.
+    Devices {
+        /// Print the topology as JSON (the format MIGPROF_TOPOLOGY replays).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -109,7 +116,9 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', default_value = "f32")]
     pub dtype: Vec<DTypeArg>,
 
-    /// cpu, cuda (first CUDA device) or cuda:N. Default: cuda in a build with CUDA, else cpu.
+    /// cpu, cuda (the first GPU), a GPU index (nvidia-smi's), GPU-<uuid> or MIG-<uuid>; migprof pins
+    /// itself to it with CUDA_VISIBLE_DEVICES. Default: the first GPU in a CUDA build that finds one,
+    /// else cpu.
     #[arg(long)]
     pub device: Option<DeviceSpec>,
 
@@ -310,8 +319,8 @@ mod tests {
         assert!(e.contains("infer") && e.contains("train"), "{e}");
         let e = err("--dtype fp8");
         assert!(e.contains("f32") && e.contains("bf16") && e.contains("f16"), "{e}");
-        let e = err("--device MIG-1234");
-        assert!(e.contains("cuda:N"), "{e}");
+        let e = err("--device tpu");
+        assert!(e.contains("MIG-<uuid>"), "{e}");
         let e = err("--iters 0");
         assert!(e.contains("--iters"), "{e}");
         let e = err("--iters 5 --duration 2");

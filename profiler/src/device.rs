@@ -1,18 +1,26 @@
-//! Which device a run uses: parsing `--device`, opening it in candle, and naming it for the record.
+//! Which device a run uses: parsing `--device`, resolving a GPU or MIG device against NVML's topology,
+//! pinning the process to it through CUDA_VISIBLE_DEVICES before CUDA starts, and naming it for the
+//! record.
 
 use std::fmt;
 use std::str::FromStr;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use candle_core::Device;
 
-/// The valid spellings of `--device` in this version, for error messages.
-pub const VALID_DEVICES: &str = "cpu, cuda (the first CUDA device), cuda:N (CUDA device N)";
+use crate::gpu::{self, Selected, Topology};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The valid spellings of `--device`, for error messages.
+pub const VALID_DEVICES: &str =
+    "cpu, cuda (the first GPU), a GPU index (0, 1, ... as nvidia-smi numbers them; cuda:N is the same), GPU-<uuid>, MIG-<uuid>";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceSpec {
     Cpu,
-    Cuda { ordinal: usize },
+    /// The first GPU CUDA would see: CUDA_VISIBLE_DEVICES's first entry when set, else GPU 0.
+    Cuda,
+    /// A GPU index, `GPU-<uuid>` or `MIG-<uuid>` (a unique prefix is enough).
+    Gpu(String),
 }
 
 impl FromStr for DeviceSpec {
@@ -22,21 +30,12 @@ impl FromStr for DeviceSpec {
         let s = s.trim();
         match s {
             "cpu" => return Ok(Self::Cpu),
-            "cuda" => return Ok(Self::Cuda { ordinal: 0 }),
+            "cuda" => return Ok(Self::Cuda),
             _ => {}
         }
-        if let Some(n) = s.strip_prefix("cuda:") {
-            return match n.parse() {
-                Ok(ordinal) => Ok(Self::Cuda { ordinal }),
-                Err(_) => bail!("`{s}`: the CUDA ordinal must be a non-negative integer; valid devices: {VALID_DEVICES}"),
-            };
-        }
-        if s.starts_with("MIG-") || s.starts_with("GPU-") {
-            let what = if s.starts_with("MIG-") { "a MIG slice" } else { "a GPU" };
-            bail!(
-                "`{s}` names {what} by UUID; selecting devices by GPU or MIG UUID needs NVML device discovery, \
-                 which this version of migprof does not have yet; valid devices: {VALID_DEVICES}"
-            )
+        let id = s.strip_prefix("cuda:").unwrap_or(s);
+        if id.parse::<u32>().is_ok() || (id.len() > 4 && (id.starts_with("GPU-") || id.starts_with("MIG-"))) {
+            return Ok(Self::Gpu(id.to_string()));
         }
         bail!("unknown device `{s}`; valid devices: {VALID_DEVICES}")
     }
@@ -46,7 +45,8 @@ impl fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DeviceSpec::Cpu => f.write_str("cpu"),
-            DeviceSpec::Cuda { ordinal } => write!(f, "cuda:{ordinal}"),
+            DeviceSpec::Cuda => f.write_str("cuda"),
+            DeviceSpec::Gpu(id) => f.write_str(id),
         }
     }
 }
@@ -54,10 +54,13 @@ impl fmt::Display for DeviceSpec {
 /// The device a run executed on, as recorded with its results.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceInfo {
-    /// `cpu` or `cuda`.
+    /// `cpu`, `cuda` (a whole GPU) or `mig` (a MIG device).
     pub kind: &'static str,
-    /// What the hardware calls itself, e.g. the CPU model with the thread count candle uses.
+    /// What the hardware calls itself: the CPU model with candle's thread count, the GPU's name, or
+    /// the GPU's name and the MIG profile.
     pub name: String,
+    /// The GPU and MIG device, for CUDA runs.
+    pub selected: Option<Selected>,
 }
 
 /// An opened device and its identity.
@@ -67,20 +70,64 @@ pub struct OpenDevice {
 }
 
 impl DeviceSpec {
-    /// Opens the device, or says why it cannot be used, before any workload touches it.
+    /// Resolves the device and opens it, or says why it cannot be used, before any workload runs.
     pub fn open(&self) -> Result<OpenDevice> {
-        match *self {
-            DeviceSpec::Cpu => Ok(OpenDevice { device: Device::Cpu, info: DeviceInfo { kind: "cpu", name: cpu_name() } }),
-            DeviceSpec::Cuda { .. } if !candle_core::utils::cuda_is_available() => bail!(
-                "`{self}`: this migprof was built without CUDA support (cargo feature `cuda`); \
-                 valid devices in this build: cpu"
-            ),
-            DeviceSpec::Cuda { ordinal } => {
-                let device = Device::new_cuda(ordinal)?;
-                Ok(OpenDevice { device, info: DeviceInfo { kind: "cuda", name: format!("cuda:{ordinal}") } })
-            }
+        let id = match self {
+            DeviceSpec::Cpu => return Ok(cpu()),
+            DeviceSpec::Cuda => first_visible(),
+            DeviceSpec::Gpu(id) => id.clone(),
+        };
+        if !candle_core::utils::cuda_is_available() {
+            bail!("`{self}`: this migprof was built without CUDA support (cargo feature `cuda`); valid devices in this build: cpu")
+        }
+        let topology = gpu::discover().map_err(|e| anyhow!("`{self}`: {e:#}"))?;
+        let selected = gpu::select(&topology, &id)?;
+        pin(&selected);
+        let device = Device::new_cuda(0)?;
+        Ok(OpenDevice { device, info: describe(selected) })
+    }
+
+    /// The device to use when none is given: the first GPU when this build has CUDA and NVML finds a
+    /// usable one, else the CPU, with the reason.
+    pub fn default_for(topology: std::result::Result<&Topology, &anyhow::Error>) -> (DeviceSpec, Option<String>) {
+        if !candle_core::utils::cuda_is_available() {
+            return (DeviceSpec::Cpu, Some("this migprof was built without CUDA support; running on the CPU".into()));
+        }
+        match topology {
+            Ok(t) => match gpu::select(t, &first_visible()) {
+                Ok(_) => (DeviceSpec::Cuda, None),
+                Err(e) => (DeviceSpec::Cpu, Some(format!("no usable GPU ({e:#}); running on the CPU"))),
+            },
+            Err(e) => (DeviceSpec::Cpu, Some(format!("{e:#}; running on the CPU"))),
         }
     }
+}
+
+/// CUDA_VISIBLE_DEVICES's first entry when the user set one, else the first GPU.
+fn first_visible() -> String {
+    std::env::var("CUDA_VISIBLE_DEVICES")
+        .ok()
+        .and_then(|v| v.split(',').next().map(|s| s.trim().to_string()))
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "first".to_string())
+}
+
+/// Makes the selected device CUDA's only device, ordinal 0. CUDA reads the variable when it
+/// initialises, which no code has done yet when this runs.
+fn pin(selected: &Selected) {
+    std::env::set_var("CUDA_VISIBLE_DEVICES", selected.uuid());
+}
+
+pub fn describe(selected: Selected) -> DeviceInfo {
+    let (kind, name) = match &selected.mig {
+        Some(m) => ("mig", format!("{} MIG {}", selected.gpu.name, m.profile)),
+        None => ("cuda", selected.gpu.name.clone()),
+    };
+    DeviceInfo { kind, name, selected: Some(selected) }
+}
+
+fn cpu() -> OpenDevice {
+    OpenDevice { device: Device::Cpu, info: DeviceInfo { kind: "cpu", name: cpu_name(), selected: None } }
 }
 
 /// The CPU model from /proc/cpuinfo and the number of threads candle's CPU kernels use.
@@ -102,35 +149,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_cpu_and_cuda_ordinals() {
+    fn parses_every_form() {
         assert_eq!("cpu".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
-        assert_eq!("cuda".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda { ordinal: 0 });
-        assert_eq!("cuda:3".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda { ordinal: 3 });
+        assert_eq!("cuda".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda);
+        assert_eq!("cuda:3".parse::<DeviceSpec>().unwrap(), DeviceSpec::Gpu("3".into()));
+        assert_eq!("1".parse::<DeviceSpec>().unwrap(), DeviceSpec::Gpu("1".into()));
+        let mig = "MIG-4f6e2a1c-0000-5000-8000-000000000000";
+        assert_eq!(mig.parse::<DeviceSpec>().unwrap(), DeviceSpec::Gpu(mig.into()));
+        assert_eq!("GPU-ab12".parse::<DeviceSpec>().unwrap(), DeviceSpec::Gpu("GPU-ab12".into()));
     }
 
     #[test]
-    fn rejects_uuids_and_junk_naming_the_valid_choices() {
-        for bad in ["MIG-4f6e2a1c-0000-5000-8000-000000000000", "GPU-1234", "tpu", "cuda:x", "cuda:-1"] {
+    fn rejects_junk_naming_the_valid_choices() {
+        for bad in ["tpu", "cuda:x", "cuda:-1", "MIG-", "gpu0", "-1"] {
             let err = bad.parse::<DeviceSpec>().unwrap_err().to_string();
-            assert!(err.contains(bad) && err.contains(VALID_DEVICES), "{err}");
+            assert!(err.contains(&format!("`{bad}`")) && err.contains(VALID_DEVICES), "{err}");
         }
-        let err = "MIG-abc".parse::<DeviceSpec>().unwrap_err().to_string();
-        assert!(err.contains("MIG slice"), "{err}");
     }
 
     #[test]
     fn cpu_opens_and_names_itself() {
         let d = DeviceSpec::Cpu.open().unwrap();
-        assert_eq!(d.info.kind, "cpu");
+        assert_eq!((d.info.kind, d.info.selected), ("cpu", None));
         assert!(d.info.name.ends_with("threads)"), "{}", d.info.name);
     }
 
     #[test]
-    fn cuda_without_the_feature_is_a_clear_error() {
+    fn gpus_without_the_cuda_feature_are_a_clear_error() {
         if candle_core::utils::cuda_is_available() {
             return; // a CUDA build: covered on the GPU machine instead
         }
-        let err = DeviceSpec::Cuda { ordinal: 0 }.open().err().unwrap().to_string();
-        assert!(err.contains("built without CUDA support") && err.contains("valid devices in this build: cpu"), "{err}");
+        for spec in [DeviceSpec::Cuda, DeviceSpec::Gpu("0".into())] {
+            let err = spec.open().err().unwrap().to_string();
+            assert!(err.contains("built without CUDA support") && err.contains("valid devices in this build: cpu"), "{err}");
+        }
+        let (spec, why) = DeviceSpec::default_for(Err(&anyhow!("no driver")));
+        assert_eq!(spec, DeviceSpec::Cpu);
+        assert!(why.unwrap().contains("without CUDA support"));
     }
 }

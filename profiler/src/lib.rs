@@ -4,6 +4,7 @@
 pub mod app;
 pub mod cli;
 pub mod device;
+pub mod gpu;
 pub mod measure;
 pub mod plot;
 pub mod preflight;

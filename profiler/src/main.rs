@@ -8,6 +8,7 @@ fn main() -> ExitCode {
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
     let result = match &cli.command {
         Command::Models => migprof::app::models(&mut stdout).map(|_| ExitCode::SUCCESS),
+        Command::Devices { json } => migprof::app::devices(*json, &mut stdout).map(|_| ExitCode::SUCCESS),
         Command::Run(args) => migprof::app::run(args, &mut stderr).and_then(|report| {
             migprof::app::finish(&args.out, &report, &mut stdout)?;
             Ok(match &report.failed {

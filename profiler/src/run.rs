@@ -182,7 +182,7 @@ pub(crate) mod tests {
         RunContext {
             invocation_id: "inv-test".into(),
             host: "testhost".into(),
-            device: DeviceInfo { kind: "cpu", name: "Test CPU (2 threads)".into() },
+            device: DeviceInfo { kind: "cpu", name: "Test CPU (2 threads)".into(), selected: None },
         }
     }
 

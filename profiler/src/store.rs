@@ -98,6 +98,11 @@ fn write_part(dir: &Path, name: &str, df: &mut DataFrame) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// One nullable column of the device identity: null for CPU runs.
+fn identity<T>(runs: &[Run], f: impl Fn(&crate::gpu::Selected) -> Option<T>) -> Vec<Option<T>> {
+    runs.iter().map(|r| r.context.device.selected.as_ref().and_then(&f)).collect()
+}
+
 fn col<T, Phantom: ?Sized>(name: &str, values: T) -> Column
 where
     Series: NamedFrom<T, Phantom>,
@@ -135,6 +140,14 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         Column::new("seq_len".into(), runs.iter().map(|r| r.model.input.seq_len().map(|l| l as i64)).collect::<Vec<_>>()),
         col("device_kind", s(|r| r.context.device.kind.to_string())),
         col("device_name", s(|r| r.context.device.name.clone())),
+        Column::new("gpu_name".into(), identity(runs, |s| Some(s.gpu.name.clone()))),
+        Column::new("gpu_uuid".into(), identity(runs, |s| Some(s.gpu.uuid.clone()))),
+        Column::new("mig_uuid".into(), identity(runs, |s| s.mig.as_ref().map(|m| m.uuid.clone()))),
+        Column::new("mig_profile".into(), identity(runs, |s| s.mig.as_ref().map(|m| m.profile.clone()))),
+        Column::new("gpu_instance_id".into(), identity(runs, |s| s.mig.as_ref().map(|m| m.gpu_instance_id as i64))),
+        Column::new("compute_instance_id".into(), identity(runs, |s| s.mig.as_ref().map(|m| m.compute_instance_id as i64))),
+        Column::new("sm_count".into(), identity(runs, |s| s.mig.as_ref().map(|m| m.sm_count).or(s.gpu.sm_count).map(i64::from))),
+        Column::new("device_memory_mib".into(), identity(runs, |s| Some(s.mig.as_ref().map_or(s.gpu.memory_mib, |m| m.memory_mib) as i64))),
         Column::new("seed".into(), runs.iter().map(|r| r.seed).collect::<Vec<u64>>()),
         Column::new("weights".into(), runs.iter().map(|r| r.weights.clone()).collect::<Vec<Option<String>>>()),
         Column::new("optimizer".into(), runs.iter().map(|r| r.optimizer.clone()).collect::<Vec<Option<String>>>()),

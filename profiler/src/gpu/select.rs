@@ -1,0 +1,76 @@
+//! Which GPU or MIG device a `--device` names, checked against the topology before CUDA starts.
+
+use anyhow::{bail, Result};
+
+use super::topology::{Gpu, MigDevice, Topology};
+
+/// The device a run will use, with everything recorded about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selected {
+    pub gpu: Gpu,
+    /// The MIG device, when the run is on a slice.
+    pub mig: Option<MigDevice>,
+}
+
+impl Selected {
+    /// The UUID CUDA_VISIBLE_DEVICES must hold so that CUDA sees exactly this device, as ordinal 0.
+    pub fn uuid(&self) -> &str {
+        match &self.mig {
+            Some(m) => &m.uuid,
+            None => &self.gpu.uuid,
+        }
+    }
+}
+
+/// Resolves `id`: a GPU index, `GPU-<uuid>` or `MIG-<uuid>` (a unique prefix is enough, as for
+/// CUDA_VISIBLE_DEVICES), or `first` for the first GPU. A GPU with MIG on cannot run CUDA work itself,
+/// so naming one is an error listing its MIG devices.
+pub fn select(topology: &Topology, id: &str) -> Result<Selected> {
+    if topology.gpus.is_empty() {
+        bail!("`{id}`: there are no NVIDIA GPUs here")
+    }
+    let selected = if id == "first" {
+        gpu_itself(topology, &topology.gpus[0], id)?
+    } else if let Ok(index) = id.parse::<u32>() {
+        match topology.gpus.iter().find(|g| g.index == index) {
+            Some(g) => gpu_itself(topology, g, id)?,
+            None => bail!("there is no GPU {index}; the devices here:\n{}", topology.choices()),
+        }
+    } else if id.starts_with("MIG-") {
+        let hits: Vec<Selected> = topology
+            .gpus
+            .iter()
+            .flat_map(|g| g.mig_devices.iter().map(move |m| (g, m)))
+            .filter(|(_, m)| m.uuid.starts_with(id))
+            .map(|(g, m)| Selected { gpu: g.clone(), mig: Some(m.clone()) })
+            .collect();
+        one_of(hits, id, topology)?
+    } else if id.starts_with("GPU-") {
+        let hits: Vec<&Gpu> = topology.gpus.iter().filter(|g| g.uuid.starts_with(id)).collect();
+        match hits.as_slice() {
+            [g] => gpu_itself(topology, g, id)?,
+            _ => one_of(hits.into_iter().map(|g| Selected { gpu: g.clone(), mig: None }).collect(), id, topology)?,
+        }
+    } else {
+        bail!("`{id}` is not a GPU index, GPU-<uuid> or MIG-<uuid>; the devices here:\n{}", topology.choices())
+    };
+    Ok(selected)
+}
+
+fn gpu_itself(topology: &Topology, g: &Gpu, id: &str) -> Result<Selected> {
+    if g.mig_mode.is_some_and(|m| m.current) {
+        if g.mig_devices.is_empty() {
+            bail!("`{id}`: GPU {} has MIG on and no MIG devices, so nothing can run on it", g.index)
+        }
+        bail!("`{id}`: GPU {} has MIG on, so CUDA work runs on its MIG devices only; pick one:\n{}", g.index, topology.choices())
+    }
+    Ok(Selected { gpu: g.clone(), mig: None })
+}
+
+fn one_of(mut hits: Vec<Selected>, id: &str, topology: &Topology) -> Result<Selected> {
+    match hits.len() {
+        1 => Ok(hits.remove(0)),
+        0 => bail!("no device has the UUID `{id}`; the devices here:\n{}", topology.choices()),
+        n => bail!("`{id}` matches {n} devices; give more of the UUID:\n{}", topology.choices()),
+    }
+}
