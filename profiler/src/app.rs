@@ -69,6 +69,9 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
                     run.throughput(),
                     run.assessment.verdict
                 )?;
+                if let Some(e) = &run.sampler_error {
+                    writeln!(log, "warning: the sampler failed, so this run has no GPU metrics: {e}")?;
+                }
                 completed.push(run);
             }
             Err(e) => {

@@ -142,6 +142,11 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 10, conflicts_with = "iters")]
     pub min_iters: u64,
 
+    /// Sampler interval in milliseconds for GPU runs (NVML and GPM counters while measuring); 0 turns
+    /// the sampler off.
+    #[arg(long, default_value_t = 100)]
+    pub sample_interval_ms: u64,
+
     /// Results folder: Parquet tables under runs/ and samples/, SVG plots beside them.
     #[arg(long, default_value = "data/results")]
     pub out: PathBuf,
@@ -232,6 +237,7 @@ impl RunArgs {
                             warmup: self.warmup_rule(),
                             stop: self.stop_rule(),
                             seed: self.seed,
+                            sample_interval: (self.sample_interval_ms > 0).then(|| Duration::from_millis(self.sample_interval_ms)),
                         });
                     }
                 }

@@ -10,6 +10,7 @@ pub mod plot;
 pub mod preflight;
 pub mod provenance;
 pub mod run;
+pub mod sampler;
 pub mod stats;
 pub mod store;
 pub mod summary;

@@ -85,6 +85,14 @@ pub struct Measurement {
 /// Warms up, then measures until `stop`.
 pub fn measure(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup, stop: Stop) -> Result<Measurement> {
     let warmup_iterations = warm_up(exec, clock, warmup)?;
+    let mut m = measure_steps(exec, clock, stop)?;
+    m.warmup_iterations = warmup_iterations;
+    Ok(m)
+}
+
+/// The measured phase alone (no warm-up): for callers that start something in between, such as the
+/// sampler.
+pub fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Result<Measurement> {
     let mut latencies_ns = Vec::new();
     let mut loss_first = None;
     let start = clock.now();
@@ -102,10 +110,11 @@ pub fn measure(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup, stop:
         }
     };
     let elapsed = clock.now() - start;
-    Ok(Measurement { warmup_iterations, latencies_ns, elapsed, loss_first, loss_last })
+    Ok(Measurement { warmup_iterations: 0, latencies_ns, elapsed, loss_first, loss_last })
 }
 
-fn warm_up(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup) -> Result<u64> {
+/// Runs steps until the warm-up rule is met; returns how many.
+pub fn warm_up(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup) -> Result<u64> {
     let start = clock.now();
     let mut n = 0;
     loop {

@@ -7,7 +7,8 @@ use chrono::{DateTime, Utc};
 use workloads::{Batch, Mode, ModelInfo, Workload};
 
 use crate::device::{DeviceInfo, OpenDevice};
-use crate::measure::{measure, Executor, Measurement, MonotonicClock, Stop, Warmup};
+use crate::measure::{measure_steps, warm_up, Executor, Measurement, MonotonicClock, Stop, Warmup};
+use crate::sampler::{summarize, MetricSummary, Sample, Sampler};
 use crate::provenance;
 use crate::stats::{wall_throughput, LatencyStats};
 use crate::verdict::{assess, Assessment};
@@ -28,6 +29,8 @@ pub struct RunSpec {
     pub warmup: Warmup,
     pub stop: Stop,
     pub seed: u64,
+    /// How often the sampler reads the GPU's counters while measuring; `None`: no sampler.
+    pub sample_interval: Option<std::time::Duration>,
 }
 
 /// Identity of the run within its invocation and its surroundings.
@@ -57,6 +60,13 @@ pub struct Run {
     pub measurement: Measurement,
     pub stats: LatencyStats,
     pub assessment: Assessment,
+    /// The sampler's readings over the measured phase (empty without a sampler).
+    pub metrics: Vec<Sample>,
+    pub metric_summary: MetricSummary,
+    /// Why the sampler gave nothing, when it was asked for and failed.
+    pub sampler_error: Option<String>,
+    /// The sampler's interval, when one ran.
+    pub sample_interval: Option<std::time::Duration>,
 }
 
 impl Run {
@@ -67,9 +77,16 @@ impl Run {
         context: RunContext,
         started_at: DateTime<Utc>,
         measurement: Measurement,
+        metrics: Result<Vec<Sample>>,
     ) -> Result<Self> {
         let stats = LatencyStats::from_latencies(&measurement.latencies_ns)?;
         let assessment = assess(&measurement.latencies_ns);
+        let (metrics, sampler_error) = match metrics {
+            Ok(m) => (m, None),
+            Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+        };
+        let metric_summary = summarize(&metrics, stats.iterations * spec.batch as u64);
+        let sample_interval = spec.sample_interval.filter(|_| context.device.selected.is_some());
         Ok(Self {
             run_id: provenance::run_id(started_at),
             context,
@@ -86,6 +103,10 @@ impl Run {
             measurement,
             stats,
             assessment,
+            metrics,
+            metric_summary,
+            sampler_error,
+            sample_interval,
         })
     }
 
@@ -97,6 +118,10 @@ impl Run {
     /// Samples per second over the measured wall-clock time.
     pub fn wall_throughput(&self) -> f64 {
         wall_throughput(self.stats.iterations, self.batch, self.measurement.elapsed)
+    }
+
+    pub fn sample_interval_ms(&self) -> Option<i64> {
+        self.sample_interval.map(|d| d.as_millis() as i64)
     }
 
     /// Forward FLOPs per sample for inference, 3x that for training.
@@ -133,8 +158,28 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext) -> Resu
     let batch = workload.synthetic_batch(spec.batch, spec.seed).context("making the synthetic batch")?;
     let mut exec = WorkloadExecutor { workload, batch, device: device.device.clone(), loss: None };
     let started_at = provenance::now();
-    let measurement = measure(&mut exec, &MonotonicClock::new(), spec.warmup, spec.stop)?;
-    Run::new(spec, info, context, started_at, measurement)
+    let clock = MonotonicClock::new();
+    let warmup_iterations = warm_up(&mut exec, &clock, spec.warmup)?;
+    let sampler = match (&device.info.selected, spec.sample_interval) {
+        (Some(selected), Some(interval)) => Some(start_nvml_sampler(selected.clone(), interval)),
+        _ => None,
+    };
+    let measured = measure_steps(&mut exec, &clock, spec.stop);
+    let metrics = match sampler {
+        Some(s) => s.stop(),
+        None => Ok(Vec::new()),
+    };
+    let measurement = Measurement { warmup_iterations, ..measured? };
+    Run::new(spec, info, context, started_at, measurement, metrics)
+}
+
+/// Samples the selected GPU or MIG device through NVML, on the sampler's thread.
+fn start_nvml_sampler(selected: crate::gpu::Selected, interval: std::time::Duration) -> Sampler {
+    Sampler::start(interval, move |lp| {
+        let nvml = nvml_wrapper::Nvml::init()?;
+        let mut source = crate::gpu::metrics::NvmlMetrics::open(&nvml, &selected)?;
+        Ok(lp.run(&mut source))
+    })
 }
 
 /// Drives a [`Workload`]: one inference or training step on a fixed batch, then a device sync.
@@ -198,6 +243,7 @@ pub(crate) mod tests {
             warmup: Warmup::Iterations(2),
             stop: Stop::Iterations(iters),
             seed: 1,
+            sample_interval: None,
         }
     }
 
@@ -206,9 +252,9 @@ pub(crate) mod tests {
         let clock = FakeClock::with_tick(tick);
         let mut step = FakeStep::new(&clock, &[1.0, 3.0]);
         let spec = spec(batch, iters);
-        let m = measure(&mut step, &clock, spec.warmup, spec.stop).unwrap();
+        let m = crate::measure::measure(&mut step, &clock, spec.warmup, spec.stop).unwrap();
         let (_, info) = workloads::lookup("resnet_tiny").unwrap();
-        Run::new(&spec, info, context(), provenance::now(), m).unwrap()
+        Run::new(&spec, info, context(), provenance::now(), m, Ok(Vec::new())).unwrap()
     }
 
     #[test]

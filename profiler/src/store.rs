@@ -21,6 +21,9 @@ pub enum Table {
     Runs,
     /// One row per measured iteration: run_id, iteration, latency_ns.
     Samples,
+    /// One row per sampler reading of a GPU run: memory of the device or slice; power, energy,
+    /// clocks, temperature and throttle reasons of the whole GPU (`gpu_` columns); GPM activity.
+    Metrics,
 }
 
 impl Table {
@@ -28,6 +31,7 @@ impl Table {
         match self {
             Table::Runs => "runs",
             Table::Samples => "samples",
+            Table::Metrics => "metrics",
         }
     }
 }
@@ -37,14 +41,21 @@ impl Table {
 pub struct Written {
     pub runs: PathBuf,
     pub samples: PathBuf,
+    /// `None` for a run without sampler readings.
+    pub metrics: Option<PathBuf>,
 }
 
-/// Writes the run's samples, then its row: a `runs` row is only ever present with its samples.
+/// Writes the run's samples and metrics, then its row: a `runs` row is only ever present with them.
 pub fn write_run(out: &Path, run: &Run) -> Result<Written> {
     let file = format!("part-{}.parquet", run.run_id);
     let samples = write_part(&out.join(Table::Samples.dir_name()), &file, &mut samples_frame(run)?)?;
+    let metrics = if run.metrics.is_empty() {
+        None
+    } else {
+        Some(write_part(&out.join(Table::Metrics.dir_name()), &file, &mut metrics_frame(run)?)?)
+    };
     let runs = write_part(&out.join(Table::Runs.dir_name()), &file, &mut runs_frame(std::slice::from_ref(run))?)?;
-    Ok(Written { runs, samples })
+    Ok(Written { runs, samples, metrics })
 }
 
 /// Every part of a table under `out`, oldest part first, as one frame; empty when there is none.
@@ -96,6 +107,40 @@ fn write_part(dir: &Path, name: &str, df: &mut DataFrame) -> Result<PathBuf> {
         return Err(e.context(format!("writing {}", path.display())));
     }
     Ok(path)
+}
+
+fn summary(runs: &[Run], f: impl Fn(&crate::sampler::MetricSummary) -> Option<f64>) -> Vec<Option<f64>> {
+    runs.iter().map(|r| f(&r.metric_summary)).collect()
+}
+
+/// The `metrics` table: every sampler reading of one run.
+fn metrics_frame(run: &Run) -> Result<DataFrame> {
+    let m = &run.metrics;
+    let f = |g: fn(&crate::sampler::Sample) -> Option<f64>| m.iter().map(g).collect::<Vec<Option<f64>>>();
+    let u = |g: fn(&crate::sampler::Sample) -> Option<u32>| m.iter().map(|s| g(s).map(i64::from)).collect::<Vec<Option<i64>>>();
+    let gpm = |g: fn(&crate::sampler::Gpm) -> f64| m.iter().map(|s| s.gpm.as_ref().map(g)).collect::<Vec<Option<f64>>>();
+    let columns = vec![
+        Column::new("run_id".into(), vec![run.run_id.as_str(); m.len()]),
+        col("t_ms", m.iter().map(|s| s.t.as_secs_f64() * 1e3).collect::<Vec<f64>>()),
+        col("fb_used_mib", f(|s| s.fb_used_mib)),
+        col("fb_total_mib", f(|s| s.fb_total_mib)),
+        col("gpu_power_w", f(|s| s.gpu_power_w)),
+        col("gpu_energy_mj", m.iter().map(|s| s.gpu_energy_mj.map(|e| e as i64)).collect::<Vec<Option<i64>>>()),
+        col("gpu_sm_clock_mhz", u(|s| s.gpu_sm_clock_mhz)),
+        col("gpu_mem_clock_mhz", u(|s| s.gpu_mem_clock_mhz)),
+        col("gpu_temperature_c", u(|s| s.gpu_temperature_c)),
+        col("gpu_throttle_reasons", m.iter().map(|s| s.gpu_throttle_reasons.map(|r| r as i64)).collect::<Vec<Option<i64>>>()),
+        col("util_gpu_pct", u(|s| s.util_gpu_pct)),
+        col("util_mem_pct", u(|s| s.util_mem_pct)),
+        col("gract", gpm(|g| g.graphics)),
+        col("sm_util", gpm(|g| g.sm)),
+        col("sm_occupancy", gpm(|g| g.sm_occupancy)),
+        col("tensor_util", gpm(|g| g.tensor)),
+        col("dram_bw_util", gpm(|g| g.dram_bandwidth)),
+        col("fp32_util", gpm(|g| g.fp32)),
+        col("fp16_util", gpm(|g| g.fp16)),
+    ];
+    Ok(DataFrame::new(m.len(), columns)?)
 }
 
 /// One nullable column of the device identity: null for CPU runs.
@@ -169,6 +214,19 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         Column::new("loss_last".into(), runs.iter().map(|r| r.measurement.loss_last).collect::<Vec<_>>()),
         col("params", i(|r| r.model.params as i64)),
         col("flops_per_sample", i(|r| r.flops_per_sample() as i64)),
+        Column::new("sample_interval_ms".into(), runs.iter().map(|r| r.sample_interval_ms()).collect::<Vec<Option<i64>>>()),
+        col("metric_samples", i(|r| r.metric_summary.samples as i64)),
+        Column::new("fb_used_mean_mib".into(), summary(runs, |m| m.fb_used_mean_mib)),
+        Column::new("fb_used_max_mib".into(), summary(runs, |m| m.fb_used_max_mib)),
+        Column::new("gract_mean".into(), summary(runs, |m| m.gract_mean)),
+        Column::new("gract_std".into(), summary(runs, |m| m.gract_std)),
+        Column::new("sm_util_mean".into(), summary(runs, |m| m.sm_util_mean)),
+        Column::new("tensor_mean".into(), summary(runs, |m| m.tensor_mean)),
+        Column::new("dram_mean".into(), summary(runs, |m| m.dram_mean)),
+        Column::new("gpu_power_mean_w".into(), summary(runs, |m| m.gpu_power_mean_w)),
+        Column::new("gpu_energy_j".into(), summary(runs, |m| m.gpu_energy_j)),
+        Column::new("j_per_sample".into(), summary(runs, |m| m.j_per_sample)),
+        Column::new("sampler_error".into(), runs.iter().map(|r| r.sampler_error.clone()).collect::<Vec<Option<String>>>()),
         col("verdict", s(|r| r.assessment.verdict.as_str().to_string())),
         col("verdict_reason", s(|r| r.assessment.reason.clone())),
         Column::new("histogram".into(), histogram_refs),
@@ -232,6 +290,37 @@ mod tests {
         let lat: i64 = samples.column("latency_ns")?.i64()?.iter().flatten().sum();
         let want: u64 = a.measurement.latencies_ns.iter().chain(&b.measurement.latencies_ns).sum();
         assert_eq!(lat as u64, want);
+        Ok(())
+    }
+
+    #[test]
+    fn sampler_readings_and_their_summary_round_trip() -> Result<()> {
+        use crate::sampler::{summarize, Gpm, Sample};
+        let dir = tempfile::tempdir()?;
+        let mut run = fake_run(8, 30, Duration::ZERO);
+        run.metrics = (0..3u64)
+            .map(|i| Sample {
+                t: Duration::from_millis(100 * i),
+                fb_used_mib: Some(1000.0 + 100.0 * i as f64),
+                gpu_energy_mj: Some(1_000_000 + 24_000 * i),
+                gpm: (i > 0).then_some(Gpm { graphics: 90.0, ..Default::default() }),
+                ..Default::default()
+            })
+            .collect();
+        run.metric_summary = summarize(&run.metrics, 240);
+        let written = write_run(dir.path(), &run)?;
+        assert!(written.metrics.is_some());
+        let metrics = read_table(dir.path(), Table::Metrics)?;
+        assert_eq!(metrics.height(), 3);
+        assert_eq!(metrics.column("gract")?.null_count(), 1, "no GPM reading in the first sample: null, not 0");
+        assert_eq!(metrics.column("util_gpu_pct")?.null_count(), 3);
+        let runs = read_table(dir.path(), Table::Runs)?;
+        assert_eq!(get_f64(&runs, "fb_used_max_mib", 0), 1200.0);
+        assert_eq!(get_f64(&runs, "gpu_energy_j", 0), 48.0);
+        assert_eq!(get_f64(&runs, "j_per_sample", 0), 0.2);
+        assert_eq!(runs.column("gpu_power_mean_w")?.null_count(), 1);
+        // A CPU run has no metrics part.
+        assert!(write_run(dir.path(), &fake_run(1, 10, Duration::ZERO))?.metrics.is_none());
         Ok(())
     }
 

@@ -1,6 +1,7 @@
 //! NVIDIA GPUs and MIG slices: what is there ([`topology`]), read from NVML ([`nvml`]) or from a
 //! recorded file, and how a `--device` names one of them ([`select`]).
 
+pub mod metrics;
 pub mod nvml;
 pub mod select;
 pub mod topology;

@@ -1,0 +1,98 @@
+//! The sampler's NVML source: memory of the device or MIG slice; power, energy, clocks, temperature and
+//! throttle reasons of the parent GPU; utilisation rates where NVML has them (not on MIG); GPM
+//! activity of the device or of the slice's GPU instance on Hopper and newer.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::enums::gpm::GpmMetricId;
+use nvml_wrapper::gpm::{gpm_metrics_get, GpmSample};
+use nvml_wrapper::{Device, Nvml};
+
+use super::select::Selected;
+use crate::sampler::{Gpm, MetricSource, Sample};
+
+/// NVML computes GPM metrics between two samples, and needs them at least this far apart.
+const GPM_MIN_GAP: Duration = Duration::from_millis(100);
+
+const GPM_METRICS: [GpmMetricId; 7] = [
+    GpmMetricId::GraphicsUtil,
+    GpmMetricId::SmUtil,
+    GpmMetricId::SmOccupancy,
+    GpmMetricId::AnyTensorUtil,
+    GpmMetricId::DramBwUtil,
+    GpmMetricId::Fp32Util,
+    GpmMetricId::Fp16Util,
+];
+
+pub struct NvmlMetrics<'n> {
+    nvml: &'n Nvml,
+    gpu: Device<'n>,
+    /// The MIG device and its GPU-instance id, for a run on a slice.
+    mig: Option<(Device<'n>, u32)>,
+    /// The previous GPM sample and when it was taken; `None` when the GPU has no GPM.
+    gpm: Option<(GpmSample<'n>, Instant)>,
+}
+
+impl<'n> NvmlMetrics<'n> {
+    pub fn open(nvml: &'n Nvml, selected: &Selected) -> Result<Self> {
+        let gpu = nvml.device_by_uuid(selected.gpu.uuid.as_str())?;
+        let mig = match &selected.mig {
+            Some(m) => Some((nvml.device_by_uuid(m.uuid.as_str())?, m.gpu_instance_id)),
+            None => None,
+        };
+        let mut this = Self { nvml, gpu, mig, gpm: None };
+        if this.gpu.gpm_support().unwrap_or(false) {
+            this.gpm = this.gpm_sample().ok().map(|s| (s, Instant::now()));
+        }
+        Ok(this)
+    }
+
+    fn gpm_sample(&self) -> Result<GpmSample<'n>, nvml_wrapper::error::NvmlError> {
+        match &self.mig {
+            Some((_, gi)) => self.gpu.gpm_mig_sample(*gi),
+            None => self.gpu.gpm_sample(),
+        }
+    }
+
+    /// Activity since the previous GPM sample, when it is far enough back.
+    fn read_gpm(&mut self) -> Option<Gpm> {
+        let (prev, at) = self.gpm.as_ref()?;
+        if at.elapsed() < GPM_MIN_GAP {
+            return None;
+        }
+        let now = self.gpm_sample().ok()?;
+        let results = gpm_metrics_get(self.nvml, prev, &now, &GPM_METRICS).ok()?;
+        self.gpm = Some((now, Instant::now()));
+        let v: Vec<f64> = results.into_iter().map(|r| r.map(|m| m.value).unwrap_or(f64::NAN)).collect();
+        Some(Gpm { graphics: v[0], sm: v[1], sm_occupancy: v[2], tensor: v[3], dram_bandwidth: v[4], fp32: v[5], fp16: v[6] })
+    }
+}
+
+impl MetricSource for NvmlMetrics<'_> {
+    fn read(&mut self) -> Sample {
+        const MIB: f64 = (1u64 << 20) as f64;
+        let memory = match &self.mig {
+            Some((m, _)) => m.memory_info(),
+            None => self.gpu.memory_info(),
+        }
+        .ok();
+        // NVML has no utilisation rates for MIG devices, and the parent's would be everyone's.
+        let util = if self.mig.is_none() { self.gpu.utilization_rates().ok() } else { None };
+        Sample {
+            t: Duration::ZERO,
+            fb_used_mib: memory.as_ref().map(|m| m.used as f64 / MIB),
+            fb_total_mib: memory.as_ref().map(|m| m.total as f64 / MIB),
+            gpu_power_w: self.gpu.power_usage().ok().map(|mw| mw as f64 / 1e3),
+            gpu_energy_mj: self.gpu.total_energy_consumption().ok(),
+            gpu_sm_clock_mhz: self.gpu.clock_info(Clock::SM).ok(),
+            gpu_mem_clock_mhz: self.gpu.clock_info(Clock::Memory).ok(),
+            gpu_temperature_c: self.gpu.temperature(TemperatureSensor::Gpu).ok(),
+            gpu_throttle_reasons: self.gpu.current_throttle_reasons().ok().map(|r| r.bits()),
+            util_gpu_pct: util.as_ref().map(|u| u.gpu),
+            util_mem_pct: util.as_ref().map(|u| u.memory),
+            gpm: self.read_gpm(),
+        }
+    }
+}
