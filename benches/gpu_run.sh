@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: device discovery against nvidia-smi, every family in every mode and
+# dtype, the workload matrix by migprof and by PyTorch with their ratio, and the sampler's disturbance.
+# Expects the CUDA build of migprof gzipped at .dist/migprof.gz. Works in /tmp/gpu-out and leaves a
+# tarball of it (and the comparison tables) in $OUT when set.
+#   bash benches/gpu_run.sh [quick|full]
+set -uo pipefail
+mode="${1:-full}"
+out=/tmp/gpu-out
+rm -rf "$out"; mkdir -p "$out"
+finish() {
+    if [ -n "${OUT:-}" ]; then
+        tar czf "$OUT/gpu-results.tgz" -C /tmp gpu-out
+        cp "$out"/compare.md "$out"/compare.txt "$out"/devices.txt "$OUT"/ 2>/dev/null
+    fi
+}
+trap finish EXIT
+bin=/tmp/migprof
+gunzip -c .dist/migprof.gz > "$bin" && chmod +x "$bin"
+log() { echo "== $*"; }
+
+log "devices"
+nvidia-smi -L | tee "$out/nvidia-smi-L.txt"
+"$bin" devices | tee "$out/devices.txt"
+"$bin" devices --json > "$out/devices.json"
+nvidia-smi mig -lgip > "$out/nvidia-smi-mig-lgip.txt" 2>&1; head -30 "$out/nvidia-smi-mig-lgip.txt"
+uuid="$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n 1)"
+log "pinned to $uuid"
+
+log "every family, mode and dtype (tiny presets)"
+"$bin" run --model resnet_tiny,vit_tiny,swin_tiny,bert_tiny --mode infer,train --dtype f32,bf16,f16 \
+    --batch 4 --iters 5 --warmup 2 --device "$uuid" --out "$out/tiny" 2>&1 | tail -30
+
+log "every published model, both modes, bf16, batch 2"
+"$bin" run --model resnet18,resnet34,resnet50,resnet101,resnet152,vit_ti_16,vit_s_16,vit_b_16,swin_t,swin_s,swin_b,bert_base,bert_large \
+    --mode infer,train --dtype bf16 --batch 2 --iters 5 --warmup 2 --device "$uuid" --out "$out/zoo" 2>&1 | grep -E "^\[|error" | tail -30
+
+[ "$mode" = quick ] && exit 0
+
+models="resnet50,vit_b_16,swin_t,bert_base"
+log "migprof: the comparison matrix"
+"$bin" run --model "$models" --mode infer --dtype f32,bf16 --batch 1,8,32,128 --warmup 10 --iters 30 --device "$uuid" --out "$out/matrix" 2>&1 | grep -E "^\[|error|warning"
+"$bin" run --model "$models" --mode train --dtype f32,bf16 --batch 32 --warmup 5 --iters 15 --device "$uuid" --out "$out/matrix" 2>&1 | grep -E "^\[|error|warning"
+log "pytorch: the same matrix"
+python3 benches/pytorch_reference.py --models "$models" --modes infer --dtypes f32,bf16 --batches 1,8,32,128 --warmup 10 --iters 30 > "$out/pytorch.jsonl"
+python3 benches/pytorch_reference.py --models "$models" --modes train --dtypes f32,bf16 --batches 32 --warmup 5 --iters 15 >> "$out/pytorch.jsonl"
+python3 benches/compare.py "$out/matrix" "$out/pytorch.jsonl" | tee "$out/compare.txt"
+python3 benches/compare.py "$out/matrix" "$out/pytorch.jsonl" --markdown > "$out/compare.md"
+
+log "sampler disturbance: resnet50 infer f32 bs32, sampler off / 100 ms, alternated"
+for i in 1 2 3; do
+    for ms in 0 100; do
+        "$bin" run --model resnet50 --batch 32 --warmup-secs 2 --duration 5 --device "$uuid" --sample-interval-ms $ms --out "$out/sampler-$ms" 2>&1 | grep -E "^\["
+    done
+done
+python3 - "$out" <<'PY'
+import sys, statistics, pyarrow.parquet as pq
+out = sys.argv[1]
+t = {ms: [r["throughput"] for r in pq.read_table(f"{out}/sampler-{ms}/runs").to_pylist()] for ms in (0, 100)}
+off, on = statistics.median(t[0]), statistics.median(t[100])
+print(f"sampler off: {t[0]}\nsampler 100 ms: {t[100]}\nmedian on/off = {on / off:.4f} ({(on / off - 1) * 100:+.2f}%)")
+r = pq.read_table(f"{out}/sampler-100/runs").to_pylist()[-1]
+print({k: r[k] for k in ("metric_samples", "fb_used_mean_mib", "fb_used_max_mib", "gract_mean", "gract_std", "sm_util_mean", "tensor_mean", "dram_mean", "gpu_power_mean_w", "gpu_energy_j", "j_per_sample", "sampler_error")})
+m = pq.read_table(f"{out}/sampler-100/metrics").to_pandas()
+print(m.describe().T[["count", "mean", "min", "max"]].to_string())
+PY
