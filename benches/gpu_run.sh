@@ -3,7 +3,8 @@
 # dtype, the workload matrix by migprof and by PyTorch with their ratio, and the sampler's disturbance.
 # Expects the CUDA build of migprof gzipped at .dist/migprof.gz. Works in /tmp/gpu-out and leaves a
 # tarball of it (and the comparison tables) in $OUT when set.
-#   bash benches/gpu_run.sh [quick|full]
+#   bash benches/gpu_run.sh [quick|matrix|full]   (quick: discovery and the zoo; matrix: discovery, the
+#                                                  comparison and the sampler; full: all)
 set -uo pipefail
 mode="${1:-full}"
 out=/tmp/gpu-out
@@ -27,6 +28,7 @@ nvidia-smi mig -lgip > "$out/nvidia-smi-mig-lgip.txt" 2>&1; head -30 "$out/nvidi
 uuid="$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n 1)"
 log "pinned to $uuid"
 
+if [ "$mode" != matrix ]; then
 log "every family, mode and dtype (tiny presets)"
 "$bin" run --model resnet_tiny,vit_tiny,swin_tiny,bert_tiny --mode infer,train --dtype f32,bf16,f16 \
     --batch 4 --iters 5 --warmup 2 --device "$uuid" --out "$out/tiny" 2>&1 | tail -30
@@ -35,15 +37,16 @@ log "every published model, both modes, bf16, batch 2"
 "$bin" run --model resnet18,resnet34,resnet50,resnet101,resnet152,vit_ti_16,vit_s_16,vit_b_16,swin_t,swin_s,swin_b,bert_base,bert_large \
     --mode infer,train --dtype bf16 --batch 2 --iters 5 --warmup 2 --device "$uuid" --out "$out/zoo" 2>&1 | grep -E "^\[|error" | tail -30
 
+fi
 [ "$mode" = quick ] && exit 0
 
 models="resnet50,vit_b_16,swin_t,bert_base"
 log "migprof: the comparison matrix"
-"$bin" run --model "$models" --mode infer --dtype f32,bf16 --batch 1,8,32,128 --warmup 10 --iters 30 --device "$uuid" --out "$out/matrix" 2>&1 | grep -E "^\[|error|warning"
-"$bin" run --model "$models" --mode train --dtype f32,bf16 --batch 32 --warmup 5 --iters 15 --device "$uuid" --out "$out/matrix" 2>&1 | grep -E "^\[|error|warning"
+"$bin" run --model "$models" --mode infer --dtype f32,bf16 --batch 1,8,32,128 --warmup 5 --iters 20 --device "$uuid" --out "$out/matrix" 2>&1 | grep -E "^\[|error|warning"
+"$bin" run --model "$models" --mode train --dtype f32,bf16 --batch 32 --warmup 3 --iters 10 --device "$uuid" --out "$out/matrix" 2>&1 | grep -E "^\[|error|warning"
 log "pytorch: the same matrix"
-python3 benches/pytorch_reference.py --models "$models" --modes infer --dtypes f32,bf16 --batches 1,8,32,128 --warmup 10 --iters 30 > "$out/pytorch.jsonl"
-python3 benches/pytorch_reference.py --models "$models" --modes train --dtypes f32,bf16 --batches 32 --warmup 5 --iters 15 >> "$out/pytorch.jsonl"
+python3 benches/pytorch_reference.py --models "$models" --modes infer --dtypes f32,bf16 --batches 1,8,32,128 --warmup 5 --iters 20 > "$out/pytorch.jsonl"
+python3 benches/pytorch_reference.py --models "$models" --modes train --dtypes f32,bf16 --batches 32 --warmup 3 --iters 10 >> "$out/pytorch.jsonl"
 python3 benches/compare.py "$out/matrix" "$out/pytorch.jsonl" | tee "$out/compare.txt"
 python3 benches/compare.py "$out/matrix" "$out/pytorch.jsonl" --markdown > "$out/compare.md"
 

@@ -94,7 +94,7 @@ fn devices_prints_the_tree() {
     let (code, out, _) = devices(&[], Some("h100_3g_2g_1g_1g.json"));
     assert_eq!(code, 0);
     assert!(out.contains("GPU 0: NVIDIA H100 80GB HBM3 (GPU-9e4c2b71-5d3a-4c1f-8e20-6b7d9a3f0000) 81559 MiB, MIG on"), "{out}");
-    assert!(out.contains("├─ MIG 3g.40gb      GI  2 CI  0   60 SMs   40192 MiB  (MIG-0a1b2c3d-0001-5e6f-8a9b-0c1d2e3f4a01)"), "{out}");
+    assert!(out.contains("├─ MIG 3g.40gb      GI  2 CI  0   60 SMs   40448 MiB  (MIG-0a1b2c3d-0001-5e6f-8a9b-0c1d2e3f4a01)"), "{out}");
     assert!(out.contains("└─ MIG 1g.10gb+me"), "{out}");
     assert!(out.contains("GPU 1: NVIDIA H100 80GB HBM3 (GPU-9e4c2b71-5d3a-4c1f-8e20-6b7d9a3f1111) 81559 MiB, MIG off"), "{out}");
     let (_, out, _) = devices(&[], Some("no_mig.json"));

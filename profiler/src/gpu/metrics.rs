@@ -13,8 +13,10 @@ use nvml_wrapper::{Device, Nvml};
 use super::select::Selected;
 use crate::sampler::{Gpm, MetricSource, Sample};
 
-/// NVML computes GPM metrics between two samples, and needs them at least this far apart.
-const GPM_MIN_GAP: Duration = Duration::from_millis(100);
+/// NVML computes GPM metrics between two samples taken about 100 ms apart or more. A sampler ticking
+/// every 100 ms lands a little either side of that; 10% of slack keeps every tick's reading instead of
+/// every other one (seen on the H100: half the readings empty at exactly 100 ms).
+const GPM_MIN_GAP: Duration = Duration::from_millis(90);
 
 const GPM_METRICS: [GpmMetricId; 7] = [
     GpmMetricId::GraphicsUtil,

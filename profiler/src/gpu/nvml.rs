@@ -26,12 +26,18 @@ pub fn read_topology() -> Result<Topology> {
             Err(e) => return Err(e.into()),
         };
         let mig_devices = if mig_mode.is_some_and(|m| m.current) { mig_devices(&nvml, &dev)? } else { Vec::new() };
+        // NVML's attributes answer for MIG devices only; the full-GPU profile (7g) has every SM.
+        let sm_count = dev
+            .attributes()
+            .ok()
+            .map(|a| a.multiprocessor_count)
+            .or_else(|| gpu_instance_profiles(&nvml, &dev).iter().map(|p| p.sm_count).max());
         gpus.push(Gpu {
             index,
             uuid: dev.uuid()?,
             name: dev.name()?,
             memory_mib: dev.memory_info()?.total / MIB,
-            sm_count: dev.attributes().ok().map(|a| a.multiprocessor_count),
+            sm_count,
             mig_mode,
             mig_devices,
         });
@@ -99,6 +105,7 @@ pub struct GpuInstanceProfile {
     /// Without NVML's "MIG " prefix: `1g.10gb`, `1g.10gb+me`, `7g.80gb`.
     pub name: String,
     pub slices: u32,
+    pub sm_count: u32,
     pub memory_mib: u64,
     pub decoders: u32,
     pub jpegs: u32,
@@ -124,6 +131,7 @@ pub fn gpu_instance_profiles(nvml: &Nvml, gpu: &Device) -> Vec<GpuInstanceProfil
         out.push(GpuInstanceProfile {
             name: name.trim_start_matches("MIG ").to_string(),
             slices: info.sliceCount,
+            sm_count: info.multiprocessorCount,
             memory_mib: info.memorySizeMB,
             decoders: info.decoderCount,
             jpegs: info.jpegCount,
@@ -167,26 +175,26 @@ pub fn profile_name(s: &Slices, profiles: &[GpuInstanceProfile]) -> String {
 mod tests {
     use super::*;
 
-    /// A GPU-instance profile table shaped like an H100 80GB's: the names and slice counts NVIDIA
-    /// documents; the memory and media-engine counts are illustrative, what matters is that they tell
-    /// the profiles apart as the real ones do.
+    /// The H100 80GB HBM3's GPU-instance profiles as `nvidia-smi mig -lgip` listed them on the lent GPU
+    /// (driver 580.159.04, 2026-11-22): memory in GiB there (9.75, 19.62, 39.50, 79.25) is MiB here.
     fn h100() -> Vec<GpuInstanceProfile> {
         let p = |name: &str, slices, memory_mib, decoders, jpegs, ofas| GpuInstanceProfile {
             name: name.to_string(),
             slices,
+            sm_count: 0,
             memory_mib,
             decoders,
             jpegs,
             ofas,
         };
         vec![
-            p("1g.10gb", 1, 9856, 1, 1, 0),
-            p("1g.10gb+me", 1, 9856, 7, 7, 1),
-            p("1g.20gb", 1, 19968, 1, 1, 0),
-            p("2g.20gb", 2, 19968, 2, 2, 0),
-            p("3g.40gb", 3, 40192, 3, 3, 0),
-            p("4g.40gb", 4, 40192, 4, 4, 0),
-            p("7g.80gb", 7, 80896, 7, 7, 1),
+            p("1g.10gb", 1, 9984, 1, 1, 0),
+            p("1g.10gb+me", 1, 9984, 1, 1, 1),
+            p("1g.20gb", 1, 20096, 1, 1, 0),
+            p("2g.20gb", 2, 20096, 2, 2, 0),
+            p("3g.40gb", 3, 40448, 3, 3, 0),
+            p("4g.40gb", 4, 40448, 4, 4, 0),
+            p("7g.80gb", 7, 81152, 7, 7, 1),
         ]
     }
 
@@ -196,26 +204,29 @@ mod tests {
 
     #[test]
     fn names_follow_the_profile_table() {
-        assert_eq!(profile_name(&slices(3, 3, 40192, (3, 3, 0)), &h100()), "3g.40gb");
-        assert_eq!(profile_name(&slices(4, 4, 40192, (4, 4, 0)), &h100()), "4g.40gb");
-        assert_eq!(profile_name(&slices(1, 1, 19968, (1, 1, 0)), &h100()), "1g.20gb");
+        assert_eq!(profile_name(&slices(3, 3, 40448, (3, 3, 0)), &h100()), "3g.40gb");
+        assert_eq!(profile_name(&slices(4, 4, 40448, (4, 4, 0)), &h100()), "4g.40gb");
+        assert_eq!(profile_name(&slices(1, 1, 20096, (1, 1, 0)), &h100()), "1g.20gb");
     }
 
     #[test]
     fn media_engines_tell_the_me_profile_apart() {
-        assert_eq!(profile_name(&slices(1, 1, 9856, (7, 7, 1)), &h100()), "1g.10gb+me");
-        assert_eq!(profile_name(&slices(1, 1, 9856, (1, 1, 0)), &h100()), "1g.10gb");
+        // The two differ only in the optical-flow engine.
+        assert_eq!(profile_name(&slices(1, 1, 9984, (1, 1, 1)), &h100()), "1g.10gb+me");
+        assert_eq!(profile_name(&slices(1, 1, 9984, (1, 1, 0)), &h100()), "1g.10gb");
     }
 
     #[test]
     fn a_smaller_compute_instance_is_prefixed() {
-        assert_eq!(profile_name(&slices(3, 1, 40192, (3, 3, 0)), &h100()), "1c.3g.40gb");
-        assert_eq!(profile_name(&slices(7, 2, 80896, (7, 7, 1)), &h100()), "2c.7g.80gb");
+        assert_eq!(profile_name(&slices(3, 1, 40448, (3, 3, 0)), &h100()), "1c.3g.40gb");
+        assert_eq!(profile_name(&slices(7, 2, 81152, (7, 7, 1)), &h100()), "2c.7g.80gb");
     }
 
     #[test]
     fn without_a_table_the_name_is_built_from_slices_and_memory() {
-        assert_eq!(profile_name(&slices(2, 2, 9856, (0, 0, 0)), &[]), "2g.10gb");
-        assert_eq!(profile_name(&slices(3, 1, 40192, (0, 0, 0)), &[]), "1c.3g.40gb");
+        // Memory rounded up to whole GiB, which reproduces every H100 name above.
+        assert_eq!(profile_name(&slices(2, 2, 20096, (0, 0, 0)), &[]), "2g.20gb");
+        assert_eq!(profile_name(&slices(3, 1, 40448, (0, 0, 0)), &[]), "1c.3g.40gb");
+        assert_eq!(profile_name(&slices(7, 7, 81152, (0, 0, 0)), &[]), "7g.80gb");
     }
 }

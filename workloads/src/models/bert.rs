@@ -181,7 +181,8 @@ impl Classifier for Bert {
             candle_core::bail!("BERT takes token inputs")
         };
         let x = self.encode(input_ids, token_type_ids, attention_mask)?;
-        let pooled = self.pooler.forward(&x.narrow(1, 0, 1)?.squeeze(1)?)?.tanh()?;
+        // The first token, contiguous: candle's CUDA matmul takes no strided rows.
+        let pooled = self.pooler.forward(&x.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?)?.tanh()?;
         self.classifier.forward(&pooled)
     }
 }

@@ -147,8 +147,10 @@ impl Classifier for VisionTransformer {
         for block in &self.blocks {
             x = block.forward(&x)?;
         }
-        let cls = self.ln.forward(&x)?.narrow(1, 0, 1)?.squeeze(1)?;
-        self.head.forward(&cls)
+        // The class token alone: layer norm is per token, so normalising it alone equals torchvision's
+        // normalise-all-then-take. Made contiguous because candle's CUDA matmul takes no strided rows.
+        let cls = x.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
+        self.head.forward(&self.ln.forward(&cls)?)
     }
 }
 
