@@ -3,8 +3,8 @@
 # dtype, the workload matrix by migprof and by PyTorch with their ratio, and the sampler's disturbance.
 # Expects the CUDA build of migprof gzipped at .dist/migprof.gz. Works in /tmp/gpu-out and leaves a
 # tarball of it (and the comparison tables) in $OUT when set.
-#   bash benches/gpu_run.sh [quick|matrix|full]   (quick: discovery and the zoo; matrix: discovery, the
-#                                                  comparison and the sampler; full: all)
+#   bash benches/gpu_run.sh [quick|matrix|sampler|full]   (quick: discovery and the zoo; matrix:
+#   discovery, the comparison and the sampler; sampler: discovery and the sampler; full: all)
 set -uo pipefail
 mode="${1:-full}"
 out=/tmp/gpu-out
@@ -12,7 +12,7 @@ rm -rf "$out"; mkdir -p "$out"
 finish() {
     if [ -n "${OUT:-}" ]; then
         tar czf "$OUT/gpu-results.tgz" -C /tmp gpu-out
-        cp "$out"/compare.md "$out"/compare.txt "$out"/devices.txt "$OUT"/ 2>/dev/null
+        cp "$out"/compare.md "$out"/compare.txt "$out"/devices.txt "$out"/sampler.txt "$OUT"/ 2>/dev/null
     fi
 }
 trap finish EXIT
@@ -28,7 +28,7 @@ nvidia-smi mig -lgip > "$out/nvidia-smi-mig-lgip.txt" 2>&1; head -30 "$out/nvidi
 uuid="$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n 1)"
 log "pinned to $uuid"
 
-if [ "$mode" != matrix ]; then
+if [ "$mode" = quick ] || [ "$mode" = full ]; then
 log "every family, mode and dtype (tiny presets)"
 "$bin" run --model resnet_tiny,vit_tiny,swin_tiny,bert_tiny --mode infer,train --dtype f32,bf16,f16 \
     --batch 4 --iters 5 --warmup 2 --device "$uuid" --out "$out/tiny" 2>&1 | tail -30
@@ -39,6 +39,7 @@ log "every published model, both modes, bf16, batch 2"
 
 fi
 [ "$mode" = quick ] && exit 0
+if [ "$mode" != sampler ]; then
 
 models="resnet50,vit_b_16,swin_t,bert_base"
 log "migprof: the comparison matrix"
@@ -50,20 +51,26 @@ python3 benches/pytorch_reference.py --models "$models" --modes train --dtypes f
 python3 benches/compare.py "$out/matrix" "$out/pytorch.jsonl" | tee "$out/compare.txt"
 python3 benches/compare.py "$out/matrix" "$out/pytorch.jsonl" --markdown > "$out/compare.md"
 
-log "sampler disturbance: resnet50 infer f32 bs32, sampler off / 100 ms, alternated"
-for i in 1 2 3; do
+fi
+if [ "$mode" = full ] || [ "$mode" = matrix ] || [ "$mode" = sampler ]; then
+# A GPU-bound, stable workload (ResNet-50 in candle is host-bound and varies 30% run to run, which hides
+# any sampler effect): ViT-B/16 bf16 at batch 128, sampler off and at 100 ms, alternated four times.
+log "sampler disturbance: vit_b_16 infer bf16 bs128, sampler off / 100 ms, alternated"
+for i in 1 2 3 4; do
     for ms in 0 100; do
-        "$bin" run --model resnet50 --batch 32 --warmup-secs 2 --duration 5 --device "$uuid" --sample-interval-ms $ms --out "$out/sampler-$ms" 2>&1 | grep -E "^\["
+        "$bin" run --model vit_b_16 --dtype bf16 --batch 128 --warmup-secs 2 --duration 6 --device "$uuid" --sample-interval-ms $ms --out "$out/sampler-$ms" 2>&1 | grep -E "^\["
     done
 done
-python3 - "$out" <<'PY'
+python3 - "$out" <<'PY' | tee "$out/sampler.txt"
 import sys, statistics, pyarrow.parquet as pq
 out = sys.argv[1]
 t = {ms: [r["throughput"] for r in pq.read_table(f"{out}/sampler-{ms}/runs").to_pylist()] for ms in (0, 100)}
 off, on = statistics.median(t[0]), statistics.median(t[100])
-print(f"sampler off: {t[0]}\nsampler 100 ms: {t[100]}\nmedian on/off = {on / off:.4f} ({(on / off - 1) * 100:+.2f}%)")
+print("sampler off   :", [round(x, 1) for x in t[0]])
+print("sampler 100 ms:", [round(x, 1) for x in t[100]])
+print("pairwise on/off:", [round(b / a, 4) for a, b in zip(t[0], t[100])])
+print(f"median on/off = {on / off:.4f} ({(on / off - 1) * 100:+.2f}%)")
 r = pq.read_table(f"{out}/sampler-100/runs").to_pylist()[-1]
 print({k: r[k] for k in ("metric_samples", "fb_used_mean_mib", "fb_used_max_mib", "gract_mean", "gract_std", "sm_util_mean", "tensor_mean", "dram_mean", "gpu_power_mean_w", "gpu_energy_j", "j_per_sample", "sampler_error")})
-m = pq.read_table(f"{out}/sampler-100/metrics").to_pandas()
-print(m.describe().T[["count", "mean", "min", "max"]].to_string())
 PY
+fi
