@@ -1,23 +1,54 @@
-//! NVIDIA GPUs and MIG slices: what is there ([`topology`]), read from NVML ([`nvml`]) or from a
-//! recorded file, and how a `--device` names one of them ([`select`]).
+//! NVIDIA GPUs and MIG slices: what is there ([`topology`]), read through a [`TopologySource`] (NVML,
+//! or a recording for tests and for looking at another machine), how a `--device` names one of them
+//! ([`select`]), and what the sampler reads from it ([`metrics`]).
 
 pub mod metrics;
 pub mod nvml;
 pub mod select;
 pub mod topology;
 
+use std::path::PathBuf;
+
+use anyhow::Result;
+
 pub use select::{select, Selected};
 pub use topology::{Gpu, MigDevice, MigMode, Topology};
 
-/// A recorded topology (the JSON of `migprof devices --json`) to use instead of asking NVML: for tests,
-/// and for looking at another machine's GPUs.
+/// A recorded topology (the JSON of `migprof devices --json`) to use instead of asking NVML.
 pub const TOPOLOGY_ENV: &str = "MIGPROF_TOPOLOGY";
 
-/// The machine's GPUs: from the file named by [`TOPOLOGY_ENV`] when set, else from NVML. `Err` says
-/// why there are none to be had (no driver, NVML failing).
-pub fn discover() -> anyhow::Result<Topology> {
-    match std::env::var_os(TOPOLOGY_ENV) {
-        Some(path) => Topology::read(std::path::Path::new(&path)),
-        None => nvml::read_topology(),
+/// Where the topology comes from. `Err` says why there are no GPUs to be had (no driver, NVML failing).
+pub trait TopologySource {
+    fn topology(&self) -> Result<Topology>;
+}
+
+/// This machine's GPUs, from NVML.
+pub struct Nvml;
+
+impl TopologySource for Nvml {
+    fn topology(&self) -> Result<Topology> {
+        nvml::read_topology()
     }
+}
+
+/// A recording: the JSON of `migprof devices --json`.
+pub struct Recorded(pub PathBuf);
+
+impl TopologySource for Recorded {
+    fn topology(&self) -> Result<Topology> {
+        Topology::read(&self.0)
+    }
+}
+
+/// The recording named by [`TOPOLOGY_ENV`] when set, else NVML.
+pub fn source() -> Box<dyn TopologySource> {
+    match std::env::var_os(TOPOLOGY_ENV) {
+        Some(path) => Box::new(Recorded(path.into())),
+        None => Box::new(Nvml),
+    }
+}
+
+/// The machine's GPUs, from [`source`].
+pub fn discover() -> Result<Topology> {
+    source().topology()
 }
