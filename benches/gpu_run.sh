@@ -12,7 +12,7 @@ rm -rf "$out"; mkdir -p "$out"
 finish() {
     if [ -n "${OUT:-}" ]; then
         tar czf "$OUT/gpu-results.tgz" -C /tmp gpu-out
-        cp "$out"/compare.md "$out"/compare.txt "$out"/devices.txt "$out"/sampler.txt "$OUT"/ 2>/dev/null
+        cp "$out"/compare.md "$out"/compare.txt "$out"/devices.txt "$out"/sampler.txt "$out"/nvidia-smi-mig-lgip*.txt "$OUT"/ 2>/dev/null
     fi
 }
 trap finish EXIT
@@ -24,7 +24,9 @@ log "devices"
 nvidia-smi -L | tee "$out/nvidia-smi-L.txt"
 "$bin" devices | tee "$out/devices.txt"
 "$bin" devices --json > "$out/devices.json"
-nvidia-smi mig -lgip > "$out/nvidia-smi-mig-lgip.txt" 2>&1; head -30 "$out/nvidia-smi-mig-lgip.txt"
+# Read-only: the GPU-instance profiles and their placements, answered with MIG off too.
+nvidia-smi mig -lgip > "$out/nvidia-smi-mig-lgip.txt" 2>&1
+nvidia-smi mig -lgipp > "$out/nvidia-smi-mig-lgipp.txt" 2>&1; cat "$out/nvidia-smi-mig-lgipp.txt"
 uuid="$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n 1)"
 log "pinned to $uuid"
 

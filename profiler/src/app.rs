@@ -34,8 +34,7 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
     let spec = match &args.device {
         Some(d) => d.clone(),
         None => {
-            let topology = crate::gpu::discover();
-            let (spec, why) = DeviceSpec::default_for(topology.as_ref());
+            let (spec, why) = DeviceSpec::default_for(crate::gpu::discover);
             if let Some(why) = why {
                 writeln!(log, "note: {why}")?;
             }

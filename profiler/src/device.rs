@@ -87,14 +87,14 @@ impl DeviceSpec {
         Ok(OpenDevice { device, info: describe(selected) })
     }
 
-    /// The device to use when none is given: the first GPU when this build has CUDA and NVML finds a
-    /// usable one, else the CPU, with the reason.
-    pub fn default_for(topology: std::result::Result<&Topology, &anyhow::Error>) -> (DeviceSpec, Option<String>) {
+    /// The device to use when none is given: the first GPU when this build has CUDA and the topology
+    /// (asked for only then) has a usable one, else the CPU, with the reason.
+    pub fn default_for(discover: impl FnOnce() -> Result<Topology>) -> (DeviceSpec, Option<String>) {
         if !candle_core::utils::cuda_is_available() {
             return (DeviceSpec::Cpu, Some("this migprof was built without CUDA support; running on the CPU".into()));
         }
-        match topology {
-            Ok(t) => match gpu::select(t, &first_visible()) {
+        match discover() {
+            Ok(t) => match gpu::select(&t, &first_visible()) {
                 Ok(_) => (DeviceSpec::Cuda, None),
                 Err(e) => (DeviceSpec::Cpu, Some(format!("no usable GPU ({e:#}); running on the CPU"))),
             },
@@ -118,7 +118,7 @@ fn pin(selected: &Selected) {
     std::env::set_var("CUDA_VISIBLE_DEVICES", selected.uuid());
 }
 
-pub fn describe(selected: Selected) -> DeviceInfo {
+fn describe(selected: Selected) -> DeviceInfo {
     let (kind, name) = match &selected.mig {
         Some(m) => ("mig", format!("{} MIG {}", selected.gpu.name, m.profile)),
         None => ("cuda", selected.gpu.name.clone()),
@@ -183,7 +183,7 @@ mod tests {
             let err = spec.open().err().unwrap().to_string();
             assert!(err.contains("built without CUDA support") && err.contains("valid devices in this build: cpu"), "{err}");
         }
-        let (spec, why) = DeviceSpec::default_for(Err(&anyhow!("no driver")));
+        let (spec, why) = DeviceSpec::default_for(|| panic!("a CPU build does not ask NVML"));
         assert_eq!(spec, DeviceSpec::Cpu);
         assert!(why.unwrap().contains("without CUDA support"));
     }

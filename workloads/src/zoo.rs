@@ -77,34 +77,19 @@ pub enum Arch {
 
 impl Arch {
     fn info(&self, name: &'static str, tiny: bool) -> ModelInfo {
+        let image = |family, side: usize, num_classes, params, flops_per_sample| ModelInfo {
+            name,
+            family,
+            input: InputShape::Image { channels: 3, height: side, width: side },
+            num_classes,
+            params,
+            flops_per_sample,
+            tiny,
+        };
         match self {
-            Arch::ResNet(cfg) => ModelInfo {
-                name,
-                family: Family::ResNet,
-                input: InputShape::Image { channels: 3, height: cfg.image_size, width: cfg.image_size },
-                num_classes: cfg.num_classes,
-                params: cfg.params(),
-                flops_per_sample: cfg.flops(),
-                tiny,
-            },
-            Arch::Vit(cfg) => ModelInfo {
-                name,
-                family: Family::Vit,
-                input: InputShape::Image { channels: 3, height: cfg.image_size, width: cfg.image_size },
-                num_classes: cfg.num_classes,
-                params: cfg.params(),
-                flops_per_sample: cfg.flops(),
-                tiny,
-            },
-            Arch::Swin(cfg) => ModelInfo {
-                name,
-                family: Family::Swin,
-                input: InputShape::Image { channels: 3, height: cfg.image_size, width: cfg.image_size },
-                num_classes: cfg.num_classes,
-                params: cfg.params(),
-                flops_per_sample: cfg.flops(),
-                tiny,
-            },
+            Arch::ResNet(c) => image(Family::ResNet, c.image_size, c.num_classes, c.params(), c.flops()),
+            Arch::Vit(c) => image(Family::Vit, c.image_size, c.num_classes, c.params(), c.flops()),
+            Arch::Swin(c) => image(Family::Swin, c.image_size, c.num_classes, c.params(), c.flops()),
             Arch::Bert(cfg) => ModelInfo {
                 name,
                 family: Family::Bert,

@@ -2,6 +2,7 @@
 //! throttle reasons of the parent GPU; utilisation rates where NVML has them (not on MIG); GPM
 //! activity of the device or of the slice's GPU instance on Hopper and newer.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -13,10 +14,8 @@ use nvml_wrapper::{Device, Nvml};
 use super::select::Selected;
 use crate::sampler::{Gpm, MetricSource, Sample};
 
-/// NVML computes GPM metrics between two samples taken about 100 ms apart or more. A sampler ticking
-/// every 100 ms lands a little either side of that; 10% of slack keeps every tick's reading instead of
-/// every other one (seen on the H100: half the readings empty at exactly 100 ms).
-const GPM_MIN_GAP: Duration = Duration::from_millis(90);
+/// NVML computes GPM metrics between two samples at least this far apart.
+const GPM_MIN_GAP: Duration = Duration::from_millis(100);
 
 const GPM_METRICS: [GpmMetricId; 7] = [
     GpmMetricId::GraphicsUtil,
@@ -33,8 +32,8 @@ pub struct NvmlMetrics<'n> {
     gpu: Device<'n>,
     /// The MIG device and its GPU-instance id, for a run on a slice.
     mig: Option<(Device<'n>, u32)>,
-    /// The previous GPM sample and when it was taken; `None` when the GPU has no GPM.
-    gpm: Option<(GpmSample<'n>, Instant)>,
+    /// Recent GPM samples with when they were taken, oldest first; empty when the GPU has no GPM.
+    gpm: VecDeque<(GpmSample<'n>, Instant)>,
 }
 
 impl<'n> NvmlMetrics<'n> {
@@ -44,9 +43,11 @@ impl<'n> NvmlMetrics<'n> {
             Some(m) => Some((nvml.device_by_uuid(m.uuid.as_str())?, m.gpu_instance_id)),
             None => None,
         };
-        let mut this = Self { nvml, gpu, mig, gpm: None };
+        let mut this = Self { nvml, gpu, mig, gpm: VecDeque::new() };
         if this.gpu.gpm_support().unwrap_or(false) {
-            this.gpm = this.gpm_sample().ok().map(|s| (s, Instant::now()));
+            if let Ok(s) = this.gpm_sample() {
+                this.gpm.push_back((s, Instant::now()));
+            }
         }
         Ok(this)
     }
@@ -58,16 +59,20 @@ impl<'n> NvmlMetrics<'n> {
         }
     }
 
-    /// Activity since the previous GPM sample, when it is far enough back.
+    /// Activity since the newest GPM sample at least [`GPM_MIN_GAP`] old. A sampler ticking every
+    /// 100 ms finds the previous sample a little under or over that; keeping the one before it too
+    /// gives every tick a reading (over up to two intervals) without breaking NVML's rule.
     fn read_gpm(&mut self) -> Option<Gpm> {
-        let (prev, at) = self.gpm.as_ref()?;
-        if at.elapsed() < GPM_MIN_GAP {
-            return None;
-        }
+        let taken = Instant::now();
         let now = self.gpm_sample().ok()?;
-        let results = gpm_metrics_get(self.nvml, prev, &now, &GPM_METRICS).ok()?;
-        self.gpm = Some((now, Instant::now()));
-        let v: Vec<f64> = results.into_iter().map(|r| r.map(|m| m.value).unwrap_or(f64::NAN)).collect();
+        let base = self.gpm.iter().rposition(|(_, at)| taken.duration_since(*at) >= GPM_MIN_GAP);
+        let result = base.and_then(|i| gpm_metrics_get(self.nvml, &self.gpm[i].0, &now, &GPM_METRICS).ok());
+        // Older samples than the base are no longer needed.
+        if let Some(i) = base {
+            self.gpm.drain(..i);
+        }
+        self.gpm.push_back((now, taken));
+        let v: Vec<f64> = result?.into_iter().map(|r| r.map(|m| m.value).unwrap_or(f64::NAN)).collect();
         Some(Gpm { graphics: v[0], sm: v[1], sm_occupancy: v[2], tensor: v[3], dram_bandwidth: v[4], fp32: v[5], fp16: v[6] })
     }
 }

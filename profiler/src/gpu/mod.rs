@@ -23,9 +23,9 @@ pub trait TopologySource {
 }
 
 /// This machine's GPUs, from NVML.
-pub struct Nvml;
+pub struct NvmlSource;
 
-impl TopologySource for Nvml {
+impl TopologySource for NvmlSource {
     fn topology(&self) -> Result<Topology> {
         nvml::read_topology()
     }
@@ -44,7 +44,7 @@ impl TopologySource for Recorded {
 pub fn source() -> Box<dyn TopologySource> {
     match std::env::var_os(TOPOLOGY_ENV) {
         Some(path) => Box::new(Recorded(path.into())),
-        None => Box::new(Nvml),
+        None => Box::new(NvmlSource),
     }
 }
 
