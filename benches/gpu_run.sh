@@ -74,5 +74,10 @@ print("pairwise on/off:", [round(b / a, 4) for a, b in zip(t[0], t[100])])
 print(f"median on/off = {on / off:.4f} ({(on / off - 1) * 100:+.2f}%)")
 r = pq.read_table(f"{out}/sampler-100/runs").to_pylist()[-1]
 print({k: r[k] for k in ("metric_samples", "fb_used_mean_mib", "fb_used_max_mib", "gract_mean", "gract_std", "sm_util_mean", "tensor_mean", "dram_mean", "gpu_power_mean_w", "gpu_energy_j", "j_per_sample", "sampler_error")})
+m = pq.read_table(f"{out}/sampler-100/metrics").to_pylist()
+for run in sorted({x["run_id"] for x in m}):
+    rows = [x for x in m if x["run_id"] == run]
+    gaps = [round(b["t_ms"] - a["t_ms"], 1) for a, b in zip(rows, rows[1:])]
+    print(f"{run}: {len(rows)} readings, GPM missing in {sum(x['gract'] is None for x in rows)}, gaps {min(gaps)}..{max(gaps)} ms")
 PY
 fi
