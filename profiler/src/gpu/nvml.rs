@@ -155,7 +155,8 @@ pub struct Slices {
 /// The nvidia-smi name of a MIG device's profile: the GPU-instance profile with its slice count,
 /// memory and media engines (which tell `1g.10gb` from `1g.10gb+me`), prefixed with `Nc.` when the
 /// compute instance has fewer slices than its GPU instance. Without a matching profile, a name built
-/// from the slice count and the memory rounded up to whole GiB.
+/// from the slice count and the memory rounded up to whole GiB: right for every H100 80GB profile, but
+/// NVIDIA's names follow no single rule (the H200's 1g.18gb has 16 GiB), hence the named table first.
 pub fn profile_name(s: &Slices, profiles: &[GpuInstanceProfile]) -> String {
     let same_size = |p: &&GpuInstanceProfile| p.slices == s.gpu_instance && p.memory_mib == s.memory_mib;
     let candidates: Vec<&GpuInstanceProfile> = profiles.iter().filter(same_size).collect();
