@@ -24,8 +24,6 @@ impl Verdict {
             Verdict::Unstable => "unstable",
         }
     }
-
-    pub const ALL: [Verdict; 3] = [Verdict::Ok, Verdict::TooFewIterations, Verdict::Unstable];
 }
 
 impl fmt::Display for Verdict {
