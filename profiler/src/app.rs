@@ -120,6 +120,40 @@ pub fn devices(json: bool, stdout: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
+/// `migprof profiles`.
+pub fn profiles(args: &crate::cli::TableArgs, stdout: &mut dyn Write) -> Result<()> {
+    write!(stdout, "{}", args.table()?.render())?;
+    Ok(())
+}
+
+/// `migprof plan`: the plan, or why the layout does not fit (then `Ok(false)`).
+pub fn plan(args: &crate::cli::TableArgs, profiles: &[String], list: bool, stdout: &mut dyn Write) -> Result<bool> {
+    let table = args.table()?;
+    if list {
+        let layouts = crate::mig::maximal_layouts(&table);
+        writeln!(stdout, "{} maximal layouts of the {}:", layouts.len(), table.product)?;
+        for l in layouts {
+            writeln!(stdout, "  {}", l.join(","))?;
+        }
+        return Ok(true);
+    }
+    let names: Vec<&str> = profiles.iter().map(|s| s.trim()).collect();
+    // An unknown profile is a usage error, not a layout that does not fit.
+    for n in &names {
+        table.profile(n)?;
+    }
+    match crate::mig::plan(&table, &names) {
+        Ok(p) => {
+            write!(stdout, "{}", p.render(&table))?;
+            Ok(true)
+        }
+        Err(why) => {
+            writeln!(stdout, "does not fit the {}: {why:#}", table.product)?;
+            Ok(false)
+        }
+    }
+}
+
 /// The model catalogue as a table.
 pub fn models(stdout: &mut dyn Write) -> Result<()> {
     let header = format!("{:<12} {:<8} {:<14} {:>13} {:>14} {:>9}", "model", "family", "input", "params", "GFLOPs/sample", "preset");

@@ -32,6 +32,43 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// List MIG GPU-instance profiles with their placements, like `nvidia-smi mig -lgip` and `-lgipp`:
+    /// of a known GPU (--gpu) or, without it, of this machine's GPU as NVML reports them.
+    Profiles(TableArgs),
+    /// Check whether a set of MIG GPU instances fits a GPU and where each goes, or list every maximal
+    /// layout.
+    Plan {
+        #[command(flatten)]
+        table: TableArgs,
+        /// GPU-instance profiles, comma-separated (e.g. 3g.40gb,2g.20gb,1g.10gb,1g.10gb).
+        #[arg(value_delimiter = ',', required_unless_present = "list")]
+        profiles: Vec<String>,
+        /// List every valid layout to which no instance can be added.
+        #[arg(long, conflicts_with = "profiles")]
+        list: bool,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TableArgs {
+    /// A GPU with a checked-in profile table (h100-80gb, h200-141gb); default: this machine's GPU.
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// Which of this machine's GPUs, when --gpu is not given.
+    #[arg(long, default_value_t = 0, conflicts_with = "gpu")]
+    pub index: u32,
+}
+
+impl TableArgs {
+    pub fn table(&self) -> anyhow::Result<crate::mig::ProfileTable> {
+        match &self.gpu {
+            Some(gpu) => crate::mig::table(gpu),
+            None => crate::gpu::nvml::profile_table(self.index).map_err(|e| {
+                let known: Vec<&str> = crate::mig::GPUS.iter().map(|(n, _)| *n).collect();
+                anyhow::anyhow!("{e:#}\nfor a GPU that is not here, name a known one: --gpu {}", known.join(" | --gpu "))
+            }),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod device;
 pub mod gpu;
 pub mod measure;
+pub mod mig;
 pub mod plot;
 pub mod preflight;
 pub mod provenance;

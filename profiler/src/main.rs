@@ -9,6 +9,9 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Models => migprof::app::models(&mut stdout).map(|_| ExitCode::SUCCESS),
         Command::Devices { json } => migprof::app::devices(*json, &mut stdout).map(|_| ExitCode::SUCCESS),
+        Command::Profiles(table) => migprof::app::profiles(table, &mut stdout).map(|_| ExitCode::SUCCESS),
+        Command::Plan { table, profiles, list } => migprof::app::plan(table, profiles, *list, &mut stdout)
+            .map(|fits| if fits { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
         Command::Run(args) => migprof::app::run(args, &mut stderr).and_then(|report| {
             migprof::app::finish(&args.out, &report, &mut stdout)?;
             Ok(match &report.failed {

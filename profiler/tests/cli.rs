@@ -182,3 +182,34 @@ fn every_family_runs_in_both_modes_and_every_cpu_dtype() {
         assert_eq!(seq[i].is_some(), model[i].as_deref() == Some("bert_tiny"), "{:?}", model[i]);
     }
 }
+
+#[test]
+fn plan_says_where_a_layout_goes_or_why_it_does_not_fit() {
+    let o = migprof(&["plan", "--gpu", "h100-80gb", "3g.40gb,2g.20gb,1g.10gb,1g.10gb"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("1. 3g.40gb") && out.contains("uses 7/7 compute slices, 8/8 memory slices"), "{out}");
+
+    let o = migprof(&["plan", "--gpu", "h100-80gb", "1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("does not fit") && text(&o).contains("at most 7"), "{}", text(&o));
+
+    let o = migprof(&["plan", "--gpu", "h100-80gb", "3g.20gb"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("its profiles: 1g.10gb"), "{}", text(&o));
+
+    let o = migprof(&["plan", "--gpu", "a100-40gb", "3g.20gb"]);
+    assert!(text(&o).contains("known GPUs: h100-80gb, h200-141gb"), "{}", text(&o));
+
+    let o = migprof(&["plan", "--gpu", "h200-141gb", "--list"]);
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).lines().any(|l| l.trim() == "4g.71gb,3g.71gb"), "{}", text(&o));
+}
+
+#[test]
+fn profiles_prints_a_checked_in_table() {
+    let o = migprof(&["profiles", "--gpu", "h200-141gb"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.lines().any(|l| l.starts_with("3g.71gb") && l.contains("{0,4}:4")), "{out}");
+}

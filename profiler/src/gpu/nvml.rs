@@ -104,10 +104,14 @@ fn instance_id(nvml: &Nvml, handle: sys::nvmlDevice_t, which: Instance) -> Resul
 pub struct GpuInstanceProfile {
     /// Without NVML's "MIG " prefix: `1g.10gb`, `1g.10gb+me`, `7g.80gb`.
     pub name: String,
+    pub id: u32,
     pub slices: u32,
+    pub instances: u32,
     pub sm_count: u32,
     pub memory_mib: u64,
+    pub copy_engines: u32,
     pub decoders: u32,
+    pub encoders: u32,
     pub jpegs: u32,
     pub ofas: u32,
 }
@@ -130,15 +134,83 @@ pub fn gpu_instance_profiles(nvml: &Nvml, gpu: &Device) -> Vec<GpuInstanceProfil
         let name = unsafe { CStr::from_ptr(info.name.as_ptr()) }.to_string_lossy();
         out.push(GpuInstanceProfile {
             name: name.trim_start_matches("MIG ").to_string(),
+            id: info.id,
             slices: info.sliceCount,
+            instances: info.instanceCount,
             sm_count: info.multiprocessorCount,
             memory_mib: info.memorySizeMB,
+            copy_engines: info.copyEngineCount,
             decoders: info.decoderCount,
+            encoders: info.encoderCount,
             jpegs: info.jpegCount,
             ofas: info.ofaCount,
         });
     }
     out
+}
+
+/// Where instances of a GPU-instance profile may start, as (start, size) in memory slices. Called raw
+/// because nvml-wrapper's `possible_placements` hands back an empty list (it never sets the length of
+/// the vector NVML filled).
+fn placements(nvml: &Nvml, gpu: &Device, profile_id: u32) -> Result<Vec<(u32, u32)>> {
+    let f = nvml
+        .lib()
+        .nvmlDeviceGetGpuInstancePossiblePlacements_v2
+        .as_ref()
+        .map_err(|_| anyhow!("this NVIDIA driver's NVML has no nvmlDeviceGetGpuInstancePossiblePlacements_v2"))?;
+    // SAFETY: a device handle of this session; the first call only counts, the second fills `count`
+    // zeroed plain-data structs.
+    let handle = unsafe { gpu.handle() };
+    let mut count = 0;
+    let rc = unsafe { f(handle, profile_id, std::ptr::null_mut(), &mut count) };
+    if rc != sys::nvmlReturn_enum_NVML_SUCCESS {
+        bail!("nvmlDeviceGetGpuInstancePossiblePlacements_v2 failed for profile {profile_id} (NVML error {rc})")
+    }
+    let mut out = vec![sys::nvmlGpuInstancePlacement_t { start: 0, size: 0 }; count as usize];
+    let rc = unsafe { f(handle, profile_id, out.as_mut_ptr(), &mut count) };
+    if rc != sys::nvmlReturn_enum_NVML_SUCCESS {
+        bail!("nvmlDeviceGetGpuInstancePossiblePlacements_v2 failed for profile {profile_id} (NVML error {rc})")
+    }
+    out.truncate(count as usize);
+    Ok(out.into_iter().map(|p| (p.start, p.size)).collect())
+}
+
+/// The live MIG profile table of GPU `index` (NVML answers it with MIG off too).
+pub fn profile_table(index: u32) -> Result<crate::mig::ProfileTable> {
+    let nvml = Nvml::init().map_err(|e| anyhow!("no usable NVIDIA driver (NVML: {e})"))?;
+    let gpu = nvml.device_by_index(index).map_err(|e| anyhow!("GPU {index}: {e}"))?;
+    let name = gpu.name()?;
+    let mut profiles = Vec::new();
+    for p in gpu_instance_profiles(&nvml, &gpu) {
+        let spots = placements(&nvml, &gpu, p.id)?;
+        let size = spots.first().map(|s| s.1).unwrap_or(0);
+        profiles.push(crate::mig::MigProfile {
+            name: p.name,
+            id: p.id,
+            compute_slices: p.slices,
+            memory_slices: size,
+            memory_gib: p.memory_mib as f64 / 1024.0,
+            sm_count: p.sm_count,
+            max_instances: p.instances,
+            copy_engines: p.copy_engines,
+            decoders: p.decoders,
+            encoders: p.encoders,
+            jpegs: p.jpegs,
+            ofas: p.ofas,
+            placements: spots.into_iter().map(|s| s.0).collect(),
+        });
+    }
+    if profiles.is_empty() {
+        bail!("GPU {index} ({name}) reports no MIG profiles: it does not support MIG")
+    }
+    Ok(crate::mig::ProfileTable {
+        gpu: format!("gpu{index}"),
+        compute_slices: profiles.iter().map(|p| p.compute_slices).max().unwrap_or(0),
+        memory_slices: profiles.iter().map(|p| p.memory_slices).max().unwrap_or(0),
+        product: name,
+        source: "NVML on this machine".into(),
+        profiles,
+    })
 }
 
 /// What a MIG device's attributes say about its slice.
@@ -181,9 +253,13 @@ mod tests {
     fn h100() -> Vec<GpuInstanceProfile> {
         let p = |name: &str, slices, memory_mib, decoders, jpegs, ofas| GpuInstanceProfile {
             name: name.to_string(),
+            id: 0,
             slices,
+            instances: 1,
             sm_count: 0,
             memory_mib,
+            copy_engines: 0,
+            encoders: 0,
             decoders,
             jpegs,
             ofas,
