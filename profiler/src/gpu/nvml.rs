@@ -203,6 +203,8 @@ pub fn profile_table(index: u32) -> Result<crate::mig::ProfileTable> {
     if profiles.is_empty() {
         bail!("GPU {index} ({name}) reports no MIG profiles: it does not support MIG")
     }
+    // nvidia-smi's order: by compute slices, then memory (NVML's profile indices put 1g.20gb last).
+    profiles.sort_by(|a, b| (a.compute_slices, a.memory_slices, &a.name).cmp(&(b.compute_slices, b.memory_slices, &b.name)));
     Ok(crate::mig::ProfileTable {
         gpu: format!("gpu{index}"),
         compute_slices: profiles.iter().map(|p| p.compute_slices).max().unwrap_or(0),
