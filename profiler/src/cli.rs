@@ -153,7 +153,8 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', default_value = "f32")]
     pub dtype: Vec<DTypeArg>,
 
-    /// cpu, cuda (the first GPU), a GPU index (nvidia-smi's), GPU-<uuid> or MIG-<uuid>; migprof pins
+    /// cpu, cuda (the first GPU), a GPU index (nvidia-smi's), GPU-<uuid>, MIG-<uuid> or a MIG profile
+    /// name such as 3g.40gb (when exactly one MIG device has it); migprof pins
     /// itself to it with CUDA_VISIBLE_DEVICES. Default: the first GPU in a CUDA build that finds one,
     /// else cpu.
     #[arg(long)]

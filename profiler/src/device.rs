@@ -11,8 +11,8 @@ use candle_core::Device;
 use crate::gpu::{self, Selected, Topology};
 
 /// The valid spellings of `--device`, for error messages.
-pub const VALID_DEVICES: &str =
-    "cpu, cuda (the first GPU), a GPU index (0, 1, ... as nvidia-smi numbers them; cuda:N is the same), GPU-<uuid>, MIG-<uuid>";
+pub const VALID_DEVICES: &str = "cpu, cuda (the first GPU), a GPU index (0, 1, ... as nvidia-smi numbers them; cuda:N is the same), \
+     GPU-<uuid>, MIG-<uuid>, a MIG profile such as 3g.40gb (when exactly one MIG device has it)";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceSpec {
@@ -34,7 +34,8 @@ impl FromStr for DeviceSpec {
             _ => {}
         }
         let id = s.strip_prefix("cuda:").unwrap_or(s);
-        if id.parse::<u32>().is_ok() || (id.len() > 4 && (id.starts_with("GPU-") || id.starts_with("MIG-"))) {
+        let uuid = id.len() > 4 && (id.starts_with("GPU-") || id.starts_with("MIG-"));
+        if id.parse::<u32>().is_ok() || uuid || gpu::select::is_profile_name(id) {
             return Ok(Self::Gpu(id.to_string()));
         }
         bail!("unknown device `{s}`; valid devices: {VALID_DEVICES}")
@@ -157,11 +158,14 @@ mod tests {
         let mig = "MIG-4f6e2a1c-0000-5000-8000-000000000000";
         assert_eq!(mig.parse::<DeviceSpec>().unwrap(), DeviceSpec::Gpu(mig.into()));
         assert_eq!("GPU-ab12".parse::<DeviceSpec>().unwrap(), DeviceSpec::Gpu("GPU-ab12".into()));
+        for profile in ["3g.40gb", "1g.10gb+me", "1c.3g.40gb"] {
+            assert_eq!(profile.parse::<DeviceSpec>().unwrap(), DeviceSpec::Gpu(profile.into()));
+        }
     }
 
     #[test]
     fn rejects_junk_naming_the_valid_choices() {
-        for bad in ["tpu", "cuda:x", "cuda:-1", "MIG-", "gpu0", "-1"] {
+        for bad in ["tpu", "cuda:x", "cuda:-1", "MIG-", "gpu0", "-1", "3g", "3g.40", "g.40gb", "3g.40gb+mx"] {
             let err = bad.parse::<DeviceSpec>().unwrap_err().to_string();
             assert!(err.contains(&format!("`{bad}`")) && err.contains(VALID_DEVICES), "{err}");
         }

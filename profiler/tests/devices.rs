@@ -54,6 +54,21 @@ fn mixed_slices_and_media_extension_profiles() {
 }
 
 #[test]
+fn a_profile_name_selects_the_only_slice_of_that_profile() {
+    let t = topology("h100_3g_2g_1g_1g.json");
+    let s = select(&t, "3g.40gb").unwrap();
+    assert_eq!(s.uuid(), "MIG-0a1b2c3d-0001-5e6f-8a9b-0c1d2e3f4a01");
+    assert_eq!(select(&t, "1g.10gb+me").unwrap().mig.unwrap().gpu_instance_id, 10);
+    let err = select(&t, "4g.40gb").unwrap_err().to_string();
+    assert!(err.contains("no MIG device has the profile `4g.40gb`") && err.contains("MIG-0a1b2c3d-0003"), "{err}");
+    let t = topology("a100_7x1g.json");
+    let err = select(&t, "1g.5gb").unwrap_err().to_string();
+    assert!(err.contains("7 MIG devices have the profile `1g.5gb`; name one by its MIG UUID"), "{err}");
+    let t = topology("h100_two_compute_instances.json");
+    assert_eq!(select(&t, "1c.3g.40gb").unwrap().mig.unwrap().compute_instance_id, 0);
+}
+
+#[test]
 fn two_compute_instances_share_one_gpu_instance() {
     let t = topology("h100_two_compute_instances.json");
     let second = select(&t, "MIG-7d6c5b4a-0002").unwrap().mig.unwrap();

@@ -22,9 +22,22 @@ impl Selected {
     }
 }
 
+/// Whether `s` reads as a MIG profile name: `3g.40gb`, `1g.10gb+me`, `1c.3g.40gb`.
+pub fn is_profile_name(s: &str) -> bool {
+    let s = s.strip_suffix("+me").unwrap_or(s);
+    let parts: Vec<&str> = s.split('.').collect();
+    let count = |p: &str, unit: &str| p.strip_suffix(unit).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    match parts.as_slice() {
+        [g, mem] => count(g, "g") && count(mem, "gb"),
+        [c, g, mem] => count(c, "c") && count(g, "g") && count(mem, "gb"),
+        _ => false,
+    }
+}
+
 /// Resolves `id`: a GPU index, `GPU-<uuid>` or `MIG-<uuid>` (a unique prefix is enough, as for
-/// CUDA_VISIBLE_DEVICES), or `first` for the first GPU. A GPU with MIG on cannot run CUDA work itself,
-/// so naming one is an error listing its MIG devices.
+/// CUDA_VISIBLE_DEVICES), a MIG profile name when exactly one MIG device has it, or `first` for the
+/// first GPU. A GPU with MIG on cannot run CUDA work itself, so naming one is an error listing its MIG
+/// devices.
 pub fn select(topology: &Topology, id: &str) -> Result<Selected> {
     if topology.gpus.is_empty() {
         bail!("`{id}`: there are no NVIDIA GPUs here")
@@ -35,6 +48,19 @@ pub fn select(topology: &Topology, id: &str) -> Result<Selected> {
         match topology.gpus.iter().find(|g| g.index == index) {
             Some(g) => gpu_itself(topology, g, id)?,
             None => bail!("there is no GPU {index}; the devices here:\n{}", topology.choices()),
+        }
+    } else if is_profile_name(id) {
+        let hits: Vec<Selected> = topology
+            .gpus
+            .iter()
+            .flat_map(|g| g.mig_devices.iter().map(move |m| (g, m)))
+            .filter(|(_, m)| m.profile == id)
+            .map(|(g, m)| Selected { gpu: g.clone(), mig: Some(m.clone()) })
+            .collect();
+        match hits.len() {
+            1 => hits.into_iter().next().expect("one"),
+            0 => bail!("no MIG device has the profile `{id}`; the devices here:\n{}", topology.choices()),
+            n => bail!("{n} MIG devices have the profile `{id}`; name one by its MIG UUID:\n{}", topology.choices()),
         }
     } else if id.starts_with("MIG-") {
         let hits: Vec<Selected> = topology
@@ -52,7 +78,7 @@ pub fn select(topology: &Topology, id: &str) -> Result<Selected> {
             _ => one_of(hits.into_iter().map(|g| Selected { gpu: g.clone(), mig: None }).collect(), id, topology)?,
         }
     } else {
-        bail!("`{id}` is not a GPU index, GPU-<uuid> or MIG-<uuid>; the devices here:\n{}", topology.choices())
+        bail!("`{id}` is not a GPU index, GPU-<uuid>, MIG-<uuid> or MIG profile; the devices here:\n{}", topology.choices())
     };
     Ok(selected)
 }
