@@ -89,7 +89,8 @@ pub trait Workload {
     fn synthetic_batch(&self, size: usize, seed: u64) -> Result<Batch>;
     /// Forward pass without gradients; returns the logits. The work may still be queued on the device.
     fn infer(&self, batch: &Batch) -> Result<Tensor>;
-    /// Forward, loss, backward and optimizer step; returns the loss (a scalar, possibly still queued).
+    /// Forward, loss, backward and optimizer step; returns the loss (a scalar, possibly still queued,
+    /// without its gradient graph).
     fn train_step(&mut self, batch: &Batch) -> Result<Tensor>;
     /// Every named tensor of the model (parameters and buffers), sorted by name.
     fn tensors(&self) -> Vec<(String, Tensor)>;
@@ -198,7 +199,9 @@ impl Workload for Classification {
         let logits = self.model.forward(&batch.inputs, true)?;
         let loss = crate::ops::cross_entropy(&logits, &batch.labels)?;
         optimizer.backward_step(&loss)?;
-        Ok(loss)
+        // Detached: the loss would otherwise hold the whole step's graph (every activation) alive
+        // until the caller drops it, overlapping the next step's.
+        Ok(loss.detach())
     }
 
     fn tensors(&self) -> Vec<(String, Tensor)> {

@@ -297,3 +297,11 @@ fn weights_that_do_not_fit_name_every_missing_and_misshaped_tensor() -> Result<(
     assert!(err.contains("cannot read the weights file") && err.contains("nope.safetensors"), "{err}");
     Ok(())
 }
+
+#[test]
+fn the_returned_loss_holds_no_graph() -> Result<()> {
+    let mut w = build("resnet_tiny", &config(Mode::Train, TrainConfig::default()))?;
+    let batch = w.synthetic_batch(2, 0)?;
+    assert!(!w.train_step(&batch)?.track_op(), "the loss keeps the step's activations alive");
+    Ok(())
+}
