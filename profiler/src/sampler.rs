@@ -8,17 +8,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 
-/// GPM activity over the time since the previous GPM reading, in percent (Hopper and newer).
+/// GPM activity over the time since an earlier GPM reading, in percent (Hopper and newer); a metric
+/// NVML could not compute is `None`.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Gpm {
     /// Graphics engine (GR) busy: MIGProfiler's "gract".
-    pub graphics: f64,
-    pub sm: f64,
-    pub sm_occupancy: f64,
-    pub tensor: f64,
-    pub dram_bandwidth: f64,
-    pub fp32: f64,
-    pub fp16: f64,
+    pub graphics: Option<f64>,
+    pub sm: Option<f64>,
+    pub sm_occupancy: Option<f64>,
+    pub tensor: Option<f64>,
+    pub dram_bandwidth: Option<f64>,
+    pub fp32: Option<f64>,
+    pub fp16: Option<f64>,
 }
 
 /// One reading. Memory is the device's or the MIG slice's; power, energy, clocks, temperature and
@@ -127,7 +128,7 @@ pub struct MetricSummary {
 pub fn summarize(samples: &[Sample], samples_processed: u64) -> MetricSummary {
     let values = |f: &dyn Fn(&Sample) -> Option<f64>| samples.iter().filter_map(f).collect::<Vec<f64>>();
     let fb = values(&|s| s.fb_used_mib);
-    let gract = values(&|s| s.gpm.map(|g| g.graphics));
+    let gract = values(&|s| s.gpm.and_then(|g| g.graphics));
     let energy_j = match (samples.iter().find_map(|s| s.gpu_energy_mj), samples.iter().rev().find_map(|s| s.gpu_energy_mj)) {
         (Some(first), Some(last)) if samples.len() > 1 => Some(last.saturating_sub(first) as f64 / 1e3),
         _ => None,
@@ -138,9 +139,9 @@ pub fn summarize(samples: &[Sample], samples_processed: u64) -> MetricSummary {
         fb_used_max_mib: fb.iter().cloned().reduce(f64::max),
         gract_mean: mean(&gract),
         gract_std: std(&gract),
-        sm_util_mean: mean(&values(&|s| s.gpm.map(|g| g.sm))),
-        tensor_mean: mean(&values(&|s| s.gpm.map(|g| g.tensor))),
-        dram_mean: mean(&values(&|s| s.gpm.map(|g| g.dram_bandwidth))),
+        sm_util_mean: mean(&values(&|s| s.gpm.and_then(|g| g.sm))),
+        tensor_mean: mean(&values(&|s| s.gpm.and_then(|g| g.tensor))),
+        dram_mean: mean(&values(&|s| s.gpm.and_then(|g| g.dram_bandwidth))),
         gpu_power_mean_w: mean(&values(&|s| s.gpu_power_w)),
         gpu_energy_j: energy_j,
         j_per_sample: energy_j.filter(|_| samples_processed > 0).map(|e| e / samples_processed as f64),
@@ -180,7 +181,7 @@ pub(crate) mod tests {
             fb_used_mib: Some(fb),
             gpu_power_w: Some(power),
             gpu_energy_mj: Some(energy_mj),
-            gpm: Some(Gpm { graphics: gract, sm: gract / 2.0, tensor: 10.0, dram_bandwidth: 30.0, ..Default::default() }),
+            gpm: Some(Gpm { graphics: Some(gract), sm: Some(gract / 2.0), tensor: Some(10.0), dram_bandwidth: Some(30.0), ..Default::default() }),
             ..Default::default()
         }
     }

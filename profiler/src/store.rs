@@ -118,7 +118,7 @@ fn metrics_frame(run: &Run) -> Result<DataFrame> {
     let m = &run.metrics;
     let f = |g: fn(&crate::sampler::Sample) -> Option<f64>| m.iter().map(g).collect::<Vec<Option<f64>>>();
     let u = |g: fn(&crate::sampler::Sample) -> Option<u32>| m.iter().map(|s| g(s).map(i64::from)).collect::<Vec<Option<i64>>>();
-    let gpm = |g: fn(&crate::sampler::Gpm) -> f64| m.iter().map(|s| s.gpm.as_ref().map(g)).collect::<Vec<Option<f64>>>();
+    let gpm = |g: fn(&crate::sampler::Gpm) -> Option<f64>| m.iter().map(|s| s.gpm.as_ref().and_then(g)).collect::<Vec<Option<f64>>>();
     let columns = vec![
         Column::new("run_id".into(), vec![run.run_id.as_str(); m.len()]),
         col("t_ms", m.iter().map(|s| s.t.as_secs_f64() * 1e3).collect::<Vec<f64>>()),
@@ -303,7 +303,7 @@ mod tests {
                 t: Duration::from_millis(100 * i),
                 fb_used_mib: Some(1000.0 + 100.0 * i as f64),
                 gpu_energy_mj: Some(1_000_000 + 24_000 * i),
-                gpm: (i > 0).then_some(Gpm { graphics: 90.0, ..Default::default() }),
+                gpm: (i > 0).then_some(Gpm { graphics: Some(90.0), ..Default::default() }),
                 ..Default::default()
             })
             .collect();

@@ -72,7 +72,7 @@ impl<'n> NvmlMetrics<'n> {
             self.gpm.drain(..i);
         }
         self.gpm.push_back((now, taken));
-        let v: Vec<f64> = result?.into_iter().map(|r| r.map(|m| m.value).unwrap_or(f64::NAN)).collect();
+        let v: Vec<Option<f64>> = result?.into_iter().map(|r| r.ok().map(|m| m.value)).collect();
         Some(Gpm { graphics: v[0], sm: v[1], sm_occupancy: v[2], tensor: v[3], dram_bandwidth: v[4], fp32: v[5], fp16: v[6] })
     }
 }
