@@ -1,4 +1,5 @@
-//! What each command does: `run` measures and writes results; `models` lists the catalogue.
+//! What each command does: `run` measures and writes results; `models`, `devices`, `profiles` and
+//! `plan` print the catalogue, the GPUs, MIG profile tables and layout plans.
 
 use std::io::Write;
 use std::path::Path;

@@ -142,11 +142,11 @@ pub struct RunArgs {
     pub optimizer: OptimizerArg,
 
     /// Learning rate of training runs (default: the optimizer's).
-    #[arg(long, value_parser = parse_secs)]
+    #[arg(long, value_parser = parse_non_negative)]
     pub lr: Option<f64>,
 
     /// Weight decay of training runs (default: the optimizer's).
-    #[arg(long, value_parser = parse_secs)]
+    #[arg(long, value_parser = parse_non_negative)]
     pub weight_decay: Option<f64>,
 
     /// Element types, comma-separated.
@@ -165,7 +165,7 @@ pub struct RunArgs {
     pub warmup: Option<u64>,
 
     /// Warm-up time in seconds (at least one iteration). Default: 1 s and at least 3 iterations.
-    #[arg(long, value_parser = parse_secs)]
+    #[arg(long, value_parser = parse_non_negative)]
     pub warmup_secs: Option<f64>,
 
     /// Measure exactly this many iterations.
@@ -173,7 +173,7 @@ pub struct RunArgs {
     pub iters: Option<u64>,
 
     /// Measure for at least this many seconds (and at least --min-iters iterations). Default: 3.
-    #[arg(long, value_parser = parse_secs)]
+    #[arg(long, value_parser = parse_non_negative)]
     pub duration: Option<f64>,
 
     /// With --duration: the fewest iterations to measure however long they take.
@@ -206,7 +206,7 @@ fn parse_batch(s: &str) -> Result<usize, String> {
 }
 
 /// A finite, non-negative number: seconds, a learning rate, a weight decay.
-fn parse_secs(s: &str) -> Result<f64, String> {
+fn parse_non_negative(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
         _ => Err(format!("expected a non-negative number (e.g. 2.5 or 1e-3); got `{s}`")),

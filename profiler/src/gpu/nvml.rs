@@ -25,13 +25,11 @@ pub fn read_topology() -> Result<Topology> {
             Err(NvmlError::NotSupported) => None,
             Err(e) => return Err(e.into()),
         };
-        let mig_devices = if mig_mode.is_some_and(|m| m.current) { mig_devices(&nvml, &dev)? } else { Vec::new() };
+        let profiles = gpu_instance_profiles(&nvml, &dev);
+        let mig_devices = if mig_mode.is_some_and(|m| m.current) { mig_devices(&nvml, &dev, &profiles)? } else { Vec::new() };
         // NVML's attributes answer for MIG devices only; the full-GPU profile (7g) has every SM.
-        let sm_count = dev
-            .attributes()
-            .ok()
-            .map(|a| a.multiprocessor_count)
-            .or_else(|| gpu_instance_profiles(&nvml, &dev).iter().map(|p| p.sm_count).max());
+        let sm_count =
+            dev.attributes().ok().map(|a| a.multiprocessor_count).or_else(|| profiles.iter().map(|p| p.sm_count).max());
         gpus.push(Gpu {
             index,
             uuid: dev.uuid()?,
@@ -45,8 +43,7 @@ pub fn read_topology() -> Result<Topology> {
     Ok(Topology { driver_version, gpus })
 }
 
-fn mig_devices(nvml: &Nvml, parent: &Device) -> Result<Vec<MigDevice>> {
-    let profiles = gpu_instance_profiles(nvml, parent);
+fn mig_devices(nvml: &Nvml, parent: &Device, profiles: &[GpuInstanceProfile]) -> Result<Vec<MigDevice>> {
     let mut out = Vec::new();
     for i in 0..parent.mig_device_count()? {
         let mig = match parent.mig_device_by_index(i) {
@@ -69,7 +66,7 @@ fn mig_devices(nvml: &Nvml, parent: &Device) -> Result<Vec<MigDevice>> {
             uuid: mig.uuid()?,
             gpu_instance_id: instance_id(nvml, handle, Instance::Gpu)?,
             compute_instance_id: instance_id(nvml, handle, Instance::Compute)?,
-            profile: profile_name(&slices, &profiles),
+            profile: profile_name(&slices, profiles),
             sm_count: a.multiprocessor_count,
             memory_mib: mig.memory_info()?.total / MIB,
         });

@@ -50,27 +50,14 @@ pub fn select(topology: &Topology, id: &str) -> Result<Selected> {
             None => bail!("there is no GPU {index}; the devices here:\n{}", topology.choices()),
         }
     } else if is_profile_name(id) {
-        let hits: Vec<Selected> = topology
-            .gpus
-            .iter()
-            .flat_map(|g| g.mig_devices.iter().map(move |m| (g, m)))
-            .filter(|(_, m)| m.profile == id)
-            .map(|(g, m)| Selected { gpu: g.clone(), mig: Some(m.clone()) })
-            .collect();
+        let hits = mig_devices_where(topology, |m| m.profile == id);
         match hits.len() {
             1 => hits.into_iter().next().expect("one"),
             0 => bail!("no MIG device has the profile `{id}`; the devices here:\n{}", topology.choices()),
             n => bail!("{n} MIG devices have the profile `{id}`; name one by its MIG UUID:\n{}", topology.choices()),
         }
     } else if id.starts_with("MIG-") {
-        let hits: Vec<Selected> = topology
-            .gpus
-            .iter()
-            .flat_map(|g| g.mig_devices.iter().map(move |m| (g, m)))
-            .filter(|(_, m)| m.uuid.starts_with(id))
-            .map(|(g, m)| Selected { gpu: g.clone(), mig: Some(m.clone()) })
-            .collect();
-        one_of(hits, id, topology)?
+        one_of(mig_devices_where(topology, |m| m.uuid.starts_with(id)), id, topology)?
     } else if id.starts_with("GPU-") {
         let hits: Vec<&Gpu> = topology.gpus.iter().filter(|g| g.uuid.starts_with(id)).collect();
         match hits.as_slice() {
@@ -81,6 +68,17 @@ pub fn select(topology: &Topology, id: &str) -> Result<Selected> {
         bail!("`{id}` is not a GPU index, GPU-<uuid>, MIG-<uuid> or MIG profile; the devices here:\n{}", topology.choices())
     };
     Ok(selected)
+}
+
+/// Every MIG device that `keep` accepts, with its GPU.
+fn mig_devices_where(topology: &Topology, keep: impl Fn(&MigDevice) -> bool) -> Vec<Selected> {
+    topology
+        .gpus
+        .iter()
+        .flat_map(|g| g.mig_devices.iter().map(move |m| (g, m)))
+        .filter(|(_, m)| keep(m))
+        .map(|(g, m)| Selected { gpu: g.clone(), mig: Some(m.clone()) })
+        .collect()
 }
 
 fn gpu_itself(topology: &Topology, g: &Gpu, id: &str) -> Result<Selected> {

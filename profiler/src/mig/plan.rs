@@ -96,22 +96,19 @@ fn extend(table: &ProfileTable, from: usize, layout: &mut Vec<usize>, out: &mut 
         let names: Vec<&str> = l.iter().map(|&i| table.profiles[i].name.as_str()).collect();
         plan(table, &names).is_ok()
     };
-    let mut grew = false;
-    for i in from..table.profiles.len() {
+    // Maximal when no profile at all (not only those from `from` on, which are grown) can join.
+    let mut addable = false;
+    for i in 0..table.profiles.len() {
         layout.push(i);
         if fits(layout) {
-            extend(table, i, layout, out);
-            grew = true;
+            addable = true;
+            if i >= from {
+                extend(table, i, layout, out);
+            }
         }
         layout.pop();
     }
-    // Maximal when no profile at all (not only those from `from` on) can join.
-    let addable = (0..table.profiles.len()).any(|i| {
-        let mut l = layout.clone();
-        l.push(i);
-        fits(&l)
-    });
-    if !grew && !addable && !layout.is_empty() {
+    if !addable && !layout.is_empty() {
         let mut names: Vec<&MigProfile> = layout.iter().map(|&i| &table.profiles[i]).collect();
         names.sort_by_key(|p| (std::cmp::Reverse(p.compute_slices), std::cmp::Reverse(p.memory_slices), p.name.clone()));
         out.push(names.into_iter().map(|p| p.name.clone()).collect());
