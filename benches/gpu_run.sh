@@ -3,8 +3,10 @@
 # dtype, the workload matrix by migprof and by PyTorch with their ratio, and the sampler's disturbance.
 # Expects the CUDA build of migprof gzipped at .dist/migprof.gz. Works in /tmp/gpu-out and leaves a
 # tarball of it (and the comparison tables) in $OUT when set.
-#   bash benches/gpu_run.sh [quick|matrix|sampler|full]   (quick: discovery and the zoo; matrix:
-#   discovery, the comparison and the sampler; sampler: discovery and the sampler; full: all)
+#   bash benches/gpu_run.sh [quick|matrix|sampler|mig|full]   (quick: discovery and the zoo; matrix:
+#   discovery, the comparison and the sampler; sampler: discovery and the sampler; mig: discovery,
+#   the profile table against nvidia-smi and a dry-run `mig apply` that must change nothing; full: all
+#   but mig). MIGPROF_GZ names another build (the CPU build does everything but run on the GPU).
 set -uo pipefail
 mode="${1:-full}"
 out=/tmp/gpu-out
@@ -17,7 +19,7 @@ finish() {
 }
 trap finish EXIT
 bin=/tmp/migprof
-gunzip -c .dist/migprof.gz > "$bin" && chmod +x "$bin"
+gunzip -c "${MIGPROF_GZ:-.dist/migprof.gz}" > "$bin" && chmod +x "$bin"
 log() { echo "== $*"; }
 
 log "devices"
@@ -29,6 +31,29 @@ nvidia-smi mig -lgip > "$out/nvidia-smi-mig-lgip.txt" 2>&1
 nvidia-smi mig -lgipp > "$out/nvidia-smi-mig-lgipp.txt" 2>&1; cat "$out/nvidia-smi-mig-lgipp.txt"
 uuid="$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n 1)"
 log "pinned to $uuid"
+
+if [ "$mode" = mig ]; then
+log "MIG profiles: migprof (live NVML) against nvidia-smi mig -lgip/-lgipp"
+"$bin" profiles | tee "$out/migprof-profiles.txt"
+python3 scripts/check_mig_profiles.py "$out/migprof-profiles.txt" "$out/nvidia-smi-mig-lgip.txt" "$out/nvidia-smi-mig-lgipp.txt"
+log "nvidia-smi's -cgi syntax (placement after a colon)"
+nvidia-smi mig -h 2>&1 | grep -i -A3 "create-gpu-instance" | head -8
+# MIG state as nvidia-smi sees it, before and after: the dry run must leave it as it was.
+state() { nvidia-smi --query-gpu=index,mig.mode.current,mig.mode.pending --format=csv; nvidia-smi mig -lgi 2>&1; nvidia-smi mig -lci 2>&1; }
+state > "$out/mig-before.txt"
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" in
+    *H200*) layout="3g.71gb: 1, 2g.35gb: 1, 1g.18gb: 2" ;;
+    *) layout="3g.40gb: 1, 2g.20gb: 1, 1g.10gb: 2" ;;
+esac
+printf 'version: v1\nmig-configs:\n  mixed:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {%s}\n' "$layout" > "$out/layout.yaml"
+cat "$out/layout.yaml"
+log "mig apply (dry run: no --yes)"; "$bin" mig apply "$out/layout.yaml"; echo "exit $?"
+log "mig export"; "$bin" mig export; echo "exit $?"
+log "mig destroy (dry run)"; "$bin" mig destroy; echo "exit $?"
+state > "$out/mig-after.txt"
+diff "$out/mig-before.txt" "$out/mig-after.txt" && echo "MIG state unchanged:" && cat "$out/mig-after.txt"
+exit 0
+fi
 
 if [ "$mode" = quick ] || [ "$mode" = full ]; then
 log "every family, mode and dtype (tiny presets)"

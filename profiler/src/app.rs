@@ -155,6 +155,48 @@ pub fn plan(args: &crate::cli::TableArgs, profiles: &[String], list: bool, stdou
     }
 }
 
+/// `migprof mig ...` against this machine's NVML.
+pub fn mig(cmd: &crate::cli::MigCommand, stdout: &mut dyn Write, stderr: &mut dyn Write) -> Result<()> {
+    use crate::cli::MigCommand;
+    use crate::mig::apply::{self, Options};
+    use crate::mig::config::MigPartedFile;
+    let root = is_root();
+    let opts = |yes: bool, enable_mig: bool, disable_mig: bool| Options { yes, enable_mig, disable_mig, root };
+    match cmd {
+        MigCommand::Apply { file, config, act, enable_mig, disable_mig } => {
+            // The file first: a bad file is reported on any machine, with or without a driver.
+            let layout = MigPartedFile::read(file)?;
+            let mut nvml = crate::gpu::mig_control::NvmlControl::new()?;
+            apply::apply(&mut nvml, &layout, config.as_deref(), &opts(act.yes, *enable_mig, *disable_mig), stdout)
+        }
+        MigCommand::Destroy { gpu, act } => {
+            let mut nvml = crate::gpu::mig_control::NvmlControl::new()?;
+            apply::destroy(&mut nvml, gpu, &opts(act.yes, false, false), stdout)
+        }
+        MigCommand::Export { out, name } => {
+            let mut nvml = crate::gpu::mig_control::NvmlControl::new()?;
+            let (file, warnings) = apply::export(&mut nvml, name)?;
+            for w in warnings {
+                writeln!(stderr, "warning: {w}")?;
+            }
+            let yaml = file.to_yaml()?;
+            match out {
+                Some(path) => {
+                    std::fs::write(path, yaml).with_context(|| format!("writing {}", path.display()))?;
+                    writeln!(stderr, "wrote {}", path.display())?;
+                }
+                None => write!(stdout, "{yaml}")?,
+            }
+            Ok(())
+        }
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// The model catalogue as a table.
 pub fn models(stdout: &mut dyn Write) -> Result<()> {
     let header = format!("{:<12} {:<8} {:<14} {:>13} {:>14} {:>9}", "model", "family", "input", "params", "GFLOPs/sample", "preset");

@@ -47,11 +47,63 @@ pub enum Command {
         #[arg(long, conflicts_with = "profiles")]
         list: bool,
     },
+    /// Apply, destroy or export MIG layouts (mig-parted's file format). Dry runs unless --yes.
+    #[command(subcommand)]
+    Mig(MigCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MigCommand {
+    /// Bring the GPUs a layout file names to its layout: print each action and the nvidia-smi command
+    /// that does the same; act only with --yes, as root, on idle GPUs; read NVML back afterwards and
+    /// fail unless the layout is there.
+    Apply {
+        /// A mig-parted file (`version: v1`, `mig-configs: ...`).
+        file: PathBuf,
+        /// Which of the file's configs; may be left out when it has one.
+        #[arg(long, short = 'c')]
+        config: Option<String>,
+        #[command(flatten)]
+        act: ActArgs,
+        /// Allow turning MIG mode on. It may only take effect after a GPU reset, which migprof never
+        /// does: it prints the command instead.
+        #[arg(long)]
+        enable_mig: bool,
+        /// Allow turning MIG mode off (for a config with `mig-enabled: false`).
+        #[arg(long)]
+        disable_mig: bool,
+    },
+    /// Destroy every compute and GPU instance of the GPUs given (default: every GPU with MIG on).
+    /// MIG mode stays as it is.
+    Destroy {
+        /// GPU indices, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        gpu: Vec<u32>,
+        #[command(flatten)]
+        act: ActArgs,
+    },
+    /// Write the current MIG layout as a mig-parted file (to stdout, or --out).
+    Export {
+        /// The file to write.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The name of the config in the file.
+        #[arg(long, default_value = "current")]
+        name: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, Args)]
+pub struct ActArgs {
+    /// Carry the plan out (as root); without it, print the plan only.
+    #[arg(long)]
+    pub yes: bool,
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct TableArgs {
-    /// A GPU with a checked-in profile table (h100-80gb, h200-141gb); default: this machine's GPU.
+    /// A GPU with a checked-in profile table (a100-40gb, a100-80gb, a30-24gb, h100-80gb, h200-141gb);
+    /// default: this machine's GPU.
     #[arg(long)]
     pub gpu: Option<String>,
     /// Which of this machine's GPUs, when --gpu is not given.

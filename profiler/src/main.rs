@@ -12,6 +12,7 @@ fn main() -> ExitCode {
         Command::Profiles(table) => migprof::app::profiles(table, &mut stdout).map(|_| ExitCode::SUCCESS),
         Command::Plan { table, profiles, list } => migprof::app::plan(table, profiles, *list, &mut stdout)
             .map(|fits| if fits { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
+        Command::Mig(cmd) => migprof::app::mig(cmd, &mut stdout, &mut stderr).map(|_| ExitCode::SUCCESS),
         Command::Run(args) => migprof::app::run(args, &mut stderr).and_then(|report| {
             migprof::app::finish(&args.out, &report, &mut stdout)?;
             Ok(match &report.failed {

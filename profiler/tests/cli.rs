@@ -198,8 +198,10 @@ fn plan_says_where_a_layout_goes_or_why_it_does_not_fit() {
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).contains("its profiles: 1g.10gb"), "{}", text(&o));
 
-    let o = migprof(&["plan", "--gpu", "a100-40gb", "3g.20gb"]);
-    assert!(text(&o).contains("known GPUs: h100-80gb, h200-141gb"), "{}", text(&o));
+    let o = migprof(&["plan", "--gpu", "a100-40gb", "1g.10gb,1g.10gb,1g.10gb,1g.10gb"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = migprof(&["plan", "--gpu", "b200", "3g.20gb"]);
+    assert!(text(&o).contains("known GPUs: a100-40gb, a100-80gb, a30-24gb, h100-80gb, h200-141gb"), "{}", text(&o));
 
     let o = migprof(&["plan", "--gpu", "h200-141gb", "--list"]);
     assert!(o.status.success());
@@ -212,4 +214,38 @@ fn profiles_prints_a_checked_in_table() {
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.lines().any(|l| l.starts_with("3g.71gb") && l.contains("{0,4}:4")), "{out}");
+}
+
+#[test]
+fn mig_apply_reads_the_layout_file_before_anything_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: maybe\n").unwrap();
+    let o = migprof(&["mig", "apply", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("is not a mig-parted layout file"), "{}", text(&o));
+
+    let o = migprof(&["mig", "apply", dir.path().join("missing.yaml").to_str().unwrap()]);
+    assert!(text(&o).contains("reading") && text(&o).contains("missing.yaml"), "{}", text(&o));
+
+    let o = migprof(&["mig", "frobnicate"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = migprof(&["mig", "--help"]);
+    assert!(text(&o).contains("apply") && text(&o).contains("destroy") && text(&o).contains("export"), "{}", text(&o));
+}
+
+#[test]
+fn mig_commands_without_a_driver_say_so() {
+    // On a machine with the NVIDIA driver this is a real (dry-run, read-only) query instead.
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("layout.yaml");
+    std::fs::write(&file, "version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {3g.40gb: 2}\n").unwrap();
+    for args in [vec!["mig", "apply", file.to_str().unwrap()], vec!["mig", "export"], vec!["mig", "destroy"]] {
+        let o = migprof(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(text(&o).contains("no usable NVIDIA driver"), "{args:?}: {}", text(&o));
+    }
 }

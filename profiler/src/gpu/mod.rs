@@ -3,6 +3,7 @@
 //! ([`select`]), and what the sampler reads from it ([`metrics`]).
 
 pub mod metrics;
+pub mod mig_control;
 pub mod nvml;
 pub mod select;
 pub mod topology;

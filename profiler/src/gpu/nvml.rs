@@ -175,11 +175,16 @@ fn placements(nvml: &Nvml, gpu: &Device, profile_id: u32) -> Result<Vec<(u32, u3
 /// The live MIG profile table of GPU `index` (NVML answers it with MIG off too).
 pub fn profile_table(index: u32) -> Result<crate::mig::ProfileTable> {
     let nvml = Nvml::init().map_err(|e| anyhow!("no usable NVIDIA driver (NVML: {e})"))?;
+    profile_table_of(&nvml, index)
+}
+
+/// The live MIG profile table of GPU `index`, in an NVML session already open.
+pub fn profile_table_of(nvml: &Nvml, index: u32) -> Result<crate::mig::ProfileTable> {
     let gpu = nvml.device_by_index(index).map_err(|e| anyhow!("GPU {index}: {e}"))?;
     let name = gpu.name()?;
     let mut profiles = Vec::new();
-    for p in gpu_instance_profiles(&nvml, &gpu) {
-        let spots = placements(&nvml, &gpu, p.id)?;
+    for p in gpu_instance_profiles(nvml, &gpu) {
+        let spots = placements(nvml, &gpu, p.id)?;
         let size = spots.first().map(|s| s.1).unwrap_or(0);
         profiles.push(crate::mig::MigProfile {
             name: p.name,

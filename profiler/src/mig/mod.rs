@@ -1,6 +1,12 @@
-//! MIG profiles and layouts: the profile tables of known GPUs ([`profile`]) and the planner that says
-//! whether a set of GPU instances fits and where ([`plan`]).
+//! MIG profiles and layouts: the profile tables of known GPUs ([`profile`]), the planner that says
+//! whether a set of GPU instances fits and where ([`plan`]), layout files in mig-parted's format
+//! ([`config`]), and applying, destroying and exporting layouts ([`apply`]) through the driver calls
+//! of [`control`] (NVML, or the recording [`fake`] in tests).
 
+pub mod apply;
+pub mod config;
+pub mod control;
+pub mod fake;
 pub mod plan;
 pub mod profile;
 

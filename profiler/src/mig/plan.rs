@@ -158,21 +158,58 @@ mod tests {
         plan(t, &names.iter().map(String::as_str).collect::<Vec<_>>())
     }
 
-    #[test]
-    fn known_valid_layouts_fit_every_table() {
-        for (gpu, _) in GPUS {
-            let t = table(gpu).unwrap();
-            for l in [
+    /// The known layouts of a table's GPU class: seven compute slices (A100, H100, H200) or four (A30).
+    fn known_layouts(t: &ProfileTable) -> (Vec<Vec<&'static str>>, Vec<Vec<&'static str>>) {
+        if t.compute_slices == 7 {
+            let valid = vec![
                 vec!["1g"; 7],
                 vec!["3g", "3g"],
                 vec!["4g", "2g", "1g"],
                 vec!["3g", "2g", "1g", "1g"],
                 vec!["4g", "3g"],
+                vec!["2g", "2g", "2g", "1g"],
                 vec!["7g"],
-            ] {
-                assert!(fits(&t, &l).is_ok(), "{gpu}: {l:?}: {}", fits(&t, &l).unwrap_err());
+            ];
+            let invalid = vec![vec!["1g"; 8], vec!["3g"; 3], vec!["4g", "4g"], vec!["7g", "1g"], vec!["4g", "2g", "2g"]];
+            (valid, invalid)
+        } else {
+            let valid = vec![vec!["1g"; 4], vec!["2g", "2g"], vec!["2g", "1g", "1g"], vec!["4g"]];
+            let invalid = vec![vec!["1g"; 5], vec!["2g"; 3], vec!["4g", "1g"], vec!["2g", "2g", "1g"]];
+            (valid, invalid)
+        }
+    }
+
+    #[test]
+    fn known_valid_layouts_fit_every_table_and_known_invalid_ones_do_not() {
+        for (gpu, _) in GPUS {
+            let t = table(gpu).unwrap();
+            let (valid, invalid) = known_layouts(&t);
+            for l in valid {
+                let p = fits(&t, &l).unwrap_or_else(|e| panic!("{gpu}: {l:?}: {e}"));
+                assert_eq!(p.instances.len(), l.len());
+            }
+            for l in invalid {
+                assert!(fits(&t, &l).is_err(), "{gpu}: {l:?} should not fit");
             }
         }
+    }
+
+    #[test]
+    fn four_two_slice_1g_instances_on_the_a100_40gb() {
+        // 1g.10gb spans two memory slices: four fill the GPU's memory, a fifth of any size cannot join.
+        let t = table("a100-40gb").unwrap();
+        let p = plan(&t, &["1g.10gb"; 4]).unwrap();
+        let starts: Vec<u32> = p.instances.iter().map(|g| g.placement.start).collect();
+        assert_eq!(starts, vec![0, 2, 4, 6]);
+        assert!(plan(&t, &["1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.5gb"]).unwrap_err().to_string().contains("9 memory slices"));
+    }
+
+    #[test]
+    fn a30_media_extension_profiles() {
+        let t = table("a30-24gb").unwrap();
+        assert!(plan(&t, &["2g.12gb+me", "2g.12gb"]).is_ok());
+        assert!(plan(&t, &["2g.12gb+me", "2g.12gb+me"]).unwrap_err().to_string().contains("at most 1"));
+        assert!(plan(&t, &["4g.24gb", "1g.6gb"]).unwrap_err().to_string().contains("5 compute slices"));
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! GPU-instance profiles of the GPUs migprof knows, from the tables checked in under data/mig/tables
-//! (each recorded with `nvidia-smi mig -lgip` / `-lgipp` on the GPU it describes; the source is in
-//! the file).
+//! GPU-instance profiles of the GPUs migprof knows, from the tables checked in under data/mig/tables:
+//! the H100 and H200 recorded with `nvidia-smi mig -lgip` / `-lgipp` on the lent GPUs, the A100s and
+//! the A30 transcribed from published listings (no such GPU was lent). Each file names its source.
 
 use anyhow::{anyhow, Context, Result};
 use serde::Deserialize;
@@ -41,6 +41,9 @@ pub struct ProfileTable {
 
 /// The checked-in tables, by `--gpu` name.
 pub const GPUS: &[(&str, &str)] = &[
+    ("a100-40gb", include_str!("../../../data/mig/tables/a100-40gb.json")),
+    ("a100-80gb", include_str!("../../../data/mig/tables/a100-80gb.json")),
+    ("a30-24gb", include_str!("../../../data/mig/tables/a30-24gb.json")),
     ("h100-80gb", include_str!("../../../data/mig/tables/h100-80gb.json")),
     ("h200-141gb", include_str!("../../../data/mig/tables/h200-141gb.json")),
 ];
@@ -107,7 +110,19 @@ mod tests {
         assert_eq!(t.profile("7g.80gb").unwrap().sm_count, 132);
         let err = t.profile("3g.20gb").unwrap_err().to_string();
         assert!(err.contains("1g.10gb+me") && err.contains("7g.80gb"), "{err}");
-        assert!(table("a100-41gb").unwrap_err().to_string().contains("h100-80gb, h200-141gb"));
+        assert!(table("a100-41gb").unwrap_err().to_string().contains("a100-40gb, a100-80gb, a30-24gb, h100-80gb, h200-141gb"));
+    }
+
+    #[test]
+    fn the_transcribed_a100_and_a30_tables() {
+        let a100 = table("a100-40gb").unwrap();
+        let p = a100.profile("1g.10gb").unwrap();
+        assert_eq!((p.id, p.memory_slices, p.placements.clone(), p.max_instances), (15, 2, vec![0, 2, 4, 6], 4));
+        assert_eq!(a100.profile("7g.40gb").unwrap().sm_count, 98);
+        assert_eq!(table("a100-80gb").unwrap().profile("3g.40gb").unwrap().id, 9);
+        let a30 = table("a30-24gb").unwrap();
+        assert_eq!((a30.compute_slices, a30.memory_slices), (4, 4));
+        assert_eq!(a30.profile("2g.12gb+me").unwrap().placements, vec![0, 2]);
     }
 
     #[test]
