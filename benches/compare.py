@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Joins migprof's runs (a results folder) with pytorch_reference.py's rows and prints, per model, mode,
-dtype and batch, both throughputs and their ratio migprof / PyTorch (above 1: migprof is faster).
+dtype and batch, both throughputs and their ratio migprof / PyTorch (above 1: migprof is faster). With
+--peak (peak_flops.py's output), also each side's model FLOP utilisation: samples/s x FLOPs per
+sample (migprof's count: 2 per multiply-add of convolutions, linears and attention matmuls; 3x the
+forward for a training step) over the GPU's measured matmul peak in that dtype.
 
-usage: compare.py RESULTS_DIR pytorch.jsonl [--markdown]
+usage: compare.py RESULTS_DIR pytorch.jsonl [--peak peak.json] [--markdown]
 """
 import json
 import sys
@@ -13,19 +16,26 @@ import pyarrow.parquet as pq
 def main():
     folder, ref_file = sys.argv[1], sys.argv[2]
     markdown = "--markdown" in sys.argv
+    peak = json.load(open(sys.argv[sys.argv.index("--peak") + 1])) if "--peak" in sys.argv else None
     ours = {}
     for r in pq.read_table(f"{folder}/runs").to_pylist():
         ours[(r["model"], r["mode"], r["dtype"], r["batch"])] = r  # latest run wins: parts are in time order
     rows = [json.loads(line) for line in open(ref_file) if line.strip()]
     head = ["model", "mode", "dtype", "batch", "migprof/s", "pytorch/s", "ratio", "migprof p50 ms", "verdict"]
+    if peak:
+        head += ["MFU migprof", "MFU pytorch"]
     out = []
     for p in rows:
         m = ours.get((p["model"], p["mode"], p["dtype"], p["batch"]))
         if m is None:
-            out.append([p["model"], p["mode"], p["dtype"], str(p["batch"]), "-", f"{p['throughput']:.1f}", "-", "-", "missing"])
+            out.append([p["model"], p["mode"], p["dtype"], str(p["batch"]), "-", f"{p['throughput']:.1f}", "-", "-", "missing"] + (["-", "-"] if peak else []))
             continue
-        out.append([p["model"], p["mode"], p["dtype"], str(p["batch"]), f"{m['throughput']:.1f}", f"{p['throughput']:.1f}",
-                    f"{m['throughput'] / p['throughput']:.2f}", f"{m['p50_ms']:.3f}", m["verdict"]])
+        row = [p["model"], p["mode"], p["dtype"], str(p["batch"]), f"{m['throughput']:.1f}", f"{p['throughput']:.1f}",
+               f"{m['throughput'] / p['throughput']:.2f}", f"{m['p50_ms']:.3f}", m["verdict"]]
+        if peak:
+            top = peak[f"{p['dtype']}_tflops"] * 1e12
+            row += [f"{m['throughput'] * m['flops_per_sample'] / top:.1%}", f"{p['throughput'] * m['flops_per_sample'] / top:.1%}"]
+        out.append(row)
     if markdown:
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
@@ -37,6 +47,8 @@ def main():
             print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
     if rows:
         print(f"\nPyTorch {rows[0]['torch']} on {rows[0]['gpu']}; precision: f32 TF32 off, bf16 autocast (PyTorch) / bf16 weights (migprof)")
+    if peak:
+        print(f"measured peak: bf16 {peak['bf16_tflops']:.0f} TFLOP/s, f32 (no TF32) {peak['f32_tflops']:.1f} TFLOP/s")
 
 
 if __name__ == "__main__":

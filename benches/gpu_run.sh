@@ -3,10 +3,15 @@
 # dtype, the workload matrix by migprof and by PyTorch with their ratio, and the sampler's disturbance.
 # Expects the CUDA build of migprof gzipped at .dist/migprof.gz. Works in /tmp/gpu-out and leaves a
 # tarball of it (and the comparison tables) in $OUT when set.
-#   bash benches/gpu_run.sh [quick|matrix|sampler|mig|full]   (quick: discovery and the zoo; matrix:
-#   discovery, the comparison and the sampler; sampler: discovery and the sampler; mig: discovery,
-#   the profile table against nvidia-smi and a dry-run `mig apply` that must change nothing; full: all
-#   but mig). MIGPROF_GZ names another build (the CPU build does everything but run on the GPU).
+#   bash benches/gpu_run.sh MODE, MODE one of
+#     quick    discovery, every family in every mode and dtype, every published model
+#     compare  discovery, the comparison with PyTorch (throughput ratio and MFU)
+#     matrix   compare, then the sampler's disturbance
+#     sampler  discovery and the sampler's disturbance
+#     full     all of the above
+#     kernels  the GPU kernel tests (workloads/tests/kernels.rs, from .dist/kernels-test.gz)
+#     mig      the profile table against nvidia-smi, and a dry-run `mig apply` that must change nothing
+#   MIGPROF_GZ names another build (the CPU build does everything but run models on the GPU).
 set -uo pipefail
 mode="${1:-full}"
 out=/tmp/gpu-out
@@ -14,7 +19,7 @@ rm -rf "$out"; mkdir -p "$out"
 finish() {
     if [ -n "${OUT:-}" ]; then
         tar czf "$OUT/gpu-results.tgz" -C /tmp gpu-out
-        cp "$out"/compare.md "$out"/compare.txt "$out"/devices.txt "$out"/sampler.txt "$out"/nvidia-smi-mig-lgip*.txt "$OUT"/ 2>/dev/null
+        cp "$out"/compare.md "$out"/compare.txt "$out"/peak.json "$out"/devices.txt "$out"/sampler.txt "$out"/nvidia-smi-mig-lgip*.txt "$OUT"/ 2>/dev/null
     fi
 }
 trap finish EXIT
@@ -31,6 +36,13 @@ nvidia-smi mig -lgip > "$out/nvidia-smi-mig-lgip.txt" 2>&1
 nvidia-smi mig -lgipp > "$out/nvidia-smi-mig-lgipp.txt" 2>&1; cat "$out/nvidia-smi-mig-lgipp.txt"
 uuid="$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n 1)"
 log "pinned to $uuid"
+
+if [ "$mode" = kernels ]; then
+log "our GPU kernels against candle's CPU reference (workloads/tests/kernels.rs, built with --features cudnn)"
+gunzip -c .dist/kernels-test.gz > /tmp/kernels-test && chmod +x /tmp/kernels-test
+/tmp/kernels-test --nocapture --test-threads 1 2>&1 | tail -40
+exit 0
+fi
 
 if [ "$mode" = mig ]; then
 log "MIG profiles: migprof (live NVML) against nvidia-smi mig -lgip/-lgipp"
@@ -75,8 +87,10 @@ log "migprof: the comparison matrix"
 log "pytorch: the same matrix"
 python3 benches/pytorch_reference.py --models "$models" --modes infer --dtypes f32,bf16 --batches 1,8,32,128 --warmup 5 --iters 20 > "$out/pytorch.jsonl"
 python3 benches/pytorch_reference.py --models "$models" --modes train --dtypes f32,bf16 --batches 32 --warmup 3 --iters 10 >> "$out/pytorch.jsonl"
-python3 benches/compare.py "$out/matrix" "$out/pytorch.jsonl" | tee "$out/compare.txt"
-python3 benches/compare.py "$out/matrix" "$out/pytorch.jsonl" --markdown > "$out/compare.md"
+log "the GPU's measured matmul peak (for MFU)"
+python3 benches/peak_flops.py | tee "$out/peak.json"
+python3 benches/compare.py "$out/matrix" "$out/pytorch.jsonl" --peak "$out/peak.json" | tee "$out/compare.txt"
+python3 benches/compare.py "$out/matrix" "$out/pytorch.jsonl" --peak "$out/peak.json" --markdown > "$out/compare.md"
 
 fi
 if [ "$mode" = full ] || [ "$mode" = matrix ] || [ "$mode" = sampler ]; then

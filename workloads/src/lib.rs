@@ -2,9 +2,11 @@
 //! and training steps, and their parameter and FLOP counts. Knows nothing of profiling.
 
 pub mod init;
+pub mod kernels;
 pub mod models;
 pub mod ops;
 pub mod optim;
+pub mod precision;
 mod workload;
 mod zoo;
 

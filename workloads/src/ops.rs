@@ -11,6 +11,11 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> R
     if h + 2 * padding < kernel || w + 2 * padding < kernel {
         candle_core::bail!("max_pool2d: kernel {kernel} larger than the padded {h}x{w} input")
     }
+    if !x.track_op() {
+        // Inference: pad, then candle's pooling kernel (one pass; it has no backward for kernel !=
+        // stride, which is why training takes the strided views below).
+        return pad(x, (padding, padding), (padding, padding), f32::NEG_INFINITY)?.max_pool2d_with_stride(kernel, stride);
+    }
     let (oh, ow) = ((h + 2 * padding - kernel) / stride + 1, (w + 2 * padding - kernel) / stride + 1);
     // Pad bottom/right further so that every window offset can take `out * stride` rows, which the
     // strided view needs; the extra rows are never among the selected ones.
@@ -99,8 +104,12 @@ mod tests {
         for &(h, w) in &[(7usize, 7usize), (8, 8), (5, 6), (112, 112)] {
             let vals: Vec<f32> = (0..h * w).map(|i| ((i * 37 % 101) as f32) - 50.0).collect();
             let x = Tensor::from_vec(vals.clone(), (1, 1, h, w), &Device::Cpu)?;
+            // Both paths: the pooling kernel (no graph) and the strided views (a variable).
             let got = max_pool2d(&x, 3, 2, 1)?.flatten_all()?.to_vec1::<f32>()?;
             assert_eq!(got, reference(&vals, h, w, 3, 2, 1), "{h}x{w}");
+            let var = Var::from_tensor(&x)?;
+            let got = max_pool2d(var.as_tensor(), 3, 2, 1)?.flatten_all()?.to_vec1::<f32>()?;
+            assert_eq!(got, reference(&vals, h, w, 3, 2, 1), "{h}x{w} (differentiable path)");
         }
         Ok(())
     }

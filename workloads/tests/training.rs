@@ -265,7 +265,14 @@ fn weights_load_from_safetensors_in_place_of_the_seed() -> Result<()> {
             let loaded = build(name, &cfg)?;
             let batch = source.synthetic_batch(2, 0)?;
             let want = values(&source.infer(&batch)?)?;
-            assert_eq!(values(&loaded.infer(&batch)?)?, want, "{name} {mode:?}: loaded weights give the source's logits");
+            let got = values(&loaded.infer(&batch)?)?;
+            if mode == Mode::Infer {
+                assert_eq!(got, want, "{name} {mode:?}: loaded weights give the source's logits");
+            } else {
+                // Trainable weights take the unfolded batch-norm and unfused kernels: equal to rounding.
+                let close = got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-5 * (1.0 + b.abs()));
+                assert!(close, "{name} {mode:?}: loaded weights give the source's logits: {got:?} vs {want:?}");
+            }
             assert_ne!(values(&seeded.infer(&batch)?)?, want, "{name}: seed 1 alone differs");
         }
     }

@@ -1,6 +1,6 @@
 //! Multi-head scaled dot-product attention on already projected queries, keys and values, shared by
-//! the transformer families. Built from matmul and `ops::softmax`, whose gradients candle computes
-//! (its fused `softmax_last_dim` has none).
+//! the transformer families. Built from matmul and `ops::softmax`, whose gradients candle computes;
+//! without a graph to record (inference), the fused `softmax_last_dim`, which has no backward.
 
 use candle_core::{Result, Tensor, D};
 
@@ -19,13 +19,20 @@ pub fn merge_heads(x: &Tensor) -> Result<Tensor> {
 /// softmax(q kᵀ / sqrt(head_dim) + bias) v over [batch, heads, tokens, head_dim]; `bias` is added to
 /// the scores (an attention mask or a relative position bias) and broadcasts against them.
 pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    // Scaling q rather than the scores: tokens x head_dim elements instead of tokens x tokens.
     let scale = 1.0 / (q.dim(D::Minus1)? as f64).sqrt();
-    let scores = (q.matmul(&k.t()?)? * scale)?;
+    let scores = (q * scale)?.matmul(&k.t()?)?;
     let scores = match bias {
         Some(b) => scores.broadcast_add(&b.to_dtype(scores.dtype())?)?,
         None => scores,
     };
-    candle_nn::ops::softmax(&scores, D::Minus1)?.matmul(v)
+    let weights = if scores.track_op() {
+        candle_nn::ops::softmax(&scores, D::Minus1)?
+    } else {
+        // Inference: candle's fused kernel, one pass instead of five; it has no backward.
+        candle_nn::ops::softmax_last_dim(&scores.contiguous()?)?
+    };
+    weights.matmul(v)
 }
 
 #[cfg(test)]

@@ -77,6 +77,72 @@ impl BatchNorm2d {
         let shift = per_channel(&self.bias)?.sub(&mean.broadcast_mul(&scale)?)?;
         xs.broadcast_mul(&scale)?.broadcast_add(&shift)?.to_dtype(dtype)
     }
+
+    /// The inference-time affine map y = x * scale + shift per channel, in f32, each of shape [c].
+    fn scale_shift(&self) -> Result<(Tensor, Tensor)> {
+        let f32 = |t: &Tensor| t.detach().to_dtype(DType::F32);
+        let scale = f32(&self.weight)?.div(&(self.running_var.as_detached_tensor() + self.eps)?.sqrt()?)?;
+        let shift = f32(&self.bias)?.sub(&self.running_mean.as_detached_tensor().mul(&scale)?)?;
+        Ok((scale, shift))
+    }
+}
+
+/// A convolution followed by batch normalisation, ResNet's unit. Inferring on frozen weights, the
+/// normalisation is folded into the convolution once (w' = w * scale, bias = shift): one bias add
+/// after the convolution instead of a normalisation pass — the same function, as TensorRT and
+/// torch.fx's conv-bn fuser compute it, rounded once more in bf16 (w' is stored in the weight's dtype).
+/// Training, or on trainable weights, the two run as written.
+pub struct ConvBn {
+    pub conv: Conv2d,
+    pub bn: BatchNorm2d,
+    folded: std::sync::OnceLock<(Tensor, Tensor)>,
+}
+
+impl ConvBn {
+    pub fn new(conv: Conv2d, bn: BatchNorm2d) -> Self {
+        Self { conv, bn, folded: std::sync::OnceLock::new() }
+    }
+
+    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        if train || self.conv.weight.track_op() || self.bn.weight.track_op() {
+            return self.bn.forward(&self.conv.forward(x)?, train);
+        }
+        let (w, b) = match self.folded.get() {
+            Some(f) => f,
+            None => {
+                let (scale, shift) = self.bn.scale_shift()?;
+                let c = scale.dim(0)?;
+                let w = self.conv.weight.to_dtype(DType::F32)?.broadcast_mul(&scale.reshape((c, 1, 1, 1))?)?.to_dtype(self.conv.weight.dtype())?;
+                let b = shift.reshape((1, c, 1, 1))?.to_dtype(x.dtype())?;
+                let _ = self.folded.set((w, b));
+                self.folded.get().expect("just set")
+            }
+        };
+        crate::kernels::conv2d(x, w, self.conv.padding, self.conv.stride)?.broadcast_add(b)
+    }
+}
+
+/// A 2-D convolution as `torch.nn.Conv2d` (square kernel, same padding and stride both ways, no
+/// dilation or groups), on [`crate::kernels::conv2d`]: cuDNN with cached algorithms on the GPU.
+pub struct Conv2d {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    padding: usize,
+    stride: usize,
+}
+
+impl Conv2d {
+    pub fn new(weight: Tensor, bias: Option<Tensor>, padding: usize, stride: usize) -> Self {
+        Self { weight, bias, padding, stride }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = crate::kernels::conv2d(x, &self.weight, self.padding, self.stride)?;
+        match &self.bias {
+            Some(b) => y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?),
+            None => Ok(y),
+        }
+    }
 }
 
 /// Layer normalisation over the last dimension, as `torch.nn.LayerNorm`.
@@ -95,6 +161,10 @@ impl LayerNorm {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let dtype = x.dtype();
+        if !x.track_op() && !self.weight.track_op() {
+            // Inference: candle's fused kernel (one pass, f32 accumulation); it has no backward.
+            return candle_nn::ops::layer_norm(&x.contiguous()?, &self.weight, &self.bias, self.eps as f32);
+        }
         let x = x.to_dtype(stats_dtype(dtype))?;
         let centred = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
         let var = centred.sqr()?.mean_keepdim(D::Minus1)?;

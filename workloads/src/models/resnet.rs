@@ -2,9 +2,9 @@
 //! the bottleneck. Parameter names follow torchvision's `resnet*` state dicts.
 
 use candle_core::{Result, Tensor};
-use candle_nn::{Conv2d, Conv2dConfig, Linear, Module, VarBuilder};
+use candle_nn::{Linear, Module, VarBuilder};
 
-use super::layers::{torch_linear, BatchNorm2d};
+use super::layers::{torch_linear, BatchNorm2d, Conv2d, ConvBn};
 use super::{Classifier, Inputs};
 use crate::init::KAIMING_NORMAL_FAN_OUT;
 use crate::ops::max_pool2d;
@@ -156,8 +156,7 @@ impl ConvShape {
 
     fn build(&self, vb: VarBuilder) -> Result<Conv2d> {
         let weight = vb.get_with_hints((self.cout, self.cin, self.k, self.k), "weight", KAIMING_NORMAL_FAN_OUT)?;
-        let cfg = Conv2dConfig { padding: self.pad, stride: self.stride, ..Default::default() };
-        Ok(Conv2d::new(weight, None, cfg))
+        Ok(Conv2d::new(weight, None, self.pad, self.stride))
     }
 }
 
@@ -203,8 +202,8 @@ fn conv(cin: usize, cout: usize, k: usize, stride: usize) -> ConvShape {
 
 /// One residual block: the main path's (conv, bn) pairs, and the projection when shapes change.
 struct Residual {
-    path: Vec<(Conv2d, BatchNorm2d)>,
-    downsample: Option<(Conv2d, BatchNorm2d)>,
+    path: Vec<ConvBn>,
+    downsample: Option<ConvBn>,
 }
 
 impl Residual {
@@ -212,7 +211,7 @@ impl Residual {
         let downsample = match shape.projection() {
             Some(c) => {
                 let vb = vb.pp("downsample");
-                Some((c.build(vb.pp("0"))?, BatchNorm2d::new(c.cout, vb.pp("1"))?))
+                Some(ConvBn::new(c.build(vb.pp("0"))?, BatchNorm2d::new(c.cout, vb.pp("1"))?))
             }
             None => None,
         };
@@ -220,7 +219,7 @@ impl Residual {
             .path(block)
             .iter()
             .enumerate()
-            .map(|(i, c)| Ok((c.build(vb.pp(format!("conv{}", i + 1)))?, BatchNorm2d::new(c.cout, vb.pp(format!("bn{}", i + 1)))?)))
+            .map(|(i, c)| Ok(ConvBn::new(c.build(vb.pp(format!("conv{}", i + 1)))?, BatchNorm2d::new(c.cout, vb.pp(format!("bn{}", i + 1)))?)))
             .collect::<Result<_>>()?;
         Ok(Self { path, downsample })
     }
@@ -228,14 +227,14 @@ impl Residual {
     fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         let mut h = x.clone();
         let last = self.path.len() - 1;
-        for (i, (conv, bn)) in self.path.iter().enumerate() {
-            h = bn.forward(&conv.forward(&h)?, train)?;
+        for (i, unit) in self.path.iter().enumerate() {
+            h = unit.forward(&h, train)?;
             if i < last {
                 h = h.relu()?;
             }
         }
         let identity = match &self.downsample {
-            Some((conv, bn)) => bn.forward(&conv.forward(x)?, train)?,
+            Some(unit) => unit.forward(x, train)?,
             None => x.clone(),
         };
         (h + identity)?.relu()
@@ -243,8 +242,7 @@ impl Residual {
 }
 
 pub struct ResNet {
-    conv1: Conv2d,
-    bn1: BatchNorm2d,
+    stem: ConvBn,
     blocks: Vec<Residual>,
     fc: Linear,
 }
@@ -252,22 +250,21 @@ pub struct ResNet {
 impl ResNet {
     pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
         let stem = ConvShape { cin: 3, cout: cfg.width, k: 7, stride: 2, pad: 3 };
-        let conv1 = stem.build(vb.pp("conv1"))?;
-        let bn1 = BatchNorm2d::new(cfg.width, vb.pp("bn1"))?;
+        let stem = ConvBn::new(stem.build(vb.pp("conv1"))?, BatchNorm2d::new(cfg.width, vb.pp("bn1"))?);
         let blocks = cfg
             .blocks()
             .iter()
             .map(|b| Residual::new(b, cfg.block, vb.pp(format!("layer{}.{}", b.stage + 1, b.index))))
             .collect::<Result<_>>()?;
         let fc = torch_linear(cfg.features(), cfg.num_classes, vb.pp("fc"))?;
-        Ok(Self { conv1, bn1, blocks, fc })
+        Ok(Self { stem, blocks, fc })
     }
 }
 
 impl Classifier for ResNet {
     fn forward(&self, inputs: &Inputs, train: bool) -> Result<Tensor> {
         let Inputs::Images(x) = inputs else { candle_core::bail!("ResNet takes images") };
-        let x = self.bn1.forward(&self.conv1.forward(x)?, train)?.relu()?;
+        let x = self.stem.forward(x, train)?.relu()?;
         let mut x = max_pool2d(&x, 3, 2, 1)?;
         for block in &self.blocks {
             x = block.forward(&x, train)?;

@@ -5,10 +5,10 @@
 //! torchvision's `swin_*` state dicts (`relative_position_index` is recomputed, not loaded).
 
 use candle_core::{Device, Result, Tensor, D};
-use candle_nn::{Conv2d, Conv2dConfig, Init, Linear, Module, VarBuilder};
+use candle_nn::{Init, Linear, Module, VarBuilder};
 
 use super::attention::{attend, merge_heads, split_heads};
-use super::layers::LayerNorm;
+use super::layers::{Conv2d, LayerNorm};
 use super::{Classifier, Inputs};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -262,7 +262,7 @@ impl Swin {
         let f = vb.pp("features");
         let conv_w = f.get_with_hints((c0, 3, p, p), "0.0.weight", init)?;
         let conv_b = f.get_with_hints(c0, "0.0.bias", init)?;
-        let patch_embed = Conv2d::new(conv_w, Some(conv_b), Conv2dConfig { stride: p, ..Default::default() });
+        let patch_embed = Conv2d::new(conv_w, Some(conv_b), 0, p);
         let embed_norm = LayerNorm::new(c0, 1e-5, f.pp("0.2"))?;
         let last = cfg.depths.len() - 1;
         let mut stages = Vec::new();

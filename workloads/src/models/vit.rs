@@ -3,10 +3,10 @@
 //! MLPs. Parameter names follow torchvision's `vit_*` state dicts.
 
 use candle_core::{Result, Tensor, D};
-use candle_nn::{Conv2d, Conv2dConfig, Init, Linear, Module, VarBuilder};
+use candle_nn::{Init, Linear, Module, VarBuilder};
 
 use super::attention::{attend, merge_heads, split_heads};
-use super::layers::{torch_linear, LayerNorm};
+use super::layers::{torch_linear, Conv2d, LayerNorm};
 use super::{Classifier, Inputs};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -124,7 +124,7 @@ impl VisionTransformer {
         // first training steps would update the head alone.
         let conv_w = vb.get_with_hints((d, 3, p, p), "conv_proj.weight", Init::Randn { mean: 0.0, stdev: (1.0 / (3 * p * p) as f64).sqrt() })?;
         let conv_b = vb.get_with_hints(d, "conv_proj.bias", Init::Const(0.0))?;
-        let conv_proj = Conv2d::new(conv_w, Some(conv_b), Conv2dConfig { stride: p, ..Default::default() });
+        let conv_proj = Conv2d::new(conv_w, Some(conv_b), 0, p);
         let class_token = vb.get_with_hints((1, 1, d), "class_token", Init::Const(0.0))?;
         let enc = vb.pp("encoder");
         let pos_embedding = enc.get_with_hints((1, cfg.patches() + 1, d), "pos_embedding", Init::Randn { mean: 0.0, stdev: 0.02 })?;

@@ -1,0 +1,93 @@
+//! Our GPU kernels against candle's reference implementations on the CPU, forward and backward.
+//! Built only with the `cudnn` feature and run on a GPU machine (benches/gpu_run.sh kernels): the CI
+//! machine has no GPU. Without a CUDA device the tests say so and pass, so that a GPU-less run of a
+//! CUDA build does not fail for want of hardware.
+#![cfg(feature = "cudnn")]
+
+use candle_core::{DType, Device, Tensor, Var};
+use workloads::init::Rng;
+
+fn gpu() -> Option<Device> {
+    match Device::new_cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("no CUDA device ({e}); skipped");
+            None
+        }
+    }
+}
+
+fn random(shape: &[usize], seed: u64) -> Tensor {
+    let mut rng = Rng::new(seed);
+    let n: usize = shape.iter().product();
+    Tensor::from_vec((0..n).map(|_| rng.normal() as f32).collect::<Vec<f32>>(), shape, &Device::Cpu).unwrap()
+}
+
+/// Largest |a - b| relative to the largest |b|.
+fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
+    let a = a.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = b.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+    a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// (x shape, filter shape, padding, stride): ResNet's stem, 3x3 and strided 3x3, 1x1 and strided 1x1
+/// projection, and the ViT/Swin patch embeddings.
+const CASES: &[([usize; 4], [usize; 4], usize, usize)] = &[
+    ([2, 3, 32, 32], [8, 3, 7, 7], 3, 2),
+    ([2, 8, 16, 16], [8, 8, 3, 3], 1, 1),
+    ([2, 8, 16, 16], [16, 8, 3, 3], 1, 2),
+    ([2, 16, 8, 8], [32, 16, 1, 1], 0, 1),
+    ([2, 16, 8, 8], [32, 16, 1, 1], 0, 2),
+    ([2, 3, 32, 32], [24, 3, 16, 16], 0, 16),
+    ([2, 3, 32, 32], [12, 3, 4, 4], 0, 4),
+];
+
+#[test]
+fn cudnn_conv2d_matches_candle_on_the_cpu_forward_and_backward() {
+    let Some(gpu) = gpu() else { return };
+    for (i, &(xs, ws, pad, stride)) in CASES.iter().enumerate() {
+        let x = random(&xs, 10 + i as u64);
+        let w = random(&ws, 20 + i as u64);
+        // The reference: candle's CPU convolution and its autograd, in f32.
+        let (xv, wv) = (Var::from_tensor(&x).unwrap(), Var::from_tensor(&w).unwrap());
+        let y_ref = xv.as_tensor().conv2d(wv.as_tensor(), pad, stride, 1, 1).unwrap();
+        let r = random(y_ref.dims(), 30 + i as u64);
+        let g = (&y_ref * &r).unwrap().sum_all().unwrap().backward().unwrap();
+        let (dx_ref, dw_ref) = (g.get(xv.as_tensor()).unwrap().clone(), g.get(wv.as_tensor()).unwrap().clone());
+
+        for (dtype, tol) in [(DType::F32, 1e-5f32), (DType::BF16, 2e-2), (DType::F16, 5e-3)] {
+            let on = |t: &Tensor| Var::from_tensor(&t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).unwrap();
+            let (xg, wg) = (on(&x), on(&w));
+            let y = workloads::kernels::conv2d(xg.as_tensor(), wg.as_tensor(), pad, stride).unwrap();
+            assert_eq!(y.dims(), y_ref.dims(), "case {i} {dtype:?}");
+            let e = rel_err(&y, &y_ref);
+            assert!(e < tol, "case {i} {dtype:?}: forward differs by {e}");
+            let rg = r.to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
+            let grads = (&y * &rg).unwrap().sum_all().unwrap().backward().unwrap();
+            let dx = grads.get(xg.as_tensor()).expect("a gradient for the input");
+            let dw = grads.get(wg.as_tensor()).expect("a gradient for the filter");
+            let (ex, ew) = (rel_err(dx, &dx_ref), rel_err(dw, &dw_ref));
+            assert!(ex < tol && ew < tol, "case {i} {dtype:?}: dx differs by {ex}, dw by {ew}");
+            eprintln!("case {i} {dtype:?}: forward {e:.1e}, dx {ex:.1e}, dw {ew:.1e}");
+        }
+    }
+}
+
+#[test]
+fn f32_convolutions_stay_off_tf32_unless_allowed() {
+    let Some(gpu) = gpu() else { return };
+    // Long reductions (c * k * k = 1152 terms) make TF32's 10-bit inputs visible: ~1e-3 relative,
+    // against ~1e-6 for f32.
+    let x = random(&[4, 128, 16, 16], 1);
+    let w = random(&[64, 128, 3, 3], 2);
+    let reference = x.conv2d(&w, 1, 1, 1, 1).unwrap();
+    let run = || workloads::kernels::conv2d(&x.to_device(&gpu).unwrap(), &w.to_device(&gpu).unwrap(), 1, 1).unwrap();
+    let strict = rel_err(&run(), &reference);
+    workloads::precision::allow_tf32(true);
+    let tf32 = rel_err(&run(), &reference);
+    workloads::precision::allow_tf32(false);
+    eprintln!("f32 conv error: strict {strict:.1e}, tf32 allowed {tf32:.1e}");
+    assert!(strict < 1e-5, "f32 without TF32 differs by {strict}");
+    assert!(tf32 > 10.0 * strict, "allowing TF32 changed nothing ({tf32} vs {strict}): is the flag wired to cuDNN?");
+}
