@@ -4,10 +4,10 @@
 //! follow `BertModel`'s state dict, so its safetensors files load unchanged; the head is ours.
 
 use candle_core::{DType, Result, Tensor};
-use candle_nn::{Embedding, Init, Linear, Module, VarBuilder};
+use candle_nn::{Embedding, Init, Module, VarBuilder};
 
 use super::attention::{attend, merge_heads, split_heads};
-use super::layers::LayerNorm;
+use super::layers::{LayerNorm, Linear};
 use super::{Classifier, Inputs};
 
 #[derive(Debug, Clone, PartialEq)]

@@ -3,7 +3,42 @@
 //! running statistics with f32 batch statistics).
 
 use candle_core::{DType, Result, Tensor, Var, D};
-use candle_nn::{Init, Linear, VarBuilder};
+use candle_nn::{Init, Module, VarBuilder};
+
+/// y = x wᵀ + b over the last dimension, as `torch.nn.Linear`. Unlike candle-nn's, a [batch, tokens,
+/// features] input is multiplied as one [batch * tokens, features] matrix: one large GEMM instead of
+/// a batch of small ones against a broadcast weight, which is what keeps cuBLAS busy.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self { weight, bias }
+    }
+
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims();
+        let features = *dims.last().ok_or_else(|| candle_core::Error::Msg("linear: a scalar input".into()))?;
+        let rows = x.elem_count() / features.max(1);
+        let y = x.reshape((rows, features))?.matmul(&self.weight.t()?)?;
+        let y = match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        let mut out = dims.to_vec();
+        *out.last_mut().expect("rank >= 1") = self.weight.dim(0)?;
+        y.reshape(out)
+    }
+}
 
 /// A linear layer initialised as `torch.nn.Linear` is (weight and bias uniform in ±1/sqrt(fan_in)),
 /// so that a freshly built model starts where the PyTorch one does.

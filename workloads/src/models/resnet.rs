@@ -2,9 +2,9 @@
 //! the bottleneck. Parameter names follow torchvision's `resnet*` state dicts.
 
 use candle_core::{Result, Tensor};
-use candle_nn::{Linear, Module, VarBuilder};
+use candle_nn::{Module, VarBuilder};
 
-use super::layers::{torch_linear, BatchNorm2d, Conv2d, ConvBn};
+use super::layers::{BatchNorm2d, Conv2d, ConvBn, Linear, torch_linear};
 use super::{Classifier, Inputs};
 use crate::init::KAIMING_NORMAL_FAN_OUT;
 use crate::ops::max_pool2d;

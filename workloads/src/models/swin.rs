@@ -5,10 +5,10 @@
 //! torchvision's `swin_*` state dicts (`relative_position_index` is recomputed, not loaded).
 
 use candle_core::{Device, Result, Tensor, D};
-use candle_nn::{Init, Linear, Module, VarBuilder};
+use candle_nn::{Init, Module, VarBuilder};
 
 use super::attention::{attend, merge_heads, split_heads};
-use super::layers::{Conv2d, LayerNorm};
+use super::layers::{Conv2d, LayerNorm, Linear};
 use super::{Classifier, Inputs};
 
 #[derive(Debug, Clone, PartialEq)]

@@ -3,10 +3,10 @@
 //! MLPs. Parameter names follow torchvision's `vit_*` state dicts.
 
 use candle_core::{Result, Tensor, D};
-use candle_nn::{Init, Linear, Module, VarBuilder};
+use candle_nn::{Init, Module, VarBuilder};
 
 use super::attention::{attend, merge_heads, split_heads};
-use super::layers::{torch_linear, Conv2d, LayerNorm};
+use super::layers::{Conv2d, LayerNorm, Linear, torch_linear};
 use super::{Classifier, Inputs};
 
 #[derive(Debug, Clone, PartialEq)]
