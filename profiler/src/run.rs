@@ -164,13 +164,45 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext) -> Resu
         (Some(selected), Some(interval)) => Some(start_nvml_sampler(selected.clone(), interval)),
         _ => None,
     };
+    let profiled = ProfilerRange::start(&device.device);
     let measured = measure_steps(&mut exec, &clock, spec.stop);
+    drop(profiled);
     let metrics = match sampler {
         Some(s) => s.stop(),
         None => Ok(Vec::new()),
     };
     let measurement = Measurement { warmup_iterations, ..measured? };
     Run::new(spec, info, context, started_at, measurement, metrics)
+}
+
+/// Marks the measured iterations for a CUDA profiler started with `--profile-from-start off` (Nsight
+/// Compute's and Nsight Systems' option): warm-up, cuDNN's algorithm search and model building stay
+/// out of the profile. Without a profiler attached the two calls do nothing.
+struct ProfilerRange(bool);
+
+impl ProfilerRange {
+    fn start(device: &candle_core::Device) -> Self {
+        #[cfg(feature = "cuda")]
+        if device.is_cuda() {
+            // SAFETY: no arguments; CUDA is initialised (the model lives on the device).
+            unsafe { candle_core::cuda_backend::cudarc::driver::sys::cuProfilerStart() };
+            return ProfilerRange(true);
+        }
+        let _ = device;
+        ProfilerRange(false)
+    }
+}
+
+impl Drop for ProfilerRange {
+    fn drop(&mut self) {
+        if self.0 {
+            // SAFETY: as for the start.
+            #[cfg(feature = "cuda")]
+            unsafe {
+                candle_core::cuda_backend::cudarc::driver::sys::cuProfilerStop()
+            };
+        }
+    }
 }
 
 /// Samples the selected GPU or MIG device through NVML, on the sampler's thread.

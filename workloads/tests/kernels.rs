@@ -91,3 +91,45 @@ fn f32_convolutions_stay_off_tf32_unless_allowed() {
     assert!(strict < 1e-5, "f32 without TF32 differs by {strict}");
     assert!(tf32 > 10.0 * strict, "allowing TF32 changed nothing ({tf32} vs {strict}): is the flag wired to cuDNN?");
 }
+
+#[test]
+fn bias_kernel_matches_candle_on_the_cpu_forward_and_backward() {
+    use workloads::kernels::{bias_add, BiasAxis};
+    let Some(gpu) = gpu() else { return };
+    // NCHW channel biases (ResNet's folded batch norm, patch embeddings) and last-axis biases
+    // (linear layers, attention biases seen as rows), with and without the ReLU.
+    let cases: &[(&[usize], BiasAxis)] = &[
+        (&[3, 5, 7, 9], BiasAxis::Channels),
+        (&[2, 64, 1, 1], BiasAxis::Channels),
+        (&[6, 33], BiasAxis::Last),
+        (&[2, 197, 40], BiasAxis::Last),
+    ];
+    for (i, &(shape, axis)) in cases.iter().enumerate() {
+        let channels = match axis {
+            BiasAxis::Channels => shape[1],
+            BiasAxis::Last => shape[shape.len() - 1],
+        };
+        let x = random(shape, 40 + i as u64);
+        let b = random(&[channels], 50 + i as u64);
+        let r = random(shape, 60 + i as u64);
+        for relu in [false, true] {
+            // The reference: candle's broadcast add and ReLU on the CPU, with autograd.
+            let (xv, bv) = (Var::from_tensor(&x).unwrap(), Var::from_tensor(&b).unwrap());
+            let y_ref = bias_add(xv.as_tensor(), bv.as_tensor(), axis, relu).unwrap();
+            let g = (&y_ref * &r).unwrap().sum_all().unwrap().backward().unwrap();
+            let (dx_ref, db_ref) = (g.get(xv.as_tensor()).unwrap().clone(), g.get(bv.as_tensor()).unwrap().clone());
+            for (dtype, tol) in [(DType::F32, 1e-6f32), (DType::BF16, 1e-2), (DType::F16, 2e-3)] {
+                let on = |t: &Tensor| Var::from_tensor(&t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).unwrap();
+                let (xg, bg) = (on(&x), on(&b));
+                let y = bias_add(xg.as_tensor(), bg.as_tensor(), axis, relu).unwrap();
+                let e = rel_err(&y, &y_ref);
+                let rg = r.to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
+                let grads = (&y * &rg).unwrap().sum_all().unwrap().backward().unwrap();
+                let ex = rel_err(grads.get(xg.as_tensor()).unwrap(), &dx_ref);
+                // The bias gradient sums many terms: bf16 accumulates its rounding.
+                let eb = rel_err(grads.get(bg.as_tensor()).unwrap(), &db_ref);
+                assert!(e < tol && ex < tol && eb < 10.0 * tol, "case {i} relu {relu} {dtype:?}: y {e}, dx {ex}, db {eb}");
+            }
+        }
+    }
+}

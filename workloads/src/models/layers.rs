@@ -31,7 +31,7 @@ impl Module for Linear {
         let rows = x.elem_count() / features.max(1);
         let y = x.reshape((rows, features))?.matmul(&self.weight.t()?)?;
         let y = match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
+            Some(b) => crate::kernels::bias_add(&y, b, crate::kernels::BiasAxis::Last, false)?,
             None => y,
         };
         let mut out = dims.to_vec();
@@ -138,9 +138,11 @@ impl ConvBn {
         Self { conv, bn, folded: std::sync::OnceLock::new() }
     }
 
-    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+    /// conv, batch norm, then ReLU when `relu`.
+    pub fn forward(&self, x: &Tensor, train: bool, relu: bool) -> Result<Tensor> {
         if train || self.conv.weight.track_op() || self.bn.weight.track_op() {
-            return self.bn.forward(&self.conv.forward(x)?, train);
+            let y = self.bn.forward(&self.conv.forward(x)?, train)?;
+            return if relu { y.relu() } else { Ok(y) };
         }
         let (w, b) = match self.folded.get() {
             Some(f) => f,
@@ -148,12 +150,13 @@ impl ConvBn {
                 let (scale, shift) = self.bn.scale_shift()?;
                 let c = scale.dim(0)?;
                 let w = self.conv.weight.to_dtype(DType::F32)?.broadcast_mul(&scale.reshape((c, 1, 1, 1))?)?.to_dtype(self.conv.weight.dtype())?;
-                let b = shift.reshape((1, c, 1, 1))?.to_dtype(x.dtype())?;
+                let b = shift.to_dtype(x.dtype())?;
                 let _ = self.folded.set((w, b));
                 self.folded.get().expect("just set")
             }
         };
-        crate::kernels::conv2d(x, w, self.conv.padding, self.conv.stride)?.broadcast_add(b)
+        let y = crate::kernels::conv2d(x, w, self.conv.padding, self.conv.stride)?;
+        crate::kernels::bias_add(&y, b, crate::kernels::BiasAxis::Channels, relu)
     }
 }
 
@@ -174,7 +177,7 @@ impl Conv2d {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = crate::kernels::conv2d(x, &self.weight, self.padding, self.stride)?;
         match &self.bias {
-            Some(b) => y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?),
+            Some(b) => crate::kernels::bias_add(&y, b, crate::kernels::BiasAxis::Channels, false),
             None => Ok(y),
         }
     }

@@ -228,13 +228,10 @@ impl Residual {
         let mut h = x.clone();
         let last = self.path.len() - 1;
         for (i, unit) in self.path.iter().enumerate() {
-            h = unit.forward(&h, train)?;
-            if i < last {
-                h = h.relu()?;
-            }
+            h = unit.forward(&h, train, i < last)?;
         }
         let identity = match &self.downsample {
-            Some(unit) => unit.forward(x, train)?,
+            Some(unit) => unit.forward(x, train, false)?,
             None => x.clone(),
         };
         (h + identity)?.relu()
@@ -264,7 +261,7 @@ impl ResNet {
 impl Classifier for ResNet {
     fn forward(&self, inputs: &Inputs, train: bool) -> Result<Tensor> {
         let Inputs::Images(x) = inputs else { candle_core::bail!("ResNet takes images") };
-        let x = self.stem.forward(x, train)?.relu()?;
+        let x = self.stem.forward(x, train, true)?;
         let mut x = max_pool2d(&x, 3, 2, 1)?;
         for block in &self.blocks {
             x = block.forward(&x, train)?;

@@ -207,9 +207,10 @@ impl Block {
         let table = self.bias_table.index_select(&self.index, 0)?; // [n*n, heads]
         let mut bias = table.reshape((n, n, self.heads))?.permute((2, 0, 1))?.unsqueeze(0)?; // [1, heads, n, n]
         if let Some((_, mask)) = &self.shift {
-            // Per window: [1, windows, 1, n, n] + [1, 1, heads, n, n], flattened back to windows.
+            // Per window: [1, windows, 1, n, n] + [1, 1, heads, n, n] -> [windows, heads, n, n], which
+            // repeats along the batch of windows (attend adds it without materialising it per image).
             let per_window = mask.to_dtype(bias.dtype())?.broadcast_add(&bias.unsqueeze(0)?)?;
-            bias = per_window.broadcast_as((b, per_side * per_side, self.heads, n, n))?.reshape((b * per_side * per_side, self.heads, n, n))?;
+            bias = per_window.squeeze(0)?.contiguous()?;
         }
         let out = merge_heads(&attend(&part(0)?, &part(1)?, &part(2)?, Some(&bias))?)?;
         let out = self.proj.forward(&out)?;
