@@ -128,8 +128,58 @@ fn bias_kernel_matches_candle_on_the_cpu_forward_and_backward() {
                 let ex = rel_err(grads.get(xg.as_tensor()).unwrap(), &dx_ref);
                 // The bias gradient sums many terms: bf16 accumulates its rounding.
                 let eb = rel_err(grads.get(bg.as_tensor()).unwrap(), &db_ref);
+                eprintln!("bias case {i} relu {relu} {dtype:?}: y {e:.1e}, dx {ex:.1e}, db {eb:.1e}");
                 assert!(e < tol && ex < tol && eb < 10.0 * tol, "case {i} relu {relu} {dtype:?}: y {e}, dx {ex}, db {eb}");
             }
         }
+    }
+}
+
+#[test]
+fn add_kernel_matches_candle_on_the_cpu_forward_and_backward() {
+    let Some(gpu) = gpu() else { return };
+    let (x, z, r) = (random(&[3, 5, 7, 9], 70), random(&[3, 5, 7, 9], 71), random(&[3, 5, 7, 9], 72));
+    for relu in [false, true] {
+        let (xv, zv) = (Var::from_tensor(&x).unwrap(), Var::from_tensor(&z).unwrap());
+        let y_ref = workloads::kernels::add(xv.as_tensor(), zv.as_tensor(), relu).unwrap();
+        let g = (&y_ref * &r).unwrap().sum_all().unwrap().backward().unwrap();
+        let (dx_ref, dz_ref) = (g.get(xv.as_tensor()).unwrap().clone(), g.get(zv.as_tensor()).unwrap().clone());
+        for (dtype, tol) in [(DType::F32, 1e-6f32), (DType::BF16, 1e-2), (DType::F16, 2e-3)] {
+            let on = |t: &Tensor| Var::from_tensor(&t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).unwrap();
+            let (xg, zg) = (on(&x), on(&z));
+            let y = workloads::kernels::add(xg.as_tensor(), zg.as_tensor(), relu).unwrap();
+            let rg = r.to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
+            let grads = (&y * &rg).unwrap().sum_all().unwrap().backward().unwrap();
+            let (e, ex, ez) = (rel_err(&y, &y_ref), rel_err(grads.get(xg.as_tensor()).unwrap(), &dx_ref), rel_err(grads.get(zg.as_tensor()).unwrap(), &dz_ref));
+            eprintln!("add relu {relu} {dtype:?}: y {e:.1e}, dx {ex:.1e}, dz {ez:.1e}");
+            assert!(e < tol && ex < tol && ez < tol, "add relu {relu} {dtype:?}: y {e}, dx {ex}, dz {ez}");
+        }
+    }
+}
+
+#[test]
+fn heads_kernels_match_candle_on_the_cpu_forward_and_backward() {
+    use workloads::kernels::{merge_heads, split_heads};
+    let Some(gpu) = gpu() else { return };
+    // A packed q/k/v projection [b, t, 3 * c], split from its middle slice (strided rows).
+    let (b, t, heads, d) = (2, 5, 3, 4);
+    let qkv = random(&[b, t, 3 * heads * d], 80);
+    let r = random(&[b, t, heads * d], 81);
+    let reference = |x: &Tensor| -> (Tensor, Tensor) {
+        let v = Var::from_tensor(x).unwrap();
+        let y = merge_heads(&(split_heads(&v.as_tensor().narrow(2, heads * d, heads * d).unwrap(), heads).unwrap() * 2.0).unwrap()).unwrap();
+        let g = (&y * &r.to_device(x.device()).unwrap().to_dtype(x.dtype()).unwrap()).unwrap().sum_all().unwrap().backward().unwrap();
+        (y, g.get(v.as_tensor()).unwrap().clone())
+    };
+    let (y_ref, g_ref) = reference(&qkv);
+    let split_ref = split_heads(&qkv.narrow(2, heads * d, heads * d).unwrap(), heads).unwrap();
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let x = qkv.to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
+        let split = split_heads(&x.narrow(2, heads * d, heads * d).unwrap(), heads).unwrap();
+        assert_eq!(split.dims(), &[b, heads, t, d]);
+        let exact = if dtype == DType::F32 { 0.0 } else { 1e-2 };
+        assert!(rel_err(&split, &split_ref) <= exact, "{dtype:?}: split differs");
+        let (y, g) = reference(&x);
+        assert!(rel_err(&y, &y_ref) <= exact && rel_err(&g, &g_ref) <= exact, "{dtype:?}: merge or the gradient differs");
     }
 }

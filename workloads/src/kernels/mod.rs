@@ -6,6 +6,8 @@
 pub mod bias;
 #[cfg(feature = "cudnn")]
 pub mod cudnn_conv;
+#[cfg(feature = "cuda")]
+pub mod heads;
 
 use candle_core::{Result, Tensor};
 
@@ -46,4 +48,41 @@ pub fn bias_add(x: &Tensor, b: &Tensor, axis: BiasAxis, relu: bool) -> Result<Te
     } else {
         Ok(y)
     }
+}
+
+/// x + z (same shape), then ReLU when `relu`: one pass of our kernel on CUDA devices, candle's add
+/// (and ReLU) elsewhere.
+pub fn add(x: &Tensor, z: &Tensor, relu: bool) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && x.dims() == z.dims() && x.dtype() == z.dtype() {
+        return x.contiguous()?.apply_op2(&z.contiguous()?, bias::AddAct { relu });
+    }
+    let y = (x + z)?;
+    if relu {
+        y.relu()
+    } else {
+        Ok(y)
+    }
+}
+
+/// [b, t, heads * d] -> contiguous [b, heads, t, d]; the input may be a view with strided rows (a
+/// slice of a packed projection). One pass of our kernel on CUDA devices, candle's reshape and
+/// transpose elsewhere.
+pub fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && x.stride().last() == Some(&1) {
+        return x.apply_op1(heads::Heads { heads, split: true });
+    }
+    let (b, t, d) = x.dims3()?;
+    x.reshape((b, t, heads, d / heads))?.transpose(1, 2)?.contiguous()
+}
+
+/// The inverse of [`split_heads`]: [b, heads, t, d] -> contiguous [b, t, heads * d].
+pub fn merge_heads(x: &Tensor) -> Result<Tensor> {
+    let (b, h, t, hd) = x.dims4()?;
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        return x.contiguous()?.apply_op1(heads::Heads { heads: h, split: false });
+    }
+    x.transpose(1, 2)?.reshape((b, t, h * hd))
 }

@@ -4,17 +4,7 @@
 
 use candle_core::{Result, Tensor, D};
 
-/// Splits [batch, tokens, heads * head_dim] into [batch, heads, tokens, head_dim].
-pub fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
-    let (b, t, d) = x.dims3()?;
-    x.reshape((b, t, heads, d / heads))?.transpose(1, 2)?.contiguous()
-}
-
-/// The inverse of [`split_heads`].
-pub fn merge_heads(x: &Tensor) -> Result<Tensor> {
-    let (b, h, t, hd) = x.dims4()?;
-    x.transpose(1, 2)?.reshape((b, t, h * hd))
-}
+pub use crate::kernels::{merge_heads, split_heads};
 
 /// softmax(q kᵀ / sqrt(head_dim) + bias) v over [batch, heads, tokens, head_dim]; `bias` is added to
 /// the scores (an attention mask or a relative position bias) and broadcasts against them.

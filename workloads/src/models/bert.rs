@@ -9,6 +9,7 @@ use candle_nn::{Embedding, Init, Module, VarBuilder};
 use super::attention::{attend, merge_heads, split_heads};
 use super::layers::{LayerNorm, Linear};
 use super::{Classifier, Inputs};
+use crate::kernels::add;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -122,9 +123,9 @@ impl Layer {
     fn forward(&self, x: &Tensor, mask_bias: &Tensor) -> Result<Tensor> {
         let heads = |l: &Linear| split_heads(&l.forward(x)?, self.heads);
         let ctx = merge_heads(&attend(&heads(&self.query)?, &heads(&self.key)?, &heads(&self.value)?, Some(mask_bias))?)?;
-        let x = self.attention_norm.forward(&(x + self.attention_out.forward(&ctx)?)?)?;
+        let x = self.attention_norm.forward(&add(x, &self.attention_out.forward(&ctx)?, false)?)?;
         let h = self.intermediate.forward(&x)?.gelu_erf()?;
-        self.output_norm.forward(&(&x + self.output.forward(&h)?)?)
+        self.output_norm.forward(&add(&x, &self.output.forward(&h)?, false)?)
     }
 }
 

@@ -6,6 +6,7 @@ use candle_nn::{Module, VarBuilder};
 
 use super::layers::{BatchNorm2d, Conv2d, ConvBn, Linear, torch_linear};
 use super::{Classifier, Inputs};
+use crate::kernels::add;
 use crate::init::KAIMING_NORMAL_FAN_OUT;
 use crate::ops::max_pool2d;
 
@@ -234,7 +235,7 @@ impl Residual {
             Some(unit) => unit.forward(x, train, false)?,
             None => x.clone(),
         };
-        (h + identity)?.relu()
+        add(&h, &identity, true)
     }
 }
 

@@ -10,6 +10,7 @@ use candle_nn::{Init, Module, VarBuilder};
 use super::attention::{attend, merge_heads, split_heads};
 use super::layers::{Conv2d, LayerNorm, Linear};
 use super::{Classifier, Inputs};
+use crate::kernels::add;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -184,9 +185,9 @@ impl Block {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let x = (x + self.window_attention(&self.norm1.forward(x)?)?)?;
+        let x = add(x, &self.window_attention(&self.norm1.forward(x)?)?, false)?;
         let h = self.fc1.forward(&self.norm2.forward(&x)?)?.gelu_erf()?;
-        x + self.fc2.forward(&h)?
+        add(&x, &self.fc2.forward(&h)?, false)
     }
 
     fn window_attention(&self, x: &Tensor) -> Result<Tensor> {

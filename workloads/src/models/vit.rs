@@ -8,6 +8,7 @@ use candle_nn::{Init, Module, VarBuilder};
 use super::attention::{attend, merge_heads, split_heads};
 use super::layers::{Conv2d, LayerNorm, Linear, torch_linear};
 use super::{Classifier, Inputs};
+use crate::kernels::add;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -100,9 +101,9 @@ impl EncoderBlock {
         let d = x.dim(D::Minus1)?;
         let part = |i: usize| split_heads(&qkv.narrow(D::Minus1, i * d, d)?, self.heads);
         let attn = merge_heads(&attend(&part(0)?, &part(1)?, &part(2)?, None)?)?;
-        let x = (x + self.out_proj.forward(&attn)?)?;
+        let x = add(x, &self.out_proj.forward(&attn)?, false)?;
         let h = self.mlp_fc1.forward(&self.ln_2.forward(&x)?)?.gelu_erf()?;
-        x + self.mlp_fc2.forward(&h)?
+        add(&x, &self.mlp_fc2.forward(&h)?, false)
     }
 }
 
