@@ -94,10 +94,10 @@ fn f32_convolutions_stay_off_tf32_unless_allowed() {
 
 #[test]
 fn bias_kernel_matches_candle_on_the_cpu_forward_and_backward() {
-    use workloads::kernels::{bias_add, BiasAxis};
+    use workloads::kernels::{bias_act, Act, BiasAxis};
     let Some(gpu) = gpu() else { return };
     // NCHW channel biases (ResNet's folded batch norm, patch embeddings) and last-axis biases
-    // (linear layers, attention biases seen as rows), with and without the ReLU.
+    // (linear layers, attention biases seen as rows), with each activation.
     let cases: &[(&[usize], BiasAxis)] = &[
         (&[3, 5, 7, 9], BiasAxis::Channels),
         (&[2, 64, 1, 1], BiasAxis::Channels),
@@ -112,24 +112,26 @@ fn bias_kernel_matches_candle_on_the_cpu_forward_and_backward() {
         let x = random(shape, 40 + i as u64);
         let b = random(&[channels], 50 + i as u64);
         let r = random(shape, 60 + i as u64);
-        for relu in [false, true] {
-            // The reference: candle's broadcast add and ReLU on the CPU, with autograd.
-            let (xv, bv) = (Var::from_tensor(&x).unwrap(), Var::from_tensor(&b).unwrap());
-            let y_ref = bias_add(xv.as_tensor(), bv.as_tensor(), axis, relu).unwrap();
-            let g = (&y_ref * &r).unwrap().sum_all().unwrap().backward().unwrap();
-            let (dx_ref, db_ref) = (g.get(xv.as_tensor()).unwrap().clone(), g.get(bv.as_tensor()).unwrap().clone());
+        for act in [Act::None, Act::Relu, Act::GeluErf] {
             for (dtype, tol) in [(DType::F32, 1e-6f32), (DType::BF16, 1e-2), (DType::F16, 2e-3)] {
+                // The reference: candle's broadcast add and ReLU on the CPU, with autograd, in f32 on
+                // the inputs rounded to the dtype (so that the ReLU sees the same signs near zero).
+                let rounded = |t: &Tensor| t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap();
+                let (xv, bv) = (Var::from_tensor(&rounded(&x)).unwrap(), Var::from_tensor(&rounded(&b)).unwrap());
+                let y_ref = bias_act(xv.as_tensor(), bv.as_tensor(), axis, act).unwrap();
+                let g = (&y_ref * &r).unwrap().sum_all().unwrap().backward().unwrap();
+                let (dx_ref, db_ref) = (g.get(xv.as_tensor()).unwrap().clone(), g.get(bv.as_tensor()).unwrap().clone());
                 let on = |t: &Tensor| Var::from_tensor(&t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).unwrap();
                 let (xg, bg) = (on(&x), on(&b));
-                let y = bias_add(xg.as_tensor(), bg.as_tensor(), axis, relu).unwrap();
+                let y = bias_act(xg.as_tensor(), bg.as_tensor(), axis, act).unwrap();
                 let e = rel_err(&y, &y_ref);
                 let rg = r.to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
                 let grads = (&y * &rg).unwrap().sum_all().unwrap().backward().unwrap();
                 let ex = rel_err(grads.get(xg.as_tensor()).unwrap(), &dx_ref);
                 // The bias gradient sums many terms: bf16 accumulates its rounding.
                 let eb = rel_err(grads.get(bg.as_tensor()).unwrap(), &db_ref);
-                eprintln!("bias case {i} relu {relu} {dtype:?}: y {e:.1e}, dx {ex:.1e}, db {eb:.1e}");
-                assert!(e < tol && ex < tol && eb < 10.0 * tol, "case {i} relu {relu} {dtype:?}: y {e}, dx {ex}, db {eb}");
+                eprintln!("bias case {i} {act:?} {dtype:?}: y {e:.1e}, dx {ex:.1e}, db {eb:.1e}");
+                assert!(e < tol && ex < tol && eb < 10.0 * tol, "case {i} {act:?} {dtype:?}: y {e}, dx {ex}, db {eb}");
             }
         }
     }
@@ -161,25 +163,27 @@ fn add_kernel_matches_candle_on_the_cpu_forward_and_backward() {
 fn heads_kernels_match_candle_on_the_cpu_forward_and_backward() {
     use workloads::kernels::{merge_heads, split_heads};
     let Some(gpu) = gpu() else { return };
-    // A packed q/k/v projection [b, t, 3 * c], split from its middle slice (strided rows).
-    let (b, t, heads, d) = (2, 5, 3, 4);
-    let qkv = random(&[b, t, 3 * heads * d], 80);
-    let r = random(&[b, t, heads * d], 81);
-    let reference = |x: &Tensor| -> (Tensor, Tensor) {
-        let v = Var::from_tensor(x).unwrap();
-        let y = merge_heads(&(split_heads(&v.as_tensor().narrow(2, heads * d, heads * d).unwrap(), heads).unwrap() * 2.0).unwrap()).unwrap();
-        let g = (&y * &r.to_device(x.device()).unwrap().to_dtype(x.dtype()).unwrap()).unwrap().sum_all().unwrap().backward().unwrap();
-        (y, g.get(v.as_tensor()).unwrap().clone())
-    };
-    let (y_ref, g_ref) = reference(&qkv);
-    let split_ref = split_heads(&qkv.narrow(2, heads * d, heads * d).unwrap(), heads).unwrap();
-    for dtype in [DType::F32, DType::BF16, DType::F16] {
-        let x = qkv.to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
-        let split = split_heads(&x.narrow(2, heads * d, heads * d).unwrap(), heads).unwrap();
-        assert_eq!(split.dims(), &[b, heads, t, d]);
-        let exact = if dtype == DType::F32 { 0.0 } else { 1e-2 };
-        assert!(rel_err(&split, &split_ref) <= exact, "{dtype:?}: split differs");
-        let (y, g) = reference(&x);
-        assert!(rel_err(&y, &y_ref) <= exact && rel_err(&g, &g_ref) <= exact, "{dtype:?}: merge or the gradient differs");
+    // A packed q/k/v projection [b, t, 3 * c], split from its middle slice (strided rows); head
+    // sizes that allow 16-byte words and ones that do not.
+    for (b, t, heads, d) in [(2, 5, 3, 8), (2, 5, 3, 4), (2, 5, 2, 3)] {
+        let qkv = random(&[b, t, 3 * heads * d], 80);
+        let r = random(&[b, t, heads * d], 81);
+        let reference = |x: &Tensor| -> (Tensor, Tensor) {
+            let v = Var::from_tensor(x).unwrap();
+            let y = merge_heads(&(split_heads(&v.as_tensor().narrow(2, heads * d, heads * d).unwrap(), heads).unwrap() * 2.0).unwrap()).unwrap();
+            let g = (&y * &r.to_device(x.device()).unwrap().to_dtype(x.dtype()).unwrap()).unwrap().sum_all().unwrap().backward().unwrap();
+            (y, g.get(v.as_tensor()).unwrap().clone())
+        };
+        let (y_ref, g_ref) = reference(&qkv);
+        let split_ref = split_heads(&qkv.narrow(2, heads * d, heads * d).unwrap(), heads).unwrap();
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let x = qkv.to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
+            let split = split_heads(&x.narrow(2, heads * d, heads * d).unwrap(), heads).unwrap();
+            assert_eq!(split.dims(), &[b, heads, t, d]);
+            let exact = if dtype == DType::F32 { 0.0 } else { 1e-2 };
+            assert!(rel_err(&split, &split_ref) <= exact, "d {d} {dtype:?}: split differs");
+            let (y, g) = reference(&x);
+            assert!(rel_err(&y, &y_ref) <= exact && rel_err(&g, &g_ref) <= exact, "d {d} {dtype:?}: merge or the gradient differs");
+        }
     }
 }

@@ -19,7 +19,7 @@ use candle_core::cuda_backend::{CudaDType, CudaDevice};
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::BiasAxis;
+use super::{Act, BiasAxis};
 
 /// Three element types without CUDA's half-precision headers (NVRTC is not given include paths):
 /// bf16 and f16 travel as 16-bit integers and are converted with PTX `cvt` (sm_80 and later).
@@ -48,15 +48,17 @@ struct F16 {
 
 // x, y: planes x len, contiguous. per_plane: the bias is b[plane % channels] (NCHW channels);
 // otherwise b[column] (the last axis). Blocks stride over planes in y and along a plane in x.
+// act: 0 none, 1 ReLU, 2 GELU (erf form, as torch.nn.GELU()).
 template <typename E>
 __device__ void bias_act(const typename E::T* x, const typename E::T* b, typename E::T* y, unsigned int planes,
-                         unsigned int len, unsigned int channels, int per_plane, int relu) {
+                         unsigned int len, unsigned int channels, int per_plane, int act) {
     for (unsigned int plane = blockIdx.y; plane < planes; plane += gridDim.y) {
         float plane_bias = per_plane ? E::get(b, plane % channels) : 0.f;
         unsigned int base = plane * len;
         for (unsigned int j = blockIdx.x * blockDim.x + threadIdx.x; j < len; j += blockDim.x * gridDim.x) {
             float v = E::get(x, base + j) + (per_plane ? plane_bias : E::get(b, j));
-            if (relu && v < 0.f) v = 0.f;
+            if (act == 1 && v < 0.f) v = 0.f;
+            if (act == 2) v = 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
             E::put(y, base + j, v);
         }
     }
@@ -64,7 +66,7 @@ __device__ void bias_act(const typename E::T* x, const typename E::T* b, typenam
 
 #define KERNEL(NAME, E)                                                                              \
 extern "C" __global__ void NAME(const E::T* x, const E::T* b, E::T* y, unsigned int planes,         \
-                                unsigned int len, unsigned int channels, int per_plane, int relu) { \
+                                unsigned int len, unsigned int channels, int per_plane, int act) { \
     bias_act<E>(x, b, y, planes, len, channels, per_plane, relu);                                    \
 }
 KERNEL(bias_act_f32, F32)
@@ -102,7 +104,7 @@ fn ptx() -> Result<&'static str> {
 #[derive(Debug, Clone, Copy)]
 pub struct BiasAct {
     pub axis: BiasAxis,
-    pub relu: bool,
+    pub act: Act,
 }
 
 impl BiasAct {
@@ -145,7 +147,12 @@ impl BiasAct {
         let blocks_x = (len as u32).div_ceil(threads).clamp(1, 1024);
         let cfg = LaunchConfig { grid_dim: (blocks_x, (planes as u32).clamp(1, 65535), 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
         let (planes, len, channels) = (planes as u32, len as u32, channels as u32);
-        let (per_plane, relu) = (per_plane as i32, self.relu as i32);
+        let act: i32 = match self.act {
+            Act::None => 0,
+            Act::Relu => 1,
+            Act::GeluErf => 2,
+        };
+        let per_plane = per_plane as i32;
         let mut builder = func.builder();
         builder.arg(&xs);
         builder.arg(&bs);
@@ -154,7 +161,7 @@ impl BiasAct {
         builder.arg(&len);
         builder.arg(&channels);
         builder.arg(&per_plane);
-        builder.arg(&relu);
+        builder.arg(&act);
         // SAFETY: argument types and order match the kernel; buffers hold planes x len and channels.
         unsafe { builder.launch(cfg) }.map_err(|e| candle_core::Error::Msg(format!("bias kernel: {e:?}")))?;
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
@@ -187,9 +194,19 @@ impl CustomOp2 for BiasAct {
         Ok((out, xl.shape().clone()))
     }
 
-    fn bwd(&self, _x: &Tensor, _b: &Tensor, res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        // Through the ReLU only where it passed the value on.
-        let grad = if self.relu { (grad * res.gt(0.0)?.to_dtype(grad.dtype())?)? } else { grad.clone() };
+    fn bwd(&self, x: &Tensor, b: &Tensor, res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let grad = match self.act {
+            Act::None => grad.clone(),
+            // Through the ReLU only where it passed the value on.
+            Act::Relu => (grad * res.gt(0.0)?.to_dtype(grad.dtype())?)?,
+            // gelu'(v) = Φ(v) + v φ(v), on v = x + b recomputed, in f32.
+            Act::GeluErf => {
+                let v = x.detach().apply_op2_no_bwd(&b.detach(), &BiasAct { axis: self.axis, act: Act::None })?.to_dtype(DType::F32)?;
+                let cdf = ((v.affine(std::f64::consts::FRAC_1_SQRT_2, 0.0)?.erf()? + 1.0)? * 0.5)?;
+                let pdf = (v.sqr()? * -0.5)?.exp()?.affine(1.0 / (2.0 * std::f64::consts::PI).sqrt(), 0.0)?;
+                (grad.to_dtype(DType::F32)? * (cdf + (v * pdf)?)?)?.to_dtype(grad.dtype())?
+            }
+        };
         let db = match self.axis {
             BiasAxis::Channels => {
                 let (n, c) = (grad.dim(0)?, grad.dim(1)?);

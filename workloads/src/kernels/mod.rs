@@ -31,22 +31,31 @@ pub enum BiasAxis {
     Last,
 }
 
-/// x + b, b broadcast along `axis`, then ReLU when `relu`: one pass of our kernel on CUDA devices,
-/// candle's broadcast add (and ReLU) elsewhere.
-pub fn bias_add(x: &Tensor, b: &Tensor, axis: BiasAxis, relu: bool) -> Result<Tensor> {
+/// The activation applied after a bias add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Act {
+    None,
+    Relu,
+    /// GELU in its erf form, as `torch.nn.GELU()`.
+    GeluErf,
+}
+
+/// act(x + b), b broadcast along `axis`: one pass of our kernel on CUDA devices, candle's broadcast
+/// add and activation elsewhere.
+pub fn bias_act(x: &Tensor, b: &Tensor, axis: BiasAxis, act: Act) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() {
-        return x.contiguous()?.apply_op2(&b.contiguous()?, bias::BiasAct { axis, relu });
+        return x.contiguous()?.apply_op2(&b.contiguous()?, bias::BiasAct { axis, act });
     }
     let shape: Vec<usize> = match axis {
         BiasAxis::Channels => (0..x.rank()).map(|d| if d == 1 { b.elem_count() } else { 1 }).collect(),
         BiasAxis::Last => vec![b.elem_count()],
     };
     let y = x.broadcast_add(&b.reshape(shape)?)?;
-    if relu {
-        y.relu()
-    } else {
-        Ok(y)
+    match act {
+        Act::None => Ok(y),
+        Act::Relu => y.relu(),
+        Act::GeluErf => y.gelu_erf(),
     }
 }
 

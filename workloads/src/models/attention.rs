@@ -41,7 +41,7 @@ fn add_repeating(scores: &Tensor, bias: &Tensor) -> Result<Tensor> {
     }
     let n = bias.elem_count();
     let flat = scores.reshape((scores.elem_count() / n, n))?;
-    crate::kernels::bias_add(&flat, &bias.flatten_all()?, crate::kernels::BiasAxis::Last, false)?.reshape(s)
+    crate::kernels::bias_act(&flat, &bias.flatten_all()?, crate::kernels::BiasAxis::Last, crate::kernels::Act::None)?.reshape(s)
 }
 
 #[cfg(test)]

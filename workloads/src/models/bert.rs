@@ -9,7 +9,7 @@ use candle_nn::{Embedding, Init, Module, VarBuilder};
 use super::attention::{attend, merge_heads, split_heads};
 use super::layers::{LayerNorm, Linear};
 use super::{Classifier, Inputs};
-use crate::kernels::add;
+use crate::kernels::{add, Act};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -124,7 +124,7 @@ impl Layer {
         let heads = |l: &Linear| split_heads(&l.forward(x)?, self.heads);
         let ctx = merge_heads(&attend(&heads(&self.query)?, &heads(&self.key)?, &heads(&self.value)?, Some(mask_bias))?)?;
         let x = self.attention_norm.forward(&add(x, &self.attention_out.forward(&ctx)?, false)?)?;
-        let h = self.intermediate.forward(&x)?.gelu_erf()?;
+        let h = self.intermediate.forward_act(&x, Act::GeluErf)?;
         self.output_norm.forward(&add(&x, &self.output.forward(&h)?, false)?)
     }
 }

@@ -5,6 +5,8 @@
 use candle_core::{DType, Result, Tensor, Var, D};
 use candle_nn::{Init, Module, VarBuilder};
 
+use crate::kernels::Act;
+
 /// y = x wᵀ + b over the last dimension, as `torch.nn.Linear`. Unlike candle-nn's, a [batch, tokens,
 /// features] input is multiplied as one [batch * tokens, features] matrix: one large GEMM instead of
 /// a batch of small ones against a broadcast weight, which is what keeps cuBLAS busy.
@@ -26,13 +28,24 @@ impl Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_act(x, Act::None)
+    }
+}
+
+impl Linear {
+    /// act(x wᵀ + b): the bias and the activation in one pass where the bias kernel runs.
+    pub fn forward_act(&self, x: &Tensor, act: Act) -> Result<Tensor> {
         let dims = x.dims();
         let features = *dims.last().ok_or_else(|| candle_core::Error::Msg("linear: a scalar input".into()))?;
         let rows = x.elem_count() / features.max(1);
         let y = x.reshape((rows, features))?.matmul(&self.weight.t()?)?;
         let y = match &self.bias {
-            Some(b) => crate::kernels::bias_add(&y, b, crate::kernels::BiasAxis::Last, false)?,
-            None => y,
+            Some(b) => crate::kernels::bias_act(&y, b, crate::kernels::BiasAxis::Last, act)?,
+            None => match act {
+                Act::None => y,
+                Act::Relu => y.relu()?,
+                Act::GeluErf => y.gelu_erf()?,
+            },
         };
         let mut out = dims.to_vec();
         *out.last_mut().expect("rank >= 1") = self.weight.dim(0)?;
@@ -156,7 +169,7 @@ impl ConvBn {
             }
         };
         let y = crate::kernels::conv2d(x, w, self.conv.padding, self.conv.stride)?;
-        crate::kernels::bias_add(&y, b, crate::kernels::BiasAxis::Channels, relu)
+        crate::kernels::bias_act(&y, b, crate::kernels::BiasAxis::Channels, if relu { Act::Relu } else { Act::None })
     }
 }
 
@@ -177,7 +190,7 @@ impl Conv2d {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = crate::kernels::conv2d(x, &self.weight, self.padding, self.stride)?;
         match &self.bias {
-            Some(b) => crate::kernels::bias_add(&y, b, crate::kernels::BiasAxis::Channels, false),
+            Some(b) => crate::kernels::bias_act(&y, b, crate::kernels::BiasAxis::Channels, Act::None),
             None => Ok(y),
         }
     }

@@ -10,7 +10,7 @@ use candle_nn::{Init, Module, VarBuilder};
 use super::attention::{attend, merge_heads, split_heads};
 use super::layers::{Conv2d, LayerNorm, Linear};
 use super::{Classifier, Inputs};
-use crate::kernels::add;
+use crate::kernels::{add, Act};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -186,7 +186,7 @@ impl Block {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = add(x, &self.window_attention(&self.norm1.forward(x)?)?, false)?;
-        let h = self.fc1.forward(&self.norm2.forward(&x)?)?.gelu_erf()?;
+        let h = self.fc1.forward_act(&self.norm2.forward(&x)?, Act::GeluErf)?;
         add(&x, &self.fc2.forward(&h)?, false)
     }
 

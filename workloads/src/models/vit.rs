@@ -8,7 +8,7 @@ use candle_nn::{Init, Module, VarBuilder};
 use super::attention::{attend, merge_heads, split_heads};
 use super::layers::{Conv2d, LayerNorm, Linear, torch_linear};
 use super::{Classifier, Inputs};
-use crate::kernels::add;
+use crate::kernels::{add, Act};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -66,8 +66,8 @@ impl Config {
 
 struct EncoderBlock {
     ln_1: LayerNorm,
-    in_proj_weight: Tensor,
-    in_proj_bias: Tensor,
+    /// torch's packed q/k/v projection (`in_proj_weight`, `in_proj_bias`).
+    in_proj: Linear,
     out_proj: Linear,
     ln_2: LayerNorm,
     mlp_fc1: Linear,
@@ -85,8 +85,7 @@ impl EncoderBlock {
         let in_proj_bias = attn.get_with_hints(3 * d, "in_proj_bias", Init::Const(0.0))?;
         Ok(Self {
             ln_1: LayerNorm::new(d, 1e-6, vb.pp("ln_1"))?,
-            in_proj_weight,
-            in_proj_bias,
+            in_proj: Linear::new(in_proj_weight, Some(in_proj_bias)),
             out_proj: torch_linear(d, d, attn.pp("out_proj"))?,
             ln_2: LayerNorm::new(d, 1e-6, vb.pp("ln_2"))?,
             mlp_fc1: torch_linear(d, cfg.mlp_dim, vb.pp("mlp.0"))?,
@@ -97,12 +96,12 @@ impl EncoderBlock {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.ln_1.forward(x)?;
-        let qkv = h.broadcast_matmul(&self.in_proj_weight.t()?)?.broadcast_add(&self.in_proj_bias)?;
+        let qkv = self.in_proj.forward(&h)?;
         let d = x.dim(D::Minus1)?;
         let part = |i: usize| split_heads(&qkv.narrow(D::Minus1, i * d, d)?, self.heads);
         let attn = merge_heads(&attend(&part(0)?, &part(1)?, &part(2)?, None)?)?;
         let x = add(x, &self.out_proj.forward(&attn)?, false)?;
-        let h = self.mlp_fc1.forward(&self.ln_2.forward(&x)?)?.gelu_erf()?;
+        let h = self.mlp_fc1.forward_act(&self.ln_2.forward(&x)?, Act::GeluErf)?;
         add(&x, &self.mlp_fc2.forward(&h)?, false)
     }
 }
