@@ -75,7 +75,7 @@ fn cudnn_conv2d_matches_candle_on_the_cpu_forward_and_backward() {
 }
 
 #[test]
-fn f32_convolutions_stay_off_tf32_unless_allowed() {
+fn f32_convolutions_stay_off_tf32_unless_allowed_and_stay_close_when_allowed() {
     let Some(gpu) = gpu() else { return };
     // Long reductions (c * k * k = 1152 terms) make TF32's 10-bit inputs visible: ~1e-3 relative,
     // against ~1e-6 for f32.
@@ -89,7 +89,8 @@ fn f32_convolutions_stay_off_tf32_unless_allowed() {
     workloads::precision::allow_tf32(false);
     eprintln!("f32 conv error: strict {strict:.1e}, tf32 allowed {tf32:.1e}");
     assert!(strict < 1e-5, "f32 without TF32 differs by {strict}");
-    assert!(tf32 > 10.0 * strict, "allowing TF32 changed nothing ({tf32} vs {strict}): is the flag wired to cuDNN?");
+    // Allowed is not required: cuDNN takes the fastest algorithm, which may still be an FMA one.
+    assert!(tf32 < 1e-2, "f32 with TF32 allowed differs by {tf32}");
 }
 
 #[test]
@@ -142,11 +143,13 @@ fn add_kernel_matches_candle_on_the_cpu_forward_and_backward() {
     let Some(gpu) = gpu() else { return };
     let (x, z, r) = (random(&[3, 5, 7, 9], 70), random(&[3, 5, 7, 9], 71), random(&[3, 5, 7, 9], 72));
     for relu in [false, true] {
-        let (xv, zv) = (Var::from_tensor(&x).unwrap(), Var::from_tensor(&z).unwrap());
-        let y_ref = workloads::kernels::add(xv.as_tensor(), zv.as_tensor(), relu).unwrap();
-        let g = (&y_ref * &r).unwrap().sum_all().unwrap().backward().unwrap();
-        let (dx_ref, dz_ref) = (g.get(xv.as_tensor()).unwrap().clone(), g.get(zv.as_tensor()).unwrap().clone());
         for (dtype, tol) in [(DType::F32, 1e-6f32), (DType::BF16, 1e-2), (DType::F16, 2e-3)] {
+            // The reference on the inputs rounded to the dtype, so that the ReLU sees the same signs.
+            let rounded = |t: &Tensor| t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap();
+            let (xv, zv) = (Var::from_tensor(&rounded(&x)).unwrap(), Var::from_tensor(&rounded(&z)).unwrap());
+            let y_ref = workloads::kernels::add(xv.as_tensor(), zv.as_tensor(), relu).unwrap();
+            let g = (&y_ref * &r).unwrap().sum_all().unwrap().backward().unwrap();
+            let (dx_ref, dz_ref) = (g.get(xv.as_tensor()).unwrap().clone(), g.get(zv.as_tensor()).unwrap().clone());
             let on = |t: &Tensor| Var::from_tensor(&t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).unwrap();
             let (xg, zg) = (on(&x), on(&z));
             let y = workloads::kernels::add(xg.as_tensor(), zg.as_tensor(), relu).unwrap();

@@ -67,7 +67,7 @@ __device__ void bias_act(const typename E::T* x, const typename E::T* b, typenam
 #define KERNEL(NAME, E)                                                                              \
 extern "C" __global__ void NAME(const E::T* x, const E::T* b, E::T* y, unsigned int planes,         \
                                 unsigned int len, unsigned int channels, int per_plane, int act) { \
-    bias_act<E>(x, b, y, planes, len, channels, per_plane, relu);                                    \
+    bias_act<E>(x, b, y, planes, len, channels, per_plane, act);                                    \
 }
 KERNEL(bias_act_f32, F32)
 KERNEL(bias_act_bf16, BF16)
