@@ -95,3 +95,45 @@ pub fn merge_heads(x: &Tensor) -> Result<Tensor> {
     }
     x.transpose(1, 2)?.reshape((b, t, h * hd))
 }
+
+/// x + bias, where the bias repeats along x's leading elements: its shape, leading 1s
+/// left out, is [d0, rest..] against scores [.., s0, rest..] with d0 dividing s0 (Swin's [windows,
+/// heads, n, n] against [batch * windows, heads, n, n]; position embeddings [tokens, d] against
+/// [batch, tokens, d]). Then the add is one pass of the last-axis bias kernel over x seen as
+/// [repeats, bias elements]; other shapes take candle's broadcast add.
+pub fn add_repeating(scores: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    let b: Vec<usize> = bias.dims().iter().copied().skip_while(|&d| d == 1).collect();
+    let s = scores.dims();
+    let fits = !b.is_empty() && b.len() <= s.len() && {
+        let k = s.len() - b.len();
+        s[k + 1..] == b[1..] && s[k] % b[0] == 0
+    };
+    if !fits {
+        return scores.broadcast_add(bias);
+    }
+    let n = bias.elem_count();
+    let flat = scores.reshape((scores.elem_count() / n, n))?;
+    bias_act(&flat, &bias.flatten_all()?, BiasAxis::Last, Act::None)?.reshape(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    #[test]
+    fn a_repeating_bias_is_added_as_broadcasting_would() -> Result<()> {
+        let scores = Tensor::arange(0f32, 48., &Device::Cpu)?.reshape((4, 2, 3, 2))?;
+        // [windows = 2, heads, n, n] against [batch * windows = 4, ...]: repeats every 2.
+        let bias = Tensor::arange(0f32, 24., &Device::Cpu)?.reshape((2, 2, 3, 2))?;
+        let want = scores.reshape((2, 2, 2, 3, 2))?.broadcast_add(&bias.unsqueeze(0)?)?.reshape((4, 2, 3, 2))?;
+        assert_eq!(add_repeating(&scores, &bias)?.flatten_all()?.to_vec1::<f32>()?, want.flatten_all()?.to_vec1::<f32>()?);
+        // [1, heads, n, n] and a BERT-style [batch, 1, 1, n] mask go as broadcasting does.
+        for b in [Tensor::ones((1, 2, 3, 2), DType::F32, &Device::Cpu)?, Tensor::ones((4, 1, 1, 2), DType::F32, &Device::Cpu)?] {
+            let want = scores.broadcast_add(&b)?.flatten_all()?.to_vec1::<f32>()?;
+            assert_eq!(add_repeating(&scores, &b)?.flatten_all()?.to_vec1::<f32>()?, want);
+        }
+        Ok(())
+    }
+
+}

@@ -163,12 +163,19 @@ impl Bert {
         let x = self
             .word_embeddings
             .forward(input_ids)?
-            .add(&self.token_type_embeddings.forward(token_type_ids)?)?
-            .broadcast_add(&self.position_embeddings.narrow(0, 0, seq)?)?;
+            .add(&self.token_type_embeddings.forward(token_type_ids)?)?;
+        let x = crate::kernels::add_repeating(&x, &self.position_embeddings.narrow(0, 0, seq)?)?;
         let mut x = self.embeddings_norm.forward(&x)?;
         // Masked keys get -10000 added to their scores, as the original BERT does (finite in f16).
         let (b, s) = attention_mask.dims2()?;
-        let mask_bias = ((attention_mask.to_dtype(DType::F32)? - 1.0)? * 10000.0)?.reshape((b, 1, 1, s))?;
+        // Spread over heads and query rows once, in the model's dtype: each layer then adds it to its
+        // scores in one same-shape pass instead of a broadcast.
+        let heads = self.layers.first().map_or(1, |l| l.heads);
+        let mask_bias = ((attention_mask.to_dtype(DType::F32)? - 1.0)? * 10000.0)?
+            .reshape((b, 1, 1, s))?
+            .broadcast_as((b, heads, s, s))?
+            .to_dtype(x.dtype())?
+            .contiguous()?;
         for layer in &self.layers {
             x = layer.forward(&x, &mask_bias)?;
         }

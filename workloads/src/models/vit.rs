@@ -143,7 +143,7 @@ impl Classifier for VisionTransformer {
         let b = x.dim(0)?;
         let x = self.conv_proj.forward(x)?.flatten_from(2)?.transpose(1, 2)?; // [b, patches, d]
         let cls = self.class_token.broadcast_as((b, 1, x.dim(2)?))?;
-        let mut x = Tensor::cat(&[&cls, &x], 1)?.broadcast_add(&self.pos_embedding)?;
+        let mut x = crate::kernels::add_repeating(&Tensor::cat(&[&cls, &x], 1)?, &self.pos_embedding)?;
         for block in &self.blocks {
             x = block.forward(&x)?;
         }
