@@ -15,8 +15,8 @@ for case in "$@"; do
     # Every launch is timed on its own (ncu serialises them): the sum is the GPU time of the kernels,
     # without the gaps between them that a host-bound run also has.
     "$ncu" --csv --profile-from-start off --metrics gpu__time_duration.sum "$bin" run --model "$1" --mode "$2" \
-        --dtype "$3" --batch "$4" --warmup 2 --iters 2 --device 0 --out /tmp/ncu-runs > "$out" 2>/tmp/ncu.err \
+        --dtype "$3" --batch "$4" --warmup 2 --iters "${ITERS:-2}" --device 0 --out /tmp/ncu-runs > "$out" 2>/tmp/ncu.err \
         || { tail -5 /tmp/ncu.err; continue; }
-    python3 benches/ncu_summary.py "$out" --top 20 --iterations 2
+    python3 benches/ncu_summary.py "$out" --top 20 --iterations "${ITERS:-2}"
     [ -n "${OUT:-}" ] && cp "$out" "$OUT"/
 done
