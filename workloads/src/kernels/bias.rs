@@ -198,7 +198,7 @@ impl CustomOp2 for BiasAct {
         let grad = match self.act {
             Act::None => grad.clone(),
             // Through the ReLU only where it passed the value on.
-            Act::Relu => (grad * positive(res)?)?,
+            Act::Relu => relu_grad(grad, res)?,
             // gelu'(v) = Φ(v) + v φ(v), on v = x + b recomputed, in f32.
             Act::GeluErf => {
                 let v = x.detach().apply_op2_no_bwd(&b.detach(), &BiasAct { axis: self.axis, act: Act::None })?.to_dtype(DType::F32)?;
@@ -282,14 +282,14 @@ impl CustomOp2 for AddAct {
     }
 
     fn bwd(&self, _x: &Tensor, _z: &Tensor, res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let grad = if self.relu { (grad * positive(res)?)? } else { grad.clone() };
+        let grad = if self.relu { relu_grad(grad, res)? } else { grad.clone() };
         Ok((Some(grad.clone()), Some(grad)))
     }
 }
 
-/// 1 where `t` > 0, else 0, in t's dtype. The comparison runs in f32: candle's bf16 comparison
-/// against a scalar gave wrong masks on the H100 (the ReLU gradients of the kernel tests were off
-/// by 30-40% in bf16 only, f16 and f32 exact).
-fn positive(t: &Tensor) -> Result<Tensor> {
-    t.to_dtype(DType::F32)?.gt(0.0)?.to_dtype(t.dtype())
+/// grad where `res` > 0, else 0: the ReLU's gradient as PyTorch's `threshold_backward` takes it
+/// (0 where the input was exactly 0; candle's own ReLU passes the gradient there, which in bf16,
+/// where x + b cancels exactly fairly often, makes a visible difference).
+fn relu_grad(grad: &Tensor, res: &Tensor) -> Result<Tensor> {
+    grad * res.gt(0.0)?.to_dtype(grad.dtype())?
 }
