@@ -33,7 +33,7 @@ def main():
         row = [p["model"], p["mode"], p["dtype"], str(p["batch"]), f"{m['throughput']:.1f}", f"{p['throughput']:.1f}",
                f"{m['throughput'] / p['throughput']:.2f}", f"{m['p50_ms']:.3f}", m["verdict"]]
         if peak:
-            top = peak[f"{p['dtype']}_tflops"] * 1e12
+            top = peak.get(f"{p['dtype']}_tflops", float("nan")) * 1e12
             row += [f"{m['throughput'] * m['flops_per_sample'] / top:.1%}", f"{p['throughput'] * m['flops_per_sample'] / top:.1%}"]
         out.append(row)
     if markdown:

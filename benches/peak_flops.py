@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The GPU's measured dense matmul peak, the denominator of model FLOP utilisation (MFU): the best of
-several 8192^3 matmuls in bf16 (f32 accumulation) and in f32 with TF32 off, as the comparison runs f32.
-Prints one JSON object: {"gpu", "torch", "bf16_tflops", "f32_tflops"}.
+several 8192^3 matmuls in bf16 (f32 accumulation), in f32 with TF32 off (as the comparison runs f32)
+and with TF32 on (for --dtype tf32 runs).
+Prints one JSON object: {"gpu", "torch", "bf16_tflops", "f32_tflops", "tf32_tflops"}.
 """
 import json
 import time
@@ -30,7 +31,16 @@ def main():
     print(json.dumps({
         "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "bf16_tflops": best_tflops(torch.bfloat16), "f32_tflops": best_tflops(torch.float32),
+        "tf32_tflops": tf32_tflops(),
     }))
+
+
+def tf32_tflops():
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        return best_tflops(torch.float32)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ transformers BertForSequenceClassification), synthetic inputs, random weights, b
 iteration counts, measured the way migprof measures (each step synchronised before the clock is read).
 
 Precision policy, stated in every output row: f32 runs with TF32 off for matmuls and convolutions
-(`allow_tf32 = False`), as migprof's f32; bf16 runs the model in bf16 under autocast, cudnn.benchmark on.
+(`allow_tf32 = False`), as migprof's f32; tf32 with it on for both, as migprof's `--dtype tf32`; bf16
+runs the model under autocast (bf16 matmuls and convolutions, f32 weights and reductions where autocast
+keeps them). cudnn.benchmark on throughout.
 
 usage: pytorch_reference.py --models resnet50,vit_b_16 --modes infer --dtypes f32,bf16 --batches 1,8
        [--warmup 10] [--iters 50] [--seq-len 128] > rows.jsonl
@@ -61,6 +63,8 @@ def measure(name, mode, dtype, batch, args):
     model = model.to(device)
     x, labels = inputs(kind, batch, args.seq_len, device, gen)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=(dtype == "bf16"))
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    torch.backends.cudnn.allow_tf32 = dtype == "tf32"
     if mode == "infer":
         model.eval()
 
@@ -92,7 +96,7 @@ def measure(name, mode, dtype, batch, args):
         "framework": "pytorch", "model": name, "mode": mode, "dtype": dtype, "batch": batch,
         "seq_len": args.seq_len if kind == "tokens" else None, "iterations": len(lat),
         "mean_ms": mean, "p50_ms": statistics.median(lat), "throughput": 1000.0 / mean * batch,
-        "precision": "f32, TF32 off" if dtype == "f32" else "bf16 autocast",
+        "precision": {"f32": "f32, TF32 off", "tf32": "f32, TF32 on"}.get(dtype, "bf16 autocast"),
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
     }
 

@@ -56,7 +56,7 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
     let mut completed = Vec::new();
     let mut failed = None;
     for (i, s) in specs.iter().enumerate() {
-        write!(log, "[{}/{}] {} {} {} batch {} ... ", i + 1, specs.len(), s.model, s.mode.as_str(), s.dtype.as_str(), s.batch)?;
+        write!(log, "[{}/{}] {} {} {} batch {} ... ", i + 1, specs.len(), s.model, s.mode.as_str(), s.precision(), s.batch)?;
         log.flush()?;
         let outcome = execute(s, &device, context.clone()).and_then(|run| write_run(&args.out, &run).map(|_| run));
         match outcome {

@@ -151,6 +151,10 @@ pub enum DTypeArg {
     F32,
     Bf16,
     F16,
+    /// f32 weights and activations; f32 matmuls and convolutions may run on TF32 tensor cores
+    /// (10-bit mantissa inputs, f32 accumulation), as PyTorch's convolutions do by default
+    /// (`torch.backends.cudnn.allow_tf32`). GPU only.
+    Tf32,
 }
 
 impl From<DTypeArg> for candle_core::DType {
@@ -159,6 +163,7 @@ impl From<DTypeArg> for candle_core::DType {
             DTypeArg::F32 => candle_core::DType::F32,
             DTypeArg::Bf16 => candle_core::DType::BF16,
             DTypeArg::F16 => candle_core::DType::F16,
+            DTypeArg::Tf32 => candle_core::DType::F32,
         }
     }
 }
@@ -320,6 +325,7 @@ impl RunArgs {
                             model: model.clone(),
                             mode: mode.into(),
                             dtype: dtype.into(),
+                            tf32: dtype == DTypeArg::Tf32,
                             batch,
                             seq_len: self.seq_len.filter(|_| takes_tokens(model)).map(|l| l as usize),
                             weights: self.weights.clone(),

@@ -22,7 +22,7 @@ fn main() -> ExitCode {
                         "error: {} {} {} batch {} failed: {err:#}\n(runs finished before it are kept in {})",
                         spec.model,
                         spec.mode.as_str(),
-                        spec.dtype.as_str(),
+                        spec.precision(),
                         spec.batch,
                         args.out.display()
                     );

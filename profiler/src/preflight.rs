@@ -15,6 +15,9 @@ const MODES: [Mode; 2] = [Mode::Infer, Mode::Train];
 pub fn check(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
     let mut checked: Vec<(Family, Mode, DType)> = Vec::new();
     for s in specs {
+        if s.tf32 && !device.device.is_cuda() {
+            bail!("tf32 is a mode of NVIDIA tensor cores; on {} f32 is computed exactly: use --dtype f32 (choices: f32, bf16, f16, tf32 on a GPU)", device.info.kind)
+        }
         let (_, info) = workloads::lookup(&s.model)?;
         let key = (info.family, s.mode, s.dtype);
         if checked.contains(&key) {
@@ -32,7 +35,7 @@ pub fn check(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
                 "{} {} {} cannot run on {}: {} failed with: {}\nwhat runs there for {} models: {}",
                 s.model,
                 s.mode.as_str(),
-                s.dtype.as_str(),
+                s.precision(),
                 device.info.kind,
                 workloads::tiny_model(info.family),
                 first_line(&e.to_string()),

@@ -19,6 +19,8 @@ pub struct RunSpec {
     pub model: String,
     pub mode: Mode,
     pub dtype: DType,
+    /// f32 matmuls and convolutions may use TF32 (`--dtype tf32`); only with `dtype` f32.
+    pub tf32: bool,
     pub batch: usize,
     /// Tokens per sequence for token models (their default when `None`); always `None` for images.
     pub seq_len: Option<usize>,
@@ -31,6 +33,21 @@ pub struct RunSpec {
     pub seed: u64,
     /// How often the sampler reads the GPU's counters while measuring; `None`: no sampler.
     pub sample_interval: Option<std::time::Duration>,
+}
+
+impl RunSpec {
+    /// The precision as `--dtype` names it: `tf32`, or the dtype.
+    pub fn precision(&self) -> &'static str {
+        precision(self.dtype, self.tf32)
+    }
+}
+
+fn precision(dtype: DType, tf32: bool) -> &'static str {
+    if tf32 {
+        "tf32"
+    } else {
+        dtype.as_str()
+    }
 }
 
 /// Identity of the run within its invocation and its surroundings.
@@ -50,6 +67,7 @@ pub struct Run {
     pub model: ModelInfo,
     pub mode: Mode,
     pub dtype: DType,
+    pub tf32: bool,
     pub batch: usize,
     pub seed: u64,
     /// The checkpoint the weights came from; `None` for seeded random weights.
@@ -95,6 +113,7 @@ impl Run {
             model,
             mode: spec.mode,
             dtype: spec.dtype,
+            tf32: spec.tf32,
             batch: spec.batch,
             seed: spec.seed,
             weights: spec.weights.as_ref().map(|p| p.display().to_string()),
@@ -108,6 +127,11 @@ impl Run {
             sampler_error,
             sample_interval,
         })
+    }
+
+    /// The precision as `--dtype` names it: `tf32`, or the dtype.
+    pub fn precision(&self) -> &'static str {
+        precision(self.dtype, self.tf32)
     }
 
     /// `1000 / mean_latency_ms * batch`, samples per second.
@@ -144,6 +168,9 @@ fn describe(t: &workloads::TrainConfig) -> String {
 
 /// Builds the workload, measures it and returns the run.
 pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext) -> Result<Run> {
+    // Process-wide in cuBLAS and cuDNN: set for every run, so that a tf32 run does not leak into the
+    // f32 one after it.
+    workloads::precision::allow_tf32(spec.tf32);
     let (_, info) = workloads::lookup_with(&spec.model, spec.seq_len)?;
     let cfg = workloads::WorkloadConfig {
         device: device.device.clone(),
@@ -268,6 +295,7 @@ pub(crate) mod tests {
             model: "resnet_tiny".into(),
             mode: Mode::Infer,
             dtype: DType::F32,
+            tf32: false,
             batch,
             seq_len: None,
             weights: None,

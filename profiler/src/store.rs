@@ -180,7 +180,7 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         col("model", s(|r| r.model.name.to_string())),
         col("family", s(|r| r.model.family.as_str().to_string())),
         col("mode", s(|r| r.mode.as_str().to_string())),
-        col("dtype", s(|r| r.dtype.as_str().to_string())),
+        col("dtype", s(|r| r.precision().to_string())),
         col("batch", i(|r| r.batch as i64)),
         Column::new("seq_len".into(), runs.iter().map(|r| r.model.input.seq_len().map(|l| l as i64)).collect::<Vec<_>>()),
         col("device_kind", s(|r| r.context.device.kind.to_string())),

@@ -12,7 +12,7 @@ pub fn table(runs: &[Run]) -> String {
             [
                 r.model.name.to_string(),
                 r.mode.as_str().to_string(),
-                r.dtype.as_str().to_string(),
+                r.precision().to_string(),
                 r.batch.to_string(),
                 format!("{:.3}", ns_to_ms(r.stats.p50_ns)),
                 format!("{:.3}", ns_to_ms(r.stats.p99_ns)),

@@ -111,6 +111,13 @@ fn an_unsupported_dtype_fails_before_any_run_and_keeps_the_folder() {
     let msg = text(&o);
     assert!(msg.contains("resnet_tiny infer bf16 cannot run on cpu") && msg.contains("what runs there"), "{msg}");
     assert_eq!(read_table(dir.path(), Table::Runs).unwrap().height(), 1);
+
+    // tf32 is a tensor-core mode: refused on the CPU, naming the choices, and still nothing written.
+    let o = run_tiny(dir.path(), &["--batch", "2", "--iters", "3", "--dtype", "tf32"]);
+    assert_eq!(o.status.code(), Some(1));
+    let msg = text(&o);
+    assert!(msg.contains("tf32 is a mode of NVIDIA tensor cores") && msg.contains("choices: f32, bf16, f16"), "{msg}");
+    assert_eq!(read_table(dir.path(), Table::Runs).unwrap().height(), 1);
 }
 
 #[test]
