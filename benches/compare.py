@@ -46,9 +46,10 @@ def main():
         for r in [head] + out:
             print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
     if rows:
-        print(f"\nPyTorch {rows[0]['torch']} on {rows[0]['gpu']}; precision: f32 TF32 off, bf16 autocast (PyTorch) / bf16 weights (migprof)")
+        print(f"\nPyTorch {rows[0]['torch']} on {rows[0]['gpu']}; precision: f32 TF32 off; tf32 TF32 on for matmuls and convolutions; bf16 autocast (PyTorch) / bf16 weights (migprof)")
     if peak:
-        print(f"measured peak: bf16 {peak['bf16_tflops']:.0f} TFLOP/s, f32 (no TF32) {peak['f32_tflops']:.1f} TFLOP/s")
+        tf32 = f", tf32 {peak['tf32_tflops']:.0f} TFLOP/s" if "tf32_tflops" in peak else ""
+        print(f"measured peak: bf16 {peak['bf16_tflops']:.0f} TFLOP/s, f32 (no TF32) {peak['f32_tflops']:.1f} TFLOP/s{tf32}")
 
 
 if __name__ == "__main__":
