@@ -55,11 +55,7 @@ HEADS(heads_w16, W16)
 
 fn ptx() -> Result<&'static str> {
     static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
-    let compiled = PTX.get_or_init(|| {
-        let opts = cudarc::nvrtc::CompileOptions { arch: Some("compute_80"), ..Default::default() };
-        cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts).map(|p| p.to_src()).map_err(|e| format!("{e:?}"))
-    });
-    compiled.as_deref().map_err(|e| candle_core::Error::Msg(format!("compiling the heads kernel with NVRTC: {e}")))
+    super::nvrtc::ptx(&PTX, SOURCE, "heads")
 }
 
 /// `split`: [b, t, heads * d] -> [b, heads, t, d]; otherwise the inverse.

@@ -8,6 +8,8 @@ pub mod bias;
 pub mod cudnn_conv;
 #[cfg(feature = "cuda")]
 pub mod heads;
+#[cfg(feature = "cuda")]
+mod nvrtc;
 
 use candle_core::{Result, Tensor};
 
