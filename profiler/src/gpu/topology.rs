@@ -102,7 +102,8 @@ impl Topology {
     }
 }
 
-fn on_off(b: bool) -> &'static str {
+/// "on" or "off", as a mode reads in messages.
+pub(crate) fn on_off(b: bool) -> &'static str {
     if b {
         "on"
     } else {

@@ -16,6 +16,7 @@ use super::config::{entries_by_gpu, DeviceConfig, Devices, GpuKey, MigPartedFile
 use super::control::{GpuInstanceState, GpuState, MigControl};
 use super::plan::{plan, Placement, Plan};
 use super::profile::{MigProfile, ProfileTable};
+use crate::gpu::topology::on_off;
 
 /// What the caller allows.
 #[derive(Debug, Clone, Copy, Default)]
@@ -115,12 +116,14 @@ pub fn destroy(ctl: &mut dyn MigControl, gpus: &[u32], opts: &Options, out: &mut
         }
     }
     let chosen = all.into_iter().filter(|g| g.mig_mode.is_some_and(|m| m.current) && (gpus.is_empty() || gpus.contains(&g.index)));
-    let changes = chosen.map(|g| Change { actions: teardown(&g, &ctl_table(ctl, &g)), target: Target::Empty, gpu: g }).collect();
+    let changes = chosen
+        .map(|g| {
+            // Only for naming the profiles in the printed plan: ids do without.
+            let table = ctl.profile_table(g.index).ok();
+            Change { actions: teardown(&g, table.as_ref()), target: Target::Empty, gpu: g }
+        })
+        .collect();
     carry_out(ctl, changes, opts, out)
-}
-
-fn ctl_table(ctl: &mut dyn MigControl, gpu: &GpuState) -> Option<ProfileTable> {
-    ctl.profile_table(gpu.index).ok()
 }
 
 /// `migprof mig export`: the current layout as a mig-parted file with one config, `name`, and a
@@ -188,7 +191,7 @@ fn plan_apply(ctl: &mut dyn MigControl, entries: &[DeviceConfig]) -> Result<Vec<
                 actions.push(Action::SetMigMode { gpu: gpu.index, enabled: true });
             }
             if !in_place(&gpu, &layout, &table) {
-                actions.extend(teardown(&gpu, &Some(table.clone())));
+                actions.extend(teardown(&gpu, Some(&table)));
                 actions.extend(layout.instances.iter().map(|gi| Action::CreateGpuInstance {
                     gpu: gpu.index,
                     profile: gi.profile.clone(),
@@ -197,7 +200,7 @@ fn plan_apply(ctl: &mut dyn MigControl, entries: &[DeviceConfig]) -> Result<Vec<
             }
             Change { gpu, target: Target::Layout(layout), actions }
         } else {
-            let mut actions = teardown(&gpu, &Some(table));
+            let mut actions = teardown(&gpu, Some(&table));
             if mode.current || mode.pending {
                 actions.push(Action::SetMigMode { gpu: gpu.index, enabled: false });
             }
@@ -227,13 +230,13 @@ fn in_place(gpu: &GpuState, layout: &Plan, table: &ProfileTable) -> bool {
 }
 
 fn spanned(gi: &GpuInstanceState, table: &ProfileTable) -> bool {
-    let slices = table.profiles.iter().find(|p| p.id == gi.profile_id).map(|p| p.compute_slices);
+    let slices = table.by_id(gi.profile_id).map(|p| p.compute_slices);
     matches!(gi.compute_instances.as_slice(), [ci] if Some(ci.compute_slices) == slices)
 }
 
 /// Destroying every instance: compute instances first (NVML refuses to destroy a GPU instance that
 /// still has them).
-fn teardown(gpu: &GpuState, table: &Option<ProfileTable>) -> Vec<Action> {
+fn teardown(gpu: &GpuState, table: Option<&ProfileTable>) -> Vec<Action> {
     let mut actions = Vec::new();
     for gi in &gpu.gpu_instances {
         for ci in &gi.compute_instances {
@@ -242,8 +245,7 @@ fn teardown(gpu: &GpuState, table: &Option<ProfileTable>) -> Vec<Action> {
     }
     for gi in &gpu.gpu_instances {
         let profile = table
-            .as_ref()
-            .and_then(|t| t.profiles.iter().find(|p| p.id == gi.profile_id))
+            .and_then(|t| t.by_id(gi.profile_id))
             .map_or_else(|| format!("profile id {}", gi.profile_id), |p| p.name.clone());
         actions.push(Action::DestroyGpuInstance { gpu: gpu.index, gpu_instance: gi.id, profile });
     }
@@ -409,7 +411,7 @@ fn describe_instances(gpu: &GpuState, table: Option<&ProfileTable>) -> String {
         .gpu_instances
         .iter()
         .map(|gi| {
-            let name = table.and_then(|t| t.profiles.iter().find(|p| p.id == gi.profile_id)).map_or("?", |p| p.name.as_str());
+            let name = table.and_then(|t| t.by_id(gi.profile_id)).map_or("?", |p| p.name.as_str());
             format!("{name} (GI {}, {}:{}, {} CI)", gi.id, gi.placement.start, gi.placement.size, gi.compute_instances.len())
         })
         .collect();
@@ -426,7 +428,7 @@ fn slices(p: Placement) -> String {
 }
 
 fn profile_by_id(table: &ProfileTable, id: u32) -> Result<&MigProfile> {
-    table.profiles.iter().find(|p| p.id == id).ok_or_else(|| anyhow!("GPU-instance profile id {id} is not in the {}'s table", table.product))
+    table.by_id(id).ok_or_else(|| anyhow!("GPU-instance profile id {id} is not in the {}'s table", table.product))
 }
 
 fn indices(gpus: &[GpuState]) -> String {
@@ -434,14 +436,6 @@ fn indices(gpus: &[GpuState]) -> String {
         return "none".into();
     }
     gpus.iter().map(|g| g.index.to_string()).collect::<Vec<_>>().join(", ")
-}
-
-fn on_off(b: bool) -> &'static str {
-    if b {
-        "on"
-    } else {
-        "off"
-    }
 }
 
 #[cfg(test)]

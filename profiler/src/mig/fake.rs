@@ -79,7 +79,7 @@ impl MigControl for FakeNvml {
             bail!("NVML: MIG mode is off on GPU {gpu}")
         }
         let table = g.table.as_ref().expect("MIG on implies a table");
-        let Some(profile) = table.profiles.iter().find(|p| p.id == profile_id) else { bail!("NVML: no GPU-instance profile {profile_id}") };
+        let Some(profile) = table.by_id(profile_id) else { bail!("NVML: no GPU-instance profile {profile_id}") };
         if placement.size != profile.memory_slices || !profile.placements.contains(&placement.start) {
             bail!("NVML: invalid placement {}:{} for profile {profile_id}", placement.start, placement.size)
         }
@@ -111,7 +111,7 @@ impl MigControl for FakeNvml {
         if !gi.compute_instances.is_empty() {
             bail!("NVML: insufficient resources (GPU instance {gpu_instance} is already spanned)")
         }
-        let slices = table.profiles.iter().find(|p| p.id == gi.profile_id).expect("a known profile").compute_slices;
+        let slices = table.by_id(gi.profile_id).expect("a known profile").compute_slices;
         gi.compute_instances.push(ComputeInstance { id: 0, compute_slices: slices });
         Ok(0)
     }

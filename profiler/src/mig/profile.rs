@@ -64,6 +64,11 @@ impl ProfileTable {
         })
     }
 
+    /// The profile NVML calls `id` (what a GPU instance reports as its profile).
+    pub fn by_id(&self, id: u32) -> Option<&MigProfile> {
+        self.profiles.iter().find(|p| p.id == id)
+    }
+
     /// The table as `nvidia-smi mig -lgip` shows it, with each profile's placements.
     pub fn render(&self) -> String {
         let mut out = format!("{} ({}; {} compute slices, {} memory slices)\n", self.product, self.gpu, self.compute_slices, self.memory_slices);
