@@ -42,6 +42,17 @@ pub enum Act {
     GeluErf,
 }
 
+impl Act {
+    /// The activation with candle's own ops (its CPU kernels, or where no bias kernel runs).
+    pub fn apply(self, y: Tensor) -> Result<Tensor> {
+        match self {
+            Act::None => Ok(y),
+            Act::Relu => y.relu(),
+            Act::GeluErf => y.gelu_erf(),
+        }
+    }
+}
+
 /// act(x + b), b broadcast along `axis`: one pass of our kernel on CUDA devices, candle's broadcast
 /// add and activation elsewhere.
 pub fn bias_act(x: &Tensor, b: &Tensor, axis: BiasAxis, act: Act) -> Result<Tensor> {
@@ -53,12 +64,7 @@ pub fn bias_act(x: &Tensor, b: &Tensor, axis: BiasAxis, act: Act) -> Result<Tens
         BiasAxis::Channels => (0..x.rank()).map(|d| if d == 1 { b.elem_count() } else { 1 }).collect(),
         BiasAxis::Last => vec![b.elem_count()],
     };
-    let y = x.broadcast_add(&b.reshape(shape)?)?;
-    match act {
-        Act::None => Ok(y),
-        Act::Relu => y.relu(),
-        Act::GeluErf => y.gelu_erf(),
-    }
+    act.apply(x.broadcast_add(&b.reshape(shape)?)?)
 }
 
 /// x + z (same shape), then ReLU when `relu`: one pass of our kernel on CUDA devices, candle's add
@@ -137,5 +143,4 @@ mod tests {
         }
         Ok(())
     }
-
 }

@@ -16,16 +16,6 @@ pub struct Linear {
     bias: Option<Tensor>,
 }
 
-impl Linear {
-    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
-        Self { weight, bias }
-    }
-
-    pub fn weight(&self) -> &Tensor {
-        &self.weight
-    }
-}
-
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.forward_act(x, Act::None)
@@ -33,6 +23,10 @@ impl Module for Linear {
 }
 
 impl Linear {
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self { weight, bias }
+    }
+
     /// act(x wᵀ + b): the bias and the activation in one pass where the bias kernel runs.
     pub fn forward_act(&self, x: &Tensor, act: Act) -> Result<Tensor> {
         let dims = x.dims();
@@ -41,11 +35,7 @@ impl Linear {
         let y = x.reshape((rows, features))?.matmul(&self.weight.t()?)?;
         let y = match &self.bias {
             Some(b) => crate::kernels::bias_act(&y, b, crate::kernels::BiasAxis::Last, act)?,
-            None => match act {
-                Act::None => y,
-                Act::Relu => y.relu()?,
-                Act::GeluErf => y.gelu_erf()?,
-            },
+            None => act.apply(y)?,
         };
         let mut out = dims.to_vec();
         *out.last_mut().expect("rank >= 1") = self.weight.dim(0)?;
