@@ -174,40 +174,43 @@ fn build(handle: sys::cudnnHandle_t, key: Key) -> Result<Prepared> {
         check(dnn::set_convolution2d_descriptor(conv, pad, pad, stride, stride, 1, 1, mode, compute), "conv descriptor")?;
         check(dnn::set_convolution_math_type(conv, math), "math type")?;
     }
-    let mut count = 0;
-    let ok = sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
-    // SAFETY: valid descriptors; cuDNN allocates its own buffers for the measurement and fills at
-    // most `requested` results.
-    let (algo, math, workspace) = unsafe {
-        match key.pass {
-            Pass::Forward => {
-                let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>(); 8];
-                sys::cudnnFindConvolutionForwardAlgorithm(handle, x, wd, conv, y, 8, &mut count, perf.as_mut_ptr())
-                    .result()
-                    .map_err(|e| candle_core::Error::Msg(format!("cuDNN find forward: {e:?}")))?;
-                let p = perf[..count as usize].iter().find(|p| p.status == ok && p.memory <= MAX_WORKSPACE);
-                let p = p.ok_or_else(|| candle_core::Error::Msg(format!("cuDNN has no forward algorithm for {key:?}")))?;
-                (Algo::Forward(p.algo), p.mathType, p.memory)
-            }
-            Pass::BackwardData => {
-                let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(); 8];
-                sys::cudnnFindConvolutionBackwardDataAlgorithm(handle, wd, y, conv, x, 8, &mut count, perf.as_mut_ptr())
-                    .result()
-                    .map_err(|e| candle_core::Error::Msg(format!("cuDNN find backward data: {e:?}")))?;
-                let p = perf[..count as usize].iter().find(|p| p.status == ok && p.memory <= MAX_WORKSPACE);
-                let p = p.ok_or_else(|| candle_core::Error::Msg(format!("cuDNN has no backward-data algorithm for {key:?}")))?;
-                (Algo::BackwardData(p.algo), p.mathType, p.memory)
-            }
-            Pass::BackwardFilter => {
-                let mut perf = [std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(); 8];
-                sys::cudnnFindConvolutionBackwardFilterAlgorithm(handle, x, y, conv, wd, 8, &mut count, perf.as_mut_ptr())
-                    .result()
-                    .map_err(|e| candle_core::Error::Msg(format!("cuDNN find backward filter: {e:?}")))?;
-                let p = perf[..count as usize].iter().find(|p| p.status == ok && p.memory <= MAX_WORKSPACE);
-                let p = p.ok_or_else(|| candle_core::Error::Msg(format!("cuDNN has no backward-filter algorithm for {key:?}")))?;
-                (Algo::BackwardFilter(p.algo), p.mathType, p.memory)
-            }
-        }
+    // The fastest algorithm cuDNN measures that succeeded within the workspace bound. One rule for
+    // the three passes, whose perf types differ.
+    macro_rules! fastest {
+        ($perf:ty, $find:expr, $variant:ident, $what:literal) => {{
+            let mut count = 0;
+            // SAFETY: zeroed plain-data results.
+            let mut perf = [unsafe { std::mem::zeroed::<$perf>() }; 8];
+            // SAFETY: valid descriptors; cuDNN allocates its own buffers for the measurement and
+            // fills at most 8 results.
+            unsafe { ($find)(8, &mut count, perf.as_mut_ptr()) }
+                .result()
+                .map_err(|e| candle_core::Error::Msg(format!("cuDNN find {}: {e:?}", $what)))?;
+            let ok = sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
+            let p = perf[..count as usize].iter().find(|p| p.status == ok && p.memory <= MAX_WORKSPACE);
+            let p = p.ok_or_else(|| candle_core::Error::Msg(format!("cuDNN has no {} algorithm for {key:?}", $what)))?;
+            (Algo::$variant(p.algo), p.mathType, p.memory)
+        }};
+    }
+    let (algo, math, workspace) = match key.pass {
+        Pass::Forward => fastest!(
+            sys::cudnnConvolutionFwdAlgoPerf_t,
+            |n, c, out| sys::cudnnFindConvolutionForwardAlgorithm(handle, x, wd, conv, y, n, c, out),
+            Forward,
+            "forward"
+        ),
+        Pass::BackwardData => fastest!(
+            sys::cudnnConvolutionBwdDataAlgoPerf_t,
+            |n, c, out| sys::cudnnFindConvolutionBackwardDataAlgorithm(handle, wd, y, conv, x, n, c, out),
+            BackwardData,
+            "backward-data"
+        ),
+        Pass::BackwardFilter => fastest!(
+            sys::cudnnConvolutionBwdFilterAlgoPerf_t,
+            |n, c, out| sys::cudnnFindConvolutionBackwardFilterAlgorithm(handle, x, y, conv, wd, n, c, out),
+            BackwardFilter,
+            "backward-filter"
+        ),
     };
     Ok(Prepared { x, w: wd, y, conv, algo, math, workspace })
 }
