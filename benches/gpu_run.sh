@@ -40,8 +40,10 @@ log "pinned to $uuid"
 if [ "$mode" = kernels ]; then
 log "our GPU kernels against candle's CPU reference (workloads/tests/kernels.rs, built with --features cudnn)"
 gunzip -c .dist/kernels-test.gz > /tmp/kernels-test && chmod +x /tmp/kernels-test
-/tmp/kernels-test --nocapture --test-threads 1 2>&1 | tail -40
-exit 0
+/tmp/kernels-test --nocapture --test-threads 1 > "$out/kernels.txt" 2>&1; rc=$?
+grep -E "^test |panicked|differ|test result" -A2 "$out/kernels.txt" | grep -v "^--$" | head -60
+cp "$out/kernels.txt" "${OUT:-/tmp}/" 2>/dev/null
+exit $rc
 fi
 
 if [ "$mode" = mig ]; then

@@ -1,8 +1,10 @@
-//! Optimizers of the training workloads: AdamW is candle's; SGD with momentum is here because candle's
-//! SGD has no momentum, and PyTorch users' ResNet recipes use it.
+//! Optimizers of the training workloads, with PyTorch's semantics: AdamW on our two-pass kernel
+//! (`kernels::adamw`), and SGD with momentum, which candle's SGD lacks and PyTorch users' ResNet
+//! recipes use.
 
 use candle_core::{Result, Tensor, Var};
-use candle_nn::{AdamW, Optimizer as _, ParamsAdamW};
+
+use crate::kernels::adamw::{moments_dtype, AdamApply, AdamMoments, AdamStep};
 
 /// Which optimizer a training workload uses, with PyTorch's semantics.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -30,7 +32,7 @@ pub enum Optimizer {
 impl Optimizer {
     pub fn new(kind: OptimizerKind, vars: Vec<Var>, lr: f64, weight_decay: f64) -> Result<Self> {
         Ok(match kind {
-            OptimizerKind::AdamW => Self::AdamW(AdamW::new(vars, ParamsAdamW { lr, weight_decay, ..Default::default() })?),
+            OptimizerKind::AdamW => Self::AdamW(AdamW::new(vars, lr, weight_decay)?),
             OptimizerKind::Sgd { momentum } => Self::Sgd(SgdMomentum::new(vars, lr, momentum, weight_decay)),
         })
     }
@@ -41,6 +43,38 @@ impl Optimizer {
             Self::AdamW(o) => o.backward_step(loss),
             Self::Sgd(o) => o.backward_step(loss),
         }
+    }
+}
+
+/// `torch.optim.AdamW(lr, betas=(0.9, 0.999), eps=1e-8, weight_decay)`, its moments [m; v] kept in
+/// f32 (f64 for f64 parameters) whatever the parameters' dtype.
+pub struct AdamW {
+    vars: Vec<(Var, Tensor)>,
+    step: AdamStep,
+}
+
+impl AdamW {
+    pub fn new(vars: Vec<Var>, lr: f64, weight_decay: f64) -> Result<Self> {
+        let vars = vars
+            .into_iter()
+            .map(|v| {
+                let moments = Tensor::zeros(2 * v.elem_count(), moments_dtype(v.dtype()), v.device())?;
+                Ok((v, moments))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self { vars, step: AdamStep { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, t: 0 } })
+    }
+
+    pub fn backward_step(&mut self, loss: &Tensor) -> Result<()> {
+        let grads = loss.backward()?;
+        self.step.t += 1;
+        for (var, moments) in &self.vars {
+            // A parameter the loss does not reach keeps its value and moments, as in PyTorch.
+            let Some(g) = grads.get(var.as_tensor()) else { continue };
+            moments.inplace_op2(&g.contiguous()?, &AdamMoments(self.step))?;
+            var.as_tensor().inplace_op2(moments, &AdamApply(self.step))?;
+        }
+        Ok(())
     }
 }
 
@@ -80,6 +114,57 @@ impl SgdMomentum {
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    /// AdamW as `torch.optim.AdamW` writes it, by hand in f64: the reference for the kernel.
+    fn adamw_by_hand(p0: &[f64], grads: &[Vec<f64>], lr: f64, wd: f64) -> Vec<f64> {
+        let (b1, b2, eps) = (0.9f64, 0.999f64, 1e-8);
+        let (mut p, mut m, mut v) = (p0.to_vec(), vec![0.0; p0.len()], vec![0.0; p0.len()]);
+        for (t, g) in grads.iter().enumerate() {
+            let t = t as i32 + 1;
+            for i in 0..p.len() {
+                p[i] *= 1.0 - lr * wd;
+                m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+                v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+                p[i] -= lr * (m[i] / (1.0 - b1.powi(t))) / ((v[i] / (1.0 - b2.powi(t))).sqrt() + eps);
+            }
+        }
+        p
+    }
+
+    #[test]
+    fn adamw_follows_pytorch_by_hand_over_three_steps() -> Result<()> {
+        // loss = sum(c · p²) with a different c per element: gradients 2 c p change every step.
+        let c = [1.0f64, -0.5, 3.0, 0.25];
+        for dtype in [candle_core::DType::F64, candle_core::DType::F32] {
+            let p0 = [0.5f64, -1.5, 2.0, 0.1];
+            let p = Var::from_tensor(&Tensor::new(&p0, &Device::Cpu)?.to_dtype(dtype)?)?;
+            let weights = Tensor::new(&c, &Device::Cpu)?.to_dtype(dtype)?;
+            let mut opt = Optimizer::new(OptimizerKind::AdamW, vec![p.clone()], 0.1, 0.01)?;
+            let mut grads = Vec::new();
+            for _ in 0..3 {
+                let now = p.as_tensor().to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?;
+                grads.push(now.iter().zip(&c).map(|(p, c)| 2.0 * c * p).collect::<Vec<_>>());
+                opt.backward_step(&(p.as_tensor().sqr()? * &weights)?.sum_all()?)?;
+            }
+            let want = adamw_by_hand(&p0, &grads, 0.1, 0.01);
+            let got = p.as_tensor().to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?;
+            let tol = if dtype == candle_core::DType::F64 { 1e-12 } else { 1e-5 };
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() < tol, "{dtype:?}: {got:?} vs {want:?}");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn adamw_leaves_a_parameter_without_gradient_alone() -> Result<()> {
+        let (used, unused) = (Var::new(&[1f32], &Device::Cpu)?, Var::new(&[2f32], &Device::Cpu)?);
+        let mut opt = Optimizer::new(OptimizerKind::AdamW, vec![used.clone(), unused.clone()], 0.1, 0.01)?;
+        opt.backward_step(&used.as_tensor().sum_all()?)?;
+        assert_eq!(unused.as_tensor().to_vec1::<f32>()?, vec![2.0]);
+        assert!(used.as_tensor().to_vec1::<f32>()?[0] < 1.0);
+        Ok(())
+    }
 
     #[test]
     fn sgd_momentum_follows_pytorch_by_hand() -> Result<()> {

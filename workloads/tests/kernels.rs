@@ -203,3 +203,141 @@ fn heads_kernels_match_candle_on_the_cpu_forward_and_backward() {
         }
     }
 }
+
+/// f on `inputs` made variables: its output and the gradient of sum(f · r) for each input.
+fn with_grads(f: &dyn Fn(&[&Tensor]) -> Tensor, inputs: &[Tensor], r: &Tensor) -> (Tensor, Vec<Tensor>) {
+    let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+    let args: Vec<&Tensor> = vars.iter().map(|v| v.as_tensor()).collect();
+    let y = f(&args);
+    let r = r.to_device(y.device()).unwrap().to_dtype(y.dtype()).unwrap();
+    let grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+    let grads = vars.iter().map(|v| grads.get(v.as_tensor()).expect("every input gets a gradient").clone()).collect();
+    (y, grads)
+}
+
+/// `f` on the GPU in f32, bf16 and f16 against the same op on the CPU in f32 (its reference loops),
+/// on inputs rounded to each dtype: forward and every input's gradient within `tol` of the dtype.
+fn matches_cpu(what: &str, f: &dyn Fn(&[&Tensor]) -> Tensor, inputs: &[Tensor], tols: [f32; 3]) {
+    let Some(gpu) = gpu() else { return };
+    let y0 = f(&inputs.iter().collect::<Vec<_>>());
+    let r = random(y0.dims(), 99);
+    for (dtype, tol) in [DType::F32, DType::BF16, DType::F16].into_iter().zip(tols) {
+        let rounded: Vec<Tensor> = inputs.iter().map(|t| t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap()).collect();
+        let (y_ref, g_ref) = with_grads(f, &rounded, &r);
+        let on_gpu: Vec<Tensor> = inputs.iter().map(|t| t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).collect();
+        let (y, g) = with_grads(f, &on_gpu, &r);
+        assert_eq!(y.dtype(), dtype, "{what}");
+        let e = rel_err(&y, &y_ref);
+        let eg: Vec<f32> = g.iter().zip(&g_ref).map(|(a, b)| rel_err(a, b)).collect();
+        let shown: Vec<String> = eg.iter().map(|v| format!("{v:.1e}")).collect();
+        eprintln!("{what} {dtype:?}: y {e:.1e}, gradients {}", shown.join(" "));
+        assert!(e < tol && eg.iter().all(|&x| x < tol), "{what} {dtype:?}: y {e}, gradients {eg:?}");
+    }
+}
+
+#[test]
+fn softmax_kernel_matches_the_cpu_forward_and_backward() {
+    use workloads::kernels::softmax_last;
+    // Attention's rows (Swin 49, BERT 128, ViT 197 keys), a row longer than a warp many times,
+    // and logits far from zero (the max subtraction matters).
+    for (i, shape) in [&[4usize, 3, 49][..], &[2, 2, 128], &[3, 197], &[2, 1000]].into_iter().enumerate() {
+        let x = (random(shape, 100 + i as u64) * 4.0).unwrap();
+        let x = if i == 3 { (x + 60.0).unwrap() } else { x };
+        // The backward pass starts from the forward's output rounded to the dtype (the CPU reference
+        // keeps it in f32), and y (g - Σ g y) cancels: half precision is looser there.
+        matches_cpu(&format!("softmax {shape:?}"), &|a| softmax_last(a[0]).unwrap(), &[x], [1e-5, 2e-2, 5e-3]);
+    }
+}
+
+#[test]
+fn layer_norm_kernel_matches_the_cpu_forward_and_backward() {
+    use workloads::kernels::layer_norm;
+    // Swin's first stage (96), ViT/BERT (768), a row needing several elements per thread (3000),
+    // and rows with a large mean (the statistics must not cancel it away).
+    for (i, (rows, cols)) in [(12usize, 96usize), (6, 768), (3, 3000), (5, 40)].into_iter().enumerate() {
+        let x = random(&[rows, cols], 110 + i as u64);
+        let x = if i == 3 { (x + 50.0).unwrap() } else { x };
+        let w = random(&[cols], 120 + i as u64).affine(0.5, 1.0).unwrap();
+        let b = random(&[cols], 130 + i as u64);
+        // The bias and weight gradients sum over rows: bf16/f16 accumulate their rounding.
+        matches_cpu(&format!("layer norm {rows}x{cols}"), &|a| layer_norm(a[0], a[1], a[2], 1e-5).unwrap(), &[x, w, b], [1e-4, 3e-2, 5e-3]);
+    }
+}
+
+#[test]
+fn batch_norm_kernels_match_the_cpu_forward_and_backward() {
+    use workloads::kernels::batch_norm::{BatchNorm, BatchStats};
+    let train = |relu: bool| {
+        move |a: &[&Tensor]| {
+            let stats = a[0].detach().apply_op1_no_bwd(&BatchStats).unwrap();
+            let wb = Tensor::stack(&[a[1], a[2]], 0).unwrap();
+            a[0].apply_op3(&wb, &stats, BatchNorm { eps: 1e-5, relu }).unwrap()
+        }
+    };
+    // ResNet's late stage (7x7 maps), a 1x1 map, and a channel whose mean dwarfs its spread.
+    for (i, shape) in [[4usize, 8, 7, 7], [3, 16, 1, 1], [2, 4, 20, 20]].into_iter().enumerate() {
+        let x = random(&shape, 140 + i as u64);
+        let x = if i == 2 { (x + 30.0).unwrap() } else { x };
+        let w = random(&[shape[1]], 150 + i as u64).affine(0.5, 1.0).unwrap();
+        let b = random(&[shape[1]], 160 + i as u64);
+        for relu in [false, true] {
+            let f = train(relu);
+            matches_cpu(&format!("batch norm {shape:?} relu {relu}"), &f, &[x.clone(), w.clone(), b.clone()], [1e-4, 3e-2, 5e-3]);
+        }
+    }
+}
+
+#[test]
+fn adamw_kernel_matches_the_cpu_over_three_steps() {
+    use workloads::optim::{Optimizer, OptimizerKind};
+    let Some(gpu) = gpu() else { return };
+    let p0 = random(&[3000], 170);
+    let grads: Vec<Tensor> = (0..3).map(|t| random(&[3000], 171 + t)).collect();
+    let run = |device: &Device, dtype: DType| -> Tensor {
+        let p = Var::from_tensor(&p0.to_device(device).unwrap().to_dtype(dtype).unwrap()).unwrap();
+        let mut opt = Optimizer::new(OptimizerKind::AdamW, vec![p.clone()], 1e-2, 0.01).unwrap();
+        for g in &grads {
+            // loss = sum(p · g): the gradient is g.
+            let g = g.to_device(device).unwrap().to_dtype(dtype).unwrap();
+            opt.backward_step(&(p.as_tensor() * g).unwrap().sum_all().unwrap()).unwrap();
+        }
+        p.as_tensor().clone()
+    };
+    // The GPU computes in f32 and the CPU in f64, each rounding the parameter to its dtype after
+    // every step: after three steps each element is within three units in the last place of the
+    // parameter, plus f32's relative error on the update itself (three steps of at most lr = 1e-2:
+    // 1e-6 absolute is ~30x that), which is what remains for parameters near 0.
+    for (dtype, mantissa) in [(DType::F32, 23), (DType::BF16, 7), (DType::F16, 10)] {
+        let values = |t: Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+        let (want, got) = (values(run(&Device::Cpu, dtype)), values(run(&gpu, dtype)));
+        let start = values(p0.to_dtype(dtype).unwrap());
+        let moved = want.iter().zip(&start).filter(|(w, s)| w != s).count();
+        let off = want.iter().zip(&got).filter(|(w, g)| (*w - *g).abs() > 3.0 * w.abs() * 2f32.powi(-mantissa) + 1e-6).count();
+        eprintln!("adamw {dtype:?}: {moved} of {} elements moved, {off} differ by more than 3 ulp", want.len());
+        assert!(moved > want.len() / 2 && off == 0, "adamw {dtype:?}: {off} elements differ by more than 3 ulp");
+    }
+}
+
+#[test]
+fn linear_op_matches_the_cpu_forward_and_backward() {
+    use workloads::kernels::{linear, Act};
+    // ViT's tokens ([batch, tokens, features]) and plain rows, with each activation; the CPU takes
+    // candle's matmul and broadcast add (with PyTorch's ReLU gradient at 0).
+    for (i, (x_shape, out)) in [(&[2usize, 197, 64][..], 48usize), (&[6, 33], 40)].into_iter().enumerate() {
+        let inp = *x_shape.last().unwrap();
+        let x = random(x_shape, 180 + i as u64);
+        let w = random(&[out, inp], 185 + i as u64).affine(0.2, 0.0).unwrap();
+        let b = random(&[out], 190 + i as u64);
+        for act in [Act::None, Act::Relu, Act::GeluErf] {
+            let f = move |a: &[&Tensor]| {
+                if a[0].device().is_cpu() && act == Act::Relu {
+                    relu_as_pytorch(&linear(a[0], a[1], Some(a[2]), Act::None).unwrap(), true)
+                } else {
+                    linear(a[0], a[1], Some(a[2]), act).unwrap()
+                }
+            };
+            // The weight's and bias's gradients sum over up to 394 rows.
+            matches_cpu(&format!("linear {x_shape:?} -> {out} {act:?}"), &f, &[x.clone(), w.clone(), b.clone()], [1e-5, 3e-2, 5e-3]);
+        }
+    }
+}

@@ -16,36 +16,12 @@ use std::sync::OnceLock;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc;
 use candle_core::cuda_backend::{CudaDType, CudaDevice};
-use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{Act, BiasAxis};
+use super::{launch, Act, BiasAxis};
 
-/// Three element types without CUDA's half-precision headers (NVRTC is not given include paths):
-/// bf16 and f16 travel as 16-bit integers and are converted with PTX `cvt` (sm_80 and later).
 const SOURCE: &str = r#"
-struct F32 {
-    typedef float T;
-    static __device__ __forceinline__ float get(const float* p, unsigned int i) { return p[i]; }
-    static __device__ __forceinline__ void put(float* p, unsigned int i, float v) { p[i] = v; }
-};
-struct BF16 {
-    typedef unsigned short T;
-    static __device__ __forceinline__ float get(const T* p, unsigned int i) { return __uint_as_float(((unsigned int)p[i]) << 16); }
-    static __device__ __forceinline__ void put(T* p, unsigned int i, float v) {
-        unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v)); p[i] = h;
-    }
-};
-struct F16 {
-    typedef unsigned short T;
-    static __device__ __forceinline__ float get(const T* p, unsigned int i) {
-        float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(p[i])); return f;
-    }
-    static __device__ __forceinline__ void put(T* p, unsigned int i, float v) {
-        unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v)); p[i] = h;
-    }
-};
-
 // x, y: planes x len, contiguous. per_plane: the bias is b[plane % channels] (NCHW channels);
 // otherwise b[column] (the last axis). Blocks stride over planes in y and along a plane in x.
 // act: 0 none, 1 ReLU, 2 GELU (erf form, as torch.nn.GELU()).
@@ -90,6 +66,59 @@ extern "C" __global__ void NAME(const E::T* x, const E::T* z, E::T* y, unsigned 
 ADD_KERNEL(add_act_f32, F32)
 ADD_KERNEL(add_act_bf16, BF16)
 ADD_KERNEL(add_act_f16, F16)
+
+// The gradient through act(x + b): dv = g act'(v). ReLU (act 1) reads the output y (the gradient
+// passes where y > 0, as PyTorch's threshold_backward); GELU (act 2) recomputes v = x + b. Same
+// geometry as bias_act.
+template <typename E>
+__device__ void bias_act_grad(const typename E::T* x, const typename E::T* b, const typename E::T* y,
+                              const typename E::T* g, typename E::T* dv, unsigned int planes, unsigned int len,
+                              unsigned int channels, int per_plane, int act) {
+    for (unsigned int plane = blockIdx.y; plane < planes; plane += gridDim.y) {
+        float plane_bias = per_plane ? E::get(b, plane % channels) : 0.f;
+        unsigned long long base = (unsigned long long)plane * len;
+        for (unsigned int j = blockIdx.x * blockDim.x + threadIdx.x; j < len; j += blockDim.x * gridDim.x) {
+            float gi = E::get(g, base + j);
+            if (act == 1) {
+                if (!(E::get(y, base + j) > 0.f)) gi = 0.f;
+            } else {
+                float v = E::get(x, base + j) + (per_plane ? plane_bias : E::get(b, j));
+                float cdf = 0.5f * (1.f + erff(v * 0.70710678118654752f));
+                float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+                gi *= cdf + v * pdf;
+            }
+            E::put(dv, base + j, gi);
+        }
+    }
+}
+
+#define GRAD_KERNEL(NAME, E)                                                                           \
+extern "C" __global__ void NAME(const E::T* x, const E::T* b, const E::T* y, const E::T* g, E::T* dv,  \
+                                unsigned int planes, unsigned int len, unsigned int channels,          \
+                                int per_plane, int act) {                                              \
+    bias_act_grad<E>(x, b, y, g, dv, planes, len, channels, per_plane, act);                           \
+}
+GRAD_KERNEL(bias_act_grad_f32, F32)
+GRAD_KERNEL(bias_act_grad_bf16, BF16)
+GRAD_KERNEL(bias_act_grad_f16, F16)
+
+// Column sums of x [rows, cols] by blocks of rows: partial[blockIdx.x * cols + j], f32. Threads of a
+// warp read neighbouring columns of a row.
+template <typename E>
+__device__ void column_sums(const typename E::T* x, float* partial, unsigned int rows, unsigned int cols) {
+    for (unsigned int j = blockIdx.y * blockDim.x + threadIdx.x; j < cols; j += blockDim.x * gridDim.y) {
+        float s = 0.f;
+        for (unsigned int r = blockIdx.x; r < rows; r += gridDim.x) s += E::get(x, (unsigned long long)r * cols + j);
+        partial[(unsigned long long)blockIdx.x * cols + j] = s;
+    }
+}
+#define SUM_KERNEL(NAME, E)                                                                            \
+extern "C" __global__ void NAME(const E::T* x, float* partial, unsigned int rows, unsigned int cols) { \
+    column_sums<E>(x, partial, rows, cols);                                                            \
+}
+SUM_KERNEL(column_sums_f32, F32)
+SUM_KERNEL(column_sums_bf16, BF16)
+SUM_KERNEL(column_sums_f16, F16)
 "#;
 
 fn ptx() -> Result<&'static str> {
@@ -191,29 +220,124 @@ impl CustomOp2 for BiasAct {
     }
 
     fn bwd(&self, x: &Tensor, b: &Tensor, res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let grad = match self.act {
-            Act::None => grad.clone(),
-            // Through the ReLU only where it passed the value on.
-            Act::Relu => relu_grad(grad, res)?,
-            // gelu'(v) = Φ(v) + v φ(v), on v = x + b recomputed, in f32.
-            Act::GeluErf => {
-                let v = x.detach().apply_op2_no_bwd(&b.detach(), &BiasAct { axis: self.axis, act: Act::None })?.to_dtype(DType::F32)?;
-                let cdf = ((v.affine(std::f64::consts::FRAC_1_SQRT_2, 0.0)?.erf()? + 1.0)? * 0.5)?;
-                let pdf = (v.sqr()? * -0.5)?.exp()?.affine(1.0 / (2.0 * std::f64::consts::PI).sqrt(), 0.0)?;
-                (grad.to_dtype(DType::F32)? * (cdf + (v * pdf)?)?)?.to_dtype(grad.dtype())?
-            }
+        let dv = act_grad(*self, x, b, res, grad)?;
+        let db = bias_grad(self.axis, &dv)?;
+        Ok((Some(dv), Some(db)))
+    }
+}
+
+/// The gradient of act(x + b) with respect to its input, from the output y's gradient `grad`.
+pub(crate) fn act_grad(op: BiasAct, x: &Tensor, b: &Tensor, y: &Tensor, grad: &Tensor) -> Result<Tensor> {
+    let grad = grad.contiguous()?;
+    match op.act {
+        Act::None => Ok(grad),
+        _ => grad.apply_op1_no_bwd(&BiasActGrad { op, x: x.clone(), b: b.clone(), y: y.clone() }),
+    }
+}
+
+/// The bias's gradient: `dv` summed over everything but the bias's axis.
+pub(crate) fn bias_grad(axis: BiasAxis, dv: &Tensor) -> Result<Tensor> {
+    match axis {
+        // Per plane along its contiguous length (candle's last-axis sum), then over the batch.
+        BiasAxis::Channels => {
+            let (n, c) = (dv.dim(0)?, dv.dim(1)?);
+            dv.reshape((n, c, dv.elem_count() / (n * c).max(1)))?.sum(2)?.sum(0)
+        }
+        BiasAxis::Last => dv.apply_op1_no_bwd(&ColumnSums)?.sum(0)?.to_dtype(dv.dtype()),
+    }
+}
+
+/// The gradient through [`BiasAct`]'s activation, applied to the output's gradient, holding the
+/// forward's x, b and output y.
+#[derive(Debug, Clone)]
+struct BiasActGrad {
+    op: BiasAct,
+    x: Tensor,
+    b: Tensor,
+    y: Tensor,
+}
+
+impl CustomOp1 for BiasActGrad {
+    fn name(&self) -> &'static str {
+        "bias-act-grad"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        bail!("the bias kernel runs on CUDA devices only")
+    }
+
+    fn cuda_fwd(&self, g: &CudaStorage, gl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let what = "the bias kernel's backward";
+        let (planes, len, channels, per_plane) = self.op.geometry(gl.dims())?;
+        let (x, xl) = self.x.storage_and_layout();
+        let (b, bl) = self.b.storage_and_layout();
+        let (y, yl) = self.y.storage_and_layout();
+        let (x, b, y) = (launch::cuda(&x, what)?, launch::cuda(&b, what)?, launch::cuda(&y, what)?);
+        let n = planes * len;
+        if n > u32::MAX as usize || xl.shape() != gl.shape() || yl.shape() != gl.shape() {
+            bail!("{what}: x {:?}, y {:?} and the gradient {:?} must agree (and index in 32 bits)", xl.dims(), yl.dims(), gl.dims())
+        }
+        let dev = g.device().clone();
+        let kernel = launch::name("bias_act_grad", g.dtype());
+        let func = dev.get_or_load_custom_func(&kernel, "migprof_bias_act", ptx()?)?;
+        let threads = 256u32;
+        let cfg = LaunchConfig {
+            grid_dim: ((len as u32).div_ceil(threads).clamp(1, 1024), (planes as u32).clamp(1, 65535), 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
         };
-        let db = match self.axis {
-            BiasAxis::Channels => {
-                let (n, c) = (grad.dim(0)?, grad.dim(1)?);
-                grad.reshape((n, c, grad.elem_count() / (n * c).max(1)))?.sum(2)?.sum(0)?
-            }
-            BiasAxis::Last => {
-                let c = grad.dim(grad.rank() - 1)?;
-                grad.reshape((grad.elem_count() / c.max(1), c))?.sum(0)?
-            }
-        };
-        Ok((Some(grad), Some(db)))
+        let (planes, len, channels, per_plane) = (planes as u32, len as u32, channels as u32, per_plane as i32);
+        let act: i32 = if self.op.act == Act::Relu { 1 } else { 2 };
+        let out = launch::by_dtype!(g.dtype(), what, T => {
+            let (xv, bv, yv, gv) = (launch::view::<T>(x, xl, what)?, launch::view::<T>(b, bl, what)?, launch::view::<T>(y, yl, what)?, launch::view::<T>(g, gl, what)?);
+            // SAFETY: the kernel writes every element.
+            let out = unsafe { dev.alloc::<T>(n)? };
+            let mut builder = func.builder();
+            builder.arg(&xv).arg(&bv).arg(&yv).arg(&gv).arg(&out).arg(&planes).arg(&len).arg(&channels).arg(&per_plane).arg(&act);
+            // SAFETY: argument types and order match the kernel; x, y, g, out hold planes x len.
+            unsafe { builder.launch(cfg) }.map_err(|e| launch::failed(&kernel, e))?;
+            CudaStorage::wrap_cuda_slice(out, dev.clone())
+        });
+        Ok((out, gl.shape().clone()))
+    }
+}
+
+/// Column sums of a tensor seen as [rows, last dimension], as f32 partial sums [blocks, cols].
+#[derive(Debug, Clone, Copy)]
+struct ColumnSums;
+
+impl CustomOp1 for ColumnSums {
+    fn name(&self) -> &'static str {
+        "column-sums"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        bail!("the column-sum kernel runs on CUDA devices only")
+    }
+
+    fn cuda_fwd(&self, x: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+        let cols = *l.dims().last().unwrap_or(&1);
+        let rows = l.shape().elem_count() / cols.max(1);
+        if rows * cols > u32::MAX as usize || cols == 0 {
+            bail!("column sums of {rows} x {cols}: empty or more than the kernel indexes")
+        }
+        let blocks = rows.clamp(1, 256);
+        let dev = x.device().clone();
+        let kernel = launch::name("column_sums", x.dtype());
+        let func = dev.get_or_load_custom_func(&kernel, "migprof_bias_act", ptx()?)?;
+        let threads = 256u32;
+        let cfg = LaunchConfig { grid_dim: (blocks as u32, (cols as u32).div_ceil(threads), 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        let (r, c) = (rows as u32, cols as u32);
+        // SAFETY: every (block, column) is written.
+        let out = unsafe { dev.alloc::<f32>(blocks * cols)? };
+        launch::by_dtype!(x.dtype(), "column sums", T => {
+            let xv = launch::view::<T>(x, l, "column sums")?;
+            let mut builder = func.builder();
+            builder.arg(&xv).arg(&out).arg(&r).arg(&c);
+            // SAFETY: argument types and order match the kernel; x holds rows x cols, out blocks x cols.
+            unsafe { builder.launch(cfg) }.map_err(|e| launch::failed(&kernel, e))?;
+        });
+        Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((blocks, cols))))
     }
 }
 
@@ -285,7 +409,12 @@ impl CustomOp2 for AddAct {
 
 /// grad where `res` > 0, else 0: the ReLU's gradient as PyTorch's `threshold_backward` takes it
 /// (0 where the input was exactly 0; candle's own ReLU passes the gradient there, which in bf16,
-/// where x + b cancels exactly fairly often, makes a visible difference).
+/// where x + z cancels exactly fairly often, makes a visible difference). One pass of the bias
+/// gradient kernel, which reads only y and g for a ReLU.
 fn relu_grad(grad: &Tensor, res: &Tensor) -> Result<Tensor> {
-    grad * res.gt(0.0)?.to_dtype(grad.dtype())?
+    let flat = |t: &Tensor| t.contiguous()?.flatten_all()?.unsqueeze(0);
+    let y = flat(res)?;
+    let op = BiasAct { axis: BiasAxis::Last, act: Act::Relu };
+    // x and b are not read for a ReLU; y stands in for both.
+    flat(grad)?.apply_op1_no_bwd(&BiasActGrad { op, x: y.clone(), b: y.clone(), y })?.reshape(grad.dims())
 }

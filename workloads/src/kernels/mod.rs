@@ -2,16 +2,43 @@
 //! and candle's reference implementation otherwise (the CPU, a build without cuDNN). The GPU tests
 //! compare each with that reference, forward and backward (`workloads/tests/kernels.rs`).
 
+pub mod adamw;
+pub mod batch_norm;
 #[cfg(feature = "cuda")]
 pub mod bias;
+mod cpu;
 #[cfg(feature = "cudnn")]
 pub mod cudnn_conv;
 #[cfg(feature = "cuda")]
 pub mod heads;
 #[cfg(feature = "cuda")]
+mod launch;
+#[cfg(feature = "cuda")]
+pub mod linear;
+pub mod norm;
+#[cfg(feature = "cuda")]
 mod nvrtc;
 
 use candle_core::{Result, Tensor};
+
+/// softmax over the last dimension: our differentiable op, except for inference on the CPU, where
+/// candle's fused kernel is faster than our reference loops.
+pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
+    if !x.device().is_cuda() && !x.track_op() {
+        return candle_nn::ops::softmax_last_dim(&x.contiguous()?);
+    }
+    x.contiguous()?.apply_op1(norm::Softmax)
+}
+
+/// Layer normalisation over the last dimension (`torch.nn.LayerNorm`): our differentiable op,
+/// except for inference on the CPU, where candle's fused kernel is faster than our reference loops.
+pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
+    let x = x.contiguous()?;
+    if !x.device().is_cuda() && !x.track_op() && !w.track_op() {
+        return candle_nn::ops::layer_norm(&x, w, b, eps as f32);
+    }
+    x.apply_op3(&w.contiguous()?, &b.contiguous()?, norm::LayerNorm { eps })
+}
 
 /// 2-D convolution without bias, dilation or groups: cuDNN with cached algorithms on CUDA devices
 /// when built with cuDNN, candle's convolution elsewhere.
@@ -22,6 +49,26 @@ pub fn conv2d(x: &Tensor, w: &Tensor, padding: usize, stride: usize) -> Result<T
         return x.contiguous()?.apply_op2(&w.contiguous()?, op);
     }
     x.conv2d(w, padding, stride, 1, 1)
+}
+
+/// act(x wᵀ + b) over the last dimension of x, as `torch.nn.Linear` (then the activation): one
+/// differentiable op on CUDA devices ([`linear::LinearOp`]); elsewhere, and without a bias, x seen
+/// as one [rows, features] matrix times wᵀ, then [`bias_act`].
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Act) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let (true, Some(b)) = (x.device().is_cuda(), b) {
+        return x.contiguous()?.apply_op3(&w.contiguous()?, &b.contiguous()?, linear::LinearOp { act });
+    }
+    let dims = x.dims();
+    let features = *dims.last().ok_or_else(|| candle_core::Error::Msg("linear: a scalar input".into()))?;
+    let y = x.reshape((x.elem_count() / features.max(1), features))?.matmul(&w.t()?)?;
+    let y = match b {
+        Some(b) => bias_act(&y, b, BiasAxis::Last, act)?,
+        None => act.apply(y)?,
+    };
+    let mut out = dims.to_vec();
+    *out.last_mut().expect("rank >= 1") = w.dim(0)?;
+    y.reshape(out)
 }
 
 /// Which axis of x a bias runs along.

@@ -1,6 +1,5 @@
 //! Multi-head scaled dot-product attention on already projected queries, keys and values, shared by
-//! the transformer families. Built from matmul and `ops::softmax`, whose gradients candle computes;
-//! without a graph to record (inference), the fused `softmax_last_dim`, which has no backward.
+//! the transformer families: matmuls and our differentiable softmax kernel.
 
 use candle_core::{Result, Tensor, D};
 
@@ -16,13 +15,7 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: Option<&Tensor>) -> Resu
         Some(b) => crate::kernels::add_repeating(&scores, &b.to_dtype(scores.dtype())?)?,
         None => scores,
     };
-    let weights = if scores.track_op() {
-        candle_nn::ops::softmax(&scores, D::Minus1)?
-    } else {
-        // Inference: candle's fused kernel, one pass instead of five; it has no backward.
-        candle_nn::ops::softmax_last_dim(&scores.contiguous()?)?
-    };
-    weights.matmul(v)
+    crate::kernels::softmax_last(&scores)?.matmul(v)
 }
 
 #[cfg(test)]

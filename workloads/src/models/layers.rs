@@ -1,11 +1,11 @@
-//! Layers the model families share, written from candle's differentiable primitives: candle's fused
-//! layer norm drops gradients, and its batch norm cannot train in half precision (it mixes f16/bf16
+//! Layers the model families share, on our differentiable kernels (`crate::kernels`): candle's fused
+//! layer norm has no backward, and its batch norm cannot train in half precision (it mixes f16/bf16
 //! running statistics with f32 batch statistics).
 
-use candle_core::{DType, Result, Tensor, Var, D};
+use candle_core::{DType, Result, Tensor, Var};
 use candle_nn::{Init, Module, VarBuilder};
 
-use crate::kernels::Act;
+use crate::kernels::{batch_norm, Act};
 
 /// y = x wᵀ + b over the last dimension, as `torch.nn.Linear`. Unlike candle-nn's, a [batch, tokens,
 /// features] input is multiplied as one [batch * tokens, features] matrix: one large GEMM instead of
@@ -27,19 +27,27 @@ impl Linear {
         Self { weight, bias }
     }
 
-    /// act(x wᵀ + b): the bias and the activation in one pass where the bias kernel runs.
+    /// act(x wᵀ + b): one op on the GPU ([`crate::kernels::linear`]).
     pub fn forward_act(&self, x: &Tensor, act: Act) -> Result<Tensor> {
-        let dims = x.dims();
-        let features = *dims.last().ok_or_else(|| candle_core::Error::Msg("linear: a scalar input".into()))?;
-        let rows = x.elem_count() / features.max(1);
-        let y = x.reshape((rows, features))?.matmul(&self.weight.t()?)?;
-        let y = match &self.bias {
-            Some(b) => crate::kernels::bias_act(&y, b, crate::kernels::BiasAxis::Last, act)?,
-            None => act.apply(y)?,
-        };
-        let mut out = dims.to_vec();
-        *out.last_mut().expect("rank >= 1") = self.weight.dim(0)?;
-        y.reshape(out)
+        crate::kernels::linear(x, &self.weight, self.bias.as_ref(), act)
+    }
+
+    /// The outputs of a packed projection (q, k and v in one weight) in `parts` equal slices of the
+    /// last dimension. Inferring: one GEMM, then views. Training: one GEMM per part on a slice of
+    /// the weight, because a view of the packed output costs candle's backward pass a zero-padded
+    /// copy of the whole packed gradient, and an add of it, per part.
+    pub fn forward_parts(&self, x: &Tensor, parts: usize) -> Result<Vec<Tensor>> {
+        let d = self.weight.dim(0)? / parts;
+        if !x.track_op() && !self.weight.track_op() {
+            let packed = self.forward(x)?;
+            return (0..parts).map(|i| packed.narrow(candle_core::D::Minus1, i * d, d)).collect();
+        }
+        (0..parts)
+            .map(|i| {
+                let bias = self.bias.as_ref().map(|b| b.narrow(0, i * d, d)).transpose()?;
+                crate::kernels::linear(x, &self.weight.narrow(0, i * d, d)?, bias.as_ref(), Act::None)
+            })
+            .collect()
     }
 }
 
@@ -91,29 +99,44 @@ impl BatchNorm2d {
         })
     }
 
-    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+    /// Normalises x, then ReLU when `relu`. Training: one pass for the batch statistics and one for
+    /// the normalisation ([`crate::kernels::batch_norm`]), the running statistics updated on the side.
+    pub fn forward(&self, x: &Tensor, train: bool, relu: bool) -> Result<Tensor> {
         let (_, c, _, _) = x.dims4()?;
+        if train {
+            let x = x.contiguous()?;
+            // No gradient through the statistics op: BatchNorm's backward formula accounts for them.
+            let stats = x.detach().apply_op1_no_bwd(&batch_norm::BatchStats)?;
+            self.update_running(&stats, x.elem_count() / c)?;
+            let wb = Tensor::stack(&[&self.weight, &self.bias], 0)?;
+            return x.apply_op3(&wb, &stats, batch_norm::BatchNorm { eps: self.eps, relu });
+        }
+        // Running statistics on weights that may still be trained (frozen ones are folded into the
+        // convolution by ConvBn).
         let dtype = x.dtype();
         let compute = stats_dtype(dtype);
-        let xs = x.to_dtype(compute)?;
         let per_channel = |t: &Tensor| t.to_dtype(compute)?.reshape((1, c, 1, 1));
-        let (mean, var) = if train {
-            let n = (x.elem_count() / c) as f64;
-            let mean = xs.mean_keepdim(0)?.mean_keepdim(2)?.mean_keepdim(3)?;
-            let var = xs.broadcast_sub(&mean)?.sqr()?.mean_keepdim(0)?.mean_keepdim(2)?.mean_keepdim(3)?;
-            let stat = |t: &Tensor| t.detach().flatten_all()?.to_dtype(DType::F32);
-            let keep = 1.0 - self.momentum;
-            let unbiased = n / (n - 1.0).max(1.0);
-            self.running_mean.set(&((self.running_mean.as_tensor() * keep)? + (stat(&mean)? * self.momentum)?)?)?;
-            self.running_var.set(&((self.running_var.as_tensor() * keep)? + (stat(&var)? * (self.momentum * unbiased))?)?)?;
-            (mean, var)
-        } else {
-            (per_channel(&self.running_mean.as_detached_tensor())?, per_channel(&self.running_var.as_detached_tensor())?)
-        };
+        let (mean, var) = (per_channel(&self.running_mean.as_detached_tensor())?, per_channel(&self.running_var.as_detached_tensor())?);
         // y = x * scale + shift with scale = w / sqrt(var + eps), shift = b - mean * scale.
         let scale = per_channel(&self.weight)?.broadcast_div(&(var + self.eps)?.sqrt()?)?;
         let shift = per_channel(&self.bias)?.sub(&mean.broadcast_mul(&scale)?)?;
-        xs.broadcast_mul(&scale)?.broadcast_add(&shift)?.to_dtype(dtype)
+        let y = x.to_dtype(compute)?.broadcast_mul(&scale)?.broadcast_add(&shift)?.to_dtype(dtype)?;
+        if relu {
+            y.relu()
+        } else {
+            Ok(y)
+        }
+    }
+
+    /// running ← (1 - momentum)·running + momentum·batch, the variance unbiased (n / (n - 1)), as
+    /// PyTorch does; `stats` is [mean; biased variance] over `n` values per channel.
+    fn update_running(&self, stats: &Tensor, n: usize) -> Result<()> {
+        let n = n as f64;
+        let keep = 1.0 - self.momentum;
+        let stat = |i: usize| stats.get(i)?.to_dtype(DType::F32);
+        let unbiased = n / (n - 1.0).max(1.0);
+        self.running_mean.set(&((self.running_mean.as_tensor() * keep)? + (stat(0)? * self.momentum)?)?)?;
+        self.running_var.set(&((self.running_var.as_tensor() * keep)? + (stat(1)? * (self.momentum * unbiased))?)?)
     }
 
     /// The inference-time affine map y = x * scale + shift per channel, in f32, each of shape [c].
@@ -144,8 +167,7 @@ impl ConvBn {
     /// conv, batch norm, then ReLU when `relu`.
     pub fn forward(&self, x: &Tensor, train: bool, relu: bool) -> Result<Tensor> {
         if train || self.conv.weight.track_op() || self.bn.weight.track_op() {
-            let y = self.bn.forward(&self.conv.forward(x)?, train)?;
-            return if relu { y.relu() } else { Ok(y) };
+            return self.bn.forward(&self.conv.forward(x)?, train, relu);
         }
         let (w, b) = match self.folded.get() {
             Some(f) => f,
@@ -201,16 +223,7 @@ impl LayerNorm {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dtype = x.dtype();
-        if !x.track_op() && !self.weight.track_op() {
-            // Inference: candle's fused kernel (one pass, f32 accumulation); it has no backward.
-            return candle_nn::ops::layer_norm(&x.contiguous()?, &self.weight, &self.bias, self.eps as f32);
-        }
-        let x = x.to_dtype(stats_dtype(dtype))?;
-        let centred = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
-        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
-        let normed = centred.broadcast_div(&(var + self.eps)?.sqrt()?)?.to_dtype(dtype)?;
-        normed.broadcast_mul(&self.weight)?.broadcast_add(&self.bias)
+        crate::kernels::layer_norm(x, &self.weight, &self.bias, self.eps)
     }
 }
 
@@ -270,13 +283,13 @@ pub(crate) mod tests {
     #[test]
     fn batch_norm_train_has_exact_gradients_and_eval_uses_running_statistics() -> Result<()> {
         let bn = BatchNorm2d::new(3, vb(DType::F64))?;
-        check_gradient(|x| bn.forward(x, true), &[2, 3, 2, 2], 3)?;
-        check_gradient(|x| bn.forward(x, false), &[2, 3, 2, 2], 4)?;
+        check_gradient(|x| bn.forward(x, true, false), &[2, 3, 2, 2], 3)?;
+        check_gradient(|x| bn.forward(x, false, false), &[2, 3, 2, 2], 4)?;
         // After a training forward of a batch with per-channel mean m and unbiased variance v, the running
         // statistics are 0.9 * (0, 1) + 0.1 * (m, v).
         let bn = BatchNorm2d::new(1, vb(DType::F32))?;
         let x = Tensor::new(&[1f32, 2., 3., 6.], &Device::Cpu)?.reshape((4, 1, 1, 1))?;
-        let y = bn.forward(&x, true)?.flatten_all()?.to_vec1::<f32>()?;
+        let y = bn.forward(&x, true, false)?.flatten_all()?.to_vec1::<f32>()?;
         let (mean, biased_var, unbiased_var) = (3.0f32, 3.5f32, 14.0f32 / 3.0);
         for (yi, xi) in y.iter().zip([1f32, 2., 3., 6.]) {
             assert!((yi - (xi - mean) / (biased_var + 1e-5).sqrt()).abs() < 1e-5);
@@ -284,7 +297,7 @@ pub(crate) mod tests {
         let rm = bn.running_mean.as_tensor().to_vec1::<f32>()?[0];
         let rv = bn.running_var.as_tensor().to_vec1::<f32>()?[0];
         assert!((rm - 0.1 * mean).abs() < 1e-6 && (rv - (0.9 + 0.1 * unbiased_var)).abs() < 1e-6, "{rm} {rv}");
-        let eval = bn.forward(&x, false)?.flatten_all()?.to_vec1::<f32>()?;
+        let eval = bn.forward(&x, false, false)?.flatten_all()?.to_vec1::<f32>()?;
         assert!((eval[0] - (1.0 - rm) / (rv + 1e-5).sqrt()).abs() < 1e-5);
         Ok(())
     }
@@ -294,7 +307,7 @@ pub(crate) mod tests {
         for dtype in [DType::F16, DType::BF16] {
             let bn = BatchNorm2d::new(2, vb(dtype))?;
             let x = Tensor::randn(0f32, 1., (4, 2, 3, 3), &Device::Cpu)?.to_dtype(dtype)?;
-            let y = bn.forward(&x, true)?;
+            let y = bn.forward(&x, true, false)?;
             assert_eq!(y.dtype(), dtype);
             assert_eq!(bn.running_mean.as_tensor().dtype(), DType::F32);
         }

@@ -4,7 +4,7 @@
 //! Feature maps are channels-last, [batch, height, width, channels]. Parameter names follow
 //! torchvision's `swin_*` state dicts (`relative_position_index` is recomputed, not loaded).
 
-use candle_core::{Device, Result, Tensor, D};
+use candle_core::{Device, Result, Tensor};
 use candle_nn::{Init, Module, VarBuilder};
 
 use super::attention::{attend, merge_heads, split_heads};
@@ -202,8 +202,8 @@ impl Block {
             .reshape((b, per_side, w, per_side, w, c))?
             .permute((0, 1, 3, 2, 4, 5))?
             .reshape((b * per_side * per_side, w * w, c))?;
-        let qkv = self.qkv.forward(&windows)?;
-        let part = |i: usize| split_heads(&qkv.narrow(D::Minus1, i * c, c)?, self.heads);
+        let qkv = self.qkv.forward_parts(&windows, 3)?;
+        let part = |i: usize| split_heads(&qkv[i], self.heads);
         let n = w * w;
         let table = self.bias_table.index_select(&self.index, 0)?; // [n*n, heads]
         let mut bias = table.reshape((n, n, self.heads))?.permute((2, 0, 1))?.unsqueeze(0)?; // [1, heads, n, n]

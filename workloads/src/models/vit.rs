@@ -2,7 +2,7 @@
 //! convolution, a class token, learned position embeddings, pre-norm encoder blocks with exact-GELU
 //! MLPs. Parameter names follow torchvision's `vit_*` state dicts.
 
-use candle_core::{Result, Tensor, D};
+use candle_core::{Result, Tensor};
 use candle_nn::{Init, Module, VarBuilder};
 
 use super::attention::{attend, merge_heads, split_heads};
@@ -96,9 +96,8 @@ impl EncoderBlock {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.ln_1.forward(x)?;
-        let qkv = self.in_proj.forward(&h)?;
-        let d = x.dim(D::Minus1)?;
-        let part = |i: usize| split_heads(&qkv.narrow(D::Minus1, i * d, d)?, self.heads);
+        let qkv = self.in_proj.forward_parts(&h, 3)?;
+        let part = |i: usize| split_heads(&qkv[i], self.heads);
         let attn = merge_heads(&attend(&part(0)?, &part(1)?, &part(2)?, None)?)?;
         let x = add(x, &self.out_proj.forward(&attn)?, false)?;
         let h = self.mlp_fc1.forward_act(&self.ln_2.forward(&x)?, Act::GeluErf)?;

@@ -1,0 +1,59 @@
+//! What the CUDA side of every custom op needs: a contiguous view of an input, the kernel's name for
+//! a dtype, a launch error that names the kernel.
+
+use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr};
+use candle_core::cuda_backend::CudaDType;
+use candle_core::{bail, CudaStorage, DType, Layout, Result, Storage};
+
+/// Runs `$body` with `$T` the Rust element type of `$dtype` (f32, bf16 or f16), and fails naming
+/// those three for any other dtype.
+macro_rules! by_dtype {
+    ($dtype:expr, $what:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            candle_core::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            candle_core::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            candle_core::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            other => candle_core::bail!("{} takes f32, bf16 or f16 on CUDA devices, not {other:?}", $what),
+        }
+    };
+}
+pub(crate) use by_dtype;
+
+/// "name_f32", "name_bf16" or "name_f16": our kernels' naming of their instantiations.
+pub(crate) fn name(base: &str, dtype: DType) -> String {
+    let suffix = match dtype {
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        _ => "f32",
+    };
+    format!("{base}_{suffix}")
+}
+
+/// The elements of a contiguous tensor on the device, from its first one.
+pub(crate) fn view<'a, T: CudaDType + DeviceRepr>(s: &'a CudaStorage, l: &Layout, what: &str) -> Result<CudaView<'a, T>> {
+    let Some((start, end)) = l.contiguous_offsets() else { bail!("{what} takes contiguous tensors") };
+    Ok(s.as_cuda_slice::<T>()?.slice(start..end))
+}
+
+/// The CUDA storage behind a tensor an op holds besides its arguments (a saved input of the forward
+/// pass that a backward kernel reads).
+pub(crate) fn cuda<'a>(s: &'a Storage, what: &str) -> Result<&'a CudaStorage> {
+    match s {
+        Storage::Cuda(s) => Ok(s),
+        _ => bail!("{what}: a saved tensor is not on the CUDA device"),
+    }
+}
+
+/// A launch error with the kernel's name.
+pub(crate) fn failed(kernel: &str, e: impl std::fmt::Debug) -> candle_core::Error {
+    candle_core::Error::Msg(format!("CUDA kernel {kernel}: {e:?}"))
+}
