@@ -326,8 +326,11 @@ fn linear_op_matches_the_cpu_forward_and_backward() {
     for (i, (x_shape, out)) in [(&[2usize, 197, 64][..], 48usize), (&[6, 33], 40)].into_iter().enumerate() {
         let inp = *x_shape.last().unwrap();
         let x = random(x_shape, 180 + i as u64);
-        let w = random(&[out, inp], 185 + i as u64).affine(0.2, 0.0).unwrap();
-        let b = random(&[out], 190 + i as u64);
+        // Pre-activations x wᵀ + b kept at least ~6 standard deviations of x wᵀ from 0, so that the
+        // GPU's rounding of x wᵀ to bf16 before the bias cannot flip a ReLU against the f32 reference.
+        let w = random(&[out, inp], 185 + i as u64).affine(0.02, 0.0).unwrap();
+        let b: Vec<f32> = random(&[out], 190 + i as u64).to_vec1::<f32>().unwrap().iter().map(|v| v.signum() * (v.abs() + 1.0)).collect();
+        let b = Tensor::from_vec(b, out, &Device::Cpu).unwrap();
         for act in [Act::None, Act::Relu, Act::GeluErf] {
             let f = move |a: &[&Tensor]| {
                 if a[0].device().is_cpu() && act == Act::Relu {
@@ -339,5 +342,42 @@ fn linear_op_matches_the_cpu_forward_and_backward() {
             // The weight's and bias's gradients sum over up to 394 rows.
             matches_cpu(&format!("linear {x_shape:?} -> {out} {act:?}"), &f, &[x.clone(), w.clone(), b.clone()], [1e-5, 3e-2, 5e-3]);
         }
+    }
+}
+
+#[test]
+fn attention_op_matches_the_cpu_forward_and_backward() {
+    use workloads::kernels::{attention, ScoreBias};
+    // ViT's 197 tokens (padded to 200 on the GPU), 3 heads of 8.
+    let qkv = random(&[2, 197, 72], 200);
+    matches_cpu("attention vit-like", &|a| attention(a[0], 3, ScoreBias::None).unwrap(), &[qkv], [1e-5, 3e-2, 5e-3]);
+    // BERT: a key mask (-10000 on the last 3 keys of sequence 1), 12 tokens, 2 heads of 4.
+    let mut mask = vec![0f32; 24];
+    mask[21..].iter_mut().for_each(|m| *m = -10000.0);
+    let mask = Tensor::from_vec(mask, (2, 12), &Device::Cpu).unwrap();
+    let qkv = random(&[2, 12, 24], 201);
+    let f = move |a: &[&Tensor]| {
+        let m = mask.to_device(a[0].device()).unwrap().to_dtype(a[0].dtype()).unwrap();
+        attention(a[0], 2, ScoreBias::Keys(&m)).unwrap()
+    };
+    matches_cpu("attention bert-like", &f, &[qkv], [1e-5, 3e-2, 5e-3]);
+    // Swin: 8 windows of 49 tokens, a [4, heads, 49, 49] bias repeating every 4 windows, with its
+    // gradient.
+    let qkv = random(&[8, 49, 24], 202);
+    let bias = random(&[4, 2, 49, 49], 203);
+    matches_cpu("attention swin-like", &|a| attention(a[0], 2, ScoreBias::Scores(a[1])).unwrap(), &[qkv, bias], [1e-5, 3e-2, 5e-3]);
+}
+
+#[test]
+fn max_pool_kernel_matches_the_cpu_forward_and_backward() {
+    use workloads::ops::max_pool2d;
+    // ResNet's 3x3 stride-2 pool with padding 1, on even and odd sides. Values (37·i mod 101) - 50:
+    // integers, exact in bf16 and f16, and distinct within every 3x3 window of these widths, so
+    // that no window has a tie (PyTorch's first-maximum rule and candle's split gradient differ
+    // there).
+    for shape in [[2usize, 3, 8, 8], [2, 2, 7, 9], [1, 4, 112, 112]] {
+        let n: usize = shape.iter().product();
+        let x = Tensor::from_vec((0..n).map(|i| ((i * 37 % 101) as f32) - 50.0).collect::<Vec<_>>(), &shape, &Device::Cpu).unwrap();
+        matches_cpu(&format!("max pool {shape:?}"), &|a| max_pool2d(a[0], 3, 2, 1).unwrap(), &[x], [1e-6, 1e-2, 2e-3]);
     }
 }

@@ -3,6 +3,7 @@
 //! compare each with that reference, forward and backward (`workloads/tests/kernels.rs`).
 
 pub mod adamw;
+pub mod attention;
 pub mod batch_norm;
 #[cfg(feature = "cuda")]
 pub mod bias;
@@ -18,8 +19,14 @@ pub mod linear;
 pub mod norm;
 #[cfg(feature = "cuda")]
 mod nvrtc;
+#[cfg(feature = "cuda")]
+pub mod pointwise;
+#[cfg(feature = "cuda")]
+pub mod pool;
 
 use candle_core::{Result, Tensor};
+
+pub use attention::{attention, ScoreBias};
 
 /// softmax over the last dimension: our differentiable op, except for inference on the CPU, where
 /// candle's fused kernel is faster than our reference loops.
@@ -40,9 +47,15 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor
     x.apply_op3(&w.contiguous()?, &b.contiguous()?, norm::LayerNorm { eps })
 }
 
-/// 2-D convolution without bias, dilation or groups: cuDNN with cached algorithms on CUDA devices
-/// when built with cuDNN, candle's convolution elsewhere.
+/// 2-D convolution without bias, dilation or groups: on CUDA devices batched GEMMs for 1x1 stride 1
+/// and cuDNN with cached algorithms (when built with cuDNN) for the rest; candle's convolution
+/// elsewhere.
 pub fn conv2d(x: &Tensor, w: &Tensor, padding: usize, stride: usize) -> Result<Tensor> {
+    // 1x1, stride 1: batched GEMMs (faster than cuDNN's NCHW kernels, see `pointwise`).
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && padding == 0 && stride == 1 && w.rank() == 4 && w.dims()[2..] == [1, 1] {
+        return x.contiguous()?.apply_op2(&w.contiguous()?, pointwise::Pointwise);
+    }
     #[cfg(feature = "cudnn")]
     if x.device().is_cuda() {
         let op = cudnn_conv::Conv2d(cudnn_conv::ConvParams { padding, stride });
@@ -175,6 +188,17 @@ pub fn add_repeating(scores: &Tensor, bias: &Tensor) -> Result<Tensor> {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
+
+    #[test]
+    fn heads_split_and_merge_back() -> Result<()> {
+        let x = Tensor::arange(0f32, 24., &Device::Cpu)?.reshape((1, 3, 8))?;
+        let split = split_heads(&x, 2)?;
+        assert_eq!(split.dims(), &[1, 2, 3, 4]);
+        // Head 1 of token 0 holds features 4..8 of token 0.
+        assert_eq!(split.get(0)?.get(1)?.get(0)?.to_vec1::<f32>()?, vec![4., 5., 6., 7.]);
+        assert_eq!(merge_heads(&split)?.flatten_all()?.to_vec1::<f32>()?, x.flatten_all()?.to_vec1::<f32>()?);
+        Ok(())
+    }
 
     #[test]
     fn a_repeating_bias_is_added_as_broadcasting_would() -> Result<()> {

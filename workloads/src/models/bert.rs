@@ -6,7 +6,7 @@
 use candle_core::{DType, Result, Tensor};
 use candle_nn::{Embedding, Init, Module, VarBuilder};
 
-use super::attention::{attend, merge_heads, split_heads};
+use crate::kernels::{attention, ScoreBias};
 use super::layers::{LayerNorm, Linear};
 use super::{Classifier, Inputs};
 use crate::kernels::{add, Act};
@@ -121,8 +121,9 @@ impl Layer {
     }
 
     fn forward(&self, x: &Tensor, mask_bias: &Tensor) -> Result<Tensor> {
-        let heads = |l: &Linear| split_heads(&l.forward(x)?, self.heads);
-        let ctx = merge_heads(&attend(&heads(&self.query)?, &heads(&self.key)?, &heads(&self.value)?, Some(mask_bias))?)?;
+        // One GEMM for q, k and v: their weights packed as torch's MultiheadAttention packs them.
+        let qkv = Linear::packed(&[&self.query, &self.key, &self.value])?.forward(x)?;
+        let ctx = attention(&qkv, self.heads, ScoreBias::Keys(mask_bias))?;
         let x = self.attention_norm.forward(&add(x, &self.attention_out.forward(&ctx)?, false)?)?;
         let h = self.intermediate.forward_act(&x, Act::GeluErf)?;
         self.output_norm.forward(&add(&x, &self.output.forward(&h)?, false)?)
@@ -168,14 +169,8 @@ impl Bert {
         let mut x = self.embeddings_norm.forward(&x)?;
         // Masked keys get -10000 added to their scores, as the original BERT does (finite in f16).
         let (b, s) = attention_mask.dims2()?;
-        // Spread over heads and query rows once, in the model's dtype: each layer then adds it to its
-        // scores in one same-shape pass instead of a broadcast.
-        let heads = self.layers.first().map_or(1, |l| l.heads);
-        let mask_bias = ((attention_mask.to_dtype(DType::F32)? - 1.0)? * 10000.0)?
-            .reshape((b, 1, 1, s))?
-            .broadcast_as((b, heads, s, s))?
-            .to_dtype(x.dtype())?
-            .contiguous()?;
+        // Per key [b, s], in the model's dtype; the attention op adds it to every head's scores.
+        let mask_bias = ((attention_mask.to_dtype(DType::F32)? - 1.0)? * 10000.0)?.reshape((b, s))?.to_dtype(x.dtype())?.detach();
         for layer in &self.layers {
             x = layer.forward(&x, &mask_bias)?;
         }

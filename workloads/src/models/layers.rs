@@ -32,22 +32,13 @@ impl Linear {
         crate::kernels::linear(x, &self.weight, self.bias.as_ref(), act)
     }
 
-    /// The outputs of a packed projection (q, k and v in one weight) in `parts` equal slices of the
-    /// last dimension. Inferring: one GEMM, then views. Training: one GEMM per part on a slice of
-    /// the weight, because a view of the packed output costs candle's backward pass a zero-padded
-    /// copy of the whole packed gradient, and an add of it, per part.
-    pub fn forward_parts(&self, x: &Tensor, parts: usize) -> Result<Vec<Tensor>> {
-        let d = self.weight.dim(0)? / parts;
-        if !x.track_op() && !self.weight.track_op() {
-            let packed = self.forward(x)?;
-            return (0..parts).map(|i| packed.narrow(candle_core::D::Minus1, i * d, d)).collect();
-        }
-        (0..parts)
-            .map(|i| {
-                let bias = self.bias.as_ref().map(|b| b.narrow(0, i * d, d)).transpose()?;
-                crate::kernels::linear(x, &self.weight.narrow(0, i * d, d)?, bias.as_ref(), Act::None)
-            })
-            .collect()
+    /// The layers' weights and biases stacked along the outputs: one GEMM for several projections
+    /// of the same input (BERT's q, k and v). Built per call from the current weights, so that the
+    /// gradient flows back into each layer's own.
+    pub fn packed(layers: &[&Linear]) -> Result<Linear> {
+        let weights: Vec<&Tensor> = layers.iter().map(|l| &l.weight).collect();
+        let biases: Option<Vec<&Tensor>> = layers.iter().map(|l| l.bias.as_ref()).collect();
+        Ok(Linear::new(Tensor::cat(&weights, 0)?, biases.map(|b| Tensor::cat(&b, 0)).transpose()?))
     }
 }
 

@@ -1,7 +1,6 @@
 //! The model families and the layers they share. Each family lives in one file with a `Config`, named
 //! presets, and modules whose parameter names mirror the reference implementation.
 
-pub mod attention;
 pub mod bert;
 pub mod layers;
 pub mod resnet;

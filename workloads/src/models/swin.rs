@@ -7,7 +7,7 @@
 use candle_core::{Device, Result, Tensor};
 use candle_nn::{Init, Module, VarBuilder};
 
-use super::attention::{attend, merge_heads, split_heads};
+use crate::kernels::{attention, ScoreBias};
 use super::layers::{Conv2d, LayerNorm, Linear};
 use super::{Classifier, Inputs};
 use crate::kernels::{add, Act};
@@ -202,8 +202,6 @@ impl Block {
             .reshape((b, per_side, w, per_side, w, c))?
             .permute((0, 1, 3, 2, 4, 5))?
             .reshape((b * per_side * per_side, w * w, c))?;
-        let qkv = self.qkv.forward_parts(&windows, 3)?;
-        let part = |i: usize| split_heads(&qkv[i], self.heads);
         let n = w * w;
         let table = self.bias_table.index_select(&self.index, 0)?; // [n*n, heads]
         let mut bias = table.reshape((n, n, self.heads))?.permute((2, 0, 1))?.unsqueeze(0)?; // [1, heads, n, n]
@@ -213,7 +211,7 @@ impl Block {
             let per_window = mask.to_dtype(bias.dtype())?.broadcast_add(&bias.unsqueeze(0)?)?;
             bias = per_window.squeeze(0)?.contiguous()?;
         }
-        let out = merge_heads(&attend(&part(0)?, &part(1)?, &part(2)?, Some(&bias))?)?;
+        let out = attention(&self.qkv.forward(&windows)?, self.heads, ScoreBias::Scores(&bias))?;
         let out = self.proj.forward(&out)?;
         let out = out
             .reshape((b, per_side, per_side, w, w, c))?

@@ -5,7 +5,7 @@
 use candle_core::{Result, Tensor};
 use candle_nn::{Init, Module, VarBuilder};
 
-use super::attention::{attend, merge_heads, split_heads};
+use crate::kernels::{attention, ScoreBias};
 use super::layers::{Conv2d, LayerNorm, Linear, torch_linear};
 use super::{Classifier, Inputs};
 use crate::kernels::{add, Act};
@@ -96,9 +96,7 @@ impl EncoderBlock {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.ln_1.forward(x)?;
-        let qkv = self.in_proj.forward_parts(&h, 3)?;
-        let part = |i: usize| split_heads(&qkv[i], self.heads);
-        let attn = merge_heads(&attend(&part(0)?, &part(1)?, &part(2)?, None)?)?;
+        let attn = attention(&self.in_proj.forward(&h)?, self.heads, ScoreBias::None)?;
         let x = add(x, &self.out_proj.forward(&attn)?, false)?;
         let h = self.mlp_fc1.forward_act(&self.ln_2.forward(&x)?, Act::GeluErf)?;
         add(&x, &self.mlp_fc2.forward(&h)?, false)

@@ -1,0 +1,620 @@
+//! Multi-head attention softmax(q kᵀ / sqrt(d) + bias) v from a packed [b, t, 3c] projection to
+//! [b, t, c], as one differentiable op on CUDA devices.
+//!
+//! Why: composed from candle ops, attention is a dozen graph edges (three slices of the packed
+//! projection, head splits, the scale, two matmuls, the softmax, the head merge), and candle's
+//! backward pass adds each edge's gradient into a freshly zeroed tensor — the slices even into
+//! zero-padded copies of the whole packed gradient. And with t = 197 tokens (ViT) the scores' rows
+//! are 197 elements apart, an odd leading dimension that keeps cuBLAS on alignment-1 kernels
+//! (Nsight Compute on the H100: sm75 `s1688gemm ... align1` kernels for every attention matmul). As
+//! one op there are one or two edges, and the head-major buffers pad the tokens to a multiple of 8
+//! (padded keys masked out of the softmax), so every GEMM is aligned.
+//!
+//! Forward: q, k, v moved to head-major [b·h, tp, d]; S = q kᵀ; P = softmax(scale·S + bias) in
+//! place; O = P v; O moved back. Backward recomputes P (one GEMM and the softmax, as
+//! FlashAttention's backward does, instead of keeping a [b·h, t, t] tensor alive) and computes
+//! dV = Pᵀ dO, dP = dO vᵀ, dS = scale·P (dP - rowsum(dP P)), dq = dS k, dk = dSᵀ q.
+
+use candle_core::{bail, Result, Tensor, D};
+
+use super::{merge_heads, softmax_last, split_heads};
+
+/// What is added to the scores before the softmax.
+#[derive(Debug, Clone, Copy)]
+pub enum ScoreBias<'a> {
+    None,
+    /// Per key, the same for every head and query: [b, t], a padding mask. No gradient flows into it.
+    Keys(&'a Tensor),
+    /// Per head, query and key, repeating along the batch: [r, h, t, t] with b a multiple of r
+    /// (Swin's relative position bias and shifted-window masks, r windows per image).
+    Scores(&'a Tensor),
+}
+
+/// Attention of `heads` heads over a packed [b, t, 3c] q/k/v projection; returns [b, t, c].
+pub fn attention(qkv: &Tensor, heads: usize, bias: ScoreBias) -> Result<Tensor> {
+    let (b, t, c3) = qkv.dims3()?;
+    if c3 % 3 != 0 || (c3 / 3) % heads != 0 {
+        bail!("attention: {c3} packed features are not q, k and v of {heads} heads")
+    }
+    match bias {
+        ScoreBias::Keys(m) if m.dims() != [b, t] => bail!("attention: a key mask of shape {:?} for {b} sequences of {t}", m.dims()),
+        ScoreBias::Keys(m) if m.track_op() => bail!("attention: the key mask takes no gradient; detach it"),
+        ScoreBias::Scores(s) if s.rank() != 4 || s.dims()[1..] != [heads, t, t] || b % s.dim(0)? != 0 => {
+            bail!("attention: a score bias of shape {:?} for {b} sequences, {heads} heads, {t} tokens", s.dims())
+        }
+        _ => {}
+    }
+    #[cfg(feature = "cuda")]
+    if qkv.device().is_cuda() {
+        let qkv = qkv.contiguous()?;
+        return match bias {
+            ScoreBias::None => qkv.apply_op1(cuda::Attention { heads, mode: cuda::Mode::None }),
+            ScoreBias::Keys(m) => qkv.apply_op2(&m.to_dtype(qkv.dtype())?.contiguous()?, cuda::Attention { heads, mode: cuda::Mode::Keys }),
+            ScoreBias::Scores(s) => {
+                let r = s.dim(0)?;
+                qkv.apply_op2(&s.to_dtype(qkv.dtype())?.contiguous()?, cuda::Attention { heads, mode: cuda::Mode::Scores { repeat: r } })
+            }
+        };
+    }
+    reference(qkv, heads, bias)
+}
+
+/// The same function from candle ops and our softmax: the CPU's path and the GPU op's reference.
+fn reference(qkv: &Tensor, heads: usize, bias: ScoreBias) -> Result<Tensor> {
+    let (b, t, c3) = qkv.dims3()?;
+    let c = c3 / 3;
+    let part = |i: usize| split_heads(&qkv.narrow(D::Minus1, i * c, c)?, heads);
+    let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+    let scale = 1.0 / ((c / heads) as f64).sqrt();
+    let scores = (q * scale)?.matmul(&k.t()?)?;
+    let scores = match bias {
+        ScoreBias::None => scores,
+        ScoreBias::Keys(m) => scores.broadcast_add(&m.to_dtype(scores.dtype())?.reshape((b, 1, 1, t))?)?,
+        ScoreBias::Scores(s) => super::add_repeating(&scores, &s.to_dtype(scores.dtype())?)?,
+    };
+    merge_heads(&softmax_last(&scores)?.matmul(&v)?)
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use std::sync::OnceLock;
+
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+    use candle_core::cuda_backend::{CudaDType, CudaDevice};
+    use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+
+    use crate::kernels::launch::{by_dtype, cuda as saved_storage, failed, name, view};
+
+    const SOURCE: &str = r#"
+struct __align__(16) W16 { unsigned int a, b, c, d; };
+template <typename W> __device__ __forceinline__ W zero_word() { return W(0); }
+template <> __device__ __forceinline__ W16 zero_word<W16>() { W16 z = {0u, 0u, 0u, 0u}; return z; }
+
+// One of q, k, v (or a gradient) between the token-major [b, t, stride] layout (at `offset` in each
+// row) and the head-major [b·h, tp, d] one (rows t..tp zero), in words W of 1 to 8 elements: d,
+// stride and offset are in words.
+template <typename W>
+__device__ void attn_move(const W* src, W* dst, unsigned int b, unsigned int t, unsigned int tp, unsigned int h,
+                          unsigned int d, unsigned int stride, unsigned int offset, int to_heads) {
+    unsigned int total = b * h * tp * d;
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        unsigned int di = i % d, row = i / d;
+        unsigned int ti = row % tp, bh = row / tp;
+        unsigned int hi = bh % h, bi = bh / h;
+        unsigned long long tok = ((unsigned long long)bi * t + ti) * stride + offset + hi * d + di;
+        if (to_heads) dst[i] = ti < t ? src[tok] : zero_word<W>();
+        else if (ti < t) dst[tok] = src[i];
+    }
+}
+#define MOVE(NAME, W)                                                                                  \
+extern "C" __global__ void NAME(const W* src, W* dst, unsigned int b, unsigned int t, unsigned int tp,  \
+        unsigned int h, unsigned int d, unsigned int stride, unsigned int offset, int to_heads) {       \
+    attn_move<W>(src, dst, b, t, tp, h, d, stride, offset, to_heads);                                 \
+}
+MOVE(attn_move_w2, unsigned short)
+MOVE(attn_move_w4, unsigned int)
+MOVE(attn_move_w8, unsigned long long)
+MOVE(attn_move_w16, W16)
+
+// The score of key j in row (bh, i): scale · S + bias. mode 1: bias[bi, j] ([b, t]); mode 2:
+// bias[(bi % r), hi, i, j] ([r, h, t, t]).
+template <typename E>
+__device__ __forceinline__ float attn_score(const typename E::T* s, const typename E::T* bias, unsigned long long base,
+                                            unsigned int j, unsigned long long bi, unsigned int hi, unsigned int i,
+                                            unsigned int h, unsigned int t, unsigned int r, int mode, float scale) {
+    float v = scale * E::get(s, base + j);
+    if (mode == 1) v += E::get(bias, bi * t + j);
+    if (mode == 2) v += E::get(bias, ((((bi % r) * h + hi) * t + i) * (unsigned long long)t) + j);
+    return v;
+}
+
+// Softmax of scale · S + bias over keys 0..t of each row, in place on S [b·h, tp, tp]; padded keys
+// and rows become 0. One warp per row.
+template <typename E>
+__device__ void attn_softmax(typename E::T* s, const typename E::T* bias, unsigned long long rows, unsigned int h,
+                             unsigned int t, unsigned int tp, unsigned int r, int mode, float scale) {
+    unsigned int lane = threadIdx.x & 31;
+    unsigned long long warps = ((unsigned long long)gridDim.x * blockDim.x) >> 5;
+    for (unsigned long long row = (blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
+        unsigned long long base = row * tp;
+        unsigned int i = row % tp;
+        unsigned long long bh = row / tp;
+        unsigned long long bi = bh / h;
+        unsigned int hi = bh % h;
+        if (i >= t) {
+            for (unsigned int j = lane; j < tp; j += 32) E::put(s, base + j, 0.f);
+            continue;
+        }
+        float m = __int_as_float(0xff800000);
+        for (unsigned int j = lane; j < t; j += 32) m = fmaxf(m, attn_score<E>(s, bias, base, j, bi, hi, i, h, t, r, mode, scale));
+        m = warp_max(m);
+        float sum = 0.f;
+        for (unsigned int j = lane; j < t; j += 32) sum += expf(attn_score<E>(s, bias, base, j, bi, hi, i, h, t, r, mode, scale) - m);
+        float inv = 1.f / warp_sum(sum);
+        __syncwarp();
+        for (unsigned int j = lane; j < tp; j += 32) {
+            float p = j < t ? expf(attn_score<E>(s, bias, base, j, bi, hi, i, h, t, r, mode, scale) - m) * inv : 0.f;
+            E::put(s, base + j, p);
+        }
+    }
+}
+
+// The gradient of the raw scores S: scale · P (dP - Σ_j dP P) per row; padding stays 0.
+template <typename E>
+__device__ void attn_softmax_grad(const typename E::T* p, const typename E::T* dp, typename E::T* ds,
+                                  unsigned long long rows, unsigned int t, unsigned int tp, float scale) {
+    unsigned int lane = threadIdx.x & 31;
+    unsigned long long warps = ((unsigned long long)gridDim.x * blockDim.x) >> 5;
+    for (unsigned long long row = (blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
+        unsigned long long base = row * tp;
+        bool live = (row % tp) < t;
+        float dot = 0.f;
+        if (live) for (unsigned int j = lane; j < t; j += 32) dot += E::get(dp, base + j) * E::get(p, base + j);
+        dot = warp_sum(dot);
+        __syncwarp();
+        for (unsigned int j = lane; j < tp; j += 32) {
+            float v = live && j < t ? scale * E::get(p, base + j) * (E::get(dp, base + j) - dot) : 0.f;
+            E::put(ds, base + j, v);
+        }
+    }
+}
+
+#define KERNELS(S, E)                                                                                      \
+extern "C" __global__ void attn_softmax_##S(E::T* s, const E::T* bias, unsigned long long rows,           \
+        unsigned int h, unsigned int t, unsigned int tp, unsigned int r, int mode, float scale) {         \
+    attn_softmax<E>(s, bias, rows, h, t, tp, r, mode, scale);                                             \
+}                                                                                                          \
+extern "C" __global__ void attn_softmax_grad_##S(const E::T* p, const E::T* dp, E::T* ds,                 \
+        unsigned long long rows, unsigned int t, unsigned int tp, float scale) {                          \
+    attn_softmax_grad<E>(p, dp, ds, rows, t, tp, scale);                                                  \
+}
+KERNELS(f32, F32)
+KERNELS(bf16, BF16)
+KERNELS(f16, F16)
+"#;
+
+    fn ptx() -> Result<&'static str> {
+        static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+        crate::kernels::nvrtc::ptx(&PTX, SOURCE, "attention")
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub(super) enum Mode {
+        None,
+        Keys,
+        Scores { repeat: usize },
+    }
+
+    impl Mode {
+        fn code(self) -> (i32, u32) {
+            match self {
+                Mode::None => (0, 1),
+                Mode::Keys => (1, 1),
+                Mode::Scores { repeat } => (2, repeat as u32),
+            }
+        }
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    pub(super) struct Attention {
+        pub heads: usize,
+        pub mode: Mode,
+    }
+
+    /// Sizes: b sequences of t tokens (tp padded to a multiple of 8), h heads of d, c = h·d.
+    #[derive(Debug, Clone, Copy)]
+    struct Dims {
+        b: usize,
+        t: usize,
+        tp: usize,
+        h: usize,
+        d: usize,
+    }
+
+    impl Dims {
+        fn of(qkv: &Layout, heads: usize) -> Result<Self> {
+            let (b, t, c3) = qkv.shape().dims3()?;
+            let d = c3 / 3 / heads;
+            let tp = t.next_multiple_of(8);
+            if b * heads * tp * tp.max(d) > u32::MAX as usize || b * t * c3 > u32::MAX as usize {
+                bail!("attention over {b}x{t}x{c3} is more than these kernels index")
+            }
+            Ok(Self { b, t, tp, h: heads, d })
+        }
+        fn bh(&self) -> usize {
+            self.b * self.h
+        }
+        /// Head-major [b·h, rows, cols] at `offset`.
+        fn heads(&self, rows: usize, cols: usize, offset: usize) -> Layout {
+            Layout::contiguous_with_offset((self.bh(), rows, cols), offset)
+        }
+        /// The transpose of [b·h, rows, cols], as a view.
+        fn transposed(&self, rows: usize, cols: usize, offset: usize) -> Result<Layout> {
+            self.heads(rows, cols, offset).transpose(1, 2)
+        }
+    }
+
+    /// (name, function) of our kernel `base` for the dtype of `kern` (a [`Kernels`]).
+    macro_rules! kernel {
+        ($kern:expr, $base:expr) => {{
+            let kernel = name($base, $kern.dtype);
+            let func = $kern.dev.get_or_load_custom_func(&kernel, "migprof_attention", ptx()?)?;
+            (kernel, func)
+        }};
+    }
+
+    /// The kernels of one dtype on one device.
+    struct Kernels<'a> {
+        dev: &'a CudaDevice,
+        dims: Dims,
+        dtype: candle_core::DType,
+    }
+
+    impl Kernels<'_> {
+        /// A buffer that the kernel or GEMM producing it writes entirely.
+        fn alloc<T: CudaDType + DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {
+            // SAFETY: every element is written by the kernel or GEMM that produces it.
+            Ok(unsafe { self.dev.alloc::<T>(n)? })
+        }
+
+        /// Token-major `src` (row stride `stride`, at `offset`) into head-major `dst`, or back, in the
+        /// widest words (up to 16 bytes) that d, the stride, the offset and both views' starts allow.
+        fn moved<T: CudaDType + DeviceRepr>(
+            &self,
+            src: &CudaView<T>,
+            dst: &mut CudaViewMut<T>,
+            stride: usize,
+            offset: usize,
+            to_heads: bool,
+        ) -> Result<()> {
+            let Dims { b, t, tp, h, d } = self.dims;
+            let size = std::mem::size_of::<T>();
+            let k = [16 / size, 8 / size, 4 / size, 2 / size, 1]
+                .into_iter()
+                .filter(|&k| k >= 1)
+                .find(|&k| [d, stride, offset, src.len(), dst.len()].iter().all(|v| v % k == 0))
+                .unwrap_or(1);
+            let kernel = format!("attn_move_w{}", k * size);
+            let func = self.dev.get_or_load_custom_func(&kernel, "migprof_attention", ptx()?)?;
+            let total = (b * h * tp * d / k) as u64;
+            let cfg = LaunchConfig { grid_dim: (total.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let [b, t, tp, h, dw, stride, offset] = [b, t, tp, h, d / k, stride / k, offset / k].map(|v| v as u32);
+            let to_heads = to_heads as i32;
+            let (src_words, dst_words) = (src.len() / k, dst.len() / k);
+            macro_rules! go {
+                ($w:ty) => {{
+                    // SAFETY: the same bytes seen as words of k elements (fresh allocations and the
+                    // checked lengths give the alignment).
+                    let sw = unsafe { src.transmute::<$w>(src_words) }.ok_or_else(|| candle_core::Error::Msg("attention: word view".into()))?;
+                    let mut dw_view = unsafe { dst.transmute_mut::<$w>(dst_words) }.ok_or_else(|| candle_core::Error::Msg("attention: word view".into()))?;
+                    let mut a = func.builder();
+                    a.arg(&sw).arg(&mut dw_view).arg(&b).arg(&t).arg(&tp).arg(&h).arg(&dw).arg(&stride).arg(&offset).arg(&to_heads);
+                    // SAFETY: argument types and order match the kernel; the views hold b·t·stride
+                    // and b·h·tp·d elements.
+                    unsafe { a.launch(cfg) }.map_err(|e| failed(&kernel, e))?;
+                }};
+            }
+            match k * size {
+                2 => go!(u16),
+                4 => go!(u32),
+                8 => go!(u64),
+                _ => go!(u128),
+            }
+            Ok(())
+        }
+
+        /// 1 / sqrt(d), applied to the scores in the softmax.
+        fn scale(&self) -> f32 {
+            1.0 / (self.dims.d as f32).sqrt()
+        }
+
+        fn warp_rows(&self) -> LaunchConfig {
+            let rows = (self.dims.bh() * self.dims.tp) as u64;
+            LaunchConfig { grid_dim: (rows.div_ceil(8).clamp(1, 1 << 20) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+        }
+    }
+
+    /// q, k, v head-major, and P = softmax(scale · q kᵀ + bias) [b·h, tp, tp].
+    struct Forward {
+        q: CudaStorage,
+        k: CudaStorage,
+        v: CudaStorage,
+        p: CudaStorage,
+    }
+
+    fn forward_parts<T: CudaDType + DeviceRepr + ValidAsZeroBits>(
+        kern: &Kernels,
+        qkv: (&CudaStorage, &Layout),
+        bias: Option<(&CudaStorage, &Layout)>,
+        mode: Mode,
+    ) -> Result<Forward> {
+        let dims = kern.dims;
+        let Dims { t, tp, h, d, .. } = dims;
+        let c = h * d;
+        let src = view::<T>(qkv.0, qkv.1, "attention")?;
+        let n = dims.bh() * tp * d;
+        let mut parts = Vec::with_capacity(3);
+        for i in 0..3 {
+            let mut out = kern.alloc::<T>(n)?;
+            kern.moved(&src, &mut out.slice_mut(0..), 3 * c, i * c, true)?;
+            parts.push(CudaStorage::wrap_cuda_slice(out, kern.dev.clone()));
+        }
+        let v = parts.pop().expect("three parts");
+        let k = parts.pop().expect("three parts");
+        let q = parts.pop().expect("three parts");
+        let mut p = q.matmul(&k, (dims.bh(), tp, tp, d), &dims.heads(tp, d, 0), &dims.transposed(tp, d, 0)?)?;
+        let (kernel, func) = kernel!(kern, "attn_softmax");
+        let rows = (dims.bh() * tp) as u64;
+        let (code, r) = mode.code();
+        let (h32, t32, tp32, scale) = (h as u32, t as u32, tp as u32, kern.scale());
+        {
+            let mut pv = p.as_cuda_slice_mut::<T>()?.slice_mut(0..);
+            let bias_view = match bias {
+                Some((s, l)) => Some(view::<T>(s, l, "attention's bias")?),
+                None => None,
+            };
+            let null = 0u64;
+            let mut a = func.builder();
+            a.arg(&mut pv);
+            match &bias_view {
+                Some(bv) => a.arg(bv),
+                None => a.arg(&null),
+            };
+            a.arg(&rows).arg(&h32).arg(&t32).arg(&tp32).arg(&r).arg(&code).arg(&scale);
+            // SAFETY: argument types and order match the kernel; S holds rows·tp, the bias what
+            // its mode indexes (checked by the caller), or null when not read.
+            unsafe { a.launch(kern.warp_rows()) }.map_err(|e| failed(&kernel, e))?;
+        }
+        Ok(Forward { q, k, v, p })
+    }
+
+    fn forward<T: CudaDType + DeviceRepr + ValidAsZeroBits>(
+        kern: &Kernels,
+        qkv: (&CudaStorage, &Layout),
+        bias: Option<(&CudaStorage, &Layout)>,
+        mode: Mode,
+    ) -> Result<CudaStorage> {
+        let dims = kern.dims;
+        let Dims { b, t, tp, h, d } = dims;
+        let f = forward_parts::<T>(kern, qkv, bias, mode)?;
+        let o = f.p.matmul(&f.v, (dims.bh(), tp, d, tp), &dims.heads(tp, tp, 0), &dims.heads(tp, d, 0))?;
+        let mut out = kern.alloc::<T>(b * t * h * d)?;
+        kern.moved(&o.as_cuda_slice::<T>()?.slice(0..), &mut out.slice_mut(0..), h * d, 0, false)?;
+        Ok(CudaStorage::wrap_cuda_slice(out, kern.dev.clone()))
+    }
+
+    /// [dqkv (b·t·3c) | dS (b·h·tp·tp), when `with_ds`] in one buffer.
+    fn backward<T: CudaDType + DeviceRepr + ValidAsZeroBits>(
+        kern: &Kernels,
+        qkv: (&CudaStorage, &Layout),
+        bias: Option<(&CudaStorage, &Layout)>,
+        mode: Mode,
+        g: (&CudaStorage, &Layout),
+        with_ds: bool,
+    ) -> Result<CudaStorage> {
+        let dims = kern.dims;
+        let Dims { b, t, tp, h, d } = dims;
+        let (c, bh) = (h * d, dims.bh());
+        let f = forward_parts::<T>(kern, qkv, bias, mode)?;
+        let heads_n = bh * tp * d;
+        let mut d_o = kern.alloc::<T>(heads_n)?;
+        kern.moved(&view::<T>(g.0, g.1, "attention's gradient")?, &mut d_o.slice_mut(0..), c, 0, true)?;
+        let d_o = CudaStorage::wrap_cuda_slice(d_o, kern.dev.clone());
+        let hd = dims.heads(tp, d, 0);
+        let dv = f.p.matmul(&d_o, (bh, tp, d, tp), &dims.transposed(tp, tp, 0)?, &hd)?;
+        let dp = d_o.matmul(&f.v, (bh, tp, tp, d), &hd, &dims.transposed(tp, d, 0)?)?;
+        // dS: into the tail of the output buffer when the bias needs it, else a buffer of its own.
+        let qkv_n = b * t * 3 * c;
+        let ds_n = bh * tp * tp;
+        let mut out = kern.alloc::<T>(qkv_n + if with_ds { ds_n } else { 0 })?;
+        let mut ds_own = if with_ds { None } else { Some(kern.alloc::<T>(ds_n)?) };
+        {
+            let (kernel, func) = kernel!(kern, "attn_softmax_grad");
+            let rows = (bh * tp) as u64;
+            let (t32, tp32, scale) = (t as u32, tp as u32, kern.scale());
+            let pv = f.p.as_cuda_slice::<T>()?.slice(0..);
+            let dpv = dp.as_cuda_slice::<T>()?.slice(0..);
+            let mut dsv = match ds_own.as_mut() {
+                Some(s) => s.slice_mut(0..),
+                None => out.slice_mut(qkv_n..),
+            };
+            let mut a = func.builder();
+            a.arg(&pv).arg(&dpv).arg(&mut dsv).arg(&rows).arg(&t32).arg(&tp32).arg(&scale);
+            // SAFETY: argument types and order match the kernel; P, dP and dS hold rows·tp.
+            unsafe { a.launch(kern.warp_rows()) }.map_err(|e| failed(&kernel, e))?;
+        }
+        let out = CudaStorage::wrap_cuda_slice(out, kern.dev.clone());
+        let ds_own = ds_own.map(|s| CudaStorage::wrap_cuda_slice(s, kern.dev.clone()));
+        let (ds, ds_off) = match &ds_own {
+            Some(s) => (s, 0),
+            None => (&out, qkv_n),
+        };
+        let ds_l = dims.heads(tp, tp, ds_off);
+        let dq = ds.matmul(&f.k, (bh, tp, d, tp), &ds_l, &hd)?;
+        let dk = ds.matmul(&f.q, (bh, tp, d, tp), &dims.transposed(tp, tp, ds_off)?, &hd)?;
+        let mut out = out;
+        {
+            let dst = out.as_cuda_slice_mut::<T>()?;
+            for (i, part) in [&dq, &dk, &dv].into_iter().enumerate() {
+                let mut head = dst.slice_mut(0..qkv_n);
+                kern.moved(&part.as_cuda_slice::<T>()?.slice(0..), &mut head, 3 * c, i * c, false)?;
+            }
+        }
+        Ok(out)
+    }
+
+    impl Attention {
+        fn run(&self, qkv: (&CudaStorage, &Layout), bias: Option<(&CudaStorage, &Layout)>) -> Result<(CudaStorage, Shape)> {
+            if !qkv.1.is_contiguous() || bias.is_some_and(|(_, l)| !l.is_contiguous()) {
+                bail!("the attention op takes contiguous tensors")
+            }
+            let dims = Dims::of(qkv.1, self.heads)?;
+            let kern = Kernels { dev: qkv.0.device(), dims, dtype: qkv.0.dtype() };
+            let out = by_dtype!(qkv.0.dtype(), "attention", T => forward::<T>(&kern, qkv, bias, self.mode)?);
+            Ok((out, Shape::from((dims.b, dims.t, dims.h * dims.d))))
+        }
+
+        fn grads(&self, qkv: &Tensor, bias: Option<&Tensor>, grad: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
+            let with_ds = matches!(self.mode, Mode::Scores { .. }) && bias.is_some_and(|b| b.track_op());
+            let op = AttentionGrad { op: *self, qkv: qkv.clone(), bias: bias.cloned(), with_ds };
+            let flat = grad.contiguous()?.apply_op1_no_bwd(&op)?;
+            let (b, t, c3) = qkv.dims3()?;
+            let dqkv = flat.narrow(0, 0, b * t * c3)?.reshape((b, t, c3))?;
+            let dbias = match (self.mode, bias) {
+                (Mode::Scores { repeat }, Some(bias)) if with_ds => {
+                    let (h, tp) = (self.heads, t.next_multiple_of(8));
+                    let ds = flat.narrow(0, b * t * c3, b * h * tp * tp)?.reshape((b / repeat, repeat, h, tp, tp))?;
+                    // dS is the gradient of the unscaled scores; the bias is added after the scale.
+                    let sqrt_d = ((c3 / 3 / h) as f64).sqrt();
+                    Some((ds.narrow(3, 0, t)?.narrow(4, 0, t)?.sum(0)? * sqrt_d)?.to_dtype(bias.dtype())?)
+                }
+                _ => None,
+            };
+            Ok((dqkv, dbias))
+        }
+    }
+
+    impl CustomOp1 for Attention {
+        fn name(&self) -> &'static str {
+            "attention"
+        }
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            bail!("the attention op runs on CUDA devices only; the CPU composes candle ops")
+        }
+        fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+            self.run((s, l), None)
+        }
+        fn bwd(&self, qkv: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+            Ok(Some(self.grads(qkv, None, grad)?.0))
+        }
+    }
+
+    impl CustomOp2 for Attention {
+        fn name(&self) -> &'static str {
+            "attention"
+        }
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            bail!("the attention op runs on CUDA devices only; the CPU composes candle ops")
+        }
+        fn cuda_fwd(&self, s: &CudaStorage, l: &Layout, bs: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
+            self.run((s, l), Some((bs, bl)))
+        }
+        fn bwd(&self, qkv: &Tensor, bias: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+            let (dqkv, dbias) = self.grads(qkv, Some(bias), grad)?;
+            Ok((Some(dqkv), dbias))
+        }
+    }
+
+    /// The backward pass, applied to the output's gradient, holding the forward's inputs: one flat
+    /// buffer [dqkv | dS when the bias takes a gradient].
+    #[derive(Debug, Clone)]
+    struct AttentionGrad {
+        op: Attention,
+        qkv: Tensor,
+        bias: Option<Tensor>,
+        with_ds: bool,
+    }
+
+    impl CustomOp1 for AttentionGrad {
+        fn name(&self) -> &'static str {
+            "attention-grad"
+        }
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            bail!("the attention op runs on CUDA devices only")
+        }
+        fn cuda_fwd(&self, g: &CudaStorage, gl: &Layout) -> Result<(CudaStorage, Shape)> {
+            let what = "attention's backward";
+            let (qs, ql) = self.qkv.storage_and_layout();
+            let bias = self.bias.as_ref().map(|b| b.storage_and_layout());
+            let bias = match &bias {
+                Some((s, l)) => Some((saved_storage(s, what)?, *l)),
+                None => None,
+            };
+            let qkv = (saved_storage(&qs, what)?, ql);
+            let dims = Dims::of(ql, self.op.heads)?;
+            if gl.dims() != [dims.b, dims.t, dims.h * dims.d] || !gl.is_contiguous() {
+                bail!("{what}: a gradient of shape {:?}", gl.dims())
+            }
+            let kern = Kernels { dev: g.device(), dims, dtype: g.dtype() };
+            let out = by_dtype!(g.dtype(), what, T => backward::<T>(&kern, qkv, bias, self.op.mode, (g, gl), self.with_ds)?);
+            let ds = if self.with_ds { dims.bh() * dims.tp * dims.tp } else { 0 };
+            Ok((out, Shape::from(dims.b * dims.t * 3 * dims.h * dims.d + ds)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::layers::tests::check_gradient;
+    use candle_core::{DType, Device};
+
+    /// A packed [1, 3, 3·2] projection, one head of 2: q and k all ones (equal scores), v given.
+    fn equal_scores() -> Result<Tensor> {
+        let v = [[1f32, 10.], [2., 20.], [3., 30.]];
+        let rows: Vec<f32> = v.iter().flat_map(|v| [1., 1., 1., 1., v[0], v[1]]).collect();
+        Tensor::from_vec(rows, (1, 3, 6), &Device::Cpu)
+    }
+
+    #[test]
+    fn equal_scores_average_the_values_and_a_masked_key_drops_out() -> Result<()> {
+        let out = attention(&equal_scores()?, 1, ScoreBias::None)?.flatten_all()?.to_vec1::<f32>()?;
+        for (got, want) in out.iter().zip([2f32, 20., 2., 20., 2., 20.]) {
+            assert!((got - want).abs() < 1e-5, "{out:?}");
+        }
+        // A -inf on key 2, as a key mask and as a score bias, leaves the mean of keys 0 and 1.
+        let keys = Tensor::new(&[[0f32, 0., f32::NEG_INFINITY]], &Device::Cpu)?;
+        let scores = keys.reshape((1, 1, 1, 3))?.broadcast_as((1, 1, 3, 3))?.contiguous()?;
+        for bias in [ScoreBias::Keys(&keys), ScoreBias::Scores(&scores)] {
+            let out = attention(&equal_scores()?, 1, bias)?.flatten_all()?.to_vec1::<f32>()?;
+            assert!((out[0] - 1.5).abs() < 1e-5 && (out[1] - 15.0).abs() < 1e-5, "{bias:?}: {out:?}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn attention_has_exact_gradients_for_the_projection_and_the_score_bias() -> Result<()> {
+        // Two sequences of 3 tokens, 2 heads of 2; the score bias repeats once per sequence.
+        check_gradient(|qkv| attention(qkv, 2, ScoreBias::None), &[2, 3, 12], 5)?;
+        let bias = Tensor::randn(0f64, 1., (1, 2, 3, 3), &Device::Cpu)?;
+        check_gradient(|qkv| attention(qkv, 2, ScoreBias::Scores(&bias)), &[2, 3, 12], 6)?;
+        let qkv = Tensor::randn(0f64, 1., (2, 3, 12), &Device::Cpu)?;
+        check_gradient(|bias| attention(&qkv, 2, ScoreBias::Scores(bias)), &[1, 2, 3, 3], 7)
+    }
+
+    #[test]
+    fn misshaped_inputs_are_refused_with_their_shapes() -> Result<()> {
+        let qkv = Tensor::zeros((2, 3, 12), DType::F32, &Device::Cpu)?;
+        let err = attention(&qkv, 5, ScoreBias::None).unwrap_err().to_string();
+        assert!(err.contains("5 heads"), "{err}");
+        let mask = Tensor::zeros((2, 4), DType::F32, &Device::Cpu)?;
+        let err = attention(&qkv, 2, ScoreBias::Keys(&mask)).unwrap_err().to_string();
+        assert!(err.contains("[2, 4]"), "{err}");
+        // Three repeats do not divide a batch of two.
+        let bias = Tensor::zeros((3, 2, 3, 3), DType::F32, &Device::Cpu)?;
+        let err = attention(&qkv, 2, ScoreBias::Scores(&bias)).unwrap_err().to_string();
+        assert!(err.contains("[3, 2, 3, 3]"), "{err}");
+        Ok(())
+    }
+}
