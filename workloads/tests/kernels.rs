@@ -109,8 +109,10 @@ fn bias_kernel_matches_candle_on_the_cpu_forward_and_backward() {
     let Some(gpu) = gpu() else { return };
     // NCHW channel biases (ResNet's folded batch norm, patch embeddings) and last-axis biases
     // (linear layers, attention biases seen as rows), with each activation.
+    // Shapes whose planes hold whole 16-byte words take the vector kernel, the others the scalar one.
     let cases: &[(&[usize], BiasAxis)] = &[
         (&[3, 5, 7, 9], BiasAxis::Channels),
+        (&[2, 4, 8, 8], BiasAxis::Channels),
         (&[2, 64, 1, 1], BiasAxis::Channels),
         (&[6, 33], BiasAxis::Last),
         (&[2, 197, 40], BiasAxis::Last),
@@ -154,23 +156,26 @@ fn bias_kernel_matches_candle_on_the_cpu_forward_and_backward() {
 #[test]
 fn add_kernel_matches_candle_on_the_cpu_forward_and_backward() {
     let Some(gpu) = gpu() else { return };
-    let (x, z, r) = (random(&[3, 5, 7, 9], 70), random(&[3, 5, 7, 9], 71), random(&[3, 5, 7, 9], 72));
-    for relu in [false, true] {
-        for (dtype, tol) in [(DType::F32, 1e-6f32), (DType::BF16, 1e-2), (DType::F16, 2e-3)] {
-            // The reference on the inputs rounded to the dtype, so that the ReLU sees the same signs.
-            let rounded = |t: &Tensor| t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap();
-            let (xv, zv) = (Var::from_tensor(&rounded(&x)).unwrap(), Var::from_tensor(&rounded(&z)).unwrap());
-            let y_ref = relu_as_pytorch(&workloads::kernels::add(xv.as_tensor(), zv.as_tensor(), false).unwrap(), relu);
-            let g = (&y_ref * &r).unwrap().sum_all().unwrap().backward().unwrap();
-            let (dx_ref, dz_ref) = (g.get(xv.as_tensor()).unwrap().clone(), g.get(zv.as_tensor()).unwrap().clone());
-            let on = |t: &Tensor| Var::from_tensor(&t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).unwrap();
-            let (xg, zg) = (on(&x), on(&z));
-            let y = workloads::kernels::add(xg.as_tensor(), zg.as_tensor(), relu).unwrap();
-            let rg = r.to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
-            let grads = (&y * &rg).unwrap().sum_all().unwrap().backward().unwrap();
-            let (e, ex, ez) = (rel_err(&y, &y_ref), rel_err(grads.get(xg.as_tensor()).unwrap(), &dx_ref), rel_err(grads.get(zg.as_tensor()).unwrap(), &dz_ref));
-            eprintln!("add relu {relu} {dtype:?}: y {e:.1e}, dx {ex:.1e}, dz {ez:.1e}");
-            assert!(e < tol && ex < tol && ez < tol, "add relu {relu} {dtype:?}: y {e}, dx {ex}, dz {ez}");
+    // 945 elements (the scalar kernel) and 512 (16-byte words).
+    for shape in [[3usize, 5, 7, 9], [2, 4, 8, 8]] {
+        let (x, z, r) = (random(&shape, 70), random(&shape, 71), random(&shape, 72));
+        for relu in [false, true] {
+            for (dtype, tol) in [(DType::F32, 1e-6f32), (DType::BF16, 1e-2), (DType::F16, 2e-3)] {
+                // The reference on the inputs rounded to the dtype, so that the ReLU sees the same signs.
+                let rounded = |t: &Tensor| t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap();
+                let (xv, zv) = (Var::from_tensor(&rounded(&x)).unwrap(), Var::from_tensor(&rounded(&z)).unwrap());
+                let y_ref = relu_as_pytorch(&workloads::kernels::add(xv.as_tensor(), zv.as_tensor(), false).unwrap(), relu);
+                let g = (&y_ref * &r).unwrap().sum_all().unwrap().backward().unwrap();
+                let (dx_ref, dz_ref) = (g.get(xv.as_tensor()).unwrap().clone(), g.get(zv.as_tensor()).unwrap().clone());
+                let on = |t: &Tensor| Var::from_tensor(&t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).unwrap();
+                let (xg, zg) = (on(&x), on(&z));
+                let y = workloads::kernels::add(xg.as_tensor(), zg.as_tensor(), relu).unwrap();
+                let rg = r.to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
+                let grads = (&y * &rg).unwrap().sum_all().unwrap().backward().unwrap();
+                let (e, ex, ez) = (rel_err(&y, &y_ref), rel_err(grads.get(xg.as_tensor()).unwrap(), &dx_ref), rel_err(grads.get(zg.as_tensor()).unwrap(), &dz_ref));
+                eprintln!("add relu {relu} {dtype:?}: y {e:.1e}, dx {ex:.1e}, dz {ez:.1e}");
+                assert!(e < tol && ex < tol && ez < tol, "add relu {relu} {dtype:?}: y {e}, dx {ex}, dz {ez}");
+            }
         }
     }
 }

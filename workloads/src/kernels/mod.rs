@@ -70,7 +70,14 @@ pub fn conv2d(x: &Tensor, w: &Tensor, padding: usize, stride: usize) -> Result<T
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Act) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if let (true, Some(b)) = (x.device().is_cuda(), b) {
-        return x.contiguous()?.apply_op3(&w.contiguous()?, &b.contiguous()?, linear::LinearOp { act });
+        let (x, w, b) = (x.contiguous()?, w.contiguous()?, b.contiguous()?);
+        // GELU's backward needs the pre-activation: in half precision the op recomputes it (a cheap
+        // tensor-core GEMM); in f32 that GEMM costs as much as the layer, so the pre-activation is
+        // kept and the activation is a pass of its own.
+        if act == Act::GeluErf && x.dtype() == candle_core::DType::F32 {
+            return x.apply_op3(&w, &b, linear::LinearOp { act: Act::None })?.apply_op1(bias::Activation(act));
+        }
+        return x.apply_op3(&w, &b, linear::LinearOp { act });
     }
     let dims = x.dims();
     let features = *dims.last().ok_or_else(|| candle_core::Error::Msg("linear: a scalar input".into()))?;
