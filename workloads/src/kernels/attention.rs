@@ -129,24 +129,49 @@ __device__ __forceinline__ float attn_score(const typename E::T* s, const typena
     return v;
 }
 
+// Keys per lane kept in registers: rows of up to 32 · KEEP keys (ViT's 197, BERT's 128, Swin's 49)
+// are read once; longer rows are read again on each pass.
+#define KEEP 8
+
 // Softmax of scale · S + bias over keys 0..t of each row, in place on S [b·h, tp, tp]; padded keys
 // and rows become 0. One warp per row.
 template <typename E>
-__device__ void attn_softmax(typename E::T* s, const typename E::T* bias, unsigned long long rows, unsigned int h,
+__device__ void attn_softmax(typename E::T* s, const typename E::T* bias, unsigned int rows, unsigned int h,
                              unsigned int t, unsigned int tp, unsigned int r, int mode, float scale) {
     unsigned int lane = threadIdx.x & 31;
-    unsigned long long warps = ((unsigned long long)gridDim.x * blockDim.x) >> 5;
-    for (unsigned long long row = (blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
-        unsigned long long base = row * tp;
-        unsigned int i = row % tp;
-        unsigned long long bh = row / tp;
-        unsigned long long bi = bh / h;
-        unsigned int hi = bh % h;
+    unsigned int warps = (gridDim.x * blockDim.x) >> 5;
+    for (unsigned int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
+        unsigned long long base = (unsigned long long)row * tp;
+        unsigned int i = row % tp, bh = row / tp, bi = bh / h, hi = bh % h;
         if (i >= t) {
             for (unsigned int j = lane; j < tp; j += 32) E::put(s, base + j, 0.f);
             continue;
         }
         float m = __int_as_float(0xff800000);
+        if (t <= 32 * KEEP) {
+            float v[KEEP];
+#pragma unroll
+            for (int k = 0; k < KEEP; k++) {
+                unsigned int j = lane + 32 * k;
+                v[k] = j < t ? attn_score<E>(s, bias, base, j, bi, hi, i, h, t, r, mode, scale) : m;
+                m = fmaxf(m, v[k]);
+            }
+            m = warp_max(m);
+            float sum = 0.f;
+#pragma unroll
+            for (int k = 0; k < KEEP; k++) {
+                v[k] = lane + 32 * k < t ? expf(v[k] - m) : 0.f;
+                sum += v[k];
+            }
+            float inv = 1.f / warp_sum(sum);
+#pragma unroll
+            for (int k = 0; k < KEEP; k++) {
+                unsigned int j = lane + 32 * k;
+                if (j < tp) E::put(s, base + j, v[k] * inv);
+            }
+            for (unsigned int j = lane + 32 * KEEP; j < tp; j += 32) E::put(s, base + j, 0.f);
+            continue;
+        }
         for (unsigned int j = lane; j < t; j += 32) m = fmaxf(m, attn_score<E>(s, bias, base, j, bi, hi, i, h, t, r, mode, scale));
         m = warp_max(m);
         float sum = 0.f;
@@ -163,13 +188,32 @@ __device__ void attn_softmax(typename E::T* s, const typename E::T* bias, unsign
 // The gradient of the raw scores S: scale · P (dP - Σ_j dP P) per row; padding stays 0.
 template <typename E>
 __device__ void attn_softmax_grad(const typename E::T* p, const typename E::T* dp, typename E::T* ds,
-                                  unsigned long long rows, unsigned int t, unsigned int tp, float scale) {
+                                  unsigned int rows, unsigned int t, unsigned int tp, float scale) {
     unsigned int lane = threadIdx.x & 31;
-    unsigned long long warps = ((unsigned long long)gridDim.x * blockDim.x) >> 5;
-    for (unsigned long long row = (blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
-        unsigned long long base = row * tp;
+    unsigned int warps = (gridDim.x * blockDim.x) >> 5;
+    for (unsigned int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
+        unsigned long long base = (unsigned long long)row * tp;
         bool live = (row % tp) < t;
         float dot = 0.f;
+        if (t <= 32 * KEEP) {
+            float pv[KEEP], dv[KEEP];
+#pragma unroll
+            for (int k = 0; k < KEEP; k++) {
+                unsigned int j = lane + 32 * k;
+                bool in = live && j < t;
+                pv[k] = in ? E::get(p, base + j) : 0.f;
+                dv[k] = in ? E::get(dp, base + j) : 0.f;
+                dot += pv[k] * dv[k];
+            }
+            dot = warp_sum(dot);
+#pragma unroll
+            for (int k = 0; k < KEEP; k++) {
+                unsigned int j = lane + 32 * k;
+                if (j < tp) E::put(ds, base + j, scale * pv[k] * (dv[k] - dot));
+            }
+            for (unsigned int j = lane + 32 * KEEP; j < tp; j += 32) E::put(ds, base + j, 0.f);
+            continue;
+        }
         if (live) for (unsigned int j = lane; j < t; j += 32) dot += E::get(dp, base + j) * E::get(p, base + j);
         dot = warp_sum(dot);
         __syncwarp();
@@ -181,12 +225,12 @@ __device__ void attn_softmax_grad(const typename E::T* p, const typename E::T* d
 }
 
 #define KERNELS(S, E)                                                                                      \
-extern "C" __global__ void attn_softmax_##S(E::T* s, const E::T* bias, unsigned long long rows,           \
+extern "C" __global__ void attn_softmax_##S(E::T* s, const E::T* bias, unsigned int rows,                \
         unsigned int h, unsigned int t, unsigned int tp, unsigned int r, int mode, float scale) {         \
     attn_softmax<E>(s, bias, rows, h, t, tp, r, mode, scale);                                             \
 }                                                                                                          \
 extern "C" __global__ void attn_softmax_grad_##S(const E::T* p, const E::T* dp, E::T* ds,                 \
-        unsigned long long rows, unsigned int t, unsigned int tp, float scale) {                          \
+        unsigned int rows, unsigned int t, unsigned int tp, float scale) {                                \
     attn_softmax_grad<E>(p, dp, ds, rows, t, tp, scale);                                                  \
 }
 KERNELS(f32, F32)
@@ -365,7 +409,7 @@ KERNELS(f16, F16)
         let q = parts.pop().expect("three parts");
         let mut p = q.matmul(&k, (dims.bh(), tp, tp, d), &dims.heads(tp, d, 0), &dims.transposed(tp, d, 0)?)?;
         let (kernel, func) = kernel!(kern, "attn_softmax");
-        let rows = (dims.bh() * tp) as u64;
+        let rows = (dims.bh() * tp) as u32;
         let (code, r) = mode.code();
         let (h32, t32, tp32, scale) = (h as u32, t as u32, tp as u32, kern.scale());
         {
@@ -431,7 +475,7 @@ KERNELS(f16, F16)
         let mut ds_own = if with_ds { None } else { Some(kern.alloc::<T>(ds_n)?) };
         {
             let (kernel, func) = kernel!(kern, "attn_softmax_grad");
-            let rows = (bh * tp) as u64;
+            let rows = (bh * tp) as u32;
             let (t32, tp32, scale) = (t as u32, tp as u32, kern.scale());
             let pv = f.p.as_cuda_slice::<T>()?.slice(0..);
             let dpv = dp.as_cuda_slice::<T>()?.slice(0..);

@@ -277,47 +277,59 @@ __device__ void channel_sums(const typename E::T* x, const typename E::T* g, con
 
 // Per plane (image, channel). Forward (g == 0): out = x·a + s, ReLU when relu. Backward: out = dx
 // from g, y (for the ReLU; 0 without), and sums = [Σ g'·x̂; Σ g'].
-template <typename E>
+template <typename E, int V>
 __device__ void plane_pass(const typename E::T* x, const typename E::T* g, const typename E::T* y,
                        const typename E::T* wb, const float* stats, const float* sums, typename E::T* out,
                        unsigned int planes, unsigned int c, unsigned int hw, float eps, int relu) {
+    // V elements per thread as one word (hw % V == 0, so a plane holds whole words).
+    typedef Pack<typename E::T, V> P;
     float m = (float)(planes / c) * hw;
     for (unsigned int plane = blockIdx.y; plane < planes; plane += gridDim.y) {
         unsigned int ch = plane % c;
         float mean = stats[ch], rstd = rsqrtf(stats[c + ch] + eps), w = E::get(wb, ch);
         float a = w * rstd, s = E::get(wb, c + ch) - mean * a;
-        unsigned long long base = (unsigned long long)plane * hw;
-        for (unsigned int j = blockIdx.x * blockDim.x + threadIdx.x; j < hw; j += blockDim.x * gridDim.x) {
-            float v = E::get(x, base + j);
+        unsigned long long base = (unsigned long long)plane * (hw / V);
+        for (unsigned int j = blockIdx.x * blockDim.x + threadIdx.x; j < hw / V; j += blockDim.x * gridDim.x) {
+            P xv = ((const P*)x)[base + j], o;
             if (!g) {
-                v = v * a + s;
-                if (relu && v < 0.f) v = 0.f;
-                E::put(out, base + j, v);
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    float v = E::get(xv.v, k) * a + s;
+                    E::put(o.v, k, relu && v < 0.f ? 0.f : v);
+                }
             } else {
-                float gp = E::get(g, base + j);
-                if (y && E::get(y, base + j) <= 0.f) gp = 0.f;
-                float xhat = (v - mean) * rstd;
-                E::put(out, base + j, a * (gp - sums[c + ch] / m - xhat * sums[ch] / m));
+                P gv = ((const P*)g)[base + j], yv;
+                if (y) yv = ((const P*)y)[base + j];
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    float gp = E::get(gv.v, k);
+                    if (y && E::get(yv.v, k) <= 0.f) gp = 0.f;
+                    float xhat = (E::get(xv.v, k) - mean) * rstd;
+                    E::put(o.v, k, a * (gp - sums[c + ch] / m - xhat * sums[ch] / m));
+                }
             }
+            ((P*)out)[base + j] = o;
         }
     }
 }
 
-#define KERNELS(S, E)                                                                                     \
+#define PLANES(S, E, V)                                                                                   \
+extern "C" __global__ void bn_planes_##S##_v##V(const E::T* x, const E::T* g, const E::T* y, const E::T* wb, \
+        const float* stats, const float* sums, E::T* out, unsigned int planes, unsigned int c,             \
+        unsigned int hw, float eps, int relu) {                                                           \
+    plane_pass<E, V>(x, g, y, wb, stats, sums, out, planes, c, hw, eps, relu);                            \
+}
+#define KERNELS(S, E, W)                                                                                     \
 extern "C" __global__ void bn_sums_##S(const E::T* x, const E::T* g, const E::T* y, const float* stats,    \
                                        float* out, unsigned int n, unsigned int c, unsigned int hw,        \
                                        float eps, int pass) {                                              \
     channel_sums<E>(x, g, y, stats, out, n, c, hw, eps, pass);                                            \
 }                                                                                                         \
-extern "C" __global__ void bn_planes_##S(const E::T* x, const E::T* g, const E::T* y, const E::T* wb,     \
-                                         const float* stats, const float* sums, E::T* out,                 \
-                                         unsigned int planes, unsigned int c, unsigned int hw, float eps,  \
-                                         int relu) {                                                       \
-    plane_pass<E>(x, g, y, wb, stats, sums, out, planes, c, hw, eps, relu);                                   \
-}
-KERNELS(f32, F32)
-KERNELS(bf16, BF16)
-KERNELS(f16, F16)
+PLANES(S, E, 1)                                                                                           \
+PLANES(S, E, W)
+KERNELS(f32, F32, 4)
+KERNELS(bf16, BF16, 8)
+KERNELS(f16, F16, 8)
 "#;
 
     fn ptx() -> Result<&'static str> {
@@ -398,10 +410,14 @@ KERNELS(f16, F16)
     pub(super) fn planes(s: &Saved, g: Option<Arg>, (n, c, hw): (usize, usize, usize), eps: f64, relu: bool) -> Result<CudaStorage> {
         let x = s.x.0;
         let dev = x.device().clone();
-        let kernel = name("bn_planes", x.dtype());
-        let func = dev.get_or_load_custom_func(&kernel, "migprof_batch_norm", ptx()?)?;
         let (n, c, hw) = dims(n, c, hw)?;
         let planes = n * c;
+        // 16-byte words when planes hold whole words and every view starts on one.
+        let wide = 16 / x.dtype().size_in_bytes();
+        let starts = [Some(s.x.1), Some(s.wb.1), g.map(|a| a.1), s.res.map(|a| a.1)];
+        let v = if hw as usize % wide == 0 && starts.iter().flatten().all(|l| l.start_offset() % wide == 0) { wide } else { 1 };
+        let kernel = format!("{}_v{v}", name("bn_planes", x.dtype()));
+        let func = dev.get_or_load_custom_func(&kernel, "migprof_batch_norm", ptx()?)?;
         let (eps, relu) = (eps as f32, relu as i32);
         by_dtype!(x.dtype(), "batch norm", T => {
             let xv = view::<T>(x, s.x.1, "batch norm")?;
@@ -413,9 +429,11 @@ KERNELS(f16, F16)
             let null = 0u64;
             // SAFETY: the kernel writes every element.
             let out = unsafe { dev.alloc::<T>((planes * hw) as usize)? };
-            let threads = 256u32;
+            // Small planes (7x7) get small blocks rather than idle threads.
+            let words = hw / v as u32;
+            let threads = words.next_power_of_two().clamp(32, 256);
             let cfg = LaunchConfig {
-                grid_dim: (hw.div_ceil(threads).clamp(1, 1024), planes.clamp(1, 65535), 1),
+                grid_dim: (words.div_ceil(threads).clamp(1, 1024), planes.clamp(1, 65535), 1),
                 block_dim: (threads, 1, 1),
                 shared_mem_bytes: 0,
             };

@@ -23,9 +23,6 @@ use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, Layout, R
 use super::{launch, Act, BiasAxis};
 
 const SOURCE: &str = r#"
-// V consecutive elements, loaded and stored as one word of up to 16 bytes.
-template <typename T, int V> struct alignas(sizeof(T) * V) Pack { T v[V]; };
-
 __device__ __forceinline__ float activate(float v, int act) {
     if (act == 1) return v > 0.f ? v : 0.f;
     if (act == 2) return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
@@ -283,7 +280,11 @@ pub(crate) fn bias_grad(axis: BiasAxis, dv: &Tensor) -> Result<Tensor> {
             let (n, c) = (dv.dim(0)?, dv.dim(1)?);
             dv.reshape((n, c, dv.elem_count() / (n * c).max(1)))?.sum(2)?.sum(0)
         }
-        BiasAxis::Last => dv.apply_op1_no_bwd(&ColumnSums)?.sum(0)?.to_dtype(dv.dtype()),
+        BiasAxis::Last => {
+            let partial = dv.apply_op1_no_bwd(&ColumnSums)?;
+            let sums = if partial.dim(0)? == 1 { partial.squeeze(0)? } else { partial.sum(0)? };
+            sums.to_dtype(dv.dtype())
+        }
     }
 }
 
@@ -375,7 +376,9 @@ impl CustomOp1 for ColumnSums {
         if rows * cols > u32::MAX as usize || cols == 0 {
             bail!("column sums of {rows} x {cols}: empty or more than the kernel indexes")
         }
-        let blocks = rows.clamp(1, 256);
+        // At least 32 rows per thread: a batch's worth of rows (a 1x1 convolution's per-image filter
+        // gradients, 32 of them) is summed in one block row, with no partial sums left to add.
+        let blocks = (rows / 32).clamp(1, 256);
         let dev = x.device().clone();
         let kernel = launch::name("column_sums", x.dtype());
         let func = dev.get_or_load_custom_func(&kernel, "migprof_bias_act", ptx()?)?;

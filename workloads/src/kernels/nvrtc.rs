@@ -35,6 +35,9 @@ struct F16 {
     }
 };
 
+// V consecutive elements, loaded and stored as one word of up to 16 bytes.
+template <typename T, int V> struct alignas(sizeof(T) * V) Pack { T v[V]; };
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
