@@ -120,17 +120,22 @@ MOVE(attn_move_w16, W16)
 // The score of key j in row (bh, i): scale · S + bias. mode 1: bias[bi, j] ([b, t]); mode 2:
 // bias[(bi % r), hi, i, j] ([r, h, t, t]).
 template <typename E>
+__device__ __forceinline__ float attn_bias(const typename E::T* bias, unsigned int j, unsigned long long bi, unsigned int hi,
+                                           unsigned int i, unsigned int h, unsigned int t, unsigned int r, int mode) {
+    if (mode == 1) return E::get(bias, bi * t + j);
+    if (mode == 2) return E::get(bias, ((((bi % r) * h + hi) * t + i) * (unsigned long long)t) + j);
+    return 0.f;
+}
+template <typename E>
 __device__ __forceinline__ float attn_score(const typename E::T* s, const typename E::T* bias, unsigned long long base,
                                             unsigned int j, unsigned long long bi, unsigned int hi, unsigned int i,
                                             unsigned int h, unsigned int t, unsigned int r, int mode, float scale) {
-    float v = scale * E::get(s, base + j);
-    if (mode == 1) v += E::get(bias, bi * t + j);
-    if (mode == 2) v += E::get(bias, ((((bi % r) * h + hi) * t + i) * (unsigned long long)t) + j);
-    return v;
+    return scale * E::get(s, base + j) + attn_bias<E>(bias, j, bi, hi, i, h, t, r, mode);
 }
 
-// Keys per lane kept in registers: rows of up to 32 · KEEP keys (ViT's 197, BERT's 128, Swin's 49)
-// are read once; longer rows are read again on each pass.
+// Keys per lane kept in registers, consecutive ones loaded as one word: rows of up to 32 · KEEP keys
+// (ViT's 197, BERT's 128, Swin's 49) are read once; longer rows are read again on each pass. tp is
+// a multiple of KEEP, so a lane's keys never straddle two rows.
 #define KEEP 8
 
 // Softmax of scale · S + bias over keys 0..t of each row, in place on S [b·h, tp, tp]; padded keys
@@ -138,38 +143,41 @@ __device__ __forceinline__ float attn_score(const typename E::T* s, const typena
 template <typename E>
 __device__ void attn_softmax(typename E::T* s, const typename E::T* bias, unsigned int rows, unsigned int h,
                              unsigned int t, unsigned int tp, unsigned int r, int mode, float scale) {
+    typedef Pack<typename E::T, KEEP> P;
     unsigned int lane = threadIdx.x & 31;
     unsigned int warps = (gridDim.x * blockDim.x) >> 5;
     for (unsigned int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
         unsigned long long base = (unsigned long long)row * tp;
         unsigned int i = row % tp, bh = row / tp, bi = bh / h, hi = bh % h;
-        if (i >= t) {
-            for (unsigned int j = lane; j < tp; j += 32) E::put(s, base + j, 0.f);
-            continue;
-        }
         float m = __int_as_float(0xff800000);
-        if (t <= 32 * KEEP) {
+        if (tp <= 32 * KEEP) {
+            unsigned int j0 = lane * KEEP;
+            bool mine = j0 < tp;
+            P in, out;
+            if (mine) in = ((const P*)(s + base))[lane];
             float v[KEEP];
 #pragma unroll
             for (int k = 0; k < KEEP; k++) {
-                unsigned int j = lane + 32 * k;
-                v[k] = j < t ? attn_score<E>(s, bias, base, j, bi, hi, i, h, t, r, mode, scale) : m;
+                unsigned int j = j0 + k;
+                v[k] = i < t && j < t ? scale * E::get(in.v, k) + attn_bias<E>(bias, j, bi, hi, i, h, t, r, mode) : m;
                 m = fmaxf(m, v[k]);
             }
             m = warp_max(m);
             float sum = 0.f;
 #pragma unroll
             for (int k = 0; k < KEEP; k++) {
-                v[k] = lane + 32 * k < t ? expf(v[k] - m) : 0.f;
+                v[k] = i < t && j0 + k < t ? expf(v[k] - m) : 0.f;
                 sum += v[k];
             }
-            float inv = 1.f / warp_sum(sum);
+            sum = warp_sum(sum);
+            float inv = i < t ? 1.f / sum : 0.f;
 #pragma unroll
-            for (int k = 0; k < KEEP; k++) {
-                unsigned int j = lane + 32 * k;
-                if (j < tp) E::put(s, base + j, v[k] * inv);
-            }
-            for (unsigned int j = lane + 32 * KEEP; j < tp; j += 32) E::put(s, base + j, 0.f);
+            for (int k = 0; k < KEEP; k++) E::put(out.v, k, v[k] * inv);
+            if (mine) ((P*)(s + base))[lane] = out;
+            continue;
+        }
+        if (i >= t) {
+            for (unsigned int j = lane; j < tp; j += 32) E::put(s, base + j, 0.f);
             continue;
         }
         for (unsigned int j = lane; j < t; j += 32) m = fmaxf(m, attn_score<E>(s, bias, base, j, bi, hi, i, h, t, r, mode, scale));
@@ -189,29 +197,33 @@ __device__ void attn_softmax(typename E::T* s, const typename E::T* bias, unsign
 template <typename E>
 __device__ void attn_softmax_grad(const typename E::T* p, const typename E::T* dp, typename E::T* ds,
                                   unsigned int rows, unsigned int t, unsigned int tp, float scale) {
+    typedef Pack<typename E::T, KEEP> P;
     unsigned int lane = threadIdx.x & 31;
     unsigned int warps = (gridDim.x * blockDim.x) >> 5;
     for (unsigned int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
         unsigned long long base = (unsigned long long)row * tp;
         bool live = (row % tp) < t;
         float dot = 0.f;
-        if (t <= 32 * KEEP) {
-            float pv[KEEP], dv[KEEP];
+        if (tp <= 32 * KEEP) {
+            unsigned int j0 = lane * KEEP;
+            bool mine = j0 < tp;
+            P pv, dv, out;
+            if (mine) {
+                pv = ((const P*)(p + base))[lane];
+                dv = ((const P*)(dp + base))[lane];
+            }
+            float pf[KEEP], df[KEEP];
 #pragma unroll
             for (int k = 0; k < KEEP; k++) {
-                unsigned int j = lane + 32 * k;
-                bool in = live && j < t;
-                pv[k] = in ? E::get(p, base + j) : 0.f;
-                dv[k] = in ? E::get(dp, base + j) : 0.f;
-                dot += pv[k] * dv[k];
+                bool in = mine && live && j0 + k < t;
+                pf[k] = in ? E::get(pv.v, k) : 0.f;
+                df[k] = in ? E::get(dv.v, k) : 0.f;
+                dot += pf[k] * df[k];
             }
             dot = warp_sum(dot);
 #pragma unroll
-            for (int k = 0; k < KEEP; k++) {
-                unsigned int j = lane + 32 * k;
-                if (j < tp) E::put(ds, base + j, scale * pv[k] * (dv[k] - dot));
-            }
-            for (unsigned int j = lane + 32 * KEEP; j < tp; j += 32) E::put(ds, base + j, 0.f);
+            for (int k = 0; k < KEEP; k++) E::put(out.v, k, scale * pf[k] * (df[k] - dot));
+            if (mine) ((P*)(ds + base))[lane] = out;
             continue;
         }
         if (live) for (unsigned int j = lane; j < t; j += 32) dot += E::get(dp, base + j) * E::get(p, base + j);
