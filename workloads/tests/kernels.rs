@@ -389,3 +389,14 @@ fn max_pool_kernel_matches_the_cpu_forward_and_backward() {
         matches_cpu(&format!("max pool {shape:?}"), &|a| max_pool2d(a[0], 3, 2, 1).unwrap(), &[x], [1e-6, 1e-2, 2e-3]);
     }
 }
+
+#[test]
+fn embedding_op_matches_the_cpu_forward_and_backward() {
+    use workloads::kernels::embedding;
+    // 21 ids into a 50-row table, some repeated (their gradients add up in one row).
+    let ids: Vec<u32> = (0..21u32).map(|i| (i * 17 + 3) % 50 % 13).collect();
+    let ids = Tensor::from_vec(ids, (3, 7), &Device::Cpu).unwrap();
+    let table = random(&[50, 16], 220);
+    let f = move |a: &[&Tensor]| embedding(a[0], &ids.to_device(a[0].device()).unwrap()).unwrap();
+    matches_cpu("embedding", &f, &[table], [1e-6, 1e-2, 2e-3]);
+}

@@ -11,6 +11,8 @@ mod cpu;
 #[cfg(feature = "cudnn")]
 pub mod cudnn_conv;
 #[cfg(feature = "cuda")]
+pub mod embedding;
+#[cfg(feature = "cuda")]
 pub mod heads;
 #[cfg(feature = "cuda")]
 mod launch;
@@ -89,6 +91,19 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Act) -> Result<Te
     let mut out = dims.to_vec();
     *out.last_mut().expect("rank >= 1") = w.dim(0)?;
     y.reshape(out)
+}
+
+/// Rows of `table` [rows, d] by u32 `ids` of any shape: [ids.., d]. Our op on CUDA devices (its
+/// backward without candle's slow index_add), candle's index_select elsewhere.
+pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let mut dims = ids.dims().to_vec();
+    dims.push(table.dim(1)?);
+    let flat = ids.flatten_all()?;
+    #[cfg(feature = "cuda")]
+    if table.device().is_cuda() {
+        return table.contiguous()?.apply_op2(&flat.contiguous()?, embedding::Embedding)?.reshape(dims);
+    }
+    table.index_select(&flat, 0)?.reshape(dims)
 }
 
 /// Which axis of x a bias runs along.

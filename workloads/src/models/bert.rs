@@ -4,7 +4,7 @@
 //! follow `BertModel`'s state dict, so its safetensors files load unchanged; the head is ours.
 
 use candle_core::{DType, Result, Tensor};
-use candle_nn::{Embedding, Init, Module, VarBuilder};
+use candle_nn::{Init, Module, VarBuilder};
 
 use crate::kernels::{attention, ScoreBias};
 use super::layers::{LayerNorm, Linear};
@@ -86,8 +86,9 @@ fn bert_linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> 
     Ok(Linear::new(w, Some(b)))
 }
 
-fn bert_embedding(rows: usize, dim: usize, vb: VarBuilder) -> Result<Embedding> {
-    Ok(Embedding::new(vb.get_with_hints((rows, dim), "weight", Init::Randn { mean: 0.0, stdev: 0.02 })?, dim))
+/// An embedding table [rows, dim], looked up with [`crate::kernels::embedding`].
+fn bert_embedding(rows: usize, dim: usize, vb: VarBuilder) -> Result<Tensor> {
+    vb.get_with_hints((rows, dim), "weight", Init::Randn { mean: 0.0, stdev: 0.02 })
 }
 
 struct Layer {
@@ -131,9 +132,9 @@ impl Layer {
 }
 
 pub struct Bert {
-    word_embeddings: Embedding,
+    word_embeddings: Tensor,
     position_embeddings: Tensor,
-    token_type_embeddings: Embedding,
+    token_type_embeddings: Tensor,
     embeddings_norm: LayerNorm,
     layers: Vec<Layer>,
     pooler: Linear,
@@ -144,7 +145,7 @@ impl Bert {
     pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
         let d = cfg.hidden;
         let emb = vb.pp("embeddings");
-        let position_embeddings = bert_embedding(cfg.max_position, d, emb.pp("position_embeddings"))?.embeddings().clone();
+        let position_embeddings = bert_embedding(cfg.max_position, d, emb.pp("position_embeddings"))?;
         Ok(Self {
             word_embeddings: bert_embedding(cfg.vocab_size, d, emb.pp("word_embeddings"))?,
             position_embeddings,
@@ -161,10 +162,8 @@ impl Bert {
     /// `BertModel`'s sequence output, [batch, seq, hidden], before the pooler.
     pub fn encode(&self, input_ids: &Tensor, token_type_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
         let seq = input_ids.dim(1)?;
-        let x = self
-            .word_embeddings
-            .forward(input_ids)?
-            .add(&self.token_type_embeddings.forward(token_type_ids)?)?;
+        let words = crate::kernels::embedding(&self.word_embeddings, input_ids)?;
+        let x = add(&words, &crate::kernels::embedding(&self.token_type_embeddings, token_type_ids)?, false)?;
         let x = crate::kernels::add_repeating(&x, &self.position_embeddings.narrow(0, 0, seq)?)?;
         let mut x = self.embeddings_norm.forward(&x)?;
         // Masked keys get -10000 added to their scores, as the original BERT does (finite in f16).
