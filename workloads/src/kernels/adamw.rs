@@ -126,7 +126,6 @@ pub fn moments_dtype(dtype: DType) -> DType {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use std::sync::OnceLock;
 
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -162,10 +161,7 @@ KERNEL(bf16, BF16)
 KERNEL(f16, F16)
 "#;
 
-    fn ptx() -> Result<&'static str> {
-        static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
-        crate::kernels::nvrtc::ptx(&PTX, SOURCE, "AdamW")
-    }
+    crate::kernels::nvrtc::compiled!(SOURCE, "AdamW");
 
     /// The kernel's scalar arguments, in its order.
     fn scalars(s: &AdamStep) -> [f32; 7] {

@@ -77,7 +77,6 @@ fn reference(qkv: &Tensor, heads: usize, bias: ScoreBias) -> Result<Tensor> {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use std::sync::OnceLock;
 
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
@@ -250,10 +249,7 @@ KERNELS(bf16, BF16)
 KERNELS(f16, F16)
 "#;
 
-    fn ptx() -> Result<&'static str> {
-        static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
-        crate::kernels::nvrtc::ptx(&PTX, SOURCE, "attention")
-    }
+    crate::kernels::nvrtc::compiled!(SOURCE, "attention");
 
     #[derive(Debug, Clone, Copy, PartialEq)]
     pub(super) enum Mode {

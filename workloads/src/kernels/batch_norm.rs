@@ -225,7 +225,6 @@ impl CustomOp1 for BatchNormGrad {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use std::sync::OnceLock;
 
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -332,10 +331,7 @@ KERNELS(bf16, BF16, 8)
 KERNELS(f16, F16, 8)
 "#;
 
-    fn ptx() -> Result<&'static str> {
-        static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
-        crate::kernels::nvrtc::ptx(&PTX, SOURCE, "batch norm")
-    }
+    crate::kernels::nvrtc::compiled!(SOURCE, "batch norm");
 
     type Arg<'a> = (&'a CudaStorage, &'a Layout);
 

@@ -13,8 +13,6 @@
 //! at batch 128: 9.1 ms of 27.8 in 51 launches). Compiled with NVRTC on first use (the CUDA build
 //! links it already).
 
-use std::sync::OnceLock;
-
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDType;
@@ -108,10 +106,7 @@ SUM_KERNEL(column_sums_bf16, BF16)
 SUM_KERNEL(column_sums_f16, F16)
 "#;
 
-fn ptx() -> Result<&'static str> {
-    static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
-    super::nvrtc::ptx(&PTX, SOURCE, "bias")
-}
+super::nvrtc::compiled!(SOURCE, "bias");
 
 /// What is added before the activation.
 #[derive(Debug, Clone, Copy, PartialEq)]

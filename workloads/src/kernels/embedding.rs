@@ -6,8 +6,6 @@
 //! token-type tables). Atomic adds make the order of the sums, and so their last bits in f32,
 //! vary run to run, as PyTorch's embedding backward on CUDA does by default.
 
-use std::sync::OnceLock;
-
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
@@ -36,10 +34,7 @@ KERNEL(bf16, BF16)
 KERNEL(f16, F16)
 "#;
 
-fn ptx() -> Result<&'static str> {
-    static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
-    super::nvrtc::ptx(&PTX, SOURCE, "embedding")
-}
+super::nvrtc::compiled!(SOURCE, "embedding");
 
 /// Rows of a [rows, d] table by [n] u32 ids: [n, d].
 #[derive(Debug, Clone, Copy)]

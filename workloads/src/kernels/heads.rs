@@ -7,8 +7,6 @@
 //! time (bf16, batch 128). Here each thread moves one word of up to 16 bytes (as many elements as
 //! the head size, strides and offset allow), its row's origin computed from three divisions.
 
-use std::sync::OnceLock;
-
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc;
 use candle_core::cuda_backend::{CudaDType, CudaDevice};
@@ -53,10 +51,7 @@ HEADS(heads_w8, unsigned long long)
 HEADS(heads_w16, W16)
 "#;
 
-fn ptx() -> Result<&'static str> {
-    static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
-    super::nvrtc::ptx(&PTX, SOURCE, "heads")
-}
+super::nvrtc::compiled!(SOURCE, "heads");
 
 /// `split`: [b, t, heads * d] -> [b, heads, t, d]; otherwise the inverse.
 #[derive(Debug, Clone, Copy)]

@@ -240,7 +240,6 @@ impl CustomOp3 for LayerNormGrad {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use std::sync::OnceLock;
 
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -379,10 +378,7 @@ KERNELS(f16, F16)
     /// Elements of a row each layer-norm thread keeps (PER in the source).
     const PER: usize = 8;
 
-    fn ptx() -> Result<&'static str> {
-        static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
-        crate::kernels::nvrtc::ptx(&PTX, SOURCE, "softmax and layer norm")
-    }
+    crate::kernels::nvrtc::compiled!(SOURCE, "softmax and layer norm");
 
     fn rows_u32(rows: usize, cols: usize) -> Result<(u32, u32)> {
         if rows * cols > u32::MAX as usize {

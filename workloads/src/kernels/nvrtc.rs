@@ -71,6 +71,18 @@ pub(crate) fn ptx(cell: &'static OnceLock<std::result::Result<String, String>>, 
     compiled.as_deref().map_err(|e| candle_core::Error::Msg(format!("compiling the {what} kernels with NVRTC: {e}")))
 }
 
+/// `fn ptx() -> Result<&'static str>` for a module's kernel source: compiled with the prelude on
+/// first use and kept.
+macro_rules! compiled {
+    ($source:expr, $what:literal) => {
+        fn ptx() -> candle_core::Result<&'static str> {
+            static PTX: std::sync::OnceLock<std::result::Result<String, String>> = std::sync::OnceLock::new();
+            $crate::kernels::nvrtc::ptx(&PTX, $source, $what)
+        }
+    };
+}
+pub(crate) use compiled;
+
 /// Threads per block for a kernel in which each thread keeps up to `per_thread` elements of a row of
 /// `cols`: a multiple of 32, at most 1024; None when the row is too long for that.
 pub(crate) fn row_threads(cols: usize, per_thread: usize) -> Option<u32> {

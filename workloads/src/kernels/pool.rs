@@ -9,8 +9,6 @@
 //! padding never wins). Backward gathers: each input cell adds the gradients of the windows whose
 //! maximum it is, found again by the same scan, so no atomics and no index tensor are needed.
 
-use std::sync::OnceLock;
-
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Tensor};
@@ -75,10 +73,7 @@ KERNEL(bf16, BF16)
 KERNEL(f16, F16)
 "#;
 
-fn ptx() -> Result<&'static str> {
-    static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
-    super::nvrtc::ptx(&PTX, SOURCE, "max pool")
-}
+super::nvrtc::compiled!(SOURCE, "max pool");
 
 /// A k×k window moving by `stride`, the input padded by `padding` on every side.
 #[derive(Debug, Clone, Copy)]
