@@ -11,7 +11,7 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> R
     if h + 2 * padding < kernel || w + 2 * padding < kernel {
         candle_core::bail!("max_pool2d: kernel {kernel} larger than the padded {h}x{w} input")
     }
-    // CUDA: one pass each way ([`crate::kernels::pool`]).
+    // CUDA: one pass each way (`crate::kernels::pool`).
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() {
         return x.contiguous()?.apply_op1(crate::kernels::pool::MaxPool { kernel, stride, padding });

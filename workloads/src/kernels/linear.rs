@@ -9,7 +9,9 @@
 //! activation-sized, instead of four activation-sized ones.
 //!
 //! GELU's gradient needs the pre-activation, which the op does not keep: its backward recomputes
-//! x wᵀ (one GEMM, as activation checkpointing does) rather than holding another activation.
+//! x wᵀ (one GEMM, as activation checkpointing does) rather than holding another activation. That
+//! GEMM is cheap on tensor cores; in f32 it costs as much as the layer, so [`super::linear`] runs an
+//! f32 GELU layer as this op without activation followed by [`super::bias::Activation`].
 
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};

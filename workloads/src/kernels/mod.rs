@@ -1,6 +1,9 @@
-//! Kernels of our own where candle's are slow, each behind a function that picks it when it can run
-//! and candle's reference implementation otherwise (the CPU, a build without cuDNN). The GPU tests
-//! compare each with that reference, forward and backward (`workloads/tests/kernels.rs`).
+//! Kernels of our own where candle's are slow, each a candle custom op with its own backward, behind a
+//! function that picks it where it runs. Two kinds: ops with a CPU half (softmax, layer norm, batch
+//! norm, AdamW), whose f64 loops are the reference and are gradient-checked by `cargo test`; and
+//! CUDA-only ops, for which the function takes candle's own ops elsewhere (the CPU, a build without
+//! cuDNN) and those are the reference. The GPU tests compare each with its reference, forward and
+//! every input's gradient (`workloads/tests/kernels.rs`).
 
 pub mod adamw;
 pub mod attention;
@@ -67,7 +70,7 @@ pub fn conv2d(x: &Tensor, w: &Tensor, padding: usize, stride: usize) -> Result<T
 }
 
 /// act(x wᵀ + b) over the last dimension of x, as `torch.nn.Linear` (then the activation): one
-/// differentiable op on CUDA devices ([`linear::LinearOp`]); elsewhere, and without a bias, x seen
+/// differentiable op on CUDA devices (`linear::LinearOp`); elsewhere, and without a bias, x seen
 /// as one [rows, features] matrix times wᵀ, then [`bias_act`].
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Act) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
