@@ -113,6 +113,8 @@ fn bias_kernel_matches_candle_on_the_cpu_forward_and_backward() {
     let cases: &[(&[usize], BiasAxis)] = &[
         (&[3, 5, 7, 9], BiasAxis::Channels),
         (&[2, 4, 8, 8], BiasAxis::Channels),
+        // 7x7 planes in 16-byte words: words span two channels.
+        (&[2, 8, 7, 7], BiasAxis::Channels),
         (&[2, 64, 1, 1], BiasAxis::Channels),
         (&[6, 33], BiasAxis::Last),
         (&[2, 197, 40], BiasAxis::Last),

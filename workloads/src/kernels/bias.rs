@@ -28,19 +28,21 @@ __device__ __forceinline__ float activate(float v, int act) {
 }
 
 // The term added to element e (in column j of plane `plane`): mode 0 b[j] (the last axis), 1
-// b[plane % channels] (NCHW channels), 2 nothing, 3 b[e] (a tensor of x's shape).
+// b[plane % channels] (NCHW channels), 2 nothing, 3 b[e] (a tensor of x's shape). A word may span
+// two channel planes when their length is not a multiple of its size (7x7 maps): then the plane is
+// worked out per element.
 template <typename E>
 __device__ __forceinline__ float addend(const typename E::T* b, unsigned int e, unsigned int j, unsigned int plane,
-                                        unsigned int channels, int mode) {
+                                        unsigned int channels, int mode, unsigned int len, bool straddles) {
     if (mode == 0) return E::get(b, j);
-    if (mode == 1) return E::get(b, plane % channels);
+    if (mode == 1) return E::get(b, (straddles ? e / len : plane) % channels);
     if (mode == 3) return E::get(b, e);
     return 0.f;
 }
 
 // Forward (g null): out = act(x + addend). Gradient: out = g · act'(x + addend), where ReLU's
 // derivative is read from the output y (> 0, as PyTorch's threshold_backward) and GELU's computed
-// from x + addend. n elements in planes of len; V elements per thread (len % V == 0 for modes 0, 1).
+// from x + addend. n elements in planes of len; V elements per thread (len % V == 0 for mode 0).
 template <typename E, int V>
 __device__ void elementwise(const typename E::T* x, const typename E::T* b, const typename E::T* y,
                             const typename E::T* g, typename E::T* out, unsigned int n, unsigned int len,
@@ -48,11 +50,12 @@ __device__ void elementwise(const typename E::T* x, const typename E::T* b, cons
     typedef Pack<typename E::T, V> P;
     for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n / V; i += blockDim.x * gridDim.x) {
         unsigned int e = i * V, plane = e / len, j = e - plane * len;
+        bool straddles = V > 1 && len % V != 0;
         P o;
         if (!g) {
             P xv = ((const P*)x)[i];
 #pragma unroll
-            for (int k = 0; k < V; k++) E::put(o.v, k, activate(E::get(xv.v, k) + addend<E>(b, e + k, j + k, plane, channels, mode), act));
+            for (int k = 0; k < V; k++) E::put(o.v, k, activate(E::get(xv.v, k) + addend<E>(b, e + k, j + k, plane, channels, mode, len, straddles), act));
         } else {
             P gv = ((const P*)g)[i];
             if (act == 1) {
@@ -63,7 +66,7 @@ __device__ void elementwise(const typename E::T* x, const typename E::T* b, cons
                 P xv = ((const P*)x)[i];
 #pragma unroll
                 for (int k = 0; k < V; k++) {
-                    float v = E::get(xv.v, k) + addend<E>(b, e + k, j + k, plane, channels, mode);
+                    float v = E::get(xv.v, k) + addend<E>(b, e + k, j + k, plane, channels, mode, len, straddles);
                     float cdf = 0.5f * (1.f + erff(v * 0.70710678118654752f));
                     float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
                     E::put(o.v, k, E::get(gv.v, k) * (cdf + v * pdf));
@@ -174,8 +177,9 @@ impl Pass<'_> {
         let wide = 16 / std::mem::size_of::<T>();
         let starts = [Some(self.x.1), self.b.map(|a| a.1), self.y.map(|a| a.1), self.g.map(|a| a.1)];
         let aligned = starts.iter().flatten().all(|l| l.start_offset() % wide == 0);
+        // A last-axis bias is read as b[j..j + V] from one row; a channel bias may straddle planes.
         let whole = match self.addend {
-            Addend::Columns | Addend::Channels(_) => self.len % wide == 0,
+            Addend::Columns => self.len % wide == 0,
             _ => true,
         };
         let v = if aligned && whole && n % wide == 0 { wide } else { 1 };
