@@ -17,7 +17,6 @@
 
 use candle_core::{bail, Result, Tensor, D};
 
-use super::{merge_heads, softmax_last, split_heads};
 
 /// What is added to the scores before the softmax.
 #[derive(Debug, Clone, Copy)]
@@ -59,20 +58,26 @@ pub fn attention(qkv: &Tensor, heads: usize, bias: ScoreBias) -> Result<Tensor> 
     reference(qkv, heads, bias)
 }
 
-/// The same function from candle ops and our softmax: the CPU's path and the GPU op's reference.
+/// The same function from candle ops: the CPU's path and the GPU op's reference.
 fn reference(qkv: &Tensor, heads: usize, bias: ScoreBias) -> Result<Tensor> {
     let (b, t, c3) = qkv.dims3()?;
-    let c = c3 / 3;
-    let part = |i: usize| split_heads(&qkv.narrow(D::Minus1, i * c, c)?, heads);
+    let (c, d) = (c3 / 3, c3 / 3 / heads);
+    // [b, t, heads · d] -> [b, heads, t, d], and back.
+    let part = |i: usize| qkv.narrow(D::Minus1, i * c, c)?.reshape((b, t, heads, d))?.transpose(1, 2)?.contiguous();
     let (q, k, v) = (part(0)?, part(1)?, part(2)?);
-    let scale = 1.0 / ((c / heads) as f64).sqrt();
-    let scores = (q * scale)?.matmul(&k.t()?)?;
+    let scores = (q * (1.0 / (d as f64).sqrt()))?.matmul(&k.t()?)?;
     let scores = match bias {
         ScoreBias::None => scores,
         ScoreBias::Keys(m) => scores.broadcast_add(&m.to_dtype(scores.dtype())?.reshape((b, 1, 1, t))?)?,
         ScoreBias::Scores(s) => super::add_repeating(&scores, &s.to_dtype(scores.dtype())?)?,
     };
-    merge_heads(&softmax_last(&scores)?.matmul(&v)?)
+    // Without a graph to record (inference), candle's fused kernel, which has no backward.
+    let weights = if scores.track_op() {
+        candle_nn::ops::softmax(&scores, D::Minus1)?
+    } else {
+        candle_nn::ops::softmax_last_dim(&scores.contiguous()?)?
+    };
+    weights.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))
 }
 
 #[cfg(feature = "cuda")]

@@ -1,6 +1,6 @@
 //! Kernels of our own where candle's are slow, each a candle custom op with its own backward, behind a
-//! function that picks it where it runs. Two kinds: ops with a CPU half (softmax, layer norm, batch
-//! norm, AdamW), whose f64 loops are the reference and are gradient-checked by `cargo test`; and
+//! function that picks it where it runs. Two kinds: ops with a CPU half (layer norm, batch norm,
+//! AdamW), whose f64 loops are the reference and are gradient-checked by `cargo test`; and
 //! CUDA-only ops, for which the function takes candle's own ops elsewhere (the CPU, a build without
 //! cuDNN) and those are the reference. The GPU tests compare each with its reference, forward and
 //! every input's gradient (`workloads/tests/kernels.rs`).
@@ -16,8 +16,6 @@ pub mod cudnn_conv;
 #[cfg(feature = "cuda")]
 pub mod embedding;
 #[cfg(feature = "cuda")]
-pub mod heads;
-#[cfg(feature = "cuda")]
 mod launch;
 #[cfg(feature = "cuda")]
 pub mod linear;
@@ -32,15 +30,6 @@ pub mod pool;
 use candle_core::{Result, Tensor};
 
 pub use attention::{attention, ScoreBias};
-
-/// softmax over the last dimension: our differentiable op, except for inference on the CPU, where
-/// candle's fused kernel is faster than our reference loops.
-pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
-    if !x.device().is_cuda() && !x.track_op() {
-        return candle_nn::ops::softmax_last_dim(&x.contiguous()?);
-    }
-    x.contiguous()?.apply_op1(norm::Softmax)
-}
 
 /// Layer normalisation over the last dimension (`torch.nn.LayerNorm`): our differentiable op,
 /// except for inference on the CPU, where candle's fused kernel is faster than our reference loops.
@@ -167,28 +156,6 @@ pub fn add(x: &Tensor, z: &Tensor, relu: bool) -> Result<Tensor> {
     }
 }
 
-/// [b, t, heads * d] -> contiguous [b, heads, t, d]; the input may be a view with strided rows (a
-/// slice of a packed projection). One pass of our kernel on CUDA devices, candle's reshape and
-/// transpose elsewhere.
-pub fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if x.device().is_cuda() && x.stride().last() == Some(&1) {
-        return x.apply_op1(heads::Heads { heads, split: true });
-    }
-    let (b, t, d) = x.dims3()?;
-    x.reshape((b, t, heads, d / heads))?.transpose(1, 2)?.contiguous()
-}
-
-/// The inverse of [`split_heads`]: [b, heads, t, d] -> contiguous [b, t, heads * d].
-pub fn merge_heads(x: &Tensor) -> Result<Tensor> {
-    let (b, h, t, hd) = x.dims4()?;
-    #[cfg(feature = "cuda")]
-    if x.device().is_cuda() {
-        return x.contiguous()?.apply_op1(heads::Heads { heads: h, split: false });
-    }
-    x.transpose(1, 2)?.reshape((b, t, h * hd))
-}
-
 /// x + bias, where the bias repeats along x's leading elements: its shape, leading 1s
 /// left out, is [d0, rest..] against scores [.., s0, rest..] with d0 dividing s0 (Swin's [windows,
 /// heads, n, n] against [batch * windows, heads, n, n]; position embeddings [tokens, d] against
@@ -213,17 +180,6 @@ pub fn add_repeating(scores: &Tensor, bias: &Tensor) -> Result<Tensor> {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
-
-    #[test]
-    fn heads_split_and_merge_back() -> Result<()> {
-        let x = Tensor::arange(0f32, 24., &Device::Cpu)?.reshape((1, 3, 8))?;
-        let split = split_heads(&x, 2)?;
-        assert_eq!(split.dims(), &[1, 2, 3, 4]);
-        // Head 1 of token 0 holds features 4..8 of token 0.
-        assert_eq!(split.get(0)?.get(1)?.get(0)?.to_vec1::<f32>()?, vec![4., 5., 6., 7.]);
-        assert_eq!(merge_heads(&split)?.flatten_all()?.to_vec1::<f32>()?, x.flatten_all()?.to_vec1::<f32>()?);
-        Ok(())
-    }
 
     #[test]
     fn a_repeating_bias_is_added_as_broadcasting_would() -> Result<()> {

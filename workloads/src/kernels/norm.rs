@@ -1,18 +1,18 @@
-//! Softmax over the last axis and layer normalisation, each one differentiable op with a kernel for
-//! its forward and for its backward pass.
+//! Layer normalisation over the last axis as one differentiable op, with a kernel for its forward and
+//! for its backward pass. (Attention's softmax is part of the attention op, `super::attention`.)
 //!
 //! Why: built from candle's primitives, a training step's layer norm is ~11 kernels forward and
-//! ~25 backward and a softmax 5 and ~10, most of them candle's broadcasting binary kernels, which
-//! recompute a strided index per element. Nsight Compute on the H100 put those broadcasting kernels
-//! at 41% of ViT-B/16's training step (bf16, batch 32, 5,236 launches). Here each is one pass over
-//! its rows forward, and backward one pass for the input's gradient plus, for layer norm, one for
-//! the weight's and bias's (per-block column sums, added up by candle).
+//! ~25 backward, most of them candle's broadcasting binary kernels, which recompute a strided index
+//! per element. Nsight Compute on the H100 put those broadcasting kernels (layer norm's, softmax's,
+//! batch norm's) at 41% of ViT-B/16's training step (bf16, batch 32, 5,236 launches). Here it is one
+//! pass over its rows forward, and backward one pass for the input's gradient plus one for the
+//! weight's and bias's (per-block column sums, added up by candle).
 //!
 //! Statistics and sums are in f32 for f32/bf16/f16 (f64 for f64 on the CPU, which is where the
 //! gradients are checked against finite differences); the CPU loops are the CUDA kernels' reference.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::cpu;
 
@@ -23,73 +23,6 @@ fn rows_cols(l: &Layout) -> Result<(usize, usize)> {
         bail!("a row op on rows of length 0")
     }
     Ok((l.shape().elem_count() / cols, cols))
-}
-
-/// softmax(x) over the last dimension.
-#[derive(Debug, Clone, Copy)]
-pub struct Softmax;
-
-impl CustomOp1 for Softmax {
-    fn name(&self) -> &'static str {
-        "softmax-last"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (_, cols) = rows_cols(l)?;
-        let mut v = cpu::values(s, l)?;
-        for row in v.chunks_mut(cols) {
-            let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let sum: f64 = row.iter_mut().map(|x| {
-                *x = (*x - m).exp();
-                *x
-            }).sum();
-            row.iter_mut().for_each(|x| *x /= sum);
-        }
-        Ok((cpu::storage(v, s.dtype())?, l.shape().clone()))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (rows, cols) = rows_cols(l)?;
-        Ok((cuda::warp_rows(s, l, None, "softmax_fwd", rows, cols)?, l.shape().clone()))
-    }
-
-    fn bwd(&self, _x: &Tensor, y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(y.apply_op2_no_bwd(&grad.contiguous()?, &SoftmaxGrad)?))
-    }
-}
-
-/// dx = y (g - Σ g y) per row, from the softmax's output y and the output's gradient g.
-#[derive(Debug, Clone, Copy)]
-struct SoftmaxGrad;
-
-impl CustomOp2 for SoftmaxGrad {
-    fn name(&self) -> &'static str {
-        "softmax-last-grad"
-    }
-
-    fn cpu_fwd(&self, ys: &CpuStorage, yl: &Layout, gs: &CpuStorage, gl: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (_, cols) = rows_cols(yl)?;
-        let (y, g) = (cpu::values(ys, yl)?, cpu::values(gs, gl)?);
-        let mut dx = Vec::with_capacity(y.len());
-        for (yr, gr) in y.chunks(cols).zip(g.chunks(cols)) {
-            let dot: f64 = yr.iter().zip(gr).map(|(a, b)| a * b).sum();
-            dx.extend(yr.iter().zip(gr).map(|(y, g)| y * (g - dot)));
-        }
-        Ok((cpu::storage(dx, gs.dtype())?, yl.shape().clone()))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        ys: &candle_core::CudaStorage,
-        yl: &Layout,
-        gs: &candle_core::CudaStorage,
-        gl: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (rows, cols) = rows_cols(yl)?;
-        Ok((cuda::warp_rows(ys, yl, Some((gs, gl)), "softmax_bwd", rows, cols)?, yl.shape().clone()))
-    }
 }
 
 /// Layer normalisation over the last dimension with weight and bias, as `torch.nn.LayerNorm`:
@@ -248,35 +181,6 @@ mod cuda {
     use crate::kernels::launch::{by_dtype, failed, name, view};
 
     const SOURCE: &str = r#"
-// One warp per row, the row read from L1/L2 on each pass (rows are short: attention's keys).
-// Forward: y = softmax(x). Backward (g != 0): x holds the forward's output y, dx = y (g - Σ g y).
-template <typename E>
-__device__ void softmax_rows(const typename E::T* x, const typename E::T* g, typename E::T* out,
-                             unsigned int rows, unsigned int cols) {
-    unsigned int lane = threadIdx.x & 31;
-    unsigned int warps = (gridDim.x * blockDim.x) >> 5;
-    for (unsigned int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += warps) {
-        unsigned long long base = (unsigned long long)r * cols;
-        if (g) {
-            float dot = 0.f;
-            for (unsigned int j = lane; j < cols; j += 32) dot += E::get(x, base + j) * E::get(g, base + j);
-            dot = warp_sum(dot);
-            for (unsigned int j = lane; j < cols; j += 32) {
-                float y = E::get(x, base + j);
-                E::put(out, base + j, y * (E::get(g, base + j) - dot));
-            }
-            continue;
-        }
-        float m = __int_as_float(0xff800000);  // -inf
-        for (unsigned int j = lane; j < cols; j += 32) m = fmaxf(m, E::get(x, base + j));
-        m = warp_max(m);
-        float s = 0.f;
-        for (unsigned int j = lane; j < cols; j += 32) s += expf(E::get(x, base + j) - m);
-        float inv = 1.f / warp_sum(s);
-        for (unsigned int j = lane; j < cols; j += 32) E::put(out, base + j, expf(E::get(x, base + j) - m) * inv);
-    }
-}
-
 // Layer norm, one block per row (blocks stride over rows); each thread keeps up to PER elements
 // of its row in registers (columns threadIdx.x + k * blockDim.x).
 #define PER 8
@@ -358,14 +262,6 @@ __device__ void layer_norm(const typename E::T* x, const typename E::T* w, const
 }
 
 #define KERNELS(S, E)                                                                                   \
-extern "C" __global__ void softmax_fwd_##S(const E::T* x, const E::T* unused, E::T* y, unsigned int rows, \
-                                           unsigned int cols) {                                         \
-    softmax_rows<E>(x, 0, y, rows, cols);                                                               \
-}                                                                                                       \
-extern "C" __global__ void softmax_bwd_##S(const E::T* y, const E::T* g, E::T* dx, unsigned int rows,    \
-                                           unsigned int cols) {                                         \
-    softmax_rows<E>(y, g, dx, rows, cols);                                                              \
-}                                                                                                       \
 extern "C" __global__ void layer_norm_##S(const E::T* x, const E::T* w, const E::T* third, void* out,     \
                                           unsigned int rows, unsigned int cols, float eps, int pass) {  \
     layer_norm<E>(x, w, third, out, rows, cols, eps, pass);                                             \
@@ -378,44 +274,13 @@ KERNELS(f16, F16)
     /// Elements of a row each layer-norm thread keeps (PER in the source).
     const PER: usize = 8;
 
-    crate::kernels::nvrtc::compiled!(SOURCE, "softmax and layer norm");
+    crate::kernels::nvrtc::compiled!(SOURCE, "layer norm");
 
     fn rows_u32(rows: usize, cols: usize) -> Result<(u32, u32)> {
         if rows * cols > u32::MAX as usize {
             bail!("{rows} rows of {cols} is more than these kernels index")
         }
         Ok((rows as u32, cols as u32))
-    }
-
-    /// The softmax kernels, one warp per row: forward on x (`g` None) or backward on (y, g).
-    pub(super) fn warp_rows(
-        x: &CudaStorage,
-        xl: &Layout,
-        g: Option<(&CudaStorage, &Layout)>,
-        base: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<CudaStorage> {
-        let dev = x.device().clone();
-        let kernel = name(base, x.dtype());
-        by_dtype!(x.dtype(), "softmax", T => {
-            let xv = view::<T>(x, xl, "softmax")?;
-            // The forward kernel ignores its second pointer; x stands in for it.
-            let gv = match g {
-                Some((gs, gl)) => view::<T>(gs, gl, "softmax's backward")?,
-                None => view::<T>(x, xl, "softmax")?,
-            };
-            // SAFETY: the kernel writes every element.
-            let out = unsafe { dev.alloc::<T>(rows * cols)? };
-            let func = dev.get_or_load_custom_func(&kernel, "migprof_norm", ptx()?)?;
-            let (r, c) = rows_u32(rows, cols)?;
-            let cfg = LaunchConfig { grid_dim: (r.div_ceil(8).clamp(1, 1 << 20), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            let mut b = func.builder();
-            b.arg(&xv).arg(&gv).arg(&out).arg(&r).arg(&c);
-            // SAFETY: argument types and order match the kernel; every buffer holds rows x cols.
-            unsafe { b.launch(cfg) }.map_err(|e| failed(&kernel, e))?;
-            Ok(CudaStorage::wrap_cuda_slice(out, dev))
-        })
     }
 
     pub(super) struct LnArgs<'a> {
@@ -491,17 +356,6 @@ mod tests {
     }
 
     #[test]
-    fn softmax_matches_candle_and_has_exact_gradients() -> Result<()> {
-        let x = Tensor::from_vec(values(24, 1), (2, 3, 4), &Device::Cpu)?;
-        let want = candle_nn::ops::softmax_last_dim(&x.to_dtype(DType::F32)?)?.flatten_all()?.to_vec1::<f32>()?;
-        let got = x.apply_op1(Softmax)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        for (g, w) in got.iter().zip(&want) {
-            assert!((g - w).abs() < 1e-6, "{got:?} vs {want:?}");
-        }
-        check_gradient(|x| x.apply_op1(Softmax), &[2, 3, 5], 2)
-    }
-
-    #[test]
     fn layer_norm_has_exact_gradients_for_input_weight_and_bias() -> Result<()> {
         let (rows, cols) = (3, 7);
         let t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, &Device::Cpu);
@@ -520,9 +374,10 @@ mod tests {
     }
 
     #[test]
-    fn rows_longer_than_their_shape_allows_are_refused() {
+    fn rows_of_length_zero_are_refused() {
         let x = Tensor::zeros((2, 0), DType::F32, &Device::Cpu).unwrap();
-        let err = x.apply_op1(Softmax).unwrap_err().to_string();
+        let none = Tensor::zeros(0, DType::F32, &Device::Cpu).unwrap();
+        let err = x.apply_op3(&none, &none, LayerNorm { eps: 1e-5 }).unwrap_err().to_string();
         assert!(err.contains("length 0"), "{err}");
     }
 }
