@@ -166,7 +166,8 @@ struct Block {
 }
 
 impl Block {
-    fn new(c: usize, side: usize, heads: usize, shifted: bool, cfg: &Config, vb: VarBuilder) -> Result<Self> {
+    /// `gather`: [`position_gather`] of the window, in the model's dtype, shared by every block.
+    fn new(c: usize, side: usize, heads: usize, shifted: bool, gather: &Tensor, cfg: &Config, vb: VarBuilder) -> Result<Self> {
         let w = cfg.window;
         if side % w != 0 {
             candle_core::bail!("swin: a {side}x{side} feature map does not split into {w}x{w} windows")
@@ -174,7 +175,6 @@ impl Block {
         let attn = vb.pp("attn");
         let bias_table = attn.get_with_hints((cfg.table_rows(), heads), "relative_position_bias_table", Init::Randn { mean: 0.0, stdev: 0.02 })?;
         let device = bias_table.device().clone();
-        let gather = position_gather(w, &device)?.to_dtype(bias_table.dtype())?;
         // As torchvision: no shift when one window covers the whole map.
         let shift = if shifted && w < side {
             let s = w / 2;
@@ -188,7 +188,7 @@ impl Block {
             qkv: swin_linear(c, 3 * c, true, attn.pp("qkv"))?,
             proj: swin_linear(c, c, true, attn.pp("proj"))?,
             bias_table,
-            gather,
+            gather: gather.clone(),
             norm2: LayerNorm::new(c, 1e-5, vb.pp("norm2"))?,
             fc1: swin_linear(c, 4 * c, true, vb.pp("mlp.0"))?,
             fc2: swin_linear(4 * c, c, true, vb.pp("mlp.3"))?,
@@ -279,11 +279,13 @@ impl Swin {
         let patch_embed = Conv2d::new(conv_w, Some(conv_b), 0, p);
         let embed_norm = LayerNorm::new(c0, 1e-5, f.pp("0.2"))?;
         let last = cfg.depths.len() - 1;
+        // One constant for every block: they share the window size.
+        let gather = position_gather(cfg.window, vb.device())?.to_dtype(vb.dtype())?;
         let mut stages = Vec::new();
         for (i, &(c, side)) in cfg.stages().iter().enumerate() {
             // features.0 is the embedding; stage i is features.(2i+1), its merging features.(2i+2).
             let blocks = (0..cfg.depths[i])
-                .map(|j| Block::new(c, side, cfg.heads[i], j % 2 == 1, cfg, f.pp(format!("{}.{j}", 2 * i + 1))))
+                .map(|j| Block::new(c, side, cfg.heads[i], j % 2 == 1, &gather, cfg, f.pp(format!("{}.{j}", 2 * i + 1))))
                 .collect::<Result<Vec<_>>>()?;
             let merge = if i < last { Some(PatchMerging::new(c, f.pp(format!("{}", 2 * i + 2)))?) } else { None };
             stages.push((blocks, merge));
