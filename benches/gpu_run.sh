@@ -12,6 +12,7 @@
 #     kernels  the GPU kernel tests (workloads/tests/kernels.rs, from .dist/kernels-test.gz)
 #     mig      the profile table against nvidia-smi, and a dry-run `mig apply` that must change nothing
 #   MIGPROF_GZ names another build (the CPU build does everything but run models on the GPU).
+#   MODELS and BATCHES narrow the comparison (defaults: the four families, inference at 1,8,32,128).
 set -uo pipefail
 mode="${1:-full}"
 out=/tmp/gpu-out
@@ -82,12 +83,13 @@ fi
 [ "$mode" = quick ] && exit 0
 if [ "$mode" != sampler ]; then
 
-models="resnet50,vit_b_16,swin_t,bert_base"
+models="${MODELS:-resnet50,vit_b_16,swin_t,bert_base}"
+batches="${BATCHES:-1,8,32,128}"
 log "migprof: the comparison matrix"
-"$bin" run --model "$models" --mode infer --dtype f32,bf16 --batch 1,8,32,128 --warmup 5 --iters 20 --device "$uuid" --out "$out/matrix" 2>&1 | grep -E "^\[|error|warning"
+"$bin" run --model "$models" --mode infer --dtype f32,bf16 --batch "$batches" --warmup 5 --iters 20 --device "$uuid" --out "$out/matrix" 2>&1 | grep -E "^\[|error|warning"
 "$bin" run --model "$models" --mode train --dtype f32,bf16 --batch 32 --warmup 3 --iters 10 --device "$uuid" --out "$out/matrix" 2>&1 | grep -E "^\[|error|warning"
 log "pytorch: the same matrix"
-python3 benches/pytorch_reference.py --models "$models" --modes infer --dtypes f32,bf16 --batches 1,8,32,128 --warmup 5 --iters 20 > "$out/pytorch.jsonl"
+python3 benches/pytorch_reference.py --models "$models" --modes infer --dtypes f32,bf16 --batches "$batches" --warmup 5 --iters 20 > "$out/pytorch.jsonl"
 python3 benches/pytorch_reference.py --models "$models" --modes train --dtypes f32,bf16 --batches 32 --warmup 3 --iters 10 >> "$out/pytorch.jsonl"
 log "the GPU's measured matmul peak (for MFU)"
 python3 benches/peak_flops.py | tee "$out/peak.json"

@@ -74,6 +74,18 @@ fn cudnn_conv2d_matches_candle_on_the_cpu_forward_and_backward() {
     }
 }
 
+/// Runs `run` in f32 with TF32 forbidden (asserting f32 accuracy against `reference`), then with TF32
+/// allowed; returns the second's error.
+fn strict_then_tf32(what: &str, run: &dyn Fn() -> Tensor, reference: &Tensor) -> f32 {
+    let strict = rel_err(&run(), reference);
+    workloads::precision::allow_tf32(true);
+    let tf32 = rel_err(&run(), reference);
+    workloads::precision::allow_tf32(false);
+    eprintln!("f32 {what} error: strict {strict:.1e}, tf32 allowed {tf32:.1e}");
+    assert!(strict < 1e-5, "f32 {what} without TF32 differs by {strict}");
+    tf32
+}
+
 #[test]
 fn f32_convolutions_stay_off_tf32_unless_allowed_and_stay_close_when_allowed() {
     let Some(gpu) = gpu() else { return };
@@ -83,14 +95,23 @@ fn f32_convolutions_stay_off_tf32_unless_allowed_and_stay_close_when_allowed() {
     let w = random(&[64, 128, 3, 3], 2);
     let reference = x.conv2d(&w, 1, 1, 1, 1).unwrap();
     let run = || workloads::kernels::conv2d(&x.to_device(&gpu).unwrap(), &w.to_device(&gpu).unwrap(), 1, 1).unwrap();
-    let strict = rel_err(&run(), &reference);
-    workloads::precision::allow_tf32(true);
-    let tf32 = rel_err(&run(), &reference);
-    workloads::precision::allow_tf32(false);
-    eprintln!("f32 conv error: strict {strict:.1e}, tf32 allowed {tf32:.1e}");
-    assert!(strict < 1e-5, "f32 without TF32 differs by {strict}");
+    let tf32 = strict_then_tf32("conv", &run, &reference);
     // Allowed is not required: cuDNN takes the fastest algorithm, which may still be an FMA one.
     assert!(tf32 < 1e-2, "f32 with TF32 allowed differs by {tf32}");
+}
+
+#[test]
+fn f32_linear_layers_stay_off_tf32_unless_allowed() {
+    use workloads::kernels::{linear, Act};
+    let Some(gpu) = gpu() else { return };
+    // 2048-term dot products: TF32's 10-bit inputs show at ~1e-3 relative, f32 at ~1e-6. cuBLASLt
+    // is asked for COMPUTE_32F_FAST_TF32 when allowed, so there it must show.
+    let (x, w, b) = (random(&[64, 2048], 3), random(&[96, 2048], 4), random(&[96], 5));
+    let reference = linear(&x, &w, Some(&b), Act::None).unwrap();
+    let on = |t: &Tensor| t.to_device(&gpu).unwrap();
+    let run = || linear(&on(&x), &on(&w), Some(&on(&b)), Act::None).unwrap();
+    let tf32 = strict_then_tf32("linear", &run, &reference);
+    assert!(tf32 > 1e-5 && tf32 < 1e-2, "f32 with TF32 allowed differs by {tf32}");
 }
 
 /// ReLU whose gradient is 0 where its input is exactly 0, as PyTorch's (candle's passes it there;
@@ -295,16 +316,21 @@ fn linear_op_matches_the_cpu_forward_and_backward() {
         let w = random(&[out, inp], 185 + i as u64).affine(0.02, 0.0).unwrap();
         let b: Vec<f32> = random(&[out], 190 + i as u64).to_vec1::<f32>().unwrap().iter().map(|v| v.signum() * (v.abs() + 1.0)).collect();
         let b = Tensor::from_vec(b, out, &Device::Cpu).unwrap();
-        for act in [Act::None, Act::Relu, Act::GeluErf] {
+        // A bias one element into its storage is not aligned for cuBLASLt's epilogue: the op adds it
+        // with its own kernel instead.
+        let offset_b = Tensor::cat(&[&Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap(), &b], 0).unwrap();
+        for (act, offset) in [(Act::None, 0), (Act::Relu, 0), (Act::GeluErf, 0), (Act::None, 1), (Act::Relu, 1)] {
             let f = move |a: &[&Tensor]| {
+                let b = a[2].narrow(0, offset, out).unwrap();
                 if a[0].device().is_cpu() && act == Act::Relu {
-                    relu_as_pytorch(&linear(a[0], a[1], Some(a[2]), Act::None).unwrap(), true)
+                    relu_as_pytorch(&linear(a[0], a[1], Some(&b), Act::None).unwrap(), true)
                 } else {
-                    linear(a[0], a[1], Some(a[2]), act).unwrap()
+                    linear(a[0], a[1], Some(&b), act).unwrap()
                 }
             };
+            let b = if offset == 0 { b.clone() } else { offset_b.clone() };
             // The weight's and bias's gradients sum over up to 394 rows.
-            matches_cpu(&format!("linear {x_shape:?} -> {out} {act:?}"), &f, &[x.clone(), w.clone(), b.clone()], [1e-5, 3e-2, 5e-3]);
+            matches_cpu(&format!("linear {x_shape:?} -> {out} {act:?}, bias at {offset}"), &f, &[x.clone(), w.clone(), b], [1e-5, 3e-2, 5e-3]);
         }
     }
 }
@@ -358,4 +384,21 @@ fn embedding_op_matches_the_cpu_forward_and_backward() {
     let table = random(&[50, 16], 220);
     let f = move |a: &[&Tensor]| embedding(a[0], &ids.to_device(a[0].device()).unwrap()).unwrap();
     matches_cpu("embedding", &f, &[table], [1e-6, 1e-2, 2e-3]);
+}
+
+#[test]
+fn swin_window_kernels_match_the_cpu_forward_and_backward() {
+    use workloads::kernels::{window_merge, window_partition};
+    // Swin-T's first stage (8x8 windows shown at 16x16, 96 channels: 16-byte words), a shift, and
+    // 3 channels (12 bytes in f32, 6 in bf16/f16: narrower words).
+    for (i, (side, window, shift, c)) in [(16usize, 8usize, 0usize, 96usize), (16, 8, 4, 96), (6, 3, 1, 3)].into_iter().enumerate() {
+        let x = random(&[2, side, side, c], 260 + i as u64);
+        let what = format!("windows {side}x{side} by {window} shift {shift} c {c}");
+        // A permutation: exact forward; the gradients carry only the random weights' rounding to
+        // the dtype (their f32 reference is not rounded).
+        let tols = [1e-7, 4e-3, 1e-3];
+        matches_cpu(&format!("{what} partition"), &|a| window_partition(a[0], window, shift).unwrap(), &[x.clone()], tols);
+        let w = window_partition(&x, window, shift).unwrap();
+        matches_cpu(&format!("{what} merge"), &|a| window_merge(a[0], side, window, shift).unwrap(), &[w], tols);
+    }
 }

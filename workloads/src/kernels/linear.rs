@@ -1,5 +1,6 @@
-//! y = act(x wᵀ + b) over the last dimension as one differentiable op: a cuBLAS GEMM and our bias
-//! kernel forward; backward the activation's gradient, two GEMMs and a column sum.
+//! y = act(x wᵀ + b) over the last dimension as one differentiable op: a cuBLASLt GEMM with the bias
+//! in its epilogue (GELU: then our bias kernel) forward; backward the activation's gradient, two
+//! GEMMs and a column sum.
 //!
 //! Why: as candle ops a linear layer is reshape, matmul against a transposed weight, bias add and
 //! reshape, and candle's backward pass adds every edge's gradient into a freshly zeroed tensor: a
@@ -17,6 +18,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::bias::{act_grad, bias_grad, BiasAct};
+use super::gemm::{self, operand, Epilogue, Product};
 use super::{Act, BiasAxis};
 
 #[derive(Debug, Clone, Copy)]
@@ -37,11 +39,12 @@ fn geometry(xl: &Layout, wl: &Layout, bl: &Layout) -> Result<(usize, usize, usiz
     Ok((xl.shape().elem_count() / in_f.max(1), in_f, out_f))
 }
 
-/// x wᵀ on the device, as [rows, out].
-fn gemm(x: &CudaStorage, xl: &Layout, w: &CudaStorage, wl: &Layout, (rows, in_f, out_f): (usize, usize, usize)) -> Result<CudaStorage> {
-    let x2 = Layout::contiguous_with_offset((rows, in_f), xl.start_offset());
-    let wt = Layout::contiguous_with_offset((out_f, in_f), wl.start_offset()).transpose(0, 1)?;
-    x.matmul(w, (1, rows, out_f, in_f), &x2, &wt)
+/// The product of x [rows, in] and wᵀ (w [out, in]) on the device, as [rows, out], with `epilogue`
+/// applied to it (the bias is read only when the epilogue adds it).
+fn forward_gemm(x: (&CudaStorage, &Layout), w: (&CudaStorage, &Layout), b: (&CudaStorage, &Layout), (rows, in_f, out_f): (usize, usize, usize), epilogue: Epilogue) -> Result<CudaStorage> {
+    let product = Product { m: rows, n: out_f, k: in_f, a_t: false, b_t: true };
+    let (x, w, b) = (operand(x.0, x.1, "linear")?, operand(w.0, w.1, "linear")?, operand(b.0, b.1, "linear")?);
+    gemm::gemm(x, w, Some(b), product, epilogue)
 }
 
 impl CustomOp3 for LinearOp {
@@ -54,9 +57,23 @@ impl CustomOp3 for LinearOp {
     }
 
     fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, w: &CudaStorage, wl: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
-        let (rows, in_f, out_f) = geometry(xl, wl, bl)?;
-        let v = gemm(x, xl, w, wl, (rows, in_f, out_f))?;
-        let (y, _) = BiasAct { axis: BiasAxis::Last, act: self.act }.cuda_fwd(&v, &Layout::contiguous((rows, out_f)), b, bl)?;
+        let geometry = geometry(xl, wl, bl)?;
+        let (rows, _, out_f) = geometry;
+        // The bias (and a ReLU) in the GEMM's epilogue; GELU, whose erf form cuBLASLt does not
+        // have, by our bias kernel after it.
+        let epilogue = match self.act {
+            _ if !gemm::bias_aligned(b.dtype(), bl.start_offset()) => None,
+            Act::None => Some(Epilogue::Bias),
+            Act::Relu => Some(Epilogue::BiasRelu),
+            Act::GeluErf => None,
+        };
+        let y = match epilogue {
+            Some(epilogue) => forward_gemm((x, xl), (w, wl), (b, bl), geometry, epilogue)?,
+            None => {
+                let v = forward_gemm((x, xl), (w, wl), (b, bl), geometry, Epilogue::None)?;
+                BiasAct { axis: BiasAxis::Last, act: self.act }.cuda_fwd(&v, &Layout::contiguous((rows, out_f)), b, bl)?.0
+            }
+        };
         let mut dims = xl.dims().to_vec();
         *dims.last_mut().expect("rank >= 1") = out_f;
         Ok((y, Shape::from(dims)))
@@ -70,20 +87,25 @@ impl CustomOp3 for LinearOp {
         let op = BiasAct { axis: BiasAxis::Last, act: self.act };
         let dv = match self.act {
             // x wᵀ again: the bias kernel's gradient adds b itself.
-            Act::GeluErf => act_grad(op, &x2.apply_op2_no_bwd(&w, &Gemm)?, b, &flat(y)?, &flat(grad)?)?,
+            Act::GeluErf => act_grad(op, &x2.apply_op2_no_bwd(&w, &Gemm { a_t: false, b_t: true })?, b, &flat(y)?, &flat(grad)?)?,
             // A ReLU's gradient reads only y; none needs nothing.
             _ => act_grad(op, &flat(y)?, b, &flat(y)?, &flat(grad)?)?,
         };
-        let dx = dv.matmul(&w)?.reshape(x.dims())?;
-        let dw = dv.t()?.matmul(&x2)?;
+        // dx = dv w, dw = dvᵀ x: cuBLASLt reads dv transposed in place.
+        let dx = dv.apply_op2_no_bwd(&w, &Gemm { a_t: false, b_t: false })?.reshape(x.dims())?;
+        let dw = dv.apply_op2_no_bwd(&x2, &Gemm { a_t: true, b_t: false })?;
         let db = bias_grad(BiasAxis::Last, &dv)?;
         Ok((Some(dx), Some(dw), Some(db)))
     }
 }
 
-/// x wᵀ for x [rows, in] and w [out, in], without a graph: the pre-activation GELU's gradient needs.
+/// op(A) op(B) of two contiguous matrices without a graph (the products of the backward pass and
+/// GELU's recomputed pre-activation): A is read as stored [k, m] when `a_t`, B as [n, k] when `b_t`.
 #[derive(Debug, Clone, Copy)]
-struct Gemm;
+struct Gemm {
+    a_t: bool,
+    b_t: bool,
+}
 
 impl CustomOp2 for Gemm {
     fn name(&self) -> &'static str {
@@ -94,9 +116,15 @@ impl CustomOp2 for Gemm {
         bail!("the linear op runs on CUDA devices only")
     }
 
-    fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, w: &CudaStorage, wl: &Layout) -> Result<(CudaStorage, Shape)> {
-        let (rows, in_f) = xl.shape().dims2()?;
-        let (out_f, _) = wl.shape().dims2()?;
-        Ok((gemm(x, xl, w, wl, (rows, in_f, out_f))?, Shape::from((rows, out_f))))
+    fn cuda_fwd(&self, a: &CudaStorage, al: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (ar, ac) = al.shape().dims2()?;
+        let (br, bc) = bl.shape().dims2()?;
+        let ((m, k), (kb, n)) = (if self.a_t { (ac, ar) } else { (ar, ac) }, if self.b_t { (bc, br) } else { (br, bc) });
+        if k != kb {
+            bail!("linear: product of {:?} and {:?} (transposed: {}, {}) does not fit", al.dims(), bl.dims(), self.a_t, self.b_t)
+        }
+        let product = Product { m, n, k, a_t: self.a_t, b_t: self.b_t };
+        let c = gemm::gemm(operand(a, al, "linear")?, operand(b, bl, "linear")?, None, product, Epilogue::None)?;
+        Ok((c, Shape::from((m, n))))
     }
 }

@@ -16,6 +16,8 @@ pub mod cudnn_conv;
 #[cfg(feature = "cuda")]
 pub mod embedding;
 #[cfg(feature = "cuda")]
+pub mod gemm;
+#[cfg(feature = "cuda")]
 mod launch;
 #[cfg(feature = "cuda")]
 pub mod linear;
@@ -26,6 +28,8 @@ mod nvrtc;
 pub mod pointwise;
 #[cfg(feature = "cuda")]
 pub mod pool;
+#[cfg(feature = "cuda")]
+pub mod windows;
 
 use candle_core::{Result, Tensor};
 
@@ -96,6 +100,41 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
         return table.contiguous()?.apply_op2(&flat.contiguous()?, embedding::Embedding)?.reshape(dims);
     }
     table.index_select(&flat, 0)?.reshape(dims)
+}
+
+/// Swin's windows: x [b, side, side, c] rolled by -shift on both spatial axes (torch.roll), then
+/// cut into windows [b · (side/window)², window², c]. Our gather on CUDA devices (its backward the
+/// inverse scatter); candle's roll and permute elsewhere.
+pub fn window_partition(x: &Tensor, window: usize, shift: usize) -> Result<Tensor> {
+    let (b, side, _, c) = x.dims4()?;
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        return x.contiguous()?.apply_op1(windows::Windows { side, window, shift, merge: false });
+    }
+    let s = shift as i32;
+    let x = if shift > 0 { x.roll(-s, 1)?.roll(-s, 2)? } else { x.clone() };
+    let per_side = side / window;
+    x.reshape((b, per_side, window, per_side, window, c))?
+        .permute((0, 1, 3, 2, 4, 5))?
+        .reshape((b * per_side * per_side, window * window, c))
+}
+
+/// The inverse of [`window_partition`]: windows back into [b, side, side, c] maps, rolled back by
+/// +shift.
+pub fn window_merge(windows: &Tensor, side: usize, window: usize, shift: usize) -> Result<Tensor> {
+    let (bw, _, c) = windows.dims3()?;
+    #[cfg(feature = "cuda")]
+    if windows.device().is_cuda() {
+        return windows.contiguous()?.apply_op1(windows::Windows { side, window, shift, merge: true });
+    }
+    let per_side = side / window;
+    let b = bw / (per_side * per_side);
+    let x = windows
+        .reshape((b, per_side, per_side, window, window, c))?
+        .permute((0, 1, 3, 2, 4, 5))?
+        .reshape((b, side, side, c))?;
+    let s = shift as i32;
+    if shift > 0 { x.roll(s, 1)?.roll(s, 2) } else { Ok(x) }
 }
 
 /// Which axis of x a bias runs along.

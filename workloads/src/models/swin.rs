@@ -10,7 +10,7 @@ use candle_nn::{Init, Module, VarBuilder};
 use crate::kernels::{attention, ScoreBias};
 use super::layers::{Conv2d, LayerNorm, Linear};
 use super::{Classifier, Inputs};
-use crate::kernels::{add, Act};
+use crate::kernels::{add, window_merge, window_partition, Act};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -205,17 +205,9 @@ impl Block {
     }
 
     fn window_attention(&self, x: &Tensor) -> Result<Tensor> {
-        let (b, side, _, c) = x.dims4()?;
-        let (w, per_side) = (self.window, side / self.window);
-        let x = match &self.shift {
-            Some((s, _)) => x.roll(-(*s as i32), 1)?.roll(-(*s as i32), 2)?,
-            None => x.clone(),
-        };
-        // [b, side, side, c] -> [b * windows, w², c]
-        let windows = x
-            .reshape((b, per_side, w, per_side, w, c))?
-            .permute((0, 1, 3, 2, 4, 5))?
-            .reshape((b * per_side * per_side, w * w, c))?;
+        let (_, side, _, _) = x.dims4()?;
+        let (w, shift) = (self.window, self.shift.as_ref().map_or(0, |(s, _)| *s));
+        let windows = window_partition(x, w, shift)?; // [b * windows, w², c]
         let n = w * w;
         let table = self.gather.matmul(&self.bias_table)?; // [n*n, heads]
         let mut bias = table.reshape((n, n, self.heads))?.permute((2, 0, 1))?.unsqueeze(0)?; // [1, heads, n, n]
@@ -227,14 +219,7 @@ impl Block {
         }
         let out = attention(&self.qkv.forward(&windows)?, self.heads, ScoreBias::Scores(&bias))?;
         let out = self.proj.forward(&out)?;
-        let out = out
-            .reshape((b, per_side, per_side, w, w, c))?
-            .permute((0, 1, 3, 2, 4, 5))?
-            .reshape((b, side, side, c))?;
-        match &self.shift {
-            Some((s, _)) => out.roll(*s as i32, 1)?.roll(*s as i32, 2),
-            None => Ok(out),
-        }
+        window_merge(&out, side, w, shift)
     }
 }
 

@@ -1,0 +1,362 @@
+//! Matrix products through cuBLASLt, with the bias add in the GEMM's epilogue.
+//!
+//! Why not candle's matmul (cuBLAS `*gemmStridedBatched`): a linear layer then needs a pass of its
+//! own to add the bias, which on the H100 was 2.9 of BERT-base's 12.5 ms per bf16 batch of 128 (with
+//! GELU and the residual adds); PyTorch's `nn.Linear` puts the bias in cuBLASLt's epilogue, and so do
+//! we. The plan of a product (descriptors, the heuristic's algorithm for the operands' alignment) is
+//! built once per shape and kept, as cuDNN's are in [`super::cudnn_conv`].
+//!
+//! Precision, as candle's matmul and PyTorch's defaults: f32 computes in f32 (`COMPUTE_32F`), or in
+//! TF32 when [`crate::precision::allow_tf32`] allows it; bf16 and f16 accumulate in f32 and any
+//! split-K partial sums are reduced in f32 (the reduction scheme is limited to the compute type).
+//!
+//! Row-major throughout: C [m, n] = op(A) op(B), op(A) [m, k], op(B) [k, n]. cuBLASLt is
+//! column-major, where a row-major matrix is its own transpose, so it is asked for Cᵀ = op(B)ᵀ op(A)ᵀ:
+//! B goes first, and the bias (one value per column of C) runs along cuBLASLt's rows, as its epilogue
+//! expects.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::mem::size_of;
+use std::sync::Arc;
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::cublaslt::{result as lt, sys};
+use candle_core::cuda_backend::cudarc;
+use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr};
+use candle_core::cuda_backend::{CudaDType, CudaDevice};
+use candle_core::{bail, CudaStorage, DType, Layout, Result};
+
+use super::launch::by_dtype;
+
+/// cuBLASLt's workspace: what NVIDIA recommends for Hopper (PyTorch takes the same).
+const WORKSPACE: usize = 32 << 20;
+
+/// How many of the heuristic's algorithms are measured per product, as cuDNN's Find measures its
+/// convolution algorithms: the heuristic's first guess was 5–10% behind PyTorch's f32 GEMMs.
+const CANDIDATES: usize = 8;
+
+/// The largest pointer alignment cuBLASLt distinguishes.
+const MAX_ALIGN: usize = 256;
+
+/// One product's shape: C [m, n] = op(A) op(B); A is stored [k, m] when `a_t`, B [n, k] when `b_t`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Product {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a_t: bool,
+    pub b_t: bool,
+}
+
+/// What the epilogue does to each column of the product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Epilogue {
+    None,
+    Bias,
+    BiasRelu,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    stream: usize,
+    dtype: DType,
+    tf32: bool,
+    product: Product,
+    epilogue: Epilogue,
+    /// Of A and B, in bytes: the heuristic picks algorithms for the alignment it is told.
+    align: [usize; 2],
+}
+
+/// Descriptors and algorithm of one key, built once.
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    /// cuBLASLt's A, B and C (= D): our B, our A, our C.
+    layouts: [sys::cublasLtMatrixLayout_t; 3],
+    /// The heuristic's candidates, best guess first, until the first call measures them.
+    candidates: Vec<sys::cublasLtMatmulAlgo_t>,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+#[derive(Default)]
+struct State {
+    handles: HashMap<usize, sys::cublasLtHandle_t>,
+    workspaces: HashMap<usize, CudaSlice<u8>>,
+    plans: HashMap<Key, Plan>,
+}
+
+thread_local! {
+    // As with cuDNN: candle drives a device from one thread, and these handles stay on it.
+    static STATE: RefCell<State> = RefCell::new(State::default());
+}
+
+fn check(status: std::result::Result<(), lt::CublasError>, what: &str) -> Result<()> {
+    status.map_err(|e| candle_core::Error::Msg(format!("cuBLASLt {what}: {e:?}")))
+}
+
+fn lt_err(what: &str) -> impl FnOnce(lt::CublasError) -> candle_core::Error + '_ {
+    move |e| candle_core::Error::Msg(format!("cuBLASLt {what}: {e:?}"))
+}
+
+/// The alignment of a device address in bytes, up to [`MAX_ALIGN`].
+fn alignment(ptr: u64) -> usize {
+    1 << ptr.trailing_zeros().min(MAX_ALIGN.trailing_zeros())
+}
+
+/// (data type, compute type) of a dtype.
+fn types(dtype: DType, tf32: bool) -> Result<(sys::cudaDataType, sys::cublasComputeType_t)> {
+    use sys::cublasComputeType_t as C;
+    use sys::cudaDataType_t as D;
+    Ok(match dtype {
+        DType::F32 if tf32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_FAST_TF32),
+        DType::F32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F),
+        DType::BF16 => (D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F),
+        DType::F16 => (D::CUDA_R_16F, C::CUBLAS_COMPUTE_32F),
+        other => bail!("the cuBLASLt product takes f32, bf16 or f16, not {other:?}"),
+    })
+}
+
+/// A column-major layout of `rows` × `cols` with leading dimension `ld`.
+fn layout(data: sys::cudaDataType, rows: usize, cols: usize, ld: usize) -> Result<sys::cublasLtMatrixLayout_t> {
+    lt::create_matrix_layout(data, rows as u64, cols as u64, ld as i64).map_err(lt_err("matrix layout"))
+}
+
+/// Sets one attribute of a matmul descriptor to a plain value.
+///
+/// # Safety
+/// `T` must be the type cuBLASLt documents for `attr`.
+unsafe fn set_desc<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescAttributes_t, value: &T) -> Result<()> {
+    check(lt::set_matmul_desc_attribute(desc, attr, value as *const T as *const c_void, size_of::<T>()), "descriptor attribute")
+}
+
+/// Sets one attribute of a preference to a plain value.
+///
+/// # Safety
+/// `T` must be the type cuBLASLt documents for `attr`.
+unsafe fn set_pref<T>(pref: sys::cublasLtMatmulPreference_t, attr: sys::cublasLtMatmulPreferenceAttributes_t, value: T) -> Result<()> {
+    check(lt::set_matmul_pref_attribute(pref, attr, &value as *const T as *const c_void, size_of::<T>()), "preference attribute")
+}
+
+/// Builds the descriptors of one key and asks the heuristic for its algorithm.
+fn build(handle: sys::cublasLtHandle_t, key: Key) -> Result<Plan> {
+    use sys::cublasLtMatmulDescAttributes_t as A;
+    use sys::cublasLtMatmulPreferenceAttributes_t as P;
+    let (data, compute) = types(key.dtype, key.tf32)?;
+    let Product { m, n, k, a_t, b_t } = key.product;
+    let desc = lt::create_matmul_desc(compute, sys::cudaDataType_t::CUDA_R_32F).map_err(lt_err("matmul descriptor"))?;
+    // cuBLASLt's A is our B: [n, k] column-major is B [k, n] row-major untransposed, and B [n, k]
+    // row-major is [k, n] column-major, transposed. Likewise its B is our A.
+    let (lt_a, trans_a) = if b_t { (layout(data, k, n, k)?, 1i32) } else { (layout(data, n, k, n)?, 0) };
+    let (lt_b, trans_b) = if a_t { (layout(data, m, k, m)?, 1i32) } else { (layout(data, k, m, k)?, 0) };
+    let lt_c = layout(data, n, m, n)?;
+    let epilogue = match key.epilogue {
+        Epilogue::None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
+        Epilogue::Bias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+        Epilogue::BiasRelu => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
+    };
+    let pref = lt::create_matmul_pref().map_err(lt_err("preference"))?;
+    // SAFETY: fresh descriptors, attributes of their documented types (int32 operations, uint32
+    // epilogue and reduction mask, uint32 alignments, uint64 workspace size).
+    let candidates = unsafe {
+        set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &trans_a)?;
+        set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &trans_b)?;
+        set_desc(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &(epilogue as u32))?;
+        set_pref(pref, P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, WORKSPACE as u64)?;
+        // Our B is cuBLASLt's A; C is allocated here, so fully aligned.
+        set_pref(pref, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[1] as u32)?;
+        set_pref(pref, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[0] as u32)?;
+        set_pref(pref, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, MAX_ALIGN as u32)?;
+        set_pref(pref, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, MAX_ALIGN as u32)?;
+        if key.dtype != DType::F32 {
+            // Split-K partial sums in f32, never in the half type (PyTorch's default for bf16 allows
+            // that; ours does not, see the results' precision table).
+            let mask = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
+            set_pref(pref, P::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, mask)?;
+        }
+        let mut found = [std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>(); CANDIDATES];
+        let mut count = 0;
+        let status = sys::cublasLtMatmulAlgoGetHeuristic(handle, desc, lt_a, lt_b, lt_c, lt_c, pref, CANDIDATES as i32, found.as_mut_ptr(), &mut count);
+        check(lt::destroy_matmul_pref(pref), "preference")?;
+        check(status.result(), "heuristic")?;
+        let ok = sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
+        found[..count.max(0) as usize].iter().filter(|r| r.state == ok).map(|r| r.algo).collect::<Vec<_>>()
+    };
+    let Some(&algo) = candidates.first() else { bail!("cuBLASLt has no algorithm for {key:?}") };
+    Ok(Plan { desc, layouts: [lt_a, lt_b, lt_c], candidates, algo })
+}
+
+impl State {
+    fn handle(&mut self, dev: &CudaDevice) -> Result<(sys::cublasLtHandle_t, usize)> {
+        let stream = dev.cuda_stream().cu_stream() as usize;
+        if !self.handles.contains_key(&stream) {
+            let h = lt::create_handle().map_err(lt_err("handle"))?;
+            self.handles.insert(stream, h);
+            // SAFETY: cuBLASLt writes its workspace before reading it.
+            self.workspaces.insert(stream, unsafe { dev.alloc::<u8>(WORKSPACE)? });
+        }
+        Ok((self.handles[&stream], stream))
+    }
+}
+
+/// An operand: a tensor's storage and the element its matrix starts at (contiguous from there).
+pub type Operand<'a> = (&'a CudaStorage, usize);
+
+/// C = op(A) op(B) (+ bias, then ReLU, per the epilogue) as a new [m, n] tensor's storage. `bias`
+/// holds n values, 16-byte aligned; it is read only when the epilogue adds it.
+pub fn gemm(a: Operand, b: Operand, bias: Option<Operand>, product: Product, epilogue: Epilogue) -> Result<CudaStorage> {
+    if a.0.dtype() != b.0.dtype() || bias.is_some_and(|(s, _)| s.dtype() != a.0.dtype()) {
+        bail!("cuBLASLt product of {:?} and {:?}: one dtype for A, B and the bias", a.0.dtype(), b.0.dtype())
+    }
+    if epilogue != Epilogue::None && !bias.is_some_and(|(s, off)| bias_aligned(s.dtype(), off)) {
+        bail!("cuBLASLt product: the {epilogue:?} epilogue needs a bias that starts 16 bytes aligned")
+    }
+    by_dtype!(a.0.dtype(), "the cuBLASLt product", T => run::<T>(a, b, bias, product, epilogue))
+}
+
+/// `len` elements of an operand, or an error if its storage ends before.
+fn elements<T: CudaDType + DeviceRepr>((s, off): Operand<'_>, len: usize) -> Result<CudaView<'_, T>> {
+    let all = s.as_cuda_slice::<T>()?;
+    if off + len > all.len() {
+        bail!("cuBLASLt product: an operand of {} elements is read from {off} for {len}", all.len())
+    }
+    Ok(all.slice(off..off + len))
+}
+
+fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>, product: Product, epilogue: Epilogue) -> Result<CudaStorage> {
+    let dev = a.0.device().clone();
+    let stream = dev.cuda_stream();
+    let (a_s, b_s) = (elements::<T>(a, product.m * product.k)?, elements::<T>(b, product.k * product.n)?);
+    let bias_s = match (epilogue, bias) {
+        (Epilogue::None, _) | (_, None) => None,
+        (_, Some(bias)) => Some(elements::<T>(bias, product.n)?),
+    };
+    // SAFETY: beta = 0, so every element of C is written.
+    let mut out = unsafe { dev.alloc::<T>(product.m * product.n)? };
+    {
+        let (ap, _ga) = a_s.device_ptr(&stream);
+        let (bp, _gb) = b_s.device_ptr(&stream);
+        let bias_p = bias_s.as_ref().map(|s| s.device_ptr(&stream));
+        let (op, _go) = out.device_ptr_mut(&stream);
+        let (alpha, beta) = (1f32, 0f32);
+        STATE.with(|state| -> Result<()> {
+            let mut state = state.borrow_mut();
+            let (handle, sid) = state.handle(&dev)?;
+            let tf32 = crate::precision::tf32_allowed();
+            let key = Key { stream: sid, dtype: a.0.dtype(), tf32, product, epilogue, align: [alignment(ap), alignment(bp)] };
+            if !state.plans.contains_key(&key) {
+                let plan = build(handle, key)?;
+                state.plans.insert(key, plan);
+            }
+            let State { plans, workspaces, .. } = &mut *state;
+            let plan = plans.get_mut(&key).expect("built above");
+            let (wp, _gw) = workspaces.get_mut(&sid).expect("made with the handle").device_ptr_mut(&stream);
+            let [la, lb, lc] = plan.layouts;
+            let desc = plan.desc;
+            // SAFETY: the plan was built for these shapes, dtype and alignments; the pointers address
+            // buffers of at least those sizes on the stream the handle runs on; the bias pointer is
+            // set on this thread's descriptor right before the launches that read it.
+            let launch = |algo: &sys::cublasLtMatmulAlgo_t| unsafe {
+                lt::matmul(
+                    handle,
+                    desc,
+                    &alpha as *const f32 as *const c_void,
+                    &beta as *const f32 as *const c_void,
+                    bp as *const c_void,
+                    la,
+                    ap as *const c_void,
+                    lb,
+                    op as *const c_void,
+                    lc,
+                    op as *mut c_void,
+                    lc,
+                    algo,
+                    wp as *mut c_void,
+                    WORKSPACE,
+                    stream.cu_stream() as *mut _,
+                )
+            };
+            if let Some((p, _)) = &bias_p {
+                // SAFETY: a device pointer, the attribute's documented type.
+                unsafe { set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, p)? };
+            }
+            if !plan.candidates.is_empty() {
+                plan.algo = fastest(&stream, &std::mem::take(&mut plan.candidates), &launch, &key)?;
+            }
+            check(launch(&plan.algo), "matmul")
+        })?;
+    }
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// The candidate that runs the product fastest on the GPU (the median of three timed launches after
+/// one untimed), skipping any the library refuses at launch. Its first guess when only one remains.
+fn fastest(
+    stream: &Arc<CudaStream>,
+    candidates: &[sys::cublasLtMatmulAlgo_t],
+    launch: &dyn Fn(&sys::cublasLtMatmulAlgo_t) -> std::result::Result<(), lt::CublasError>,
+    key: &Key,
+) -> Result<sys::cublasLtMatmulAlgo_t> {
+    if candidates.len() == 1 {
+        return Ok(candidates[0]);
+    }
+    let cuda = |e: cudarc::driver::DriverError| candle_core::Error::Msg(format!("CUDA event: {e:?}"));
+    let event = || stream.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda);
+    let mut best: Option<(f32, usize)> = None;
+    let mut log = Vec::new();
+    for (i, algo) in candidates.iter().enumerate() {
+        if launch(algo).is_err() {
+            log.push(format!("{} refused", describe(algo)));
+            continue;
+        }
+        let mut times = Vec::with_capacity(3);
+        for _ in 0..3 {
+            let (start, end) = (event()?, event()?);
+            start.record(stream).map_err(cuda)?;
+            let launched = launch(algo);
+            end.record(stream).map_err(cuda)?;
+            check(launched, "matmul")?;
+            times.push(start.elapsed_ms(&end).map_err(cuda)?);
+        }
+        times.sort_by(f32::total_cmp);
+        log.push(format!("{} {:.4} ms", describe(algo), times[1]));
+        if best.is_none_or(|(t, _)| times[1] < t) {
+            best = Some((times[1], i));
+        }
+    }
+    // MIGPROF_GEMM_LOG=1: what was measured, to see why an algorithm was chosen.
+    if std::env::var_os("MIGPROF_GEMM_LOG").is_some() {
+        eprintln!("cublaslt {key:?}: {}; chose {:?}", log.join(", "), best.map(|(_, i)| i));
+    }
+    match best {
+        Some((_, i)) => Ok(candidates[i]),
+        None => bail!("cuBLASLt could launch none of its algorithms for {key:?}"),
+    }
+}
+
+/// "algorithm id/tile id/split-k count" of a cuBLASLt algorithm, for the log.
+fn describe(algo: &sys::cublasLtMatmulAlgo_t) -> String {
+    use sys::cublasLtMatmulAlgoConfigAttributes_t as C;
+    let get = |attr: C| {
+        let (mut v, mut written) = (0u32, 0usize);
+        // SAFETY: a u32-sized buffer for attributes cuBLASLt documents as 32-bit integers.
+        let status = unsafe { sys::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, &mut v as *mut u32 as *mut c_void, size_of::<u32>(), &mut written) };
+        if status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS { v.to_string() } else { "?".into() }
+    };
+    format!("{}/{}/{}", get(C::CUBLASLT_ALGO_CONFIG_ID), get(C::CUBLASLT_ALGO_CONFIG_TILE_ID), get(C::CUBLASLT_ALGO_CONFIG_SPLITK_NUM))
+}
+
+/// Whether a bias starting at element `offset` of an allocation (cudarc's are 256-byte aligned)
+/// suits the epilogue, which reads it in 16-byte words.
+pub fn bias_aligned(dtype: DType, offset: usize) -> bool {
+    (offset * dtype.size_in_bytes()) % 16 == 0
+}
+
+/// The operand of a contiguous layout, or an error naming the op.
+pub fn operand<'a>(s: &'a CudaStorage, l: &Layout, what: &str) -> Result<Operand<'a>> {
+    match l.contiguous_offsets() {
+        Some((start, _)) => Ok((s, start)),
+        None => bail!("{what} takes contiguous tensors"),
+    }
+}
