@@ -142,38 +142,55 @@ __device__ __forceinline__ float attn_score(const typename E::T* s, const typena
 // a multiple of KEEP, so a lane's keys never straddle two rows.
 #define KEEP 8
 
+// Lanes that share a row: half a warp for rows of up to 16 · KEEP keys, so that a warp moves two
+// rows at once (BERT's rows of 128 bf16 keys left half of every warp idle: 1 TB/s on the H100).
+__device__ __forceinline__ unsigned int lanes_per_row(unsigned int tp) { return tp <= 16 * KEEP ? 16 : 32; }
+
+// Sum and max over the L lanes (16 or 32) sharing a row; xor offsets below L stay within them.
+__device__ __forceinline__ float group_sum(float v, unsigned int L) {
+    for (unsigned int o = L / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float group_max(float v, unsigned int L) {
+    for (unsigned int o = L / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 // Softmax of scale · S + bias over keys 0..t of each row, in place on S [b·h, tp, tp]; padded keys
-// and rows become 0. One warp per row.
+// and rows become 0. One warp per row, or half a warp (see lanes_per_row).
 template <typename E>
 __device__ void attn_softmax(typename E::T* s, const typename E::T* bias, unsigned int rows, unsigned int h,
                              unsigned int t, unsigned int tp, unsigned int r, int mode, float scale) {
     typedef Pack<typename E::T, KEEP> P;
-    unsigned int lane = threadIdx.x & 31;
+    unsigned int L = lanes_per_row(tp), lane = threadIdx.x & (L - 1), per_warp = 32 / L;
     unsigned int warps = (gridDim.x * blockDim.x) >> 5;
-    for (unsigned int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
+    // The loop runs per warp (its rows together), so that every lane reaches the shuffles.
+    for (unsigned int first = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * per_warp; first < rows; first += warps * per_warp) {
+        unsigned int row = first + (threadIdx.x & 31) / L;
+        bool real = row < rows;
         unsigned long long base = (unsigned long long)row * tp;
         unsigned int i = row % tp, bh = row / tp, bi = bh / h, hi = bh % h;
         float m = __int_as_float(0xff800000);
         if (tp <= 32 * KEEP) {
             unsigned int j0 = lane * KEEP;
-            bool mine = j0 < tp;
+            bool mine = real && j0 < tp;
             P in, out;
             if (mine) in = ((const P*)(s + base))[lane];
             float v[KEEP];
 #pragma unroll
             for (int k = 0; k < KEEP; k++) {
                 unsigned int j = j0 + k;
-                v[k] = i < t && j < t ? scale * E::get(in.v, k) + attn_bias<E>(bias, j, bi, hi, i, h, t, r, mode) : m;
+                v[k] = mine && i < t && j < t ? scale * E::get(in.v, k) + attn_bias<E>(bias, j, bi, hi, i, h, t, r, mode) : m;
                 m = fmaxf(m, v[k]);
             }
-            m = warp_max(m);
+            m = group_max(m, L);
             float sum = 0.f;
 #pragma unroll
             for (int k = 0; k < KEEP; k++) {
                 v[k] = i < t && j0 + k < t ? expf(v[k] - m) : 0.f;
                 sum += v[k];
             }
-            sum = warp_sum(sum);
+            sum = group_sum(sum, L);
             float inv = i < t ? 1.f / sum : 0.f;
 #pragma unroll
             for (int k = 0; k < KEEP; k++) E::put(out.v, k, v[k] * inv);
@@ -202,15 +219,16 @@ template <typename E>
 __device__ void attn_softmax_grad(const typename E::T* p, const typename E::T* dp, typename E::T* ds,
                                   unsigned int rows, unsigned int t, unsigned int tp, float scale) {
     typedef Pack<typename E::T, KEEP> P;
-    unsigned int lane = threadIdx.x & 31;
+    unsigned int L = lanes_per_row(tp), lane = threadIdx.x & (L - 1), per_warp = 32 / L;
     unsigned int warps = (gridDim.x * blockDim.x) >> 5;
-    for (unsigned int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
+    for (unsigned int first = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * per_warp; first < rows; first += warps * per_warp) {
+        unsigned int row = first + (threadIdx.x & 31) / L;
         unsigned long long base = (unsigned long long)row * tp;
-        bool live = (row % tp) < t;
+        bool live = row < rows && (row % tp) < t;
         float dot = 0.f;
         if (tp <= 32 * KEEP) {
             unsigned int j0 = lane * KEEP;
-            bool mine = j0 < tp;
+            bool mine = row < rows && j0 < tp;
             P pv, dv, out;
             if (mine) {
                 pv = ((const P*)(p + base))[lane];
@@ -224,7 +242,7 @@ __device__ void attn_softmax_grad(const typename E::T* p, const typename E::T* d
                 df[k] = in ? E::get(dv.v, k) : 0.f;
                 dot += pf[k] * df[k];
             }
-            dot = warp_sum(dot);
+            dot = group_sum(dot, L);
 #pragma unroll
             for (int k = 0; k < KEEP; k++) E::put(out.v, k, scale * pf[k] * (df[k] - dot));
             if (mine) ((P*)(ds + base))[lane] = out;
@@ -278,6 +296,9 @@ KERNELS(f16, F16)
         pub heads: usize,
         pub mode: Mode,
     }
+
+    /// Keys per lane in the softmax kernels (KEEP in the source).
+    const KEEP_KEYS: usize = 8;
 
     /// Sizes: b sequences of t tokens (tp padded to a multiple of 8), h heads of d, c = h·d.
     #[derive(Debug, Clone, Copy)]
@@ -388,7 +409,9 @@ KERNELS(f16, F16)
 
         fn warp_rows(&self) -> LaunchConfig {
             let rows = (self.dims.bh() * self.dims.tp) as u64;
-            LaunchConfig { grid_dim: (rows.div_ceil(8).clamp(1, 1 << 20) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+            // Eight warps a block, each taking two short rows (lanes_per_row in the source) or one.
+            let per_block = if self.dims.tp <= 16 * KEEP_KEYS { 16 } else { 8 };
+            LaunchConfig { grid_dim: (rows.div_ceil(per_block).clamp(1, 1 << 20) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
         }
     }
 

@@ -281,6 +281,10 @@ fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>,
                 // SAFETY: a device pointer, the attribute's documented type.
                 unsafe { set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, p)? };
             }
+            // MIGPROF_GEMM_HEURISTIC=1 keeps the heuristic's first guess (what PyTorch launches).
+            if std::env::var_os("MIGPROF_GEMM_HEURISTIC").is_some() {
+                plan.candidates.clear();
+            }
             if !plan.candidates.is_empty() {
                 plan.algo = fastest(&stream, &std::mem::take(&mut plan.candidates), &launch, &key)?;
             }

@@ -261,14 +261,93 @@ __device__ void layer_norm(const typename E::T* x, const typename E::T* w, const
     }
 }
 
-#define KERNELS(S, E)                                                                                   \
+// Passes 0 and 1 for rows of up to 32 · WORDS words of V elements (16 bytes), one warp per row:
+// lane l keeps words l, l + 32, ... in registers, loaded and stored whole; the reductions are warp
+// shuffles, with no block barrier. Needs cols % V == 0 and 16-byte aligned tensors.
+template <typename E, int V, int WORDS>
+__device__ void layer_norm_warp(const typename E::T* x, const typename E::T* w, const typename E::T* third,
+                                typename E::T* out, unsigned int rows, unsigned int cols, float eps, int pass) {
+    typedef Pack<typename E::T, V> P;
+    unsigned int lane = threadIdx.x & 31, words = cols / V;
+    unsigned int warps = (gridDim.x * blockDim.x) >> 5;
+    for (unsigned int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += warps) {
+        unsigned long long base = (unsigned long long)r * words;
+        float v[WORDS][V];
+        float s = 0.f;
+#pragma unroll
+        for (int k = 0; k < WORDS; k++) {
+            unsigned int word = lane + 32 * k;
+            P p;
+            if (word < words) p = ((const P*)x)[base + word];
+#pragma unroll
+            for (int i = 0; i < V; i++) { v[k][i] = word < words ? E::get(p.v, i) : 0.f; s += v[k][i]; }
+        }
+        float mean = warp_sum(s) / cols;
+        float q = 0.f;
+#pragma unroll
+        for (int k = 0; k < WORDS; k++)
+#pragma unroll
+            for (int i = 0; i < V; i++) {
+                v[k][i] = lane + 32 * k < words ? v[k][i] - mean : 0.f;  // x - mean from here on
+                q += v[k][i] * v[k][i];
+            }
+        float rstd = rsqrtf(warp_sum(q) / cols + eps);
+        if (pass == 0) {
+#pragma unroll
+            for (int k = 0; k < WORDS; k++) {
+                unsigned int word = lane + 32 * k;
+                if (word >= words) continue;
+                P wp = ((const P*)w)[word], bp = ((const P*)third)[word], o;
+#pragma unroll
+                for (int i = 0; i < V; i++) E::put(o.v, i, v[k][i] * rstd * E::get(wp.v, i) + E::get(bp.v, i));
+                ((P*)out)[base + word] = o;
+            }
+            continue;
+        }
+        // dx = rstd · (h - mean(h) - x̂ · mean(h · x̂)), h = g · w.
+        float h[WORDS][V];
+        float a = 0.f, c = 0.f;
+#pragma unroll
+        for (int k = 0; k < WORDS; k++) {
+            unsigned int word = lane + 32 * k;
+            P gp, wp;
+            if (word < words) { gp = ((const P*)third)[base + word]; wp = ((const P*)w)[word]; }
+#pragma unroll
+            for (int i = 0; i < V; i++) {
+                h[k][i] = word < words ? E::get(gp.v, i) * E::get(wp.v, i) : 0.f;
+                a += h[k][i];
+                c += h[k][i] * v[k][i] * rstd;
+            }
+        }
+        float mean_h = warp_sum(a) / cols, mean_hx = warp_sum(c) / cols;
+#pragma unroll
+        for (int k = 0; k < WORDS; k++) {
+            unsigned int word = lane + 32 * k;
+            if (word >= words) continue;
+            P o;
+#pragma unroll
+            for (int i = 0; i < V; i++) E::put(o.v, i, rstd * (h[k][i] - mean_h - v[k][i] * rstd * mean_hx));
+            ((P*)out)[base + word] = o;
+        }
+    }
+}
+
+#define KERNELS(S, E, V)                                                                                \
 extern "C" __global__ void layer_norm_##S(const E::T* x, const E::T* w, const E::T* third, void* out,     \
                                           unsigned int rows, unsigned int cols, float eps, int pass) {  \
     layer_norm<E>(x, w, third, out, rows, cols, eps, pass);                                             \
+}                                                                                                       \
+extern "C" __global__ void layer_norm_warp4_##S(const E::T* x, const E::T* w, const E::T* third, E::T* out, \
+                                                unsigned int rows, unsigned int cols, float eps, int pass) { \
+    layer_norm_warp<E, V, 4>(x, w, third, out, rows, cols, eps, pass);                                  \
+}                                                                                                       \
+extern "C" __global__ void layer_norm_warp8_##S(const E::T* x, const E::T* w, const E::T* third, E::T* out, \
+                                                unsigned int rows, unsigned int cols, float eps, int pass) { \
+    layer_norm_warp<E, V, 8>(x, w, third, out, rows, cols, eps, pass);                                  \
 }
-KERNELS(f32, F32)
-KERNELS(bf16, BF16)
-KERNELS(f16, F16)
+KERNELS(f32, F32, 4)
+KERNELS(bf16, BF16, 8)
+KERNELS(f16, F16, 8)
 "#;
 
     /// Elements of a row each layer-norm thread keeps (PER in the source).
@@ -305,20 +384,42 @@ KERNELS(f16, F16)
         rows.clamp(1, 512)
     }
 
+    /// Words of 16 bytes each lane of the warp-per-row kernel keeps (4 or 8: its two builds), when
+    /// the rows and tensors suit it: whole words per row, every tensor starting on a word.
+    fn warp_words(a: &LnArgs) -> Option<usize> {
+        let size = a.x.0.dtype().size_in_bytes();
+        let aligned = [a.x.1, a.w.1, a.third.1].iter().all(|l| (l.start_offset() * size) % 16 == 0);
+        let per_lane = (a.cols * size).div_ceil(16 * 32);
+        ((a.cols * size) % 16 == 0 && aligned).then_some(per_lane).and_then(|n| [4, 8].into_iter().find(|&w| n <= w))
+    }
+
     pub(super) fn layer_norm(a: LnArgs, pass: LnPass) -> Result<CudaStorage> {
         let Some(threads) = crate::kernels::nvrtc::row_threads(a.cols, PER) else {
             bail!("layer norm over {} features: the kernel takes at most {}", a.cols, PER * 1024)
         };
         let dev = a.x.0.device().clone();
-        let kernel = name("layer_norm", a.x.0.dtype());
         let (rows, cols) = rows_u32(a.rows, a.cols)?;
+        // Rows that fit a warp's registers take the warp-per-row kernel (the block-per-row one
+        // spent two block barriers per row: 1 TB/s on BERT-base's bf16 rows of 768 on the H100).
+        let warp = match pass {
+            LnPass::ParamSums { .. } => None,
+            _ => warp_words(&a),
+        };
+        let kernel = match warp {
+            Some(words) => name(&format!("layer_norm_warp{words}"), a.x.0.dtype()),
+            None => name("layer_norm", a.x.0.dtype()),
+        };
         let (code, blocks) = match pass {
             LnPass::Forward => (0i32, rows.clamp(1, 1 << 20)),
             LnPass::InputGrad => (1, rows.clamp(1, 1 << 20)),
             LnPass::ParamSums { blocks } => (2, blocks as u32),
         };
         let eps = a.eps as f32;
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        let cfg = match warp {
+            // Eight rows (warps) per block.
+            Some(_) => LaunchConfig { grid_dim: (rows.div_ceil(8).clamp(1, 1 << 20), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 },
+            None => LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 },
+        };
         let func = dev.get_or_load_custom_func(&kernel, "migprof_norm", ptx()?)?;
         by_dtype!(a.x.0.dtype(), "layer norm", T => {
             let x = view::<T>(a.x.0, a.x.1, "layer norm")?;
