@@ -89,6 +89,7 @@ mod cuda {
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
     use crate::kernels::launch::{by_dtype, cuda as saved_storage, failed, name, view};
+    use crate::kernels::gemm::{self, Epilogue, Operand, Product};
 
     const SOURCE: &str = r#"
 struct __align__(16) W16 { unsigned int a, b, c, d; };
@@ -323,13 +324,10 @@ KERNELS(f16, F16)
         fn bh(&self) -> usize {
             self.b * self.h
         }
-        /// Head-major [b·h, rows, cols] at `offset`.
-        fn heads(&self, rows: usize, cols: usize, offset: usize) -> Layout {
-            Layout::contiguous_with_offset((self.bh(), rows, cols), offset)
-        }
-        /// The transpose of [b·h, rows, cols], as a view.
-        fn transposed(&self, rows: usize, cols: usize, offset: usize) -> Result<Layout> {
-            self.heads(rows, cols, offset).transpose(1, 2)
+        /// Per head, op(A) op(B) of (m, n, k) [b·h, m, n] from head-major operands (A stored
+        /// [b·h, k, m] when `a_t`, B [b·h, n, k] when `b_t`), each from its element offset.
+        fn product(&self, a: Operand, b: Operand, (m, n, k): (usize, usize, usize), a_t: bool, b_t: bool) -> Result<CudaStorage> {
+            gemm::gemm(a, b, None, Product { m, n, k, a_t, b_t, batch: self.bh() }, Epilogue::None)
         }
     }
 
@@ -443,7 +441,7 @@ KERNELS(f16, F16)
         let v = parts.pop().expect("three parts");
         let k = parts.pop().expect("three parts");
         let q = parts.pop().expect("three parts");
-        let mut p = q.matmul(&k, (dims.bh(), tp, tp, d), &dims.heads(tp, d, 0), &dims.transposed(tp, d, 0)?)?;
+        let mut p = dims.product((&q, 0), (&k, 0), (tp, tp, d), false, true)?;
         let (kernel, func) = kernel!(kern, "attn_softmax");
         let rows = (dims.bh() * tp) as u32;
         let (code, r) = mode.code();
@@ -478,7 +476,7 @@ KERNELS(f16, F16)
         let dims = kern.dims;
         let Dims { b, t, tp, h, d } = dims;
         let f = forward_parts::<T>(kern, qkv, bias, mode)?;
-        let o = f.p.matmul(&f.v, (dims.bh(), tp, d, tp), &dims.heads(tp, tp, 0), &dims.heads(tp, d, 0))?;
+        let o = dims.product((&f.p, 0), (&f.v, 0), (tp, d, tp), false, false)?;
         let mut out = kern.alloc::<T>(b * t * h * d)?;
         kern.moved(&o.as_cuda_slice::<T>()?.slice(0..), &mut out.slice_mut(0..), h * d, 0, false)?;
         Ok(CudaStorage::wrap_cuda_slice(out, kern.dev.clone()))
@@ -501,9 +499,8 @@ KERNELS(f16, F16)
         let mut d_o = kern.alloc::<T>(heads_n)?;
         kern.moved(&view::<T>(g.0, g.1, "attention's gradient")?, &mut d_o.slice_mut(0..), c, 0, true)?;
         let d_o = CudaStorage::wrap_cuda_slice(d_o, kern.dev.clone());
-        let hd = dims.heads(tp, d, 0);
-        let dv = f.p.matmul(&d_o, (bh, tp, d, tp), &dims.transposed(tp, tp, 0)?, &hd)?;
-        let dp = d_o.matmul(&f.v, (bh, tp, tp, d), &hd, &dims.transposed(tp, d, 0)?)?;
+        let dv = dims.product((&f.p, 0), (&d_o, 0), (tp, d, tp), true, false)?;
+        let dp = dims.product((&d_o, 0), (&f.v, 0), (tp, tp, d), false, true)?;
         // dS: into the tail of the output buffer when the bias needs it, else a buffer of its own.
         let qkv_n = b * t * 3 * c;
         let ds_n = bh * tp * tp;
@@ -530,9 +527,8 @@ KERNELS(f16, F16)
             Some(s) => (s, 0),
             None => (&out, qkv_n),
         };
-        let ds_l = dims.heads(tp, tp, ds_off);
-        let dq = ds.matmul(&f.k, (bh, tp, d, tp), &ds_l, &hd)?;
-        let dk = ds.matmul(&f.q, (bh, tp, d, tp), &dims.transposed(tp, tp, ds_off)?, &hd)?;
+        let dq = dims.product((ds, ds_off), (&f.k, 0), (tp, d, tp), false, false)?;
+        let dk = dims.product((ds, ds_off), (&f.q, 0), (tp, d, tp), true, false)?;
         let mut out = out;
         {
             let dst = out.as_cuda_slice_mut::<T>()?;

@@ -42,6 +42,7 @@ const CANDIDATES: usize = 8;
 const MAX_ALIGN: usize = 256;
 
 /// One product's shape: C [m, n] = op(A) op(B); A is stored [k, m] when `a_t`, B [n, k] when `b_t`.
+/// `batch` products of matrices that follow each other in memory (attention's heads), or one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Product {
     pub m: usize,
@@ -49,6 +50,14 @@ pub struct Product {
     pub k: usize,
     pub a_t: bool,
     pub b_t: bool,
+    pub batch: usize,
+}
+
+impl Product {
+    /// One product of A [m, k] (stored [k, m] when `a_t`) and B [k, n] (stored [n, k] when `b_t`).
+    pub fn single(m: usize, n: usize, k: usize, a_t: bool, b_t: bool) -> Self {
+        Self { m, n, k, a_t, b_t, batch: 1 }
+    }
 }
 
 /// What the epilogue does to each column of the product.
@@ -144,13 +153,26 @@ fn build(handle: sys::cublasLtHandle_t, key: Key) -> Result<Plan> {
     use sys::cublasLtMatmulDescAttributes_t as A;
     use sys::cublasLtMatmulPreferenceAttributes_t as P;
     let (data, compute) = types(key.dtype, key.tf32)?;
-    let Product { m, n, k, a_t, b_t } = key.product;
+    let Product { m, n, k, a_t, b_t, batch } = key.product;
     let desc = lt::create_matmul_desc(compute, sys::cudaDataType_t::CUDA_R_32F).map_err(lt_err("matmul descriptor"))?;
     // cuBLASLt's A is our B: [n, k] column-major is B [k, n] row-major untransposed, and B [n, k]
     // row-major is [k, n] column-major, transposed. Likewise its B is our A.
     let (lt_a, trans_a) = if b_t { (layout(data, k, n, k)?, 1i32) } else { (layout(data, n, k, n)?, 0) };
     let (lt_b, trans_b) = if a_t { (layout(data, m, k, m)?, 1i32) } else { (layout(data, k, m, k)?, 0) };
     let lt_c = layout(data, n, m, n)?;
+    if batch > 1 {
+        for (l, stride) in [(lt_a, k * n), (lt_b, m * k), (lt_c, m * n)] {
+            // SAFETY: a fresh layout; int32 count and int64 stride, their documented types.
+            unsafe {
+                use sys::cublasLtMatrixLayoutAttribute_t as L;
+                let count = batch as i32;
+                let what = "batch layout";
+                check(lt::set_matrix_layout_attribute(l, L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count as *const i32 as *const c_void, 4), what)?;
+                let stride = stride as i64;
+                check(lt::set_matrix_layout_attribute(l, L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride as *const i64 as *const c_void, 8), what)?;
+            }
+        }
+    }
     let epilogue = match key.epilogue {
         Epilogue::None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
         Epilogue::Bias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
@@ -203,8 +225,9 @@ impl State {
 /// An operand: a tensor's storage and the element its matrix starts at (contiguous from there).
 pub type Operand<'a> = (&'a CudaStorage, usize);
 
-/// C = op(A) op(B) (+ bias, then ReLU, per the epilogue) as a new [m, n] tensor's storage. `bias`
-/// holds n values, 16-byte aligned; it is read only when the epilogue adds it.
+/// C = op(A) op(B) (+ bias, then ReLU, per the epilogue) as a new [batch, m, n] tensor's storage.
+/// `bias` holds n values, 16-byte aligned; it is read only when the epilogue adds it (and shared by
+/// the batch).
 pub fn gemm(a: Operand, b: Operand, bias: Option<Operand>, product: Product, epilogue: Epilogue) -> Result<CudaStorage> {
     if a.0.dtype() != b.0.dtype() || bias.is_some_and(|(s, _)| s.dtype() != a.0.dtype()) {
         bail!("cuBLASLt product of {:?} and {:?}: one dtype for A, B and the bias", a.0.dtype(), b.0.dtype())
@@ -227,13 +250,14 @@ fn elements<T: CudaDType + DeviceRepr>((s, off): Operand<'_>, len: usize) -> Res
 fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>, product: Product, epilogue: Epilogue) -> Result<CudaStorage> {
     let dev = a.0.device().clone();
     let stream = dev.cuda_stream();
-    let (a_s, b_s) = (elements::<T>(a, product.m * product.k)?, elements::<T>(b, product.k * product.n)?);
+    let batch = product.batch;
+    let (a_s, b_s) = (elements::<T>(a, batch * product.m * product.k)?, elements::<T>(b, batch * product.k * product.n)?);
     let bias_s = match (epilogue, bias) {
         (Epilogue::None, _) | (_, None) => None,
         (_, Some(bias)) => Some(elements::<T>(bias, product.n)?),
     };
     // SAFETY: beta = 0, so every element of C is written.
-    let mut out = unsafe { dev.alloc::<T>(product.m * product.n)? };
+    let mut out = unsafe { dev.alloc::<T>(batch * product.m * product.n)? };
     {
         let (ap, _ga) = a_s.device_ptr(&stream);
         let (bp, _gb) = b_s.device_ptr(&stream);

@@ -42,7 +42,7 @@ fn geometry(xl: &Layout, wl: &Layout, bl: &Layout) -> Result<(usize, usize, usiz
 /// The product of x [rows, in] and wᵀ (w [out, in]) on the device, as [rows, out], with `epilogue`
 /// applied to it (the bias is read only when the epilogue adds it).
 fn forward_gemm(x: (&CudaStorage, &Layout), w: (&CudaStorage, &Layout), b: (&CudaStorage, &Layout), (rows, in_f, out_f): (usize, usize, usize), epilogue: Epilogue) -> Result<CudaStorage> {
-    let product = Product { m: rows, n: out_f, k: in_f, a_t: false, b_t: true };
+    let product = Product::single(rows, out_f, in_f, false, true);
     let (x, w, b) = (operand(x.0, x.1, "linear")?, operand(w.0, w.1, "linear")?, operand(b.0, b.1, "linear")?);
     gemm::gemm(x, w, Some(b), product, epilogue)
 }
@@ -123,7 +123,7 @@ impl CustomOp2 for Gemm {
         if k != kb {
             bail!("linear: product of {:?} and {:?} (transposed: {}, {}) does not fit", al.dims(), bl.dims(), self.a_t, self.b_t)
         }
-        let product = Product { m, n, k, a_t: self.a_t, b_t: self.b_t };
+        let product = Product::single(m, n, k, self.a_t, self.b_t);
         let c = gemm::gemm(operand(a, al, "linear")?, operand(b, bl, "linear")?, None, product, Epilogue::None)?;
         Ok((c, Shape::from((m, n))))
     }
