@@ -402,3 +402,20 @@ fn swin_window_kernels_match_the_cpu_forward_and_backward() {
         matches_cpu(&format!("{what} merge"), &|a| window_merge(a[0], side, window, shift).unwrap(), &[w], tols);
     }
 }
+
+#[test]
+fn batch_norm_running_update_matches_the_cpu() {
+    use workloads::kernels::batch_norm::RunningUpdate;
+    let Some(gpu) = gpu() else { return };
+    let (running, stats) = (random(&[300], 270), random(&[2, 300], 271));
+    for row in [0, 1] {
+        let op = RunningUpdate { row, keep: 0.9, take: 0.1 * 1.01 };
+        let on_cpu = running.copy().unwrap();
+        on_cpu.inplace_op2(&stats, &op).unwrap();
+        let on_gpu = running.to_device(&gpu).unwrap();
+        on_gpu.inplace_op2(&stats.to_device(&gpu).unwrap(), &op).unwrap();
+        let e = rel_err(&on_gpu, &on_cpu);
+        assert!(e < 1e-6, "running update of row {row} differs by {e}");
+        assert!(rel_err(&on_cpu, &running) > 1e-2, "the update changed nothing");
+    }
+}

@@ -6,7 +6,6 @@
 //! the moments are f32 [m; v] whatever the parameter's dtype (f64 for f64), as PyTorch's AdamW keeps
 //! them for f32 master weights, so that bf16 training does not lose the small second moments.
 
-use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, DType, InplaceOp2, Layout, Result};
 
 use super::cpu;
@@ -45,24 +44,6 @@ fn halves(moments: &Layout, n: usize) -> Result<()> {
     Ok(())
 }
 
-/// The contiguous element range of an in-place destination.
-fn range(l: &Layout) -> Result<(usize, usize)> {
-    l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("AdamW updates contiguous tensors".into()))
-}
-
-/// Writes `f(old values)` back into a CPU destination of any float dtype.
-fn cpu_update(dst: &mut CpuStorage, l: &Layout, f: impl FnOnce(Vec<f64>) -> Vec<f64>) -> Result<()> {
-    let (start, end) = range(l)?;
-    let new = cpu::storage(f(cpu::values(dst, l)?), dst.dtype())?;
-    match (dst, new) {
-        (CpuStorage::F64(d), CpuStorage::F64(n)) => d[start..end].copy_from_slice(&n),
-        (CpuStorage::F32(d), CpuStorage::F32(n)) => d[start..end].copy_from_slice(&n),
-        (CpuStorage::BF16(d), CpuStorage::BF16(n)) => d[start..end].copy_from_slice(&n),
-        (CpuStorage::F16(d), CpuStorage::F16(n)) => d[start..end].copy_from_slice(&n),
-        _ => bail!("AdamW updates f64, f32, bf16 or f16 tensors"),
-    }
-    Ok(())
-}
 
 impl InplaceOp2 for AdamMoments {
     fn name(&self) -> &'static str {
@@ -73,7 +54,7 @@ impl InplaceOp2 for AdamMoments {
         let g = cpu::values(gs, gl)?;
         halves(l, g.len())?;
         let AdamStep { beta1: b1, beta2: b2, .. } = self.0;
-        cpu_update(dst, l, |mut mv| {
+        cpu::update(dst, l, |mut mv| {
             let (m, v) = mv.split_at_mut(g.len());
             for ((m, v), g) in m.iter_mut().zip(v.iter_mut()).zip(&g) {
                 *m = b1 * *m + (1.0 - b1) * g;
@@ -102,7 +83,7 @@ impl InplaceOp2 for AdamApply {
         halves(ml, n)?;
         let s = self.0;
         let (c1, c2) = s.corrections();
-        cpu_update(dst, l, |theta| {
+        cpu::update(dst, l, |theta| {
             theta
                 .iter()
                 .enumerate()
@@ -131,8 +112,13 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CudaStorage, Layout, Result};
 
-    use super::{range, AdamStep};
+    use super::AdamStep;
     use crate::kernels::launch::{by_dtype, failed, name, view};
+
+    /// The contiguous element range of an in-place destination.
+    fn range(l: &Layout) -> Result<(usize, usize)> {
+        l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("AdamW updates contiguous tensors".into()))
+    }
 
     const SOURCE: &str = r#"
 // mv: [m; v] f32, 2n. pass 0: moments from g. pass 1: theta from the moments; c1, c2 the bias

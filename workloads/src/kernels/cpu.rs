@@ -37,3 +37,18 @@ pub(crate) fn accumulation(dtype: DType) -> DType {
         DType::F32
     }
 }
+
+/// Writes `f(old values)` back into a contiguous CPU destination of any float dtype: the CPU side
+/// of our in-place ops.
+pub(crate) fn update(dst: &mut CpuStorage, l: &Layout, f: impl FnOnce(Vec<f64>) -> Vec<f64>) -> Result<()> {
+    let Some((start, end)) = l.contiguous_offsets() else { bail!("an in-place op updates contiguous tensors") };
+    let new = storage(f(values(dst, l)?), dst.dtype())?;
+    match (dst, new) {
+        (CpuStorage::F64(d), CpuStorage::F64(n)) => d[start..end].copy_from_slice(&n),
+        (CpuStorage::F32(d), CpuStorage::F32(n)) => d[start..end].copy_from_slice(&n),
+        (CpuStorage::BF16(d), CpuStorage::BF16(n)) => d[start..end].copy_from_slice(&n),
+        (CpuStorage::F16(d), CpuStorage::F16(n)) => d[start..end].copy_from_slice(&n),
+        _ => bail!("in-place ops update f64, f32, bf16 or f16 tensors"),
+    }
+    Ok(())
+}

@@ -124,10 +124,10 @@ impl BatchNorm2d {
     fn update_running(&self, stats: &Tensor, n: usize) -> Result<()> {
         let n = n as f64;
         let keep = 1.0 - self.momentum;
-        let stat = |i: usize| stats.get(i)?.to_dtype(DType::F32);
         let unbiased = n / (n - 1.0).max(1.0);
-        self.running_mean.set(&((self.running_mean.as_tensor() * keep)? + (stat(0)? * self.momentum)?)?)?;
-        self.running_var.set(&((self.running_var.as_tensor() * keep)? + (stat(1)? * (self.momentum * unbiased))?)?)
+        let update = |row: usize, take: f64| batch_norm::RunningUpdate { row, keep, take };
+        self.running_mean.as_tensor().inplace_op2(stats, &update(0, self.momentum))?;
+        self.running_var.as_tensor().inplace_op2(stats, &update(1, self.momentum * unbiased))
     }
 
     /// The inference-time affine map y = x * scale + shift per channel, in f32, each of shape [c].
