@@ -3,8 +3,9 @@
 //! Why not candle's matmul (cuBLAS `*gemmStridedBatched`): a linear layer then needs a pass of its
 //! own to add the bias, which on the H100 was 2.9 of BERT-base's 12.5 ms per bf16 batch of 128 (with
 //! GELU and the residual adds); PyTorch's `nn.Linear` puts the bias in cuBLASLt's epilogue, and so do
-//! we. The plan of a product (descriptors, the heuristic's algorithm for the operands' alignment) is
-//! built once per shape and kept, as cuDNN's are in [`super::cudnn_conv`].
+//! we. The plan of a product (descriptors, and the fastest of the heuristic's candidates for the
+//! operands' alignment, timed on the first call) is built once per shape and kept, as cuDNN's are in
+//! [`super::cudnn_conv`].
 //!
 //! Precision, as candle's matmul and PyTorch's defaults: f32 computes in f32 (`COMPUTE_32F`), or in
 //! TF32 when [`crate::precision::allow_tf32`] allows it; bf16 and f16 accumulate in f32 and any
@@ -34,8 +35,10 @@ use super::launch::by_dtype;
 /// cuBLASLt's workspace: what NVIDIA recommends for Hopper (PyTorch takes the same).
 const WORKSPACE: usize = 32 << 20;
 
-/// How many of the heuristic's algorithms are measured per product, as cuDNN's Find measures its
-/// convolution algorithms: the heuristic's first guess was 5–10% behind PyTorch's f32 GEMMs.
+/// How many of the heuristic's algorithms are timed per product, as cuDNN's Find times its
+/// convolution algorithms: on BERT-base's f32 shapes the heuristic's first guess was up to 7% slower
+/// than the fastest candidate (`MIGPROF_GEMM_LOG=1`), though whole steps moved within run-to-run
+/// noise.
 const CANDIDATES: usize = 8;
 
 /// The largest pointer alignment cuBLASLt distinguishes.
