@@ -215,9 +215,8 @@ fn build(handle: sys::cublasLtHandle_t, key: Key) -> Result<Plan> {
 impl State {
     fn handle(&mut self, dev: &CudaDevice) -> Result<(sys::cublasLtHandle_t, usize)> {
         let stream = dev.cuda_stream().cu_stream() as usize;
-        if !self.handles.contains_key(&stream) {
-            let h = lt::create_handle().map_err(lt_err("handle"))?;
-            self.handles.insert(stream, h);
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.handles.entry(stream) {
+            slot.insert(lt::create_handle().map_err(lt_err("handle"))?);
             // SAFETY: cuBLASLt writes its workspace before reading it.
             self.workspaces.insert(stream, unsafe { dev.alloc::<u8>(WORKSPACE)? });
         }
@@ -272,9 +271,8 @@ fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>,
             let (handle, sid) = state.handle(&dev)?;
             let tf32 = crate::precision::tf32_allowed();
             let key = Key { stream: sid, dtype: a.0.dtype(), tf32, product, epilogue, align: [alignment(ap), alignment(bp)] };
-            if !state.plans.contains_key(&key) {
-                let plan = build(handle, key)?;
-                state.plans.insert(key, plan);
+            if let std::collections::hash_map::Entry::Vacant(slot) = state.plans.entry(key) {
+                slot.insert(build(handle, key)?);
             }
             let State { plans, workspaces, .. } = &mut *state;
             let plan = plans.get_mut(&key).expect("built above");
@@ -381,7 +379,7 @@ fn describe(algo: &sys::cublasLtMatmulAlgo_t) -> String {
 /// Whether a bias starting at element `offset` of an allocation (cudarc's are 256-byte aligned)
 /// suits the epilogue, which reads it in 16-byte words.
 pub fn bias_aligned(dtype: DType, offset: usize) -> bool {
-    (offset * dtype.size_in_bytes()) % 16 == 0
+    (offset * dtype.size_in_bytes()).is_multiple_of(16)
 }
 
 /// The operand of a contiguous layout, or an error naming the op.

@@ -388,9 +388,9 @@ KERNELS(f16, F16, 8)
     /// the rows and tensors suit it: whole words per row, every tensor starting on a word.
     fn warp_words(a: &LnArgs) -> Option<usize> {
         let size = a.x.0.dtype().size_in_bytes();
-        let aligned = [a.x.1, a.w.1, a.third.1].iter().all(|l| (l.start_offset() * size) % 16 == 0);
+        let aligned = [a.x.1, a.w.1, a.third.1].iter().all(|l| (l.start_offset() * size).is_multiple_of(16));
         let per_lane = (a.cols * size).div_ceil(16 * 32);
-        ((a.cols * size) % 16 == 0 && aligned).then_some(per_lane).and_then(|n| [4, 8].into_iter().find(|&w| n <= w))
+        ((a.cols * size).is_multiple_of(16) && aligned).then_some(per_lane).and_then(|n| [4, 8].into_iter().find(|&w| n <= w))
     }
 
     pub(super) fn layer_norm(a: LnArgs, pass: LnPass) -> Result<CudaStorage> {

@@ -67,7 +67,7 @@ impl Windows {
     /// (images, channels) of the input, checked against the geometry.
     fn geometry(&self, l: &Layout) -> Result<(usize, usize)> {
         let (side, w) = (self.side, self.window);
-        if w == 0 || side % w != 0 || self.shift >= side {
+        if w == 0 || !side.is_multiple_of(w) || self.shift >= side {
             bail!("Swin windows: a {side}x{side} map in {w}x{w} windows shifted by {}", self.shift)
         }
         let windows = (side / w).pow(2);
@@ -112,7 +112,7 @@ impl CustomOp1 for Windows {
         let Some((start, _)) = l.contiguous_offsets() else { bail!("the Swin windows kernel takes contiguous tensors") };
         let size = s.dtype().size_in_bytes();
         // The widest word dividing a row and the start (allocations themselves are 256-byte aligned).
-        let word = [16, 8, 4, 2].into_iter().find(|w| (c * size) % w == 0 && (start * size) % w == 0);
+        let word = [16, 8, 4, 2].into_iter().find(|&w| (c * size).is_multiple_of(w) && (start * size).is_multiple_of(w));
         let Some(word) = word else { bail!("the Swin windows kernel moves rows of whole 2-byte words, not {c} x {size} bytes") };
         let row_words = (c * size / word) as u32;
         let dev = s.device().clone();
