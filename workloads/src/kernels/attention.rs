@@ -88,7 +88,7 @@ mod cuda {
     use candle_core::cuda_backend::{CudaDType, CudaDevice};
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
-    use crate::kernels::launch::{by_dtype, cuda as saved_storage, failed, name, view};
+    use crate::kernels::launch::{by_dtype, cuda as saved_storage, failed, name, view, word_elements};
     use crate::kernels::gemm::{self, Epilogue, Operand, Product};
 
     const SOURCE: &str = r#"
@@ -366,11 +366,7 @@ KERNELS(f16, F16)
         ) -> Result<()> {
             let Dims { b, t, tp, h, d } = self.dims;
             let size = std::mem::size_of::<T>();
-            let k = [16 / size, 8 / size, 4 / size, 2 / size, 1]
-                .into_iter()
-                .filter(|&k| k >= 1)
-                .find(|&k| [d, stride, offset, src.len(), dst.len()].iter().all(|v| v % k == 0))
-                .unwrap_or(1);
+            let k = word_elements(size, &[d, stride, offset, src.len(), dst.len()]);
             let kernel = format!("attn_move_w{}", k * size);
             let func = self.dev.get_or_load_custom_func(&kernel, "migprof_attention", ptx()?)?;
             let total = (b * h * tp * d / k) as u64;

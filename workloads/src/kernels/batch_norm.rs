@@ -269,7 +269,7 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CudaStorage, Layout, Result};
 
-    use crate::kernels::launch::{by_dtype, failed, name, view};
+    use crate::kernels::launch::{by_dtype, failed, name, view, whole_words};
 
     const SOURCE: &str = r#"
 // x, g, y: NCHW seen as n x c planes of hw; stats: [mean; var] f32 [2, c]; wb: [w; b] [2, c].
@@ -470,9 +470,10 @@ extern "C" __global__ void bn_running(float* running, const float* stat, unsigne
         let (n, c, hw) = dims(n, c, hw)?;
         let planes = n * c;
         // 16-byte words when planes hold whole words and every view starts on one.
-        let wide = 16 / x.dtype().size_in_bytes();
+        let size = x.dtype().size_in_bytes();
         let starts = [Some(s.x.1), Some(s.wb.1), g.map(|a| a.1), s.res.map(|a| a.1)];
-        let v = if hw as usize % wide == 0 && starts.iter().flatten().all(|l| l.start_offset() % wide == 0) { wide } else { 1 };
+        let counts: Vec<usize> = starts.iter().flatten().map(|l| l.start_offset()).chain([hw as usize]).collect();
+        let v = if whole_words(size, &counts) { 16 / size } else { 1 };
         let kernel = format!("{}_v{v}", name("bn_planes", x.dtype()));
         let func = dev.get_or_load_custom_func(&kernel, "migprof_batch_norm", ptx()?)?;
         let (eps, relu) = (eps as f32, relu as i32);

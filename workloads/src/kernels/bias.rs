@@ -174,15 +174,14 @@ impl Pass<'_> {
         let x = launch::view::<T>(self.x.0, self.x.1, what)?;
         let (b, y, g) = (opt_view::<T>(self.b, what)?, opt_view::<T>(self.y, what)?, opt_view::<T>(self.g, what)?);
         // 16-byte words where every view starts on one and planes hold whole words.
-        let wide = 16 / std::mem::size_of::<T>();
+        let size = std::mem::size_of::<T>();
         let starts = [Some(self.x.1), self.b.map(|a| a.1), self.y.map(|a| a.1), self.g.map(|a| a.1)];
-        let aligned = starts.iter().flatten().all(|l| l.start_offset() % wide == 0);
+        let mut counts: Vec<usize> = starts.iter().flatten().map(|l| l.start_offset()).chain([n]).collect();
         // A last-axis bias is read as b[j..j + V] from one row; a channel bias may straddle planes.
-        let whole = match self.addend {
-            Addend::Columns => self.len % wide == 0,
-            _ => true,
-        };
-        let v = if aligned && whole && n % wide == 0 { wide } else { 1 };
+        if let Addend::Columns = self.addend {
+            counts.push(self.len);
+        }
+        let v = if launch::whole_words(size, &counts) { 16 / size } else { 1 };
         let dev = self.x.0.device().clone();
         let kernel = format!("{}_v{v}", launch::name("elementwise", self.x.0.dtype()));
         let func = dev.get_or_load_custom_func(&kernel, "migprof_bias_act", ptx()?)?;

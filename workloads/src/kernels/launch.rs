@@ -53,6 +53,18 @@ pub(crate) fn cuda<'a>(s: &'a Storage, what: &str) -> Result<&'a CudaStorage> {
     }
 }
 
+/// Elements per word in the widest word of 16, 8, 4 or 2 bytes (else one element) into which every
+/// count divides whole: row lengths and start offsets, in elements of `size` bytes. Our kernels move
+/// data in such words where every view they touch allows it.
+pub(crate) fn word_elements(size: usize, counts: &[usize]) -> usize {
+    [16, 8, 4, 2].into_iter().filter(|&w| w >= size).map(|w| w / size).find(|&k| counts.iter().all(|c| c % k == 0)).unwrap_or(1)
+}
+
+/// Whether every count (row lengths, start offsets) of `size`-byte elements is whole 16-byte words.
+pub(crate) fn whole_words(size: usize, counts: &[usize]) -> bool {
+    counts.iter().all(|c| (c * size).is_multiple_of(16))
+}
+
 /// A launch error with the kernel's name.
 pub(crate) fn failed(kernel: &str, e: impl std::fmt::Debug) -> candle_core::Error {
     candle_core::Error::Msg(format!("CUDA kernel {kernel}: {e:?}"))

@@ -178,7 +178,7 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CudaStorage, Layout, Result};
 
-    use crate::kernels::launch::{by_dtype, failed, name, view};
+    use crate::kernels::launch::{by_dtype, failed, name, view, whole_words};
 
     const SOURCE: &str = r#"
 // Layer norm, one block per row (blocks stride over rows); each thread keeps up to PER elements
@@ -388,9 +388,9 @@ KERNELS(f16, F16, 8)
     /// the rows and tensors suit it: whole words per row, every tensor starting on a word.
     fn warp_words(a: &LnArgs) -> Option<usize> {
         let size = a.x.0.dtype().size_in_bytes();
-        let aligned = [a.x.1, a.w.1, a.third.1].iter().all(|l| (l.start_offset() * size).is_multiple_of(16));
+        let counts = [a.cols, a.x.1.start_offset(), a.w.1.start_offset(), a.third.1.start_offset()];
         let per_lane = (a.cols * size).div_ceil(16 * 32);
-        ((a.cols * size).is_multiple_of(16) && aligned).then_some(per_lane).and_then(|n| [4, 8].into_iter().find(|&w| n <= w))
+        whole_words(size, &counts).then_some(per_lane).and_then(|n| [4, 8].into_iter().find(|&w| n <= w))
     }
 
     pub(super) fn layer_norm(a: LnArgs, pass: LnPass) -> Result<CudaStorage> {

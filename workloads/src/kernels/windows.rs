@@ -14,7 +14,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
-use super::launch::{by_dtype, failed, view};
+use super::launch::{by_dtype, failed, view, word_elements};
 
 const SOURCE: &str = r#"
 // Row r of the windows [b * nw * nw, w * w] is row m of the map [b, side, side] rolled by -shift:
@@ -112,8 +112,10 @@ impl CustomOp1 for Windows {
         let Some((start, _)) = l.contiguous_offsets() else { bail!("the Swin windows kernel takes contiguous tensors") };
         let size = s.dtype().size_in_bytes();
         // The widest word dividing a row and the start (allocations themselves are 256-byte aligned).
-        let word = [16, 8, 4, 2].into_iter().find(|&w| (c * size).is_multiple_of(w) && (start * size).is_multiple_of(w));
-        let Some(word) = word else { bail!("the Swin windows kernel moves rows of whole 2-byte words, not {c} x {size} bytes") };
+        let word = word_elements(size, &[c, start]) * size;
+        if word == 1 {
+            bail!("the Swin windows kernel moves rows of whole 2-byte words, not {c} x {size} bytes")
+        }
         let row_words = (c * size / word) as u32;
         let dev = s.device().clone();
         let kernel = format!("windows_w{word}");
