@@ -306,10 +306,6 @@ fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>,
                 // SAFETY: a device pointer, the attribute's documented type.
                 unsafe { set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, p)? };
             }
-            // MIGPROF_GEMM_HEURISTIC=1 keeps the heuristic's first guess (what PyTorch launches).
-            if std::env::var_os("MIGPROF_GEMM_HEURISTIC").is_some() {
-                plan.candidates.clear();
-            }
             if !plan.candidates.is_empty() {
                 plan.algo = fastest(&stream, &std::mem::take(&mut plan.candidates), &launch, &key)?;
             }
@@ -320,23 +316,28 @@ fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>,
 }
 
 /// The candidate that runs the product fastest on the GPU (the median of three timed launches after
-/// one untimed), skipping any the library refuses at launch. Its first guess when only one remains.
+/// one untimed), skipping any the library refuses at launch. Its first guess when only one remains,
+/// or with MIGPROF_GEMM_HEURISTIC=1 (what PyTorch launches).
 fn fastest(
     stream: &Arc<CudaStream>,
     candidates: &[sys::cublasLtMatmulAlgo_t],
     launch: &dyn Fn(&sys::cublasLtMatmulAlgo_t) -> std::result::Result<(), lt::CublasError>,
     key: &Key,
 ) -> Result<sys::cublasLtMatmulAlgo_t> {
-    if candidates.len() == 1 {
+    if candidates.len() == 1 || std::env::var_os("MIGPROF_GEMM_HEURISTIC").is_some() {
         return Ok(candidates[0]);
     }
+    // MIGPROF_GEMM_LOG=1: what was measured, to see why an algorithm was chosen.
+    let logging = std::env::var_os("MIGPROF_GEMM_LOG").is_some();
     let cuda = |e: cudarc::driver::DriverError| candle_core::Error::Msg(format!("CUDA event: {e:?}"));
     let event = || stream.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda);
     let mut best: Option<(f32, usize)> = None;
     let mut log = Vec::new();
     for (i, algo) in candidates.iter().enumerate() {
         if launch(algo).is_err() {
-            log.push(format!("{} refused", describe(algo)));
+            if logging {
+                log.push(format!("{} refused", describe(algo)));
+            }
             continue;
         }
         let mut times = Vec::with_capacity(3);
@@ -349,13 +350,14 @@ fn fastest(
             times.push(start.elapsed_ms(&end).map_err(cuda)?);
         }
         times.sort_by(f32::total_cmp);
-        log.push(format!("{} {:.4} ms", describe(algo), times[1]));
+        if logging {
+            log.push(format!("{} {:.4} ms", describe(algo), times[1]));
+        }
         if best.is_none_or(|(t, _)| times[1] < t) {
             best = Some((times[1], i));
         }
     }
-    // MIGPROF_GEMM_LOG=1: what was measured, to see why an algorithm was chosen.
-    if std::env::var_os("MIGPROF_GEMM_LOG").is_some() {
+    if logging {
         eprintln!("cublaslt {key:?}: {}; chose {:?}", log.join(", "), best.map(|(_, i)| i));
     }
     match best {
@@ -379,7 +381,7 @@ fn describe(algo: &sys::cublasLtMatmulAlgo_t) -> String {
 /// Whether a bias starting at element `offset` of an allocation (cudarc's are 256-byte aligned)
 /// suits the epilogue, which reads it in 16-byte words.
 pub fn bias_aligned(dtype: DType, offset: usize) -> bool {
-    (offset * dtype.size_in_bytes()).is_multiple_of(16)
+    super::launch::whole_words(dtype.size_in_bytes(), &[offset])
 }
 
 /// The operand of a contiguous layout, or an error naming the op.
