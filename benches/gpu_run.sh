@@ -11,6 +11,10 @@
 #     full     all of the above
 #     kernels  the GPU kernel tests (workloads/tests/kernels.rs, from .dist/kernels-test.gz)
 #     mig      the profile table against nvidia-smi, and a dry-run `mig apply` that must change nothing
+#     ab       a change's effect in one call: migprof's cells with AB_ENV set (e.g.
+#              AB_ENV=MIGPROF_ATTENTION_UNFUSED=1) or by the build AB_BIN (gzipped, e.g. the build
+#              before the change), and by this build as it is, alternated twice, then PyTorch's;
+#              MODELS, BATCHES, MODES (default infer) and DTYPES (default bf16) pick the cells
 #   MIGPROF_GZ names another build (the CPU build does everything but run models on the GPU).
 #   MODELS and BATCHES narrow the comparison (defaults: the four families, inference at 1,8,32,128).
 set -uo pipefail
@@ -67,6 +71,26 @@ log "mig export"; "$bin" mig export; echo "exit $?"
 log "mig destroy (dry run)"; "$bin" mig destroy; echo "exit $?"
 state > "$out/mig-after.txt"
 diff "$out/mig-before.txt" "$out/mig-after.txt" && echo "MIG state unchanged:" && cat "$out/mig-after.txt"
+exit 0
+fi
+
+if [ "$mode" = ab ]; then
+models="${MODELS:-bert_base}"; batches="${BATCHES:-128}"; modes="${MODES:-infer}"; dtypes="${DTYPES:-bf16}"
+cells=(--model "$models" --mode "$modes" --dtype "$dtypes" --batch "$batches" --warmup 5 --iters 20 --device "$uuid")
+other="$bin"
+if [ -n "${AB_BIN:-}" ]; then other=/tmp/migprof-ab; gunzip -c "$AB_BIN" > "$other" && chmod +x "$other"; fi
+[ -n "${AB_ENV:-}${AB_BIN:-}" ] || { echo "ab: set AB_ENV (a setting) or AB_BIN (a build) to compare"; exit 2; }
+for round in 1 2; do
+    log "round $round: with ${AB_ENV:-} ${AB_BIN:-}"
+    env ${AB_ENV:-} "$other" run "${cells[@]}" --out "$out/with-$round" 2>&1 | grep -E "^\[|error"
+    log "round $round: without it"
+    "$bin" run "${cells[@]}" --out "$out/without-$round" 2>&1 | grep -E "^\[|error"
+done
+python3 benches/pytorch_reference.py --models "$models" --modes "$modes" --dtypes "$dtypes" --batches "$batches" --warmup 5 --iters 20 > "$out/pytorch.jsonl"
+for run in with-1 without-1 with-2 without-2; do
+    log "$run against PyTorch"
+    python3 benches/compare.py "$out/$run" "$out/pytorch.jsonl" | tee "$out/compare-$run.txt"
+done
 exit 0
 fi
 

@@ -362,6 +362,67 @@ fn attention_op_matches_the_cpu_forward_and_backward() {
 }
 
 #[test]
+fn linear_with_a_residual_matches_the_cpu() {
+    use workloads::kernels::linear_residual;
+    let Some(gpu) = gpu() else { return };
+    // ViT's tokens, 96 features in, 64 out; a bias at element 0 (the GEMM adds the residual) and at
+    // element 1 (unaligned for the epilogue: linear, then our add).
+    let (x, w, r) = (random(&[2, 197, 96], 300), random(&[64, 96], 301), random(&[2, 197, 64], 303));
+    let b_full = random(&[65], 302);
+    for offset in [0, 1] {
+        for (dtype, tol) in [(DType::F32, 1e-5f32), (DType::BF16, 2e-2), (DType::F16, 5e-3)] {
+            // Inference (no graph): the reference from the same rounded inputs, in f32 on the CPU.
+            let round = |t: &Tensor| t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap();
+            let product = round(&x).broadcast_matmul(&round(&w).t().unwrap()).unwrap();
+            let want = (product.broadcast_add(&round(&b_full).narrow(0, offset, 64).unwrap()).unwrap() + round(&r)).unwrap();
+            let on = |t: &Tensor| t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
+            let b_gpu = on(&b_full).narrow(0, offset, 64).unwrap();
+            let got = linear_residual(&on(&x), &on(&w), &b_gpu, &on(&r)).unwrap();
+            let e = rel_err(&got, &want);
+            eprintln!("linear + residual, bias at {offset}, {dtype:?}: {e:.1e}");
+            assert!(e < tol, "linear + residual, bias at {offset}, {dtype:?}: differs by {e}");
+        }
+        // Training records a graph: linear, then add, with every input's gradient.
+        let f = move |a: &[&Tensor]| linear_residual(a[0], a[1], &a[2].narrow(0, offset, 64).unwrap(), a[3]).unwrap();
+        matches_cpu(&format!("linear + residual with gradients, bias at {offset}"), &f, &[x.clone(), w.clone(), b_full.clone(), r.clone()], [1e-5, 3e-2, 5e-3]);
+    }
+}
+
+#[test]
+fn fused_attention_matches_the_cpu_forward_and_backward() {
+    use workloads::kernels::{attention, attention::runs_fused, ScoreBias};
+    let Some(gpu) = gpu() else { return };
+    // The shapes below take the fused kernel in bf16 and f16 (f32 composes), and heads of 8 do not.
+    for (shape, heads) in [([2usize, 197, 384], 2usize), ([1, 70, 384], 1), ([8, 49, 192], 2)] {
+        let x = Tensor::zeros(&shape[..], DType::BF16, &gpu).unwrap();
+        assert!(runs_fused(&x, heads).unwrap() && runs_fused(&x.to_dtype(DType::F16).unwrap(), heads).unwrap(), "{shape:?}");
+        assert!(!runs_fused(&x.to_dtype(DType::F32).unwrap(), heads).unwrap(), "{shape:?} f32");
+    }
+    assert!(!runs_fused(&Tensor::zeros((2, 197, 72), DType::BF16, &gpu).unwrap(), 3).unwrap());
+    // ViT-B-like: 197 tokens (four tiles of 64 keys, the last of 5), 2 heads of 64.
+    let qkv = random(&[2, 197, 384], 210);
+    matches_cpu("fused attention vit-like", &|a| attention(a[0], 2, ScoreBias::None).unwrap(), &[qkv], [1e-5, 3e-2, 5e-3]);
+    // One head of 128 over 70 tokens, the projection starting 70·384 elements into its buffer.
+    let qkv = random(&[2, 70, 384], 211);
+    let f = |a: &[&Tensor]| attention(&a[0].narrow(0, 1, 1).unwrap(), 1, ScoreBias::None).unwrap();
+    matches_cpu("fused attention d=128 at an offset", &f, &[qkv], [1e-5, 3e-2, 5e-3]);
+    // BERT-like: 128 tokens, a key mask (-10000 on the last 40 keys of sequence 1), 2 heads of 64.
+    let mut mask = vec![0f32; 256];
+    mask[216..].iter_mut().for_each(|m| *m = -10000.0);
+    let mask = Tensor::from_vec(mask, (2, 128), &Device::Cpu).unwrap();
+    let qkv = random(&[2, 128, 384], 212);
+    let f = move |a: &[&Tensor]| {
+        let m = mask.to_device(a[0].device()).unwrap().to_dtype(a[0].dtype()).unwrap();
+        attention(a[0], 2, ScoreBias::Keys(&m)).unwrap()
+    };
+    matches_cpu("fused attention bert-like", &f, &[qkv], [1e-5, 3e-2, 5e-3]);
+    // Swin-T-like: 8 windows of 49 tokens, heads of 32, a bias repeating every 4 windows.
+    let qkv = random(&[8, 49, 192], 213);
+    let bias = random(&[4, 2, 49, 49], 214);
+    matches_cpu("fused attention swin-like", &|a| attention(a[0], 2, ScoreBias::Scores(a[1])).unwrap(), &[qkv, bias], [1e-5, 3e-2, 5e-3]);
+}
+
+#[test]
 fn max_pool_kernel_matches_the_cpu_forward_and_backward() {
     use workloads::ops::max_pool2d;
     // ResNet's 3x3 stride-2 pool with padding 1, on even and odd sides. Values (37·i mod 101) - 50:

@@ -10,8 +10,9 @@
 //! one op there are one or two edges, and the head-major buffers pad the tokens to a multiple of 8
 //! (padded keys masked out of the softmax), so every GEMM is aligned.
 //!
-//! Forward: q, k, v moved to head-major [b·h, tp, d]; S = q kᵀ; P = softmax(scale·S + bias) in
-//! place; O = P v; O moved back. Backward recomputes P (one GEMM and the softmax, as
+//! Forward: bf16 and f16 heads of 32, 64 or 128 in one kernel on tensor cores (`flash.rs`); other
+//! shapes and f32 composed: q, k, v moved to head-major [b·h, tp, d]; S = q kᵀ; P = softmax(scale·S
+//! + bias) in place; O = P v; O moved back. Backward recomputes P (one GEMM and the softmax, as
 //! FlashAttention's backward does, instead of keeping a [b·h, t, t] tensor alive) and computes
 //! dV = Pᵀ dO, dP = dO vᵀ, dS = scale·P (dP - rowsum(dP P)), dq = dS k, dk = dSᵀ q.
 
@@ -58,6 +59,22 @@ pub fn attention(qkv: &Tensor, heads: usize, bias: ScoreBias) -> Result<Tensor> 
     reference(qkv, heads, bias)
 }
 
+/// Whether [`attention`] over this packed projection runs as one fused kernel on the GPU (bf16 or
+/// f16 heads of 32, 64 or 128 on a CUDA device of compute capability 8.0 or later), rather than as
+/// products, softmax and head moves.
+pub fn runs_fused(qkv: &Tensor, heads: usize) -> Result<bool> {
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(dev) = qkv.device() {
+        let (b, t, c3) = qkv.dims3()?;
+        let fused = crate::kernels::flash::Fused { b, t, h: heads, d: c3 / 3 / heads, mode: 0, r: 1, scale: 1.0 };
+        // `attention` makes the projection contiguous: a strided one is copied from element 0.
+        let start = if qkv.is_contiguous() { qkv.layout().start_offset() } else { 0 };
+        return Ok(fused.takes(qkv.dtype(), dev, start));
+    }
+    let _ = (qkv, heads);
+    Ok(false)
+}
+
 /// The same function from candle ops: the CPU's path and the GPU op's reference.
 fn reference(qkv: &Tensor, heads: usize, bias: ScoreBias) -> Result<Tensor> {
     let (b, t, c3) = qkv.dims3()?;
@@ -89,6 +106,7 @@ mod cuda {
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
     use crate::kernels::launch::{by_dtype, cuda as saved_storage, failed, name, view, word_elements};
+    use crate::kernels::flash::Fused;
     use crate::kernels::gemm::{self, Epilogue, Operand, Product};
 
     const SOURCE: &str = r#"
@@ -471,6 +489,17 @@ KERNELS(f16, F16)
     ) -> Result<CudaStorage> {
         let dims = kern.dims;
         let Dims { b, t, tp, h, d } = dims;
+        let (code, r) = mode.code();
+        let fused = Fused { b, t, h, d, mode: code, r, scale: kern.scale() };
+        if fused.takes(kern.dtype, kern.dev, qkv.1.start_offset()) {
+            let mut out = kern.alloc::<T>(b * t * h * d)?;
+            let bias = match bias {
+                Some((s, l)) => Some(view::<T>(s, l, "attention's bias")?),
+                None => None,
+            };
+            fused.launch(kern.dev, kern.dtype, &view::<T>(qkv.0, qkv.1, "attention")?, bias.as_ref(), &mut out.slice_mut(0..))?;
+            return Ok(CudaStorage::wrap_cuda_slice(out, kern.dev.clone()));
+        }
         let f = forward_parts::<T>(kern, qkv, bias, mode)?;
         let o = dims.product((&f.p, 0), (&f.v, 0), (tp, d, tp), false, false)?;
         let mut out = kern.alloc::<T>(b * t * h * d)?;

@@ -78,8 +78,9 @@ struct Key {
     tf32: bool,
     product: Product,
     epilogue: Epilogue,
-    /// Of A and B, in bytes: the heuristic picks algorithms for the alignment it is told.
-    align: [usize; 2],
+    /// Of A, B and the residual C (0 without one), in bytes: the heuristic picks algorithms for the
+    /// alignment it is told.
+    align: [usize; 3],
 }
 
 /// Descriptors and algorithm of one key, built once.
@@ -192,7 +193,9 @@ fn build(handle: sys::cublasLtHandle_t, key: Key) -> Result<Plan> {
         // Our B is cuBLASLt's A; C is allocated here, so fully aligned.
         set_pref(pref, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[1] as u32)?;
         set_pref(pref, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[0] as u32)?;
-        set_pref(pref, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, MAX_ALIGN as u32)?;
+        // C is the residual when there is one, else D itself.
+        let c_align = if key.align[2] > 0 { key.align[2] } else { MAX_ALIGN };
+        set_pref(pref, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c_align as u32)?;
         set_pref(pref, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, MAX_ALIGN as u32)?;
         if key.dtype != DType::F32 {
             // Split-K partial sums in f32, never in the half type (PyTorch's default for bf16 allows
@@ -231,13 +234,24 @@ pub type Operand<'a> = (&'a CudaStorage, usize);
 /// `bias` holds n values, 16-byte aligned; it is read only when the epilogue adds it (and shared by
 /// the batch).
 pub fn gemm(a: Operand, b: Operand, bias: Option<Operand>, product: Product, epilogue: Epilogue) -> Result<CudaStorage> {
-    if a.0.dtype() != b.0.dtype() || bias.is_some_and(|(s, _)| s.dtype() != a.0.dtype()) {
-        bail!("cuBLASLt product of {:?} and {:?}: one dtype for A, B and the bias", a.0.dtype(), b.0.dtype())
+    gemm_plus(a, b, bias, None, product, epilogue)
+}
+
+/// As [`gemm`], plus `residual` [m, n] (one product) added before the result is rounded to the
+/// element type: cuBLASLt's D = A B + C with β = 1, so that a residual connection costs no pass of
+/// its own.
+pub fn gemm_plus(a: Operand, b: Operand, bias: Option<Operand>, residual: Option<Operand>, product: Product, epilogue: Epilogue) -> Result<CudaStorage> {
+    let dtype = a.0.dtype();
+    if b.0.dtype() != dtype || bias.is_some_and(|(s, _)| s.dtype() != dtype) || residual.is_some_and(|(s, _)| s.dtype() != dtype) {
+        bail!("cuBLASLt product of {:?} and {:?}: one dtype for A, B, the bias and the residual", dtype, b.0.dtype())
     }
     if epilogue != Epilogue::None && !bias.is_some_and(|(s, off)| bias_aligned(s.dtype(), off)) {
         bail!("cuBLASLt product: the {epilogue:?} epilogue needs a bias that starts 16 bytes aligned")
     }
-    by_dtype!(a.0.dtype(), "the cuBLASLt product", T => run::<T>(a, b, bias, product, epilogue))
+    if residual.is_some() && product.batch != 1 {
+        bail!("cuBLASLt product: a residual is added to one product, not a batch of {}", product.batch)
+    }
+    by_dtype!(dtype, "the cuBLASLt product", T => run::<T>(a, b, bias, residual, product, epilogue))
 }
 
 /// `len` elements of an operand, or an error if its storage ends before.
@@ -249,7 +263,7 @@ fn elements<T: CudaDType + DeviceRepr>((s, off): Operand<'_>, len: usize) -> Res
     Ok(all.slice(off..off + len))
 }
 
-fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>, product: Product, epilogue: Epilogue) -> Result<CudaStorage> {
+fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>, residual: Option<Operand>, product: Product, epilogue: Epilogue) -> Result<CudaStorage> {
     let dev = a.0.device().clone();
     let stream = dev.cuda_stream();
     let batch = product.batch;
@@ -258,19 +272,27 @@ fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>,
         (Epilogue::None, _) | (_, None) => None,
         (_, Some(bias)) => Some(elements::<T>(bias, product.n)?),
     };
-    // SAFETY: beta = 0, so every element of C is written.
+    let residual_s = residual.map(|r| elements::<T>(r, product.m * product.n)).transpose()?;
+    // SAFETY: every element of D is written (from the product, and the residual when there is one).
     let mut out = unsafe { dev.alloc::<T>(batch * product.m * product.n)? };
     {
         let (ap, _ga) = a_s.device_ptr(&stream);
         let (bp, _gb) = b_s.device_ptr(&stream);
         let bias_p = bias_s.as_ref().map(|s| s.device_ptr(&stream));
+        let residual_p = residual_s.as_ref().map(|s| s.device_ptr(&stream));
         let (op, _go) = out.device_ptr_mut(&stream);
-        let (alpha, beta) = (1f32, 0f32);
+        // With a residual C, D = A B + C; without, C is D itself and β = 0 keeps it from being read.
+        let (cp, beta) = match &residual_p {
+            Some((p, _)) => (*p, 1f32),
+            None => (op, 0f32),
+        };
+        let alpha = 1f32;
         STATE.with(|state| -> Result<()> {
             let mut state = state.borrow_mut();
             let (handle, sid) = state.handle(&dev)?;
             let tf32 = crate::precision::tf32_allowed();
-            let key = Key { stream: sid, dtype: a.0.dtype(), tf32, product, epilogue, align: [alignment(ap), alignment(bp)] };
+            let c_align = if residual_p.is_some() { alignment(cp) } else { 0 };
+            let key = Key { stream: sid, dtype: a.0.dtype(), tf32, product, epilogue, align: [alignment(ap), alignment(bp), c_align] };
             if let std::collections::hash_map::Entry::Vacant(slot) = state.plans.entry(key) {
                 slot.insert(build(handle, key)?);
             }
@@ -280,7 +302,8 @@ fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>,
             let [la, lb, lc] = plan.layouts;
             let desc = plan.desc;
             // SAFETY: the plan was built for these shapes, dtype and alignments; the pointers address
-            // buffers of at least those sizes on the stream the handle runs on; the bias pointer is
+            // buffers of at least those sizes on the stream the handle runs on (C, when read, is not
+            // D, so the timing's repeated launches all compute the same D); the bias pointer is
             // set on this thread's descriptor right before the launches that read it.
             let launch = |algo: &sys::cublasLtMatmulAlgo_t| unsafe {
                 lt::matmul(
@@ -292,7 +315,7 @@ fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>,
                     la,
                     ap as *const c_void,
                     lb,
-                    op as *const c_void,
+                    cp as *const c_void,
                     lc,
                     op as *mut c_void,
                     lc,

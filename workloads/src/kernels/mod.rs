@@ -16,6 +16,8 @@ pub mod cudnn_conv;
 #[cfg(feature = "cuda")]
 pub mod embedding;
 #[cfg(feature = "cuda")]
+mod flash;
+#[cfg(feature = "cuda")]
 pub mod gemm;
 #[cfg(feature = "cuda")]
 mod launch;
@@ -87,6 +89,22 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Act) -> Result<Te
     let mut out = dims.to_vec();
     *out.last_mut().expect("rank >= 1") = w.dim(0)?;
     y.reshape(out)
+}
+
+/// r + x wᵀ + b (a residual connection after a linear layer). For inference on CUDA devices one
+/// GEMM adds the residual too (`linear::LinearResidual`); where a graph is recorded (training), on
+/// the CPU, or with a bias the epilogue cannot read, [`linear`] and then [`add`].
+pub fn linear_residual(x: &Tensor, w: &Tensor, b: &Tensor, residual: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    {
+        let inference = ![x, w, b, residual].iter().any(|t| t.track_op());
+        let b = b.contiguous()?;
+        if x.device().is_cuda() && inference && gemm::bias_aligned(b.dtype(), b.layout().start_offset()) {
+            let op = linear::LinearResidual { residual: residual.contiguous()? };
+            return x.contiguous()?.apply_op3_no_bwd(&w.contiguous()?, &b, &op);
+        }
+    }
+    add(residual, &linear(x, w, Some(b), Act::None)?, false)
 }
 
 /// Rows of `table` [rows, d] by u32 `ids` of any shape: [ids.., d]. Our op on CUDA devices (its

@@ -8,7 +8,7 @@ use candle_core::{Device, Result, Tensor};
 use candle_nn::{Init, Module, VarBuilder};
 
 use crate::kernels::{attention, ScoreBias};
-use super::layers::{Conv2d, LayerNorm, Linear};
+use super::layers::{LayerNorm, Linear, PatchEmbed};
 use super::{Classifier, Inputs};
 use crate::kernels::{add, window_merge, window_partition, Act};
 
@@ -201,7 +201,7 @@ impl Block {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = add(x, &self.window_attention(&self.norm1.forward(x)?)?, false)?;
         let h = self.fc1.forward_act(&self.norm2.forward(&x)?, Act::GeluErf)?;
-        add(&x, &self.fc2.forward(&h)?, false)
+        self.fc2.forward_residual(&h, &x)
     }
 
     fn window_attention(&self, x: &Tensor) -> Result<Tensor> {
@@ -245,7 +245,7 @@ impl PatchMerging {
 }
 
 pub struct Swin {
-    patch_embed: Conv2d,
+    patch_embed: PatchEmbed,
     embed_norm: LayerNorm,
     stages: Vec<(Vec<Block>, Option<PatchMerging>)>,
     norm: LayerNorm,
@@ -261,7 +261,7 @@ impl Swin {
         let f = vb.pp("features");
         let conv_w = f.get_with_hints((c0, 3, p, p), "0.0.weight", init)?;
         let conv_b = f.get_with_hints(c0, "0.0.bias", init)?;
-        let patch_embed = Conv2d::new(conv_w, Some(conv_b), 0, p);
+        let patch_embed = PatchEmbed::new(conv_w, conv_b)?;
         let embed_norm = LayerNorm::new(c0, 1e-5, f.pp("0.2"))?;
         let last = cfg.depths.len() - 1;
         // One constant for every block: they share the window size.
@@ -284,7 +284,7 @@ impl Swin {
 impl Classifier for Swin {
     fn forward(&self, inputs: &Inputs, _train: bool) -> Result<Tensor> {
         let Inputs::Images(x) = inputs else { candle_core::bail!("Swin takes images") };
-        let x = self.patch_embed.forward(x)?.permute((0, 2, 3, 1))?; // channels last
+        let x = self.patch_embed.forward(x)?; // channels last
         let mut x = self.embed_norm.forward(&x)?;
         for (blocks, merge) in &self.stages {
             for block in blocks {

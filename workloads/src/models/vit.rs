@@ -5,10 +5,9 @@
 use candle_core::{Result, Tensor};
 use candle_nn::{Init, Module, VarBuilder};
 
-use crate::kernels::{attention, ScoreBias};
-use super::layers::{Conv2d, LayerNorm, Linear, torch_linear};
+use crate::kernels::{attention, Act, ScoreBias};
+use super::layers::{LayerNorm, Linear, PatchEmbed, torch_linear};
 use super::{Classifier, Inputs};
-use crate::kernels::{add, Act};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -97,14 +96,14 @@ impl EncoderBlock {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.ln_1.forward(x)?;
         let attn = attention(&self.in_proj.forward(&h)?, self.heads, ScoreBias::None)?;
-        let x = add(x, &self.out_proj.forward(&attn)?, false)?;
+        let x = self.out_proj.forward_residual(&attn, x)?;
         let h = self.mlp_fc1.forward_act(&self.ln_2.forward(&x)?, Act::GeluErf)?;
-        add(&x, &self.mlp_fc2.forward(&h)?, false)
+        self.mlp_fc2.forward_residual(&h, &x)
     }
 }
 
 pub struct VisionTransformer {
-    conv_proj: Conv2d,
+    conv_proj: PatchEmbed,
     class_token: Tensor,
     pos_embedding: Tensor,
     blocks: Vec<EncoderBlock>,
@@ -121,7 +120,7 @@ impl VisionTransformer {
         // first training steps would update the head alone.
         let conv_w = vb.get_with_hints((d, 3, p, p), "conv_proj.weight", Init::Randn { mean: 0.0, stdev: (1.0 / (3 * p * p) as f64).sqrt() })?;
         let conv_b = vb.get_with_hints(d, "conv_proj.bias", Init::Const(0.0))?;
-        let conv_proj = Conv2d::new(conv_w, Some(conv_b), 0, p);
+        let conv_proj = PatchEmbed::new(conv_w, conv_b)?;
         let class_token = vb.get_with_hints((1, 1, d), "class_token", Init::Const(0.0))?;
         let enc = vb.pp("encoder");
         let pos_embedding = enc.get_with_hints((1, cfg.patches() + 1, d), "pos_embedding", Init::Randn { mean: 0.0, stdev: 0.02 })?;
@@ -138,7 +137,7 @@ impl Classifier for VisionTransformer {
     fn forward(&self, inputs: &Inputs, _train: bool) -> Result<Tensor> {
         let Inputs::Images(x) = inputs else { candle_core::bail!("a vision transformer takes images") };
         let b = x.dim(0)?;
-        let x = self.conv_proj.forward(x)?.flatten_from(2)?.transpose(1, 2)?; // [b, patches, d]
+        let x = self.conv_proj.forward(x)?.flatten(1, 2)?; // [b, patches, d]
         let cls = self.class_token.broadcast_as((b, 1, x.dim(2)?))?;
         let mut x = crate::kernels::add_repeating(&Tensor::cat(&[&cls, &x], 1)?, &self.pos_embedding)?;
         for block in &self.blocks {

@@ -1,0 +1,271 @@
+//! Attention's forward pass as one kernel on tensor cores, for bf16 and f16 heads of 32, 64 or 128
+//! (ViT-B's and BERT-base's 64, Swin-T's 32), in the manner of FlashAttention-2.
+//!
+//! Why: the composed forward (`attention.rs`) moves q, k and v into head-major buffers, writes the
+//! scores [b·h, t, t] to memory in bf16, reads them back for the softmax and again for P·V, and
+//! moves the output back: seven kernels and four round trips of the largest tensors. Nsight Compute,
+//! BERT-base bf16 at batch 128 (H100): head moves 0.8 ms and softmax 0.7 ms of a 9.7 ms step, beside
+//! the two products. Here each block reads its queries and the keys and values straight from the
+//! packed [b, t, 3c] projection, keeps scores and probabilities in registers (f32, the probabilities
+//! rounded to the element type only as the second product's operand, as FlashAttention does) and
+//! writes [b, t, c]. The backward pass is `attention.rs`'s, which recomputes P anyway.
+//!
+//! Layout of the work: a block of four warps takes 64 queries of one (sequence, head); each warp 16
+//! of them, as the rows of `mma.m16n8k16` tiles. Keys and values pass through shared memory 64 at a
+//! time; a running maximum and sum per row rescale the partial output (the online softmax).
+
+use candle_core::cuda_backend::cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::CudaDevice;
+use candle_core::{DType, Result};
+
+use crate::kernels::launch::failed;
+
+const SOURCE: &str = r#"
+#define FA_Q 64   // queries per block: four warps of 16
+#define FA_K 64   // keys per shared-memory tile
+typedef Pack<unsigned int, 4> W16;  // eight 16-bit elements, moved as one 16-byte word
+
+// c += a b for one m16n8k16 tile: a the 16x16 row-major fragment (4 registers of 2 elements), b the
+// 16x8 column-major one (2 registers), c 16x8 in f32.
+template <typename E> __device__ __forceinline__ void mma16816(float* c, const unsigned int* a, unsigned int b0, unsigned int b1);
+template <> __device__ __forceinline__ void mma16816<BF16>(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma16816<F16>(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as one register of two elements, `lo` in the low half (the lower column).
+template <typename E> __device__ __forceinline__ unsigned int pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned int pack2<BF16>(float lo, float hi) {
+    unsigned int r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+template <> __device__ __forceinline__ unsigned int pack2<F16>(float lo, float hi) {
+    unsigned int r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+
+// Four 8x8 tiles of 16-bit elements from shared memory, transposed: lane l gives the address of row
+// l % 8 of tile l / 8 and receives, of each tile, the elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4).
+__device__ __forceinline__ void load_tiles_transposed(unsigned int* r, const unsigned short* p) {
+    unsigned int a;
+    asm("{ .reg .u64 g; cvta.to.shared.u64 g, %1; cvt.u32.u64 %0, g; }" : "=r"(a) : "l"(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+// softmax(scale · q kᵀ + bias) v for 64 queries of one (sequence, head) per block; qkv [b, t, 3c]
+// (q, k, v each c = h·D wide), out [b, t, c]. Bias modes as attention.rs's softmax: 1, a key mask
+// bias[bi, j]; 2, bias[bi % r, hi, i, j]. grid (b·h, ceil(t / 64)), 128 threads.
+//
+// Every tile computes all 64 keys, masking those past t: skipping the empty 8-key groups of ViT's
+// last tile (197 tokens leave 5 keys in it) by a branch per group, or by a second, shorter copy of
+// the tile's code, made the kernel slower on the H100 (ViT-B bf16 128: 2.9 → 3.5 ms; BERT-base,
+// whose tiles are all full, 1.24 → 1.55 ms), and so did 32 queries per warp (two row tiles sharing
+// each K and V fragment).
+template <typename E, int D>
+__device__ void attn_fused(const unsigned short* qkv, const unsigned short* bias, unsigned short* out,
+                           unsigned int t, unsigned int h, unsigned int r, int mode, float scale) {
+    const int S = D + 8;  // shared rows padded by 16 bytes: the fragment loads hit 32 distinct banks
+    __shared__ __align__(16) unsigned short ks[FA_K * S];
+    __shared__ __align__(16) unsigned short vs[FA_K * S];
+    const float LOG2E = 1.4426950408889634f, NEG_INF = __int_as_float(0xff800000);
+    unsigned int bh = blockIdx.x, bi = bh / h, hi = bh % h, c = h * D, stride = 3 * c;
+    unsigned int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
+    unsigned int q0 = blockIdx.y * FA_Q + warp * 16, r0 = q0 + g, r1 = r0 + 8;
+    const unsigned short* seq = qkv + (unsigned long long)bi * t * stride + hi * D;
+
+    // This warp's 16 queries as A fragments, D / 16 of them along the head's features.
+    unsigned int qa[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        unsigned int col = kk * 16 + c2;
+        qa[kk][0] = r0 < t ? *(const unsigned int*)(seq + (unsigned long long)r0 * stride + col) : 0u;
+        qa[kk][1] = r1 < t ? *(const unsigned int*)(seq + (unsigned long long)r1 * stride + col) : 0u;
+        qa[kk][2] = r0 < t ? *(const unsigned int*)(seq + (unsigned long long)r0 * stride + col + 8) : 0u;
+        qa[kk][3] = r1 < t ? *(const unsigned int*)(seq + (unsigned long long)r1 * stride + col + 8) : 0u;
+    }
+    // Rows g and g + 8 of the warp's tile: running max (log2 units), this lane's share of the sum,
+    // and the output, D / 8 tiles of 16x8.
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float sl = scale * LOG2E;
+
+    for (unsigned int k0 = 0; k0 < t; k0 += FA_K) {
+        __syncthreads();  // the previous tile's readers are done
+        for (unsigned int w = threadIdx.x; w < FA_K * (D / 8); w += blockDim.x) {
+            unsigned int j = w / (D / 8), x = (w % (D / 8)) * 8;
+            W16 kw = {{0u, 0u, 0u, 0u}}, vw = kw;  // keys past t: zeros, masked below
+            if (k0 + j < t) {
+                const unsigned short* src = seq + (unsigned long long)(k0 + j) * stride + x;
+                kw = *(const W16*)(src + c);
+                vw = *(const W16*)(src + 2 * c);
+            }
+            *(W16*)(ks + j * S + x) = kw;
+            *(W16*)(vs + j * S + x) = vw;
+        }
+        __syncthreads();
+        if (q0 >= t) continue;  // a warp past the last query still loads its share of the tiles
+
+        // Scores of the warp's 16 queries against the tile's 64 keys: 8 tiles of 16x8.
+        float s[FA_K / 8][4];
+#pragma unroll
+        for (int n = 0; n < FA_K / 8; n++) {
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+            const unsigned short* krow = ks + (n * 8 + g) * S + c2;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                mma16816<E>(s[n], qa[kk], *(const unsigned int*)(krow + kk * 16), *(const unsigned int*)(krow + kk * 16 + 8));
+            }
+        }
+        // Scale and bias in log2 units; keys past t are -inf.
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int n = 0; n < FA_K / 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                unsigned int i = e < 2 ? r0 : r1, j = k0 + n * 8 + c2 + (e & 1);
+                float v = s[n][e] * sl;
+                if (j >= t) v = NEG_INF;
+                else if (mode == 1) v += LOG2E * E::get(bias, (unsigned long long)bi * t + j);
+                else if (mode == 2 && i < t) v += LOG2E * E::get(bias, ((((unsigned long long)(bi % r) * h + hi) * t + i) * t) + j);
+                s[n][e] = v;
+            }
+            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+        }
+        // The four lanes of a row hold its 64 keys between them.
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        // A row masked so far (max -inf) subtracts 0, so that exp2(-inf - 0) is 0 and not NaN.
+        float base0 = mx0 == NEG_INF ? 0.f : mx0, base1 = mx1 == NEG_INF ? 0.f : mx1;
+        float a0 = exp2f(m0 - base0), a1 = exp2f(m1 - base1);
+        m0 = mx0;
+        m1 = mx1;
+        l0 *= a0;
+        l1 *= a1;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            o[n][0] *= a0; o[n][1] *= a0;
+            o[n][2] *= a1; o[n][3] *= a1;
+        }
+#pragma unroll
+        for (int n = 0; n < FA_K / 8; n++) {
+            s[n][0] = exp2f(s[n][0] - base0); s[n][1] = exp2f(s[n][1] - base0);
+            s[n][2] = exp2f(s[n][2] - base1); s[n][3] = exp2f(s[n][3] - base1);
+            l0 += s[n][0] + s[n][1];
+            l1 += s[n][2] + s[n][3];
+        }
+        // O += P V, 16 keys at a time: two score tiles side by side are one A fragment, and the
+        // values' tiles are read transposed as B fragments, two 16x8 output tiles per load.
+#pragma unroll
+        for (int kk = 0; kk < FA_K / 16; kk++) {
+            unsigned int pa[4] = {
+                pack2<E>(s[2 * kk][0], s[2 * kk][1]), pack2<E>(s[2 * kk][2], s[2 * kk][3]),
+                pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<E>(s[2 * kk + 1][2], s[2 * kk + 1][3]),
+            };
+            const unsigned short* vrow = vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * S + (lane >> 4) * 8;
+#pragma unroll
+            for (int n2 = 0; n2 < D / 16; n2++) {
+                unsigned int vb[4];
+                load_tiles_transposed(vb, vrow + n2 * 16);
+                mma16816<E>(o[2 * n2], pa, vb[0], vb[1]);
+                mma16816<E>(o[2 * n2 + 1], pa, vb[2], vb[3]);
+            }
+        }
+    }
+    if (q0 >= t) return;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    // A row whose every key is masked with -inf has no weights: its output is 0.
+    float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    unsigned short* dst = out + (unsigned long long)bi * t * c + hi * D + c2;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) {
+        if (r0 < t) *(unsigned int*)(dst + (unsigned long long)r0 * c + n * 8) = pack2<E>(o[n][0] * inv0, o[n][1] * inv0);
+        if (r1 < t) *(unsigned int*)(dst + (unsigned long long)r1 * c + n * 8) = pack2<E>(o[n][2] * inv1, o[n][3] * inv1);
+    }
+}
+
+#define FUSED(S, E, D)                                                                                   \
+extern "C" __global__ void __launch_bounds__(128) attn_fused_##S##_d##D(const unsigned short* qkv,       \
+        const unsigned short* bias, unsigned short* out, unsigned int t, unsigned int h, unsigned int r, \
+        int mode, float scale) {                                                                          \
+    attn_fused<E, D>(qkv, bias, out, t, h, r, mode, scale);                                              \
+}
+FUSED(bf16, BF16, 32)
+FUSED(bf16, BF16, 64)
+FUSED(bf16, BF16, 128)
+FUSED(f16, F16, 32)
+FUSED(f16, F16, 64)
+FUSED(f16, F16, 128)
+"#;
+
+crate::kernels::nvrtc::compiled!(SOURCE, "fused attention");
+
+/// Queries per block (FA_Q in the source).
+const QUERIES_PER_BLOCK: usize = 64;
+
+/// The shape of one fused launch: b sequences of t tokens, h heads of d; the bias as attention.rs's
+/// softmax reads it (mode 0 none, 1 key mask, 2 repeating score bias of r windows).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fused {
+    pub b: usize,
+    pub t: usize,
+    pub h: usize,
+    pub d: usize,
+    pub mode: i32,
+    pub r: u32,
+    pub scale: f32,
+}
+
+impl Fused {
+    /// Whether the kernel takes this shape: a half type, heads of 32, 64 or 128, and a GPU with
+    /// bf16 tensor-core instructions (compute capability 8.0 or later). `qkv_start` is the packed
+    /// projection's first element: its rows are read in 16-byte words. Off when
+    /// `MIGPROF_ATTENTION_UNFUSED=1`, to compare the two paths in one process.
+    pub(crate) fn takes(&self, dtype: DType, dev: &CudaDevice, qkv_start: usize) -> bool {
+        static UNFUSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let unfused = *UNFUSED.get_or_init(|| std::env::var("MIGPROF_ATTENTION_UNFUSED").is_ok_and(|v| v == "1"));
+        let capable = dev.cuda_stream().context().compute_capability().is_ok_and(|(major, _)| major >= 8);
+        !unfused && capable && matches!(dtype, DType::BF16 | DType::F16) && matches!(self.d, 32 | 64 | 128) && qkv_start % 8 == 0
+    }
+
+    /// Runs the kernel: `qkv` [b, t, 3·h·d], `bias` as the mode reads it, into `out` [b, t, h·d].
+    pub(crate) fn launch<T: DeviceRepr>(
+        &self,
+        dev: &CudaDevice,
+        dtype: DType,
+        qkv: &CudaView<T>,
+        bias: Option<&CudaView<T>>,
+        out: &mut CudaViewMut<T>,
+    ) -> Result<()> {
+        let kernel = format!("{}_d{}", super::launch::name("attn_fused", dtype), self.d);
+        let func = dev.get_or_load_custom_func(&kernel, "migprof_flash", ptx()?)?;
+        let blocks = self.t.div_ceil(QUERIES_PER_BLOCK);
+        let cfg = LaunchConfig { grid_dim: ((self.b * self.h) as u32, blocks as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let (t, h, r, mode, scale) = (self.t as u32, self.h as u32, self.r, self.mode, self.scale);
+        let null = 0u64;
+        let mut a = func.builder();
+        a.arg(qkv);
+        match bias {
+            Some(bv) => a.arg(bv),
+            None => a.arg(&null),
+        };
+        a.arg(out).arg(&t).arg(&h).arg(&r).arg(&mode).arg(&scale);
+        // SAFETY: argument types and order match the kernel; qkv holds b·t·3c elements from a
+        // 16-byte boundary (`takes`), out b·t·c, the bias what its mode indexes (checked by
+        // `attention`), or null when not read.
+        unsafe { a.launch(cfg) }.map_err(|e| failed(&kernel, e))?;
+        Ok(())
+    }
+}
