@@ -85,6 +85,7 @@ impl DeviceSpec {
         let selected = gpu::select(&topology, &id)?;
         pin(&selected);
         let device = Device::new_cuda(0)?;
+        workloads::memory::pool_allocations(&device)?;
         Ok(OpenDevice { device, info: describe(selected) })
     }
 

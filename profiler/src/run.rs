@@ -199,6 +199,9 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext) -> Resu
         None => Ok(Vec::new()),
     };
     let measurement = Measurement { warmup_iterations, ..measured? };
+    // The workload's memory goes back to the driver before the next run builds its own.
+    drop(exec);
+    workloads::memory::release_pooled(&device.device).context("releasing the run's GPU memory")?;
     Run::new(spec, info, context, started_at, measurement, metrics)
 }
 

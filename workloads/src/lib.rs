@@ -3,6 +3,7 @@
 
 pub mod init;
 pub mod kernels;
+pub mod memory;
 pub mod models;
 pub mod ops;
 pub mod optim;
