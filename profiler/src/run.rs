@@ -198,10 +198,12 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext) -> Resu
         Some(s) => s.stop(),
         None => Ok(Vec::new()),
     };
-    let measurement = Measurement { warmup_iterations, ..measured? };
-    // The workload's memory goes back to the driver before the next run builds its own.
+    // The workload's memory goes back to the driver before the next run builds its own, whether
+    // or not this one measured.
     drop(exec);
-    workloads::memory::release_pooled(&device.device).context("releasing the run's GPU memory")?;
+    let released = workloads::memory::release_pooled(&device.device);
+    let measurement = Measurement { warmup_iterations, ..measured? };
+    released.context("releasing the run's GPU memory")?;
     Run::new(spec, info, context, started_at, measurement, metrics)
 }
 

@@ -11,8 +11,8 @@
 //! (padded keys masked out of the softmax), so every GEMM is aligned.
 //!
 //! Forward: bf16 and f16 heads of 32, 64 or 128 in one kernel on tensor cores (`flash.rs`); other
-//! shapes and f32 composed: q, k, v moved to head-major [b·h, tp, d]; S = q kᵀ; P = softmax(scale·S
-//! + bias) in place; O = P v; O moved back. Backward recomputes P (one GEMM and the softmax, as
+//! shapes and f32 composed: q, k, v moved to head-major [b·h, tp, d]; S = q kᵀ;
+//! P = softmax(scale·S + bias) in place; O = P v; O moved back. Backward recomputes P (one GEMM and the softmax, as
 //! FlashAttention's backward does, instead of keeping a [b·h, t, t] tensor alive) and computes
 //! dV = Pᵀ dO, dP = dO vᵀ, dS = scale·P (dP - rowsum(dP P)), dq = dS k, dk = dSᵀ q.
 

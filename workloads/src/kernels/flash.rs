@@ -237,7 +237,7 @@ impl Fused {
         static UNFUSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let unfused = *UNFUSED.get_or_init(|| std::env::var("MIGPROF_ATTENTION_UNFUSED").is_ok_and(|v| v == "1"));
         let capable = dev.cuda_stream().context().compute_capability().is_ok_and(|(major, _)| major >= 8);
-        !unfused && capable && matches!(dtype, DType::BF16 | DType::F16) && matches!(self.d, 32 | 64 | 128) && qkv_start % 8 == 0
+        !unfused && capable && matches!(dtype, DType::BF16 | DType::F16) && matches!(self.d, 32 | 64 | 128) && qkv_start.is_multiple_of(8)
     }
 
     /// Runs the kernel: `qkv` [b, t, 3·h·d], `bias` as the mode reads it, into `out` [b, t, h·d].
