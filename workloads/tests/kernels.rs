@@ -260,7 +260,11 @@ fn batch_norm_kernels_match_the_cpu_forward_and_backward() {
         }
     };
     // ResNet's late stage (7x7 maps), a 1x1 map, and a channel whose mean dwarfs its spread.
-    for (i, shape) in [[4usize, 8, 7, 7], [3, 16, 1, 1], [2, 4, 20, 20]].into_iter().enumerate() {
+    // The channel sums split images into chunks: one image each ([4, 8, 7, 7], [2, 4, 20, 20]),
+    // two and a last of one ([9, 80, 4, 4]). Planes of 49, 6, 196 and 400 elements take words of 1,
+    // 2, 4 and 8 bf16 elements (1, 2, 4, 4 in f32).
+    let shapes = [[4usize, 8, 7, 7], [3, 16, 1, 1], [2, 4, 20, 20], [9, 80, 4, 4], [2, 6, 14, 14], [3, 5, 2, 3]];
+    for (i, shape) in shapes.into_iter().enumerate() {
         let x = random(&shape, 140 + i as u64);
         let x = if i == 2 { (x + 30.0).unwrap() } else { x };
         let w = random(&[shape[1]], 150 + i as u64).affine(0.5, 1.0).unwrap();
