@@ -496,8 +496,10 @@ extern "C" __global__ void bn_running(float* running, const float* stat, unsigne
         let finish = name("bn_finish", x.dtype());
         let partials_fn = dev.get_or_load_custom_func(&partials, "migprof_batch_norm", ptx()?)?;
         let finish_fn = dev.get_or_load_custom_func(&finish, "migprof_batch_norm", ptx()?)?;
-        // Images per block, so that channels × chunks is about SUM_BLOCKS.
-        let per = n.div_ceil(SUM_BLOCKS.div_ceil(c).clamp(1, n.max(1))).max(1);
+        // Chunks of images per channel, so that channels × chunks is about SUM_BLOCKS; a chunk holds
+        // `per` images, the last one fewer.
+        let wanted = SUM_BLOCKS.div_ceil(c).clamp(1, n.max(1));
+        let per = n.div_ceil(wanted).max(1);
         let chunks = n.div_ceil(per).max(1);
         let words = hw / v as u32;
         let threads = (per * words).next_power_of_two().clamp(64, 256);

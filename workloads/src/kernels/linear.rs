@@ -39,12 +39,23 @@ fn geometry(xl: &Layout, wl: &Layout, bl: &Layout) -> Result<(usize, usize, usiz
     Ok((xl.shape().elem_count() / in_f.max(1), in_f, out_f))
 }
 
+type Arg<'a> = (&'a CudaStorage, &'a Layout);
+
 /// The product of x [rows, in] and wᵀ (w [out, in]) on the device, as [rows, out], with `epilogue`
-/// applied to it (the bias is read only when the epilogue adds it).
-fn forward_gemm(x: (&CudaStorage, &Layout), w: (&CudaStorage, &Layout), b: (&CudaStorage, &Layout), (rows, in_f, out_f): (usize, usize, usize), epilogue: Epilogue) -> Result<CudaStorage> {
+/// applied to it (the bias is read only when the epilogue adds it), plus `residual` [rows, out]
+/// when given.
+fn forward_gemm(x: Arg, w: Arg, b: Arg, residual: Option<Arg>, (rows, in_f, out_f): (usize, usize, usize), epilogue: Epilogue) -> Result<CudaStorage> {
     let product = Product::single(rows, out_f, in_f, false, true);
     let (x, w, b) = (operand(x.0, x.1, "linear")?, operand(w.0, w.1, "linear")?, operand(b.0, b.1, "linear")?);
-    gemm::gemm(x, w, Some(b), product, epilogue)
+    let residual = residual.map(|(s, l)| operand(s, l, "linear's residual")).transpose()?;
+    gemm::gemm_plus(x, w, Some(b), residual, product, epilogue)
+}
+
+/// x's shape with the last dimension `out_f`: the output of a linear layer over x.
+fn out_shape(xl: &Layout, out_f: usize) -> Shape {
+    let mut dims = xl.dims().to_vec();
+    *dims.last_mut().expect("rank >= 1") = out_f;
+    Shape::from(dims)
 }
 
 impl CustomOp3 for LinearOp {
@@ -68,15 +79,13 @@ impl CustomOp3 for LinearOp {
             Act::GeluErf => None,
         };
         let y = match epilogue {
-            Some(epilogue) => forward_gemm((x, xl), (w, wl), (b, bl), geometry, epilogue)?,
+            Some(epilogue) => forward_gemm((x, xl), (w, wl), (b, bl), None, geometry, epilogue)?,
             None => {
-                let v = forward_gemm((x, xl), (w, wl), (b, bl), geometry, Epilogue::None)?;
+                let v = forward_gemm((x, xl), (w, wl), (b, bl), None, geometry, Epilogue::None)?;
                 BiasAct { axis: BiasAxis::Last, act: self.act }.cuda_fwd(&v, &Layout::contiguous((rows, out_f)), b, bl)?.0
             }
         };
-        let mut dims = xl.dims().to_vec();
-        *dims.last_mut().expect("rank >= 1") = out_f;
-        Ok((y, Shape::from(dims)))
+        Ok((y, out_shape(xl, out_f)))
     }
 
     fn bwd(&self, x: &Tensor, w: &Tensor, b: &Tensor, y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
@@ -120,17 +129,14 @@ impl CustomOp3 for LinearResidual {
     }
 
     fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, w: &CudaStorage, wl: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
-        let (rows, in_f, out_f) = geometry(xl, wl, bl)?;
-        let mut dims = xl.dims().to_vec();
-        *dims.last_mut().expect("rank >= 1") = out_f;
+        let geometry = geometry(xl, wl, bl)?;
+        let shape = out_shape(xl, geometry.2);
         let (rs, rl) = self.residual.storage_and_layout();
         let rs = super::launch::cuda(&rs, "linear's residual")?;
-        if rl.dims() != dims.as_slice() {
-            bail!("linear: a residual of shape {:?} for an output of {dims:?}", rl.dims())
+        if rl.dims() != shape.dims() {
+            bail!("linear: a residual of shape {:?} for an output of {:?}", rl.dims(), shape.dims())
         }
-        let product = Product::single(rows, out_f, in_f, false, true);
-        let (x, w, b, r) = (operand(x, xl, "linear")?, operand(w, wl, "linear")?, operand(b, bl, "linear")?, operand(rs, rl, "linear's residual")?);
-        Ok((gemm::gemm_plus(x, w, Some(b), Some(r), product, Epilogue::Bias)?, Shape::from(dims)))
+        Ok((forward_gemm((x, xl), (w, wl), (b, bl), Some((rs, rl)), geometry, Epilogue::Bias)?, shape))
     }
 }
 
