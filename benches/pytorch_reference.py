@@ -9,7 +9,9 @@ runs the model under autocast (bf16 matmuls and convolutions, f32 weights and re
 keeps them). cudnn.benchmark on throughout.
 
 usage: pytorch_reference.py --models resnet50,vit_b_16 --modes infer --dtypes f32,bf16 --batches 1,8
-       [--warmup 10] [--iters 50] [--seq-len 128] > rows.jsonl
+       [--warmup 10] [--iters 50] [--seq-len 128] [--profile] > rows.jsonl
+--profile brackets the measured iterations with cudaProfilerStart/Stop, as migprof does, for
+`ncu --profile-from-start off` (benches/kernel_profile.sh "pytorch MODEL MODE DTYPE BATCH").
 """
 import argparse
 import json
@@ -85,12 +87,16 @@ def measure(name, mode, dtype, batch, args):
     for _ in range(args.warmup):
         step()
     torch.cuda.synchronize()
+    if args.profile:
+        torch.cuda.cudart().cudaProfilerStart()
     lat = []
     for _ in range(args.iters):
         t0 = time.perf_counter()
         step()
         torch.cuda.synchronize()
         lat.append((time.perf_counter() - t0) * 1e3)
+    if args.profile:
+        torch.cuda.cudart().cudaProfilerStop()
     mean = statistics.fmean(lat)
     return {
         "framework": "pytorch", "model": name, "mode": mode, "dtype": dtype, "batch": batch,
@@ -110,6 +116,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--profile", action="store_true", help="bracket the measured iterations for a profiler")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = False

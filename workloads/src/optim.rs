@@ -2,6 +2,9 @@
 //! (`kernels::adamw`), and SGD with momentum, which candle's SGD lacks and PyTorch users' ResNet
 //! recipes use.
 
+use std::sync::{Arc, Mutex};
+
+use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 
 use crate::kernels::adamw::{moments_dtype, AdamApply, AdamMoments, AdamStep};
@@ -37,13 +40,55 @@ impl Optimizer {
         })
     }
 
-    /// Back-propagates `loss` and updates every parameter.
-    pub fn backward_step(&mut self, loss: &Tensor) -> Result<()> {
+    /// Back-propagates `loss` and updates every parameter, with the gradients that the backward
+    /// pass recorded in `outside` added to the graph's.
+    pub fn backward_step(&mut self, loss: &Tensor, outside: Option<&ParamGrads>) -> Result<()> {
+        let grads = gradients(loss, outside)?;
         match self {
-            Self::AdamW(o) => o.backward_step(loss),
-            Self::Sgd(o) => o.backward_step(loss),
+            Self::AdamW(o) => o.apply(&grads),
+            Self::Sgd(o) => o.apply(&grads),
         }
     }
+}
+
+/// Gradients of parameters computed outside candle's graph, handed to the optimizer with the
+/// graph's: an op that holds its parameters instead of taking them as inputs (candle's custom ops
+/// take at most three; an encoder layer has sixteen parameters, see `models::encoder`) pushes them
+/// here from its backward pass.
+#[derive(Debug, Clone, Default)]
+pub struct ParamGrads(Arc<Mutex<Vec<(Tensor, Tensor)>>>);
+
+impl ParamGrads {
+    /// Records `grad` as (a part of) the gradient of the parameter `param`.
+    pub fn push(&self, param: &Tensor, grad: Tensor) {
+        self.0.lock().expect("no panic while holding the lock").push((param.clone(), grad));
+    }
+
+    /// Drops what an earlier forward pass left without a backward pass (a failed step).
+    pub fn clear(&self) {
+        self.0.lock().expect("no panic while holding the lock").clear();
+    }
+
+    /// Moves every recorded gradient into `grads`, added to the graph's own for the same parameter.
+    pub fn drain_into(&self, grads: &mut GradStore) -> Result<()> {
+        for (param, grad) in self.0.lock().expect("no panic while holding the lock").drain(..) {
+            let sum = match grads.get(&param) {
+                Some(g) => (g + grad)?,
+                None => grad,
+            };
+            grads.insert(&param, sum);
+        }
+        Ok(())
+    }
+}
+
+/// The graph's gradients of `loss`, and those recorded outside it.
+fn gradients(loss: &Tensor, outside: Option<&ParamGrads>) -> Result<GradStore> {
+    let mut grads = loss.backward()?;
+    if let Some(outside) = outside {
+        outside.drain_into(&mut grads)?;
+    }
+    Ok(grads)
 }
 
 /// `torch.optim.AdamW(lr, betas=(0.9, 0.999), eps=1e-8, weight_decay)`, its moments [m; v] kept in
@@ -65,8 +110,7 @@ impl AdamW {
         Ok(Self { vars, step: AdamStep { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, t: 0 } })
     }
 
-    pub fn backward_step(&mut self, loss: &Tensor) -> Result<()> {
-        let grads = loss.backward()?;
+    fn apply(&mut self, grads: &GradStore) -> Result<()> {
         self.step.t += 1;
         for (var, moments) in &self.vars {
             // A parameter the loss does not reach keeps its value and moments, as in PyTorch.
@@ -94,8 +138,7 @@ impl SgdMomentum {
         Self { vars, buffers, lr, momentum, weight_decay }
     }
 
-    pub fn backward_step(&mut self, loss: &Tensor) -> Result<()> {
-        let grads = loss.backward()?;
+    fn apply(&mut self, grads: &GradStore) -> Result<()> {
         for (var, buffer) in self.vars.iter().zip(self.buffers.iter_mut()) {
             let Some(g) = grads.get(var.as_tensor()) else { continue };
             let g = if self.weight_decay != 0.0 { (g + (var.as_tensor() * self.weight_decay)?)? } else { g.clone() };
@@ -144,7 +187,7 @@ mod tests {
             for _ in 0..3 {
                 let now = p.as_tensor().to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?;
                 grads.push(now.iter().zip(&c).map(|(p, c)| 2.0 * c * p).collect::<Vec<_>>());
-                opt.backward_step(&(p.as_tensor().sqr()? * &weights)?.sum_all()?)?;
+                opt.backward_step(&(p.as_tensor().sqr()? * &weights)?.sum_all()?, None)?;
             }
             let want = adamw_by_hand(&p0, &grads, 0.1, 0.01);
             let got = p.as_tensor().to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?;
@@ -160,7 +203,7 @@ mod tests {
     fn adamw_leaves_a_parameter_without_gradient_alone() -> Result<()> {
         let (used, unused) = (Var::new(&[1f32], &Device::Cpu)?, Var::new(&[2f32], &Device::Cpu)?);
         let mut opt = Optimizer::new(OptimizerKind::AdamW, vec![used.clone(), unused.clone()], 0.1, 0.01)?;
-        opt.backward_step(&used.as_tensor().sum_all()?)?;
+        opt.backward_step(&used.as_tensor().sum_all()?, None)?;
         assert_eq!(unused.as_tensor().to_vec1::<f32>()?, vec![2.0]);
         assert!(used.as_tensor().to_vec1::<f32>()?[0] < 1.0);
         Ok(())
@@ -172,10 +215,10 @@ mod tests {
         // step 1: b = [2, 4], p = [0.8, 1.6]; step 2: g = [1.6, 3.2], b = [3.4, 6.8], p = [0.46, 0.92].
         let p = Var::new(&[1f32, 2.], &Device::Cpu)?;
         let mut opt = Optimizer::new(OptimizerKind::Sgd { momentum: 0.9 }, vec![p.clone()], 0.1, 0.0)?;
-        opt.backward_step(&p.as_tensor().sqr()?.sum_all()?)?;
+        opt.backward_step(&p.as_tensor().sqr()?.sum_all()?, None)?;
         let v = p.as_tensor().to_vec1::<f32>()?;
         assert!((v[0] - 0.8).abs() < 1e-6 && (v[1] - 1.6).abs() < 1e-6, "{v:?}");
-        opt.backward_step(&p.as_tensor().sqr()?.sum_all()?)?;
+        opt.backward_step(&p.as_tensor().sqr()?.sum_all()?, None)?;
         let v = p.as_tensor().to_vec1::<f32>()?;
         assert!((v[0] - 0.46).abs() < 1e-6 && (v[1] - 0.92).abs() < 1e-6, "{v:?}");
         Ok(())
@@ -186,8 +229,27 @@ mod tests {
         // loss = sum(p) (grad 1), wd 0.5, lr 0.1: g = 1 + 0.5·p = 2 for p = 2, so p = 1.8.
         let p = Var::new(&[2f32], &Device::Cpu)?;
         let mut opt = Optimizer::new(OptimizerKind::Sgd { momentum: 0.9 }, vec![p.clone()], 0.1, 0.5)?;
-        opt.backward_step(&p.as_tensor().sum_all()?)?;
+        opt.backward_step(&p.as_tensor().sum_all()?, None)?;
         assert!((p.as_tensor().to_vec1::<f32>()?[0] - 1.8).abs() < 1e-6);
+        Ok(())
+    }
+
+    #[test]
+    fn gradients_recorded_outside_the_graph_join_the_graphs() -> Result<()> {
+        // loss = sum(p²): the graph gives p 2p; outside, p gets 3 more and q (not in the loss) 1.
+        let (p, q) = (Var::new(&[1f64, 2.], &Device::Cpu)?, Var::new(&[5f64], &Device::Cpu)?);
+        let outside = ParamGrads::default();
+        outside.push(p.as_tensor(), Tensor::new(&[3f64, 3.], &Device::Cpu)?);
+        outside.push(q.as_tensor(), Tensor::new(&[1f64], &Device::Cpu)?);
+        let mut opt = Optimizer::new(OptimizerKind::Sgd { momentum: 0.0 }, vec![p.clone(), q.clone()], 0.5, 0.0)?;
+        opt.backward_step(&p.as_tensor().sqr()?.sum_all()?, Some(&outside))?;
+        // p - 0.5 (2p + 3), q - 0.5 · 1.
+        assert_eq!(p.as_tensor().to_vec1::<f64>()?, [-1.5, -1.5]);
+        assert_eq!(q.as_tensor().to_vec1::<f64>()?, [4.5]);
+        // Drained: the next step sees the graph's gradient alone, and none for q.
+        opt.backward_step(&p.as_tensor().sqr()?.sum_all()?, Some(&outside))?;
+        assert_eq!(p.as_tensor().to_vec1::<f64>()?, [0.0, 0.0]);
+        assert_eq!(q.as_tensor().to_vec1::<f64>()?, [4.5]);
         Ok(())
     }
 }

@@ -196,9 +196,13 @@ impl Workload for Classification {
         let Some(optimizer) = self.optimizer.as_mut() else {
             candle_core::bail!("{} was built for inference; build it with Mode::Train to train", self.info.name)
         };
+        let outside = self.model.param_grads();
+        if let Some(outside) = outside {
+            outside.clear();
+        }
         let logits = self.model.forward(&batch.inputs, true)?;
         let loss = crate::ops::cross_entropy(&logits, &batch.labels)?;
-        optimizer.backward_step(&loss)?;
+        optimizer.backward_step(&loss, outside)?;
         // Detached: the loss would otherwise hold the whole step's graph (every activation) alive
         // until the caller drops it, overlapping the next step's.
         Ok(loss.detach())

@@ -10,8 +10,8 @@
 //! one op there are one or two edges, and the head-major buffers pad the tokens to a multiple of 8
 //! (padded keys masked out of the softmax), so every GEMM is aligned.
 //!
-//! Forward: bf16 and f16 heads of 32, 64 or 128 in one kernel on tensor cores (`flash.rs`); other
-//! shapes and f32 composed: q, k, v moved to head-major [b·h, tp, d]; S = q kᵀ;
+//! Forward: bf16 and f16 heads of 32, 64 or 128 in one kernel on tensor cores, f32 heads of 32 or
+//! 64 in one on the CUDA cores (`flash.rs`); other shapes composed: q, k, v moved to head-major [b·h, tp, d]; S = q kᵀ;
 //! P = softmax(scale·S + bias) in place; O = P v; O moved back. Backward recomputes P (one GEMM and the softmax, as
 //! FlashAttention's backward does, instead of keeping a [b·h, t, t] tensor alive) and computes
 //! dV = Pᵀ dO, dP = dO vᵀ, dS = scale·P (dP - rowsum(dP P)), dq = dS k, dk = dSᵀ q.
@@ -60,8 +60,8 @@ pub fn attention(qkv: &Tensor, heads: usize, bias: ScoreBias) -> Result<Tensor> 
 }
 
 /// Whether [`attention`] over this packed projection runs as one fused kernel on the GPU (bf16 or
-/// f16 heads of 32, 64 or 128 on a CUDA device of compute capability 8.0 or later), rather than as
-/// products, softmax and head moves.
+/// f16 heads of 32, 64 or 128, f32 heads of 32 or 64, on a CUDA device of compute capability 8.0 or
+/// later), rather than as products, softmax and head moves.
 pub fn runs_fused(qkv: &Tensor, heads: usize) -> Result<bool> {
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(dev) = qkv.device() {
@@ -73,6 +73,15 @@ pub fn runs_fused(qkv: &Tensor, heads: usize) -> Result<bool> {
     }
     let _ = (qkv, heads);
     Ok(false)
+}
+
+/// The gradient of [`attention`] with respect to the packed projection, given the output's, for an
+/// op that runs attention inside its own forward (`models::encoder`); a key mask takes none. The
+/// mask, if any, is in the projection's dtype. CUDA devices only.
+#[cfg(feature = "cuda")]
+pub(crate) fn projection_grad(qkv: &Tensor, heads: usize, mask: Option<&Tensor>, grad: &Tensor) -> Result<Tensor> {
+    let mode = if mask.is_some() { cuda::Mode::Keys } else { cuda::Mode::None };
+    Ok(cuda::Attention { heads, mode }.grads(&qkv.contiguous()?, mask, grad)?.0)
 }
 
 /// The same function from candle ops: the CPU's path and the GPU op's reference.
@@ -576,7 +585,7 @@ KERNELS(f16, F16)
             Ok((out, Shape::from((dims.b, dims.t, dims.h * dims.d))))
         }
 
-        fn grads(&self, qkv: &Tensor, bias: Option<&Tensor>, grad: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
+        pub(super) fn grads(&self, qkv: &Tensor, bias: Option<&Tensor>, grad: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
             let with_ds = matches!(self.mode, Mode::Scores { .. }) && bias.is_some_and(|b| b.track_op());
             let op = AttentionGrad { op: *self, qkv: qkv.clone(), bias: bias.cloned(), with_ds };
             let flat = grad.contiguous()?.apply_op1_no_bwd(&op)?;

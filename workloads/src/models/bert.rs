@@ -12,6 +12,7 @@ use crate::kernels::{attention, ScoreBias};
 use super::layers::{LayerNorm, Linear};
 use super::{Classifier, Inputs};
 use crate::kernels::{add, Act};
+use crate::optim::ParamGrads;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -143,7 +144,23 @@ impl Layer {
         Ok(packed)
     }
 
-    fn forward(&self, x: &Tensor, mask_bias: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, mask_bias: &Tensor, grads: &ParamGrads) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        {
+            use super::encoder::{self, Norms, Params};
+            let p = Params {
+                qkv: &[&self.query, &self.key, &self.value],
+                out: &self.attention_out,
+                norm1: &self.attention_norm,
+                fc1: &self.intermediate,
+                fc2: &self.output,
+                norm2: &self.output_norm,
+            };
+            if encoder::runs_fused(x, &p) {
+                return encoder::forward(x, &p, self.heads, Norms::Post, Some(mask_bias), grads);
+            }
+        }
+        let _ = grads;
         // One GEMM for q, k and v.
         let qkv = self.qkv()?.forward(x)?;
         let ctx = attention(&qkv, self.heads, ScoreBias::Keys(mask_bias))?;
@@ -161,6 +178,8 @@ pub struct Bert {
     layers: Vec<Layer>,
     pooler: Linear,
     classifier: Linear,
+    /// Gradients of the layers run as one op each (training on the GPU).
+    grads: ParamGrads,
 }
 
 impl Bert {
@@ -176,6 +195,7 @@ impl Bert {
             layers: (0..cfg.layers).map(|i| Layer::new(cfg, vb.pp(format!("encoder.layer.{i}")))).collect::<Result<_>>()?,
             pooler: bert_linear(d, d, vb.pp("pooler.dense"))?,
             classifier: bert_linear(d, cfg.num_labels, vb.pp("classifier"))?,
+            grads: ParamGrads::default(),
         })
     }
 }
@@ -193,7 +213,7 @@ impl Bert {
         // Per key [b, s], in the model's dtype; the attention op adds it to every head's scores.
         let mask_bias = ((attention_mask.to_dtype(DType::F32)? - 1.0)? * 10000.0)?.reshape((b, s))?.to_dtype(x.dtype())?.detach();
         for layer in &self.layers {
-            x = layer.forward(&x, &mask_bias)?;
+            x = layer.forward(&x, &mask_bias, &self.grads)?;
         }
         Ok(x)
     }
@@ -208,6 +228,10 @@ impl Classifier for Bert {
         // The first token, contiguous: candle's CUDA matmul takes no strided rows.
         let pooled = self.pooler.forward(&x.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?)?.tanh()?;
         self.classifier.forward(&pooled)
+    }
+
+    fn param_grads(&self) -> Option<&ParamGrads> {
+        Some(&self.grads)
     }
 }
 

@@ -45,6 +45,10 @@ impl Linear {
         &self.weight
     }
 
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
     /// Whether the weight or bias is trained (a variable, or computed from one): then copies of
     /// them go stale, and gradients must flow back through every use.
     pub fn trains(&self) -> bool {
@@ -269,6 +273,18 @@ impl LayerNorm {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         crate::kernels::layer_norm(x, &self.weight, &self.bias, self.eps)
+    }
+
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    pub fn bias(&self) -> &Tensor {
+        &self.bias
+    }
+
+    pub fn eps(&self) -> f64 {
+        self.eps
     }
 }
 

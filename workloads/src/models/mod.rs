@@ -2,12 +2,16 @@
 //! presets, and modules whose parameter names mirror the reference implementation.
 
 pub mod bert;
+#[cfg(feature = "cuda")]
+pub mod encoder;
 pub mod layers;
 pub mod resnet;
 pub mod swin;
 pub mod vit;
 
 use candle_core::{Result, Tensor};
+
+use crate::optim::ParamGrads;
 
 /// What a workload feeds a model.
 #[derive(Debug, Clone)]
@@ -22,6 +26,11 @@ pub enum Inputs {
 /// A model that maps inputs to class logits; `train` selects training behaviour (batch statistics).
 pub trait Classifier: Send {
     fn forward(&self, inputs: &Inputs, train: bool) -> Result<Tensor>;
+    /// Where the model's backward pass records parameter gradients outside candle's graph, if it
+    /// does (layers run as one op, see [`encoder`]).
+    fn param_grads(&self) -> Option<&ParamGrads> {
+        None
+    }
 }
 
 /// Whether a named tensor is a buffer (state the optimizer must not touch), not a parameter.

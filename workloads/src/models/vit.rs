@@ -8,6 +8,7 @@ use candle_nn::{Init, Module, VarBuilder};
 use crate::kernels::{attention, Act, ScoreBias};
 use super::layers::{LayerNorm, Linear, PatchEmbed, torch_linear};
 use super::{Classifier, Inputs};
+use crate::optim::ParamGrads;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -93,7 +94,23 @@ impl EncoderBlock {
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, grads: &ParamGrads) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        {
+            use super::encoder::{self, Norms, Params};
+            let p = Params {
+                qkv: &[&self.in_proj],
+                out: &self.out_proj,
+                norm1: &self.ln_1,
+                fc1: &self.mlp_fc1,
+                fc2: &self.mlp_fc2,
+                norm2: &self.ln_2,
+            };
+            if encoder::runs_fused(x, &p) {
+                return encoder::forward(x, &p, self.heads, Norms::Pre, None, grads);
+            }
+        }
+        let _ = grads;
         let h = self.ln_1.forward(x)?;
         let attn = attention(&self.in_proj.forward(&h)?, self.heads, ScoreBias::None)?;
         let x = self.out_proj.forward_residual(&attn, x)?;
@@ -109,6 +126,8 @@ pub struct VisionTransformer {
     blocks: Vec<EncoderBlock>,
     ln: LayerNorm,
     head: Linear,
+    /// Gradients of the blocks run as one op each (training on the GPU).
+    grads: ParamGrads,
 }
 
 impl VisionTransformer {
@@ -129,7 +148,7 @@ impl VisionTransformer {
             .collect::<Result<_>>()?;
         let ln = LayerNorm::new(d, 1e-6, enc.pp("ln"))?;
         let head = torch_linear(d, cfg.num_classes, vb.pp("heads.head"))?;
-        Ok(Self { conv_proj, class_token, pos_embedding, blocks, ln, head })
+        Ok(Self { conv_proj, class_token, pos_embedding, blocks, ln, head, grads: ParamGrads::default() })
     }
 }
 
@@ -141,12 +160,16 @@ impl Classifier for VisionTransformer {
         let cls = self.class_token.broadcast_as((b, 1, x.dim(2)?))?;
         let mut x = crate::kernels::add_repeating(&Tensor::cat(&[&cls, &x], 1)?, &self.pos_embedding)?;
         for block in &self.blocks {
-            x = block.forward(&x)?;
+            x = block.forward(&x, &self.grads)?;
         }
         // The class token alone: layer norm is per token, so normalising it alone equals torchvision's
         // normalise-all-then-take. Made contiguous because candle's CUDA matmul takes no strided rows.
         let cls = x.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
         self.head.forward(&self.ln.forward(&cls)?)
+    }
+
+    fn param_grads(&self) -> Option<&ParamGrads> {
+        Some(&self.grads)
     }
 }
 
