@@ -11,9 +11,9 @@
 #     full     all of the above
 #     kernels  the GPU kernel tests (workloads/tests/kernels.rs, from .dist/kernels-test.gz)
 #     mig      the profile table against nvidia-smi, and a dry-run `mig apply` that must change nothing
-#     ab       a change's effect in one call: migprof's cells with AB_ENV set (e.g.
-#              AB_ENV=MIGPROF_ATTENTION_UNFUSED=1) or by the build AB_BIN (gzipped, e.g. the build
-#              before the change), and by this build as it is, alternated twice, then PyTorch's;
+#     ab       a change's effect in one call: migprof's cells with the extra flags AB_ARGS (e.g.
+#              AB_ARGS="--attention composed", a kernel option) or by the build AB_BIN (gzipped, e.g.
+#              the build before the change), and by this build as it is, alternated twice, then PyTorch's;
 #              MODELS, BATCHES, MODES (default infer) and DTYPES (default bf16) pick the cells
 #   MIGPROF_GZ names another build (the CPU build does everything but run models on the GPU).
 #   MODELS and BATCHES narrow the comparison (defaults: the four families, inference at 1,8,32,128).
@@ -45,7 +45,8 @@ log "pinned to $uuid"
 if [ "$mode" = kernels ]; then
 log "our GPU kernels against candle's CPU reference (workloads/tests/kernels.rs, built with --features cudnn)"
 gunzip -c .dist/kernels-test.gz > /tmp/kernels-test && chmod +x /tmp/kernels-test
-/tmp/kernels-test --nocapture --test-threads 1 > "$out/kernels.txt" 2>&1; rc=$?
+# The tests are #[ignore]d (a plain `cargo test` has no GPU) and fail without one.
+/tmp/kernels-test --include-ignored --nocapture --test-threads 1 > "$out/kernels.txt" 2>&1; rc=$?
 grep -E "^test |panicked|differ|test result" -A2 "$out/kernels.txt" | grep -v "^--$" | head -60
 cp "$out/kernels.txt" "${OUT:-/tmp}/" 2>/dev/null
 exit $rc
@@ -79,10 +80,11 @@ models="${MODELS:-bert_base}"; batches="${BATCHES:-128}"; modes="${MODES:-infer}
 cells=(--model "$models" --mode "$modes" --dtype "$dtypes" --batch "$batches" --warmup 5 --iters 20 --device "$uuid")
 other="$bin"
 if [ -n "${AB_BIN:-}" ]; then other=/tmp/migprof-ab; gunzip -c "$AB_BIN" > "$other" && chmod +x "$other"; fi
-[ -n "${AB_ENV:-}${AB_BIN:-}" ] || { echo "ab: set AB_ENV (a setting) or AB_BIN (a build) to compare"; exit 2; }
+[ -n "${AB_ARGS:-}${AB_BIN:-}" ] || { echo "ab: set AB_ARGS (flags, e.g. a kernel option) or AB_BIN (a build) to compare"; exit 2; }
 for round in 1 2; do
-    log "round $round: with ${AB_ENV:-} ${AB_BIN:-}"
-    env ${AB_ENV:-} "$other" run "${cells[@]}" --out "$out/with-$round" 2>&1 | grep -E "^\[|error"
+    log "round $round: with ${AB_ARGS:-} ${AB_BIN:-}"
+    # AB_ARGS is split into words on purpose: several flags.
+    "$other" run "${cells[@]}" ${AB_ARGS:-} --out "$out/with-$round" 2>&1 | grep -E "^\[|error"
     log "round $round: without it"
     "$bin" run "${cells[@]}" --out "$out/without-$round" 2>&1 | grep -E "^\[|error"
 done

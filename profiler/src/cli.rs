@@ -3,8 +3,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::builder::PossibleValuesParser;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use workloads::kernels::options::{Attention, EncoderLayers, GemmAlgorithm};
+use workloads::kernels::KernelOptions;
 use workloads::{Mode, TrainConfig};
 
 use crate::device::DeviceSpec;
@@ -249,6 +251,45 @@ pub struct RunArgs {
     /// Seeds the weights and the synthetic inputs.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+
+    #[command(flatten)]
+    pub kernels: KernelArgs,
+}
+
+/// Kernel choices for experts comparing kernels (shown by --help, not -h). Each is part of what a run
+/// measures: every row records them as `kernel_options`.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Kernel options (recorded in every row as kernel_options)")]
+pub struct KernelArgs {
+    /// Attention's forward on a GPU: one fused kernel where the shape allows, or products, softmax and
+    /// head moves as separate kernels.
+    #[arg(long, default_value = "fused", hide_short_help = true, value_parser = choice::<Attention>(Attention::NAMES))]
+    pub attention: Attention,
+
+    /// ViT and BERT encoder layers in training on a GPU: one op each with a hand-written backward, or
+    /// their ops each as an edge of the gradient graph.
+    #[arg(long, default_value = "op", hide_short_help = true, value_parser = choice::<EncoderLayers>(EncoderLayers::NAMES))]
+    pub encoder_layers: EncoderLayers,
+
+    /// cuBLASLt's algorithm per product shape: the fastest of its candidates, timed on first use, or
+    /// its heuristic's first guess (what PyTorch launches).
+    #[arg(long, default_value = "timed", hide_short_help = true, value_parser = choice::<GemmAlgorithm>(GemmAlgorithm::NAMES))]
+    pub gemm_algorithm: GemmAlgorithm,
+}
+
+impl KernelArgs {
+    pub fn options(&self) -> KernelOptions {
+        KernelOptions { attention: self.attention, layers: self.encoder_layers, gemm: self.gemm_algorithm }
+    }
+}
+
+/// A parser that accepts exactly `names` (clap lists them in the help and in its errors) and parses the
+/// one given.
+fn choice<T>(names: &'static [&'static str]) -> impl TypedValueParser<Value = T>
+where
+    T: std::str::FromStr<Err = String> + Clone + Send + Sync + 'static,
+{
+    PossibleValuesParser::new(names).map(|name| name.parse::<T>().expect("clap accepted a listed name"))
 }
 
 fn takes_tokens(model: &str) -> bool {
@@ -330,6 +371,7 @@ impl RunArgs {
                             seq_len: self.seq_len.filter(|_| takes_tokens(model)).map(|l| l as usize),
                             weights: self.weights.clone(),
                             train: self.train_config(),
+                            kernels: self.kernels.options(),
                             warmup: self.warmup_rule(),
                             stop: self.stop_rule(),
                             seed: self.seed,
@@ -396,6 +438,15 @@ mod tests {
         assert_eq!(args("").specs()[0].train, TrainConfig::adamw());
         let t = args("--optimizer sgd --lr 0.1").specs()[0].train;
         assert_eq!((t.optimizer, t.lr, t.weight_decay), (workloads::OptimizerKind::Sgd { momentum: 0.9 }, 0.1, 0.0));
+    }
+
+    #[test]
+    fn kernel_flags_make_the_options_every_run_records() {
+        assert_eq!(args("").specs()[0].kernels, KernelOptions::default());
+        let k = args("--attention composed --encoder-layers ops --gemm-algorithm heuristic").specs()[0].kernels;
+        assert_eq!(k.canonical(), "v1;attention=composed;layers=ops;gemm=heuristic");
+        let e = Cli::try_parse_from(["migprof", "run", "--attention", "flash"]).unwrap_err().to_string();
+        assert!(e.contains("flash") && e.contains("fused") && e.contains("composed"), "{e}");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use anyhow::{bail, Result};
 use candle_core::{DType, Device};
+use workloads::kernels::KernelOptions;
 use workloads::{Family, Mode, TrainConfig, WorkloadConfig};
 
 use crate::device::OpenDevice;
@@ -13,22 +14,22 @@ const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 const MODES: [Mode; 2] = [Mode::Infer, Mode::Train];
 
 pub fn check(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
-    let mut checked: Vec<(Family, Mode, DType)> = Vec::new();
+    let mut checked: Vec<(Family, Mode, DType, KernelOptions)> = Vec::new();
     for s in specs {
         if s.tf32 && !device.device.is_cuda() {
             bail!("tf32 is a mode of NVIDIA tensor cores; on {} f32 is computed exactly: use --dtype f32 (choices: f32, bf16, f16, tf32 on a GPU)", device.info.kind)
         }
         let (_, info) = workloads::lookup(&s.model)?;
-        let key = (info.family, s.mode, s.dtype);
+        let key = (info.family, s.mode, s.dtype, s.kernels);
         if checked.contains(&key) {
             continue;
         }
         checked.push(key);
-        if let Err(e) = probe(info.family, s.mode, s.dtype, &device.device) {
+        if let Err(e) = probe(info.family, s.mode, s.dtype, s.kernels, &device.device) {
             let runnable: Vec<String> = MODES
                 .iter()
                 .flat_map(|&m| DTYPES.iter().map(move |&d| (m, d)))
-                .filter(|&(m, d)| probe(info.family, m, d, &device.device).is_ok())
+                .filter(|&(m, d)| probe(info.family, m, d, s.kernels, &device.device).is_ok())
                 .map(|(m, d)| format!("{} {}", m.as_str(), d.as_str()))
                 .collect();
             bail!(
@@ -47,9 +48,9 @@ pub fn check(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
     Ok(())
 }
 
-/// One step of the family's tiny preset at batch 2, synchronised.
-fn probe(family: Family, mode: Mode, dtype: DType, device: &Device) -> Result<()> {
-    let cfg = WorkloadConfig { device: device.clone(), dtype, mode, seed: 0, seq_len: None, weights: None, train: TrainConfig::default() };
+/// One step of the family's tiny preset at batch 2 with the run's kernels, synchronised.
+fn probe(family: Family, mode: Mode, dtype: DType, kernels: KernelOptions, device: &Device) -> Result<()> {
+    let cfg = WorkloadConfig { device: device.clone(), dtype, mode, seed: 0, seq_len: None, weights: None, train: TrainConfig::default(), kernels };
     let mut w = workloads::build(workloads::tiny_model(family), &cfg)?;
     let batch = w.synthetic_batch(2, 0)?;
     match mode {

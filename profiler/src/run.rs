@@ -4,6 +4,7 @@
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use chrono::{DateTime, Utc};
+use workloads::kernels::KernelOptions;
 use workloads::{Batch, Mode, ModelInfo, Workload};
 
 use crate::device::{DeviceInfo, OpenDevice};
@@ -28,6 +29,8 @@ pub struct RunSpec {
     pub weights: Option<std::path::PathBuf>,
     /// The optimizer of a training run (unused when inferring).
     pub train: workloads::TrainConfig,
+    /// The kernel choices the workload runs with; recorded in the row as `kernel_options`.
+    pub kernels: KernelOptions,
     pub warmup: Warmup,
     pub stop: Stop,
     pub seed: u64,
@@ -74,6 +77,7 @@ pub struct Run {
     pub weights: Option<String>,
     /// The optimizer and its settings for training runs, e.g. `adamw(lr=0.001, weight_decay=0.01)`.
     pub optimizer: Option<String>,
+    pub kernels: KernelOptions,
     pub warmup_iterations: u64,
     pub measurement: Measurement,
     pub stats: LatencyStats,
@@ -118,6 +122,7 @@ impl Run {
             seed: spec.seed,
             weights: spec.weights.as_ref().map(|p| p.display().to_string()),
             optimizer: (spec.mode == Mode::Train).then(|| describe(&spec.train)),
+            kernels: spec.kernels,
             warmup_iterations: measurement.warmup_iterations,
             measurement,
             stats,
@@ -180,6 +185,7 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext) -> Resu
         seq_len: spec.seq_len,
         weights: spec.weights.clone(),
         train: spec.train,
+        kernels: spec.kernels,
     };
     let workload = workloads::build(&spec.model, &cfg).with_context(|| format!("building {}", spec.model))?;
     let batch = workload.synthetic_batch(spec.batch, spec.seed).context("making the synthetic batch")?;
@@ -305,6 +311,7 @@ pub(crate) mod tests {
             seq_len: None,
             weights: None,
             train: workloads::TrainConfig::default(),
+            kernels: KernelOptions::default(),
             warmup: Warmup::Iterations(2),
             stop: Stop::Iterations(iters),
             seed: 1,

@@ -12,8 +12,9 @@ use crate::provenance;
 use crate::run::Run;
 use crate::stats::ns_to_ms;
 
-/// Bumped whenever a column changes meaning or type; readers concatenate parts of every version.
-pub const SCHEMA_VERSION: i32 = 1;
+/// Bumped whenever a column is added or changes meaning or type; readers concatenate parts of every
+/// version (2: `kernel_options`).
+pub const SCHEMA_VERSION: i32 = 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Table {
@@ -196,6 +197,7 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         Column::new("seed".into(), runs.iter().map(|r| r.seed).collect::<Vec<u64>>()),
         Column::new("weights".into(), runs.iter().map(|r| r.weights.clone()).collect::<Vec<Option<String>>>()),
         Column::new("optimizer".into(), runs.iter().map(|r| r.optimizer.clone()).collect::<Vec<Option<String>>>()),
+        col("kernel_options", s(|r| r.kernels.canonical())),
         col("warmup_iterations", i(|r| r.warmup_iterations as i64)),
         col("iterations", i(|r| r.stats.iterations as i64)),
         col("measured_s", x(|r| r.measurement.elapsed.as_secs_f64())),
@@ -276,6 +278,7 @@ mod tests {
         assert!((get_f64(&runs, "p99_ms", row_a) - 3.0).abs() <= 3e-3, "within HDR precision");
         assert_eq!(runs.column("verdict")?.str()?.get(row_b), Some("too_few_iterations"));
         assert_eq!(runs.column("seq_len")?.null_count(), 2, "images have no sequence length");
+        assert_eq!(runs.column("kernel_options")?.str()?.get(row_a), Some("v1;attention=fused;layers=op;gemm=timed"));
         assert_eq!(runs.column("std_ms")?.null_count(), 0);
         assert_eq!(runs.column("started_at")?.dtype(), &DataType::Datetime(TimeUnit::Microseconds, Some(TimeZone::UTC)));
 

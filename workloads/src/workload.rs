@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use candle_core::{DType, Device, Result, Tensor, Var};
 
 use crate::init::{Checkpoint, Params, Rng, SeededInit};
+use crate::kernels::KernelOptions;
 use crate::models::{is_buffer, Classifier, Inputs};
 use crate::optim::{Optimizer, OptimizerKind};
 use crate::zoo::{lookup_with, InputShape, ModelInfo};
@@ -68,6 +69,8 @@ pub struct WorkloadConfig {
     /// Hugging Face `BertModel`); `None` for seeded random weights.
     pub weights: Option<PathBuf>,
     pub train: TrainConfig,
+    /// The kernel choices the workload's steps run with (entered for the length of each step).
+    pub kernels: KernelOptions,
 }
 
 /// One batch of synthetic inputs with class labels.
@@ -131,7 +134,16 @@ pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
         }
         Params::Frozen(_) => None,
     };
-    Ok(Box::new(Classification { info, model, params, device: cfg.device.clone(), dtype: cfg.dtype, mode: cfg.mode, optimizer }))
+    Ok(Box::new(Classification {
+        info,
+        model,
+        params,
+        device: cfg.device.clone(),
+        dtype: cfg.dtype,
+        mode: cfg.mode,
+        kernels: cfg.kernels,
+        optimizer,
+    }))
 }
 
 /// A classifier of any family trained with cross-entropy.
@@ -142,6 +154,7 @@ struct Classification {
     device: Device,
     dtype: DType,
     mode: Mode,
+    kernels: KernelOptions,
     optimizer: Option<Optimizer>,
 }
 
@@ -189,6 +202,7 @@ impl Workload for Classification {
     }
 
     fn infer(&self, batch: &Batch) -> Result<Tensor> {
+        let _kernels = self.kernels.enter();
         self.model.forward(&batch.inputs, false)
     }
 
@@ -196,6 +210,8 @@ impl Workload for Classification {
         let Some(optimizer) = self.optimizer.as_mut() else {
             candle_core::bail!("{} was built for inference; build it with Mode::Train to train", self.info.name)
         };
+        // The backward pass and the optimizer step launch kernels too: the options cover them all.
+        let _kernels = self.kernels.enter();
         let outside = self.model.param_grads();
         if let Some(outside) = outside {
             outside.clear();

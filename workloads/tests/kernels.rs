@@ -1,20 +1,15 @@
 //! Our GPU kernels against candle's reference implementations on the CPU, forward and backward.
-//! Built only with the `cudnn` feature and run on a GPU machine (benches/gpu_run.sh kernels): the CI
-//! machine has no GPU. Without a CUDA device the tests say so and pass, so that a GPU-less run of a
-//! CUDA build does not fail for want of hardware.
+//! Built only with the `cudnn` feature and run on a GPU machine (`benches/gpu_run.sh kernels`, which
+//! passes `--include-ignored`): every test is `#[ignore]`d and fails without a CUDA device.
 #![cfg(feature = "cudnn")]
 
 use candle_core::{DType, Device, Tensor, Var};
 use workloads::init::Rng;
 
-fn gpu() -> Option<Device> {
-    match Device::new_cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            eprintln!("no CUDA device ({e}); skipped");
-            None
-        }
-    }
+/// The GPU these tests need. They are `#[ignore]`d so that a plain `cargo test` skips them, and
+/// fail, never pass, when run without one (`--include-ignored` on the GPU machine).
+fn gpu() -> Device {
+    Device::new_cuda(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU and found none: {e}"))
 }
 
 fn random(shape: &[usize], seed: u64) -> Tensor {
@@ -44,8 +39,9 @@ const CASES: &[([usize; 4], [usize; 4], usize, usize)] = &[
 ];
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cudnn_conv2d_matches_candle_on_the_cpu_forward_and_backward() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     for (i, &(xs, ws, pad, stride)) in CASES.iter().enumerate() {
         let x = random(&xs, 10 + i as u64);
         let w = random(&ws, 20 + i as u64);
@@ -87,8 +83,9 @@ fn strict_then_tf32(what: &str, run: &dyn Fn() -> Tensor, reference: &Tensor) ->
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn f32_convolutions_stay_off_tf32_unless_allowed_and_stay_close_when_allowed() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // Long reductions (c * k * k = 1152 terms) make TF32's 10-bit inputs visible: ~1e-3 relative,
     // against ~1e-6 for f32.
     let x = random(&[4, 128, 16, 16], 1);
@@ -101,9 +98,10 @@ fn f32_convolutions_stay_off_tf32_unless_allowed_and_stay_close_when_allowed() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn f32_linear_layers_stay_off_tf32_unless_allowed() {
     use workloads::kernels::{linear, Act};
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // 2048-term dot products: TF32's 10-bit inputs show at ~1e-3 relative, f32 at ~1e-6. cuBLASLt
     // is asked for COMPUTE_32F_FAST_TF32 when allowed, so there it must show.
     let (x, w, b) = (random(&[64, 2048], 3), random(&[96, 2048], 4), random(&[96], 5));
@@ -125,9 +123,10 @@ fn relu_as_pytorch(v: &Tensor, relu: bool) -> Tensor {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn bias_kernel_matches_candle_on_the_cpu_forward_and_backward() {
     use workloads::kernels::{bias_act, Act, BiasAxis};
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // NCHW channel biases (ResNet's folded batch norm, patch embeddings) and last-axis biases
     // (linear layers, attention biases seen as rows), with each activation.
     // Shapes whose planes hold whole 16-byte words take the vector kernel, the others the scalar one.
@@ -177,8 +176,9 @@ fn bias_kernel_matches_candle_on_the_cpu_forward_and_backward() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn add_kernel_matches_candle_on_the_cpu_forward_and_backward() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // 945 elements (the scalar kernel) and 512 (16-byte words).
     for shape in [[3usize, 5, 7, 9], [2, 4, 8, 8]] {
         let (x, z, r) = (random(&shape, 70), random(&shape, 71), random(&shape, 72));
@@ -217,7 +217,7 @@ fn with_grads(f: &dyn Fn(&[&Tensor]) -> Tensor, inputs: &[Tensor], r: &Tensor) -
 /// `f` on the GPU in f32, bf16 and f16 against the same op on the CPU in f32 (its reference loops),
 /// on inputs rounded to each dtype: forward and every input's gradient within `tol` of the dtype.
 fn matches_cpu(what: &str, f: &dyn Fn(&[&Tensor]) -> Tensor, inputs: &[Tensor], tols: [f32; 3]) {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let y0 = f(&inputs.iter().collect::<Vec<_>>());
     let r = random(y0.dims(), 99);
     for (dtype, tol) in [DType::F32, DType::BF16, DType::F16].into_iter().zip(tols) {
@@ -235,6 +235,7 @@ fn matches_cpu(what: &str, f: &dyn Fn(&[&Tensor]) -> Tensor, inputs: &[Tensor], 
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn layer_norm_kernel_matches_the_cpu_forward_and_backward() {
     use workloads::kernels::layer_norm;
     // Swin's first stage (96), ViT/BERT (768), a row needing several elements per thread (3000),
@@ -250,6 +251,7 @@ fn layer_norm_kernel_matches_the_cpu_forward_and_backward() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn batch_norm_kernels_match_the_cpu_forward_and_backward() {
     use workloads::kernels::batch_norm::{BatchNorm, BatchStats};
     let train = |relu: bool| {
@@ -277,9 +279,10 @@ fn batch_norm_kernels_match_the_cpu_forward_and_backward() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn adamw_kernel_matches_the_cpu_over_three_steps() {
     use workloads::optim::{Optimizer, OptimizerKind};
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let p0 = random(&[3000], 170);
     let grads: Vec<Tensor> = (0..3).map(|t| random(&[3000], 171 + t)).collect();
     let run = |device: &Device, dtype: DType| -> Tensor {
@@ -308,6 +311,7 @@ fn adamw_kernel_matches_the_cpu_over_three_steps() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn linear_op_matches_the_cpu_forward_and_backward() {
     use workloads::kernels::{linear, Act};
     // ViT's tokens ([batch, tokens, features]) and plain rows, with each activation; the CPU takes
@@ -340,6 +344,7 @@ fn linear_op_matches_the_cpu_forward_and_backward() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn attention_op_matches_the_cpu_forward_and_backward() {
     use workloads::kernels::{attention, ScoreBias};
     // ViT's 197 tokens (padded to 200 on the GPU), 3 heads of 8.
@@ -366,9 +371,10 @@ fn attention_op_matches_the_cpu_forward_and_backward() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn the_memory_pool_keeps_freed_memory_across_synchronisations_until_released() {
     use workloads::memory::{pool_allocations, pooled_bytes};
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     pool_allocations(&gpu).unwrap();
     let before = pooled_bytes(&gpu).unwrap().expect("CUDA allocations come from a pool");
     // 256 MiB allocated, used, freed; then a synchronisation, where a pool with the default
@@ -387,9 +393,10 @@ fn the_memory_pool_keeps_freed_memory_across_synchronisations_until_released() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn linear_with_a_residual_matches_the_cpu() {
     use workloads::kernels::linear_residual;
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // ViT's tokens, 96 features in, 64 out; a bias at element 0 (the GEMM adds the residual) and at
     // element 1 (unaligned for the epilogue: linear, then our add).
     let (x, w, r) = (random(&[2, 197, 96], 300), random(&[64, 96], 301), random(&[2, 197, 64], 303));
@@ -414,9 +421,10 @@ fn linear_with_a_residual_matches_the_cpu() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn fused_attention_matches_the_cpu_forward_and_backward() {
     use workloads::kernels::{attention, attention::runs_fused, ScoreBias};
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // The shapes below take a fused kernel in bf16 and f16, and in f32 but for heads of 128 (the
     // f32 kernel keeps a head in registers); heads of 8 compose in every dtype.
     for (shape, heads) in [([2usize, 197, 384], 2usize), ([1, 70, 384], 1), ([8, 49, 192], 2)] {
@@ -426,6 +434,12 @@ fn fused_attention_matches_the_cpu_forward_and_backward() {
     }
     assert!(!runs_fused(&Tensor::zeros((2, 197, 72), DType::BF16, &gpu).unwrap(), 3).unwrap());
     assert!(!runs_fused(&Tensor::zeros((2, 197, 72), DType::F32, &gpu).unwrap(), 3).unwrap());
+    // The kernel option `attention=composed` turns every fused launch off.
+    {
+        use workloads::kernels::{options::Attention, KernelOptions};
+        let _composed = KernelOptions { attention: Attention::Composed, ..KernelOptions::default() }.enter();
+        assert!(!runs_fused(&Tensor::zeros((2, 197, 384), DType::BF16, &gpu).unwrap(), 2).unwrap());
+    }
     // ViT-B-like: 197 tokens (four tiles of 64 keys, the last of 5), 2 heads of 64.
     let qkv = random(&[2, 197, 384], 210);
     matches_cpu("fused attention vit-like", &|a| attention(a[0], 2, ScoreBias::None).unwrap(), &[qkv], [1e-5, 3e-2, 5e-3]);
@@ -453,6 +467,7 @@ fn fused_attention_matches_the_cpu_forward_and_backward() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn max_pool_kernel_matches_the_cpu_forward_and_backward() {
     use workloads::ops::max_pool2d;
     // ResNet's 3x3 stride-2 pool with padding 1, on even and odd sides. Values (37·i mod 101) - 50:
@@ -467,6 +482,7 @@ fn max_pool_kernel_matches_the_cpu_forward_and_backward() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn embedding_op_matches_the_cpu_forward_and_backward() {
     use workloads::kernels::embedding;
     // 21 ids into a 50-row table, some repeated (their gradients add up in one row).
@@ -478,6 +494,7 @@ fn embedding_op_matches_the_cpu_forward_and_backward() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn swin_window_kernels_match_the_cpu_forward_and_backward() {
     use workloads::kernels::{window_merge, window_partition};
     // Swin-T's first stage (8x8 windows shown at 16x16, 96 channels: 16-byte words), a shift, and
@@ -495,9 +512,10 @@ fn swin_window_kernels_match_the_cpu_forward_and_backward() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn batch_norm_running_update_matches_the_cpu() {
     use workloads::kernels::batch_norm::RunningUpdate;
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let (running, stats) = (random(&[300], 270), random(&[2, 300], 271));
     for row in [0, 1] {
         let op = RunningUpdate { row, keep: 0.9, take: 0.1 * 1.01 };
@@ -512,13 +530,14 @@ fn batch_norm_running_update_matches_the_cpu() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn an_encoder_layer_as_one_op_matches_the_layer_built_of_ops() {
     use candle_nn::{VarBuilder, VarMap};
     use workloads::kernels::{attention, Act, ScoreBias};
     use workloads::models::encoder::{self, Norms, Params};
     use workloads::models::layers::{LayerNorm, Linear};
     use workloads::optim::ParamGrads;
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     // 37 tokens (a partial tile of keys and queries), 2 heads of 64 (the fused attention kernels),
     // an MLP twice as wide.
     let (b, t, c, heads) = (2usize, 37usize, 128usize, 2usize);
@@ -550,7 +569,12 @@ fn an_encoder_layer_as_one_op_matches_the_layer_built_of_ops() {
             };
             let p = Params { qkv: &qkv, out: &out, norm1: &norm1, fc1: &fc1, fc2: &fc2, norm2: &norm2 };
             let x = var(&[b, t, c], 540, 1.0);
-            assert!(encoder::runs_fused(x.as_tensor(), &p), "{norms:?} {dtype:?}: the fused path must run");
+            assert!(encoder::runs_as_one_op(x.as_tensor(), &p), "{norms:?} {dtype:?}: the fused path must run");
+            {
+                use workloads::kernels::{options::EncoderLayers, KernelOptions};
+                let _ops = KernelOptions { layers: EncoderLayers::Ops, ..KernelOptions::default() }.enter();
+                assert!(!encoder::runs_as_one_op(x.as_tensor(), &p), "layers=ops builds the layer of ops");
+            }
             // The same layer of our ops, as the models build it without the fused op.
             let composed = |x: &Tensor| -> Tensor {
                 let qkv = Linear::packed(&qkv).unwrap();

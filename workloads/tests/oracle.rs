@@ -11,7 +11,7 @@ use workloads::init::Rng;
 use workloads::{build, Batch, Inputs, Mode, TrainConfig, WorkloadConfig};
 
 fn config() -> WorkloadConfig {
-    WorkloadConfig { device: Device::Cpu, dtype: DType::F32, mode: Mode::Infer, seed: 7, seq_len: None, weights: None, train: TrainConfig::default() }
+    WorkloadConfig { device: Device::Cpu, dtype: DType::F32, mode: Mode::Infer, seed: 7, seq_len: None, weights: None, train: TrainConfig::default(), kernels: Default::default() }
 }
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {

@@ -4,7 +4,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use workloads::{build, is_buffer, lookup, Mode, TrainConfig, Workload, WorkloadConfig};
 
 fn config(mode: Mode, train: TrainConfig) -> WorkloadConfig {
-    WorkloadConfig { device: Device::Cpu, dtype: DType::F32, mode, seed: 42, seq_len: None, weights: None, train }
+    WorkloadConfig { device: Device::Cpu, dtype: DType::F32, mode, seed: 42, seq_len: None, weights: None, train, kernels: Default::default() }
 }
 
 fn values(t: &Tensor) -> Result<Vec<f32>> {

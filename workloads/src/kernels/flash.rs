@@ -376,11 +376,10 @@ impl Fused {
     /// Whether a fused kernel takes this shape: on a GPU of compute capability 8.0 or later (bf16
     /// tensor-core instructions), bf16 or f16 heads of 32, 64 or 128, or f32 heads of 32 or 64 (the
     /// CUDA-core kernel keeps a query's features and output in registers). `qkv_start` is the
-    /// packed projection's first element: its rows are read in 16-byte words. Off when
-    /// `MIGPROF_ATTENTION_UNFUSED=1`, to compare the two paths in one process.
+    /// packed projection's first element: its rows are read in 16-byte words. Off when the active
+    /// kernel options ask for composed attention.
     pub(crate) fn takes(&self, dtype: DType, dev: &CudaDevice, qkv_start: usize) -> bool {
-        static UNFUSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let unfused = *UNFUSED.get_or_init(|| std::env::var("MIGPROF_ATTENTION_UNFUSED").is_ok_and(|v| v == "1"));
+        let unfused = crate::kernels::KernelOptions::active().attention == crate::kernels::options::Attention::Composed;
         let capable = dev.cuda_stream().context().compute_capability().is_ok_and(|(major, _)| major >= 8);
         let head = match dtype {
             DType::BF16 | DType::F16 => matches!(self.d, 32 | 64 | 128),

@@ -31,6 +31,7 @@ use candle_core::cuda_backend::{CudaDType, CudaDevice};
 use candle_core::{bail, CudaStorage, DType, Layout, Result};
 
 use super::launch::by_dtype;
+use super::options::{GemmAlgorithm, KernelOptions};
 
 /// cuBLASLt's workspace: what NVIDIA recommends for Hopper (PyTorch takes the same).
 const WORKSPACE: usize = 32 << 20;
@@ -76,6 +77,8 @@ struct Key {
     stream: usize,
     dtype: DType,
     tf32: bool,
+    /// How the plan's algorithm is picked: a plan made under one choice never serves the other.
+    algorithm: GemmAlgorithm,
     product: Product,
     epilogue: Epilogue,
     /// Of A, B and the residual C (0 without one), in bytes: the heuristic picks algorithms for the
@@ -292,7 +295,8 @@ fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>,
             let (handle, sid) = state.handle(&dev)?;
             let tf32 = crate::precision::tf32_allowed();
             let c_align = if residual_p.is_some() { alignment(cp) } else { 0 };
-            let key = Key { stream: sid, dtype: a.0.dtype(), tf32, product, epilogue, align: [alignment(ap), alignment(bp), c_align] };
+            let algorithm = KernelOptions::active().gemm;
+            let key = Key { stream: sid, dtype: a.0.dtype(), tf32, algorithm, product, epilogue, align: [alignment(ap), alignment(bp), c_align] };
             if let std::collections::hash_map::Entry::Vacant(slot) = state.plans.entry(key) {
                 slot.insert(build(handle, key)?);
             }
@@ -340,14 +344,14 @@ fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>,
 
 /// The candidate that runs the product fastest on the GPU (the median of three timed launches after
 /// one untimed), skipping any the library refuses at launch. Its first guess when only one remains,
-/// or with MIGPROF_GEMM_HEURISTIC=1 (what PyTorch launches).
+/// or when the key's algorithm choice is the heuristic's (what PyTorch launches).
 fn fastest(
     stream: &Arc<CudaStream>,
     candidates: &[sys::cublasLtMatmulAlgo_t],
     launch: &dyn Fn(&sys::cublasLtMatmulAlgo_t) -> std::result::Result<(), lt::CublasError>,
     key: &Key,
 ) -> Result<sys::cublasLtMatmulAlgo_t> {
-    if candidates.len() == 1 || std::env::var_os("MIGPROF_GEMM_HEURISTIC").is_some() {
+    if candidates.len() == 1 || key.algorithm == GemmAlgorithm::Heuristic {
         return Ok(candidates[0]);
     }
     // MIGPROF_GEMM_LOG=1: what was measured, to see why an algorithm was chosen.

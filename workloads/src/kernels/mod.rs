@@ -26,6 +26,7 @@ pub mod linear;
 pub mod norm;
 #[cfg(feature = "cuda")]
 mod nvrtc;
+pub mod options;
 #[cfg(feature = "cuda")]
 pub mod pointwise;
 #[cfg(feature = "cuda")]
@@ -36,6 +37,7 @@ pub mod windows;
 use candle_core::{Result, Tensor};
 
 pub use attention::{attention, ScoreBias};
+pub use options::KernelOptions;
 
 /// Layer normalisation over the last dimension (`torch.nn.LayerNorm`): our differentiable op,
 /// except for inference on the CPU, where candle's fused kernel is faster than our reference loops.

@@ -156,7 +156,7 @@ impl Layer {
                 fc2: &self.output,
                 norm2: &self.output_norm,
             };
-            if encoder::runs_fused(x, &p) {
+            if encoder::runs_as_one_op(x, &p) {
                 return encoder::forward(x, &p, self.heads, Norms::Post, Some(mask_bias), grads);
             }
         }

@@ -12,7 +12,7 @@
 //! sixteen parameters, so the op holds them and hands their gradients to the optimizer through
 //! [`ParamGrads`] rather than through the graph.
 //!
-//! `MIGPROF_LAYERS_UNFUSED=1` builds the layers of our ops instead, to compare the two in one build.
+//! The kernel option `layers=ops` builds the layers of our ops instead, to compare the two in one build.
 
 use std::sync::Mutex;
 
@@ -22,6 +22,7 @@ use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, CustomOp3, Layout, R
 use super::layers::{LayerNorm, Linear};
 use crate::kernels::bias::Activation;
 use crate::kernels::linear::LinearOp;
+use crate::kernels::options::{EncoderLayers, KernelOptions};
 use crate::kernels::{add, attention, layer_norm, linear, linear_residual, norm, Act, ScoreBias};
 use crate::optim::ParamGrads;
 
@@ -47,17 +48,17 @@ pub struct Params<'a> {
 }
 
 /// Whether [`forward`] runs the layer as one op: training (x and some parameter record a graph) on a
-/// CUDA device, unless `MIGPROF_LAYERS_UNFUSED=1`. An input that records no graph would leave the
-/// op out of the backward pass, and with it the parameters' gradients.
-pub fn runs_fused(x: &Tensor, p: &Params) -> bool {
+/// CUDA device, unless the active kernel options say `layers=ops`. An input that records no graph
+/// would leave the op out of the backward pass, and with it the parameters' gradients.
+pub fn runs_as_one_op(x: &Tensor, p: &Params) -> bool {
     let trains = p.qkv.iter().chain([&p.out, &p.fc1, &p.fc2]).any(|l| l.trains())
         || [p.norm1, p.norm2].iter().any(|n| n.weight().track_op() || n.bias().track_op());
-    let unfused = std::env::var("MIGPROF_LAYERS_UNFUSED").is_ok_and(|v| v == "1");
-    x.device().is_cuda() && x.track_op() && trains && !unfused
+    let ops = KernelOptions::active().layers == EncoderLayers::Ops;
+    x.device().is_cuda() && x.track_op() && trains && !ops
 }
 
 /// The layer over x [b, t, c] as one op, its parameters' gradients recorded in `grads` by the
-/// backward pass; `mask` a [b, t] key mask in x's dtype (BERT's padding). See [`runs_fused`].
+/// backward pass; `mask` a [b, t] key mask in x's dtype (BERT's padding). See [`runs_as_one_op`].
 pub fn forward(x: &Tensor, p: &Params, heads: usize, norms: Norms, mask: Option<&Tensor>, grads: &ParamGrads) -> Result<Tensor> {
     let x = x.contiguous()?;
     let weights = Weights::of(p)?;

@@ -106,7 +106,7 @@ impl EncoderBlock {
                 fc2: &self.mlp_fc2,
                 norm2: &self.ln_2,
             };
-            if encoder::runs_fused(x, &p) {
+            if encoder::runs_as_one_op(x, &p) {
                 return encoder::forward(x, &p, self.heads, Norms::Pre, None, grads);
             }
         }

@@ -1,0 +1,218 @@
+//! The kernel choices that change what a step measures, as one typed value: which attention kernel,
+//! whether encoder layers train as one op, how GEMM algorithms are picked. A run is built with one
+//! [`KernelOptions`] and records its [`canonical`](KernelOptions::canonical) string, so two rows
+//! measured with different kernels never look alike.
+//!
+//! The options reach the ops through [`KernelOptions::enter`]: a workload enters its own options for
+//! the length of each step on the thread that drives the device. Why not a field of every op: the
+//! choices sit deep inside candle custom ops (a GEMM plan, a fused-attention check) that layers build
+//! on the fly, and candle gives a layer no context to carry them in; the thread is already the unit
+//! that owns the device's handles and plans (`gemm.rs`, `cudnn_conv.rs`).
+
+use std::cell::Cell;
+use std::fmt;
+use std::str::FromStr;
+
+/// Declares a choice: an enum whose variants each have one spelling, used by the CLI, the canonical
+/// string and the parser alike, so the three cannot disagree.
+macro_rules! choice {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant),+
+        }
+
+        impl $name {
+            /// Every spelling, in declaration order.
+            pub const NAMES: &'static [&'static str] = &[$($text),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = String;
+
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    other => Err(format!("`{other}` is not one of {}", $name::NAMES.join(", "))),
+                }
+            }
+        }
+    };
+}
+
+choice! {
+    /// Attention's forward on CUDA devices.
+    Attention {
+        /// One kernel where the shape allows it (see `kernels::attention::runs_fused`), composed
+        /// elsewhere.
+        Fused = "fused",
+        /// Always products, softmax and head moves, as separate kernels.
+        Composed = "composed",
+    }
+}
+
+choice! {
+    /// How a transformer encoder layer (ViT, BERT) trains on CUDA devices.
+    EncoderLayers {
+        /// One graph edge per layer with a hand-written backward (`models::encoder`).
+        Op = "op",
+        /// The layer's ops, each its own edge of candle's graph.
+        Ops = "ops",
+    }
+}
+
+choice! {
+    /// How each cuBLASLt product's algorithm is chosen, once per shape.
+    GemmAlgorithm {
+        /// The fastest of the heuristic's candidates, timed on first use.
+        Timed = "timed",
+        /// The heuristic's first guess, as PyTorch launches.
+        Heuristic = "heuristic",
+    }
+}
+
+/// Every kernel choice of a run. The default is what migprof measures unless told otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelOptions {
+    pub attention: Attention,
+    pub layers: EncoderLayers,
+    pub gemm: GemmAlgorithm,
+}
+
+impl Default for KernelOptions {
+    fn default() -> Self {
+        Self { attention: Attention::Fused, layers: EncoderLayers::Op, gemm: GemmAlgorithm::Timed }
+    }
+}
+
+thread_local! {
+    static ACTIVE: Cell<Option<KernelOptions>> = const { Cell::new(None) };
+}
+
+/// While alive, the options the ops on this thread use; the ones before come back when dropped.
+#[must_use = "the options apply only while the guard lives"]
+pub struct Entered {
+    previous: Option<KernelOptions>,
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        ACTIVE.with(|a| a.set(self.previous));
+    }
+}
+
+impl KernelOptions {
+    /// The version of the canonical string's format: bumped when a key is added, so that an old row
+    /// (which lacks the key) keeps meaning what it meant when it was written.
+    pub const VERSION: u32 = 1;
+
+    /// `v1;attention=fused;layers=op;gemm=timed`: the version, then every key spelled out.
+    pub fn canonical(&self) -> String {
+        format!(
+            "v{};attention={};layers={};gemm={}",
+            Self::VERSION,
+            self.attention.as_str(),
+            self.layers.as_str(),
+            self.gemm.as_str()
+        )
+    }
+
+    /// Makes these the options of the ops run on this thread until the guard is dropped.
+    pub fn enter(self) -> Entered {
+        Entered { previous: ACTIVE.with(|a| a.replace(Some(self))) }
+    }
+
+    /// The options entered on this thread, or the defaults where none are (an op called outside a
+    /// workload's step, as the kernel tests do).
+    pub fn active() -> KernelOptions {
+        ACTIVE.with(|a| a.get()).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for KernelOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.canonical())
+    }
+}
+
+impl FromStr for KernelOptions {
+    type Err = String;
+
+    /// Parses a canonical string of this version: every key exactly once, in any order.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.split(';');
+        let version = parts.next().unwrap_or("");
+        if version != format!("v{}", Self::VERSION) {
+            return Err(format!("kernel options `{s}`: expected version v{} first, found `{version}`", Self::VERSION));
+        }
+        let (mut attention, mut layers, mut gemm) = (None, None, None);
+        for part in parts {
+            let (key, value) = part.split_once('=').ok_or_else(|| format!("kernel options `{s}`: `{part}` is not key=value"))?;
+            let repeated = match key {
+                "attention" => attention.replace(value.parse::<Attention>().map_err(|e| format!("attention: {e}"))?).is_some(),
+                "layers" => layers.replace(value.parse::<EncoderLayers>().map_err(|e| format!("layers: {e}"))?).is_some(),
+                "gemm" => gemm.replace(value.parse::<GemmAlgorithm>().map_err(|e| format!("gemm: {e}"))?).is_some(),
+                other => return Err(format!("kernel options `{s}`: unknown key `{other}` (keys: attention, layers, gemm)")),
+            };
+            if repeated {
+                return Err(format!("kernel options `{s}`: `{key}` given twice"));
+            }
+        }
+        match (attention, layers, gemm) {
+            (Some(attention), Some(layers), Some(gemm)) => Ok(Self { attention, layers, gemm }),
+            _ => Err(format!("kernel options `{s}`: every key is needed (attention, layers, gemm)")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_canonical_string_spells_every_key_and_parses_back() {
+        assert_eq!(KernelOptions::default().canonical(), "v1;attention=fused;layers=op;gemm=timed");
+        let other = KernelOptions { attention: Attention::Composed, layers: EncoderLayers::Ops, gemm: GemmAlgorithm::Heuristic };
+        assert_eq!(other.canonical(), "v1;attention=composed;layers=ops;gemm=heuristic");
+        for o in [KernelOptions::default(), other] {
+            assert_eq!(o.canonical().parse::<KernelOptions>(), Ok(o));
+        }
+        assert_eq!("v1;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>(), Ok(other));
+    }
+
+    #[test]
+    fn malformed_strings_say_what_is_wrong() {
+        let err = |s: &str| s.parse::<KernelOptions>().unwrap_err();
+        assert!(err("v2;attention=fused;layers=op;gemm=timed").contains("expected version v1"));
+        assert!(err("v1;attention=fused;layers=op").contains("every key"));
+        assert!(err("v1;attention=flash;layers=op;gemm=timed").contains("fused, composed"));
+        assert!(err("v1;attention=fused;attention=fused;layers=op;gemm=timed").contains("given twice"));
+        assert!(err("v1;graphs=on;attention=fused;layers=op;gemm=timed").contains("unknown key `graphs`"));
+    }
+
+    #[test]
+    fn entered_options_apply_on_this_thread_until_dropped() {
+        let composed = KernelOptions { attention: Attention::Composed, ..KernelOptions::default() };
+        assert_eq!(KernelOptions::active(), KernelOptions::default());
+        {
+            let _outer = composed.enter();
+            assert_eq!(KernelOptions::active(), composed);
+            let heuristic = KernelOptions { gemm: GemmAlgorithm::Heuristic, ..composed };
+            {
+                let _inner = heuristic.enter();
+                assert_eq!(KernelOptions::active(), heuristic);
+                // Another thread has its own: nothing leaks across.
+                std::thread::spawn(|| assert_eq!(KernelOptions::active(), KernelOptions::default())).join().unwrap();
+            }
+            assert_eq!(KernelOptions::active(), composed);
+        }
+        assert_eq!(KernelOptions::active(), KernelOptions::default());
+    }
+}
