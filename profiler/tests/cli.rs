@@ -143,16 +143,12 @@ fn models_lists_every_model_with_exact_counts() {
 }
 
 /// pyarrow, the reader most users have, reads what migprof wrote and every row keeps its promises
-/// (scripts/check_results.py). Without pyarrow the test says so and passes, except under CI, whose
-/// .ci/run installs it.
+/// (scripts/check_results.py). Needs python3 with pyarrow, which .ci/run installs.
 #[test]
+#[ignore = "needs python3 with pyarrow"]
 fn pyarrow_reads_the_folder_and_every_row_checks_out() {
     let has_pyarrow = Command::new("python3").args(["-c", "import pyarrow"]).output().is_ok_and(|o| o.status.success());
-    if !has_pyarrow {
-        assert!(std::env::var_os("CI").is_none(), "CI must have pyarrow (.ci/run installs it)");
-        eprintln!("pyarrow is not installed: skipping the pyarrow read-back");
-        return;
-    }
+    assert!(has_pyarrow, "this test needs python3 with pyarrow (`python3 -m pip install pyarrow`)");
     let dir = tempfile::tempdir().unwrap();
     let o = run_tiny(dir.path(), &["--mode", "infer,train", "--batch", "1,3", "--iters", "10", "--warmup", "1"]);
     assert!(o.status.success(), "{}", text(&o));

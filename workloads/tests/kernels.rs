@@ -469,7 +469,7 @@ fn fused_attention_matches_the_cpu_forward_and_backward() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn max_pool_kernel_matches_the_cpu_forward_and_backward() {
-    use workloads::ops::max_pool2d;
+    use workloads::kernels::max_pool2d;
     // ResNet's 3x3 stride-2 pool with padding 1, on even and odd sides. Values (37·i mod 101) - 50:
     // integers, exact in bf16 and f16, and distinct within every 3x3 window of these widths, so
     // that no window has a tie (PyTorch's first-maximum rule and candle's split gradient differ

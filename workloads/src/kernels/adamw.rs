@@ -120,34 +120,8 @@ mod cuda {
         l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("AdamW updates contiguous tensors".into()))
     }
 
-    const SOURCE: &str = r#"
-// mv: [m; v] f32, 2n. pass 0: moments from g. pass 1: theta from the moments; c1, c2 the bias
-// corrections.
-template <typename E>
-__device__ void adamw(typename E::T* theta, const typename E::T* g, float* mv, unsigned int n, float lr,
-                      float b1, float b2, float eps, float wd, float c1, float c2, int pass) {
-    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        if (pass == 0) {
-            float gi = E::get(g, i);
-            mv[i] = b1 * mv[i] + (1.f - b1) * gi;
-            mv[n + i] = b2 * mv[n + i] + (1.f - b2) * gi * gi;
-        } else {
-            float p = E::get(theta, i) * (1.f - lr * wd);
-            E::put(theta, i, p - lr * (mv[i] / c1) / (sqrtf(mv[n + i] / c2) + eps));
-        }
-    }
-}
-#define KERNEL(S, E)                                                                                  \
-extern "C" __global__ void adamw_##S(E::T* theta, const E::T* g, float* mv, unsigned int n, float lr,  \
-                                     float b1, float b2, float eps, float wd, float c1, float c2, int pass) { \
-    adamw<E>(theta, g, mv, n, lr, b1, b2, eps, wd, c1, c2, pass);                                     \
-}
-KERNEL(f32, F32)
-KERNEL(bf16, BF16)
-KERNEL(f16, F16)
-"#;
 
-    crate::kernels::nvrtc::compiled!(SOURCE, "AdamW");
+    crate::kernels::nvrtc::compiled!(crate::kernels::sources::ADAMW);
 
     /// The kernel's scalar arguments, in its order.
     fn scalars(s: &AdamStep) -> [f32; 7] {
@@ -166,7 +140,7 @@ KERNEL(f16, F16)
     pub(super) fn moments(mv: &mut CudaStorage, ml: &Layout, g: &CudaStorage, gl: &Layout, n: usize, s: &AdamStep) -> Result<()> {
         let dev = g.device().clone();
         let kernel = name("adamw", g.dtype());
-        let func = dev.get_or_load_custom_func(&kernel, "migprof_adamw", ptx()?)?;
+        let func = dev.get_or_load_custom_func(&kernel, crate::kernels::sources::ADAMW.module, ptx()?)?;
         let (cfg, n) = config(n)?;
         let k = scalars(s);
         let (start, end) = range(ml)?;
@@ -190,7 +164,7 @@ KERNEL(f16, F16)
     pub(super) fn apply(theta: &mut CudaStorage, l: &Layout, mv: &CudaStorage, ml: &Layout, n: usize, s: &AdamStep) -> Result<()> {
         let dev = mv.device().clone();
         let kernel = name("adamw", theta.dtype());
-        let func = dev.get_or_load_custom_func(&kernel, "migprof_adamw", ptx()?)?;
+        let func = dev.get_or_load_custom_func(&kernel, crate::kernels::sources::ADAMW.module, ptx()?)?;
         let (cfg, n) = config(n)?;
         let k = scalars(s);
         let (start, end) = range(l)?;

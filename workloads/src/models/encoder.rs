@@ -20,10 +20,11 @@ use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Storage, Tensor};
 
 use super::layers::{LayerNorm, Linear};
-use crate::kernels::bias::Activation;
-use crate::kernels::linear::LinearOp;
+use crate::kernels::elementwise::cuda::Activation;
+use crate::kernels::layer_norm;
+use crate::kernels::linear::cuda::LinearOp;
 use crate::kernels::options::{EncoderLayers, KernelOptions};
-use crate::kernels::{add, attention, layer_norm, linear, linear_residual, norm, Act, ScoreBias};
+use crate::kernels::{add, attention, linear, linear_residual, Act, ScoreBias};
 use crate::optim::ParamGrads;
 
 /// Where a layer's two layer norms sit.
@@ -148,18 +149,18 @@ impl Weights {
                 let qkv = linear(x, wq, Some(bq), Act::None)?;
                 let ctx = attention(&qkv, heads, bias)?;
                 let norm1_in = linear_residual(&ctx, wo, bo, x)?;
-                let fc1_in = layer_norm(&norm1_in, &n1.0, &n1.1, n1.2)?;
+                let fc1_in = layer_norm::layer_norm(&norm1_in, &n1.0, &n1.1, n1.2)?;
                 let (pre, h) = mlp(&fc1_in)?;
                 let norm2_in = linear_residual(&h, w2, b2, &fc1_in)?;
-                let out = layer_norm(&norm2_in, &n2.0, &n2.1, n2.2)?;
+                let out = layer_norm::layer_norm(&norm2_in, &n2.0, &n2.1, n2.2)?;
                 (out, Saved { qkv_in: x.clone(), qkv, ctx, norm1_in, fc1_in, pre, h, norm2_in })
             }
             Norms::Pre => {
-                let qkv_in = layer_norm(x, &n1.0, &n1.1, n1.2)?;
+                let qkv_in = layer_norm::layer_norm(x, &n1.0, &n1.1, n1.2)?;
                 let qkv = linear(&qkv_in, wq, Some(bq), Act::None)?;
                 let ctx = attention(&qkv, heads, bias)?;
                 let norm2_in = linear_residual(&ctx, wo, bo, x)?;
-                let fc1_in = layer_norm(&norm2_in, &n2.0, &n2.1, n2.2)?;
+                let fc1_in = layer_norm::layer_norm(&norm2_in, &n2.0, &n2.1, n2.2)?;
                 let (pre, h) = mlp(&fc1_in)?;
                 let out = linear_residual(&h, w2, b2, &norm2_in)?;
                 (out, Saved { qkv_in, qkv, ctx, norm1_in: x.clone(), fc1_in, pre, h, norm2_in })
@@ -220,7 +221,7 @@ fn linear_grads(x: &Tensor, (w, b): &(Tensor, Tensor), grad: &Tensor) -> Result<
 
 /// (dx, dw, db) of a layer norm whose input was x.
 fn norm_grads(x: &Tensor, (w, b, eps): &(Tensor, Tensor, f64), grad: &Tensor) -> Result<(Tensor, PairGrads)> {
-    let op = norm::LayerNorm { eps: *eps };
+    let op = layer_norm::LayerNorm { eps: *eps };
     match op.bwd(x, w, b, grad, grad)? {
         (Some(dx), Some(dw), Some(db)) => Ok((dx, (dw, db))),
         _ => bail!("the layer norm op's backward pass returned no gradient"),

@@ -8,7 +8,7 @@ use super::layers::{BatchNorm2d, Conv2d, ConvBn, Linear, torch_linear};
 use super::{Classifier, Inputs};
 use crate::kernels::add;
 use crate::init::KAIMING_NORMAL_FAN_OUT;
-use crate::ops::max_pool2d;
+use crate::kernels::max_pool2d;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Block {

@@ -1,0 +1,90 @@
+// y = act(x + b) with b broadcast along one axis (a linear layer's bias, a convolution's channels),
+// y = act(x + z) for a residual, and their gradients. x is seen as planes that share one bias value
+// or one bias row, so no element recomputes a strided index; 16-byte words where the shapes allow.
+
+__device__ __forceinline__ float activate(float v, int act) {
+    if (act == 1) return v > 0.f ? v : 0.f;
+    if (act == 2) return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    return v;
+}
+
+// The term added to element e (in column j of plane `plane`): mode 0 b[j] (the last axis), 1
+// b[plane % channels] (NCHW channels), 2 nothing, 3 b[e] (a tensor of x's shape). A word may span
+// two channel planes when their length is not a multiple of its size (7x7 maps): then the plane is
+// worked out per element.
+template <typename E>
+__device__ __forceinline__ float addend(const typename E::T* b, unsigned int e, unsigned int j, unsigned int plane,
+                                        unsigned int channels, int mode, unsigned int len, bool straddles) {
+    if (mode == 0) return E::get(b, j);
+    if (mode == 1) return E::get(b, (straddles ? e / len : plane) % channels);
+    if (mode == 3) return E::get(b, e);
+    return 0.f;
+}
+
+// Forward (g null): out = act(x + addend). Gradient: out = g · act'(x + addend), where ReLU's
+// derivative is read from the output y (> 0, as PyTorch's threshold_backward) and GELU's computed
+// from x + addend. n elements in planes of len; V elements per thread (len % V == 0 for mode 0).
+template <typename E, int V>
+__device__ void elementwise(const typename E::T* x, const typename E::T* b, const typename E::T* y,
+                            const typename E::T* g, typename E::T* out, unsigned int n, unsigned int len,
+                            unsigned int channels, int mode, int act) {
+    typedef Pack<typename E::T, V> P;
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n / V; i += blockDim.x * gridDim.x) {
+        unsigned int e = i * V, plane = e / len, j = e - plane * len;
+        bool straddles = V > 1 && len % V != 0;
+        P o;
+        if (!g) {
+            P xv = ((const P*)x)[i];
+#pragma unroll
+            for (int k = 0; k < V; k++) E::put(o.v, k, activate(E::get(xv.v, k) + addend<E>(b, e + k, j + k, plane, channels, mode, len, straddles), act));
+        } else {
+            P gv = ((const P*)g)[i];
+            if (act == 1) {
+                P yv = ((const P*)y)[i];
+#pragma unroll
+                for (int k = 0; k < V; k++) E::put(o.v, k, E::get(yv.v, k) > 0.f ? E::get(gv.v, k) : 0.f);
+            } else {
+                P xv = ((const P*)x)[i];
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    float v = E::get(xv.v, k) + addend<E>(b, e + k, j + k, plane, channels, mode, len, straddles);
+                    float cdf = 0.5f * (1.f + erff(v * 0.70710678118654752f));
+                    float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+                    E::put(o.v, k, E::get(gv.v, k) * (cdf + v * pdf));
+                }
+            }
+        }
+        ((P*)out)[i] = o;
+    }
+}
+
+#define KERNEL(S, E, V)                                                                                 \
+extern "C" __global__ void elementwise_##S##_v##V(const E::T* x, const E::T* b, const E::T* y,          \
+        const E::T* g, E::T* out, unsigned int n, unsigned int len, unsigned int channels, int mode,    \
+        int act) {                                                                                      \
+    elementwise<E, V>(x, b, y, g, out, n, len, channels, mode, act);                                   \
+}
+KERNEL(f32, F32, 1)
+KERNEL(f32, F32, 4)
+KERNEL(bf16, BF16, 1)
+KERNEL(bf16, BF16, 8)
+KERNEL(f16, F16, 1)
+KERNEL(f16, F16, 8)
+
+// Column sums of x [rows, cols] by blocks of rows: partial[blockIdx.x * cols + j], f32. Threads of a
+// warp read neighbouring columns of a row.
+template <typename E>
+__device__ void column_sums(const typename E::T* x, float* partial, unsigned int rows, unsigned int cols) {
+    for (unsigned int j = blockIdx.y * blockDim.x + threadIdx.x; j < cols; j += blockDim.x * gridDim.y) {
+        float s = 0.f;
+        for (unsigned int r = blockIdx.x; r < rows; r += gridDim.x) s += E::get(x, (unsigned long long)r * cols + j);
+        partial[(unsigned long long)blockIdx.x * cols + j] = s;
+    }
+}
+#define SUM_KERNEL(NAME, E)                                                                            \
+extern "C" __global__ void NAME(const E::T* x, float* partial, unsigned int rows, unsigned int cols) { \
+    column_sums<E>(x, partial, rows, cols);                                                            \
+}
+SUM_KERNEL(column_sums_f32, F32)
+SUM_KERNEL(column_sums_bf16, BF16)
+SUM_KERNEL(column_sums_f16, F16)
