@@ -113,7 +113,7 @@ mod cuda {
     use candle_core::{bail, CudaStorage, Layout, Result};
 
     use super::AdamStep;
-    use crate::kernels::launch::{by_dtype, failed, name, view};
+    use crate::kernels::launch::{by_dtype, Kernel, name, view};
 
     /// The contiguous element range of an in-place destination.
     fn range(l: &Layout) -> Result<(usize, usize)> {
@@ -121,7 +121,6 @@ mod cuda {
     }
 
 
-    crate::kernels::nvrtc::compiled!(crate::kernels::sources::ADAMW);
 
     /// The kernel's scalar arguments, in its order.
     fn scalars(s: &AdamStep) -> [f32; 7] {
@@ -140,7 +139,7 @@ mod cuda {
     pub(super) fn moments(mv: &mut CudaStorage, ml: &Layout, g: &CudaStorage, gl: &Layout, n: usize, s: &AdamStep) -> Result<()> {
         let dev = g.device().clone();
         let kernel = name("adamw", g.dtype());
-        let func = dev.get_or_load_custom_func(&kernel, crate::kernels::sources::ADAMW.module, ptx()?)?;
+        let func = Kernel::load(&dev, &crate::kernels::sources::ADAMW, &kernel)?;
         let (cfg, n) = config(n)?;
         let k = scalars(s);
         let (start, end) = range(ml)?;
@@ -156,7 +155,7 @@ mod cuda {
             }
             b.arg(&pass);
             // SAFETY: argument types and order match the kernel; g holds n elements, mv 2n.
-            unsafe { b.launch(cfg) }.map_err(|e| failed(&kernel, e))?;
+            unsafe { func.launch(&mut b, cfg) }?;
             Ok(())
         })
     }
@@ -164,7 +163,7 @@ mod cuda {
     pub(super) fn apply(theta: &mut CudaStorage, l: &Layout, mv: &CudaStorage, ml: &Layout, n: usize, s: &AdamStep) -> Result<()> {
         let dev = mv.device().clone();
         let kernel = name("adamw", theta.dtype());
-        let func = dev.get_or_load_custom_func(&kernel, crate::kernels::sources::ADAMW.module, ptx()?)?;
+        let func = Kernel::load(&dev, &crate::kernels::sources::ADAMW, &kernel)?;
         let (cfg, n) = config(n)?;
         let k = scalars(s);
         let (start, end) = range(l)?;
@@ -180,7 +179,7 @@ mod cuda {
             }
             b.arg(&pass);
             // SAFETY: argument types and order match the kernel; theta holds n elements, mv 2n.
-            unsafe { b.launch(cfg) }.map_err(|e| failed(&kernel, e))?;
+            unsafe { func.launch(&mut b, cfg) }?;
             Ok(())
         })
     }

@@ -114,12 +114,11 @@ mod cuda {
     use candle_core::cuda_backend::{CudaDType, CudaDevice};
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
-    use crate::kernels::launch::{by_dtype, cuda as saved_storage, failed, name, view, word_elements};
+    use crate::kernels::launch::{by_dtype, cuda as saved_storage, Kernel, name, view, word_elements};
     use crate::kernels::fused_attention::Fused;
     use crate::kernels::gemm::{self, Epilogue, Operand, Product};
 
 
-    crate::kernels::nvrtc::compiled!(crate::kernels::sources::ATTENTION);
 
     #[derive(Debug, Clone, Copy, PartialEq)]
     pub(super) enum Mode {
@@ -177,13 +176,11 @@ mod cuda {
         }
     }
 
-    /// (name, function) of our kernel `base` for the dtype of `kern` (a [`Kernels`]).
+    /// Our kernel `base` for the dtype of `kern` (a [`Kernels`]).
     macro_rules! kernel {
-        ($kern:expr, $base:expr) => {{
-            let kernel = name($base, $kern.dtype);
-            let func = $kern.dev.get_or_load_custom_func(&kernel, crate::kernels::sources::ATTENTION.module, ptx()?)?;
-            (kernel, func)
-        }};
+        ($kern:expr, $base:expr) => {
+            Kernel::load(&$kern.dev, &crate::kernels::sources::ATTENTION, &name($base, $kern.dtype))?
+        };
     }
 
     /// The kernels of one dtype on one device.
@@ -214,7 +211,7 @@ mod cuda {
             let size = std::mem::size_of::<T>();
             let k = word_elements(size, &[d, stride, offset, src.len(), dst.len()]);
             let kernel = format!("attn_move_w{}", k * size);
-            let func = self.dev.get_or_load_custom_func(&kernel, crate::kernels::sources::ATTENTION.module, ptx()?)?;
+            let func = Kernel::load(&self.dev, &crate::kernels::sources::ATTENTION, &kernel)?;
             let total = (b * h * tp * d / k) as u64;
             let cfg = LaunchConfig { grid_dim: (total.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let [b, t, tp, h, dw, stride, offset] = [b, t, tp, h, d / k, stride / k, offset / k].map(|v| v as u32);
@@ -230,7 +227,7 @@ mod cuda {
                     a.arg(&sw).arg(&mut dw_view).arg(&b).arg(&t).arg(&tp).arg(&h).arg(&dw).arg(&stride).arg(&offset).arg(&to_heads);
                     // SAFETY: argument types and order match the kernel; the views hold b·t·stride
                     // and b·h·tp·d elements.
-                    unsafe { a.launch(cfg) }.map_err(|e| failed(&kernel, e))?;
+                    unsafe { func.launch(&mut a, cfg) }?;
                 }};
             }
             match k * size {
@@ -284,7 +281,7 @@ mod cuda {
         let k = parts.pop().expect("three parts");
         let q = parts.pop().expect("three parts");
         let mut p = dims.product((&q, 0), (&k, 0), (tp, tp, d), false, true)?;
-        let (kernel, func) = kernel!(kern, "attn_softmax");
+        let func = kernel!(kern, "attn_softmax");
         let rows = (dims.bh() * tp) as u32;
         let (code, r) = mode.code();
         let (h32, t32, tp32, scale) = (h as u32, t as u32, tp as u32, kern.scale());
@@ -304,7 +301,7 @@ mod cuda {
             a.arg(&rows).arg(&h32).arg(&t32).arg(&tp32).arg(&r).arg(&code).arg(&scale);
             // SAFETY: argument types and order match the kernel; S holds rows·tp, the bias what
             // its mode indexes (checked by the caller), or null when not read.
-            unsafe { a.launch(kern.warp_rows()) }.map_err(|e| failed(&kernel, e))?;
+            unsafe { func.launch(&mut a, kern.warp_rows()) }?;
         }
         Ok(Forward { q, k, v, p })
     }
@@ -360,7 +357,7 @@ mod cuda {
         let mut out = kern.alloc::<T>(qkv_n + if with_ds { ds_n } else { 0 })?;
         let mut ds_own = if with_ds { None } else { Some(kern.alloc::<T>(ds_n)?) };
         {
-            let (kernel, func) = kernel!(kern, "attn_softmax_grad");
+            let func = kernel!(kern, "attn_softmax_grad");
             let rows = (bh * tp) as u32;
             let (t32, tp32, scale) = (t as u32, tp as u32, kern.scale());
             let pv = f.p.as_cuda_slice::<T>()?.slice(0..);
@@ -372,7 +369,7 @@ mod cuda {
             let mut a = func.builder();
             a.arg(&pv).arg(&dpv).arg(&mut dsv).arg(&rows).arg(&t32).arg(&tp32).arg(&scale);
             // SAFETY: argument types and order match the kernel; P, dP and dS hold rows·tp.
-            unsafe { a.launch(kern.warp_rows()) }.map_err(|e| failed(&kernel, e))?;
+            unsafe { func.launch(&mut a, kern.warp_rows()) }?;
         }
         let out = CudaStorage::wrap_cuda_slice(out, kern.dev.clone());
         let ds_own = ds_own.map(|s| CudaStorage::wrap_cuda_slice(s, kern.dev.clone()));

@@ -269,15 +269,14 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CudaStorage, Layout, Result};
 
-    use crate::kernels::launch::{by_dtype, failed, name, view, word_elements};
+    use crate::kernels::launch::{by_dtype, Kernel, name, view, word_elements};
 
 
-    crate::kernels::nvrtc::compiled!(crate::kernels::sources::BATCH_NORM);
 
     /// One running statistic updated in place from row `u.row` of the batch's statistics.
     pub(super) fn running_update(dst: &mut CudaStorage, l: &Layout, stats: Arg, c: usize, u: &super::RunningUpdate) -> Result<()> {
         let dev = dst.device().clone();
-        let func = dev.get_or_load_custom_func("bn_running", crate::kernels::sources::BATCH_NORM.module, ptx()?)?;
+        let func = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, "bn_running")?;
         let Some((start, end)) = l.contiguous_offsets() else { bail!("running statistics must be contiguous") };
         let stat = f32_view(stats)?.slice(u.row * c..(u.row + 1) * c);
         let mut running = dst.as_cuda_slice_mut::<f32>()?.slice_mut(start..end);
@@ -286,7 +285,7 @@ mod cuda {
         let mut b = func.builder();
         b.arg(&mut running).arg(&stat).arg(&c32).arg(&keep).arg(&take);
         // SAFETY: argument types and order match the kernel; both views hold c f32 values.
-        unsafe { b.launch(cfg) }.map_err(|e| failed("bn_running", e))?;
+        unsafe { func.launch(&mut b, cfg) }?;
         Ok(())
     }
 
@@ -350,8 +349,8 @@ mod cuda {
         let v = plane_word(x.dtype(), &starts, hw);
         let partials = format!("{}_v{v}", name("bn_partials", x.dtype()));
         let finish = name("bn_finish", x.dtype());
-        let partials_fn = dev.get_or_load_custom_func(&partials, crate::kernels::sources::BATCH_NORM.module, ptx()?)?;
-        let finish_fn = dev.get_or_load_custom_func(&finish, crate::kernels::sources::BATCH_NORM.module, ptx()?)?;
+        let partials_fn = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, &partials)?;
+        let finish_fn = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, &finish)?;
         // Chunks of images per channel, so that channels × chunks is about SUM_BLOCKS; a chunk holds
         // `per` images, the last one fewer.
         let wanted = SUM_BLOCKS.div_ceil(c).clamp(1, n.max(1));
@@ -380,12 +379,12 @@ mod cuda {
             b.arg(&st).arg(&partial).arg(&n).arg(&c).arg(&hw).arg(&eps).arg(&pass).arg(&per);
             // SAFETY: argument types and order match the kernel; x, g, y hold n·c·hw elements from
             // word-aligned starts (v checked above), stats 2·c, partial 2·chunks·c.
-            unsafe { b.launch(cfg) }.map_err(|e| failed(&partials, e))?;
+            unsafe { partials_fn.launch(&mut b, cfg) }?;
             let cfg = LaunchConfig { grid_dim: (c.div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let mut b = finish_fn.builder();
             b.arg(&xv).arg(&partial).arg(&out).arg(&chunks).arg(&n).arg(&c).arg(&hw).arg(&pass);
             // SAFETY: argument types and order match the kernel; partial holds 2·chunks·c, out 2·c.
-            unsafe { b.launch(cfg) }.map_err(|e| failed(&finish, e))?;
+            unsafe { finish_fn.launch(&mut b, cfg) }?;
             Ok(CudaStorage::wrap_cuda_slice(out, dev))
         })
     }
@@ -399,7 +398,7 @@ mod cuda {
         let starts = [Some(s.x.1), Some(s.wb.1), g.map(|a| a.1), s.res.map(|a| a.1)];
         let v = plane_word(x.dtype(), &starts, hw);
         let kernel = format!("{}_v{v}", name("bn_planes", x.dtype()));
-        let func = dev.get_or_load_custom_func(&kernel, crate::kernels::sources::BATCH_NORM.module, ptx()?)?;
+        let func = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, &kernel)?;
         let (eps, relu) = (eps as f32, relu as i32);
         by_dtype!(x.dtype(), "batch norm", T => {
             let xv = view::<T>(x, s.x.1, "batch norm")?;
@@ -429,7 +428,7 @@ mod cuda {
             b.arg(&out).arg(&planes).arg(&c).arg(&hw).arg(&eps).arg(&relu);
             // SAFETY: argument types and order match the kernel (absent pointers are null and not
             // read); x, g, y, out hold planes·hw elements, wb, stats, sums 2·c.
-            unsafe { b.launch(cfg) }.map_err(|e| failed(&kernel, e))?;
+            unsafe { func.launch(&mut b, cfg) }?;
             Ok(CudaStorage::wrap_cuda_slice(out, dev))
         })
     }

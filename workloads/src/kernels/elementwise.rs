@@ -122,9 +122,8 @@ pub(crate) mod cuda {
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
     use super::{Act, BiasAxis};
-    use crate::kernels::launch;
+    use crate::kernels::launch::{self, Kernel};
 
-    crate::kernels::nvrtc::compiled!(crate::kernels::sources::ELEMENTWISE);
 
     /// What is added before the activation.
     #[derive(Debug, Clone, Copy, PartialEq)]
@@ -199,7 +198,7 @@ pub(crate) mod cuda {
             let v = if launch::whole_words(size, &counts) { 16 / size } else { 1 };
             let dev = self.x.0.device().clone();
             let kernel = format!("{}_v{v}", launch::name("elementwise", self.x.0.dtype()));
-            let func = dev.get_or_load_custom_func(&kernel, crate::kernels::sources::ELEMENTWISE.module, ptx()?)?;
+            let func = Kernel::load(&dev, &crate::kernels::sources::ELEMENTWISE, &kernel)?;
             // SAFETY: the kernel writes every element.
             let out = unsafe { dev.alloc::<T>(n)? };
             let cfg = LaunchConfig { grid_dim: (((n / v) as u32).div_ceil(256).clamp(1, 1 << 20), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
@@ -225,7 +224,7 @@ pub(crate) mod cuda {
             a.arg(&out).arg(&n32).arg(&len).arg(&channels).arg(&mode).arg(&act);
             // SAFETY: argument types and order match the kernel; x, y, g and out hold n elements, b what
             // its mode indexes (checked by the callers); words only where starts and lengths allow.
-            unsafe { a.launch(cfg) }.map_err(|e| launch::failed(&kernel, e))?;
+            unsafe { func.launch(&mut a, cfg) }?;
             Ok(CudaStorage::wrap_cuda_slice(out, dev))
         }
     }
@@ -394,7 +393,7 @@ pub(crate) mod cuda {
             let blocks = (rows / 32).clamp(1, 256);
             let dev = x.device().clone();
             let kernel = launch::name("column_sums", x.dtype());
-            let func = dev.get_or_load_custom_func(&kernel, crate::kernels::sources::ELEMENTWISE.module, ptx()?)?;
+            let func = Kernel::load(&dev, &crate::kernels::sources::ELEMENTWISE, &kernel)?;
             let threads = 256u32;
             let cfg = LaunchConfig { grid_dim: (blocks as u32, (cols as u32).div_ceil(threads), 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
             let (r, c) = (rows as u32, cols as u32);
@@ -405,7 +404,7 @@ pub(crate) mod cuda {
                 let mut builder = func.builder();
                 builder.arg(&xv).arg(&out).arg(&r).arg(&c);
                 // SAFETY: argument types and order match the kernel; x holds rows x cols, out blocks x cols.
-                unsafe { builder.launch(cfg) }.map_err(|e| launch::failed(&kernel, e))?;
+                unsafe { func.launch(&mut builder, cfg) }?;
             });
             Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((blocks, cols))))
         }

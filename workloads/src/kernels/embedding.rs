@@ -27,9 +27,8 @@ pub(crate) mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
-    use crate::kernels::launch::{by_dtype, failed, name, view};
+    use crate::kernels::launch::{by_dtype, Kernel, name, view};
 
-    crate::kernels::nvrtc::compiled!(crate::kernels::sources::EMBEDDING);
 
     /// Rows of a [rows, d] table by [n] u32 ids: [n, d].
     #[derive(Debug, Clone, Copy)]
@@ -55,7 +54,7 @@ pub(crate) mod cuda {
         }
         let dev = table.0.device().clone();
         let kernel = name("embedding", table.0.dtype());
-        let func = dev.get_or_load_custom_func(&kernel, crate::kernels::sources::EMBEDDING.module, ptx()?)?;
+        let func = Kernel::load(&dev, &crate::kernels::sources::EMBEDDING, &kernel)?;
         let cfg = LaunchConfig { grid_dim: (((n * d) as u32).div_ceil(256).clamp(1, 1 << 20), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let (n32, d32) = (n as u32, d as u32);
         let idv = view::<u32>(ids.0, ids.1, "embedding ids")?;
@@ -71,7 +70,7 @@ pub(crate) mod cuda {
                     b.arg(&gv).arg(&acc).arg(&null).arg(&n32).arg(&d32);
                     // SAFETY: argument types and order match the kernel; ids index rows of the table
                     // (checked by the caller), g holds n·d, acc rows·d.
-                    unsafe { b.launch(cfg) }.map_err(|e| failed(&kernel, e))?;
+                    unsafe { func.launch(&mut b, cfg) }?;
                     Ok(CudaStorage::wrap_cuda_slice(acc, dev))
                 }
                 None => {
@@ -79,7 +78,7 @@ pub(crate) mod cuda {
                     let out = unsafe { dev.alloc::<T>(n * d)? };
                     b.arg(&null).arg(&null).arg(&out).arg(&n32).arg(&d32);
                     // SAFETY: as above; out holds n·d.
-                    unsafe { b.launch(cfg) }.map_err(|e| failed(&kernel, e))?;
+                    unsafe { func.launch(&mut b, cfg) }?;
                     Ok(CudaStorage::wrap_cuda_slice(out, dev))
                 }
             }

@@ -22,10 +22,9 @@ use candle_core::cuda_backend::cudarc::driver::{CudaView, CudaViewMut, DeviceRep
 use candle_core::cuda_backend::CudaDevice;
 use candle_core::{DType, Result};
 
-use crate::kernels::launch::failed;
+use crate::kernels::launch::Kernel;
 
 
-crate::kernels::nvrtc::compiled!(crate::kernels::sources::FUSED_ATTENTION);
 
 /// Queries per block (FA_Q in the source).
 const QUERIES_PER_BLOCK: usize = 64;
@@ -73,7 +72,7 @@ impl Fused {
     ) -> Result<()> {
         let kernel = format!("{}_d{}", super::launch::name("attn_fused", dtype), self.d);
         let queries = if dtype == DType::F32 { SIMT_QUERIES_PER_BLOCK } else { QUERIES_PER_BLOCK };
-        let func = dev.get_or_load_custom_func(&kernel, crate::kernels::sources::FUSED_ATTENTION.module, ptx()?)?;
+        let func = Kernel::load(&dev, &crate::kernels::sources::FUSED_ATTENTION, &kernel)?;
         let blocks = self.t.div_ceil(queries);
         let cfg = LaunchConfig { grid_dim: ((self.b * self.h) as u32, blocks as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let (t, h, r, mode, scale) = (self.t as u32, self.h as u32, self.r, self.mode, self.scale);
@@ -88,7 +87,7 @@ impl Fused {
         // SAFETY: argument types and order match the kernel; qkv holds b·t·3c elements from a
         // 16-byte boundary (`takes`), out b·t·c, the bias what its mode indexes (checked by
         // `attention`), or null when not read.
-        unsafe { a.launch(cfg) }.map_err(|e| failed(&kernel, e))?;
+        unsafe { func.launch(&mut a, cfg) }?;
         Ok(())
     }
 }

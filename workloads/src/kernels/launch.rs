@@ -1,9 +1,46 @@
-//! What the CUDA side of every custom op needs: a contiguous view of an input, the kernel's name for
-//! a dtype, a launch error that names the kernel.
+//! What the CUDA side of every custom op needs: one of our kernels loaded and launched, a contiguous
+//! view of an input, the kernel's name for a dtype.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr};
-use candle_core::cuda_backend::CudaDType;
+use std::sync::Arc;
+
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaStream, CudaView, DeviceRepr, LaunchArgs, LaunchConfig};
+use candle_core::cuda_backend::{CudaDType, CudaDevice};
 use candle_core::{bail, CudaStorage, DType, Layout, Result, Storage};
+
+use super::sources::Source;
+
+/// One kernel of our sources on a device: compiled by NVRTC the first time its source is needed,
+/// loaded onto the device once (candle's loader keeps it), launched with an error that names it.
+pub(crate) struct Kernel {
+    func: CudaFunction,
+    stream: Arc<CudaStream>,
+    name: String,
+}
+
+impl Kernel {
+    pub(crate) fn load(dev: &CudaDevice, source: &'static Source, name: &str) -> Result<Kernel> {
+        let func = dev.get_or_load_custom_func(name, source.module, super::nvrtc::ptx(source)?)?;
+        Ok(Kernel { func: func.into_cuda_function(), stream: dev.cuda_stream(), name: name.to_string() })
+    }
+
+    /// The kernel's arguments, pushed in order by the caller.
+    pub(crate) fn builder(&self) -> LaunchArgs<'_> {
+        self.stream.launch_builder(&self.func)
+    }
+
+    /// Launches the kernel on the device's stream.
+    ///
+    /// # Safety
+    /// `args` were built by [`Kernel::builder`] of this kernel and match its parameters in type and
+    /// order, and every buffer holds what the kernel reads and writes under `cfg`.
+    pub(crate) unsafe fn launch(&self, args: &mut LaunchArgs<'_>, cfg: LaunchConfig) -> Result<()> {
+        // SAFETY: as the caller promises.
+        match unsafe { args.launch(cfg) } {
+            Ok(_) => Ok(()),
+            Err(e) => Err(candle_core::Error::Msg(format!("CUDA kernel {}: {e:?}", self.name))),
+        }
+    }
+}
 
 /// Runs `$body` with `$T` the Rust element type of `$dtype` (f32, bf16 or f16), and fails naming
 /// those three for any other dtype.
@@ -63,9 +100,4 @@ pub(crate) fn word_elements(size: usize, counts: &[usize]) -> usize {
 /// Whether every count (row lengths, start offsets) of `size`-byte elements is whole 16-byte words.
 pub(crate) fn whole_words(size: usize, counts: &[usize]) -> bool {
     counts.iter().all(|c| (c * size).is_multiple_of(16))
-}
-
-/// A launch error with the kernel's name.
-pub(crate) fn failed(kernel: &str, e: impl std::fmt::Debug) -> candle_core::Error {
-    candle_core::Error::Msg(format!("CUDA kernel {kernel}: {e:?}"))
 }

@@ -188,13 +188,12 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CudaStorage, Layout, Result};
 
-    use crate::kernels::launch::{by_dtype, failed, name, view, whole_words};
+    use crate::kernels::launch::{by_dtype, Kernel, name, view, whole_words};
 
 
     /// Elements of a row each layer-norm thread keeps (PER in the source).
     const PER: usize = 8;
 
-    crate::kernels::nvrtc::compiled!(crate::kernels::sources::LAYER_NORM);
 
     fn rows_u32(rows: usize, cols: usize) -> Result<(u32, u32)> {
         if rows * cols > u32::MAX as usize {
@@ -261,7 +260,7 @@ mod cuda {
             Some(_) => LaunchConfig { grid_dim: (rows.div_ceil(8).clamp(1, 1 << 20), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 },
             None => LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 },
         };
-        let func = dev.get_or_load_custom_func(&kernel, crate::kernels::sources::LAYER_NORM.module, ptx()?)?;
+        let func = Kernel::load(&dev, &crate::kernels::sources::LAYER_NORM, &kernel)?;
         by_dtype!(a.x.0.dtype(), "layer norm", T => {
             let x = view::<T>(a.x.0, a.x.1, "layer norm")?;
             let w = view::<T>(a.w.0, a.w.1, "layer norm")?;
@@ -273,7 +272,7 @@ mod cuda {
                     b.arg(&x).arg(&w).arg(&third).arg(&out).arg(&rows).arg(&cols).arg(&eps).arg(&code);
                     // SAFETY: argument types and order match the kernel; x and the third hold rows x
                     // cols, w cols, and out what the pass writes.
-                    unsafe { b.launch(cfg) }.map_err(|e| failed(&kernel, e))?;
+                    unsafe { func.launch(&mut b, cfg) }?;
                     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
                 }};
             }

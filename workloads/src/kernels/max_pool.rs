@@ -145,9 +145,8 @@ pub(crate) mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
-    use crate::kernels::launch::{by_dtype, cuda as saved_storage, failed, name, view};
+    use crate::kernels::launch::{by_dtype, cuda as saved_storage, Kernel, name, view};
 
-    crate::kernels::nvrtc::compiled!(crate::kernels::sources::MAX_POOL);
 
     /// A k×k window moving by `stride`, the input padded by `padding` on every side.
     #[derive(Debug, Clone, Copy)]
@@ -175,7 +174,7 @@ pub(crate) mod cuda {
             }
             let dev = x.0.device().clone();
             let kernel = name("max_pool", x.0.dtype());
-            let func = dev.get_or_load_custom_func(&kernel, crate::kernels::sources::MAX_POOL.module, ptx()?)?;
+            let func = Kernel::load(&dev, &crate::kernels::sources::MAX_POOL, &kernel)?;
             let n = planes * if g.is_some() { h * w } else { oh * ow };
             let cfg = LaunchConfig { grid_dim: ((n as u32).div_ceil(256).clamp(1, 1 << 20), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let planes = planes as u32;
@@ -191,7 +190,7 @@ pub(crate) mod cuda {
                 match &gv { Some(v) => b.arg(v), None => b.arg(&null) };
                 b.arg(&out).arg(&planes).arg(&h).arg(&w).arg(&oh).arg(&ow).arg(&k).arg(&s).arg(&p);
                 // SAFETY: argument types and order match the kernel; x holds planes·h·w, g planes·oh·ow.
-                unsafe { b.launch(cfg) }.map_err(|e| failed(&kernel, e))?;
+                unsafe { func.launch(&mut b, cfg) }?;
                 Ok(CudaStorage::wrap_cuda_slice(out, dev))
             })
         }

@@ -1,33 +1,20 @@
 //! Compiling our kernel sources (`sources.rs`) with NVRTC when an op first runs: the CUDA build links
 //! NVRTC already, so no nvcc is needed at build time.
 
-use std::sync::OnceLock;
-
 use candle_core::cuda_backend::cudarc;
 use candle_core::Result;
 
 use super::sources::{self, Source};
 
-/// The PTX of `source`, compiled once into `cell`.
-pub(crate) fn ptx(cell: &'static OnceLock<std::result::Result<String, String>>, source: &Source) -> Result<&'static str> {
-    let compiled = cell.get_or_init(|| {
+/// The PTX of `source`, compiled on first use and kept in the source.
+pub(crate) fn ptx(source: &'static Source) -> Result<&'static str> {
+    let compiled = source.ptx.get_or_init(|| {
         let options = sources::NVRTC_OPTIONS.iter().map(|o| o.to_string()).collect();
         let opts = cudarc::nvrtc::CompileOptions { options, ..Default::default() };
         cudarc::nvrtc::compile_ptx_with_opts(sources::program(source), opts).map(|p| p.to_src()).map_err(|e| format!("{e:?}"))
     });
     compiled.as_deref().map_err(|e| candle_core::Error::Msg(format!("compiling the kernels of {} with NVRTC: {e}", source.module)))
 }
-
-/// `fn ptx() -> Result<&'static str>` for a module's kernel source: compiled on first use and kept.
-macro_rules! compiled {
-    ($source:expr) => {
-        fn ptx() -> candle_core::Result<&'static str> {
-            static PTX: std::sync::OnceLock<std::result::Result<String, String>> = std::sync::OnceLock::new();
-            $crate::kernels::nvrtc::ptx(&PTX, &$source)
-        }
-    };
-}
-pub(crate) use compiled;
 
 /// Threads per block for a kernel in which each thread keeps up to `per_thread` elements of a row of
 /// `cols`: a multiple of 32, at most 1024; None when the row is too long for that.

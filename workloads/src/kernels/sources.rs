@@ -2,27 +2,38 @@
 //! by NVRTC after `prelude.cuh` when its op first runs on a GPU. Present in every build, so that a
 //! test can compile them all where there is no GPU (`tests/nvrtc.rs`).
 
-/// One kernel source: the module name under which candle's loader keeps its functions, and the code.
+use std::sync::OnceLock;
+
+/// One kernel source: the module name under which candle's loader keeps its functions, the code, and
+/// its PTX once NVRTC has compiled it (or NVRTC's refusal), kept for the life of the process.
 pub struct Source {
     pub module: &'static str,
     pub code: &'static str,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) ptx: OnceLock<Result<String, String>>,
+}
+
+impl Source {
+    const fn new(module: &'static str, code: &'static str) -> Source {
+        Source { module, code, ptx: OnceLock::new() }
+    }
 }
 
 /// Element types and reductions that every source uses; NVRTC gets no include paths, so it is
 /// compiled in front of each.
 pub const PRELUDE: &str = include_str!("prelude.cuh");
 
-pub const ADAMW: Source = Source { module: "migprof_adamw", code: include_str!("adamw.cu") };
-pub const ATTENTION: Source = Source { module: "migprof_attention", code: include_str!("attention.cu") };
-pub const BATCH_NORM: Source = Source { module: "migprof_batch_norm", code: include_str!("batch_norm.cu") };
-pub const ELEMENTWISE: Source = Source { module: "migprof_elementwise", code: include_str!("elementwise.cu") };
-pub const EMBEDDING: Source = Source { module: "migprof_embedding", code: include_str!("embedding.cu") };
-pub const FUSED_ATTENTION: Source = Source { module: "migprof_fused_attention", code: include_str!("fused_attention.cu") };
-pub const LAYER_NORM: Source = Source { module: "migprof_layer_norm", code: include_str!("layer_norm.cu") };
-pub const MAX_POOL: Source = Source { module: "migprof_max_pool", code: include_str!("max_pool.cu") };
-pub const WINDOWS: Source = Source { module: "migprof_windows", code: include_str!("windows.cu") };
+pub static ADAMW: Source = Source::new("migprof_adamw", include_str!("adamw.cu"));
+pub static ATTENTION: Source = Source::new("migprof_attention", include_str!("attention.cu"));
+pub static BATCH_NORM: Source = Source::new("migprof_batch_norm", include_str!("batch_norm.cu"));
+pub static ELEMENTWISE: Source = Source::new("migprof_elementwise", include_str!("elementwise.cu"));
+pub static EMBEDDING: Source = Source::new("migprof_embedding", include_str!("embedding.cu"));
+pub static FUSED_ATTENTION: Source = Source::new("migprof_fused_attention", include_str!("fused_attention.cu"));
+pub static LAYER_NORM: Source = Source::new("migprof_layer_norm", include_str!("layer_norm.cu"));
+pub static MAX_POOL: Source = Source::new("migprof_max_pool", include_str!("max_pool.cu"));
+pub static WINDOWS: Source = Source::new("migprof_windows", include_str!("windows.cu"));
 
-pub const ALL: [&Source; 9] = [&ADAMW, &ATTENTION, &BATCH_NORM, &ELEMENTWISE, &EMBEDDING, &FUSED_ATTENTION, &LAYER_NORM, &MAX_POOL, &WINDOWS];
+pub static ALL: [&Source; 9] = [&ADAMW, &ATTENTION, &BATCH_NORM, &ELEMENTWISE, &EMBEDDING, &FUSED_ATTENTION, &LAYER_NORM, &MAX_POOL, &WINDOWS];
 
 /// NVRTC's options for every source: PTX for compute capability 8.0, which the driver compiles for
 /// the GPU at hand (the bf16 conversions need sm_80).

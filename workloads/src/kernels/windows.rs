@@ -53,9 +53,8 @@ pub(crate) mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
-    use crate::kernels::launch::{by_dtype, failed, view, word_elements};
+    use crate::kernels::launch::{by_dtype, Kernel, view, word_elements};
 
-    crate::kernels::nvrtc::compiled!(crate::kernels::sources::WINDOWS);
 
     /// Partition (`merge` false): x [b, side, side, c] rolled by -shift on both spatial axes, into
     /// windows [b · (side/window)², window², c]. Merge: the inverse.
@@ -123,7 +122,7 @@ pub(crate) mod cuda {
             let row_words = (c * size / word) as u32;
             let dev = s.device().clone();
             let kernel = format!("windows_w{word}");
-            let func = dev.get_or_load_custom_func(&kernel, crate::kernels::sources::WINDOWS.module, ptx()?)?;
+            let func = Kernel::load(&dev, &crate::kernels::sources::WINDOWS, &kernel)?;
             let total = rows * row_words as usize;
             let cfg = LaunchConfig { grid_dim: (total.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let (rows, side, w, shift, merge) = (rows as u64, self.side as i32, self.window as i32, self.shift as i32, self.merge as i32);
@@ -135,7 +134,7 @@ pub(crate) mod cuda {
                 b.arg(&src).arg(&out).arg(&rows).arg(&row_words).arg(&side).arg(&w).arg(&shift).arg(&merge);
                 // SAFETY: argument types and order match the kernel; both buffers hold rows · row_words
                 // words of the chosen size, and the start is aligned to it.
-                unsafe { b.launch(cfg) }.map_err(|e| failed(&kernel, e))?;
+                unsafe { func.launch(&mut b, cfg) }?;
                 CudaStorage::wrap_cuda_slice(out, dev)
             });
             Ok((out, self.out_shape(b, c)))
