@@ -1,10 +1,11 @@
 //! One AdamW update of one parameter in two in-place passes: the moments from the gradient, then
 //! the parameter from the moments.
 //!
-//! Why: candle-nn's AdamW is ~11 elementwise kernels and 3 copies per parameter and step (ViT-B/16:
-//! 152 parameters, ~2,100 launches per step), and keeps its moments in the parameter's dtype. Here
-//! the moments are f32 [m; v] whatever the parameter's dtype (f64 for f64), as PyTorch's AdamW keeps
-//! them for f32 master weights, so that bf16 training does not lose the small second moments.
+//! Why: candle-nn's AdamW is ~11 elementwise kernels and 3 copies per parameter and step (for a
+//! whole model, a long train of small launches), and keeps its moments in the parameter's dtype.
+//! Here the moments are f32 [m; v] whatever the parameter's dtype (f64 for f64), as PyTorch's AdamW
+//! keeps them for f32 master weights, so that bf16 training does not lose the small second moments.
+//! (counted: docs/kernels.md#adamw)
 
 use candle_core::{bail, CpuStorage, DType, InplaceOp2, Layout, Result};
 

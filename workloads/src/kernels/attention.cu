@@ -55,7 +55,8 @@ return scale * E::get(s, base + j) + attn_bias<E>(bias, j, bi, hi, i, h, t, r, m
 #define KEEP 8
 
 // Lanes that share a row: half a warp for rows of up to 16 · KEEP keys, so that a warp moves two
-// rows at once (BERT's rows of 128 bf16 keys left half of every warp idle: 1 TB/s on the H100).
+// rows at once (BERT's rows of 128 bf16 keys left half of every warp idle; measured:
+// docs/kernels.md#attention).
 __device__ __forceinline__ unsigned int lanes_per_row(unsigned int tp) { return tp <= 16 * KEEP ? 16 : 32; }
 
 // Sum and max over the L lanes (16 or 32) sharing a row; xor offsets below L stay within them.

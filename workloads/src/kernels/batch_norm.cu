@@ -7,8 +7,8 @@
 // Per channel and chunk of `per` images: a block sums its channel's planes in those images into
 // partial[chunk][0..2][ch], V elements per word. pass 0: (Σ d, Σ d²) of d = x - shift, the shift the
 // channel's first value (so that a large mean does not cancel the variance away); pass 1: (Σ g'·x̂,
-// Σ g'). Why chunks: one block per channel left most of the GPU idle on ResNet's first layers (64
-// channels, 132 SMs on the H100).
+// Σ g'). Why chunks: one block per channel left most of the GPU idle on ResNet's first layers,
+// which have fewer channels than the GPU has SMs (measured: docs/kernels.md#batch-norm).
 template <typename E, int V>
 __device__ void channel_partials(const typename E::T* x, const typename E::T* g, const typename E::T* y,
                              const float* stats, float* partial, unsigned int n, unsigned int c,

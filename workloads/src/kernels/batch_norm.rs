@@ -5,7 +5,7 @@
 //! Why: built from candle's primitives, one training-mode batch norm is ~20 kernels forward and
 //! ~40 backward over the whole activation (casts to f32, three mean passes, broadcasting binary
 //! kernels that recompute a strided index per element); ResNet-50 has 53 of them, and its bf16
-//! training step ran at 0.12x PyTorch's.
+//! training step ran far behind PyTorch's (measured: docs/kernels.md#batch-norm).
 //!
 //! The ops: [`BatchStats`] gives each channel's mean and biased variance (no gradient: the backward
 //! formula of [`BatchNorm`] accounts for them), [`BatchNorm`] normalises with them. Statistics and
@@ -133,7 +133,8 @@ impl CustomOp3 for BatchNorm {
 
 /// running ← keep · running + take · stats[row], in place on one running statistic ([c], f32) from
 /// the batch's [mean; variance] ([2, c]): PyTorch's momentum update in one launch (as candle ops it
-/// was four kernels and a copy per statistic, ~420 launches per ResNet-50 training step).
+/// was four kernels and a copy per statistic, for every batch norm of the model; counted:
+/// docs/kernels.md#batch-norm).
 #[derive(Debug, Clone, Copy)]
 pub struct RunningUpdate {
     pub row: usize,
@@ -330,8 +331,8 @@ mod cuda {
         word_elements(dtype.size_in_bytes(), &counts)
     }
 
-    /// Blocks the channel sums aim for: a few per SM on current GPUs (132 on the H100), so that
-    /// layers with few channels still fill the GPU.
+    /// Blocks the channel sums aim for: a few per SM on current GPUs, so that layers with few
+    /// channels still fill the GPU (docs/kernels.md#batch-norm).
     const SUM_BLOCKS: u32 = 512;
 
     fn channel_sums(

@@ -2,10 +2,10 @@
 //! the batch (a zero batch stride), x[n] the image's [c, h·w] matrix.
 //!
 //! Why: cuDNN's legacy API (what the runtime exposes without the graph API) runs NCHW bf16 1×1
-//! convolutions at 7–27 TFLOP/s on the H100 by its own measurement (`MIGPROF_CUDNN_LOG=1`,
-//! ResNet-50 training at batch 32: 0.1–0.35 ms each, forward and both backward passes), where the
-//! same products as cuBLAS GEMMs run at a multiple of that. ResNet-50 has 32 of them (three per
-//! bottleneck less the strided projections, which stay on cuDNN).
+//! convolutions slowly by its own timing (`MIGPROF_CUDNN_LOG=1`, forward and both backward passes),
+//! where the same products as cuBLAS GEMMs run at a multiple of that rate. ResNet-50 has 32 of them
+//! (three per bottleneck less the strided projections, which stay on cuDNN).
+//! (measured: docs/kernels.md#conv1x1)
 //!
 //! Backward: dx[n] = Wᵀ · dy[n] (the same broadcast), dW = Σₙ dy[n] · x[n]ᵀ (a batched GEMM, then
 //! column sums over the batch).
@@ -56,7 +56,8 @@ impl CustomOp2 for Conv1x1 {
         // The input's gradient only where something upstream takes it (not for the images).
         let dx = if x.track_op() { Some(w2.t()?.broadcast_as((n, c, k))?.matmul(&dy)?.reshape((n, c, h, ww))?) } else { None };
         // Per image dy[n] · x[n]ᵀ, then the sum over images as column sums of [n, k·c] in f32
-        // (candle's sum over a leading dimension is a strided reduction, 2.8 ms per ResNet-50 step).
+        // (candle's sum over a leading dimension is a slow strided reduction; measured:
+        // docs/kernels.md#conv1x1).
         let xt = x.detach().reshape((n, c, h * ww))?.transpose(1, 2)?;
         let per_image = dy.matmul(&xt)?.reshape((n, k * c))?;
         let dw = super::elementwise::cuda::bias_grad(super::elementwise::BiasAxis::Last, &per_image)?.reshape((k, c, 1, 1))?;

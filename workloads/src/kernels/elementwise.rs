@@ -3,15 +3,13 @@
 //! ReLU) for two tensors of one shape, the residual connections.
 //!
 //! Why: candle's broadcasting add recomputes a strided index with a division and a modulo per
-//! dimension for every element. Nsight Compute on the H100 put it at 71% of ResNet-50's GPU time
-//! (bf16, batch 128, with batch norm folded into bias adds) and 48% of ViT-B/16's — about 17x slower
-//! than memory bandwidth allows. Here x is seen as planes: for a channel bias each plane
+//! dimension for every element, which made it a large share of ResNet-50's and ViT-B/16's GPU time,
+//! far slower than memory bandwidth allows. Here x is seen as planes: for a channel bias each plane
 //! (image, channel) shares one bias value, for a last-axis bias each plane is a row and the bias is
 //! read per column. The residual add is here too, so that ResNet's add and ReLU are one pass instead
 //! of two. Each thread moves 16 bytes (8 bf16 or 4 f32 values) where the shapes allow: with 2-byte
-//! loads the kernel ran at a fifth of the memory bandwidth (Nsight Compute, ViT-B/16 bf16 inference
-//! at batch 128: 9.1 ms of 27.8 in 51 launches). Compiled with NVRTC on first use (the CUDA build
-//! links it already).
+//! loads the kernel stayed well short of the memory bandwidth. Compiled with NVRTC on first use (the
+//! CUDA build links it already). (measured: docs/kernels.md#elementwise)
 
 use candle_core::{Result, Tensor};
 

@@ -1,10 +1,10 @@
 //! Embedding look-up (rows of a table gathered by u32 ids) as a differentiable op: a gather forward,
 //! and backward each id's gradient row added into an f32 table of the same size with atomics.
 //!
-//! Why: candle's `index_select` backward is its `index_add` kernel, which took 4.6 of 24.8 ms of
-//! BERT-base's bf16 training step on the H100 (Nsight Compute, two launches: the word and
-//! token-type tables). Atomic adds make the order of the sums, and so their last bits in f32,
-//! vary run to run, as PyTorch's embedding backward on CUDA does by default.
+//! Why: candle's `index_select` backward is its `index_add` kernel, a sizeable share of BERT-base's
+//! training step for the word and token-type tables alone (measured: docs/kernels.md#embedding).
+//! Atomic adds make the order of the sums, and so their last bits in f32, vary run to run, as
+//! PyTorch's embedding backward on CUDA does by default.
 
 use candle_core::{Result, Tensor};
 

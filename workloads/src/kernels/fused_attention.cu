@@ -46,9 +46,9 @@ __device__ __forceinline__ void load_tiles_transposed(unsigned int* r, const uns
 //
 // Every tile computes all 64 keys, masking those past t: skipping the empty 8-key groups of ViT's
 // last tile (197 tokens leave 5 keys in it) by a branch per group, or by a second, shorter copy of
-// the tile's code, made the kernel slower on the H100 (ViT-B bf16 128: 2.9 → 3.5 ms; BERT-base,
-// whose tiles are all full, 1.24 → 1.55 ms), and so did 32 queries per warp (two row tiles sharing
-// each K and V fragment).
+// the tile's code, made the kernel slower (BERT-base's too, whose tiles are all full), and so did
+// 32 queries per warp (two row tiles sharing each K and V fragment) (measured:
+// docs/kernels.md#fused-attention).
 template <typename E, int D>
 __device__ void attn_fused(const unsigned short* qkv, const unsigned short* bias, unsigned short* out,
                            unsigned int t, unsigned int h, unsigned int r, int mode, float scale) {
@@ -316,11 +316,10 @@ __device__ void attn_fused_simt(const float* qkv, const float* bias, float* out,
     }
 }
 
-// Which work per lane, measured on the H100 (Nsight Compute, f32 inference at batch 128, 12 layers):
-// heads of 64 two queries over two lanes (ViT-B 10.3 ms, BERT-base 3.8 ms; one query per lane 17.4
-// and 6.2, four over four lanes 11.6 and 4.5, the composed path 14.4 for ViT-B); heads of 32 one
-// query per lane (Swin-T 4.1 ms; two over two 4.6). Capping registers for a third block per SM
-// spills the two-query kernel.
+// Which work per lane, the fastest of the splits tried: heads of 64 two queries over two lanes
+// (faster than one query per lane or four over four lanes); heads of 32 one query per lane (faster
+// than two over two). Capping registers for a third block per SM spills the two-query kernel.
+// (measured: docs/kernels.md#fused-attention)
 #define FUSED_SIMT(D, QT, SPLIT)                                                                          \
 extern "C" __global__ void __launch_bounds__(FS_THREADS) attn_fused_f32_d##D(const float* qkv,          \
         const float* bias, float* out, unsigned int t, unsigned int h, unsigned int r, int mode,         \

@@ -1,11 +1,11 @@
 //! Matrix products through cuBLASLt, with the bias add in the GEMM's epilogue.
 //!
 //! Why not candle's matmul (cuBLAS `*gemmStridedBatched`): a linear layer then needs a pass of its
-//! own to add the bias, which on the H100 was 2.9 of BERT-base's 12.5 ms per bf16 batch of 128 (with
-//! GELU and the residual adds); PyTorch's `nn.Linear` puts the bias in cuBLASLt's epilogue, and so do
-//! we. The plan of a product (descriptors, and the fastest of the heuristic's candidates for the
-//! operands' alignment, timed on the first call) is built once per shape and kept, as cuDNN's are in
-//! [`super::cudnn_conv`].
+//! own to add the bias, a sizeable part of BERT-base's step (with GELU and the residual adds);
+//! PyTorch's `nn.Linear` puts the bias in cuBLASLt's epilogue, and so do we. The plan of a product
+//! (descriptors, and the fastest of the heuristic's candidates for the operands' alignment, timed on
+//! the first call) is built once per shape and kept, as cuDNN's are in [`super::cudnn_conv`].
+//! (measured: docs/kernels.md#gemm)
 //!
 //! Precision, as candle's matmul and PyTorch's defaults: f32 computes in f32 (`COMPUTE_32F`), or in
 //! TF32 when [`crate::precision::allow_tf32`] allows it; bf16 and f16 accumulate in f32 and any
@@ -37,9 +37,8 @@ use super::options::{GemmAlgorithm, KernelOptions};
 const WORKSPACE: usize = 32 << 20;
 
 /// How many of the heuristic's algorithms are timed per product, as cuDNN's Find times its
-/// convolution algorithms: on BERT-base's f32 shapes the heuristic's first guess was up to 7% slower
-/// than the fastest candidate (`MIGPROF_GEMM_LOG=1`), though whole steps moved within run-to-run
-/// noise.
+/// convolution algorithms: the heuristic's first guess is not always the fastest candidate
+/// (`MIGPROF_GEMM_LOG=1` logs the timings; measured: docs/kernels.md#gemm).
 const CANDIDATES: usize = 8;
 
 /// The largest pointer alignment cuBLASLt distinguishes.

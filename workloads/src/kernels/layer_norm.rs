@@ -3,10 +3,10 @@
 //!
 //! Why: built from candle's primitives, a training step's layer norm is ~11 kernels forward and
 //! ~25 backward, most of them candle's broadcasting binary kernels, which recompute a strided index
-//! per element. Nsight Compute on the H100 put those broadcasting kernels (layer norm's, softmax's,
-//! batch norm's) at 41% of ViT-B/16's training step (bf16, batch 32, 5,236 launches). Here it is one
-//! pass over its rows forward, and backward one pass for the input's gradient plus one for the
-//! weight's and bias's (per-block column sums, added up by candle).
+//! per element; with softmax's and batch norm's, those kernels were a large share of ViT-B/16's
+//! training step. Here it is one pass over its rows forward, and backward one pass for the input's
+//! gradient plus one for the weight's and bias's (per-block column sums, added up by candle).
+//! (measured: docs/kernels.md#layer-norm)
 //!
 //! Statistics and sums are in f32 for f32/bf16/f16 (f64 for f64 on the CPU, which is where the
 //! gradients are checked against finite differences); the CPU loops are the CUDA kernels' reference.
@@ -240,7 +240,8 @@ mod cuda {
         let dev = a.x.0.device().clone();
         let (rows, cols) = rows_u32(a.rows, a.cols)?;
         // Rows that fit a warp's registers take the warp-per-row kernel (the block-per-row one
-        // spent two block barriers per row: 1 TB/s on BERT-base's bf16 rows of 768 on the H100).
+        // spends two block barriers per row, which held BERT-base's bf16 rows of 768 to a low
+        // bandwidth; measured: docs/kernels.md#layer-norm).
         let warp = match pass {
             LnPass::ParamSums { .. } => None,
             _ => warp_words(&a),

@@ -4,10 +4,10 @@
 //!
 //! Why: as candle ops a linear layer is reshape, matmul against a transposed weight, bias add and
 //! reshape, and candle's backward pass adds every edge's gradient into a freshly zeroed tensor: a
-//! memset and a full read-read-write pass per edge. Nsight Compute on the H100 put those adds at 46%
-//! of ViT-B/16's training step (bf16, batch 32: 655 launches, 23.7 of 51.3 ms) once layer norm,
-//! softmax and AdamW were fused. As one op a linear layer has three edges (x, w, b), one of them
-//! activation-sized, instead of four activation-sized ones.
+//! memset and a full read-read-write pass per edge. Once layer norm, softmax and AdamW were fused,
+//! those adds were a large share of ViT-B/16's training step. As one op a linear layer has three
+//! edges (x, w, b), one of them activation-sized, instead of four activation-sized ones.
+//! (measured: docs/kernels.md#linear)
 //!
 //! GELU's gradient needs the pre-activation, which the op does not keep: its backward recomputes
 //! x wᵀ (one GEMM, as activation checkpointing does) rather than holding another activation. That
@@ -158,11 +158,11 @@ pub(crate) mod cuda {
     }
 
     /// r + x wᵀ + b for inference: the residual connection added by the GEMM (cuBLASLt's C with β = 1)
-    /// instead of a pass of its own, which reads two activations and writes a third. Nsight Compute,
-    /// BERT-base bf16 at batch 128 (H100): 24 add launches fewer per step, elementwise passes 1.9 → 1.3 ms
-    /// of GPU time; whole steps moved within run-to-run noise. The residual is held, not an argument
-    /// (candle's custom ops take three), so the op has no backward: [`crate::kernels::linear_residual`] uses it
-    /// only where no graph is recorded.
+    /// instead of a pass of its own, which reads two activations and writes a third: fewer add
+    /// launches and less elementwise time, though whole steps barely move. The residual is held, not
+    /// an argument (candle's custom ops take three), so the op has no backward:
+    /// [`crate::kernels::linear_residual`] uses it only where no graph is recorded.
+    /// (measured: docs/kernels.md#linear)
     #[derive(Debug, Clone)]
     pub struct LinearResidual {
         pub residual: Tensor,

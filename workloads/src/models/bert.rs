@@ -105,8 +105,7 @@ struct Layer {
     output_norm: LayerNorm,
     heads: usize,
     /// q, k and v packed once, when none of them trains (inference): frozen weights cannot change,
-    /// and packing them is six copies per layer and forward (0.3 of 8.5 ms of GPU time at bf16
-    /// batch 128 on the H100; 72 launches per step at any batch).
+    /// and packing them is six copies per layer and forward (measured: docs/kernels.md#bert).
     frozen_qkv: OnceLock<Linear>,
 }
 

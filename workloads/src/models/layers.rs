@@ -227,8 +227,8 @@ impl Conv2d {
 ///
 /// Why not a convolution: the patches do not overlap, so the convolution is a reshuffle of the image
 /// into [b·patches, c·p·p] rows and one GEMM against the filter seen as [d, c·p·p], the bias in its
-/// epilogue. cuDNN ran ViT-B/16's as `implicit_convolve_sgemm` at ~23 TFLOP/s, 1.29 of 14.8 ms per
-/// bf16 batch of 128 (Nsight Compute, H100), and its NCHW output then needed a transposing copy.
+/// epilogue. cuDNN ran ViT-B/16's as `implicit_convolve_sgemm`, slow for a product of its size, and
+/// its NCHW output then needed a transposing copy (measured: docs/kernels.md#patch-embedding).
 pub struct PatchEmbed {
     weight: Tensor,
     bias: Tensor,

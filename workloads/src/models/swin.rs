@@ -153,7 +153,7 @@ struct Block {
     bias_table: Tensor,
     /// [w⁴, (2w - 1)²]: row i holds a 1 at the table row of relative position index i. The table is
     /// gathered by a GEMM with it rather than by `index_select`, whose backward (candle's index_add)
-    /// took 12.7 of 82.6 ms of Swin-T's f32 training step on the H100 (Nsight Compute); a one-hot
+    /// is a large part of Swin-T's training step (measured: docs/kernels.md#swin); a one-hot
     /// product is exact (one term per output) and its backward is one more small GEMM.
     gather: Tensor,
     norm2: LayerNorm,
