@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 COLUMNS = (
     "schema_version run_id invocation_id started_at finished_at host model family mode dtype batch seq_len "
-    "device_kind device_name gpu_name gpu_uuid mig_uuid mig_profile gpu_instance_id compute_instance_id sm_count device_memory_mib seed weights optimizer warmup_iterations iterations measured_s mean_ms std_ms min_ms max_ms p50_ms "
+    "device_kind device_name gpu_name gpu_uuid mig_uuid mig_profile gpu_instance_id compute_instance_id sm_count device_memory_mib seed weights optimizer kernel_options warmup_iterations iterations measured_s mean_ms std_ms min_ms max_ms p50_ms "
     "p90_ms p95_ms p99_ms p999_ms throughput wall_throughput loss_first loss_last params flops_per_sample "
     "verdict verdict_reason histogram migprof_version git_commit"
 ).split()
@@ -44,6 +44,8 @@ def check(folder, expected_runs):
             problems.append(f"{rid}: verdict {r['verdict']!r} reason {r['verdict_reason']!r}")
         if per_run.get(rid, 0) != r["iterations"]:
             problems.append(f"{rid}: {per_run.get(rid, 0)} samples for {r['iterations']} iterations")
+        if not (r["kernel_options"] or "").startswith("v1;"):
+            problems.append(f"{rid}: kernel_options {r['kernel_options']!r} is not a versioned canonical string")
         if r["mode"] == "train" and (r["loss_first"] is None or r["loss_last"] is None):
             problems.append(f"{rid}: a training run without loss_first/loss_last")
     return runs, problems

@@ -8,9 +8,11 @@ use anyhow::{Context, Result};
 
 use crate::cli::RunArgs;
 use crate::device::DeviceSpec;
-use crate::run::{execute, Run, RunContext, RunSpec};
-use crate::store::{read_table, write_run, Table};
-use crate::{plot, provenance, summary};
+use crate::results::{Run, RunContext};
+use crate::run::{execute, RunSpec};
+use crate::results::store::{read_table, write_run, Table};
+use crate::provenance;
+use crate::results::{plot, summary};
 
 /// Outcome of `migprof run`: how many runs were written and whether one failed.
 pub struct RunReport {
@@ -19,19 +21,7 @@ pub struct RunReport {
 }
 
 pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
-    let specs = args.specs();
-    for s in &specs {
-        workloads::lookup_with(&s.model, s.seq_len)?;
-    }
-    if args.weights.is_some() && args.model.len() != 1 {
-        anyhow::bail!("--weights loads one checkpoint into one model: give exactly one --model");
-    }
-    if let Some(w) = &args.weights {
-        anyhow::ensure!(w.is_file(), "--weights {}: no such file", w.display());
-    }
-    if args.seq_len.is_some() && specs.iter().all(|s| s.seq_len.is_none()) {
-        anyhow::bail!("--seq-len applies to token models (bert_*) only, and none was asked for");
-    }
+    let specs = crate::run::spec::from_args(args)?;
     let spec = match &args.device {
         Some(d) => d.clone(),
         None => {
@@ -43,7 +33,8 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
         }
     };
     let device = spec.open()?;
-    crate::preflight::check(&specs, &device)?;
+    crate::run::spec::check_device(&specs, &device)?;
+    crate::run::preflight::check(&specs, &device)?;
     // Make the folder before the first run, so a bad --out fails before any time is spent.
     std::fs::create_dir_all(&args.out).with_context(|| format!("cannot use {} as the results folder", args.out.display()))?;
     let context = RunContext {
@@ -103,7 +94,7 @@ pub fn finish(out: &Path, report: &RunReport, stdout: &mut dyn Write) -> Result<
     for p in &plots {
         writeln!(stdout, "plot: {}", p.display())?;
     }
-    let not_ok = report.completed.iter().filter(|r| r.assessment.verdict != crate::verdict::Verdict::Ok).count();
+    let not_ok = report.completed.iter().filter(|r| r.assessment.verdict != crate::results::verdict::Verdict::Ok).count();
     if not_ok > 0 {
         writeln!(stdout, "{not_ok} run(s) have a verdict other than ok; their verdict_reason column says why")?;
     }
@@ -121,15 +112,26 @@ pub fn devices(json: bool, stdout: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
+/// The profile table `--gpu` names, or this machine's GPU's from NVML.
+fn profile_table(args: &crate::cli::TableArgs) -> Result<crate::mig::ProfileTable> {
+    match &args.gpu {
+        Some(gpu) => crate::mig::table(gpu),
+        None => crate::gpu::nvml::profile_table(args.index).map_err(|e| {
+            let known: Vec<&str> = crate::mig::GPUS.iter().map(|(n, _)| *n).collect();
+            anyhow::anyhow!("{e:#}\nfor a GPU that is not here, name a known one: --gpu {}", known.join(" | --gpu "))
+        }),
+    }
+}
+
 /// `migprof profiles`.
 pub fn profiles(args: &crate::cli::TableArgs, stdout: &mut dyn Write) -> Result<()> {
-    write!(stdout, "{}", args.table()?.render())?;
+    write!(stdout, "{}", profile_table(args)?.render())?;
     Ok(())
 }
 
 /// `migprof plan`: the plan, or why the layout does not fit (then `Ok(false)`).
 pub fn plan(args: &crate::cli::TableArgs, profiles: &[String], list: bool, stdout: &mut dyn Write) -> Result<bool> {
-    let table = args.table()?;
+    let table = profile_table(args)?;
     if list {
         let layouts = crate::mig::maximal_layouts(&table);
         writeln!(stdout, "{} maximal layouts of the {}:", layouts.len(), table.product)?;

@@ -1,17 +1,14 @@
 //! The command line: what each flag means, how values are checked, and the defaults of `run`.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use workloads::kernels::options::{Attention, EncoderLayers, GemmAlgorithm};
 use workloads::kernels::KernelOptions;
-use workloads::{Mode, TrainConfig};
+use workloads::Mode;
 
 use crate::device::DeviceSpec;
-use crate::measure::{Stop, Warmup};
-use crate::run::RunSpec;
 
 #[derive(Debug, Parser)]
 #[command(name = "migprof", version, about = "Profile deep-learning workloads on NVIDIA GPUs, MIG slices and CPUs")]
@@ -113,18 +110,6 @@ pub struct TableArgs {
     pub index: u32,
 }
 
-impl TableArgs {
-    pub fn table(&self) -> anyhow::Result<crate::mig::ProfileTable> {
-        match &self.gpu {
-            Some(gpu) => crate::mig::table(gpu),
-            None => crate::gpu::nvml::profile_table(self.index).map_err(|e| {
-                let known: Vec<&str> = crate::mig::GPUS.iter().map(|(n, _)| *n).collect();
-                anyhow::anyhow!("{e:#}\nfor a GPU that is not here, name a known one: --gpu {}", known.join(" | --gpu "))
-            }),
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ModeArg {
     Infer,
@@ -170,8 +155,6 @@ impl From<DTypeArg> for candle_core::DType {
     }
 }
 
-/// The default set: ResNet-18 inference at batch 1, 4 and 8, training at batch 4 and 8.
-pub const DEFAULT_MODEL: &str = "resnet18";
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
@@ -292,10 +275,6 @@ where
     PossibleValuesParser::new(names).map(|name| name.parse::<T>().expect("clap accepted a listed name"))
 }
 
-fn takes_tokens(model: &str) -> bool {
-    workloads::lookup(model).is_ok_and(|(_, info)| info.input.seq_len().is_some())
-}
-
 fn parse_batch(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(b) if b > 0 => Ok(b),
@@ -311,150 +290,9 @@ fn parse_non_negative(s: &str) -> Result<f64, String> {
     }
 }
 
-impl RunArgs {
-    pub fn train_config(&self) -> TrainConfig {
-        let base = match self.optimizer {
-            OptimizerArg::Adamw => TrainConfig::adamw(),
-            OptimizerArg::Sgd => TrainConfig::sgd(),
-        };
-        TrainConfig { lr: self.lr.unwrap_or(base.lr), weight_decay: self.weight_decay.unwrap_or(base.weight_decay), ..base }
-    }
-
-    pub fn warmup_rule(&self) -> Warmup {
-        match (self.warmup, self.warmup_secs) {
-            (Some(n), _) => Warmup::Iterations(n),
-            (None, Some(secs)) => Warmup::Duration { min: Duration::from_secs_f64(secs), min_iterations: 1 },
-            // The first steps allocate and fault in memory; on a CPU one second can be one step.
-            (None, None) => Warmup::Duration { min: Duration::from_secs(1), min_iterations: 3 },
-        }
-    }
-
-    pub fn stop_rule(&self) -> Stop {
-        match self.iters {
-            Some(n) => Stop::Iterations(n),
-            None => Stop::Duration {
-                min: Duration::from_secs_f64(self.duration.unwrap_or(3.0)),
-                min_iterations: self.min_iters,
-            },
-        }
-    }
-
-    /// Every run to make, in order: model, then mode, then dtype, then batch. Unset lists take the
-    /// default set's values.
-    pub fn specs(&self) -> Vec<RunSpec> {
-        let defaults_only = self.model.is_empty() && self.mode.is_empty() && self.batch.is_empty();
-        let models = if self.model.is_empty() { vec![DEFAULT_MODEL.to_string()] } else { self.model.clone() };
-        let modes = if self.mode.is_empty() {
-            if defaults_only { vec![ModeArg::Infer, ModeArg::Train] } else { vec![ModeArg::Infer] }
-        } else {
-            self.mode.clone()
-        };
-        let batches_for = |mode: ModeArg| -> Vec<usize> {
-            match (self.batch.is_empty(), defaults_only, mode) {
-                (false, _, _) => self.batch.clone(),
-                (true, true, ModeArg::Train) => vec![4, 8],
-                (true, true, ModeArg::Infer) => vec![1, 4, 8],
-                (true, false, _) => vec![1],
-            }
-        };
-        let mut specs = Vec::new();
-        for model in &models {
-            for &mode in &modes {
-                for &dtype in &self.dtype {
-                    for batch in batches_for(mode) {
-                        specs.push(RunSpec {
-                            model: model.clone(),
-                            mode: mode.into(),
-                            dtype: dtype.into(),
-                            tf32: dtype == DTypeArg::Tf32,
-                            batch,
-                            seq_len: self.seq_len.filter(|_| takes_tokens(model)).map(|l| l as usize),
-                            weights: self.weights.clone(),
-                            train: self.train_config(),
-                            kernels: self.kernels.options(),
-                            warmup: self.warmup_rule(),
-                            stop: self.stop_rule(),
-                            seed: self.seed,
-                            sample_interval: (self.sample_interval_ms > 0).then(|| Duration::from_millis(self.sample_interval_ms)),
-                        });
-                    }
-                }
-            }
-        }
-        specs
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(line: &str) -> RunArgs {
-        let argv = std::iter::once("migprof").chain(std::iter::once("run")).chain(line.split_whitespace());
-        match Cli::try_parse_from(argv).unwrap().command {
-            Command::Run(a) => a,
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn the_default_set() {
-        let specs = args("").specs();
-        let got: Vec<(String, Mode, usize)> = specs.iter().map(|s| (s.model.clone(), s.mode, s.batch)).collect();
-        assert_eq!(
-            got,
-            vec![
-                ("resnet18".into(), Mode::Infer, 1),
-                ("resnet18".into(), Mode::Infer, 4),
-                ("resnet18".into(), Mode::Infer, 8),
-                ("resnet18".into(), Mode::Train, 4),
-                ("resnet18".into(), Mode::Train, 8)
-            ]
-        );
-        assert_eq!(specs[0].warmup, Warmup::Duration { min: Duration::from_secs(1), min_iterations: 3 });
-        let specs = args("--warmup-secs 0.5").specs();
-        assert_eq!(specs[0].warmup, Warmup::Duration { min: Duration::from_millis(500), min_iterations: 1 });
-        assert_eq!(specs[0].stop, Stop::Duration { min: Duration::from_secs(3), min_iterations: 10 });
-    }
-
-    #[test]
-    fn lists_make_a_cross_product() {
-        let specs = args("--model resnet18,resnet50 --mode infer,train --batch 1,2 --dtype f32,bf16 --iters 5 --warmup 0").specs();
-        assert_eq!(specs.len(), 16);
-        assert!(specs.iter().all(|s| s.stop == Stop::Iterations(5) && s.warmup == Warmup::Iterations(0)));
-        assert_eq!(specs[15].model, "resnet50");
-        assert_eq!(specs[15].batch, 2);
-    }
-
-    #[test]
-    fn seq_len_goes_to_token_models_only() {
-        let specs = args("--model resnet_tiny,bert_tiny --seq-len 32").specs();
-        assert_eq!(specs.iter().map(|s| s.seq_len).collect::<Vec<_>>(), vec![None, Some(32)]);
-        assert_eq!(args("--model bert_tiny").specs()[0].seq_len, None, "the model's default");
-    }
-
-    #[test]
-    fn optimizer_defaults_and_overrides() {
-        assert_eq!(args("").specs()[0].train, TrainConfig::adamw());
-        let t = args("--optimizer sgd --lr 0.1").specs()[0].train;
-        assert_eq!((t.optimizer, t.lr, t.weight_decay), (workloads::OptimizerKind::Sgd { momentum: 0.9 }, 0.1, 0.0));
-    }
-
-    #[test]
-    fn kernel_flags_make_the_options_every_run_records() {
-        assert_eq!(args("").specs()[0].kernels, KernelOptions::default());
-        let k = args("--attention composed --encoder-layers ops --gemm-algorithm heuristic").specs()[0].kernels;
-        assert_eq!(k.canonical(), "v1;attention=composed;layers=ops;gemm=heuristic");
-        let e = Cli::try_parse_from(["migprof", "run", "--attention", "flash"]).unwrap_err().to_string();
-        assert!(e.contains("flash") && e.contains("fused") && e.contains("composed"), "{e}");
-    }
-
-    #[test]
-    fn a_model_alone_runs_inference_at_batch_one() {
-        let specs = args("--model resnet50").specs();
-        assert_eq!(specs.len(), 1);
-        assert_eq!((specs[0].mode, specs[0].batch), (Mode::Infer, 1));
-    }
 
     #[test]
     fn bad_values_name_the_valid_choices() {

@@ -5,14 +5,9 @@ pub mod app;
 pub mod cli;
 pub mod device;
 pub mod gpu;
-pub mod measure;
 pub mod mig;
-pub mod plot;
-pub mod preflight;
 pub mod provenance;
+pub mod results;
 pub mod run;
-pub mod sampler;
-pub mod stats;
-pub mod store;
-pub mod summary;
-pub mod verdict;
+#[cfg(test)]
+pub(crate) mod testing;

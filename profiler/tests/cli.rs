@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use migprof::store::{read_table, Table};
+use migprof::results::store::{read_table, Table};
 use polars::prelude::*;
 
 fn migprof(args: &[&str]) -> Output {

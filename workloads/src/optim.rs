@@ -18,15 +18,6 @@ pub enum OptimizerKind {
     Sgd { momentum: f64 },
 }
 
-impl OptimizerKind {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            OptimizerKind::AdamW => "adamw",
-            OptimizerKind::Sgd { .. } => "sgd",
-        }
-    }
-}
-
 pub enum Optimizer {
     AdamW(AdamW),
     Sgd(SgdMomentum),

@@ -42,7 +42,8 @@ fn resnet18_and_resnet50_match_candle_transformers() -> Result<()> {
             }
         }
         let ours_vb = VarBuilder::from_tensors(tensors.clone(), DType::F32, &Device::Cpu);
-        let ours = workloads::models::resnet::ResNet::new(&workloads::models::resnet::Config::from_name(name), ours_vb)?;
+        let cfg = if name == "resnet18" { workloads::models::resnet::Config::resnet18() } else { workloads::models::resnet::Config::resnet50() };
+        let ours = workloads::models::resnet::ResNet::new(&cfg, ours_vb)?;
         let vb = VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu);
         let theirs = if name == "resnet18" { reference::resnet::resnet18(1000, vb)? } else { reference::resnet::resnet50(1000, vb)? };
         let x = images(2, 64)?;

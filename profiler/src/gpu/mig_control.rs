@@ -4,7 +4,7 @@
 //!
 //! Not verified on hardware: the lent GPUs must keep MIG off, so these calls have run only as far
 //! as the read-only ones (the GPU list, MIG mode, processes, the profile table). The logic above them
-//! is tested against [`crate::mig::fake`].
+//! is tested against `testing::nvml`.
 
 use std::collections::BTreeSet;
 
@@ -13,7 +13,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings as sys;
 
-use super::topology::MigMode;
+use crate::mig::mode::MigMode;
 use crate::mig::control::{ComputeInstance, GpuInstanceState, GpuState, MigControl};
 use crate::mig::{Placement, ProfileTable};
 

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 pub use select::{select, Selected};
-pub use topology::{Gpu, MigDevice, MigMode, Topology};
+pub use topology::{Gpu, MigDevice, Topology};
 
 /// A recorded topology (the JSON of `migprof devices --json`) to use instead of asking NVML.
 pub const TOPOLOGY_ENV: &str = "MIGPROF_TOPOLOGY";

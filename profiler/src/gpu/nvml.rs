@@ -10,7 +10,8 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings as sys;
 
-use super::topology::{Gpu, MigDevice, MigMode, Topology};
+use super::topology::{Gpu, MigDevice, Topology};
+use crate::mig::mode::MigMode;
 
 const MIB: u64 = 1 << 20;
 

@@ -7,6 +7,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::mig::mode::{on_off, MigMode};
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Topology {
     /// The NVIDIA driver's version, e.g. "580.159.04".
@@ -28,13 +30,6 @@ pub struct Gpu {
     pub mig_mode: Option<MigMode>,
     #[serde(default)]
     pub mig_devices: Vec<MigDevice>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MigMode {
-    pub current: bool,
-    /// The mode after the next GPU reset.
-    pub pending: bool,
 }
 
 /// A MIG device: one compute instance of one GPU instance, the unit CUDA can run on.
@@ -99,14 +94,5 @@ impl Topology {
         } else {
             lines.join("\n")
         }
-    }
-}
-
-/// "on" or "off", as a mode reads in messages.
-pub(crate) fn on_off(b: bool) -> &'static str {
-    if b {
-        "on"
-    } else {
-        "off"
     }
 }

@@ -16,7 +16,7 @@ use super::config::{entries_by_gpu, DeviceConfig, Devices, GpuKey, MigPartedFile
 use super::control::{GpuInstanceState, GpuState, MigControl};
 use super::plan::{plan, Placement, Plan};
 use super::profile::{MigProfile, ProfileTable};
-use crate::gpu::topology::on_off;
+use super::mode::on_off;
 
 /// What the caller allows.
 #[derive(Debug, Clone, Copy, Default)]
@@ -442,7 +442,7 @@ fn indices(gpus: &[GpuState]) -> String {
 mod tests {
     use super::*;
     use crate::mig::control::ComputeInstance;
-    use crate::mig::fake::FakeNvml;
+    use crate::testing::nvml::FakeNvml;
     use crate::mig::profile::table;
 
     const MIXED: &str = "version: v1\nmig-configs:\n  mixed:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        3g.40gb: 1\n        2g.20gb: 1\n        1g.10gb: 2\n";
@@ -560,7 +560,7 @@ mod tests {
         assert!(e.contains("--gpu-reset"), "{e}");
         assert_eq!(fake.calls.len(), 1);
         // After the reset (done by a person), the same command finishes the job.
-        fake.gpus[0].state.mig_mode = Some(crate::gpu::MigMode { current: true, pending: true });
+        fake.gpus[0].state.mig_mode = Some(crate::mig::mode::MigMode { current: true, pending: true });
         run_apply(&mut fake, MIXED, Options { enable_mig: true, ..act() }).0.unwrap();
         assert_eq!(layout(&fake).len(), 4);
     }

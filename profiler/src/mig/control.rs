@@ -1,12 +1,12 @@
 //! What `migprof mig` asks of the driver, as a trait: NVML implements it on a real machine
-//! ([`crate::gpu::mig_control`]), and a recording fake ([`super::fake`]) in the tests, since no GPU lent
+//! (`gpu::mig_control`), and a recording fake (`testing::nvml`) in the tests, since no GPU lent
 //! to this project may have its MIG layout changed.
 
 use anyhow::Result;
 
 use super::plan::Placement;
 use super::profile::ProfileTable;
-use crate::gpu::topology::MigMode;
+use super::mode::MigMode;
 
 /// A GPU as the MIG commands see it.
 #[derive(Debug, Clone, PartialEq)]

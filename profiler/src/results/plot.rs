@@ -147,8 +147,8 @@ fn significant(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::tests::fake_run;
-    use crate::store::runs_frame;
+    use crate::results::record::tests::fake_run;
+    use crate::results::store::runs_frame;
     use std::time::Duration;
 
     #[test]

@@ -9,8 +9,8 @@ use anyhow::{Context, Result};
 use polars::prelude::*;
 
 use crate::provenance;
-use crate::run::Run;
-use crate::stats::ns_to_ms;
+use crate::results::Run;
+use crate::results::stats::ns_to_ms;
 
 /// Bumped whenever a column is added or changes meaning or type; readers concatenate parts of every
 /// version (2: `kernel_options`).
@@ -110,16 +110,16 @@ fn write_part(dir: &Path, name: &str, df: &mut DataFrame) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn summary(runs: &[Run], f: impl Fn(&crate::sampler::MetricSummary) -> Option<f64>) -> Vec<Option<f64>> {
+fn summary(runs: &[Run], f: impl Fn(&crate::run::sampler::MetricSummary) -> Option<f64>) -> Vec<Option<f64>> {
     runs.iter().map(|r| f(&r.metric_summary)).collect()
 }
 
 /// The `metrics` table: every sampler reading of one run.
 fn metrics_frame(run: &Run) -> Result<DataFrame> {
     let m = &run.metrics;
-    let f = |g: fn(&crate::sampler::Sample) -> Option<f64>| m.iter().map(g).collect::<Vec<Option<f64>>>();
-    let u = |g: fn(&crate::sampler::Sample) -> Option<u32>| m.iter().map(|s| g(s).map(i64::from)).collect::<Vec<Option<i64>>>();
-    let gpm = |g: fn(&crate::sampler::Gpm) -> Option<f64>| m.iter().map(|s| s.gpm.as_ref().and_then(g)).collect::<Vec<Option<f64>>>();
+    let f = |g: fn(&crate::run::sampler::Sample) -> Option<f64>| m.iter().map(g).collect::<Vec<Option<f64>>>();
+    let u = |g: fn(&crate::run::sampler::Sample) -> Option<u32>| m.iter().map(|s| g(s).map(i64::from)).collect::<Vec<Option<i64>>>();
+    let gpm = |g: fn(&crate::run::sampler::Gpm) -> Option<f64>| m.iter().map(|s| s.gpm.as_ref().and_then(g)).collect::<Vec<Option<f64>>>();
     let columns = vec![
         Column::new("run_id".into(), vec![run.run_id.as_str(); m.len()]),
         col("t_ms", m.iter().map(|s| s.t.as_secs_f64() * 1e3).collect::<Vec<f64>>()),
@@ -252,7 +252,7 @@ fn samples_frame(run: &Run) -> Result<DataFrame> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::tests::fake_run;
+    use crate::results::record::tests::fake_run;
     use std::time::Duration;
 
     fn get_f64(df: &DataFrame, name: &str, row: usize) -> f64 {
@@ -298,7 +298,7 @@ mod tests {
 
     #[test]
     fn sampler_readings_and_their_summary_round_trip() -> Result<()> {
-        use crate::sampler::{summarize, Gpm, Sample};
+        use crate::run::sampler::{summarize, Gpm, Sample};
         let dir = tempfile::tempdir()?;
         let mut run = fake_run(8, 30, Duration::ZERO);
         run.metrics = (0..3u64)

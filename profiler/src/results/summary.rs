@@ -1,7 +1,7 @@
 //! The table printed at the end of `migprof run`.
 
-use crate::run::Run;
-use crate::stats::ns_to_ms;
+use crate::results::Run;
+use crate::results::stats::ns_to_ms;
 
 /// Renders one line per run, columns aligned: what a user reads first.
 pub fn table(runs: &[Run]) -> String {
@@ -46,7 +46,7 @@ pub fn table(runs: &[Run]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::tests::fake_run;
+    use crate::results::record::tests::fake_run;
     use std::time::Duration;
 
     #[test]

@@ -82,17 +82,33 @@ pub struct Measurement {
     pub loss_last: Option<f32>,
 }
 
-/// Warms up, then measures until `stop`.
-pub fn measure(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup, stop: Stop) -> Result<Measurement> {
-    let warmup_iterations = warm_up(exec, clock, warmup)?;
-    let mut m = measure_steps(exec, clock, stop)?;
-    m.warmup_iterations = warmup_iterations;
-    Ok(m)
+/// What runs beside the measured phase (the GPU sampler, a profiler's capture range): started once
+/// warm-up is over, right before the first measured step, and stopped right after the last, also
+/// when a step fails.
+pub trait Observer {
+    fn start(&mut self);
+    fn stop(&mut self);
 }
 
-/// The measured phase alone (no warm-up): for callers that start something in between, such as the
-/// sampler.
-pub fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Result<Measurement> {
+/// Nothing beside the measured phase.
+pub struct Unobserved;
+
+impl Observer for Unobserved {
+    fn start(&mut self) {}
+    fn stop(&mut self) {}
+}
+
+/// The measuring loop of every run: warms up, starts `observer`, measures until `stop`, stops it.
+pub fn measure(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup, stop: Stop, observer: &mut dyn Observer) -> Result<Measurement> {
+    let warmup_iterations = warm_up(exec, clock, warmup)?;
+    observer.start();
+    let measured = measure_steps(exec, clock, stop);
+    observer.stop();
+    Ok(Measurement { warmup_iterations, ..measured? })
+}
+
+/// The measured phase alone.
+fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Result<Measurement> {
     let mut latencies_ns = Vec::new();
     let mut loss_first = None;
     let start = clock.now();
@@ -114,7 +130,7 @@ pub fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> 
 }
 
 /// Runs steps until the warm-up rule is met; returns how many.
-pub fn warm_up(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup) -> Result<u64> {
+fn warm_up(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup) -> Result<u64> {
     let start = clock.now();
     let mut n = 0;
     loop {
@@ -135,78 +151,15 @@ fn nanos(d: Duration) -> u64 {
 }
 
 #[cfg(test)]
-pub(crate) mod fake {
-    //! A step of scripted duration on a clock that only moves when told to.
-
-    use super::*;
-    use std::cell::Cell;
-    use std::rc::Rc;
-
-    #[derive(Clone, Default)]
-    pub struct FakeClock {
-        now: Rc<Cell<Duration>>,
-        /// Added on every read: models what reading the clock and bookkeeping cost.
-        pub tick: Duration,
-    }
-
-    impl FakeClock {
-        pub fn with_tick(tick: Duration) -> Self {
-            Self { tick, ..Default::default() }
-        }
-
-        pub fn advance(&self, d: Duration) {
-            self.now.set(self.now.get() + d);
-        }
-    }
-
-    impl Clock for FakeClock {
-        fn now(&self) -> Duration {
-            let t = self.now.get();
-            self.now.set(t + self.tick);
-            t
-        }
-    }
-
-    /// Takes `durations[i % len]` for step i, and reports a loss that halves each step.
-    pub struct FakeStep {
-        pub clock: FakeClock,
-        pub durations: Vec<Duration>,
-        pub steps: usize,
-        pub train: bool,
-        pub loss_reads: usize,
-    }
-
-    impl FakeStep {
-        pub fn new(clock: &FakeClock, durations_ms: &[f64]) -> Self {
-            let durations = durations_ms.iter().map(|&ms| Duration::from_secs_f64(ms / 1e3)).collect();
-            Self { clock: clock.clone(), durations, steps: 0, train: false, loss_reads: 0 }
-        }
-    }
-
-    impl Executor for FakeStep {
-        fn step(&mut self) -> Result<()> {
-            self.clock.advance(self.durations[self.steps % self.durations.len()]);
-            self.steps += 1;
-            Ok(())
-        }
-
-        fn loss(&mut self) -> Result<Option<f32>> {
-            self.loss_reads += 1;
-            Ok(self.train.then(|| 0.5f32.powi(self.steps as i32)))
-        }
-    }
-}
-
-#[cfg(test)]
 mod tests {
-    use super::fake::*;
+    use crate::testing::clock::{FakeClock, FakeStep};
     use super::*;
 
     #[test]
     fn fixed_iterations_record_each_step_latency_in_order() -> Result<()> {
         let clock = FakeClock::default();
         let mut step = FakeStep::new(&clock, &[1.0, 3.0]);
-        let m = measure(&mut step, &clock, Warmup::Iterations(3), Stop::Iterations(4))?;
+        let m = measure(&mut step, &clock, Warmup::Iterations(3), Stop::Iterations(4), &mut Unobserved)?;
         assert_eq!(m.warmup_iterations, 3);
         // Warm-up took steps 0..3 (1, 3, 1 ms), so measuring starts on a 3 ms step.
         assert_eq!(m.latencies_ns, vec![3_000_000, 1_000_000, 3_000_000, 1_000_000]);
@@ -220,11 +173,11 @@ mod tests {
         let clock = FakeClock::default();
         let mut step = FakeStep::new(&clock, &[2.0]);
         let stop = Stop::Duration { min: Duration::from_millis(9), min_iterations: 3 };
-        let m = measure(&mut step, &clock, Warmup::Iterations(0), stop)?;
+        let m = measure(&mut step, &clock, Warmup::Iterations(0), stop, &mut Unobserved)?;
         assert_eq!(m.latencies_ns.len(), 5, "9 ms of 2 ms steps needs 5");
 
         let stop = Stop::Duration { min: Duration::from_millis(1), min_iterations: 7 };
-        let m = measure(&mut step, &clock, Warmup::Iterations(0), stop)?;
+        let m = measure(&mut step, &clock, Warmup::Iterations(0), stop, &mut Unobserved)?;
         assert_eq!(m.latencies_ns.len(), 7, "the minimum count wins over a short duration");
         Ok(())
     }
@@ -234,11 +187,11 @@ mod tests {
         let clock = FakeClock::default();
         let mut step = FakeStep::new(&clock, &[4.0]);
         let warmup = |ms, min_iterations| Warmup::Duration { min: Duration::from_millis(ms), min_iterations };
-        let m = measure(&mut step, &clock, warmup(10, 1), Stop::Iterations(1))?;
+        let m = measure(&mut step, &clock, warmup(10, 1), Stop::Iterations(1), &mut Unobserved)?;
         assert_eq!(m.warmup_iterations, 3);
-        let m = measure(&mut step, &clock, warmup(0, 0), Stop::Iterations(1))?;
+        let m = measure(&mut step, &clock, warmup(0, 0), Stop::Iterations(1), &mut Unobserved)?;
         assert_eq!(m.warmup_iterations, 1);
-        let m = measure(&mut step, &clock, warmup(10, 5), Stop::Iterations(1))?;
+        let m = measure(&mut step, &clock, warmup(10, 5), Stop::Iterations(1), &mut Unobserved)?;
         assert_eq!(m.warmup_iterations, 5, "the minimum count wins over a short duration");
         Ok(())
     }
@@ -248,7 +201,7 @@ mod tests {
         // Every clock read costs 10 us: a latency spans one read, the wall time every read.
         let clock = FakeClock::with_tick(Duration::from_micros(10));
         let mut step = FakeStep::new(&clock, &[1.0]);
-        let m = measure(&mut step, &clock, Warmup::Iterations(0), Stop::Iterations(10))?;
+        let m = measure(&mut step, &clock, Warmup::Iterations(0), Stop::Iterations(10), &mut Unobserved)?;
         assert!(m.latencies_ns.iter().all(|&l| l == 1_010_000), "{:?}", m.latencies_ns);
         // Each iteration reads the clock three times (t0, t1, the stop check) around its 1 ms step,
         // and the final elapsed read is one more tick: 10 ms + 31 ticks.
@@ -261,10 +214,44 @@ mod tests {
         let clock = FakeClock::default();
         let mut step = FakeStep::new(&clock, &[1.0]);
         step.train = true;
-        let m = measure(&mut step, &clock, Warmup::Iterations(2), Stop::Iterations(5))?;
+        let m = measure(&mut step, &clock, Warmup::Iterations(2), Stop::Iterations(5), &mut Unobserved)?;
         assert_eq!(step.loss_reads, 2);
         assert_eq!(m.loss_first, Some(0.5f32.powi(3)));
         assert_eq!(m.loss_last, Some(0.5f32.powi(7)));
+        Ok(())
+    }
+
+    #[test]
+    fn the_observer_spans_exactly_the_measured_steps_even_when_one_fails() -> Result<()> {
+        struct Counting(std::rc::Rc<std::cell::Cell<usize>>, Vec<(&'static str, usize)>);
+        impl Observer for Counting {
+            fn start(&mut self) {
+                self.1.push(("start", self.0.get()));
+            }
+            fn stop(&mut self) {
+                self.1.push(("stop", self.0.get()));
+            }
+        }
+        struct Counted(std::rc::Rc<std::cell::Cell<usize>>, usize);
+        impl Executor for Counted {
+            fn step(&mut self) -> Result<()> {
+                self.0.set(self.0.get() + 1);
+                anyhow::ensure!(self.0.get() <= self.1, "step {} failed", self.0.get());
+                Ok(())
+            }
+            fn loss(&mut self) -> Result<Option<f32>> {
+                Ok(None)
+            }
+        }
+        let steps = std::rc::Rc::new(std::cell::Cell::new(0));
+        let mut observer = Counting(steps.clone(), Vec::new());
+        measure(&mut Counted(steps.clone(), usize::MAX), &FakeClock::default(), Warmup::Iterations(3), Stop::Iterations(5), &mut observer)?;
+        assert_eq!(observer.1, vec![("start", 3), ("stop", 8)], "after the 3 warm-up steps, right after the 5 measured");
+        steps.set(0);
+        let mut observer = Counting(steps.clone(), Vec::new());
+        let err = measure(&mut Counted(steps.clone(), 4), &FakeClock::default(), Warmup::Iterations(2), Stop::Iterations(5), &mut observer);
+        assert!(err.is_err());
+        assert_eq!(observer.1, vec![("start", 2), ("stop", 5)], "stopped after the failing step");
         Ok(())
     }
 
@@ -279,7 +266,7 @@ mod tests {
                 Ok(None)
             }
         }
-        let err = measure(&mut Broken, &MonotonicClock::new(), Warmup::Iterations(0), Stop::Iterations(1)).unwrap_err();
+        let err = measure(&mut Broken, &MonotonicClock::new(), Warmup::Iterations(0), Stop::Iterations(1), &mut Unobserved).unwrap_err();
         assert_eq!(err.to_string(), "out of memory");
     }
 }

@@ -16,9 +16,6 @@ const MODES: [Mode; 2] = [Mode::Infer, Mode::Train];
 pub fn check(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
     let mut checked: Vec<(Family, Mode, DType, KernelOptions)> = Vec::new();
     for s in specs {
-        if s.tf32 && !device.device.is_cuda() {
-            bail!("tf32 is a mode of NVIDIA tensor cores; on {} f32 is computed exactly: use --dtype f32 (choices: f32, bf16, f16, tf32 on a GPU)", device.info.kind)
-        }
         let (_, info) = workloads::lookup(&s.model)?;
         let key = (info.family, s.mode, s.dtype, s.kernels);
         if checked.contains(&key) {
@@ -70,7 +67,7 @@ fn first_line(s: &str) -> &str {
 mod tests {
     use super::*;
     use crate::device::DeviceSpec;
-    use crate::run::tests::spec;
+    use crate::results::record::tests::spec;
 
     #[test]
     fn f32_inference_and_training_pass_on_cpu() -> Result<()> {

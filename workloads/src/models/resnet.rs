@@ -57,17 +57,6 @@ impl Config {
     pub fn resnet152() -> Self {
         Self::preset(Block::Bottleneck, [3, 8, 36, 3])
     }
-    /// A published preset by its CLI name (resnet18 ... resnet152).
-    pub fn from_name(name: &str) -> Self {
-        match name {
-            "resnet18" => Self::resnet18(),
-            "resnet34" => Self::resnet34(),
-            "resnet50" => Self::resnet50(),
-            "resnet101" => Self::resnet101(),
-            "resnet152" => Self::resnet152(),
-            other => panic!("no ResNet preset named {other}"),
-        }
-    }
     /// The architecture at test size: one basic block a stage, 8 channels, 32x32 inputs, 10 classes.
     pub fn tiny() -> Self {
         Self { block: Block::Basic, layers: [1, 1, 1, 1], width: 8, num_classes: 10, image_size: 32 }

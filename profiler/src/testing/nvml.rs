@@ -6,10 +6,10 @@
 
 use anyhow::{anyhow, bail, Result};
 
-use super::control::{ComputeInstance, GpuInstanceState, GpuState, MigControl};
-use super::plan::Placement;
-use super::profile::ProfileTable;
-use crate::gpu::topology::MigMode;
+use crate::mig::control::{ComputeInstance, GpuInstanceState, GpuState, MigControl};
+use crate::mig::plan::Placement;
+use crate::mig::profile::ProfileTable;
+use crate::mig::mode::MigMode;
 
 pub struct FakeGpu {
     pub state: GpuState,

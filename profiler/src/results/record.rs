@@ -1,0 +1,216 @@
+//! [`Run`]: one finished measurement and everything recorded about it — which device, which
+//! workload, the latencies and their statistics, the verdict, the sampler's readings. The results
+//! model that the Parquet store, the plots and the summary read.
+
+use anyhow::Result;
+use chrono::{DateTime, Utc};
+use candle_core::DType;
+use workloads::kernels::KernelOptions;
+use workloads::{Mode, ModelInfo};
+
+use crate::device::DeviceInfo;
+use crate::provenance;
+use crate::results::stats::{wall_throughput, LatencyStats};
+use crate::results::verdict::{assess, Assessment};
+use crate::run::measure::Measurement;
+use crate::run::sampler::{summarize, MetricSummary, Sample};
+use crate::run::spec::{precision, RunSpec};
+
+/// Identity of the run within its invocation and its surroundings.
+#[derive(Debug, Clone)]
+pub struct RunContext {
+    pub invocation_id: String,
+    pub host: String,
+    pub device: DeviceInfo,
+}
+
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub run_id: String,
+    pub context: RunContext,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub model: ModelInfo,
+    pub mode: Mode,
+    pub dtype: DType,
+    pub tf32: bool,
+    pub batch: usize,
+    pub seed: u64,
+    /// The checkpoint the weights came from; `None` for seeded random weights.
+    pub weights: Option<String>,
+    /// The optimizer and its settings for training runs, e.g. `adamw(lr=0.001, weight_decay=0.01)`.
+    pub optimizer: Option<String>,
+    pub kernels: KernelOptions,
+    pub warmup_iterations: u64,
+    pub measurement: Measurement,
+    pub stats: LatencyStats,
+    pub assessment: Assessment,
+    /// The sampler's readings over the measured phase (empty without a sampler).
+    pub metrics: Vec<Sample>,
+    pub metric_summary: MetricSummary,
+    /// Why the sampler gave nothing, when it was asked for and failed.
+    pub sampler_error: Option<String>,
+    /// The sampler's interval, when one ran.
+    pub sample_interval: Option<std::time::Duration>,
+}
+
+impl Run {
+    /// Assembles a run from a finished measurement.
+    pub fn new(
+        spec: &RunSpec,
+        model: ModelInfo,
+        context: RunContext,
+        started_at: DateTime<Utc>,
+        measurement: Measurement,
+        metrics: Result<Vec<Sample>>,
+    ) -> Result<Self> {
+        let stats = LatencyStats::from_latencies(&measurement.latencies_ns)?;
+        let assessment = assess(&measurement.latencies_ns);
+        let (metrics, sampler_error) = match metrics {
+            Ok(m) => (m, None),
+            Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+        };
+        let metric_summary = summarize(&metrics, stats.iterations * spec.batch as u64);
+        let sample_interval = spec.sample_interval.filter(|_| context.device.selected.is_some());
+        Ok(Self {
+            run_id: provenance::run_id(started_at),
+            context,
+            started_at,
+            finished_at: provenance::now(),
+            model,
+            mode: spec.mode,
+            dtype: spec.dtype,
+            tf32: spec.tf32,
+            batch: spec.batch,
+            seed: spec.seed,
+            weights: spec.weights.as_ref().map(|p| p.display().to_string()),
+            optimizer: (spec.mode == Mode::Train).then(|| describe(&spec.train)),
+            kernels: spec.kernels,
+            warmup_iterations: measurement.warmup_iterations,
+            measurement,
+            stats,
+            assessment,
+            metrics,
+            metric_summary,
+            sampler_error,
+            sample_interval,
+        })
+    }
+
+    /// The precision as `--dtype` names it: `tf32`, or the dtype.
+    pub fn precision(&self) -> &'static str {
+        precision(self.dtype, self.tf32)
+    }
+
+    /// `1000 / mean_latency_ms * batch`, samples per second.
+    pub fn throughput(&self) -> f64 {
+        self.stats.throughput(self.batch)
+    }
+
+    /// Samples per second over the measured wall-clock time.
+    pub fn wall_throughput(&self) -> f64 {
+        wall_throughput(self.stats.iterations, self.batch, self.measurement.elapsed)
+    }
+
+    pub fn sample_interval_ms(&self) -> Option<i64> {
+        self.sample_interval.map(|d| d.as_millis() as i64)
+    }
+
+    /// Forward FLOPs per sample for inference, 3x that for training.
+    pub fn flops_per_sample(&self) -> u64 {
+        match self.mode {
+            Mode::Infer => self.model.flops_per_sample,
+            Mode::Train => self.model.train_flops_per_sample(),
+        }
+    }
+}
+
+fn describe(t: &workloads::TrainConfig) -> String {
+    match t.optimizer {
+        workloads::OptimizerKind::AdamW => format!("adamw(lr={}, weight_decay={})", t.lr, t.weight_decay),
+        workloads::OptimizerKind::Sgd { momentum } => {
+            format!("sgd(lr={}, momentum={momentum}, weight_decay={})", t.lr, t.weight_decay)
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::testing::clock::{FakeClock, FakeStep};
+    use crate::run::measure::{Stop, Warmup};
+    use crate::results::stats::tests::close;
+    use crate::results::verdict::Verdict;
+    use std::time::Duration;
+
+    pub fn context() -> RunContext {
+        RunContext {
+            invocation_id: "inv-test".into(),
+            host: "testhost".into(),
+            device: DeviceInfo { kind: "cpu", name: "Test CPU (2 threads)".into(), selected: None },
+        }
+    }
+
+    pub fn spec(batch: usize, iters: u64) -> RunSpec {
+        RunSpec {
+            model: "resnet_tiny".into(),
+            mode: Mode::Infer,
+            dtype: DType::F32,
+            tf32: false,
+            batch,
+            seq_len: None,
+            weights: None,
+            train: workloads::TrainConfig::default(),
+            kernels: KernelOptions::default(),
+            warmup: Warmup::Iterations(2),
+            stop: Stop::Iterations(iters),
+            seed: 1,
+            sample_interval: None,
+        }
+    }
+
+    /// A run measured on the fake 1 ms / 3 ms step.
+    pub fn fake_run(batch: usize, iters: u64, tick: Duration) -> Run {
+        let clock = FakeClock::with_tick(tick);
+        let mut step = FakeStep::new(&clock, &[1.0, 3.0]);
+        let spec = spec(batch, iters);
+        let m = crate::run::measure::measure(&mut step, &clock, spec.warmup, spec.stop, &mut crate::run::measure::Unobserved).unwrap();
+        let (_, info) = workloads::lookup("resnet_tiny").unwrap();
+        Run::new(&spec, info, context(), provenance::now(), m, Ok(Vec::new())).unwrap()
+    }
+
+    #[test]
+    fn throughputs_of_the_alternating_fake_step() {
+        // Mean 2 ms, batch 8: 1000 / 2 * 8 = 4000 samples/s by the formula and by the wall clock.
+        let run = fake_run(8, 30, Duration::ZERO);
+        assert_eq!(run.throughput(), 4000.0);
+        assert_eq!(run.wall_throughput(), 4000.0);
+        assert_eq!(run.assessment.verdict, Verdict::Ok, "{}", run.assessment.reason);
+        assert!(close(run.stats.p50_ns, 1_000_000), "{}", run.stats.p50_ns);
+        assert!(close(run.stats.p99_ns, 3_000_000), "{}", run.stats.p99_ns);
+    }
+
+    #[test]
+    fn wall_throughput_includes_harness_time_and_the_formula_does_not() {
+        // Each clock read costs 100 us: latencies are 2.1 ms on average, the 30 iterations take
+        // 60 ms of steps + 91 reads x 100 us = 69.1 ms of wall time.
+        let run = fake_run(4, 30, Duration::from_micros(100));
+        assert!((run.throughput() - 1000.0 / 2.1 * 4.0).abs() < 1e-9, "{}", run.throughput());
+        assert!((run.wall_throughput() - 120.0 / 0.0691).abs() < 1e-6, "{}", run.wall_throughput());
+    }
+
+    #[test]
+    fn five_iterations_are_too_few() {
+        let run = fake_run(1, 5, Duration::ZERO);
+        assert_eq!(run.assessment.verdict, Verdict::TooFewIterations);
+        assert_eq!(run.stats.iterations, 5);
+    }
+
+    #[test]
+    fn training_flops_are_three_forwards() {
+        let mut run = fake_run(1, 10, Duration::ZERO);
+        let fwd = run.flops_per_sample();
+        run.mode = Mode::Train;
+        assert_eq!(run.flops_per_sample(), 3 * fwd);
+    }
+}
