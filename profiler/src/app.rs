@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 
 use crate::cli::RunArgs;
 use crate::device::DeviceSpec;
+use crate::results::record::{CellIdentity, Status};
 use crate::results::{Run, RunContext};
 use crate::run::{execute, RunSpec};
 use crate::results::store::{read_table, write_run, Table};
@@ -49,7 +50,10 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
     for (i, s) in specs.iter().enumerate() {
         write!(log, "[{}/{}] {} {} {} batch {} ... ", i + 1, specs.len(), s.model, s.mode.as_str(), s.precision(), s.batch)?;
         log.flush()?;
-        let outcome = execute(s, &device, context.clone()).and_then(|run| write_run(&args.out, &run).map(|_| run));
+        let outcome = crate::sweep::cell::CellSpec::of_run(s, &device.info.name, &spec.to_string())
+            .map(|cell| CellIdentity { sweep: None, target: device.info.name.clone(), cell_id: cell.cell_id(), status: Status::Ok })
+            .and_then(|identity| execute(s, &device, context.clone(), identity))
+            .and_then(|run| write_run(&args.out, &run).map(|_| run));
         match outcome {
             Ok(run) => {
                 writeln!(
@@ -73,6 +77,91 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
         }
     }
     Ok(RunReport { completed, failed })
+}
+
+/// `migprof sweep`: the dry run, or the sweep with its summary. `Ok(false)` when a cell failed or the
+/// sweep was interrupted.
+pub fn sweep(args: &crate::cli::SweepArgs, log: &mut dyn Write) -> Result<bool> {
+    use crate::sweep::schedule;
+    let file = crate::sweep::file::SweepFile::read(&args.file)?;
+    let opts = schedule::Options {
+        out: args.out.clone(),
+        dry_run: args.dry_run,
+        force: args.force,
+        retry_oom: args.retry_oom,
+        only: args.only.clone(),
+        jobs: args.jobs as usize,
+    };
+    if opts.dry_run {
+        schedule::dry_run(&file, &opts, log)?;
+        return Ok(true);
+    }
+    let exe = std::env::current_exe().context("finding this migprof to start its cells")?;
+    let summary = schedule::run(&file, &opts, &exe, log)?;
+    let statuses: Vec<String> = summary.by_status.iter().map(|(s, n)| format!("{n} {}", s.as_str())).collect();
+    writeln!(
+        log,
+        "{}: {} cell(s) planned, {} skipped (done already), {} run{}{}{}; rows in {}",
+        if summary.interrupted { "interrupted" } else { "done" },
+        summary.planned,
+        summary.skipped,
+        summary.ran,
+        if statuses.is_empty() { String::new() } else { format!(" ({})", statuses.join(", ")) },
+        if summary.probes > 0 { format!(", {} max-search probe(s)", summary.probes) } else { String::new() },
+        if summary.interrupted { "; rerun the same command to finish" } else { "" },
+        args.out.join(Table::Runs.dir_name()).display()
+    )?;
+    Ok(!summary.interrupted && summary.failed() == 0)
+}
+
+/// `migprof cell`: one cell, measured and written with its identity. The exit code tells the sweep
+/// how it ended: 0 measured (the row is written), [`crate::sweep::child::EXIT_OOM`] out of memory,
+/// 1 any other error.
+pub fn cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: &mut dyn Write) -> Result<std::process::ExitCode> {
+    use crate::sweep::cell::{CellSpec, Purpose};
+    let result = (|| -> Result<Run> {
+        let cell = CellSpec::read(spec_path)?;
+        let spec = cell.run_spec()?;
+        let device = cell.device.parse::<DeviceSpec>()?.open()?;
+        crate::run::spec::check_device(std::slice::from_ref(&spec), &device)?;
+        let context = RunContext {
+            invocation_id: invocation.map(str::to_string).unwrap_or_else(|| provenance::run_id(provenance::now())),
+            host: provenance::host(),
+            device: device.info.clone(),
+        };
+        let status = if cell.purpose == Purpose::Probe { Status::Probe } else { Status::Ok };
+        let identity = CellIdentity { sweep: Some(cell.sweep.clone()), target: cell.target.clone(), cell_id: cell.cell_id(), status };
+        let run = execute(&spec, &device, context, identity)?;
+        write_run(out, &run)?;
+        Ok(run)
+    })();
+    match result {
+        Ok(run) => {
+            writeln!(
+                stdout,
+                "{}{} {:.1}/s p50 {:.3} ms, verdict {}",
+                crate::sweep::child::RESULT_PREFIX,
+                run.cell.status.as_str(),
+                run.throughput(),
+                run.stats.p50_ns as f64 / 1e6,
+                run.assessment.verdict
+            )?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            let code = if is_out_of_memory(&e) { crate::sweep::child::EXIT_OOM } else { 1 };
+            Ok(std::process::ExitCode::from(code as u8))
+        }
+    }
+}
+
+/// Whether an error is an allocation failure: CUDA's, cuBLAS's, cuDNN's, candle's.
+fn is_out_of_memory(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}");
+    ["CUDA_ERROR_OUT_OF_MEMORY", "out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED", "memory allocation of"]
+        .iter()
+        .any(|needle| text.contains(needle))
 }
 
 /// Plots everything in the folder and prints the summary and where things are.

@@ -22,6 +22,22 @@ pub enum Command {
     /// Measure models: one run per model x mode x dtype x batch size. With no flags, a default set
     /// that takes about two minutes on a 2-core CPU.
     Run(RunArgs),
+    /// Run a sweep file: a matrix of cells over targets (devices), each cell in a child process of its
+    /// own, a row for every cell however it ends; a rerun runs only the cells not done.
+    Sweep(SweepArgs),
+    /// Run one cell of a sweep from its spec (what `sweep` starts as a child process).
+    #[command(hide = true)]
+    Cell {
+        /// The cell spec (JSON, see `sweep::cell::CellSpec`).
+        #[arg(long)]
+        spec: PathBuf,
+        /// The results folder to write the cell's row to.
+        #[arg(long)]
+        out: PathBuf,
+        /// The sweep invocation this cell belongs to.
+        #[arg(long)]
+        invocation: Option<String>,
+    },
     /// List the models with their parameter counts and FLOPs per sample.
     Models,
     /// List the NVIDIA GPUs and their MIG devices (profile, GPU/compute instance ids, SMs, memory,
@@ -90,6 +106,31 @@ pub enum MigCommand {
         #[arg(long, default_value = "current")]
         name: String,
     },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SweepArgs {
+    /// The sweep file (TOML): name, [defaults], [[targets]], [[matrix]]; see the README.
+    pub file: PathBuf,
+    /// Results folder.
+    #[arg(long, default_value = "data/results")]
+    pub out: PathBuf,
+    /// List the cells with their ids, whether each is done, and an estimate of the time; run nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Run every cell, also those with a row already.
+    #[arg(long)]
+    pub force: bool,
+    /// Run again the cells whose row says `oom`.
+    #[arg(long)]
+    pub retry_oom: bool,
+    /// Only the cells that match every key=value, comma-separated (keys: target, device, model, mode,
+    /// dtype, batch, seq_len, repeat), e.g. --only model=resnet50,target=3g.
+    #[arg(long, default_value = "")]
+    pub only: crate::sweep::plan::Filter,
+    /// Cells at once, never two on one device.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub jobs: u64,
 }
 
 #[derive(Debug, Clone, Copy, Args)]

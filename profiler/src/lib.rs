@@ -9,5 +9,6 @@ pub mod mig;
 pub mod provenance;
 pub mod results;
 pub mod run;
+pub mod sweep;
 #[cfg(test)]
 pub(crate) mod testing;

@@ -7,6 +7,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
     let result = match &cli.command {
+        Command::Sweep(args) => migprof::app::sweep(args, &mut stderr).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
+        Command::Cell { spec, out, invocation } => migprof::app::cell(spec, out, invocation.as_deref(), &mut stdout),
         Command::Models => migprof::app::models(&mut stdout).map(|_| ExitCode::SUCCESS),
         Command::Devices { json } => migprof::app::devices(*json, &mut stdout).map(|_| ExitCode::SUCCESS),
         Command::Profiles(table) => migprof::app::profiles(table, &mut stdout).map(|_| ExitCode::SUCCESS),

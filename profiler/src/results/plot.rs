@@ -38,8 +38,13 @@ pub fn series(runs: &DataFrame) -> Result<BTreeMap<String, Vec<Point>>> {
     let (model, mode, dtype, device, run_id) =
         (text("model")?, text("mode")?, text("dtype")?, text("device_name")?, text("run_id")?);
     let (batch, throughput, p50, p99) = (number("batch")?, number("throughput")?, number("p50_ms")?, number("p99_ms")?);
+    // Rows without a measurement (a cell that failed) and the probes of a max search are not points.
+    let status = runs.column("status").ok().map(|c| c.str().map(|s| s.iter().map(|v| v.unwrap_or("ok").to_string()).collect::<Vec<_>>())).transpose()?;
     let mut latest: BTreeMap<String, BTreeMap<u64, Point>> = BTreeMap::new();
     for i in 0..runs.height() {
+        if throughput[i].is_nan() || status.as_ref().is_some_and(|s| s[i] != "ok") {
+            continue;
+        }
         let key = format!("{} {} {} · {}", model[i], mode[i], dtype[i], device[i]);
         let p = Point { run_id: run_id[i].clone(), batch: batch[i], throughput: throughput[i], p50_ms: p50[i], p99_ms: p99[i] };
         let by_batch = latest.entry(key).or_default();
@@ -164,6 +169,35 @@ mod tests {
         assert_eq!(points.iter().map(|p| p.batch).collect::<Vec<_>>(), vec![1.0, 8.0]);
         assert_eq!(points[1].run_id, newer8.run_id);
         assert_eq!(points[1].throughput, newer8.throughput());
+        Ok(())
+    }
+
+    #[test]
+    fn failed_cells_and_max_probes_are_not_points() -> Result<()> {
+        use crate::results::record::{CellIdentity, Failure, Status};
+        let dir = tempfile::tempdir()?;
+        let ok = fake_run(8, 10, Duration::ZERO);
+        crate::results::store::write_run(dir.path(), &ok)?;
+        let mut probe = fake_run(16, 10, Duration::ZERO);
+        probe.cell.status = Status::Probe;
+        crate::results::store::write_run(dir.path(), &probe)?;
+        let cell = crate::sweep::cell::tests::cell();
+        let failure = Failure {
+            run_id: "zzz-failed".into(),
+            invocation_id: "inv".into(),
+            host: "h".into(),
+            started_at: crate::provenance::now(),
+            finished_at: crate::provenance::now(),
+            identity: CellIdentity { sweep: Some("s".into()), target: "cpu".into(), cell_id: cell.cell_id(), status: Status::Oom },
+            cell: crate::sweep::cell::CellSpec { batch: 32, ..cell },
+            error: "out of memory".into(),
+        };
+        crate::results::store::write_failure(dir.path(), &failure)?;
+        let runs = crate::results::store::read_table(dir.path(), crate::results::store::Table::Runs)?;
+        assert_eq!(runs.height(), 3);
+        let s = series(&runs)?;
+        let points: Vec<f64> = s.values().flatten().map(|p| p.batch).collect();
+        assert_eq!(points, vec![8.0], "{s:?}");
         Ok(())
     }
 

@@ -24,10 +24,71 @@ pub struct RunContext {
     pub device: DeviceInfo,
 }
 
+/// How a cell's execution ended. About execution only: whether its numbers can be trusted is the
+/// verdict's business.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Measured to the end.
+    Ok,
+    /// Measured to the end as one try of a `max` batch search.
+    Probe,
+    /// The device (or the host, on the CPU) ran out of memory.
+    Oom,
+    /// The run failed with an error.
+    Error,
+    /// Killed after the sweep's `timeout_secs`.
+    Timeout,
+    /// The process died without saying why (a signal).
+    Crashed,
+}
+
+impl Status {
+    pub const ALL: [Status; 6] = [Status::Ok, Status::Probe, Status::Oom, Status::Error, Status::Timeout, Status::Crashed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Probe => "probe",
+            Status::Oom => "oom",
+            Status::Error => "error",
+            Status::Timeout => "timeout",
+            Status::Crashed => "crashed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+/// Which cell a row belongs to: its sweep (none for `migprof run`), target, id, and how it ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CellIdentity {
+    pub sweep: Option<String>,
+    pub target: String,
+    pub cell_id: String,
+    pub status: Status,
+}
+
+/// A cell that left no measurement: the row says which cell it was, how it ended and why.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub run_id: String,
+    pub invocation_id: String,
+    pub host: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub cell: crate::sweep::cell::CellSpec,
+    pub identity: CellIdentity,
+    /// The error, or the child's last lines of output.
+    pub error: String,
+}
+
 #[derive(Debug, Clone)]
 pub struct Run {
     pub run_id: String,
     pub context: RunContext,
+    pub cell: CellIdentity,
     pub started_at: DateTime<Utc>,
     pub finished_at: DateTime<Utc>,
     pub model: ModelInfo,
@@ -63,6 +124,7 @@ impl Run {
         started_at: DateTime<Utc>,
         measurement: Measurement,
         metrics: Result<Vec<Sample>>,
+        cell: CellIdentity,
     ) -> Result<Self> {
         let stats = LatencyStats::from_latencies(&measurement.latencies_ns)?;
         let assessment = assess(&measurement.latencies_ns);
@@ -75,6 +137,7 @@ impl Run {
         Ok(Self {
             run_id: provenance::run_id(started_at),
             context,
+            cell,
             started_at,
             finished_at: provenance::now(),
             model,
@@ -151,6 +214,10 @@ pub(crate) mod tests {
         }
     }
 
+    pub fn identity() -> CellIdentity {
+        CellIdentity { sweep: None, target: "Test CPU".into(), cell_id: "0123456789abcdef".into(), status: Status::Ok }
+    }
+
     pub fn spec(batch: usize, iters: u64) -> RunSpec {
         RunSpec {
             model: "resnet_tiny".into(),
@@ -176,7 +243,7 @@ pub(crate) mod tests {
         let spec = spec(batch, iters);
         let m = crate::run::measure::measure(&mut step, &clock, spec.warmup, spec.stop, &mut crate::run::measure::Unobserved).unwrap();
         let (_, info) = workloads::lookup("resnet_tiny").unwrap();
-        Run::new(&spec, info, context(), provenance::now(), m, Ok(Vec::new())).unwrap()
+        Run::new(&spec, info, context(), provenance::now(), m, Ok(Vec::new()), identity()).unwrap()
     }
 
     #[test]

@@ -9,11 +9,12 @@ use anyhow::{Context, Result};
 use polars::prelude::*;
 
 use crate::provenance;
+use crate::results::record::Failure;
 use crate::results::Run;
 use crate::results::stats::ns_to_ms;
 
 /// Bumped whenever a column is added or changes meaning or type; readers concatenate parts of every
-/// version (2: `kernel_options`).
+/// version (2: `kernel_options`; `sweep`, `target`, `cell_id`, `status`, `error`).
 pub const SCHEMA_VERSION: i32 = 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,6 +179,11 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         utc_micros("started_at", i(|r| r.started_at.timestamp_micros())),
         utc_micros("finished_at", i(|r| r.finished_at.timestamp_micros())),
         col("host", s(|r| r.context.host.clone())),
+        Column::new("sweep".into(), runs.iter().map(|r| r.cell.sweep.clone()).collect::<Vec<Option<String>>>()),
+        col("target", s(|r| r.cell.target.clone())),
+        col("cell_id", s(|r| r.cell.cell_id.clone())),
+        col("status", s(|r| r.cell.status.as_str().to_string())),
+        Column::new("error".into(), vec![None::<String>; runs.len()]),
         col("model", s(|r| r.model.name.to_string())),
         col("family", s(|r| r.model.family.as_str().to_string())),
         col("mode", s(|r| r.mode.as_str().to_string())),
@@ -236,6 +242,39 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         col("git_commit", s(|_| provenance::GIT_COMMIT.to_string())),
     ];
     Ok(DataFrame::new(runs.len(), columns)?)
+}
+
+/// Writes the row of a cell that left no measurement: its identity, status and error; every
+/// measurement column is null.
+pub fn write_failure(out: &Path, failure: &Failure) -> Result<PathBuf> {
+    let c = &failure.cell;
+    let id = &failure.identity;
+    let family = workloads::lookup(&c.model).map(|(_, info)| info.family.as_str().to_string()).ok();
+    let columns = vec![
+        Column::new("schema_version".into(), vec![SCHEMA_VERSION]),
+        col("run_id", vec![failure.run_id.clone()]),
+        col("invocation_id", vec![failure.invocation_id.clone()]),
+        utc_micros("started_at", vec![failure.started_at.timestamp_micros()]),
+        utc_micros("finished_at", vec![failure.finished_at.timestamp_micros()]),
+        col("host", vec![failure.host.clone()]),
+        Column::new("sweep".into(), vec![id.sweep.clone()]),
+        col("target", vec![id.target.clone()]),
+        col("cell_id", vec![id.cell_id.clone()]),
+        col("status", vec![id.status.as_str().to_string()]),
+        Column::new("error".into(), vec![Some(failure.error.clone())]),
+        col("model", vec![c.model.clone()]),
+        Column::new("family".into(), vec![family]),
+        col("mode", vec![c.mode.clone()]),
+        col("dtype", vec![c.dtype.clone()]),
+        col("batch", vec![c.batch as i64]),
+        Column::new("seq_len".into(), vec![c.seq_len.map(|l| l as i64)]),
+        Column::new("seed".into(), vec![c.seed]),
+        col("kernel_options", vec![c.kernel_options.clone()]),
+        col("migprof_version", vec![provenance::VERSION.to_string()]),
+        col("git_commit", vec![provenance::GIT_COMMIT.to_string()]),
+    ];
+    let mut df = DataFrame::new(1, columns)?;
+    write_part(&out.join(Table::Runs.dir_name()), &format!("part-{}.parquet", failure.run_id), &mut df)
 }
 
 /// The `samples` table: every measured iteration of one run.

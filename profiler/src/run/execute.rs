@@ -7,13 +7,13 @@ use workloads::{Batch, Mode, Workload};
 
 use crate::device::OpenDevice;
 use crate::provenance;
-use crate::results::record::{Run, RunContext};
+use crate::results::record::{CellIdentity, Run, RunContext};
 use crate::run::measure::{measure, Executor, MonotonicClock, Observer};
 use crate::run::sampler::{Sample, Sampler};
 use crate::run::spec::RunSpec;
 
 /// Builds the workload, measures it and returns the run.
-pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext) -> Result<Run> {
+pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: CellIdentity) -> Result<Run> {
     // Process-wide in cuBLAS and cuDNN: set for every run, so that a tf32 run does not leak into the
     // f32 one after it.
     workloads::precision::allow_tf32(spec.tf32);
@@ -40,7 +40,7 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext) -> Resu
     let released = workloads::memory::release_pooled(&device.device);
     let measurement = measured?;
     released.context("releasing the run's GPU memory")?;
-    Run::new(spec, info, context, started_at, measurement, beside.metrics)
+    Run::new(spec, info, context, started_at, measurement, beside.metrics, cell)
 }
 
 /// Beside a GPU run's measured phase: the NVML sampler (when asked for) and the CUDA profiler's range.
@@ -150,7 +150,7 @@ mod tests {
         let mut spec = spec(4, 12);
         spec.mode = Mode::Train;
         let device = crate::device::DeviceSpec::Cpu.open()?;
-        let run = execute(&spec, &device, context())?;
+        let run = execute(&spec, &device, context(), crate::results::record::tests::identity())?;
         assert_eq!(run.stats.iterations, 12);
         assert_eq!(run.warmup_iterations, 2);
         let (first, last) = (run.measurement.loss_first.unwrap(), run.measurement.loss_last.unwrap());

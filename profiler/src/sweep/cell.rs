@@ -1,0 +1,291 @@
+//! One cell of a sweep: everything one child process needs to make one run, as a versioned JSON
+//! contract (`migprof cell --spec FILE` reads it; emulated slices and cluster backends write it too),
+//! and the cell's identity.
+//!
+//! The `cell_id` hashes the cell as written — target label and device string, model, mode, dtype,
+//! batch as written (`max` stays `max`), sequence length, repeat, weights file hash, optimizer,
+//! kernel options, spec version, migprof version — and nothing resolved (UUIDs change when a MIG
+//! layout is re-applied) or sweep-specific (the sweep's name, the results folder, timings).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use std::time::Duration;
+
+use candle_core::DType;
+use workloads::kernels::KernelOptions;
+use workloads::Mode;
+
+use crate::provenance;
+use crate::run::measure::{Stop, Warmup};
+use crate::run::RunSpec;
+
+/// The contract's version: bumped when a field changes meaning; a child refuses other versions.
+pub const CELL_SPEC_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellSpec {
+    pub version: u32,
+    /// The sweep's name (`sweep` column); not part of the id.
+    pub sweep: String,
+    /// The target's label (`target` column) and its device as written.
+    pub target: String,
+    pub device: String,
+    pub model: String,
+    /// `infer` or `train`.
+    pub mode: String,
+    /// As `--dtype` spells it: f32, bf16, f16, tf32.
+    pub dtype: String,
+    /// The batch size to run.
+    pub batch: usize,
+    /// The batch as the sweep file wrote it: a number, or `max`.
+    pub batch_as_written: String,
+    pub seq_len: Option<usize>,
+    /// Which of the sweep's independent repetitions (0-based).
+    pub repeat: u32,
+    pub seed: u64,
+    pub weights: Option<PathBuf>,
+    /// SHA-256 of the weights file, so that the id changes when the file does.
+    pub weights_sha256: Option<String>,
+    /// `adamw` or `sgd`, and their settings (unused when inferring, still part of the cell).
+    pub optimizer: String,
+    pub lr: f64,
+    pub weight_decay: f64,
+    /// The canonical kernel options string.
+    pub kernel_options: String,
+    pub warmup_secs: f64,
+    pub duration_secs: f64,
+    pub sample_interval_ms: u64,
+    /// `probe` for a step of a `max` search; otherwise `ok` when it runs through.
+    pub purpose: Purpose,
+}
+
+/// Why a cell runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Purpose {
+    /// A cell of the matrix.
+    Measure,
+    /// One try of a `max` search: its row is kept with status `probe`.
+    Probe,
+}
+
+impl CellSpec {
+    /// The fields the id is made of, in a fixed order, one per line.
+    fn identity(&self) -> String {
+        let fields: [(&str, String); 14] = [
+            ("version", self.version.to_string()),
+            ("migprof", provenance::VERSION.to_string()),
+            ("target", self.target.clone()),
+            ("device", self.device.clone()),
+            ("model", self.model.clone()),
+            ("mode", self.mode.clone()),
+            ("dtype", self.dtype.clone()),
+            ("batch", if self.purpose == Purpose::Probe { format!("probe:{}", self.batch) } else { self.batch_as_written.clone() }),
+            ("seq_len", self.seq_len.map_or("default".into(), |l| l.to_string())),
+            ("repeat", self.repeat.to_string()),
+            ("weights", self.weights_sha256.clone().unwrap_or_else(|| format!("seeded:{}", self.seed))),
+            ("optimizer", self.optimizer.clone()),
+            ("lr/weight_decay", format!("{}/{}", self.lr, self.weight_decay)),
+            ("kernel_options", self.kernel_options.clone()),
+        ];
+        fields.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
+    }
+
+    /// 16 hex digits of the SHA-256 of [`identity`](Self::identity).
+    pub fn cell_id(&self) -> String {
+        let digest = Sha256::digest(self.identity().as_bytes());
+        digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub fn to_json(&self) -> Result<String> {
+        Ok(serde_json::to_string_pretty(self)?)
+    }
+
+    pub fn read(path: &std::path::Path) -> Result<CellSpec> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading the cell spec {}", path.display()))?;
+        let spec: CellSpec = serde_json::from_str(&text).with_context(|| format!("parsing the cell spec {}", path.display()))?;
+        if spec.version != CELL_SPEC_VERSION {
+            bail!("cell spec {}: version {} (this migprof reads version {CELL_SPEC_VERSION})", path.display(), spec.version);
+        }
+        Ok(spec)
+    }
+}
+
+impl CellSpec {
+    /// The cell of one run of `migprof run`: its target is the device as given, it is no sweep's.
+    pub fn of_run(spec: &RunSpec, target: &str, device: &str) -> Result<CellSpec> {
+        // SGD's momentum is fixed at 0.9 (`TrainConfig::sgd`), so the name says it all.
+        let optimizer = match spec.train.optimizer {
+            workloads::OptimizerKind::AdamW => "adamw",
+            workloads::OptimizerKind::Sgd { .. } => "sgd",
+        };
+        let seconds = |d: Duration| d.as_secs_f64();
+        Ok(CellSpec {
+            version: CELL_SPEC_VERSION,
+            sweep: String::new(),
+            target: target.to_string(),
+            device: device.to_string(),
+            model: spec.model.clone(),
+            mode: spec.mode.as_str().to_string(),
+            dtype: spec.precision().to_string(),
+            batch: spec.batch,
+            batch_as_written: spec.batch.to_string(),
+            seq_len: spec.seq_len,
+            repeat: 0,
+            seed: spec.seed,
+            weights: spec.weights.clone(),
+            weights_sha256: spec.weights.as_deref().map(file_sha256).transpose()?,
+            optimizer: optimizer.to_string(),
+            lr: spec.train.lr,
+            weight_decay: spec.train.weight_decay,
+            kernel_options: spec.kernels.canonical(),
+            warmup_secs: match spec.warmup {
+                Warmup::Duration { min, .. } => seconds(min),
+                Warmup::Iterations(_) => 0.0,
+            },
+            duration_secs: match spec.stop {
+                Stop::Duration { min, .. } => seconds(min),
+                Stop::Iterations(_) => 0.0,
+            },
+            sample_interval_ms: spec.sample_interval.map_or(0, |d| d.as_millis() as u64),
+            purpose: Purpose::Measure,
+        })
+    }
+
+    /// The run this cell makes. A probe of a `max` search runs one warm-up and one measured step:
+    /// enough to know whether the batch fits.
+    pub fn run_spec(&self) -> Result<RunSpec> {
+        let mode = match self.mode.as_str() {
+            "infer" => Mode::Infer,
+            "train" => Mode::Train,
+            other => bail!("cell spec: mode `{other}`; valid modes: infer, train"),
+        };
+        let (dtype, tf32) = match self.dtype.as_str() {
+            "f32" => (DType::F32, false),
+            "tf32" => (DType::F32, true),
+            "bf16" => (DType::BF16, false),
+            "f16" => (DType::F16, false),
+            other => bail!("cell spec: dtype `{other}`; valid dtypes: f32, bf16, f16, tf32"),
+        };
+        let optimizer = match self.optimizer.as_str() {
+            "adamw" => workloads::OptimizerKind::AdamW,
+            "sgd" => workloads::OptimizerKind::Sgd { momentum: 0.9 },
+            other => bail!("cell spec: optimizer `{other}`; valid optimizers: adamw, sgd"),
+        };
+        let kernels = self.kernel_options.parse::<KernelOptions>().map_err(|e| anyhow::anyhow!("cell spec: {e}"))?;
+        let (warmup, stop) = match self.purpose {
+            Purpose::Probe => (Warmup::Iterations(1), Stop::Iterations(1)),
+            Purpose::Measure => (
+                Warmup::Duration { min: Duration::from_secs_f64(self.warmup_secs), min_iterations: 1 },
+                Stop::Duration { min: Duration::from_secs_f64(self.duration_secs), min_iterations: 10 },
+            ),
+        };
+        Ok(RunSpec {
+            model: self.model.clone(),
+            mode,
+            dtype,
+            tf32,
+            batch: self.batch,
+            seq_len: self.seq_len,
+            weights: self.weights.clone(),
+            train: workloads::TrainConfig { optimizer, lr: self.lr, weight_decay: self.weight_decay },
+            kernels,
+            warmup,
+            stop,
+            seed: self.seed,
+            sample_interval: (self.sample_interval_ms > 0).then(|| Duration::from_millis(self.sample_interval_ms)),
+        })
+    }
+}
+
+/// SHA-256 of a file's bytes, in hex.
+pub fn file_sha256(path: &std::path::Path) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub fn cell() -> CellSpec {
+        CellSpec {
+            version: CELL_SPEC_VERSION,
+            sweep: "s".into(),
+            target: "cpu".into(),
+            device: "cpu".into(),
+            model: "resnet_tiny".into(),
+            mode: "infer".into(),
+            dtype: "f32".into(),
+            batch: 2,
+            batch_as_written: "2".into(),
+            seq_len: None,
+            repeat: 0,
+            seed: 0,
+            weights: None,
+            weights_sha256: None,
+            optimizer: "adamw".into(),
+            lr: 1e-3,
+            weight_decay: 0.01,
+            kernel_options: workloads::kernels::KernelOptions::default().canonical(),
+            warmup_secs: 0.1,
+            duration_secs: 0.2,
+            sample_interval_ms: 100,
+            purpose: Purpose::Measure,
+        }
+    }
+
+    #[test]
+    fn the_id_follows_what_the_cell_is_not_where_or_when_it_ran() {
+        let a = cell();
+        assert_eq!(a.cell_id().len(), 16);
+        // Sweep-specific fields and timings leave the id alone.
+        let same = CellSpec { sweep: "other".into(), warmup_secs: 9.0, duration_secs: 9.0, sample_interval_ms: 5, ..a.clone() };
+        assert_eq!(same.cell_id(), a.cell_id());
+        // What the cell is changes it.
+        for other in [
+            CellSpec { target: "cpu2".into(), ..a.clone() },
+            CellSpec { batch_as_written: "max".into(), ..a.clone() },
+            CellSpec { repeat: 1, ..a.clone() },
+            CellSpec { dtype: "f16".into(), ..a.clone() },
+            CellSpec { kernel_options: "v1;attention=composed;layers=op;gemm=timed".into(), ..a.clone() },
+            CellSpec { weights_sha256: Some("ab".into()), ..a.clone() },
+            CellSpec { purpose: Purpose::Probe, ..a.clone() },
+        ] {
+            assert_ne!(other.cell_id(), a.cell_id(), "{other:?}");
+        }
+        // "max" keeps one id whatever batch the search found.
+        let max = CellSpec { batch_as_written: "max".into(), ..a.clone() };
+        assert_eq!(CellSpec { batch: 64, ..max.clone() }.cell_id(), max.cell_id());
+    }
+
+    #[test]
+    fn a_cell_makes_the_run_it_describes_and_back() -> Result<()> {
+        let c = CellSpec { dtype: "tf32".into(), mode: "train".into(), optimizer: "sgd".into(), ..cell() };
+        let run = c.run_spec()?;
+        assert!(run.tf32 && run.dtype == DType::F32 && run.mode == Mode::Train);
+        assert_eq!(run.train.optimizer, workloads::OptimizerKind::Sgd { momentum: 0.9 });
+        let back = CellSpec::of_run(&run, &c.target, &c.device)?;
+        assert_eq!(back.cell_id(), c.cell_id(), "{back:?}");
+        let probe = CellSpec { purpose: Purpose::Probe, ..cell() }.run_spec()?;
+        assert_eq!((probe.warmup, probe.stop), (Warmup::Iterations(1), Stop::Iterations(1)));
+        assert!(CellSpec { dtype: "fp8".into(), ..cell() }.run_spec().unwrap_err().to_string().contains("valid dtypes"));
+        Ok(())
+    }
+
+    #[test]
+    fn the_json_round_trips_and_other_versions_are_refused() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("cell.json");
+        std::fs::write(&path, cell().to_json()?)?;
+        assert_eq!(CellSpec::read(&path)?, cell());
+        std::fs::write(&path, cell().to_json()?.replace("\"version\": 1", "\"version\": 2"))?;
+        assert!(format!("{:#}", CellSpec::read(&path).unwrap_err()).contains("version 2"));
+        Ok(())
+    }
+}

@@ -1,0 +1,8 @@
+//! `migprof sweep`: a matrix of cells from a file ([`file`]), each cell run in a child process of its
+//! own ([`cell`] is the contract between them), with a row for every cell however it ends.
+
+pub mod cell;
+pub mod file;
+pub mod child;
+pub mod plan;
+pub mod schedule;

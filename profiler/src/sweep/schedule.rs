@@ -1,0 +1,422 @@
+//! Running a sweep's cells: which are already done (a row with status `ok` or `oom`), which device each
+//! needs, one child at a time per device and up to `--jobs` at once across devices, a cool-down between
+//! cells on one device, a `max` batch found once per target/model/mode/dtype, a row for every cell
+//! however it ends, and Ctrl-C leaving no half row and a summary.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use super::cell::{CellSpec, Purpose};
+use super::child::{self, Ending, Running};
+use super::file::{BatchSize, SweepFile};
+use super::plan::{self, Filter, PlannedCell};
+use crate::provenance;
+use crate::results::record::{CellIdentity, Failure, Status};
+use crate::results::store::{read_table, write_failure, Table};
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub out: PathBuf,
+    pub dry_run: bool,
+    /// Run every cell, done or not.
+    pub force: bool,
+    /// Run cells whose row says `oom` again.
+    pub retry_oom: bool,
+    pub only: Filter,
+    /// Cells at once, each on a device of its own.
+    pub jobs: usize,
+}
+
+/// What a sweep did.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub planned: usize,
+    pub skipped: usize,
+    pub ran: usize,
+    /// Probes of `max` searches (rows with status `probe`, or `oom` where a batch did not fit).
+    pub probes: usize,
+    pub by_status: Vec<(Status, usize)>,
+    pub interrupted: bool,
+}
+
+impl Summary {
+    pub fn failed(&self) -> usize {
+        self.by_status.iter().filter(|(s, _)| !matches!(s, Status::Ok | Status::Probe)).map(|(_, n)| n).sum()
+    }
+
+    fn count(&mut self, status: Status) {
+        match self.by_status.iter_mut().find(|(s, _)| *s == status) {
+            Some((_, n)) => *n += 1,
+            None => self.by_status.push((status, 1)),
+        }
+    }
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Ctrl-C (and SIGTERM) end the sweep at the next poll instead of killing it mid-write.
+fn catch_interrupts() {
+    let handler = on_interrupt as extern "C" fn(libc::c_int);
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, handler as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
+    }
+}
+
+/// The cell ids a results folder holds with a final status: `ok` and `oom` (unless retrying them).
+fn done_cells(out: &Path, retry_oom: bool) -> Result<HashMap<String, Status>> {
+    let runs = read_table(out, Table::Runs)?;
+    let mut done = HashMap::new();
+    let (Ok(ids), Ok(statuses)) = (runs.column("cell_id"), runs.column("status")) else { return Ok(done) };
+    for (id, status) in ids.str()?.iter().zip(statuses.str()?.iter()) {
+        if let (Some(id), Some(status)) = (id, status.and_then(Status::parse)) {
+            let is_final = matches!(status, Status::Ok | Status::Probe) || (status == Status::Oom && !retry_oom);
+            if is_final {
+                done.insert(id.to_string(), status);
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// Which physical device a target's device string names: the MIG or GPU UUID when NVML knows it, so
+/// that "0" and "GPU-…" never run at once; the string itself otherwise.
+fn device_key(device: &str) -> String {
+    if device == "cpu" {
+        return "cpu".into();
+    }
+    let id = if device == "cuda" { "0" } else { device.strip_prefix("cuda:").unwrap_or(device) };
+    match crate::gpu::discover().and_then(|t| crate::gpu::select(&t, id)) {
+        Ok(sel) => sel.mig.map(|m| m.uuid).unwrap_or(sel.gpu.uuid),
+        Err(_) => device.to_string(),
+    }
+}
+
+/// A few words on a cell for the progress lines.
+fn describe(c: &CellSpec) -> String {
+    let seq = c.seq_len.map(|l| format!(" seq {l}")).unwrap_or_default();
+    let batch = if c.batch_as_written == "max" { format!("max={}", c.batch) } else { c.batch.to_string() };
+    let what = if c.purpose == Purpose::Probe { " (max search)" } else { "" };
+    format!("{} {} {} {} batch {batch}{seq} #{}{what}", c.target, c.model, c.mode, c.dtype, c.repeat)
+}
+
+fn duration(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 3600 {
+        format!("{}h{:02}m", s / 3600, s / 60 % 60)
+    } else if s >= 60 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
+/// The sweep's cells after `--only`, each with whether it is already done.
+pub fn plan(file: &SweepFile, opts: &Options) -> Result<Vec<(PlannedCell, bool)>> {
+    let done = if opts.force { HashMap::new() } else { done_cells(&opts.out, opts.retry_oom)? };
+    Ok(plan::cells(file)?
+        .into_iter()
+        .filter(|c| opts.only.matches(&c.spec))
+        .map(|c| {
+            let is_done = done.contains_key(&c.spec.cell_id());
+            (c, is_done)
+        })
+        .collect())
+}
+
+/// `--dry-run`: every cell with its id and whether it would run, and an estimate of the time.
+pub fn dry_run(file: &SweepFile, opts: &Options, log: &mut dyn Write) -> Result<()> {
+    let cells = plan(file, opts)?;
+    // Per cell: warm-up and measurement, plus a child's start and model build (about 2 s on a
+    // 2-core CPU for the tiny presets; more for large models on a GPU).
+    let per_cell = file.defaults.warmup_secs + file.defaults.duration_secs + 2.0 + file.defaults.cooldown_secs;
+    let to_run = cells.iter().filter(|(_, done)| !done).count();
+    writeln!(log, "{:<16}  {:<6}  cell", "cell_id", "state")?;
+    for (c, done) in &cells {
+        writeln!(log, "{:<16}  {:<6}  {}", c.spec.cell_id(), if *done { "done" } else { "to run" }, describe(&c.spec).replace("batch 0", "batch max"))?;
+    }
+    let max_note = if cells.iter().any(|(c, d)| !d && c.batch == BatchSize::Max) { " (\"max\" cells add a search of a few short probes each)" } else { "" };
+    writeln!(
+        log,
+        "{} cell(s), {} done, {to_run} to run: about {} at {per_cell:.0} s a cell on one device{max_note}",
+        cells.len(),
+        cells.len() - to_run,
+        duration(Duration::from_secs_f64(per_cell * to_run as f64))
+    )?;
+    Ok(())
+}
+
+/// One cell between start and end.
+struct Active {
+    cell: CellSpec,
+    device: String,
+    running: Running,
+    started: chrono::DateTime<chrono::Utc>,
+    /// The `max` search this probe belongs to.
+    search: Option<usize>,
+}
+
+/// A `max` search: doubling from 1 until a batch does not fit (or the limit), then bisection.
+#[derive(Debug)]
+struct MaxSearch {
+    /// The largest batch known to fit, the smallest known not to.
+    fits: usize,
+    fails: Option<usize>,
+    limit: usize,
+    /// The cells waiting for the answer.
+    waiting: Vec<PlannedCell>,
+    template: CellSpec,
+}
+
+impl MaxSearch {
+    /// The next batch to try; `None` once the answer is known (`fits`, 0 when not even 1 fits).
+    fn next(&self) -> Option<usize> {
+        match self.fails {
+            None if self.fits >= self.limit => None,
+            None if self.fits == 0 => Some(1),
+            None => Some((self.fits * 2).min(self.limit)),
+            Some(f) if f <= self.fits + 1 => None,
+            Some(f) => Some((self.fits + f) / 2),
+        }
+    }
+}
+
+/// Runs the sweep: every cell not done, each in a child, a row for each.
+pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) -> Result<Summary> {
+    std::fs::create_dir_all(&opts.out).with_context(|| format!("cannot use {} as the results folder", opts.out.display()))?;
+    let cells = plan(file, opts)?;
+    let mut summary = Summary { planned: cells.len(), ..Default::default() };
+    let invocation_id = provenance::run_id(provenance::now());
+    let host = provenance::host();
+    let mut queue: VecDeque<PlannedCell> = VecDeque::new();
+    let mut searches: Vec<MaxSearch> = Vec::new();
+    let mut search_of: HashMap<String, usize> = HashMap::new();
+    for (c, done) in cells {
+        if done {
+            summary.skipped += 1;
+            continue;
+        }
+        if c.batch == BatchSize::Max {
+            // One search per target, model, mode, dtype, sequence length and kernels.
+            let key = format!("{}|{}|{}|{}|{:?}|{}", c.spec.target, c.spec.model, c.spec.mode, c.spec.dtype, c.spec.seq_len, c.spec.kernel_options);
+            let i = *search_of.entry(key).or_insert_with(|| {
+                searches.push(MaxSearch { fits: 0, fails: None, limit: file.defaults.max_batch_limit, waiting: Vec::new(), template: c.spec.clone() });
+                searches.len() - 1
+            });
+            searches[i].waiting.push(c);
+        } else {
+            queue.push_back(c);
+        }
+    }
+    // Probes first, so that a "max" cell's batch is known by the time its turn comes.
+    let mut probes: VecDeque<(CellSpec, usize)> = searches.iter().enumerate().map(|(i, s)| (probe(&s.template, s.next().unwrap_or(1)), i)).collect();
+    let total = queue.len() + searches.iter().map(|s| s.waiting.len()).sum::<usize>();
+    writeln!(
+        log,
+        "migprof {}: sweep `{}`, {} cell(s): {} done already, {total} to run, results to {}",
+        provenance::VERSION,
+        file.name,
+        summary.planned,
+        summary.skipped,
+        opts.out.display()
+    )?;
+    catch_interrupts();
+    let cooldown = Duration::from_secs_f64(file.defaults.cooldown_secs);
+    let timeout = Duration::from_secs_f64(file.defaults.timeout_secs);
+    let mut keys: HashMap<String, String> = HashMap::new();
+    let mut free_at: HashMap<String, Instant> = HashMap::new();
+    let mut active: Vec<Active> = Vec::new();
+    let started = Instant::now();
+    let mut finished = 0usize;
+    loop {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            for a in active.drain(..) {
+                writeln!(log, "interrupted: {} (no row; it runs again on resume)", describe(&a.cell))?;
+                a.running.interrupt();
+            }
+            summary.interrupted = true;
+            break;
+        }
+        // Collect what has finished.
+        let mut i = 0;
+        while i < active.len() {
+            let Some(ending) = active[i].running.poll()? else {
+                i += 1;
+                continue;
+            };
+            let a = active.swap_remove(i);
+            free_at.insert(a.device.clone(), Instant::now() + cooldown);
+            if !matches!(ending.status, Status::Ok | Status::Probe) {
+                record_failure(&opts.out, &a.cell, a.started, &ending, &invocation_id, &host)?;
+            }
+            let first_line = ending.message.lines().next().unwrap_or("").to_string();
+            let Some(s) = a.search else {
+                finished += 1;
+                summary.ran += 1;
+                summary.count(ending.status);
+                let elapsed = started.elapsed();
+                let left = total.saturating_sub(finished);
+                let eta = if finished > 0 { elapsed.mul_f64(left as f64 / finished as f64) } else { Duration::ZERO };
+                writeln!(
+                    log,
+                    "[{finished}/{total}] {}: {} {first_line} (elapsed {}, ETA {})",
+                    describe(&a.cell),
+                    ending.status.as_str(),
+                    duration(elapsed),
+                    duration(eta)
+                )?;
+                continue;
+            };
+            summary.probes += 1;
+            let search = &mut searches[s];
+            let fits = match ending.status {
+                Status::Probe => "fits",
+                Status::Oom => "does not fit",
+                _ => "failed",
+            };
+            writeln!(log, "  max search: {}: {fits} ({} {first_line})", describe(&a.cell), ending.status.as_str())?;
+            // A probe that failed for another reason than memory ends the search: its cells carry
+            // that failure instead of a batch size the search never found.
+            let verdict: Option<std::result::Result<usize, Ending>> = match ending.status {
+                Status::Probe | Status::Oom => {
+                    if ending.status == Status::Probe {
+                        search.fits = search.fits.max(a.cell.batch);
+                    } else {
+                        search.fails = Some(search.fails.map_or(a.cell.batch, |f| f.min(a.cell.batch)));
+                    }
+                    match search.next() {
+                        Some(next) => {
+                            probes.push_front((probe(&search.template, next), s));
+                            None
+                        }
+                        None if search.fits == 0 => Some(Err(Ending {
+                            status: Status::Oom,
+                            message: format!("a batch of 1 does not fit on `{}` (the max search's first probe ran out of memory)", search.template.device),
+                        })),
+                        None => Some(Ok(search.fits)),
+                    }
+                }
+                _ => Some(Err(Ending { status: ending.status, message: format!("the max search's probe at batch {} failed: {}", a.cell.batch, ending.message) })),
+            };
+            match verdict {
+                None => {}
+                Some(Ok(found)) => {
+                    writeln!(log, "  max search: the largest batch that fits is {found}")?;
+                    for mut c in search.waiting.drain(..) {
+                        c.spec.batch = found;
+                        queue.push_front(c);
+                    }
+                }
+                Some(Err(failed)) => {
+                    for c in search.waiting.drain(..) {
+                        record_failure(&opts.out, &c.spec, provenance::now(), &failed, &invocation_id, &host)?;
+                        summary.count(failed.status);
+                        summary.ran += 1;
+                        finished += 1;
+                        writeln!(log, "[{finished}/{total}] {}: {} {}", describe(&c.spec), failed.status.as_str(), failed.message.lines().next().unwrap_or(""))?;
+                    }
+                }
+            }
+        }
+        // Start what can start: a probe or a cell whose device is free.
+        while active.len() < opts.jobs.max(1) {
+            let busy: HashSet<&str> = active.iter().map(|a| a.device.as_str()).collect();
+            let now = Instant::now();
+            let ready = |device: &str, keys: &mut HashMap<String, String>| -> Option<String> {
+                let key = keys.entry(device.to_string()).or_insert_with(|| device_key(device)).clone();
+                let free = !busy.contains(key.as_str()) && free_at.get(&key).is_none_or(|t| *t <= now);
+                free.then_some(key)
+            };
+            let next = if let Some(p) = probes.iter().position(|(c, _)| ready(&c.device, &mut keys).is_some()) {
+                let (cell, s) = probes.remove(p).expect("found");
+                Some((cell, Some(s)))
+            } else if let Some(p) = queue.iter().position(|c| ready(&c.spec.device, &mut keys).is_some()) {
+                Some((queue.remove(p).expect("found").spec, None))
+            } else {
+                None
+            };
+            let Some((cell, search)) = next else { break };
+            let device = keys[&cell.device].clone();
+            let running = start_cell(exe, &opts.out, &cell, timeout, &invocation_id)?;
+            active.push(Active { cell, device, running, started: provenance::now(), search });
+        }
+        if active.is_empty() && queue.is_empty() && probes.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(summary)
+}
+
+/// A probe of a `max` search at `batch`.
+fn probe(template: &CellSpec, batch: usize) -> CellSpec {
+    CellSpec { batch, purpose: Purpose::Probe, repeat: 0, ..template.clone() }
+}
+
+fn start_cell(exe: &Path, out: &Path, cell: &CellSpec, timeout: Duration, invocation_id: &str) -> Result<Running> {
+    let id = cell.cell_id();
+    let spec = out.join("cells").join(format!("{id}.json"));
+    std::fs::create_dir_all(spec.parent().expect("a folder"))?;
+    std::fs::write(&spec, cell.to_json()?).with_context(|| format!("writing {}", spec.display()))?;
+    child::start(exe, &spec, out, &out.join("logs").join(format!("{id}.log")), timeout, invocation_id)
+}
+
+fn record_failure(out: &Path, cell: &CellSpec, started: chrono::DateTime<chrono::Utc>, ending: &Ending, invocation_id: &str, host: &str) -> Result<()> {
+    let failure = Failure {
+        run_id: provenance::run_id(started),
+        invocation_id: invocation_id.to_string(),
+        host: host.to_string(),
+        started_at: started,
+        finished_at: provenance::now(),
+        cell: cell.clone(),
+        identity: CellIdentity { sweep: Some(cell.sweep.clone()), target: cell.target.clone(), cell_id: cell.cell_id(), status: ending.status },
+        error: ending.message.clone(),
+    };
+    write_failure(out, &failure)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn search(fits: usize, fails: Option<usize>) -> MaxSearch {
+        MaxSearch { fits, fails, limit: 100, waiting: Vec::new(), template: crate::sweep::cell::tests::cell() }
+    }
+
+    #[test]
+    fn a_max_search_doubles_then_bisects_to_the_largest_batch_that_fits() {
+        assert_eq!(search(0, None).next(), Some(1));
+        assert_eq!(search(0, Some(1)).next(), None, "not even 1 fits: the answer is 0");
+        assert_eq!(search(1, None).next(), Some(2));
+        assert_eq!(search(32, None).next(), Some(64));
+        assert_eq!(search(64, None).next(), Some(100), "the limit caps the doubling");
+        assert_eq!(search(100, None).next(), None, "everything up to the limit fits");
+        assert_eq!(search(32, Some(64)).next(), Some(48));
+        assert_eq!(search(47, Some(48)).next(), None);
+        // A simulated device where 37 fits and 38 does not: the search lands on 37.
+        let mut s = search(0, None);
+        let mut batch = s.next().unwrap();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            if batch <= 37 { s.fits = s.fits.max(batch) } else { s.fails = Some(s.fails.map_or(batch, |f: usize| f.min(batch))) }
+            match s.next() {
+                Some(b) => batch = b,
+                None => break,
+            }
+        }
+        assert_eq!((s.fits, s.fails), (37, Some(38)));
+        assert!(tries <= 12, "{tries} probes");
+    }
+}

@@ -1,0 +1,277 @@
+//! `migprof sweep` end to end on CPU, started as a user starts it: cells that fail leave one row each
+//! with the right status, an interrupted sweep resumes without a duplicate or a missing cell, `max`
+//! finds the largest batch under a memory cap, file errors name the line and key, `--jobs` never runs
+//! two cells on one device at once.
+
+use std::collections::HashMap;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use migprof::results::store::{read_table, Table};
+use polars::prelude::*;
+
+fn migprof() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_migprof"))
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn sweep(file: &Path, out: &Path, extra: &[&str]) -> Output {
+    migprof().arg("sweep").arg(file).arg("--out").arg(out).args(extra).output().expect("migprof runs")
+}
+
+fn strings(df: &DataFrame, name: &str) -> Vec<String> {
+    df.column(name).unwrap().str().unwrap().iter().map(|v| v.unwrap_or("").to_string()).collect()
+}
+
+/// (cell_id, status, error) of every row, in the order of the parts.
+fn rows(out: &Path) -> Vec<(String, String, String)> {
+    let runs = read_table(out, Table::Runs).unwrap();
+    let (ids, statuses, errors) = (strings(&runs, "cell_id"), strings(&runs, "status"), strings(&runs, "error"));
+    ids.into_iter().zip(statuses).zip(errors).map(|((i, s), e)| (i, s, e)).collect()
+}
+
+fn write(dir: &Path, text: &str) -> std::path::PathBuf {
+    let path = dir.join("sweep.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn every_cell_leaves_one_row_with_how_it_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    // bf16 has no matmul on candle's CPU: an error. The slow cell is killed at its 3 s timeout.
+    let file = write(
+        dir.path(),
+        r#"
+name = "endings"
+[defaults]
+warmup_secs = 0.1
+duration_secs = 0.3
+timeout_secs = 3
+[[targets]]
+label = "cpu"
+device = "cpu"
+[[matrix]]
+models = ["resnet_tiny"]
+dtypes = ["f32", "bf16"]
+batches = [2]
+[[matrix]]
+models = ["resnet18"]
+modes = ["train"]
+batches = [64]
+"#,
+    );
+    let out = dir.path().join("out");
+    let o = sweep(&file, &out, &[]);
+    assert!(!o.status.success(), "a failed cell fails the sweep's exit status");
+    let log = text(&o);
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 3, "{log}");
+    let by_status: HashMap<&str, &(String, String, String)> = rows.iter().map(|r| (r.1.as_str(), r)).collect();
+    assert!(by_status.contains_key("ok"), "{rows:?}");
+    assert!(by_status["error"].2.contains("BF16"), "{rows:?}");
+    assert!(by_status["timeout"].2.contains("3 s"), "{rows:?}");
+    assert!(log.contains("1 ok") && log.contains("1 error") && log.contains("1 timeout"), "{log}");
+    // Measurement columns are null unless ok.
+    let runs = read_table(&out, Table::Runs).unwrap();
+    assert_eq!(runs.column("throughput").unwrap().null_count(), 2);
+    // Each child's output is kept.
+    for (id, _, _) in &rows {
+        assert!(out.join("logs").join(format!("{id}.log")).is_file());
+    }
+    // A rerun runs the failed cells again and skips the ok one.
+    let again = sweep(&file, &out, &["--only", "model=resnet_tiny"]);
+    assert!(text(&again).contains("1 skipped"), "{}", text(&again));
+}
+
+#[test]
+fn a_killed_cell_is_crashed_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        r#"
+name = "killed"
+[defaults]
+warmup_secs = 0.1
+duration_secs = 60
+timeout_secs = 120
+[[targets]]
+label = "cpu"
+device = "cpu"
+[[matrix]]
+models = ["resnet_tiny"]
+batches = [1]
+"#,
+    );
+    let out = dir.path().join("out");
+    let mut parent = migprof().arg("sweep").arg(&file).arg("--out").arg(&out).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    // The child is the parent's only child process: find it and kill it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let child = loop {
+        let children = std::fs::read_to_string(format!("/proc/{}/task/{}/children", parent.id(), parent.id())).unwrap_or_default();
+        if let Some(pid) = children.split_whitespace().next() {
+            break pid.parse::<i32>().unwrap();
+        }
+        assert!(Instant::now() < deadline, "no child started");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: kill(2) on a process this test's sweep started.
+    unsafe { libc::kill(child, libc::SIGKILL) };
+    parent.wait().unwrap();
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].1, "crashed", "{rows:?}");
+    assert!(rows[0].2.contains("signal 9 (SIGKILL)"), "{rows:?}");
+}
+
+const FOUR_CELLS: &str = r#"
+name = "resume"
+[defaults]
+warmup_secs = 0.1
+duration_secs = 1.0
+[[targets]]
+label = "cpu"
+device = "cpu"
+[[matrix]]
+models = ["resnet_tiny", "bert_tiny"]
+batches = [1, 2]
+"#;
+
+#[test]
+fn resume_after_an_interrupt_ends_with_each_cell_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), FOUR_CELLS);
+    let out = dir.path().join("out");
+    let parent = migprof().arg("sweep").arg(&file).arg("--out").arg(&out).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    // Interrupt once the first row is there, while later cells are still to come.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while read_table(&out, Table::Runs).map(|t| t.height()).unwrap_or(0) == 0 {
+        assert!(Instant::now() < deadline, "no row appeared");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) on the sweep this test started.
+    unsafe { libc::kill(parent.id() as i32, libc::SIGINT) };
+    let o = parent.wait_with_output().unwrap();
+    let log = text(&o);
+    assert!(!o.status.success(), "{log}");
+    assert!(log.contains("interrupted"), "{log}");
+    let first = rows(&out);
+    assert!(!first.is_empty() && first.len() < 4, "{first:?}");
+    assert!(first.iter().all(|r| r.1 == "ok"), "an interrupted cell leaves no row: {first:?}");
+    let again = sweep(&file, &out, &[]);
+    assert!(again.status.success(), "{}", text(&again));
+    assert!(text(&again).contains(&format!("{} skipped", first.len())), "{}", text(&again));
+    let all = rows(&out);
+    let mut ids: Vec<&String> = all.iter().map(|r| &r.0).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((all.len(), ids.len()), (4, 4), "no duplicate, none missing: {all:?}");
+    // The dry run now lists every cell as done.
+    let dry = sweep(&file, &out, &["--dry-run"]);
+    assert!(text(&dry).contains("4 cell(s), 4 done, 0 to run"), "{}", text(&dry));
+}
+
+#[test]
+fn max_finds_the_largest_batch_under_a_memory_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        r#"
+name = "max"
+[defaults]
+warmup_secs = 0
+duration_secs = 0
+max_batch_limit = 1024
+[[targets]]
+label = "cpu"
+device = "cpu"
+[[matrix]]
+models = ["resnet_tiny"]
+modes = ["train"]
+batches = ["max"]
+"#,
+    );
+    let out = dir.path().join("out");
+    let mut cmd = migprof();
+    cmd.arg("sweep").arg(&file).arg("--out").arg(&out);
+    // 300 MiB of address space for the sweep and, inherited, for every cell: a few hundred images of
+    // resnet_tiny's training step fit, a thousand do not.
+    // SAFETY: setrlimit in the forked child before exec; no allocation, no locks.
+    unsafe {
+        cmd.pre_exec(|| {
+            let cap = libc::rlimit { rlim_cur: 300 << 20, rlim_max: 300 << 20 };
+            if libc::setrlimit(libc::RLIMIT_AS, &cap) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let o = cmd.output().unwrap();
+    let log = text(&o);
+    let runs = read_table(&out, Table::Runs).unwrap();
+    let (status, batch) = (strings(&runs, "status"), runs.column("batch").unwrap().i64().unwrap().iter().map(|b| b.unwrap() as usize).collect::<Vec<_>>());
+    let cell_id = strings(&runs, "cell_id");
+    let probes = probe_ids(&out);
+    let is_probe = |i: usize| probes.contains(&cell_id[i]);
+    let fits: Vec<usize> = (0..runs.height()).filter(|&i| status[i] == "probe").map(|i| batch[i]).collect();
+    let fails: Vec<usize> = (0..runs.height()).filter(|&i| is_probe(i) && status[i] == "oom").map(|i| batch[i]).collect();
+    let measured: Vec<(usize, &str)> = (0..runs.height()).filter(|&i| !is_probe(i)).map(|i| (batch[i], status[i].as_str())).collect();
+    let (largest, smallest_fail) = (*fits.iter().max().unwrap(), *fails.iter().min().expect("the cap stops the search"));
+    assert_eq!(smallest_fail, largest + 1, "bisection to the exact batch: fits {fits:?}, fails {fails:?}");
+    // The cell ran at the batch found. Over its longer measurement the host's allocator can need more
+    // than the two steps of a probe did: then its row says so (oom), at that batch.
+    assert_eq!(measured.len(), 1, "{measured:?}");
+    assert_eq!(measured[0].0, largest, "{measured:?}");
+    assert!(["ok", "oom"].contains(&measured[0].1), "{measured:?}");
+    assert!(fits.contains(&1) && fits.contains(&2) && largest < 1024, "{fits:?}");
+    assert!(log.contains(&format!("the largest batch that fits is {largest}")), "{log}");
+}
+
+/// The cell ids of a folder's max-search probes: the cells whose spec (kept in `cells/`) says so.
+fn probe_ids(out: &Path) -> Vec<String> {
+    std::fs::read_dir(out.join("cells"))
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            text.contains("\"purpose\": \"probe\"").then(|| path.file_stem().unwrap().to_string_lossy().into_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn file_errors_name_the_line_and_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), &FOUR_CELLS.replace("duration_secs = 1.0", "duration_sec = 1.0"));
+    let o = sweep(&file, &dir.path().join("out"), &[]);
+    assert!(!o.status.success());
+    let e = text(&o);
+    assert!(e.contains("line 5") && e.contains("duration_sec") && e.contains("duration_secs"), "{e}");
+    assert!(!dir.path().join("out").exists(), "nothing written for a bad file");
+    let e = text(&sweep(&file, &dir.path().join("out"), &["--only", "gpu=0"]));
+    assert!(e.contains("unknown key `gpu`") && e.contains("target, device, model"), "{e}");
+}
+
+#[test]
+fn jobs_never_runs_two_cells_on_one_device_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), &FOUR_CELLS.replace("label = \"cpu\"\ndevice = \"cpu\"", "label = \"a\"\ndevice = \"cpu\"\n[[targets]]\nlabel = \"b\"\ndevice = \"cpu\"").replace("batches = [1, 2]", "batches = [1]"));
+    let out = dir.path().join("out");
+    let o = sweep(&file, &out, &["--jobs", "2"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let runs = read_table(&out, Table::Runs).unwrap();
+    assert_eq!(runs.height(), 4);
+    let micros = |name: &str| runs.column(name).unwrap().cast(&DataType::Int64).unwrap().i64().unwrap().iter().map(|v| v.unwrap()).collect::<Vec<i64>>();
+    let mut spans: Vec<(i64, i64)> = micros("started_at").into_iter().zip(micros("finished_at")).collect();
+    spans.sort();
+    for w in spans.windows(2) {
+        assert!(w[0].1 <= w[1].0, "two cells on the CPU overlapped: {spans:?}");
+    }
+    assert_eq!(strings(&runs, "target").iter().filter(|t| *t == "b").count(), 2);
+}
