@@ -12,6 +12,16 @@ fn main() {
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "unknown".to_string());
     println!("cargo:rustc-env=MIGPROF_GIT_COMMIT={commit}");
+    // The candle this build links, from the lock file (candle exports no version constant).
+    let lock = std::fs::read_to_string("../Cargo.lock").unwrap_or_default();
+    let candle = lock
+        .split("[[package]]")
+        .find(|p| p.contains("name = \"candle-core\""))
+        .and_then(|p| p.lines().find_map(|l| l.trim().strip_prefix("version = ")))
+        .map(|v| v.trim_matches('"').to_string())
+        .unwrap_or_else(|| "unknown".to_string());
+    println!("cargo:rustc-env=MIGPROF_CANDLE_VERSION={candle}");
+    println!("cargo:rerun-if-changed=../Cargo.lock");
     // Re-run when a commit or checkout moves HEAD, the index changes, or the sources change (which
     // is what makes a build `-dirty`).
     println!("cargo:rerun-if-changed=src");

@@ -164,6 +164,25 @@ fn is_out_of_memory(e: &anyhow::Error) -> bool {
         .any(|needle| text.contains(needle))
 }
 
+/// `migprof check DIR`: `Ok(false)` when it found a problem.
+pub fn check(dir: &Path, stdout: &mut dyn Write) -> Result<bool> {
+    anyhow::ensure!(dir.is_dir(), "{}: no such results folder", dir.display());
+    let report = crate::results::check::check(dir)?;
+    for p in &report.problems {
+        writeln!(stdout, "problem: {p}")?;
+    }
+    writeln!(
+        stdout,
+        "{}: {} run row(s), {} sample(s), {} metric reading(s); {}",
+        dir.display(),
+        report.rows["runs"],
+        report.rows["samples"],
+        report.rows["metrics"],
+        if report.problems.is_empty() { "no problems".to_string() } else { format!("{} problem(s)", report.problems.len()) }
+    )?;
+    Ok(report.problems.is_empty())
+}
+
 /// Plots everything in the folder and prints the summary and where things are.
 pub fn finish(out: &Path, report: &RunReport, stdout: &mut dyn Write) -> Result<()> {
     let all = read_table(out, Table::Runs)?;

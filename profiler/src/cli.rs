@@ -38,6 +38,12 @@ pub enum Command {
         #[arg(long)]
         invocation: Option<String>,
     },
+    /// Check every part of a results folder: each file readable and migprof's, one row per run, a
+    /// sample per measured iteration; every problem named with its file.
+    Check {
+        /// The results folder.
+        dir: PathBuf,
+    },
     /// List the models with their parameter counts and FLOPs per sample.
     Models,
     /// List the NVIDIA GPUs and their MIG devices (profile, GPU/compute instance ids, SMs, memory,

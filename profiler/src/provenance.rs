@@ -7,6 +7,8 @@ use chrono::{DateTime, Utc};
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// `git describe --always --dirty` of the source migprof was built from, or "unknown".
 pub const GIT_COMMIT: &str = env!("MIGPROF_GIT_COMMIT");
+/// The candle-core version this build links.
+pub const CANDLE_VERSION: &str = env!("MIGPROF_CANDLE_VERSION");
 
 pub fn now() -> DateTime<Utc> {
     Utc::now()

@@ -2,6 +2,7 @@
 //! ([`verdict`]), and what is made of it — the Parquet store ([`store`]), the SVG plots ([`plot`]) and
 //! the terminal summary ([`summary`]).
 
+pub mod check;
 pub mod plot;
 pub mod record;
 pub mod stats;

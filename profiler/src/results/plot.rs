@@ -191,6 +191,7 @@ mod tests {
             identity: CellIdentity { sweep: Some("s".into()), target: "cpu".into(), cell_id: cell.cell_id(), status: Status::Oom },
             cell: crate::sweep::cell::CellSpec { batch: 32, ..cell },
             error: "out of memory".into(),
+            fingerprint: crate::run::fingerprint::Fingerprint::collect(None),
         };
         crate::results::store::write_failure(dir.path(), &failure)?;
         let runs = crate::results::store::read_table(dir.path(), crate::results::store::Table::Runs)?;

@@ -12,6 +12,7 @@ use crate::device::DeviceInfo;
 use crate::provenance;
 use crate::results::stats::{wall_throughput, LatencyStats};
 use crate::results::verdict::{assess, Assessment};
+use crate::run::fingerprint::Fingerprint;
 use crate::run::measure::Measurement;
 use crate::run::sampler::{summarize, MetricSummary, Sample};
 use crate::run::spec::{precision, RunSpec};
@@ -82,6 +83,9 @@ pub struct Failure {
     pub identity: CellIdentity,
     /// The error, or the child's last lines of output.
     pub error: String,
+    /// What the sweep's own process can tell of the build and host (the cell's device was never
+    /// opened by it).
+    pub fingerprint: Fingerprint,
 }
 
 #[derive(Debug, Clone)]
@@ -89,6 +93,8 @@ pub struct Run {
     pub run_id: String,
     pub context: RunContext,
     pub cell: CellIdentity,
+    /// The build, host and device settings at the run's start.
+    pub fingerprint: Fingerprint,
     pub started_at: DateTime<Utc>,
     pub finished_at: DateTime<Utc>,
     pub model: ModelInfo,
@@ -125,6 +131,7 @@ impl Run {
         measurement: Measurement,
         metrics: Result<Vec<Sample>>,
         cell: CellIdentity,
+        fingerprint: Fingerprint,
     ) -> Result<Self> {
         let stats = LatencyStats::from_latencies(&measurement.latencies_ns)?;
         let assessment = assess(&measurement.latencies_ns);
@@ -138,6 +145,7 @@ impl Run {
             run_id: provenance::run_id(started_at),
             context,
             cell,
+            fingerprint,
             started_at,
             finished_at: provenance::now(),
             model,
@@ -243,7 +251,7 @@ pub(crate) mod tests {
         let spec = spec(batch, iters);
         let m = crate::run::measure::measure(&mut step, &clock, spec.warmup, spec.stop, &mut crate::run::measure::Unobserved).unwrap();
         let (_, info) = workloads::lookup("resnet_tiny").unwrap();
-        Run::new(&spec, info, context(), provenance::now(), m, Ok(Vec::new()), identity()).unwrap()
+        Run::new(&spec, info, context(), provenance::now(), m, Ok(Vec::new()), identity(), Fingerprint::collect(None)).unwrap()
     }
 
     #[test]

@@ -10,6 +10,7 @@ use polars::prelude::*;
 
 use crate::provenance;
 use crate::results::record::Failure;
+use crate::run::fingerprint::Fingerprint;
 use crate::results::Run;
 use crate::results::stats::ns_to_ms;
 
@@ -61,8 +62,19 @@ pub fn write_run(out: &Path, run: &Run) -> Result<Written> {
 }
 
 /// Every part of a table under `out`, oldest part first, as one frame; empty when there is none.
-/// Parts written by other schema versions are combined by column name, missing columns as nulls.
+/// Parts written by other schema versions are combined by column name, missing columns as nulls. A
+/// part that cannot be read, or that is no migprof part, is skipped with a warning naming it: the
+/// rest of the folder still reads (`migprof check` lists every problem).
 pub fn read_table(out: &Path, table: Table) -> Result<DataFrame> {
+    let (frame, skipped) = read_parts(out, table)?;
+    for (path, why) in &skipped {
+        eprintln!("warning: skipping {}: {why}", path.display());
+    }
+    Ok(frame)
+}
+
+/// What [`read_table`] reads, and the parts it skipped with why.
+pub fn read_parts(out: &Path, table: Table) -> Result<(DataFrame, Vec<(PathBuf, String)>)> {
     let dir = out.join(table.dir_name());
     let mut parts: Vec<PathBuf> = match fs::read_dir(&dir) {
         Ok(entries) => entries
@@ -73,22 +85,45 @@ pub fn read_table(out: &Path, table: Table) -> Result<DataFrame> {
                 !name.starts_with('.') && name.ends_with(".parquet")
             })
             .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DataFrame::default()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((DataFrame::default(), Vec::new())),
         Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
     };
     parts.sort();
-    let frames = parts
-        .iter()
-        .map(|p| {
-            let f = File::open(p).with_context(|| format!("opening {}", p.display()))?;
-            anyhow::Context::with_context(ParquetReader::new(f).finish(), || format!("reading {}", p.display()))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    match frames.len() {
-        0 => Ok(DataFrame::default()),
-        1 => Ok(frames.into_iter().next().expect("one frame")),
-        _ => Ok(polars::functions::concat_df_diagonal(&frames)?),
+    let mut frames = Vec::new();
+    let mut skipped = Vec::new();
+    for p in parts {
+        match read_part(&p, table) {
+            Ok(df) => frames.push(df),
+            Err(why) => skipped.push((p, why)),
+        }
     }
+    let frame = match frames.len() {
+        0 => DataFrame::default(),
+        1 => frames.into_iter().next().expect("one frame"),
+        _ => polars::functions::concat_df_diagonal(&frames)?,
+    };
+    Ok((frame, skipped))
+}
+
+/// One part, or why it is not one of ours.
+fn read_part(path: &Path, table: Table) -> std::result::Result<DataFrame, String> {
+    let f = File::open(path).map_err(|e| format!("cannot open it: {e}"))?;
+    let df = ParquetReader::new(f).finish().map_err(|e| format!("not a readable Parquet file: {e}"))?;
+    // Samples and metrics parts gained schema_version later than runs parts: run_id marks them all.
+    let required: &[&str] = match table {
+        Table::Runs => &["schema_version", "run_id"],
+        Table::Samples | Table::Metrics => &["run_id"],
+    };
+    let missing: Vec<&str> = required.iter().copied().filter(|c| df.column(c).is_err()).collect();
+    if !missing.is_empty() {
+        return Err(format!("not a migprof {} part (no {} column)", table.dir_name(), missing.join(", ")));
+    }
+    if let Ok(v) = df.column("schema_version").and_then(|c| c.cast(&DataType::Int32)) {
+        if v.i32().map(|v| v.iter().flatten().any(|v| v > SCHEMA_VERSION)).unwrap_or(false) {
+            return Err(format!("written by a newer migprof (schema version above {SCHEMA_VERSION})"));
+        }
+    }
+    Ok(df)
 }
 
 /// Writes `df` as `dir/name` atomically: a hidden temporary file in the same folder, flushed to
@@ -122,6 +157,7 @@ fn metrics_frame(run: &Run) -> Result<DataFrame> {
     let u = |g: fn(&crate::run::sampler::Sample) -> Option<u32>| m.iter().map(|s| g(s).map(i64::from)).collect::<Vec<Option<i64>>>();
     let gpm = |g: fn(&crate::run::sampler::Gpm) -> Option<f64>| m.iter().map(|s| s.gpm.as_ref().and_then(g)).collect::<Vec<Option<f64>>>();
     let columns = vec![
+        Column::new("schema_version".into(), vec![SCHEMA_VERSION; m.len()]),
         Column::new("run_id".into(), vec![run.run_id.as_str(); m.len()]),
         col("t_ms", m.iter().map(|s| s.t.as_secs_f64() * 1e3).collect::<Vec<f64>>()),
         col("fb_used_mib", f(|s| s.fb_used_mib)),
@@ -241,6 +277,9 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         col("migprof_version", s(|_| provenance::VERSION.to_string())),
         col("git_commit", s(|_| provenance::GIT_COMMIT.to_string())),
     ];
+    let fingerprints: Vec<&Fingerprint> = runs.iter().map(|r| &r.fingerprint).collect();
+    let mut columns = columns;
+    columns.extend(fingerprint_columns(&fingerprints));
     Ok(DataFrame::new(runs.len(), columns)?)
 }
 
@@ -273,14 +312,40 @@ pub fn write_failure(out: &Path, failure: &Failure) -> Result<PathBuf> {
         col("migprof_version", vec![provenance::VERSION.to_string()]),
         col("git_commit", vec![provenance::GIT_COMMIT.to_string()]),
     ];
+    let mut columns = columns;
+    columns.extend(fingerprint_columns(&[&failure.fingerprint]));
     let mut df = DataFrame::new(1, columns)?;
     write_part(&out.join(Table::Runs.dir_name()), &format!("part-{}.parquet", failure.run_id), &mut df)
+}
+
+/// The environment fingerprint's columns, one row per fingerprint.
+fn fingerprint_columns(f: &[&Fingerprint]) -> Vec<Column> {
+    let text = |g: fn(&Fingerprint) -> Option<String>| f.iter().map(|x| g(x)).collect::<Vec<Option<String>>>();
+    let flag = |g: fn(&Fingerprint) -> Option<bool>| f.iter().map(|x| g(x)).collect::<Vec<Option<bool>>>();
+    let mhz = |g: fn(&Fingerprint) -> Option<u32>| f.iter().map(|x| g(x).map(i64::from)).collect::<Vec<Option<i64>>>();
+    vec![
+        col("candle_version", f.iter().map(|x| x.candle_version.clone()).collect::<Vec<String>>()),
+        col("build_features", f.iter().map(|x| x.build_features.clone()).collect::<Vec<String>>()),
+        col("git_dirty", f.iter().map(|x| x.git_dirty).collect::<Vec<bool>>()),
+        Column::new("cpu_model".into(), text(|x| x.cpu_model.clone())),
+        Column::new("driver_version".into(), text(|x| x.driver_version.clone())),
+        Column::new("cuda_driver_version".into(), text(|x| x.cuda_driver_version.clone())),
+        Column::new("cudnn_version".into(), text(|x| x.cudnn_version.clone())),
+        Column::new("cublas_version".into(), text(|x| x.cublas_version.clone())),
+        Column::new("mig_mode".into(), flag(|x| x.mig_mode)),
+        Column::new("persistence_mode".into(), flag(|x| x.persistence_mode)),
+        Column::new("power_limit_w".into(), f.iter().map(|x| x.power_limit_w).collect::<Vec<Option<f64>>>()),
+        Column::new("sm_clock_mhz_start".into(), mhz(|x| x.sm_clock_mhz)),
+        Column::new("mem_clock_mhz_start".into(), mhz(|x| x.mem_clock_mhz)),
+        Column::new("ecc_enabled".into(), flag(|x| x.ecc_enabled)),
+    ]
 }
 
 /// The `samples` table: every measured iteration of one run.
 fn samples_frame(run: &Run) -> Result<DataFrame> {
     let lat = &run.measurement.latencies_ns;
     let columns = vec![
+        Column::new("schema_version".into(), vec![SCHEMA_VERSION; lat.len()]),
         Column::new("run_id".into(), vec![run.run_id.as_str(); lat.len()]),
         Column::new("iteration".into(), (0..lat.len() as i64).collect::<Vec<i64>>()),
         Column::new("latency_ns".into(), lat.iter().map(|&l| l as i64).collect::<Vec<i64>>()),
@@ -318,6 +383,8 @@ mod tests {
         assert_eq!(runs.column("verdict")?.str()?.get(row_b), Some("too_few_iterations"));
         assert_eq!(runs.column("seq_len")?.null_count(), 2, "images have no sequence length");
         assert_eq!(runs.column("kernel_options")?.str()?.get(row_a), Some("v1;attention=fused;layers=op;gemm=timed"));
+        assert_eq!(runs.column("candle_version")?.str()?.get(row_a), Some(provenance::CANDLE_VERSION));
+        assert_eq!(runs.column("driver_version")?.null_count(), 2, "a CPU run has no driver");
         assert_eq!(runs.column("std_ms")?.null_count(), 0);
         assert_eq!(runs.column("started_at")?.dtype(), &DataType::Datetime(TimeUnit::Microseconds, Some(TimeZone::UTC)));
 
@@ -371,6 +438,23 @@ mod tests {
         let dir = tempfile::tempdir()?;
         assert_eq!(read_table(&dir.path().join("nothing"), Table::Runs)?.height(), 0);
         assert_eq!(read_table(dir.path(), Table::Runs)?.height(), 0);
+        Ok(())
+    }
+
+    #[test]
+    fn corrupt_and_foreign_parts_are_skipped_by_name_and_the_rest_reads() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        write_run(dir.path(), &fake_run(2, 10, Duration::ZERO))?;
+        fs::write(dir.path().join("runs/part-broken.parquet"), b"PAR1 not really")?;
+        let mut foreign = DataFrame::new(1, vec![Column::new("x".into(), vec![1i64])])?;
+        ParquetWriter::new(File::create(dir.path().join("runs/part-foreign.parquet"))?).finish(&mut foreign)?;
+        let (runs, skipped) = read_parts(dir.path(), Table::Runs)?;
+        assert_eq!(runs.height(), 1);
+        let why: Vec<String> = skipped.iter().map(|(p, w)| format!("{}: {w}", p.file_name().unwrap().to_string_lossy())).collect();
+        assert_eq!(why.len(), 2, "{why:?}");
+        assert!(why[0].starts_with("part-broken.parquet: not a readable Parquet file"), "{why:?}");
+        assert!(why[1].starts_with("part-foreign.parquet: not a migprof runs part (no schema_version, run_id column)"), "{why:?}");
+        assert_eq!(read_table(dir.path(), Table::Runs)?.height(), 1);
         Ok(())
     }
 

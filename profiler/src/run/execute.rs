@@ -8,6 +8,7 @@ use workloads::{Batch, Mode, Workload};
 use crate::device::OpenDevice;
 use crate::provenance;
 use crate::results::record::{CellIdentity, Run, RunContext};
+use crate::run::fingerprint::Fingerprint;
 use crate::run::measure::{measure, Executor, MonotonicClock, Observer};
 use crate::run::sampler::{Sample, Sampler};
 use crate::run::spec::RunSpec;
@@ -31,6 +32,7 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
     let workload = workloads::build(&spec.model, &cfg).with_context(|| format!("building {}", spec.model))?;
     let batch = workload.synthetic_batch(spec.batch, spec.seed).context("making the synthetic batch")?;
     let mut exec = WorkloadExecutor { workload, batch, device: device.device.clone(), loss: None };
+    let fingerprint = Fingerprint::collect(device.info.selected.as_ref());
     let started_at = provenance::now();
     let mut beside = MeasuredPhase { device: device.device.clone(), sampling: device.info.selected.clone().zip(spec.sample_interval), sampler: None, profiled: None, metrics: Ok(Vec::new()) };
     let measured = measure(&mut exec, &MonotonicClock::new(), spec.warmup, spec.stop, &mut beside);
@@ -40,7 +42,7 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
     let released = workloads::memory::release_pooled(&device.device);
     let measurement = measured?;
     released.context("releasing the run's GPU memory")?;
-    Run::new(spec, info, context, started_at, measurement, beside.metrics, cell)
+    Run::new(spec, info, context, started_at, measurement, beside.metrics, cell, fingerprint)
 }
 
 /// Beside a GPU run's measured phase: the NVML sampler (when asked for) and the CUDA profiler's range.

@@ -3,6 +3,7 @@
 //! ([`execute`]).
 
 pub mod execute;
+pub mod fingerprint;
 pub mod measure;
 pub mod preflight;
 pub mod sampler;

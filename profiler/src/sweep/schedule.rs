@@ -381,6 +381,7 @@ fn record_failure(out: &Path, cell: &CellSpec, started: chrono::DateTime<chrono:
         cell: cell.clone(),
         identity: CellIdentity { sweep: Some(cell.sweep.clone()), target: cell.target.clone(), cell_id: cell.cell_id(), status: ending.status },
         error: ending.message.clone(),
+        fingerprint: crate::run::fingerprint::Fingerprint::collect(None),
     };
     write_failure(out, &failure)?;
     Ok(())

@@ -1,0 +1,111 @@
+//! The environment a run measured in, recorded in its row: what built migprof, what it ran on and how
+//! that device was set when the run started. Two rows that differ only here are not the same
+//! measurement; a field this machine cannot report is `None`, never a guess.
+
+use crate::gpu::Selected;
+use crate::provenance;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Fingerprint {
+    pub candle_version: String,
+    /// Cargo features of this build (`cuda`, `cudnn`), comma-separated; empty for a CPU build.
+    pub build_features: String,
+    /// The source had uncommitted changes when built.
+    pub git_dirty: bool,
+    pub cpu_model: Option<String>,
+    pub driver_version: Option<String>,
+    /// The CUDA driver API version, e.g. `13.0`.
+    pub cuda_driver_version: Option<String>,
+    /// As loaded by this process: cuDNN (with the `cudnn` feature) and cuBLASLt.
+    pub cudnn_version: Option<String>,
+    pub cublas_version: Option<String>,
+    pub mig_mode: Option<bool>,
+    pub persistence_mode: Option<bool>,
+    pub power_limit_w: Option<f64>,
+    pub sm_clock_mhz: Option<u32>,
+    pub mem_clock_mhz: Option<u32>,
+    pub ecc_enabled: Option<bool>,
+}
+
+impl Fingerprint {
+    /// Reads what this build, this host and (through NVML) the selected GPU report now.
+    pub fn collect(selected: Option<&Selected>) -> Fingerprint {
+        let mut f = Fingerprint {
+            candle_version: provenance::CANDLE_VERSION.to_string(),
+            build_features: build_features(),
+            git_dirty: provenance::GIT_COMMIT.ends_with("-dirty"),
+            cpu_model: cpu_model(),
+            ..Default::default()
+        };
+        if let Some(sel) = selected {
+            f.mig_mode = sel.gpu.mig_mode.map(|m| m.current);
+            gpu_state(&mut f, &sel.gpu.uuid);
+            libraries(&mut f);
+        }
+        f
+    }
+}
+
+fn build_features() -> String {
+    let mut features = Vec::new();
+    if cfg!(feature = "cuda") {
+        features.push("cuda");
+    }
+    if cfg!(feature = "cudnn") {
+        features.push("cudnn");
+    }
+    features.join(",")
+}
+
+/// The first `model name` of /proc/cpuinfo (Linux x86 and most Arm kernels).
+fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    info.lines().find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string()))
+}
+
+/// The GPU's settings through NVML: whatever fails to answer stays `None`.
+fn gpu_state(f: &mut Fingerprint, gpu_uuid: &str) {
+    let Ok(nvml) = nvml_wrapper::Nvml::init() else { return };
+    f.driver_version = nvml.sys_driver_version().ok();
+    f.cuda_driver_version = nvml.sys_cuda_driver_version().ok().map(|v| format!("{}.{}", v / 1000, v % 1000 / 10));
+    let Ok(dev) = nvml.device_by_uuid(gpu_uuid) else { return };
+    f.persistence_mode = dev.is_in_persistent_mode().ok();
+    f.power_limit_w = dev.power_management_limit().ok().map(|mw| mw as f64 / 1000.0);
+    f.sm_clock_mhz = dev.clock_info(nvml_wrapper::enum_wrappers::device::Clock::SM).ok();
+    f.mem_clock_mhz = dev.clock_info(nvml_wrapper::enum_wrappers::device::Clock::Memory).ok();
+    f.ecc_enabled = dev.is_ecc_enabled().ok().map(|e| e.currently_enabled);
+}
+
+/// The versions of the CUDA libraries this process loaded, as they report themselves.
+fn libraries(f: &mut Fingerprint) {
+    #[cfg(feature = "cuda")]
+    {
+        use candle_core::cuda_backend::cudarc;
+        // SAFETY: version getters without arguments; the libraries are loaded with the device.
+        let v = unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() };
+        f.cublas_version = Some(format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100));
+        #[cfg(feature = "cudnn")]
+        {
+            // SAFETY: as above.
+            let v = unsafe { cudarc::cudnn::sys::cudnnGetVersion() };
+            f.cudnn_version = Some(format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100));
+        }
+    }
+    let _ = f;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cpu_run_names_its_build_and_cpu_and_no_gpu_setting() {
+        let f = Fingerprint::collect(None);
+        assert!(f.candle_version.starts_with("0."), "{}", f.candle_version);
+        assert_eq!(f.build_features, if cfg!(feature = "cudnn") { "cuda,cudnn" } else if cfg!(feature = "cuda") { "cuda" } else { "" });
+        if std::path::Path::new("/proc/cpuinfo").exists() && std::fs::read_to_string("/proc/cpuinfo").unwrap().contains("model name") {
+            assert!(f.cpu_model.as_deref().is_some_and(|m| !m.is_empty()));
+        }
+        assert_eq!((f.driver_version, f.power_limit_w, f.ecc_enabled, f.mig_mode), (None, None, None, None));
+    }
+}
