@@ -91,6 +91,7 @@ pub fn sweep(args: &crate::cli::SweepArgs, log: &mut dyn Write) -> Result<bool> 
         retry_oom: args.retry_oom,
         only: args.only.clone(),
         jobs: args.jobs as usize,
+        terminal: std::io::IsTerminal::is_terminal(&std::io::stderr()),
     };
     if opts.dry_run {
         schedule::dry_run(&file, &opts, log)?;

@@ -5,4 +5,5 @@ pub mod cell;
 pub mod file;
 pub mod child;
 pub mod plan;
+pub mod progress;
 pub mod schedule;

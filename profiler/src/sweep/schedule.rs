@@ -15,6 +15,7 @@ use super::cell::{CellSpec, Purpose};
 use super::child::{self, Ending, Running};
 use super::file::{BatchSize, SweepFile};
 use super::plan::{self, Filter, PlannedCell};
+use super::progress::Progress;
 use crate::provenance;
 use crate::results::record::{CellIdentity, Failure, Status};
 use crate::results::store::{read_table, write_failure, Table};
@@ -30,6 +31,8 @@ pub struct Options {
     pub only: Filter,
     /// Cells at once, each on a device of its own.
     pub jobs: usize,
+    /// Draw a progress bar (stderr is a terminal).
+    pub terminal: bool,
 }
 
 /// What a sweep did.
@@ -231,6 +234,7 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
         opts.out.display()
     )?;
     catch_interrupts();
+    let mut progress = Progress::new(total, opts.terminal, log);
     let cooldown = Duration::from_secs_f64(file.defaults.cooldown_secs);
     let timeout = Duration::from_secs_f64(file.defaults.timeout_secs);
     let mut keys: HashMap<String, String> = HashMap::new();
@@ -241,7 +245,7 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
     loop {
         if INTERRUPTED.load(Ordering::SeqCst) {
             for a in active.drain(..) {
-                writeln!(log, "interrupted: {} (no row; it runs again on resume)", describe(&a.cell))?;
+                progress.line(&format!("interrupted: {} (no row; it runs again on resume)", describe(&a.cell)))?;
                 a.running.interrupt();
             }
             summary.interrupted = true;
@@ -261,20 +265,19 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
             }
             let first_line = ending.message.lines().next().unwrap_or("").to_string();
             let Some(s) = a.search else {
+                progress.advance();
                 finished += 1;
                 summary.ran += 1;
                 summary.count(ending.status);
                 let elapsed = started.elapsed();
                 let left = total.saturating_sub(finished);
                 let eta = if finished > 0 { elapsed.mul_f64(left as f64 / finished as f64) } else { Duration::ZERO };
-                writeln!(
-                    log,
-                    "[{finished}/{total}] {}: {} {first_line} (elapsed {}, ETA {})",
+                progress.line(&format!("[{finished}/{total}] {}: {} {first_line} (elapsed {}, ETA {})",
                     describe(&a.cell),
                     ending.status.as_str(),
                     duration(elapsed),
                     duration(eta)
-                )?;
+                ))?;
                 continue;
             };
             summary.probes += 1;
@@ -284,7 +287,7 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
                 Status::Oom => "does not fit",
                 _ => "failed",
             };
-            writeln!(log, "  max search: {}: {fits} ({} {first_line})", describe(&a.cell), ending.status.as_str())?;
+            progress.line(&format!("  max search: {}: {fits} ({} {first_line})", describe(&a.cell), ending.status.as_str()))?;
             // A probe that failed for another reason than memory ends the search: its cells carry
             // that failure instead of a batch size the search never found.
             let verdict: Option<std::result::Result<usize, Ending>> = match ending.status {
@@ -311,7 +314,7 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
             match verdict {
                 None => {}
                 Some(Ok(found)) => {
-                    writeln!(log, "  max search: the largest batch that fits is {found}")?;
+                    progress.line(&format!("  max search: the largest batch that fits is {found}"))?;
                     for mut c in search.waiting.drain(..) {
                         c.spec.batch = found;
                         queue.push_front(c);
@@ -323,7 +326,8 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
                         summary.count(failed.status);
                         summary.ran += 1;
                         finished += 1;
-                        writeln!(log, "[{finished}/{total}] {}: {} {}", describe(&c.spec), failed.status.as_str(), failed.message.lines().next().unwrap_or(""))?;
+                        progress.advance();
+                        progress.line(&format!("[{finished}/{total}] {}: {} {}", describe(&c.spec), failed.status.as_str(), failed.message.lines().next().unwrap_or("")))?;
                     }
                 }
             }
@@ -350,6 +354,7 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
             let running = start_cell(exe, &opts.out, &cell, timeout, &invocation_id)?;
             active.push(Active { cell, device, running, started: provenance::now(), search });
         }
+        progress.running(&active.iter().map(|a| describe(&a.cell)).collect::<Vec<_>>());
         if active.is_empty() && queue.is_empty() && probes.is_empty() {
             break;
         }
