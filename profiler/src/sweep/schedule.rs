@@ -108,7 +108,12 @@ fn device_key(device: &str) -> String {
 /// A few words on a cell for the progress lines.
 fn describe(c: &CellSpec) -> String {
     let seq = c.seq_len.map(|l| format!(" seq {l}")).unwrap_or_default();
-    let batch = if c.batch_as_written == "max" { format!("max={}", c.batch) } else { c.batch.to_string() };
+    let batch = match (c.batch_as_written == "max", c.batch) {
+        // A "max" cell before its search has answered.
+        (true, 0) => "max".to_string(),
+        (true, b) => format!("max={b}"),
+        (false, b) => b.to_string(),
+    };
     let what = if c.purpose == Purpose::Probe { " (max search)" } else { "" };
     format!("{} {} {} {} batch {batch}{seq} #{}{what}", c.target, c.model, c.mode, c.dtype, c.repeat)
 }
@@ -146,7 +151,7 @@ pub fn dry_run(file: &SweepFile, opts: &Options, log: &mut dyn Write) -> Result<
     let to_run = cells.iter().filter(|(_, done)| !done).count();
     writeln!(log, "{:<16}  {:<6}  cell", "cell_id", "state")?;
     for (c, done) in &cells {
-        writeln!(log, "{:<16}  {:<6}  {}", c.spec.cell_id(), if *done { "done" } else { "to run" }, describe(&c.spec).replace("batch 0", "batch max"))?;
+        writeln!(log, "{:<16}  {:<6}  {}", c.spec.cell_id(), if *done { "done" } else { "to run" }, describe(&c.spec))?;
     }
     let max_note = if cells.iter().any(|(c, d)| !d && c.batch == BatchSize::Max) { " (\"max\" cells add a search of a few short probes each)" } else { "" };
     writeln!(
