@@ -459,6 +459,31 @@ mod tests {
     }
 
     #[test]
+    fn parts_of_an_older_schema_read_beside_new_ones_with_nulls() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        write_run(dir.path(), &fake_run(2, 10, Duration::ZERO))?;
+        // A schema-1 row: no kernel_options, no sweep columns, no fingerprint.
+        let mut old = DataFrame::new(
+            1,
+            vec![
+                Column::new("schema_version".into(), vec![1i32]),
+                Column::new("run_id".into(), vec!["0000-old"]),
+                Column::new("model".into(), vec!["resnet18"]),
+                Column::new("throughput".into(), vec![12.5f64]),
+            ],
+        )?;
+        ParquetWriter::new(File::create(dir.path().join("runs/part-0000-old.parquet"))?).finish(&mut old)?;
+        let (runs, skipped) = read_parts(dir.path(), Table::Runs)?;
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!(runs.height(), 2);
+        let versions: Vec<i32> = runs.column("schema_version")?.i32()?.iter().flatten().collect();
+        assert_eq!(versions, vec![1, SCHEMA_VERSION]);
+        assert_eq!(runs.column("kernel_options")?.null_count(), 1);
+        assert_eq!(runs.column("status")?.str()?.get(0), None);
+        Ok(())
+    }
+
+    #[test]
     fn leftover_temporary_files_are_ignored() -> Result<()> {
         let dir = tempfile::tempdir()?;
         write_run(dir.path(), &fake_run(2, 10, Duration::ZERO))?;
