@@ -11,7 +11,7 @@
 //! (measured: docs/kernels.md#attention)
 //!
 //! Forward: bf16 and f16 heads of 32, 64 or 128 in one kernel on tensor cores, f32 heads of 32 or
-//! 64 in one on the CUDA cores (`flash.rs`); other shapes composed: q, k, v moved to head-major [b·h, tp, d]; S = q kᵀ;
+//! 64 in one on the CUDA cores (`fused_attention.rs`); other shapes composed: q, k, v moved to head-major [b·h, tp, d]; S = q kᵀ;
 //! P = softmax(scale·S + bias) in place; O = P v; O moved back. Backward recomputes P (one GEMM and the softmax, as
 //! FlashAttention's backward does, instead of keeping a [b·h, t, t] tensor alive) and computes
 //! dV = Pᵀ dO, dP = dO vᵀ, dS = scale·P (dP - rowsum(dP P)), dq = dS k, dk = dSᵀ q.

@@ -4,7 +4,7 @@
 //! own to add the bias, a sizeable part of BERT-base's step (with GELU and the residual adds);
 //! PyTorch's `nn.Linear` puts the bias in cuBLASLt's epilogue, and so do we. The plan of a product
 //! (descriptors, and the fastest of the heuristic's candidates for the operands' alignment, timed on
-//! the first call) is built once per shape and kept, as cuDNN's are in [`super::cudnn_conv`].
+//! the first call) is built once per shape and kept, as cuDNN's are in [`super::conv2d`].
 //! (measured: docs/kernels.md#gemm)
 //!
 //! Precision, as candle's matmul and PyTorch's defaults: f32 computes in f32 (`COMPUTE_32F`), or in

@@ -4,6 +4,10 @@
 //! CUDA-only ops, for which the function takes candle's own ops elsewhere (the CPU, a build without
 //! cuDNN) and those are the reference. The GPU tests compare each with its reference, forward and
 //! every input's gradient (`workloads/tests/kernels.rs`).
+//!
+//! One file per op: the function that picks it, its custom op and launch (in a `cuda` module), its
+//! CPU reference; its CUDA source beside it as a `.cu` file (`sources.rs` lists them). This module
+//! only declares them and re-exports the functions the models call.
 
 pub mod adamw;
 pub mod attention;

@@ -7,7 +7,7 @@
 //! the length of each step on the thread that drives the device. Why not a field of every op: the
 //! choices sit deep inside candle custom ops (a GEMM plan, a fused-attention check) that layers build
 //! on the fly, and candle gives a layer no context to carry them in; the thread is already the unit
-//! that owns the device's handles and plans (`gemm.rs`, `cudnn_conv.rs`).
+//! that owns the device's handles and plans (`gemm.rs`, `conv2d.rs`).
 
 use std::cell::Cell;
 use std::fmt;
