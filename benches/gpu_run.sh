@@ -11,6 +11,7 @@
 #     full     all of the above
 #     kernels  the GPU kernel tests (workloads/tests/kernels.rs, from .dist/kernels-test.gz)
 #     mig      the profile table against nvidia-smi, and a dry-run `mig apply` that must change nothing
+#     cellcost a sweep's child process per cell against `migprof run`'s one process (benches/cell_cost.sh)
 #     ab       a change's effect in one call: migprof's cells with the extra flags AB_ARGS (e.g.
 #              AB_ARGS="--attention composed", a kernel option) or by the build AB_BIN (gzipped, e.g.
 #              the build before the change), and by this build as it is, alternated twice, then PyTorch's;
@@ -50,6 +51,15 @@ gunzip -c .dist/kernels-test.gz > /tmp/kernels-test && chmod +x /tmp/kernels-tes
 grep -E "^test |panicked|differ|test result" -A2 "$out/kernels.txt" | grep -v "^--$" | head -60
 cp "$out/kernels.txt" "${OUT:-/tmp}/" 2>/dev/null
 exit $rc
+fi
+
+if [ "$mode" = cellcost ]; then
+log "per-cell cost: a child process per cell (sweep) against one process (run), ResNet-50 and BERT-base"
+for round in 1 2; do
+    WARMUP_SECS=2 DURATION_SECS=3 bash benches/cell_cost.sh "$bin" "$uuid" resnet50,bert_base 1,32 "$out/cellcost-$round" | tee -a "$out/cellcost.txt"
+done
+cp "$out/cellcost.txt" "${OUT:-/tmp}/" 2>/dev/null
+exit 0
 fi
 
 if [ "$mode" = mig ]; then
