@@ -44,6 +44,9 @@ def check(folder, expected_runs):
             problems.append(f"{rid}: verdict {r['verdict']!r} reason {r['verdict_reason']!r}")
         if per_run.get(rid, 0) != r["iterations"]:
             problems.append(f"{rid}: {per_run.get(rid, 0)} samples for {r['iterations']} iterations")
+        lo, hi = r.get("throughput_ci_low"), r.get("throughput_ci_high")
+        if lo is not None and not lo <= r["throughput"] <= hi:
+            problems.append(f"{rid}: throughput {r['throughput']} outside its interval [{lo}, {hi}]")
         if not (r["kernel_options"] or "").startswith("v1;"):
             problems.append(f"{rid}: kernel_options {r['kernel_options']!r} is not a versioned canonical string")
         if r["mode"] == "train" and (r["loss_first"] is None or r["loss_last"] is None):

@@ -8,6 +8,7 @@ pub mod record;
 pub mod stats;
 pub mod store;
 pub mod summary;
+pub mod uncertainty;
 pub mod verdict;
 
 pub use record::{Run, RunContext};

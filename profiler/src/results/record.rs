@@ -11,6 +11,7 @@ use workloads::{Mode, ModelInfo};
 use crate::device::DeviceInfo;
 use crate::provenance;
 use crate::results::stats::{wall_throughput, LatencyStats};
+use crate::results::uncertainty::Uncertainty;
 use crate::results::verdict::{assess, Assessment};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::measure::Measurement;
@@ -111,6 +112,8 @@ pub struct Run {
     pub warmup_iterations: u64,
     pub measurement: Measurement,
     pub stats: LatencyStats,
+    /// 95% intervals of the mean, throughput, p50 and p99.
+    pub uncertainty: Uncertainty,
     pub assessment: Assessment,
     /// The sampler's readings over the measured phase (empty without a sampler).
     pub metrics: Vec<Sample>,
@@ -135,6 +138,7 @@ impl Run {
     ) -> Result<Self> {
         let stats = LatencyStats::from_latencies(&measurement.latencies_ns)?;
         let assessment = assess(&measurement.latencies_ns);
+        let uncertainty = Uncertainty::of(&measurement.latencies_ns, spec.batch);
         let (metrics, sampler_error) = match metrics {
             Ok(m) => (m, None),
             Err(e) => (Vec::new(), Some(format!("{e:#}"))),
@@ -160,6 +164,7 @@ impl Run {
             warmup_iterations: measurement.warmup_iterations,
             measurement,
             stats,
+            uncertainty,
             assessment,
             metrics,
             metric_summary,

@@ -13,6 +13,7 @@ use crate::results::record::Failure;
 use crate::run::fingerprint::Fingerprint;
 use crate::results::Run;
 use crate::results::stats::ns_to_ms;
+use crate::results::uncertainty::{Estimate, Uncertainty};
 
 /// Bumped whenever a column is added or changes meaning or type; readers concatenate parts of every
 /// version (2: `kernel_options`; `sweep`, `target`, `cell_id`, `status`, `error`).
@@ -253,6 +254,15 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         col("p99_ms", ms(|r| r.stats.p99_ns)),
         col("p999_ms", ms(|r| r.stats.p999_ns)),
         col("throughput", x(Run::throughput)),
+        interval("mean_ms_ci_low", runs, |u| &u.mean_ms, false),
+        interval("mean_ms_ci_high", runs, |u| &u.mean_ms, true),
+        interval("throughput_ci_low", runs, |u| &u.throughput, false),
+        interval("throughput_ci_high", runs, |u| &u.throughput, true),
+        interval("p50_ms_ci_low", runs, |u| &u.p50_ms, false),
+        interval("p50_ms_ci_high", runs, |u| &u.p50_ms, true),
+        interval("p99_ms_ci_low", runs, |u| &u.p99_ms, false),
+        interval("p99_ms_ci_high", runs, |u| &u.p99_ms, true),
+        Column::new("ci_note".into(), runs.iter().map(|r| r.uncertainty.note()).collect::<Vec<Option<String>>>()),
         col("wall_throughput", x(Run::wall_throughput)),
         Column::new("loss_first".into(), runs.iter().map(|r| r.measurement.loss_first).collect::<Vec<_>>()),
         Column::new("loss_last".into(), runs.iter().map(|r| r.measurement.loss_last).collect::<Vec<_>>()),
@@ -316,6 +326,12 @@ pub fn write_failure(out: &Path, failure: &Failure) -> Result<PathBuf> {
     columns.extend(fingerprint_columns(&[&failure.fingerprint]));
     let mut df = DataFrame::new(1, columns)?;
     write_part(&out.join(Table::Runs.dir_name()), &format!("part-{}.parquet", failure.run_id), &mut df)
+}
+
+/// One end of an interval per run; null where the run's samples give none (`ci_note` says why).
+fn interval(name: &str, runs: &[Run], pick: fn(&Uncertainty) -> &Estimate, high: bool) -> Column {
+    let v: Vec<Option<f64>> = runs.iter().map(|r| pick(&r.uncertainty).as_ref().ok().map(|i| if high { i.high } else { i.low })).collect();
+    Column::new(name.into(), v)
 }
 
 /// The environment fingerprint's columns, one row per fingerprint.
@@ -384,6 +400,12 @@ mod tests {
         assert_eq!(runs.column("seq_len")?.null_count(), 2, "images have no sequence length");
         assert_eq!(runs.column("kernel_options")?.str()?.get(row_a), Some("v1;attention=fused;layers=op;gemm=timed"));
         assert_eq!(runs.column("candle_version")?.str()?.get(row_a), Some(provenance::CANDLE_VERSION));
+        // 30 steps of 1 and 3 ms alternating: the mean's interval holds 2 ms; p99 needs 299 steps.
+        let (lo, hi) = (get_f64(&runs, "mean_ms_ci_low", row_a), get_f64(&runs, "mean_ms_ci_high", row_a));
+        assert!(lo < 2.0 && 2.0 < hi && hi - lo < 1.0, "{lo} {hi}");
+        assert!((get_f64(&runs, "throughput_ci_high", row_a) - 8000.0 / lo).abs() < 1e-6);
+        assert_eq!(runs.column("p99_ms_ci_low")?.null_count(), 2);
+        assert!(runs.column("ci_note")?.str()?.get(row_a).unwrap().contains("p99: 30 steps"));
         assert_eq!(runs.column("driver_version")?.null_count(), 2, "a CPU run has no driver");
         assert_eq!(runs.column("std_ms")?.null_count(), 0);
         assert_eq!(runs.column("started_at")?.dtype(), &DataType::Datetime(TimeUnit::Microseconds, Some(TimeZone::UTC)));

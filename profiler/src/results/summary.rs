@@ -16,15 +16,19 @@ pub fn table(runs: &[Run]) -> String {
                 r.batch.to_string(),
                 format!("{:.3}", ns_to_ms(r.stats.p50_ns)),
                 format!("{:.3}", ns_to_ms(r.stats.p99_ns)),
-                format!("{:.1}", r.throughput()),
+                match &r.uncertainty.throughput {
+                    Ok(i) => format!("{:.1} ± {:.1}%", r.throughput(), 100.0 * i.relative_half_width(r.throughput())),
+                    Err(_) => format!("{:.1}", r.throughput()),
+                },
                 r.assessment.verdict.as_str().to_string(),
             ]
         })
         .collect();
-    let mut widths = header.map(str::len);
+    // In characters, as `format!` pads: "±" is one character and two bytes.
+    let mut widths = header.map(|h| h.chars().count());
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
+            *w = (*w).max(cell.chars().count());
         }
     }
     // Text columns align left, numbers right.
@@ -55,9 +59,11 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 4);
         assert!(lines[0].starts_with("model") && lines[0].ends_with("verdict"));
-        assert!(lines[2].contains("resnet_tiny") && lines[2].contains("4000.0") && lines[2].ends_with("ok"));
-        assert!(lines[3].contains("64000.0") && lines[3].ends_with("too_few_iterations"));
-        // The throughput column is right-aligned: both values end at the same offset.
-        assert_eq!(lines[2].find("4000.0").unwrap() + 6, lines[3].find("64000.0").unwrap() + 7);
+        // 30 steps: the throughput with its interval; 6 steps: none to give.
+        assert!(lines[2].contains("resnet_tiny") && lines[2].contains("4000.0 ± ") && lines[2].ends_with("ok"), "{t}");
+        assert!(lines[3].contains("64000.0") && !lines[3].contains('±') && lines[3].ends_with("too_few_iterations"), "{t}");
+        // The throughput column is right-aligned: both cells end at the same offset.
+        let column = |line: &str, byte: usize| line[..byte].chars().count();
+        assert_eq!(column(lines[2], lines[2].find('%').unwrap() + 1), column(lines[3], lines[3].find("64000.0").unwrap() + 7), "{t}");
     }
 }
