@@ -64,6 +64,9 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
                     run.throughput(),
                     run.assessment.verdict
                 )?;
+                if let Some(w) = run.assessment.outlier_warning() {
+                    writeln!(log, "warning: {w}")?;
+                }
                 if let Some(e) = &run.sampler_error {
                     writeln!(log, "warning: the sampler failed, so this run has no GPU metrics: {e}")?;
                 }

@@ -283,6 +283,8 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         Column::new("sampler_error".into(), runs.iter().map(|r| r.sampler_error.clone()).collect::<Vec<Option<String>>>()),
         col("verdict", s(|r| r.assessment.verdict.as_str().to_string())),
         col("verdict_reason", s(|r| r.assessment.reason.clone())),
+        col("outliers", i(|r| r.assessment.outliers as i64)),
+        col("outlier_mean_shift", x(|r| r.assessment.outlier_mean_shift)),
         Column::new("histogram".into(), histogram_refs),
         col("migprof_version", s(|_| provenance::VERSION.to_string())),
         col("git_commit", s(|_| provenance::GIT_COMMIT.to_string())),

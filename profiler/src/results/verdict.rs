@@ -1,11 +1,28 @@
 //! Whether a run's numbers can be trusted, and why not. The verdict travels with every row.
+//!
+//! Drift: the measured steps' early half against their late half, two ways at once. A Mann-Whitney
+//! rank test at [`SIGNIFICANCE`] says whether the late steps are systematically slower or faster
+//! than the early ones rather than noise (ranks, so a few spikes weigh like any other step), and the
+//! change of the halves' medians must exceed [`MIN_DRIFT`] to matter in practice. `unstable` needs
+//! both: a significant but tiny drift is real and harmless, a large difference that noise explains is
+//! not a drift. When the halves are too small for the test ever to reach its significance, the run
+//! has too few iterations to judge, never `unstable`.
+//!
+//! Outliers (modified z-score above [`OUTLIER_Z`], as Iglewicz and Hoaglin define it and hyperfine
+//! uses) are counted and reported with how far they move the mean; they do not change the verdict.
 
 use std::fmt;
 
-/// Fewer measured iterations than this and the median, the p99 and the stability check mean little.
+/// Fewer measured iterations than this and the median and the p99 mean little.
 pub const MIN_ITERATIONS: usize = 10;
-/// The largest spread allowed between the medians of the three measurement windows.
-pub const MAX_WINDOW_SPREAD: f64 = 0.10;
+/// The rank test's two-sided significance: the rate at which steady noise is called a drift.
+pub const SIGNIFICANCE: f64 = 0.01;
+/// The smallest change between the early and late halves' medians that counts as a drift.
+pub const MIN_DRIFT: f64 = 0.05;
+/// A step whose modified z-score exceeds this is an outlier.
+pub const OUTLIER_Z: f64 = 3.5;
+/// Outliers that move the mean by more than this (relative) are warned about.
+pub const OUTLIER_MEAN_SHIFT: f64 = 0.01;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -36,39 +53,146 @@ impl fmt::Display for Verdict {
 pub struct Assessment {
     pub verdict: Verdict,
     pub reason: String,
+    /// Steps whose modified z-score exceeds [`OUTLIER_Z`].
+    pub outliers: usize,
+    /// (mean with the outliers − mean without) / mean without.
+    pub outlier_mean_shift: f64,
 }
 
-/// The rule: at least [`MIN_ITERATIONS`] measured iterations; then the measured iterations are cut
-/// into three consecutive windows of equal size (the oldest `n mod 3` are left out) and the run is
-/// unstable when the largest window median exceeds the smallest by more than [`MAX_WINDOW_SPREAD`].
-/// Medians, not means, so that a single hiccup does not condemn a run while a drift does.
+impl Assessment {
+    /// A warning for the user when the outliers move the mean by more than [`OUTLIER_MEAN_SHIFT`].
+    pub fn outlier_warning(&self) -> Option<String> {
+        (self.outlier_mean_shift.abs() > OUTLIER_MEAN_SHIFT).then(|| {
+            format!(
+                "{} outlier step(s) move the mean by {:+.1}% (p50 is unaffected); an interrupted or shared device?",
+                self.outliers,
+                self.outlier_mean_shift * 100.0
+            )
+        })
+    }
+}
+
 pub fn assess(latencies_ns: &[u64]) -> Assessment {
     let n = latencies_ns.len();
+    let (outliers, outlier_mean_shift) = outliers(latencies_ns);
+    let assessment = |verdict, reason| Assessment { verdict, reason, outliers, outlier_mean_shift };
     if n < MIN_ITERATIONS {
-        return Assessment {
-            verdict: Verdict::TooFewIterations,
-            reason: format!(
-                "{n} measured iteration{}; at least {MIN_ITERATIONS} are needed to trust the median and check stability",
-                if n == 1 { "" } else { "s" }
-            ),
-        };
+        let s = if n == 1 { "" } else { "s" };
+        return assessment(Verdict::TooFewIterations, format!("{n} measured iteration{s}; at least {MIN_ITERATIONS} are needed to trust the median and judge drift"));
     }
-    let w = n / 3;
-    let tail = &latencies_ns[n - 3 * w..];
-    let medians: Vec<f64> = tail.chunks(w).map(median).collect();
-    let lo = medians.iter().cloned().fold(f64::INFINITY, f64::min);
-    let hi = medians.iter().cloned().fold(0.0, f64::max);
-    let spread = hi / lo - 1.0;
-    let listed = medians.iter().map(|m| format!("{:.3}", m / 1e6)).collect::<Vec<_>>().join(", ");
+    let half = n / 2;
+    // With an odd count the middle step belongs to neither half.
+    let (early, late) = (&latencies_ns[..half], &latencies_ns[n - half..]);
+    let (m_early, m_late) = (median(early), median(late));
+    let change = m_late / m_early - 1.0;
+    let p = mann_whitney_p(early, late);
     let reason = format!(
-        "medians of 3 windows of {w} iterations: {listed} ms, spread {:.1}% (limit {:.0}%)",
-        spread * 100.0,
-        MAX_WINDOW_SPREAD * 100.0
+        "early/late half medians {:.3}/{:.3} ms ({:+.1}%, drift counts above {:.0}%), rank test p = {:.2e} (significant below {SIGNIFICANCE})",
+        m_early / 1e6,
+        m_late / 1e6,
+        change * 100.0,
+        MIN_DRIFT * 100.0,
+        p
     );
-    // Compared as a difference rather than the ratio above, so that exactly 10% is not pushed over
-    // the limit by rounding.
-    let verdict = if hi - lo > MAX_WINDOW_SPREAD * lo { Verdict::Unstable } else { Verdict::Ok };
-    Assessment { verdict, reason }
+    let verdict = if p < SIGNIFICANCE && change.abs() > MIN_DRIFT { Verdict::Unstable } else { Verdict::Ok };
+    assessment(verdict, reason)
+}
+
+/// The two-sided p-value of the Mann-Whitney U test between `a` and `b`: exact where there are no
+/// ties and the groups are small, the normal approximation with the tie correction otherwise.
+pub fn mann_whitney_p(a: &[u64], b: &[u64]) -> f64 {
+    let (n1, n2) = (a.len(), b.len());
+    // U = pairs where a's step is above b's, ties counting a half.
+    let mut u = 0.0;
+    for &x in a {
+        for &y in b {
+            u += if x > y { 1.0 } else if x == y { 0.5 } else { 0.0 };
+        }
+    }
+    let mut all: Vec<u64> = a.iter().chain(b).copied().collect();
+    all.sort_unstable();
+    let ties = all.windows(2).any(|w| w[0] == w[1]);
+    let mean = (n1 * n2) as f64 / 2.0;
+    if !ties && n1 <= 25 && n2 <= 25 {
+        return exact_p(n1, n2, u);
+    }
+    // Tie correction: Σ(t³ − t) over groups of equal values.
+    let mut tie_sum = 0.0;
+    let mut i = 0;
+    while i < all.len() {
+        let j = all[i..].iter().take_while(|&&v| v == all[i]).count();
+        tie_sum += (j * j * j - j) as f64;
+        i += j;
+    }
+    let n = (n1 + n2) as f64;
+    let var = (n1 * n2) as f64 / 12.0 * ((n + 1.0) - tie_sum / (n * (n - 1.0)));
+    if var <= 0.0 {
+        return 1.0;
+    }
+    // Continuity correction of a half toward the mean.
+    let z = ((u - mean).abs() - 0.5).max(0.0) / var.sqrt();
+    (2.0 * normal_upper_tail(z)).min(1.0)
+}
+
+/// Exact two-sided p of U for groups of `n1` and `n2` without ties: the count of arrangements by U.
+fn exact_p(n1: usize, n2: usize, u: f64) -> f64 {
+    let max = n1 * n2;
+    // counts[i][j][k]: arrangements of i and j values with U = k, built one value at a time.
+    let mut prev: Vec<Vec<f64>> = vec![vec![0.0; max + 1]; n2 + 1];
+    for row in prev.iter_mut() {
+        row[0] = 1.0; // i = 0: U is 0 whatever j.
+    }
+    for i in 1..=n1 {
+        let mut cur: Vec<Vec<f64>> = vec![vec![0.0; max + 1]; n2 + 1];
+        cur[0][0] = 1.0; // j = 0
+        for j in 1..=n2 {
+            for k in 0..=i * j {
+                // The largest value is from a (above all j of b's: adds j) or from b (adds 0).
+                let from_a = if k >= j { prev[j][k - j] } else { 0.0 };
+                cur[j][k] = from_a + cur[j - 1][k];
+            }
+        }
+        prev = cur;
+    }
+    let counts = &prev[n2];
+    let total: f64 = counts.iter().sum();
+    let d = (u - max as f64 / 2.0).abs();
+    // Both tails: U as far from its mean as observed, either way.
+    let tail: f64 = counts.iter().enumerate().filter(|(k, _)| (*k as f64 - max as f64 / 2.0).abs() >= d - 1e-9).map(|(_, c)| c).sum();
+    (tail / total).min(1.0)
+}
+
+/// P(Z > z) for a standard normal Z (Abramowitz and Stegun 7.1.26 through erfc; error below 1.5e-7).
+fn normal_upper_tail(z: f64) -> f64 {
+    let x = z / std::f64::consts::SQRT_2;
+    let t = 1.0 / (1.0 + 0.3275911 * x);
+    let poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
+    0.5 * poly * (-x * x).exp()
+}
+
+/// (count, relative mean shift) of the steps whose modified z-score exceeds [`OUTLIER_Z`].
+fn outliers(latencies_ns: &[u64]) -> (usize, f64) {
+    if latencies_ns.len() < 3 {
+        return (0, 0.0);
+    }
+    let med = median(latencies_ns);
+    let deviations: Vec<u64> = latencies_ns.iter().map(|&l| (l as f64 - med).abs().round() as u64).collect();
+    let mad = median(&deviations);
+    if mad == 0.0 {
+        return (0, 0.0);
+    }
+    let is_outlier = |l: u64| 0.6745 * (l as f64 - med).abs() / mad > OUTLIER_Z;
+    let (kept, count) = latencies_ns.iter().fold((Vec::new(), 0), |(mut kept, count), &l| {
+        if is_outlier(l) {
+            (kept, count + 1)
+        } else {
+            kept.push(l as f64);
+            (kept, count)
+        }
+    });
+    let mean_all = latencies_ns.iter().map(|&l| l as f64).sum::<f64>() / latencies_ns.len() as f64;
+    let mean_kept = kept.iter().sum::<f64>() / kept.len() as f64;
+    (count, mean_all / mean_kept - 1.0)
 }
 
 fn median(window: &[u64]) -> f64 {
@@ -85,8 +209,15 @@ fn median(window: &[u64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
 
     const MS: u64 = 1_000_000;
+
+    fn noise(seed: u64, n: usize, spread: f64) -> Vec<u64> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        (0..n).map(|_| ((10.0 + spread * (rng.random::<f64>() - 0.5)) * MS as f64) as u64).collect()
+    }
 
     #[test]
     fn fewer_than_ten_iterations_are_too_few() {
@@ -97,44 +228,75 @@ mod tests {
     }
 
     #[test]
-    fn alternating_steps_are_stable_over_even_windows() {
+    fn steady_noise_is_called_a_drift_no_more_often_than_the_significance() {
+        // Uniform noise of ±20% around 10 ms, 1000 seeds, 30 and 200 steps: false alarms at most 1%
+        // (plus the simulation's own error, ~0.3 points).
+        for n in [30, 200] {
+            let alarms = (0..1000).filter(|&s| assess(&noise(s, n, 4.0)).verdict == Verdict::Unstable).count();
+            assert!(alarms <= 13, "{n} steps: {alarms} false alarms in 1000");
+        }
+    }
+
+    #[test]
+    fn a_slow_ramp_is_found_and_noise_of_the_same_spread_is_not() {
+        // 200 steps rising 20% end to end inside the same ±20% noise (the halves' medians ~10% apart):
+        // found in nearly every seed.
+        let found = (0..1000)
+            .filter(|&s| {
+                let lat: Vec<u64> = noise(s, 200, 4.0).iter().enumerate().map(|(i, &l)| (l as f64 * (1.0 + 0.2 * i as f64 / 199.0)) as u64).collect();
+                assess(&lat).verdict == Verdict::Unstable
+            })
+            .count();
+        assert!(found >= 900, "{found} of 1000 ramps found");
+    }
+
+    #[test]
+    fn a_significant_but_small_change_is_not_unstable() {
+        // The late half 2% slower, without noise: the rank test is certain, the change too small.
+        let lat: Vec<u64> = (0..40).map(|i| if i < 20 { 100 * MS } else { 102 * MS }).collect();
+        let a = assess(&lat);
+        assert_eq!(a.verdict, Verdict::Ok, "{}", a.reason);
+        assert!(a.reason.contains("+2.0%"), "{}", a.reason);
+        let lat: Vec<u64> = (0..40).map(|i| if i < 20 { 100 * MS } else { 120 * MS }).collect();
+        assert_eq!(assess(&lat).verdict, Verdict::Unstable);
+    }
+
+    #[test]
+    fn alternating_steps_are_stable() {
+        // Halves of 15 alternating 1 and 3 ms steps have medians 1 and 3 ms (one more of each), a
+        // large difference that the rank test rightly calls noise.
         let lat: Vec<u64> = (0..30).map(|i| if i % 2 == 0 { MS } else { 3 * MS }).collect();
         let a = assess(&lat);
         assert_eq!(a.verdict, Verdict::Ok, "{}", a.reason);
-        assert!(a.reason.contains("2.000, 2.000, 2.000 ms"), "{}", a.reason);
+        assert!(a.reason.contains("1.000/3.000 ms") && a.reason.contains("p = 7.38e-1"), "{}", a.reason);
     }
 
     #[test]
-    fn a_drift_in_the_last_window_is_unstable() {
-        // 20 iterations at 1 ms, 10 at 1.2 ms: the third window's median is 20% higher.
-        let lat: Vec<u64> = (0..30).map(|i| if i < 20 { MS } else { 12 * MS / 10 }).collect();
-        let a = assess(&lat);
-        assert_eq!(a.verdict, Verdict::Unstable);
-        assert!(a.reason.contains("spread 20.0%"), "{}", a.reason);
+    fn the_exact_test_and_the_approximation_agree_where_both_apply() {
+        let (a, b): (Vec<u64>, Vec<u64>) = ((0..20).map(|i| 100 + 3 * i).collect(), (0..20).map(|i| 130 + 3 * i + 1).collect());
+        let exact = mann_whitney_p(&a, &b);
+        // The same data with one tie forces the approximation.
+        let mut b2 = b.clone();
+        b2[0] = a[19];
+        let approx = mann_whitney_p(&a, &b2);
+        assert!(exact < 1e-3 && approx < 1e-3 && (exact.ln() - approx.ln()).abs() < 1.0, "{exact} {approx}");
+        // Identical groups: no evidence at all.
+        assert_eq!(mann_whitney_p(&[5; 10], &[5; 10]), 1.0);
+        // Groups of 5 with every early step faster: the smallest exact p, 2 / C(10, 5).
+        assert!((mann_whitney_p(&[1, 2, 3, 4, 5], &[6, 7, 8, 9, 10]) - 2.0 / 252.0).abs() < 1e-12);
     }
 
     #[test]
-    fn the_limit_is_ten_percent_inclusive() {
-        let at = |last: u64| (0..30).map(move |i| if i < 20 { 100 * MS } else { last });
-        assert_eq!(assess(&at(110 * MS).collect::<Vec<_>>()).verdict, Verdict::Ok);
-        assert_eq!(assess(&at(111 * MS).collect::<Vec<_>>()).verdict, Verdict::Unstable);
-    }
-
-    #[test]
-    fn single_spikes_do_not_make_a_run_unstable() {
-        let mut lat = vec![MS; 30];
+    fn single_spikes_are_outliers_not_drift_and_are_reported() {
+        let mut lat: Vec<u64> = noise(1, 30, 0.5);
         lat[4] = 50 * MS;
         lat[25] = 40 * MS;
-        assert_eq!(assess(&lat).verdict, Verdict::Ok);
-    }
-
-    #[test]
-    fn oldest_remainder_is_left_out_of_the_windows() {
-        // 31 iterations: the first (slow, a leftover of warm-up) is not in any window.
-        let mut lat = vec![MS; 31];
-        lat[0] = 10 * MS;
         let a = assess(&lat);
         assert_eq!(a.verdict, Verdict::Ok, "{}", a.reason);
-        assert!(a.reason.contains("windows of 10 iterations"), "{}", a.reason);
+        assert_eq!(a.outliers, 2);
+        // Two spikes of ~35 ms over 30 steps of 10 ms move the mean by about 23%.
+        assert!((a.outlier_mean_shift - 0.23).abs() < 0.02, "{}", a.outlier_mean_shift);
+        assert!(a.outlier_warning().unwrap().contains("2 outlier step(s) move the mean by +2"));
+        assert_eq!(assess(&noise(2, 30, 0.5)).outlier_warning(), None);
     }
 }
