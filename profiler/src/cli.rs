@@ -269,6 +269,16 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 10, conflicts_with = "iters")]
     pub min_iters: u64,
 
+    /// Measure until the throughput's 95% interval is within ±PCT percent of it (after --duration and
+    /// --min-iters), at most --max-duration seconds; a run stopped by that bound says so in its
+    /// verdict_reason.
+    #[arg(long, value_name = "PCT", conflicts_with = "iters", value_parser = parse_percent)]
+    pub target_precision: Option<f64>,
+
+    /// With --target-precision: the most seconds to measure however wide the interval still is.
+    #[arg(long, default_value_t = 60.0, requires = "target_precision", value_parser = parse_non_negative)]
+    pub max_duration: f64,
+
     /// Sampler interval in milliseconds for GPU runs (NVML and GPM counters while measuring); 0 turns
     /// the sampler off.
     #[arg(long, default_value_t = 100)]
@@ -326,6 +336,14 @@ fn parse_batch(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(b) if b > 0 => Ok(b),
         _ => Err(format!("batch sizes are positive integers, comma-separated (e.g. --batch 1,8,32); got `{s}`")),
+    }
+}
+
+/// A precision in percent: above 0, below 100.
+fn parse_percent(s: &str) -> Result<f64, String> {
+    match s.trim().trim_end_matches('%').parse::<f64>() {
+        Ok(v) if v > 0.0 && v < 100.0 => Ok(v),
+        _ => Err(format!("expected a percentage above 0 and below 100 (e.g. 2 for ±2%); got `{s}`")),
     }
 }
 

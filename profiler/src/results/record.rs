@@ -137,7 +137,10 @@ impl Run {
         fingerprint: Fingerprint,
     ) -> Result<Self> {
         let stats = LatencyStats::from_latencies(&measurement.latencies_ns)?;
-        let assessment = assess(&measurement.latencies_ns);
+        let mut assessment = assess(&measurement.latencies_ns);
+        if let Some(note) = &measurement.stop_note {
+            assessment.reason = format!("{}; {note}", assessment.reason);
+        }
         let uncertainty = Uncertainty::of(&measurement.latencies_ns, spec.batch);
         let (metrics, sampler_error) = match metrics {
             Ok(m) => (m, None),

@@ -59,15 +59,57 @@ pub enum Stop {
     Iterations(u64),
     /// Until this much measured time has passed and at least `min_iterations` have run.
     Duration { min: Duration, min_iterations: u64 },
+    /// Until the throughput's 95% interval lies within ±`target` (relative) of it, once `min` has
+    /// passed and `min_iterations` have run; at `max` whatever the interval (but never before
+    /// `min_iterations`).
+    Precision { target: f64, min: Duration, max: Duration, min_iterations: u64 },
+}
+
+/// Whether to stop after a step.
+enum Reached {
+    No,
+    Yes,
+    /// Stopped by a bound before the rule was met; says so.
+    AtBound(String),
 }
 
 impl Stop {
-    fn reached(&self, iterations: u64, elapsed: Duration) -> bool {
-        match *self {
+    fn reached(&self, latencies_ns: &[u64], elapsed: Duration) -> Reached {
+        let iterations = latencies_ns.len() as u64;
+        let done = match *self {
             Stop::Iterations(n) => iterations >= n,
             Stop::Duration { min, min_iterations } => iterations >= min_iterations.max(1) && elapsed >= min,
-        }
+            Stop::Precision { target, min, max, min_iterations } => {
+                let ready = iterations >= min_iterations.max(1) && elapsed >= min;
+                // The interval costs a pass over the samples: checked about 20 times per doubling.
+                let check = ready && iterations % (iterations / 20).max(1) == 0;
+                let precision = if check || elapsed >= max { throughput_precision(latencies_ns) } else { None };
+                if check && precision.is_some_and(|p| p <= target) {
+                    return Reached::Yes;
+                }
+                // The bound never cuts a run below its minimum count, as --duration does not.
+                if elapsed >= max && iterations >= min_iterations.max(1) {
+                    let got = precision.map_or("no interval yet".to_string(), |p| format!("±{:.1}%", p * 100.0));
+                    return Reached::AtBound(format!(
+                        "stopped at the {:.0} s bound (--max-duration) with the throughput known to {got}, short of the ±{:.1}% asked for",
+                        max.as_secs_f64(),
+                        target * 100.0
+                    ));
+                }
+                false
+            }
+        };
+        if done { Reached::Yes } else { Reached::No }
     }
+}
+
+/// The throughput's 95% interval as a relative half-width (the larger side), when there is one.
+fn throughput_precision(latencies_ns: &[u64]) -> Option<f64> {
+    let ms: Vec<f64> = latencies_ns.iter().map(|&l| l as f64 / 1e6).collect();
+    let mean = ms.iter().sum::<f64>() / ms.len() as f64;
+    let i = crate::results::uncertainty::mean_interval(&ms).ok()?;
+    // Throughput ∝ 1 / mean: its interval's ends are the mean's, swapped and inverted.
+    (i.low > 0.0).then(|| (mean / i.low - 1.0).max(1.0 - mean / i.high))
 }
 
 /// What one measurement produced.
@@ -80,6 +122,8 @@ pub struct Measurement {
     pub elapsed: Duration,
     pub loss_first: Option<f32>,
     pub loss_last: Option<f32>,
+    /// Why measuring stopped early, when a bound cut it short of its rule.
+    pub stop_note: Option<String>,
 }
 
 /// What runs beside the measured phase (the GPU sampler, a profiler's capture range): started once
@@ -112,21 +156,26 @@ fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Resu
     let mut latencies_ns = Vec::new();
     let mut loss_first = None;
     let start = clock.now();
+    let mut stop_note = None;
     let loss_last = loop {
         let t0 = clock.now();
         exec.step()?;
         let t1 = clock.now();
         latencies_ns.push(nanos(t1 - t0));
-        let n = latencies_ns.len() as u64;
-        if n == 1 {
+        if latencies_ns.len() == 1 {
             loss_first = exec.loss()?;
         }
-        if stop.reached(n, clock.now() - start) {
-            break exec.loss()?;
+        match stop.reached(&latencies_ns, clock.now() - start) {
+            Reached::No => {}
+            Reached::Yes => break exec.loss()?,
+            Reached::AtBound(note) => {
+                stop_note = Some(note);
+                break exec.loss()?;
+            }
         }
     };
     let elapsed = clock.now() - start;
-    Ok(Measurement { warmup_iterations: 0, latencies_ns, elapsed, loss_first, loss_last })
+    Ok(Measurement { warmup_iterations: 0, latencies_ns, elapsed, loss_first, loss_last, stop_note })
 }
 
 /// Runs steps until the warm-up rule is met; returns how many.
@@ -252,6 +301,32 @@ mod tests {
         let err = measure(&mut Counted(steps.clone(), 4), &FakeClock::default(), Warmup::Iterations(2), Stop::Iterations(5), &mut observer);
         assert!(err.is_err());
         assert_eq!(observer.1, vec![("start", 2), ("stop", 5)], "stopped after the failing step");
+        Ok(())
+    }
+
+    #[test]
+    fn precision_stops_once_the_interval_is_tight_or_at_the_bound_saying_so() -> Result<()> {
+        // Steps spread over 1..3 ms in no period a batch could line up with (97 values, repeated):
+        // the throughput's interval shrinks as 1/√n; ±5% takes on the order of a hundred steps.
+        let clock = FakeClock::default();
+        let durations: Vec<f64> = (0..97u64).map(|i| 1.0 + 2.0 * ((i * 37 + 11) % 97) as f64 / 96.0).collect();
+        let mut step = FakeStep::new(&clock, &durations);
+        let stop = Stop::Precision { target: 0.05, min: Duration::ZERO, max: Duration::from_secs(60), min_iterations: 10 };
+        let m = measure(&mut step, &clock, Warmup::Iterations(0), stop, &mut Unobserved)?;
+        let n = m.latencies_ns.len();
+        assert!(throughput_precision(&m.latencies_ns).unwrap() <= 0.05, "{n}");
+        assert!((50..1000).contains(&n), "{n} steps");
+        assert_eq!(m.stop_note, None);
+        // A bound of 50 ms of 2 ms steps stops at about 25 steps, short of ±1%, and says so.
+        let stop = Stop::Precision { target: 0.01, min: Duration::ZERO, max: Duration::from_millis(50), min_iterations: 10 };
+        let m = measure(&mut step, &clock, Warmup::Iterations(0), stop, &mut Unobserved)?;
+        assert!((24..=26).contains(&m.latencies_ns.len()), "{}", m.latencies_ns.len());
+        let note = m.stop_note.unwrap();
+        assert!(note.contains("0 s bound (--max-duration)") && note.contains("short of the ±1.0%"), "{note}");
+        // The bound never stops a run short of its minimum count.
+        let stop = Stop::Precision { target: 0.01, min: Duration::ZERO, max: Duration::from_millis(5), min_iterations: 10 };
+        let m = measure(&mut step, &clock, Warmup::Iterations(0), stop, &mut Unobserved)?;
+        assert_eq!(m.latencies_ns.len(), 10);
         Ok(())
     }
 

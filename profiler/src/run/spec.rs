@@ -104,13 +104,29 @@ fn warmup_rule(args: &RunArgs) -> Warmup {
     }
 }
 
-fn stop_rule(args: &RunArgs) -> Stop {
-    match args.iters {
-        Some(n) => Stop::Iterations(n),
-        None => Stop::Duration {
-            min: Duration::from_secs_f64(args.duration.unwrap_or(3.0)),
+/// The default set's precision when no stop rule is given: ±5% on the throughput within 20 s a run,
+/// which the 2-core build box reaches for ResNet-18 in about a minute and a half in all.
+const DEFAULT_SET_PRECISION: (f64, f64) = (5.0, 20.0);
+
+/// `--iters` exactly; else at least `--duration` (3 s) and `--min-iters`, and with
+/// `--target-precision` on until the interval is tight enough or `--max-duration` has passed. The
+/// default set, given no rule, measures to [`DEFAULT_SET_PRECISION`].
+fn stop_rule(args: &RunArgs, defaults_only: bool) -> Stop {
+    let min = Duration::from_secs_f64(args.duration.unwrap_or(3.0));
+    let (precision, max) = match (args.target_precision, defaults_only && args.duration.is_none()) {
+        (Some(p), _) => (Some(p), args.max_duration),
+        (None, true) => (Some(DEFAULT_SET_PRECISION.0), DEFAULT_SET_PRECISION.1),
+        (None, false) => (None, args.max_duration),
+    };
+    match (args.iters, precision) {
+        (Some(n), _) => Stop::Iterations(n),
+        (None, Some(pct)) => Stop::Precision {
+            target: pct / 100.0,
+            min,
+            max: Duration::from_secs_f64(max).max(min),
             min_iterations: args.min_iters,
         },
+        (None, None) => Stop::Duration { min, min_iterations: args.min_iters },
     }
 }
 
@@ -148,7 +164,7 @@ fn cross_product(args: &RunArgs) -> Vec<RunSpec> {
                         train: train_config(args),
                         kernels: args.kernels.options(),
                         warmup: warmup_rule(args),
-                        stop: stop_rule(args),
+                        stop: stop_rule(args, defaults_only),
                         seed: args.seed,
                         sample_interval: (args.sample_interval_ms > 0).then(|| Duration::from_millis(args.sample_interval_ms)),
                     });
@@ -195,7 +211,8 @@ mod tests {
         assert_eq!(specs[0].warmup, Warmup::Duration { min: Duration::from_secs(1), min_iterations: 3 });
         let specs = runs("--warmup-secs 0.5");
         assert_eq!(specs[0].warmup, Warmup::Duration { min: Duration::from_millis(500), min_iterations: 1 });
-        assert_eq!(specs[0].stop, Stop::Duration { min: Duration::from_secs(3), min_iterations: 10 });
+        assert_eq!(specs[0].stop, Stop::Precision { target: 0.05, min: Duration::from_secs(3), max: Duration::from_secs(20), min_iterations: 10 });
+        assert_eq!(runs("--model resnet18")[0].stop, Stop::Duration { min: Duration::from_secs(3), min_iterations: 10 });
     }
 
     #[test]
@@ -235,6 +252,18 @@ mod tests {
         let specs = runs("--model resnet50");
         assert_eq!(specs.len(), 1);
         assert_eq!((specs[0].mode, specs[0].batch), (Mode::Infer, 1));
+    }
+
+    #[test]
+    fn target_precision_composes_with_duration_and_min_iters() {
+        let s = runs("--target-precision 2 --duration 1 --min-iters 20 --max-duration 30")[0].stop;
+        assert_eq!(s, Stop::Precision { target: 0.02, min: Duration::from_secs(1), max: Duration::from_secs(30), min_iterations: 20 });
+        let s = runs("--target-precision 5%")[0].stop;
+        assert_eq!(s, Stop::Precision { target: 0.05, min: Duration::from_secs(3), max: Duration::from_secs(60), min_iterations: 10 });
+        let e = |line: &str| Cli::try_parse_from(["migprof", "run"].into_iter().chain(line.split_whitespace())).unwrap_err().to_string();
+        assert!(e("--target-precision 0").contains("above 0 and below 100"));
+        assert!(e("--target-precision 2 --iters 5").contains("cannot be used with"));
+        assert!(e("--max-duration 30").contains("--target-precision"));
     }
 
     #[test]

@@ -59,6 +59,11 @@ pub struct CellSpec {
     pub kernel_options: String,
     pub warmup_secs: f64,
     pub duration_secs: f64,
+    /// Measure on until the throughput is known to ± this many percent, at most `max_duration_secs`.
+    #[serde(default)]
+    pub target_precision: Option<f64>,
+    #[serde(default)]
+    pub max_duration_secs: Option<f64>,
     pub sample_interval_ms: u64,
     /// `probe` for a step of a `max` search; otherwise `ok` when it runs through.
     pub purpose: Purpose,
@@ -149,8 +154,16 @@ impl CellSpec {
                 Warmup::Iterations(_) => 0.0,
             },
             duration_secs: match spec.stop {
-                Stop::Duration { min, .. } => seconds(min),
+                Stop::Duration { min, .. } | Stop::Precision { min, .. } => seconds(min),
                 Stop::Iterations(_) => 0.0,
+            },
+            target_precision: match spec.stop {
+                Stop::Precision { target, .. } => Some(target * 100.0),
+                _ => None,
+            },
+            max_duration_secs: match spec.stop {
+                Stop::Precision { max, .. } => Some(seconds(max)),
+                _ => None,
             },
             sample_interval_ms: spec.sample_interval.map_or(0, |d| d.as_millis() as u64),
             purpose: Purpose::Measure,
@@ -180,10 +193,19 @@ impl CellSpec {
         let kernels = self.kernel_options.parse::<KernelOptions>().map_err(|e| anyhow::anyhow!("cell spec: {e}"))?;
         let (warmup, stop) = match self.purpose {
             Purpose::Probe => (Warmup::Iterations(1), Stop::Iterations(1)),
-            Purpose::Measure => (
-                Warmup::Duration { min: Duration::from_secs_f64(self.warmup_secs), min_iterations: 1 },
-                Stop::Duration { min: Duration::from_secs_f64(self.duration_secs), min_iterations: 10 },
-            ),
+            Purpose::Measure => {
+                let min = Duration::from_secs_f64(self.duration_secs);
+                let stop = match self.target_precision {
+                    Some(pct) => Stop::Precision {
+                        target: pct / 100.0,
+                        min,
+                        max: Duration::from_secs_f64(self.max_duration_secs.unwrap_or(60.0)).max(min),
+                        min_iterations: 10,
+                    },
+                    None => Stop::Duration { min, min_iterations: 10 },
+                };
+                (Warmup::Duration { min: Duration::from_secs_f64(self.warmup_secs), min_iterations: 1 }, stop)
+            }
         };
         Ok(RunSpec {
             model: self.model.clone(),
@@ -235,6 +257,8 @@ pub(crate) mod tests {
             kernel_options: workloads::kernels::KernelOptions::default().canonical(),
             warmup_secs: 0.1,
             duration_secs: 0.2,
+            target_precision: None,
+            max_duration_secs: None,
             sample_interval_ms: 100,
             purpose: Purpose::Measure,
         }

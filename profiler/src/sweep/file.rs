@@ -36,6 +36,10 @@ pub struct Defaults {
     pub max_batch_limit: usize,
     pub seed: u64,
     pub sample_interval_ms: u64,
+    /// Measure until the throughput's 95% interval is within ± this many percent (after
+    /// `duration_secs`), at most `max_duration_secs`; none: `duration_secs` alone.
+    pub target_precision: Option<f64>,
+    pub max_duration_secs: f64,
 }
 
 impl Default for Defaults {
@@ -49,6 +53,8 @@ impl Default for Defaults {
             max_batch_limit: 4096,
             seed: 0,
             sample_interval_ms: 100,
+            target_precision: None,
+            max_duration_secs: 60.0,
         }
     }
 }
@@ -146,6 +152,9 @@ impl SweepFile {
             if !v.is_finite() || v < 0.0 {
                 bail!("[defaults] {key} = {v}: expected a non-negative number of seconds");
             }
+        }
+        if d.target_precision.is_some_and(|p| !(p > 0.0 && p < 100.0)) {
+            bail!("[defaults] target_precision: expected a percentage above 0 and below 100 (e.g. 2 for ±2%)");
         }
         if d.repeats == 0 {
             bail!("[defaults] repeats = 0: expected at least 1");

@@ -58,6 +58,8 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
                                         kernel_options: kernels.clone(),
                                         warmup_secs: d.warmup_secs,
                                         duration_secs: d.duration_secs,
+                                        target_precision: d.target_precision,
+                                        max_duration_secs: d.target_precision.map(|_| d.max_duration_secs),
                                         sample_interval_ms: d.sample_interval_ms,
                                         purpose: Purpose::Measure,
                                     };
