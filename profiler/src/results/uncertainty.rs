@@ -51,7 +51,7 @@ impl Uncertainty {
     pub fn of(latencies_ns: &[u64], batch: usize) -> Uncertainty {
         let ms: Vec<f64> = latencies_ns.iter().map(|&l| l as f64 / 1e6).collect();
         let mean_ms = mean_interval(&ms);
-        let throughput = mean_ms.clone().map(|m| Interval { low: 1000.0 / m.high * batch as f64, high: 1000.0 / m.low * batch as f64 });
+        let throughput = mean_ms.clone().map(|m| throughput_of(m, batch));
         Uncertainty { mean_ms, throughput, p50_ms: quantile_interval(&ms, 0.5), p99_ms: quantile_interval(&ms, 0.99) }
     }
 
@@ -63,6 +63,21 @@ impl Uncertainty {
             .collect();
         (!reasons.is_empty()).then(|| reasons.join("; "))
     }
+}
+
+/// The throughput interval of a mean-latency interval (ms): `1000 / mean · batch` is decreasing in
+/// the mean, so the ends swap.
+fn throughput_of(mean_ms: Interval, batch: usize) -> Interval {
+    Interval { low: 1000.0 / mean_ms.high * batch as f64, high: 1000.0 / mean_ms.low * batch as f64 }
+}
+
+/// The throughput's 95% interval as a relative half-width (the larger side), when the steps give one:
+/// what `--target-precision` waits for. The batch size cancels out.
+pub fn throughput_precision(latencies_ns: &[u64]) -> Option<f64> {
+    let ms: Vec<f64> = latencies_ns.iter().map(|&l| l as f64 / 1e6).collect();
+    let mean = mean_interval(&ms).ok().filter(|i| i.low > 0.0)?;
+    let centre = 1000.0 / (ms.iter().sum::<f64>() / ms.len() as f64);
+    Some(throughput_of(mean, 1).relative_half_width(centre))
 }
 
 /// The batch-means interval of the mean of `x` (in order of measurement).

@@ -83,7 +83,7 @@ impl Stop {
                 let ready = iterations >= min_iterations.max(1) && elapsed >= min;
                 // The interval costs a pass over the samples: checked about 20 times per doubling.
                 let check = ready && iterations % (iterations / 20).max(1) == 0;
-                let precision = if check || elapsed >= max { throughput_precision(latencies_ns) } else { None };
+                let precision = if check || elapsed >= max { crate::results::uncertainty::throughput_precision(latencies_ns) } else { None };
                 if check && precision.is_some_and(|p| p <= target) {
                     return Reached::Yes;
                 }
@@ -101,15 +101,6 @@ impl Stop {
         };
         if done { Reached::Yes } else { Reached::No }
     }
-}
-
-/// The throughput's 95% interval as a relative half-width (the larger side), when there is one.
-fn throughput_precision(latencies_ns: &[u64]) -> Option<f64> {
-    let ms: Vec<f64> = latencies_ns.iter().map(|&l| l as f64 / 1e6).collect();
-    let mean = ms.iter().sum::<f64>() / ms.len() as f64;
-    let i = crate::results::uncertainty::mean_interval(&ms).ok()?;
-    // Throughput ∝ 1 / mean: its interval's ends are the mean's, swapped and inverted.
-    (i.low > 0.0).then(|| (mean / i.low - 1.0).max(1.0 - mean / i.high))
 }
 
 /// What one measurement produced.
@@ -314,7 +305,7 @@ mod tests {
         let stop = Stop::Precision { target: 0.05, min: Duration::ZERO, max: Duration::from_secs(60), min_iterations: 10 };
         let m = measure(&mut step, &clock, Warmup::Iterations(0), stop, &mut Unobserved)?;
         let n = m.latencies_ns.len();
-        assert!(throughput_precision(&m.latencies_ns).unwrap() <= 0.05, "{n}");
+        assert!(crate::results::uncertainty::throughput_precision(&m.latencies_ns).unwrap() <= 0.05, "{n}");
         assert!((50..1000).contains(&n), "{n} steps");
         assert_eq!(m.stop_note, None);
         // A bound of 50 ms of 2 ms steps stops at about 25 steps, short of ±1%, and says so.
