@@ -12,6 +12,12 @@
 #     kernels  the GPU kernel tests (workloads/tests/kernels.rs, from .dist/kernels-test.gz)
 #     mig      the profile table against nvidia-smi, and a dry-run `mig apply` that must change nothing
 #     cellcost a sweep's child process per cell against `migprof run`'s one process (benches/cell_cost.sh)
+#     mps      emulated slices: the profiles 1g..7g of this GPU as MPS clients beside the full GPU
+#              (benches/mps_slices.toml; MPS_SECS bounds the sweep, which resumes), `run --device mps:`,
+#              the verdict beside a second process, and no MPS server left before and after
+#     before   no performance lost: the comparison matrix by the build BEFORE_GZ (gzipped, the build
+#              before a change) and by this build, one after the other, then PyTorch's once, and each
+#              build's ratio to PyTorch and this build's to the one before (MODELS, BATCHES narrow it)
 #     ab       a change's effect in one call: migprof's cells with the extra flags AB_ARGS (e.g.
 #              AB_ARGS="--attention composed", a kernel option) or by the build AB_BIN (gzipped, e.g.
 #              the build before the change), and by this build as it is, alternated twice, then PyTorch's;
@@ -103,6 +109,78 @@ for run in with-1 without-1 with-2 without-2; do
     log "$run against PyTorch"
     python3 benches/compare.py "$out/$run" "$out/pytorch.jsonl" | tee "$out/compare-$run.txt"
 done
+exit 0
+fi
+
+if [ "$mode" = mps ]; then
+mps_servers() { nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader | grep -c mps-server; ps -eo pid,args | grep "[n]vidia-cuda-mps" || true; }
+log "MPS before: servers on the GPU and MPS processes"; mps_servers
+log "migprof devices (MPS availability)"; "$bin" devices | tail -3
+log "a run beside another process on the GPU: the verdict says shared"
+"$bin" run --model resnet50 --dtype bf16 --batch 32 --warmup-secs 1 --duration 8 --device "$uuid" --out "$out/busy" > "$out/neighbour.txt" 2>&1 &
+sleep 4
+"$bin" run --model resnet50 --dtype bf16 --batch 32 --warmup-secs 1 --duration 3 --device "$uuid" --out "$out/shared" 2>&1 | grep -E "^\[|warning"
+wait
+python3 - "$out" <<'PY'
+import sys, pyarrow.parquet as pq
+for r in pq.read_table(f"{sys.argv[1]}/shared/runs").to_pylist():
+    print({k: r[k] for k in ("verdict", "verdict_flags", "other_processes", "throttle_share", "power_cap_share")})
+for r in pq.read_table(f"{sys.argv[1]}/shared/metrics").to_pylist()[:3]:
+    print("compute_processes per reading:", r["compute_processes"])
+PY
+log "run --device mps:3g.40gb (the daemon started and stopped by run)"
+"$bin" run --model resnet50 --dtype bf16 --batch 32 --warmup-secs 1 --duration 2 --device "mps:3g.40gb" --out "$out/mps-run" 2>&1 | grep -E "MPS|^\[|warning|error"
+log "the emulated-slice sweep"
+( cd "$out" && timeout "${MPS_SECS:-420}" "$bin" sweep "$OLDPWD/benches/mps_slices.toml" --out "$out/mps-sweep" 2>&1 | grep -vE "^\s*$" | tail -60 )
+log "MPS after: servers on the GPU and MPS processes"; mps_servers
+python3 - "$out" <<'PY' | tee "$out/mps.txt"
+import sys, collections, pyarrow.parquet as pq
+rows = [r for r in pq.read_table(f"{sys.argv[1]}/mps-sweep/runs").to_pylist() if r["status"] == "ok"]
+full = {(r["model"], r["mode"], r["dtype"], r["batch"]): r["throughput"] for r in rows if r["target"] == "full"}
+print(f"{'target':<6} {'share%':>6} {'SMs':>4} {'measured':>8} {'mem MiB':>8} {'model':<9} {'mode':<5} {'batch':>5} {'samples/s':>10} {'/full':>6}  verdict")
+for r in sorted(rows, key=lambda r: (r["model"], r["mode"], r["batch"], r["sm_count"] or 0)):
+    k = (r["model"], r["mode"], r["dtype"], r["batch"])
+    rel = r["throughput"] / full[k] if k in full else float("nan")
+    print(f"{r['target']:<6} {str(r['mps_share_pct'] or 100):>6} {str(r['profile_sms'] or ''):>4} {str(r['measured_sms'] or ''):>8} {str(r['measured_memory_mib'] or ''):>8} "
+          f"{r['model']:<9} {r['mode']:<5} {r['batch']:>5} {r['throughput']:>10.1f} {rel:>6.2f}  {r['verdict']} {r['verdict_flags']}")
+PY
+tar czf "${OUT:-/tmp}/mps-results.tgz" -C "$out" mps-sweep mps-run shared busy 2>/dev/null
+cp "$out/mps.txt" "${OUT:-/tmp}/" 2>/dev/null
+exit 0
+fi
+
+if [ "$mode" = before ]; then
+[ -n "${BEFORE_GZ:-}" ] || { echo "before: set BEFORE_GZ to the gzipped build before the change"; exit 2; }
+models="${MODELS:-resnet50,vit_b_16,swin_t,bert_base}"; batches="${BATCHES:-1,8,32,128}"
+gunzip -c "$BEFORE_GZ" > /tmp/migprof-before && chmod +x /tmp/migprof-before
+for side in before after; do
+    b="$bin"; [ "$side" = before ] && b=/tmp/migprof-before
+    log "$side: the comparison matrix"
+    "$b" run --model "$models" --mode infer --dtype f32,bf16 --batch "$batches" --warmup 5 --iters 20 --device "$uuid" --out "$out/$side" 2>&1 | grep -E "^\[|error|warning"
+    "$b" run --model "$models" --mode train --dtype f32,bf16 --batch 32 --warmup 3 --iters 10 --device "$uuid" --out "$out/$side" 2>&1 | grep -E "^\[|error|warning"
+done
+log "pytorch: the same matrix"
+python3 benches/pytorch_reference.py --models "$models" --modes infer --dtypes f32,bf16 --batches "$batches" --warmup 5 --iters 20 > "$out/pytorch.jsonl"
+python3 benches/pytorch_reference.py --models "$models" --modes train --dtypes f32,bf16 --batches 32 --warmup 3 --iters 10 >> "$out/pytorch.jsonl"
+for side in before after; do
+    log "$side against PyTorch"
+    python3 benches/compare.py "$out/$side" "$out/pytorch.jsonl" | tee "$out/compare-$side.txt"
+done
+log "after / before, per cell (throughput)"
+python3 - "$out" <<'PY' | tee "$out/before-after.txt"
+import sys, statistics, pyarrow.parquet as pq
+out = sys.argv[1]
+key = lambda r: (r["model"], r["mode"], r["dtype"], r["batch"])
+side = {s: {key(r): r["throughput"] for r in pq.read_table(f"{out}/{s}/runs").to_pylist()} for s in ("before", "after")}
+ratios = []
+for k in sorted(side["after"]):
+    if k in side["before"]:
+        r = side["after"][k] / side["before"][k]
+        ratios.append(r)
+        print(f"{k[0]:<10} {k[1]:<5} {k[2]:<5} {k[3]:>4}  before {side['before'][k]:10.1f}/s  after {side['after'][k]:10.1f}/s  after/before {r:5.2f}")
+print(f"{len(ratios)} cells: after/before median {statistics.median(ratios):.3f}, min {min(ratios):.2f}, max {max(ratios):.2f}")
+PY
+cp "$out"/compare-*.txt "$out/before-after.txt" "${OUT:-/tmp}/" 2>/dev/null
 exit 0
 fi
 

@@ -42,6 +42,7 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
         invocation_id: provenance::run_id(provenance::now()),
         host: provenance::host(),
         device: device.info.clone(),
+        expected: crate::results::evidence::Expected::on(&device.info),
     };
     writeln!(log, "migprof {}: {} run(s) on {} [{}], results to {}", provenance::VERSION, specs.len(), spec, device.info.name, args.out.display())?;
 
@@ -67,8 +68,8 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
                 if let Some(w) = run.assessment.outlier_warning() {
                     writeln!(log, "warning: {w}")?;
                 }
-                if let Some(e) = &run.sampler_error {
-                    writeln!(log, "warning: the sampler failed, so this run has no GPU metrics: {e}")?;
+                if let Some(w) = evidence_warning(&run) {
+                    writeln!(log, "warning: {w}")?;
                 }
                 completed.push(run);
             }
@@ -80,6 +81,51 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
         }
     }
     Ok(RunReport { completed, failed })
+}
+
+/// `migprof run --device mps:…` when this process is no MPS client yet: starts migprof's MPS daemon
+/// for the target's GPU, runs this same command again as its client, and stops the daemon when that
+/// ends, also after Ctrl-C (which reaches the client and ends its runs; the daemon has its own
+/// process group). The daemon's starter never opens a CUDA context of its own.
+pub fn run_under_mps(target: &crate::mps::MpsTarget, log: &mut dyn Write) -> Result<std::process::ExitCode> {
+    use crate::mps::daemon::{base_dir, control_program, Daemon, CLIENT_PIPE_ENV};
+    if !candle_core::utils::cuda_is_available() {
+        anyhow::bail!("`{target}`: this migprof was built without CUDA support (cargo feature `cuda`); valid devices in this build: cpu")
+    }
+    let topology = crate::gpu::discover().map_err(|e| anyhow::anyhow!("`{target}`: {e:#}"))?;
+    let (selected, share) = crate::mps::resolve(&topology, target, crate::mps::profile_table)?;
+    let daemon = Daemon::start(&control_program()?, &base_dir(), &selected.gpu.uuid, &crate::mps::processes::Proc)?;
+    writeln!(
+        log,
+        "MPS: migprof's control daemon (pid {}) serves {}; the runs are its client with {} (MPS shares neither L2 nor memory bandwidth: an emulated slice is faster than a real one)",
+        daemon.pid().unwrap_or(0),
+        selected.gpu.name,
+        share.describe()
+    )?;
+    let exe = std::env::current_exe().context("finding this migprof to run as the MPS client")?;
+    let status = std::process::Command::new(exe).args(std::env::args_os().skip(1)).env(CLIENT_PIPE_ENV, daemon.pipe_dir()).spawn().and_then(|mut client| {
+        // From here a Ctrl-C is the client's to act on; this process waits and cleans up.
+        // SAFETY: setting a signal's disposition to ignored.
+        unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+        client.wait()
+    });
+    let stopped = daemon.stop();
+    writeln!(log, "MPS: daemon stopped")?;
+    stopped?;
+    let status = status.context("running migprof as the MPS client")?;
+    Ok(match status.code() {
+        Some(0) => std::process::ExitCode::SUCCESS,
+        Some(c) => std::process::ExitCode::from(c.clamp(1, 255) as u8),
+        None => std::process::ExitCode::FAILURE,
+    })
+}
+
+/// What the GPU sampler saw that a user must hear about at once: another process on the device,
+/// slowed clocks, unmatched pids, or a sampler that failed (then none of it was checked).
+fn evidence_warning(run: &Run) -> Option<String> {
+    use crate::results::verdict::Flag;
+    let loud = [Flag::Shared, Flag::Throttled, Flag::SamplerFailed, Flag::ProcessesUnattributed];
+    run.assessment.flags.iter().any(|f| loud.contains(f)).then(|| run.evidence.describe()).flatten()
 }
 
 /// `migprof sweep`: the dry run, or the sweep with its summary. `Ok(false)` when a cell failed or the
@@ -132,6 +178,7 @@ pub fn cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: &mut
             invocation_id: invocation.map(str::to_string).unwrap_or_else(|| provenance::run_id(provenance::now())),
             host: provenance::host(),
             device: device.info.clone(),
+            expected: crate::results::evidence::Expected::on(&device.info),
         };
         let status = if cell.purpose == Purpose::Probe { Status::Probe } else { Status::Ok };
         let identity = CellIdentity { sweep: Some(cell.sweep.clone()), target: cell.target.clone(), cell_id: cell.cell_id(), status };
@@ -218,10 +265,30 @@ pub fn finish(out: &Path, report: &RunReport, stdout: &mut dyn Write) -> Result<
 pub fn devices(json: bool, stdout: &mut dyn Write) -> Result<()> {
     match crate::gpu::discover() {
         Ok(t) if json => writeln!(stdout, "{}", t.to_json())?,
-        Ok(t) => write!(stdout, "{}", t.tree())?,
+        Ok(t) => {
+            write!(stdout, "{}", t.tree())?;
+            writeln!(stdout, "{}", mps_status(&crate::mps::processes::Proc))?;
+        }
         Err(e) => writeln!(stdout, "no NVIDIA GPU here: {e:#}\nmigprof runs on the CPU (--device cpu).")?,
     }
     Ok(())
+}
+
+/// Whether slices can be emulated with MPS here, and which MPS daemons run (migprof's or another's).
+fn mps_status(procs: &dyn crate::mps::processes::ProcessTable) -> String {
+    use crate::mps::daemon::{base_dir, control_program};
+    let available = match control_program() {
+        Ok(p) => format!("MPS: available ({}), for emulated slices: --device mps:<profile> or mps:<percent>%", p.display()),
+        Err(e) => format!("MPS: {e:#}"),
+    };
+    let running = procs.mps_processes();
+    if running.is_empty() {
+        return format!("{available}\nMPS: no daemon running");
+    }
+    let base = base_dir();
+    let each: Vec<String> =
+        running.iter().map(|p| format!("  {} {}", p.describe(), if p.is_under(&base) { "(migprof's)" } else { "(not migprof's)" })).collect();
+    format!("{available}\nMPS: running:\n{}", each.join("\n"))
 }
 
 /// The profile table `--gpu` names, or this machine's GPU's from NVML.

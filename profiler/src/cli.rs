@@ -244,8 +244,9 @@ pub struct RunArgs {
 
     /// cpu, cuda (the first GPU), a GPU index (nvidia-smi's), GPU-<uuid>, MIG-<uuid> or a MIG profile
     /// name such as 3g.40gb (when exactly one MIG device has it); migprof pins
-    /// itself to it with CUDA_VISIBLE_DEVICES. Default: the first GPU in a CUDA build that finds one,
-    /// else cpu.
+    /// itself to it with CUDA_VISIBLE_DEVICES. mps:<profile> or mps:<percent>% emulates a slice as an
+    /// MPS client of migprof's own daemon on a GPU with MIG off (mps:3g.40gb@1 on GPU 1). Default:
+    /// the first GPU in a CUDA build that finds one, else cpu.
     #[arg(long)]
     pub device: Option<DeviceSpec>,
 

@@ -12,7 +12,8 @@ use crate::gpu::{self, Selected, Topology};
 
 /// The valid spellings of `--device`, for error messages.
 pub const VALID_DEVICES: &str = "cpu, cuda (the first GPU), a GPU index (0, 1, ... as nvidia-smi numbers them; cuda:N is the same), \
-     GPU-<uuid>, MIG-<uuid>, a MIG profile such as 3g.40gb (when exactly one MIG device has it)";
+     GPU-<uuid>, MIG-<uuid>, a MIG profile such as 3g.40gb (when exactly one MIG device has it), \
+     mps:<profile> or mps:<percent>% (a slice emulated with MPS on a GPU with MIG off, e.g. mps:3g.40gb, mps:45%; @<index> picks the GPU)";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceSpec {
@@ -21,6 +22,8 @@ pub enum DeviceSpec {
     Cuda,
     /// A GPU index, `GPU-<uuid>` or `MIG-<uuid>` (a unique prefix is enough).
     Gpu(String),
+    /// A slice emulated as an MPS client on a whole GPU.
+    Mps(crate::mps::MpsTarget),
 }
 
 impl FromStr for DeviceSpec {
@@ -28,6 +31,9 @@ impl FromStr for DeviceSpec {
 
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
+        if let Some(rest) = s.strip_prefix("mps:") {
+            return Ok(Self::Mps(crate::mps::MpsTarget::parse(rest)?));
+        }
         match s {
             "cpu" => return Ok(Self::Cpu),
             "cuda" => return Ok(Self::Cuda),
@@ -48,6 +54,7 @@ impl fmt::Display for DeviceSpec {
             DeviceSpec::Cpu => f.write_str("cpu"),
             DeviceSpec::Cuda => f.write_str("cuda"),
             DeviceSpec::Gpu(id) => f.write_str(id),
+            DeviceSpec::Mps(t) => t.fmt(f),
         }
     }
 }
@@ -62,6 +69,8 @@ pub struct DeviceInfo {
     pub name: String,
     /// The GPU and MIG device, for CUDA runs.
     pub selected: Option<Selected>,
+    /// The slice emulated, for a run as an MPS client.
+    pub emulation: Option<crate::mps::Emulation>,
 }
 
 /// An opened device and its identity.
@@ -77,16 +86,22 @@ impl DeviceSpec {
             DeviceSpec::Cpu => return Ok(cpu()),
             DeviceSpec::Cuda => first_visible(),
             DeviceSpec::Gpu(id) => id.clone(),
+            DeviceSpec::Mps(target) => {
+                no_cuda_is_an_error(self)?;
+                return open_mps_client(target);
+            }
         };
-        if !candle_core::utils::cuda_is_available() {
-            bail!("`{self}`: this migprof was built without CUDA support (cargo feature `cuda`); valid devices in this build: cpu")
-        }
+        no_cuda_is_an_error(self)?;
         let topology = gpu::discover().map_err(|e| anyhow!("`{self}`: {e:#}"))?;
         let selected = gpu::select(&topology, &id)?;
         pin(&selected);
         let device = Device::new_cuda(0)?;
         workloads::memory::pool_allocations(&device)?;
         Ok(OpenDevice { device, info: describe(selected) })
+    }
+
+    pub fn is_mps(&self) -> bool {
+        matches!(self, DeviceSpec::Mps(_))
     }
 
     /// The device to use when none is given: the first GPU when this build has CUDA and the topology
@@ -103,6 +118,56 @@ impl DeviceSpec {
             Err(e) => (DeviceSpec::Cpu, Some(format!("{e:#}; running on the CPU"))),
         }
     }
+}
+
+fn no_cuda_is_an_error(spec: &DeviceSpec) -> Result<()> {
+    if !candle_core::utils::cuda_is_available() {
+        bail!("`{spec}`: this migprof was built without CUDA support (cargo feature `cuda`); valid devices in this build: cpu")
+    }
+    Ok(())
+}
+
+/// Opens the GPU of an MPS target as a client of the daemon whose pipes [`crate::mps::daemon::CLIENT_PIPE_ENV`]
+/// names (the migprof that started the daemon sets it), with the target's share, and measures what
+/// the client got.
+fn open_mps_client(target: &crate::mps::MpsTarget) -> Result<OpenDevice> {
+    use crate::mps::daemon::{client_env, CLIENT_PIPE_ENV};
+    let pipe = std::env::var_os(CLIENT_PIPE_ENV).ok_or_else(|| {
+        anyhow!("`{target}`: an emulated slice runs under migprof's MPS daemon, which `migprof run` and `migprof sweep` start; this process has none ({CLIENT_PIPE_ENV} is unset)")
+    })?;
+    let topology = gpu::discover().map_err(|e| anyhow!("`{target}`: {e:#}"))?;
+    let (selected, share) = crate::mps::resolve(&topology, target, crate::mps::profile_table)?;
+    pin(&selected);
+    for (k, v) in client_env(std::path::Path::new(&pipe), &share) {
+        std::env::set_var(k, v);
+    }
+    let device = Device::new_cuda(0)?;
+    // Before the pool: the probe's memory must go back to the driver.
+    let reach = reach(&device, selected.gpu.sm_count.unwrap_or(0), share.memory_limit_mib);
+    workloads::memory::pool_allocations(&device)?;
+    let emulation = crate::mps::Emulation {
+        share,
+        measured_sms: reach.as_ref().ok().map(|r| r.sms),
+        measured_memory_mib: reach.as_ref().ok().and_then(|r| r.memory_mib),
+    };
+    if let Err(e) = &reach {
+        eprintln!("warning: could not measure what the MPS client got: {e:#}");
+    }
+    if let Some(why) = emulation.mismatch() {
+        eprintln!("warning: {why}");
+    }
+    let name = format!("{} MPS-emulated {}", selected.gpu.name, emulation.share.describe());
+    Ok(OpenDevice { device, info: DeviceInfo { kind: "mps", name, selected: Some(selected), emulation: Some(emulation) } })
+}
+
+#[cfg(feature = "cuda")]
+fn reach(device: &Device, device_sms: u32, memory_limit_mib: Option<u64>) -> Result<gpu::reach::Reach> {
+    gpu::reach::measure(device, device_sms, memory_limit_mib)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn reach(_: &Device, _: u32, _: Option<u64>) -> Result<gpu::reach::Reach> {
+    bail!("this migprof was built without CUDA support")
 }
 
 /// CUDA_VISIBLE_DEVICES's first entry when the user set one, else the first GPU.
@@ -125,11 +190,11 @@ fn describe(selected: Selected) -> DeviceInfo {
         Some(m) => ("mig", format!("{} MIG {}", selected.gpu.name, m.profile)),
         None => ("cuda", selected.gpu.name.clone()),
     };
-    DeviceInfo { kind, name, selected: Some(selected) }
+    DeviceInfo { kind, name, selected: Some(selected), emulation: None }
 }
 
 fn cpu() -> OpenDevice {
-    OpenDevice { device: Device::Cpu, info: DeviceInfo { kind: "cpu", name: cpu_name(), selected: None } }
+    OpenDevice { device: Device::Cpu, info: DeviceInfo { kind: "cpu", name: cpu_name(), selected: None, emulation: None } }
 }
 
 /// The CPU model from /proc/cpuinfo and the number of threads candle's CPU kernels use.
@@ -162,6 +227,10 @@ mod tests {
         for profile in ["3g.40gb", "1g.10gb+me", "1c.3g.40gb"] {
             assert_eq!(profile.parse::<DeviceSpec>().unwrap(), DeviceSpec::Gpu(profile.into()));
         }
+        let mps = "mps:3g.40gb@1".parse::<DeviceSpec>().unwrap();
+        assert!(mps.is_mps());
+        assert_eq!(mps.to_string(), "mps:3g.40gb@1");
+        assert!("mps:120%".parse::<DeviceSpec>().unwrap_err().to_string().contains("1% to 100%"));
     }
 
     #[test]
@@ -184,7 +253,7 @@ mod tests {
         if candle_core::utils::cuda_is_available() {
             return; // a CUDA build: covered on the GPU machine instead
         }
-        for spec in [DeviceSpec::Cuda, DeviceSpec::Gpu("0".into())] {
+        for spec in [DeviceSpec::Cuda, DeviceSpec::Gpu("0".into()), "mps:3g.40gb".parse().unwrap()] {
             let err = spec.open().err().unwrap().to_string();
             assert!(err.contains("built without CUDA support") && err.contains("valid devices in this build: cpu"), "{err}");
         }

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod device;
 pub mod gpu;
 pub mod mig;
+pub mod mps;
 pub mod provenance;
 pub mod results;
 pub mod run;

@@ -77,7 +77,8 @@ fn bad_values_are_refused_naming_the_choices_and_earlier_results_stay() {
         (vec!["--model", "resnet19"], vec!["resnet19", "resnet18", "resnet50", "resnet_tiny"]),
         (vec!["--batch", "1,-2"], vec!["positive integers", "--batch 1,8,32"]),
         (vec!["--batch", "0"], vec!["positive integers"]),
-        (vec!["--device", "tpu:0"], vec!["unknown device `tpu:0`", "cpu, cuda", "GPU-<uuid>", "MIG-<uuid>"]),
+        (vec!["--device", "tpu:0"], vec!["unknown device `tpu:0`", "cpu, cuda", "GPU-<uuid>", "MIG-<uuid>", "mps:<profile>"]),
+        (vec!["--device", "mps:3g"], vec!["`mps:3g`", "mps:3g.40gb", "mps:45%"]),
         (vec!["--dtype", "fp8"], vec!["f32", "bf16", "f16"]),
         (vec!["--mode", "eval"], vec!["infer", "train"]),
     ] {
@@ -94,9 +95,11 @@ fn bad_values_are_refused_naming_the_choices_and_earlier_results_stay() {
     // A well-formed GPU or MIG device this build cannot use: refused at run time, before measuring.
     if !candle_core::utils::cuda_is_available() {
         let out = dir.path().to_str().unwrap();
-        let o = migprof(&["run", "--out", out, "--device", "MIG-c2b4e1a4-1c2d-5f3e-9a8b-0123456789ab"]);
-        assert_eq!(o.status.code(), Some(1));
-        assert!(text(&o).contains("built without CUDA support"), "{}", text(&o));
+        for device in ["MIG-c2b4e1a4-1c2d-5f3e-9a8b-0123456789ab", "mps:3g.40gb"] {
+            let o = migprof(&["run", "--out", out, "--device", device]);
+            assert_eq!(o.status.code(), Some(1));
+            assert!(text(&o).contains("built without CUDA support"), "{}", text(&o));
+        }
     }
     assert_eq!(read_table(dir.path(), Table::Runs).unwrap().height(), 1, "the earlier run is kept");
 }

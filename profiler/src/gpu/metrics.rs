@@ -12,7 +12,7 @@ use nvml_wrapper::gpm::{gpm_metrics_get, GpmSample};
 use nvml_wrapper::{Device, Nvml};
 
 use super::select::Selected;
-use crate::run::sampler::{Gpm, MetricSource, Sample};
+use crate::run::sampler::{Gpm, GpuProcess, MetricSource, Sample};
 
 /// NVML computes GPM metrics between two samples at least this far apart.
 const GPM_MIN_GAP: Duration = Duration::from_millis(100);
@@ -34,6 +34,8 @@ pub struct NvmlMetrics<'n> {
     mig: Option<(Device<'n>, u32)>,
     /// Recent GPM samples with when they were taken, oldest first; empty when the GPU has no GPM.
     gpm: VecDeque<(GpmSample<'n>, Instant)>,
+    /// Names of the processes seen so far: asked once per pid, not at every reading.
+    names: std::collections::HashMap<u32, Option<String>>,
 }
 
 impl<'n> NvmlMetrics<'n> {
@@ -43,7 +45,7 @@ impl<'n> NvmlMetrics<'n> {
             Some(m) => Some((nvml.device_by_uuid(m.uuid.as_str())?, m.gpu_instance_id)),
             None => None,
         };
-        let mut this = Self { nvml, gpu, mig, gpm: VecDeque::new() };
+        let mut this = Self { nvml, gpu, mig, gpm: VecDeque::new(), names: Default::default() };
         if this.gpu.gpm_support().unwrap_or(false) {
             if let Ok(s) = this.gpm_sample() {
                 this.gpm.push_back((s, Instant::now()));
@@ -100,6 +102,39 @@ impl MetricSource for NvmlMetrics<'_> {
             util_gpu_pct: util.as_ref().map(|u| u.gpu),
             util_mem_pct: util.as_ref().map(|u| u.memory),
             gpm: self.read_gpm(),
+            compute_processes: self.read_processes(),
         }
     }
+}
+
+impl NvmlMetrics<'_> {
+    /// The compute processes of the slice (a MIG device handle lists its own) or of the GPU.
+    fn read_processes(&mut self) -> Option<Vec<GpuProcess>> {
+        use nvml_wrapper::enums::device::UsedGpuMemory;
+        let device = self.mig.as_ref().map_or(&self.gpu, |(m, _)| m);
+        let listed = device.running_compute_processes().ok()?;
+        let nvml = self.nvml;
+        Some(
+            listed
+                .into_iter()
+                .map(|p| GpuProcess {
+                    pid: p.pid,
+                    name: self.names.entry(p.pid).or_insert_with(|| process_name(nvml, p.pid)).clone(),
+                    used_mib: match p.used_gpu_memory {
+                        UsedGpuMemory::Used(bytes) => Some(bytes >> 20),
+                        UsedGpuMemory::Unavailable => None,
+                    },
+                })
+                .collect(),
+        )
+    }
+}
+
+/// A process's name: NVML's (the host's view), else this PID namespace's /proc.
+fn process_name(nvml: &Nvml, pid: u32) -> Option<String> {
+    nvml.sys_process_name(pid, 64)
+        .ok()
+        .filter(|n| !n.is_empty())
+        .map(|n| n.rsplit('/').next().unwrap_or(&n).to_string())
+        .or_else(|| std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim().to_string()))
 }

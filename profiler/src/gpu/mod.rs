@@ -5,6 +5,7 @@
 pub mod metrics;
 pub mod mig_control;
 pub mod nvml;
+pub mod reach;
 pub mod select;
 pub mod topology;
 

@@ -12,6 +12,7 @@ use crate::device::DeviceInfo;
 use crate::provenance;
 use crate::results::stats::{wall_throughput, LatencyStats};
 use crate::results::uncertainty::Uncertainty;
+use crate::results::evidence::{Evidence, Expected, Sampling};
 use crate::results::verdict::{assess, Assessment};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::measure::Measurement;
@@ -24,6 +25,8 @@ pub struct RunContext {
     pub invocation_id: String,
     pub host: String,
     pub device: DeviceInfo,
+    /// The processes that may compute on the device beside the run without making it shared.
+    pub expected: Expected,
 }
 
 /// How a cell's execution ended. About execution only: whether its numbers can be trusted is the
@@ -115,6 +118,8 @@ pub struct Run {
     /// 95% intervals of the mean, throughput, p50 and p99.
     pub uncertainty: Uncertainty,
     pub assessment: Assessment,
+    /// What the GPU sampler saw that bears on the verdict.
+    pub evidence: Evidence,
     /// The sampler's readings over the measured phase (empty without a sampler).
     pub metrics: Vec<Sample>,
     pub metric_summary: MetricSummary,
@@ -137,15 +142,18 @@ impl Run {
         fingerprint: Fingerprint,
     ) -> Result<Self> {
         let stats = LatencyStats::from_latencies(&measurement.latencies_ns)?;
-        let mut assessment = assess(&measurement.latencies_ns);
-        if let Some(note) = &measurement.stop_note {
-            assessment.reason = format!("{}; {note}", assessment.reason);
-        }
         let uncertainty = Uncertainty::of(&measurement.latencies_ns, spec.batch);
         let (metrics, sampler_error) = match metrics {
             Ok(m) => (m, None),
             Err(e) => (Vec::new(), Some(format!("{e:#}"))),
         };
+        let evidence = match (&context.device.selected, spec.sample_interval, &sampler_error) {
+            (None, _, _) => Evidence::none(Sampling::NotAGpu),
+            (Some(_), None, _) => Evidence::none(Sampling::Off),
+            (Some(_), Some(_), Some(e)) => Evidence::none(Sampling::Failed(e.clone())),
+            (Some(_), Some(_), None) => Evidence::from_samples(&metrics, &context.expected),
+        };
+        let assessment = assess(&measurement.latencies_ns).with_evidence(&evidence, measurement.stop_note.as_deref());
         let metric_summary = summarize(&metrics, stats.iterations * spec.batch as u64);
         let sample_interval = spec.sample_interval.filter(|_| context.device.selected.is_some());
         Ok(Self {
@@ -169,6 +177,7 @@ impl Run {
             stats,
             uncertainty,
             assessment,
+            evidence,
             metrics,
             metric_summary,
             sampler_error,
@@ -226,7 +235,8 @@ pub(crate) mod tests {
         RunContext {
             invocation_id: "inv-test".into(),
             host: "testhost".into(),
-            device: DeviceInfo { kind: "cpu", name: "Test CPU (2 threads)".into(), selected: None },
+            device: DeviceInfo { kind: "cpu", name: "Test CPU (2 threads)".into(), selected: None, emulation: None },
+            expected: Expected::this_process(),
         }
     }
 

@@ -16,8 +16,11 @@ use crate::results::stats::ns_to_ms;
 use crate::results::uncertainty::{Estimate, Uncertainty};
 
 /// Bumped whenever a column is added or changes meaning or type; readers concatenate parts of every
-/// version (2: `kernel_options`; `sweep`, `target`, `cell_id`, `status`, `error`).
-pub const SCHEMA_VERSION: i32 = 2;
+/// version (2: `kernel_options`; `sweep`, `target`, `cell_id`, `status`, `error`. 3: `verdict_flags`,
+/// `throttle_share`, `power_cap_share`, `other_processes`; the verdicts `throttled` and `shared`;
+/// metrics' `compute_processes`; `device_kind` `mps` with `emulation`, `emulated_profile`,
+/// `mps_share_pct`, `profile_sms`, `measured_sms`, `mps_memory_limit_mib`, `measured_memory_mib`).
+pub const SCHEMA_VERSION: i32 = 3;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Table {
@@ -169,6 +172,7 @@ fn metrics_frame(run: &Run) -> Result<DataFrame> {
         col("gpu_mem_clock_mhz", u(|s| s.gpu_mem_clock_mhz)),
         col("gpu_temperature_c", u(|s| s.gpu_temperature_c)),
         col("gpu_throttle_reasons", m.iter().map(|s| s.gpu_throttle_reasons.map(|r| r as i64)).collect::<Vec<Option<i64>>>()),
+        col("compute_processes", m.iter().map(|s| s.compute_processes.as_ref().map(|p| p.len() as i64)).collect::<Vec<Option<i64>>>()),
         col("util_gpu_pct", u(|s| s.util_gpu_pct)),
         col("util_mem_pct", u(|s| s.util_mem_pct)),
         col("gract", gpm(|g| g.graphics)),
@@ -185,6 +189,11 @@ fn metrics_frame(run: &Run) -> Result<DataFrame> {
 /// One nullable column of the device identity: null for CPU runs.
 fn identity<T>(runs: &[Run], f: impl Fn(&crate::gpu::Selected) -> Option<T>) -> Vec<Option<T>> {
     runs.iter().map(|r| r.context.device.selected.as_ref().and_then(&f)).collect()
+}
+
+/// One nullable column of an emulated slice: null for every other run.
+fn emulation<T>(runs: &[Run], f: impl Fn(&crate::mps::Emulation) -> Option<T>) -> Vec<Option<T>> {
+    runs.iter().map(|r| r.context.device.emulation.as_ref().and_then(&f)).collect()
 }
 
 fn col<T, Phantom: ?Sized>(name: &str, values: T) -> Column
@@ -235,8 +244,34 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         Column::new("mig_profile".into(), identity(runs, |s| s.mig.as_ref().map(|m| m.profile.clone()))),
         Column::new("gpu_instance_id".into(), identity(runs, |s| s.mig.as_ref().map(|m| m.gpu_instance_id as i64))),
         Column::new("compute_instance_id".into(), identity(runs, |s| s.mig.as_ref().map(|m| m.compute_instance_id as i64))),
-        Column::new("sm_count".into(), identity(runs, |s| s.mig.as_ref().map(|m| m.sm_count).or(s.gpu.sm_count).map(i64::from))),
-        Column::new("device_memory_mib".into(), identity(runs, |s| Some(s.mig.as_ref().map_or(s.gpu.memory_mib, |m| m.memory_mib) as i64))),
+        // What the run could use: the slice's, or an MPS client's as measured (else its share's).
+        Column::new(
+            "sm_count".into(),
+            runs.iter()
+                .map(|r| match (&r.context.device.emulation, &r.context.device.selected) {
+                    (Some(e), _) => Some(i64::from(e.measured_sms.unwrap_or(e.share.profile_sms))),
+                    (None, Some(s)) => s.mig.as_ref().map(|m| m.sm_count).or(s.gpu.sm_count).map(i64::from),
+                    (None, None) => None,
+                })
+                .collect::<Vec<Option<i64>>>(),
+        ),
+        Column::new(
+            "device_memory_mib".into(),
+            runs.iter()
+                .map(|r| match (&r.context.device.emulation, &r.context.device.selected) {
+                    (Some(e), Some(s)) => Some(e.share.memory_limit_mib.unwrap_or(s.gpu.memory_mib) as i64),
+                    (_, Some(s)) => Some(s.mig.as_ref().map_or(s.gpu.memory_mib, |m| m.memory_mib) as i64),
+                    _ => None,
+                })
+                .collect::<Vec<Option<i64>>>(),
+        ),
+        Column::new("emulation".into(), emulation(runs, |_| Some("mps".to_string()))),
+        Column::new("emulated_profile".into(), emulation(runs, |e| e.share.profile.clone())),
+        Column::new("mps_share_pct".into(), emulation(runs, |e| Some(i64::from(e.share.percent)))),
+        Column::new("profile_sms".into(), emulation(runs, |e| Some(i64::from(e.share.profile_sms)))),
+        Column::new("measured_sms".into(), emulation(runs, |e| e.measured_sms.map(i64::from))),
+        Column::new("mps_memory_limit_mib".into(), emulation(runs, |e| e.share.memory_limit_mib.map(|m| m as i64))),
+        Column::new("measured_memory_mib".into(), emulation(runs, |e| e.measured_memory_mib.map(|m| m as i64))),
         Column::new("seed".into(), runs.iter().map(|r| r.seed).collect::<Vec<u64>>()),
         Column::new("weights".into(), runs.iter().map(|r| r.weights.clone()).collect::<Vec<Option<String>>>()),
         Column::new("optimizer".into(), runs.iter().map(|r| r.optimizer.clone()).collect::<Vec<Option<String>>>()),
@@ -285,6 +320,10 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         col("verdict_reason", s(|r| r.assessment.reason.clone())),
         col("outliers", i(|r| r.assessment.outliers as i64)),
         col("outlier_mean_shift", x(|r| r.assessment.outlier_mean_shift)),
+        flags_column(runs),
+        Column::new("throttle_share".into(), runs.iter().map(|r| r.evidence.throttle_share).collect::<Vec<Option<f64>>>()),
+        Column::new("power_cap_share".into(), runs.iter().map(|r| r.evidence.power_cap_share).collect::<Vec<Option<f64>>>()),
+        Column::new("other_processes".into(), runs.iter().map(|r| r.evidence.others_text()).collect::<Vec<Option<String>>>()),
         Column::new("histogram".into(), histogram_refs),
         col("migprof_version", s(|_| provenance::VERSION.to_string())),
         col("git_commit", s(|_| provenance::GIT_COMMIT.to_string())),
@@ -293,6 +332,14 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
     let mut columns = columns;
     columns.extend(fingerprint_columns(&fingerprints));
     Ok(DataFrame::new(runs.len(), columns)?)
+}
+
+/// `verdict_flags`: a list of strings per run, every flag that applies (empty when none does).
+fn flags_column(runs: &[Run]) -> Column {
+    let lists: Vec<Series> = runs.iter().map(|r| Series::new("".into(), r.assessment.flag_names())).collect();
+    let mut list: ListChunked = lists.into_iter().map(Some).collect();
+    list.rename("verdict_flags".into());
+    list.into_series().into_column()
 }
 
 /// Writes the row of a cell that left no measurement: its identity, status and error; every

@@ -10,8 +10,21 @@
 //!
 //! Outliers (modified z-score above [`OUTLIER_Z`], as Iglewicz and Hoaglin define it and hyperfine
 //! uses) are counted and reported with how far they move the mean; they do not change the verdict.
+//!
+//! On a GPU the sampler's [`Evidence`] joins in: clocks slowed by heat or the hardware, and other
+//! processes on the device (see `evidence.rs` for what counts). Everything that applies is a
+//! [`Flag`] (the `verdict_flags` column); the `verdict` is the first of these, in this precedence:
+//! `shared` (someone else computed on the device: the numbers are not this workload's alone),
+//! `throttled` (the clocks were slowed by something outside the run), `unstable` (the latencies
+//! drifted, cause unknown), `too_few_iterations` (too little to judge), else `ok`. A known cause
+//! outranks its symptom: a shared or throttled run usually drifts too. The other flags warn and
+//! leave the verdict alone: `power_capped`, `outliers` (moving the mean by more than
+//! [`OUTLIER_MEAN_SHIFT`]), `precision_not_reached` (stopped at `--max-duration`), `sampler_off`,
+//! `sampler_failed` (then throttling and neighbours were not checked), `processes_unattributed`.
 
 use std::fmt;
+
+use crate::results::evidence::{Evidence, Sampling};
 
 /// Fewer measured iterations than this and the median and the p99 mean little.
 pub const MIN_ITERATIONS: usize = 10;
@@ -31,6 +44,10 @@ pub enum Verdict {
     /// The latency drifted during the measurement: thermal or power throttling, clocks still ramping,
     /// another tenant on the device, or a warm-up too short.
     Unstable,
+    /// The GPU's clocks were slowed (heat, hardware slowdown, power brake) during the measurement.
+    Throttled,
+    /// Another process computed on the same device or slice during the measurement.
+    Shared,
 }
 
 impl Verdict {
@@ -39,6 +56,51 @@ impl Verdict {
             Verdict::Ok => "ok",
             Verdict::TooFewIterations => "too_few_iterations",
             Verdict::Unstable => "unstable",
+            Verdict::Throttled => "throttled",
+            Verdict::Shared => "shared",
+        }
+    }
+}
+
+/// Something that applies to a run's numbers. The first four decide the verdict, in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Flag {
+    Shared,
+    Throttled,
+    Unstable,
+    TooFewIterations,
+    PowerCapped,
+    Outliers,
+    PrecisionNotReached,
+    SamplerOff,
+    SamplerFailed,
+    ProcessesUnattributed,
+}
+
+impl Flag {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Flag::Shared => "shared",
+            Flag::Throttled => "throttled",
+            Flag::Unstable => "unstable",
+            Flag::TooFewIterations => "too_few_iterations",
+            Flag::PowerCapped => "power_capped",
+            Flag::Outliers => "outliers",
+            Flag::PrecisionNotReached => "precision_not_reached",
+            Flag::SamplerOff => "sampler_off",
+            Flag::SamplerFailed => "sampler_failed",
+            Flag::ProcessesUnattributed => "processes_unattributed",
+        }
+    }
+
+    /// The verdict this flag gives when no flag before it applies; `None` for warnings.
+    fn verdict(self) -> Option<Verdict> {
+        match self {
+            Flag::Shared => Some(Verdict::Shared),
+            Flag::Throttled => Some(Verdict::Throttled),
+            Flag::Unstable => Some(Verdict::Unstable),
+            Flag::TooFewIterations => Some(Verdict::TooFewIterations),
+            _ => None,
         }
     }
 }
@@ -57,9 +119,41 @@ pub struct Assessment {
     pub outliers: usize,
     /// (mean with the outliers − mean without) / mean without.
     pub outlier_mean_shift: f64,
+    /// Everything that applies, in precedence order; the verdict is decided by the first.
+    pub flags: Vec<Flag>,
 }
 
 impl Assessment {
+    /// Adds what the GPU sampler saw, and a stop bound's note, to the latencies' assessment.
+    pub fn with_evidence(mut self, evidence: &Evidence, stop_note: Option<&str>) -> Self {
+        let mut add = |flag: Flag, on: bool| {
+            if on {
+                self.flags.push(flag);
+            }
+        };
+        add(Flag::Shared, evidence.shared());
+        add(Flag::Throttled, evidence.throttled());
+        add(Flag::PowerCapped, evidence.power_cap_share.is_some_and(|s| s > 0.0));
+        add(Flag::PrecisionNotReached, stop_note.is_some());
+        add(Flag::SamplerOff, evidence.sampling == Sampling::Off);
+        add(Flag::SamplerFailed, matches!(evidence.sampling, Sampling::Failed(_)));
+        add(Flag::ProcessesUnattributed, evidence.unattributed);
+        self.flags.sort();
+        self.flags.dedup();
+        self.verdict = self.flags.iter().find_map(|f| f.verdict()).unwrap_or(Verdict::Ok);
+        let mut reason = self.reason.clone();
+        for extra in [stop_note.map(str::to_string), evidence.describe()].into_iter().flatten() {
+            reason = format!("{reason}; {extra}");
+        }
+        self.reason = reason;
+        self
+    }
+
+    /// The flags as the `verdict_flags` column holds them.
+    pub fn flag_names(&self) -> Vec<&'static str> {
+        self.flags.iter().map(|f| f.as_str()).collect()
+    }
+
     /// A warning for the user when the outliers move the mean by more than [`OUTLIER_MEAN_SHIFT`].
     pub fn outlier_warning(&self) -> Option<String> {
         (self.outlier_mean_shift.abs() > OUTLIER_MEAN_SHIFT).then(|| {
@@ -75,7 +169,17 @@ impl Assessment {
 pub fn assess(latencies_ns: &[u64]) -> Assessment {
     let n = latencies_ns.len();
     let (outliers, outlier_mean_shift) = outliers(latencies_ns);
-    let assessment = |verdict, reason| Assessment { verdict, reason, outliers, outlier_mean_shift };
+    let assessment = |verdict: Verdict, reason| {
+        let mut flags: Vec<Flag> = match verdict {
+            Verdict::TooFewIterations => vec![Flag::TooFewIterations],
+            Verdict::Unstable => vec![Flag::Unstable],
+            _ => Vec::new(),
+        };
+        if outlier_mean_shift.abs() > OUTLIER_MEAN_SHIFT {
+            flags.push(Flag::Outliers);
+        }
+        Assessment { verdict, reason, outliers, outlier_mean_shift, flags }
+    };
     if n < MIN_ITERATIONS {
         let s = if n == 1 { "" } else { "s" };
         return assessment(Verdict::TooFewIterations, format!("{n} measured iteration{s}; at least {MIN_ITERATIONS} are needed to trust the median and judge drift"));
@@ -287,6 +391,43 @@ mod tests {
     }
 
     #[test]
+    fn the_verdict_follows_the_precedence_and_every_flag_is_kept() {
+        use crate::results::evidence::{reasons, Expected};
+        use crate::run::sampler::{GpuProcess, Sample};
+        // A drifting run (+20% in the late half) on a throttled, shared GPU at its power cap.
+        let lat: Vec<u64> = (0..40).map(|i| if i < 20 { 100 * MS } else { 120 * MS }).collect();
+        let readings = |reasons: u64, others: &[u32]| -> Vec<Sample> {
+            (0..20)
+                .map(|_| Sample {
+                    gpu_throttle_reasons: Some(reasons),
+                    compute_processes: Some(
+                        [1].iter().chain(others).map(|&pid| GpuProcess { pid, name: Some("p".into()), used_mib: None }).collect(),
+                    ),
+                    ..Default::default()
+                })
+                .collect()
+        };
+        let us = Expected { pids: vec![1], mps_server: false };
+        let judge = |samples: Vec<Sample>| assess(&lat).with_evidence(&Evidence::from_samples(&samples, &us), None);
+        let all = judge(readings(reasons::HW_THERMAL | reasons::SW_POWER_CAP, &[2]));
+        assert_eq!(all.verdict, Verdict::Shared);
+        assert_eq!(all.flag_names(), ["shared", "throttled", "unstable", "power_capped"]);
+        assert!(all.reason.contains("other processes on the device: 2 p (100% of readings)"), "{}", all.reason);
+        assert_eq!(judge(readings(reasons::HW_THERMAL, &[])).verdict, Verdict::Throttled);
+        assert_eq!(judge(readings(reasons::SW_POWER_CAP, &[])).verdict, Verdict::Unstable);
+        // The power cap alone, on steady latencies: ok, flagged.
+        let steady = assess(&[MS; 40]).with_evidence(&Evidence::from_samples(&readings(reasons::SW_POWER_CAP, &[]), &us), None);
+        assert_eq!((steady.verdict, steady.flag_names()), (Verdict::Ok, vec!["power_capped"]));
+        // A failed sampler and a stop bound warn and leave the verdict alone.
+        let failed = assess(&[MS; 40]).with_evidence(&Evidence::none(Sampling::Failed("NVML: Unknown".into())), Some("stopped at the 20 s bound"));
+        assert_eq!((failed.verdict, failed.flag_names()), (Verdict::Ok, vec!["precision_not_reached", "sampler_failed"]));
+        assert!(failed.reason.contains("; stopped at the 20 s bound; GPU sampler failed (NVML: Unknown)"), "{}", failed.reason);
+        // Too few iterations on a shared device: shared comes first.
+        let few = assess(&[MS; 5]).with_evidence(&Evidence::from_samples(&readings(0, &[9]), &us), None);
+        assert_eq!((few.verdict, few.flag_names()), (Verdict::Shared, vec!["shared", "too_few_iterations"]));
+    }
+
+    #[test]
     fn single_spikes_are_outliers_not_drift_and_are_reported() {
         let mut lat: Vec<u64> = noise(1, 30, 0.5);
         lat[4] = 50 * MS;
@@ -297,6 +438,7 @@ mod tests {
         // Two spikes of ~35 ms over 30 steps of 10 ms move the mean by about 23%.
         assert!((a.outlier_mean_shift - 0.23).abs() < 0.02, "{}", a.outlier_mean_shift);
         assert!(a.outlier_warning().unwrap().contains("2 outlier step(s) move the mean by +2"));
+        assert_eq!(a.flags, vec![Flag::Outliers]);
         assert_eq!(assess(&noise(2, 30, 0.5)).outlier_warning(), None);
     }
 }

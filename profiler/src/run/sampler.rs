@@ -41,6 +41,19 @@ pub struct Sample {
     pub util_gpu_pct: Option<u32>,
     pub util_mem_pct: Option<u32>,
     pub gpm: Option<Gpm>,
+    /// Every process with a compute context on the device or slice, as NVML lists them (this one
+    /// included); `None` when the list could not be read.
+    pub compute_processes: Option<Vec<GpuProcess>>,
+}
+
+/// A process NVML lists on a device.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GpuProcess {
+    /// As NVML reports it: in the host's PID namespace, which may not be this process's.
+    pub pid: u32,
+    /// The process's name where it can be read (`None` in another PID namespace).
+    pub name: Option<String>,
+    pub used_mib: Option<u64>,
 }
 
 /// Where readings come from.

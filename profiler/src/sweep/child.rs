@@ -48,7 +48,8 @@ pub struct Ending {
 }
 
 /// Starts `migprof cell` for the spec at `spec`, its stdout and stderr appended to `log`.
-pub fn start(exe: &Path, spec: &Path, out: &Path, log: &Path, timeout: Duration, invocation_id: &str) -> Result<Running> {
+/// `env` is added to the child's environment (an MPS client's pipe folder).
+pub fn start(exe: &Path, spec: &Path, out: &Path, log: &Path, timeout: Duration, invocation_id: &str, env: &[(&str, PathBuf)]) -> Result<Running> {
     fs::create_dir_all(log.parent().expect("logs live in a folder"))?;
     let mut file = OpenOptions::new().create(true).append(true).open(log).with_context(|| format!("opening {}", log.display()))?;
     let log_start = file.seek(SeekFrom::End(0))?;
@@ -62,6 +63,7 @@ pub fn start(exe: &Path, spec: &Path, out: &Path, log: &Path, timeout: Duration,
         .arg(out)
         .arg("--invocation")
         .arg(invocation_id)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())))
         .stdin(Stdio::null())
         .stdout(file)
         .stderr(err)

@@ -98,6 +98,13 @@ fn device_key(device: &str) -> String {
     if device == "cpu" {
         return "cpu".into();
     }
+    // An emulated slice occupies its whole GPU.
+    if let Ok(crate::device::DeviceSpec::Mps(t)) = device.parse::<crate::device::DeviceSpec>() {
+        return match crate::gpu::discover().and_then(|topo| crate::gpu::select(&topo, t.gpu.as_deref().unwrap_or("first"))) {
+            Ok(sel) => sel.gpu.uuid,
+            Err(_) => device.to_string(),
+        };
+    }
     let id = if device == "cuda" { "0" } else { device.strip_prefix("cuda:").unwrap_or(device) };
     match crate::gpu::discover().and_then(|t| crate::gpu::select(&t, id)) {
         Ok(sel) => sel.mig.map(|m| m.uuid).unwrap_or(sel.gpu.uuid),
@@ -239,6 +246,18 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
         opts.out.display()
     )?;
     catch_interrupts();
+    // One MPS daemon per GPU that emulated slices run on, for the whole sweep; its cells are clients.
+    let mut daemons: HashMap<String, crate::mps::daemon::Daemon> = HashMap::new();
+    for c in queue.iter().map(|c| &c.spec).chain(searches.iter().map(|s| &s.template)) {
+        if c.device.starts_with("mps:") {
+            let key = device_key(&c.device);
+            if !daemons.contains_key(&key) {
+                let daemon = start_mps_daemon(&c.device)?;
+                writeln!(log, "MPS: migprof's control daemon (pid {}) serves {} for the emulated slices", daemon.pid().unwrap_or(0), daemon.gpu_uuid)?;
+                daemons.insert(key, daemon);
+            }
+        }
+    }
     let mut progress = Progress::new(total, opts.terminal, log);
     let cooldown = Duration::from_secs_f64(file.defaults.cooldown_secs);
     let timeout = Duration::from_secs_f64(file.defaults.timeout_secs);
@@ -356,7 +375,12 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
             };
             let Some((cell, search)) = next else { break };
             let device = keys[&cell.device].clone();
-            let running = start_cell(exe, &opts.out, &cell, timeout, &invocation_id)?;
+            let env: Vec<(&str, PathBuf)> = match daemons.get(&device) {
+                Some(d) if cell.device.starts_with("mps:") => vec![(crate::mps::daemon::CLIENT_PIPE_ENV, d.pipe_dir())],
+                Some(_) => vec![(crate::mps::daemon::BESIDE_ENV, PathBuf::from("1"))],
+                None => Vec::new(),
+            };
+            let running = start_cell(exe, &opts.out, &cell, timeout, &invocation_id, &env)?;
             active.push(Active { cell, device, running, started: provenance::now(), search });
         }
         progress.running(&active.iter().map(|a| describe(&a.cell)).collect::<Vec<_>>());
@@ -365,7 +389,25 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    drop(progress);
+    for (_, d) in daemons.drain() {
+        match d.stop() {
+            Ok(()) => writeln!(log, "MPS: daemon stopped")?,
+            Err(e) => writeln!(log, "warning: {e:#}")?,
+        }
+    }
     Ok(summary)
+}
+
+/// Starts migprof's MPS daemon for the GPU of an `mps:` device, checking the share first.
+fn start_mps_daemon(device: &str) -> Result<crate::mps::daemon::Daemon> {
+    use crate::mps::daemon::{base_dir, control_program, Daemon};
+    let Ok(crate::device::DeviceSpec::Mps(target)) = device.parse::<crate::device::DeviceSpec>() else {
+        anyhow::bail!("`{device}` is not an MPS target")
+    };
+    let topology = crate::gpu::discover().with_context(|| format!("`{device}`"))?;
+    let (selected, _) = crate::mps::resolve(&topology, &target, crate::mps::profile_table)?;
+    Daemon::start(&control_program()?, &base_dir(), &selected.gpu.uuid, &crate::mps::processes::Proc)
 }
 
 /// A probe of a `max` search at `batch`.
@@ -373,12 +415,12 @@ fn probe(template: &CellSpec, batch: usize) -> CellSpec {
     CellSpec { batch, purpose: Purpose::Probe, repeat: 0, ..template.clone() }
 }
 
-fn start_cell(exe: &Path, out: &Path, cell: &CellSpec, timeout: Duration, invocation_id: &str) -> Result<Running> {
+fn start_cell(exe: &Path, out: &Path, cell: &CellSpec, timeout: Duration, invocation_id: &str, env: &[(&str, PathBuf)]) -> Result<Running> {
     let id = cell.cell_id();
     let spec = out.join("cells").join(format!("{id}.json"));
     std::fs::create_dir_all(spec.parent().expect("a folder"))?;
     std::fs::write(&spec, cell.to_json()?).with_context(|| format!("writing {}", spec.display()))?;
-    child::start(exe, &spec, out, &out.join("logs").join(format!("{id}.log")), timeout, invocation_id)
+    child::start(exe, &spec, out, &out.join("logs").join(format!("{id}.log")), timeout, invocation_id, env)
 }
 
 fn record_failure(out: &Path, cell: &CellSpec, started: chrono::DateTime<chrono::Utc>, ending: &Ending, invocation_id: &str, host: &str) -> Result<()> {
