@@ -15,6 +15,8 @@
 #     mps      emulated slices: the profiles 1g..7g of this GPU as MPS clients beside the full GPU
 #              (benches/mps_slices.toml; MPS_SECS bounds the sweep, which resumes), `run --device mps:`,
 #              the verdict beside a second process, and no MPS server left before and after
+#     groups   concurrent emulated slices (benches/mps_groups.toml): 3g beside 3g, 1g beside six busy
+#              1g neighbours, each against the same cell alone (the interference ratio)
 #     before   no performance lost: the comparison matrix by the build BEFORE_GZ (gzipped, the build
 #              before a change) and by this build, one after the other, then PyTorch's once, and each
 #              build's ratio to PyTorch and this build's to the one before (MODELS, BATCHES narrow it)
@@ -146,6 +148,26 @@ for r in sorted(rows, key=lambda r: (r["model"], r["mode"], r["batch"], r["sm_co
 PY
 tar czf "${OUT:-/tmp}/mps-results.tgz" -C "$out" mps-sweep mps-run shared busy 2>/dev/null
 cp "$out/mps.txt" "${OUT:-/tmp}/" 2>/dev/null
+exit 0
+fi
+
+if [ "$mode" = groups ]; then
+mps_servers() { nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader | grep -c mps-server; ps -eo pid,args | grep "[n]vidia-cuda-mps" || true; }
+log "MPS before"; mps_servers
+( cd "$out" && timeout "${MPS_SECS:-300}" "$bin" sweep "$OLDPWD/benches/mps_groups.toml" --out "$out/groups" 2>&1 | grep -vE "^\s*$" | tail -30 )
+log "MPS after"; mps_servers
+python3 - "$out" <<'PY' | tee "$out/groups.txt"
+import sys, pyarrow.parquet as pq
+rows = pq.read_table(f"{sys.argv[1]}/groups/runs").to_pylist()
+alone = {(r["model"], r["mode"], r["dtype"], r["batch"], r["emulated_profile"]): r["throughput"] for r in rows if r["status"] == "ok" and not r["concurrency_group"]}
+for r in rows:
+    k = (r["model"], r["mode"], r["dtype"], r["batch"], r["emulated_profile"])
+    ratio = f"{r['throughput'] / alone[k]:.2f} of alone" if r["status"] == "ok" and r["concurrency_group"] and k in alone else ""
+    tp = f"{r['throughput']:.1f}/s" if r["throughput"] else ""
+    print(r["target"], r["concurrency_group"], r["model"], r["mode"], r["batch"], r["status"], tp, ratio, r["verdict"], r["verdict_flags"], r["measured_sms"], (r["error"] or "")[:120])
+PY
+tar czf "${OUT:-/tmp}/groups-results.tgz" -C "$out" groups 2>/dev/null
+cp "$out/groups.txt" "${OUT:-/tmp}/" 2>/dev/null
 exit 0
 fi
 

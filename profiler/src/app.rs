@@ -43,6 +43,7 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
         host: provenance::host(),
         device: device.info.clone(),
         expected: crate::results::evidence::Expected::on(&device.info),
+        group: None,
     };
     writeln!(log, "migprof {}: {} run(s) on {} [{}], results to {}", provenance::VERSION, specs.len(), spec, device.info.name, args.out.display())?;
 
@@ -52,7 +53,7 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
         write!(log, "[{}/{}] {} {} {} batch {} ... ", i + 1, specs.len(), s.model, s.mode.as_str(), s.precision(), s.batch)?;
         log.flush()?;
         let outcome = crate::sweep::cell::CellSpec::of_run(s, &device.info.name, &spec.to_string())
-            .map(|cell| CellIdentity { sweep: None, target: device.info.name.clone(), cell_id: cell.cell_id(), status: Status::Ok })
+            .map(|cell| CellIdentity { sweep: None, target: device.info.name.clone(), cell_id: cell.cell_id(), status: Status::Ok, concurrency_group: None, neighbours: Vec::new() })
             .and_then(|identity| execute(s, &device, context.clone(), identity))
             .and_then(|run| write_run(&args.out, &run).map(|_| run));
         match outcome {
@@ -179,9 +180,10 @@ pub fn cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: &mut
             host: provenance::host(),
             device: device.info.clone(),
             expected: crate::results::evidence::Expected::on(&device.info),
+            group: crate::run::group::GroupMember::from_env(&cell.cell_id()),
         };
         let status = if cell.purpose == Purpose::Probe { Status::Probe } else { Status::Ok };
-        let identity = CellIdentity { sweep: Some(cell.sweep.clone()), target: cell.target.clone(), cell_id: cell.cell_id(), status };
+        let identity = CellIdentity::of_cell(&cell, status);
         let run = execute(&spec, &device, context, identity)?;
         write_run(out, &run)?;
         Ok(run)

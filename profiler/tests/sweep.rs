@@ -275,3 +275,60 @@ fn jobs_never_runs_two_cells_on_one_device_at_once() {
     }
     assert_eq!(strings(&runs, "target").iter().filter(|t| *t == "b").count(), 2);
 }
+
+#[test]
+fn a_concurrent_group_measures_together_and_holds_until_every_member_has_measured() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        r#"
+name = "neighbours"
+[defaults]
+warmup_secs = 0.1
+duration_secs = 0.5
+[[targets]]
+label = "a"
+device = "cpu"
+alone = false
+[[targets]]
+label = "b"
+device = "cpu"
+alone = false
+[[matrix]]
+models = ["resnet_tiny"]
+batches = [1]
+[[groups]]
+label = "noisy"
+concurrent = true
+targets = ["a", "b"]
+busy = { model = "bert_tiny", mode = "train", dtype = "f32", batch = 2 }
+"#,
+    );
+    let out = dir.path().join("out");
+    let o = sweep(&file, &out, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("group noisy: 2 members started together"), "{}", text(&o));
+    let runs = read_table(&out, Table::Runs).unwrap();
+    assert_eq!(runs.height(), 2);
+    assert_eq!(strings(&runs, "status"), ["ok", "ok"]);
+    assert_eq!(strings(&runs, "concurrency_group"), ["noisy", "noisy"]);
+    let mut neighbours = strings(&runs, "neighbours");
+    neighbours.sort();
+    assert_eq!(neighbours, ["a:resnet_tiny/infer/f32/1", "b:bert_tiny/train/f32/2"]);
+    // The meeting folder: both warmed up before either measured to its end, and each process ended
+    // (its row's finished_at) only once both had measured.
+    let groups: Vec<_> = std::fs::read_dir(out.join("groups")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(groups.len(), 1);
+    let mtime = |name: &str| std::fs::metadata(groups[0].join(name)).unwrap().modified().unwrap();
+    let ids = strings(&runs, "cell_id");
+    let last_ready = ids.iter().map(|id| mtime(&format!("ready-{id}"))).max().unwrap();
+    let first_done = ids.iter().map(|id| mtime(&format!("done-{id}"))).min().unwrap();
+    let last_done = ids.iter().map(|id| mtime(&format!("done-{id}"))).max().unwrap();
+    assert!(last_ready <= first_done, "a member finished measuring before the other had warmed up");
+    let finished: Vec<i64> = runs.column("finished_at").unwrap().datetime().unwrap().physical().iter().map(|v| v.unwrap()).collect();
+    let last_done_us = last_done.duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as i64;
+    assert!(finished.iter().all(|&f| f >= last_done_us - 1000), "a member stopped before the other finished measuring");
+    // Run again: the instance is done as a whole.
+    let again = sweep(&file, &out, &[]);
+    assert!(text(&again).contains("2 skipped"), "{}", text(&again));
+}

@@ -188,7 +188,7 @@ mod tests {
             host: "h".into(),
             started_at: crate::provenance::now(),
             finished_at: crate::provenance::now(),
-            identity: CellIdentity { sweep: Some("s".into()), target: "cpu".into(), cell_id: cell.cell_id(), status: Status::Oom },
+            identity: CellIdentity::of_cell(&cell, Status::Oom),
             cell: crate::sweep::cell::CellSpec { batch: 32, ..cell },
             error: "out of memory".into(),
             fingerprint: crate::run::fingerprint::Fingerprint::collect(None),

@@ -27,6 +27,8 @@ pub struct RunContext {
     pub device: DeviceInfo,
     /// The processes that may compute on the device beside the run without making it shared.
     pub expected: Expected,
+    /// The concurrent group the run meets with, as a member.
+    pub group: Option<crate::run::group::GroupMember>,
 }
 
 /// How a cell's execution ended. About execution only: whether its numbers can be trusted is the
@@ -73,6 +75,23 @@ pub struct CellIdentity {
     pub target: String,
     pub cell_id: String,
     pub status: Status,
+    /// The concurrent group and the other members (`target:model/mode/dtype/batch`), for a member.
+    pub concurrency_group: Option<String>,
+    pub neighbours: Vec<String>,
+}
+
+impl CellIdentity {
+    /// The identity of a sweep's cell that ended with `status`.
+    pub fn of_cell(cell: &crate::sweep::cell::CellSpec, status: Status) -> Self {
+        Self {
+            sweep: Some(cell.sweep.clone()),
+            target: cell.target.clone(),
+            cell_id: cell.cell_id(),
+            status,
+            concurrency_group: cell.concurrency_group.clone(),
+            neighbours: cell.neighbours.clone(),
+        }
+    }
 }
 
 /// A cell that left no measurement: the row says which cell it was, how it ended and why.
@@ -237,11 +256,12 @@ pub(crate) mod tests {
             host: "testhost".into(),
             device: DeviceInfo { kind: "cpu", name: "Test CPU (2 threads)".into(), selected: None, emulation: None },
             expected: Expected::this_process(),
+            group: None,
         }
     }
 
     pub fn identity() -> CellIdentity {
-        CellIdentity { sweep: None, target: "Test CPU".into(), cell_id: "0123456789abcdef".into(), status: Status::Ok }
+        CellIdentity { sweep: None, target: "Test CPU".into(), cell_id: "0123456789abcdef".into(), status: Status::Ok, concurrency_group: None, neighbours: Vec::new() }
     }
 
     pub fn spec(batch: usize, iters: u64) -> RunSpec {

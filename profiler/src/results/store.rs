@@ -19,7 +19,8 @@ use crate::results::uncertainty::{Estimate, Uncertainty};
 /// version (2: `kernel_options`; `sweep`, `target`, `cell_id`, `status`, `error`. 3: `verdict_flags`,
 /// `throttle_share`, `power_cap_share`, `other_processes`; the verdicts `throttled` and `shared`;
 /// metrics' `compute_processes`; `device_kind` `mps` with `emulation`, `emulated_profile`,
-/// `mps_share_pct`, `profile_sms`, `measured_sms`, `mps_memory_limit_mib`, `measured_memory_mib`).
+/// `mps_share_pct`, `profile_sms`, `measured_sms`, `mps_memory_limit_mib`, `measured_memory_mib`;
+/// `concurrency_group`, `neighbours`).
 pub const SCHEMA_VERSION: i32 = 3;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,6 +231,8 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         col("cell_id", s(|r| r.cell.cell_id.clone())),
         col("status", s(|r| r.cell.status.as_str().to_string())),
         Column::new("error".into(), vec![None::<String>; runs.len()]),
+        Column::new("concurrency_group".into(), runs.iter().map(|r| r.cell.concurrency_group.clone()).collect::<Vec<Option<String>>>()),
+        Column::new("neighbours".into(), runs.iter().map(|r| neighbours(&r.cell.neighbours)).collect::<Vec<Option<String>>>()),
         col("model", s(|r| r.model.name.to_string())),
         col("family", s(|r| r.model.family.as_str().to_string())),
         col("mode", s(|r| r.mode.as_str().to_string())),
@@ -334,6 +337,11 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
     Ok(DataFrame::new(runs.len(), columns)?)
 }
 
+/// A group member's neighbours as a row holds them: `target:model/mode/dtype/batch`, comma-separated.
+fn neighbours(list: &[String]) -> Option<String> {
+    (!list.is_empty()).then(|| list.join(","))
+}
+
 /// `verdict_flags`: a list of strings per run, every flag that applies (empty when none does).
 fn flags_column(runs: &[Run]) -> Column {
     let lists: Vec<Series> = runs.iter().map(|r| Series::new("".into(), r.assessment.flag_names())).collect();
@@ -360,6 +368,8 @@ pub fn write_failure(out: &Path, failure: &Failure) -> Result<PathBuf> {
         col("cell_id", vec![id.cell_id.clone()]),
         col("status", vec![id.status.as_str().to_string()]),
         Column::new("error".into(), vec![Some(failure.error.clone())]),
+        Column::new("concurrency_group".into(), vec![id.concurrency_group.clone()]),
+        Column::new("neighbours".into(), vec![neighbours(&id.neighbours)]),
         col("model", vec![c.model.clone()]),
         Column::new("family".into(), vec![family]),
         col("mode", vec![c.mode.clone()]),

@@ -9,6 +9,7 @@ use crate::device::OpenDevice;
 use crate::provenance;
 use crate::results::record::{CellIdentity, Run, RunContext};
 use crate::run::fingerprint::Fingerprint;
+use crate::run::group::GroupMember;
 use crate::run::measure::{measure, Executor, MonotonicClock, Observer};
 use crate::run::sampler::{Sample, Sampler};
 use crate::run::spec::RunSpec;
@@ -34,8 +35,20 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
     let mut exec = WorkloadExecutor { workload, batch, device: device.device.clone(), loss: None };
     let fingerprint = Fingerprint::collect(device.info.selected.as_ref());
     let started_at = provenance::now();
-    let mut beside = MeasuredPhase { device: device.device.clone(), sampling: device.info.selected.clone().zip(spec.sample_interval), sampler: None, profiled: None, metrics: Ok(Vec::new()) };
+    let mut beside = MeasuredPhase {
+        device: device.device.clone(),
+        sampling: device.info.selected.clone().zip(spec.sample_interval),
+        sampler: None,
+        profiled: None,
+        metrics: Ok(Vec::new()),
+        group: context.group.clone(),
+    };
     let measured = measure(&mut exec, &MonotonicClock::new(), spec.warmup, spec.stop, &mut beside);
+    // A group's members are expected on the device: neighbours on purpose.
+    let mut context = context;
+    if let Some(g) = &beside.group {
+        context.expected.pids.extend(g.members().map(|m| m.into_iter().map(|(pid, _)| pid).collect::<Vec<_>>()).unwrap_or_default());
+    }
     // The workload's memory goes back to the driver before the next run builds its own, whether
     // or not this one measured.
     drop(exec);
@@ -54,9 +67,19 @@ struct MeasuredPhase {
     profiled: Option<ProfilerRange>,
     /// What the sampler read (empty without one), or why it failed.
     metrics: Result<Vec<Sample>>,
+    /// The concurrent group the run is a member of.
+    group: Option<GroupMember>,
 }
 
 impl Observer for MeasuredPhase {
+    fn meet(&mut self) -> Result<()> {
+        self.group.as_mut().map_or(Ok(()), GroupMember::meet)
+    }
+
+    fn hold(&mut self) -> Result<bool> {
+        self.group.as_mut().map_or(Ok(false), GroupMember::hold)
+    }
+
     fn start(&mut self) {
         self.sampler = self.sampling.clone().map(|(selected, interval)| start_nvml_sampler(selected, interval));
         self.profiled = Some(ProfilerRange::start(&self.device));

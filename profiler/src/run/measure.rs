@@ -121,8 +121,17 @@ pub struct Measurement {
 /// warm-up is over, right before the first measured step, and stopped right after the last, also
 /// when a step fails.
 pub trait Observer {
+    /// Once warm-up is over, before `start`: where a concurrent group's members wait for each other.
+    fn meet(&mut self) -> Result<()> {
+        Ok(())
+    }
     fn start(&mut self);
     fn stop(&mut self);
+    /// After a measured phase that succeeded: whether to run another, unmeasured step to keep the
+    /// device busy (a group member does until every member has measured).
+    fn hold(&mut self) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 /// Nothing beside the measured phase.
@@ -136,10 +145,15 @@ impl Observer for Unobserved {
 /// The measuring loop of every run: warms up, starts `observer`, measures until `stop`, stops it.
 pub fn measure(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup, stop: Stop, observer: &mut dyn Observer) -> Result<Measurement> {
     let warmup_iterations = warm_up(exec, clock, warmup)?;
+    observer.meet()?;
     observer.start();
     let measured = measure_steps(exec, clock, stop);
     observer.stop();
-    Ok(Measurement { warmup_iterations, ..measured? })
+    let measured = measured?;
+    while observer.hold()? {
+        exec.step()?;
+    }
+    Ok(Measurement { warmup_iterations, ..measured })
 }
 
 /// The measured phase alone.

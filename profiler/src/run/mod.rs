@@ -4,6 +4,7 @@
 
 pub mod execute;
 pub mod fingerprint;
+pub mod group;
 pub mod measure;
 pub mod preflight;
 pub mod sampler;

@@ -67,6 +67,12 @@ pub struct CellSpec {
     pub sample_interval_ms: u64,
     /// `probe` for a step of a `max` search; otherwise `ok` when it runs through.
     pub purpose: Purpose,
+    /// The concurrent group the cell runs in as a member (`concurrency_group` column); none alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_group: Option<String>,
+    /// The group's other members, each `target:model/mode/dtype/batch`, in the group's order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub neighbours: Vec<String>,
 }
 
 /// Why a cell runs.
@@ -82,7 +88,7 @@ pub enum Purpose {
 impl CellSpec {
     /// The fields the id is made of, in a fixed order, one per line.
     fn identity(&self) -> String {
-        let fields: [(&str, String); 14] = [
+        let mut fields: Vec<(&str, String)> = vec![
             ("version", self.version.to_string()),
             ("migprof", provenance::VERSION.to_string()),
             ("target", self.target.clone()),
@@ -98,6 +104,11 @@ impl CellSpec {
             ("lr/weight_decay", format!("{}/{}", self.lr, self.weight_decay)),
             ("kernel_options", self.kernel_options.clone()),
         ];
+        // Only for group members, so that the ids of cells run alone stay as they were.
+        if let Some(g) = &self.concurrency_group {
+            fields.push(("concurrency_group", g.clone()));
+            fields.push(("neighbours", self.neighbours.join(",")));
+        }
         fields.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
     }
 
@@ -167,6 +178,8 @@ impl CellSpec {
             },
             sample_interval_ms: spec.sample_interval.map_or(0, |d| d.as_millis() as u64),
             purpose: Purpose::Measure,
+            concurrency_group: None,
+            neighbours: Vec::new(),
         })
     }
 
@@ -261,6 +274,8 @@ pub(crate) mod tests {
             max_duration_secs: None,
             sample_interval_ms: 100,
             purpose: Purpose::Measure,
+            concurrency_group: None,
+            neighbours: Vec::new(),
         }
     }
 
@@ -280,9 +295,15 @@ pub(crate) mod tests {
             CellSpec { kernel_options: "v1;attention=composed;layers=op;gemm=timed".into(), ..a.clone() },
             CellSpec { weights_sha256: Some("ab".into()), ..a.clone() },
             CellSpec { purpose: Purpose::Probe, ..a.clone() },
+            CellSpec { concurrency_group: Some("3g+3g".into()), neighbours: vec!["b:resnet_tiny/infer/f32/2".into()], ..a.clone() },
         ] {
             assert_ne!(other.cell_id(), a.cell_id(), "{other:?}");
         }
+        // Beside other neighbours, another cell.
+        let member = CellSpec { concurrency_group: Some("g".into()), neighbours: vec!["b:x".into()], ..a.clone() };
+        assert_ne!(CellSpec { neighbours: vec!["b:y".into()], ..member.clone() }.cell_id(), member.cell_id());
+        // An id of a cell run alone is what it was before groups existed.
+        assert_eq!(a.cell_id(), "a4f87e3a82d89643");
         // "max" keeps one id whatever batch the search found.
         let max = CellSpec { batch_as_written: "max".into(), ..a.clone() };
         assert_eq!(CellSpec { batch: 64, ..max.clone() }.cell_id(), max.cell_id());

@@ -18,6 +18,48 @@ pub struct SweepFile {
     pub defaults: Defaults,
     pub targets: Vec<Target>,
     pub matrix: Vec<Matrix>,
+    /// Targets run at once: each matrix cell on every member together.
+    #[serde(default)]
+    pub groups: Vec<Group>,
+}
+
+/// A concurrent group: its targets run each matrix cell at the same time (a member's cell process per
+/// target, started together), meet after warm-up so that their measured phases overlap, and keep
+/// their devices busy until every member has measured. With `busy`, the first target runs the
+/// matrix cell and the others run the busy workload as its neighbours (the noisy-neighbour test).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Group {
+    /// Recorded in every member's row as `concurrency_group`.
+    pub label: String,
+    /// Must be `true`: what a group is for (targets that run apart are just targets).
+    pub concurrent: bool,
+    /// Labels of `[[targets]]`, at least two.
+    pub targets: Vec<String>,
+    #[serde(default)]
+    pub busy: Option<Busy>,
+}
+
+/// The neighbours' workload of a noisy-neighbour group.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Busy {
+    pub model: String,
+    #[serde(default = "train")]
+    pub mode: String,
+    #[serde(default = "bf16")]
+    pub dtype: String,
+    pub batch: usize,
+    #[serde(default)]
+    pub seq_len: Option<usize>,
+}
+
+fn train() -> String {
+    "train".into()
+}
+
+fn bf16() -> String {
+    "bf16".into()
 }
 
 /// Settings of every cell.
@@ -67,6 +109,13 @@ pub struct Target {
     pub label: String,
     /// Anything `--device` takes.
     pub device: String,
+    /// `false`: the target runs only in its groups, not alone (e.g. the seven members of a 7×1g group).
+    #[serde(default = "yes")]
+    pub alone: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A cross product of cells; several add up.
@@ -171,6 +220,40 @@ impl SweepFile {
                 bail!("[[targets]] #{}: label `{}` is empty or used twice; each target needs its own", i + 1, t.label);
             }
             t.device.parse::<DeviceSpec>().with_context(|| format!("[[targets]] `{}`: device", t.label))?;
+        }
+        let mut group_labels = std::collections::HashSet::new();
+        for (i, g) in self.groups.iter().enumerate() {
+            let at = format!("[[groups]] #{} `{}`", i + 1, g.label);
+            if g.label.is_empty() || !group_labels.insert(g.label.as_str()) {
+                bail!("{at}: label is empty or used twice; each group needs its own");
+            }
+            if !g.concurrent {
+                bail!("{at}: concurrent = false; a group runs its targets at once (targets that run apart need no group)");
+            }
+            if g.targets.len() < 2 {
+                bail!("{at}: targets: a group needs at least two");
+            }
+            let mut seen = std::collections::HashSet::new();
+            for t in &g.targets {
+                if !labels.contains(t.as_str()) {
+                    let known: Vec<&str> = self.targets.iter().map(|t| t.label.as_str()).collect();
+                    bail!("{at}: targets: no target `{t}`; targets: {}", known.join(", "));
+                }
+                if !seen.insert(t.as_str()) {
+                    bail!("{at}: targets: `{t}` twice; a target is one device and runs one member");
+                }
+            }
+            if let Some(b) = &g.busy {
+                if !workloads::model_names().contains(&b.model.as_str()) {
+                    bail!("{at}: busy: unknown model `{}`; valid models: {}", b.model, workloads::model_names().join(", "));
+                }
+                if !["infer", "train"].contains(&b.mode.as_str()) || !DTYPES.contains(&b.dtype.as_str()) || b.batch == 0 {
+                    bail!("{at}: busy: mode infer|train, dtype one of {}, a positive batch", DTYPES.join(", "));
+                }
+            }
+        }
+        if self.targets.iter().all(|t| !t.alone) && self.groups.is_empty() {
+            bail!("every target has alone = false and there is no [[groups]]: nothing would run");
         }
         if self.matrix.is_empty() {
             bail!("no [[matrix]]: give at least one, e.g. [[matrix]] models = [\"resnet18\"] batches = [1, 8]");
@@ -278,5 +361,24 @@ seq_lens = [128]
         assert!(e.contains("used twice"), "{e}");
         let e = err(&EXAMPLE.replace("dtypes = [\"bf16\"]", "dtypes = [\"fp8\"]"));
         assert!(e.contains("fp8") && e.contains("f32, bf16, f16, tf32"), "{e}");
+    }
+
+    #[test]
+    fn groups_name_known_targets_and_say_what_is_wrong() {
+        let err = |group: &str| format!("{:#}", SweepFile::parse(&format!("{EXAMPLE}[[groups]]\n{group}")).unwrap_err());
+        let ok = format!("{EXAMPLE}[[groups]]\nlabel = \"g\"\nconcurrent = true\ntargets = [\"full\", \"3g\"]\n");
+        assert_eq!(SweepFile::parse(&ok).unwrap().groups[0].targets, vec!["full", "3g"]);
+        let e = err("label = \"g\"\nconcurrent = true\ntargets = [\"full\", \"2g\"]");
+        assert!(e.contains("no target `2g`; targets: full, 3g"), "{e}");
+        let e = err("label = \"g\"\nconcurrent = false\ntargets = [\"full\", \"3g\"]");
+        assert!(e.contains("concurrent = false"), "{e}");
+        let e = err("label = \"g\"\nconcurrent = true\ntargets = [\"full\"]");
+        assert!(e.contains("at least two"), "{e}");
+        let e = err("label = \"g\"\nconcurrent = true\ntargets = [\"full\", \"full\"]");
+        assert!(e.contains("`full` twice"), "{e}");
+        let e = err("label = \"g\"\nconcurrent = true\ntargets = [\"full\", \"3g\"]\nbusy = { model = \"resnet51\", batch = 128 }");
+        assert!(e.contains("busy: unknown model `resnet51`"), "{e}");
+        let e = err("label = \"g\"\nconcurrent = true\ntargets = [\"full\", \"3g\"]\nbusy = { model = \"resnet50\", batch = 128, speed = 1 }");
+        assert!(e.contains("speed"), "{e}");
     }
 }

@@ -1,75 +1,74 @@
 //! From a sweep file to the list of cells, in order: target, then matrix, model, mode, dtype, batch,
-//! sequence length, repeat. `--only key=value,...` narrows it.
+//! sequence length, repeat; then the concurrent groups' members. `--only key=value,...` narrows it.
 
 use anyhow::{bail, Result};
 
 use super::cell::{CellSpec, Purpose, CELL_SPEC_VERSION};
-use super::file::{BatchSize, SweepFile};
+use super::file::{BatchSize, SweepFile, Target};
 use workloads::TrainConfig;
 
-/// One cell to run: its spec, and the batch as the file wrote it (`max` is searched for first).
+/// One cell to run: its spec, the batch as the file wrote it (`max` is searched for first), and for a
+/// member of a concurrent group the key its group instance shares with the other members.
 #[derive(Debug, Clone)]
 pub struct PlannedCell {
     pub spec: CellSpec,
     pub batch: BatchSize,
+    pub group: Option<String>,
 }
 
-/// Every cell of the file, in order.
+/// What varies between the cells of one matrix: everything but the target.
+#[derive(Debug, Clone)]
+struct Work {
+    model: String,
+    mode: String,
+    dtype: String,
+    batch: BatchSize,
+    seq_len: Option<usize>,
+    repeat: u32,
+    kernels: String,
+}
+
+/// Every cell of the file, in order: each target's cells alone (targets with `alone = false` skip
+/// these), then each group's instances, one per matrix cell, its members in the group's order.
 pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
-    let d = &file.defaults;
-    let train = TrainConfig::adamw();
+    let work = matrix_work(file)?;
     let mut out = Vec::new();
-    for target in &file.targets {
-        for m in &file.matrix {
-            let kernels = m.kernel_options()?.canonical();
-            for model in &m.models {
-                let (_, info) = workloads::lookup(model)?;
-                // Image models have no sequence length: one cell, not one per listed length.
-                let seq_lens: Vec<Option<usize>> = match (info.input.seq_len(), m.seq_lens.is_empty()) {
-                    (Some(_), false) => m.seq_lens.iter().map(|&l| Some(l)).collect(),
-                    _ => vec![None],
-                };
-                for mode in &m.modes {
-                    for dtype in &m.dtypes {
-                        for &batch in &m.batches {
-                            for &seq_len in &seq_lens {
-                                for repeat in 0..d.repeats {
-                                    let spec = CellSpec {
-                                        version: CELL_SPEC_VERSION,
-                                        sweep: file.name.clone(),
-                                        target: target.label.clone(),
-                                        device: target.device.clone(),
-                                        model: model.clone(),
-                                        mode: mode.clone(),
-                                        dtype: dtype.clone(),
-                                        batch: match batch {
-                                            BatchSize::Fixed(b) => b,
-                                            BatchSize::Max => 0,
-                                        },
-                                        batch_as_written: batch.to_string(),
-                                        seq_len,
-                                        repeat,
-                                        seed: d.seed,
-                                        weights: None,
-                                        weights_sha256: None,
-                                        optimizer: "adamw".into(),
-                                        lr: train.lr,
-                                        weight_decay: train.weight_decay,
-                                        kernel_options: kernels.clone(),
-                                        warmup_secs: d.warmup_secs,
-                                        duration_secs: d.duration_secs,
-                                        target_precision: d.target_precision,
-                                        max_duration_secs: d.target_precision.map(|_| d.max_duration_secs),
-                                        sample_interval_ms: d.sample_interval_ms,
-                                        purpose: Purpose::Measure,
-                                    };
-                                    out.push(PlannedCell { spec, batch });
-                                }
-                            }
-                        }
-                    }
-                }
+    for target in file.targets.iter().filter(|t| t.alone) {
+        for w in &work {
+            out.push(PlannedCell { spec: cell(file, target, w), batch: w.batch, group: None });
+        }
+    }
+    for g in &file.groups {
+        let targets: Vec<&Target> = g.targets.iter().map(|l| file.targets.iter().find(|t| &t.label == l).expect("checked by the file")).collect();
+        for w in &work {
+            let BatchSize::Fixed(_) = w.batch else {
+                bail!("[[groups]] `{}`: batch \"max\" is searched for alone, not in a concurrent group; give numbers", g.label)
+            };
+            // With `busy`, the first member runs the matrix cell and the others the busy workload.
+            let member_work: Vec<Work> = (0..targets.len())
+                .map(|i| match (&g.busy, i) {
+                    (Some(b), i) if i > 0 => Work {
+                        model: b.model.clone(),
+                        mode: b.mode.clone(),
+                        dtype: b.dtype.clone(),
+                        batch: BatchSize::Fixed(b.batch),
+                        seq_len: b.seq_len,
+                        repeat: w.repeat,
+                        kernels: w.kernels.clone(),
+                    },
+                    _ => w.clone(),
+                })
+                .collect();
+            let described: Vec<String> = targets.iter().zip(&member_work).map(|(t, w)| format!("{}:{}/{}/{}/{}", t.label, w.model, w.mode, w.dtype, w.batch)).collect();
+            let mut members: Vec<CellSpec> = Vec::new();
+            for (i, (t, mw)) in targets.iter().zip(&member_work).enumerate() {
+                let mut spec = cell(file, t, mw);
+                spec.concurrency_group = Some(g.label.clone());
+                spec.neighbours = described.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, d)| d.clone()).collect();
+                members.push(spec);
             }
+            let key = format!("{}#{}", g.label, members.iter().map(|m| m.cell_id()).collect::<Vec<_>>().join("+"));
+            out.extend(members.into_iter().zip(&member_work).map(|(spec, mw)| PlannedCell { spec, batch: mw.batch, group: Some(key.clone()) }));
         }
     }
     // The same cell listed twice (overlapping matrices) runs once.
@@ -78,11 +77,77 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
     Ok(out)
 }
 
+/// The cells of the matrices, target aside, in order: matrix, model, mode, dtype, batch, sequence
+/// length, repeat.
+fn matrix_work(file: &SweepFile) -> Result<Vec<Work>> {
+    let mut out = Vec::new();
+    for m in &file.matrix {
+        let kernels = m.kernel_options()?.canonical();
+        for model in &m.models {
+            let (_, info) = workloads::lookup(model)?;
+            // Image models have no sequence length: one cell, not one per listed length.
+            let seq_lens: Vec<Option<usize>> = match (info.input.seq_len(), m.seq_lens.is_empty()) {
+                (Some(_), false) => m.seq_lens.iter().map(|&l| Some(l)).collect(),
+                _ => vec![None],
+            };
+            for mode in &m.modes {
+                for dtype in &m.dtypes {
+                    for &batch in &m.batches {
+                        for &seq_len in &seq_lens {
+                            for repeat in 0..file.defaults.repeats {
+                                out.push(Work { model: model.clone(), mode: mode.clone(), dtype: dtype.clone(), batch, seq_len, repeat, kernels: kernels.clone() });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The spec of `w` on `target`.
+fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
+    let d = &file.defaults;
+    let train = TrainConfig::adamw();
+    CellSpec {
+        version: CELL_SPEC_VERSION,
+        sweep: file.name.clone(),
+        target: target.label.clone(),
+        device: target.device.clone(),
+        model: w.model.clone(),
+        mode: w.mode.clone(),
+        dtype: w.dtype.clone(),
+        batch: match w.batch {
+            BatchSize::Fixed(b) => b,
+            BatchSize::Max => 0,
+        },
+        batch_as_written: w.batch.to_string(),
+        seq_len: w.seq_len,
+        repeat: w.repeat,
+        seed: d.seed,
+        weights: None,
+        weights_sha256: None,
+        optimizer: "adamw".into(),
+        lr: train.lr,
+        weight_decay: train.weight_decay,
+        kernel_options: w.kernels.clone(),
+        warmup_secs: d.warmup_secs,
+        duration_secs: d.duration_secs,
+        target_precision: d.target_precision,
+        max_duration_secs: d.target_precision.map(|_| d.max_duration_secs),
+        sample_interval_ms: d.sample_interval_ms,
+        purpose: Purpose::Measure,
+        concurrency_group: None,
+        neighbours: Vec::new(),
+    }
+}
+
 /// `--only model=resnet50,target=3g`: every pair must match. Keys are cell fields.
 #[derive(Debug, Clone, Default)]
 pub struct Filter(Vec<(String, String)>);
 
-pub const FILTER_KEYS: [&str; 8] = ["target", "device", "model", "mode", "dtype", "batch", "seq_len", "repeat"];
+pub const FILTER_KEYS: [&str; 9] = ["target", "device", "model", "mode", "dtype", "batch", "seq_len", "repeat", "group"];
 
 impl std::str::FromStr for Filter {
     type Err = anyhow::Error;
@@ -112,6 +177,7 @@ impl Filter {
                 "batch" => c.batch_as_written.clone(),
                 "seq_len" => c.seq_len.map_or("default".into(), |l| l.to_string()),
                 "repeat" => c.repeat.to_string(),
+                "group" => c.concurrency_group.clone().unwrap_or_default(),
                 _ => return false,
             };
             &field == v
@@ -155,6 +221,60 @@ batches = [1]
         let ids: std::collections::HashSet<String> = cells.iter().map(|c| c.spec.cell_id()).collect();
         assert_eq!(ids.len(), 24);
         Ok(())
+    }
+
+    #[test]
+    fn a_group_runs_each_matrix_cell_on_every_member_and_a_busy_group_gives_neighbours_their_work() -> Result<()> {
+        let text = r#"
+name = "g"
+[[targets]]
+label = "a"
+device = "cpu"
+[[targets]]
+label = "b"
+device = "cpu"
+alone = false
+[[targets]]
+label = "c"
+device = "cpu"
+alone = false
+[[matrix]]
+models = ["resnet_tiny"]
+batches = [1, 2]
+[[groups]]
+label = "pair"
+concurrent = true
+targets = ["a", "b"]
+[[groups]]
+label = "noisy"
+concurrent = true
+targets = ["a", "b", "c"]
+busy = { model = "bert_tiny", batch = 4, dtype = "f32" }
+"#;
+        let cells = cells(&SweepFile::parse(text)?)?;
+        // Alone: target a only (2 cells); pair: 2 instances of 2; noisy: 2 instances of 3.
+        assert_eq!(cells.len(), 2 + 4 + 6);
+        assert!(cells[..2].iter().all(|c| c.group.is_none() && c.spec.target == "a"));
+        let pair: Vec<&PlannedCell> = cells.iter().filter(|c| c.spec.concurrency_group.as_deref() == Some("pair")).collect();
+        assert_eq!(pair[0].group, pair[1].group);
+        assert_ne!(pair[0].group, pair[2].group);
+        assert_eq!(pair[0].spec.neighbours, vec!["b:resnet_tiny/infer/f32/1".to_string()]);
+        assert_eq!(pair[1].spec.neighbours, vec!["a:resnet_tiny/infer/f32/1".to_string()]);
+        let noisy: Vec<&PlannedCell> = cells.iter().filter(|c| c.spec.concurrency_group.as_deref() == Some("noisy")).collect();
+        assert_eq!((noisy[0].spec.model.as_str(), noisy[1].spec.model.as_str(), noisy[1].spec.mode.as_str(), noisy[2].spec.batch), ("resnet_tiny", "bert_tiny", "train", 4));
+        assert_eq!(noisy[0].spec.neighbours, vec!["b:bert_tiny/train/f32/4".to_string(), "c:bert_tiny/train/f32/4".to_string()]);
+        // A member's id differs from the same cell alone, and every id is distinct.
+        assert_ne!(pair[0].spec.cell_id(), cells[0].spec.cell_id());
+        let ids: std::collections::HashSet<String> = cells.iter().map(|c| c.spec.cell_id()).collect();
+        assert_eq!(ids.len(), cells.len());
+        // "max" has no place in a group.
+        let e = cells_err(&text.replace("batches = [1, 2]", "batches = [1, \"max\"]"));
+        assert!(e.contains("batch \"max\" is searched for alone"), "{e}");
+        Ok(())
+    }
+
+    fn cells_err(text: &str) -> String {
+        format!("{:#}", cells(&SweepFile::parse(text).unwrap()).unwrap_err())
     }
 
     #[test]

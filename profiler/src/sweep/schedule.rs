@@ -121,8 +121,9 @@ fn describe(c: &CellSpec) -> String {
         (true, b) => format!("max={b}"),
         (false, b) => b.to_string(),
     };
-    let what = if c.purpose == Purpose::Probe { " (max search)" } else { "" };
-    format!("{} {} {} {} batch {batch}{seq} #{}{what}", c.target, c.model, c.mode, c.dtype, c.repeat)
+    let what = if c.purpose == Purpose::Probe { " (max search)".to_string() } else { String::new() };
+    let group = c.concurrency_group.as_ref().map(|g| format!(" [group {g}]")).unwrap_or_default();
+    format!("{} {} {} {} batch {batch}{seq} #{}{what}{group}", c.target, c.model, c.mode, c.dtype, c.repeat)
 }
 
 fn duration(d: Duration) -> String {
@@ -139,12 +140,25 @@ fn duration(d: Duration) -> String {
 /// The sweep's cells after `--only`, each with whether it is already done.
 pub fn plan(file: &SweepFile, opts: &Options) -> Result<Vec<(PlannedCell, bool)>> {
     let done = if opts.force { HashMap::new() } else { done_cells(&opts.out, opts.retry_oom)? };
-    Ok(plan::cells(file)?
-        .into_iter()
-        .filter(|c| opts.only.matches(&c.spec))
+    let cells = plan::cells(file)?;
+    // A group instance runs whole or not at all: kept when any member matches `--only`, done only
+    // when every member is (a member measured beside other neighbours than its group's would not be
+    // the cell its id names).
+    let matching_groups: HashSet<&str> = cells.iter().filter(|c| opts.only.matches(&c.spec)).filter_map(|c| c.group.as_deref()).collect();
+    let unfinished_groups: HashSet<&str> =
+        cells.iter().filter(|c| !done.contains_key(&c.spec.cell_id())).filter_map(|c| c.group.as_deref()).collect();
+    Ok(cells
+        .iter()
+        .filter(|c| match &c.group {
+            Some(g) => matching_groups.contains(g.as_str()),
+            None => opts.only.matches(&c.spec),
+        })
         .map(|c| {
-            let is_done = done.contains_key(&c.spec.cell_id());
-            (c, is_done)
+            let is_done = match &c.group {
+                Some(g) => !unfinished_groups.contains(g.as_str()),
+                None => done.contains_key(&c.spec.cell_id()),
+            };
+            (c.clone(), is_done)
         })
         .collect())
 }
@@ -179,6 +193,8 @@ struct Active {
     started: chrono::DateTime<chrono::Utc>,
     /// The `max` search this probe belongs to.
     search: Option<usize>,
+    /// A member of a concurrent group: nothing else starts while it runs.
+    grouped: bool,
 }
 
 /// A `max` search: doubling from 1 until a batch does not fit (or the limit), then bisection.
@@ -214,6 +230,8 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
     let invocation_id = provenance::run_id(provenance::now());
     let host = provenance::host();
     let mut queue: VecDeque<PlannedCell> = VecDeque::new();
+    // Concurrent group instances, their members in order; they run after the cells alone.
+    let mut groups: VecDeque<Vec<PlannedCell>> = VecDeque::new();
     let mut searches: Vec<MaxSearch> = Vec::new();
     let mut search_of: HashMap<String, usize> = HashMap::new();
     for (c, done) in cells {
@@ -230,12 +248,18 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
             });
             searches[i].waiting.push(c);
         } else {
-            queue.push_back(c);
+            match c.group.clone() {
+                Some(key) => match groups.back_mut() {
+                    Some(last) if last[0].group.as_deref() == Some(key.as_str()) => last.push(c),
+                    _ => groups.push_back(vec![c]),
+                },
+                None => queue.push_back(c),
+            }
         }
     }
     // Probes first, so that a "max" cell's batch is known by the time its turn comes.
     let mut probes: VecDeque<(CellSpec, usize)> = searches.iter().enumerate().map(|(i, s)| (probe(&s.template, s.next().unwrap_or(1)), i)).collect();
-    let total = queue.len() + searches.iter().map(|s| s.waiting.len()).sum::<usize>();
+    let total = queue.len() + searches.iter().map(|s| s.waiting.len()).sum::<usize>() + groups.iter().map(Vec::len).sum::<usize>();
     writeln!(
         log,
         "migprof {}: sweep `{}`, {} cell(s): {} done already, {total} to run, results to {}",
@@ -248,7 +272,7 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
     catch_interrupts();
     // One MPS daemon per GPU that emulated slices run on, for the whole sweep; its cells are clients.
     let mut daemons: HashMap<String, crate::mps::daemon::Daemon> = HashMap::new();
-    for c in queue.iter().map(|c| &c.spec).chain(searches.iter().map(|s| &s.template)) {
+    for c in queue.iter().chain(groups.iter().flatten()).map(|c| &c.spec).chain(searches.iter().map(|s| &s.template)) {
         if c.device.starts_with("mps:") {
             let key = device_key(&c.device);
             if !daemons.contains_key(&key) {
@@ -356,8 +380,17 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
                 }
             }
         }
+        // A concurrent group runs alone on the machine: once nothing else runs, and nothing beside it.
+        let alone_left = queue.is_empty() && probes.is_empty() && searches.iter().all(|s| s.waiting.is_empty());
+        if active.is_empty() && alone_left {
+            if let Some(members) = groups.pop_front() {
+                let started = start_group(exe, &opts.out, &members, timeout, &invocation_id, &daemons, &mut keys)?;
+                progress.line(&format!("group {}: {} members started together", members[0].spec.concurrency_group.as_deref().unwrap_or(""), started.len()))?;
+                active.extend(started);
+            }
+        }
         // Start what can start: a probe or a cell whose device is free.
-        while active.len() < opts.jobs.max(1) {
+        while active.len() < opts.jobs.max(1) && !active.iter().any(|a| a.grouped) {
             let busy: HashSet<&str> = active.iter().map(|a| a.device.as_str()).collect();
             let now = Instant::now();
             let ready = |device: &str, keys: &mut HashMap<String, String>| -> Option<String> {
@@ -375,16 +408,12 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
             };
             let Some((cell, search)) = next else { break };
             let device = keys[&cell.device].clone();
-            let env: Vec<(&str, PathBuf)> = match daemons.get(&device) {
-                Some(d) if cell.device.starts_with("mps:") => vec![(crate::mps::daemon::CLIENT_PIPE_ENV, d.pipe_dir())],
-                Some(_) => vec![(crate::mps::daemon::BESIDE_ENV, PathBuf::from("1"))],
-                None => Vec::new(),
-            };
+            let env = mps_env(&cell, &device, &daemons);
             let running = start_cell(exe, &opts.out, &cell, timeout, &invocation_id, &env)?;
-            active.push(Active { cell, device, running, started: provenance::now(), search });
+            active.push(Active { cell, device, running, started: provenance::now(), search, grouped: false });
         }
         progress.running(&active.iter().map(|a| describe(&a.cell)).collect::<Vec<_>>());
-        if active.is_empty() && queue.is_empty() && probes.is_empty() {
+        if active.is_empty() && queue.is_empty() && probes.is_empty() && groups.is_empty() {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -397,6 +426,45 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
         }
     }
     Ok(summary)
+}
+
+/// What a cell's process needs of the sweep's MPS daemon on its GPU: the pipes of a client, or word
+/// that the idle MPS server it may meet is migprof's.
+fn mps_env(cell: &CellSpec, device_key: &str, daemons: &HashMap<String, crate::mps::daemon::Daemon>) -> Vec<(&'static str, PathBuf)> {
+    match daemons.get(device_key) {
+        Some(d) if cell.device.starts_with("mps:") => vec![(crate::mps::daemon::CLIENT_PIPE_ENV, d.pipe_dir())],
+        Some(_) => vec![(crate::mps::daemon::BESIDE_ENV, PathBuf::from("1"))],
+        None => Vec::new(),
+    }
+}
+
+/// Starts every member of a concurrent group instance at once, in a fresh meeting folder, and then
+/// tells them who the members are (their pids: the neighbours each expects on its device).
+fn start_group(
+    exe: &Path,
+    out: &Path,
+    members: &[PlannedCell],
+    timeout: Duration,
+    invocation_id: &str,
+    daemons: &HashMap<String, crate::mps::daemon::Daemon>,
+    keys: &mut HashMap<String, String>,
+) -> Result<Vec<Active>> {
+    let key = members[0].group.as_deref().expect("a group's member");
+    let digest = sha2::Digest::finalize(sha2::Digest::chain_update(<sha2::Sha256 as sha2::Digest>::new(), key.as_bytes()));
+    let dir = out.join("groups").join(digest.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>());
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut started = Vec::new();
+    for m in members {
+        let device = keys.entry(m.spec.device.clone()).or_insert_with(|| device_key(&m.spec.device)).clone();
+        let mut env = mps_env(&m.spec, &device, daemons);
+        env.push((crate::run::group::GROUP_DIR_ENV, dir.clone()));
+        let running = start_cell(exe, out, &m.spec, timeout, invocation_id, &env)?;
+        started.push(Active { cell: m.spec.clone(), device, running, started: provenance::now(), search: None, grouped: true });
+    }
+    let list: Vec<(u32, String)> = started.iter().map(|a| (a.running.pid(), a.cell.cell_id())).collect();
+    crate::run::group::write_members(&dir, &list)?;
+    Ok(started)
 }
 
 /// Starts migprof's MPS daemon for the GPU of an `mps:` device, checking the share first.
@@ -431,7 +499,7 @@ fn record_failure(out: &Path, cell: &CellSpec, started: chrono::DateTime<chrono:
         started_at: started,
         finished_at: provenance::now(),
         cell: cell.clone(),
-        identity: CellIdentity { sweep: Some(cell.sweep.clone()), target: cell.target.clone(), cell_id: cell.cell_id(), status: ending.status },
+        identity: CellIdentity::of_cell(cell, ending.status),
         error: ending.message.clone(),
         fingerprint: crate::run::fingerprint::Fingerprint::collect(None),
     };
