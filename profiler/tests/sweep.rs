@@ -332,3 +332,44 @@ busy = { model = "bert_tiny", mode = "train", dtype = "f32", batch = 2 }
     let again = sweep(&file, &out, &[]);
     assert!(text(&again).contains("2 skipped"), "{}", text(&again));
 }
+
+#[test]
+fn a_group_of_real_mig_slices_starts_together_on_a_recorded_topology() {
+    // Two MIG devices of a recorded H100 layout: distinct devices, started together as one instance.
+    // Nothing here can run on them (no GPU, a CPU build), so each member leaves an `error` row; on
+    // hardware the same path runs them (not run: MIG cannot be turned on where migprof was built).
+    let dir = tempfile::tempdir().unwrap();
+    let topology = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/topologies/h100_3g_2g_1g_1g.json");
+    let file = write(
+        dir.path(),
+        r#"
+name = "mig-pair"
+[defaults]
+warmup_secs = 0.1
+duration_secs = 0.2
+[[targets]]
+label = "3g"
+device = "3g.40gb"
+alone = false
+[[targets]]
+label = "2g"
+device = "2g.20gb"
+alone = false
+[[matrix]]
+models = ["resnet_tiny"]
+batches = [1]
+[[groups]]
+label = "3g+2g"
+concurrent = true
+targets = ["3g", "2g"]
+"#,
+    );
+    let out = dir.path().join("out");
+    let o = migprof().arg("sweep").arg(&file).arg("--out").arg(&out).env("MIGPROF_TOPOLOGY", &topology).output().unwrap();
+    assert!(text(&o).contains("group 3g+2g: 2 members started together"), "{}", text(&o));
+    let runs = read_table(&out, Table::Runs).unwrap();
+    assert_eq!(strings(&runs, "status"), ["error", "error"], "{}", text(&o));
+    assert_eq!(strings(&runs, "concurrency_group"), ["3g+2g", "3g+2g"]);
+    let errors = strings(&runs, "error");
+    assert!(errors.iter().all(|e| e.contains("built without CUDA support") || e.contains("MIG")), "{errors:?}");
+}

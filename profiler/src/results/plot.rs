@@ -38,11 +38,16 @@ pub fn series(runs: &DataFrame) -> Result<BTreeMap<String, Vec<Point>>> {
     let (model, mode, dtype, device, run_id) =
         (text("model")?, text("mode")?, text("dtype")?, text("device_name")?, text("run_id")?);
     let (batch, throughput, p50, p99) = (number("batch")?, number("throughput")?, number("p50_ms")?, number("p99_ms")?);
-    // Rows without a measurement (a cell that failed) and the probes of a max search are not points.
+    // Rows without a measurement (a cell that failed) and the probes of a max search are not points;
+    // nor are a concurrent group's members: these plots show cells alone.
     let status = runs.column("status").ok().map(|c| c.str().map(|s| s.iter().map(|v| v.unwrap_or("ok").to_string()).collect::<Vec<_>>())).transpose()?;
+    let grouped: Vec<bool> = match runs.column("concurrency_group") {
+        Ok(c) => c.str()?.iter().map(|v| v.is_some()).collect(),
+        Err(_) => vec![false; runs.height()],
+    };
     let mut latest: BTreeMap<String, BTreeMap<u64, Point>> = BTreeMap::new();
     for i in 0..runs.height() {
-        if throughput[i].is_nan() || status.as_ref().is_some_and(|s| s[i] != "ok") {
+        if throughput[i].is_nan() || status.as_ref().is_some_and(|s| s[i] != "ok") || grouped[i] {
             continue;
         }
         let key = format!("{} {} {} · {}", model[i], mode[i], dtype[i], device[i]);
@@ -173,7 +178,7 @@ mod tests {
     }
 
     #[test]
-    fn failed_cells_and_max_probes_are_not_points() -> Result<()> {
+    fn failed_cells_max_probes_and_group_members_are_not_points() -> Result<()> {
         use crate::results::record::{CellIdentity, Failure, Status};
         let dir = tempfile::tempdir()?;
         let ok = fake_run(8, 10, Duration::ZERO);
@@ -181,6 +186,9 @@ mod tests {
         let mut probe = fake_run(16, 10, Duration::ZERO);
         probe.cell.status = Status::Probe;
         crate::results::store::write_run(dir.path(), &probe)?;
+        let mut member = fake_run(4, 10, Duration::ZERO);
+        member.cell.concurrency_group = Some("3g+3g".into());
+        crate::results::store::write_run(dir.path(), &member)?;
         let cell = crate::sweep::cell::tests::cell();
         let failure = Failure {
             run_id: "zzz-failed".into(),
@@ -195,7 +203,7 @@ mod tests {
         };
         crate::results::store::write_failure(dir.path(), &failure)?;
         let runs = crate::results::store::read_table(dir.path(), crate::results::store::Table::Runs)?;
-        assert_eq!(runs.height(), 3);
+        assert_eq!(runs.height(), 4);
         let s = series(&runs)?;
         let points: Vec<f64> = s.values().flatten().map(|p| p.batch).collect();
         assert_eq!(points, vec![8.0], "{s:?}");
