@@ -217,6 +217,16 @@ fn is_out_of_memory(e: &anyhow::Error) -> bool {
         .any(|needle| text.contains(needle))
 }
 
+/// `migprof compare DIR --baseline SEL --target SEL`.
+pub fn compare(dir: &Path, baseline: &crate::results::compare::Selector, target: &crate::results::compare::Selector, format: crate::results::compare::Format, stdout: &mut dyn Write) -> Result<()> {
+    anyhow::ensure!(dir.is_dir(), "{}: no such results folder", dir.display());
+    let runs = read_table(dir, Table::Runs)?;
+    anyhow::ensure!(runs.height() > 0, "{}: no runs to compare", dir.display());
+    let c = crate::results::compare::compare(&runs, baseline, target)?;
+    write!(stdout, "{}", c.render(format)?)?;
+    Ok(())
+}
+
 /// `migprof check DIR`: `Ok(false)` when it found a problem.
 pub fn check(dir: &Path, stdout: &mut dyn Write) -> Result<bool> {
     anyhow::ensure!(dir.is_dir(), "{}: no such results folder", dir.display());

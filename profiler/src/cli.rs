@@ -44,6 +44,22 @@ pub enum Command {
         /// The results folder.
         dir: PathBuf,
     },
+    /// Compare two groups of runs in a results folder cell by cell: the full GPU against a 3g slice
+    /// (--baseline target=full --target target=3g), one MIG profile against another, f32 against
+    /// bf16. Each matched cell: both throughputs, p50 and p99, the ratio with its 95% interval, and
+    /// whether the difference is beyond the runs' own noise.
+    Compare {
+        /// The results folder.
+        dir: PathBuf,
+        /// The runs to compare against: column=value over the runs table.
+        #[arg(long)]
+        baseline: crate::results::compare::Selector,
+        /// The runs compared: column=value over the same column.
+        #[arg(long)]
+        target: crate::results::compare::Selector,
+        #[arg(long, value_enum, default_value = "text")]
+        format: crate::results::compare::Format,
+    },
     /// List the models with their parameter counts and FLOPs per sample.
     Models,
     /// List the NVIDIA GPUs and their MIG devices (profile, GPU/compute instance ids, SMs, memory,

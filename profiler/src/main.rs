@@ -10,6 +10,9 @@ fn main() -> ExitCode {
         Command::Sweep(args) => migprof::app::sweep(args, &mut stderr).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
         Command::Cell { spec, out, invocation } => migprof::app::cell(spec, out, invocation.as_deref(), &mut stdout),
         Command::Check { dir } => migprof::app::check(dir, &mut stdout).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
+        Command::Compare { dir, baseline, target, format } => {
+            migprof::app::compare(dir, baseline, target, *format, &mut stdout).map(|_| ExitCode::SUCCESS)
+        }
         Command::Models => migprof::app::models(&mut stdout).map(|_| ExitCode::SUCCESS),
         Command::Devices { json } => migprof::app::devices(*json, &mut stdout).map(|_| ExitCode::SUCCESS),
         Command::Profiles(table) => migprof::app::profiles(table, &mut stdout).map(|_| ExitCode::SUCCESS),

@@ -255,3 +255,36 @@ fn mig_commands_without_a_driver_say_so() {
         assert!(text(&o).contains("no usable NVIDIA driver"), "{args:?}: {}", text(&o));
     }
 }
+
+#[test]
+fn compare_matches_cells_across_a_column_and_prints_the_ratio() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = run_tiny(dir.path(), &["--dtype", "f32,f16", "--batch", "1,2", "--iters", "12", "--warmup", "1"]);
+    assert!(ok.status.success(), "{}", text(&ok));
+    let d = dir.path().to_str().unwrap();
+    let o = migprof(&["compare", d, "--baseline", "dtype=f32", "--target", "dtype=f16", "--format", "json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{json}");
+    let runs = read_table(dir.path(), Table::Runs).unwrap();
+    let (dtypes, batches, tps) = (
+        runs.column("dtype").unwrap().str().unwrap().iter().map(|v| v.unwrap().to_string()).collect::<Vec<_>>(),
+        f64s(&runs, "batch"),
+        f64s(&runs, "throughput"),
+    );
+    let tp = |dtype: &str, batch: f64| (0..runs.height()).find(|&i| dtypes[i] == dtype && batches[i] == batch).map(|i| tps[i]).unwrap();
+    for r in rows {
+        let batch: f64 = r["cell"]["batch"].as_str().unwrap().parse().unwrap();
+        let want = tp("f16", batch) / tp("f32", batch);
+        assert!((r["ratio"].as_f64().unwrap() - want).abs() < 1e-9, "{r}");
+        assert!(r["ratio_ci_low"].as_f64().unwrap() <= want && want <= r["ratio_ci_high"].as_f64().unwrap(), "{r}");
+        // A dtype comparison keeps each device with itself: the target is part of the cell.
+        assert!(r["cell"]["target"].as_str().unwrap().contains("threads"), "{r}");
+    }
+    let text_out = migprof(&["compare", d, "--baseline", "dtype=f32", "--target", "dtype=f16"]);
+    assert!(String::from_utf8_lossy(&text_out.stdout).contains("dtype=f16 (target) against dtype=f32 (baseline): 2 matched cell(s)"), "{}", text(&text_out));
+    let bad = migprof(&["compare", d, "--baseline", "dtype=f32", "--target", "dtype=bf16"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(text(&bad).contains("no ok run has dtype=bf16; values of `dtype` here: f16, f32"), "{}", text(&bad));
+}

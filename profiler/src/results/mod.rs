@@ -3,6 +3,7 @@
 //! the terminal summary ([`summary`]).
 
 pub mod check;
+pub mod compare;
 pub mod evidence;
 pub mod plot;
 pub mod record;

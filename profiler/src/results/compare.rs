@@ -1,0 +1,408 @@
+//! `migprof compare`: one group of runs against another over the same cells — the full GPU against a
+//! 3g slice (`target=full` / `target=3g`), one MIG profile against another, f32 against bf16 — with
+//! the ratio's interval and whether the difference is beyond the runs' own uncertainty.
+//!
+//! Selecting and matching. A selector is `column=value` over the runs table; only `ok` rows count.
+//! Baseline and target rows are matched on the cell's workload (model, mode, dtype, batch, sequence
+//! length, kernel options, optimizer, weights, concurrency group) minus the selectors' column. When
+//! that column says where a run ran (target, device, GPU, MIG or emulated profile), the device fields
+//! are what is compared and stay out of the match; otherwise (dtype=f32 against dtype=bf16) the
+//! target is part of the match, so that each device is compared with itself.
+//!
+//! Pooling. Rows of one cell id are reruns (`--force`): the latest counts. Rows of one match key but
+//! several cell ids are repeats: their throughputs are averaged; the standard error is the larger of
+//! the repeats' own (each row's 95% interval, pooled) and the spread between repeats (when there are
+//! two or more), so that neither a noisy process nor a stable but drifting machine is hidden.
+//! Ratio = target / baseline throughput; its 95% interval from the two standard errors on the log
+//! scale; `beyond_noise` when it excludes 1.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use anyhow::{bail, Result};
+use polars::prelude::*;
+use serde::Serialize;
+
+/// The workload fields two runs must share to be compared.
+const WORKLOAD: [&str; 9] = ["model", "mode", "dtype", "batch", "seq_len", "kernel_options", "optimizer", "weights", "concurrency_group"];
+/// The fields that say where a run ran.
+const DEVICE: [&str; 8] = ["target", "device_name", "device_kind", "gpu_name", "gpu_uuid", "mig_profile", "mig_uuid", "emulated_profile"];
+/// z for a two-sided 95% interval.
+const Z95: f64 = 1.959964;
+
+/// `column=value`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selector {
+    pub column: String,
+    pub value: String,
+}
+
+impl std::str::FromStr for Selector {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.split_once('=') {
+            Some((c, v)) if !c.trim().is_empty() => Ok(Selector { column: c.trim().to_string(), value: v.trim().to_string() }),
+            _ => bail!("selector `{s}`: expected column=value over the runs table, e.g. target=full or mig_profile=3g.40gb"),
+        }
+    }
+}
+
+impl std::fmt::Display for Selector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={}", self.column, self.value)
+    }
+}
+
+/// One side of a matched cell: its runs pooled.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Side {
+    pub runs: usize,
+    pub throughput: f64,
+    pub throughput_se: Option<f64>,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// Targets (devices) the rows ran on.
+    pub targets: String,
+}
+
+/// One matched cell.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Compared {
+    /// The match key, field by field.
+    pub cell: BTreeMap<String, String>,
+    /// The key in the order of its fields (model, mode, dtype, batch, ...), for tables.
+    #[serde(skip)]
+    pub ordered: Vec<(String, String)>,
+    pub baseline: Side,
+    pub target: Side,
+    /// target / baseline throughput.
+    pub ratio: f64,
+    pub ratio_ci_low: Option<f64>,
+    pub ratio_ci_high: Option<f64>,
+    /// The ratio's interval excludes 1: a difference the runs' own noise does not explain.
+    pub beyond_noise: Option<bool>,
+}
+
+/// What a comparison found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Comparison {
+    pub baseline: String,
+    pub target: String,
+    pub rows: Vec<Compared>,
+    /// Cells one side had and the other did not.
+    pub baseline_only: usize,
+    pub target_only: usize,
+}
+
+/// A runs row, as far as comparing needs it.
+struct Row {
+    cell_id: String,
+    run_id: String,
+    fields: BTreeMap<&'static str, String>,
+    throughput: f64,
+    ci: Option<(f64, f64)>,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Result<Comparison> {
+    if baseline.column != target.column {
+        bail!("--baseline {baseline} and --target {target} select on different columns; compare one column's two values (e.g. target=full and target=3g)")
+    }
+    let column = baseline.column.as_str();
+    if runs.column(column).is_err() {
+        let names: Vec<String> = runs.get_column_names().iter().map(|n| n.to_string()).collect();
+        bail!("the runs table has no column `{column}`; its columns: {}", names.join(", "))
+    }
+    let selected = text(runs, column)?;
+    let rows = read_rows(runs)?;
+    // Where the selectors pick devices, devices are what is compared; otherwise each with itself.
+    let mut key_fields: Vec<&'static str> = WORKLOAD.iter().copied().filter(|f| *f != column).collect();
+    if !DEVICE.contains(&column) {
+        key_fields.push("target");
+    }
+    let side = |sel: &Selector| -> BTreeMap<Vec<String>, Vec<&Row>> {
+        // Reruns of a cell: the latest row.
+        let mut latest: BTreeMap<&str, &Row> = BTreeMap::new();
+        for (row, value) in rows.iter().zip(&selected) {
+            if value.as_deref() == Some(sel.value.as_str()) {
+                let keep = latest.get(row.cell_id.as_str()).is_none_or(|old| old.run_id < row.run_id);
+                if keep {
+                    latest.insert(&row.cell_id, row);
+                }
+            }
+        }
+        let mut by_key: BTreeMap<Vec<String>, Vec<&Row>> = BTreeMap::new();
+        for row in latest.into_values() {
+            by_key.entry(key_fields.iter().map(|f| row.fields.get(f).cloned().unwrap_or_default()).collect()).or_default().push(row);
+        }
+        by_key
+    };
+    let (base, tgt) = (side(baseline), side(target));
+    if base.is_empty() || tgt.is_empty() {
+        let values: std::collections::BTreeSet<&str> = selected.iter().flatten().map(String::as_str).collect();
+        let empty = if base.is_empty() { baseline } else { target };
+        bail!("no ok run has {empty}; values of `{column}` here: {}", values.into_iter().collect::<Vec<_>>().join(", "))
+    }
+    let mut out = Vec::new();
+    for (key, b) in &base {
+        let Some(t) = tgt.get(key) else { continue };
+        let (b, t) = (pool(b), pool(t));
+        let ratio = t.throughput / b.throughput;
+        let se = match (b.throughput_se, t.throughput_se) {
+            (Some(sb), Some(st)) => Some(((sb / b.throughput).powi(2) + (st / t.throughput).powi(2)).sqrt()),
+            _ => None,
+        };
+        let (low, high) = (se.map(|s| ratio * (-Z95 * s).exp()), se.map(|s| ratio * (Z95 * s).exp()));
+        out.push(Compared {
+            cell: key_fields.iter().zip(key).filter(|(_, v)| !v.is_empty()).map(|(f, v)| (f.to_string(), v.clone())).collect(),
+            ordered: key_fields.iter().zip(key).map(|(f, v)| (f.to_string(), v.clone())).collect(),
+            baseline: b,
+            target: t,
+            ratio,
+            ratio_ci_low: low,
+            ratio_ci_high: high,
+            beyond_noise: low.zip(high).map(|(l, h)| l > 1.0 || h < 1.0),
+        });
+    }
+    Ok(Comparison {
+        baseline: baseline.to_string(),
+        target: target.to_string(),
+        baseline_only: base.keys().filter(|k| !tgt.contains_key(*k)).count(),
+        target_only: tgt.keys().filter(|k| !base.contains_key(*k)).count(),
+        rows: out,
+    })
+}
+
+/// Repeats of one cell, pooled (see the module's comment).
+fn pool(rows: &[&Row]) -> Side {
+    let k = rows.len() as f64;
+    let mean = |f: &dyn Fn(&Row) -> f64| rows.iter().map(|r| f(r)).sum::<f64>() / k;
+    let throughput = mean(&|r| r.throughput);
+    // Each row's standard error from its 95% interval's half-width.
+    let own: Option<Vec<f64>> = rows.iter().map(|r| r.ci.map(|(l, h)| (h - l) / 2.0 / Z95)).collect();
+    let within = own.map(|se| se.iter().map(|s| s * s).sum::<f64>().sqrt() / k);
+    let between = (rows.len() >= 2).then(|| (rows.iter().map(|r| (r.throughput - throughput).powi(2)).sum::<f64>() / (k - 1.0)).sqrt() / k.sqrt());
+    let throughput_se = match (within, between) {
+        (Some(w), Some(b)) => Some(w.max(b)),
+        (w, b) => w.or(b),
+    };
+    let mut targets: Vec<&str> = rows.iter().map(|r| r.fields.get("target").map_or("?", String::as_str)).collect();
+    targets.sort_unstable();
+    targets.dedup();
+    Side { runs: rows.len(), throughput, throughput_se, p50_ms: mean(&|r| r.p50_ms), p99_ms: mean(&|r| r.p99_ms), targets: targets.join(",") }
+}
+
+fn read_rows(runs: &DataFrame) -> Result<Vec<Row>> {
+    let status = text(runs, "status")?;
+    let (cell_id, run_id) = (text(runs, "cell_id")?, text(runs, "run_id")?);
+    let fields: Vec<(&'static str, Vec<Option<String>>)> =
+        WORKLOAD.iter().chain(DEVICE.iter()).map(|f| Ok((*f, text(runs, f)?))).collect::<Result<_>>()?;
+    let (tp, low, high, p50, p99) =
+        (number(runs, "throughput")?, number(runs, "throughput_ci_low")?, number(runs, "throughput_ci_high")?, number(runs, "p50_ms")?, number(runs, "p99_ms")?);
+    let mut rows = Vec::new();
+    for i in 0..runs.height() {
+        // Rows of a plain `run` before the status column existed count as measured.
+        if status[i].as_deref().is_some_and(|s| s != "ok") {
+            continue;
+        }
+        let (Some(throughput), Some(p50_ms), Some(p99_ms)) = (tp[i], p50[i], p99[i]) else { continue };
+        rows.push(Row {
+            cell_id: cell_id[i].clone().unwrap_or_else(|| format!("row{i}")),
+            run_id: run_id[i].clone().unwrap_or_default(),
+            fields: fields.iter().filter_map(|(f, v)| v[i].clone().map(|v| (*f, v))).collect(),
+            throughput,
+            ci: low[i].zip(high[i]),
+            p50_ms,
+            p99_ms,
+        });
+    }
+    Ok(rows)
+}
+
+/// A column as strings; all null when the table lacks it (an older schema).
+fn text(df: &DataFrame, name: &str) -> Result<Vec<Option<String>>> {
+    match df.column(name) {
+        Ok(c) => {
+            let strings = anyhow::Context::with_context(c.cast(&DataType::String), || format!("reading {name}"))?;
+            Ok(strings.str()?.iter().map(|v| v.map(str::to_string)).collect())
+        }
+        Err(_) => Ok(vec![None; df.height()]),
+    }
+}
+
+fn number(df: &DataFrame, name: &str) -> Result<Vec<Option<f64>>> {
+    match df.column(name) {
+        Ok(c) => Ok(c.cast(&DataType::Float64)?.f64()?.iter().collect()),
+        Err(_) => Ok(vec![None; df.height()]),
+    }
+}
+
+/// How `compare` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Text,
+    Md,
+    Json,
+}
+
+impl Comparison {
+    pub fn render(&self, format: Format) -> Result<String> {
+        if format == Format::Json {
+            return Ok(serde_json::to_string_pretty(self)? + "\n");
+        }
+        let header = ["cell", "baseline/s", "target/s", "ratio (95%)", "beyond noise", "p50 ms b→t", "p99 ms b→t", "runs b/t"];
+        // Fields equal in every matched cell are said once above the table; rows show the rest.
+        let same: Vec<(String, String)> = match self.rows.first() {
+            Some(first) => first.ordered.iter().filter(|kv| !kv.1.is_empty() && self.rows.iter().all(|r| r.ordered.contains(kv))).cloned().collect(),
+            None => Vec::new(),
+        };
+        let label = |r: &Compared| -> String {
+            let varying: Vec<&str> = r.ordered.iter().filter(|kv| !kv.1.is_empty() && !same.contains(kv)).map(|(_, v)| v.as_str()).collect();
+            if varying.is_empty() { "(the one cell)".to_string() } else { varying.join(" ") }
+        };
+        let lines: Vec<[String; 8]> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let ci = match (r.ratio_ci_low, r.ratio_ci_high) {
+                    (Some(l), Some(h)) => format!("{:.3} ({l:.3}–{h:.3})", r.ratio),
+                    _ => format!("{:.3} (no interval)", r.ratio),
+                };
+                [
+                    label(r),
+                    format!("{:.1}", r.baseline.throughput),
+                    format!("{:.1}", r.target.throughput),
+                    ci,
+                    r.beyond_noise.map_or("?".into(), |b| if b { "yes".into() } else { "no".into() }),
+                    format!("{:.3}→{:.3}", r.baseline.p50_ms, r.target.p50_ms),
+                    format!("{:.3}→{:.3}", r.baseline.p99_ms, r.target.p99_ms),
+                    format!("{}/{}", r.baseline.runs, r.target.runs),
+                ]
+            })
+            .collect();
+        let mut out = format!("{} (target) against {} (baseline): {} matched cell(s)", self.target, self.baseline, self.rows.len());
+        if self.baseline_only + self.target_only > 0 {
+            write!(out, "; unmatched: {} baseline only, {} target only", self.baseline_only, self.target_only)?;
+        }
+        out.push('\n');
+        if !same.is_empty() {
+            let each: Vec<String> = same.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            out += &format!("every cell: {}\n", each.join(", "));
+        }
+        if format == Format::Md {
+            out += &format!("\n| {} |\n|{}\n", header.join(" | "), "---|".repeat(header.len()));
+            for l in &lines {
+                out += &format!("| {} |\n", l.join(" | "));
+            }
+            return Ok(out);
+        }
+        let mut widths = header.map(|h| h.chars().count());
+        for l in &lines {
+            for (w, c) in widths.iter_mut().zip(l) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        let line = |cells: &[String]| cells.iter().zip(widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_string();
+        out += &line(&header.map(String::from));
+        out.push('\n');
+        for l in &lines {
+            out += &line(l);
+            out.push('\n');
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs rows: (cell_id, run_id, target, dtype, batch, throughput, ci half-width).
+    fn frame(rows: &[(&str, &str, &str, &str, i64, f64, f64)]) -> DataFrame {
+        let col = |f: fn(&(&str, &str, &str, &str, i64, f64, f64)) -> String| rows.iter().map(f).collect::<Vec<String>>();
+        df!(
+            "status" => vec!["ok"; rows.len()],
+            "cell_id" => col(|r| r.0.into()),
+            "run_id" => col(|r| r.1.into()),
+            "target" => col(|r| r.2.into()),
+            "dtype" => col(|r| r.3.into()),
+            "model" => vec!["resnet50"; rows.len()],
+            "mode" => vec!["infer"; rows.len()],
+            "batch" => rows.iter().map(|r| r.4).collect::<Vec<i64>>(),
+            "throughput" => rows.iter().map(|r| r.5).collect::<Vec<f64>>(),
+            "throughput_ci_low" => rows.iter().map(|r| r.5 - r.6).collect::<Vec<f64>>(),
+            "throughput_ci_high" => rows.iter().map(|r| r.5 + r.6).collect::<Vec<f64>>(),
+            "p50_ms" => vec![1.0; rows.len()],
+            "p99_ms" => vec![2.0; rows.len()],
+        )
+        .unwrap()
+    }
+
+    fn sel(s: &str) -> Selector {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_full_gpu_against_a_3g_slice_cell_by_cell() {
+        let runs = frame(&[
+            ("a1", "r1", "full", "bf16", 32, 1000.0, 10.0),
+            ("b1", "r2", "3g", "bf16", 32, 500.0, 5.0),
+            ("a2", "r3", "full", "bf16", 128, 2000.0, 10.0),
+            ("b2", "r4", "3g", "bf16", 128, 1980.0, 40.0),
+            ("a3", "r5", "full", "bf16", 8, 100.0, 1.0),
+        ]);
+        let c = compare(&runs, &sel("target=full"), &sel("target=3g")).unwrap();
+        assert_eq!((c.rows.len(), c.baseline_only, c.target_only), (2, 1, 0));
+        // Batch 128 sorts before 32 as text: the rows follow the key.
+        let at = |b: &str| c.rows.iter().find(|r| r.cell["batch"] == b).unwrap();
+        let half = at("32");
+        assert!((half.ratio - 0.5).abs() < 1e-12);
+        assert_eq!(half.beyond_noise, Some(true));
+        // 1% apart with a ±2% target interval: within the noise.
+        assert_eq!(at("128").beyond_noise, Some(false));
+        assert!(!half.cell.contains_key("target"), "the device is what is compared");
+        let json: serde_json::Value = serde_json::from_str(&c.render(Format::Json).unwrap()).unwrap();
+        assert!((json["rows"][0]["ratio"].as_f64().unwrap() - 0.99).abs() < 1e-12);
+        let text = c.render(Format::Text).unwrap();
+        assert!(text.starts_with("target=3g (target) against target=full (baseline): 2 matched cell(s); unmatched: 1 baseline only"), "{text}");
+        let md = c.render(Format::Md).unwrap();
+        assert!(md.contains("every cell: model=resnet50, mode=infer, dtype=bf16\n"), "{md}");
+        assert!(md.contains("| 32 | 1000.0 | 500.0 | 0.500 ("), "{md}");
+    }
+
+    #[test]
+    fn a_dtype_comparison_keeps_each_device_with_itself_and_pools_repeats() {
+        let runs = frame(&[
+            ("f1", "r1", "full", "f32", 32, 100.0, 1.0),
+            ("f1", "r2", "full", "f32", 32, 110.0, 1.0), // a rerun of f1: the latest counts
+            ("g1", "r3", "full", "bf16", 32, 300.0, 3.0),
+            ("g2", "r4", "full", "bf16", 32, 330.0, 3.0), // a repeat of the bf16 cell
+            ("h1", "r5", "3g", "f32", 32, 50.0, 1.0),
+            ("i1", "r6", "3g", "bf16", 32, 150.0, 1.0),
+        ]);
+        let c = compare(&runs, &sel("dtype=f32"), &sel("dtype=bf16")).unwrap();
+        assert_eq!(c.rows.len(), 2);
+        let full = c.rows.iter().find(|r| r.cell["target"] == "full").unwrap();
+        assert_eq!((full.baseline.runs, full.target.runs), (1, 2));
+        assert!((full.baseline.throughput - 110.0).abs() < 1e-12);
+        assert!((full.ratio - 315.0 / 110.0).abs() < 1e-12);
+        // Two repeats 30/s apart: the spread between them (15/s) outweighs their own ±3/s.
+        assert!((full.target.throughput_se.unwrap() - 15.0).abs() < 1e-9, "{:?}", full.target.throughput_se);
+        let slice = c.rows.iter().find(|r| r.cell["target"] == "3g").unwrap();
+        assert!((slice.ratio - 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn bad_selectors_say_what_there_is() {
+        let runs = frame(&[("a", "r", "full", "f32", 1, 1.0, 0.1)]);
+        let e = compare(&runs, &sel("gpu=full"), &sel("gpu=3g")).unwrap_err().to_string();
+        assert!(e.contains("no column `gpu`") && e.contains("target"), "{e}");
+        let e = compare(&runs, &sel("target=full"), &sel("dtype=bf16")).unwrap_err().to_string();
+        assert!(e.contains("different columns"), "{e}");
+        let e = compare(&runs, &sel("target=full"), &sel("target=3g")).unwrap_err().to_string();
+        assert!(e.contains("no ok run has target=3g; values of `target` here: full"), "{e}");
+        assert!("full".parse::<Selector>().unwrap_err().to_string().contains("column=value"));
+    }
+}
