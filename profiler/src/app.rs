@@ -104,12 +104,19 @@ pub fn run_under_mps(target: &crate::mps::MpsTarget, log: &mut dyn Write) -> Res
         share.describe()
     )?;
     let exe = std::env::current_exe().context("finding this migprof to run as the MPS client")?;
-    let status = std::process::Command::new(exe).args(std::env::args_os().skip(1)).env(CLIENT_PIPE_ENV, daemon.pipe_dir()).spawn().and_then(|mut client| {
-        // From here a Ctrl-C is the client's to act on; this process waits and cleans up.
-        // SAFETY: setting a signal's disposition to ignored.
-        unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
-        client.wait()
-    });
+    // A Ctrl-C is the client's to act on (it reaches the whole foreground group); this process waits
+    // and cleans up. Ignored here from before the client starts, restored in the client.
+    // SAFETY: setting signal dispositions; in the child, between fork and exec, only that.
+    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    let mut client = std::process::Command::new(exe);
+    client.args(std::env::args_os().skip(1)).env(CLIENT_PIPE_ENV, daemon.pipe_dir());
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut client, || {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let status = client.spawn().and_then(|mut c| c.wait());
     let stopped = daemon.stop();
     writeln!(log, "MPS: daemon stopped")?;
     stopped?;
