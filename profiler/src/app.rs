@@ -95,6 +95,15 @@ pub fn run_under_mps(target: &crate::mps::MpsTarget, log: &mut dyn Write) -> Res
     }
     let topology = crate::gpu::discover().map_err(|e| anyhow::anyhow!("`{target}`: {e:#}"))?;
     let (selected, share) = crate::mps::resolve(&topology, target, crate::mps::profile_table)?;
+    // From here on this process cleans up whatever ends the run: a Ctrl-C is the client's to act on
+    // (it reaches the whole foreground group) and is ignored here; a SIGTERM is passed on to the
+    // client. Both are restored in the client.
+    // SAFETY: setting dispositions; the handler only reads an atomic and calls kill, both
+    // async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGTERM, forward_sigterm as extern "C" fn(libc::c_int) as libc::sighandler_t);
+    }
     let daemon = Daemon::start(&control_program()?, &base_dir(), &selected.gpu.uuid, &crate::mps::processes::Proc)?;
     writeln!(
         log,
@@ -104,19 +113,20 @@ pub fn run_under_mps(target: &crate::mps::MpsTarget, log: &mut dyn Write) -> Res
         share.describe()
     )?;
     let exe = std::env::current_exe().context("finding this migprof to run as the MPS client")?;
-    // A Ctrl-C is the client's to act on (it reaches the whole foreground group); this process waits
-    // and cleans up. Ignored here from before the client starts, restored in the client.
-    // SAFETY: setting signal dispositions; in the child, between fork and exec, only that.
-    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
     let mut client = std::process::Command::new(exe);
     client.args(std::env::args_os().skip(1)).env(CLIENT_PIPE_ENV, daemon.pipe_dir());
+    // SAFETY: between fork and exec, only resetting dispositions.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut client, || {
             libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::signal(libc::SIGTERM, libc::SIG_DFL);
             Ok(())
         });
     }
-    let status = client.spawn().and_then(|mut c| c.wait());
+    let status = client.spawn().and_then(|mut c| {
+        MPS_CLIENT.store(c.id() as i32, std::sync::atomic::Ordering::SeqCst);
+        c.wait()
+    });
     let stopped = daemon.stop();
     writeln!(log, "MPS: daemon stopped")?;
     stopped?;
@@ -126,6 +136,17 @@ pub fn run_under_mps(target: &crate::mps::MpsTarget, log: &mut dyn Write) -> Res
         Some(c) => std::process::ExitCode::from(c.clamp(1, 255) as u8),
         None => std::process::ExitCode::FAILURE,
     })
+}
+
+/// The pid of `run_under_mps`'s client, for its SIGTERM handler (0: none yet).
+static MPS_CLIENT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn forward_sigterm(_: libc::c_int) {
+    let pid = MPS_CLIENT.load(std::sync::atomic::Ordering::SeqCst);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe; the pid is our child's.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
 }
 
 /// What the GPU sampler saw that a user must hear about at once: another process on the device,

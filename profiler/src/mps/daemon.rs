@@ -217,6 +217,10 @@ fn preflight(base: &Path, procs: &dyn ProcessTable) -> Result<()> {
     }
     for (dir, members) in &by_dir {
         let record: Option<Record> = std::fs::read_to_string(dir.join("daemon.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
+        // This process's own daemons (one per GPU of a sweep) are no obstacle to another one.
+        if record.as_ref().is_some_and(|r| r.owner_pid == std::process::id()) {
+            continue;
+        }
         let list: Vec<String> = members.iter().map(|p| p.describe()).collect();
         match record {
             Some(r) if procs.alive(r.owner_pid) => bail!(
@@ -237,7 +241,7 @@ fn preflight(base: &Path, procs: &dyn ProcessTable) -> Result<()> {
     }
     // Nothing runs from the folders left: the leftovers of daemons that are gone.
     if let Ok(entries) = std::fs::read_dir(base) {
-        for dir in entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_dir()) {
+        for dir in entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_dir() && !by_dir.contains_key(p)) {
             let _ = std::fs::remove_dir_all(&dir);
         }
     }

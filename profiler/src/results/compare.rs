@@ -9,6 +9,9 @@
 //! are what is compared and stay out of the match; otherwise (dtype=f32 against dtype=bf16) the
 //! target is part of the match, so that each device is compared with itself.
 //!
+//! A selector with nothing after `=` picks the rows where the column is null: `concurrency_group=`
+//! (cells alone) against `concurrency_group=3g+3g` gives the interference of a group.
+//!
 //! Pooling. Rows of one cell id are reruns (`--force`): the latest counts. Rows of one match key but
 //! several cell ids are repeats: their throughputs are averaged; the standard error is the larger of
 //! the repeats' own (each row's 95% interval, pooled) and the spread between repeats (when there are
@@ -26,7 +29,21 @@ use serde::Serialize;
 /// The workload fields two runs must share to be compared.
 const WORKLOAD: [&str; 9] = ["model", "mode", "dtype", "batch", "seq_len", "kernel_options", "optimizer", "weights", "concurrency_group"];
 /// The fields that say where a run ran.
-const DEVICE: [&str; 8] = ["target", "device_name", "device_kind", "gpu_name", "gpu_uuid", "mig_profile", "mig_uuid", "emulated_profile"];
+const DEVICE: [&str; 13] = [
+    "target",
+    "device_name",
+    "device_kind",
+    "gpu_name",
+    "gpu_uuid",
+    "mig_profile",
+    "mig_uuid",
+    "emulated_profile",
+    "emulation",
+    "mps_share_pct",
+    "sm_count",
+    "profile_sms",
+    "measured_sms",
+];
 /// z for a two-sided 95% interval.
 const Z95: f64 = 1.959964;
 
@@ -64,6 +81,8 @@ pub struct Side {
     pub p99_ms: f64,
     /// Targets (devices) the rows ran on.
     pub targets: String,
+    /// The rows' verdicts other than `ok` (shared, throttled, ...), each once.
+    pub caveats: Vec<String>,
 }
 
 /// One matched cell.
@@ -97,6 +116,8 @@ pub struct Comparison {
 
 /// A runs row, as far as comparing needs it.
 struct Row {
+    /// The selectors' column.
+    selected: Option<String>,
     cell_id: String,
     run_id: String,
     fields: BTreeMap<&'static str, String>,
@@ -104,6 +125,7 @@ struct Row {
     ci: Option<(f64, f64)>,
     p50_ms: f64,
     p99_ms: f64,
+    verdict: Option<String>,
 }
 
 pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Result<Comparison> {
@@ -115,8 +137,7 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
         let names: Vec<String> = runs.get_column_names().iter().map(|n| n.to_string()).collect();
         bail!("the runs table has no column `{column}`; its columns: {}", names.join(", "))
     }
-    let selected = text(runs, column)?;
-    let rows = read_rows(runs)?;
+    let rows = read_rows(runs, column)?;
     // Where the selectors pick devices, devices are what is compared; otherwise each with itself.
     let mut key_fields: Vec<&'static str> = WORKLOAD.iter().copied().filter(|f| *f != column).collect();
     if !DEVICE.contains(&column) {
@@ -125,8 +146,12 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
     let side = |sel: &Selector| -> BTreeMap<Vec<String>, Vec<&Row>> {
         // Reruns of a cell: the latest row.
         let mut latest: BTreeMap<&str, &Row> = BTreeMap::new();
-        for (row, value) in rows.iter().zip(&selected) {
-            if value.as_deref() == Some(sel.value.as_str()) {
+        for row in &rows {
+            let picked = match &row.selected {
+                Some(v) => *v == sel.value,
+                None => sel.value.is_empty(),
+            };
+            if picked {
                 let keep = latest.get(row.cell_id.as_str()).is_none_or(|old| old.run_id < row.run_id);
                 if keep {
                     latest.insert(&row.cell_id, row);
@@ -140,8 +165,22 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
         by_key
     };
     let (base, tgt) = (side(baseline), side(target));
+    // Pooling is for repeats of one cell on one target, never for several targets' rows.
+    for (sel, by_key) in [(baseline, &base), (target, &tgt)] {
+        for rows in by_key.values() {
+            let mut targets: Vec<&str> = rows.iter().map(|r| r.fields.get("target").map_or("?", String::as_str)).collect();
+            targets.sort_unstable();
+            targets.dedup();
+            if targets.len() > 1 {
+                bail!(
+                    "{sel} holds runs of one cell on several targets ({}): they would be averaged as repeats; select on `target` (or a column with one target per value)",
+                    targets.join(", ")
+                )
+            }
+        }
+    }
     if base.is_empty() || tgt.is_empty() {
-        let values: std::collections::BTreeSet<&str> = selected.iter().flatten().map(String::as_str).collect();
+        let values: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.selected.as_deref().unwrap_or("(null)")).collect();
         let empty = if base.is_empty() { baseline } else { target };
         bail!("no ok run has {empty}; values of `{column}` here: {}", values.into_iter().collect::<Vec<_>>().join(", "))
     }
@@ -191,11 +230,15 @@ fn pool(rows: &[&Row]) -> Side {
     let mut targets: Vec<&str> = rows.iter().map(|r| r.fields.get("target").map_or("?", String::as_str)).collect();
     targets.sort_unstable();
     targets.dedup();
-    Side { runs: rows.len(), throughput, throughput_se, p50_ms: mean(&|r| r.p50_ms), p99_ms: mean(&|r| r.p99_ms), targets: targets.join(",") }
+    let mut caveats: Vec<String> = rows.iter().filter_map(|r| r.verdict.clone()).filter(|v| v != "ok").collect();
+    caveats.sort_unstable();
+    caveats.dedup();
+    Side { runs: rows.len(), throughput, throughput_se, p50_ms: mean(&|r| r.p50_ms), p99_ms: mean(&|r| r.p99_ms), targets: targets.join(","), caveats }
 }
 
-fn read_rows(runs: &DataFrame) -> Result<Vec<Row>> {
+fn read_rows(runs: &DataFrame, column: &str) -> Result<Vec<Row>> {
     let status = text(runs, "status")?;
+    let (selected, verdict) = (text(runs, column)?, text(runs, "verdict")?);
     let (cell_id, run_id) = (text(runs, "cell_id")?, text(runs, "run_id")?);
     let fields: Vec<(&'static str, Vec<Option<String>>)> =
         WORKLOAD.iter().chain(DEVICE.iter()).map(|f| Ok((*f, text(runs, f)?))).collect::<Result<_>>()?;
@@ -209,6 +252,8 @@ fn read_rows(runs: &DataFrame) -> Result<Vec<Row>> {
         }
         let (Some(throughput), Some(p50_ms), Some(p99_ms)) = (tp[i], p50[i], p99[i]) else { continue };
         rows.push(Row {
+            selected: selected[i].clone(),
+            verdict: verdict[i].clone(),
             cell_id: cell_id[i].clone().unwrap_or_else(|| format!("row{i}")),
             run_id: run_id[i].clone().unwrap_or_default(),
             fields: fields.iter().filter_map(|(f, v)| v[i].clone().map(|v| (*f, v))).collect(),
@@ -252,7 +297,7 @@ impl Comparison {
         if format == Format::Json {
             return Ok(serde_json::to_string_pretty(self)? + "\n");
         }
-        let header = ["cell", "baseline/s", "target/s", "ratio (95%)", "beyond noise", "p50 ms b→t", "p99 ms b→t", "runs b/t"];
+        let header = ["cell", "baseline/s", "target/s", "ratio (95%)", "beyond noise", "p50 ms b→t", "p99 ms b→t", "runs b/t", "verdicts b/t"];
         // Fields equal in every matched cell are said once above the table; rows show the rest.
         let same: Vec<(String, String)> = match self.rows.first() {
             Some(first) => first.ordered.iter().filter(|kv| !kv.1.is_empty() && self.rows.iter().all(|r| r.ordered.contains(kv))).cloned().collect(),
@@ -262,7 +307,8 @@ impl Comparison {
             let varying: Vec<&str> = r.ordered.iter().filter(|kv| !kv.1.is_empty() && !same.contains(kv)).map(|(_, v)| v.as_str()).collect();
             if varying.is_empty() { "(the one cell)".to_string() } else { varying.join(" ") }
         };
-        let lines: Vec<[String; 8]> = self
+        let verdicts = |s: &Side| if s.caveats.is_empty() { "ok".to_string() } else { s.caveats.join("+") };
+        let lines: Vec<[String; 9]> = self
             .rows
             .iter()
             .map(|r| {
@@ -279,6 +325,7 @@ impl Comparison {
                     format!("{:.3}→{:.3}", r.baseline.p50_ms, r.target.p50_ms),
                     format!("{:.3}→{:.3}", r.baseline.p99_ms, r.target.p99_ms),
                     format!("{}/{}", r.baseline.runs, r.target.runs),
+                    format!("{}/{}", verdicts(&r.baseline), verdicts(&r.target)),
                 ]
             })
             .collect();
@@ -392,6 +439,29 @@ mod tests {
         assert!((full.target.throughput_se.unwrap() - 15.0).abs() < 1e-9, "{:?}", full.target.throughput_se);
         let slice = c.rows.iter().find(|r| r.cell["target"] == "3g").unwrap();
         assert!((slice.ratio - 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn cells_alone_against_a_group_and_no_pooling_across_targets() {
+        let mut runs = frame(&[
+            ("a", "r1", "3g", "bf16", 32, 1000.0, 10.0),
+            ("b", "r2", "3g", "bf16", 32, 800.0, 10.0),
+            ("c", "r3", "1g", "bf16", 32, 300.0, 3.0),
+            ("d", "r4", "1g", "bf16", 32, 200.0, 3.0),
+        ]);
+        runs.with_column(Column::new("concurrency_group".into(), [None, Some("g"), None, Some("g")])).unwrap();
+        runs.with_column(Column::new("verdict".into(), ["ok", "shared", "ok", "ok"])).unwrap();
+        let c = compare(&runs, &sel("concurrency_group="), &sel("concurrency_group=g")).unwrap();
+        assert_eq!(c.rows.len(), 2, "each target with itself");
+        let three = c.rows.iter().find(|r| r.cell["target"] == "3g").unwrap();
+        assert!((three.ratio - 0.8).abs() < 1e-12);
+        assert_eq!((three.baseline.caveats.clone(), three.target.caveats.clone()), (vec![], vec!["shared".to_string()]));
+        assert!(c.render(Format::Text).unwrap().contains("ok/shared"));
+        // dtype against dtype over two targets is fine; a device column other than target that
+        // spans two targets on one side would average them: refused.
+        runs.with_column(Column::new("device_kind".into(), ["mps", "mps", "mps", "mps"])).unwrap();
+        let e = compare(&runs, &sel("device_kind=mps"), &sel("device_kind=cuda")).unwrap_err().to_string();
+        assert!(e.contains("several targets (1g, 3g)"), "{e}");
     }
 
     #[test]

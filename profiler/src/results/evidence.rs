@@ -196,12 +196,17 @@ fn others(samples: &[Sample], expected: &Expected) -> (Vec<(GpuProcess, f64)>, b
         e.1 += 1;
     };
     let unattributed = anyone_listed && !ours_listed;
+    let mut expected_pids = expected.pids.clone();
+    expected_pids.sort_unstable();
+    expected_pids.dedup();
     for list in &lists {
-        let unexpected: Vec<&GpuProcess> = list.iter().filter(|p| !is_server(p) && !expected.pids.contains(&p.pid)).collect();
+        let unexpected: Vec<&GpuProcess> = list.iter().filter(|p| !is_server(p) && !expected_pids.contains(&p.pid)).collect();
         if unattributed {
             // Which listed process is which cannot be told: only a count above the expected one
-            // (ours and our neighbours) shows someone else, and all are named.
-            if unexpected.len() > expected.pids.len() {
+            // (ours, our neighbours, and the MPS server when its name could not be read either)
+            // shows someone else, and all are named.
+            let server_unnamed = expected.mps_server && !list.iter().any(is_server);
+            if unexpected.len() > expected_pids.len() + usize::from(server_unnamed) {
                 unexpected.into_iter().for_each(&mut note);
             }
         } else {
@@ -280,6 +285,11 @@ mod tests {
         let crowded: Vec<Sample> = (0..10).map(|_| reading(0, &[(90_001, "?"), (90_002, "?")])).collect();
         let e = Evidence::from_samples(&crowded, &us());
         assert!(e.unattributed && e.shared(), "{e:?}");
+        // An MPS client beside its server whose name cannot be read: two processes, both expected.
+        let client = Expected { pids: vec![100, 100], mps_server: true };
+        assert!(!Evidence::from_samples(&crowded, &client).shared(), "the server and this client");
+        let three: Vec<Sample> = (0..10).map(|_| reading(0, &[(90_001, "?"), (90_002, "?"), (90_003, "?")])).collect();
+        assert!(Evidence::from_samples(&three, &client).shared(), "a third is someone else");
         assert!(e.describe().unwrap().contains("another PID namespace"));
     }
 

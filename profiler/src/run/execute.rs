@@ -44,10 +44,12 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
         group: context.group.clone(),
     };
     let measured = measure(&mut exec, &MonotonicClock::new(), spec.warmup, spec.stop, &mut beside);
-    // A group's members are expected on the device: neighbours on purpose.
+    // A group's members on this device are expected there: neighbours on purpose.
     let mut context = context;
-    if let Some(g) = &beside.group {
-        context.expected.pids.extend(g.members().map(|m| m.into_iter().map(|(pid, _)| pid).collect::<Vec<_>>()).unwrap_or_default());
+    if let (Some(g), Ok(_)) = (&beside.group, &measured) {
+        context.expected.pids.extend(g.pids_on_my_device().unwrap_or_default());
+        context.expected.pids.sort_unstable();
+        context.expected.pids.dedup();
     }
     // The workload's memory goes back to the driver before the next run builds its own, whether
     // or not this one measured.

@@ -128,7 +128,8 @@ pub trait Observer {
     fn start(&mut self);
     fn stop(&mut self);
     /// After a measured phase that succeeded: whether to run another, unmeasured step to keep the
-    /// device busy (a group member does until every member has measured).
+    /// device busy (a group member does until every member has measured). An error, or a step that
+    /// fails while holding, ends the holding and never the run.
     fn hold(&mut self) -> Result<bool> {
         Ok(false)
     }
@@ -150,8 +151,11 @@ pub fn measure(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup, stop:
     let measured = measure_steps(exec, clock, stop);
     observer.stop();
     let measured = measured?;
-    while observer.hold()? {
-        exec.step()?;
+    // Holding keeps the device busy for others; nothing it meets may cost this run its measurement.
+    while observer.hold().unwrap_or(false) {
+        if exec.step().is_err() {
+            break;
+        }
     }
     Ok(Measurement { warmup_iterations, ..measured })
 }

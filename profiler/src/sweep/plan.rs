@@ -17,7 +17,7 @@ pub struct PlannedCell {
 }
 
 /// What varies between the cells of one matrix: everything but the target.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 struct Work {
     model: String,
     mode: String,
@@ -33,11 +33,17 @@ struct Work {
 pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
     let work = matrix_work(file)?;
     let mut out = Vec::new();
+    // The same cell listed twice (overlapping matrices) runs once.
+    let mut alone = std::collections::HashSet::new();
     for target in file.targets.iter().filter(|t| t.alone) {
         for w in &work {
-            out.push(PlannedCell { spec: cell(file, target, w), batch: w.batch, group: None });
+            let spec = cell(file, target, w);
+            if alone.insert(spec.cell_id()) {
+                out.push(PlannedCell { spec, batch: w.batch, group: None });
+            }
         }
     }
+    let mut instances = std::collections::HashSet::new();
     for g in &file.groups {
         let targets: Vec<&Target> = g.targets.iter().map(|l| file.targets.iter().find(|t| &t.label == l).expect("checked by the file")).collect();
         for w in &work {
@@ -59,7 +65,7 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
                     _ => w.clone(),
                 })
                 .collect();
-            let described: Vec<String> = targets.iter().zip(&member_work).map(|(t, w)| format!("{}:{}/{}/{}/{}", t.label, w.model, w.mode, w.dtype, w.batch)).collect();
+            let described: Vec<String> = targets.iter().zip(&member_work).map(|(t, w)| w.describe(&t.label)).collect();
             let mut members: Vec<CellSpec> = Vec::new();
             for (i, (t, mw)) in targets.iter().zip(&member_work).enumerate() {
                 let mut spec = cell(file, t, mw);
@@ -68,13 +74,30 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
                 members.push(spec);
             }
             let key = format!("{}#{}", g.label, members.iter().map(|m| m.cell_id()).collect::<Vec<_>>().join("+"));
+            // An instance listed twice (overlapping matrices) runs once.
+            if !instances.insert(key.clone()) {
+                continue;
+            }
             out.extend(members.into_iter().zip(&member_work).map(|(spec, mw)| PlannedCell { spec, batch: mw.batch, group: Some(key.clone()) }));
         }
     }
-    // The same cell listed twice (overlapping matrices) runs once.
-    let mut seen = std::collections::HashSet::new();
-    out.retain(|c| seen.insert(c.spec.cell_id()));
     Ok(out)
+}
+
+impl Work {
+    /// How a group member names this work on `target` among its neighbours:
+    /// `target:model/mode/dtype/batch`, then `/seq N` and the kernel options where they are not the
+    /// defaults, so that two instances never name their neighbours alike.
+    fn describe(&self, target: &str) -> String {
+        let mut d = format!("{target}:{}/{}/{}/{}", self.model, self.mode, self.dtype, self.batch);
+        if let Some(l) = self.seq_len {
+            d += &format!("/seq {l}");
+        }
+        if self.kernels != workloads::kernels::KernelOptions::default().canonical() {
+            d += &format!("/{}", self.kernels);
+        }
+        d
+    }
 }
 
 /// The cells of the matrices, target aside, in order: matrix, model, mode, dtype, batch, sequence
@@ -267,10 +290,22 @@ busy = { model = "bert_tiny", batch = 4, dtype = "f32" }
         assert_ne!(pair[0].spec.cell_id(), cells[0].spec.cell_id());
         let ids: std::collections::HashSet<String> = cells.iter().map(|c| c.spec.cell_id()).collect();
         assert_eq!(ids.len(), cells.len());
+        // Two matrices listing the same cells: each instance once, whole.
+        let twice = text.replace("[[groups]]\nlabel = \"pair\"", "[[matrix]]\nmodels = [\"resnet_tiny\"]\nbatches = [2]\n[[groups]]\nlabel = \"pair\"");
+        assert_eq!(cells_of(&twice).len(), cells.len());
+        // Instances that differ only in the measured cell's sequence length keep their neighbours.
+        let seqs = text.replace("models = [\"resnet_tiny\"]\nbatches = [1, 2]", "models = [\"bert_tiny\"]\nbatches = [1]\nseq_lens = [8, 16]");
+        let noisy: Vec<PlannedCell> = cells_of(&seqs).into_iter().filter(|c| c.spec.concurrency_group.as_deref() == Some("noisy")).collect();
+        assert_eq!(noisy.len(), 6, "two instances of three members");
+        assert!(noisy[1].spec.neighbours[0].ends_with("/seq 8") && noisy[4].spec.neighbours[0].ends_with("/seq 16"), "{:?}", noisy[1].spec.neighbours);
         // "max" has no place in a group.
         let e = cells_err(&text.replace("batches = [1, 2]", "batches = [1, \"max\"]"));
         assert!(e.contains("batch \"max\" is searched for alone"), "{e}");
         Ok(())
+    }
+
+    fn cells_of(text: &str) -> Vec<PlannedCell> {
+        cells(&SweepFile::parse(text).unwrap()).unwrap()
     }
 
     fn cells_err(text: &str) -> String {

@@ -382,7 +382,13 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
         }
         // A concurrent group runs alone on the machine: once nothing else runs, and nothing beside it.
         let alone_left = queue.is_empty() && probes.is_empty() && searches.iter().all(|s| s.waiting.is_empty());
-        if active.is_empty() && alone_left {
+        let now = Instant::now();
+        let cooled = |m: &PlannedCell, keys: &mut HashMap<String, String>| {
+            let key = keys.entry(m.spec.device.clone()).or_insert_with(|| device_key(&m.spec.device)).clone();
+            free_at.get(&key).is_none_or(|t| *t <= now)
+        };
+        let group_ready = groups.front().is_some_and(|g| g.iter().all(|m| cooled(m, &mut keys)));
+        if active.is_empty() && alone_left && group_ready {
             if let Some(members) = groups.pop_front() {
                 let started = start_group(exe, &opts.out, &members, timeout, &invocation_id, &daemons, &mut keys)?;
                 progress.line(&format!("group {}: {} members started together", members[0].spec.concurrency_group.as_deref().unwrap_or(""), started.len()))?;
@@ -459,10 +465,16 @@ fn start_group(
         let device = keys.entry(m.spec.device.clone()).or_insert_with(|| device_key(&m.spec.device)).clone();
         let mut env = mps_env(&m.spec, &device, daemons);
         env.push((crate::run::group::GROUP_DIR_ENV, dir.clone()));
+        // Holding ends well inside the cell's timeout, so that a member beside an overrunning one
+        // still writes its row.
+        let hold_for = timeout.saturating_sub(Duration::from_secs(10).min(timeout / 10));
+        let until = std::time::SystemTime::now() + hold_for;
+        env.push((crate::run::group::HOLD_UNTIL_ENV, PathBuf::from(until.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs().to_string())));
         let running = start_cell(exe, out, &m.spec, timeout, invocation_id, &env)?;
         started.push(Active { cell: m.spec.clone(), device, running, started: provenance::now(), search: None, grouped: true });
     }
-    let list: Vec<(u32, String)> = started.iter().map(|a| (a.running.pid(), a.cell.cell_id())).collect();
+    let list: Vec<crate::run::group::Member> =
+        started.iter().map(|a| crate::run::group::Member { pid: a.running.pid(), cell_id: a.cell.cell_id(), device: a.device.clone() }).collect();
     crate::run::group::write_members(&dir, &list)?;
     Ok(started)
 }
