@@ -190,6 +190,7 @@ pub fn sweep(args: &crate::cli::SweepArgs, log: &mut dyn Write) -> Result<bool> 
         if summary.interrupted { "; rerun the same command to finish" } else { "" },
         args.out.join(Table::Runs.dir_name()).display()
     )?;
+    writeln!(log, "{}", report_hint(&args.out))?;
     Ok(!summary.interrupted && summary.failed() == 0)
 }
 
@@ -255,6 +256,23 @@ pub fn compare(dir: &Path, baseline: &crate::results::compare::Selector, target:
     Ok(())
 }
 
+/// `migprof report DIR...`: writes the report and says where.
+pub fn report(dirs: &[std::path::PathBuf], out: Option<&Path>, format: crate::report::Format, stdout: &mut dyn Write) -> Result<()> {
+    let default = dirs[0].join(match format {
+        crate::report::Format::Html => "report.html",
+        crate::report::Format::Md => "report.md",
+    });
+    let out = out.unwrap_or(&default);
+    crate::report::write(dirs, out, format)?;
+    writeln!(stdout, "report: {}", out.display())?;
+    Ok(())
+}
+
+/// The line that ends `run` and `sweep`: how to see the folder as a report.
+pub fn report_hint(dir: &Path) -> String {
+    format!("report: migprof report {}", dir.display())
+}
+
 /// `migprof check DIR`: `Ok(false)` when it found a problem.
 pub fn check(dir: &Path, stdout: &mut dyn Write) -> Result<bool> {
     anyhow::ensure!(dir.is_dir(), "{}: no such results folder", dir.display());
@@ -297,6 +315,7 @@ pub fn finish(out: &Path, report: &RunReport, stdout: &mut dyn Write) -> Result<
     if not_ok > 0 {
         writeln!(stdout, "{not_ok} run(s) have a verdict other than ok; their verdict_reason column says why")?;
     }
+    writeln!(stdout, "{}", report_hint(out))?;
     Ok(())
 }
 

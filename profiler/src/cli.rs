@@ -60,6 +60,18 @@ pub enum Command {
         #[arg(long, value_enum, default_value = "text")]
         format: crate::results::compare::Format,
     },
+    /// Write the report of one or more results folders: a self-contained HTML page (inline SVG, no
+    /// script, no network) or Markdown with its SVGs in a folder beside it.
+    Report {
+        /// Results folders.
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Where to write it; default report.html (report.md) in the first folder.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "html")]
+        format: crate::report::Format,
+    },
     /// List the models with their parameter counts and FLOPs per sample.
     Models,
     /// List the NVIDIA GPUs and their MIG devices (profile, GPU/compute instance ids, SMs, memory,

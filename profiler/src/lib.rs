@@ -8,6 +8,7 @@ pub mod gpu;
 pub mod mig;
 pub mod mps;
 pub mod provenance;
+pub mod report;
 pub mod results;
 pub mod run;
 pub mod sweep;

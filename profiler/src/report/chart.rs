@@ -1,0 +1,208 @@
+//! The report's charts as SVG text: lines with points and whiskers over a shared x axis, one colour
+//! per target across every chart of a report. Text is laid out with plotters' built-in metrics (no
+//! fonts needed), and the same data always gives the same bytes.
+
+use anyhow::Result;
+use plotters::prelude::*;
+
+/// Colours readable on white, in the order targets get them (no yellow, no pale tints).
+pub const PALETTE: [(u8, u8, u8); 10] = [
+    (31, 119, 180),  // blue
+    (214, 39, 40),   // red
+    (44, 160, 44),   // green
+    (148, 103, 189), // purple
+    (255, 127, 14),  // orange
+    (140, 86, 75),   // brown
+    (227, 119, 194), // pink
+    (23, 190, 207),  // cyan
+    (127, 127, 127), // grey
+    (0, 0, 0),       // black
+];
+
+/// The colour of the `i`-th target, as CSS.
+pub fn css(i: usize) -> String {
+    let (r, g, b) = PALETTE[i % PALETTE.len()];
+    format!("#{r:02x}{g:02x}{b:02x}")
+}
+
+/// One point: x, y, and an optional whisker from `low` to `high`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Point {
+    pub x: f64,
+    pub y: f64,
+    pub whisker: Option<(f64, f64)>,
+}
+
+/// One line: its legend, its colour index, its points.
+#[derive(Debug, Clone)]
+pub struct Series {
+    pub name: String,
+    pub colour: usize,
+    pub points: Vec<Point>,
+}
+
+/// How an axis is scaled.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scale {
+    Linear,
+    Log,
+}
+
+/// A chart to draw.
+pub struct Chart<'a> {
+    pub title: &'a str,
+    pub x_label: &'a str,
+    pub y_label: &'a str,
+    pub x_scale: Scale,
+    pub y_scale: Scale,
+    pub series: &'a [Series],
+    /// A reference line y = x (the proportional line of a scaling chart).
+    pub diagonal: bool,
+}
+
+/// The scale a positive quantity wants: log where it spans more than a decade.
+pub fn scale_for(values: impl Iterator<Item = f64>) -> Scale {
+    let (lo, hi) = range(values);
+    if lo > 0.0 && hi / lo > 10.0 {
+        Scale::Log
+    } else {
+        Scale::Linear
+    }
+}
+
+fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    values.filter(|v| v.is_finite()).fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)))
+}
+
+/// The axis range for `values` on `scale`: padded a little, never beyond what the data needs. A linear
+/// quantity axis of positive data starts at 0 (`from_zero`) so that ratios read right; a linear batch
+/// axis spans the batches alone.
+fn axis(values: impl Iterator<Item = f64>, scale: Scale, from_zero: bool) -> (f64, f64) {
+    let (lo, hi) = range(values);
+    if !lo.is_finite() {
+        return (0.0, 1.0);
+    }
+    match scale {
+        Scale::Log => {
+            let lo = lo.max(f64::MIN_POSITIVE);
+            (lo / 1.25, hi * 1.25)
+        }
+        Scale::Linear if from_zero => {
+            let lo = if lo >= 0.0 { 0.0 } else { lo * 1.05 };
+            let hi = if hi > lo { hi * 1.05 } else { lo + 1.0 };
+            (lo, hi)
+        }
+        Scale::Linear => {
+            let pad = if hi > lo { (hi - lo) * 0.05 } else { lo.abs().max(1.0) * 0.5 };
+            (lo - pad, hi + pad)
+        }
+    }
+}
+
+/// Three significant digits for tick labels.
+pub fn significant(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return format!("{v}");
+    }
+    let digits = (2 - v.abs().log10().floor() as i32).max(0) as usize;
+    format!("{v:.digits$}")
+}
+
+impl Chart<'_> {
+    /// The chart as an SVG document (760×420).
+    pub fn svg(&self) -> Result<String> {
+        let mut out = String::new();
+        {
+            let root = SVGBackend::with_string(&mut out, (760, 420)).into_drawing_area();
+            root.fill(&WHITE)?;
+            let xs = self.series.iter().flat_map(|s| s.points.iter().map(|p| p.x));
+            let ys = self.series.iter().flat_map(|s| s.points.iter().flat_map(|p| [Some(p.y), p.whisker.map(|w| w.0), p.whisker.map(|w| w.1)].into_iter().flatten()));
+            let (x0, x1) = axis(xs.clone(), self.x_scale, self.diagonal);
+            let (mut y0, mut y1) = axis(ys, self.y_scale, true);
+            if self.diagonal {
+                y0 = y0.min(x0);
+                y1 = y1.max(x1);
+            }
+            let mut builder = ChartBuilder::on(&root);
+            builder.caption(self.title, ("sans-serif", 18)).margin(14).x_label_area_size(44).y_label_area_size(70);
+            // plotters types a chart by its axes: one body per combination.
+            macro_rules! draw {
+                ($xr:expr, $yr:expr) => {{
+                    let mut ctx = builder.build_cartesian_2d($xr, $yr)?;
+                    ctx.configure_mesh()
+                        .light_line_style(RGBColor(235, 235, 235))
+                        .x_desc(self.x_label)
+                        .y_desc(self.y_label)
+                        .x_label_formatter(&|v| significant(*v))
+                        .y_label_formatter(&|v| significant(*v))
+                        .draw()?;
+                    if self.diagonal {
+                        ctx.draw_series(LineSeries::new([(x0, x0), (x1, x1)], RGBColor(120, 120, 120).stroke_width(1)))?
+                            .label("proportional")
+                            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], RGBColor(120, 120, 120)));
+                    }
+                    for s in self.series {
+                        let (r, g, b) = PALETTE[s.colour % PALETTE.len()];
+                        let colour = RGBColor(r, g, b);
+                        let mut points = s.points.clone();
+                        points.sort_by(|a, b| a.x.total_cmp(&b.x));
+                        ctx.draw_series(LineSeries::new(points.iter().map(|p| (p.x, p.y)), colour.stroke_width(2)))?
+                            .label(s.name.as_str())
+                            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2)));
+                        ctx.draw_series(points.iter().map(|p| Circle::new((p.x, p.y), 3, colour.filled())))?;
+                        ctx.draw_series(points.iter().filter_map(|p| p.whisker.map(|(lo, hi)| ErrorBar::new_vertical(p.x, lo, p.y, hi, colour.stroke_width(1), 8))))?;
+                    }
+                    ctx.configure_series_labels()
+                        .position(SeriesLabelPosition::UpperLeft)
+                        .background_style(WHITE.mix(0.9))
+                        .border_style(RGBColor(180, 180, 180))
+                        .label_font(("sans-serif", 12))
+                        .draw()?;
+                }};
+            }
+            match (self.x_scale, self.y_scale) {
+                (Scale::Log, Scale::Log) => draw!((x0..x1).log_scale(), (y0..y1).log_scale()),
+                (Scale::Log, Scale::Linear) => draw!((x0..x1).log_scale(), y0..y1),
+                (Scale::Linear, Scale::Log) => draw!(x0..x1, (y0..y1).log_scale()),
+                (Scale::Linear, Scale::Linear) => draw!(x0..x1, y0..y1),
+            }
+            root.present()?;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(colour: usize, pts: &[(f64, f64)]) -> Series {
+        Series { name: format!("t{colour}"), colour, points: pts.iter().map(|&(x, y)| Point { x, y, whisker: Some((y * 0.9, y * 1.1)) }).collect() }
+    }
+
+    #[test]
+    fn a_chart_is_an_svg_with_its_texts_and_the_same_bytes_every_time() {
+        let s = [series(0, &[(1.0, 10.0), (128.0, 900.0)]), series(1, &[(1.0, 5.0), (128.0, 400.0)])];
+        let chart = Chart { title: "Throughput", x_label: "batch", y_label: "samples/s", x_scale: Scale::Log, y_scale: Scale::Log, series: &s, diagonal: false };
+        let svg = chart.svg().unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{}", &svg[..80]);
+        for text in ["Throughput", "batch", "samples/s", "t0", "t1"] {
+            assert!(svg.contains(text), "{text}");
+        }
+        assert!(svg.contains("#1F77B4") || svg.contains("#1f77b4"), "the first target is blue");
+        assert_eq!(chart.svg().unwrap(), svg);
+    }
+
+    #[test]
+    fn scales_follow_the_data() {
+        assert_eq!(scale_for([1.0, 128.0].into_iter()), Scale::Log);
+        assert_eq!(scale_for([100.0, 900.0].into_iter()), Scale::Linear);
+        // A linear axis of positive data starts at zero and ends just past the data.
+        assert_eq!(axis([2.0, 10.0].into_iter(), Scale::Linear, true), (0.0, 10.5));
+        // A batch axis of 32 and 128 spans them, not 0 to 32.
+        let (lo, hi) = axis([32.0, 128.0].into_iter(), Scale::Linear, false);
+        assert!((lo - 27.2).abs() < 1e-9 && (hi - 132.8).abs() < 1e-9, "{lo} {hi}");
+        assert_eq!(significant(1234.6), "1235");
+        assert_eq!(significant(0.01234), "0.0123");
+    }
+}

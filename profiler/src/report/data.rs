@@ -1,0 +1,123 @@
+//! The rows a report is made of, read from one or more results folders: every runs row with the
+//! fields the report shows, and the targets in a fixed order (each keeps one colour in every chart).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use polars::prelude::*;
+
+use crate::results::store::{read_table, Table};
+
+/// One runs row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub text: BTreeMap<&'static str, String>,
+    pub num: BTreeMap<&'static str, f64>,
+}
+
+impl Row {
+    pub fn s(&self, k: &str) -> &str {
+        self.text.get(k).map_or("", String::as_str)
+    }
+
+    pub fn n(&self, k: &str) -> Option<f64> {
+        self.num.get(k).copied()
+    }
+
+    pub fn is_ok(&self) -> bool {
+        matches!(self.s("status"), "ok" | "")
+    }
+
+    /// A measured cell alone (not a probe, not a group member).
+    pub fn is_alone(&self) -> bool {
+        self.is_ok() && self.s("concurrency_group").is_empty() && self.n("throughput").is_some()
+    }
+}
+
+const TEXT: [&str; 31] = [
+    "run_id", "cell_id", "sweep", "target", "status", "error", "model", "mode", "dtype", "device_kind", "device_name", "gpu_name", "mig_profile",
+    "emulation", "emulated_profile", "kernel_options", "verdict", "concurrency_group", "neighbours", "host", "migprof_version",
+    "git_commit", "candle_version", "build_features", "driver_version", "cuda_driver_version", "cudnn_version", "cublas_version",
+    "cpu_model", "seq_len", "batch",
+];
+
+const NUM: [&str; 19] = [
+    "batch", "seq_len", "sm_count", "device_memory_mib", "throughput", "throughput_ci_low", "throughput_ci_high", "p50_ms", "p90_ms",
+    "p99_ms", "p50_ms_ci_low", "p50_ms_ci_high", "fb_used_max_mib", "gract_mean", "j_per_sample", "mps_share_pct", "measured_sms",
+    "power_limit_w", "iterations",
+];
+
+/// Every row of the folders' runs tables, in the order of the folders and their parts.
+pub fn read(dirs: &[PathBuf]) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for dir in dirs {
+        if !dir.is_dir() {
+            bail!("{}: no such results folder", dir.display())
+        }
+        let df = read_table(dir, Table::Runs).with_context(|| format!("reading {}", dir.display()))?;
+        rows.extend(rows_of(&df)?);
+    }
+    if rows.is_empty() {
+        bail!("no runs in {}", dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "))
+    }
+    Ok(rows)
+}
+
+fn rows_of(df: &DataFrame) -> Result<Vec<Row>> {
+    let text: Vec<(&'static str, Vec<Option<String>>)> = TEXT
+        .iter()
+        .map(|&k| {
+            let v = match df.column(k) {
+                Ok(c) => c.cast(&DataType::String)?.str()?.iter().map(|v| v.map(str::to_string)).collect(),
+                Err(_) => vec![None; df.height()],
+            };
+            Ok((k, v))
+        })
+        .collect::<Result<_>>()?;
+    let num: Vec<(&'static str, Vec<Option<f64>>)> = NUM
+        .iter()
+        .map(|&k| {
+            let v = match df.column(k) {
+                Ok(c) => c.cast(&DataType::Float64)?.f64()?.iter().collect(),
+                Err(_) => vec![None; df.height()],
+            };
+            Ok((k, v))
+        })
+        .collect::<Result<_>>()?;
+    Ok((0..df.height())
+        .map(|i| Row {
+            text: text.iter().filter_map(|(k, v)| v[i].clone().map(|s| (*k, s))).collect(),
+            num: num.iter().filter_map(|(k, v)| v[i].filter(|x| x.is_finite()).map(|x| (*k, x))).collect(),
+        })
+        .collect())
+}
+
+/// The targets in the order they get colours: by SMs, most first (the baseline first), then name.
+pub fn targets(rows: &[Row]) -> Vec<String> {
+    let mut best: BTreeMap<String, f64> = BTreeMap::new();
+    for r in rows {
+        let sms = r.n("sm_count").unwrap_or(0.0);
+        let e = best.entry(r.s("target").to_string()).or_insert(sms);
+        *e = e.max(sms);
+    }
+    let mut t: Vec<(String, f64)> = best.into_iter().collect();
+    t.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    t.into_iter().map(|(name, _)| name).collect()
+}
+
+/// The baseline of the scaling chart and comparisons: the target with the most SMs, one not emulated
+/// before an emulated one of the same size.
+pub fn baseline(rows: &[Row]) -> Option<String> {
+    rows.iter()
+        .filter(|r| r.is_alone() && r.n("sm_count").is_some())
+        .max_by(|a, b| {
+            a.n("sm_count").unwrap().total_cmp(&b.n("sm_count").unwrap()).then_with(|| b.s("emulation").is_empty().cmp(&a.s("emulation").is_empty()).reverse())
+        })
+        .map(|r| r.s("target").to_string())
+}
+
+/// Path of a folder as the report names it.
+pub fn name(dir: &Path) -> String {
+    dir.display().to_string()
+}

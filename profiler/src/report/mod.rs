@@ -1,0 +1,155 @@
+//! `migprof report`: the page a platform engineer forwards — what ran where, how each model scales
+//! across the targets (throughput, latency, memory, GR activity against batch), how each target's
+//! throughput follows its share of the SMs, each target against the baseline, energy where measured.
+//!
+//! The report is built as sections of blocks (paragraphs, tables, charts), then written as one
+//! self-contained HTML page (inline SVG and CSS, no script, no network) or as Markdown with the SVGs in
+//! a folder beside it. Nothing in it depends on when or where it was made: the same folders give the
+//! same bytes.
+
+pub mod chart;
+pub mod data;
+mod sections;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+pub use sections::build;
+
+/// A part of a section.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Block {
+    Text(String),
+    Table { head: Vec<String>, rows: Vec<Vec<String>> },
+    /// A chart: a file name for the Markdown form, and the SVG.
+    Chart { name: String, svg: String },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Section {
+    pub id: String,
+    pub title: String,
+    /// 2 for a top section, 3 for one inside it.
+    pub level: u8,
+    pub blocks: Vec<Block>,
+}
+
+/// How `report` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Html,
+    Md,
+}
+
+/// Writes the report of `dirs` to `out` (and, for Markdown, its SVGs to `<out stem>_files/`).
+pub fn write(dirs: &[PathBuf], out: &Path, format: Format) -> Result<()> {
+    let rows = data::read(dirs)?;
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let sources: Vec<String> = dirs.iter().map(|d| data::name(d)).collect();
+    let sections = build(&rows, &sources)?;
+    let text = match format {
+        Format::Html => html(&sections),
+        Format::Md => {
+            let stem = out.file_stem().and_then(|s| s.to_str()).unwrap_or("report");
+            let folder = out.with_file_name(format!("{stem}_files"));
+            std::fs::create_dir_all(&folder).with_context(|| format!("creating {}", folder.display()))?;
+            for s in &sections {
+                for b in &s.blocks {
+                    if let Block::Chart { name, svg } = b {
+                        std::fs::write(folder.join(name), svg)?;
+                    }
+                }
+            }
+            markdown(&sections, &format!("{stem}_files"))
+        }
+    };
+    std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))
+}
+
+const CSS: &str = "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;line-height:1.4}\
+h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}h3{margin-top:1.5em}\
+table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.9em}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}\
+th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}figure{margin:1em 0}svg{max-width:100%;height:auto}\
+nav ul{columns:2}.note{color:#555}";
+
+/// The report as one HTML page.
+pub fn html(sections: &[Section]) -> String {
+    let mut out = String::from("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>migprof report</title>\n");
+    let _ = writeln!(out, "<style>{CSS}</style>\n</head>\n<body>\n<h1>migprof report</h1>");
+    out += "<nav>\n<h2 id=\"contents\">Contents</h2>\n<ul>\n";
+    for s in sections.iter().filter(|s| s.level == 2) {
+        let _ = writeln!(out, "<li><a href=\"#{}\">{}</a></li>", s.id, escape(&s.title));
+    }
+    out += "</ul>\n</nav>\n";
+    for s in sections {
+        let _ = writeln!(out, "<h{l} id=\"{}\">{}</h{l}>", s.id, escape(&s.title), l = s.level);
+        for b in &s.blocks {
+            match b {
+                Block::Text(t) => {
+                    let _ = writeln!(out, "<p>{}</p>", escape(t));
+                }
+                Block::Table { head, rows } => {
+                    out += "<table>\n<thead><tr>";
+                    for h in head {
+                        let _ = write!(out, "<th>{}</th>", escape(h));
+                    }
+                    out += "</tr></thead>\n<tbody>\n";
+                    for r in rows {
+                        out += "<tr>";
+                        for c in r {
+                            let _ = write!(out, "<td>{}</td>", escape(c));
+                        }
+                        out += "</tr>\n";
+                    }
+                    out += "</tbody>\n</table>\n";
+                }
+                Block::Chart { svg, .. } => {
+                    // plotters writes an XML document; inline, the SVG element is what is needed.
+                    let start = svg.find("<svg").unwrap_or(0);
+                    let _ = writeln!(out, "<figure>\n{}\n</figure>", svg[start..].trim_end());
+                }
+            }
+        }
+    }
+    out += "</body>\n</html>\n";
+    out
+}
+
+/// The report as Markdown, its charts as files in `folder` (relative to the Markdown file).
+pub fn markdown(sections: &[Section], folder: &str) -> String {
+    let mut out = String::from("# migprof report\n\n## Contents\n\n");
+    for s in sections.iter().filter(|s| s.level == 2) {
+        let _ = writeln!(out, "- [{}](#{})", s.title, s.id);
+    }
+    for s in sections {
+        let _ = writeln!(out, "\n<a id=\"{}\"></a>\n\n{} {}\n", s.id, "#".repeat(s.level as usize), s.title);
+        for b in &s.blocks {
+            match b {
+                Block::Text(t) => {
+                    let _ = writeln!(out, "{t}\n");
+                }
+                Block::Table { head, rows } => {
+                    let cell = |c: &str| c.replace('|', "\\|");
+                    let _ = writeln!(out, "| {} |", head.iter().map(|h| cell(h)).collect::<Vec<_>>().join(" | "));
+                    let _ = writeln!(out, "|{}", "---|".repeat(head.len()));
+                    for r in rows {
+                        let _ = writeln!(out, "| {} |", r.iter().map(|c| cell(c)).collect::<Vec<_>>().join(" | "));
+                    }
+                    out.push('\n');
+                }
+                Block::Chart { name, .. } => {
+                    let _ = writeln!(out, "![{name}]({folder}/{name})\n");
+                }
+            }
+        }
+    }
+    out
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}

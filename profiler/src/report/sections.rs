@@ -1,0 +1,316 @@
+//! The report's sections, from the rows: what ran, one section per model (its modes and dtypes:
+//! throughput, latency, memory and GR activity against batch, one series per target), the scaling of
+//! throughput with the share of SMs, each target against the baseline, energy per sample.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use anyhow::Result;
+use polars::prelude::*;
+
+use super::chart::{scale_for, Chart, Point, Scale, Series};
+use super::data::{self, Row};
+use super::{Block, Section};
+
+pub fn build(rows: &[Row], sources: &[String]) -> Result<Vec<Section>> {
+    let targets = data::targets(rows);
+    let colour = |t: &str| targets.iter().position(|x| x == t).unwrap_or(0);
+    let baseline = data::baseline(rows);
+    let mut out = vec![what_ran(rows, sources, &targets, baseline.as_deref())];
+    out.extend(per_model(rows, &colour)?);
+    if let Some(b) = &baseline {
+        out.extend(scaling(rows, b, &colour)?);
+        out.extend(against_baseline(rows, b)?);
+    }
+    out.extend(energy(rows));
+    Ok(out)
+}
+
+fn fmt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("—".into(), |v| format!("{v:.digits$}"))
+}
+
+fn table(head: &[&str], rows: Vec<Vec<String>>) -> Block {
+    Block::Table { head: head.iter().map(|h| h.to_string()).collect(), rows }
+}
+
+/// What a target is, as a row says.
+fn target_row(r: &Row) -> Vec<String> {
+    let profile = match (r.s("mig_profile"), r.s("emulated_profile"), r.s("emulation")) {
+        (p, _, _) if !p.is_empty() => format!("MIG {p}"),
+        (_, p, "mps") if !p.is_empty() => format!("{p} emulated (MPS, {}% of SMs)", fmt(r.n("mps_share_pct"), 0)),
+        (_, _, "mps") => format!("MPS, {}% of SMs", fmt(r.n("mps_share_pct"), 0)),
+        _ => "whole device".into(),
+    };
+    vec![r.s("target").into(), r.s("device_name").into(), r.s("device_kind").into(), profile, fmt(r.n("sm_count"), 0), fmt(r.n("device_memory_mib"), 0)]
+}
+
+fn what_ran(rows: &[Row], sources: &[String], targets: &[String], baseline: Option<&str>) -> Section {
+    let mut blocks = vec![Block::Text(format!("Results folders: {}.", sources.join(", ")))];
+    let sweeps: BTreeSet<&str> = rows.iter().map(|r| r.s("sweep")).filter(|s| !s.is_empty()).collect();
+    if !sweeps.is_empty() {
+        blocks.push(Block::Text(format!("Sweeps: {}.", sweeps.into_iter().collect::<Vec<_>>().join(", "))));
+    }
+    let per_target: Vec<Vec<String>> = targets.iter().filter_map(|t| rows.iter().find(|r| r.s("target") == t && r.is_ok()).map(target_row)).collect();
+    blocks.push(table(&["target", "device", "kind", "slice", "SMs", "memory MiB"], per_target));
+    if rows.iter().any(|r| r.s("emulation") == "mps") {
+        blocks.push(Block::Text(
+            "Emulated slices (MPS) share the L2 cache and memory bandwidth with the whole GPU: they run faster than real MIG slices of the same size, most for small slices.".into(),
+        ));
+    }
+    if let Some(b) = baseline {
+        blocks.push(Block::Text(format!("Baseline of the scaling chart and the comparisons: {b} (the target with the most SMs).")));
+    }
+    // The environment: each fingerprint field with every value it took.
+    let mut env = Vec::new();
+    for k in ["host", "migprof_version", "git_commit", "candle_version", "build_features", "gpu_name", "driver_version", "cuda_driver_version", "cudnn_version", "cublas_version", "cpu_model"] {
+        let values: BTreeSet<&str> = rows.iter().map(|r| r.s(k)).filter(|v| !v.is_empty()).collect();
+        if !values.is_empty() {
+            env.push(vec![k.to_string(), values.into_iter().collect::<Vec<_>>().join(", ")]);
+        }
+    }
+    blocks.push(table(&["environment", "value(s)"], env));
+    let mut statuses: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for r in rows {
+        *statuses.entry((r.s("status").to_string(), r.s("verdict").to_string())).or_default() += 1;
+    }
+    blocks.push(table(&["status", "verdict", "rows"], statuses.into_iter().map(|((s, v), n)| vec![s, v, n.to_string()]).collect()));
+    let failed: Vec<Vec<String>> = rows
+        .iter()
+        .filter(|r| !matches!(r.s("status"), "ok" | "probe" | ""))
+        .map(|r| {
+            let error: String = r.s("error").lines().next().unwrap_or("").chars().take(160).collect();
+            vec![r.s("target").into(), r.s("model").into(), r.s("mode").into(), r.s("dtype").into(), r.s("batch").into(), r.s("status").into(), error]
+        })
+        .collect();
+    if !failed.is_empty() {
+        blocks.push(Block::Text(format!("{} cell(s) did not measure:", failed.len())));
+        blocks.push(table(&["target", "model", "mode", "dtype", "batch", "status", "error"], failed));
+    }
+    Section { id: "what-ran".into(), title: "What ran".into(), level: 2, blocks }
+}
+
+/// The workload of a row, as sections group it.
+fn workload(r: &Row) -> (String, String, String, String) {
+    (r.s("model").into(), r.s("mode").into(), r.s("dtype").into(), r.s("seq_len").into())
+}
+
+/// A quantity drawn against batch, per target.
+struct Metric {
+    id: &'static str,
+    title: &'static str,
+    unit: &'static str,
+    value: fn(&Row) -> Option<f64>,
+    whisker: fn(&Row) -> Option<(f64, f64)>,
+}
+
+const METRICS: [Metric; 4] = [
+    Metric {
+        id: "throughput",
+        title: "Throughput (95% interval)",
+        unit: "samples/s",
+        value: |r| r.n("throughput"),
+        whisker: |r| r.n("throughput_ci_low").zip(r.n("throughput_ci_high")),
+    },
+    Metric { id: "latency", title: "Latency per step, p50 (whisker p90 to p99)", unit: "ms", value: |r| r.n("p50_ms"), whisker: |r| r.n("p90_ms").zip(r.n("p99_ms")) },
+    Metric { id: "memory", title: "Device memory used, most in the run", unit: "MiB", value: |r| r.n("fb_used_max_mib"), whisker: |_| None },
+    Metric { id: "gract", title: "Graphics engine (GR) activity, mean", unit: "%", value: |r| r.n("gract_mean"), whisker: |_| None },
+];
+
+fn per_model(rows: &[Row], colour: &dyn Fn(&str) -> usize) -> Result<Vec<Section>> {
+    let alone: Vec<&Row> = rows.iter().filter(|r| r.is_alone()).collect();
+    let mut by_model: BTreeMap<String, BTreeMap<(String, String, String, String), Vec<&Row>>> = BTreeMap::new();
+    for r in &alone {
+        by_model.entry(r.s("model").to_string()).or_default().entry(workload(r)).or_default().push(r);
+    }
+    let mut out = Vec::new();
+    for (model, workloads) in by_model {
+        out.push(Section { id: format!("model-{}", slug(&model)), title: model.clone(), level: 2, blocks: Vec::new() });
+        for ((_, mode, dtype, seq), rows) in workloads {
+            let seq_text = if seq.is_empty() { String::new() } else { format!(", {seq} tokens") };
+            let id = format!("{}-{}-{}{}", slug(&model), mode, dtype, if seq.is_empty() { String::new() } else { format!("-{seq}") });
+            let mut blocks = Vec::new();
+            // The latest row per target and batch.
+            let mut latest: BTreeMap<(String, i64), &Row> = BTreeMap::new();
+            for r in rows {
+                let key = (r.s("target").to_string(), r.n("batch").unwrap_or(0.0) as i64);
+                if latest.get(&key).is_none_or(|old| old.s("run_id") < r.s("run_id")) {
+                    latest.insert(key, r);
+                }
+            }
+            let batches: BTreeSet<i64> = latest.keys().map(|k| k.1).collect();
+            let targets: BTreeSet<&str> = latest.keys().map(|k| k.0.as_str()).collect();
+            for m in &METRICS {
+                let series: Vec<Series> = targets
+                    .iter()
+                    .map(|t| Series {
+                        name: t.to_string(),
+                        colour: colour(t),
+                        points: latest
+                            .iter()
+                            .filter(|(k, _)| k.0 == *t)
+                            .filter_map(|(k, r)| (m.value)(r).map(|y| Point { x: k.1 as f64, y, whisker: (m.whisker)(r) }))
+                            .collect(),
+                    })
+                    .filter(|s| !s.points.is_empty())
+                    .collect();
+                if series.is_empty() {
+                    continue;
+                }
+                let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.x));
+                let ys = series.iter().flat_map(|s| s.points.iter().map(|p| p.y));
+                let title = format!("{model} {mode} {dtype}{seq_text}: {}", m.title);
+                let y_label = format!("{} ({})", m.id, m.unit);
+                let x_scale = if batches.len() > 1 { scale_for(xs) } else { Scale::Linear };
+                let y_scale = if m.id == "gract" { Scale::Linear } else { scale_for(ys) };
+                let chart = Chart { title: &title, x_label: "batch size (samples per step)", y_label: &y_label, x_scale, y_scale, series: &series, diagonal: false };
+                blocks.push(Block::Chart { name: format!("{id}-{}.svg", m.id), svg: chart.svg()? });
+                let mut head = vec!["batch".to_string()];
+                head.extend(targets.iter().map(|t| format!("{t} ({})", m.unit)));
+                let rows: Vec<Vec<String>> = batches
+                    .iter()
+                    .map(|b| {
+                        let mut row = vec![b.to_string()];
+                        for t in &targets {
+                            row.push(latest.get(&(t.to_string(), *b)).map_or("—".into(), |r| {
+                                let v = fmt((m.value)(r), if m.id == "latency" { 3 } else { 1 });
+                                match (m.id, (m.whisker)(r)) {
+                                    ("throughput", Some((lo, hi))) => format!("{v} ({lo:.1}–{hi:.1})"),
+                                    ("latency", Some((p90, p99))) => format!("{v} (p90 {p90:.3}, p99 {p99:.3})"),
+                                    _ => v,
+                                }
+                            }));
+                        }
+                        row
+                    })
+                    .collect();
+                blocks.push(Block::Table { head, rows });
+            }
+            out.push(Section { id, title: format!("{model}, {mode}, {dtype}{seq_text}"), level: 3, blocks });
+        }
+    }
+    Ok(out)
+}
+
+fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Result<Vec<Section>> {
+    let alone: Vec<&Row> = rows.iter().filter(|r| r.is_alone() && r.n("sm_count").is_some()).collect();
+    let base: BTreeMap<(String, String, String, String, i64), &Row> =
+        alone.iter().filter(|r| r.s("target") == baseline).map(|r| (key(r), *r)).collect();
+    let Some(base_sms) = alone.iter().find(|r| r.s("target") == baseline).and_then(|r| r.n("sm_count")) else { return Ok(Vec::new()) };
+    let mut blocks = vec![Block::Text(format!(
+        "Each target's throughput relative to {baseline} at the same model, mode, dtype and batch, against its share of {baseline}'s {base_sms:.0} SMs; on the grey line throughput is proportional to SMs. Per-SM efficiency = relative throughput / SM share."
+    ))];
+    let mut by_model: BTreeMap<String, Vec<(&Row, f64, f64)>> = BTreeMap::new();
+    for r in &alone {
+        if let (Some(b), Some(sms), Some(tp)) = (base.get(&key(r)), r.n("sm_count"), r.n("throughput")) {
+            by_model.entry(r.s("model").to_string()).or_default().push((r, sms / base_sms, tp / b.n("throughput").unwrap_or(f64::NAN)));
+        }
+    }
+    for (model, points) in by_model {
+        let targets: BTreeSet<&str> = points.iter().map(|(r, _, _)| r.s("target")).collect();
+        let series: Vec<Series> = targets
+            .iter()
+            .map(|t| Series {
+                name: t.to_string(),
+                colour: colour(t),
+                points: points.iter().filter(|(r, _, _)| r.s("target") == *t).map(|(_, x, y)| Point { x: *x, y: *y, whisker: None }).collect(),
+            })
+            .collect();
+        let title = format!("{model}: throughput against share of SMs (relative to {baseline})");
+        let chart = Chart { title: &title, x_label: "share of the baseline's SMs", y_label: "throughput relative to the baseline", x_scale: Scale::Linear, y_scale: Scale::Linear, series: &series, diagonal: true };
+        blocks.push(Block::Text(format!("{model}:")));
+        blocks.push(Block::Chart { name: format!("scaling-{}.svg", slug(&model)), svg: chart.svg()? });
+        let mut rows: Vec<Vec<String>> = points
+            .iter()
+            .map(|(r, share, rel)| {
+                vec![
+                    r.s("target").into(),
+                    format!("{} {} {}", r.s("mode"), r.s("dtype"), r.s("batch")),
+                    fmt(r.n("sm_count"), 0),
+                    format!("{share:.3}"),
+                    format!("{rel:.3}"),
+                    format!("{:.2}", rel / share),
+                ]
+            })
+            .collect();
+        rows.sort();
+        blocks.push(table(&["target", "mode dtype batch", "SMs", "SM share", "relative throughput", "per-SM efficiency"], rows));
+    }
+    Ok(vec![Section { id: "scaling".into(), title: "Scaling with the share of SMs".into(), level: 2, blocks }])
+}
+
+fn key(r: &Row) -> (String, String, String, String, i64) {
+    (r.s("model").into(), r.s("mode").into(), r.s("dtype").into(), r.s("seq_len").into(), r.n("batch").unwrap_or(0.0) as i64)
+}
+
+/// Each target against the baseline, as `migprof compare` gives it.
+fn against_baseline(rows: &[Row], baseline: &str) -> Result<Vec<Section>> {
+    let frame = frame_of(rows)?;
+    let targets: BTreeSet<&str> = rows.iter().filter(|r| r.is_alone()).map(|r| r.s("target")).filter(|t| *t != baseline).collect();
+    let mut blocks = vec![Block::Text(format!(
+        "Cell by cell (`migprof compare DIR --baseline target={baseline} --target target=T`): the ratio of throughputs with its 95% interval, and whether it is beyond the runs' own noise."
+    ))];
+    for t in targets {
+        let b: crate::results::compare::Selector = format!("target={baseline}").parse()?;
+        let s: crate::results::compare::Selector = format!("target={t}").parse()?;
+        let Ok(c) = crate::results::compare::compare(&frame, &b, &s) else { continue };
+        if c.rows.is_empty() {
+            continue;
+        }
+        blocks.push(Block::Text(format!("{t} against {baseline}:")));
+        let rows = c
+            .rows
+            .iter()
+            .map(|r| {
+                let cell = ["model", "mode", "dtype", "batch", "seq_len"].iter().filter_map(|k| r.cell.get(*k).cloned()).collect::<Vec<_>>().join(" ");
+                vec![
+                    cell,
+                    format!("{:.1}", r.baseline.throughput),
+                    format!("{:.1}", r.target.throughput),
+                    format!("{:.3} ({}–{})", r.ratio, fmt(r.ratio_ci_low, 3), fmt(r.ratio_ci_high, 3)),
+                    r.beyond_noise.map_or("?".into(), |b| if b { "yes".into() } else { "no".into() }),
+                    format!("{:.3} → {:.3}", r.baseline.p50_ms, r.target.p50_ms),
+                    format!("{:.3} → {:.3}", r.baseline.p99_ms, r.target.p99_ms),
+                ]
+            })
+            .collect();
+        blocks.push(table(&["cell", "baseline samples/s", "target samples/s", "ratio (95%)", "beyond noise", "p50 ms", "p99 ms"], rows));
+    }
+    Ok(vec![Section { id: "against-baseline".into(), title: format!("Each target against {baseline}"), level: 2, blocks }])
+}
+
+/// The rows back as a runs frame, with the columns `compare` reads.
+fn frame_of(rows: &[Row]) -> Result<DataFrame> {
+    let text = |k: &str| Column::new(k.into(), rows.iter().map(|r| r.text.get(k).cloned()).collect::<Vec<Option<String>>>());
+    let num = |k: &str| Column::new(k.into(), rows.iter().map(|r| r.n(k)).collect::<Vec<Option<f64>>>());
+    let mut cols: Vec<Column> = ["status", "run_id", "cell_id", "target", "model", "mode", "dtype", "batch", "seq_len", "kernel_options", "concurrency_group", "verdict", "device_name"]
+        .iter()
+        .map(|k| text(k))
+        .collect();
+    cols.extend(["throughput", "throughput_ci_low", "throughput_ci_high", "p50_ms", "p99_ms"].iter().map(|k| num(k)));
+    Ok(DataFrame::new(rows.len(), cols)?)
+}
+
+fn energy(rows: &[Row]) -> Vec<Section> {
+    let measured: Vec<Vec<String>> = rows
+        .iter()
+        .filter(|r| r.is_alone())
+        .filter_map(|r| {
+            r.n("j_per_sample").map(|j| {
+                let whole = if r.s("device_kind") == "cuda" { "" } else { " (whole GPU's energy)" };
+                vec![r.s("target").into(), r.s("model").into(), r.s("mode").into(), r.s("dtype").into(), r.s("batch").into(), format!("{:.4}{whole}", j)]
+            })
+        })
+        .collect();
+    if measured.is_empty() {
+        return Vec::new();
+    }
+    let blocks = vec![
+        Block::Text("Energy per sample from the GPU's energy counter over the measured phase. NVML has no energy per MIG slice or MPS client: on a slice the figure is the whole GPU's, neighbours included.".into()),
+        table(&["target", "model", "mode", "dtype", "batch", "J/sample"], measured),
+    ];
+    vec![Section { id: "energy".into(), title: "Energy per sample".into(), level: 2, blocks }]
+}
+
+fn slug(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect()
+}
