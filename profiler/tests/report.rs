@@ -55,6 +55,9 @@ fn the_report_of_gpu_rows_is_strict_html_with_every_section_the_same_bytes_every
         "1g.10gb emulated (MPS, 13% of SMs)",
         "Emulated slices (MPS) share the L2 cache",
         "(whole GPU&#39;s energy)",
+        "latency distribution at each target&apos;s largest batch",
+        "gract during the measured phase, largest batch",
+        "gpu_power_w during the measured phase",
     ] {
         assert!(page.contains(needle) || page.contains(&needle.replace("&#39;", "'")), "missing {needle}");
     }
@@ -65,7 +68,9 @@ fn the_report_of_gpu_rows_is_strict_html_with_every_section_the_same_bytes_every
     }
     // Every chart has a table right under it.
     let charts = page.matches("<figure>").count();
-    assert!(charts >= 8, "{charts} charts");
+    // Per workload (ResNet-50 inference, training): throughput, latency, memory, GR activity, the
+    // latency distribution and five time series; and the scaling chart.
+    assert_eq!(charts, 2 * 10 + 1, "{charts} charts");
     assert_eq!(page.matches("</figure>\n<table>").count(), charts, "a table under every chart");
     // One colour per target in every chart: the full GPU (the baseline, most SMs) is the first colour.
     let full_row = page.find("<td>full</td>").unwrap();

@@ -58,6 +58,10 @@ pub struct Chart<'a> {
     pub series: &'a [Series],
     /// A reference line y = x (the proportional line of a scaling chart).
     pub diagonal: bool,
+    /// A dot at every point (off for dense lines: distributions, time series).
+    pub markers: bool,
+    /// The legend in the lower right corner instead of the upper left (where rising lines leave room).
+    pub legend_low: bool,
 }
 
 /// The scale a positive quantity wants: log where it spans more than a decade.
@@ -149,11 +153,13 @@ impl Chart<'_> {
                         ctx.draw_series(LineSeries::new(points.iter().map(|p| (p.x, p.y)), colour.stroke_width(2)))?
                             .label(s.name.as_str())
                             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2)));
-                        ctx.draw_series(points.iter().map(|p| Circle::new((p.x, p.y), 3, colour.filled())))?;
+                        if self.markers {
+                            ctx.draw_series(points.iter().map(|p| Circle::new((p.x, p.y), 3, colour.filled())))?;
+                        }
                         ctx.draw_series(points.iter().filter_map(|p| p.whisker.map(|(lo, hi)| ErrorBar::new_vertical(p.x, lo, p.y, hi, colour.stroke_width(1), 8))))?;
                     }
                     ctx.configure_series_labels()
-                        .position(SeriesLabelPosition::UpperLeft)
+                        .position(if self.legend_low { SeriesLabelPosition::LowerRight } else { SeriesLabelPosition::UpperLeft })
                         .background_style(WHITE.mix(0.9))
                         .border_style(RGBColor(180, 180, 180))
                         .label_font(("sans-serif", 12))
@@ -183,7 +189,7 @@ mod tests {
     #[test]
     fn a_chart_is_an_svg_with_its_texts_and_the_same_bytes_every_time() {
         let s = [series(0, &[(1.0, 10.0), (128.0, 900.0)]), series(1, &[(1.0, 5.0), (128.0, 400.0)])];
-        let chart = Chart { title: "Throughput", x_label: "batch", y_label: "samples/s", x_scale: Scale::Log, y_scale: Scale::Log, series: &s, diagonal: false };
+        let chart = Chart { title: "Throughput", x_label: "batch", y_label: "samples/s", x_scale: Scale::Log, y_scale: Scale::Log, series: &s, diagonal: false, markers: true, legend_low: false };
         let svg = chart.svg().unwrap();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{}", &svg[..80]);
         for text in ["Throughput", "batch", "samples/s", "t0", "t1"] {

@@ -93,6 +93,56 @@ fn rows_of(df: &DataFrame) -> Result<Vec<Row>> {
         .collect())
 }
 
+/// Per run: the measured steps' latencies in ms (sorted), and the sampler's readings as
+/// (seconds since the first reading, value) per quantity.
+#[derive(Debug, Default)]
+pub struct Detail {
+    pub latencies_ms: BTreeMap<String, Vec<f64>>,
+    pub series: BTreeMap<(String, &'static str), Vec<(f64, f64)>>,
+}
+
+/// The quantities of the sampler's time series, with their units.
+pub const READINGS: [(&str, &str); 5] = [("gract", "%"), ("sm_occupancy", "%"), ("tensor_util", "%"), ("fb_used_mib", "MiB"), ("gpu_power_w", "W")];
+
+/// The samples and readings of the runs `wanted`, from every folder.
+pub fn detail(dirs: &[PathBuf], wanted: &std::collections::BTreeSet<String>) -> Result<Detail> {
+    let mut d = Detail::default();
+    for dir in dirs {
+        let samples = read_table(dir, Table::Samples)?;
+        if samples.height() > 0 {
+            let ids = samples.column("run_id")?.str()?.clone();
+            let lat = samples.column("latency_ns")?.cast(&DataType::Float64)?;
+            for (id, ns) in ids.iter().zip(lat.f64()?.iter()) {
+                if let (Some(id), Some(ns)) = (id, ns) {
+                    if wanted.contains(id) {
+                        d.latencies_ms.entry(id.to_string()).or_default().push(ns / 1e6);
+                    }
+                }
+            }
+        }
+        let metrics = read_table(dir, Table::Metrics)?;
+        if metrics.height() > 0 {
+            let ids = metrics.column("run_id")?.str()?.clone();
+            let t = metrics.column("t_ms")?.cast(&DataType::Float64)?;
+            for (name, _) in READINGS {
+                let Ok(col) = metrics.column(name) else { continue };
+                let v = col.cast(&DataType::Float64)?;
+                for ((id, t), v) in ids.iter().zip(t.f64()?.iter()).zip(v.f64()?.iter()) {
+                    if let (Some(id), Some(t), Some(v)) = (id, t, v) {
+                        if wanted.contains(id) {
+                            d.series.entry((id.to_string(), name)).or_default().push((t / 1e3, v));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for l in d.latencies_ms.values_mut() {
+        l.sort_by(f64::total_cmp);
+    }
+    Ok(d)
+}
+
 /// The targets in the order they get colours: by SMs, most first (the baseline first), then name.
 pub fn targets(rows: &[Row]) -> Vec<String> {
     let mut best: BTreeMap<String, f64> = BTreeMap::new();

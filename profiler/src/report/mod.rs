@@ -46,11 +46,12 @@ pub enum Format {
 /// Writes the report of `dirs` to `out` (and, for Markdown, its SVGs to `<out stem>_files/`).
 pub fn write(dirs: &[PathBuf], out: &Path, format: Format) -> Result<()> {
     let rows = data::read(dirs)?;
+    let detail = data::detail(dirs, &sections::detailed_runs(&rows))?;
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
     let sources: Vec<String> = dirs.iter().map(|d| data::name(d)).collect();
-    let sections = build(&rows, &sources)?;
+    let sections = build(&rows, &detail, &sources)?;
     let text = match format {
         Format::Html => html(&sections),
         Format::Md => {

@@ -11,12 +11,12 @@ use super::chart::{scale_for, Chart, Point, Scale, Series};
 use super::data::{self, Row};
 use super::{Block, Section};
 
-pub fn build(rows: &[Row], sources: &[String]) -> Result<Vec<Section>> {
+pub fn build(rows: &[Row], detail: &data::Detail, sources: &[String]) -> Result<Vec<Section>> {
     let targets = data::targets(rows);
     let colour = |t: &str| targets.iter().position(|x| x == t).unwrap_or(0);
     let baseline = data::baseline(rows);
     let mut out = vec![what_ran(rows, sources, &targets, baseline.as_deref())];
-    out.extend(per_model(rows, &colour)?);
+    out.extend(per_model(rows, detail, &colour)?);
     if let Some(b) = &baseline {
         out.extend(scaling(rows, b, &colour)?);
         out.extend(against_baseline(rows, b)?);
@@ -116,7 +116,84 @@ const METRICS: [Metric; 4] = [
     Metric { id: "gract", title: "Graphics engine (GR) activity, mean", unit: "%", value: |r| r.n("gract_mean"), whisker: |_| None },
 ];
 
-fn per_model(rows: &[Row], colour: &dyn Fn(&str) -> usize) -> Result<Vec<Section>> {
+/// Each target's latest run at its largest batch, per workload: the runs whose latency distribution
+/// and sampler readings the report draws.
+pub fn detailed_runs(rows: &[Row]) -> BTreeSet<String> {
+    largest(rows).into_values().map(|r| r.s("run_id").to_string()).collect()
+}
+
+/// Per (workload, target): the latest alone run at the largest batch.
+fn largest(rows: &[Row]) -> BTreeMap<((String, String, String, String), String), &Row> {
+    let mut out: BTreeMap<((String, String, String, String), String), &Row> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.is_alone()) {
+        let k = (workload(r), r.s("target").to_string());
+        let better = out.get(&k).is_none_or(|old| (r.n("batch"), r.s("run_id")).partial_cmp(&(old.n("batch"), old.s("run_id"))) == Some(std::cmp::Ordering::Greater));
+        if better {
+            out.insert(k, r);
+        }
+    }
+    out
+}
+
+/// The latency distribution and the sampler's time series of each target's run at its largest batch.
+fn at_largest_batch(wl: &(String, String, String, String), rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize, id: &str, label: &str) -> Result<Vec<Block>> {
+    let runs: Vec<(String, &Row)> = largest(rows).into_iter().filter(|((w, _), _)| w == wl).map(|((_, t), r)| (t, r)).collect();
+    let mut blocks = Vec::new();
+    let cdf: Vec<Series> = runs
+        .iter()
+        .filter_map(|(t, r)| {
+            let l = detail.latencies_ms.get(r.s("run_id"))?;
+            let n = l.len() as f64;
+            Some(Series {
+                name: format!("{t} (batch {})", r.s("batch")),
+                colour: colour(t),
+                points: l.iter().enumerate().map(|(i, &ms)| Point { x: ms, y: (i + 1) as f64 / n, whisker: None }).collect(),
+            })
+        })
+        .collect();
+    if !cdf.is_empty() {
+        let title = format!("{label}: latency distribution at each target's largest batch");
+        let xs = cdf.iter().flat_map(|s| s.points.iter().map(|p| p.x));
+        let chart = Chart { title: &title, x_label: "latency per step (ms)", y_label: "fraction of steps at or below", x_scale: scale_for(xs), y_scale: Scale::Linear, series: &cdf, diagonal: false, markers: false, legend_low: true };
+        blocks.push(Block::Chart { name: format!("{id}-cdf.svg"), svg: chart.svg()? });
+        let rows: Vec<Vec<String>> = runs
+            .iter()
+            .map(|(t, r)| vec![t.clone(), r.s("batch").into(), fmt(r.n("iterations"), 0), fmt(r.n("p50_ms"), 3), fmt(r.n("p90_ms"), 3), fmt(r.n("p99_ms"), 3)])
+            .collect();
+        blocks.push(table(&["target", "batch", "steps", "p50 ms", "p90 ms", "p99 ms"], rows));
+    }
+    for (name, unit) in data::READINGS {
+        let series: Vec<Series> = runs
+            .iter()
+            .filter_map(|(t, r)| {
+                let pts = detail.series.get(&(r.s("run_id").to_string(), name))?;
+                let t0 = pts.first()?.0;
+                Some(Series { name: format!("{t} (batch {})", r.s("batch")), colour: colour(t), points: pts.iter().map(|&(s, v)| Point { x: s - t0, y: v, whisker: None }).collect() })
+            })
+            .collect();
+        if series.is_empty() {
+            continue;
+        }
+        let title = format!("{label}: {name} during the measured phase, largest batch");
+        let y_label = format!("{name} ({unit})");
+        let chart = Chart { title: &title, x_label: "time since the first reading (s)", y_label: &y_label, x_scale: Scale::Linear, y_scale: Scale::Linear, series: &series, diagonal: false, markers: false, legend_low: true };
+        blocks.push(Block::Chart { name: format!("{id}-{name}-series.svg"), svg: chart.svg()? });
+        let rows: Vec<Vec<String>> = series
+            .iter()
+            .map(|s| {
+                let v: Vec<f64> = s.points.iter().map(|p| p.y).collect();
+                let mean = v.iter().sum::<f64>() / v.len() as f64;
+                let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+                vec![s.name.clone(), v.len().to_string(), format!("{mean:.1}"), format!("{lo:.1}"), format!("{hi:.1}")]
+            })
+            .collect();
+        blocks.push(table(&["target", "readings", &format!("mean ({unit})"), "min", "max"], rows));
+    }
+    Ok(blocks)
+}
+
+fn per_model(rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize) -> Result<Vec<Section>> {
+    let all = rows;
     let alone: Vec<&Row> = rows.iter().filter(|r| r.is_alone()).collect();
     let mut by_model: BTreeMap<String, BTreeMap<(String, String, String, String), Vec<&Row>>> = BTreeMap::new();
     for r in &alone {
@@ -162,7 +239,7 @@ fn per_model(rows: &[Row], colour: &dyn Fn(&str) -> usize) -> Result<Vec<Section
                 let y_label = format!("{} ({})", m.id, m.unit);
                 let x_scale = if batches.len() > 1 { scale_for(xs) } else { Scale::Linear };
                 let y_scale = if m.id == "gract" { Scale::Linear } else { scale_for(ys) };
-                let chart = Chart { title: &title, x_label: "batch size (samples per step)", y_label: &y_label, x_scale, y_scale, series: &series, diagonal: false };
+                let chart = Chart { title: &title, x_label: "batch size (samples per step)", y_label: &y_label, x_scale, y_scale, series: &series, diagonal: false, markers: true, legend_low: false };
                 blocks.push(Block::Chart { name: format!("{id}-{}.svg", m.id), svg: chart.svg()? });
                 let mut head = vec!["batch".to_string()];
                 head.extend(targets.iter().map(|t| format!("{t} ({})", m.unit)));
@@ -185,6 +262,8 @@ fn per_model(rows: &[Row], colour: &dyn Fn(&str) -> usize) -> Result<Vec<Section
                     .collect();
                 blocks.push(Block::Table { head, rows });
             }
+            let wl = (model.clone(), mode.clone(), dtype.clone(), seq.clone());
+            blocks.extend(at_largest_batch(&wl, all, detail, colour, &id, &format!("{model} {mode} {dtype}{seq_text}"))?);
             out.push(Section { id, title: format!("{model}, {mode}, {dtype}{seq_text}"), level: 3, blocks });
         }
     }
@@ -216,7 +295,7 @@ fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Resu
             })
             .collect();
         let title = format!("{model}: throughput against share of SMs (relative to {baseline})");
-        let chart = Chart { title: &title, x_label: "share of the baseline's SMs", y_label: "throughput relative to the baseline", x_scale: Scale::Linear, y_scale: Scale::Linear, series: &series, diagonal: true };
+        let chart = Chart { title: &title, x_label: "share of the baseline's SMs", y_label: "throughput relative to the baseline", x_scale: Scale::Linear, y_scale: Scale::Linear, series: &series, diagonal: true, markers: true, legend_low: true };
         blocks.push(Block::Text(format!("{model}:")));
         blocks.push(Block::Chart { name: format!("scaling-{}.svg", slug(&model)), svg: chart.svg()? });
         let mut rows: Vec<Vec<String>> = points
