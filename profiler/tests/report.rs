@@ -72,6 +72,9 @@ fn the_report_of_gpu_rows_is_strict_html_with_every_section_the_same_bytes_every
     // latency distribution and five time series; and the scaling chart.
     assert_eq!(charts, 2 * 10 + 1, "{charts} charts");
     assert_eq!(page.matches("</figure>\n<table>").count(), charts, "a table under every chart");
+    // Legends beside the charts, not over their data: every target's colour named in a caption.
+    assert_eq!(page.matches("<figcaption>").count(), charts);
+    assert!(page.contains("<span style=\"color:#d62728\">&#9632;</span>&nbsp;full"), "the full GPU keeps the second colour");
     // One colour per target in every chart: the full GPU (the baseline, most SMs) is the first colour.
     let full_row = page.find("<td>full</td>").unwrap();
     assert!(full_row > 0);

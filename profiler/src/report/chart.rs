@@ -1,6 +1,7 @@
 //! The report's charts as SVG text: lines with points and whiskers over a shared x axis, one colour
-//! per target across every chart of a report. Text is laid out with plotters' built-in metrics (no
-//! fonts needed), and the same data always gives the same bytes.
+//! per target across every chart of a report. The legend is not drawn inside the chart, where it
+//! would hide data: the report writes it beside the chart ([`Chart::legend`]). Text is laid out with
+//! plotters' built-in metrics (no fonts needed), and the same data always gives the same bytes.
 
 use anyhow::Result;
 use plotters::prelude::*;
@@ -60,8 +61,6 @@ pub struct Chart<'a> {
     pub diagonal: bool,
     /// A dot at every point (off for dense lines: distributions, time series).
     pub markers: bool,
-    /// The legend in the lower right corner instead of the upper left (where rising lines leave room).
-    pub legend_low: bool,
 }
 
 /// The scale a positive quantity wants: log where it spans more than a decade.
@@ -113,6 +112,15 @@ pub fn significant(v: f64) -> String {
 }
 
 impl Chart<'_> {
+    /// What each colour means: every series, and the proportional line of a scaling chart.
+    pub fn legend(&self) -> Vec<(String, Option<usize>)> {
+        let mut l: Vec<(String, Option<usize>)> = self.series.iter().map(|s| (s.name.clone(), Some(s.colour))).collect();
+        if self.diagonal {
+            l.push(("proportional to SMs (grey)".into(), None));
+        }
+        l
+    }
+
     /// The chart as an SVG document (760×420).
     pub fn svg(&self) -> Result<String> {
         let mut out = String::new();
@@ -141,29 +149,19 @@ impl Chart<'_> {
                         .y_label_formatter(&|v| significant(*v))
                         .draw()?;
                     if self.diagonal {
-                        ctx.draw_series(LineSeries::new([(x0, x0), (x1, x1)], RGBColor(120, 120, 120).stroke_width(1)))?
-                            .label("proportional")
-                            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], RGBColor(120, 120, 120)));
+                        ctx.draw_series(LineSeries::new([(x0, x0), (x1, x1)], RGBColor(120, 120, 120).stroke_width(1)))?;
                     }
                     for s in self.series {
                         let (r, g, b) = PALETTE[s.colour % PALETTE.len()];
                         let colour = RGBColor(r, g, b);
                         let mut points = s.points.clone();
                         points.sort_by(|a, b| a.x.total_cmp(&b.x));
-                        ctx.draw_series(LineSeries::new(points.iter().map(|p| (p.x, p.y)), colour.stroke_width(2)))?
-                            .label(s.name.as_str())
-                            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2)));
+                        ctx.draw_series(LineSeries::new(points.iter().map(|p| (p.x, p.y)), colour.stroke_width(2)))?;
                         if self.markers {
                             ctx.draw_series(points.iter().map(|p| Circle::new((p.x, p.y), 3, colour.filled())))?;
                         }
                         ctx.draw_series(points.iter().filter_map(|p| p.whisker.map(|(lo, hi)| ErrorBar::new_vertical(p.x, lo, p.y, hi, colour.stroke_width(1), 8))))?;
                     }
-                    ctx.configure_series_labels()
-                        .position(if self.legend_low { SeriesLabelPosition::LowerRight } else { SeriesLabelPosition::UpperLeft })
-                        .background_style(WHITE.mix(0.9))
-                        .border_style(RGBColor(180, 180, 180))
-                        .label_font(("sans-serif", 12))
-                        .draw()?;
                 }};
             }
             match (self.x_scale, self.y_scale) {
@@ -189,12 +187,13 @@ mod tests {
     #[test]
     fn a_chart_is_an_svg_with_its_texts_and_the_same_bytes_every_time() {
         let s = [series(0, &[(1.0, 10.0), (128.0, 900.0)]), series(1, &[(1.0, 5.0), (128.0, 400.0)])];
-        let chart = Chart { title: "Throughput", x_label: "batch", y_label: "samples/s", x_scale: Scale::Log, y_scale: Scale::Log, series: &s, diagonal: false, markers: true, legend_low: false };
+        let chart = Chart { title: "Throughput", x_label: "batch", y_label: "samples/s", x_scale: Scale::Log, y_scale: Scale::Log, series: &s, diagonal: false, markers: true };
         let svg = chart.svg().unwrap();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{}", &svg[..80]);
-        for text in ["Throughput", "batch", "samples/s", "t0", "t1"] {
+        for text in ["Throughput", "batch", "samples/s"] {
             assert!(svg.contains(text), "{text}");
         }
+        assert_eq!(chart.legend(), vec![("t0".to_string(), Some(0)), ("t1".to_string(), Some(1))]);
         assert!(svg.contains("#1F77B4") || svg.contains("#1f77b4"), "the first target is blue");
         assert_eq!(chart.svg().unwrap(), svg);
     }

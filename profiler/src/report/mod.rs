@@ -23,8 +23,9 @@ pub use sections::build;
 pub enum Block {
     Text(String),
     Table { head: Vec<String>, rows: Vec<Vec<String>> },
-    /// A chart: a file name for the Markdown form, and the SVG.
-    Chart { name: String, svg: String },
+    /// A chart: a file name for the Markdown form, the SVG, and its legend (a name per colour of
+    /// [`chart::PALETTE`], or grey), written beside it so that it hides no data.
+    Chart { name: String, svg: String, legend: Vec<(String, Option<usize>)> },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -60,7 +61,7 @@ pub fn write(dirs: &[PathBuf], out: &Path, format: Format) -> Result<()> {
             std::fs::create_dir_all(&folder).with_context(|| format!("creating {}", folder.display()))?;
             for s in &sections {
                 for b in &s.blocks {
-                    if let Block::Chart { name, svg } = b {
+                    if let Block::Chart { name, svg, .. } = b {
                         std::fs::write(folder.join(name), svg)?;
                     }
                 }
@@ -75,7 +76,7 @@ const CSS: &str = "body{font-family:sans-serif;max-width:1100px;margin:2em auto;
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}h3{margin-top:1.5em}\
 table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.9em}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}\
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}figure{margin:1em 0}svg{max-width:100%;height:auto}\
-nav ul{columns:2}.note{color:#555}";
+nav ul{columns:2}figcaption{font-size:.9em}";
 
 /// The report as one HTML page.
 pub fn html(sections: &[Section]) -> String {
@@ -108,10 +109,14 @@ pub fn html(sections: &[Section]) -> String {
                     }
                     out += "</tbody>\n</table>\n";
                 }
-                Block::Chart { svg, .. } => {
+                Block::Chart { svg, legend, .. } => {
                     // plotters writes an XML document; inline, the SVG element is what is needed.
                     let start = svg.find("<svg").unwrap_or(0);
-                    let _ = writeln!(out, "<figure>\n{}\n</figure>", svg[start..].trim_end());
+                    let keys: Vec<String> = legend
+                        .iter()
+                        .map(|(name, c)| format!("<span style=\"color:{}\">&#9632;</span>&nbsp;{}", c.map_or("#787878".into(), chart::css), escape(name)))
+                        .collect();
+                    let _ = writeln!(out, "<figure>\n{}\n<figcaption>{}</figcaption>\n</figure>", svg[start..].trim_end(), keys.join(" &nbsp; "));
                 }
             }
         }
@@ -142,8 +147,9 @@ pub fn markdown(sections: &[Section], folder: &str) -> String {
                     }
                     out.push('\n');
                 }
-                Block::Chart { name, .. } => {
-                    let _ = writeln!(out, "![{name}]({folder}/{name})\n");
+                Block::Chart { name, legend, .. } => {
+                    let keys: Vec<String> = legend.iter().map(|(n, c)| format!("{n} ({})", c.map_or("#787878".into(), chart::css))).collect();
+                    let _ = writeln!(out, "![{name}]({folder}/{name})\n\nColours: {}\n", keys.join(", "));
                 }
             }
         }

@@ -154,8 +154,8 @@ fn at_largest_batch(wl: &(String, String, String, String), rows: &[Row], detail:
     if !cdf.is_empty() {
         let title = format!("{label}: latency distribution at each target's largest batch");
         let xs = cdf.iter().flat_map(|s| s.points.iter().map(|p| p.x));
-        let chart = Chart { title: &title, x_label: "latency per step (ms)", y_label: "fraction of steps at or below", x_scale: scale_for(xs), y_scale: Scale::Linear, series: &cdf, diagonal: false, markers: false, legend_low: true };
-        blocks.push(Block::Chart { name: format!("{id}-cdf.svg"), svg: chart.svg()? });
+        let chart = Chart { title: &title, x_label: "latency per step (ms)", y_label: "fraction of steps at or below", x_scale: scale_for(xs), y_scale: Scale::Linear, series: &cdf, diagonal: false, markers: false };
+        blocks.push(Block::Chart { name: format!("{id}-cdf.svg"), svg: chart.svg()?, legend: chart.legend() });
         let rows: Vec<Vec<String>> = runs
             .iter()
             .map(|(t, r)| vec![t.clone(), r.s("batch").into(), fmt(r.n("iterations"), 0), fmt(r.n("p50_ms"), 3), fmt(r.n("p90_ms"), 3), fmt(r.n("p99_ms"), 3)])
@@ -176,8 +176,8 @@ fn at_largest_batch(wl: &(String, String, String, String), rows: &[Row], detail:
         }
         let title = format!("{label}: {name} during the measured phase, largest batch");
         let y_label = format!("{name} ({unit})");
-        let chart = Chart { title: &title, x_label: "time since the first reading (s)", y_label: &y_label, x_scale: Scale::Linear, y_scale: Scale::Linear, series: &series, diagonal: false, markers: false, legend_low: true };
-        blocks.push(Block::Chart { name: format!("{id}-{name}-series.svg"), svg: chart.svg()? });
+        let chart = Chart { title: &title, x_label: "time since the first reading (s)", y_label: &y_label, x_scale: Scale::Linear, y_scale: Scale::Linear, series: &series, diagonal: false, markers: false };
+        blocks.push(Block::Chart { name: format!("{id}-{name}-series.svg"), svg: chart.svg()?, legend: chart.legend() });
         let rows: Vec<Vec<String>> = series
             .iter()
             .map(|s| {
@@ -239,8 +239,8 @@ fn per_model(rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize
                 let y_label = format!("{} ({})", m.id, m.unit);
                 let x_scale = if batches.len() > 1 { scale_for(xs) } else { Scale::Linear };
                 let y_scale = if m.id == "gract" { Scale::Linear } else { scale_for(ys) };
-                let chart = Chart { title: &title, x_label: "batch size (samples per step)", y_label: &y_label, x_scale, y_scale, series: &series, diagonal: false, markers: true, legend_low: false };
-                blocks.push(Block::Chart { name: format!("{id}-{}.svg", m.id), svg: chart.svg()? });
+                let chart = Chart { title: &title, x_label: "batch size (samples per step)", y_label: &y_label, x_scale, y_scale, series: &series, diagonal: false, markers: true };
+                blocks.push(Block::Chart { name: format!("{id}-{}.svg", m.id), svg: chart.svg()?, legend: chart.legend() });
                 let mut head = vec!["batch".to_string()];
                 head.extend(targets.iter().map(|t| format!("{t} ({})", m.unit)));
                 let rows: Vec<Vec<String>> = batches
@@ -295,9 +295,9 @@ fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Resu
             })
             .collect();
         let title = format!("{model}: throughput against share of SMs (relative to {baseline})");
-        let chart = Chart { title: &title, x_label: "share of the baseline's SMs", y_label: "throughput relative to the baseline", x_scale: Scale::Linear, y_scale: Scale::Linear, series: &series, diagonal: true, markers: true, legend_low: true };
+        let chart = Chart { title: &title, x_label: "share of the baseline's SMs", y_label: "throughput relative to the baseline", x_scale: Scale::Linear, y_scale: Scale::Linear, series: &series, diagonal: true, markers: true };
         blocks.push(Block::Text(format!("{model}:")));
-        blocks.push(Block::Chart { name: format!("scaling-{}.svg", slug(&model)), svg: chart.svg()? });
+        blocks.push(Block::Chart { name: format!("scaling-{}.svg", slug(&model)), svg: chart.svg()?, legend: chart.legend() });
         let mut rows: Vec<Vec<String>> = points
             .iter()
             .map(|(r, share, rel)| {
