@@ -257,13 +257,13 @@ pub fn compare(dir: &Path, baseline: &crate::results::compare::Selector, target:
 }
 
 /// `migprof report DIR...`: writes the report and says where.
-pub fn report(dirs: &[std::path::PathBuf], out: Option<&Path>, format: crate::report::Format, stdout: &mut dyn Write) -> Result<()> {
+pub fn report(dirs: &[std::path::PathBuf], out: Option<&Path>, format: crate::report::Format, detail_batch: Option<usize>, stdout: &mut dyn Write) -> Result<()> {
     let default = dirs[0].join(match format {
         crate::report::Format::Html => "report.html",
         crate::report::Format::Md => "report.md",
     });
     let out = out.unwrap_or(&default);
-    crate::report::write(dirs, out, format)?;
+    crate::report::write(dirs, out, format, detail_batch)?;
     writeln!(stdout, "report: {}", out.display())?;
     Ok(())
 }

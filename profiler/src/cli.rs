@@ -71,6 +71,10 @@ pub enum Command {
         out: Option<PathBuf>,
         #[arg(long, value_enum, default_value = "html")]
         format: crate::report::Format,
+        /// The batch whose runs' latency distributions and time series are drawn; default: each
+        /// target's largest.
+        #[arg(long)]
+        detail_batch: Option<usize>,
     },
     /// List the models with their parameter counts and FLOPs per sample.
     Models,

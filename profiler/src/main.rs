@@ -13,7 +13,9 @@ fn main() -> ExitCode {
         Command::Compare { dir, baseline, target, format } => {
             migprof::app::compare(dir, baseline, target, *format, &mut stdout).map(|_| ExitCode::SUCCESS)
         }
-        Command::Report { dirs, out, format } => migprof::app::report(dirs, out.as_deref(), *format, &mut stdout).map(|_| ExitCode::SUCCESS),
+        Command::Report { dirs, out, format, detail_batch } => {
+            migprof::app::report(dirs, out.as_deref(), *format, *detail_batch, &mut stdout).map(|_| ExitCode::SUCCESS)
+        }
         Command::Models => migprof::app::models(&mut stdout).map(|_| ExitCode::SUCCESS),
         Command::Devices { json } => migprof::app::devices(*json, &mut stdout).map(|_| ExitCode::SUCCESS),
         Command::Profiles(table) => migprof::app::profiles(table, &mut stdout).map(|_| ExitCode::SUCCESS),

@@ -56,7 +56,7 @@ fn the_report_of_gpu_rows_is_strict_html_with_every_section_the_same_bytes_every
         "Emulated slices (MPS) share the L2 cache",
         "(whole GPU&#39;s energy)",
         "latency distribution at each target&apos;s largest batch",
-        "gract during the measured phase, largest batch",
+        "gract during the measured phase, each target&apos;s largest batch",
         "gpu_power_w during the measured phase",
     ] {
         assert!(page.contains(needle) || page.contains(&needle.replace("&#39;", "'")), "missing {needle}");
@@ -80,6 +80,9 @@ fn the_report_of_gpu_rows_is_strict_html_with_every_section_the_same_bytes_every
     assert!(full_row > 0);
     // The scaling table: 1g (16 of 132 SMs) at its measured relative throughput.
     assert!(page.contains("<td>0.121</td>"), "1g's share of the SMs");
+    // Another batch's distributions on request.
+    let at32 = report(&[&fixture()], &dir.path().join("c.html"), &["--detail-batch", "32"]);
+    assert!(at32.contains("resnet50 infer bf16: latency distribution at batch 32"), "the batch picked");
 }
 
 #[test]

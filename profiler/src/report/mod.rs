@@ -44,15 +44,16 @@ pub enum Format {
     Md,
 }
 
-/// Writes the report of `dirs` to `out` (and, for Markdown, its SVGs to `<out stem>_files/`).
-pub fn write(dirs: &[PathBuf], out: &Path, format: Format) -> Result<()> {
+/// Writes the report of `dirs` to `out` (and, for Markdown, its SVGs to `<out stem>_files/`). The
+/// latency distributions and time series are of each target's largest batch, or of `detail_batch`.
+pub fn write(dirs: &[PathBuf], out: &Path, format: Format, detail_batch: Option<usize>) -> Result<()> {
     let rows = data::read(dirs)?;
-    let detail = data::detail(dirs, &sections::detailed_runs(&rows))?;
+    let detail = data::detail(dirs, &sections::detailed_runs(&rows, detail_batch))?;
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
     let sources: Vec<String> = dirs.iter().map(|d| data::name(d)).collect();
-    let sections = build(&rows, &detail, &sources)?;
+    let sections = build(&rows, &detail, &sources, detail_batch)?;
     let text = match format {
         Format::Html => html(&sections),
         Format::Md => {

@@ -11,12 +11,12 @@ use super::chart::{scale_for, Chart, Point, Scale, Series};
 use super::data::{self, Row};
 use super::{Block, Section};
 
-pub fn build(rows: &[Row], detail: &data::Detail, sources: &[String]) -> Result<Vec<Section>> {
+pub fn build(rows: &[Row], detail: &data::Detail, sources: &[String], detail_batch: Option<usize>) -> Result<Vec<Section>> {
     let targets = data::targets(rows);
     let colour = |t: &str| targets.iter().position(|x| x == t).unwrap_or(0);
     let baseline = data::baseline(rows);
     let mut out = vec![what_ran(rows, sources, &targets, baseline.as_deref())];
-    out.extend(per_model(rows, detail, &colour)?);
+    out.extend(per_model(rows, detail, &colour, detail_batch)?);
     if let Some(b) = &baseline {
         out.extend(scaling(rows, b, &colour)?);
         out.extend(against_baseline(rows, b)?);
@@ -116,16 +116,16 @@ const METRICS: [Metric; 4] = [
     Metric { id: "gract", title: "Graphics engine (GR) activity, mean", unit: "%", value: |r| r.n("gract_mean"), whisker: |_| None },
 ];
 
-/// Each target's latest run at its largest batch, per workload: the runs whose latency distribution
-/// and sampler readings the report draws.
-pub fn detailed_runs(rows: &[Row]) -> BTreeSet<String> {
-    largest(rows).into_values().map(|r| r.s("run_id").to_string()).collect()
+/// Each target's latest run at its largest batch (or at `batch`), per workload: the runs whose
+/// latency distribution and sampler readings the report draws.
+pub fn detailed_runs(rows: &[Row], batch: Option<usize>) -> BTreeSet<String> {
+    largest(rows, batch).into_values().map(|r| r.s("run_id").to_string()).collect()
 }
 
-/// Per (workload, target): the latest alone run at the largest batch.
-fn largest(rows: &[Row]) -> BTreeMap<((String, String, String, String), String), &Row> {
+/// Per (workload, target): the latest alone run at the largest batch, or at `batch` where given.
+fn largest(rows: &[Row], batch: Option<usize>) -> BTreeMap<((String, String, String, String), String), &Row> {
     let mut out: BTreeMap<((String, String, String, String), String), &Row> = BTreeMap::new();
-    for r in rows.iter().filter(|r| r.is_alone()) {
+    for r in rows.iter().filter(|r| r.is_alone() && batch.is_none_or(|b| r.n("batch") == Some(b as f64))) {
         let k = (workload(r), r.s("target").to_string());
         let better = out.get(&k).is_none_or(|old| (r.n("batch"), r.s("run_id")).partial_cmp(&(old.n("batch"), old.s("run_id"))) == Some(std::cmp::Ordering::Greater));
         if better {
@@ -136,8 +136,17 @@ fn largest(rows: &[Row]) -> BTreeMap<((String, String, String, String), String),
 }
 
 /// The latency distribution and the sampler's time series of each target's run at its largest batch.
-fn at_largest_batch(wl: &(String, String, String, String), rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize, id: &str, label: &str) -> Result<Vec<Block>> {
-    let runs: Vec<(String, &Row)> = largest(rows).into_iter().filter(|((w, _), _)| w == wl).map(|((_, t), r)| (t, r)).collect();
+fn at_largest_batch(
+    wl: &(String, String, String, String),
+    rows: &[Row],
+    detail: &data::Detail,
+    colour: &dyn Fn(&str) -> usize,
+    id: &str,
+    label: &str,
+    batch: Option<usize>,
+) -> Result<Vec<Block>> {
+    let which = batch.map_or("each target's largest batch".to_string(), |b| format!("batch {b}"));
+    let runs: Vec<(String, &Row)> = largest(rows, batch).into_iter().filter(|((w, _), _)| w == wl).map(|((_, t), r)| (t, r)).collect();
     let mut blocks = Vec::new();
     let cdf: Vec<Series> = runs
         .iter()
@@ -152,7 +161,7 @@ fn at_largest_batch(wl: &(String, String, String, String), rows: &[Row], detail:
         })
         .collect();
     if !cdf.is_empty() {
-        let title = format!("{label}: latency distribution at each target's largest batch");
+        let title = format!("{label}: latency distribution at {which}");
         let xs = cdf.iter().flat_map(|s| s.points.iter().map(|p| p.x));
         let chart = Chart { title: &title, x_label: "latency per step (ms)", y_label: "fraction of steps at or below", x_scale: scale_for(xs), y_scale: Scale::Linear, series: &cdf, diagonal: false, markers: false };
         blocks.push(Block::Chart { name: format!("{id}-cdf.svg"), svg: chart.svg()?, legend: chart.legend() });
@@ -174,7 +183,7 @@ fn at_largest_batch(wl: &(String, String, String, String), rows: &[Row], detail:
         if series.is_empty() {
             continue;
         }
-        let title = format!("{label}: {name} during the measured phase, largest batch");
+        let title = format!("{label}: {name} during the measured phase, {which}");
         let y_label = format!("{name} ({unit})");
         let chart = Chart { title: &title, x_label: "time since the first reading (s)", y_label: &y_label, x_scale: Scale::Linear, y_scale: Scale::Linear, series: &series, diagonal: false, markers: false };
         blocks.push(Block::Chart { name: format!("{id}-{name}-series.svg"), svg: chart.svg()?, legend: chart.legend() });
@@ -192,7 +201,7 @@ fn at_largest_batch(wl: &(String, String, String, String), rows: &[Row], detail:
     Ok(blocks)
 }
 
-fn per_model(rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize) -> Result<Vec<Section>> {
+fn per_model(rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize, detail_batch: Option<usize>) -> Result<Vec<Section>> {
     let all = rows;
     let alone: Vec<&Row> = rows.iter().filter(|r| r.is_alone()).collect();
     let mut by_model: BTreeMap<String, BTreeMap<(String, String, String, String), Vec<&Row>>> = BTreeMap::new();
@@ -263,7 +272,7 @@ fn per_model(rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize
                 blocks.push(Block::Table { head, rows });
             }
             let wl = (model.clone(), mode.clone(), dtype.clone(), seq.clone());
-            blocks.extend(at_largest_batch(&wl, all, detail, colour, &id, &format!("{model} {mode} {dtype}{seq_text}"))?);
+            blocks.extend(at_largest_batch(&wl, all, detail, colour, &id, &format!("{model} {mode} {dtype}{seq_text}"), detail_batch)?);
             out.push(Section { id, title: format!("{model}, {mode}, {dtype}{seq_text}"), level: 3, blocks });
         }
     }
