@@ -53,7 +53,7 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
         write!(log, "[{}/{}] {} {} {} batch {} ... ", i + 1, specs.len(), s.model, s.mode.as_str(), s.precision(), s.batch)?;
         log.flush()?;
         let outcome = crate::sweep::cell::CellSpec::of_run(s, &device.info.name, &spec.to_string())
-            .map(|cell| CellIdentity { sweep: None, target: device.info.name.clone(), cell_id: cell.cell_id(), status: Status::Ok, concurrency_group: None, neighbours: Vec::new() })
+            .map(|cell| CellIdentity { sweep: None, target: device.info.name.clone(), cell_id: cell.cell_id(), status: Status::Ok, concurrency_group: None, neighbours: Vec::new(), baseline: false })
             .and_then(|identity| execute(s, &device, context.clone(), identity))
             .and_then(|run| write_run(&args.out, &run).map(|_| run));
         match outcome {

@@ -35,8 +35,8 @@ impl Row {
     }
 }
 
-const TEXT: [&str; 31] = [
-    "run_id", "cell_id", "sweep", "target", "status", "error", "model", "mode", "dtype", "device_kind", "device_name", "gpu_name", "mig_profile",
+const TEXT: [&str; 32] = [
+    "run_id", "cell_id", "baseline", "sweep", "target", "status", "error", "model", "mode", "dtype", "device_kind", "device_name", "gpu_name", "mig_profile",
     "emulation", "emulated_profile", "kernel_options", "verdict", "concurrency_group", "neighbours", "host", "migprof_version",
     "git_commit", "candle_version", "build_features", "driver_version", "cuda_driver_version", "cudnn_version", "cublas_version",
     "cpu_model", "seq_len", "batch",
@@ -156,9 +156,12 @@ pub fn targets(rows: &[Row]) -> Vec<String> {
     t.into_iter().map(|(name, _)| name).collect()
 }
 
-/// The baseline of the scaling chart and comparisons: the target with the most SMs, one not emulated
-/// before an emulated one of the same size.
+/// The baseline of the scaling chart and comparisons: the target a sweep marked `baseline = true`,
+/// else the one with the most SMs, one not emulated before an emulated one of the same size.
 pub fn baseline(rows: &[Row]) -> Option<String> {
+    if let Some(r) = rows.iter().find(|r| r.is_alone() && r.s("baseline") == "true" && r.n("sm_count").is_some()) {
+        return Some(r.s("target").to_string());
+    }
     rows.iter()
         .filter(|r| r.is_alone() && r.n("sm_count").is_some())
         .max_by(|a, b| {
@@ -170,4 +173,29 @@ pub fn baseline(rows: &[Row]) -> Option<String> {
 /// Path of a folder as the report names it.
 pub fn name(dir: &Path) -> String {
     dir.display().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(target: &str, sms: f64, emulation: &str, baseline: bool) -> Row {
+        let mut text: BTreeMap<&'static str, String> = [("target", target.to_string()), ("status", "ok".to_string())].into_iter().collect();
+        if !emulation.is_empty() {
+            text.insert("emulation", emulation.into());
+        }
+        if baseline {
+            text.insert("baseline", "true".into());
+        }
+        Row { text, num: [("sm_count", sms), ("throughput", 1.0)].into_iter().collect() }
+    }
+
+    #[test]
+    fn the_baseline_is_the_marked_target_else_the_largest_real_one() {
+        let rows = vec![row("7g", 132.0, "mps", false), row("full", 132.0, "", false), row("3g", 60.0, "mps", false)];
+        assert_eq!(baseline(&rows).as_deref(), Some("full"), "a real device before an emulated one of its size");
+        let marked = vec![row("full", 132.0, "", false), row("3g", 60.0, "mps", true)];
+        assert_eq!(baseline(&marked).as_deref(), Some("3g"));
+        assert_eq!(targets(&rows), vec!["7g", "full", "3g"]);
+    }
 }

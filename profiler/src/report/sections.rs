@@ -58,7 +58,8 @@ fn what_ran(rows: &[Row], sources: &[String], targets: &[String], baseline: Opti
         ));
     }
     if let Some(b) = baseline {
-        blocks.push(Block::Text(format!("Baseline of the scaling chart and the comparisons: {b} (the target with the most SMs).")));
+        let why = if rows.iter().any(|r| r.s("target") == b && r.s("baseline") == "true") { "marked baseline = true in its sweep" } else { "the target with the most SMs" };
+        blocks.push(Block::Text(format!("Baseline of the scaling chart and the comparisons: {b} ({why}).")));
     }
     // The environment: each fingerprint field with every value it took.
     let mut env = Vec::new();

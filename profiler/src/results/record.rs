@@ -78,6 +78,8 @@ pub struct CellIdentity {
     /// The concurrent group and the other members (`target:model/mode/dtype/batch`), for a member.
     pub concurrency_group: Option<String>,
     pub neighbours: Vec<String>,
+    /// The cell's target is its sweep's baseline.
+    pub baseline: bool,
 }
 
 impl CellIdentity {
@@ -90,6 +92,7 @@ impl CellIdentity {
             status,
             concurrency_group: cell.concurrency_group.clone(),
             neighbours: cell.neighbours.clone(),
+            baseline: cell.baseline,
         }
     }
 }
@@ -261,7 +264,7 @@ pub(crate) mod tests {
     }
 
     pub fn identity() -> CellIdentity {
-        CellIdentity { sweep: None, target: "Test CPU".into(), cell_id: "0123456789abcdef".into(), status: Status::Ok, concurrency_group: None, neighbours: Vec::new() }
+        CellIdentity { sweep: None, target: "Test CPU".into(), cell_id: "0123456789abcdef".into(), status: Status::Ok, concurrency_group: None, neighbours: Vec::new(), baseline: false }
     }
 
     pub fn spec(batch: usize, iters: u64) -> RunSpec {

@@ -20,7 +20,7 @@ use crate::results::uncertainty::{Estimate, Uncertainty};
 /// `throttle_share`, `power_cap_share`, `other_processes`; the verdicts `throttled` and `shared`;
 /// metrics' `compute_processes`; `device_kind` `mps` with `emulation`, `emulated_profile`,
 /// `mps_share_pct`, `profile_sms`, `measured_sms`, `mps_memory_limit_mib`, `measured_memory_mib`;
-/// `concurrency_group`, `neighbours`).
+/// `concurrency_group`, `neighbours`, `baseline`).
 pub const SCHEMA_VERSION: i32 = 3;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,6 +233,7 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         Column::new("error".into(), vec![None::<String>; runs.len()]),
         Column::new("concurrency_group".into(), runs.iter().map(|r| r.cell.concurrency_group.clone()).collect::<Vec<Option<String>>>()),
         Column::new("neighbours".into(), runs.iter().map(|r| neighbours(&r.cell.neighbours)).collect::<Vec<Option<String>>>()),
+        Column::new("baseline".into(), runs.iter().map(|r| r.cell.baseline).collect::<Vec<bool>>()),
         col("model", s(|r| r.model.name.to_string())),
         col("family", s(|r| r.model.family.as_str().to_string())),
         col("mode", s(|r| r.mode.as_str().to_string())),
@@ -370,6 +371,7 @@ pub fn write_failure(out: &Path, failure: &Failure) -> Result<PathBuf> {
         Column::new("error".into(), vec![Some(failure.error.clone())]),
         Column::new("concurrency_group".into(), vec![id.concurrency_group.clone()]),
         Column::new("neighbours".into(), vec![neighbours(&id.neighbours)]),
+        Column::new("baseline".into(), vec![id.baseline]),
         col("model", vec![c.model.clone()]),
         Column::new("family".into(), vec![family]),
         col("mode", vec![c.mode.clone()]),

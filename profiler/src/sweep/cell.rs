@@ -73,6 +73,9 @@ pub struct CellSpec {
     /// The group's other members, each `target:model/mode/dtype/batch`, in the group's order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub neighbours: Vec<String>,
+    /// The cell's target is the sweep's baseline (for reports; not part of the id).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub baseline: bool,
 }
 
 /// Why a cell runs.
@@ -180,6 +183,7 @@ impl CellSpec {
             purpose: Purpose::Measure,
             concurrency_group: None,
             neighbours: Vec::new(),
+            baseline: false,
         })
     }
 
@@ -276,6 +280,7 @@ pub(crate) mod tests {
             purpose: Purpose::Measure,
             concurrency_group: None,
             neighbours: Vec::new(),
+            baseline: false,
         }
     }
 
@@ -284,7 +289,7 @@ pub(crate) mod tests {
         let a = cell();
         assert_eq!(a.cell_id().len(), 16);
         // Sweep-specific fields and timings leave the id alone.
-        let same = CellSpec { sweep: "other".into(), warmup_secs: 9.0, duration_secs: 9.0, sample_interval_ms: 5, ..a.clone() };
+        let same = CellSpec { sweep: "other".into(), warmup_secs: 9.0, duration_secs: 9.0, sample_interval_ms: 5, baseline: true, ..a.clone() };
         assert_eq!(same.cell_id(), a.cell_id());
         // What the cell is changes it.
         for other in [

@@ -112,6 +112,10 @@ pub struct Target {
     /// `false`: the target runs only in its groups, not alone (e.g. the seven members of a 7×1g group).
     #[serde(default = "yes")]
     pub alone: bool,
+    /// The target the report's scaling chart and comparisons measure the others against (at most
+    /// one; none: the one with the most SMs). Recorded in its rows as `baseline`.
+    #[serde(default)]
+    pub baseline: bool,
 }
 
 fn yes() -> bool {
@@ -220,6 +224,10 @@ impl SweepFile {
                 bail!("[[targets]] #{}: label `{}` is empty or used twice; each target needs its own", i + 1, t.label);
             }
             t.device.parse::<DeviceSpec>().with_context(|| format!("[[targets]] `{}`: device", t.label))?;
+        }
+        let baselines: Vec<&str> = self.targets.iter().filter(|t| t.baseline).map(|t| t.label.as_str()).collect();
+        if baselines.len() > 1 {
+            bail!("[[targets]]: baseline = true on {}; at most one target is the baseline", baselines.join(", "));
         }
         let mut group_labels = std::collections::HashSet::new();
         for (i, g) in self.groups.iter().enumerate() {
@@ -380,5 +388,8 @@ seq_lens = [128]
         assert!(e.contains("busy: unknown model `resnet51`"), "{e}");
         let e = err("label = \"g\"\nconcurrent = true\ntargets = [\"full\", \"3g\"]\nbusy = { model = \"resnet50\", batch = 128, speed = 1 }");
         assert!(e.contains("speed"), "{e}");
+        let two = EXAMPLE.replace("device = \"0\"", "device = \"0\"\nbaseline = true").replace("device = \"3g.40gb\"", "device = \"3g.40gb\"\nbaseline = true");
+        let e = format!("{:#}", SweepFile::parse(&two).unwrap_err());
+        assert!(e.contains("baseline = true on full, 3g"), "{e}");
     }
 }

@@ -163,6 +163,7 @@ fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
         purpose: Purpose::Measure,
         concurrency_group: None,
         neighbours: Vec::new(),
+        baseline: target.baseline,
     }
 }
 
