@@ -6,7 +6,8 @@
 use anyhow::Result;
 use plotters::prelude::*;
 
-/// Colours readable on white, in the order targets get them (no yellow, no pale tints).
+/// Colours readable on white, in the order targets get them (no yellow, no pale tints, no grey: grey
+/// is the scaling chart's proportional line).
 pub const PALETTE: [(u8, u8, u8); 10] = [
     (31, 119, 180),  // blue
     (214, 39, 40),   // red
@@ -16,7 +17,7 @@ pub const PALETTE: [(u8, u8, u8); 10] = [
     (140, 86, 75),   // brown
     (227, 119, 194), // pink
     (23, 190, 207),  // cyan
-    (127, 127, 127), // grey
+    (0, 0, 128),     // navy
     (0, 0, 0),       // black
 ];
 

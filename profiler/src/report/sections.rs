@@ -336,7 +336,7 @@ fn against_baseline(rows: &[Row], baseline: &str) -> Result<Vec<Section>> {
     let frame = frame_of(rows)?;
     let targets: BTreeSet<&str> = rows.iter().filter(|r| r.is_alone()).map(|r| r.s("target")).filter(|t| *t != baseline).collect();
     let mut blocks = vec![Block::Text(format!(
-        "Cell by cell (`migprof compare DIR --baseline target={baseline} --target target=T`): the ratio of throughputs with its 95% interval, and whether it is beyond the runs' own noise."
+        "Cell by cell, as migprof compare DIR --baseline target={baseline} --target target=T gives it: the ratio of throughputs with its 95% interval, and whether it is beyond the runs' own noise."
     ))];
     for t in targets {
         let b: crate::results::compare::Selector = format!("target={baseline}").parse()?;
