@@ -90,8 +90,11 @@ fn what_ran(rows: &[Row], sources: &[String], targets: &[String], baseline: Opti
     Section { id: "what-ran".into(), title: "What ran".into(), level: 2, blocks }
 }
 
-/// The workload of a row, as sections group it.
-fn workload(r: &Row) -> (String, String, String, String) {
+/// A workload as sections group runs: model, mode, dtype, sequence length.
+type Workload = (String, String, String, String);
+
+/// The workload of a row.
+fn workload(r: &Row) -> Workload {
     (r.s("model").into(), r.s("mode").into(), r.s("dtype").into(), r.s("seq_len").into())
 }
 
@@ -124,8 +127,8 @@ pub fn detailed_runs(rows: &[Row], batch: Option<usize>) -> BTreeSet<String> {
 }
 
 /// Per (workload, target): the latest alone run at the largest batch, or at `batch` where given.
-fn largest(rows: &[Row], batch: Option<usize>) -> BTreeMap<((String, String, String, String), String), &Row> {
-    let mut out: BTreeMap<((String, String, String, String), String), &Row> = BTreeMap::new();
+fn largest(rows: &[Row], batch: Option<usize>) -> BTreeMap<(Workload, String), &Row> {
+    let mut out: BTreeMap<(Workload, String), &Row> = BTreeMap::new();
     for r in rows.iter().filter(|r| r.is_alone() && batch.is_none_or(|b| r.n("batch") == Some(b as f64))) {
         let k = (workload(r), r.s("target").to_string());
         let better = out.get(&k).is_none_or(|old| (r.n("batch"), r.s("run_id")).partial_cmp(&(old.n("batch"), old.s("run_id"))) == Some(std::cmp::Ordering::Greater));
@@ -138,7 +141,7 @@ fn largest(rows: &[Row], batch: Option<usize>) -> BTreeMap<((String, String, Str
 
 /// The latency distribution and the sampler's time series of each target's run at its largest batch.
 fn at_largest_batch(
-    wl: &(String, String, String, String),
+    wl: &Workload,
     rows: &[Row],
     detail: &data::Detail,
     colour: &dyn Fn(&str) -> usize,
@@ -205,7 +208,7 @@ fn at_largest_batch(
 fn per_model(rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize, detail_batch: Option<usize>) -> Result<Vec<Section>> {
     let all = rows;
     let alone: Vec<&Row> = rows.iter().filter(|r| r.is_alone()).collect();
-    let mut by_model: BTreeMap<String, BTreeMap<(String, String, String, String), Vec<&Row>>> = BTreeMap::new();
+    let mut by_model: BTreeMap<String, BTreeMap<Workload, Vec<&Row>>> = BTreeMap::new();
     for r in &alone {
         by_model.entry(r.s("model").to_string()).or_default().entry(workload(r)).or_default().push(r);
     }

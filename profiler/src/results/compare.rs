@@ -366,9 +366,11 @@ impl Comparison {
 mod tests {
     use super::*;
 
-    /// Runs rows: (cell_id, run_id, target, dtype, batch, throughput, ci half-width).
-    fn frame(rows: &[(&str, &str, &str, &str, i64, f64, f64)]) -> DataFrame {
-        let col = |f: fn(&(&str, &str, &str, &str, i64, f64, f64)) -> String| rows.iter().map(f).collect::<Vec<String>>();
+    /// A runs row: (cell_id, run_id, target, dtype, batch, throughput, ci half-width).
+    type Made<'a> = (&'a str, &'a str, &'a str, &'a str, i64, f64, f64);
+
+    fn frame(rows: &[Made]) -> DataFrame {
+        let col = |f: fn(&Made) -> String| rows.iter().map(f).collect::<Vec<String>>();
         df!(
             "status" => vec!["ok"; rows.len()],
             "cell_id" => col(|r| r.0.into()),

@@ -274,11 +274,10 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
     let mut daemons: HashMap<String, crate::mps::daemon::Daemon> = HashMap::new();
     for c in queue.iter().chain(groups.iter().flatten()).map(|c| &c.spec).chain(searches.iter().map(|s| &s.template)) {
         if c.device.starts_with("mps:") {
-            let key = device_key(&c.device);
-            if !daemons.contains_key(&key) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = daemons.entry(device_key(&c.device)) {
                 let daemon = start_mps_daemon(&c.device)?;
                 writeln!(log, "MPS: migprof's control daemon (pid {}) serves {} for the emulated slices", daemon.pid().unwrap_or(0), daemon.gpu_uuid)?;
-                daemons.insert(key, daemon);
+                slot.insert(daemon);
             }
         }
     }
