@@ -40,6 +40,8 @@ trap finish EXIT
 bin=/tmp/migprof
 gunzip -c "${MIGPROF_GZ:-.dist/migprof.gz}" > "$bin" && chmod +x "$bin"
 log() { echo "== $*"; }
+# MPS servers on the GPU (nvidia-smi's count) and MPS processes: none may be left after a call.
+mps_servers() { nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader | grep -c mps-server; ps -eo pid,args | grep "[n]vidia-cuda-mps" || true; }
 
 log "devices"
 nvidia-smi -L | tee "$out/nvidia-smi-L.txt"
@@ -115,7 +117,6 @@ exit 0
 fi
 
 if [ "$mode" = mps ]; then
-mps_servers() { nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader | grep -c mps-server; ps -eo pid,args | grep "[n]vidia-cuda-mps" || true; }
 log "MPS before: servers on the GPU and MPS processes"; mps_servers
 log "migprof devices (MPS availability)"; "$bin" devices | tail -3
 log "a run beside another process on the GPU: the verdict says shared"
@@ -152,7 +153,6 @@ exit 0
 fi
 
 if [ "$mode" = groups ]; then
-mps_servers() { nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader | grep -c mps-server; ps -eo pid,args | grep "[n]vidia-cuda-mps" || true; }
 log "MPS before"; mps_servers
 ( cd "$out" && timeout "${MPS_SECS:-300}" "$bin" sweep "$OLDPWD/benches/mps_groups.toml" --out "$out/groups" 2>&1 | grep -vE "^\s*$" | tail -30 )
 log "MPS after"; mps_servers

@@ -89,12 +89,8 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
 /// ends, also after Ctrl-C (which reaches the client and ends its runs; the daemon has its own
 /// process group). The daemon's starter never opens a CUDA context of its own.
 pub fn run_under_mps(target: &crate::mps::MpsTarget, log: &mut dyn Write) -> Result<std::process::ExitCode> {
-    use crate::mps::daemon::{base_dir, control_program, Daemon, CLIENT_PIPE_ENV};
-    if !candle_core::utils::cuda_is_available() {
-        anyhow::bail!("`{target}`: this migprof was built without CUDA support (cargo feature `cuda`); valid devices in this build: cpu")
-    }
-    let topology = crate::gpu::discover().map_err(|e| anyhow::anyhow!("`{target}`: {e:#}"))?;
-    let (selected, share) = crate::mps::resolve(&topology, target, crate::mps::profile_table)?;
+    use crate::mps::daemon::CLIENT_PIPE_ENV;
+    crate::device::no_cuda_is_an_error(&DeviceSpec::Mps(target.clone()))?;
     // From here on this process cleans up whatever ends the run: a Ctrl-C is the client's to act on
     // (it reaches the whole foreground group) and is ignored here; a SIGTERM is passed on to the
     // client. Both are restored in the client.
@@ -104,7 +100,7 @@ pub fn run_under_mps(target: &crate::mps::MpsTarget, log: &mut dyn Write) -> Res
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGTERM, forward_sigterm as extern "C" fn(libc::c_int) as libc::sighandler_t);
     }
-    let daemon = Daemon::start(&control_program()?, &base_dir(), &selected.gpu.uuid, &crate::mps::processes::Proc)?;
+    let (selected, share, daemon) = crate::mps::start_daemon(target)?;
     writeln!(
         log,
         "MPS: migprof's control daemon (pid {}) serves {}; the runs are its client with {} (MPS shares neither L2 nor memory bandwidth: an emulated slice is faster than a real one)",

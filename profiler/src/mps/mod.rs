@@ -98,6 +98,15 @@ pub fn resolve(topology: &Topology, target: &MpsTarget, table: impl FnOnce(&Gpu)
     Ok((selected, share))
 }
 
+/// Starts migprof's MPS daemon for the GPU of `target`, once the target resolves: the GPU, the share
+/// its clients get, the daemon. `run` and `sweep` both start theirs here.
+pub fn start_daemon(target: &MpsTarget) -> Result<(Selected, Share, daemon::Daemon)> {
+    let topology = crate::gpu::discover().map_err(|e| anyhow::anyhow!("`{target}`: {e:#}"))?;
+    let (selected, share) = resolve(&topology, target, profile_table)?;
+    let started = daemon::Daemon::start(&daemon::control_program()?, &daemon::base_dir(), &selected.gpu.uuid, &processes::Proc)?;
+    Ok((selected, share, started))
+}
+
 /// The MIG profile table of `gpu`: NVML's (it answers with MIG off too), else the checked-in table of
 /// the same product.
 pub fn profile_table(gpu: &Gpu) -> Result<ProfileTable> {

@@ -61,11 +61,16 @@ impl ProcessTable for Proc {
     }
 
     fn alive(&self, pid: u32) -> bool {
-        // Signal 0 checks existence; EPERM means it exists but is someone else's.
-        // SAFETY: kill with signal 0 sends nothing.
-        let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
-        rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+        alive(pid)
     }
+}
+
+/// Whether a process exists: signal 0 checks without sending; EPERM means it exists but is someone
+/// else's.
+pub fn alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 sends nothing.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// One variable of a process's environment, when readable (its owner or root).

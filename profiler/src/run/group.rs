@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::mps::processes::alive;
+
 /// The folder of the member's group instance.
 pub const GROUP_DIR_ENV: &str = "MIGPROF_GROUP_DIR";
 /// Seconds since the Unix epoch after which a member stops holding.
@@ -156,10 +158,6 @@ fn touch(path: &Path) -> Result<()> {
     std::fs::write(path, b"").with_context(|| format!("writing {}", path.display()))
 }
 
-fn alive(pid: u32) -> bool {
-    // SAFETY: signal 0 sends nothing; it asks whether the process exists.
-    unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
-}
 
 #[cfg(test)]
 mod tests {

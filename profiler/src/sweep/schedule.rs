@@ -480,13 +480,10 @@ fn start_group(
 
 /// Starts migprof's MPS daemon for the GPU of an `mps:` device, checking the share first.
 fn start_mps_daemon(device: &str) -> Result<crate::mps::daemon::Daemon> {
-    use crate::mps::daemon::{base_dir, control_program, Daemon};
     let Ok(crate::device::DeviceSpec::Mps(target)) = device.parse::<crate::device::DeviceSpec>() else {
         anyhow::bail!("`{device}` is not an MPS target")
     };
-    let topology = crate::gpu::discover().with_context(|| format!("`{device}`"))?;
-    let (selected, _) = crate::mps::resolve(&topology, &target, crate::mps::profile_table)?;
-    Daemon::start(&control_program()?, &base_dir(), &selected.gpu.uuid, &crate::mps::processes::Proc)
+    Ok(crate::mps::start_daemon(&target)?.2)
 }
 
 /// A probe of a `max` search at `batch`.
