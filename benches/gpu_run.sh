@@ -17,6 +17,10 @@
 #              the verdict beside a second process, and no MPS server left before and after
 #     groups   concurrent emulated slices (benches/mps_groups.toml): 3g beside 3g, 1g beside six busy
 #              1g neighbours, each against the same cell alone (the interference ratio)
+#     capacity capacity at p99 ≤ 50 ms of ResNet-50 and BERT-base on emulated 1g, 3g, 7g
+#              (benches/capacity_slices.toml; CAP_SECS bounds the sweep, which resumes in
+#              /tmp/capacity-results while the machine stays warm), then `migprof capacity` for
+#              20,000 ResNet-50 and 3,000 BERT requests/s, and the report
 #     before   no performance lost: the comparison matrix by the build BEFORE_GZ (gzipped, the build
 #              before a change) and by this build, one after the other, then PyTorch's once, and each
 #              build's ratio to PyTorch and this build's to the one before (MODELS, BATCHES narrow it)
@@ -149,6 +153,27 @@ for r in sorted(rows, key=lambda r: (r["model"], r["mode"], r["batch"], r["sm_co
 PY
 tar czf "${OUT:-/tmp}/mps-results.tgz" -C "$out" mps-sweep mps-run shared busy 2>/dev/null
 cp "$out/mps.txt" "${OUT:-/tmp}/" 2>/dev/null
+exit 0
+fi
+
+if [ "$mode" = capacity ]; then
+res=/tmp/capacity-results; mkdir -p "$res"
+log "MPS before"; mps_servers
+( cd "$out" && timeout "${CAP_SECS:-540}" "$bin" sweep "$OLDPWD/benches/capacity_slices.toml" --out "$res" 2>&1 | grep -vE "^\s*$" | tail -40 )
+log "MPS after"; mps_servers
+log "the plan"
+"$bin" capacity --gpu h100-80gb --from "$res" --demand resnet50=20000,bert_base=3000 --slo-p99-ms 50 --emit-layouts "$out/layouts.yaml" 2>&1 | tee "$out/capacity.txt"
+"$bin" capacity --gpu h100-80gb --from "$res" --demand resnet50=20000,bert_base=3000 --slo-p99-ms 50 --json > "$out/capacity.json" 2>&1
+"$bin" report "$res" --out "$out/report.html" 2>&1 | tail -2
+python3 - "$res" <<'PY' | tee "$out/load-steps.txt"
+import sys, pyarrow.parquet as pq
+for r in sorted(pq.read_table(f"{sys.argv[1]}/load").to_pylist(), key=lambda r: (r["model"], r["profile"], r["started_at"])):
+    print(f"{r['profile']:<8} {r['model']:<10} offered {r['offered_qps']:>8.1f} served {r['achieved_qps']:>8.1f} n {r['requests']:>6} "
+          f"p99 {r['p99_ms']:>7.2f} [{r['p99_ms_ci_low'] or float('nan'):.2f}, {r['p99_ms_ci_high'] or float('nan'):.2f}] batch {r['mean_batch']:>5.1f} "
+          f"queue {r['queue_mean']:>6.1f}/{r['queue_max']:<5} {r['ending']:<8} meets {r['meets_slo']}")
+PY
+tar czf "${OUT:-/tmp}/capacity-results.tgz" -C /tmp capacity-results 2>/dev/null
+cp "$out/capacity.txt" "$out/capacity.json" "$out/layouts.yaml" "$out/load-steps.txt" "$out/report.html" "${OUT:-/tmp}/" 2>/dev/null
 exit 0
 fi
 

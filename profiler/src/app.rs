@@ -23,28 +23,13 @@ pub struct RunReport {
 
 pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
     let specs = crate::run::spec::from_args(args)?;
-    let spec = match &args.device {
-        Some(d) => d.clone(),
-        None => {
-            let (spec, why) = DeviceSpec::default_for(crate::gpu::discover);
-            if let Some(why) = why {
-                writeln!(log, "note: {why}")?;
-            }
-            spec
-        }
-    };
+    let spec = device_or_default(args.device.as_ref(), log)?;
     let device = spec.open()?;
     crate::run::spec::check_device(&specs, &device)?;
     crate::run::preflight::check(&specs, &device)?;
     // Make the folder before the first run, so a bad --out fails before any time is spent.
     std::fs::create_dir_all(&args.out).with_context(|| format!("cannot use {} as the results folder", args.out.display()))?;
-    let context = RunContext {
-        invocation_id: provenance::run_id(provenance::now()),
-        host: provenance::host(),
-        device: device.info.clone(),
-        expected: crate::results::evidence::Expected::on(&device.info),
-        group: None,
-    };
+    let context = RunContext::new_invocation(&device.info);
     writeln!(log, "migprof {}: {} run(s) on {} [{}], results to {}", provenance::VERSION, specs.len(), spec, device.info.name, args.out.display())?;
 
     let mut completed = Vec::new();
@@ -82,6 +67,108 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
         }
     }
     Ok(RunReport { completed, failed })
+}
+
+/// The device asked for, else the default one (saying why when it is the CPU).
+fn device_or_default(asked: Option<&DeviceSpec>, log: &mut dyn Write) -> Result<DeviceSpec> {
+    Ok(match asked {
+        Some(d) => d.clone(),
+        None => {
+            let (spec, why) = DeviceSpec::default_for(crate::gpu::discover);
+            if let Some(why) = why {
+                writeln!(log, "note: {why}")?;
+            }
+            spec
+        }
+    })
+}
+
+/// `migprof load`: serves the model at each rate, or searches its capacity; rows written as each step
+/// ends. Returns the job's outcome for the summary.
+pub fn load(args: &crate::cli::LoadArgs, log: &mut dyn Write) -> Result<crate::load::job::JobOutcome> {
+    use crate::load::job::Rates;
+    use crate::load::record::LoadSettings;
+    let spec = crate::run::spec::for_load(args)?;
+    let settings = LoadSettings {
+        arrival: args.arrival,
+        max_batch: args.max_batch,
+        max_delay_ms: args.max_delay_ms,
+        warmup_secs: args.warmup,
+        duration_secs: args.duration,
+        arrival_seed: args.seed,
+        slo_p99_ms: args.slo_p99_ms,
+        resolution: args.resolution / 100.0,
+        min_requests: args.min_requests,
+    };
+    let rates = if args.search { Rates::Search { start: args.qps.first().copied() } } else { Rates::Fixed(args.qps.clone()) };
+    let device_spec = device_or_default(args.device.as_ref(), log)?;
+    let device = device_spec.open()?;
+    crate::run::spec::check_device(std::slice::from_ref(&spec), &device)?;
+    std::fs::create_dir_all(&args.out).with_context(|| format!("cannot use {} as the results folder", args.out.display()))?;
+    let context = RunContext::new_invocation(&device.info);
+    let mut cell = crate::sweep::cell::CellSpec::of_run(&spec, &device.info.name, &device_spec.to_string())?;
+    cell.load = Some(settings.clone());
+    let identity = CellIdentity::of_cell(&cell, Status::Ok);
+    let identity = CellIdentity { sweep: None, target: device.info.name.clone(), ..identity };
+    writeln!(
+        log,
+        "migprof {}: {} {} on {} [{}], {} arrivals, batches up to {} or {} ms; rows to {}",
+        provenance::VERSION,
+        spec.model,
+        spec.precision(),
+        device_spec,
+        device.info.name,
+        settings.arrival.as_str(),
+        settings.max_batch,
+        settings.max_delay_ms,
+        args.out.join(Table::Load.dir_name()).display()
+    )?;
+    if device.info.emulation.is_some() {
+        writeln!(log, "note: an MPS-emulated slice: it shares L2 and memory bandwidth with the whole GPU, so it serves more than a real MIG slice would")?;
+    }
+    let job = crate::load::job::Job { spec: &spec, settings: &settings, rates: &rates };
+    let outcome = crate::load::job::run(job, &device, &context, &identity, &args.out, log)?;
+    writeln!(log, "{}", report_hint(&args.out))?;
+    Ok(outcome)
+}
+
+/// `migprof capacity`: the capacities, the plan, the hand plans; the layouts file when asked for.
+pub fn capacity(args: &crate::cli::CapacityArgs, stdout: &mut dyn Write) -> Result<()> {
+    let table = crate::mig::profile::table(&args.gpu)?;
+    let dtype = args.dtype.map(|d| match d {
+        crate::cli::DTypeArg::F32 => "f32",
+        crate::cli::DTypeArg::Bf16 => "bf16",
+        crate::cli::DTypeArg::F16 => "f16",
+        crate::cli::DTypeArg::Tf32 => "tf32",
+    });
+    let gathered = match (&args.capacities, args.from.is_empty()) {
+        (Some(csv), _) => crate::capacity::source::from_csv(csv)?,
+        (None, false) => crate::capacity::source::from_folders(&args.from, args.slo_p99_ms, dtype, args.closed_loop_estimates)?,
+        (None, true) => anyhow::bail!("where do the capacities come from? give --from DIR (results of `migprof load --search`) or --capacities FILE.csv"),
+    };
+    let report = crate::capacity::plan(&table, &gathered, &args.demand, args.slo_p99_ms, args.headroom)?;
+    if args.json {
+        writeln!(stdout, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        write!(stdout, "{}", report.to_text())?;
+    }
+    if let Some(path) = &args.emit_layouts {
+        std::fs::write(path, report.mig_parted().to_yaml()?).with_context(|| format!("writing {}", path.display()))?;
+        if !args.json {
+            writeln!(stdout, "layouts: {} (apply with `migprof mig apply {} -c migprof-plan-1`)", path.display(), path.display())?;
+        }
+    }
+    // The report of the folder shows the latest plan made from it.
+    if let Some(dir) = args.from.first() {
+        let plans = dir.join("plans");
+        std::fs::create_dir_all(&plans)?;
+        let path = plans.join(format!("plan-{}.json", provenance::run_id(provenance::now())));
+        std::fs::write(&path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+        if !args.json {
+            writeln!(stdout, "plan: {}", path.display())?;
+        }
+    }
+    Ok(())
 }
 
 /// `migprof run --device mps:…` when this process is no MPS client yet: starts migprof's MPS daemon
@@ -195,7 +282,8 @@ pub fn sweep(args: &crate::cli::SweepArgs, log: &mut dyn Write) -> Result<bool> 
 /// 1 any other error.
 pub fn cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: &mut dyn Write) -> Result<std::process::ExitCode> {
     use crate::sweep::cell::{CellSpec, Purpose};
-    let result = (|| -> Result<Run> {
+    // The line the sweep reads: `<status> <what it measured>`.
+    let result = (|| -> Result<String> {
         let cell = CellSpec::read(spec_path)?;
         let spec = cell.run_spec()?;
         let device = cell.device.parse::<DeviceSpec>()?.open()?;
@@ -209,21 +297,29 @@ pub fn cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: &mut
         };
         let status = if cell.purpose == Purpose::Probe { Status::Probe } else { Status::Ok };
         let identity = CellIdentity::of_cell(&cell, status);
+        if let Some(settings) = &cell.load {
+            // A capacity search: its steps' progress goes to the cell's log.
+            let rates = crate::load::job::Rates::Search { start: None };
+            let job = crate::load::job::Job { spec: &spec, settings, rates: &rates };
+            let outcome = crate::load::job::run(job, &device, &context, &identity, out, &mut std::io::stderr())?;
+            return Ok(match outcome.capacity.flatten() {
+                Some(c) => format!("ok capacity {c:.1}/s within p99 {} ms", settings.slo_p99_ms.unwrap_or_default()),
+                None => format!("ok capacity none within p99 {} ms", settings.slo_p99_ms.unwrap_or_default()),
+            });
+        }
         let run = execute(&spec, &device, context, identity)?;
         write_run(out, &run)?;
-        Ok(run)
+        Ok(format!(
+            "{} {:.1}/s p50 {:.3} ms, verdict {}",
+            run.cell.status.as_str(),
+            run.throughput(),
+            run.stats.p50_ns as f64 / 1e6,
+            run.assessment.verdict
+        ))
     })();
     match result {
-        Ok(run) => {
-            writeln!(
-                stdout,
-                "{}{} {:.1}/s p50 {:.3} ms, verdict {}",
-                crate::sweep::child::RESULT_PREFIX,
-                run.cell.status.as_str(),
-                run.throughput(),
-                run.stats.p50_ns as f64 / 1e6,
-                run.assessment.verdict
-            )?;
+        Ok(line) => {
+            writeln!(stdout, "{}{line}", crate::sweep::child::RESULT_PREFIX)?;
             Ok(std::process::ExitCode::SUCCESS)
         }
         Err(e) => {
@@ -278,11 +374,14 @@ pub fn check(dir: &Path, stdout: &mut dyn Write) -> Result<bool> {
     }
     writeln!(
         stdout,
-        "{}: {} run row(s), {} sample(s), {} metric reading(s); {}",
+        "{}: {} run row(s), {} sample(s), {} metric reading(s), {} load step(s) with {} batch(es), {} capacity search(es); {}",
         dir.display(),
         report.rows["runs"],
         report.rows["samples"],
         report.rows["metrics"],
+        report.rows["load"],
+        report.rows["load_batches"],
+        report.rows["capacity"],
         if report.problems.is_empty() { "no problems".to_string() } else { format!("{} problem(s)", report.problems.len()) }
     )?;
     Ok(report.problems.is_empty())
@@ -463,7 +562,7 @@ fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);

@@ -22,6 +22,16 @@ pub enum Command {
     /// Measure models: one run per model x mode x dtype x batch size. With no flags, a default set
     /// that takes about two minutes on a 2-core CPU.
     Run(RunArgs),
+    /// Serve a model under open-loop load: requests arrive on a seeded schedule (Poisson or constant)
+    /// whatever the model does, wait for a dynamic batcher, and each is timed from its scheduled
+    /// arrival to its batch's completion. One step per --qps; with --search, the highest rate whose
+    /// p99 stays within --slo-p99-ms (the target's capacity). Rows in the load and capacity tables.
+    Load(LoadArgs),
+    /// Plan a fleet for a target load: per model and MIG profile the capacity (measured by `load
+    /// --search`, or from a CSV), then the fewest GPUs, with their MIG layouts, that serve every
+    /// demand within the objective, solved exactly as an integer program; beside it the plans made by
+    /// hand (a whole GPU per model, one profile per model).
+    Capacity(CapacityArgs),
     /// Run a sweep file: a matrix of cells over targets (devices), each cell in a child process of its
     /// own, a row for every cell however it ends; a rerun runs only the cells not done.
     Sweep(SweepArgs),
@@ -169,6 +179,106 @@ pub struct SweepArgs {
     /// Cells at once, never two on one device.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub jobs: u64,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LoadArgs {
+    /// The model served (see `migprof models`).
+    #[arg(long, value_parser = PossibleValuesParser::new(workloads::model_names()))]
+    pub model: String,
+    /// As `migprof run --device`: cpu, cuda, an index, GPU-/MIG-<uuid>, a MIG profile, mps:<profile>.
+    #[arg(long)]
+    pub device: Option<DeviceSpec>,
+    #[arg(long, value_enum, default_value_t = DTypeArg::F32)]
+    pub dtype: DTypeArg,
+    /// Tokens per sequence for token models (default 128).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub seq_len: Option<u64>,
+    /// Weights from a safetensors file instead of seeded random ones.
+    #[arg(long)]
+    pub weights: Option<PathBuf>,
+    /// Offered rates in requests per second, comma-separated: one step each, in order. With
+    /// --search: the first rate tried (default: half the closed loop's rate at --max-batch).
+    #[arg(long, value_delimiter = ',', value_parser = parse_rate, required_unless_present = "search")]
+    pub qps: Vec<f64>,
+    #[arg(long, value_enum, default_value_t = crate::load::record::DEFAULTS.arrival)]
+    pub arrival: crate::load::arrival::Arrival,
+    /// The batcher's largest batch.
+    #[arg(long, default_value_t = crate::load::record::DEFAULTS.max_batch, value_parser = parse_batch)]
+    pub max_batch: usize,
+    /// The longest a batch waits for more requests once its first has arrived (and the model is free).
+    #[arg(long, default_value_t = crate::load::record::DEFAULTS.max_delay_ms, value_parser = parse_non_negative)]
+    pub max_delay_ms: f64,
+    /// Seconds of measured arrivals per step (without --search).
+    #[arg(long, default_value_t = crate::load::record::DEFAULTS.duration_secs, value_parser = parse_positive)]
+    pub duration: f64,
+    /// Seconds of arrivals at the start of each step that are served and not measured.
+    #[arg(long, default_value_t = crate::load::record::DEFAULTS.warmup_secs, value_parser = parse_non_negative)]
+    pub warmup: f64,
+    /// Seeds the arrivals, the weights and the inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// The latency objective on p99, milliseconds: judges each step (meets_slo); --search needs it.
+    #[arg(long, value_parser = parse_positive)]
+    pub slo_p99_ms: Option<f64>,
+    /// Search for the highest rate within --slo-p99-ms: doubling or halving to a bracket, then
+    /// bisection to --resolution; a step stops early once its p99 is certainly over the objective.
+    #[arg(long, requires = "slo_p99_ms")]
+    pub search: bool,
+    /// The search's resolution in percent of the rate.
+    #[arg(long, value_name = "PCT", default_value_t = crate::load::record::DEFAULTS.resolution * 100.0, value_parser = parse_percent)]
+    pub resolution: f64,
+    /// Measured requests a search step needs before its p99's interval may decide it (fewer than
+    /// 10,000 make a p99 not worth much).
+    #[arg(long, default_value_t = crate::load::record::DEFAULTS.min_requests, value_parser = clap::value_parser!(u64).range(100..).map(|v| v as usize))]
+    pub min_requests: usize,
+    /// Sampler interval in milliseconds on a GPU (clocks, throttling, other processes beside each
+    /// step); 0 turns it off.
+    #[arg(long, default_value_t = 100)]
+    pub sample_interval_ms: u64,
+    /// Results folder.
+    #[arg(long, default_value = "data/results")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub kernels: KernelArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CapacityArgs {
+    /// The GPU to plan for, by its checked-in MIG profile table (a100-40gb, a100-80gb, a30-24gb,
+    /// h100-80gb, h200-141gb).
+    #[arg(long)]
+    pub gpu: String,
+    /// The load to serve: model=requests/s, comma-separated (resnet50=20000,bert_base=3000).
+    #[arg(long, value_delimiter = ',', required = true, value_parser = crate::capacity::parse_demand)]
+    pub demand: Vec<(String, f64)>,
+    /// The p99 objective the capacities were measured for, milliseconds.
+    #[arg(long, value_parser = parse_positive)]
+    pub slo_p99_ms: f64,
+    /// Results folders with `load --search` capacities (the capacity table).
+    #[arg(long = "from", conflicts_with = "capacities")]
+    pub from: Vec<PathBuf>,
+    /// A CSV with the columns model,profile,qps instead of measured capacities.
+    #[arg(long)]
+    pub capacities: Option<PathBuf>,
+    /// Only capacities measured at this dtype (needed when a folder holds several).
+    #[arg(long, value_enum)]
+    pub dtype: Option<DTypeArg>,
+    /// Also estimate capacities from closed-loop runs where no search measured one (labelled: the
+    /// highest throughput of a batch whose p99, doubled for the wait in the queue, is within the
+    /// objective).
+    #[arg(long)]
+    pub closed_loop_estimates: bool,
+    /// Plan each instance to at most this share of its capacity.
+    #[arg(long, default_value_t = 0.8, value_parser = parse_share)]
+    pub headroom: f64,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the plan's layouts as a mig-parted file (one named config per distinct layout) for
+    /// `migprof mig apply` or the GPU operator.
+    #[arg(long)]
+    pub emit_layouts: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, Args)]
@@ -377,6 +487,30 @@ fn parse_percent(s: &str) -> Result<f64, String> {
     match s.trim().trim_end_matches('%').parse::<f64>() {
         Ok(v) if v > 0.0 && v < 100.0 => Ok(v),
         _ => Err(format!("expected a percentage above 0 and below 100 (e.g. 2 for ±2%); got `{s}`")),
+    }
+}
+
+/// A rate in requests per second: finite, above zero.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("rates are requests per second above zero, comma-separated (e.g. --qps 100,200,400); got `{s}`")),
+    }
+}
+
+/// A finite number above zero: milliseconds, seconds.
+fn parse_positive(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("expected a number above zero (e.g. 50 or 2.5); got `{s}`")),
+    }
+}
+
+/// A share above 0 and at most 1.
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("expected a share above 0 and at most 1 (e.g. 0.8); got `{s}`")),
     }
 }
 

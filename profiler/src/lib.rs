@@ -2,9 +2,11 @@
 //! measured, where, and whether the number can be trusted.
 
 pub mod app;
+pub mod capacity;
 pub mod cli;
 pub mod device;
 pub mod gpu;
+pub mod load;
 pub mod mig;
 pub mod mps;
 pub mod provenance;

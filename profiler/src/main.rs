@@ -22,10 +22,15 @@ fn main() -> ExitCode {
         Command::Plan { table, profiles, list } => migprof::app::plan(table, profiles, *list, &mut stdout)
             .map(|fits| if fits { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
         Command::Mig(cmd) => migprof::app::mig(cmd, &mut stdout, &mut stderr).map(|_| ExitCode::SUCCESS),
-        Command::Run(args) if needs_mps_daemon(args) => match &args.device {
-            Some(migprof::device::DeviceSpec::Mps(target)) => migprof::app::run_under_mps(target, &mut stderr),
-            _ => unreachable!("checked by needs_mps_daemon"),
-        },
+        Command::Run(migprof::cli::RunArgs { device: Some(migprof::device::DeviceSpec::Mps(target)), .. })
+        | Command::Load(migprof::cli::LoadArgs { device: Some(migprof::device::DeviceSpec::Mps(target)), .. })
+            if not_yet_mps_client() =>
+        {
+            migprof::app::run_under_mps(target, &mut stderr)
+        }
+        // A search that finds no rate within the objective has still measured: its row says so.
+        Command::Load(args) => migprof::app::load(args, &mut stderr).map(|_| ExitCode::SUCCESS),
+        Command::Capacity(args) => migprof::app::capacity(args, &mut stdout).map(|_| ExitCode::SUCCESS),
         Command::Run(args) => migprof::app::run(args, &mut stderr).and_then(|report| {
             migprof::app::finish(&args.out, &report, &mut stdout)?;
             Ok(match &report.failed {
@@ -50,7 +55,8 @@ fn main() -> ExitCode {
     })
 }
 
-/// An emulated slice, and this process is not yet a client of migprof's MPS daemon.
-fn needs_mps_daemon(args: &migprof::cli::RunArgs) -> bool {
-    args.device.as_ref().is_some_and(|d| d.is_mps()) && std::env::var_os(migprof::mps::daemon::CLIENT_PIPE_ENV).is_none()
+/// This process is not yet a client of migprof's MPS daemon (an emulated slice starts the daemon, then
+/// runs the same command again as its client).
+fn not_yet_mps_client() -> bool {
+    std::env::var_os(migprof::mps::daemon::CLIENT_PIPE_ENV).is_none()
 }

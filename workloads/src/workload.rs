@@ -82,6 +82,36 @@ pub struct Batch {
     pub labels: Tensor,
 }
 
+impl Batch {
+    /// The first `n` samples (all of them when `n` is the size or more).
+    pub fn first(&self, n: usize) -> Result<Batch> {
+        let n = n.min(self.size);
+        let inputs = match &self.inputs {
+            Inputs::Images(x) => Inputs::Images(x.narrow(0, 0, n)?),
+            Inputs::Tokens { input_ids, token_type_ids, attention_mask } => Inputs::Tokens {
+                input_ids: input_ids.narrow(0, 0, n)?,
+                token_type_ids: token_type_ids.narrow(0, 0, n)?,
+                attention_mask: attention_mask.narrow(0, 0, n)?,
+            },
+        };
+        Ok(Batch { size: n, inputs, labels: self.labels.narrow(0, 0, n)? })
+    }
+
+    /// A copy on `device` (contiguous there whatever the layout here).
+    pub fn to_device(&self, device: &Device) -> Result<Batch> {
+        let moved = |t: &Tensor| t.contiguous()?.to_device(device);
+        let inputs = match &self.inputs {
+            Inputs::Images(x) => Inputs::Images(moved(x)?),
+            Inputs::Tokens { input_ids, token_type_ids, attention_mask } => Inputs::Tokens {
+                input_ids: moved(input_ids)?,
+                token_type_ids: moved(token_type_ids)?,
+                attention_mask: moved(attention_mask)?,
+            },
+        };
+        Ok(Batch { size: self.size, inputs, labels: moved(&self.labels)? })
+    }
+}
+
 /// A model ready to run on a device: the profiler's only view of a workload.
 pub trait Workload {
     fn info(&self) -> &ModelInfo;
@@ -90,6 +120,9 @@ pub trait Workload {
     fn mode(&self) -> Mode;
     /// A batch of `size` samples drawn from `seed`, already on the device.
     fn synthetic_batch(&self, size: usize, seed: u64) -> Result<Batch>;
+    /// The same samples in host memory, in the model's dtype: what a server holds when requests
+    /// arrive, before it copies a batch of them to the device.
+    fn host_batch(&self, size: usize, seed: u64) -> Result<Batch>;
     /// Forward pass without gradients; returns the logits. The work may still be queued on the device.
     fn infer(&self, batch: &Batch) -> Result<Tensor>;
     /// Forward, loss, backward and optimizer step; returns the loss (a scalar, possibly still queued,
@@ -176,12 +209,17 @@ impl Workload for Classification {
     }
 
     fn synthetic_batch(&self, size: usize, seed: u64) -> Result<Batch> {
+        self.host_batch(size, seed)?.to_device(&self.device)
+    }
+
+    fn host_batch(&self, size: usize, seed: u64) -> Result<Batch> {
+        let host = Device::Cpu;
         let mut rng = Rng::for_name(seed, "batch");
         let inputs = match self.info.input {
             InputShape::Image { channels, height, width } => {
                 let n = size * channels * height * width;
                 let pixels = Tensor::from_vec(rng.normal_vec(n, 0.0, 1.0), (size, channels, height, width), &Device::Cpu)?;
-                Inputs::Images(pixels.to_dtype(self.dtype)?.to_device(&self.device)?)
+                Inputs::Images(pixels.to_dtype(self.dtype)?)
             }
             // Full-length sequences (every position attended) of uniform random ids; the first half
             // of each sequence is segment 0, the second half segment 1, as in a sentence pair.
@@ -190,14 +228,14 @@ impl Workload for Classification {
                 let types: Vec<u32> =
                     (0..size * seq_len).map(|i| ((i % seq_len) * type_vocab_size.min(2) / seq_len) as u32).collect();
                 Inputs::Tokens {
-                    input_ids: Tensor::from_vec(ids, (size, seq_len), &self.device)?,
-                    token_type_ids: Tensor::from_vec(types, (size, seq_len), &self.device)?,
-                    attention_mask: Tensor::ones((size, seq_len), self.dtype, &self.device)?,
+                    input_ids: Tensor::from_vec(ids, (size, seq_len), &host)?,
+                    token_type_ids: Tensor::from_vec(types, (size, seq_len), &host)?,
+                    attention_mask: Tensor::ones((size, seq_len), self.dtype, &host)?,
                 }
             }
         };
         let labels: Vec<u32> = (0..size).map(|_| rng.below(self.info.num_classes as u32)).collect();
-        let labels = Tensor::from_vec(labels, size, &self.device)?;
+        let labels = Tensor::from_vec(labels, size, &host)?;
         Ok(Batch { size, inputs, labels })
     }
 

@@ -62,6 +62,8 @@ pub struct Chart<'a> {
     pub diagonal: bool,
     /// A dot at every point (off for dense lines: distributions, time series).
     pub markers: bool,
+    /// A grey horizontal line at this y (an objective), inside the y axis.
+    pub hline: Option<f64>,
 }
 
 /// The scale a positive quantity wants: log where it spans more than a decade.
@@ -131,7 +133,7 @@ impl Chart<'_> {
             let xs = self.series.iter().flat_map(|s| s.points.iter().map(|p| p.x));
             let ys = self.series.iter().flat_map(|s| s.points.iter().flat_map(|p| [Some(p.y), p.whisker.map(|w| w.0), p.whisker.map(|w| w.1)].into_iter().flatten()));
             let (x0, x1) = axis(xs.clone(), self.x_scale, self.diagonal);
-            let (mut y0, mut y1) = axis(ys, self.y_scale, true);
+            let (mut y0, mut y1) = axis(ys.chain(self.hline), self.y_scale, true);
             if self.diagonal {
                 y0 = y0.min(x0);
                 y1 = y1.max(x1);
@@ -151,6 +153,10 @@ impl Chart<'_> {
                         .draw()?;
                     if self.diagonal {
                         ctx.draw_series(LineSeries::new([(x0, x0), (x1, x1)], RGBColor(120, 120, 120).stroke_width(1)))?;
+                    }
+                    if let Some(y) = self.hline {
+                        // Darker and wider than the mesh, which it would otherwise disappear into.
+                        ctx.draw_series(LineSeries::new([(x0, y), (x1, y)], RGBColor(90, 90, 90).stroke_width(2)))?;
                     }
                     for s in self.series {
                         let (r, g, b) = PALETTE[s.colour % PALETTE.len()];
@@ -188,7 +194,7 @@ mod tests {
     #[test]
     fn a_chart_is_an_svg_with_its_texts_and_the_same_bytes_every_time() {
         let s = [series(0, &[(1.0, 10.0), (128.0, 900.0)]), series(1, &[(1.0, 5.0), (128.0, 400.0)])];
-        let chart = Chart { title: "Throughput", x_label: "batch", y_label: "samples/s", x_scale: Scale::Log, y_scale: Scale::Log, series: &s, diagonal: false, markers: true };
+        let chart = Chart { title: "Throughput", x_label: "batch", y_label: "samples/s", x_scale: Scale::Log, y_scale: Scale::Log, series: &s, diagonal: false, markers: true, hline: None };
         let svg = chart.svg().unwrap();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{}", &svg[..80]);
         for text in ["Throughput", "batch", "samples/s"] {

@@ -48,24 +48,27 @@ const NUM: [&str; 19] = [
     "power_limit_w", "iterations",
 ];
 
-/// Every row of the folders' runs tables, in the order of the folders and their parts.
+/// Every row of the folders' runs tables, in the order of the folders and their parts (none when
+/// the folders hold only load steps).
 pub fn read(dirs: &[PathBuf]) -> Result<Vec<Row>> {
+    read_rows(dirs, Table::Runs, &TEXT, &NUM)
+}
+
+/// The `keys` of every row of one table of the folders.
+pub fn read_rows(dirs: &[PathBuf], table: Table, text_keys: &[&'static str], num_keys: &[&'static str]) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for dir in dirs {
         if !dir.is_dir() {
             bail!("{}: no such results folder", dir.display())
         }
-        let df = read_table(dir, Table::Runs).with_context(|| format!("reading {}", dir.display()))?;
-        rows.extend(rows_of(&df)?);
-    }
-    if rows.is_empty() {
-        bail!("no runs in {}", dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "))
+        let df = read_table(dir, table).with_context(|| format!("reading {}", dir.display()))?;
+        rows.extend(rows_of(&df, text_keys, num_keys)?);
     }
     Ok(rows)
 }
 
-fn rows_of(df: &DataFrame) -> Result<Vec<Row>> {
-    let text: Vec<(&'static str, Vec<Option<String>>)> = TEXT
+fn rows_of(df: &DataFrame, text_keys: &[&'static str], num_keys: &[&'static str]) -> Result<Vec<Row>> {
+    let text: Vec<(&'static str, Vec<Option<String>>)> = text_keys
         .iter()
         .map(|&k| {
             let v = match df.column(k) {
@@ -75,7 +78,7 @@ fn rows_of(df: &DataFrame) -> Result<Vec<Row>> {
             Ok((k, v))
         })
         .collect::<Result<_>>()?;
-    let num: Vec<(&'static str, Vec<Option<f64>>)> = NUM
+    let num: Vec<(&'static str, Vec<Option<f64>>)> = num_keys
         .iter()
         .map(|&k| {
             let v = match df.column(k) {

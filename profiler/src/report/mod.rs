@@ -7,6 +7,7 @@
 //! a folder beside it. Nothing in it depends on when or where it was made: the same folders give the
 //! same bytes.
 
+mod capacity;
 pub mod chart;
 pub mod data;
 mod sections;
@@ -48,12 +49,16 @@ pub enum Format {
 /// latency distributions and time series are of each target's largest batch, or of `detail_batch`.
 pub fn write(dirs: &[PathBuf], out: &Path, format: Format, detail_batch: Option<usize>) -> Result<()> {
     let rows = data::read(dirs)?;
+    let serving = capacity::Serving::read(dirs)?;
+    if rows.is_empty() && serving.is_empty() {
+        anyhow::bail!("no runs and no load steps in {}", dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "))
+    }
     let detail = data::detail(dirs, &sections::detailed_runs(&rows, detail_batch))?;
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
     let sources: Vec<String> = dirs.iter().map(|d| data::name(d)).collect();
-    let sections = build(&rows, &detail, &sources, detail_batch)?;
+    let sections = build(&rows, &serving, &detail, &sources, detail_batch)?;
     let text = match format {
         Format::Html => html(&sections),
         Format::Md => {

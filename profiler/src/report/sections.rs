@@ -11,25 +11,28 @@ use super::chart::{scale_for, Chart, Point, Scale, Series};
 use super::data::{self, Row};
 use super::{Block, Section};
 
-pub fn build(rows: &[Row], detail: &data::Detail, sources: &[String], detail_batch: Option<usize>) -> Result<Vec<Section>> {
-    let targets = data::targets(rows);
+pub fn build(rows: &[Row], serving: &super::capacity::Serving, detail: &data::Detail, sources: &[String], detail_batch: Option<usize>) -> Result<Vec<Section>> {
+    // Targets that only served load get colours too, after the others of their size.
+    let everyone: Vec<Row> = rows.iter().chain(&serving.steps).cloned().collect();
+    let targets = data::targets(&everyone);
     let colour = |t: &str| targets.iter().position(|x| x == t).unwrap_or(0);
     let baseline = data::baseline(rows);
-    let mut out = vec![what_ran(rows, sources, &targets, baseline.as_deref())];
+    let mut out = vec![what_ran(rows, &everyone, sources, &targets, baseline.as_deref())];
     out.extend(per_model(rows, detail, &colour, detail_batch)?);
     if let Some(b) = &baseline {
         out.extend(scaling(rows, b, &colour)?);
         out.extend(against_baseline(rows, b)?);
     }
     out.extend(energy(rows));
+    out.extend(serving.sections(&colour)?);
     Ok(out)
 }
 
-fn fmt(v: Option<f64>, digits: usize) -> String {
+pub(super) fn fmt(v: Option<f64>, digits: usize) -> String {
     v.map_or("—".into(), |v| format!("{v:.digits$}"))
 }
 
-fn table(head: &[&str], rows: Vec<Vec<String>>) -> Block {
+pub(super) fn table(head: &[&str], rows: Vec<Vec<String>>) -> Block {
     Block::Table { head: head.iter().map(|h| h.to_string()).collect(), rows }
 }
 
@@ -44,15 +47,16 @@ fn target_row(r: &Row) -> Vec<String> {
     vec![r.s("target").into(), r.s("device_name").into(), r.s("device_kind").into(), profile, fmt(r.n("sm_count"), 0), fmt(r.n("device_memory_mib"), 0)]
 }
 
-fn what_ran(rows: &[Row], sources: &[String], targets: &[String], baseline: Option<&str>) -> Section {
+/// `rows` are the runs; `everyone` adds the load steps (their targets and environment).
+fn what_ran(rows: &[Row], everyone: &[Row], sources: &[String], targets: &[String], baseline: Option<&str>) -> Section {
     let mut blocks = vec![Block::Text(format!("Results folders: {}.", sources.join(", ")))];
-    let sweeps: BTreeSet<&str> = rows.iter().map(|r| r.s("sweep")).filter(|s| !s.is_empty()).collect();
+    let sweeps: BTreeSet<&str> = everyone.iter().map(|r| r.s("sweep")).filter(|s| !s.is_empty()).collect();
     if !sweeps.is_empty() {
         blocks.push(Block::Text(format!("Sweeps: {}.", sweeps.into_iter().collect::<Vec<_>>().join(", "))));
     }
-    let per_target: Vec<Vec<String>> = targets.iter().filter_map(|t| rows.iter().find(|r| r.s("target") == t && r.is_ok()).map(target_row)).collect();
+    let per_target: Vec<Vec<String>> = targets.iter().filter_map(|t| everyone.iter().find(|r| r.s("target") == t && r.is_ok()).map(target_row)).collect();
     blocks.push(table(&["target", "device", "kind", "slice", "SMs", "memory MiB"], per_target));
-    if rows.iter().any(|r| r.s("emulation") == "mps") {
+    if everyone.iter().any(|r| r.s("emulation") == "mps") {
         blocks.push(Block::Text(
             "Emulated slices (MPS) share the L2 cache and memory bandwidth with the whole GPU: they run faster than real MIG slices of the same size, most for small slices.".into(),
         ));
@@ -64,7 +68,7 @@ fn what_ran(rows: &[Row], sources: &[String], targets: &[String], baseline: Opti
     // The environment: each fingerprint field with every value it took.
     let mut env = Vec::new();
     for k in ["host", "migprof_version", "git_commit", "candle_version", "build_features", "gpu_name", "driver_version", "cuda_driver_version", "cudnn_version", "cublas_version", "cpu_model"] {
-        let values: BTreeSet<&str> = rows.iter().map(|r| r.s(k)).filter(|v| !v.is_empty()).collect();
+        let values: BTreeSet<&str> = everyone.iter().map(|r| r.s(k)).filter(|v| !v.is_empty()).collect();
         if !values.is_empty() {
             env.push(vec![k.to_string(), values.into_iter().collect::<Vec<_>>().join(", ")]);
         }
@@ -74,7 +78,13 @@ fn what_ran(rows: &[Row], sources: &[String], targets: &[String], baseline: Opti
     for r in rows {
         *statuses.entry((r.s("status").to_string(), r.s("verdict").to_string())).or_default() += 1;
     }
-    blocks.push(table(&["status", "verdict", "rows"], statuses.into_iter().map(|((s, v), n)| vec![s, v, n.to_string()]).collect()));
+    if !statuses.is_empty() {
+        blocks.push(table(&["status", "verdict", "runs"], statuses.into_iter().map(|((s, v), n)| vec![s, v, n.to_string()]).collect()));
+    }
+    let steps = everyone.len() - rows.len();
+    if steps > 0 {
+        blocks.push(Block::Text(format!("{steps} load step(s): see Serving capacity.")));
+    }
     let failed: Vec<Vec<String>> = rows
         .iter()
         .filter(|r| !matches!(r.s("status"), "ok" | "probe" | ""))
@@ -167,7 +177,7 @@ fn at_largest_batch(
     if !cdf.is_empty() {
         let title = format!("{label}: latency distribution at {which}");
         let xs = cdf.iter().flat_map(|s| s.points.iter().map(|p| p.x));
-        let chart = Chart { title: &title, x_label: "latency per step (ms)", y_label: "fraction of steps at or below", x_scale: scale_for(xs), y_scale: Scale::Linear, series: &cdf, diagonal: false, markers: false };
+        let chart = Chart { title: &title, x_label: "latency per step (ms)", y_label: "fraction of steps at or below", x_scale: scale_for(xs), y_scale: Scale::Linear, series: &cdf, diagonal: false, markers: false, hline: None };
         blocks.push(Block::Chart { name: format!("{id}-cdf.svg"), svg: chart.svg()?, legend: chart.legend() });
         let rows: Vec<Vec<String>> = runs
             .iter()
@@ -189,7 +199,7 @@ fn at_largest_batch(
         }
         let title = format!("{label}: {name} during the measured phase, {which}");
         let y_label = format!("{name} ({unit})");
-        let chart = Chart { title: &title, x_label: "time since the first reading (s)", y_label: &y_label, x_scale: Scale::Linear, y_scale: Scale::Linear, series: &series, diagonal: false, markers: false };
+        let chart = Chart { title: &title, x_label: "time since the first reading (s)", y_label: &y_label, x_scale: Scale::Linear, y_scale: Scale::Linear, series: &series, diagonal: false, markers: false, hline: None };
         blocks.push(Block::Chart { name: format!("{id}-{name}-series.svg"), svg: chart.svg()?, legend: chart.legend() });
         let rows: Vec<Vec<String>> = series
             .iter()
@@ -252,7 +262,7 @@ fn per_model(rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize
                 let y_label = format!("{} ({})", m.id, m.unit);
                 let x_scale = if batches.len() > 1 { scale_for(xs) } else { Scale::Linear };
                 let y_scale = if m.id == "gract" { Scale::Linear } else { scale_for(ys) };
-                let chart = Chart { title: &title, x_label: "batch size (samples per step)", y_label: &y_label, x_scale, y_scale, series: &series, diagonal: false, markers: true };
+                let chart = Chart { title: &title, x_label: "batch size (samples per step)", y_label: &y_label, x_scale, y_scale, series: &series, diagonal: false, markers: true, hline: None };
                 blocks.push(Block::Chart { name: format!("{id}-{}.svg", m.id), svg: chart.svg()?, legend: chart.legend() });
                 let mut head = vec!["batch".to_string()];
                 head.extend(targets.iter().map(|t| format!("{t} ({})", m.unit)));
@@ -308,7 +318,7 @@ fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Resu
             })
             .collect();
         let title = format!("{model}: throughput against share of SMs (relative to {baseline})");
-        let chart = Chart { title: &title, x_label: "share of the baseline's SMs", y_label: "throughput relative to the baseline", x_scale: Scale::Linear, y_scale: Scale::Linear, series: &series, diagonal: true, markers: true };
+        let chart = Chart { title: &title, x_label: "share of the baseline's SMs", y_label: "throughput relative to the baseline", x_scale: Scale::Linear, y_scale: Scale::Linear, series: &series, diagonal: true, markers: true, hline: None };
         blocks.push(Block::Text(format!("{model}:")));
         blocks.push(Block::Chart { name: format!("scaling-{}.svg", slug(&model)), svg: chart.svg()?, legend: chart.legend() });
         let mut rows: Vec<Vec<String>> = points
@@ -403,6 +413,6 @@ fn energy(rows: &[Row]) -> Vec<Section> {
     vec![Section { id: "energy".into(), title: "Energy per sample".into(), level: 2, blocks }]
 }
 
-fn slug(s: &str) -> String {
+pub(super) fn slug(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect()
 }

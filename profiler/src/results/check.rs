@@ -21,7 +21,7 @@ pub struct Report {
 pub fn check(out: &Path) -> Result<Report> {
     let mut report = Report::default();
     let mut frames = HashMap::new();
-    for table in [Table::Runs, Table::Samples, Table::Metrics] {
+    for table in [Table::Runs, Table::Samples, Table::Metrics, Table::Load, Table::LoadBatches, Table::Capacity] {
         let (frame, skipped) = read_parts(out, table)?;
         for (path, why) in skipped {
             report.problems.push(format!("{}: {why}", path.display()));
@@ -29,13 +29,11 @@ pub fn check(out: &Path) -> Result<Report> {
         report.rows.insert(table.dir_name(), frame.height());
         frames.insert(table.dir_name(), frame);
     }
+    check_load(&frames, &mut report);
     let runs = &frames["runs"];
     if runs.height() == 0 {
         return Ok(report);
     }
-    let text = |df: &DataFrame, name: &str| -> Vec<Option<String>> {
-        df.column(name).ok().and_then(|c| c.str().ok().map(|s| s.iter().map(|v| v.map(str::to_string)).collect())).unwrap_or_else(|| vec![None; df.height()])
-    };
     let run_ids = text(runs, "run_id");
     let statuses = text(runs, "status");
     let iterations: Vec<Option<i64>> = runs
@@ -85,6 +83,41 @@ pub fn check(out: &Path) -> Result<Report> {
         }
     }
     Ok(report)
+}
+
+fn text(df: &DataFrame, name: &str) -> Vec<Option<String>> {
+    df.column(name).ok().and_then(|c| c.str().ok().map(|s| s.iter().map(|v| v.map(str::to_string)).collect())).unwrap_or_else(|| vec![None; df.height()])
+}
+
+/// Each load step has its batches; each search has as many steps as its row says.
+fn check_load(frames: &HashMap<&'static str, DataFrame>, report: &mut Report) {
+    let mut batches: HashMap<String, usize> = HashMap::new();
+    for id in text(&frames["load_batches"], "load_id").into_iter().flatten() {
+        *batches.entry(id).or_default() += 1;
+    }
+    let load = &frames["load"];
+    let mut steps_of: HashMap<String, i64> = HashMap::new();
+    for (id, capacity) in text(load, "load_id").into_iter().zip(text(load, "capacity_id")) {
+        let Some(id) = id else {
+            report.problems.push("a load row without load_id".into());
+            continue;
+        };
+        if !batches.contains_key(&id) {
+            report.problems.push(format!("load step {id}: no batches in load_batches/"));
+        }
+        if let Some(c) = capacity {
+            *steps_of.entry(c).or_default() += 1;
+        }
+    }
+    let capacity = &frames["capacity"];
+    let steps: Vec<Option<i64>> = capacity.column("steps").ok().and_then(|c| c.cast(&DataType::Int64).ok()).map(|c| c.i64().expect("cast").iter().collect()).unwrap_or_else(|| vec![None; capacity.height()]);
+    for (id, want) in text(capacity, "capacity_id").into_iter().zip(steps) {
+        let Some(id) = id else { continue };
+        let have = steps_of.get(&id).copied().unwrap_or(0);
+        if Some(have) != want {
+            report.problems.push(format!("capacity search {id}: {have} load steps for {want:?} in its row"));
+        }
+    }
 }
 
 #[cfg(test)]

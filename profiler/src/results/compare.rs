@@ -25,6 +25,7 @@ use std::fmt::Write as _;
 use anyhow::{bail, Result};
 use polars::prelude::*;
 use serde::Serialize;
+use crate::results::store::{number_column, text_column};
 
 /// The workload fields two runs must share to be compared.
 const WORKLOAD: [&str; 9] = ["model", "mode", "dtype", "batch", "seq_len", "kernel_options", "optimizer", "weights", "concurrency_group"];
@@ -237,13 +238,13 @@ fn pool(rows: &[&Row]) -> Side {
 }
 
 fn read_rows(runs: &DataFrame, column: &str) -> Result<Vec<Row>> {
-    let status = text(runs, "status")?;
-    let (selected, verdict) = (text(runs, column)?, text(runs, "verdict")?);
-    let (cell_id, run_id) = (text(runs, "cell_id")?, text(runs, "run_id")?);
+    let status = text_column(runs, "status")?;
+    let (selected, verdict) = (text_column(runs, column)?, text_column(runs, "verdict")?);
+    let (cell_id, run_id) = (text_column(runs, "cell_id")?, text_column(runs, "run_id")?);
     let fields: Vec<(&'static str, Vec<Option<String>>)> =
-        WORKLOAD.iter().chain(DEVICE.iter()).map(|f| Ok((*f, text(runs, f)?))).collect::<Result<_>>()?;
+        WORKLOAD.iter().chain(DEVICE.iter()).map(|f| Ok((*f, text_column(runs, f)?))).collect::<Result<_>>()?;
     let (tp, low, high, p50, p99) =
-        (number(runs, "throughput")?, number(runs, "throughput_ci_low")?, number(runs, "throughput_ci_high")?, number(runs, "p50_ms")?, number(runs, "p99_ms")?);
+        (number_column(runs, "throughput")?, number_column(runs, "throughput_ci_low")?, number_column(runs, "throughput_ci_high")?, number_column(runs, "p50_ms")?, number_column(runs, "p99_ms")?);
     let mut rows = Vec::new();
     for i in 0..runs.height() {
         // Rows of a plain `run` before the status column existed count as measured.
@@ -264,24 +265,6 @@ fn read_rows(runs: &DataFrame, column: &str) -> Result<Vec<Row>> {
         });
     }
     Ok(rows)
-}
-
-/// A column as strings; all null when the table lacks it (an older schema).
-fn text(df: &DataFrame, name: &str) -> Result<Vec<Option<String>>> {
-    match df.column(name) {
-        Ok(c) => {
-            let strings = anyhow::Context::with_context(c.cast(&DataType::String), || format!("reading {name}"))?;
-            Ok(strings.str()?.iter().map(|v| v.map(str::to_string)).collect())
-        }
-        Err(_) => Ok(vec![None; df.height()]),
-    }
-}
-
-fn number(df: &DataFrame, name: &str) -> Result<Vec<Option<f64>>> {
-    match df.column(name) {
-        Ok(c) => Ok(c.cast(&DataType::Float64)?.f64()?.iter().collect()),
-        Err(_) => Ok(vec![None; df.height()]),
-    }
 }
 
 /// How `compare` prints.

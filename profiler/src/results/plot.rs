@@ -108,7 +108,7 @@ fn draw(path: &Path, series: &BTreeMap<String, Vec<Point>>, chart: Chart) -> Res
         .x_desc("batch size (samples per step)")
         .y_desc(y_desc)
         .x_label_formatter(&|v| format!("{v:.0}"))
-        .y_label_formatter(&|v| format!("{}", significant(*v)))
+        .y_label_formatter(&|v| significant(*v).to_string())
         .draw()?;
     for (i, (name, points)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();

@@ -31,6 +31,19 @@ pub struct RunContext {
     pub group: Option<crate::run::group::GroupMember>,
 }
 
+impl RunContext {
+    /// The context of a new invocation on `device` (a run of `migprof run` or `load`, no group).
+    pub fn new_invocation(device: &DeviceInfo) -> RunContext {
+        RunContext {
+            invocation_id: provenance::run_id(provenance::now()),
+            host: provenance::host(),
+            device: device.clone(),
+            expected: Expected::on(device),
+            group: None,
+        }
+    }
+}
+
 /// How a cell's execution ended. About execution only: whether its numbers can be trusted is the
 /// verdict's business.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,7 +165,8 @@ pub struct Run {
 }
 
 impl Run {
-    /// Assembles a run from a finished measurement.
+    /// Assembles a run from a finished measurement: each argument is a part of the record.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         spec: &RunSpec,
         model: ModelInfo,

@@ -9,7 +9,8 @@ use anyhow::{Context, Result};
 use polars::prelude::*;
 
 use crate::provenance;
-use crate::results::record::Failure;
+use crate::device::DeviceInfo;
+use crate::results::record::{CellIdentity, Failure};
 use crate::run::fingerprint::Fingerprint;
 use crate::results::Run;
 use crate::results::stats::ns_to_ms;
@@ -20,8 +21,8 @@ use crate::results::uncertainty::{Estimate, Uncertainty};
 /// `throttle_share`, `power_cap_share`, `other_processes`; the verdicts `throttled` and `shared`;
 /// metrics' `compute_processes`; `device_kind` `mps` with `emulation`, `emulated_profile`,
 /// `mps_share_pct`, `profile_sms`, `measured_sms`, `mps_memory_limit_mib`, `measured_memory_mib`;
-/// `concurrency_group`, `neighbours`, `baseline`).
-pub const SCHEMA_VERSION: i32 = 3;
+/// `concurrency_group`, `neighbours`, `baseline`. 4: the `load`, `load_batches` and `capacity` tables).
+pub const SCHEMA_VERSION: i32 = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Table {
@@ -32,6 +33,13 @@ pub enum Table {
     /// One row per sampler reading of a GPU run: memory of the device or slice; power, energy,
     /// clocks, temperature and throttle reasons of the whole GPU (`gpu_` columns); GPM activity.
     Metrics,
+    /// One row per load step (an offered rate): latency percentiles from the scheduled arrivals,
+    /// achieved rate, batch sizes, queue, whether the p99 met the objective.
+    Load,
+    /// One row per batch a load step's batcher handed out: when, how many, how many were waiting.
+    LoadBatches,
+    /// One row per capacity search: the highest rate within the p99 objective.
+    Capacity,
 }
 
 impl Table {
@@ -40,6 +48,9 @@ impl Table {
             Table::Runs => "runs",
             Table::Samples => "samples",
             Table::Metrics => "metrics",
+            Table::Load => "load",
+            Table::LoadBatches => "load_batches",
+            Table::Capacity => "capacity",
         }
     }
 }
@@ -118,6 +129,9 @@ fn read_part(path: &Path, table: Table) -> std::result::Result<DataFrame, String
     let required: &[&str] = match table {
         Table::Runs => &["schema_version", "run_id"],
         Table::Samples | Table::Metrics => &["run_id"],
+        Table::Load => &["schema_version", "load_id"],
+        Table::LoadBatches => &["load_id"],
+        Table::Capacity => &["schema_version", "capacity_id"],
     };
     let missing: Vec<&str> = required.iter().copied().filter(|c| df.column(c).is_err()).collect();
     if !missing.is_empty() {
@@ -133,7 +147,7 @@ fn read_part(path: &Path, table: Table) -> std::result::Result<DataFrame, String
 
 /// Writes `df` as `dir/name` atomically: a hidden temporary file in the same folder, flushed to
 /// disk, then renamed over the final name.
-fn write_part(dir: &Path, name: &str, df: &mut DataFrame) -> Result<PathBuf> {
+pub(crate) fn write_part(dir: &Path, name: &str, df: &mut DataFrame) -> Result<PathBuf> {
     fs::create_dir_all(dir).with_context(|| format!("creating the results folder {}", dir.display()))?;
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let path = dir.join(name);
@@ -187,28 +201,79 @@ fn metrics_frame(run: &Run) -> Result<DataFrame> {
     Ok(DataFrame::new(m.len(), columns)?)
 }
 
-/// One nullable column of the device identity: null for CPU runs.
-fn identity<T>(runs: &[Run], f: impl Fn(&crate::gpu::Selected) -> Option<T>) -> Vec<Option<T>> {
-    runs.iter().map(|r| r.context.device.selected.as_ref().and_then(&f)).collect()
-}
-
-/// One nullable column of an emulated slice: null for every other run.
-fn emulation<T>(runs: &[Run], f: impl Fn(&crate::mps::Emulation) -> Option<T>) -> Vec<Option<T>> {
-    runs.iter().map(|r| r.context.device.emulation.as_ref().and_then(&f)).collect()
-}
-
-fn col<T, Phantom: ?Sized>(name: &str, values: T) -> Column
+pub(crate) fn col<T, Phantom: ?Sized>(name: &str, values: T) -> Column
 where
     Series: NamedFrom<T, Phantom>,
 {
     Column::new(name.into(), values)
 }
 
-fn utc_micros(name: &str, values: Vec<i64>) -> Column {
+pub(crate) fn utc_micros(name: &str, values: Vec<i64>) -> Column {
     Int64Chunked::from_vec(name.into(), values)
         .into_datetime(TimeUnit::Microseconds, Some(TimeZone::UTC))
         .into_series()
         .into_column()
+}
+
+/// Which cell each row belongs to and how it ended (`error` is null: a row with a measurement has none).
+pub(crate) fn cell_columns(cells: &[&CellIdentity]) -> Vec<Column> {
+    vec![
+        Column::new("sweep".into(), cells.iter().map(|c| c.sweep.clone()).collect::<Vec<Option<String>>>()),
+        col("target", cells.iter().map(|c| c.target.clone()).collect::<Vec<String>>()),
+        col("cell_id", cells.iter().map(|c| c.cell_id.clone()).collect::<Vec<String>>()),
+        col("status", cells.iter().map(|c| c.status.as_str().to_string()).collect::<Vec<String>>()),
+        Column::new("error".into(), vec![None::<String>; cells.len()]),
+        Column::new("concurrency_group".into(), cells.iter().map(|c| c.concurrency_group.clone()).collect::<Vec<Option<String>>>()),
+        Column::new("neighbours".into(), cells.iter().map(|c| neighbours(&c.neighbours)).collect::<Vec<Option<String>>>()),
+        Column::new("baseline".into(), cells.iter().map(|c| c.baseline).collect::<Vec<bool>>()),
+    ]
+}
+
+/// Where each row ran: the device, its GPU and MIG identity, an emulated slice's share.
+pub(crate) fn device_columns(devices: &[&DeviceInfo]) -> Vec<Column> {
+    let identity = |f: &dyn Fn(&crate::gpu::Selected) -> Option<String>| devices.iter().map(|d| d.selected.as_ref().and_then(f)).collect::<Vec<Option<String>>>();
+    let number = |f: &dyn Fn(&crate::gpu::Selected) -> Option<i64>| devices.iter().map(|d| d.selected.as_ref().and_then(f)).collect::<Vec<Option<i64>>>();
+    let emulation = |f: &dyn Fn(&crate::mps::Emulation) -> Option<i64>| devices.iter().map(|d| d.emulation.as_ref().and_then(f)).collect::<Vec<Option<i64>>>();
+    vec![
+        col("device_kind", devices.iter().map(|d| d.kind.to_string()).collect::<Vec<String>>()),
+        col("device_name", devices.iter().map(|d| d.name.clone()).collect::<Vec<String>>()),
+        Column::new("gpu_name".into(), identity(&|s| Some(s.gpu.name.clone()))),
+        Column::new("gpu_uuid".into(), identity(&|s| Some(s.gpu.uuid.clone()))),
+        Column::new("mig_uuid".into(), identity(&|s| s.mig.as_ref().map(|m| m.uuid.clone()))),
+        Column::new("mig_profile".into(), identity(&|s| s.mig.as_ref().map(|m| m.profile.clone()))),
+        Column::new("gpu_instance_id".into(), number(&|s| s.mig.as_ref().map(|m| m.gpu_instance_id as i64))),
+        Column::new("compute_instance_id".into(), number(&|s| s.mig.as_ref().map(|m| m.compute_instance_id as i64))),
+        // What the run could use: the slice's, or an MPS client's as measured (else its share's).
+        Column::new(
+            "sm_count".into(),
+            devices
+                .iter()
+                .map(|d| match (&d.emulation, &d.selected) {
+                    (Some(e), _) => Some(i64::from(e.measured_sms.unwrap_or(e.share.profile_sms))),
+                    (None, Some(s)) => s.mig.as_ref().map(|m| m.sm_count).or(s.gpu.sm_count).map(i64::from),
+                    (None, None) => None,
+                })
+                .collect::<Vec<Option<i64>>>(),
+        ),
+        Column::new(
+            "device_memory_mib".into(),
+            devices
+                .iter()
+                .map(|d| match (&d.emulation, &d.selected) {
+                    (Some(e), Some(s)) => Some(e.share.memory_limit_mib.unwrap_or(s.gpu.memory_mib) as i64),
+                    (_, Some(s)) => Some(s.mig.as_ref().map_or(s.gpu.memory_mib, |m| m.memory_mib) as i64),
+                    _ => None,
+                })
+                .collect::<Vec<Option<i64>>>(),
+        ),
+        Column::new("emulation".into(), devices.iter().map(|d| d.emulation.as_ref().map(|_| "mps".to_string())).collect::<Vec<Option<String>>>()),
+        Column::new("emulated_profile".into(), devices.iter().map(|d| d.emulation.as_ref().and_then(|e| e.share.profile.clone())).collect::<Vec<Option<String>>>()),
+        Column::new("mps_share_pct".into(), emulation(&|e| Some(i64::from(e.share.percent)))),
+        Column::new("profile_sms".into(), emulation(&|e| Some(i64::from(e.share.profile_sms)))),
+        Column::new("measured_sms".into(), emulation(&|e| e.measured_sms.map(i64::from))),
+        Column::new("mps_memory_limit_mib".into(), emulation(&|e| e.share.memory_limit_mib.map(|m| m as i64))),
+        Column::new("measured_memory_mib".into(), emulation(&|e| e.measured_memory_mib.map(|m| m as i64))),
+    ]
 }
 
 /// The `runs` table: one row per run.
@@ -226,56 +291,19 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         utc_micros("started_at", i(|r| r.started_at.timestamp_micros())),
         utc_micros("finished_at", i(|r| r.finished_at.timestamp_micros())),
         col("host", s(|r| r.context.host.clone())),
-        Column::new("sweep".into(), runs.iter().map(|r| r.cell.sweep.clone()).collect::<Vec<Option<String>>>()),
-        col("target", s(|r| r.cell.target.clone())),
-        col("cell_id", s(|r| r.cell.cell_id.clone())),
-        col("status", s(|r| r.cell.status.as_str().to_string())),
-        Column::new("error".into(), vec![None::<String>; runs.len()]),
-        Column::new("concurrency_group".into(), runs.iter().map(|r| r.cell.concurrency_group.clone()).collect::<Vec<Option<String>>>()),
-        Column::new("neighbours".into(), runs.iter().map(|r| neighbours(&r.cell.neighbours)).collect::<Vec<Option<String>>>()),
-        Column::new("baseline".into(), runs.iter().map(|r| r.cell.baseline).collect::<Vec<bool>>()),
+    ]
+    .into_iter()
+    .chain(cell_columns(&runs.iter().map(|r| &r.cell).collect::<Vec<_>>()))
+    .chain([
         col("model", s(|r| r.model.name.to_string())),
         col("family", s(|r| r.model.family.as_str().to_string())),
         col("mode", s(|r| r.mode.as_str().to_string())),
         col("dtype", s(|r| r.precision().to_string())),
         col("batch", i(|r| r.batch as i64)),
         Column::new("seq_len".into(), runs.iter().map(|r| r.model.input.seq_len().map(|l| l as i64)).collect::<Vec<_>>()),
-        col("device_kind", s(|r| r.context.device.kind.to_string())),
-        col("device_name", s(|r| r.context.device.name.clone())),
-        Column::new("gpu_name".into(), identity(runs, |s| Some(s.gpu.name.clone()))),
-        Column::new("gpu_uuid".into(), identity(runs, |s| Some(s.gpu.uuid.clone()))),
-        Column::new("mig_uuid".into(), identity(runs, |s| s.mig.as_ref().map(|m| m.uuid.clone()))),
-        Column::new("mig_profile".into(), identity(runs, |s| s.mig.as_ref().map(|m| m.profile.clone()))),
-        Column::new("gpu_instance_id".into(), identity(runs, |s| s.mig.as_ref().map(|m| m.gpu_instance_id as i64))),
-        Column::new("compute_instance_id".into(), identity(runs, |s| s.mig.as_ref().map(|m| m.compute_instance_id as i64))),
-        // What the run could use: the slice's, or an MPS client's as measured (else its share's).
-        Column::new(
-            "sm_count".into(),
-            runs.iter()
-                .map(|r| match (&r.context.device.emulation, &r.context.device.selected) {
-                    (Some(e), _) => Some(i64::from(e.measured_sms.unwrap_or(e.share.profile_sms))),
-                    (None, Some(s)) => s.mig.as_ref().map(|m| m.sm_count).or(s.gpu.sm_count).map(i64::from),
-                    (None, None) => None,
-                })
-                .collect::<Vec<Option<i64>>>(),
-        ),
-        Column::new(
-            "device_memory_mib".into(),
-            runs.iter()
-                .map(|r| match (&r.context.device.emulation, &r.context.device.selected) {
-                    (Some(e), Some(s)) => Some(e.share.memory_limit_mib.unwrap_or(s.gpu.memory_mib) as i64),
-                    (_, Some(s)) => Some(s.mig.as_ref().map_or(s.gpu.memory_mib, |m| m.memory_mib) as i64),
-                    _ => None,
-                })
-                .collect::<Vec<Option<i64>>>(),
-        ),
-        Column::new("emulation".into(), emulation(runs, |_| Some("mps".to_string()))),
-        Column::new("emulated_profile".into(), emulation(runs, |e| e.share.profile.clone())),
-        Column::new("mps_share_pct".into(), emulation(runs, |e| Some(i64::from(e.share.percent)))),
-        Column::new("profile_sms".into(), emulation(runs, |e| Some(i64::from(e.share.profile_sms)))),
-        Column::new("measured_sms".into(), emulation(runs, |e| e.measured_sms.map(i64::from))),
-        Column::new("mps_memory_limit_mib".into(), emulation(runs, |e| e.share.memory_limit_mib.map(|m| m as i64))),
-        Column::new("measured_memory_mib".into(), emulation(runs, |e| e.measured_memory_mib.map(|m| m as i64))),
+    ])
+    .chain(device_columns(&runs.iter().map(|r| &r.context.device).collect::<Vec<_>>()))
+    .chain([
         Column::new("seed".into(), runs.iter().map(|r| r.seed).collect::<Vec<u64>>()),
         Column::new("weights".into(), runs.iter().map(|r| r.weights.clone()).collect::<Vec<Option<String>>>()),
         Column::new("optimizer".into(), runs.iter().map(|r| r.optimizer.clone()).collect::<Vec<Option<String>>>()),
@@ -331,9 +359,10 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         Column::new("histogram".into(), histogram_refs),
         col("migprof_version", s(|_| provenance::VERSION.to_string())),
         col("git_commit", s(|_| provenance::GIT_COMMIT.to_string())),
-    ];
+    ])
+    .collect();
     let fingerprints: Vec<&Fingerprint> = runs.iter().map(|r| &r.fingerprint).collect();
-    let mut columns = columns;
+    let mut columns: Vec<Column> = columns;
     columns.extend(fingerprint_columns(&fingerprints));
     Ok(DataFrame::new(runs.len(), columns)?)
 }
@@ -396,7 +425,7 @@ fn interval(name: &str, runs: &[Run], pick: fn(&Uncertainty) -> &Estimate, high:
 }
 
 /// The environment fingerprint's columns, one row per fingerprint.
-fn fingerprint_columns(f: &[&Fingerprint]) -> Vec<Column> {
+pub(crate) fn fingerprint_columns(f: &[&Fingerprint]) -> Vec<Column> {
     let text = |g: fn(&Fingerprint) -> Option<String>| f.iter().map(|x| g(x)).collect::<Vec<Option<String>>>();
     let flag = |g: fn(&Fingerprint) -> Option<bool>| f.iter().map(|x| g(x)).collect::<Vec<Option<bool>>>();
     let mhz = |g: fn(&Fingerprint) -> Option<u32>| f.iter().map(|x| g(x).map(i64::from)).collect::<Vec<Option<i64>>>();
@@ -416,6 +445,25 @@ fn fingerprint_columns(f: &[&Fingerprint]) -> Vec<Column> {
         Column::new("mem_clock_mhz_start".into(), mhz(|x| x.mem_clock_mhz)),
         Column::new("ecc_enabled".into(), flag(|x| x.ecc_enabled)),
     ]
+}
+
+/// A column as strings; all null when the table lacks it (an older schema).
+pub fn text_column(df: &DataFrame, name: &str) -> Result<Vec<Option<String>>> {
+    match df.column(name) {
+        Ok(c) => {
+            let strings = anyhow::Context::with_context(c.cast(&DataType::String), || format!("reading {name}"))?;
+            Ok(strings.str()?.iter().map(|v| v.map(str::to_string)).collect())
+        }
+        Err(_) => Ok(vec![None; df.height()]),
+    }
+}
+
+/// A column as numbers; all null when the table lacks it.
+pub fn number_column(df: &DataFrame, name: &str) -> Result<Vec<Option<f64>>> {
+    match df.column(name) {
+        Ok(c) => Ok(c.cast(&DataType::Float64)?.f64()?.iter().collect()),
+        Err(_) => Ok(vec![None; df.height()]),
+    }
 }
 
 /// The `samples` table: every measured iteration of one run.

@@ -16,21 +16,7 @@ use crate::run::spec::RunSpec;
 
 /// Builds the workload, measures it and returns the run.
 pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: CellIdentity) -> Result<Run> {
-    // Process-wide in cuBLAS and cuDNN: set for every run, so that a tf32 run does not leak into the
-    // f32 one after it.
-    workloads::precision::allow_tf32(spec.tf32);
-    let (_, info) = workloads::lookup_with(&spec.model, spec.seq_len)?;
-    let cfg = workloads::WorkloadConfig {
-        device: device.device.clone(),
-        dtype: spec.dtype,
-        mode: spec.mode,
-        seed: spec.seed,
-        seq_len: spec.seq_len,
-        weights: spec.weights.clone(),
-        train: spec.train,
-        kernels: spec.kernels,
-    };
-    let workload = workloads::build(&spec.model, &cfg).with_context(|| format!("building {}", spec.model))?;
+    let (workload, info) = spec.build_workload(&device.device)?;
     let batch = workload.synthetic_batch(spec.batch, spec.seed).context("making the synthetic batch")?;
     let mut exec = WorkloadExecutor { workload, batch, device: device.device.clone(), loss: None };
     let fingerprint = Fingerprint::collect(device.info.selected.as_ref());
@@ -126,7 +112,7 @@ impl Drop for ProfilerRange {
 }
 
 /// Samples the selected GPU or MIG device through NVML, on the sampler's thread.
-fn start_nvml_sampler(selected: crate::gpu::Selected, interval: std::time::Duration) -> Sampler {
+pub(crate) fn start_nvml_sampler(selected: crate::gpu::Selected, interval: std::time::Duration) -> Sampler {
     Sampler::start(interval, move |lp| {
         let nvml = nvml_wrapper::Nvml::init()?;
         let mut source = crate::gpu::metrics::NvmlMetrics::open(&nvml, &selected)?;

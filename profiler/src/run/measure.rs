@@ -82,7 +82,7 @@ impl Stop {
             Stop::Precision { target, min, max, min_iterations } => {
                 let ready = iterations >= min_iterations.max(1) && elapsed >= min;
                 // The interval costs a pass over the samples: checked about 20 times per doubling.
-                let check = ready && iterations % (iterations / 20).max(1) == 0;
+                let check = ready && iterations.is_multiple_of((iterations / 20).max(1));
                 let precision = if check || elapsed >= max { crate::results::uncertainty::throughput_precision(latencies_ns) } else { None };
                 if check && precision.is_some_and(|p| p <= target) {
                     return Reached::Yes;

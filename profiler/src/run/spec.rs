@@ -47,6 +47,28 @@ impl RunSpec {
     }
 }
 
+impl RunSpec {
+    /// Builds the spec's workload on `device`, after setting TF32 for the process as the spec says
+    /// (process-wide in cuBLAS and cuDNN: set for every run, so that a tf32 run does not leak into the
+    /// f32 one after it).
+    pub fn build_workload(&self, device: &candle_core::Device) -> Result<(Box<dyn workloads::Workload>, workloads::ModelInfo)> {
+        workloads::precision::allow_tf32(self.tf32);
+        let (_, info) = workloads::lookup_with(&self.model, self.seq_len)?;
+        let cfg = workloads::WorkloadConfig {
+            device: device.clone(),
+            dtype: self.dtype,
+            mode: self.mode,
+            seed: self.seed,
+            seq_len: self.seq_len,
+            weights: self.weights.clone(),
+            train: self.train,
+            kernels: self.kernels,
+        };
+        let workload = workloads::build(&self.model, &cfg).map_err(anyhow::Error::from).map_err(|e| e.context(format!("building {}", self.model)))?;
+        Ok((workload, info))
+    }
+}
+
 pub(crate) fn precision(dtype: DType, tf32: bool) -> &'static str {
     if tf32 {
         "tf32"
@@ -73,6 +95,34 @@ pub fn from_args(args: &RunArgs) -> Result<Vec<RunSpec>> {
         bail!("--seq-len applies to token models (bert_*) only, and none was asked for");
     }
     Ok(specs)
+}
+
+/// The model a load job serves: inference at its max batch, with the job's dtype, sequence length,
+/// weights, seed and kernels.
+pub fn for_load(args: &crate::cli::LoadArgs) -> Result<RunSpec> {
+    let seq_len = args.seq_len.map(|l| l as usize);
+    let (_, info) = workloads::lookup_with(&args.model, seq_len)?;
+    if seq_len.is_some() && info.input.seq_len().is_none() {
+        bail!("--seq-len applies to token models (bert_*) only, not {}", args.model);
+    }
+    if let Some(w) = &args.weights {
+        ensure!(w.is_file(), "--weights {}: no such file", w.display());
+    }
+    Ok(RunSpec {
+        model: args.model.clone(),
+        mode: Mode::Infer,
+        dtype: args.dtype.into(),
+        tf32: args.dtype == DTypeArg::Tf32,
+        batch: args.max_batch,
+        seq_len: info.input.seq_len().and(seq_len),
+        weights: args.weights.clone(),
+        train: TrainConfig::default(),
+        kernels: args.kernels.options(),
+        warmup: Warmup::Iterations(0),
+        stop: Stop::Iterations(1),
+        seed: args.seed,
+        sample_interval: (args.sample_interval_ms > 0).then(|| Duration::from_millis(args.sample_interval_ms)),
+    })
 }
 
 /// What the device decides: TF32 exists only on NVIDIA tensor cores.

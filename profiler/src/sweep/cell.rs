@@ -76,6 +76,10 @@ pub struct CellSpec {
     /// The cell's target is the sweep's baseline (for reports; not part of the id).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub baseline: bool,
+    /// A serving-load job instead of a run: the model behind a dynamic batcher, searched for the
+    /// highest rate within the settings' p99 objective (`load` and `capacity` rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<crate::load::record::LoadSettings>,
 }
 
 /// Why a cell runs.
@@ -107,7 +111,10 @@ impl CellSpec {
             ("lr/weight_decay", format!("{}/{}", self.lr, self.weight_decay)),
             ("kernel_options", self.kernel_options.clone()),
         ];
-        // Only for group members, so that the ids of cells run alone stay as they were.
+        // Only for load jobs and group members, so that the ids of other cells stay as they were.
+        if let Some(l) = &self.load {
+            fields.push(("load", l.identity()));
+        }
         if let Some(g) = &self.concurrency_group {
             fields.push(("concurrency_group", g.clone()));
             fields.push(("neighbours", self.neighbours.join(",")));
@@ -184,6 +191,7 @@ impl CellSpec {
             concurrency_group: None,
             neighbours: Vec::new(),
             baseline: false,
+            load: None,
         })
     }
 
@@ -281,6 +289,7 @@ pub(crate) mod tests {
             concurrency_group: None,
             neighbours: Vec::new(),
             baseline: false,
+            load: None,
         }
     }
 

@@ -17,10 +17,64 @@ pub struct SweepFile {
     #[serde(default)]
     pub defaults: Defaults,
     pub targets: Vec<Target>,
+    #[serde(default)]
     pub matrix: Vec<Matrix>,
     /// Targets run at once: each matrix cell on every member together.
     #[serde(default)]
     pub groups: Vec<Group>,
+    /// Capacity searches: each model's highest rate within a p99 objective on every target run alone.
+    #[serde(default)]
+    pub capacity: Vec<CapacitySearch>,
+}
+
+/// A capacity search on every target that runs alone (a cell per target and model, `migprof load
+/// --search` in its child): the `capacity` table gets each target's highest rate within the objective.
+/// A search runs several load steps of at least `min_requests` each: give it a `timeout_secs` to match.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapacitySearch {
+    pub models: Vec<String>,
+    #[serde(default = "bf16")]
+    pub dtype: String,
+    #[serde(default)]
+    pub seq_len: Option<usize>,
+    pub slo_p99_ms: f64,
+    #[serde(default = "load_defaults::max_batch")]
+    pub max_batch: usize,
+    #[serde(default = "load_defaults::max_delay_ms")]
+    pub max_delay_ms: f64,
+    #[serde(default = "load_defaults::arrival")]
+    pub arrival: crate::load::arrival::Arrival,
+    /// Percent: the search stops once its bracket is this narrow.
+    #[serde(default = "load_defaults::resolution_pct")]
+    pub resolution_pct: f64,
+    #[serde(default = "load_defaults::min_requests")]
+    pub min_requests: usize,
+    #[serde(default = "load_defaults::warmup_secs")]
+    pub warmup_secs: f64,
+}
+
+/// The defaults of `migprof load`, for sweep files.
+mod load_defaults {
+    use crate::load::record::DEFAULTS;
+    pub fn max_batch() -> usize {
+        DEFAULTS.max_batch
+    }
+    pub fn max_delay_ms() -> f64 {
+        DEFAULTS.max_delay_ms
+    }
+    pub fn arrival() -> crate::load::arrival::Arrival {
+        DEFAULTS.arrival
+    }
+    pub fn resolution_pct() -> f64 {
+        DEFAULTS.resolution * 100.0
+    }
+    pub fn min_requests() -> usize {
+        DEFAULTS.min_requests
+    }
+    pub fn warmup_secs() -> f64 {
+        DEFAULTS.warmup_secs
+    }
 }
 
 /// A concurrent group: its targets run each matrix cell at the same time (a member's cell process per
@@ -263,10 +317,40 @@ impl SweepFile {
         if self.targets.iter().all(|t| !t.alone) && self.groups.is_empty() {
             bail!("every target has alone = false and there is no [[groups]]: nothing would run");
         }
-        if self.matrix.is_empty() {
-            bail!("no [[matrix]]: give at least one, e.g. [[matrix]] models = [\"resnet18\"] batches = [1, 8]");
+        if self.matrix.is_empty() && self.capacity.is_empty() {
+            bail!("no [[matrix]] and no [[capacity]]: give at least one, e.g. [[matrix]] models = [\"resnet18\"] batches = [1, 8]");
+        }
+        if !self.capacity.is_empty() && self.targets.iter().all(|t| !t.alone) {
+            bail!("[[capacity]] searches run on targets alone, and every target has alone = false");
         }
         let names = workloads::model_names();
+        for (i, c) in self.capacity.iter().enumerate() {
+            let at = format!("[[capacity]] #{}", i + 1);
+            if c.models.is_empty() {
+                bail!("{at}: models is empty");
+            }
+            for model in &c.models {
+                if !names.contains(&model.as_str()) {
+                    bail!("{at}: models: unknown model `{model}`; valid models: {}", names.join(", "));
+                }
+            }
+            if !DTYPES.contains(&c.dtype.as_str()) {
+                bail!("{at}: dtype: unknown dtype `{}`; valid dtypes: {}", c.dtype, DTYPES.join(", "));
+            }
+            if !(c.slo_p99_ms > 0.0 && c.slo_p99_ms.is_finite()) {
+                bail!("{at}: slo_p99_ms = {}: expected milliseconds above zero", c.slo_p99_ms);
+            }
+            let non_negative = |v: f64| v.is_finite() && v >= 0.0;
+            if c.max_batch == 0 || !non_negative(c.max_delay_ms) || !non_negative(c.warmup_secs) || c.min_requests < 100 {
+                bail!("{at}: max_batch ≥ 1, max_delay_ms ≥ 0, warmup_secs ≥ 0 and min_requests ≥ 100 (10,000 makes a p99 worth trusting)");
+            }
+            if !(c.resolution_pct > 0.0 && c.resolution_pct < 100.0) {
+                bail!("{at}: resolution_pct = {}: expected a percentage above 0 and below 100", c.resolution_pct);
+            }
+            if c.seq_len == Some(0) {
+                bail!("{at}: seq_len: a sequence holds at least one token");
+            }
+        }
         for (i, m) in self.matrix.iter().enumerate() {
             let at = format!("[[matrix]] #{}", i + 1);
             for model in &m.models {

@@ -43,6 +43,16 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
             }
         }
     }
+    for search in &file.capacity {
+        for target in file.targets.iter().filter(|t| t.alone) {
+            for model in &search.models {
+                let spec = capacity_cell(file, target, model, search);
+                if alone.insert(spec.cell_id()) {
+                    out.push(PlannedCell { spec, batch: BatchSize::Fixed(search.max_batch), group: None });
+                }
+            }
+        }
+    }
     let mut instances = std::collections::HashSet::new();
     for g in &file.groups {
         let targets: Vec<&Target> = g.targets.iter().map(|l| file.targets.iter().find(|t| &t.label == l).expect("checked by the file")).collect();
@@ -164,7 +174,35 @@ fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
         concurrency_group: None,
         neighbours: Vec::new(),
         baseline: target.baseline,
+        load: None,
     }
+}
+
+/// The cell of a capacity search of `model` on `target`: inference at the search's max batch, with
+/// its load settings.
+fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &super::file::CapacitySearch) -> CellSpec {
+    let work = Work {
+        model: model.to_string(),
+        mode: "infer".into(),
+        dtype: search.dtype.clone(),
+        batch: BatchSize::Fixed(search.max_batch),
+        // A token model's default length; image models take none.
+        seq_len: search.seq_len.filter(|_| workloads::lookup(model).is_ok_and(|(_, i)| i.input.seq_len().is_some())),
+        repeat: 0,
+        kernels: workloads::kernels::KernelOptions::default().canonical(),
+    };
+    let settings = crate::load::record::LoadSettings {
+        arrival: search.arrival,
+        max_batch: search.max_batch,
+        max_delay_ms: search.max_delay_ms,
+        warmup_secs: search.warmup_secs,
+        duration_secs: 0.0,
+        arrival_seed: file.defaults.seed,
+        slo_p99_ms: Some(search.slo_p99_ms),
+        resolution: search.resolution_pct / 100.0,
+        min_requests: search.min_requests,
+    };
+    CellSpec { load: Some(settings), ..cell(file, target, &work) }
 }
 
 /// `--only model=resnet50,target=3g`: every pair must match. Keys are cell fields.

@@ -76,16 +76,19 @@ fn catch_interrupts() {
     }
 }
 
-/// The cell ids a results folder holds with a final status: `ok` and `oom` (unless retrying them).
+/// The cell ids a results folder holds with a final status: `ok` and `oom` (unless retrying them), in
+/// `runs` (a failed capacity cell's row is there too) and in `capacity` (a search's row).
 fn done_cells(out: &Path, retry_oom: bool) -> Result<HashMap<String, Status>> {
-    let runs = read_table(out, Table::Runs)?;
     let mut done = HashMap::new();
-    let (Ok(ids), Ok(statuses)) = (runs.column("cell_id"), runs.column("status")) else { return Ok(done) };
-    for (id, status) in ids.str()?.iter().zip(statuses.str()?.iter()) {
-        if let (Some(id), Some(status)) = (id, status.and_then(Status::parse)) {
-            let is_final = matches!(status, Status::Ok | Status::Probe) || (status == Status::Oom && !retry_oom);
-            if is_final {
-                done.insert(id.to_string(), status);
+    for table in [Table::Runs, Table::Capacity] {
+        let rows = read_table(out, table)?;
+        let (Ok(ids), Ok(statuses)) = (rows.column("cell_id"), rows.column("status")) else { continue };
+        for (id, status) in ids.str()?.iter().zip(statuses.str()?.iter()) {
+            if let (Some(id), Some(status)) = (id, status.and_then(Status::parse)) {
+                let is_final = matches!(status, Status::Ok | Status::Probe) || (status == Status::Oom && !retry_oom);
+                if is_final {
+                    done.insert(id.to_string(), status);
+                }
             }
         }
     }
@@ -121,7 +124,11 @@ fn describe(c: &CellSpec) -> String {
         (true, b) => format!("max={b}"),
         (false, b) => b.to_string(),
     };
-    let what = if c.purpose == Purpose::Probe { " (max search)".to_string() } else { String::new() };
+    let what = match (&c.load, c.purpose) {
+        (Some(l), _) => format!(" (capacity within p99 {} ms)", l.slo_p99_ms.unwrap_or_default()),
+        (None, Purpose::Probe) => " (max search)".to_string(),
+        (None, Purpose::Measure) => String::new(),
+    };
     let group = c.concurrency_group.as_ref().map(|g| format!(" [group {g}]")).unwrap_or_default();
     format!("{} {} {} {} batch {batch}{seq} #{}{what}{group}", c.target, c.model, c.mode, c.dtype, c.repeat)
 }
@@ -406,10 +413,8 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
             let next = if let Some(p) = probes.iter().position(|(c, _)| ready(&c.device, &mut keys).is_some()) {
                 let (cell, s) = probes.remove(p).expect("found");
                 Some((cell, Some(s)))
-            } else if let Some(p) = queue.iter().position(|c| ready(&c.spec.device, &mut keys).is_some()) {
-                Some((queue.remove(p).expect("found").spec, None))
             } else {
-                None
+                queue.iter().position(|c| ready(&c.spec.device, &mut keys).is_some()).map(|p| (queue.remove(p).expect("found").spec, None))
             };
             let Some((cell, search)) = next else { break };
             let device = keys[&cell.device].clone();

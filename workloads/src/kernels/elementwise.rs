@@ -81,7 +81,7 @@ pub fn add_repeating(scores: &Tensor, bias: &Tensor) -> Result<Tensor> {
     let s = scores.dims();
     let fits = !b.is_empty() && b.len() <= s.len() && {
         let k = s.len() - b.len();
-        s[k + 1..] == b[1..] && s[k] % b[0] == 0
+        s[k + 1..] == b[1..] && s[k].is_multiple_of(b[0])
     };
     if !fits {
         return scores.broadcast_add(bias);

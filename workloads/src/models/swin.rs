@@ -169,7 +169,7 @@ impl Block {
     /// `gather`: [`position_gather`] of the window, in the model's dtype, shared by every block.
     fn new(c: usize, side: usize, heads: usize, shifted: bool, gather: &Tensor, cfg: &Config, vb: VarBuilder) -> Result<Self> {
         let w = cfg.window;
-        if side % w != 0 {
+        if !side.is_multiple_of(w) {
             candle_core::bail!("swin: a {side}x{side} feature map does not split into {w}x{w} windows")
         }
         let attn = vb.pp("attn");

@@ -1,0 +1,233 @@
+//! Where each model's capacity per profile comes from: `load --search` rows (the `capacity` table)
+//! at the objective planned for, a CSV of `model,profile,qps`, or — only when asked, and labelled —
+//! an estimate from closed-loop runs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use crate::results::store::{number_column, read_table, text_column, Table};
+
+/// One model's capacity on one profile, requests/s within the objective.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Capacity {
+    pub model: String,
+    pub profile: String,
+    pub qps: f64,
+    pub source: Source,
+    /// The GPU it was measured on, where known.
+    pub gpu: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// A capacity search; `emulated`: on an MPS-emulated slice.
+    Measured { emulated: bool },
+    Csv,
+    /// The highest closed-loop throughput of a batch whose p99, doubled, is within the objective.
+    ClosedLoop { emulated: bool, batch: i64 },
+}
+
+impl Source {
+    pub fn emulated(&self) -> bool {
+        matches!(self, Source::Measured { emulated: true } | Source::ClosedLoop { emulated: true, .. })
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Source::Measured { emulated } => format!("measured{}", if *emulated { " (MPS-emulated)" } else { "" }),
+            Source::Csv => "CSV".into(),
+            Source::ClosedLoop { emulated, batch } => {
+                format!("closed-loop estimate at batch {batch}{}", if *emulated { " (MPS-emulated)" } else { "" })
+            }
+        }
+    }
+}
+
+/// Capacities and what the user must know about them.
+#[derive(Debug, Default)]
+pub struct Gathered {
+    pub capacities: Vec<Capacity>,
+    pub notes: Vec<String>,
+}
+
+/// Reads a CSV with a header naming `model`, `profile` and `qps` (in any order).
+pub fn from_csv(path: &Path) -> Result<Gathered> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
+    let Some((_, header)) = lines.next() else { bail!("{}: empty; expected a header model,profile,qps", path.display()) };
+    let names: Vec<&str> = header.split(',').map(str::trim).collect();
+    let at = |name: &str| names.iter().position(|n| *n == name);
+    let (Some(m), Some(p), Some(q)) = (at("model"), at("profile"), at("qps")) else {
+        bail!("{}: the header `{header}` must name the columns model, profile and qps", path.display())
+    };
+    let mut capacities = Vec::new();
+    for (i, line) in lines {
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        let get = |k: usize| fields.get(k).copied().unwrap_or("");
+        let qps: f64 = get(q).parse().ok().filter(|v: &f64| v.is_finite() && *v >= 0.0).with_context(|| {
+            format!("{} line {}: qps `{}` is not a non-negative number", path.display(), i + 1, get(q))
+        })?;
+        if get(m).is_empty() || get(p).is_empty() {
+            bail!("{} line {}: model and profile must not be empty", path.display(), i + 1);
+        }
+        capacities.push(Capacity { model: get(m).into(), profile: get(p).into(), qps, source: Source::Csv, gpu: None });
+    }
+    Ok(Gathered { capacities, notes: Vec::new() })
+}
+
+/// The capacity rows of `dirs` measured for `slo_ms` (and `dtype`, when given); with
+/// `closed_loop`, estimates from their runs where no search measured a model on a profile.
+pub fn from_folders(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>, closed_loop: bool) -> Result<Gathered> {
+    let mut g = Gathered::default();
+    // (model, profile, dtype) -> server settings (max batch, max delay) -> capacities found.
+    type Found = BTreeMap<String, Vec<(f64, bool, Option<String>)>>;
+    let mut found: BTreeMap<(String, String, String), Found> = BTreeMap::new();
+    let mut other_slos = std::collections::BTreeSet::new();
+    for dir in dirs {
+        anyhow::ensure!(dir.is_dir(), "{}: no such results folder", dir.display());
+        let df = read_table(dir, Table::Capacity)?;
+        let (model, profile, dt, status) = (text_column(&df, "model")?, text_column(&df, "profile")?, text_column(&df, "dtype")?, text_column(&df, "status")?);
+        let (slo, qps, emulated) = (number_column(&df, "slo_p99_ms")?, number_column(&df, "capacity_qps")?, text_column(&df, "emulated")?);
+        let gpu = text_column(&df, "gpu_name")?;
+        let (max_batch, max_delay) = (number_column(&df, "max_batch")?, number_column(&df, "max_delay_ms")?);
+        let verdict = text_column(&df, "verdict")?;
+        for i in 0..df.height() {
+            if status[i].as_deref() != Some("ok") {
+                continue;
+            }
+            let Some(s) = slo[i] else { continue };
+            if (s - slo_ms).abs() > 1e-9 {
+                other_slos.insert(format!("{s}"));
+                continue;
+            }
+            let d = dt[i].clone().unwrap_or_default();
+            if dtype.is_some_and(|want| want != d) {
+                continue;
+            }
+            let key = (model[i].clone().unwrap_or_default(), profile[i].clone().unwrap_or_default(), d);
+            let settings = format!("max batch {}, max delay {} ms", max_batch[i].unwrap_or(0.0), max_delay[i].unwrap_or(0.0));
+            if let Some(v) = verdict[i].as_deref().filter(|v| *v != "ok") {
+                g.notes.push(format!(
+                    "{} on {} ({settings}): steps of its search were `{v}` (see the load table's verdict and note): its capacity is what that machine gave, not the slice's best",
+                    model[i].as_deref().unwrap_or("?"),
+                    profile[i].as_deref().unwrap_or("?")
+                ));
+            }
+            found.entry(key).or_default().entry(settings).or_default().push((qps[i].unwrap_or(0.0), emulated[i].as_deref() == Some("true"), gpu[i].clone()));
+        }
+    }
+    // A model on one profile measured at several dtypes needs --dtype to say which.
+    let mut dtypes_of: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for (m, p, d) in found.keys() {
+        dtypes_of.entry((m.clone(), p.clone())).or_default().push(d.clone());
+    }
+    if let Some(((m, p), ds)) = dtypes_of.iter().find(|(_, ds)| ds.len() > 1) {
+        bail!("{m} on {p} has capacities at several dtypes ({}): choose one with --dtype", ds.join(", "));
+    }
+    for ((model, profile, _), by_settings) in found {
+        // Searches of the same settings are repeats: the lowest is what the settings can promise.
+        // Different settings are different servers: a deployment picks the best.
+        let mut best: Option<(String, f64, bool, Option<String>)> = None;
+        for (settings, list) in &by_settings {
+            let qps = list.iter().map(|x| x.0).fold(f64::INFINITY, f64::min);
+            if list.len() > 1 {
+                g.notes.push(format!("{model} on {profile} ({settings}): {} searches; planning with the lowest, {qps:.1} requests/s", list.len()));
+            }
+            if best.as_ref().is_none_or(|b| qps > b.1) {
+                best = Some((settings.clone(), qps, list.iter().any(|x| x.1), list.iter().find_map(|x| x.2.clone())));
+            }
+        }
+        let (settings, qps, emulated, gpu) = best.expect("at least one search");
+        if by_settings.len() > 1 {
+            g.notes.push(format!("{model} on {profile}: searched with {} server settings; planning with the best, {settings} ({qps:.1} requests/s)", by_settings.len()));
+        }
+        g.capacities.push(Capacity { model, profile, qps, source: Source::Measured { emulated }, gpu });
+    }
+    if closed_loop {
+        for c in closed_loop_estimates(dirs, slo_ms, dtype)? {
+            if !g.capacities.iter().any(|m| m.model == c.model && m.profile == c.profile) {
+                g.capacities.push(c);
+            }
+        }
+    }
+    if g.capacities.is_empty() {
+        let hint = if other_slos.is_empty() {
+            String::new()
+        } else {
+            format!(" (there are capacities for p99 ≤ {} ms)", other_slos.into_iter().collect::<Vec<_>>().join(", "))
+        };
+        bail!(
+            "no capacity measured for p99 ≤ {slo_ms} ms in {}{hint}: run `migprof load --model M --device D --search --slo-p99-ms {slo_ms}`, give --capacities FILE.csv, or ask for --closed-loop-estimates",
+            dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+        );
+    }
+    Ok(g)
+}
+
+/// The profile a runs row ran on, as the capacity table names it.
+fn profile_of_row(emulated: Option<&str>, mig: Option<&str>, gpu: Option<&str>, mps_pct: Option<f64>) -> String {
+    match (emulated, mig, gpu) {
+        (Some(e), _, _) => e.to_string(),
+        (None, Some(m), _) => m.to_string(),
+        (None, None, Some(_)) if mps_pct.is_some() => format!("mps:{}%", mps_pct.unwrap_or_default()),
+        (None, None, Some(_)) => super::solve::FULL.to_string(),
+        (None, None, None) => "cpu".to_string(),
+    }
+}
+
+/// Per model and profile: the highest throughput among inference runs whose p99 doubled (a request
+/// waits up to one batch in the queue, then its own) is within the objective.
+fn closed_loop_estimates(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>) -> Result<Vec<Capacity>> {
+    /// Per (model, profile): throughput, batch, emulated, GPU.
+    type Best = BTreeMap<(String, String), (f64, i64, bool, Option<String>)>;
+    let mut best: Best = BTreeMap::new();
+    for dir in dirs {
+        let df = read_table(dir, Table::Runs)?;
+        let t = |c| text_column(&df, c);
+        let (model, mode, status, dt) = (t("model")?, t("mode")?, t("status")?, t("dtype")?);
+        let (emulated, mig, gpu, group) = (t("emulated_profile")?, t("mig_profile")?, t("gpu_name")?, t("concurrency_group")?);
+        let (p99, throughput, batch, pct) = (number_column(&df, "p99_ms")?, number_column(&df, "throughput")?, number_column(&df, "batch")?, number_column(&df, "mps_share_pct")?);
+        for i in 0..df.height() {
+            let ok = status[i].as_deref().is_none_or(|s| s == "ok") && mode[i].as_deref() == Some("infer") && group[i].is_none();
+            if !ok || dtype.is_some_and(|d| dt[i].as_deref() != Some(d)) {
+                continue;
+            }
+            let (Some(p99), Some(x), Some(m)) = (p99[i], throughput[i], model[i].clone()) else { continue };
+            if 2.0 * p99 > slo_ms {
+                continue;
+            }
+            let profile = profile_of_row(emulated[i].as_deref(), mig[i].as_deref(), gpu[i].as_deref(), pct[i]);
+            let entry = best.entry((m, profile)).or_insert((0.0, 0, false, None));
+            if x > entry.0 {
+                *entry = (x, batch[i].unwrap_or(0.0) as i64, pct[i].is_some(), gpu[i].clone());
+            }
+        }
+    }
+    Ok(best
+        .into_iter()
+        .map(|((model, profile), (qps, batch, emulated, gpu))| Capacity { model, profile, qps, source: Source::ClosedLoop { emulated, batch }, gpu })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_csv_reads_by_its_header_and_bad_lines_name_themselves() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("c.csv");
+        std::fs::write(&path, "# measured elsewhere\nprofile,model,qps\n1g.10gb,resnet50,812.5\n3g.40gb, resnet50 ,2400\n")?;
+        let g = from_csv(&path)?;
+        assert_eq!(g.capacities.len(), 2);
+        assert_eq!((g.capacities[1].model.as_str(), g.capacities[1].profile.as_str(), g.capacities[1].qps), ("resnet50", "3g.40gb", 2400.0));
+        std::fs::write(&path, "model,profile,qps\nresnet50,1g.10gb,fast\n")?;
+        let e = from_csv(&path).unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("`fast`"), "{e}");
+        std::fs::write(&path, "model,slice,qps\n")?;
+        assert!(from_csv(&path).unwrap_err().to_string().contains("must name the columns model, profile and qps"));
+        Ok(())
+    }
+}

@@ -1,0 +1,14 @@
+//! Serving load: what a slice serves when requests arrive at random and a latency objective binds,
+//! rather than what a closed loop at a fixed batch pushes through it.
+//!
+//! [`arrival`] draws the schedule in advance (open loop), [`serve`] runs the dynamic batcher in front
+//! of one model instance and measures each request from its scheduled arrival, [`step`] judges a
+//! step against the objective, [`search`] finds the highest rate within it, [`job`] drives a real
+//! model through all that, and [`record`] writes the `load`, `load_batches` and `capacity` tables.
+
+pub mod arrival;
+pub mod job;
+pub mod record;
+pub mod search;
+pub mod serve;
+pub mod step;

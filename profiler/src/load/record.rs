@@ -1,0 +1,265 @@
+//! The load tables: `load` (one row per step, i.e. per offered rate), `load_batches` (one row per
+//! batch the batcher handed out) and `capacity` (one row per search). Each row carries the identity
+//! columns of `runs` — cell, device and emulation, model, dtype, sequence length, fingerprint — so that
+//! the tables join and filter alike.
+
+use std::path::Path;
+
+use anyhow::Result;
+use chrono::{DateTime, Utc};
+use polars::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::device::DeviceInfo;
+use crate::load::arrival::Arrival;
+use crate::load::search::SearchOutcome;
+use crate::load::step::Step;
+use crate::provenance;
+use crate::results::record::CellIdentity;
+use crate::results::stats::ns_to_ms;
+use crate::results::store::{cell_columns, col, device_columns, fingerprint_columns, utc_micros, write_part, Table, SCHEMA_VERSION};
+use crate::run::fingerprint::Fingerprint;
+
+/// The defaults of `migprof load` and of a sweep's `[[capacity]]`.
+pub const DEFAULTS: LoadSettings = LoadSettings {
+    arrival: Arrival::Poisson,
+    max_batch: 32,
+    max_delay_ms: 5.0,
+    warmup_secs: 1.0,
+    duration_secs: 10.0,
+    arrival_seed: 0,
+    slo_p99_ms: None,
+    resolution: 0.02,
+    min_requests: 10_000,
+};
+
+/// How a load job offers requests and batches them; part of its cell's identity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadSettings {
+    pub arrival: Arrival,
+    pub max_batch: usize,
+    pub max_delay_ms: f64,
+    /// Arrivals in the first seconds of a step are served, not measured.
+    pub warmup_secs: f64,
+    /// Seconds of measured arrivals per step at a fixed rate.
+    pub duration_secs: f64,
+    /// Seeds the arrival schedule (the model's weights and inputs have the run's seed).
+    pub arrival_seed: u64,
+    /// A search's objective on p99, ms; `None`: steps at the rates given.
+    pub slo_p99_ms: Option<f64>,
+    /// A search stops once its bracket is within this (0.02: 2%).
+    pub resolution: f64,
+    /// Measured requests a search step needs before its p99 may decide it.
+    pub min_requests: usize,
+}
+
+impl LoadSettings {
+    /// The fields that make a load cell differ from a plain one, for its id.
+    pub fn identity(&self) -> String {
+        format!(
+            "{}/{}/{}ms/warmup {}s/{}s/seed {}/slo {}/res {}/min {}",
+            self.arrival.as_str(),
+            self.max_batch,
+            self.max_delay_ms,
+            self.warmup_secs,
+            self.duration_secs,
+            self.arrival_seed,
+            self.slo_p99_ms.map_or("none".into(), |s| s.to_string()),
+            self.resolution,
+            self.min_requests
+        )
+    }
+}
+
+/// What every row of one load job shares.
+pub struct JobIdentity<'a> {
+    pub invocation_id: &'a str,
+    pub host: &'a str,
+    pub cell: &'a CellIdentity,
+    pub device: &'a DeviceInfo,
+    pub fingerprint: &'a Fingerprint,
+    pub model: &'a workloads::ModelInfo,
+    /// As `--dtype` names it.
+    pub precision: &'a str,
+    pub kernel_options: String,
+    pub seed: u64,
+    pub settings: &'a LoadSettings,
+}
+
+/// The slice a row's capacity belongs to: the MIG profile, the emulated one (or `mps:<pct>%`), `full`
+/// for a whole GPU, `cpu`.
+pub fn profile_of(device: &DeviceInfo) -> String {
+    if let Some(e) = &device.emulation {
+        return e.share.profile.clone().unwrap_or_else(|| format!("mps:{}%", e.share.percent));
+    }
+    match &device.selected {
+        Some(s) => s.mig.as_ref().map_or("full".to_string(), |m| m.profile.clone()),
+        None => "cpu".to_string(),
+    }
+}
+
+/// The columns every load and capacity row starts with.
+fn identity_columns(id: &JobIdentity, row_id: (&str, &str), started: DateTime<Utc>, finished: DateTime<Utc>) -> Vec<Column> {
+    let mut columns = vec![
+        Column::new("schema_version".into(), vec![SCHEMA_VERSION]),
+        col(row_id.0, vec![row_id.1.to_string()]),
+        col("invocation_id", vec![id.invocation_id.to_string()]),
+        utc_micros("started_at", vec![started.timestamp_micros()]),
+        utc_micros("finished_at", vec![finished.timestamp_micros()]),
+        col("host", vec![id.host.to_string()]),
+    ];
+    columns.extend(cell_columns(&[id.cell]));
+    columns.extend([
+        col("model", vec![id.model.name.to_string()]),
+        col("family", vec![id.model.family.as_str().to_string()]),
+        col("dtype", vec![id.precision.to_string()]),
+        Column::new("seq_len".into(), vec![id.model.input.seq_len().map(|l| l as i64)]),
+        col("profile", vec![profile_of(id.device)]),
+    ]);
+    columns.extend(device_columns(&[id.device]));
+    let s = id.settings;
+    columns.extend([
+        col("seed", vec![id.seed]),
+        col("kernel_options", vec![id.kernel_options.clone()]),
+        col("arrival", vec![s.arrival.as_str().to_string()]),
+        col("arrival_seed", vec![s.arrival_seed]),
+        col("max_batch", vec![s.max_batch as i64]),
+        col("max_delay_ms", vec![s.max_delay_ms]),
+        col("warmup_s", vec![s.warmup_secs]),
+        Column::new("slo_p99_ms".into(), vec![s.slo_p99_ms]),
+    ]);
+    columns
+}
+
+fn closing_columns(id: &JobIdentity) -> Vec<Column> {
+    let mut columns = vec![
+        col("migprof_version", vec![provenance::VERSION.to_string()]),
+        col("git_commit", vec![provenance::GIT_COMMIT.to_string()]),
+    ];
+    columns.extend(fingerprint_columns(&[id.fingerprint]));
+    columns
+}
+
+/// Where a step of a search belongs.
+#[derive(Debug, Clone)]
+pub struct SearchStep {
+    pub capacity_id: String,
+    pub index: usize,
+}
+
+/// Writes a step's `load` row and its `load_batches` part (batches first: a row is only ever present
+/// with them).
+pub fn write_step(out: &Path, id: &JobIdentity, load_id: &str, started: DateTime<Utc>, step: &Step, search: Option<&SearchStep>) -> Result<()> {
+    let file = format!("part-{load_id}.parquet");
+    let b = &step.served.batches;
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let mut batches = DataFrame::new(
+        b.len(),
+        vec![
+            Column::new("schema_version".into(), vec![SCHEMA_VERSION; b.len()]),
+            Column::new("load_id".into(), vec![load_id; b.len()]),
+            col("batch_index", (0..b.len() as i64).collect::<Vec<i64>>()),
+            col("dispatched_ms", b.iter().map(|b| ms(b.dispatched)).collect::<Vec<f64>>()),
+            col("done_ms", b.iter().map(|b| ms(b.done)).collect::<Vec<f64>>()),
+            col("size", b.iter().map(|b| b.size as i64).collect::<Vec<i64>>()),
+            col("queued", b.iter().map(|b| b.queued as i64).collect::<Vec<i64>>()),
+        ],
+    )?;
+    write_part(&out.join(Table::LoadBatches.dir_name()), &file, &mut batches)?;
+
+    let st = &step.stats;
+    let interval = |high: bool| step.p99_interval.as_ref().ok().map(|i| if high { i.high } else { i.low });
+    let (queue_mean, queue_max) = step.queue_at_dispatch();
+    let counts = Series::new("".into(), step.batch_size_counts(id.settings.max_batch));
+    let mut counts: ListChunked = std::iter::once(Some(counts)).collect();
+    counts.rename("batch_size_counts".into());
+    let mut columns = identity_columns(id, ("load_id", load_id), started, provenance::now());
+    columns.extend([
+        Column::new("capacity_id".into(), vec![search.map(|s| s.capacity_id.clone())]),
+        Column::new("search_step".into(), vec![search.map(|s| s.index as i64)]),
+        col("offered_qps", vec![step.offered_qps]),
+        col("achieved_qps", vec![step.achieved_qps]),
+        col("requests", vec![step.served.latencies_ns.len() as i64]),
+        col("unfinished", vec![step.served.unfinished_ns.len() as i64]),
+        col("measured_s", vec![step.served.window.as_secs_f64()]),
+        col("mean_ms", vec![st.mean_ms()]),
+        col("p50_ms", vec![ns_to_ms(st.p50_ns)]),
+        col("p90_ms", vec![ns_to_ms(st.p90_ns)]),
+        col("p99_ms", vec![ns_to_ms(st.p99_ns)]),
+        col("p999_ms", vec![ns_to_ms(st.p999_ns)]),
+        col("max_ms", vec![ns_to_ms(st.max_ns)]),
+        Column::new("p99_ms_ci_low".into(), vec![interval(false)]),
+        Column::new("p99_ms_ci_high".into(), vec![interval(true)]),
+        col("mean_batch", vec![step.mean_batch()]),
+        counts.into_series().into_column(),
+        col("queue_mean", vec![queue_mean]),
+        col("queue_max", vec![queue_max as i64]),
+        Column::new("meets_slo".into(), vec![step.meets]),
+        col("ending", vec![ending_name(&step.served.ending).to_string()]),
+        col("service_p50_ms", vec![step.service.p50_ms]),
+        col("service_p99_ms", vec![step.service.p99_ms]),
+        col("service_max_ms", vec![step.service.max_ms]),
+        col("stalled_batches", vec![step.service.stalled as i64]),
+        col("verdict", vec![step.verdict().as_str().to_string()]),
+        Column::new("throttle_share".into(), vec![step.evidence.throttle_share]),
+        Column::new("power_cap_share".into(), vec![step.evidence.power_cap_share]),
+        Column::new("other_processes".into(), vec![step.evidence.others_text()]),
+        col("metric_samples", vec![step.metrics.samples as i64]),
+        Column::new("fb_used_max_mib".into(), vec![step.metrics.fb_used_max_mib]),
+        Column::new("gract_mean".into(), vec![step.metrics.gract_mean]),
+        Column::new("gpu_power_mean_w".into(), vec![step.metrics.gpu_power_mean_w]),
+        Column::new("j_per_sample".into(), vec![step.metrics.j_per_sample]),
+        Column::new("note".into(), vec![step.note.clone()]),
+        Column::new("histogram".into(), vec![st.histogram_v2_deflate()?.as_slice()]),
+    ]);
+    columns.extend(closing_columns(id));
+    let mut df = DataFrame::new(1, columns)?;
+    write_part(&out.join(Table::Load.dir_name()), &file, &mut df)?;
+    Ok(())
+}
+
+fn ending_name(e: &crate::load::serve::Ending) -> &'static str {
+    use crate::load::serve::Ending;
+    match e {
+        Ending::Schedule => "schedule",
+        Ending::Within => "within",
+        Ending::Over(_) => "over",
+        Ending::Backlog => "backlog",
+    }
+}
+
+/// A search's result: the target's capacity for the model, dtype, sequence length and objective.
+pub struct Capacity<'a> {
+    pub capacity_id: &'a str,
+    pub started: DateTime<Utc>,
+    pub outcome: &'a SearchOutcome,
+    /// The highest rate a closed loop at the max batch served: the search's first guess came from it.
+    pub closed_loop_qps: f64,
+    /// p99 of the step at the capacity, ms.
+    pub p99_at_capacity_ms: Option<f64>,
+    /// The worst verdict of the search's steps.
+    pub verdict: &'a str,
+}
+
+pub fn write_capacity(out: &Path, id: &JobIdentity, c: &Capacity) -> Result<()> {
+    let o = c.outcome;
+    let mut columns = identity_columns(id, ("capacity_id", c.capacity_id), c.started, provenance::now());
+    columns.extend([
+        Column::new("capacity_qps".into(), vec![o.capacity_qps]),
+        col("resolution", vec![id.settings.resolution]),
+        col("min_requests", vec![id.settings.min_requests as i64]),
+        Column::new("bracket_low_qps".into(), vec![o.low]),
+        Column::new("bracket_high_qps".into(), vec![o.high]),
+        col("steps", vec![o.steps.len() as i64]),
+        Column::new("p99_at_capacity_ms".into(), vec![c.p99_at_capacity_ms]),
+        col("closed_loop_qps", vec![c.closed_loop_qps]),
+        col("emulated", vec![id.device.emulation.is_some()]),
+        col("verdict", vec![c.verdict.to_string()]),
+        Column::new("note".into(), vec![o.note.clone()]),
+    ]);
+    columns.extend(closing_columns(id));
+    let mut df = DataFrame::new(1, columns)?;
+    write_part(&out.join(Table::Capacity.dir_name()), &format!("part-{}.parquet", c.capacity_id), &mut df)?;
+    Ok(())
+}

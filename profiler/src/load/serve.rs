@@ -1,0 +1,437 @@
+//! The serving loop of a load step: requests arrive on a schedule fixed in advance, wait in a queue,
+//! and a dynamic batcher hands the oldest of them, up to `max_batch`, to one model instance (one
+//! batch in flight). Each request's latency runs from its *scheduled* arrival to its batch's
+//! completion, so a slow model shows as growing latencies and never as a lower offered rate (no
+//! coordinated omission).
+//!
+//! The loop is single-threaded: arrival times are known in advance, so "which requests have arrived"
+//! is a lookup in the schedule at the current time, and nothing the model does can delay an arrival.
+//! It reads time and sleeps through [`Timer`] and serves through [`Server`], so tests run it on a fake
+//! clock and a model of known latency.
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::results::uncertainty::quantile_interval;
+use crate::run::measure::{Clock, MonotonicClock};
+
+/// Time as the loop sees it.
+pub trait Timer {
+    /// Time since a fixed origin.
+    fn now(&self) -> Duration;
+    /// Returns at `t` (on the same origin), or at once when that has passed.
+    fn sleep_until(&self, t: Duration);
+}
+
+/// The real clock: sleeps through long waits, spins through the last fraction of a millisecond so
+/// that a batch leaves when its delay is over and not a scheduler tick later.
+impl Timer for MonotonicClock {
+    fn now(&self) -> Duration {
+        Clock::now(self)
+    }
+
+    fn sleep_until(&self, t: Duration) {
+        const SPIN: Duration = Duration::from_micros(200);
+        loop {
+            let now = Clock::now(self);
+            if now >= t {
+                return;
+            }
+            let left = t - now;
+            if left > SPIN {
+                std::thread::sleep(left - SPIN);
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+/// One model instance behind the batcher.
+pub trait Server {
+    /// Serves a batch of `n` requests: copies their inputs to the device, runs the model and returns
+    /// once the outputs are ready.
+    fn serve(&mut self, n: usize) -> Result<()>;
+}
+
+/// The dynamic batcher's bounds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Batching {
+    /// At most this many requests per batch.
+    pub max_batch: usize,
+    /// A batch leaves once it is full, or once its oldest request has waited this long (and the
+    /// model is free): the longest a request waits for others.
+    pub max_delay: Duration,
+}
+
+/// What may end a step before its schedule does: a latency objective on p99.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Objective {
+    pub p99: Duration,
+    /// Measured requests before the p99's interval may end the step as within the objective.
+    pub min_requests: usize,
+}
+
+/// One batch as the batcher handed it out.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchRecord {
+    /// When it left the queue and when it was done, from the schedule's start.
+    pub dispatched: Duration,
+    pub done: Duration,
+    pub size: usize,
+    /// Requests waiting when it left, itself included.
+    pub queued: usize,
+}
+
+/// How a step ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ending {
+    /// Every scheduled request was served.
+    Schedule,
+    /// The p99's interval lay within the objective: no more requests were sent; the queue was
+    /// served.
+    Within,
+    /// More requests were over the objective than a p99 within it allows, or the p99's interval lay
+    /// above it: the step stopped at once.
+    Over(String),
+    /// The schedule was over and the queue still held requests after as long again as the measured
+    /// window: the model cannot keep up with the rate.
+    Backlog,
+}
+
+/// What a step served.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Served {
+    /// Latency of every measured request served (arrival at or after the warm-up), in completion
+    /// order, nanoseconds.
+    pub latencies_ns: Vec<u64>,
+    /// Each served request's scheduled arrival, in the same order.
+    pub arrivals: Vec<Duration>,
+    /// Measured requests still queued when the step stopped: their age then (a lower bound of
+    /// their latency).
+    pub unfinished_ns: Vec<u64>,
+    /// Measured requests the schedule held (those never sent when a step was cut are not counted).
+    pub offered: usize,
+    /// From the end of the warm-up to the last measured arrival that was sent.
+    pub offered_span: Duration,
+    /// From the end of the warm-up to the last completion.
+    pub window: Duration,
+    pub batches: Vec<BatchRecord>,
+    pub ending: Ending,
+}
+
+/// Runs one step: serves `arrivals` (offsets from now, ascending) through `server`; requests that
+/// arrive before `warmup` are served and not measured.
+pub fn drive(
+    server: &mut dyn Server,
+    timer: &dyn Timer,
+    arrivals: &[Duration],
+    warmup: Duration,
+    batching: Batching,
+    objective: Option<Objective>,
+) -> Result<Served> {
+    anyhow::ensure!(batching.max_batch >= 1, "the batcher needs a max batch of at least 1");
+    let origin = timer.now();
+    let at = |t: Duration| origin + t;
+    let first_measured = arrivals.partition_point(|&a| a < warmup);
+    let planned = arrivals.len() - first_measured;
+    // Over the objective by more than this many requests, the step's p99 is over it whatever the
+    // rest do (the p99 is the value of rank ⌈0.99 n⌉).
+    let allowed_over = planned - (planned as f64 * 0.99).ceil() as usize;
+    let mut end = arrivals.len();
+    let mut next = 0;
+    let mut latencies_ns = Vec::with_capacity(planned);
+    let mut measured_arrivals = Vec::with_capacity(planned);
+    let mut batches = Vec::new();
+    let mut over = 0usize;
+    let mut next_check = objective.map_or(usize::MAX, |o| o.min_requests.max(1));
+    let mut ending = Ending::Schedule;
+    let mut unfinished_ns = Vec::new();
+    while next < end {
+        let now = timer.now() - origin;
+        let arrived = arrivals[..end].partition_point(|&a| a <= now);
+        if arrived == next {
+            timer.sleep_until(at(arrivals[next]));
+            continue;
+        }
+        let last = arrivals[end - 1];
+        if arrived == end && now > last + (last.saturating_sub(warmup)).max(Duration::from_secs(1)) {
+            unfinished_ns = ages(&arrivals[next..end], warmup, now);
+            ending = Ending::Backlog;
+            break;
+        }
+        let queued = arrived - next;
+        let oldest = arrivals[next];
+        let ready = queued >= batching.max_batch || now >= oldest + batching.max_delay || arrived == end;
+        if !ready {
+            // Until the delay is over or the request that fills the batch arrives.
+            let mut wake = oldest + batching.max_delay;
+            if let Some(&fill) = arrivals[..end].get(next + batching.max_batch - 1) {
+                wake = wake.min(fill);
+            }
+            timer.sleep_until(at(wake));
+            continue;
+        }
+        let size = queued.min(batching.max_batch);
+        server.serve(size)?;
+        let done = timer.now() - origin;
+        for &a in &arrivals[next..next + size] {
+            if a >= warmup {
+                let latency = done - a;
+                latencies_ns.push(nanos(latency));
+                measured_arrivals.push(a);
+                if objective.is_some_and(|o| latency > o.p99) {
+                    over += 1;
+                }
+            }
+        }
+        batches.push(BatchRecord { dispatched: now, done, size, queued });
+        next += size;
+        let Some(objective) = objective else { continue };
+        // Requests still waiting that are already older than the objective count as over it.
+        let waiting = &arrivals[next..arrivals[..end].partition_point(|&a| a <= done)];
+        let waiting_over = waiting.iter().filter(|&&a| a >= warmup && a + objective.p99 < done).count();
+        if over + waiting_over > allowed_over {
+            ending = Ending::Over(format!(
+                "{} of {planned} requests over the {:.1} ms objective, more than the {allowed_over} a p99 within it allows",
+                over + waiting_over,
+                objective.p99.as_secs_f64() * 1e3
+            ));
+            unfinished_ns = ages(waiting, warmup, done);
+            break;
+        }
+        if latencies_ns.len() >= next_check && end == arrivals.len() {
+            next_check = next_check + next_check / 4;
+            let ms: Vec<f64> = latencies_ns.iter().map(|&l| l as f64 / 1e6).collect();
+            let objective_ms = objective.p99.as_secs_f64() * 1e3;
+            // A rate a little above what the model serves looks fine for a while: the queue grows
+            // slowly. Latency's growth, carried on over the horizon, must stay within too.
+            let growth_ms = growth(&measured_arrivals, &latencies_ns) * 1e3 * GROWTH_HORIZON.as_secs_f64();
+            if let Ok(i) = quantile_interval(&ms, 0.99) {
+                if i.high + growth_ms <= objective_ms {
+                    // Send nothing more; serve what has arrived.
+                    end = next + waiting.len();
+                    ending = Ending::Within;
+                } else if i.low > objective_ms {
+                    ending = Ending::Over(format!(
+                        "p99's 95% interval [{:.2}, {:.2}] ms after {} requests lies above the {objective_ms:.1} ms objective",
+                        i.low,
+                        i.high,
+                        ms.len()
+                    ));
+                    unfinished_ns = ages(waiting, warmup, done);
+                    break;
+                }
+            }
+        }
+    }
+    let sent = &arrivals[first_measured..end.max(first_measured)];
+    let last_done = batches.last().map_or(warmup, |b| b.done);
+    Ok(Served {
+        offered: sent.len(),
+        offered_span: sent.last().map_or(Duration::ZERO, |&l| l.saturating_sub(warmup)),
+        window: last_done.saturating_sub(warmup),
+        latencies_ns,
+        arrivals: measured_arrivals,
+        unfinished_ns,
+        batches,
+        ending,
+    })
+}
+
+/// How long a rate must be sustainable: latency's growth over a step, carried on this long, must stay
+/// within the objective. A rate a few percent above what the model serves grows its queue by that
+/// few percent of a second each second: invisible in a 10-second step, 60 s carries it past
+/// any objective worth having, while the slope a stable queue shows stays near zero.
+pub const GROWTH_HORIZON: Duration = Duration::from_secs(60);
+
+/// How fast latency grows with arrival time (seconds per second), counting only growth beyond twice
+/// its standard error: the least-squares slope less two errors, at least 0. About 0 when the model
+/// keeps up (a stable queue's slope is noise); the rate's excess over what it serves, as a share of
+/// that, when not.
+pub fn growth(arrivals: &[Duration], latencies_ns: &[u64]) -> f64 {
+    let n = arrivals.len().min(latencies_ns.len());
+    if n < 3 {
+        return 0.0;
+    }
+    let t: Vec<f64> = arrivals[..n].iter().map(Duration::as_secs_f64).collect();
+    let l: Vec<f64> = latencies_ns[..n].iter().map(|&x| x as f64 / 1e9).collect();
+    let (mt, ml) = (t.iter().sum::<f64>() / n as f64, l.iter().sum::<f64>() / n as f64);
+    let (mut sxy, mut sxx) = (0.0, 0.0);
+    for (x, y) in t.iter().zip(&l) {
+        sxy += (x - mt) * (y - ml);
+        sxx += (x - mt) * (x - mt);
+    }
+    if sxx <= 0.0 {
+        return 0.0;
+    }
+    let slope = sxy / sxx;
+    let residual: f64 = t.iter().zip(&l).map(|(x, y)| (y - ml - slope * (x - mt)).powi(2)).sum();
+    let se = (residual / (n - 2) as f64 / sxx).sqrt();
+    (slope - 2.0 * se).max(0.0)
+}
+
+/// The age at `now` of each measured request of `waiting`.
+fn ages(waiting: &[Duration], warmup: Duration, now: Duration) -> Vec<u64> {
+    waiting.iter().filter(|&&a| a >= warmup).map(|&a| nanos(now.saturating_sub(a))).collect()
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::load::arrival::{schedule, Arrival};
+
+    /// A clock that moves only when slept on or served.
+    #[derive(Clone, Default)]
+    pub struct FakeTimer(pub Rc<Cell<Duration>>);
+
+    impl Timer for FakeTimer {
+        fn now(&self) -> Duration {
+            self.0.get()
+        }
+        fn sleep_until(&self, t: Duration) {
+            if t > self.0.get() {
+                self.0.set(t);
+            }
+        }
+    }
+
+    /// A model whose batch of n takes `fixed + per_sample × n`, and stalls once for `stall` at the
+    /// batch numbered `stall_at`.
+    pub struct FakeModel {
+        pub timer: FakeTimer,
+        pub fixed: Duration,
+        pub per_sample: Duration,
+        pub stall_at: Option<(usize, Duration)>,
+        pub batches: usize,
+    }
+
+    impl FakeModel {
+        pub fn new(timer: &FakeTimer, fixed_ms: f64, per_sample_ms: f64) -> Self {
+            let ms = |m: f64| Duration::from_secs_f64(m / 1e3);
+            Self { timer: timer.clone(), fixed: ms(fixed_ms), per_sample: ms(per_sample_ms), stall_at: None, batches: 0 }
+        }
+    }
+
+    impl Server for FakeModel {
+        fn serve(&mut self, n: usize) -> Result<()> {
+            let mut took = self.fixed + self.per_sample * n as u32;
+            if let Some((at, stall)) = self.stall_at {
+                if at == self.batches {
+                    took += stall;
+                }
+            }
+            self.batches += 1;
+            self.timer.sleep_until(self.timer.now() + took);
+            Ok(())
+        }
+    }
+
+    fn ms(m: f64) -> Duration {
+        Duration::from_secs_f64(m / 1e3)
+    }
+
+    #[test]
+    fn an_idle_model_serves_each_request_alone_at_its_own_latency() -> Result<()> {
+        let timer = FakeTimer::default();
+        let mut model = FakeModel::new(&timer, 1.0, 0.0);
+        let arrivals = schedule(Arrival::Constant, 100.0, 200, 0);
+        let s = drive(&mut model, &timer, &arrivals, ms(500.0), Batching { max_batch: 8, max_delay: Duration::ZERO }, None)?;
+        assert_eq!(s.offered, 150);
+        assert_eq!(s.latencies_ns.len(), 150);
+        assert!(s.latencies_ns.iter().all(|&l| l == 1_000_000), "{:?}", &s.latencies_ns[..3]);
+        assert!(s.batches.iter().all(|b| b.size == 1 && b.queued == 1));
+        assert_eq!(s.ending, Ending::Schedule);
+        Ok(())
+    }
+
+    #[test]
+    fn the_batcher_never_exceeds_its_bounds() -> Result<()> {
+        // Poisson at 2,000/s into a model of 2 ms + 0.1 ms per sample: batches form.
+        let timer = FakeTimer::default();
+        let mut model = FakeModel::new(&timer, 2.0, 0.1);
+        let arrivals = schedule(Arrival::Poisson, 2000.0, 20_000, 3);
+        let batching = Batching { max_batch: 16, max_delay: ms(3.0) };
+        let s = drive(&mut model, &timer, &arrivals, Duration::ZERO, batching, None)?;
+        assert_eq!(s.latencies_ns.len(), 20_000, "every request served once");
+        assert!(s.batches.iter().all(|b| (1..=16).contains(&b.size) && b.size <= b.queued));
+        assert!(s.batches.iter().any(|b| b.size == 16) && s.batches.iter().any(|b| b.size < 16));
+        // A batch that left short of full left because its oldest request had waited the delay (or
+        // the model had been busy past it): never earlier.
+        let mut first = 0;
+        for b in &s.batches {
+            let oldest = arrivals[first];
+            if b.size < 16 && first + b.size < arrivals.len() {
+                assert!(b.dispatched >= oldest + batching.max_delay, "left early at {:?}, oldest {oldest:?}", b.dispatched);
+            }
+            // Nobody waits for others past the delay while the model is free.
+            let previous_done = s.batches.iter().map(|x| x.done).filter(|&d| d <= b.dispatched).max().unwrap_or_default();
+            assert!(b.dispatched <= (oldest + batching.max_delay).max(previous_done), "held too long");
+            first += b.size;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_stalled_model_makes_latencies_grow_never_the_offered_rate_fall() -> Result<()> {
+        let timer = FakeTimer::default();
+        let mut model = FakeModel::new(&timer, 1.0, 0.0);
+        // A 1 s stall at the 100th batch: about 0.1 s into 1,000/s constant arrivals (one per batch until then).
+        model.stall_at = Some((100, Duration::from_secs(1)));
+        let arrivals = schedule(Arrival::Constant, 1000.0, 5000, 0);
+        let batching = Batching { max_batch: 64, max_delay: Duration::ZERO };
+        let s = drive(&mut model, &timer, &arrivals, Duration::ZERO, batching, None)?;
+        assert_eq!(s.offered, 5000, "every scheduled request was offered");
+        assert_eq!(s.latencies_ns.len(), 5000);
+        assert!((s.offered as f64 / s.offered_span.as_secs_f64() - 1000.0).abs() < 1.0, "the offered rate is the schedule's");
+        // The request that arrived as the stall began waited it out.
+        let worst = *s.latencies_ns.iter().max().unwrap();
+        assert!(worst >= 1_000_000_000, "{worst}");
+        // About 1,000 requests arrived during the stall, each waiting for its end.
+        let slow = s.latencies_ns.iter().filter(|&&l| l > 100_000_000).count();
+        assert!((850..=1000).contains(&slow), "{slow}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_step_ends_once_its_p99_is_certainly_over_or_within() -> Result<()> {
+        let timer = FakeTimer::default();
+        // 5 ms per sample at 1,000/s: the model cannot keep up; the queue and latencies grow.
+        let mut model = FakeModel::new(&timer, 0.0, 5.0);
+        let arrivals = schedule(Arrival::Poisson, 1000.0, 50_000, 1);
+        let objective = Objective { p99: ms(50.0), min_requests: 10_000 };
+        let s = drive(&mut model, &timer, &arrivals, Duration::ZERO, Batching { max_batch: 1, max_delay: Duration::ZERO }, Some(objective))?;
+        assert!(matches!(s.ending, Ending::Over(_)), "{:?}", s.ending);
+        assert!(s.latencies_ns.len() < 1000, "stopped after {} of 50,000", s.latencies_ns.len());
+        assert!(!s.unfinished_ns.is_empty());
+        // 1 ms per request at 200/s: far inside 50 ms; stops after the minimum count, queue served.
+        let timer = FakeTimer::default();
+        let mut model = FakeModel::new(&timer, 1.0, 0.0);
+        let arrivals = schedule(Arrival::Poisson, 200.0, 50_000, 1);
+        let s = drive(&mut model, &timer, &arrivals, Duration::ZERO, Batching { max_batch: 1, max_delay: Duration::ZERO }, Some(objective))?;
+        assert_eq!(s.ending, Ending::Within);
+        assert!((10_000..10_005).contains(&s.latencies_ns.len()), "{}", s.latencies_ns.len());
+        assert!(s.unfinished_ns.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn a_backlog_that_outlives_the_schedule_is_cut_and_reported() -> Result<()> {
+        let timer = FakeTimer::default();
+        let mut model = FakeModel::new(&timer, 0.0, 10.0);
+        let arrivals = schedule(Arrival::Constant, 1000.0, 3000, 0);
+        let s = drive(&mut model, &timer, &arrivals, Duration::ZERO, Batching { max_batch: 1, max_delay: Duration::ZERO }, None)?;
+        assert_eq!(s.ending, Ending::Backlog);
+        assert_eq!(s.latencies_ns.len() + s.unfinished_ns.len(), 3000);
+        assert!(s.unfinished_ns.iter().all(|&a| a > 0));
+        Ok(())
+    }
+}

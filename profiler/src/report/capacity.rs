@@ -1,0 +1,173 @@
+//! The report's capacity section: each target's p99 against the offered rate (the knee where the
+//! queue takes over), the capacity each search found, and the latest fleet plan made from the folders
+//! (`migprof capacity --from`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+use super::chart::{Chart, Point, Scale, Series};
+use super::data::{read_rows, Row};
+use super::sections::{fmt, slug, table};
+use super::{Block, Section};
+use crate::results::store::Table;
+
+const STEP_TEXT: [&str; 26] = [
+    "target", "status", "model", "dtype", "seq_len", "profile", "device_name", "device_kind", "mig_profile", "emulated_profile", "emulation",
+    "meets_slo", "ending", "capacity_id", "sweep", "host", "migprof_version", "git_commit", "candle_version", "build_features", "gpu_name",
+    "driver_version", "cuda_driver_version", "cudnn_version", "cublas_version", "cpu_model",
+];
+const STEP_NUM: [&str; 11] = [
+    "offered_qps", "achieved_qps", "p99_ms", "p99_ms_ci_low", "p99_ms_ci_high", "slo_p99_ms", "sm_count", "device_memory_mib", "mps_share_pct", "max_batch",
+    "max_delay_ms",
+];
+const CAPACITY_TEXT: [&str; 8] = ["target", "status", "model", "dtype", "seq_len", "profile", "emulated", "note"];
+const CAPACITY_NUM: [&str; 7] = ["capacity_qps", "slo_p99_ms", "p99_at_capacity_ms", "bracket_high_qps", "steps", "closed_loop_qps", "max_batch"];
+
+/// The folders' load steps, capacities and plans.
+pub struct Serving {
+    pub steps: Vec<Row>,
+    pub capacities: Vec<Row>,
+    /// The latest plan of each folder that has one: (file, plan).
+    pub plans: Vec<(PathBuf, crate::capacity::Report)>,
+}
+
+impl Serving {
+    pub fn read(dirs: &[PathBuf]) -> Result<Serving> {
+        let steps = read_rows(dirs, Table::Load, &STEP_TEXT, &STEP_NUM)?;
+        let capacities = read_rows(dirs, Table::Capacity, &CAPACITY_TEXT, &CAPACITY_NUM)?;
+        let mut plans = Vec::new();
+        for dir in dirs {
+            let Ok(entries) = std::fs::read_dir(dir.join("plans")) else { continue };
+            let mut files: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
+            files.sort();
+            if let Some(latest) = files.pop() {
+                let text = std::fs::read_to_string(&latest).with_context(|| format!("reading {}", latest.display()))?;
+                let plan = serde_json::from_str(&text).with_context(|| format!("{}: not a plan of `migprof capacity`", latest.display()))?;
+                plans.push((latest, plan));
+            }
+        }
+        Ok(Serving { steps, capacities, plans })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty() && self.capacities.is_empty()
+    }
+
+    pub fn sections(&self, colour: &dyn Fn(&str) -> usize) -> Result<Vec<Section>> {
+        if self.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut blocks = vec![Block::Text(
+            "Open-loop serving (migprof load): requests arrive on a seeded schedule whatever the model does, wait for a dynamic batcher, and each is timed from its scheduled arrival to its batch's completion. Each point is one load step: its p99 (with its 95% interval) against the offered rate; the grey line is the objective. The capacity is the highest rate whose p99 stayed within it."
+                .into(),
+        )];
+        if self.steps.iter().any(|r| r.s("emulation") == "mps") {
+            blocks.push(Block::Text("Emulated slices (MPS) share L2 and memory bandwidth with the whole GPU: their capacities flatter small slices against real MIG.".into()));
+        }
+        // One chart per model, dtype, sequence length, objective and batcher: a line per target.
+        let mut groups: BTreeMap<(String, String, String, String, String), Vec<&Row>> = BTreeMap::new();
+        for r in self.steps.iter().filter(|r| r.s("status") == "ok" && r.n("p99_ms").is_some()) {
+            let slo = r.n("slo_p99_ms").map_or(String::new(), |s| format!("{s}"));
+            let batcher = format!("batches ≤ {}, wait ≤ {} ms", fmt(r.n("max_batch"), 0), r.n("max_delay_ms").unwrap_or(0.0));
+            groups.entry((r.s("model").into(), r.s("dtype").into(), r.s("seq_len").into(), slo, batcher)).or_default().push(r);
+        }
+        for (i, ((model, dtype, seq, slo, batcher), steps)) in groups.iter().enumerate() {
+            let targets: BTreeSet<&str> = steps.iter().map(|r| r.s("target")).collect();
+            let series: Vec<Series> = targets
+                .iter()
+                .map(|t| Series {
+                    name: t.to_string(),
+                    colour: colour(t),
+                    points: steps
+                        .iter()
+                        .filter(|r| r.s("target") == *t)
+                        .map(|r| Point {
+                            x: r.n("offered_qps").unwrap_or(0.0),
+                            y: r.n("p99_ms").unwrap_or(0.0),
+                            whisker: r.n("p99_ms_ci_low").zip(r.n("p99_ms_ci_high")),
+                        })
+                        .collect(),
+                })
+                .collect();
+            let seq_text = if seq.is_empty() { String::new() } else { format!(", seq {seq}") };
+            let slo_text = if slo.is_empty() { String::new() } else { format!(", objective p99 ≤ {slo} ms") };
+            let title = format!("{model} {dtype}{seq_text} ({batcher}): p99 against offered rate");
+            let chart = Chart {
+                title: &title,
+                x_label: "offered requests/s",
+                y_label: "p99 latency (ms)",
+                x_scale: Scale::Log,
+                y_scale: Scale::Log,
+                series: &series,
+                diagonal: false,
+                markers: true,
+                hline: slo.parse().ok(),
+            };
+            blocks.push(Block::Text(format!("{model}, {dtype}{seq_text}, {batcher}{slo_text}:")));
+            blocks.push(Block::Chart { name: format!("load-{}-{dtype}-{}.svg", slug(model), i + 1), svg: chart.svg()?, legend: chart.legend() });
+        }
+        let mut rows: Vec<Vec<String>> = self
+            .capacities
+            .iter()
+            .filter(|r| r.s("status") == "ok")
+            .map(|r| {
+                let knee = r.n("capacity_qps").zip(r.n("closed_loop_qps")).map(|(c, l)| c / l);
+                vec![
+                    r.s("target").into(),
+                    r.s("profile").into(),
+                    format!("{} {}{}", r.s("model"), r.s("dtype"), if r.s("seq_len").is_empty() { String::new() } else { format!(" seq {}", r.s("seq_len")) }),
+                    fmt(r.n("slo_p99_ms"), 1),
+                    r.n("capacity_qps").map_or("none".into(), |c| format!("{c:.1}")),
+                    fmt(r.n("p99_at_capacity_ms"), 2),
+                    fmt(r.n("bracket_high_qps"), 1),
+                    fmt(r.n("closed_loop_qps"), 1),
+                    fmt(knee, 2),
+                    fmt(r.n("steps"), 0),
+                    if r.s("emulated") == "true" { "yes".into() } else { "no".into() },
+                ]
+            })
+            .collect();
+        rows.sort();
+        if !rows.is_empty() {
+            blocks.push(Block::Text("Capacities found: the highest rate that met the objective, the lowest that did not, and the closed loop's rate at the max batch; their ratio is what the objective leaves of the closed loop's throughput.".into()));
+            blocks.push(table(
+                &["target", "profile", "model", "p99 objective ms", "capacity req/s", "p99 there ms", "failed at req/s", "closed loop req/s", "capacity / closed loop", "steps", "emulated"],
+                rows,
+            ));
+        }
+        let mut out = vec![Section { id: "capacity".into(), title: "Serving capacity".into(), level: 2, blocks }];
+        for (path, plan) in &self.plans {
+            out.push(plan_section(path, plan));
+        }
+        Ok(out)
+    }
+}
+
+fn plan_section(path: &std::path::Path, p: &crate::capacity::Report) -> Section {
+    let mut blocks = vec![Block::Text(format!(
+        "From {}: {} GPU(s) of the {} serve {} within p99 {} ms, each instance planned at {:.0}% of its capacity (an integer program, solved exactly). By hand: a whole GPU per model takes {}, one profile per model {}.",
+        path.display(),
+        p.gpus,
+        p.gpu,
+        p.spare.iter().map(|s| format!("{} {:.0} req/s", s.model, s.demand_qps)).collect::<Vec<_>>().join(" and "),
+        p.slo_p99_ms,
+        p.headroom * 100.0,
+        p.whole_gpu_per_model.gpus,
+        p.one_profile_per_model.gpus
+    ))];
+    blocks.push(table(
+        &["GPUs", "layout"],
+        p.layouts.iter().map(|l| vec![l.count.to_string(), if l.mig_enabled { l.profiles.join(" + ") } else { "MIG off".into() }]).collect(),
+    ));
+    blocks.push(table(&["model", "profile", "instances"], p.instances.iter().map(|i| vec![i.model.clone(), i.profile.clone(), i.count.to_string()]).collect()));
+    blocks.push(table(
+        &["model", "demand req/s", "serves req/s", "spare req/s"],
+        p.spare.iter().map(|s| vec![s.model.clone(), format!("{:.0}", s.demand_qps), format!("{:.0}", s.serves_qps), format!("{:.0}", s.spare_qps)]).collect(),
+    ));
+    for n in &p.notes {
+        blocks.push(Block::Text(format!("Note: {n}")));
+    }
+    Section { id: "plan".into(), title: "Fleet plan".into(), level: 3, blocks }
+}
