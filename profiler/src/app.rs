@@ -141,9 +141,17 @@ pub fn capacity(args: &crate::cli::CapacityArgs, stdout: &mut dyn Write) -> Resu
         crate::cli::DTypeArg::F16 => "f16",
         crate::cli::DTypeArg::Tf32 => "tf32",
     });
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some((m, _)) = args.demand.iter().find(|(m, _)| !seen.insert(m.as_str())) {
+        anyhow::bail!("--demand names {m} twice: give each model once, with its whole rate");
+    }
+    anyhow::ensure!(
+        args.capacities.is_none() || (dtype.is_none() && !args.closed_loop_estimates),
+        "--dtype and --closed-loop-estimates choose among measured capacities (--from); a CSV's are taken as they are"
+    );
     let gathered = match (&args.capacities, args.from.is_empty()) {
         (Some(csv), _) => crate::capacity::source::from_csv(csv)?,
-        (None, false) => crate::capacity::source::from_folders(&args.from, args.slo_p99_ms, dtype, args.closed_loop_estimates)?,
+        (None, false) => crate::capacity::source::from_folders(&args.from, args.slo_p99_ms, dtype, &table.product, args.closed_loop_estimates)?,
         (None, true) => anyhow::bail!("where do the capacities come from? give --from DIR (results of `migprof load --search`) or --capacities FILE.csv"),
     };
     let report = crate::capacity::plan(&table, &gathered, &args.demand, args.slo_p99_ms, args.headroom)?;
@@ -160,12 +168,13 @@ pub fn capacity(args: &crate::cli::CapacityArgs, stdout: &mut dyn Write) -> Resu
     }
     // The report of the folder shows the latest plan made from it.
     if let Some(dir) = args.from.first() {
-        let plans = dir.join("plans");
-        std::fs::create_dir_all(&plans)?;
-        let path = plans.join(format!("plan-{}.json", provenance::run_id(provenance::now())));
-        std::fs::write(&path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
-        if !args.json {
-            writeln!(stdout, "plan: {}", path.display())?;
+        let path = dir.join("plans").join(format!("plan-{}.json", provenance::run_id(provenance::now())));
+        let kept = std::fs::create_dir_all(dir.join("plans")).and_then(|_| std::fs::write(&path, serde_json::to_string_pretty(&report).unwrap_or_default()));
+        match (kept, args.json) {
+            (Ok(()), false) => writeln!(stdout, "plan: {}", path.display())?,
+            (Ok(()), true) => {}
+            // The plan is printed already; a folder that cannot keep it costs only the report's copy.
+            (Err(e), _) => eprintln!("warning: could not keep the plan as {}: {e}", path.display()),
         }
     }
     Ok(())
@@ -254,6 +263,43 @@ pub fn sweep(args: &crate::cli::SweepArgs, log: &mut dyn Write) -> Result<bool> 
         jobs: args.jobs as usize,
         terminal: std::io::IsTerminal::is_terminal(&std::io::stderr()),
     };
+    use crate::cli::Backend;
+    match args.backend {
+        Backend::Local => anyhow::ensure!(
+            !args.submit && !args.status && args.emit.is_none(),
+            "--submit and --status are for --backend slurm, --emit for --backend k8s"
+        ),
+        Backend::Slurm => {
+            anyhow::ensure!(args.emit.is_none(), "--emit writes Kubernetes manifests: use it with --backend k8s");
+            if args.status {
+                return crate::fleet::slurm::status(&file, &opts, log);
+            }
+            let slurm = crate::fleet::slurm::SlurmOptions {
+                partition: args.partition.clone(),
+                account: args.account.clone(),
+                gres_template: args.gres_template.clone(),
+                gpu_gres: args.gpu_gres.clone(),
+                one_per_node: args.one_per_node,
+                submit: args.submit,
+            };
+            let exe = std::env::current_exe().context("finding this migprof for the job scripts")?;
+            crate::fleet::slurm::submit(&file, &opts, &slurm, &exe, log)?;
+            return Ok(true);
+        }
+        Backend::K8s => {
+            let Some(dir) = &args.emit else { anyhow::bail!("--backend k8s writes manifests: give --emit DIR (apply them with kubectl)") };
+            anyhow::ensure!(!args.submit && !args.status, "--submit and --status are for --backend slurm; apply the manifests with kubectl");
+            let k = crate::fleet::k8s::K8sOptions {
+                image: args.image.clone(),
+                namespace: args.namespace.clone(),
+                results_pvc: args.results_pvc.clone(),
+                strategy: args.mig_strategy,
+                one_per_node: args.one_per_node,
+            };
+            crate::fleet::k8s::emit(&file, &opts, &k, dir, log)?;
+            return Ok(true);
+        }
+    }
     if opts.dry_run {
         schedule::dry_run(&file, &opts, log)?;
         return Ok(true);
@@ -286,7 +332,7 @@ pub fn cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: &mut
     let result = (|| -> Result<String> {
         let cell = CellSpec::read(spec_path)?;
         let spec = cell.run_spec()?;
-        let device = cell.device.parse::<DeviceSpec>()?.open()?;
+        let device = if cell.scheduled { scheduled_device(&cell.device)? } else { cell.device.parse::<DeviceSpec>()?.open()? };
         crate::run::spec::check_device(std::slice::from_ref(&spec), &device)?;
         let context = RunContext {
             invocation_id: invocation.map(str::to_string).unwrap_or_else(|| provenance::run_id(provenance::now())),
@@ -330,6 +376,38 @@ pub fn cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: &mut
     }
 }
 
+/// The device a cluster's scheduler assigned to a cell that asked for `asked` (a MIG profile, `cuda`
+/// or `cpu`): the first visible one, which must be what was asked for.
+fn scheduled_device(asked: &str) -> Result<crate::device::OpenDevice> {
+    if asked == "cpu" {
+        return DeviceSpec::Cpu.open();
+    }
+    let device = DeviceSpec::Cuda.open()?;
+    let got = device.info.selected.as_ref().and_then(|s| s.mig.as_ref()).map(|m| m.profile.clone());
+    match (asked, got) {
+        ("cuda", None) => Ok(device),
+        ("cuda", Some(p)) => anyhow::bail!("the scheduler assigned a MIG {p} slice ({}); the target asks for a whole GPU", device.info.name),
+        (profile, Some(p)) if p == profile => Ok(device),
+        (profile, got) => anyhow::bail!(
+            "the scheduler assigned {} ({}); the target asks for a MIG {profile} slice",
+            device.info.name,
+            got.map_or("a whole GPU".to_string(), |p| format!("a {p} slice"))
+        ),
+    }
+}
+
+/// `migprof cell-ended`: the row of a cell whose `migprof cell` exited with `code` on a cluster,
+/// classified as a local sweep classifies its children (its log's last lines as the error).
+pub fn cell_ended(spec_path: &Path, out: &Path, invocation: &str, code: i32, log: Option<&Path>) -> Result<()> {
+    use crate::sweep::child::{classify, Exit};
+    let cell = crate::sweep::cell::CellSpec::read(spec_path)?;
+    let output = log.and_then(|l| std::fs::read_to_string(l).ok()).unwrap_or_default();
+    // A shell reports a process killed by signal N as 128 + N.
+    let exit = if code > 128 { Exit::Signal(code - 128) } else { Exit::Code(code) };
+    let ending = classify(&exit, &output, false, std::time::Duration::ZERO);
+    crate::sweep::schedule::record_failure(out, &cell, provenance::now(), &ending, invocation, &provenance::host())
+}
+
 /// Whether an error is an allocation failure: CUDA's, cuBLAS's, cuDNN's, candle's.
 fn is_out_of_memory(e: &anyhow::Error) -> bool {
     let text = format!("{e:#}");
@@ -363,6 +441,25 @@ pub fn report(dirs: &[std::path::PathBuf], out: Option<&Path>, format: crate::re
 /// The line that ends `run` and `sweep`: how to see the folder as a report.
 pub fn report_hint(dir: &Path) -> String {
     format!("report: migprof report {}", dir.display())
+}
+
+/// `migprof merge DIR... --out DIR`.
+pub fn merge(dirs: &[std::path::PathBuf], out: &Path, stdout: &mut dyn Write) -> Result<()> {
+    let m = crate::results::merge::merge(dirs, out)?;
+    for (cell, folders) in &m.cells_in_several {
+        writeln!(stdout, "cell {cell}: rows from {} (all kept)", folders.join(", "))?;
+    }
+    writeln!(
+        stdout,
+        "merged {} folder(s) into {}: {} part(s) copied, {} already there; {} cell(s) measured in more than one folder",
+        dirs.len(),
+        out.display(),
+        m.copied,
+        m.already,
+        m.cells_in_several.len()
+    )?;
+    writeln!(stdout, "{}", report_hint(out))?;
+    Ok(())
 }
 
 /// `migprof check DIR`: `Ok(false)` when it found a problem.

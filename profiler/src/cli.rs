@@ -48,6 +48,32 @@ pub enum Command {
         #[arg(long)]
         invocation: Option<String>,
     },
+    /// Write the row of a cell whose `migprof cell` failed on a cluster, as a local sweep would
+    /// (what a Slurm task or a Kubernetes pod runs after a failed cell).
+    #[command(hide = true)]
+    CellEnded {
+        #[arg(long)]
+        spec: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        invocation: String,
+        #[arg(long, allow_negative_numbers = true)]
+        exit_code: i32,
+        /// The cell's output, for the error's text.
+        #[arg(long)]
+        log: Option<PathBuf>,
+    },
+    /// Merge results folders (from several machines or clusters) into one: every part once (the
+    /// same run in two folders is copied once), and cells measured in more than one folder named.
+    Merge {
+        /// Results folders to merge.
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// The merged folder (created; parts already there stay).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Check every part of a results folder: each file readable and migprof's, one row per run, a
     /// sample per measured iteration; every problem named with its file.
     Check {
@@ -179,6 +205,53 @@ pub struct SweepArgs {
     /// Cells at once, never two on one device.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub jobs: u64,
+    /// Where cells run: here (`local`), as Slurm job arrays (`slurm`), or as Kubernetes indexed Jobs
+    /// (`k8s`, with --emit). Cluster targets name what to ask for: a MIG profile, `cuda` or `cpu`.
+    #[arg(long, value_enum, default_value = "local")]
+    pub backend: Backend,
+    /// Slurm: submit the job arrays with sbatch (without it they are written, not submitted); a rerun
+    /// submits only the cells neither done nor queued.
+    #[arg(long, conflicts_with = "status")]
+    pub submit: bool,
+    /// Slurm: which cells are done, queued, running, failed or missing, from the folder, squeue and
+    /// the tasks' exit markers.
+    #[arg(long)]
+    pub status: bool,
+    #[arg(long, help_heading = "Cluster backends")]
+    pub partition: Option<String>,
+    #[arg(long, help_heading = "Cluster backends")]
+    pub account: Option<String>,
+    /// Slurm `--gres` of a MIG target; `{profile}` is replaced by its profile.
+    #[arg(long, default_value = "gpu:{profile}:1", help_heading = "Cluster backends")]
+    pub gres_template: String,
+    /// Slurm `--gres` of a whole-GPU target.
+    #[arg(long, default_value = "gpu:1", help_heading = "Cluster backends")]
+    pub gpu_gres: String,
+    /// One cell per node at a time (Slurm `--exclusive`; a pod anti-affinity on Kubernetes).
+    #[arg(long, help_heading = "Cluster backends")]
+    pub one_per_node: bool,
+    /// Kubernetes: the folder to write the manifests to.
+    #[arg(long, help_heading = "Cluster backends")]
+    pub emit: Option<PathBuf>,
+    /// Kubernetes: the migprof image (scripts/Containerfile).
+    #[arg(long, default_value = "migprof:latest", help_heading = "Cluster backends")]
+    pub image: String,
+    #[arg(long, default_value = "default", help_heading = "Cluster backends")]
+    pub namespace: String,
+    /// Kubernetes: the PersistentVolumeClaim every pod writes its results to.
+    #[arg(long, default_value = "migprof-results", help_heading = "Cluster backends")]
+    pub results_pvc: String,
+    /// Kubernetes: how the device plugin exposes MIG slices.
+    #[arg(long, value_enum, default_value = "mixed", help_heading = "Cluster backends")]
+    pub mig_strategy: crate::fleet::k8s::MigStrategy,
+}
+
+/// Where a sweep's cells run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    Local,
+    Slurm,
+    K8s,
 }
 
 #[derive(Debug, Clone, Args)]

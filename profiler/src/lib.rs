@@ -5,6 +5,7 @@ pub mod app;
 pub mod capacity;
 pub mod cli;
 pub mod device;
+pub mod fleet;
 pub mod gpu;
 pub mod load;
 pub mod mig;

@@ -9,6 +9,10 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Sweep(args) => migprof::app::sweep(args, &mut stderr).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
         Command::Cell { spec, out, invocation } => migprof::app::cell(spec, out, invocation.as_deref(), &mut stdout),
+        Command::CellEnded { spec, out, invocation, exit_code, log } => {
+            migprof::app::cell_ended(spec, out, invocation, *exit_code, log.as_deref()).map(|_| ExitCode::SUCCESS)
+        }
+        Command::Merge { dirs, out } => migprof::app::merge(dirs, out, &mut stdout).map(|_| ExitCode::SUCCESS),
         Command::Check { dir } => migprof::app::check(dir, &mut stdout).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }),
         Command::Compare { dir, baseline, target, format } => {
             migprof::app::compare(dir, baseline, target, *format, &mut stdout).map(|_| ExitCode::SUCCESS)

@@ -211,7 +211,8 @@ fn whole_gpu(table: &ProfileTable, problem: &Problem) -> Result<HandPlan> {
 fn one_profile(table: &ProfileTable, problem: &Problem) -> Result<HandPlan> {
     let mut models = Vec::new();
     for (m, d) in &problem.demand {
-        let mut best: Option<HandModel> = None;
+        // The best so far and its instance slots left empty.
+        let mut best: Option<(HandModel, u32)> = None;
         for ((um, p), cap) in &problem.usable {
             if um != m {
                 continue;
@@ -222,12 +223,12 @@ fn one_profile(table: &ProfileTable, problem: &Problem) -> Result<HandPlan> {
             }
             let instances = (d / cap).ceil() as u32;
             let gpus = instances.div_ceil(per_gpu);
-            let candidate = HandModel { model: m.clone(), profile: p.clone(), instances, gpus };
-            if best.as_ref().is_none_or(|b| (gpus, gpus * per_gpu - instances) < (b.gpus, b.gpus * per_gpu - b.instances)) {
-                best = Some(candidate);
+            let empty = gpus * per_gpu - instances;
+            if best.as_ref().is_none_or(|(b, b_empty)| (gpus, empty) < (b.gpus, *b_empty)) {
+                best = Some((HandModel { model: m.clone(), profile: p.clone(), instances, gpus }, empty));
             }
         }
-        models.push(best.ok_or_else(|| anyhow::anyhow!("no capacity for {m}"))?);
+        models.push(best.map(|(b, _)| b).ok_or_else(|| anyhow::anyhow!("no capacity for {m}"))?);
     }
     Ok(HandPlan { gpus: models.iter().map(|m| m.gpus).sum(), models })
 }

@@ -77,14 +77,16 @@ pub fn from_csv(path: &Path) -> Result<Gathered> {
     Ok(Gathered { capacities, notes: Vec::new() })
 }
 
-/// The capacity rows of `dirs` measured for `slo_ms` (and `dtype`, when given); with
-/// `closed_loop`, estimates from their runs where no search measured a model on a profile.
-pub fn from_folders(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>, closed_loop: bool) -> Result<Gathered> {
+/// The capacity rows of `dirs` measured for `slo_ms` (and `dtype`, when given) on the GPU `product`
+/// (profile names are shared between GPUs: an A100's 3g.40gb is not an H100's); with `closed_loop`,
+/// estimates from their runs where no search measured a model on a profile.
+pub fn from_folders(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>, product: &str, closed_loop: bool) -> Result<Gathered> {
     let mut g = Gathered::default();
     // (model, profile, dtype) -> server settings (max batch, max delay) -> capacities found.
     type Found = BTreeMap<String, Vec<(f64, bool, Option<String>)>>;
     let mut found: BTreeMap<(String, String, String), Found> = BTreeMap::new();
     let mut other_slos = std::collections::BTreeSet::new();
+    let mut other_gpus = std::collections::BTreeSet::new();
     for dir in dirs {
         anyhow::ensure!(dir.is_dir(), "{}: no such results folder", dir.display());
         let df = read_table(dir, Table::Capacity)?;
@@ -93,6 +95,7 @@ pub fn from_folders(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>, closed_l
         let gpu = text_column(&df, "gpu_name")?;
         let (max_batch, max_delay) = (number_column(&df, "max_batch")?, number_column(&df, "max_delay_ms")?);
         let verdict = text_column(&df, "verdict")?;
+        let arrival = text_column(&df, "arrival")?;
         for i in 0..df.height() {
             if status[i].as_deref() != Some("ok") {
                 continue;
@@ -106,8 +109,17 @@ pub fn from_folders(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>, closed_l
             if dtype.is_some_and(|want| want != d) {
                 continue;
             }
+            if let Some(other) = gpu[i].as_deref().filter(|g| *g != product) {
+                other_gpus.insert(other.to_string());
+                continue;
+            }
             let key = (model[i].clone().unwrap_or_default(), profile[i].clone().unwrap_or_default(), d);
-            let settings = format!("max batch {}, max delay {} ms", max_batch[i].unwrap_or(0.0), max_delay[i].unwrap_or(0.0));
+            let settings = format!(
+                "{} arrivals, max batch {}, max delay {} ms",
+                arrival[i].as_deref().unwrap_or("?"),
+                max_batch[i].unwrap_or(0.0),
+                max_delay[i].unwrap_or(0.0)
+            );
             if let Some(v) = verdict[i].as_deref().filter(|v| *v != "ok") {
                 g.notes.push(format!(
                     "{} on {} ({settings}): steps of its search were `{v}` (see the load table's verdict and note): its capacity is what that machine gave, not the slice's best",
@@ -118,13 +130,19 @@ pub fn from_folders(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>, closed_l
             found.entry(key).or_default().entry(settings).or_default().push((qps[i].unwrap_or(0.0), emulated[i].as_deref() == Some("true"), gpu[i].clone()));
         }
     }
-    // A model on one profile measured at several dtypes needs --dtype to say which.
-    let mut dtypes_of: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-    for (m, p, d) in found.keys() {
-        dtypes_of.entry((m.clone(), p.clone())).or_default().push(d.clone());
+    // A model measured at several dtypes needs --dtype to say which: a plan serves it at one.
+    let mut dtypes_of: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for (m, _, d) in found.keys() {
+        dtypes_of.entry(m.clone()).or_default().insert(d.clone());
     }
-    if let Some(((m, p), ds)) = dtypes_of.iter().find(|(_, ds)| ds.len() > 1) {
-        bail!("{m} on {p} has capacities at several dtypes ({}): choose one with --dtype", ds.join(", "));
+    if let Some((m, ds)) = dtypes_of.iter().find(|(_, ds)| ds.len() > 1) {
+        bail!("{m} has capacities at several dtypes ({}): choose one with --dtype", ds.iter().cloned().collect::<Vec<_>>().join(", "));
+    }
+    if !other_gpus.is_empty() {
+        g.notes.push(format!(
+            "left out capacities measured on {} (the plan is for the {product})",
+            other_gpus.iter().cloned().collect::<Vec<_>>().join(", ")
+        ));
     }
     for ((model, profile, _), by_settings) in found {
         // Searches of the same settings are repeats: the lowest is what the settings can promise.
@@ -146,18 +164,21 @@ pub fn from_folders(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>, closed_l
         g.capacities.push(Capacity { model, profile, qps, source: Source::Measured { emulated }, gpu });
     }
     if closed_loop {
-        for c in closed_loop_estimates(dirs, slo_ms, dtype)? {
+        for c in closed_loop_estimates(dirs, slo_ms, dtype)?.into_iter().filter(|c| c.gpu.as_deref().is_none_or(|g| g == product)) {
             if !g.capacities.iter().any(|m| m.model == c.model && m.profile == c.profile) {
                 g.capacities.push(c);
             }
         }
     }
     if g.capacities.is_empty() {
-        let hint = if other_slos.is_empty() {
-            String::new()
-        } else {
-            format!(" (there are capacities for p99 ≤ {} ms)", other_slos.into_iter().collect::<Vec<_>>().join(", "))
-        };
+        let mut hints = Vec::new();
+        if !other_slos.is_empty() {
+            hints.push(format!("there are capacities for p99 ≤ {} ms", other_slos.into_iter().collect::<Vec<_>>().join(", ")));
+        }
+        if !other_gpus.is_empty() {
+            hints.push(format!("there are capacities measured on {}, not the {product}", other_gpus.into_iter().collect::<Vec<_>>().join(", ")));
+        }
+        let hint = if hints.is_empty() { String::new() } else { format!(" ({})", hints.join("; ")) };
         bail!(
             "no capacity measured for p99 ≤ {slo_ms} ms in {}{hint}: run `migprof load --model M --device D --search --slo-p99-ms {slo_ms}`, give --capacities FILE.csv, or ask for --closed-loop-estimates",
             dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
@@ -228,6 +249,28 @@ mod tests {
         assert!(e.contains("line 2") && e.contains("`fast`"), "{e}");
         std::fs::write(&path, "model,slice,qps\n")?;
         assert!(from_csv(&path).unwrap_err().to_string().contains("must name the columns model, profile and qps"));
+        Ok(())
+    }
+
+    #[test]
+    fn closed_loop_estimates_come_only_when_asked_and_labelled() -> Result<()> {
+        use crate::results::record::tests::fake_run;
+        use std::time::Duration;
+        let dir = tempfile::tempdir()?;
+        // Steps of 1 and 3 ms: p99 3 ms; batch 8 serves 4,000 samples/s, batch 1 500.
+        crate::results::store::write_run(dir.path(), &fake_run(8, 30, Duration::ZERO))?;
+        crate::results::store::write_run(dir.path(), &fake_run(1, 30, Duration::ZERO))?;
+        let dirs = [dir.path().to_path_buf()];
+        let e = from_folders(&dirs, 10.0, None, "cpu", false).unwrap_err().to_string();
+        assert!(e.contains("--closed-loop-estimates") && e.contains("migprof load"), "{e}");
+        let g = from_folders(&dirs, 10.0, None, "cpu", true)?;
+        assert_eq!(g.capacities.len(), 1);
+        let c = &g.capacities[0];
+        assert_eq!((c.model.as_str(), c.profile.as_str(), c.qps), ("resnet_tiny", "cpu", 4000.0));
+        assert_eq!(c.source, Source::ClosedLoop { emulated: false, batch: 8 });
+        assert!(c.source.describe().contains("closed-loop estimate at batch 8"));
+        // Doubled, a p99 of 3 ms does not fit 5 ms: no estimate.
+        assert!(from_folders(&dirs, 5.0, None, "cpu", true).is_err());
         Ok(())
     }
 }

@@ -55,11 +55,17 @@ pub fn search(runner: &mut dyn StepRunner, plan: SearchPlan) -> Result<SearchOut
             high = Some(high.map_or(qps, |h: f64| h.min(qps)));
         }
         qps = match (low, high) {
+            (Some(l), Some(h)) if h < l => {
+                note = Some(format!(
+                    "{h:.1} requests/s failed after {l:.1} passed: at the knee, noise decides; the capacity is the highest rate that passed"
+                ));
+                break;
+            }
             (Some(l), Some(h)) if h / l - 1.0 <= plan.resolution => break,
             (Some(l), Some(h)) => (l * h).sqrt(),
             (Some(l), None) => l * 2.0,
             (None, Some(h)) if h / 2.0 < plan.floor_qps => {
-                note = Some(format!("no rate from {:.3} requests/s up met the objective", plan.floor_qps.min(h)));
+                note = Some(format!("no rate tried, down to {h:.3} requests/s, met the objective"));
                 break;
             }
             (None, Some(h)) => h / 2.0,
@@ -101,7 +107,7 @@ mod tests {
         }
         let out = search(&mut Threshold(0.5), plan(100.0))?;
         assert_eq!(out.capacity_qps, None);
-        assert!(out.note.unwrap().contains("no rate from"));
+        assert!(out.note.unwrap().contains("no rate tried"));
         Ok(())
     }
 

@@ -199,6 +199,8 @@ pub fn drive(
                 objective.p99.as_secs_f64() * 1e3
             ));
             unfinished_ns = ages(waiting, warmup, done);
+            // Nothing after this was sent.
+            end = next + waiting.len();
             break;
         }
         if latencies_ns.len() >= next_check && end == arrivals.len() {
@@ -221,6 +223,7 @@ pub fn drive(
                         ms.len()
                     ));
                     unfinished_ns = ages(waiting, warmup, done);
+                    end = next + waiting.len();
                     break;
                 }
             }
@@ -247,28 +250,37 @@ pub fn drive(
 pub const GROWTH_HORIZON: Duration = Duration::from_secs(60);
 
 /// How fast latency grows with arrival time (seconds per second), counting only growth beyond twice
-/// its standard error: the least-squares slope less two errors, at least 0. About 0 when the model
-/// keeps up (a stable queue's slope is noise); the rate's excess over what it serves, as a share of
-/// that, when not.
+/// its standard error: the slope of latency against arrival time, less two errors, at least 0. About
+/// 0 when the model keeps up; the rate's excess over what it serves, as a share of that, when not.
+///
+/// Latencies behind a queue are correlated (a burst delays everyone after it), so the slope is fitted
+/// to the means of 20 consecutive groups of requests, whose errors are far closer to independent than
+/// the requests' own; with fewer than 100 requests it says 0.
 pub fn growth(arrivals: &[Duration], latencies_ns: &[u64]) -> f64 {
+    const GROUPS: usize = 20;
     let n = arrivals.len().min(latencies_ns.len());
-    if n < 3 {
+    if n < 5 * GROUPS {
         return 0.0;
     }
-    let t: Vec<f64> = arrivals[..n].iter().map(Duration::as_secs_f64).collect();
-    let l: Vec<f64> = latencies_ns[..n].iter().map(|&x| x as f64 / 1e9).collect();
-    let (mt, ml) = (t.iter().sum::<f64>() / n as f64, l.iter().sum::<f64>() / n as f64);
-    let (mut sxy, mut sxx) = (0.0, 0.0);
-    for (x, y) in t.iter().zip(&l) {
-        sxy += (x - mt) * (y - ml);
-        sxx += (x - mt) * (x - mt);
-    }
+    // Requests in order of arrival (they are served in that order, so this is the order served).
+    let mut pairs: Vec<(f64, f64)> = (0..n).map(|i| (arrivals[i].as_secs_f64(), latencies_ns[i] as f64 / 1e9)).collect();
+    pairs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let points: Vec<(f64, f64)> = (0..GROUPS)
+        .map(|g| {
+            let part = &pairs[g * n / GROUPS..(g + 1) * n / GROUPS];
+            let k = part.len() as f64;
+            (part.iter().map(|p| p.0).sum::<f64>() / k, part.iter().map(|p| p.1).sum::<f64>() / k)
+        })
+        .collect();
+    let m = points.len() as f64;
+    let (mt, ml) = (points.iter().map(|p| p.0).sum::<f64>() / m, points.iter().map(|p| p.1).sum::<f64>() / m);
+    let sxx: f64 = points.iter().map(|p| (p.0 - mt).powi(2)).sum();
     if sxx <= 0.0 {
         return 0.0;
     }
-    let slope = sxy / sxx;
-    let residual: f64 = t.iter().zip(&l).map(|(x, y)| (y - ml - slope * (x - mt)).powi(2)).sum();
-    let se = (residual / (n - 2) as f64 / sxx).sqrt();
+    let slope = points.iter().map(|p| (p.0 - mt) * (p.1 - ml)).sum::<f64>() / sxx;
+    let residual: f64 = points.iter().map(|p| (p.1 - ml - slope * (p.0 - mt)).powi(2)).sum();
+    let se = (residual / (m - 2.0) / sxx).sqrt();
     (slope - 2.0 * se).max(0.0)
 }
 

@@ -39,8 +39,9 @@ pub struct Service {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
-    /// Batches that took over [`STALL`] times the median and 10 ms more: pauses of the model's
-    /// step (the host, the driver, the GPU), not queueing; each holds every request behind it.
+    /// Batches that took over [`STALL`] times the median of their size and 10 ms more: pauses of
+    /// the model's step (the host, the driver, the GPU), not queueing; each holds every request
+    /// behind it.
     pub stalled: usize,
 }
 
@@ -55,8 +56,28 @@ impl Service {
         }
         ms.sort_by(f64::total_cmp);
         let at = |q: f64| ms[((ms.len() - 1) as f64 * q).round() as usize];
-        let p50 = at(0.5);
-        Service { p50_ms: p50, p99_ms: at(0.99), max_ms: ms[ms.len() - 1], stalled: ms.iter().filter(|&&m| m > STALL * p50 && m > p50 + 10.0).count() }
+        // A full batch takes longer than a single request: each batch is judged against the median
+        // of its own size, or, for sizes too rare to have one, against the slowest typical size.
+        let mut by_size: std::collections::BTreeMap<usize, Vec<f64>> = std::collections::BTreeMap::new();
+        for b in &served.batches {
+            by_size.entry(b.size).or_default().push((b.done - b.dispatched).as_secs_f64() * 1e3);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let typical: std::collections::BTreeMap<usize, f64> = by_size.iter().filter(|(_, v)| v.len() >= 5).map(|(s, v)| (*s, median(&mut v.clone()))).collect();
+        let slowest = typical.values().copied().fold(at(0.5), f64::max);
+        let stalled = served
+            .batches
+            .iter()
+            .filter(|b| {
+                let m = (b.done - b.dispatched).as_secs_f64() * 1e3;
+                let norm = typical.get(&b.size).copied().unwrap_or(slowest);
+                m > STALL * norm && m > norm + 10.0
+            })
+            .count();
+        Service { p50_ms: at(0.5), p99_ms: at(0.99), max_ms: ms[ms.len() - 1], stalled }
     }
 }
 

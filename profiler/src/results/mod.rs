@@ -4,6 +4,7 @@
 
 pub mod check;
 pub mod compare;
+pub mod merge;
 pub mod evidence;
 pub mod plot;
 pub mod record;

@@ -80,6 +80,10 @@ pub struct CellSpec {
     /// highest rate within the settings' p99 objective (`load` and `capacity` rows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load: Option<crate::load::record::LoadSettings>,
+    /// Run by a cluster's scheduler: `device` says what was asked for (a MIG profile, `cuda`,
+    /// `cpu`), and the cell runs on the first device the scheduler made visible (not part of the id).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub scheduled: bool,
 }
 
 /// Why a cell runs.
@@ -192,6 +196,7 @@ impl CellSpec {
             neighbours: Vec::new(),
             baseline: false,
             load: None,
+            scheduled: false,
         })
     }
 
@@ -290,6 +295,7 @@ pub(crate) mod tests {
             neighbours: Vec::new(),
             baseline: false,
             load: None,
+            scheduled: false,
         }
     }
 

@@ -170,6 +170,10 @@ pub struct Target {
     /// one; none: the one with the most SMs). Recorded in its rows as `baseline`.
     #[serde(default)]
     pub baseline: bool,
+    /// On a cluster backend: the GPU product to run on, as the scheduler names it (the Kubernetes
+    /// label `nvidia.com/gpu.product`, e.g. `NVIDIA-H100-80GB-HBM3`; a Slurm feature).
+    #[serde(default)]
+    pub product: Option<String>,
 }
 
 fn yes() -> bool {

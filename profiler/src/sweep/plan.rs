@@ -175,6 +175,7 @@ fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
         neighbours: Vec::new(),
         baseline: target.baseline,
         load: None,
+        scheduled: false,
     }
 }
 

@@ -95,6 +95,21 @@ fn done_cells(out: &Path, retry_oom: bool) -> Result<HashMap<String, Status>> {
     Ok(done)
 }
 
+/// The status of each cell id's latest row in `runs` and `capacity`.
+pub fn row_statuses(out: &Path) -> Result<HashMap<String, String>> {
+    let mut latest = HashMap::new();
+    for table in [Table::Runs, Table::Capacity] {
+        let rows = read_table(out, table)?;
+        let (Ok(ids), Ok(statuses)) = (rows.column("cell_id"), rows.column("status")) else { continue };
+        for (id, status) in ids.str()?.iter().zip(statuses.str()?.iter()) {
+            if let (Some(id), Some(status)) = (id, status) {
+                latest.insert(id.to_string(), status.to_string());
+            }
+        }
+    }
+    Ok(latest)
+}
+
 /// Which physical device a target's device string names: the MIG or GPU UUID when NVML knows it, so
 /// that "0" and "GPU-…" never run at once; the string itself otherwise.
 fn device_key(device: &str) -> String {
@@ -504,7 +519,7 @@ fn start_cell(exe: &Path, out: &Path, cell: &CellSpec, timeout: Duration, invoca
     child::start(exe, &spec, out, &out.join("logs").join(format!("{id}.log")), timeout, invocation_id, env)
 }
 
-fn record_failure(out: &Path, cell: &CellSpec, started: chrono::DateTime<chrono::Utc>, ending: &Ending, invocation_id: &str, host: &str) -> Result<()> {
+pub(crate) fn record_failure(out: &Path, cell: &CellSpec, started: chrono::DateTime<chrono::Utc>, ending: &Ending, invocation_id: &str, host: &str) -> Result<()> {
     let failure = Failure {
         run_id: provenance::run_id(started),
         invocation_id: invocation_id.to_string(),
