@@ -104,6 +104,7 @@ pub fn load(args: &crate::cli::LoadArgs, log: &mut dyn Write) -> Result<crate::l
     let device_spec = device_or_default(args.device.as_ref(), log)?;
     let device = device_spec.open()?;
     crate::run::spec::check_device(std::slice::from_ref(&spec), &device)?;
+    crate::run::preflight::check(std::slice::from_ref(&spec), &device)?;
     std::fs::create_dir_all(&args.out).with_context(|| format!("cannot use {} as the results folder", args.out.display()))?;
     let context = RunContext::new_invocation(&device.info);
     let mut cell = crate::sweep::cell::CellSpec::of_run(&spec, &device.info.name, &device_spec.to_string())?;
@@ -281,6 +282,7 @@ pub fn sweep(args: &crate::cli::SweepArgs, log: &mut dyn Write) -> Result<bool> 
                 gpu_gres: args.gpu_gres.clone(),
                 one_per_node: args.one_per_node,
                 submit: args.submit,
+                timeout_secs: file.defaults.timeout_secs,
             };
             let exe = std::env::current_exe().context("finding this migprof for the job scripts")?;
             crate::fleet::slurm::submit(&file, &opts, &slurm, &exe, log)?;
@@ -295,6 +297,7 @@ pub fn sweep(args: &crate::cli::SweepArgs, log: &mut dyn Write) -> Result<bool> 
                 results_pvc: args.results_pvc.clone(),
                 strategy: args.mig_strategy,
                 one_per_node: args.one_per_node,
+                timeout_secs: file.defaults.timeout_secs,
             };
             crate::fleet::k8s::emit(&file, &opts, &k, dir, log)?;
             return Ok(true);

@@ -277,7 +277,7 @@ pub struct LoadArgs {
     #[arg(long, value_enum, default_value_t = crate::load::record::DEFAULTS.arrival)]
     pub arrival: crate::load::arrival::Arrival,
     /// The batcher's largest batch.
-    #[arg(long, default_value_t = crate::load::record::DEFAULTS.max_batch, value_parser = parse_batch)]
+    #[arg(long, default_value_t = crate::load::record::DEFAULTS.max_batch, value_parser = parse_max_batch)]
     pub max_batch: usize,
     /// The longest a batch waits for more requests once its first has arrived (and the model is free).
     #[arg(long, default_value_t = crate::load::record::DEFAULTS.max_delay_ms, value_parser = parse_non_negative)]
@@ -552,6 +552,13 @@ fn parse_batch(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(b) if b > 0 => Ok(b),
         _ => Err(format!("batch sizes are positive integers, comma-separated (e.g. --batch 1,8,32); got `{s}`")),
+    }
+}
+
+fn parse_max_batch(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(b) if b > 0 => Ok(b),
+        _ => Err(format!("the batcher's largest batch is one positive integer (e.g. --max-batch 32); got `{s}`")),
     }
 }
 

@@ -123,14 +123,30 @@ pub fn plan(table: &ProfileTable, gathered: &Gathered, demand: &[(String, f64)],
         notes.push(format!("capacities were measured on a {other}, the plan is for the {}: the same profile names may not mean the same speed", table.product));
     }
     for (m, _) in demand {
-        if !usable.keys().any(|(um, _)| um == m) {
+        if usable.keys().any(|(um, _)| um == m) {
+            continue;
+        }
+        let mine: Vec<&Capacity> = gathered.capacities.iter().filter(|c| c.model == *m).collect();
+        if mine.is_empty() {
             let have: std::collections::BTreeSet<&str> = gathered.capacities.iter().map(|c| c.model.as_str()).collect();
             bail!(
-                "no capacity for {m} on any profile of the {}: the capacities given are for {}",
-                table.product,
+                "no capacity for {m}: the capacities given are for {}",
                 if have.is_empty() { "no model".to_string() } else { have.into_iter().collect::<Vec<_>>().join(", ") }
             );
         }
+        let (here, elsewhere): (Vec<&&Capacity>, Vec<&&Capacity>) = mine.iter().partition(|c| c.profile == FULL || known.contains(&c.profile.as_str()));
+        let mut why = Vec::new();
+        if !elsewhere.is_empty() {
+            why.push(format!(
+                "its capacities on {} are for no profile of this GPU (its profiles: {})",
+                elsewhere.iter().map(|c| c.profile.as_str()).collect::<Vec<_>>().join(", "),
+                known.join(", ")
+            ));
+        }
+        if !here.is_empty() {
+            why.push(format!("on {} no rate met the objective (capacity 0)", here.iter().map(|c| c.profile.as_str()).collect::<Vec<_>>().join(", ")));
+        }
+        bail!("no usable capacity for {m} on the {}: {}", table.product, why.join("; "));
     }
     let unserved: Vec<&str> = known.iter().copied().filter(|p| !usable.keys().any(|(_, up)| up == p)).collect();
     if !unserved.is_empty() {
@@ -188,8 +204,8 @@ fn spare_lines(fleet: &FleetPlan, problem: &Problem) -> Vec<Spare> {
         .collect()
 }
 
-/// Each model on whole GPUs of its own: MIG off where its whole-GPU capacity is known, else the
-/// largest profile it has a capacity on.
+/// Each model on whole GPUs of its own: MIG off where its whole-GPU capacity is known, else one
+/// instance per GPU of the largest profile it has a capacity on (a whole GPU where that is the 7g).
 fn whole_gpu(table: &ProfileTable, problem: &Problem) -> Result<HandPlan> {
     let mut models = Vec::new();
     for (m, d) in &problem.demand {
@@ -268,7 +284,11 @@ impl Report {
         }
         let _ = writeln!(o, "\nBy hand, for comparison:");
         for (name, hand) in [("a whole GPU per model", &self.whole_gpu_per_model), ("one profile per model", &self.one_profile_per_model)] {
-            let detail: Vec<String> = hand.models.iter().map(|m| format!("{} on {} {}×{}", m.model, m.gpus, m.profile, m.instances)).collect();
+            let detail: Vec<String> = hand
+                .models
+                .iter()
+                .map(|m| format!("{}: {} instance(s) of {} on {} GPU(s)", m.model, m.instances, if m.profile == FULL { "a whole GPU" } else { &m.profile }, m.gpus))
+                .collect();
             let _ = writeln!(o, "  {name}: {} GPU(s) ({})", hand.gpus, detail.join("; "));
         }
         let best_hand = self.whole_gpu_per_model.gpus.min(self.one_profile_per_model.gpus);
@@ -360,5 +380,11 @@ mod tests {
         let gathered = Gathered { capacities: vec![measured("resnet50", "1g.10gb", 900.0, false)], notes: Vec::new() };
         let e = plan(&table, &gathered, &[("bert_base".into(), 10.0)], 50.0, 0.8).unwrap_err().to_string();
         assert!(e.contains("no capacity for bert_base") && e.contains("resnet50"), "{e}");
+        let cpu = Gathered { capacities: vec![measured("resnet50", "cpu", 900.0, false)], notes: Vec::new() };
+        let e = plan(&table, &cpu, &[("resnet50".into(), 10.0)], 50.0, 0.8).unwrap_err().to_string();
+        assert!(e.contains("capacities on cpu are for no profile of this GPU") && e.contains("3g.40gb"), "{e}");
+        let zero = Gathered { capacities: vec![measured("resnet50", "1g.10gb", 0.0, false)], notes: Vec::new() };
+        let e = plan(&table, &zero, &[("resnet50".into(), 10.0)], 50.0, 0.8).unwrap_err().to_string();
+        assert!(e.contains("no rate met the objective"), "{e}");
     }
 }

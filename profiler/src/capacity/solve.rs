@@ -32,8 +32,19 @@ impl Layout {
         self.profiles.iter().filter(|p| *p == profile).count() as u32
     }
 
+    /// `3g.40gb + 4 × 1g.10gb`, or MIG off.
     pub fn describe(&self) -> String {
-        if self.mig_enabled() { self.profiles.join(" + ") } else { "MIG off (whole GPU)".into() }
+        if !self.mig_enabled() {
+            return "MIG off (whole GPU)".into();
+        }
+        let mut parts: Vec<(String, usize)> = Vec::new();
+        for p in &self.profiles {
+            match parts.last_mut() {
+                Some((last, n)) if last == p => *n += 1,
+                _ => parts.push((p.clone(), 1)),
+            }
+        }
+        parts.iter().map(|(p, n)| if *n == 1 { p.clone() } else { format!("{n} × {p}") }).collect::<Vec<_>>().join(" + ")
     }
 }
 

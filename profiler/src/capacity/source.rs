@@ -72,6 +72,9 @@ pub fn from_csv(path: &Path) -> Result<Gathered> {
         if get(m).is_empty() || get(p).is_empty() {
             bail!("{} line {}: model and profile must not be empty", path.display(), i + 1);
         }
+        if capacities.iter().any(|c: &Capacity| c.model == get(m) && c.profile == get(p)) {
+            bail!("{} line {}: a second row for {} on {}: give each model and profile once", path.display(), i + 1, get(m), get(p));
+        }
         capacities.push(Capacity { model: get(m).into(), profile: get(p).into(), qps, source: Source::Csv, gpu: None });
     }
     Ok(Gathered { capacities, notes: Vec::new() })

@@ -33,6 +33,8 @@ pub struct K8sOptions {
     pub strategy: MigStrategy,
     /// One pod per node at a time (a pod anti-affinity on the sweep's label).
     pub one_per_node: bool,
+    /// The sweep's `timeout_secs`: each pod's deadline.
+    pub timeout_secs: f64,
 }
 
 /// Where the specs are mounted and the results volume is, inside the pod.
@@ -95,6 +97,8 @@ pub fn manifests(sweep: &str, label: &str, request: &Request, cells: &[CellSpec]
     };
     let mut pod_spec = json!({
         "restartPolicy": "Never",
+        // The sweep's per-cell timeout, with a minute for the pod around the cell.
+        "activeDeadlineSeconds": k.timeout_secs.ceil() as u64 + 60,
         "containers": [{
             "name": "cell",
             "image": k.image,
@@ -131,7 +135,9 @@ pub fn manifests(sweep: &str, label: &str, request: &Request, cells: &[CellSpec]
         "spec": {
             "completionMode": "Indexed",
             "completions": cells.len(),
-            "parallelism": cells.len(),
+            // Cells of a GPU target each get a device of their own; CPU cells would share a node's
+            // cores and disturb each other, so they run one at a time, as a local sweep runs them.
+            "parallelism": if matches!(request, Request::Cpu) { 1 } else { cells.len() },
             "backoffLimit": 0,
             "template": { "metadata": { "labels": labels }, "spec": pod_spec },
         },
@@ -144,7 +150,7 @@ mod tests {
     use super::*;
 
     fn options(strategy: MigStrategy) -> K8sOptions {
-        K8sOptions { image: "registry.example/migprof:0.1".into(), namespace: "bench".into(), results_pvc: "migprof-results".into(), strategy, one_per_node: true }
+        K8sOptions { image: "registry.example/migprof:0.1".into(), namespace: "bench".into(), results_pvc: "migprof-results".into(), strategy, one_per_node: true, timeout_secs: 600.0 }
     }
 
     #[test]
@@ -162,6 +168,10 @@ mod tests {
         assert!(pod["containers"][0]["args"][0].as_str().unwrap().contains("$JOB_COMPLETION_INDEX"));
         assert_eq!(pod["volumes"][1]["persistentVolumeClaim"]["claimName"], "migprof-results");
         assert!(pod["affinity"]["podAntiAffinity"].is_object());
+        assert_eq!(pod["activeDeadlineSeconds"], 660);
+        assert_eq!(job["spec"]["parallelism"], 2);
+        let cpu = manifests("slices", "cpu", &Request::Cpu, &cells, "inv", &options(MigStrategy::Mixed))?;
+        assert_eq!(cpu[1]["spec"]["parallelism"], 1);
         let single = manifests("slices", "3g", &mig, &cells, "inv", &options(MigStrategy::Single))?;
         let pod = &single[1]["spec"]["template"]["spec"];
         assert_eq!(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], 1);

@@ -27,7 +27,13 @@ impl Request {
             "cpu" if product.is_some() => bail!("{at}: a CPU target takes no product"),
             "cpu" => Ok(Request::Cpu),
             "cuda" => Ok(Request::Gpu { product }),
-            _ if is_profile => Ok(Request::Mig { profile: d.to_string(), product }),
+            _ if is_profile => {
+                let known = known_profiles();
+                if !known.contains(d) {
+                    bail!("{at}: no known GPU has a MIG profile `{d}`; profiles of the checked-in tables: {}", known.into_iter().collect::<Vec<_>>().join(", "));
+                }
+                Ok(Request::Mig { profile: d.to_string(), product })
+            }
             _ if d.starts_with("mps:") => bail!("{at}: on a cluster, emulated slices are not scheduled resources; ask for a MIG profile (\"3g.40gb\") or a whole GPU (\"cuda\")"),
             _ => bail!(
                 "{at}: on a cluster the scheduler picks the device, and a cell runs on the one it assigned; name what to ask for instead: a MIG profile (\"3g.40gb\"), a whole GPU (\"cuda\", with product = \"NVIDIA-H100-80GB-HBM3\" to pick the GPU model) or \"cpu\""
@@ -42,6 +48,15 @@ impl Request {
             Request::Gpu { .. } | Request::Mig { .. } => "cuda",
         }
     }
+}
+
+/// Every profile name of the checked-in GPU tables.
+fn known_profiles() -> std::collections::BTreeSet<String> {
+    crate::mig::profile::GPUS
+        .iter()
+        .filter_map(|(gpu, _)| crate::mig::profile::table(gpu).ok())
+        .flat_map(|t| t.profiles.into_iter().map(|p| p.name))
+        .collect()
 }
 
 #[cfg(test)]
@@ -66,5 +81,7 @@ mod tests {
             assert!(e.contains("the scheduler picks the device") && e.contains("3g.40gb"), "{device}: {e}");
         }
         assert!(Request::of(&target("mps:3g.40gb", None)).unwrap_err().to_string().contains("emulated slices"));
+        let e = Request::of(&target("3g.41gb", None)).unwrap_err().to_string();
+        assert!(e.contains("no known GPU has a MIG profile `3g.41gb`") && e.contains("3g.40gb"), "{e}");
     }
 }

@@ -31,6 +31,8 @@ pub struct SlurmOptions {
     /// One task per node at a time (`--exclusive`): neighbours change results.
     pub one_per_node: bool,
     pub submit: bool,
+    /// The sweep's `timeout_secs`: each task's time limit.
+    pub timeout_secs: f64,
 }
 
 /// What `jobs.json` keeps of each submitted array.
@@ -260,6 +262,8 @@ fn script_text(sweep: &str, label: &str, request: &Request, cells: &[CellSpec], 
     if o.one_per_node {
         directive("--exclusive".into());
     }
+    // The sweep's per-cell timeout, with a minute for the process around the cell.
+    directive(format!("--time={}", (o.timeout_secs / 60.0).ceil() as u64 + 1));
     let ids: Vec<String> = cells.iter().map(CellSpec::cell_id).collect();
     s.push_str(&format!(
         r#"# migprof sweep `{sweep}`, target `{label}`: one cell per array task (written by migprof {version}).
@@ -295,7 +299,7 @@ mod tests {
     use super::*;
 
     fn options() -> SlurmOptions {
-        SlurmOptions { partition: Some("gpu".into()), account: None, gres_template: "gpu:{profile}:1".into(), gpu_gres: "gpu:1".into(), one_per_node: true, submit: false }
+        SlurmOptions { partition: Some("gpu".into()), account: None, gres_template: "gpu:{profile}:1".into(), gpu_gres: "gpu:1".into(), one_per_node: true, submit: false, timeout_secs: 600.0 }
     }
 
     #[test]
@@ -309,6 +313,7 @@ mod tests {
             "#SBATCH --constraint=NVIDIA-H100-80GB-HBM3",
             "#SBATCH --partition=gpu",
             "#SBATCH --exclusive",
+            "#SBATCH --time=11",
             "#SBATCH --output=/r/slurm/logs/3g-%A_%a.out",
             "\"/opt/migprof\" cell --spec \"$spec\" --out \"/r\" --invocation \"inv\"",
             "cell-ended",

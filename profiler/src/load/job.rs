@@ -110,9 +110,25 @@ pub fn run(job: Job, device: &OpenDevice, context: &RunContext, cell: &CellIdent
             });
             let verdict = steps.steps.iter().map(Step::verdict).min().unwrap_or(crate::load::step::StepVerdict::Ok);
             record::write_capacity(out, &id, &Capacity { capacity_id: &capacity_id, started, outcome: &outcome, closed_loop_qps, p99_at_capacity_ms, verdict: verdict.as_str() })?;
+            let trust = if verdict == crate::load::step::StepVerdict::Ok { String::new() } else { format!("; verdict {}: see the steps' notes", verdict.as_str()) };
             match outcome.capacity_qps {
-                Some(c) => writeln!(steps.log, "capacity: {c:.1} requests/s within p99 {} ms (bracket to {:.1}; {} steps)", settings.slo_p99_ms.unwrap_or_default(), outcome.high.unwrap_or(f64::NAN), outcome.steps.len())?,
-                None => writeln!(steps.log, "capacity: none: {}", outcome.note.clone().unwrap_or_default())?,
+                Some(c) => writeln!(
+                    steps.log,
+                    "capacity: {c:.1} requests/s within p99 {} ms ({} failed; {} steps{trust})",
+                    settings.slo_p99_ms.unwrap_or_default(),
+                    outcome.high.map_or("no rate".to_string(), |h| format!("{h:.1}")),
+                    outcome.steps.len()
+                )?,
+                None => {
+                    // The objective may be below what a lone request takes.
+                    let fastest = steps.steps.iter().map(|s| s.service.p50_ms).fold(f64::INFINITY, f64::min);
+                    writeln!(
+                        steps.log,
+                        "capacity: none: {}; a batch took {fastest:.2} ms at the lowest rate tried, and a request may wait up to --max-delay-ms {} for others: an objective near or below their sum cannot be met{trust}",
+                        outcome.note.clone().unwrap_or_default(),
+                        settings.max_delay_ms
+                    )?
+                }
             }
             Some(outcome.capacity_qps)
         }

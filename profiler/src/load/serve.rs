@@ -194,7 +194,7 @@ pub fn drive(
         let waiting_over = waiting.iter().filter(|&&a| a >= warmup && a + objective.p99 < done).count();
         if over + waiting_over > allowed_over {
             ending = Ending::Over(format!(
-                "{} of {planned} requests over the {:.1} ms objective, more than the {allowed_over} a p99 within it allows",
+                "{} of the step's {planned} planned requests were already over the {:.1} ms objective, more than the {allowed_over} a p99 within it allows",
                 over + waiting_over,
                 objective.p99.as_secs_f64() * 1e3
             ));

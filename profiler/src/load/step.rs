@@ -20,7 +20,8 @@ pub struct Step {
     /// Over served and unfinished requests alike.
     pub stats: LatencyStats,
     pub p99_interval: Estimate,
-    /// Measured requests served per second of the measured window.
+    /// Requests the model completed per second of the measured window (warm-up requests it was
+    /// still working through included: the server's rate, not the measured requests').
     pub achieved_qps: f64,
     /// Whether the p99 met the objective; `None` without one.
     pub meets: Option<bool>,
@@ -117,11 +118,14 @@ impl Step {
         let ms: Vec<f64> = all.iter().map(|&l| l as f64 / 1e6).collect();
         let p99_interval = quantile_interval(&ms, 0.99);
         let window = served.window.as_secs_f64();
-        let achieved_qps = if window > 0.0 { served.latencies_ns.len() as f64 / window } else { 0.0 };
+        let last_done = served.batches.last().map_or(Duration::ZERO, |b| b.done);
+        let start = last_done.saturating_sub(served.window);
+        let completed: usize = served.batches.iter().filter(|b| b.done >= start).map(|b| b.size).sum();
+        let achieved_qps = if window > 0.0 { completed as f64 / window } else { 0.0 };
         let mut notes = Vec::new();
         if !served.unfinished_ns.is_empty() {
             notes.push(format!(
-                "{} request(s) still queued when the step stopped count at their age then: the percentiles are lower bounds",
+                "{} measured request(s) were still queued when the step stopped; each counts at its age then, so the percentiles are lower bounds",
                 served.unfinished_ns.len()
             ));
         }
@@ -218,15 +222,19 @@ impl Step {
         let ms = |ns: u64| ns as f64 / 1e6;
         let (q_mean, q_max) = self.queue_at_dispatch();
         let mut line = format!(
-            "offered {:.1}/s, served {}, {} requests: p50 {:.2} ms, p99 {:.2} ms{}, mean batch {:.1}, queue {:.1} (max {q_max})",
+            "offered {:.1}/s, served {:.1}/s, {} measured request(s){}: p50 {:.2} ms, p99 {:.2} ms{}, mean batch {:.1}, queue {:.1} (max {q_max})",
             self.offered_qps,
-            if self.served.latencies_ns.is_empty() { "none yet".to_string() } else { format!("{:.1}/s", self.achieved_qps) },
-            self.served.latencies_ns.len() + self.served.unfinished_ns.len(),
+            self.achieved_qps,
+            self.served.latencies_ns.len(),
+            match self.served.unfinished_ns.len() {
+                0 => String::new(),
+                n => format!(" + {n} still queued"),
+            },
             ms(self.stats.p50_ns),
             ms(self.stats.p99_ns),
             match &self.p99_interval {
                 Ok(i) => format!(" [{:.2}, {:.2}]", i.low, i.high),
-                Err(_) => String::new(),
+                Err(why) => format!(" (no interval: {why})"),
             },
             self.mean_batch(),
             q_mean
@@ -268,7 +276,8 @@ mod tests {
         let ms = |m: f64| Duration::from_secs_f64(m / 1e3);
         let s = Step::new(1000.0, served(&lat, Ending::Schedule), Some(ms(20.0)))?;
         assert_eq!((s.meets, s.note.clone()), (Some(true), None));
-        assert_eq!(s.achieved_qps, 1000.0);
+        // One batch of 3 completed in the 2 s window.
+        assert_eq!(s.achieved_qps, 1.5);
         assert_eq!(Step::new(1000.0, served(&lat, Ending::Schedule), Some(ms(5.0)))?.meets, Some(false));
         let near = Step::new(1000.0, served(&lat, Ending::Schedule), Some(ms(9.9)))?;
         assert!(near.note.as_deref().unwrap_or("").contains("decided on the estimate"), "{:?} {:?}", near.note, near.p99_interval);

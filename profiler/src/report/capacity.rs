@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-use super::chart::{Chart, Point, Scale, Series};
+use super::chart::{scale_for, Chart, Point, Series};
 use super::data::{read_rows, Row};
 use super::sections::{fmt, slug, table};
 use super::{Block, Section};
@@ -98,8 +98,9 @@ impl Serving {
                 title: &title,
                 x_label: "offered requests/s",
                 y_label: "p99 latency (ms)",
-                x_scale: Scale::Log,
-                y_scale: Scale::Log,
+                // Log only where the data spans more than a decade: a narrower log axis has no ticks.
+                x_scale: scale_for(steps.iter().filter_map(|r| r.n("offered_qps"))),
+                y_scale: scale_for(steps.iter().filter_map(|r| r.n("p99_ms")).chain(slo.parse().ok())),
                 series: &series,
                 diagonal: false,
                 markers: true,
