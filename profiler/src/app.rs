@@ -136,12 +136,7 @@ pub fn load(args: &crate::cli::LoadArgs, log: &mut dyn Write) -> Result<crate::l
 /// `migprof capacity`: the capacities, the plan, the hand plans; the layouts file when asked for.
 pub fn capacity(args: &crate::cli::CapacityArgs, stdout: &mut dyn Write) -> Result<()> {
     let table = crate::mig::profile::table(&args.gpu)?;
-    let dtype = args.dtype.map(|d| match d {
-        crate::cli::DTypeArg::F32 => "f32",
-        crate::cli::DTypeArg::Bf16 => "bf16",
-        crate::cli::DTypeArg::F16 => "f16",
-        crate::cli::DTypeArg::Tf32 => "tf32",
-    });
+    let dtype = args.dtype.map(|d| crate::run::spec::precision(d.into(), d == crate::cli::DTypeArg::Tf32));
     let mut seen = std::collections::BTreeSet::new();
     if let Some((m, _)) = args.demand.iter().find(|(m, _)| !seen.insert(m.as_str())) {
         anyhow::bail!("--demand names {m} twice: give each model once, with its whole rate");

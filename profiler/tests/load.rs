@@ -47,6 +47,8 @@ fn fixed_rates_leave_a_row_each_with_batches_and_the_run_identity() {
     assert_eq!(strings(&rows, "profile"), vec!["cpu", "cpu"]);
     assert_eq!(strings(&rows, "status"), vec!["ok", "ok"]);
     assert_eq!(strings(&rows, "dtype"), vec!["f32", "f32"]);
+    assert_eq!(numbers(&rows, "duration_s"), vec![Some(1.5), Some(1.5)]);
+    assert_eq!(numbers(&rows, "min_requests"), vec![None, None]);
     let ids = strings(&rows, "cell_id");
     assert_eq!(ids[0].len(), 16);
     assert!(rows.column("candle_version").is_ok() && rows.column("device_name").is_ok());
@@ -77,6 +79,7 @@ fn a_search_records_the_capacity_and_every_step() {
     assert_eq!(steps.height() as f64, numbers(&caps, "steps")[0].unwrap());
     let ids = strings(&caps, "capacity_id");
     assert!(strings(&steps, "capacity_id").iter().all(|c| *c == ids[0]));
+    assert!(numbers(&steps, "min_requests").iter().all(|m| *m == Some(150.0)));
     // The rate found passed; the bracket's high end failed.
     let (offered, meets) = (numbers(&steps, "offered_qps"), strings(&steps, "meets_slo"));
     for (q, m) in offered.iter().zip(&meets) {

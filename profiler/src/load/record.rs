@@ -178,6 +178,9 @@ pub fn write_step(out: &Path, id: &JobIdentity, load_id: &str, started: DateTime
     columns.extend([
         Column::new("capacity_id".into(), vec![search.map(|s| s.capacity_id.clone())]),
         Column::new("search_step".into(), vec![search.map(|s| s.index as i64)]),
+        // What decided the step's length: its seconds of arrivals, or a search's minimum count.
+        Column::new("duration_s".into(), vec![search.is_none().then_some(id.settings.duration_secs)]),
+        Column::new("min_requests".into(), vec![search.map(|_| id.settings.min_requests as i64)]),
         col("offered_qps", vec![step.offered_qps]),
         col("achieved_qps", vec![step.achieved_qps]),
         col("requests", vec![step.served.latencies_ns.len() as i64]),
