@@ -342,6 +342,9 @@ pub fn cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: &mut
         let status = if cell.purpose == Purpose::Probe { Status::Probe } else { Status::Ok };
         let identity = CellIdentity::of_cell(&cell, status);
         if let Some(settings) = &cell.load {
+            // A search takes minutes: a dtype the device cannot run is refused first, with what
+            // runs there, as `migprof load` refuses it.
+            crate::run::preflight::check(std::slice::from_ref(&spec), &device)?;
             // A capacity search: its steps' progress goes to the cell's log.
             let rates = crate::load::job::Rates::Search { start: None };
             let job = crate::load::job::Job { spec: &spec, settings, rates: &rates };

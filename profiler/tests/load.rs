@@ -210,3 +210,19 @@ fn check_reads_the_load_tables_and_names_a_step_without_batches() {
     let c = migprof().arg("check").arg(dir.path()).output().unwrap();
     assert!(!c.status.success() && text(&c).contains("no batches in load_batches/"), "{}", text(&c));
 }
+
+#[test]
+fn a_capacity_cell_the_device_cannot_run_is_refused_with_what_runs_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sweep.toml");
+    // [[capacity]] searches bf16 unless told: candle's CPU kernels have no bf16 matmul.
+    std::fs::write(&file, "name = \"bf16\"\n[[targets]]\nlabel = \"cpu\"\ndevice = \"cpu\"\n[[capacity]]\nmodels = [\"resnet_tiny\"]\nslo_p99_ms = 50\n").unwrap();
+    let out = dir.path().join("out");
+    let o = migprof().arg("sweep").arg(&file).arg("--out").arg(&out).output().unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+    let runs = read_table(&out, Table::Runs).unwrap();
+    assert_eq!(strings(&runs, "status"), vec!["error"]);
+    let error = &strings(&runs, "error")[0];
+    assert!(error.contains("cannot run on cpu") && error.contains("what runs there") && error.contains("infer f32"), "{error}");
+    assert_eq!(read_table(&out, Table::Capacity).unwrap().height(), 0);
+}

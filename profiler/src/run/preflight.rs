@@ -30,7 +30,7 @@ pub fn check(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
                 .map(|(m, d)| format!("{} {}", m.as_str(), d.as_str()))
                 .collect();
             bail!(
-                "{} {} {} cannot run on {}: {} failed with: {}\nwhat runs there for {} models: {}",
+                "{} {} {} cannot run on {}: {} failed with: {}; what runs there for {} models: {}",
                 s.model,
                 s.mode.as_str(),
                 s.precision(),
