@@ -21,6 +21,9 @@
 #              (benches/capacity_slices.toml; CAP_SECS bounds the sweep, which resumes in
 #              /tmp/capacity-results while the machine stays warm), then `migprof capacity` for
 #              20,000 ResNet-50 and 3,000 BERT requests/s, and the report
+#     best     migprof against the best PyTorch variant per cell (eager autocast, bf16 weights,
+#              channels_last, torch.compile reduce-overhead; benches/pytorch_reference.py --variants);
+#              MODELS, BATCHES (default 1), DTYPES (default bf16) pick the inference cells
 #     before   no performance lost: the comparison matrix by the build BEFORE_GZ (gzipped, the build
 #              before a change) and by this build, one after the other, then PyTorch's once, and each
 #              build's ratio to PyTorch and this build's to the one before (MODELS, BATCHES narrow it)
@@ -153,6 +156,17 @@ for r in sorted(rows, key=lambda r: (r["model"], r["mode"], r["batch"], r["sm_co
 PY
 tar czf "${OUT:-/tmp}/mps-results.tgz" -C "$out" mps-sweep mps-run shared busy 2>/dev/null
 cp "$out/mps.txt" "${OUT:-/tmp}/" 2>/dev/null
+exit 0
+fi
+
+if [ "$mode" = best ]; then
+models="${MODELS:-resnet50,bert_base}"; batches="${BATCHES:-1}"; dtypes="${DTYPES:-bf16}"
+log "migprof: $models inference, $dtypes, batch $batches"
+"$bin" run --model "$models" --mode infer --dtype "$dtypes" --batch "$batches" --device "$uuid" --warmup-secs 1 --duration 3 --out "$out/best" 2>&1 | grep -E "^\[|error"
+log "PyTorch, every variant (compile time apart)"
+python3 benches/pytorch_reference.py --models "$models" --modes infer --dtypes "$dtypes" --batches "$batches" --variants eager,bf16w,cl,compile --warmup 10 --iters 50 > "$out/pytorch.jsonl"
+python3 benches/compare.py "$out/best" "$out/pytorch.jsonl" | tee "$out/compare-best.txt"
+cp "$out/pytorch.jsonl" "$out/compare-best.txt" "${OUT:-/tmp}/" 2>/dev/null
 exit 0
 fi
 

@@ -8,15 +8,27 @@ Precision policy, stated in every output row: f32 runs with TF32 off for matmuls
 runs the model under autocast (bf16 matmuls and convolutions, f32 weights and reductions where autocast
 keeps them). cudnn.benchmark on throughout.
 
+Variants (`--variants`, each row says which), the ways a PyTorch user who wants speed runs a model:
+  eager     as above (autocast for bf16): the default, what the comparison always measured
+  bf16w     bf16 weights and inputs, no autocast (bf16 only)
+  cl        channels_last memory format for convolutional models (ResNet), with bf16 weights for bf16
+  compile   torch.compile(mode="reduce-overhead": Inductor kernels and CUDA graphs) over the best eager
+            form (bf16 weights, channels_last for ResNet); the compile (the first warm-up steps) is
+            timed on its own as `compile_s`, never in the throughput. Inductor's cache goes to
+            TORCHINDUCTOR_CACHE_DIR (default /tmp/migprof-inductor), so a second call reuses it.
+
 usage: pytorch_reference.py --models resnet50,vit_b_16 --modes infer --dtypes f32,bf16 --batches 1,8
-       [--warmup 10] [--iters 50] [--seq-len 128] [--profile] > rows.jsonl
+       [--variants eager,bf16w,cl,compile] [--warmup 10] [--iters 50] [--seq-len 128] [--profile] > rows.jsonl
 --profile brackets the measured iterations with cudaProfilerStart/Stop, as migprof does, for
 `ncu --profile-from-start off` (benches/kernel_profile.sh "pytorch MODEL MODE DTYPE BATCH").
 """
 import argparse
 import json
+import os
 import statistics
 import time
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", "/tmp/migprof-inductor")
 
 import torch
 import torch.nn.functional as F
@@ -58,21 +70,45 @@ def logits_of(model, kind, x):
     return model(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
 
 
-def measure(name, mode, dtype, batch, args):
+CONVOLUTIONAL = {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}
+
+
+def applies(variant, name, mode, dtype):
+    """Whether a variant means anything for the cell (bf16 weights only in bf16, channels_last only
+    for convolutional models, CUDA graphs only for inference)."""
+    return {
+        "eager": True,
+        "bf16w": dtype == "bf16",
+        "cl": name in CONVOLUTIONAL,
+        "compile": mode == "infer",
+    }[variant]
+
+
+def measure(name, mode, dtype, batch, args, variant="eager"):
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(0)
     model, kind = build(name, args.seq_len)
     model = model.to(device)
     x, labels = inputs(kind, batch, args.seq_len, device, gen)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=(dtype == "bf16"))
+    fast = variant in ("bf16w", "cl", "compile")
+    # The fast forms hold bf16 weights and inputs themselves; eager bf16 is autocast.
+    if fast and dtype == "bf16":
+        model = model.to(torch.bfloat16)
+        if kind == "image":
+            x = (x[0].to(torch.bfloat16),)
+    if variant in ("cl", "compile") and name in CONVOLUTIONAL:
+        model = model.to(memory_format=torch.channels_last)
+        x = (x[0].contiguous(memory_format=torch.channels_last),)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=(dtype == "bf16" and not fast))
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     torch.backends.cudnn.allow_tf32 = dtype == "tf32"
     if mode == "infer":
         model.eval()
+        forward = torch.compile(model, mode="reduce-overhead") if variant == "compile" else model
 
         def step():
             with torch.inference_mode(), autocast:
-                logits_of(model, kind, x)
+                logits_of(forward, kind, x)
     else:
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
@@ -84,9 +120,12 @@ def measure(name, mode, dtype, batch, args):
             loss.backward()
             opt.step()
 
+    # The compile happens in the first steps: timed apart from the measurement.
+    t0 = time.perf_counter()
     for _ in range(args.warmup):
         step()
     torch.cuda.synchronize()
+    warmup_s = time.perf_counter() - t0
     if args.profile:
         torch.cuda.cudart().cudaProfilerStart()
     lat = []
@@ -102,7 +141,8 @@ def measure(name, mode, dtype, batch, args):
         "framework": "pytorch", "model": name, "mode": mode, "dtype": dtype, "batch": batch,
         "seq_len": args.seq_len if kind == "tokens" else None, "iterations": len(lat),
         "mean_ms": mean, "p50_ms": statistics.median(lat), "throughput": 1000.0 / mean * batch,
-        "precision": {"f32": "f32, TF32 off", "tf32": "f32, TF32 on"}.get(dtype, "bf16 autocast"),
+        "precision": {"f32": "f32, TF32 off", "tf32": "f32, TF32 on"}.get(dtype, "bf16 weights" if fast else "bf16 autocast"),
+        "variant": variant, "compile_s": warmup_s if variant == "compile" else None,
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
     }
 
@@ -116,6 +156,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--variants", default="eager", help="eager, bf16w, cl, compile (comma-separated)")
     ap.add_argument("--profile", action="store_true", help="bracket the measured iterations for a profiler")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
@@ -125,8 +166,10 @@ def main():
         for mode in args.modes.split(","):
             for dtype in args.dtypes.split(","):
                 for batch in map(int, args.batches.split(",")):
-                    print(json.dumps(measure(name, mode, dtype, batch, args)), flush=True)
-                    torch.cuda.empty_cache()
+                    for variant in args.variants.split(","):
+                        if applies(variant, name, mode, dtype):
+                            print(json.dumps(measure(name, mode, dtype, batch, args, variant)), flush=True)
+                            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
