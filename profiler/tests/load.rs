@@ -49,6 +49,7 @@ fn fixed_rates_leave_a_row_each_with_batches_and_the_run_identity() {
     assert_eq!(strings(&rows, "dtype"), vec!["f32", "f32"]);
     assert_eq!(numbers(&rows, "duration_s"), vec![Some(1.5), Some(1.5)]);
     assert_eq!(numbers(&rows, "min_requests"), vec![None, None]);
+    assert_eq!(numbers(&rows, "sample_interval_ms"), vec![None, None], "no sampler on a CPU");
     let ids = strings(&rows, "cell_id");
     assert_eq!(ids[0].len(), 16);
     assert!(rows.column("candle_version").is_ok() && rows.column("device_name").is_ok());

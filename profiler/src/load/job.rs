@@ -84,6 +84,7 @@ pub fn run(job: Job, device: &OpenDevice, context: &RunContext, cell: &CellIdent
         kernel_options: spec.kernels.canonical(),
         seed: spec.seed,
         settings,
+        sample_interval: spec.sample_interval,
     };
     let sampling = device.info.selected.clone().zip(spec.sample_interval);
     let mut steps = Stepper { server, settings, id: &id, out, log, steps: Vec::new(), search: None, sampling, expected: &context.expected };

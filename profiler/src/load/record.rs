@@ -85,6 +85,8 @@ pub struct JobIdentity<'a> {
     pub kernel_options: String,
     pub seed: u64,
     pub settings: &'a LoadSettings,
+    /// The GPU sampler's interval beside each step; `None`: no sampler.
+    pub sample_interval: Option<std::time::Duration>,
 }
 
 /// The slice a row's capacity belongs to: the MIG profile, the emulated one (or `mps:<pct>%`), `full`
@@ -122,6 +124,7 @@ fn identity_columns(id: &JobIdentity, row_id: (&str, &str), started: DateTime<Ut
     columns.extend([
         col("seed", vec![id.seed]),
         col("kernel_options", vec![id.kernel_options.clone()]),
+        Column::new("sample_interval_ms".into(), vec![id.sample_interval.filter(|_| id.device.selected.is_some()).map(|d| d.as_millis() as i64)]),
         col("arrival", vec![s.arrival.as_str().to_string()]),
         col("arrival_seed", vec![s.arrival_seed]),
         col("max_batch", vec![s.max_batch as i64]),
