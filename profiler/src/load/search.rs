@@ -78,7 +78,8 @@ pub fn search(runner: &mut dyn StepRunner, plan: SearchPlan) -> Result<SearchOut
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::serve::tests::{FakeModel, FakeTimer};
+    use crate::load::serve::tests::FakeModel;
+    use crate::testing::clock::FakeClock;
     use crate::load::serve::{drive, Batching, Objective};
 
     /// Passes at or below a known threshold.
@@ -121,7 +122,7 @@ mod tests {
 
     impl StepRunner for FakeSteps {
         fn run_step(&mut self, qps: f64) -> Result<bool> {
-            let timer = FakeTimer::default();
+            let timer = FakeClock::default();
             let mut model = FakeModel::new(&timer, self.fixed_ms, self.per_sample_ms);
             let arrivals = crate::load::arrival::schedule(crate::load::arrival::Arrival::Poisson, qps, 30_000, 11);
             let s = drive(&mut model, &timer, &arrivals, std::time::Duration::ZERO, self.batching, Some(self.objective))?;

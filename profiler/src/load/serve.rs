@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::results::uncertainty::quantile_interval;
-use crate::run::measure::{Clock, MonotonicClock};
+use crate::run::measure::{nanos, Clock, MonotonicClock};
 
 /// Time as the loop sees it.
 pub trait Timer {
@@ -289,37 +289,17 @@ fn ages(waiting: &[Duration], warmup: Duration, now: Duration) -> Vec<u64> {
     waiting.iter().filter(|&&a| a >= warmup).map(|&a| nanos(now.saturating_sub(a))).collect()
 }
 
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::cell::Cell;
-    use std::rc::Rc;
+    use crate::testing::clock::FakeClock;
 
     use super::*;
     use crate::load::arrival::{schedule, Arrival};
 
-    /// A clock that moves only when slept on or served.
-    #[derive(Clone, Default)]
-    pub struct FakeTimer(pub Rc<Cell<Duration>>);
-
-    impl Timer for FakeTimer {
-        fn now(&self) -> Duration {
-            self.0.get()
-        }
-        fn sleep_until(&self, t: Duration) {
-            if t > self.0.get() {
-                self.0.set(t);
-            }
-        }
-    }
-
     /// A model whose batch of n takes `fixed + per_sample × n`, and stalls once for `stall` at the
     /// batch numbered `stall_at`.
     pub struct FakeModel {
-        pub timer: FakeTimer,
+        pub timer: FakeClock,
         pub fixed: Duration,
         pub per_sample: Duration,
         pub stall_at: Option<(usize, Duration)>,
@@ -327,7 +307,7 @@ pub(crate) mod tests {
     }
 
     impl FakeModel {
-        pub fn new(timer: &FakeTimer, fixed_ms: f64, per_sample_ms: f64) -> Self {
+        pub fn new(timer: &FakeClock, fixed_ms: f64, per_sample_ms: f64) -> Self {
             let ms = |m: f64| Duration::from_secs_f64(m / 1e3);
             Self { timer: timer.clone(), fixed: ms(fixed_ms), per_sample: ms(per_sample_ms), stall_at: None, batches: 0 }
         }
@@ -342,7 +322,7 @@ pub(crate) mod tests {
                 }
             }
             self.batches += 1;
-            self.timer.sleep_until(self.timer.now() + took);
+            self.timer.advance(took);
             Ok(())
         }
     }
@@ -353,7 +333,7 @@ pub(crate) mod tests {
 
     #[test]
     fn an_idle_model_serves_each_request_alone_at_its_own_latency() -> Result<()> {
-        let timer = FakeTimer::default();
+        let timer = FakeClock::default();
         let mut model = FakeModel::new(&timer, 1.0, 0.0);
         let arrivals = schedule(Arrival::Constant, 100.0, 200, 0);
         let s = drive(&mut model, &timer, &arrivals, ms(500.0), Batching { max_batch: 8, max_delay: Duration::ZERO }, None)?;
@@ -368,7 +348,7 @@ pub(crate) mod tests {
     #[test]
     fn the_batcher_never_exceeds_its_bounds() -> Result<()> {
         // Poisson at 2,000/s into a model of 2 ms + 0.1 ms per sample: batches form.
-        let timer = FakeTimer::default();
+        let timer = FakeClock::default();
         let mut model = FakeModel::new(&timer, 2.0, 0.1);
         let arrivals = schedule(Arrival::Poisson, 2000.0, 20_000, 3);
         let batching = Batching { max_batch: 16, max_delay: ms(3.0) };
@@ -394,7 +374,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_stalled_model_makes_latencies_grow_never_the_offered_rate_fall() -> Result<()> {
-        let timer = FakeTimer::default();
+        let timer = FakeClock::default();
         let mut model = FakeModel::new(&timer, 1.0, 0.0);
         // A 1 s stall at the 100th batch: about 0.1 s into 1,000/s constant arrivals (one per batch until then).
         model.stall_at = Some((100, Duration::from_secs(1)));
@@ -415,7 +395,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_step_ends_once_its_p99_is_certainly_over_or_within() -> Result<()> {
-        let timer = FakeTimer::default();
+        let timer = FakeClock::default();
         // 5 ms per sample at 1,000/s: the model cannot keep up; the queue and latencies grow.
         let mut model = FakeModel::new(&timer, 0.0, 5.0);
         let arrivals = schedule(Arrival::Poisson, 1000.0, 50_000, 1);
@@ -425,7 +405,7 @@ pub(crate) mod tests {
         assert!(s.latencies_ns.len() < 1000, "stopped after {} of 50,000", s.latencies_ns.len());
         assert!(!s.unfinished_ns.is_empty());
         // 1 ms per request at 200/s: far inside 50 ms; stops after the minimum count, queue served.
-        let timer = FakeTimer::default();
+        let timer = FakeClock::default();
         let mut model = FakeModel::new(&timer, 1.0, 0.0);
         let arrivals = schedule(Arrival::Poisson, 200.0, 50_000, 1);
         let s = drive(&mut model, &timer, &arrivals, Duration::ZERO, Batching { max_batch: 1, max_delay: Duration::ZERO }, Some(objective))?;
@@ -437,7 +417,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_backlog_that_outlives_the_schedule_is_cut_and_reported() -> Result<()> {
-        let timer = FakeTimer::default();
+        let timer = FakeClock::default();
         let mut model = FakeModel::new(&timer, 0.0, 10.0);
         let arrivals = schedule(Arrival::Constant, 1000.0, 3000, 0);
         let s = drive(&mut model, &timer, &arrivals, Duration::ZERO, Batching { max_batch: 1, max_delay: Duration::ZERO }, None)?;

@@ -51,7 +51,9 @@ pub const STALL: f64 = 4.0;
 
 impl Service {
     pub fn of(served: &Served) -> Service {
-        let mut ms: Vec<f64> = served.batches.iter().map(|b| (b.done - b.dispatched).as_secs_f64() * 1e3).collect();
+        // Each batch's size and time.
+        let times: Vec<(usize, f64)> = served.batches.iter().map(|b| (b.size, (b.done - b.dispatched).as_secs_f64() * 1e3)).collect();
+        let mut ms: Vec<f64> = times.iter().map(|t| t.1).collect();
         if ms.is_empty() {
             return Service::default();
         }
@@ -60,21 +62,22 @@ impl Service {
         // A full batch takes longer than a single request: each batch is judged against the median
         // of its own size, or, for sizes too rare to have one, against the slowest typical size.
         let mut by_size: std::collections::BTreeMap<usize, Vec<f64>> = std::collections::BTreeMap::new();
-        for b in &served.batches {
-            by_size.entry(b.size).or_default().push((b.done - b.dispatched).as_secs_f64() * 1e3);
+        for &(size, m) in &times {
+            by_size.entry(size).or_default().push(m);
         }
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        let typical: std::collections::BTreeMap<usize, f64> = by_size.iter().filter(|(_, v)| v.len() >= 5).map(|(s, v)| (*s, median(&mut v.clone()))).collect();
+        let typical: std::collections::BTreeMap<usize, f64> = by_size
+            .into_iter()
+            .filter(|(_, v)| v.len() >= 5)
+            .map(|(size, mut v)| {
+                v.sort_by(f64::total_cmp);
+                (size, v[v.len() / 2])
+            })
+            .collect();
         let slowest = typical.values().copied().fold(at(0.5), f64::max);
-        let stalled = served
-            .batches
+        let stalled = times
             .iter()
-            .filter(|b| {
-                let m = (b.done - b.dispatched).as_secs_f64() * 1e3;
-                let norm = typical.get(&b.size).copied().unwrap_or(slowest);
+            .filter(|&&(size, m)| {
+                let norm = typical.get(&size).copied().unwrap_or(slowest);
                 m > STALL * norm && m > norm + 10.0
             })
             .count();

@@ -204,7 +204,7 @@ fn warm_up(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup) -> Result
     }
 }
 
-fn nanos(d: Duration) -> u64 {
+pub(crate) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 

@@ -76,38 +76,35 @@ fn catch_interrupts() {
     }
 }
 
-/// The cell ids a results folder holds with a final status: `ok` and `oom` (unless retrying them), in
-/// `runs` (a failed capacity cell's row is there too) and in `capacity` (a search's row).
-fn done_cells(out: &Path, retry_oom: bool) -> Result<HashMap<String, Status>> {
-    let mut done = HashMap::new();
-    for table in [Table::Runs, Table::Capacity] {
-        let rows = read_table(out, table)?;
-        let (Ok(ids), Ok(statuses)) = (rows.column("cell_id"), rows.column("status")) else { continue };
-        for (id, status) in ids.str()?.iter().zip(statuses.str()?.iter()) {
-            if let (Some(id), Some(status)) = (id, status.and_then(Status::parse)) {
-                let is_final = matches!(status, Status::Ok | Status::Probe) || (status == Status::Oom && !retry_oom);
-                if is_final {
-                    done.insert(id.to_string(), status);
-                }
-            }
-        }
-    }
-    Ok(done)
-}
-
-/// The status of each cell id's latest row in `runs` and `capacity`.
-pub fn row_statuses(out: &Path) -> Result<HashMap<String, String>> {
-    let mut latest = HashMap::new();
+/// Every row's cell id and status in `runs` (a failed capacity cell's row is there too) and in
+/// `capacity` (a search's row), in the order of the parts.
+fn cell_rows(out: &Path) -> Result<Vec<(String, String)>> {
+    let mut all = Vec::new();
     for table in [Table::Runs, Table::Capacity] {
         let rows = read_table(out, table)?;
         let (Ok(ids), Ok(statuses)) = (rows.column("cell_id"), rows.column("status")) else { continue };
         for (id, status) in ids.str()?.iter().zip(statuses.str()?.iter()) {
             if let (Some(id), Some(status)) = (id, status) {
-                latest.insert(id.to_string(), status.to_string());
+                all.push((id.to_string(), status.to_string()));
             }
         }
     }
-    Ok(latest)
+    Ok(all)
+}
+
+/// The cell ids a results folder holds with a final status: `ok` and `oom` (unless retrying them).
+fn done_cells(out: &Path, retry_oom: bool) -> Result<HashMap<String, Status>> {
+    Ok(cell_rows(out)?
+        .into_iter()
+        .filter_map(|(id, status)| Status::parse(&status).map(|s| (id, s)))
+        .filter(|(_, s)| matches!(s, Status::Ok | Status::Probe) || (*s == Status::Oom && !retry_oom))
+        .collect())
+}
+
+/// The status of each cell id's latest row.
+pub fn row_statuses(out: &Path) -> Result<HashMap<String, String>> {
+    // Later rows replace earlier ones as they are collected.
+    Ok(cell_rows(out)?.into_iter().collect())
 }
 
 /// Which physical device a target's device string names: the MIG or GPU UUID when NVML knows it, so
