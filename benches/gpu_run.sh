@@ -9,7 +9,11 @@
 #     matrix   compare, then the sampler's disturbance
 #     sampler  discovery and the sampler's disturbance
 #     full     all of the above
-#     kernels  the GPU kernel tests (workloads/tests/kernels.rs, from .dist/kernels-test.gz)
+#     kernels  the GPU kernel and CUDA-graph tests (workloads/tests/{kernels,graphs}.rs, from
+#              .dist/{kernels,graphs}-test.gz)
+#     graphs   the CUDA-graph tests, then batch-1 latency (ResNet-50, BERT-base, bf16) on the whole GPU
+#              and under MPS caps of a 1g and a 3g slice, graphs on and off: small batches must follow
+#              the SMs
 #     mig      the profile table against nvidia-smi, and a dry-run `mig apply` that must change nothing
 #     cellcost a sweep's child process per cell against `migprof run`'s one process (benches/cell_cost.sh)
 #     mps      emulated slices: the profiles 1g..7g of this GPU as MPS clients beside the full GPU
@@ -60,13 +64,52 @@ nvidia-smi mig -lgipp > "$out/nvidia-smi-mig-lgipp.txt" 2>&1; cat "$out/nvidia-s
 uuid="$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n 1)"
 log "pinned to $uuid"
 
+# gpu_tests NAME...: the test binaries .dist/NAME-test.gz (built with --features cudnn); their
+# tests are #[ignore]d (a plain `cargo test` has no GPU) and fail without one.
+gpu_tests() {
+    local rc=0 t
+    for t in "$@"; do
+        log "GPU tests: workloads/tests/$t.rs"
+        gunzip -c ".dist/$t-test.gz" > "/tmp/$t-test" && chmod +x "/tmp/$t-test" || { rc=1; continue; }
+        timeout "${TEST_SECS:-600}" "/tmp/$t-test" --include-ignored --nocapture --test-threads 1 > "$out/$t.txt" 2>&1 || rc=1
+        grep -E "^test |panicked|differ|relative error|worst|test result" -A2 "$out/$t.txt" | grep -v "^--$" | head -80
+        cp "$out/$t.txt" "${OUT:-/tmp}/" 2>/dev/null
+    done
+    return $rc
+}
+
 if [ "$mode" = kernels ]; then
-log "our GPU kernels against candle's CPU reference (workloads/tests/kernels.rs, built with --features cudnn)"
-gunzip -c .dist/kernels-test.gz > /tmp/kernels-test && chmod +x /tmp/kernels-test
-# The tests are #[ignore]d (a plain `cargo test` has no GPU) and fail without one.
-/tmp/kernels-test --include-ignored --nocapture --test-threads 1 > "$out/kernels.txt" 2>&1; rc=$?
-grep -E "^test |panicked|differ|test result" -A2 "$out/kernels.txt" | grep -v "^--$" | head -60
-cp "$out/kernels.txt" "${OUT:-/tmp}/" 2>/dev/null
+gpu_tests kernels graphs; exit $?
+fi
+
+if [ "$mode" = graphs ]; then
+gpu_tests graphs; rc=$?
+log "MPS before: servers on the GPU and MPS processes"; mps_servers
+log "batch-1 latency, bf16: the whole GPU against MPS caps of a 1g and a 3g slice, CUDA graphs on and off"
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" in
+    *H200*) slices="1g.18gb 3g.71gb" ;;
+    *) slices="1g.10gb 3g.40gb" ;;
+esac
+for g in on off; do
+    for dev in "$uuid" $(printf 'mps:%s ' $slices); do
+        "$bin" run --model resnet50,bert_base --mode infer --dtype bf16 --batch 1 --device "$dev" --cuda-graphs $g \
+            --warmup-secs 1 --duration 3 --out "$out/latency" 2>&1 | grep -E "^\[|warning|error"
+    done
+done
+log "MPS after: servers on the GPU and MPS processes"; mps_servers
+python3 - "$out/latency" <<'PY' | tee "$out/latency.txt"
+import sys, pyarrow.parquet as pq
+rows = [r for r in pq.read_table(f"{sys.argv[1]}/runs").to_pylist() if r["status"] in (None, "ok")]
+def graphs(r): return r["kernel_options"].split("graphs=")[1]
+def where(r): return r["emulated_profile"] or "whole GPU"
+full = {(r["model"], graphs(r)): r["p50_ms"] for r in rows if not r["emulated_profile"]}
+print(f"{'model':<10} {'graphs':<6} {'device':<10} {'SM share':>8} {'p50 ms':>8} {'p99 ms':>8} {'/whole':>7}  verdict")
+for r in sorted(rows, key=lambda r: (r["model"], graphs(r), r["mps_share_pct"] or 100)):
+    k = (r["model"], graphs(r))
+    rel = r["p50_ms"] / full[k] if k in full else float("nan")
+    print(f"{r['model']:<10} {graphs(r):<6} {where(r):<10} {str(r['mps_share_pct'] or 100):>8} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} {rel:>7.2f}  {r['verdict']}")
+PY
+cp "$out/latency.txt" "${OUT:-/tmp}/" 2>/dev/null
 exit $rc
 fi
 

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use workloads::kernels::options::{Attention, EncoderLayers, GemmAlgorithm};
+use workloads::kernels::options::{Attention, CudaGraphs, EncoderLayers, GemmAlgorithm};
 use workloads::kernels::KernelOptions;
 use workloads::Mode;
 
@@ -531,11 +531,19 @@ pub struct KernelArgs {
     /// its heuristic's first guess (what PyTorch launches).
     #[arg(long, default_value = "timed", hide_short_help = true, value_parser = choice::<GemmAlgorithm>(GemmAlgorithm::NAMES))]
     pub gemm_algorithm: GemmAlgorithm,
+
+    /// Steps on a GPU replayed as CUDA graphs: each shape's second step captured, every later one
+    /// replayed with one launch (as torch.compile's "reduce-overhead" does), so that small batches
+    /// measure the GPU and not the host's kernel launches. infer: inference steps only; on: training
+    /// steps too (not yet verified to update every parameter as an uncaptured step does); off: every
+    /// kernel launched at every step.
+    #[arg(long, default_value = "infer", hide_short_help = true, value_parser = choice::<CudaGraphs>(CudaGraphs::NAMES))]
+    pub cuda_graphs: CudaGraphs,
 }
 
 impl KernelArgs {
     pub fn options(&self) -> KernelOptions {
-        KernelOptions { attention: self.attention, layers: self.encoder_layers, gemm: self.gemm_algorithm }
+        KernelOptions { attention: self.attention, layers: self.encoder_layers, gemm: self.gemm_algorithm, graphs: self.cuda_graphs }
     }
 }
 

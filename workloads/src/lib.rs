@@ -1,6 +1,7 @@
 //! Deep-learning workloads on candle: the models migprof measures, their synthetic inputs, inference
 //! and training steps, and their parameter and FLOP counts. Knows nothing of profiling.
 
+mod graphs;
 pub mod init;
 pub mod kernels;
 pub mod memory;
@@ -11,6 +12,7 @@ pub mod precision;
 mod workload;
 mod zoo;
 
+pub use graphs::GraphStats;
 pub use models::{is_buffer, Inputs};
 pub use optim::OptimizerKind;
 pub use workload::{build, Batch, Mode, TrainConfig, Workload, WorkloadConfig};

@@ -30,8 +30,9 @@ pub fn pool_allocations(device: &Device) -> Result<()> {
     Ok(())
 }
 
-/// Hands the pool's free memory back to the driver (after the device's queued work): between runs,
-/// so that one workload's pooled memory is not held, or counted, through the next.
+/// Hands the pool's free memory back to the driver (after the device's queued work), and the memory
+/// CUDA keeps for graphs that no longer exist: between runs, so that one workload's pooled memory is
+/// not held, or counted, through the next.
 pub fn release_pooled(device: &Device) -> Result<()> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(dev) = device {
@@ -39,6 +40,9 @@ pub fn release_pooled(device: &Device) -> Result<()> {
             device.synchronize()?;
             // SAFETY: a valid pool; trimming keeps memory that live allocations use.
             cuda::check(unsafe { cuda::sys::cuMemPoolTrimTo(pool, 0) }, "trimming it")?;
+            let cu_device = dev.cuda_stream().context().cu_device();
+            // SAFETY: a valid device; memory of graphs still alive is kept.
+            cuda::check(unsafe { cuda::sys::cuDeviceGraphMemTrim(cu_device) }, "trimming graph memory")?;
         }
     }
     let _ = device;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 
-use crate::kernels::adamw::{moments_dtype, AdamApply, AdamMoments, AdamStep};
+use crate::kernels::adamw::{adam_state, moments_dtype, AdamAdvance, AdamApply, AdamMoments, AdamStep};
 
 /// Which optimizer a training workload uses, with PyTorch's semantics.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -27,7 +27,7 @@ impl Optimizer {
     pub fn new(kind: OptimizerKind, vars: Vec<Var>, lr: f64, weight_decay: f64) -> Result<Self> {
         Ok(match kind {
             OptimizerKind::AdamW => Self::AdamW(AdamW::new(vars, lr, weight_decay)?),
-            OptimizerKind::Sgd { momentum } => Self::Sgd(SgdMomentum::new(vars, lr, momentum, weight_decay)),
+            OptimizerKind::Sgd { momentum } => Self::Sgd(SgdMomentum::new(vars, lr, momentum, weight_decay)?),
         })
     }
 
@@ -83,62 +83,78 @@ fn gradients(loss: &Tensor, outside: Option<&ParamGrads>) -> Result<GradStore> {
 }
 
 /// `torch.optim.AdamW(lr, betas=(0.9, 0.999), eps=1e-8, weight_decay)`, its moments [m; v] kept in
-/// f32 (f64 for f64 parameters) whatever the parameters' dtype.
+/// f32 (f64 for f64 parameters) whatever the parameters' dtype. Every state is updated in place and
+/// the step count lives on the device, so that a training step's CUDA graph replays right.
 pub struct AdamW {
     vars: Vec<(Var, Tensor)>,
     step: AdamStep,
+    /// [t, 1 - β1ᵗ, 1 - β2ᵗ] (see `adam_state`).
+    state: Tensor,
 }
 
 impl AdamW {
     pub fn new(vars: Vec<Var>, lr: f64, weight_decay: f64) -> Result<Self> {
-        let vars = vars
+        let vars: Vec<(Var, Tensor)> = vars
             .into_iter()
             .map(|v| {
                 let moments = Tensor::zeros(2 * v.elem_count(), moments_dtype(v.dtype()), v.device())?;
                 Ok((v, moments))
             })
             .collect::<Result<_>>()?;
-        Ok(Self { vars, step: AdamStep { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, t: 0 } })
+        let device = match vars.first() {
+            Some((v, _)) => v.device().clone(),
+            None => candle_core::Device::Cpu,
+        };
+        let state = adam_state(&device)?;
+        Ok(Self { vars, step: AdamStep { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay }, state })
     }
 
     fn apply(&mut self, grads: &GradStore) -> Result<()> {
-        self.step.t += 1;
+        self.state.inplace_op1(&AdamAdvance(self.step))?;
         for (var, moments) in &self.vars {
             // A parameter the loss does not reach keeps its value and moments, as in PyTorch.
             let Some(g) = grads.get(var.as_tensor()) else { continue };
             moments.inplace_op2(&g.contiguous()?, &AdamMoments(self.step))?;
-            var.as_tensor().inplace_op2(moments, &AdamApply(self.step))?;
+            var.as_tensor().inplace_op3(moments, &self.state, &AdamApply(self.step))?;
         }
         Ok(())
     }
 }
 
 /// `torch.optim.SGD(momentum=m, weight_decay=wd)`: g += wd·p; b = g on the first step, then
-/// b = m·b + g; p -= lr·b.
+/// b = m·b + g; p -= lr·b. The momentum buffers start at zero, so that m·b + g is also the first
+/// step's b = g, and are updated in place, as the parameters are: a training step's CUDA graph then
+/// replays right.
 pub struct SgdMomentum {
     vars: Vec<Var>,
-    buffers: Vec<Option<Tensor>>,
+    /// One per parameter; none without momentum.
+    buffers: Vec<Option<Var>>,
     lr: f64,
     momentum: f64,
     weight_decay: f64,
 }
 
 impl SgdMomentum {
-    pub fn new(vars: Vec<Var>, lr: f64, momentum: f64, weight_decay: f64) -> Self {
-        let buffers = vec![None; vars.len()];
-        Self { vars, buffers, lr, momentum, weight_decay }
+    pub fn new(vars: Vec<Var>, lr: f64, momentum: f64, weight_decay: f64) -> Result<Self> {
+        let buffers = vars
+            .iter()
+            .map(|v| if momentum != 0.0 { Var::zeros(v.shape(), v.dtype(), v.device()).map(Some) } else { Ok(None) })
+            .collect::<Result<_>>()?;
+        Ok(Self { vars, buffers, lr, momentum, weight_decay })
     }
 
     fn apply(&mut self, grads: &GradStore) -> Result<()> {
-        for (var, buffer) in self.vars.iter().zip(self.buffers.iter_mut()) {
+        for (var, buffer) in self.vars.iter().zip(&self.buffers) {
             let Some(g) = grads.get(var.as_tensor()) else { continue };
             let g = if self.weight_decay != 0.0 { (g + (var.as_tensor() * self.weight_decay)?)? } else { g.clone() };
-            let step = match buffer.take() {
-                Some(b) if self.momentum != 0.0 => ((b * self.momentum)? + g)?,
-                _ => g,
+            let step = match buffer {
+                Some(b) => {
+                    b.set(&((b.as_tensor() * self.momentum)? + g)?)?;
+                    b.as_tensor().clone()
+                }
+                None => g,
             };
             var.set(&(var.as_tensor() - (&step * self.lr)?)?)?;
-            *buffer = Some(step);
         }
         Ok(())
     }

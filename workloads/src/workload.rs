@@ -3,9 +3,13 @@
 
 use std::path::PathBuf;
 
+use std::sync::Mutex;
+
 use candle_core::{DType, Device, Result, Tensor, Var};
 
+use crate::graphs::{GraphStats, StepGraphs};
 use crate::init::{Checkpoint, Params, Rng, SeededInit};
+use crate::kernels::options::CudaGraphs;
 use crate::kernels::KernelOptions;
 use crate::models::{is_buffer, Classifier, Inputs};
 use crate::optim::{Optimizer, OptimizerKind};
@@ -124,10 +128,21 @@ pub trait Workload {
     /// arrive, before it copies a batch of them to the device.
     fn host_batch(&self, size: usize, seed: u64) -> Result<Batch>;
     /// Forward pass without gradients; returns the logits. The work may still be queued on the device.
+    /// When steps replay CUDA graphs (the kernel option, on a CUDA device), the logits are rewritten
+    /// by the next step of the same shape: read or copy them before it.
     fn infer(&self, batch: &Batch) -> Result<Tensor>;
     /// Forward, loss, backward and optimizer step; returns the loss (a scalar, possibly still queued,
-    /// without its gradient graph).
+    /// without its gradient graph), rewritten by the next step of the same shape as [`Workload::infer`]'s
+    /// logits are.
     fn train_step(&mut self, batch: &Batch) -> Result<Tensor>;
+    /// Steps of one shape before its steps are all alike: 2 when steps replay CUDA graphs (the first
+    /// fills the caches, the second captures), else 1. A warm-up shorter than this measures them.
+    fn steps_to_steady(&self) -> u64;
+    /// The CUDA graphs captured so far, the steps that replayed one, and the shapes whose capture was
+    /// refused (their steps run as they are).
+    fn graph_stats(&self) -> GraphStats;
+    /// Why captures were refused, one line per distinct reason; empty when none was.
+    fn graph_refusals(&self) -> Vec<String>;
     /// Every named tensor of the model (parameters and buffers), sorted by name.
     fn tensors(&self) -> Vec<(String, Tensor)>;
 }
@@ -176,6 +191,7 @@ pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
         mode: cfg.mode,
         kernels: cfg.kernels,
         optimizer,
+        graphs: Mutex::new(StepGraphs::default()),
     }))
 }
 
@@ -189,6 +205,35 @@ struct Classification {
     mode: Mode,
     kernels: KernelOptions,
     optimizer: Option<Optimizer>,
+    /// Behind a lock because `infer` takes `&self`; one thread drives a workload, so it is never
+    /// contended.
+    graphs: Mutex<StepGraphs>,
+}
+
+impl Classification {
+    fn replays_graphs(&self) -> bool {
+        let wanted = match self.kernels.graphs {
+            CudaGraphs::On => true,
+            CudaGraphs::Infer => self.mode == Mode::Infer,
+            CudaGraphs::Off => false,
+        };
+        wanted && self.device.is_cuda()
+    }
+}
+
+/// One training step of `model`: forward, cross-entropy, backward, optimizer. Every temporary of the
+/// step is dropped before it returns (inside a capture, their memory is the graph's own).
+fn train_once(model: &dyn Classifier, optimizer: &mut Optimizer, inputs: &Inputs, labels: &Tensor) -> Result<Tensor> {
+    let outside = model.param_grads();
+    if let Some(outside) = outside {
+        outside.clear();
+    }
+    let logits = model.forward(inputs, true)?;
+    let loss = crate::ops::cross_entropy(&logits, labels)?;
+    optimizer.backward_step(&loss, outside)?;
+    // Detached: the loss would otherwise hold the whole step's graph (every activation) alive
+    // until the caller drops it, overlapping the next step's.
+    Ok(loss.detach())
 }
 
 impl Workload for Classification {
@@ -241,25 +286,47 @@ impl Workload for Classification {
 
     fn infer(&self, batch: &Batch) -> Result<Tensor> {
         let _kernels = self.kernels.enter();
-        self.model.forward(&batch.inputs, false)
+        if !self.replays_graphs() {
+            return self.model.forward(&batch.inputs, false);
+        }
+        let mut graphs = self.graphs.lock().expect("no panic while holding the lock");
+        graphs.run(&self.device, batch.inputs.tensors(), |t| self.model.forward(&batch.inputs.with_tensors(t)?, false))
     }
 
     fn train_step(&mut self, batch: &Batch) -> Result<Tensor> {
+        let replays = self.replays_graphs();
         let Some(optimizer) = self.optimizer.as_mut() else {
             candle_core::bail!("{} was built for inference; build it with Mode::Train to train", self.info.name)
         };
         // The backward pass and the optimizer step launch kernels too: the options cover them all.
         let _kernels = self.kernels.enter();
-        let outside = self.model.param_grads();
-        if let Some(outside) = outside {
-            outside.clear();
+        let model = self.model.as_ref();
+        if !replays {
+            return train_once(model, optimizer, &batch.inputs, &batch.labels);
         }
-        let logits = self.model.forward(&batch.inputs, true)?;
-        let loss = crate::ops::cross_entropy(&logits, &batch.labels)?;
-        optimizer.backward_step(&loss, outside)?;
-        // Detached: the loss would otherwise hold the whole step's graph (every activation) alive
-        // until the caller drops it, overlapping the next step's.
-        Ok(loss.detach())
+        let mut tensors = batch.inputs.tensors();
+        tensors.push(batch.labels.clone());
+        let graphs = self.graphs.get_mut().expect("no panic while holding the lock");
+        graphs.run(&self.device, tensors, |t| {
+            let labels = t.last().expect("the labels were pushed last");
+            train_once(model, optimizer, &batch.inputs.with_tensors(t)?, labels)
+        })
+    }
+
+    fn steps_to_steady(&self) -> u64 {
+        if self.replays_graphs() {
+            2
+        } else {
+            1
+        }
+    }
+
+    fn graph_stats(&self) -> GraphStats {
+        self.graphs.lock().expect("no panic while holding the lock").stats()
+    }
+
+    fn graph_refusals(&self) -> Vec<String> {
+        self.graphs.lock().expect("no panic while holding the lock").refusals()
     }
 
     fn tensors(&self) -> Vec<(String, Tensor)> {

@@ -505,7 +505,7 @@ fn swin_window_kernels_match_the_cpu_forward_and_backward() {
         // A permutation: exact forward; the gradients carry only the random weights' rounding to
         // the dtype (their f32 reference is not rounded).
         let tols = [1e-7, 4e-3, 1e-3];
-        matches_cpu(&format!("{what} partition"), &|a| window_partition(a[0], window, shift).unwrap(), &[x.clone()], tols);
+        matches_cpu(&format!("{what} partition"), &|a| window_partition(a[0], window, shift).unwrap(), std::slice::from_ref(&x), tols);
         let w = window_partition(&x, window, shift).unwrap();
         matches_cpu(&format!("{what} merge"), &|a| window_merge(a[0], side, window, shift).unwrap(), &[w], tols);
     }

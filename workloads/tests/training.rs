@@ -312,3 +312,23 @@ fn the_returned_loss_holds_no_graph() -> Result<()> {
     assert!(!w.train_step(&batch)?.track_op(), "the loss keeps the step's activations alive");
     Ok(())
 }
+
+#[test]
+fn off_a_gpu_steps_never_replay_graphs_and_say_so() -> Result<()> {
+    use workloads::kernels::options::CudaGraphs;
+    for mode in [Mode::Infer, Mode::Train] {
+        let cfg = WorkloadConfig { kernels: workloads::kernels::KernelOptions { graphs: CudaGraphs::On, ..Default::default() }, ..config(mode, TrainConfig::adamw()) };
+        let mut w = build("resnet_tiny", &cfg)?;
+        let batch = w.synthetic_batch(2, 1)?;
+        for _ in 0..3 {
+            match mode {
+                Mode::Infer => drop(w.infer(&batch)?),
+                Mode::Train => drop(w.train_step(&batch)?),
+            }
+        }
+        assert_eq!(w.steps_to_steady(), 1, "{mode:?}: nothing to capture on the CPU");
+        assert_eq!(w.graph_stats(), workloads::GraphStats::default());
+        assert!(w.graph_refusals().is_empty());
+    }
+    Ok(())
+}

@@ -70,7 +70,12 @@ pub fn run(job: Job, device: &OpenDevice, context: &RunContext, cell: &CellIdent
     let host = workload.host_batch(settings.max_batch, spec.seed).context("making the requests' inputs")?;
     let mut server = WorkloadServer { workload, host, device: device.device.clone() };
     let closed_loop_qps = warm_up(&mut server, settings.max_batch)?;
-    writeln!(log, "warm: every batch size 1..={} served once; closed loop at {} serves {closed_loop_qps:.1} requests/s", settings.max_batch, settings.max_batch)?;
+    let times = match server.workload.steps_to_steady() {
+        1 => "once".to_string(),
+        n => format!("{n} times (its CUDA graph captured)"),
+    };
+    writeln!(log, "warm: every batch size 1..={} served {times}; closed loop at {} serves {closed_loop_qps:.1} requests/s", settings.max_batch, settings.max_batch)?;
+    crate::run::execute::warn_of_refused_graphs(server.workload.as_ref(), &spec.model);
 
     let fingerprint = Fingerprint::collect(device.info.selected.as_ref());
     let id = JobIdentity {
@@ -140,11 +145,14 @@ pub fn run(job: Job, device: &OpenDevice, context: &RunContext, cell: &CellIdent
     Ok(JobOutcome { steps: steps_done, capacity })
 }
 
-/// Serves every batch size once (each shape's first run chooses its kernels), then the max batch a
-/// few times: the closed loop's rate at it, the ceiling of what any offered rate can be served at.
+/// Serves every batch size until its steps are alike (each shape's first run chooses its kernels;
+/// with CUDA graphs, the second captures its graph), then the max batch a few times: the closed
+/// loop's rate at it, the ceiling of what any offered rate can be served at.
 fn warm_up(server: &mut WorkloadServer, max_batch: usize) -> Result<f64> {
     for n in 1..=max_batch {
-        server.serve(n)?;
+        for _ in 0..server.workload.steps_to_steady() {
+            server.serve(n)?;
+        }
     }
     let mut best = Duration::MAX;
     for _ in 0..3 {

@@ -30,6 +30,7 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
         group: context.group.clone(),
     };
     let measured = measure(&mut exec, &MonotonicClock::new(), spec.warmup, spec.stop, &mut beside);
+    warn_of_refused_graphs(exec.workload.as_ref(), &spec.model);
     // A group's members on this device are expected there: neighbours on purpose.
     let mut context = context;
     if let (Some(g), Ok(_)) = (&beside.group, &measured) {
@@ -44,6 +45,19 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
     let measurement = measured?;
     released.context("releasing the run's GPU memory")?;
     Run::new(spec, info, context, started_at, measurement, beside.metrics, cell, fingerprint)
+}
+
+/// Says so when CUDA graphs were asked for and some shape's steps could not be captured: those steps
+/// ran kernel by kernel, and a reader comparing with graphs on should know.
+pub(crate) fn warn_of_refused_graphs(workload: &dyn Workload, model: &str) {
+    let graphs = workload.graph_stats();
+    if graphs.refused > 0 {
+        eprintln!(
+            "warning: {model}: CUDA graphs refused for {} step shape(s), which ran kernel by kernel: {}",
+            graphs.refused,
+            workload.graph_refusals().join("; ")
+        );
+    }
 }
 
 /// Beside a GPU run's measured phase: the NVML sampler (when asked for) and the CUDA profiler's range.
@@ -143,6 +157,10 @@ impl Executor for WorkloadExecutor {
             }
         }
         Ok(())
+    }
+
+    fn steps_to_steady(&self) -> u64 {
+        self.workload.steps_to_steady()
     }
 
     fn loss(&mut self) -> Result<Option<f32>> {

@@ -42,6 +42,11 @@ pub trait Executor {
     /// The loss of the most recent step when training. Reading it may copy from the device, so the
     /// loop reads it outside the timed section and only for the first and last measured steps.
     fn loss(&mut self) -> Result<Option<f32>>;
+    /// Steps before the executor's steps are all alike (a CUDA graph is captured at the second): a
+    /// warm-up by duration runs at least this many.
+    fn steps_to_steady(&self) -> u64 {
+        1
+    }
 }
 
 /// How long to run before measuring.
@@ -194,7 +199,7 @@ fn warm_up(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup) -> Result
     loop {
         let done = match warmup {
             Warmup::Iterations(k) => n >= k,
-            Warmup::Duration { min, min_iterations } => n >= min_iterations.max(1) && clock.now() - start >= min,
+            Warmup::Duration { min, min_iterations } => n >= min_iterations.max(exec.steps_to_steady()).max(1) && clock.now() - start >= min,
         };
         if done {
             return Ok(n);
@@ -251,6 +256,19 @@ mod tests {
         assert_eq!(m.warmup_iterations, 1);
         let m = measure(&mut step, &clock, warmup(10, 5), Stop::Iterations(1), &mut Unobserved)?;
         assert_eq!(m.warmup_iterations, 5, "the minimum count wins over a short duration");
+        Ok(())
+    }
+
+    #[test]
+    fn a_warmup_by_duration_covers_the_steps_before_an_executor_is_steady() -> Result<()> {
+        let clock = FakeClock::default();
+        // A workload replaying CUDA graphs: its second step captures, so both belong to the warm-up.
+        let mut step = FakeStep { steady_after: 2, ..FakeStep::new(&clock, &[4.0]) };
+        let m = measure(&mut step, &clock, Warmup::Duration { min: Duration::ZERO, min_iterations: 1 }, Stop::Iterations(1), &mut Unobserved)?;
+        assert_eq!(m.warmup_iterations, 2);
+        // A count given by the user is what runs, steady or not.
+        let m = measure(&mut step, &clock, Warmup::Iterations(1), Stop::Iterations(1), &mut Unobserved)?;
+        assert_eq!(m.warmup_iterations, 1);
         Ok(())
     }
 

@@ -200,6 +200,10 @@ pub struct Matrix {
     pub encoder_layers: Option<String>,
     #[serde(default)]
     pub gemm_algorithm: Option<String>,
+    /// "infer", "on" or "off": steps on a GPU replayed as CUDA graphs (default infer: inference
+    /// steps only).
+    #[serde(default)]
+    pub cuda_graphs: Option<String>,
 }
 
 fn infer() -> Vec<String> {
@@ -391,7 +395,7 @@ pub const DTYPES: [&str; 4] = ["f32", "bf16", "f16", "tf32"];
 
 impl Matrix {
     pub fn kernel_options(&self) -> Result<workloads::kernels::KernelOptions> {
-        use workloads::kernels::options::{Attention, EncoderLayers, GemmAlgorithm};
+        use workloads::kernels::options::{Attention, CudaGraphs, EncoderLayers, GemmAlgorithm};
         let mut k = workloads::kernels::KernelOptions::default();
         if let Some(a) = &self.attention {
             k.attention = a.parse::<Attention>().map_err(|e| anyhow::anyhow!("attention: {e}"))?;
@@ -401,6 +405,9 @@ impl Matrix {
         }
         if let Some(g) = &self.gemm_algorithm {
             k.gemm = g.parse::<GemmAlgorithm>().map_err(|e| anyhow::anyhow!("gemm_algorithm: {e}"))?;
+        }
+        if let Some(g) = &self.cuda_graphs {
+            k.graphs = g.parse::<CudaGraphs>().map_err(|e| anyhow::anyhow!("cuda_graphs: {e}"))?;
         }
         Ok(k)
     }

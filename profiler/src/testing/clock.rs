@@ -54,12 +54,14 @@ pub struct FakeStep {
     pub steps: usize,
     pub train: bool,
     pub loss_reads: usize,
+    /// What [`Executor::steps_to_steady`] answers (a workload replaying CUDA graphs: 2).
+    pub steady_after: u64,
 }
 
 impl FakeStep {
     pub fn new(clock: &FakeClock, durations_ms: &[f64]) -> Self {
         let durations = durations_ms.iter().map(|&ms| Duration::from_secs_f64(ms / 1e3)).collect();
-        Self { clock: clock.clone(), durations, steps: 0, train: false, loss_reads: 0 }
+        Self { clock: clock.clone(), durations, steps: 0, train: false, loss_reads: 0, steady_after: 1 }
     }
 }
 
@@ -73,5 +75,9 @@ impl Executor for FakeStep {
     fn loss(&mut self) -> Result<Option<f32>> {
         self.loss_reads += 1;
         Ok(self.train.then(|| 0.5f32.powi(self.steps as i32)))
+    }
+
+    fn steps_to_steady(&self) -> u64 {
+        self.steady_after
     }
 }

@@ -211,7 +211,7 @@ mod cuda {
             let size = std::mem::size_of::<T>();
             let k = word_elements(size, &[d, stride, offset, src.len(), dst.len()]);
             let kernel = format!("attn_move_w{}", k * size);
-            let func = Kernel::load(&self.dev, &crate::kernels::sources::ATTENTION, &kernel)?;
+            let func = Kernel::load(self.dev, &crate::kernels::sources::ATTENTION, &kernel)?;
             let total = (b * h * tp * d / k) as u64;
             let cfg = LaunchConfig { grid_dim: (total.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let [b, t, tp, h, dw, stride, offset] = [b, t, tp, h, d / k, stride / k, offset / k].map(|v| v as u32);

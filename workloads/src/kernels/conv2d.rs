@@ -97,6 +97,9 @@ pub(crate) mod cudnn {
         handles: HashMap<usize, sys::cudnnHandle_t>,
         prepared: HashMap<Key, Prepared>,
         workspace: HashMap<usize, cudarc::driver::CudaSlice<u8>>,
+        /// Workspaces outgrown, kept allocated: a CUDA graph captured before the growth launches
+        /// with their address (`crate::graphs`).
+        outgrown: Vec<cudarc::driver::CudaSlice<u8>>,
     }
 
     thread_local! {
@@ -150,9 +153,8 @@ pub(crate) mod cudnn {
         }
 
         fn prepare(&mut self, handle: sys::cudnnHandle_t, key: Key) -> Result<&Prepared> {
-            if !self.prepared.contains_key(&key) {
-                let p = build(handle, key)?;
-                self.prepared.insert(key, p);
+            if let std::collections::hash_map::Entry::Vacant(slot) = self.prepared.entry(key) {
+                slot.insert(build(handle, key)?);
             }
             Ok(&self.prepared[&key])
         }
@@ -165,9 +167,17 @@ pub(crate) mod cudnn {
             let id = dev.cuda_stream().cu_stream() as usize;
             let big_enough = self.workspace.get(&id).is_some_and(|w| w.len() >= bytes);
             if !big_enough {
+                // Grown during a capture, the workspace would be the graph's own allocation, freed
+                // at its next launch while later steps still use it. The step before a capture runs
+                // the same shapes, so this is never expected.
+                if crate::graphs::capturing(dev)? {
+                    bail!("the cuDNN workspace would grow to {bytes} B while a CUDA graph is captured; run with CUDA graphs off")
+                }
                 // SAFETY: cuDNN writes its workspace before reading it.
                 let w = unsafe { dev.alloc::<u8>(bytes)? };
-                self.workspace.insert(id, w);
+                if let Some(old) = self.workspace.insert(id, w) {
+                    self.outgrown.push(old);
+                }
             }
             Ok(self.workspace.get_mut(&id))
         }

@@ -72,7 +72,7 @@ impl Fused {
     ) -> Result<()> {
         let kernel = format!("{}_d{}", super::launch::name("attn_fused", dtype), self.d);
         let queries = if dtype == DType::F32 { SIMT_QUERIES_PER_BLOCK } else { QUERIES_PER_BLOCK };
-        let func = Kernel::load(&dev, &crate::kernels::sources::FUSED_ATTENTION, &kernel)?;
+        let func = Kernel::load(dev, &crate::kernels::sources::FUSED_ATTENTION, &kernel)?;
         let blocks = self.t.div_ceil(queries);
         let cfg = LaunchConfig { grid_dim: ((self.b * self.h) as u32, blocks as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let (t, h, r, mode, scale) = (self.t as u32, self.h as u32, self.r, self.mode, self.scale);

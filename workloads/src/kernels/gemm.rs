@@ -353,6 +353,10 @@ fn fastest(
     if candidates.len() == 1 || key.algorithm == GemmAlgorithm::Heuristic {
         return Ok(candidates[0]);
     }
+    // Timing synchronises, which a capture forbids; the step before a capture runs the same products.
+    if stream.capture_status().is_ok_and(|s| s != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) {
+        bail!("cuBLASLt product {key:?} first met while a CUDA graph is captured: its algorithm cannot be timed then; run with CUDA graphs off")
+    }
     // MIGPROF_GEMM_LOG=1: what was measured, to see why an algorithm was chosen.
     let logging = std::env::var_os("MIGPROF_GEMM_LOG").is_some();
     let cuda = |e: cudarc::driver::DriverError| candle_core::Error::Msg(format!("CUDA event: {e:?}"));

@@ -1,5 +1,6 @@
 //! The kernel choices that change what a step measures, as one typed value: which attention kernel,
-//! whether encoder layers train as one op, how GEMM algorithms are picked. A run is built with one
+//! whether encoder layers train as one op, how GEMM algorithms are picked, whether steps replay as
+//! CUDA graphs. A run is built with one
 //! [`KernelOptions`] and records its [`canonical`](KernelOptions::canonical) string, so two rows
 //! measured with different kernels never look alike.
 //!
@@ -78,17 +79,32 @@ choice! {
     }
 }
 
+choice! {
+    /// Whether a step on a CUDA device replays a CUDA graph of its kernels (see `crate::graphs`).
+    CudaGraphs {
+        /// Inference steps captured at the second step of each shape and replayed from the third
+        /// on; training steps launched kernel by kernel (their replay is not yet verified to
+        /// move every parameter as an uncaptured step does).
+        Infer = "infer",
+        /// Inference and training steps captured and replayed.
+        On = "on",
+        /// Every kernel launched from the host at every step.
+        Off = "off",
+    }
+}
+
 /// Every kernel choice of a run. The default is what migprof measures unless told otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KernelOptions {
     pub attention: Attention,
     pub layers: EncoderLayers,
     pub gemm: GemmAlgorithm,
+    pub graphs: CudaGraphs,
 }
 
 impl Default for KernelOptions {
     fn default() -> Self {
-        Self { attention: Attention::Fused, layers: EncoderLayers::Op, gemm: GemmAlgorithm::Timed }
+        Self { attention: Attention::Fused, layers: EncoderLayers::Op, gemm: GemmAlgorithm::Timed, graphs: CudaGraphs::Infer }
     }
 }
 
@@ -110,17 +126,19 @@ impl Drop for Entered {
 
 impl KernelOptions {
     /// The version of the canonical string's format: bumped when a key is added, so that an old row
-    /// (which lacks the key) keeps meaning what it meant when it was written.
-    pub const VERSION: u32 = 1;
+    /// (which lacks the key) keeps meaning what it meant when it was written. 2: `graphs` (a v1 row
+    /// ran without CUDA graphs).
+    pub const VERSION: u32 = 2;
 
-    /// `v1;attention=fused;layers=op;gemm=timed`: the version, then every key spelled out.
+    /// `v2;attention=fused;layers=op;gemm=timed;graphs=infer`: the version, then every key spelled out.
     pub fn canonical(&self) -> String {
         format!(
-            "v{};attention={};layers={};gemm={}",
+            "v{};attention={};layers={};gemm={};graphs={}",
             Self::VERSION,
             self.attention.as_str(),
             self.layers.as_str(),
-            self.gemm.as_str()
+            self.gemm.as_str(),
+            self.graphs.as_str()
         )
     }
 
@@ -145,29 +163,38 @@ impl fmt::Display for KernelOptions {
 impl FromStr for KernelOptions {
     type Err = String;
 
-    /// Parses a canonical string of this version: every key exactly once, in any order.
+    /// Parses a canonical string of this version, or of version 1 (before `graphs`, which it lacks:
+    /// those steps ran without CUDA graphs): every key of its version exactly once, in any order.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut parts = s.split(';');
         let version = parts.next().unwrap_or("");
-        if version != format!("v{}", Self::VERSION) {
-            return Err(format!("kernel options `{s}`: expected version v{} first, found `{version}`", Self::VERSION));
-        }
-        let (mut attention, mut layers, mut gemm) = (None, None, None);
+        let keys: &[&str] = match version {
+            "v2" => &["attention", "layers", "gemm", "graphs"],
+            "v1" => &["attention", "layers", "gemm"],
+            _ => return Err(format!("kernel options `{s}`: expected version v{} (or v1) first, found `{version}`", Self::VERSION)),
+        };
+        let (mut attention, mut layers, mut gemm, mut graphs) = (None, None, None, None);
         for part in parts {
             let (key, value) = part.split_once('=').ok_or_else(|| format!("kernel options `{s}`: `{part}` is not key=value"))?;
             let repeated = match key {
+                _ if !keys.contains(&key) => {
+                    return Err(format!("kernel options `{s}`: unknown key `{key}` (keys of {version}: {})", keys.join(", ")))
+                }
                 "attention" => attention.replace(value.parse::<Attention>().map_err(|e| format!("attention: {e}"))?).is_some(),
                 "layers" => layers.replace(value.parse::<EncoderLayers>().map_err(|e| format!("layers: {e}"))?).is_some(),
                 "gemm" => gemm.replace(value.parse::<GemmAlgorithm>().map_err(|e| format!("gemm: {e}"))?).is_some(),
-                other => return Err(format!("kernel options `{s}`: unknown key `{other}` (keys: attention, layers, gemm)")),
+                _ => graphs.replace(value.parse::<CudaGraphs>().map_err(|e| format!("graphs: {e}"))?).is_some(),
             };
             if repeated {
                 return Err(format!("kernel options `{s}`: `{key}` given twice"));
             }
         }
-        match (attention, layers, gemm) {
-            (Some(attention), Some(layers), Some(gemm)) => Ok(Self { attention, layers, gemm }),
-            _ => Err(format!("kernel options `{s}`: every key is needed (attention, layers, gemm)")),
+        if version == "v1" {
+            graphs.get_or_insert(CudaGraphs::Off);
+        }
+        match (attention, layers, gemm, graphs) {
+            (Some(attention), Some(layers), Some(gemm), Some(graphs)) => Ok(Self { attention, layers, gemm, graphs }),
+            _ => Err(format!("kernel options `{s}`: every key is needed ({})", keys.join(", "))),
         }
     }
 }
@@ -178,23 +205,33 @@ mod tests {
 
     #[test]
     fn the_canonical_string_spells_every_key_and_parses_back() {
-        assert_eq!(KernelOptions::default().canonical(), "v1;attention=fused;layers=op;gemm=timed");
-        let other = KernelOptions { attention: Attention::Composed, layers: EncoderLayers::Ops, gemm: GemmAlgorithm::Heuristic };
-        assert_eq!(other.canonical(), "v1;attention=composed;layers=ops;gemm=heuristic");
+        assert_eq!(KernelOptions::default().canonical(), "v2;attention=fused;layers=op;gemm=timed;graphs=infer");
+        let other = KernelOptions { attention: Attention::Composed, layers: EncoderLayers::Ops, gemm: GemmAlgorithm::Heuristic, graphs: CudaGraphs::Off };
+        assert_eq!(other.canonical(), "v2;attention=composed;layers=ops;gemm=heuristic;graphs=off");
         for o in [KernelOptions::default(), other] {
             assert_eq!(o.canonical().parse::<KernelOptions>(), Ok(o));
         }
-        assert_eq!("v1;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>(), Ok(other));
+        assert_eq!("v2;graphs=off;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>(), Ok(other));
+    }
+
+    #[test]
+    fn a_version_1_string_means_steps_without_graphs() {
+        let v1 = "v1;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>().unwrap();
+        assert_eq!(v1.graphs, CudaGraphs::Off);
+        assert_eq!(v1.canonical(), "v2;attention=composed;layers=ops;gemm=heuristic;graphs=off");
+        let err = "v1;attention=fused;layers=op;gemm=timed;graphs=on".parse::<KernelOptions>().unwrap_err();
+        assert!(err.contains("unknown key `graphs`") && err.contains("keys of v1"), "{err}");
     }
 
     #[test]
     fn malformed_strings_say_what_is_wrong() {
         let err = |s: &str| s.parse::<KernelOptions>().unwrap_err();
-        assert!(err("v2;attention=fused;layers=op;gemm=timed").contains("expected version v1"));
-        assert!(err("v1;attention=fused;layers=op").contains("every key"));
-        assert!(err("v1;attention=flash;layers=op;gemm=timed").contains("fused, composed"));
-        assert!(err("v1;attention=fused;attention=fused;layers=op;gemm=timed").contains("given twice"));
-        assert!(err("v1;graphs=on;attention=fused;layers=op;gemm=timed").contains("unknown key `graphs`"));
+        assert!(err("v3;attention=fused;layers=op;gemm=timed;graphs=on").contains("expected version v2"));
+        assert!(err("v2;attention=fused;layers=op;gemm=timed").contains("every key"));
+        assert!(err("v2;attention=flash;layers=op;gemm=timed;graphs=on").contains("fused, composed"));
+        assert!(err("v2;attention=fused;layers=op;gemm=timed;graphs=maybe").contains("infer, on, off"));
+        assert!(err("v2;attention=fused;attention=fused;layers=op;gemm=timed;graphs=on").contains("given twice"));
+        assert!(err("v2;streams=2;attention=fused;layers=op;gemm=timed;graphs=on").contains("unknown key `streams`"));
     }
 
     #[test]

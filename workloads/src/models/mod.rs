@@ -23,6 +23,30 @@ pub enum Inputs {
     Tokens { input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor },
 }
 
+impl Inputs {
+    /// The tensors, in a fixed order: the images, or ids, token types and mask.
+    pub fn tensors(&self) -> Vec<Tensor> {
+        match self {
+            Inputs::Images(x) => vec![x.clone()],
+            Inputs::Tokens { input_ids, token_type_ids, attention_mask } => {
+                vec![input_ids.clone(), token_type_ids.clone(), attention_mask.clone()]
+            }
+        }
+    }
+
+    /// Inputs of this kind made of `tensors`, in [`Inputs::tensors`]' order (any beyond are not
+    /// read).
+    pub fn with_tensors(&self, tensors: &[Tensor]) -> Result<Inputs> {
+        Ok(match (self, tensors) {
+            (Inputs::Images(_), [x, ..]) => Inputs::Images(x.clone()),
+            (Inputs::Tokens { .. }, [ids, types, mask, ..]) => {
+                Inputs::Tokens { input_ids: ids.clone(), token_type_ids: types.clone(), attention_mask: mask.clone() }
+            }
+            _ => candle_core::bail!("{} tensors do not make these inputs", tensors.len()),
+        })
+    }
+}
+
 /// A model that maps inputs to class logits; `train` selects training behaviour (batch statistics).
 pub trait Classifier: Send {
     fn forward(&self, inputs: &Inputs, train: bool) -> Result<Tensor>;

@@ -1,0 +1,122 @@
+//! Steps replayed as CUDA graphs against the same steps launched kernel by kernel, on the GPU: the
+//! logits of inference, and the losses, parameters and buffers over consecutive training steps. A
+//! shape whose capture is refused (the step copies from host memory) runs as is, and must still
+//! give the same results.
+//! Built only with the `cudnn` feature and run on a GPU machine (`benches/gpu_run.sh kernels`, which
+//! passes `--include-ignored`): every test is `#[ignore]`d and fails without a CUDA device.
+#![cfg(feature = "cudnn")]
+
+use candle_core::{DType, Device, Tensor};
+use workloads::kernels::options::CudaGraphs;
+use workloads::kernels::KernelOptions;
+use workloads::{build, Batch, GraphStats, Mode, TrainConfig, Workload, WorkloadConfig};
+
+/// The GPU, opened as the profiler opens it (one stream, pooled memory, no per-allocation events).
+fn gpu() -> Device {
+    let gpu = Device::new_cuda(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU and found none: {e}"));
+    workloads::memory::pool_allocations(&gpu).unwrap();
+    gpu
+}
+
+fn tiny_presets() -> Vec<&'static str> {
+    workloads::models().into_iter().filter(|m| m.tiny).map(|m| m.name).collect()
+}
+
+fn workload(name: &str, device: &Device, dtype: DType, mode: Mode, train: TrainConfig, graphs: CudaGraphs) -> Box<dyn Workload> {
+    let kernels = KernelOptions { graphs, ..KernelOptions::default() };
+    let cfg = WorkloadConfig { device: device.clone(), dtype, mode, seed: 7, seq_len: None, weights: None, train, kernels };
+    build(name, &cfg).unwrap()
+}
+
+fn host(t: &Tensor) -> Vec<f32> {
+    t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+/// Largest |a - b| relative to the largest |b|.
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// Seven steps: the first of each of two shapes runs as is, the second captures, the rest replay with
+/// new inputs copied in, the shapes interleaved so that each replay follows the other graph's.
+fn batches(w: &dyn Workload) -> Vec<Batch> {
+    [(4, 1), (2, 2), (4, 3), (2, 4), (4, 5), (2, 6), (4, 7)].iter().map(|&(n, seed)| w.synthetic_batch(n, seed).unwrap()).collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn replayed_inference_gives_the_logits_of_steps_launched_kernel_by_kernel() {
+    let gpu = gpu();
+    for name in tiny_presets() {
+        for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2)] {
+            let eager = workload(name, &gpu, dtype, Mode::Infer, TrainConfig::default(), CudaGraphs::Off);
+            let graphed = workload(name, &gpu, dtype, Mode::Infer, TrainConfig::default(), CudaGraphs::Infer);
+            for (i, batch) in batches(eager.as_ref()).iter().enumerate() {
+                let want = host(&eager.infer(batch).unwrap());
+                let got = host(&graphed.infer(batch).unwrap());
+                let err = rel_err(&got, &want);
+                eprintln!("{name} {dtype:?} step {i} (batch {}): relative error {err:.2e}", batch.size);
+                assert!(err <= tol, "{name} {dtype:?} step {i}: replayed logits differ by {err:.2e} (> {tol:.0e})");
+            }
+            let stats = graphed.graph_stats();
+            eprintln!("{name} {dtype:?}: {stats:?} {:?}", graphed.graph_refusals());
+            assert_eq!(stats.captured + stats.refused, 2, "{name} {dtype:?}: {stats:?}");
+            assert_eq!(stats.replays, 3 * stats.captured as u64 / 2, "{name} {dtype:?}: {stats:?}");
+            // ResNet's inference is all our kernels, cuDNN and cuBLAS on contiguous tensors: it
+            // must be captured, or this test would compare nothing with nothing.
+            if name == "resnet_tiny" {
+                assert_eq!(stats, GraphStats { captured: 2, replays: 3, refused: 0 }, "{name} {dtype:?}");
+            }
+            assert_eq!(eager.graph_stats(), GraphStats::default());
+        }
+    }
+}
+
+/// The largest relative difference between two workloads' tensors, and its tensor's name.
+fn worst_tensor(a: &dyn Workload, b: &dyn Workload) -> (f32, String) {
+    let (want, got) = (a.tensors(), b.tensors());
+    assert_eq!(want.len(), got.len());
+    let mut worst = (0f32, String::new());
+    for ((n, w), (_, g)) in want.iter().zip(&got) {
+        let err = rel_err(&host(g), &host(w));
+        if err > worst.0 {
+            worst = (err, n.clone());
+        }
+    }
+    worst
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn replayed_training_steps_move_the_model_as_steps_launched_kernel_by_kernel() {
+    let gpu = gpu();
+    for name in tiny_presets() {
+        for train in [TrainConfig::adamw(), TrainConfig::sgd()] {
+            // Two workloads without graphs measure how far run-to-run differences (atomic sums in
+            // backward kernels) alone move the model; the graphed one may differ from the first by
+            // little more than that.
+            let mut eager = workload(name, &gpu, DType::F32, Mode::Train, train, CudaGraphs::Off);
+            let mut control = workload(name, &gpu, DType::F32, Mode::Train, train, CudaGraphs::Off);
+            let mut graphed = workload(name, &gpu, DType::F32, Mode::Train, train, CudaGraphs::On);
+            for (i, batch) in batches(eager.as_ref()).iter().enumerate() {
+                let want = host(&eager.train_step(batch).unwrap());
+                control.train_step(batch).unwrap();
+                let got = host(&graphed.train_step(batch).unwrap());
+                let err = rel_err(&got, &want);
+                eprintln!("{name} {:?} step {i} (batch {}): loss {} against {}, relative error {err:.2e}", train.optimizer, batch.size, got[0], want[0]);
+                assert!(err <= 1e-4, "{name} {:?} step {i}: loss {} against {}", train.optimizer, got[0], want[0]);
+            }
+            let stats = graphed.graph_stats();
+            eprintln!("{name} {:?}: {stats:?} {:?}", train.optimizer, graphed.graph_refusals());
+            assert_eq!(stats.captured + stats.refused, 2, "{name}: {stats:?}");
+            // Every parameter and buffer (batch norm's running statistics too) after the seven steps.
+            let (noise, noisiest) = worst_tensor(eager.as_ref(), control.as_ref());
+            let (worst, name_of_worst) = worst_tensor(eager.as_ref(), graphed.as_ref());
+            eprintln!("{name} {:?}: worst tensor {name_of_worst} at {worst:.2e}; without graphs, run to run: {noisiest} at {noise:.2e}", train.optimizer);
+            let bound = (10.0 * noise).max(1e-5);
+            assert!(worst <= bound, "{name} {:?}: {name_of_worst} differs by {worst:.2e} after seven steps (bound {bound:.1e})", train.optimizer);
+        }
+    }
+}
