@@ -5,6 +5,7 @@ promises: the documented columns, throughput = 1000 / mean_ms * batch, min <= p5
 
 usage: scripts/check_results.py DIR [--runs N]    (exit 1 on the first broken promise)
 """
+import re
 import argparse
 import sys
 
@@ -47,7 +48,7 @@ def check(folder, expected_runs):
         lo, hi = r.get("throughput_ci_low"), r.get("throughput_ci_high")
         if lo is not None and not lo <= r["throughput"] <= hi:
             problems.append(f"{rid}: throughput {r['throughput']} outside its interval [{lo}, {hi}]")
-        if not (r["kernel_options"] or "").startswith("v1;"):
+        if not re.fullmatch(r"v[0-9]+(;[a-z]+=[a-z0-9]+)+", r["kernel_options"] or ""):
             problems.append(f"{rid}: kernel_options {r['kernel_options']!r} is not a versioned canonical string")
         if r["mode"] == "train" and (r["loss_first"] is None or r["loss_last"] is None):
             problems.append(f"{rid}: a training run without loss_first/loss_last")
