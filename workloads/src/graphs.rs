@@ -97,7 +97,10 @@ impl StepGraphs {
                 self.replays += 1;
                 return Ok(output);
             }
-            if let Some((shape, dtype)) = self.seen.get(&key).filter(|_| !self.refused.contains_key(&key)) {
+            if self.refused.contains_key(&key) {
+                return step(&inputs);
+            }
+            if let Some((shape, dtype)) = self.seen.get(&key) {
                 // A refused capture launched nothing: the step then runs again, as is.
                 match cuda::Captured::capture(dev, inputs.clone(), shape, *dtype, &mut step)? {
                     cuda::Capture::Done(graph, output) => {
@@ -109,9 +112,6 @@ impl StepGraphs {
                         return step(&inputs);
                     }
                 }
-            }
-            if self.refused.contains_key(&key) {
-                return step(&inputs);
             }
             let output = step(&inputs)?;
             self.seen.insert(key, (output.dims().to_vec(), output.dtype()));
