@@ -14,6 +14,19 @@ import sys
 import pyarrow.parquet as pq
 
 
+def print_table(head, rows, markdown):
+    """Rows of strings under `head`: a Markdown table, or columns aligned to the right."""
+    if markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
+    else:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)] if rows else [len(h) for h in head]
+        for r in [head] + rows:
+            print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+
+
 def main():
     folder, ref_file = sys.argv[1], sys.argv[2]
     markdown = "--markdown" in sys.argv
@@ -50,15 +63,7 @@ def main():
             top = peak.get(f"{p['dtype']}_tflops", float("nan")) * 1e12
             row += [f"{m['throughput'] * m['flops_per_sample'] / top:.1%}", f"{p['throughput'] * m['flops_per_sample'] / top:.1%}"]
         out.append(row)
-    if markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for r in out:
-            print("| " + " | ".join(r) + " |")
-    else:
-        widths = [max(len(h), *(len(r[i]) for r in out)) for i, h in enumerate(head)] if out else [len(h) for h in head]
-        for r in [head] + out:
-            print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+    print_table(head, out, markdown)
     if rows:
         print(f"\nPyTorch {rows[0]['torch']} on {rows[0]['gpu']}; precision: f32 TF32 off; tf32 TF32 on for matmuls and convolutions; bf16 autocast (PyTorch) / bf16 weights (migprof)")
     if peak:

@@ -26,8 +26,10 @@
 #              /tmp/capacity-results while the machine stays warm), then `migprof capacity` for
 #              20,000 ResNet-50 and 3,000 BERT requests/s, and the report
 #     best     migprof against the best PyTorch variant per cell (eager autocast, bf16 weights,
-#              channels_last, torch.compile reduce-overhead; benches/pytorch_reference.py --variants);
-#              MODELS, BATCHES (default 1), DTYPES (default bf16) pick the inference cells
+#              channels_last, torch.compile reduce-overhead for inference; benches/pytorch_reference.py
+#              --variants); MODELS, BATCHES (default 1), DTYPES (default bf16), MODES (default infer)
+#              pick the cells; ROUNDS (default 1) repeats the comparison, and benches/rounds.py gives
+#              each cell's median ratio and whether it meets the goal
 #     before   no performance lost: the comparison matrix by the build BEFORE_GZ (gzipped, the build
 #              before a change) and by this build, one after the other, then PyTorch's once, and each
 #              build's ratio to PyTorch and this build's to the one before (MODELS, BATCHES narrow it)
@@ -100,7 +102,7 @@ log "MPS after: servers on the GPU and MPS processes"; mps_servers
 python3 - "$out/latency" <<'PY' | tee "$out/latency.txt"
 import sys, pyarrow.parquet as pq
 rows = [r for r in pq.read_table(f"{sys.argv[1]}/runs").to_pylist() if r["status"] in (None, "ok")]
-def graphs(r): return r["kernel_options"].split("graphs=")[1]
+def graphs(r): return r["kernel_options"].split("graphs=")[1].split(";")[0]
 def where(r): return r["emulated_profile"] or "whole GPU"
 full = {(r["model"], graphs(r)): r["p50_ms"] for r in rows if not r["emulated_profile"]}
 print(f"{'model':<10} {'graphs':<6} {'device':<10} {'SM share':>8} {'p50 ms':>8} {'p99 ms':>8} {'/whole':>7}  verdict")
@@ -203,13 +205,22 @@ exit 0
 fi
 
 if [ "$mode" = best ]; then
-models="${MODELS:-resnet50,bert_base}"; batches="${BATCHES:-1}"; dtypes="${DTYPES:-bf16}"
-log "migprof: $models inference, $dtypes, batch $batches"
-"$bin" run --model "$models" --mode infer --dtype "$dtypes" --batch "$batches" --device "$uuid" --warmup-secs 1 --duration 3 --out "$out/best" 2>&1 | grep -E "^\[|error"
-log "PyTorch, every variant (compile time apart)"
-python3 benches/pytorch_reference.py --models "$models" --modes infer --dtypes "$dtypes" --batches "$batches" --variants eager,bf16w,cl,compile --warmup 10 --iters 50 > "$out/pytorch.jsonl"
-python3 benches/compare.py "$out/best" "$out/pytorch.jsonl" | tee "$out/compare-best.txt"
-cp "$out/pytorch.jsonl" "$out/compare-best.txt" "${OUT:-/tmp}/" 2>/dev/null
+models="${MODELS:-resnet50,bert_base}"; batches="${BATCHES:-1}"; dtypes="${DTYPES:-bf16}"; modes="${MODES:-infer}"
+log "the GPU's measured matmul peak (for MFU)"
+python3 benches/peak_flops.py > "$out/peak.json"; cat "$out/peak.json"
+pairs=()
+for round in $(seq 1 "${ROUNDS:-1}"); do
+    log "round $round: migprof: $models $modes, $dtypes, batch $batches"
+    "$bin" run --model "$models" --mode "$modes" --dtype "$dtypes" --batch "$batches" --device "$uuid" --warmup-secs 1 --duration 3 --out "$out/best-$round" 2>&1 | grep -E "^\[|error"
+    log "round $round: PyTorch, every variant (compile time apart; the second round reuses Inductor's cache)"
+    python3 benches/pytorch_reference.py --models "$models" --modes "$modes" --dtypes "$dtypes" --batches "$batches" --variants eager,bf16w,cl,compile --warmup 10 --iters 50 > "$out/pytorch-$round.jsonl"
+    python3 benches/compare.py "$out/best-$round" "$out/pytorch-$round.jsonl" --peak "$out/peak.json" | tee "$out/compare-best-$round.txt"
+    pairs+=("$out/best-$round" "$out/pytorch-$round.jsonl")
+done
+log "the rounds together"
+python3 benches/rounds.py "${pairs[@]}" --peak "$out/peak.json" | tee "$out/rounds.txt"
+python3 benches/rounds.py "${pairs[@]}" --peak "$out/peak.json" --markdown > "$out/rounds.md"
+cp "$out"/pytorch-*.jsonl "$out"/compare-best-*.txt "$out"/rounds.txt "$out"/rounds.md "${OUT:-/tmp}/" 2>/dev/null
 exit 0
 fi
 

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use workloads::kernels::options::{Attention, CudaGraphs, EncoderLayers, GemmAlgorithm};
+use workloads::kernels::options::{Attention, Convolutions, CudaGraphs, EncoderLayers, GemmAlgorithm};
 use workloads::kernels::KernelOptions;
 use workloads::Mode;
 
@@ -534,16 +534,21 @@ pub struct KernelArgs {
 
     /// Steps on a GPU replayed as CUDA graphs: each shape's second step captured, every later one
     /// replayed with one launch (as torch.compile's "reduce-overhead" does), so that small batches
-    /// measure the GPU and not the host's kernel launches. infer: inference steps only; on: training
-    /// steps too (not yet verified to update every parameter as an uncaptured step does); off: every
-    /// kernel launched at every step.
-    #[arg(long, default_value = "infer", hide_short_help = true, value_parser = choice::<CudaGraphs>(CudaGraphs::NAMES))]
+    /// measure the GPU and not the host's kernel launches. on: inference and training steps; infer:
+    /// inference steps only; off: every kernel launched at every step.
+    #[arg(long, default_value = "on", hide_short_help = true, value_parser = choice::<CudaGraphs>(CudaGraphs::NAMES))]
     pub cuda_graphs: CudaGraphs,
+
+    /// ResNet's inference convolutions on a GPU: nhwc, each with its batch norm, residual add and ReLU
+    /// fused on cuDNN's current engines (as PyTorch's channels_last reaches); or nchw, on cuDNN's
+    /// legacy calls with the ReLU and add as separate kernels.
+    #[arg(long, default_value = "nhwc", hide_short_help = true, value_parser = choice::<Convolutions>(Convolutions::NAMES))]
+    pub convs: Convolutions,
 }
 
 impl KernelArgs {
     pub fn options(&self) -> KernelOptions {
-        KernelOptions { attention: self.attention, layers: self.encoder_layers, gemm: self.gemm_algorithm, graphs: self.cuda_graphs }
+        KernelOptions { attention: self.attention, layers: self.encoder_layers, gemm: self.gemm_algorithm, graphs: self.cuda_graphs, convs: self.convs }
     }
 }
 

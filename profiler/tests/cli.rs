@@ -161,6 +161,53 @@ fn pyarrow_reads_the_folder_and_every_row_checks_out() {
     assert!(String::from_utf8_lossy(&check.stdout).contains("4 runs checked, 0 problems"), "{}", text(&check));
 }
 
+/// benches/rounds.py, the verdict over rounds of the comparison with PyTorch, on two real results
+/// folders: a cell's median ratio, and a cell below the goal in one round said to be below. Needs
+/// python3 with pyarrow, which .ci/run installs.
+#[test]
+#[ignore = "needs python3 with pyarrow"]
+fn rounds_gives_each_cell_its_median_ratio_and_verdict() {
+    let has_pyarrow = Command::new("python3").args(["-c", "import pyarrow"]).output().is_ok_and(|o| o.status.success());
+    assert!(has_pyarrow, "this test needs python3 with pyarrow (`python3 -m pip install pyarrow`)");
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = Vec::new();
+    // Two rounds; PyTorch's best variant made to give ratios 2.0 and 1.6 for batch 1 (median 1.8:
+    // meets), 1.2 and 0.9 for batch 3 (median 1.05, but a round below 0.95: below).
+    for (round, ratios) in [(1, [2.0, 1.2]), (2, [1.6, 0.9])] {
+        let folder = dir.path().join(format!("best-{round}"));
+        let o = run_tiny(&folder, &["--batch", "1,3", "--iters", "3", "--warmup", "0"]);
+        assert!(o.status.success(), "{}", text(&o));
+        let runs = read_table(&folder, Table::Runs).unwrap();
+        let (batches, throughput) = (f64s(&runs, "batch"), f64s(&runs, "throughput"));
+        let mut lines = String::new();
+        for (b, t) in batches.iter().zip(&throughput) {
+            let ratio = if *b == 1.0 { ratios[0] } else { ratios[1] };
+            for (variant, slower) in [("eager", 3.0), ("compile", 1.0)] {
+                lines += &format!(
+                    "{{\"model\": \"resnet_tiny\", \"mode\": \"infer\", \"dtype\": \"f32\", \"batch\": {b}, \"throughput\": {}, \"variant\": \"{variant}\"}}\n",
+                    t / ratio / slower
+                );
+            }
+        }
+        let reference = dir.path().join(format!("pytorch-{round}.jsonl"));
+        std::fs::write(&reference, lines).unwrap();
+        args.push(folder.to_str().unwrap().to_string());
+        args.push(reference.to_str().unwrap().to_string());
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/rounds.py");
+    let o = Command::new("python3").arg(script).args(&args).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let row = |batch: &str| out.lines().find(|l| l.split_whitespace().nth(3) == Some(batch)).unwrap_or_else(|| panic!("no batch {batch}:\n{out}")).to_string();
+    let one = row("1");
+    let one: Vec<&str> = one.split_whitespace().collect();
+    assert_eq!(&one[4..7], ["2.00", "1.60", "1.80"], "{out}");
+    assert_eq!((one[9], one[10]), ("compile", "meets"), "{out}");
+    let three = row("3");
+    assert!(three.contains("1.20") && three.contains("0.90") && three.contains("1.05") && three.ends_with("below"), "{out}");
+    assert!(out.contains("1 of 2 cells meet the goal"), "{out}");
+}
+
 #[test]
 fn every_family_runs_in_both_modes_and_every_cpu_dtype() {
     let dir = tempfile::tempdir().unwrap();

@@ -92,31 +92,42 @@ fn worst_tensor(a: &dyn Workload, b: &dyn Workload) -> (f32, String) {
 #[ignore = "needs a CUDA GPU"]
 fn replayed_training_steps_move_the_model_as_steps_launched_kernel_by_kernel() {
     let gpu = gpu();
+    // Every case runs before any is judged, so that one failure still shows the others' figures.
+    let mut failures = Vec::new();
     for name in tiny_presets() {
-        for train in [TrainConfig::adamw(), TrainConfig::sgd()] {
+        for train in [TrainConfig::sgd(), TrainConfig::adamw()] {
             // Two workloads without graphs measure how far run-to-run differences (atomic sums in
             // backward kernels) alone move the model; the graphed one may differ from the first by
             // little more than that.
             let mut eager = workload(name, &gpu, DType::F32, Mode::Train, train, CudaGraphs::Off);
             let mut control = workload(name, &gpu, DType::F32, Mode::Train, train, CudaGraphs::Off);
             let mut graphed = workload(name, &gpu, DType::F32, Mode::Train, train, CudaGraphs::On);
+            let case = format!("{name} {:?}", train.optimizer);
             for (i, batch) in batches(eager.as_ref()).iter().enumerate() {
                 let want = host(&eager.train_step(batch).unwrap());
-                control.train_step(batch).unwrap();
+                let noise = rel_err(&host(&control.train_step(batch).unwrap()), &want);
                 let got = host(&graphed.train_step(batch).unwrap());
                 let err = rel_err(&got, &want);
-                eprintln!("{name} {:?} step {i} (batch {}): loss {} against {}, relative error {err:.2e}", train.optimizer, batch.size, got[0], want[0]);
-                assert!(err <= 1e-4, "{name} {:?} step {i}: loss {} against {}", train.optimizer, got[0], want[0]);
+                eprintln!("{case} step {i} (batch {}): loss {} against {}, relative error {err:.2e} (without graphs, run to run: {noise:.2e})", batch.size, got[0], want[0]);
+                let bound = (10.0 * noise).max(1e-4);
+                if err > bound {
+                    failures.push(format!("{case} step {i}: loss {} against {} (bound {bound:.1e})", got[0], want[0]));
+                }
             }
             let stats = graphed.graph_stats();
-            eprintln!("{name} {:?}: {stats:?} {:?}", train.optimizer, graphed.graph_refusals());
-            assert_eq!(stats.captured + stats.refused, 2, "{name}: {stats:?}");
+            eprintln!("{case}: {stats:?} {:?}", graphed.graph_refusals());
+            if stats.captured + stats.refused != 2 {
+                failures.push(format!("{case}: {stats:?}"));
+            }
             // Every parameter and buffer (batch norm's running statistics too) after the seven steps.
             let (noise, noisiest) = worst_tensor(eager.as_ref(), control.as_ref());
             let (worst, name_of_worst) = worst_tensor(eager.as_ref(), graphed.as_ref());
-            eprintln!("{name} {:?}: worst tensor {name_of_worst} at {worst:.2e}; without graphs, run to run: {noisiest} at {noise:.2e}", train.optimizer);
+            eprintln!("{case}: worst tensor {name_of_worst} at {worst:.2e}; without graphs, run to run: {noisiest} at {noise:.2e}");
             let bound = (10.0 * noise).max(1e-5);
-            assert!(worst <= bound, "{name} {:?}: {name_of_worst} differs by {worst:.2e} after seven steps (bound {bound:.1e})", train.optimizer);
+            if worst > bound {
+                failures.push(format!("{case}: {name_of_worst} differs by {worst:.2e} after seven steps (bound {bound:.1e})"));
+            }
         }
     }
+    assert!(failures.is_empty(), "replayed training differs:\n{}", failures.join("\n"));
 }

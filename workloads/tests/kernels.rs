@@ -376,6 +376,8 @@ fn the_memory_pool_keeps_freed_memory_across_synchronisations_until_released() {
     use workloads::memory::{pool_allocations, pooled_bytes};
     let gpu = gpu();
     pool_allocations(&gpu).unwrap();
+    // What earlier tests in this process left pooled would serve the allocation below.
+    workloads::memory::release_pooled(&gpu).unwrap();
     let before = pooled_bytes(&gpu).unwrap().expect("CUDA allocations come from a pool");
     // 256 MiB allocated, used, freed; then a synchronisation, where a pool with the default
     // threshold would hand the memory back.
@@ -632,6 +634,85 @@ fn an_encoder_layer_as_one_op_matches_the_layer_built_of_ops() {
             let worst = errors.iter().fold(0f32, |m, (_, e)| m.max(*e));
             eprintln!("encoder layer {norms:?} {dtype:?}: y {e:.1e}, worst of {} gradients {worst:.1e}", errors.len());
             assert!(e < tol && worst < tol, "{norms:?} {dtype:?}: y {e}, gradients {errors:?}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn nhwc_convolutions_with_their_epilogue_match_candle_on_the_cpu() {
+    use workloads::kernels::conv_nhwc;
+    let gpu = gpu();
+    let nhwc = |t: &Tensor| t.permute((0, 2, 3, 1)).unwrap().contiguous().unwrap();
+    // ResNet's shapes (the patch embeddings are not convolutions of ours in NHWC): the stem's three
+    // channels too, which the NHWC engines take padded.
+    for (i, &(xs, ws, pad, stride)) in CASES[..5].iter().enumerate() {
+        let (x, w, b) = (random(&xs, 40 + i as u64), random(&ws, 50 + i as u64), random(&[ws[0]], 60 + i as u64));
+        let conv = x.conv2d(&w, pad, stride, 1, 1).unwrap().broadcast_add(&b.reshape((1, ws[0], 1, 1)).unwrap()).unwrap();
+        let r = random(conv.dims(), 70 + i as u64);
+        for (residual, relu) in [(false, false), (false, true), (true, true)] {
+            let sum = if residual { (&conv + &r).unwrap() } else { conv.clone() };
+            let want = if relu { sum.relu().unwrap() } else { sum };
+            for (dtype, tol) in [(DType::F32, 1e-5f32), (DType::BF16, 2e-2), (DType::F16, 5e-3)] {
+                let on = |t: &Tensor| t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
+                let r = residual.then(|| on(&nhwc(&r)));
+                let y = conv_nhwc(&on(&nhwc(&x)), &on(&nhwc(&w)), &on(&b), r.as_ref(), pad, stride, relu).unwrap();
+                let y = y.permute((0, 3, 1, 2)).unwrap();
+                assert_eq!(y.dims(), want.dims(), "case {i} {dtype:?}");
+                let e = rel_err(&y, &want);
+                eprintln!("NHWC case {i} {dtype:?} residual {residual} relu {relu}: {e:.1e}");
+                assert!(e < tol, "NHWC case {i} {dtype:?} residual {residual} relu {relu}: differs by {e}");
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn max_pool_over_nhwc_matches_the_pool_over_nchw() {
+    use workloads::kernels::max_pool::max_pool2d_nhwc;
+    use workloads::kernels::max_pool2d;
+    let gpu = gpu();
+    for shape in [[2usize, 3, 8, 8], [2, 2, 7, 9], [1, 64, 112, 112]] {
+        let x = random(&shape, 80).to_device(&gpu).unwrap();
+        let want = max_pool2d(&x, 3, 2, 1).unwrap();
+        let got = max_pool2d_nhwc(&x.permute((0, 2, 3, 1)).unwrap(), 3, 2, 1).unwrap().permute((0, 3, 1, 2)).unwrap();
+        assert_eq!(rel_err(&got, &want), 0.0, "max pool over NHWC {shape:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn resnet_in_nhwc_gives_the_logits_of_resnet_in_nchw() {
+    use workloads::kernels::options::{Convolutions, CudaGraphs};
+    use workloads::kernels::KernelOptions;
+    use workloads::{build, Mode, TrainConfig, WorkloadConfig};
+    let gpu = gpu();
+    workloads::memory::pool_allocations(&gpu).unwrap();
+    // f32 runs NHWC only with TF32 allowed (then both layouts use it); half types always.
+    for (name, batch) in [("resnet_tiny", 4), ("resnet50", 2)] {
+        for (dtype, tf32, tol) in [(DType::F32, true, 1e-2f32), (DType::BF16, false, 3e-2), (DType::F16, false, 5e-3)] {
+            workloads::precision::allow_tf32(tf32);
+            let workload = |convs| {
+                // Without graphs, so that both run every step as launched.
+                let kernels = KernelOptions { convs, graphs: CudaGraphs::Off, ..KernelOptions::default() };
+                let cfg = WorkloadConfig { device: gpu.clone(), dtype, mode: Mode::Infer, seed: 3, seq_len: None, weights: None, train: TrainConfig::default(), kernels };
+                build(name, &cfg).unwrap()
+            };
+            let (nchw, nhwc) = (workload(Convolutions::Nchw), workload(Convolutions::Nhwc));
+            for seed in [1, 2] {
+                let b = nchw.synthetic_batch(batch, seed).unwrap();
+                let want = nchw.infer(&b).unwrap();
+                let before = workloads::kernels::conv_nhwc::shapes_prepared();
+                let got = nhwc.infer(&b).unwrap();
+                // The NHWC path ran (a shape the NCHW workload never prepares), or this compares
+                // NCHW with itself.
+                assert!(seed > 1 || workloads::kernels::conv_nhwc::shapes_prepared() > before, "{name} {dtype:?}: no NHWC convolution ran");
+                let e = rel_err(&got, &want);
+                eprintln!("{name} {dtype:?} batch {batch} seed {seed}: NHWC logits against NCHW {e:.1e}");
+                assert!(e < tol, "{name} {dtype:?}: NHWC logits differ from NCHW by {e}");
+            }
+            workloads::precision::allow_tf32(false);
         }
     }
 }

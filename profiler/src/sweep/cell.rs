@@ -312,8 +312,9 @@ pub(crate) mod tests {
             CellSpec { batch_as_written: "max".into(), ..a.clone() },
             CellSpec { repeat: 1, ..a.clone() },
             CellSpec { dtype: "f16".into(), ..a.clone() },
-            CellSpec { kernel_options: "v2;attention=composed;layers=op;gemm=timed;graphs=on".into(), ..a.clone() },
-            CellSpec { kernel_options: "v2;attention=fused;layers=op;gemm=timed;graphs=off".into(), ..a.clone() },
+            CellSpec { kernel_options: "v3;attention=composed;layers=op;gemm=timed;graphs=infer;convs=nhwc".into(), ..a.clone() },
+            CellSpec { kernel_options: "v3;attention=fused;layers=op;gemm=timed;graphs=off;convs=nhwc".into(), ..a.clone() },
+            CellSpec { kernel_options: "v3;attention=fused;layers=op;gemm=timed;graphs=infer;convs=nchw".into(), ..a.clone() },
             CellSpec { weights_sha256: Some("ab".into()), ..a.clone() },
             CellSpec { purpose: Purpose::Probe, ..a.clone() },
             CellSpec { concurrency_group: Some("3g+3g".into()), neighbours: vec!["b:resnet_tiny/infer/f32/2".into()], ..a.clone() },
@@ -323,10 +324,10 @@ pub(crate) mod tests {
         // Beside other neighbours, another cell.
         let member = CellSpec { concurrency_group: Some("g".into()), neighbours: vec!["b:x".into()], ..a.clone() };
         assert_ne!(CellSpec { neighbours: vec!["b:y".into()], ..member.clone() }.cell_id(), member.cell_id());
-        // An id of a cell run alone is what it was before groups existed; it changed once since, on
-        // purpose, when the default kernel options gained CUDA graphs (v2): a cell measured with
-        // graphs is not the cell measured without.
-        assert_eq!(a.cell_id(), "625b81f89fb13fc2");
+        // An id of a cell run alone is what it was before groups existed; it changed since, on
+        // purpose, each time the default kernel options changed what a step runs: CUDA graphs (v2),
+        // then ResNet's convolutions in NHWC (v3).
+        assert_eq!(a.cell_id(), "4b1e8c7e26043281");
         // "max" keeps one id whatever batch the search found.
         let max = CellSpec { batch_as_written: "max".into(), ..a.clone() };
         assert_eq!(CellSpec { batch: 64, ..max.clone() }.cell_id(), max.cell_id());

@@ -200,10 +200,13 @@ pub struct Matrix {
     pub encoder_layers: Option<String>,
     #[serde(default)]
     pub gemm_algorithm: Option<String>,
-    /// "infer", "on" or "off": steps on a GPU replayed as CUDA graphs (default infer: inference
-    /// steps only).
+    /// "on", "infer" or "off": steps on a GPU replayed as CUDA graphs (default on: inference and
+    /// training steps; infer: inference steps only).
     #[serde(default)]
     pub cuda_graphs: Option<String>,
+    /// "nhwc" or "nchw": the layout ResNet's inference convolutions run in on a GPU (default nhwc).
+    #[serde(default)]
+    pub convs: Option<String>,
 }
 
 fn infer() -> Vec<String> {
@@ -395,7 +398,7 @@ pub const DTYPES: [&str; 4] = ["f32", "bf16", "f16", "tf32"];
 
 impl Matrix {
     pub fn kernel_options(&self) -> Result<workloads::kernels::KernelOptions> {
-        use workloads::kernels::options::{Attention, CudaGraphs, EncoderLayers, GemmAlgorithm};
+        use workloads::kernels::options::{Attention, Convolutions, CudaGraphs, EncoderLayers, GemmAlgorithm};
         let mut k = workloads::kernels::KernelOptions::default();
         if let Some(a) = &self.attention {
             k.attention = a.parse::<Attention>().map_err(|e| anyhow::anyhow!("attention: {e}"))?;
@@ -408,6 +411,9 @@ impl Matrix {
         }
         if let Some(g) = &self.cuda_graphs {
             k.graphs = g.parse::<CudaGraphs>().map_err(|e| anyhow::anyhow!("cuda_graphs: {e}"))?;
+        }
+        if let Some(c) = &self.convs {
+            k.convs = c.parse::<Convolutions>().map_err(|e| anyhow::anyhow!("convs: {e}"))?;
         }
         Ok(k)
     }

@@ -107,6 +107,26 @@ pub(crate) mod cudnn {
         static STATE: RefCell<State> = RefCell::new(State::default());
     }
 
+    /// The cuDNN handle of this thread for the device's stream (created on first use), which every
+    /// cuDNN call of ours shares (`conv_nhwc` too).
+    pub(crate) fn handle(dev: &CudaDevice) -> Result<sys::cudnnHandle_t> {
+        STATE.with(|state| state.borrow_mut().handle(dev))
+    }
+
+    /// A workspace of at least `bytes` on the device's stream, shared with the convolutions here: the
+    /// device pointer (null for none), valid for the life of the thread, since outgrown workspaces
+    /// are kept (see [`State::outgrown`]).
+    pub(crate) fn workspace(dev: &CudaDevice, bytes: usize) -> Result<*mut c_void> {
+        STATE.with(|state| {
+            let mut state = state.borrow_mut();
+            let stream = dev.cuda_stream();
+            Ok(match state.workspace(dev, bytes)? {
+                Some(w) => w.device_ptr_mut(&stream).0 as *mut c_void,
+                None => std::ptr::null_mut(),
+            })
+        })
+    }
+
     fn check(status: std::result::Result<(), cudarc::cudnn::CudnnError>, what: &str) -> Result<()> {
         status.map_err(|e| candle_core::Error::Msg(format!("cuDNN {what}: {e:?}")))
     }

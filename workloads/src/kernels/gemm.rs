@@ -25,7 +25,6 @@ use std::sync::Arc;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::cublaslt::{result as lt, sys};
 use candle_core::cuda_backend::cudarc;
-use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr};
 use candle_core::cuda_backend::{CudaDType, CudaDevice};
 use candle_core::{bail, CudaStorage, DType, Layout, Result};
@@ -359,32 +358,22 @@ fn fastest(
     }
     // MIGPROF_GEMM_LOG=1: what was measured, to see why an algorithm was chosen.
     let logging = std::env::var_os("MIGPROF_GEMM_LOG").is_some();
-    let cuda = |e: cudarc::driver::DriverError| candle_core::Error::Msg(format!("CUDA event: {e:?}"));
-    let event = || stream.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda);
     let mut best: Option<(f32, usize)> = None;
     let mut log = Vec::new();
     for (i, algo) in candidates.iter().enumerate() {
+        // An algorithm the library refuses at its first launch is skipped, not an error.
         if launch(algo).is_err() {
             if logging {
                 log.push(format!("{} refused", describe(algo)));
             }
             continue;
         }
-        let mut times = Vec::with_capacity(3);
-        for _ in 0..3 {
-            let (start, end) = (event()?, event()?);
-            start.record(stream).map_err(cuda)?;
-            let launched = launch(algo);
-            end.record(stream).map_err(cuda)?;
-            check(launched, "matmul")?;
-            times.push(start.elapsed_ms(&end).map_err(cuda)?);
-        }
-        times.sort_by(f32::total_cmp);
+        let median = super::launch::median_ms(stream, &|| check(launch(algo), "matmul"))?;
         if logging {
-            log.push(format!("{} {:.4} ms", describe(algo), times[1]));
+            log.push(format!("{} {median:.4} ms", describe(algo)));
         }
-        if best.is_none_or(|(t, _)| times[1] < t) {
-            best = Some((times[1], i));
+        if best.is_none_or(|(t, _)| median < t) {
+            best = Some((median, i));
         }
     }
     if logging {

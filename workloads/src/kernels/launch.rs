@@ -75,6 +75,27 @@ pub(crate) fn name(base: &str, dtype: DType) -> String {
     format!("{base}_{suffix}")
 }
 
+/// The median time in ms of three launches of `launch` on `stream`, measured with CUDA events after
+/// one untimed launch (which pays for first-use costs). Synchronises: never call it while the stream
+/// is captured ([`crate::graphs::capturing`]).
+pub(crate) fn median_ms(stream: &Arc<CudaStream>, launch: &dyn Fn() -> Result<()>) -> Result<f32> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
+    let cuda = |e: candle_core::cuda_backend::cudarc::driver::DriverError| candle_core::Error::Msg(format!("CUDA event: {e:?}"));
+    let event = || stream.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda);
+    launch()?;
+    let mut times = Vec::with_capacity(3);
+    for _ in 0..3 {
+        let (start, end) = (event()?, event()?);
+        start.record(stream).map_err(cuda)?;
+        let launched = launch();
+        end.record(stream).map_err(cuda)?;
+        launched?;
+        times.push(start.elapsed_ms(&end).map_err(cuda)?);
+    }
+    times.sort_by(f32::total_cmp);
+    Ok(times[1])
+}
+
 /// The elements of a contiguous tensor on the device, from its first one.
 pub(crate) fn view<'a, T: CudaDType + DeviceRepr>(s: &'a CudaStorage, l: &Layout, what: &str) -> Result<CudaView<'a, T>> {
     let Some((start, end)) = l.contiguous_offsets() else { bail!("{what} takes contiguous tensors") };

@@ -23,7 +23,7 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> R
     // CUDA: one pass each way (`cuda::MaxPool`).
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() {
-        return x.contiguous()?.apply_op1(cuda::MaxPool { kernel, stride, padding });
+        return x.contiguous()?.apply_op1(cuda::MaxPool { kernel, stride, padding, channels_last: false });
     }
     if !x.track_op() {
         // Inference: pad, then candle's pooling kernel (one pass; it has no backward for kernel !=
@@ -48,6 +48,13 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> R
         }
     }
     Ok(out.expect("kernel >= 1"))
+}
+
+/// Max pooling over NHWC ([n, h, w, c]) for inference (no backward), as ResNet's NHWC path needs:
+/// the same windows and the same first-maximum rule as [`max_pool2d`], read channel-contiguous.
+#[cfg(feature = "cuda")]
+pub fn max_pool2d_nhwc(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
+    x.contiguous()?.apply_op1_no_bwd(&cuda::MaxPool { kernel, stride, padding, channels_last: true })
 }
 
 /// `count` elements of dimension `dim`, starting at `start`, every `stride`-th one: a narrow followed by
@@ -154,12 +161,20 @@ pub(crate) mod cuda {
         pub kernel: usize,
         pub stride: usize,
         pub padding: usize,
+        /// The input is NHWC (forward only) rather than NCHW.
+        pub channels_last: bool,
     }
 
     impl MaxPool {
-        /// (planes, h, w, oh, ow) of an NCHW input.
+        /// (n, c, h, w) of the input, in its layout.
+        fn dims(&self, l: &Layout) -> Result<(usize, usize, usize, usize)> {
+            let (a, b, c, d) = l.shape().dims4()?;
+            Ok(if self.channels_last { (a, d, b, c) } else { (a, b, c, d) })
+        }
+
+        /// (planes, h, w, oh, ow) of the input.
         fn geometry(&self, l: &Layout) -> Result<(usize, usize, usize, usize, usize)> {
-            let (n, c, h, w) = l.shape().dims4()?;
+            let (n, c, h, w) = self.dims(l)?;
             let (k, s, p) = (self.kernel, self.stride, self.padding);
             if k == 0 || s == 0 || p >= k || h + 2 * p < k || w + 2 * p < k {
                 bail!("max pool {k}x{k} stride {s} padding {p} over a {h}x{w} input")
@@ -178,7 +193,8 @@ pub(crate) mod cuda {
             let n = planes * if g.is_some() { h * w } else { oh * ow };
             let cfg = LaunchConfig { grid_dim: ((n as u32).div_ceil(256).clamp(1, 1 << 20), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let planes = planes as u32;
-            let [h, w, oh, ow, k, s, p] = [h, w, oh, ow, self.kernel, self.stride, self.padding].map(|v| v as i32);
+            let channels = if self.channels_last { self.dims(x.1)?.1 } else { 0 };
+            let [h, w, oh, ow, k, s, p, cl] = [h, w, oh, ow, self.kernel, self.stride, self.padding, channels].map(|v| v as i32);
             by_dtype!(x.0.dtype(), "max pool", T => {
                 let xv = view::<T>(x.0, x.1, "max pool")?;
                 let gv = match g { Some((gs, gl)) => Some(view::<T>(gs, gl, "max pool's gradient")?), None => None };
@@ -188,7 +204,7 @@ pub(crate) mod cuda {
                 let mut b = func.builder();
                 b.arg(&xv);
                 match &gv { Some(v) => b.arg(v), None => b.arg(&null) };
-                b.arg(&out).arg(&planes).arg(&h).arg(&w).arg(&oh).arg(&ow).arg(&k).arg(&s).arg(&p);
+                b.arg(&out).arg(&planes).arg(&h).arg(&w).arg(&oh).arg(&ow).arg(&k).arg(&s).arg(&p).arg(&cl);
                 // SAFETY: argument types and order match the kernel; x holds planes·h·w, g planes·oh·ow.
                 unsafe { func.launch(&mut b, cfg) }?;
                 Ok(CudaStorage::wrap_cuda_slice(out, dev))
@@ -206,12 +222,16 @@ pub(crate) mod cuda {
         }
 
         fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
-            let (n, c, _, _) = l.shape().dims4()?;
+            let (n, c, _, _) = self.dims(l)?;
             let (_, _, _, oh, ow) = self.geometry(l)?;
-            Ok((self.launch((s, l), None)?, Shape::from((n, c, oh, ow))))
+            let shape = if self.channels_last { Shape::from((n, oh, ow, c)) } else { Shape::from((n, c, oh, ow)) };
+            Ok((self.launch((s, l), None)?, shape))
         }
 
         fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+            if self.channels_last {
+                bail!("max pool over NHWC is for inference: it has no backward")
+            }
             Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&MaxPoolGrad { pool: *self, x: x.clone() })?))
         }
     }

@@ -15,6 +15,10 @@ pub mod batch_norm;
 #[cfg(feature = "cuda")]
 mod conv1x1;
 pub mod conv2d;
+#[cfg(feature = "cudnn")]
+mod cudnn_graph;
+#[cfg(feature = "cudnn")]
+pub mod conv_nhwc;
 mod cpu;
 pub mod elementwise;
 pub mod embedding;
@@ -35,6 +39,8 @@ pub mod windows;
 
 pub use attention::{attention, ScoreBias};
 pub use conv2d::conv2d;
+#[cfg(feature = "cudnn")]
+pub use conv_nhwc::conv_nhwc;
 pub use elementwise::{add, add_repeating, bias_act, Act, BiasAxis};
 pub use embedding::embedding;
 pub use layer_norm::layer_norm;

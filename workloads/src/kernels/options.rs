@@ -83,13 +83,25 @@ choice! {
     /// Whether a step on a CUDA device replays a CUDA graph of its kernels (see `crate::graphs`).
     CudaGraphs {
         /// Inference steps captured at the second step of each shape and replayed from the third
-        /// on; training steps launched kernel by kernel (their replay is not yet verified to
-        /// move every parameter as an uncaptured step does).
+        /// on; training steps launched kernel by kernel.
         Infer = "infer",
-        /// Inference and training steps captured and replayed.
+        /// Inference and training steps captured and replayed (a training step's replay moves
+        /// every parameter as the uncaptured step does: `workloads/tests/graphs.rs`).
         On = "on",
         /// Every kernel launched from the host at every step.
         Off = "off",
+    }
+}
+
+choice! {
+    /// The layout ResNet's convolutions infer in on CUDA devices built with cuDNN (training and
+    /// other devices stay NCHW).
+    Convolutions {
+        /// NHWC on cuDNN's graph API: each convolution with its folded batch norm, residual add and
+        /// ReLU as one fused kernel where cuDNN's engines take it (`kernels::conv_nhwc`).
+        Nhwc = "nhwc",
+        /// NCHW on cuDNN's legacy convolution calls, batch norm folded, ReLU and add as our kernels.
+        Nchw = "nchw",
     }
 }
 
@@ -100,11 +112,12 @@ pub struct KernelOptions {
     pub layers: EncoderLayers,
     pub gemm: GemmAlgorithm,
     pub graphs: CudaGraphs,
+    pub convs: Convolutions,
 }
 
 impl Default for KernelOptions {
     fn default() -> Self {
-        Self { attention: Attention::Fused, layers: EncoderLayers::Op, gemm: GemmAlgorithm::Timed, graphs: CudaGraphs::Infer }
+        Self { attention: Attention::Fused, layers: EncoderLayers::Op, gemm: GemmAlgorithm::Timed, graphs: CudaGraphs::On, convs: Convolutions::Nhwc }
     }
 }
 
@@ -127,18 +140,20 @@ impl Drop for Entered {
 impl KernelOptions {
     /// The version of the canonical string's format: bumped when a key is added, so that an old row
     /// (which lacks the key) keeps meaning what it meant when it was written. 2: `graphs` (a v1 row
-    /// ran without CUDA graphs).
-    pub const VERSION: u32 = 2;
+    /// ran without CUDA graphs); 3: `convs` (v1 and v2 rows ran ResNet in NCHW).
+    pub const VERSION: u32 = 3;
 
-    /// `v2;attention=fused;layers=op;gemm=timed;graphs=infer`: the version, then every key spelled out.
+    /// `v3;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc`: the version, then every key
+    /// spelled out.
     pub fn canonical(&self) -> String {
         format!(
-            "v{};attention={};layers={};gemm={};graphs={}",
+            "v{};attention={};layers={};gemm={};graphs={};convs={}",
             Self::VERSION,
             self.attention.as_str(),
             self.layers.as_str(),
             self.gemm.as_str(),
-            self.graphs.as_str()
+            self.graphs.as_str(),
+            self.convs.as_str()
         )
     }
 
@@ -163,17 +178,19 @@ impl fmt::Display for KernelOptions {
 impl FromStr for KernelOptions {
     type Err = String;
 
-    /// Parses a canonical string of this version, or of version 1 (before `graphs`, which it lacks:
-    /// those steps ran without CUDA graphs): every key of its version exactly once, in any order.
+    /// Parses a canonical string of this version or an earlier one, whose missing keys take what its
+    /// steps ran (v2 lacks `convs`: NCHW; v1 also lacks `graphs`: none): every key of its version
+    /// exactly once, in any order.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut parts = s.split(';');
         let version = parts.next().unwrap_or("");
         let keys: &[&str] = match version {
+            "v3" => &["attention", "layers", "gemm", "graphs", "convs"],
             "v2" => &["attention", "layers", "gemm", "graphs"],
             "v1" => &["attention", "layers", "gemm"],
-            _ => return Err(format!("kernel options `{s}`: expected version v{} (or v1) first, found `{version}`", Self::VERSION)),
+            _ => return Err(format!("kernel options `{s}`: expected version v{} (or v2, v1) first, found `{version}`", Self::VERSION)),
         };
-        let (mut attention, mut layers, mut gemm, mut graphs) = (None, None, None, None);
+        let (mut attention, mut layers, mut gemm, mut graphs, mut convs) = (None, None, None, None, None);
         for part in parts {
             let (key, value) = part.split_once('=').ok_or_else(|| format!("kernel options `{s}`: `{part}` is not key=value"))?;
             let repeated = match key {
@@ -183,7 +200,8 @@ impl FromStr for KernelOptions {
                 "attention" => attention.replace(value.parse::<Attention>().map_err(|e| format!("attention: {e}"))?).is_some(),
                 "layers" => layers.replace(value.parse::<EncoderLayers>().map_err(|e| format!("layers: {e}"))?).is_some(),
                 "gemm" => gemm.replace(value.parse::<GemmAlgorithm>().map_err(|e| format!("gemm: {e}"))?).is_some(),
-                _ => graphs.replace(value.parse::<CudaGraphs>().map_err(|e| format!("graphs: {e}"))?).is_some(),
+                "graphs" => graphs.replace(value.parse::<CudaGraphs>().map_err(|e| format!("graphs: {e}"))?).is_some(),
+                _ => convs.replace(value.parse::<Convolutions>().map_err(|e| format!("convs: {e}"))?).is_some(),
             };
             if repeated {
                 return Err(format!("kernel options `{s}`: `{key}` given twice"));
@@ -192,8 +210,11 @@ impl FromStr for KernelOptions {
         if version == "v1" {
             graphs.get_or_insert(CudaGraphs::Off);
         }
-        match (attention, layers, gemm, graphs) {
-            (Some(attention), Some(layers), Some(gemm), Some(graphs)) => Ok(Self { attention, layers, gemm, graphs }),
+        if version != "v3" {
+            convs.get_or_insert(Convolutions::Nchw);
+        }
+        match (attention, layers, gemm, graphs, convs) {
+            (Some(attention), Some(layers), Some(gemm), Some(graphs), Some(convs)) => Ok(Self { attention, layers, gemm, graphs, convs }),
             _ => Err(format!("kernel options `{s}`: every key is needed ({})", keys.join(", "))),
         }
     }
@@ -205,20 +226,28 @@ mod tests {
 
     #[test]
     fn the_canonical_string_spells_every_key_and_parses_back() {
-        assert_eq!(KernelOptions::default().canonical(), "v2;attention=fused;layers=op;gemm=timed;graphs=infer");
-        let other = KernelOptions { attention: Attention::Composed, layers: EncoderLayers::Ops, gemm: GemmAlgorithm::Heuristic, graphs: CudaGraphs::Off };
-        assert_eq!(other.canonical(), "v2;attention=composed;layers=ops;gemm=heuristic;graphs=off");
+        assert_eq!(KernelOptions::default().canonical(), "v3;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc");
+        let other = KernelOptions { attention: Attention::Composed, layers: EncoderLayers::Ops, gemm: GemmAlgorithm::Heuristic, graphs: CudaGraphs::Off, convs: Convolutions::Nchw };
+        assert_eq!(other.canonical(), "v3;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw");
         for o in [KernelOptions::default(), other] {
             assert_eq!(o.canonical().parse::<KernelOptions>(), Ok(o));
         }
-        assert_eq!("v2;graphs=off;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>(), Ok(other));
+        assert_eq!("v3;convs=nchw;graphs=off;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>(), Ok(other));
+    }
+
+    #[test]
+    fn a_version_2_string_means_resnet_in_nchw() {
+        let v2 = "v2;attention=fused;layers=op;gemm=timed;graphs=infer".parse::<KernelOptions>().unwrap();
+        assert_eq!(v2, KernelOptions { convs: Convolutions::Nchw, graphs: CudaGraphs::Infer, ..KernelOptions::default() });
+        let err = "v2;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc".parse::<KernelOptions>().unwrap_err();
+        assert!(err.contains("unknown key `convs`") && err.contains("keys of v2"), "{err}");
     }
 
     #[test]
     fn a_version_1_string_means_steps_without_graphs() {
         let v1 = "v1;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>().unwrap();
         assert_eq!(v1.graphs, CudaGraphs::Off);
-        assert_eq!(v1.canonical(), "v2;attention=composed;layers=ops;gemm=heuristic;graphs=off");
+        assert_eq!(v1.canonical(), "v3;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw");
         let err = "v1;attention=fused;layers=op;gemm=timed;graphs=on".parse::<KernelOptions>().unwrap_err();
         assert!(err.contains("unknown key `graphs`") && err.contains("keys of v1"), "{err}");
     }
@@ -226,12 +255,13 @@ mod tests {
     #[test]
     fn malformed_strings_say_what_is_wrong() {
         let err = |s: &str| s.parse::<KernelOptions>().unwrap_err();
-        assert!(err("v3;attention=fused;layers=op;gemm=timed;graphs=on").contains("expected version v2"));
-        assert!(err("v2;attention=fused;layers=op;gemm=timed").contains("every key"));
-        assert!(err("v2;attention=flash;layers=op;gemm=timed;graphs=on").contains("fused, composed"));
-        assert!(err("v2;attention=fused;layers=op;gemm=timed;graphs=maybe").contains("infer, on, off"));
-        assert!(err("v2;attention=fused;attention=fused;layers=op;gemm=timed;graphs=on").contains("given twice"));
-        assert!(err("v2;streams=2;attention=fused;layers=op;gemm=timed;graphs=on").contains("unknown key `streams`"));
+        assert!(err("v4;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("expected version v3"));
+        assert!(err("v3;attention=fused;layers=op;gemm=timed;graphs=on").contains("every key"));
+        assert!(err("v3;attention=flash;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("fused, composed"));
+        assert!(err("v3;attention=fused;layers=op;gemm=timed;graphs=maybe;convs=nhwc").contains("infer, on, off"));
+        assert!(err("v3;attention=fused;layers=op;gemm=timed;graphs=on;convs=nwhc").contains("nhwc, nchw"));
+        assert!(err("v3;attention=fused;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("given twice"));
+        assert!(err("v3;streams=2;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("unknown key `streams`"));
     }
 
     #[test]

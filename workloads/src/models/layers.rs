@@ -171,29 +171,64 @@ pub struct ConvBn {
     pub conv: Conv2d,
     pub bn: BatchNorm2d,
     folded: std::sync::OnceLock<(Tensor, Tensor)>,
+    /// The folded weight as KRSC (filter channels last), for the NHWC path.
+    #[cfg(feature = "cudnn")]
+    folded_krsc: std::sync::OnceLock<Tensor>,
 }
 
 impl ConvBn {
     pub fn new(conv: Conv2d, bn: BatchNorm2d) -> Self {
-        Self { conv, bn, folded: std::sync::OnceLock::new() }
+        Self {
+            conv,
+            bn,
+            folded: std::sync::OnceLock::new(),
+            #[cfg(feature = "cudnn")]
+            folded_krsc: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Whether nothing of the unit trains: then the batch norm folds into the convolution.
+    pub fn frozen(&self) -> bool {
+        !(self.conv.weight.track_op() || self.bn.weight.track_op() || self.bn.bias.track_op())
+    }
+
+    /// The convolution's weight with the batch norm's scale folded in (in the weight's dtype) and
+    /// the shift as a bias in `dtype`, computed on first use: a frozen unit's weights never change.
+    fn folded(&self, dtype: DType) -> Result<&(Tensor, Tensor)> {
+        if let Some(f) = self.folded.get() {
+            return Ok(f);
+        }
+        let (scale, shift) = self.bn.scale_shift()?;
+        let c = scale.dim(0)?;
+        let w = self.conv.weight.to_dtype(DType::F32)?.broadcast_mul(&scale.reshape((c, 1, 1, 1))?)?.to_dtype(self.conv.weight.dtype())?;
+        let _ = self.folded.set((w, shift.to_dtype(dtype)?));
+        Ok(self.folded.get().expect("just set"))
+    }
+
+    /// Inference over NHWC on a frozen unit: conv with the batch norm folded, + `residual` when
+    /// given, then ReLU when `relu`, as one cuDNN graph ([`crate::kernels::conv_nhwc`]).
+    #[cfg(feature = "cudnn")]
+    pub fn forward_nhwc(&self, x: &Tensor, residual: Option<&Tensor>, relu: bool) -> Result<Tensor> {
+        if !self.frozen() {
+            candle_core::bail!("the NHWC convolution is for inference on frozen weights")
+        }
+        let (w, b) = self.folded(x.dtype())?;
+        let w = match self.folded_krsc.get() {
+            Some(w) => w,
+            None => {
+                let _ = self.folded_krsc.set(w.permute((0, 2, 3, 1))?.contiguous()?);
+                self.folded_krsc.get().expect("just set")
+            }
+        };
+        crate::kernels::conv_nhwc(x, w, b, residual, self.conv.padding, self.conv.stride, relu)
     }
 
     /// conv, batch norm, then ReLU when `relu`.
     pub fn forward(&self, x: &Tensor, train: bool, relu: bool) -> Result<Tensor> {
-        if train || self.conv.weight.track_op() || self.bn.weight.track_op() {
+        if train || !self.frozen() {
             return self.bn.forward(&self.conv.forward(x)?, train, relu);
         }
-        let (w, b) = match self.folded.get() {
-            Some(f) => f,
-            None => {
-                let (scale, shift) = self.bn.scale_shift()?;
-                let c = scale.dim(0)?;
-                let w = self.conv.weight.to_dtype(DType::F32)?.broadcast_mul(&scale.reshape((c, 1, 1, 1))?)?.to_dtype(self.conv.weight.dtype())?;
-                let b = shift.to_dtype(x.dtype())?;
-                let _ = self.folded.set((w, b));
-                self.folded.get().expect("just set")
-            }
-        };
+        let (w, b) = self.folded(x.dtype())?;
         let y = crate::kernels::conv2d(x, w, self.conv.padding, self.conv.stride)?;
         crate::kernels::bias_act(&y, b, crate::kernels::BiasAxis::Channels, if relu { Act::Relu } else { Act::None })
     }

@@ -226,6 +226,27 @@ impl Residual {
         };
         add(&h, &identity, true)
     }
+
+    /// Inference over NHWC: the last convolution adds the shortcut and applies the ReLU in its
+    /// epilogue.
+    #[cfg(feature = "cudnn")]
+    fn forward_nhwc(&self, x: &Tensor) -> Result<Tensor> {
+        let identity = match &self.downsample {
+            Some(unit) => unit.forward_nhwc(x, None, false)?,
+            None => x.clone(),
+        };
+        let (last, inner) = self.path.split_last().expect("a block has convolutions");
+        let mut h = x.clone();
+        for unit in inner {
+            h = unit.forward_nhwc(&h, None, true)?;
+        }
+        last.forward_nhwc(&h, Some(&identity), true)
+    }
+
+    #[cfg(feature = "cudnn")]
+    fn units(&self) -> impl Iterator<Item = &ConvBn> {
+        self.path.iter().chain(self.downsample.as_ref())
+    }
 }
 
 pub struct ResNet {
@@ -248,9 +269,43 @@ impl ResNet {
     }
 }
 
+impl ResNet {
+    /// Whether this step runs over NHWC ([`Self::forward_nhwc`]): inference on a CUDA device with
+    /// cuDNN in a dtype that gains from it ([`crate::kernels::conv_nhwc::runs_nhwc`]), every unit
+    /// frozen, and the kernel options asking for it.
+    #[cfg(feature = "cudnn")]
+    fn runs_nhwc(&self, x: &Tensor, train: bool) -> bool {
+        use crate::kernels::options::{Convolutions, KernelOptions};
+        !train
+            && x.device().is_cuda()
+            && crate::kernels::conv_nhwc::runs_nhwc(x.dtype())
+            && KernelOptions::active().convs == Convolutions::Nhwc
+            && std::iter::once(&self.stem).chain(self.blocks.iter().flat_map(|b| b.units())).all(ConvBn::frozen)
+    }
+
+    /// Inference over NHWC: the images transposed once, every convolution fused with its batch
+    /// norm, shortcut and ReLU, the pool and the global average read channels-last.
+    #[cfg(feature = "cudnn")]
+    fn forward_nhwc(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.permute((0, 2, 3, 1))?.contiguous()?;
+        let x = self.stem.forward_nhwc(&x, None, true)?;
+        let mut x = crate::kernels::max_pool::max_pool2d_nhwc(&x, 3, 2, 1)?;
+        for block in &self.blocks {
+            x = block.forward_nhwc(&x)?;
+        }
+        let (n, h, w, c) = x.dims4()?;
+        let x = x.reshape((n, h * w, c))?.mean(1)?;
+        self.fc.forward(&x)
+    }
+}
+
 impl Classifier for ResNet {
     fn forward(&self, inputs: &Inputs, train: bool) -> Result<Tensor> {
         let Inputs::Images(x) = inputs else { candle_core::bail!("ResNet takes images") };
+        #[cfg(feature = "cudnn")]
+        if self.runs_nhwc(x, train) {
+            return self.forward_nhwc(x);
+        }
         let x = self.stem.forward(x, train, true)?;
         let mut x = max_pool2d(&x, 3, 2, 1)?;
         for block in &self.blocks {

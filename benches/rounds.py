@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""The verdict over rounds of the comparison on one machine (`gpu_run.sh best` with ROUNDS=2): per cell,
+migprof's throughput over the best PyTorch variant's in each round, the median of those ratios, and
+whether the cell meets the performance goal — median at or above 1 and no round below 0.95. With
+--peak (peak_flops.py's output), migprof's model FLOP utilisation at its median throughput.
+
+usage: rounds.py RESULTS_1 PYTORCH_1.jsonl [RESULTS_2 PYTORCH_2.jsonl ...] [--peak peak.json] [--markdown]
+"""
+import json
+import statistics
+import sys
+
+import pyarrow.parquet as pq
+
+from compare import print_table
+
+
+def ours(folder):
+    # The latest run wins: a results folder's parts are in time order.
+    return {(r["model"], r["mode"], r["dtype"], r["batch"]): r for r in pq.read_table(f"{folder}/runs").to_pylist()}
+
+
+def best_pytorch(path):
+    best = {}
+    for p in (json.loads(line) for line in open(path) if line.strip()):
+        key = (p["model"], p["mode"], p["dtype"], p["batch"])
+        if key not in best or p["throughput"] > best[key]["throughput"]:
+            best[key] = p
+    return best
+
+
+def main():
+    args = sys.argv[1:]
+    markdown = "--markdown" in args
+    peak = None
+    if "--peak" in args:
+        i = args.index("--peak")
+        peak = json.load(open(args[i + 1]))
+        del args[i:i + 2]
+    args = [a for a in args if a != "--markdown"]
+    if not args or len(args) % 2:
+        sys.exit(__doc__)
+    rounds = [(ours(args[i]), best_pytorch(args[i + 1])) for i in range(0, len(args), 2)]
+    cells = sorted({k for _, theirs in rounds for k in theirs}, key=lambda k: (k[0], k[1], k[2], k[3]))
+    head = ["model", "mode", "dtype", "batch"] + [f"round {i + 1}" for i in range(len(rounds))] + ["median", "migprof/s", "pytorch/s", "best variant"]
+    head += ["MFU"] if peak else []
+    head += ["goal"]
+    out, short = [], 0
+    for key in cells:
+        ratios, mine, theirs, variant, flops = [], [], [], "-", None
+        for m, p in rounds:
+            if key in m and key in p:
+                ratios.append(m[key]["throughput"] / p[key]["throughput"])
+                mine.append(m[key]["throughput"])
+                theirs.append(p[key]["throughput"])
+                variant = p[key].get("variant", "eager")
+                flops = m[key]["flops_per_sample"]
+        cols = [f"{r:.2f}" for r in ratios] + ["-"] * (len(rounds) - len(ratios))
+        if len(ratios) < len(rounds):
+            # A cell missing from a round cannot be judged on the rounds asked for.
+            row = list(map(str, key)) + cols + ["-", "-", "-", variant] + (["-"] if peak else []) + ["missing"]
+            short += 1
+        else:
+            median = statistics.median(ratios)
+            meets = median >= 1.0 and min(ratios) >= 0.95
+            short += not meets
+            row = list(map(str, key)) + cols + [f"{median:.2f}", f"{statistics.median(mine):.1f}", f"{statistics.median(theirs):.1f}", variant]
+            if peak:
+                top = peak.get(f"{key[2]}_tflops", float("nan")) * 1e12
+                row.append(f"{statistics.median(mine) * flops / top:.1%}")
+            row.append("meets" if meets else "below")
+        out.append(row)
+    print_table(head, out, markdown)
+    print(f"\n{len(cells) - short} of {len(cells)} cells meet the goal (median ratio >= 1, every round >= 0.95)")
+
+
+if __name__ == "__main__":
+    main()

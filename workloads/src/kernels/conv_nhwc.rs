@@ -1,0 +1,327 @@
+//! Inference convolutions over NHWC on cuDNN's current engines: y = act(conv(x, w) + bias [+ residual])
+//! as one kernel where cuDNN's runtime-fusion engines take the graph, ResNet's every convolution
+//! with its folded batch norm, its residual add and its ReLU.
+//!
+//! Why: in NCHW, cuDNN 9 on Hopper runs ResNet's convolutions in its legacy kernels, and every
+//! convolution is followed by a bias/ReLU pass and every block by an add pass over memory; PyTorch
+//! in channels_last reaches the sm90 NHWC implicit-GEMM kernels (measured: 15.1 ms of convolutions
+//! in our bf16 training step against PyTorch's 3.9 ms, `benches/results`). Here the activations stay
+//! NHWC from the stem to the pool, weights are kept as KRSC (filter channels last, as those engines
+//! read them), and the epilogue does what the passes did, in f32 before the one rounding to the
+//! output's dtype.
+//!
+//! Each (shape, dtype, epilogue) is set up once per thread: the operation graph built, cuDNN's
+//! heuristics asked for engines, those whose numerics the precision allows kept (f32 without TF32
+//! keeps engines off tensor cores; no engine that narrows inputs or sums), and the fastest of them
+//! timed on the first call's own tensors — as PyTorch's `cudnn.benchmark` does. When no engine fuses
+//! the epilogue, the convolution runs alone and our bias/ReLU and add kernels finish the job.
+//! Inference only: there is no backward.
+
+use candle_core::{Result, Tensor};
+
+/// act(conv(x, w) + bias [+ residual]) over NHWC: x [n, h, w, c], w [k, r, s, c] (KRSC), bias [k],
+/// residual [n, oh, ow, k]; the same padding and stride on both axes. CUDA devices built with cuDNN
+/// only: elsewhere ResNet stays NCHW.
+///
+/// ResNet takes this path for half types and for f32 with TF32 allowed ([`runs_nhwc`]); f32 without
+/// TF32 stays NCHW, since cuDNN's NHWC engines off the tensor cores were slower than its NCHW ones
+/// and missing for some of ResNet-50's shapes (measured on the lent H100: batch 1 469 against 509–562
+/// samples/s; no engine for the 1x1 convolutions at batch 8).
+pub fn conv_nhwc(x: &Tensor, w: &Tensor, bias: &Tensor, residual: Option<&Tensor>, padding: usize, stride: usize, relu: bool) -> Result<Tensor> {
+    cudnn::conv_nhwc(x, w, bias, residual, padding, stride, relu)
+}
+
+/// Whether a convolution of `dtype` runs faster over NHWC than over NCHW: half types, and f32 when
+/// TF32 is allowed (both on the tensor cores).
+pub fn runs_nhwc(dtype: candle_core::DType) -> bool {
+    dtype != candle_core::DType::F32 || crate::precision::tf32_allowed()
+}
+
+/// How many (shape, dtype, epilogue) keys this thread has set up: tests check that the NHWC path ran.
+pub fn shapes_prepared() -> usize {
+    cudnn::shapes_prepared()
+}
+
+mod cudnn {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    use std::ffi::c_void;
+
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::cudnn::sys;
+    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr};
+    use candle_core::cuda_backend::{CudaDType, CudaDevice};
+    use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+
+    use super::super::conv2d::cudnn as dnn;
+    use super::super::cudnn_graph::{data_type, GraphBuilder, Numerics, Plan, Tensor as GraphTensor};
+    use crate::kernels::{add, bias_act, Act, BiasAxis};
+
+    /// Engines kept per graph: the heuristics' first few are where the fast ones are.
+    const CANDIDATES: usize = 8;
+
+    /// Ids of the graph's tensors in the variant pack.
+    const X: i64 = 1;
+    const W: i64 = 2;
+    const BIAS: i64 = 3;
+    const RESIDUAL: i64 = 4;
+    const Y: i64 = 5;
+
+    /// The epilogue after the convolution, in the graph or (when unfused) in our kernels.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    struct Epilogue {
+        residual: bool,
+        relu: bool,
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    struct Key {
+        stream: usize,
+        dtype: DType,
+        tf32: bool,
+        /// x as (n, c, h, w), w as (k, c, r, s): cuDNN's logical order.
+        x: [i64; 4],
+        w: [i64; 4],
+        padding: i64,
+        stride: i64,
+        /// None: the convolution alone.
+        fused: Option<Epilogue>,
+    }
+
+    impl Key {
+        fn y(&self) -> [i64; 4] {
+            let side = |s: i64, k: i64| (s + 2 * self.padding - k) / self.stride + 1;
+            [self.x[0], self.w[0], side(self.x[2], self.w[2]), side(self.x[3], self.w[3])]
+        }
+    }
+
+    /// One key's engines: none when cuDNN has no engine for the graph that the precision allows.
+    struct Prepared {
+        candidates: Vec<Plan>,
+        /// Index of the fastest candidate, once timed.
+        chosen: Option<usize>,
+    }
+
+    thread_local! {
+        static PREPARED: RefCell<HashMap<Key, Prepared>> = RefCell::new(HashMap::new());
+    }
+
+    /// The graph of a key: conv, then + bias, + residual, ReLU as the epilogue asks, the last op
+    /// writing y; intermediates virtual, in f32.
+    fn build(handle: sys::cudnnHandle_t, key: &Key) -> Result<Prepared> {
+        let dtype = data_type(key.dtype)?;
+        let x = GraphTensor::nhwc(X, dtype, key.x);
+        let w = GraphTensor::nhwc(W, dtype, key.w);
+        let y = GraphTensor::nhwc(Y, dtype, key.y());
+        let mut g = GraphBuilder::new();
+        match key.fused {
+            None => g.conv_forward(&x, &w, &y, key.padding, key.stride)?,
+            Some(epilogue) => {
+                use sys::cudnnPointwiseMode_t as Mode;
+                let k = key.w[0];
+                let bias = GraphTensor::nhwc(BIAS, dtype, [1, k, 1, 1]);
+                let residual = GraphTensor::nhwc(RESIDUAL, dtype, key.y());
+                // The ops in order, each reading the previous one's output; the last writes y.
+                let mut steps: Vec<(Mode, Option<&GraphTensor>)> = vec![(Mode::CUDNN_POINTWISE_ADD, Some(&bias))];
+                if epilogue.residual {
+                    steps.push((Mode::CUDNN_POINTWISE_ADD, Some(&residual)));
+                }
+                if epilogue.relu {
+                    steps.push((Mode::CUDNN_POINTWISE_RELU_FWD, None));
+                }
+                let mut current = GraphTensor::virtual_of(100, &y);
+                g.conv_forward(&x, &w, &current, key.padding, key.stride)?;
+                for (i, (mode, operand)) in steps.iter().enumerate() {
+                    let out = if i + 1 == steps.len() { GraphTensor::nhwc(Y, dtype, key.y()) } else { GraphTensor::virtual_of(101 + i as i64, &y) };
+                    g.pointwise(*mode, &current, *operand, &out)?;
+                    current = out;
+                }
+            }
+        }
+        let graph = g.finish(handle)?;
+        let allowed = |n: Numerics| !n.narrowed && (key.dtype != DType::F32 || key.tf32 || !n.tensor_cores);
+        let candidates = graph.plans(handle, CANDIDATES, allowed)?;
+        if std::env::var_os("MIGPROF_CUDNN_LOG").is_some() {
+            eprintln!("cudnn graph {key:?}: candidates {candidates:?}");
+        }
+        Ok(Prepared { candidates, chosen: None })
+    }
+
+    pub(super) fn shapes_prepared() -> usize {
+        PREPARED.with(|p| p.borrow().len())
+    }
+
+    /// Whether cuDNN has an engine for the key (building its graph the first time).
+    fn has_engine(dev: &CudaDevice, key: Key) -> Result<bool> {
+        let handle = dnn::handle(dev)?;
+        PREPARED.with(|p| {
+            let mut p = p.borrow_mut();
+            if let std::collections::hash_map::Entry::Vacant(slot) = p.entry(key) {
+                slot.insert(build(handle, &key)?);
+            }
+            Ok(!p[&key].candidates.is_empty())
+        })
+    }
+
+    pub(super) fn conv_nhwc(x: &Tensor, w: &Tensor, bias: &Tensor, residual: Option<&Tensor>, padding: usize, stride: usize, relu: bool) -> Result<Tensor> {
+        let dev = x.device().as_cuda_device()?.clone();
+        let (x, w) = (x.contiguous()?, w.contiguous()?);
+        let (n, h, wd, c) = x.dims4()?;
+        let (k, r, s, wc) = w.dims4()?;
+        if c != wc {
+            bail!("conv_nhwc: input has {c} channels, the filter expects {wc}")
+        }
+        let dims = |a: [usize; 4]| a.map(|v| v as i64);
+        let mut key = Key {
+            stream: dev.cuda_stream().cu_stream() as usize,
+            dtype: x.dtype(),
+            tf32: crate::precision::tf32_allowed(),
+            x: dims([n, c, h, wd]),
+            w: dims([k, c, r, s]),
+            padding: padding as i64,
+            stride: stride as i64,
+            fused: Some(Epilogue { residual: residual.is_some(), relu }),
+        };
+        if has_engine(&dev, key)? {
+            let op = Conv { key, bias: Some(bias.contiguous()?), residual: residual.map(|t| t.contiguous()).transpose()? };
+            return x.apply_op2_no_bwd(&w, &op);
+        }
+        key.fused = None;
+        if !has_engine(&dev, key)? {
+            // Engines for NHWC half types read whole 16-byte words of channels: a stem's three
+            // colour channels are padded with zeros (which add nothing) to the next multiple of 8.
+            let padded = c.next_multiple_of(8);
+            if padded != c {
+                let (x, w) = (x.pad_with_zeros(3, 0, padded - c)?, w.pad_with_zeros(3, 0, padded - c)?);
+                return conv_nhwc(&x, &w, bias, residual, padding, stride, relu);
+            }
+            bail!("cuDNN has no engine for the NHWC convolution {key:?} (MIGPROF_CUDNN_LOG=1 lists what it proposed)")
+        }
+        let y = x.apply_op2_no_bwd(&w, &Conv { key, bias: None, residual: None })?;
+        // The epilogue cuDNN would not fuse, in our kernels: bias (and ReLU when nothing follows),
+        // then the residual add with the ReLU.
+        let last = if relu && residual.is_none() { Act::Relu } else { Act::None };
+        let y = bias_act(&y, bias, BiasAxis::Last, last)?;
+        match residual {
+            Some(r) => add(&y, r, relu),
+            None => Ok(y),
+        }
+    }
+
+    /// The op of one key, holding the epilogue's tensors (read on the device, never differentiated).
+    #[derive(Debug, Clone)]
+    struct Conv {
+        key: Key,
+        bias: Option<Tensor>,
+        residual: Option<Tensor>,
+    }
+
+    /// The device address of a contiguous tensor's first element, which must be 16-byte aligned (the
+    /// alignment the graph's tensors declare).
+    fn address<T: CudaDType + DeviceRepr>(s: &CudaStorage, l: &Layout, stream: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>) -> Result<*mut c_void> {
+        let Some((start, end)) = l.contiguous_offsets() else { bail!("conv_nhwc takes contiguous tensors") };
+        let view = s.as_cuda_slice::<T>()?.slice(start..end);
+        let (ptr, _guard) = view.device_ptr(stream);
+        if ptr % 16 != 0 {
+            bail!("conv_nhwc: a tensor starts at a device address not aligned to 16 bytes")
+        }
+        Ok(ptr as *mut c_void)
+    }
+
+    impl Conv {
+        fn run<T: CudaDType + DeviceRepr>(&self, x: (&CudaStorage, &Layout), w: (&CudaStorage, &Layout)) -> Result<CudaStorage> {
+            let dev = x.0.device().clone();
+            let stream = dev.cuda_stream();
+            let y_len = self.key.y().iter().product::<i64>() as usize;
+            // SAFETY: every element is written by the last op of the graph.
+            let out = unsafe { dev.alloc::<T>(y_len)? };
+            let bias = self.bias.as_ref().map(|t| t.storage_and_layout());
+            let residual = self.residual.as_ref().map(|t| t.storage_and_layout());
+            let mut tensors = vec![(X, address::<T>(x.0, x.1, &stream)?), (W, address::<T>(w.0, w.1, &stream)?)];
+            tensors.push((Y, out.device_ptr(&stream).0 as *mut c_void));
+            for (uid, saved) in [(BIAS, &bias), (RESIDUAL, &residual)] {
+                if let Some((s, l)) = saved {
+                    tensors.push((uid, address::<T>(super::super::launch::cuda(s, "conv_nhwc")?, l, &stream)?));
+                }
+            }
+            let handle = dnn::handle(&dev)?;
+            PREPARED.with(|p| -> Result<()> {
+                let mut p = p.borrow_mut();
+                let Some(prepared) = p.get_mut(&self.key) else { bail!("conv_nhwc: {:?} launched before it was prepared", self.key) };
+                let chosen = match prepared.chosen {
+                    Some(i) => i,
+                    None => {
+                        let i = fastest(&dev, handle, &prepared.candidates, &tensors, &self.key)?;
+                        prepared.chosen = Some(i);
+                        i
+                    }
+                };
+                let plan = &prepared.candidates[chosen];
+                let workspace = dnn::workspace(&dev, plan.workspace)?;
+                // SAFETY: the pointers address this call's tensors, of the key's shapes and dtype, on
+                // the handle's stream; the workspace is at least the plan's.
+                unsafe { plan.execute(handle, &tensors, workspace) }
+            })?;
+            Ok(CudaStorage::wrap_cuda_slice(out, dev))
+        }
+    }
+
+    /// The candidate that runs fastest on these tensors (each launched once untimed, then the median of
+    /// three), skipping any that fails to launch.
+    fn fastest(dev: &CudaDevice, handle: sys::cudnnHandle_t, candidates: &[Plan], tensors: &[(i64, *mut c_void)], key: &Key) -> Result<usize> {
+        if candidates.len() == 1 {
+            return Ok(0);
+        }
+        // Timing synchronises, which a capture forbids; the step before a capture runs the same shapes.
+        if crate::graphs::capturing(dev)? {
+            bail!("NHWC convolution {key:?} first met while a CUDA graph is captured: its engine cannot be timed then; run with CUDA graphs off")
+        }
+        let stream = dev.cuda_stream();
+        let workspace = dnn::workspace(dev, candidates.iter().map(|p| p.workspace).max().unwrap_or(0))?;
+        let mut best: Option<(f32, usize)> = None;
+        let mut log = Vec::new();
+        for (i, plan) in candidates.iter().enumerate() {
+            // SAFETY: as in `Conv::run`; the workspace is the largest any candidate needs.
+            let launch = || unsafe { plan.execute(handle, tensors, workspace) };
+            let ms = match super::super::launch::median_ms(&stream, &launch) {
+                Ok(ms) => ms,
+                Err(e) => {
+                    log.push(format!("{plan:?} failed: {e}"));
+                    continue;
+                }
+            };
+            log.push(format!("{plan:?} {ms:.4} ms"));
+            if best.is_none_or(|(t, _)| ms < t) {
+                best = Some((ms, i));
+            }
+        }
+        if std::env::var_os("MIGPROF_CUDNN_LOG").is_some() {
+            eprintln!("cudnn graph {key:?}: {}; chose {:?}", log.join(", "), best.map(|(_, i)| i));
+        }
+        match best {
+            Some((_, i)) => Ok(i),
+            None => bail!("cuDNN could launch none of its engines for the NHWC convolution {key:?}: {}", log.join("; ")),
+        }
+    }
+
+    impl CustomOp2 for Conv {
+        fn name(&self) -> &'static str {
+            "cudnn-conv-nhwc"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            bail!("the NHWC convolution runs on CUDA devices only")
+        }
+
+        fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, w: &CudaStorage, wl: &Layout) -> Result<(CudaStorage, Shape)> {
+            let [n, k, oh, ow] = self.key.y().map(|v| v as usize);
+            let out = match x.dtype() {
+                DType::F32 => self.run::<f32>((x, xl), (w, wl))?,
+                DType::BF16 => self.run::<half::bf16>((x, xl), (w, wl))?,
+                DType::F16 => self.run::<half::f16>((x, xl), (w, wl))?,
+                other => bail!("the NHWC convolution takes f32, bf16 or f16, not {other:?}"),
+            };
+            Ok((out, Shape::from((n, oh, ow, k))))
+        }
+    }
+}
