@@ -46,6 +46,9 @@ def main():
     head = ["model", "mode", "dtype", "batch", "migprof/s", "pytorch/s", "ratio", "migprof p50 ms", "verdict", "pytorch variants/s"]
     if peak:
         head += ["MFU migprof", "MFU pytorch"]
+    # Device memory in use (MiB) during the cell: migprof's sampler's largest reading against the
+    # best PyTorch variant's, and their ratio (at or below 1: migprof needs no more).
+    head += ["MiB migprof", "MiB pytorch", "memory ratio"]
     out = []
     for p in rows:
         key = (p["model"], p["mode"], p["dtype"], p["batch"])
@@ -55,13 +58,15 @@ def main():
         )
         m = ours.get(key)
         if m is None:
-            out.append([p["model"], p["mode"], p["dtype"], str(p["batch"]), "-", f"{p['throughput']:.1f}", "-", "-", "missing", each] + (["-", "-"] if peak else []))
+            out.append([p["model"], p["mode"], p["dtype"], str(p["batch"]), "-", f"{p['throughput']:.1f}", "-", "-", "missing", each] + (["-", "-"] if peak else []) + ["-"] * 3)
             continue
         row = [p["model"], p["mode"], p["dtype"], str(p["batch"]), f"{m['throughput']:.1f}", f"{p['throughput']:.1f}",
                f"{m['throughput'] / p['throughput']:.2f}", f"{m['p50_ms']:.3f}", m["verdict"], each]
         if peak:
             top = peak.get(f"{p['dtype']}_tflops", float("nan")) * 1e12
             row += [f"{m['throughput'] * m['flops_per_sample'] / top:.1%}", f"{p['throughput'] * m['flops_per_sample'] / top:.1%}"]
+        mine, theirs = m.get("fb_used_max_mib"), p.get("device_used_mib")
+        row += [f"{mine:.0f}" if mine else "-", f"{theirs:.0f}" if theirs else "-", f"{mine / theirs:.2f}" if mine and theirs else "-"]
         out.append(row)
     print_table(head, out, markdown)
     if rows:

@@ -23,6 +23,7 @@ usage: pytorch_reference.py --models resnet50,vit_b_16 --modes infer --dtypes f3
 `ncu --profile-from-start off` (benches/kernel_profile.sh "pytorch MODEL MODE DTYPE BATCH").
 """
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -136,6 +137,10 @@ def measure(name, mode, dtype, batch, args, variant="eager"):
         lat.append((time.perf_counter() - t0) * 1e3)
     if args.profile:
         torch.cuda.cudart().cudaProfilerStop()
+    # The device's used memory, as migprof's sampler reads it (NVML's used framebuffer): the CUDA
+    # context, the libraries' workspaces and what PyTorch's caching allocator holds, which after the
+    # steps is their peak (it keeps freed blocks). Earlier cells' memory was handed back before this one.
+    free, total = torch.cuda.mem_get_info()
     mean = statistics.fmean(lat)
     return {
         "framework": "pytorch", "model": name, "mode": mode, "dtype": dtype, "batch": batch,
@@ -143,6 +148,7 @@ def measure(name, mode, dtype, batch, args, variant="eager"):
         "mean_ms": mean, "p50_ms": statistics.median(lat), "throughput": 1000.0 / mean * batch,
         "precision": {"f32": "f32, TF32 off", "tf32": "f32, TF32 on"}.get(dtype, "bf16 weights" if fast else "bf16 autocast"),
         "variant": variant, "compile_s": warmup_s if variant == "compile" else None,
+        "device_used_mib": (total - free) / 2**20,
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
     }
 
@@ -169,6 +175,11 @@ def main():
                     for variant in args.variants.split(","):
                         if applies(variant, name, mode, dtype):
                             print(json.dumps(measure(name, mode, dtype, batch, args, variant)), flush=True)
+                            # Nothing of this cell stays on the device for the next one to count:
+                            # compiled graphs (and their CUDA-graph memory) live in dynamo's cache.
+                            if variant == "compile":
+                                torch._dynamo.reset()
+                            gc.collect()
                             torch.cuda.empty_cache()
 
 
