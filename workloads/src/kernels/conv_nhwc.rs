@@ -54,7 +54,7 @@ mod cudnn {
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
     use super::super::conv2d::cudnn as dnn;
-    use super::super::cudnn_graph::{data_type, GraphBuilder, Numerics, Plan, Tensor as GraphTensor};
+    use super::super::cudnn_graph::{data_type, Graph, GraphBuilder, Numerics, Plan, Tensor as GraphTensor};
     use crate::kernels::{add, bias_act, Act, BiasAxis};
 
     /// Engines kept per graph: the heuristics' first few are where the fast ones are.
@@ -97,6 +97,9 @@ mod cudnn {
 
     /// One key's engines: none when cuDNN has no engine for the graph that the precision allows.
     struct Prepared {
+        /// Kept as long as its plans: cuDNN's documentation does not promise that a plan outlives
+        /// the graph its engine configuration came from.
+        _graph: Graph,
         candidates: Vec<Plan>,
         /// Index of the fastest candidate, once timed.
         chosen: Option<usize>,
@@ -144,7 +147,7 @@ mod cudnn {
         if std::env::var_os("MIGPROF_CUDNN_LOG").is_some() {
             eprintln!("cudnn graph {key:?}: candidates {candidates:?}");
         }
-        Ok(Prepared { candidates, chosen: None })
+        Ok(Prepared { _graph: graph, candidates, chosen: None })
     }
 
     pub(super) fn shapes_prepared() -> usize {
@@ -182,6 +185,15 @@ mod cudnn {
             stride: stride as i64,
             fused: Some(Epilogue { residual: residual.is_some(), relu }),
         };
+        // The graph reads bias and residual at the shapes the key implies: anything else would be
+        // read out of bounds on the device.
+        let [_, _, oh, ow] = key.y();
+        if bias.dims() != [k] || residual.is_some_and(|r| r.dims() != [n, oh as usize, ow as usize, k]) {
+            bail!("conv_nhwc: bias {:?} and residual {:?} for an output of [{n}, {oh}, {ow}, {k}]", bias.dims(), residual.map(|r| r.dims().to_vec()))
+        }
+        if bias.dtype() != x.dtype() || residual.is_some_and(|r| r.dtype() != x.dtype()) {
+            bail!("conv_nhwc: bias and residual must be of the input's dtype {:?}", x.dtype())
+        }
         if has_engine(&dev, key)? {
             let op = Conv { key, bias: Some(bias.contiguous()?), residual: residual.map(|t| t.contiguous()).transpose()? };
             return x.apply_op2_no_bwd(&w, &op);
