@@ -189,7 +189,7 @@ impl Run {
             (Some(_), Some(_), Some(e)) => Evidence::none(Sampling::Failed(e.clone())),
             (Some(_), Some(_), None) => Evidence::from_samples(&metrics, &context.expected),
         };
-        let assessment = assess(&measurement.latencies_ns).with_evidence(&evidence, measurement.stop_note.as_deref());
+        let assessment = assess(&measurement.latencies_ns).with_evidence(&evidence, measurement.stop_note.as_deref()).with_refused_graphs(&measurement.graphs_refused);
         let metric_summary = summarize(&metrics, stats.iterations * spec.batch as u64);
         let sample_interval = spec.sample_interval.filter(|_| context.device.selected.is_some());
         Ok(Self {
@@ -327,6 +327,22 @@ pub(crate) mod tests {
         let run = fake_run(4, 30, Duration::from_micros(100));
         assert!((run.throughput() - 1000.0 / 2.1 * 4.0).abs() < 1e-9, "{}", run.throughput());
         assert!((run.wall_throughput() - 120.0 / 0.0691).abs() < 1e-6, "{}", run.wall_throughput());
+    }
+
+    #[test]
+    fn a_refused_graph_capture_is_flagged_and_explained_and_leaves_the_verdict() {
+        let clock = FakeClock::with_tick(Duration::ZERO);
+        let mut step = FakeStep::new(&clock, &[1.0, 3.0]);
+        let spec = spec(8, 30);
+        let mut m = crate::run::measure::measure(&mut step, &clock, spec.warmup, spec.stop, &mut crate::run::measure::Unobserved).unwrap();
+        m.graphs_refused = vec!["the step copies from host memory 2 time(s)".into()];
+        let (_, info) = workloads::lookup("resnet_tiny").unwrap();
+        let run = Run::new(&spec, info, context(), provenance::now(), m, Ok(Vec::new()), identity(), Fingerprint::collect(None)).unwrap();
+        assert_eq!(run.assessment.verdict, Verdict::Ok);
+        assert!(run.assessment.flag_names().contains(&"graphs_refused"), "{:?}", run.assessment.flags);
+        assert!(run.assessment.reason.contains("launched from the host") && run.assessment.reason.contains("copies from host memory"), "{}", run.assessment.reason);
+        // Without refusals, no flag.
+        assert!(!fake_run(8, 30, Duration::ZERO).assessment.flag_names().contains(&"graphs_refused"));
     }
 
     #[test]

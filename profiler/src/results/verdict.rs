@@ -20,7 +20,9 @@
 //! outranks its symptom: a shared or throttled run usually drifts too. The other flags warn and
 //! leave the verdict alone: `power_capped`, `outliers` (moving the mean by more than
 //! [`OUTLIER_MEAN_SHIFT`]), `precision_not_reached` (stopped at `--max-duration`), `sampler_off`,
-//! `sampler_failed` (then throttling and neighbours were not checked), `processes_unattributed`.
+//! `sampler_failed` (then throttling and neighbours were not checked), `processes_unattributed`,
+//! `graphs_refused` (CUDA graphs were asked for, but a capture was refused: the steps ran launched
+//! from the host, which the `kernel_options` column does not say).
 
 use std::fmt;
 
@@ -75,6 +77,7 @@ pub enum Flag {
     SamplerOff,
     SamplerFailed,
     ProcessesUnattributed,
+    GraphsRefused,
 }
 
 impl Flag {
@@ -90,6 +93,7 @@ impl Flag {
             Flag::SamplerOff => "sampler_off",
             Flag::SamplerFailed => "sampler_failed",
             Flag::ProcessesUnattributed => "processes_unattributed",
+            Flag::GraphsRefused => "graphs_refused",
         }
     }
 
@@ -146,6 +150,19 @@ impl Assessment {
             reason = format!("{reason}; {extra}");
         }
         self.reason = reason;
+        self
+    }
+
+    /// Adds `graphs_refused` when the workload's CUDA-graph captures were refused (one line per
+    /// reason), with why: the steps ran launched from the host although the options asked for graphs.
+    /// A warning: the numbers are right for what ran.
+    pub fn with_refused_graphs(mut self, reasons: &[String]) -> Self {
+        if !reasons.is_empty() {
+            self.flags.push(Flag::GraphsRefused);
+            self.flags.sort();
+            self.flags.dedup();
+            self.reason = format!("{}; CUDA graphs refused, steps launched from the host: {}", self.reason, reasons.join("; "));
+        }
         self
     }
 

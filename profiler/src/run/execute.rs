@@ -29,8 +29,12 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
         metrics: Ok(Vec::new()),
         group: context.group.clone(),
     };
-    let measured = measure(&mut exec, &MonotonicClock::new(), spec.warmup, spec.stop, &mut beside);
+    let mut measured = measure(&mut exec, &MonotonicClock::new(), spec.warmup, spec.stop, &mut beside);
     warn_of_refused_graphs(exec.workload.as_ref(), &spec.model);
+    // The row says so too: its `kernel_options` say what was asked, not what ran.
+    if let Ok(m) = measured.as_mut() {
+        m.graphs_refused = exec.workload.graph_refusals();
+    }
     // A group's members on this device are expected there: neighbours on purpose.
     let mut context = context;
     if let (Some(g), Ok(_)) = (&beside.group, &measured) {

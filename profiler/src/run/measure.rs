@@ -120,6 +120,9 @@ pub struct Measurement {
     pub loss_last: Option<f32>,
     /// Why measuring stopped early, when a bound cut it short of its rule.
     pub stop_note: Option<String>,
+    /// Why the workload's CUDA-graph captures were refused, one line per reason (empty when none
+    /// was): the loop knows nothing of graphs, its caller fills this from the workload.
+    pub graphs_refused: Vec<String>,
 }
 
 /// What runs beside the measured phase (the GPU sampler, a profiler's capture range): started once
@@ -189,7 +192,7 @@ fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Resu
         }
     };
     let elapsed = clock.now() - start;
-    Ok(Measurement { warmup_iterations: 0, latencies_ns, elapsed, loss_first, loss_last, stop_note })
+    Ok(Measurement { warmup_iterations: 0, latencies_ns, elapsed, loss_first, loss_last, stop_note, graphs_refused: Vec::new() })
 }
 
 /// Runs steps until the warm-up rule is met; returns how many.
