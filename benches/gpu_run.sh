@@ -28,7 +28,9 @@
 #     best     migprof against the best PyTorch variant per cell (eager autocast, bf16 weights,
 #              channels_last, torch.compile reduce-overhead for inference; benches/pytorch_reference.py
 #              --variants); MODELS, BATCHES (default 1), DTYPES (default bf16), MODES (default infer)
-#              pick the cells; ROUNDS (default 1) repeats the comparison, and benches/rounds.py gives
+#              pick the cells, TRAIN_BATCHES adds training cells at those batches (issue 22's matrix:
+#              BATCHES=1,8,32,128 TRAIN_BATCHES=32 DTYPES=f32,bf16); ROUNDS (default 1) repeats the
+#              comparison, and benches/rounds.py gives
 #              each cell's median ratio and whether it meets the goal
 #     before   no performance lost: the comparison matrix by the build BEFORE_GZ (gzipped, the build
 #              before a change) and by this build, one after the other, then PyTorch's once, and each
@@ -37,6 +39,9 @@
 #              AB_ARGS="--attention composed", a kernel option) or by the build AB_BIN (gzipped, e.g.
 #              the build before the change), and by this build as it is, alternated twice, then PyTorch's;
 #              MODELS, BATCHES, MODES (default infer) and DTYPES (default bf16) pick the cells
+#     memory   device memory per cell: this build's with its ledger (MIGPROF_MEMORY_LOG=1: pool,
+#              graphs, cuDNN workspaces) and, with AB_BIN, that build's, beside every PyTorch variant's
+#              (MODELS, BATCHES default 32, DTYPES default bf16, MODES default infer,train)
 #   MIGPROF_GZ names another build (the CPU build does everything but run models on the GPU).
 #   MODELS and BATCHES narrow the comparison (defaults: the four families, inference at 1,8,32,128).
 set -uo pipefail
@@ -210,10 +215,12 @@ log "the GPU's measured matmul peak (for MFU)"
 python3 benches/peak_flops.py > "$out/peak.json"; cat "$out/peak.json"
 pairs=()
 for round in $(seq 1 "${ROUNDS:-1}"); do
-    log "round $round: migprof: $models $modes, $dtypes, batch $batches"
+    log "round $round: migprof: $models $modes, $dtypes, batch $batches${TRAIN_BATCHES:+; train at $TRAIN_BATCHES}"
     "$bin" run --model "$models" --mode "$modes" --dtype "$dtypes" --batch "$batches" --device "$uuid" --warmup-secs 1 --duration 3 --out "$out/best-$round" 2>&1 | grep -E "^\[|error"
+    [ -n "${TRAIN_BATCHES:-}" ] && "$bin" run --model "$models" --mode train --dtype "$dtypes" --batch "$TRAIN_BATCHES" --device "$uuid" --warmup-secs 1 --duration 3 --out "$out/best-$round" 2>&1 | grep -E "^\[|error"
     log "round $round: PyTorch, every variant (compile time apart; the second round reuses Inductor's cache)"
     python3 benches/pytorch_reference.py --models "$models" --modes "$modes" --dtypes "$dtypes" --batches "$batches" --variants eager,bf16w,cl,compile --warmup 10 --iters 50 > "$out/pytorch-$round.jsonl"
+    [ -n "${TRAIN_BATCHES:-}" ] && python3 benches/pytorch_reference.py --models "$models" --modes train --dtypes "$dtypes" --batches "$TRAIN_BATCHES" --variants eager,bf16w,cl,compile --warmup 10 --iters 50 >> "$out/pytorch-$round.jsonl"
     python3 benches/compare.py "$out/best-$round" "$out/pytorch-$round.jsonl" --peak "$out/peak.json" | tee "$out/compare-best-$round.txt"
     pairs+=("$out/best-$round" "$out/pytorch-$round.jsonl")
 done
@@ -221,6 +228,24 @@ log "the rounds together"
 python3 benches/rounds.py "${pairs[@]}" --peak "$out/peak.json" | tee "$out/rounds.txt"
 python3 benches/rounds.py "${pairs[@]}" --peak "$out/peak.json" --markdown > "$out/rounds.md"
 cp "$out"/pytorch-*.jsonl "$out"/compare-best-*.txt "$out"/rounds.txt "$out"/rounds.md "${OUT:-/tmp}/" 2>/dev/null
+exit 0
+fi
+
+if [ "$mode" = memory ]; then
+models="${MODELS:-resnet50,vit_b_16,swin_t,bert_base}"; batches="${BATCHES:-32}"; dtypes="${DTYPES:-bf16}"; modes="${MODES:-infer,train}"
+sides=(this); [ -n "${AB_BIN:-}" ] && { gunzip -c "$AB_BIN" > /tmp/migprof-ab && chmod +x /tmp/migprof-ab; sides+=(before); }
+for side in "${sides[@]}"; do
+    b="$bin"; [ "$side" = before ] && b=/tmp/migprof-ab
+    log "$side build: $models $modes, $dtypes, batch $batches (MIGPROF_MEMORY_LOG: where the memory went)"
+    MIGPROF_MEMORY_LOG=1 "$b" run --model "$models" --mode "$modes" --dtype "$dtypes" --batch "$batches" --device "$uuid" --warmup 5 --iters 20 --out "$out/memory-$side" 2>&1 | grep -E "^\[|^memory|error"
+done
+log "PyTorch, every variant: the device's used memory after the steps"
+python3 benches/pytorch_reference.py --models "$models" --modes "$modes" --dtypes "$dtypes" --batches "$batches" --variants eager,bf16w,cl,compile --warmup 5 --iters 10 > "$out/pytorch.jsonl"
+for side in "${sides[@]}"; do
+    log "$side build against PyTorch (MiB columns)"
+    python3 benches/compare.py "$out/memory-$side" "$out/pytorch.jsonl" | tee "$out/compare-memory-$side.txt"
+done
+cp "$out"/compare-memory-*.txt "$out/pytorch.jsonl" "${OUT:-/tmp}/" 2>/dev/null
 exit 0
 fi
 

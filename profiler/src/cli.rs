@@ -522,8 +522,8 @@ pub struct KernelArgs {
     #[arg(long, default_value = "fused", hide_short_help = true, value_parser = choice::<Attention>(Attention::NAMES))]
     pub attention: Attention,
 
-    /// ViT and BERT encoder layers in training on a GPU: one op each with a hand-written backward, or
-    /// their ops each as an edge of the gradient graph.
+    /// ViT and BERT encoder layers, and ResNet's residual blocks, in training on a GPU: one op each
+    /// with a hand-written backward, or their ops each as an edge of the gradient graph.
     #[arg(long, default_value = "op", hide_short_help = true, value_parser = choice::<EncoderLayers>(EncoderLayers::NAMES))]
     pub encoder_layers: EncoderLayers,
 
@@ -539,9 +539,9 @@ pub struct KernelArgs {
     #[arg(long, default_value = "on", hide_short_help = true, value_parser = choice::<CudaGraphs>(CudaGraphs::NAMES))]
     pub cuda_graphs: CudaGraphs,
 
-    /// ResNet's inference convolutions on a GPU: nhwc, each with its batch norm, residual add and ReLU
-    /// fused on cuDNN's current engines (as PyTorch's channels_last reaches); or nchw, on cuDNN's
-    /// legacy calls with the ReLU and add as separate kernels.
+    /// ResNet's convolutions on a GPU in half types or TF32: nhwc, on cuDNN's current engines (as
+    /// PyTorch's channels_last reaches), in inference each with its batch norm, residual add and ReLU
+    /// fused, in training with batch norm over NHWC; or nchw, on cuDNN's legacy calls.
     #[arg(long, default_value = "nhwc", hide_short_help = true, value_parser = choice::<Convolutions>(Convolutions::NAMES))]
     pub convs: Convolutions,
 }

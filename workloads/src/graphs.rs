@@ -24,7 +24,8 @@
 //!   their dims and strides from a host vector on every call, and a captured copy reads that vector
 //!   again at every launch, long after it was freed. Such a shape's steps run as they are, counted
 //!   in [`GraphStats::refused`], so that a user sees that graphs did not apply;
-//! - workspaces a graph may hold the address of are never freed (`kernels::conv2d`), cuBLAS is given
+//! - a cuDNN launch inside a capture takes a workspace of its own, which the graph frees after it
+//!   (`kernels::conv2d`), so no graph holds the address of a workspace shared outside; cuBLAS is given
 //!   one of ours before the first capture (its own would be allocated inside the capture, then used
 //!   after the graph's next launch freed it), and nothing that synchronises (an algorithm timed on
 //!   first use) can happen inside a capture: it fails instead, naming the way out (CUDA graphs off).
@@ -89,6 +90,7 @@ impl StepGraphs {
                 // pooled; cuBLAS's workspace our own. The profiler opens every device so already.
                 crate::memory::pool_allocations(device)?;
                 cuda::own_cublas_workspace(dev)?;
+                crate::kernels::gemm::prepare(dev)?;
                 self.prepared = true;
             }
             let key = Key::of(&inputs);
@@ -106,6 +108,11 @@ impl StepGraphs {
                 // a training step's activations twice (measured: ResNet-50 bf16 batch 32 training
                 // used 5.5 GB of device memory against 3.5 GB without graphs).
                 crate::memory::release_pooled(device)?;
+                if std::env::var_os("MIGPROF_MEMORY_LOG").is_some() {
+                    if let Some(ledger) = crate::memory::ledger(device)? {
+                        eprintln!("memory: before capturing a step of {key:?}: {ledger}");
+                    }
+                }
                 // A refused capture launched nothing: the step then runs again, as is.
                 match cuda::Captured::capture(dev, inputs.clone(), shape, *dtype, &mut step)? {
                     cuda::Capture::Done(graph, output) => {

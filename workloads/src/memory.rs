@@ -36,10 +36,17 @@ pub fn pool_allocations(device: &Device) -> Result<()> {
 pub fn release_pooled(device: &Device) -> Result<()> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(dev) = device {
+        // Freed in stream order into the pool, which the trim below then empties.
+        #[cfg(feature = "cudnn")]
+        crate::kernels::release_workspaces();
         if let Some(pool) = cuda::pool(dev)? {
             device.synchronize()?;
             // SAFETY: a valid pool; trimming keeps memory that live allocations use.
             cuda::check(unsafe { cuda::sys::cuMemPoolTrimTo(pool, 0) }, "trimming it")?;
+            let mut zero = 0u64;
+            // SAFETY: resets the high-water mark (a cuuint64_t; only zero is allowed).
+            let status = unsafe { cuda::sys::cuMemPoolSetAttribute(pool, cuda::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, &mut zero as *mut u64 as *mut std::ffi::c_void) };
+            cuda::check(status, "resetting its high-water mark")?;
             let cu_device = dev.cuda_stream().context().cu_device();
             // SAFETY: a valid device; memory of graphs still alive is kept.
             cuda::check(unsafe { cuda::sys::cuDeviceGraphMemTrim(cu_device) }, "trimming graph memory")?;
@@ -47,6 +54,88 @@ pub fn release_pooled(device: &Device) -> Result<()> {
     }
     let _ = device;
     Ok(())
+}
+
+/// Where a device's memory goes, in bytes, at one moment: to tell a workload's own memory from what
+/// CUDA, the libraries and the graphs hold beside it (`MIGPROF_MEMORY_LOG=1` prints it per run).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// The whole device's used memory (every process; the context and loaded kernels included).
+    pub device_used: u64,
+    /// What the stream-ordered pool holds from the driver, and of that what live tensors use.
+    pub pool_reserved: u64,
+    pub pool_used: u64,
+    /// The pool's most, in use, since the last [`release_pooled`] or the start.
+    pub pool_used_high: u64,
+    /// What CUDA holds for the memory of captured graphs.
+    pub graphs_reserved: u64,
+    /// This thread's shared cuDNN workspaces (a part of `pool_used`).
+    pub cudnn_workspaces: u64,
+    /// The context's stack per thread: CUDA reserves local memory for it on every resident thread
+    /// of the device, and grows it (never shrinking) for the kernel that needs the most.
+    pub stack_per_thread: u64,
+}
+
+impl std::fmt::Display for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        write!(
+            f,
+            "device used {:.0} MiB; pool reserved {:.0}, in use {:.0} (most {:.0}), of which cuDNN workspaces {:.0}; graphs {:.0}; stack {} B per thread",
+            mib(self.device_used),
+            mib(self.pool_reserved),
+            mib(self.pool_used),
+            mib(self.pool_used_high),
+            mib(self.cudnn_workspaces),
+            mib(self.graphs_reserved),
+            self.stack_per_thread
+        )
+    }
+}
+
+/// The device's [`Ledger`] now (after its queued work); None on the CPU or without a pool.
+pub fn ledger(device: &Device) -> Result<Option<Ledger>> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        use cuda::sys;
+        let Some(pool) = cuda::pool(dev)? else { return Ok(None) };
+        device.synchronize()?;
+        let attr = |a: sys::CUmemPool_attribute| -> Result<u64> {
+            let mut bytes = 0u64;
+            // SAFETY: these attributes are cuuint64_t, as documented.
+            cuda::check(unsafe { sys::cuMemPoolGetAttribute(pool, a, &mut bytes as *mut u64 as *mut std::ffi::c_void) }, "reading an attribute")?;
+            Ok(bytes)
+        };
+        use sys::CUmemPool_attribute as A;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: out-pointers; the context is bound (by `cuda::pool`).
+        cuda::check(unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) }, "reading the device's free memory")?;
+        let mut graphs = 0u64;
+        let cu_device = dev.cuda_stream().context().cu_device();
+        // SAFETY: a valid device; the attribute is a cuuint64_t.
+        let status = unsafe {
+            sys::cuDeviceGetGraphMemAttribute(cu_device, sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &mut graphs as *mut u64 as *mut std::ffi::c_void)
+        };
+        cuda::check(status, "reading the graphs' memory")?;
+        let mut stack = 0usize;
+        // SAFETY: an out-pointer; the context is bound (by `cuda::pool`).
+        cuda::check(unsafe { sys::cuCtxGetLimit(&mut stack, sys::CUlimit::CU_LIMIT_STACK_SIZE) }, "reading the stack size")?;
+        #[cfg(feature = "cudnn")]
+        let cudnn_workspaces = crate::kernels::workspace_bytes() as u64;
+        #[cfg(not(feature = "cudnn"))]
+        let cudnn_workspaces = 0;
+        return Ok(Some(Ledger {
+            device_used: (total - free) as u64,
+            pool_reserved: attr(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            pool_used: attr(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            pool_used_high: attr(A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+            graphs_reserved: graphs,
+            cudnn_workspaces,
+            stack_per_thread: stack as u64,
+        }));
+    }
+    let _ = device;
+    Ok(None)
 }
 
 /// Bytes the device's memory pool holds from the driver, in use or free; None on the CPU or where

@@ -94,15 +94,18 @@ fn replayed_training_steps_move_the_model_as_steps_launched_kernel_by_kernel() {
     let gpu = gpu();
     // Every case runs before any is judged, so that one failure still shows the others' figures.
     let mut failures = Vec::new();
-    for name in tiny_presets() {
+    // Every preset in f32; ResNet in bf16 too, which trains over NHWC (cuDNN's graph API, our batch
+    // norm over rows of channels).
+    let cases = tiny_presets().into_iter().map(|n| (n, DType::F32)).chain([("resnet_tiny", DType::BF16)]);
+    for (name, dtype) in cases {
         for train in [TrainConfig::sgd(), TrainConfig::adamw()] {
             // Two workloads without graphs measure how far run-to-run differences (atomic sums in
             // backward kernels) alone move the model; the graphed one may differ from the first by
             // little more than that.
-            let mut eager = workload(name, &gpu, DType::F32, Mode::Train, train, CudaGraphs::Off);
-            let mut control = workload(name, &gpu, DType::F32, Mode::Train, train, CudaGraphs::Off);
-            let mut graphed = workload(name, &gpu, DType::F32, Mode::Train, train, CudaGraphs::On);
-            let case = format!("{name} {:?}", train.optimizer);
+            let mut eager = workload(name, &gpu, dtype, Mode::Train, train, CudaGraphs::Off);
+            let mut control = workload(name, &gpu, dtype, Mode::Train, train, CudaGraphs::Off);
+            let mut graphed = workload(name, &gpu, dtype, Mode::Train, train, CudaGraphs::On);
+            let case = format!("{name} {dtype:?} {:?}", train.optimizer);
             for (i, batch) in batches(eager.as_ref()).iter().enumerate() {
                 let want = host(&eager.train_step(batch).unwrap());
                 let noise = rel_err(&host(&control.train_step(batch).unwrap()), &want);

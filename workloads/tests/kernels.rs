@@ -256,9 +256,9 @@ fn batch_norm_kernels_match_the_cpu_forward_and_backward() {
     use workloads::kernels::batch_norm::{BatchNorm, BatchStats};
     let train = |relu: bool| {
         move |a: &[&Tensor]| {
-            let stats = a[0].detach().apply_op1_no_bwd(&BatchStats).unwrap();
+            let stats = a[0].detach().apply_op1_no_bwd(&BatchStats::NCHW).unwrap();
             let wb = Tensor::stack(&[a[1], a[2]], 0).unwrap();
-            a[0].apply_op3(&wb, &stats, BatchNorm { eps: 1e-5, relu }).unwrap()
+            a[0].apply_op3(&wb, &stats, BatchNorm { eps: 1e-5, relu, channels_last: false }).unwrap()
         }
     };
     // ResNet's late stage (7x7 maps), a 1x1 map, and a channel whose mean dwarfs its spread.
@@ -274,6 +274,33 @@ fn batch_norm_kernels_match_the_cpu_forward_and_backward() {
         for relu in [false, true] {
             let f = train(relu);
             matches_cpu(&format!("batch norm {shape:?} relu {relu}"), &f, &[x.clone(), w.clone(), b.clone()], [1e-4, 3e-2, 5e-3]);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn batch_norm_over_nhwc_matches_the_cpu_forward_and_backward() {
+    use workloads::kernels::batch_norm::{BatchNorm, BatchStats};
+    let train = |relu: bool| {
+        move |a: &[&Tensor]| {
+            let stats = a[0].detach().apply_op1_no_bwd(&BatchStats::NHWC).unwrap();
+            let wb = Tensor::stack(&[a[1], a[2]], 0).unwrap();
+            a[0].apply_op3(&wb, &stats, BatchNorm { eps: 1e-5, relu, channels_last: true }).unwrap()
+        }
+    };
+    // [n, h, w, c]: ResNet's widths (words of 8 bf16 channels, lanes across 8 to 32 words and
+    // several blocks of them for 2048), odd channel counts (single-element words), a channel whose
+    // mean dwarfs its spread, and more rows than one block's chunk.
+    let shapes = [[2usize, 7, 7, 64], [2, 3, 3, 2048], [3, 5, 2, 5], [2, 4, 4, 24], [4, 28, 28, 128], [1, 1, 1, 16]];
+    for (i, shape) in shapes.into_iter().enumerate() {
+        let x = random(&shape, 170 + i as u64);
+        let x = if i == 3 { (x + 30.0).unwrap() } else { x };
+        let w = random(&[shape[3]], 180 + i as u64).affine(0.5, 1.0).unwrap();
+        let b = random(&[shape[3]], 190 + i as u64);
+        for relu in [false, true] {
+            let f = train(relu);
+            matches_cpu(&format!("batch norm NHWC {shape:?} relu {relu}"), &f, &[x.clone(), w.clone(), b.clone()], [1e-4, 3e-2, 5e-3]);
         }
     }
 }
@@ -675,9 +702,39 @@ fn max_pool_over_nhwc_matches_the_pool_over_nchw() {
     let gpu = gpu();
     for shape in [[2usize, 3, 8, 8], [2, 2, 7, 9], [1, 64, 112, 112]] {
         let x = random(&shape, 80).to_device(&gpu).unwrap();
-        let want = max_pool2d(&x, 3, 2, 1).unwrap();
-        let got = max_pool2d_nhwc(&x.permute((0, 2, 3, 1)).unwrap(), 3, 2, 1).unwrap().permute((0, 3, 1, 2)).unwrap();
+        let r = random(max_pool2d(&x, 3, 2, 1).unwrap().dims(), 81);
+        // Forward and the input's gradient (of sum(pool · r)), the NHWC one seen back as NCHW.
+        let (want, want_dx) = with_grads(&|a| max_pool2d(a[0], 3, 2, 1).unwrap(), std::slice::from_ref(&x), &r);
+        let nhwc = |a: &[&Tensor]| max_pool2d_nhwc(&a[0].permute((0, 2, 3, 1)).unwrap(), 3, 2, 1).unwrap().permute((0, 3, 1, 2)).unwrap();
+        let (got, got_dx) = with_grads(&nhwc, std::slice::from_ref(&x), &r);
         assert_eq!(rel_err(&got, &want), 0.0, "max pool over NHWC {shape:?}");
+        assert_eq!(rel_err(&got_dx[0], &want_dx[0]), 0.0, "max pool's backward over NHWC {shape:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn nhwc_training_convolutions_match_candle_on_the_cpu_forward_and_backward() {
+    use workloads::kernels::conv_nhwc::conv_nhwc_train;
+    let gpu = gpu();
+    // ResNet's shapes, the stem's three channels (padded to 8 for the NHWC engines) included.
+    for (i, &(xs, ws, pad, stride)) in CASES[..5].iter().enumerate() {
+        let (x, w) = (random(&xs, 200 + i as u64), random(&ws, 210 + i as u64));
+        let r = random(x.conv2d(&w, pad, stride, 1, 1).unwrap().dims(), 220 + i as u64);
+        // The reference: candle's CPU convolution and its autograd, in f32, NCHW and KCRS.
+        let (y_ref, g_ref) = with_grads(&|a| a[0].conv2d(a[1], pad, stride, 1, 1).unwrap(), &[x.clone(), w.clone()], &r);
+        // Ours over NHWC and KRSC, seen back as NCHW and KCRS (the permutes' gradients carry back).
+        let nhwc = |a: &[&Tensor]| {
+            let (x, w) = (a[0].permute((0, 2, 3, 1)).unwrap(), a[1].permute((0, 2, 3, 1)).unwrap());
+            conv_nhwc_train(&x, &w, pad, stride).unwrap().permute((0, 3, 1, 2)).unwrap()
+        };
+        for (dtype, tol) in [(DType::F32, 1e-5f32), (DType::BF16, 2e-2), (DType::F16, 5e-3)] {
+            let on: Vec<Tensor> = [&x, &w].iter().map(|t| t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).collect();
+            let (y, g) = with_grads(&nhwc, &on, &r);
+            let (e, ex, ew) = (rel_err(&y, &y_ref), rel_err(&g[0], &g_ref[0]), rel_err(&g[1], &g_ref[1]));
+            eprintln!("NHWC training case {i} {dtype:?}: forward {e:.1e}, dx {ex:.1e}, dw {ew:.1e}");
+            assert!(e < tol && ex < tol && ew < tol, "NHWC training case {i} {dtype:?}: forward {e}, dx {ex}, dw {ew}");
+        }
     }
 }
 
@@ -714,5 +771,84 @@ fn resnet_in_nhwc_gives_the_logits_of_resnet_in_nchw() {
             }
             workloads::precision::allow_tf32(false);
         }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn resnet_training_in_nhwc_and_blocks_as_one_op_move_the_model_as_training_of_ops_in_nchw() {
+    use workloads::kernels::options::{Convolutions, CudaGraphs, EncoderLayers};
+    use workloads::kernels::KernelOptions;
+    use workloads::{build, Mode, TrainConfig, WorkloadConfig};
+    let gpu = gpu();
+    workloads::memory::pool_allocations(&gpu).unwrap();
+    let host = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap();
+    // One SGD step from the same weights (its first update is lr times the gradient): the loss, and
+    // each parameter's update and each running statistic, by name.
+    let step = |name: &str, batch: usize, dtype: DType, convs: Convolutions, layers: EncoderLayers, tf32: bool| -> (f32, Vec<(String, Tensor)>) {
+        workloads::precision::allow_tf32(tf32);
+        let kernels = KernelOptions { convs, layers, graphs: CudaGraphs::Off, ..KernelOptions::default() };
+        let cfg = WorkloadConfig { device: gpu.clone(), dtype, mode: Mode::Train, seed: 5, seq_len: None, weights: None, train: TrainConfig::sgd(), kernels };
+        let mut workload = build(name, &cfg).unwrap();
+        let before: Vec<Tensor> = workload.tensors().iter().map(|(_, t)| host(t)).collect();
+        let b = workload.synthetic_batch(batch, 1).unwrap();
+        let loss = host(&workload.train_step(&b).unwrap()).to_vec1::<f32>().unwrap()[0];
+        let moved = workload.tensors().into_iter().zip(before).map(|((n, t), b)| {
+            let t = host(&t);
+            let moved = if n.contains("running") { t } else { (t - b).unwrap() };
+            (n, moved)
+        });
+        let moved = moved.collect();
+        workloads::precision::allow_tf32(false);
+        (loss, moved)
+    };
+    // ||a - b|| / ||b||: a sum's TF32 rounding, relative to the sum (a largest-element measure
+    // makes near-cancelling sums, such as a late batch norm's bias gradient, look wrong).
+    let l2 = |a: &Tensor, b: &Tensor| {
+        let d = (a - b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt();
+        d / b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt().max(1e-20)
+    };
+    let worst = |a: &[(String, Tensor)], b: &[(String, Tensor)], keep: &dyn Fn(&str) -> bool| {
+        a.iter().zip(b).filter(|((n, _), _)| keep(n)).map(|((n, x), (_, y))| (l2(x, y), n.clone())).fold((0f32, String::new()), |m, e| if e.0 > m.0 { e } else { m })
+    };
+    let everything = |a: &[(String, Tensor)]| Tensor::cat(&a.iter().filter(|(n, _)| !n.contains("running")).map(|(_, t)| t.clone()).collect::<Vec<_>>(), 0).unwrap();
+    let filters = |n: &str| n.ends_with("weight") && (n.contains("conv") || n.contains("downsample.0") || n.starts_with("fc"));
+    let running = |n: &str| n.contains("running");
+    for (name, batch) in [("resnet_tiny", 4), ("resnet50", 2)] {
+        // The block as one op against the same block built of ops (each op tested on its own against
+        // the CPU above), in both layouts: the same kernels on the same inputs, so the same updates
+        // but for the order of a few sums. NHWC runs f32 only with TF32; NCHW without.
+        for (convs, tf32) in [(Convolutions::Nhwc, true), (Convolutions::Nchw, false)] {
+            let before = workloads::kernels::conv_nhwc::shapes_prepared();
+            let (loss_op, op) = step(name, batch, DType::F32, convs, EncoderLayers::Op, tf32);
+            if convs == Convolutions::Nhwc {
+                assert!(workloads::kernels::conv_nhwc::shapes_prepared() > before, "{name}: no NHWC convolution ran");
+            }
+            let (loss_ops, ops) = step(name, batch, DType::F32, convs, EncoderLayers::Ops, tf32);
+            let (all, (w, w_name)) = (l2(&everything(&op), &everything(&ops)), worst(&op, &ops, &|_| true));
+            eprintln!("{name} f32 {convs:?} blocks as one op against their ops: loss {loss_op} / {loss_ops}; updates {all:.1e} overall, worst {w_name} {w:.1e}");
+            assert!(loss_op == loss_ops && all < 1e-4 && w < 1e-3, "{name} {convs:?}: the block op moved {w_name} {w:.2e} away from its ops ({all:.2e} overall)");
+        }
+        let (loss_op, op) = step(name, batch, DType::F32, Convolutions::Nhwc, EncoderLayers::Op, true);
+        // Against NCHW in f32 without TF32, built of ops (the path tested against the reference
+        // implementations). TF32's rounding, carried back through a deep chain of batch norms, moves
+        // the updates; how far, NCHW with TF32 allowed shows (where its algorithms take the tensor
+        // cores). A wiring mistake (a filter's gradient transposed, a branch dropped) moves them by
+        // their whole size, at any depth.
+        let (loss_ref, exact) = step(name, batch, DType::F32, Convolutions::Nchw, EncoderLayers::Ops, false);
+        let (_, tf32) = step(name, batch, DType::F32, Convolutions::Nchw, EncoderLayers::Ops, true);
+        let (noise, (nf, nf_name)) = (l2(&everything(&tf32), &everything(&exact)), worst(&tf32, &exact, &filters));
+        let (all, (wf, wf_name), (wr, wr_name)) = (l2(&everything(&op), &everything(&exact)), worst(&op, &exact, &filters), worst(&op, &exact, &running));
+        eprintln!(
+            "{name} f32 NHWC (TF32) against NCHW: loss {loss_op} / {loss_ref}; updates {all:.1e} overall, worst filter {wf_name} {wf:.1e}, worst running statistic {wr_name} {wr:.1e}; NCHW with TF32 allowed: {noise:.1e} overall, worst filter {nf_name} {nf:.1e}"
+        );
+        assert!((loss_op - loss_ref).abs() <= 1e-3 * loss_ref.abs(), "{name}: NHWC loss {loss_op} against {loss_ref}");
+        let (bound, filter_bound) = ((3.0 * noise).max(0.1), (3.0 * nf).max(0.2));
+        assert!(all < bound && wf < filter_bound && wr < 3e-2, "{name}: NHWC updates {all:.2e} (bound {bound:.1e}), {wf_name} {wf:.2e} (bound {filter_bound:.1e}), {wr_name} {wr:.2e}");
+        // bf16: the losses of the two layouts' steps.
+        let (bf_nchw, _) = step(name, batch, DType::BF16, Convolutions::Nchw, EncoderLayers::Op, false);
+        let (bf_nhwc, _) = step(name, batch, DType::BF16, Convolutions::Nhwc, EncoderLayers::Op, false);
+        eprintln!("{name} bf16: loss NHWC {bf_nhwc}, NCHW {bf_nchw}");
+        assert!((bf_nhwc - bf_nchw).abs() <= 2e-2 * bf_nchw.abs(), "{name} bf16: NHWC loss {bf_nhwc} against NCHW {bf_nchw}");
     }
 }

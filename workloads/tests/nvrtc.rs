@@ -101,7 +101,7 @@ fn expected(source: &Source) -> Vec<&'static str> {
         "migprof_elementwise" => vec!["elementwise_f32_v1", "elementwise_bf16_v8", "elementwise_f16_v8"],
         "migprof_embedding" => vec!["embedding_f32", "embedding_bf16"],
         "migprof_fused_attention" => vec!["attn_fused_bf16_d64", "attn_fused_f16_d128", "attn_fused_f32_d32", "attn_fused_f32_d64"],
-        "migprof_batch_norm" => vec!["bn_running"],
+        "migprof_batch_norm" => vec!["bn_running", "bn_rows_partials_bf16_v8", "bn_rows_f32_v4", "bn_rows_f16_v1"],
         _ => vec![],
     }
 }

@@ -42,6 +42,7 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
         context.expected.pids.sort_unstable();
         context.expected.pids.dedup();
     }
+    log_memory(&device.device, spec);
     // The workload's memory goes back to the driver before the next run builds its own, whether
     // or not this one measured.
     drop(exec);
@@ -49,6 +50,19 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
     let measurement = measured?;
     released.context("releasing the run's GPU memory")?;
     Run::new(spec, info, context, started_at, measurement, beside.metrics, cell, fingerprint)
+}
+
+/// `MIGPROF_MEMORY_LOG=1`: where the device's memory went at the end of the measured phase (pool,
+/// graphs, cuDNN's workspaces), to tell the workload's own memory from what lies beside it.
+fn log_memory(device: &Device, spec: &RunSpec) {
+    if std::env::var_os("MIGPROF_MEMORY_LOG").is_none() {
+        return;
+    }
+    match workloads::memory::ledger(device) {
+        Ok(Some(ledger)) => eprintln!("memory: {} {:?} batch {}: {ledger}", spec.model, spec.mode, spec.batch),
+        Ok(None) => eprintln!("memory: {}: no stream-ordered pool on this device to account for", spec.model),
+        Err(e) => eprintln!("memory: {}: could not be read: {e}", spec.model),
+    }
 }
 
 /// Says so when CUDA graphs were asked for and some shape's steps could not be captured: those steps

@@ -139,6 +139,147 @@ PARTIALS(f16, F16, 8)
 PLANES(bf16, BF16, 8)
 PLANES(f16, F16, 8)
 
+// Rows of channels: x, g, y as [rows, c] (NHWC with its pixels as rows, or NCHW with 1x1 maps). The
+// same sums and passes as above, the same shift (a channel's first value), read across the channels
+// of a row, V channels per word (c % V == 0).
+
+// A block of lx x ly threads: lane x takes V channels from ch0, lane y every ly-th row of the
+// block's chunk of `per` rows; the lanes y then add up in shared memory.
+template <typename E, int V>
+__device__ void rows_partials(const typename E::T* x, const typename E::T* g, const typename E::T* y,
+                              const float* stats, float* partial, unsigned int rows, unsigned int c,
+                              float eps, int pass, unsigned int per) {
+typedef Pack<typename E::T, V> P;
+__shared__ float sh[2][256 * V];
+unsigned int ch0 = (blockIdx.x * blockDim.x + threadIdx.x) * V;
+unsigned int r0 = blockIdx.y * per, r1 = min(rows, r0 + per);
+bool live = ch0 < c;
+float s[V], q[V], shift[V], rstd[V];
+#pragma unroll
+for (int k = 0; k < V; k++) {
+    s[k] = 0.f;
+    q[k] = 0.f;
+    shift[k] = live ? (pass == 0 ? E::get(x, ch0 + k) : stats[ch0 + k]) : 0.f;
+    rstd[k] = live && pass != 0 ? rsqrtf(stats[c + ch0 + k] + eps) : 0.f;
+}
+if (live) {
+    for (unsigned int r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
+        unsigned long long at = ((unsigned long long)r * c + ch0) / V;
+        P xv = ((const P*)x)[at];
+        if (pass == 0) {
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                float d = E::get(xv.v, k) - shift[k];
+                s[k] += d;
+                q[k] += d * d;
+            }
+        } else {
+            P gv = ((const P*)g)[at], yv;
+            if (y) yv = ((const P*)y)[at];
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                float gp = E::get(gv.v, k);
+                if (y && E::get(yv.v, k) <= 0.f) gp = 0.f;
+                s[k] += gp * (E::get(xv.v, k) - shift[k]) * rstd[k];
+                q[k] += gp;
+            }
+        }
+    }
+}
+unsigned int lane = (threadIdx.y * blockDim.x + threadIdx.x) * V;
+#pragma unroll
+for (int k = 0; k < V; k++) {
+    sh[0][lane + k] = s[k];
+    sh[1][lane + k] = q[k];
+}
+__syncthreads();
+if (threadIdx.y == 0 && live) {
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        float ts = 0.f, tq = 0.f;
+        for (unsigned int t = 0; t < blockDim.y; t++) {
+            ts += sh[0][(t * blockDim.x + threadIdx.x) * V + k];
+            tq += sh[1][(t * blockDim.x + threadIdx.x) * V + k];
+        }
+        partial[(2 * blockIdx.y) * c + ch0 + k] = ts;
+        partial[(2 * blockIdx.y + 1) * c + ch0 + k] = tq;
+    }
+}
+}
+
+// The normalisation and its backward over rows, word by word: as plane_pass, each word's V channels
+// starting at ch0; a thread's channels repeat when its stride covers whole rows, so their affine
+// map is read again only when ch0 changes.
+template <typename E, int V>
+__device__ void rows_pass(const typename E::T* x, const typename E::T* g, const typename E::T* y,
+                          const typename E::T* wb, const float* stats, const float* sums, typename E::T* out,
+                          unsigned int rows, unsigned int c, float eps, int relu) {
+typedef Pack<typename E::T, V> P;
+float m = (float)rows;
+unsigned long long words = (unsigned long long)rows * c / V;
+unsigned int at = 0xffffffffu;
+float mean[V], rstd[V], a[V], sh[V], sg[V], sx[V];
+for (unsigned long long j = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; j < words;
+     j += (unsigned long long)blockDim.x * gridDim.x) {
+    unsigned int ch0 = (unsigned int)((j * V) % c);
+    if (ch0 != at) {
+        at = ch0;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            unsigned int ch = ch0 + k;
+            mean[k] = stats[ch];
+            rstd[k] = rsqrtf(stats[c + ch] + eps);
+            a[k] = E::get(wb, ch) * rstd[k];
+            sh[k] = E::get(wb, c + ch) - mean[k] * a[k];
+            sg[k] = sums ? sums[c + ch] / m : 0.f;
+            sx[k] = sums ? sums[ch] / m : 0.f;
+        }
+    }
+    P xv = ((const P*)x)[j], o;
+    if (!g) {
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            float v = E::get(xv.v, k) * a[k] + sh[k];
+            E::put(o.v, k, relu && v < 0.f ? 0.f : v);
+        }
+    } else {
+        P gv = ((const P*)g)[j], yv;
+        if (y) yv = ((const P*)y)[j];
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            float gp = E::get(gv.v, k);
+            if (y && E::get(yv.v, k) <= 0.f) gp = 0.f;
+            float xhat = (E::get(xv.v, k) - mean[k]) * rstd[k];
+            E::put(o.v, k, a[k] * (gp - sg[k] - xhat * sx[k]));
+        }
+    }
+    ((P*)out)[j] = o;
+}
+}
+
+#define ROWS(S, E, V)                                                                                     \
+extern "C" __global__ void bn_rows_partials_##S##_v##V(const E::T* x, const E::T* g, const E::T* y,        \
+    const float* stats, float* partial, unsigned int rows, unsigned int c, float eps, int pass,         \
+    unsigned int per) {                                                                               \
+rows_partials<E, V>(x, g, y, stats, partial, rows, c, eps, pass, per);                                \
+}                                                                                                         \
+extern "C" __global__ void bn_rows_##S##_v##V(const E::T* x, const E::T* g, const E::T* y, const E::T* wb, \
+    const float* stats, const float* sums, E::T* out, unsigned int rows, unsigned int c, float eps,    \
+    int relu) {                                                                                       \
+rows_pass<E, V>(x, g, y, wb, stats, sums, out, rows, c, eps, relu);                                   \
+}
+ROWS(f32, F32, 1)
+ROWS(f32, F32, 2)
+ROWS(f32, F32, 4)
+ROWS(bf16, BF16, 1)
+ROWS(bf16, BF16, 2)
+ROWS(bf16, BF16, 4)
+ROWS(bf16, BF16, 8)
+ROWS(f16, F16, 1)
+ROWS(f16, F16, 2)
+ROWS(f16, F16, 4)
+ROWS(f16, F16, 8)
+
 // running[i] = keep * running[i] + take * stat[i], f32.
 extern "C" __global__ void bn_running(float* running, const float* stat, unsigned int c, float keep, float take) {
 for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < c; i += blockDim.x * gridDim.x)

@@ -1,6 +1,8 @@
-//! Batch normalisation of NCHW with batch statistics (training), then ReLU when asked: one pass for
-//! the statistics, one for the normalisation, and backward one for the per-channel sums and one for
-//! the input's gradient.
+//! Batch normalisation with batch statistics (training), then ReLU when asked: one pass for the
+//! statistics, one for the normalisation, and backward one for the per-channel sums and one for the
+//! input's gradient. Over NCHW, or over channels-last tensors (NHWC: ResNet's path on cuDNN's NHWC
+//! engines), which are NCHW with the images' pixels as the batch and 1x1 maps: one CPU reference
+//! serves both, and the CUDA kernels read a channels-last tensor as rows of channels.
 //!
 //! Why: built from candle's primitives, one training-mode batch norm is ~20 kernels forward and
 //! ~40 backward over the whole activation (casts to f32, three mean passes, broadcasting binary
@@ -16,18 +18,31 @@ use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, InplaceOp2, Layout, Re
 
 use super::cpu;
 
-/// (n, c, h·w) of an NCHW layout (any rank >= 2: the dimensions after the channels are flattened).
-fn nchw(l: &Layout) -> Result<(usize, usize, usize)> {
+/// (n, c, h·w) of an NCHW layout (any rank >= 2: the dimensions after the channels are flattened);
+/// of a channels-last one, (n·h·w, c, 1): the same normalisation, each pixel an image of 1x1.
+fn nchw(l: &Layout, channels_last: bool) -> Result<(usize, usize, usize)> {
     let d = l.dims();
     if d.len() < 2 {
-        bail!("batch norm over an input of shape {d:?}: it needs [batch, channels, ...]")
+        bail!("batch norm over an input of shape {d:?}: it needs [batch, channels, ...] or [batch, ..., channels]")
+    }
+    if channels_last {
+        let c = d[d.len() - 1];
+        return Ok((l.shape().elem_count() / c.max(1), c, 1));
     }
     Ok((d[0], d[1], d[2..].iter().product()))
 }
 
 /// Each channel's [mean; biased variance] over batch and space, as [2, c] in the accumulation dtype.
 #[derive(Debug, Clone, Copy)]
-pub struct BatchStats;
+pub struct BatchStats {
+    /// The channels are the last dimension (NHWC), not the second (NCHW).
+    pub channels_last: bool,
+}
+
+impl BatchStats {
+    pub const NCHW: Self = Self { channels_last: false };
+    pub const NHWC: Self = Self { channels_last: true };
+}
 
 impl CustomOp1 for BatchStats {
     fn name(&self) -> &'static str {
@@ -35,7 +50,7 @@ impl CustomOp1 for BatchStats {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (n, c, hw) = nchw(l)?;
+        let (n, c, hw) = nchw(l, self.channels_last)?;
         let x = cpu::values(s, l)?;
         let mut stats = vec![0f64; 2 * c];
         let count = (n * hw) as f64;
@@ -50,7 +65,7 @@ impl CustomOp1 for BatchStats {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (n, c, hw) = nchw(l)?;
+        let (n, c, hw) = nchw(l, self.channels_last)?;
         Ok((cuda::stats(s, l, (n, c, hw))?, Shape::from((2, c))))
     }
 }
@@ -61,6 +76,8 @@ impl CustomOp1 for BatchStats {
 pub struct BatchNorm {
     pub eps: f64,
     pub relu: bool,
+    /// The channels are the last dimension (NHWC), not the second (NCHW).
+    pub channels_last: bool,
 }
 
 /// Per channel (a, s) with y = x·a + s: a = w·rstd, s = b - mean·a; and rstd.
@@ -88,7 +105,7 @@ impl CustomOp3 for BatchNorm {
         ss: &CpuStorage,
         sl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (_, c, hw) = nchw(xl)?;
+        let (_, c, hw) = nchw(xl, self.channels_last)?;
         check(c, wbl, sl)?;
         let (x, wb, stats) = (cpu::values(xs, xl)?, cpu::values(wbs, wbl)?, cpu::values(ss, sl)?);
         let ch = affine(&wb, &stats, c, self.eps);
@@ -114,7 +131,7 @@ impl CustomOp3 for BatchNorm {
         ss: &candle_core::CudaStorage,
         sl: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let (n, c, hw) = nchw(xl)?;
+        let (n, c, hw) = nchw(xl, self.channels_last)?;
         check(c, wbl, sl)?;
         let saved = cuda::Saved { x: (xs, xl), wb: (wbs, wbl), stats: (ss, sl), res: None, sums: None };
         Ok((cuda::planes(&saved, None, (n, c, hw), self.eps, self.relu)?, xl.shape().clone()))
@@ -122,7 +139,16 @@ impl CustomOp3 for BatchNorm {
 
     fn bwd(&self, x: &Tensor, wb: &Tensor, stats: &Tensor, y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let grad = grad.contiguous()?;
-        let saved = BatchNormGrad { eps: self.eps, relu: self.relu, x: x.clone(), y: y.clone(), wb: wb.clone(), stats: stats.clone(), sums: None };
+        let saved = BatchNormGrad {
+            eps: self.eps,
+            relu: self.relu,
+            channels_last: self.channels_last,
+            x: x.clone(),
+            y: y.clone(),
+            wb: wb.clone(),
+            stats: stats.clone(),
+            sums: None,
+        };
         // [Σ g'·x̂; Σ g'] per channel, g' the gradient through the ReLU: the weight's and bias's
         // gradients, and what the input's needs.
         let sums = grad.apply_op1_no_bwd(&saved)?;
@@ -186,6 +212,7 @@ fn check(c: usize, wbl: &Layout, sl: &Layout) -> Result<()> {
 struct BatchNormGrad {
     eps: f64,
     relu: bool,
+    channels_last: bool,
     x: Tensor,
     y: Tensor,
     wb: Tensor,
@@ -209,7 +236,7 @@ impl CustomOp1 for BatchNormGrad {
     }
 
     fn cpu_fwd(&self, gs: &CpuStorage, gl: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (n, c, hw) = nchw(gl)?;
+        let (n, c, hw) = nchw(gl, self.channels_last)?;
         let g = cpu::values(gs, gl)?;
         let (x, y) = (Self::cpu_values(&self.x)?, Self::cpu_values(&self.y)?);
         let (wb, stats) = (Self::cpu_values(&self.wb)?, Self::cpu_values(&self.stats)?);
@@ -240,7 +267,7 @@ impl CustomOp1 for BatchNormGrad {
     fn cuda_fwd(&self, gs: &candle_core::CudaStorage, gl: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
         use super::launch::cuda as storage;
         let what = "batch norm's backward";
-        let (n, c, hw) = nchw(gl)?;
+        let (n, c, hw) = nchw(gl, self.channels_last)?;
         let (x, xl) = self.x.storage_and_layout();
         let (y, yl) = self.y.storage_and_layout();
         let (wb, wbl) = self.wb.storage_and_layout();
@@ -344,6 +371,9 @@ mod cuda {
         (n, c, hw): (usize, usize, usize),
         eps: f64,
     ) -> Result<CudaStorage> {
+        if hw == 1 {
+            return rows_sums(x, xl, g, y, stats, (n, c), eps);
+        }
         let dev = x.device().clone();
         let (n, c, hw) = dims(n, c, hw)?;
         let starts = [Some(xl), g.map(|a| a.1), y.map(|a| a.1)];
@@ -390,17 +420,73 @@ mod cuda {
         })
     }
 
-    /// The per-plane pass: the forward normalisation (g None) or the input's gradient.
+    /// The channel sums over rows of channels (`channel_sums` with 1x1 maps): blocks of lanes across
+    /// the channels, a word of them each, and lanes down the rows of a chunk.
+    fn rows_sums(x: &CudaStorage, xl: &Layout, g: Option<Arg>, y: Option<Arg>, stats: Option<Arg>, (rows, c): (usize, usize), eps: f64) -> Result<CudaStorage> {
+        let dev = x.device().clone();
+        let (rows, c, _) = dims(rows, c, 1)?;
+        let starts = [Some(xl), g.map(|a| a.1), y.map(|a| a.1)];
+        let v = plane_word(x.dtype(), &starts, c);
+        let partials = format!("{}_v{v}", name("bn_rows_partials", x.dtype()));
+        let partials_fn = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, &partials)?;
+        let finish_fn = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, &name("bn_finish", x.dtype()))?;
+        // 256 threads a block (the kernel's shared memory is sized for that): as many lanes across
+        // as a row has words, up to 32, the rest down the rows.
+        let words = c / v as u32;
+        let lx = words.next_power_of_two().min(32);
+        let ly = 256 / lx;
+        let across = words.div_ceil(lx);
+        let wanted = SUM_BLOCKS.div_ceil(across).clamp(1, rows.div_ceil(ly).max(1));
+        let per = rows.div_ceil(wanted).max(1);
+        let chunks = rows.div_ceil(per).max(1);
+        let pass = g.is_some() as i32;
+        let (eps, one) = (eps as f32, 1u32);
+        by_dtype!(x.dtype(), "batch norm", T => {
+            let xv = view::<T>(x, xl, "batch norm")?;
+            let gv = match g { Some((s, l)) => view::<T>(s, l, "batch norm")?, None => view::<T>(x, xl, "batch norm")? };
+            let yv = match y { Some((s, l)) => Some(view::<T>(s, l, "batch norm")?), None => None };
+            // SAFETY: every (chunk, channel) partial is written by its block's lane y = 0, and the
+            // finishing kernel writes both values of every channel.
+            let partial = unsafe { dev.alloc::<f32>(2 * (chunks * c) as usize)? };
+            let out = unsafe { dev.alloc::<f32>(2 * c as usize)? };
+            let st = match stats { Some(a) => f32_view(a)?, None => out.slice(0..) };
+            let null = 0u64;
+            let cfg = LaunchConfig { grid_dim: (across, chunks, 1), block_dim: (lx, ly, 1), shared_mem_bytes: 0 };
+            let mut b = partials_fn.builder();
+            b.arg(&xv).arg(&gv);
+            match &yv { Some(v) => b.arg(v), None => b.arg(&null) };
+            b.arg(&st).arg(&partial).arg(&rows).arg(&c).arg(&eps).arg(&pass).arg(&per);
+            // SAFETY: argument types and order match the kernel; x, g, y hold rows·c elements from
+            // word-aligned starts (c and the starts are whole words of v), stats 2·c, partial
+            // 2·chunks·c; lx·ly = 256 threads.
+            unsafe { partials_fn.launch(&mut b, cfg) }?;
+            let cfg = LaunchConfig { grid_dim: (c.div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let mut b = finish_fn.builder();
+            b.arg(&xv).arg(&partial).arg(&out).arg(&chunks).arg(&rows).arg(&c).arg(&one).arg(&pass);
+            // SAFETY: argument types and order match the kernel (rows as its images of one element
+            // each); partial holds 2·chunks·c, out 2·c.
+            unsafe { finish_fn.launch(&mut b, cfg) }?;
+            Ok(CudaStorage::wrap_cuda_slice(out, dev))
+        })
+    }
+
+    /// The forward normalisation (g None) or the input's gradient: per plane of NCHW, or over rows
+    /// of channels where the maps are 1x1 (channels-last tensors, one row a pixel).
     pub(super) fn planes(s: &Saved, g: Option<Arg>, (n, c, hw): (usize, usize, usize), eps: f64, relu: bool) -> Result<CudaStorage> {
         let x = s.x.0;
         let dev = x.device().clone();
         let (n, c, hw) = dims(n, c, hw)?;
-        let planes = n * c;
-        let starts = [Some(s.x.1), Some(s.wb.1), g.map(|a| a.1), s.res.map(|a| a.1)];
-        let v = plane_word(x.dtype(), &starts, hw);
-        let kernel = format!("{}_v{v}", name("bn_planes", x.dtype()));
+        let rows = hw == 1;
+        // Words of v elements along a plane, or across a row's channels (the planes kernel also
+        // reads [weight; bias] by words).
+        let v = if rows {
+            plane_word(x.dtype(), &[Some(s.x.1), g.map(|a| a.1), s.res.map(|a| a.1)], c)
+        } else {
+            plane_word(x.dtype(), &[Some(s.x.1), Some(s.wb.1), g.map(|a| a.1), s.res.map(|a| a.1)], hw)
+        };
+        let kernel = format!("{}_v{v}", name(if rows { "bn_rows" } else { "bn_planes" }, x.dtype()));
         let func = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, &kernel)?;
-        let (eps, relu) = (eps as f32, relu as i32);
+        let (eps, relu, planes) = (eps as f32, relu as i32, n * c);
         by_dtype!(x.dtype(), "batch norm", T => {
             let xv = view::<T>(x, s.x.1, "batch norm")?;
             let wb = view::<T>(s.wb.0, s.wb.1, "batch norm")?;
@@ -410,14 +496,18 @@ mod cuda {
             let sums = match s.sums { Some(a) => Some(f32_view(a)?), None => None };
             let null = 0u64;
             // SAFETY: the kernel writes every element.
-            let out = unsafe { dev.alloc::<T>((planes * hw) as usize)? };
-            // Small planes (7x7) get small blocks rather than idle threads.
-            let words = hw / v as u32;
-            let threads = words.next_power_of_two().clamp(32, 256);
-            let cfg = LaunchConfig {
-                grid_dim: (words.div_ceil(threads).clamp(1, 1024), planes.clamp(1, 65535), 1),
-                block_dim: (threads, 1, 1),
-                shared_mem_bytes: 0,
+            let out = unsafe { dev.alloc::<T>(planes as usize * hw as usize)? };
+            let cfg = if rows {
+                // A grid-stride loop over the words: a few blocks per SM is enough for a
+                // bandwidth-bound pass, and with 256·1024 threads a thread's stride covers whole
+                // rows for power-of-two c.
+                let words = planes as u64 / v as u64;
+                LaunchConfig { grid_dim: (words.div_ceil(256).clamp(1, 1024) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+            } else {
+                // Small planes (7x7) get small blocks rather than idle threads.
+                let words = hw / v as u32;
+                let threads = words.next_power_of_two().clamp(32, 256);
+                LaunchConfig { grid_dim: (words.div_ceil(threads).clamp(1, 1024), planes.clamp(1, 65535), 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
             };
             let mut b = func.builder();
             b.arg(&xv);
@@ -426,9 +516,15 @@ mod cuda {
             match (&gv, &yv) { (Some(_), Some(v)) => b.arg(v), _ => b.arg(&null) };
             b.arg(&wb).arg(&stats);
             match &sums { Some(v) => b.arg(v), None => b.arg(&null) };
-            b.arg(&out).arg(&planes).arg(&c).arg(&hw).arg(&eps).arg(&relu);
+            b.arg(&out);
+            if rows {
+                b.arg(&n).arg(&c);
+            } else {
+                b.arg(&planes).arg(&c).arg(&hw);
+            }
+            b.arg(&eps).arg(&relu);
             // SAFETY: argument types and order match the kernel (absent pointers are null and not
-            // read); x, g, y, out hold planes·hw elements, wb, stats, sums 2·c.
+            // read); x, g, y, out hold n·c·hw elements from word-aligned starts, wb, stats, sums 2·c.
             unsafe { func.launch(&mut b, cfg) }?;
             Ok(CudaStorage::wrap_cuda_slice(out, dev))
         })
@@ -448,15 +544,15 @@ mod tests {
 
     /// Training-mode batch norm of x with [w; b], the statistics of x itself.
     fn train(x: &Tensor, wb: &Tensor, relu: bool) -> Result<Tensor> {
-        let stats = x.detach().apply_op1_no_bwd(&BatchStats)?;
-        x.apply_op3(wb, &stats, BatchNorm { eps: 1e-5, relu })
+        let stats = x.detach().apply_op1_no_bwd(&BatchStats::NCHW)?;
+        x.apply_op3(wb, &stats, BatchNorm { eps: 1e-5, relu, channels_last: false })
     }
 
     #[test]
     fn statistics_are_the_biased_mean_and_variance_per_channel() -> Result<()> {
         // Channel 0 holds 1, 2 (image 0) and 3, 6 (image 1): mean 3, biased variance 3.5.
         let x = Tensor::new(&[1f32, 2., 10., 10., 3., 6., 10., 10.], &Device::Cpu)?.reshape((2, 2, 2))?;
-        let s = x.apply_op1_no_bwd(&BatchStats)?.to_vec2::<f32>()?;
+        let s = x.apply_op1_no_bwd(&BatchStats::NCHW)?.to_vec2::<f32>()?;
         assert_eq!(s, vec![vec![3.0, 10.0], vec![3.5, 0.0]]);
         Ok(())
     }

@@ -49,18 +49,24 @@ impl CustomOp2 for Conv1x1 {
     }
 
     fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (n, c, h, ww) = x.dims4()?;
-        let k = w.dim(0)?;
-        let dy = grad.contiguous()?.reshape((n, k, h * ww))?;
-        let w2 = w.detach().reshape((k, c))?;
         // The input's gradient only where something upstream takes it (not for the images).
-        let dx = if x.track_op() { Some(w2.t()?.broadcast_as((n, c, k))?.matmul(&dy)?.reshape((n, c, h, ww))?) } else { None };
-        // Per image dy[n] · x[n]ᵀ, then the sum over images as column sums of [n, k·c] in f32
-        // (candle's sum over a leading dimension is a slow strided reduction; measured:
-        // docs/kernels.md#conv1x1).
-        let xt = x.detach().reshape((n, c, h * ww))?.transpose(1, 2)?;
-        let per_image = dy.matmul(&xt)?.reshape((n, k * c))?;
-        let dw = super::elementwise::cuda::bias_grad(super::elementwise::BiasAxis::Last, &per_image)?.reshape((k, c, 1, 1))?;
+        let (dx, dw) = grads(x, w, &grad.contiguous()?, x.track_op())?;
         Ok((dx, Some(dw)))
     }
+}
+
+/// dx (when `input_grad`) and dw of y = conv(x, w) from a contiguous dy.
+pub(crate) fn grads(x: &Tensor, w: &Tensor, dy: &Tensor, input_grad: bool) -> Result<(Option<Tensor>, Tensor)> {
+    let (n, c, h, ww) = x.dims4()?;
+    let k = w.dim(0)?;
+    let dy = dy.reshape((n, k, h * ww))?;
+    let w2 = w.detach().reshape((k, c))?;
+    let dx = if input_grad { Some(w2.t()?.broadcast_as((n, c, k))?.matmul(&dy)?.reshape((n, c, h, ww))?) } else { None };
+    // Per image dy[n] · x[n]ᵀ, then the sum over images as column sums of [n, k·c] in f32
+    // (candle's sum over a leading dimension is a slow strided reduction; measured:
+    // docs/kernels.md#conv1x1).
+    let xt = x.detach().reshape((n, c, h * ww))?.transpose(1, 2)?;
+    let per_image = dy.matmul(&xt)?.reshape((n, k * c))?;
+    let dw = super::elementwise::cuda::bias_grad(super::elementwise::BiasAxis::Last, &per_image)?.reshape((k, c, 1, 1))?;
+    Ok((dx, dw))
 }

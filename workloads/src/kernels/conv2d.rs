@@ -6,7 +6,11 @@
 //! backward pass goes through a transposed convolution that does not use cuDNN at all. Here each
 //! (pass, shape, dtype) is set up once: descriptors built, the fastest algorithm measured with
 //! `cudnnFind*` (as PyTorch's `cudnn.benchmark` does) under the math type the precision allows, and
-//! kept; one workspace per thread grows to the largest need and is reused.
+//! kept. Outside a CUDA-graph capture one workspace per stream grows to the largest need and is
+//! reused; inside one, each launch allocates its own from the stream-ordered pool and frees it after
+//! itself, so that the graph's memory holds a workspace only while a convolution runs (as PyTorch's
+//! caching allocator hands a workspace back to the activations) and no graph ever holds the address
+//! of the shared one, which can then be freed whenever it is outgrown or the pool is released.
 //!
 //! Precision: f32 runs with `CUDNN_FMA_MATH` (no TF32) unless TF32 is allowed
 //! ([`crate::precision::allow_tf32`]); bf16 and f16 run on tensor cores with f32 accumulation
@@ -29,6 +33,18 @@ pub fn conv2d(x: &Tensor, w: &Tensor, padding: usize, stride: usize) -> Result<T
         return x.contiguous()?.apply_op2(&w.contiguous()?, op);
     }
     x.conv2d(w, padding, stride, 1, 1)
+}
+
+/// The gradients of [`conv2d`]'s y for x (when `input_grad`) and w, from dy, by the same kernels as
+/// its backward pass: for ops that run convolutions inside their own backward pass (a ResNet block
+/// as one op, `models::residual`). CUDA devices built with cuDNN only.
+#[cfg(feature = "cudnn")]
+pub fn conv2d_grads(x: &Tensor, w: &Tensor, dy: &Tensor, padding: usize, stride: usize, input_grad: bool) -> Result<(Option<Tensor>, Tensor)> {
+    let (x, w, dy) = (x.contiguous()?, w.contiguous()?, dy.contiguous()?);
+    if padding == 0 && stride == 1 && w.rank() == 4 && w.dims()[2..] == [1, 1] {
+        return super::conv1x1::grads(&x, &w, &dy, input_grad);
+    }
+    cudnn::grads(&x, &w, &dy, cudnn::ConvParams { padding, stride }, input_grad)
 }
 
 #[cfg(feature = "cudnn")]
@@ -63,10 +79,19 @@ pub(crate) mod cudnn {
         BackwardFilter,
     }
 
+    /// A device's stream as the caches key it: the device's ordinal beside the stream, since candle
+    /// drives every device of a thread from its per-thread stream, the same handle value for each.
+    pub(crate) type StreamId = (usize, usize);
+
+    pub(crate) fn stream_id(dev: &CudaDevice) -> StreamId {
+        let stream = dev.cuda_stream();
+        (stream.context().ordinal(), stream.cu_stream() as usize)
+    }
+
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
     struct Key {
         pass: Pass,
-        stream: usize,
+        stream: StreamId,
         dtype: DType,
         tf32: bool,
         x: [i32; 4],
@@ -94,12 +119,10 @@ pub(crate) mod cudnn {
 
     #[derive(Default)]
     struct State {
-        handles: HashMap<usize, sys::cudnnHandle_t>,
+        handles: HashMap<StreamId, sys::cudnnHandle_t>,
         prepared: HashMap<Key, Prepared>,
-        workspace: HashMap<usize, cudarc::driver::CudaSlice<u8>>,
-        /// Workspaces outgrown, kept allocated: a CUDA graph captured before the growth launches
-        /// with their address (`crate::graphs`).
-        outgrown: Vec<cudarc::driver::CudaSlice<u8>>,
+        /// By stream, for launches outside a capture (no graph holds their address).
+        workspace: HashMap<StreamId, cudarc::driver::CudaSlice<u8>>,
     }
 
     thread_local! {
@@ -113,18 +136,62 @@ pub(crate) mod cudnn {
         STATE.with(|state| state.borrow_mut().handle(dev))
     }
 
-    /// A workspace of at least `bytes` on the device's stream, shared with the convolutions here: the
-    /// device pointer (null for none), valid for the life of the thread, since outgrown workspaces
-    /// are kept (see [`State::outgrown`]).
-    pub(crate) fn workspace(dev: &CudaDevice, bytes: usize) -> Result<*mut c_void> {
+    /// A workspace for one cuDNN launch on the device's stream: keep it until the launch is queued.
+    pub(crate) enum Workspace {
+        None,
+        /// The stream's shared workspace (outside a capture).
+        Shared(*mut c_void),
+        /// The launch's own, from the stream-ordered pool (inside a capture: the graph's allocation,
+        /// freed by the graph right after the launch that uses it); held only to be dropped.
+        Owned(#[allow(dead_code)] cudarc::driver::CudaSlice<u8>, *mut c_void),
+    }
+
+    impl Workspace {
+        pub(crate) fn ptr(&self) -> *mut c_void {
+            match self {
+                Workspace::None => std::ptr::null_mut(),
+                Workspace::Shared(p) | Workspace::Owned(_, p) => *p,
+            }
+        }
+    }
+
+    /// A workspace of at least `bytes` for a launch on the device's stream (see the module's comment
+    /// for which).
+    pub(crate) fn workspace(dev: &CudaDevice, bytes: usize) -> Result<Workspace> {
+        if bytes == 0 {
+            return Ok(Workspace::None);
+        }
+        let stream = dev.cuda_stream();
+        if crate::graphs::capturing(dev)? {
+            // SAFETY: cuDNN writes its workspace before reading it.
+            let mut w = unsafe { dev.alloc::<u8>(bytes)? };
+            let ptr = w.device_ptr_mut(&stream).0 as *mut c_void;
+            return Ok(Workspace::Owned(w, ptr));
+        }
         STATE.with(|state| {
             let mut state = state.borrow_mut();
-            let stream = dev.cuda_stream();
-            Ok(match state.workspace(dev, bytes)? {
-                Some(w) => w.device_ptr_mut(&stream).0 as *mut c_void,
-                None => std::ptr::null_mut(),
-            })
+            let id = stream_id(dev);
+            if state.workspace.get(&id).is_none_or(|w| w.len() < bytes) {
+                // The outgrown one is freed in stream order, after the launches that used it.
+                state.workspace.remove(&id);
+                // SAFETY: cuDNN writes its workspace before reading it.
+                state.workspace.insert(id, unsafe { dev.alloc::<u8>(bytes)? });
+            }
+            let w = state.workspace.get_mut(&id).expect("inserted above");
+            let ptr = w.device_ptr_mut(&stream).0 as *mut c_void;
+            Ok(Workspace::Shared(ptr))
         })
+    }
+
+    /// Frees this thread's shared workspaces (in stream order): with the pool's free memory, between
+    /// runs and before a capture. The next launch outside a capture allocates afresh.
+    pub(crate) fn release_workspaces() {
+        STATE.with(|state| state.borrow_mut().workspace.clear());
+    }
+
+    /// Bytes of this thread's shared workspaces.
+    pub(crate) fn workspace_bytes() -> usize {
+        STATE.with(|state| state.borrow().workspace.values().map(|w| w.len()).sum())
     }
 
     fn check(status: std::result::Result<(), cudarc::cudnn::CudnnError>, what: &str) -> Result<()> {
@@ -161,7 +228,7 @@ pub(crate) mod cudnn {
     impl State {
         fn handle(&mut self, dev: &CudaDevice) -> Result<sys::cudnnHandle_t> {
             let stream = dev.cuda_stream();
-            let id = stream.cu_stream() as usize;
+            let id = stream_id(dev);
             if let Some(h) = self.handles.get(&id) {
                 return Ok(*h);
             }
@@ -177,29 +244,6 @@ pub(crate) mod cudnn {
                 slot.insert(build(handle, key)?);
             }
             Ok(&self.prepared[&key])
-        }
-
-        /// A workspace of at least `bytes` on the device (grown, never shrunk).
-        fn workspace(&mut self, dev: &CudaDevice, bytes: usize) -> Result<Option<&mut cudarc::driver::CudaSlice<u8>>> {
-            if bytes == 0 {
-                return Ok(None);
-            }
-            let id = dev.cuda_stream().cu_stream() as usize;
-            let big_enough = self.workspace.get(&id).is_some_and(|w| w.len() >= bytes);
-            if !big_enough {
-                // Grown during a capture, the workspace would be the graph's own allocation, freed
-                // at its next launch while later steps still use it. The step before a capture runs
-                // the same shapes, so this is never expected.
-                if crate::graphs::capturing(dev)? {
-                    bail!("the cuDNN workspace would grow to {bytes} B while a CUDA graph is captured; run with CUDA graphs off")
-                }
-                // SAFETY: cuDNN writes its workspace before reading it.
-                let w = unsafe { dev.alloc::<u8>(bytes)? };
-                if let Some(old) = self.workspace.insert(id, w) {
-                    self.outgrown.push(old);
-                }
-            }
-            Ok(self.workspace.get_mut(&id))
         }
     }
 
@@ -286,7 +330,7 @@ pub(crate) mod cudnn {
         let dev = a.0.device().clone();
         let dtype = a.0.dtype();
         let tf32 = crate::precision::tf32_allowed();
-        let key = Key { pass, stream: dev.cuda_stream().cu_stream() as usize, dtype, tf32, x: x_dims, w: w_dims, params };
+        let key = Key { pass, stream: stream_id(&dev), dtype, tf32, x: x_dims, w: w_dims, params };
         let out = match dtype {
             DType::F32 => run::<f32>(&dev, key, a, b, &out_shape)?,
             DType::BF16 => run::<half::bf16>(&dev, key, a, b, &out_shape)?,
@@ -304,19 +348,15 @@ pub(crate) mod cudnn {
         let mut out = unsafe { dev.alloc::<T>(out_shape.elem_count())? };
         let (alpha, beta) = (1f32, 0f32);
         let (alpha, beta) = (&alpha as *const f32 as *const c_void, &beta as *const f32 as *const c_void);
-        STATE.with(|state| -> Result<()> {
+        let (handle, xd, wd, yd, conv, algo, math, need) = STATE.with(|state| -> Result<_> {
             let mut state = state.borrow_mut();
             let handle = state.handle(dev)?;
             let p = state.prepare(handle, key)?;
-            let (xd, wd, yd, conv, algo, math, need) = (p.x, p.w, p.y, p.conv, p.algo, p.math, p.workspace);
-            let mut ws = state.workspace(dev, need)?;
-            let (ws_ptr, _ws_guard) = match ws.as_mut() {
-                Some(w) => {
-                    let (ptr, g) = w.device_ptr_mut(&stream);
-                    (ptr as *mut c_void, Some(g))
-                }
-                None => (std::ptr::null_mut(), None),
-            };
+            Ok((handle, p.x, p.w, p.y, p.conv, p.algo, p.math, p.workspace))
+        })?;
+        let ws = workspace(dev, need)?;
+        let ws_ptr = ws.ptr();
+        {
             let (ap, _ga) = a_slice.device_ptr(&stream);
             let (bp, _gb) = b_slice.device_ptr(&stream);
             let (op, _go) = out.device_ptr_mut(&stream);
@@ -333,9 +373,11 @@ pub(crate) mod cudnn {
                     Algo::BackwardFilter(al) => {
                         check(dnn::convolution_backward_filter(handle, alpha, xd, ap, yd, bp, conv, al, ws_ptr, need, beta, wd, op), "backward filter")
                     }
-                }
+                }?
             }
-        })?;
+        }
+        // The workspace (if the launch's own) is freed after the launch, in stream order.
+        drop(ws);
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
 
@@ -374,16 +416,20 @@ pub(crate) mod cudnn {
         }
 
         fn bwd(&self, x: &Tensor, w: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-            let grad = grad.contiguous()?;
-            let xd = dims4(x.layout())?;
-            let wd = dims4(w.layout())?;
             // The input's gradient only where something upstream takes it: not for the images of a
             // stem or patch embedding, which saves cuDNN time every step (measured:
             // docs/kernels.md#conv2d).
-            let dx = if x.track_op() { Some(grad.apply_op2_no_bwd(w, &Conv2dBackwardData(self.0, xd))?) } else { None };
-            let dw = x.apply_op2_no_bwd(&grad, &Conv2dBackwardFilter(self.0, wd))?;
+            let (dx, dw) = grads(x, w, &grad.contiguous()?, self.0, x.track_op())?;
             Ok((dx, Some(dw)))
         }
+    }
+
+    /// dx (when `input_grad`) and dw of y = conv2d(x, w) from dy, all contiguous.
+    pub(super) fn grads(x: &Tensor, w: &Tensor, dy: &Tensor, params: ConvParams, input_grad: bool) -> Result<(Option<Tensor>, Tensor)> {
+        let (xd, wd) = (dims4(x.layout())?, dims4(w.layout())?);
+        let dx = if input_grad { Some(dy.apply_op2_no_bwd(w, &Conv2dBackwardData(params, xd))?) } else { None };
+        let dw = x.apply_op2_no_bwd(dy, &Conv2dBackwardFilter(params, wd))?;
+        Ok((dx, dw))
     }
 
     impl CustomOp2 for Conv2dBackwardData {

@@ -15,7 +15,11 @@
 //! keeps engines off tensor cores; no engine that narrows inputs or sums), and the fastest of them
 //! timed on the first call's own tensors — as PyTorch's `cudnn.benchmark` does. When no engine fuses
 //! the epilogue, the convolution runs alone and our bias/ReLU and add kernels finish the job.
-//! Inference only: there is no backward.
+//!
+//! Training ([`conv_nhwc_train`]) takes the convolution alone, with its two backward passes (the
+//! input's gradient, backward data, and the filter's, backward filter) as graphs of their own, set
+//! up and timed the same way; batch norm, ReLU and the residual add are our kernels over NHWC
+//! (`kernels::batch_norm`, `kernels::elementwise`).
 
 use candle_core::{Result, Tensor};
 
@@ -29,6 +33,19 @@ use candle_core::{Result, Tensor};
 /// samples/s; no engine for the 1x1 convolutions at batch 8).
 pub fn conv_nhwc(x: &Tensor, w: &Tensor, bias: &Tensor, residual: Option<&Tensor>, padding: usize, stride: usize, relu: bool) -> Result<Tensor> {
     cudnn::conv_nhwc(x, w, bias, residual, padding, stride, relu)
+}
+
+/// conv(x, w) over NHWC with gradients for training: x [n, h, w, c], w [k, r, s, c] (KRSC) to
+/// [n, oh, ow, k], without bias; the input's gradient only where something upstream takes it (not
+/// for a stem's images). CUDA devices built with cuDNN only.
+pub fn conv_nhwc_train(x: &Tensor, w: &Tensor, padding: usize, stride: usize) -> Result<Tensor> {
+    cudnn::conv_nhwc_train(x, w, padding, stride)
+}
+
+/// The gradients of [`conv_nhwc_train`]'s y for its x (when `input_grad`) and its w, from dy: for ops
+/// that run a convolution inside their own backward pass (a ResNet block as one op).
+pub fn conv_nhwc_grads(x: &Tensor, w: &Tensor, dy: &Tensor, padding: usize, stride: usize, input_grad: bool) -> Result<(Option<Tensor>, Tensor)> {
+    cudnn::conv_nhwc_grads(x, w, dy, padding, stride, input_grad)
 }
 
 /// Whether a convolution of `dtype` runs faster over NHWC than over NCHW: half types, and f32 when
@@ -54,11 +71,18 @@ mod cudnn {
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
     use super::super::conv2d::cudnn as dnn;
-    use super::super::cudnn_graph::{data_type, Graph, GraphBuilder, Numerics, Plan, Tensor as GraphTensor};
+    use super::super::cudnn_graph::{data_type, Graph, GraphBuilder, Numerics, Plan, Tensor as GraphTensor, VariantPack};
     use crate::kernels::{add, bias_act, Act, BiasAxis};
 
     /// Engines kept per graph: the heuristics' first few are where the fast ones are.
     const CANDIDATES: usize = 8;
+
+    /// Engines needing a larger workspace are not considered (as for the legacy calls, `conv2d`).
+    const MAX_WORKSPACE: usize = 1 << 30;
+
+    /// Launches per timing of a candidate: back to back, so that the host's work per launch hides
+    /// behind the device's (the chosen engine is replayed from a CUDA graph, without it).
+    const TIMED_LAUNCHES: usize = 4;
 
     /// Ids of the graph's tensors in the variant pack.
     const X: i64 = 1;
@@ -74,9 +98,21 @@ mod cudnn {
         relu: bool,
     }
 
+    /// Which of the convolution's three passes a graph computes.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    enum Pass {
+        /// y from (x, w), with the key's epilogue.
+        Forward,
+        /// dx from (dy, w).
+        Data,
+        /// dw from (x, dy).
+        Filter,
+    }
+
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
     struct Key {
-        stream: usize,
+        pass: Pass,
+        stream: dnn::StreamId,
         dtype: DType,
         tf32: bool,
         /// x as (n, c, h, w), w as (k, c, r, s): cuDNN's logical order.
@@ -84,11 +120,21 @@ mod cudnn {
         w: [i64; 4],
         padding: i64,
         stride: i64,
-        /// None: the convolution alone.
+        /// None: the convolution alone (always, for the backward passes).
         fused: Option<Epilogue>,
     }
 
     impl Key {
+        /// Refuses a stride of 0 and a filter larger than the padded input (cuDNN would be asked
+        /// for an output of no or negative size).
+        fn checked(self) -> Result<Key> {
+            let [_, _, oh, ow] = self.y();
+            if self.stride < 1 || self.padding < 0 || oh < 1 || ow < 1 {
+                bail!("conv_nhwc: a {}x{} filter, padding {}, stride {} over a {}x{} input", self.w[2], self.w[3], self.padding, self.stride, self.x[2], self.x[3])
+            }
+            Ok(self)
+        }
+
         fn y(&self) -> [i64; 4] {
             let side = |s: i64, k: i64| (s + 2 * self.padding - k) / self.stride + 1;
             [self.x[0], self.w[0], side(self.x[2], self.w[2]), side(self.x[3], self.w[3])]
@@ -97,12 +143,14 @@ mod cudnn {
 
     /// One key's engines: none when cuDNN has no engine for the graph that the precision allows.
     struct Prepared {
-        /// Kept as long as its plans: cuDNN's documentation does not promise that a plan outlives
-        /// the graph its engine configuration came from.
-        _graph: Graph,
+        /// The candidates, then only the chosen one once timed (the others' compiled kernels freed).
+        /// Declared before the graph, so dropped before it.
         candidates: Vec<Plan>,
-        /// Index of the fastest candidate, once timed.
-        chosen: Option<usize>,
+        /// Whether the candidates were timed and all but the fastest dropped.
+        chosen: bool,
+        /// Kept as long as its plans: cuDNN's documentation does not promise that a plan outlives
+        /// the graph its engine configuration came from. None when cuDNN refused the graph.
+        _graph: Option<Graph>,
     }
 
     thread_local! {
@@ -117,9 +165,11 @@ mod cudnn {
         let w = GraphTensor::nhwc(W, dtype, key.w);
         let y = GraphTensor::nhwc(Y, dtype, key.y());
         let mut g = GraphBuilder::new();
-        match key.fused {
-            None => g.conv_forward(&x, &w, &y, key.padding, key.stride)?,
-            Some(epilogue) => {
+        match (key.pass, key.fused) {
+            (Pass::Data, _) => g.conv_backward_data(&y, &w, &x, key.padding, key.stride)?,
+            (Pass::Filter, _) => g.conv_backward_filter(&x, &y, &w, key.padding, key.stride)?,
+            (Pass::Forward, None) => g.conv_forward(&x, &w, &y, key.padding, key.stride)?,
+            (Pass::Forward, Some(epilogue)) => {
                 use sys::cudnnPointwiseMode_t as Mode;
                 let k = key.w[0];
                 let bias = GraphTensor::nhwc(BIAS, dtype, [1, k, 1, 1]);
@@ -143,24 +193,32 @@ mod cudnn {
         }
         let graph = g.finish(handle)?;
         let allowed = |n: Numerics| !n.narrowed && (key.dtype != DType::F32 || key.tf32 || !n.tensor_cores);
-        let candidates = graph.plans(handle, CANDIDATES, allowed)?;
+        let candidates = graph.plans(handle, CANDIDATES, MAX_WORKSPACE, allowed)?;
         if std::env::var_os("MIGPROF_CUDNN_LOG").is_some() {
             eprintln!("cudnn graph {key:?}: candidates {candidates:?}");
         }
-        Ok(Prepared { _graph: graph, candidates, chosen: None })
+        Ok(Prepared { candidates, chosen: false, _graph: Some(graph) })
     }
 
     pub(super) fn shapes_prepared() -> usize {
         PREPARED.with(|p| p.borrow().len())
     }
 
-    /// Whether cuDNN has an engine for the key (building its graph the first time).
+    /// Whether cuDNN has an engine for the key (building its graph the first time). A graph cuDNN
+    /// refuses to build (an operation it does not support for these shapes) has none, remembered as
+    /// such, so that the unfused or padded forms are tried.
     fn has_engine(dev: &CudaDevice, key: Key) -> Result<bool> {
         let handle = dnn::handle(dev)?;
         PREPARED.with(|p| {
             let mut p = p.borrow_mut();
             if let std::collections::hash_map::Entry::Vacant(slot) = p.entry(key) {
-                slot.insert(build(handle, &key)?);
+                let prepared = build(handle, &key).unwrap_or_else(|e| {
+                    if std::env::var_os("MIGPROF_CUDNN_LOG").is_some() {
+                        eprintln!("cudnn graph {key:?}: refused: {e}");
+                    }
+                    Prepared { candidates: Vec::new(), chosen: false, _graph: None }
+                });
+                slot.insert(prepared);
             }
             Ok(!p[&key].candidates.is_empty())
         })
@@ -169,30 +227,19 @@ mod cudnn {
     pub(super) fn conv_nhwc(x: &Tensor, w: &Tensor, bias: &Tensor, residual: Option<&Tensor>, padding: usize, stride: usize, relu: bool) -> Result<Tensor> {
         let dev = x.device().as_cuda_device()?.clone();
         let (x, w) = (x.contiguous()?, w.contiguous()?);
-        let (n, h, wd, c) = x.dims4()?;
-        let (k, r, s, wc) = w.dims4()?;
-        if c != wc {
-            bail!("conv_nhwc: input has {c} channels, the filter expects {wc}")
-        }
-        let dims = |a: [usize; 4]| a.map(|v| v as i64);
-        let mut key = Key {
-            stream: dev.cuda_stream().cu_stream() as usize,
-            dtype: x.dtype(),
-            tf32: crate::precision::tf32_allowed(),
-            x: dims([n, c, h, wd]),
-            w: dims([k, c, r, s]),
-            padding: padding as i64,
-            stride: stride as i64,
-            fused: Some(Epilogue { residual: residual.is_some(), relu }),
-        };
+        let (n, _, _, c) = x.dims4()?;
+        let mut key = forward_key(&dev, &x, &w, padding, stride, Some(Epilogue { residual: residual.is_some(), relu }))?;
         // The graph reads bias and residual at the shapes the key implies: anything else would be
         // read out of bounds on the device.
-        let [_, _, oh, ow] = key.y();
-        if bias.dims() != [k] || residual.is_some_and(|r| r.dims() != [n, oh as usize, ow as usize, k]) {
+        let [_, k, oh, ow] = key.y().map(|v| v as usize);
+        if bias.dims() != [k] || residual.is_some_and(|r| r.dims() != [n, oh, ow, k]) {
             bail!("conv_nhwc: bias {:?} and residual {:?} for an output of [{n}, {oh}, {ow}, {k}]", bias.dims(), residual.map(|r| r.dims().to_vec()))
         }
         if bias.dtype() != x.dtype() || residual.is_some_and(|r| r.dtype() != x.dtype()) {
             bail!("conv_nhwc: bias and residual must be of the input's dtype {:?}", x.dtype())
+        }
+        if !bias.device().same_device(x.device()) || residual.is_some_and(|r| !r.device().same_device(x.device())) {
+            bail!("conv_nhwc: bias and residual must be on the input's device")
         }
         if has_engine(&dev, key)? {
             let op = Conv { key, bias: Some(bias.contiguous()?), residual: residual.map(|t| t.contiguous()).transpose()? };
@@ -256,25 +303,200 @@ mod cudnn {
                     tensors.push((uid, address::<T>(super::super::launch::cuda(s, "conv_nhwc")?, l, &stream)?));
                 }
             }
-            let handle = dnn::handle(&dev)?;
-            PREPARED.with(|p| -> Result<()> {
-                let mut p = p.borrow_mut();
-                let Some(prepared) = p.get_mut(&self.key) else { bail!("conv_nhwc: {:?} launched before it was prepared", self.key) };
-                let chosen = match prepared.chosen {
-                    Some(i) => i,
-                    None => {
-                        let i = fastest(&dev, handle, &prepared.candidates, &tensors, &self.key)?;
-                        prepared.chosen = Some(i);
-                        i
-                    }
-                };
-                let plan = &prepared.candidates[chosen];
-                let workspace = dnn::workspace(&dev, plan.workspace)?;
-                // SAFETY: the pointers address this call's tensors, of the key's shapes and dtype, on
-                // the handle's stream; the workspace is at least the plan's.
-                unsafe { plan.execute(handle, &tensors, workspace) }
-            })?;
+            launch(&dev, &self.key, &tensors)?;
             Ok(CudaStorage::wrap_cuda_slice(out, dev))
+        }
+    }
+
+    /// Runs the key's plan (the fastest candidate, timed on this first call's tensors) on `tensors`,
+    /// the graph's tensors by uid.
+    fn launch(dev: &CudaDevice, key: &Key, tensors: &[(i64, *mut c_void)]) -> Result<()> {
+        let handle = dnn::handle(dev)?;
+        PREPARED.with(|p| -> Result<()> {
+            let mut p = p.borrow_mut();
+            let Some(prepared) = p.get_mut(key) else { bail!("conv_nhwc: {key:?} launched before it was prepared") };
+            if !prepared.chosen {
+                let i = fastest(dev, handle, &prepared.candidates, tensors, key)?;
+                let plan = prepared.candidates.swap_remove(i);
+                prepared.candidates = vec![plan];
+                prepared.chosen = true;
+            }
+            let plan = &prepared.candidates[0];
+            let workspace = dnn::workspace(dev, plan.workspace)?;
+            // SAFETY: the pointers address this call's tensors, of the key's shapes and dtype, on
+            // the handle's stream; the workspace is at least the plan's.
+            unsafe { plan.execute(handle, tensors, workspace.ptr()) }
+        })
+    }
+
+    /// The forward key of a convolution of contiguous x [n, h, w, c] and w [k, r, s, c], with the
+    /// epilogue `fused` (None for training's, whose backward passes take the same key).
+    fn forward_key(dev: &CudaDevice, x: &Tensor, w: &Tensor, padding: usize, stride: usize, fused: Option<Epilogue>) -> Result<Key> {
+        let (n, h, wd, c) = x.dims4()?;
+        let (k, r, s, fc) = w.dims4()?;
+        if c != fc {
+            bail!("conv_nhwc: input has {c} channels, the filter expects {fc}")
+        }
+        if x.dtype() != w.dtype() {
+            bail!("conv_nhwc: input {:?} and filter {:?} differ in dtype", x.dtype(), w.dtype())
+        }
+        let dims = |a: [usize; 4]| a.map(|v| v as i64);
+        Key {
+            pass: Pass::Forward,
+            stream: dnn::stream_id(dev),
+            dtype: x.dtype(),
+            tf32: crate::precision::tf32_allowed(),
+            x: dims([n, c, h, wd]),
+            w: dims([k, c, r, s]),
+            padding: padding as i64,
+            stride: stride as i64,
+            fused,
+        }
+        .checked()
+    }
+
+    pub(super) fn conv_nhwc_grads(x: &Tensor, w: &Tensor, dy: &Tensor, padding: usize, stride: usize, input_grad: bool) -> Result<(Option<Tensor>, Tensor)> {
+        let dev = x.device().as_cuda_device()?.clone();
+        let (x, w, dy) = (x.contiguous()?, w.contiguous()?, dy.contiguous()?);
+        let forward = forward_key(&dev, &x, &w, padding, stride, None)?;
+        let (data, filter) = (Key { pass: Pass::Data, ..forward }, Key { pass: Pass::Filter, ..forward });
+        let needed = if input_grad { vec![filter, data] } else { vec![filter] };
+        for key in &needed {
+            if !has_engine(&dev, *key)? {
+                bail!("cuDNN has no engine for the NHWC convolution's {:?} pass of {forward:?} (MIGPROF_CUDNN_LOG=1 lists what it proposed)", key.pass)
+            }
+        }
+        let dx = if input_grad { Some(dy.apply_op2_no_bwd(&w, &ConvGrad { key: data })?) } else { None };
+        let dw = x.apply_op2_no_bwd(&dy, &ConvGrad { key: filter })?;
+        Ok((dx, dw))
+    }
+
+    pub(super) fn conv_nhwc_train(x: &Tensor, w: &Tensor, padding: usize, stride: usize) -> Result<Tensor> {
+        let dev = x.device().as_cuda_device()?.clone();
+        let (xc, wc) = (x.contiguous()?, w.contiguous()?);
+        let c = xc.dim(3)?;
+        let forward = forward_key(&dev, &xc, &wc, padding, stride, None)?;
+        // Every pass this step will run needs an engine; the input's gradient only when taken.
+        let mut passes = vec![forward, Key { pass: Pass::Filter, ..forward }];
+        if x.track_op() {
+            passes.push(Key { pass: Pass::Data, ..forward });
+        }
+        let mut missing = Vec::new();
+        for key in &passes {
+            if !has_engine(&dev, *key)? {
+                missing.push(key.pass);
+            }
+        }
+        if missing.is_empty() {
+            return xc.apply_op2(&wc, ConvTrain { key: forward });
+        }
+        // As for inference: three colour channels padded with zeros to 8; the padding's gradient is
+        // dropped by the pad's own backward.
+        let padded = c.next_multiple_of(8);
+        if padded != c {
+            return conv_nhwc_train(&xc.pad_with_zeros(3, 0, padded - c)?, &wc.pad_with_zeros(3, 0, padded - c)?, padding, stride);
+        }
+        bail!("cuDNN has no engine for the NHWC convolution's {missing:?} pass(es) of {forward:?} (MIGPROF_CUDNN_LOG=1 lists what it proposed)")
+    }
+
+    /// The convolution of a training step: the forward pass, whose backward runs [`ConvGrad`]s.
+    #[derive(Debug, Clone, Copy)]
+    struct ConvTrain {
+        key: Key,
+    }
+
+    /// One backward pass: Data on (dy, w) gives dx, Filter on (x, dy) gives dw.
+    #[derive(Debug, Clone, Copy)]
+    struct ConvGrad {
+        key: Key,
+    }
+
+    /// Runs a key whose graph reads `a` and `b` (as the uids `ids`) and writes `out_uid`, of
+    /// `out_len` elements.
+    fn run_pass<T: CudaDType + DeviceRepr>(key: &Key, a: (&CudaStorage, &Layout), b: (&CudaStorage, &Layout), ids: [i64; 2], out_uid: i64, out_len: usize) -> Result<CudaStorage> {
+        let dev = a.0.device().clone();
+        let stream = dev.cuda_stream();
+        // SAFETY: every element is written by the graph's one op (beta = 0).
+        let out = unsafe { dev.alloc::<T>(out_len)? };
+        let tensors = [
+            (ids[0], address::<T>(a.0, a.1, &stream)?),
+            (ids[1], address::<T>(b.0, b.1, &stream)?),
+            (out_uid, out.device_ptr(&stream).0 as *mut c_void),
+        ];
+        launch(&dev, key, &tensors)?;
+        Ok(CudaStorage::wrap_cuda_slice(out, dev))
+    }
+
+    /// `run_pass` in the storage's dtype.
+    fn run_typed(key: &Key, a: (&CudaStorage, &Layout), b: (&CudaStorage, &Layout), ids: [i64; 2], out_uid: i64, out_len: usize) -> Result<CudaStorage> {
+        match a.0.dtype() {
+            DType::F32 => run_pass::<f32>(key, a, b, ids, out_uid, out_len),
+            DType::BF16 => run_pass::<half::bf16>(key, a, b, ids, out_uid, out_len),
+            DType::F16 => run_pass::<half::f16>(key, a, b, ids, out_uid, out_len),
+            other => bail!("the NHWC convolution takes f32, bf16 or f16, not {other:?}"),
+        }
+    }
+
+    /// Checks that a launched op's inputs have the shapes its key was made for (the graph would read
+    /// any other out of bounds).
+    fn expect(what: &str, l: &Layout, [n, c, h, w]: [i64; 4]) -> Result<()> {
+        let want = [n, h, w, c].map(|v| v as usize);
+        if l.dims() != want {
+            bail!("conv_nhwc {what}: shape {:?}, the graph was made for {want:?}", l.dims())
+        }
+        Ok(())
+    }
+
+    impl CustomOp2 for ConvTrain {
+        fn name(&self) -> &'static str {
+            "cudnn-conv-nhwc-train"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            bail!("the NHWC convolution runs on CUDA devices only")
+        }
+
+        fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, w: &CudaStorage, wl: &Layout) -> Result<(CudaStorage, Shape)> {
+            expect("input", xl, self.key.x)?;
+            expect("filter", wl, self.key.w)?;
+            let [n, k, oh, ow] = self.key.y().map(|v| v as usize);
+            Ok((run_typed(&self.key, (x, xl), (w, wl), [X, W], Y, n * oh * ow * k)?, Shape::from((n, oh, ow, k))))
+        }
+
+        fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+            let grad = grad.contiguous()?;
+            let dx = if x.track_op() { Some(grad.apply_op2_no_bwd(w, &ConvGrad { key: Key { pass: Pass::Data, ..self.key } })?) } else { None };
+            let dw = x.apply_op2_no_bwd(&grad, &ConvGrad { key: Key { pass: Pass::Filter, ..self.key } })?;
+            Ok((dx, Some(dw)))
+        }
+    }
+
+    impl CustomOp2 for ConvGrad {
+        fn name(&self) -> &'static str {
+            "cudnn-conv-nhwc-grad"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            bail!("the NHWC convolution runs on CUDA devices only")
+        }
+
+        fn cuda_fwd(&self, a: &CudaStorage, al: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
+            let key = &self.key;
+            let count = |d: [i64; 4]| d.iter().product::<i64>() as usize;
+            let shape = |[n, c, h, w]: [i64; 4]| Shape::from((n as usize, h as usize, w as usize, c as usize));
+            match key.pass {
+                Pass::Data => {
+                    expect("output gradient", al, key.y())?;
+                    expect("filter", bl, key.w)?;
+                    Ok((run_typed(key, (a, al), (b, bl), [Y, W], X, count(key.x))?, shape(key.x)))
+                }
+                Pass::Filter => {
+                    expect("input", al, key.x)?;
+                    expect("output gradient", bl, key.y())?;
+                    Ok((run_typed(key, (a, al), (b, bl), [X, Y], W, count(key.w))?, shape(key.w)))
+                }
+                Pass::Forward => bail!("conv_nhwc: a forward key {key:?} as a backward pass"),
+            }
         }
     }
 
@@ -289,13 +511,24 @@ mod cudnn {
             bail!("NHWC convolution {key:?} first met while a CUDA graph is captured: its engine cannot be timed then; run with CUDA graphs off")
         }
         let stream = dev.cuda_stream();
-        let workspace = dnn::workspace(dev, candidates.iter().map(|p| p.workspace).max().unwrap_or(0))?;
         let mut best: Option<(f32, usize)> = None;
         let mut log = Vec::new();
         for (i, plan) in candidates.iter().enumerate() {
-            // SAFETY: as in `Conv::run`; the workspace is the largest any candidate needs.
-            let launch = || unsafe { plan.execute(handle, tensors, workspace) };
-            let ms = match super::super::launch::median_ms(&stream, &launch) {
+            // Each its own workspace: one that cannot be had (a small slice's memory) skips the
+            // candidate rather than failing the convolution.
+            let timed = dnn::workspace(dev, plan.workspace).and_then(|workspace| {
+                let pack = VariantPack::new(tensors, workspace.ptr())?;
+                let launch = || -> Result<()> {
+                    for _ in 0..TIMED_LAUNCHES {
+                        // SAFETY: as in `launch`; the pack holds this call's tensors and a workspace
+                        // of the plan's size, alive until the timing synchronised.
+                        unsafe { plan.execute_pack(handle, &pack) }?;
+                    }
+                    Ok(())
+                };
+                Ok(super::super::launch::median_ms(&stream, &launch)? / TIMED_LAUNCHES as f32)
+            });
+            let ms = match timed {
                 Ok(ms) => ms,
                 Err(e) => {
                     log.push(format!("{plan:?} failed: {e}"));

@@ -65,9 +65,21 @@ element! {
     sys::cudnnConvolutionMode_t => CUDNN_TYPE_CONVOLUTION_MODE, sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION;
     sys::cudnnBackendHeurMode_t => CUDNN_TYPE_HEUR_MODE, sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A;
     sys::cudnnPointwiseMode_t => CUDNN_TYPE_POINTWISE_MODE, sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_ADD;
-    sys::cudnnBackendNumericalNote_t => CUDNN_TYPE_NUMERICAL_NOTE, sys::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_TYPE_COUNT;
+    Note => CUDNN_TYPE_NUMERICAL_NOTE, Note(u32::MAX);
     sys::cudnnHandle_t => CUDNN_TYPE_HANDLE, std::ptr::null_mut();
     *mut c_void => CUDNN_TYPE_VOID_PTR, std::ptr::null_mut();
+}
+
+/// A numerical note as cuDNN writes it: a plain u32, since a newer cuDNN may report a note that the
+/// bindings' enum lacks, and reading that into the enum would be undefined behaviour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(transparent)]
+pub(crate) struct Note(u32);
+
+impl Note {
+    fn is(self, known: sys::cudnnBackendNumericalNote_t) -> bool {
+        self.0 == known as u32
+    }
 }
 
 impl Descriptor {
@@ -106,7 +118,11 @@ impl Descriptor {
     /// a plan for is an expected outcome, not an error).
     fn try_finalize(self) -> Option<Self> {
         // SAFETY: as `finalize`.
-        (unsafe { sys::cudnnBackendFinalize(self.raw) } == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS).then_some(self)
+        let status = unsafe { sys::cudnnBackendFinalize(self.raw) };
+        if status != sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && std::env::var_os("MIGPROF_CUDNN_LOG").is_some() {
+            eprintln!("cudnn: {:?} not finalized: {status:?}", self.kind);
+        }
+        (status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS).then_some(self)
     }
 
     /// Up to `capacity` elements of an attribute.
@@ -214,10 +230,8 @@ impl GraphBuilder {
         Ok(self.tensors.len() - 1)
     }
 
-    /// y = conv(x, w), cross-correlation with the same padding and stride on both axes, accumulated in
-    /// f32.
-    pub(crate) fn conv_forward(&mut self, x: &Tensor, w: &Tensor, y: &Tensor, padding: i64, stride: i64) -> Result<()> {
-        let (xi, wi, yi) = (self.tensor(x)?, self.tensor(w)?, self.tensor(y)?);
+    /// A 2-D cross-correlation with the same padding and stride on both axes, accumulated in f32.
+    fn convolution(padding: i64, stride: i64) -> Result<Descriptor> {
         let mut conv = Descriptor::new(Kind::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
         conv.set(Attr::CUDNN_ATTR_CONVOLUTION_COMP_TYPE, &[sys::cudnnDataType_t::CUDNN_DATA_FLOAT])?
             .set(Attr::CUDNN_ATTR_CONVOLUTION_CONV_MODE, &[sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION])?
@@ -226,7 +240,46 @@ impl GraphBuilder {
             .set(Attr::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, &[stride, stride])?
             .set(Attr::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, &[padding, padding])?
             .set(Attr::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, &[padding, padding])?;
-        let conv = conv.finalize()?;
+        conv.finalize()
+    }
+
+    /// dx = the gradient of conv(x, w) for x, from dy (what cuDNN calls backward data).
+    pub(crate) fn conv_backward_data(&mut self, dy: &Tensor, w: &Tensor, dx: &Tensor, padding: i64, stride: i64) -> Result<()> {
+        let (dyi, wi, dxi) = (self.tensor(dy)?, self.tensor(w)?, self.tensor(dx)?);
+        let conv = Self::convolution(padding, stride)?;
+        let mut op = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR)?;
+        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, &[&self.tensors[dyi].1])?
+            .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, &[&self.tensors[wi].1])?
+            .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, &[&self.tensors[dxi].1])?
+            .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, &[&conv])?
+            .set(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, &[1f32])?
+            .set(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, &[0f32])?;
+        self.ops.push(op.finalize()?);
+        self.parts.push(conv);
+        Ok(())
+    }
+
+    /// dw = the gradient of conv(x, w) for w, from x and dy (what cuDNN calls backward filter).
+    pub(crate) fn conv_backward_filter(&mut self, x: &Tensor, dy: &Tensor, dw: &Tensor, padding: i64, stride: i64) -> Result<()> {
+        let (xi, dyi, dwi) = (self.tensor(x)?, self.tensor(dy)?, self.tensor(dw)?);
+        let conv = Self::convolution(padding, stride)?;
+        let mut op = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR)?;
+        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, &[&self.tensors[xi].1])?
+            .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, &[&self.tensors[dyi].1])?
+            .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, &[&self.tensors[dwi].1])?
+            .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, &[&conv])?
+            .set(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, &[1f32])?
+            .set(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, &[0f32])?;
+        self.ops.push(op.finalize()?);
+        self.parts.push(conv);
+        Ok(())
+    }
+
+    /// y = conv(x, w), cross-correlation with the same padding and stride on both axes, accumulated in
+    /// f32.
+    pub(crate) fn conv_forward(&mut self, x: &Tensor, w: &Tensor, y: &Tensor, padding: i64, stride: i64) -> Result<()> {
+        let (xi, wi, yi) = (self.tensor(x)?, self.tensor(w)?, self.tensor(y)?);
+        let conv = Self::convolution(padding, stride)?;
         let mut op = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)?;
         op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, &[&self.tensors[xi].1])?
             .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, &[&self.tensors[wi].1])?
@@ -264,8 +317,10 @@ impl GraphBuilder {
         let ops: Vec<&Descriptor> = self.ops.iter().collect();
         graph.set_descriptors(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, &ops)?.set(Attr::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, &[handle])?;
         let graph = graph.finalize()?;
-        let mut parts = self.parts;
-        parts.extend(self.ops);
+        // Dropped in this order, each before what it references: the graph, its ops, their
+        // convolution and pointwise descriptors, the tensors.
+        let mut parts = self.ops;
+        parts.extend(self.parts);
         parts.extend(self.tensors.into_iter().map(|(_, d)| d));
         Ok(Graph { graph, _parts: parts })
     }
@@ -297,9 +352,10 @@ impl std::fmt::Debug for Plan {
 }
 
 impl Graph {
-    /// The plans cuDNN's heuristics (mode A) propose for this graph that finalize and whose
-    /// numerics `allowed` accepts, in the heuristics' order, at most `limit`.
-    pub(crate) fn plans(&self, handle: sys::cudnnHandle_t, limit: usize, allowed: impl Fn(Numerics) -> bool) -> Result<Vec<Plan>> {
+    /// The plans cuDNN's heuristics (mode A) propose for this graph that finalize, whose numerics
+    /// `allowed` accepts and whose workspace is at most `max_workspace` bytes, in the heuristics'
+    /// order, at most `limit`.
+    pub(crate) fn plans(&self, handle: sys::cudnnHandle_t, limit: usize, max_workspace: usize, allowed: impl Fn(Numerics) -> bool) -> Result<Vec<Plan>> {
         let mut heur = Descriptor::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
         heur.set_descriptors(Attr::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[&self.graph])?
             .set(Attr::CUDNN_ATTR_ENGINEHEUR_MODE, &[sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A])?;
@@ -316,11 +372,13 @@ impl Graph {
             if config.get_descriptors(Attr::CUDNN_ATTR_ENGINECFG_ENGINE, std::slice::from_ref(&engine))? != 1 {
                 continue;
             }
-            use sys::cudnnBackendNumericalNote_t as Note;
-            let notes: Vec<Note> = engine.get(Attr::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, Note::CUDNN_NUMERICAL_NOTE_TYPE_COUNT as usize)?;
+            use sys::cudnnBackendNumericalNote_t as N;
+            // Room for every note the bindings know and as many again that they may not.
+            let notes: Vec<Note> = engine.get(Attr::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, 2 * N::CUDNN_NUMERICAL_NOTE_TYPE_COUNT as usize)?;
+            let any = |n: N| notes.iter().any(|note| note.is(n));
             let numerics = Numerics {
-                tensor_cores: notes.contains(&Note::CUDNN_NUMERICAL_NOTE_TENSOR_CORE),
-                narrowed: notes.contains(&Note::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) || notes.contains(&Note::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION),
+                tensor_cores: any(N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE),
+                narrowed: any(N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) || any(N::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION),
             };
             if !allowed(numerics) {
                 continue;
@@ -330,6 +388,9 @@ impl Graph {
             plan.set(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, &[handle])?.set_descriptors(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&config])?;
             let Some(plan) = plan.try_finalize() else { continue };
             let workspace = plan.get::<i64>(Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, 1)?.first().copied().unwrap_or(0).max(0) as usize;
+            if workspace > max_workspace {
+                continue;
+            }
             plans.push(Plan { plan, workspace, engine: index, numerics, _config: config });
         }
         Ok(plans)
@@ -344,14 +405,33 @@ impl Plan {
     /// Every pointer addresses a live device buffer of its tensor's size and type, the workspace one
     /// of at least `self.workspace` bytes, all on the handle's device, until the launched work ends.
     pub(crate) unsafe fn execute(&self, handle: sys::cudnnHandle_t, tensors: &[(i64, *mut c_void)], workspace: *mut c_void) -> Result<()> {
+        let pack = VariantPack::new(tensors, workspace)?;
+        // SAFETY: as the caller promises.
+        unsafe { self.execute_pack(handle, &pack) }
+    }
+
+    /// [`Self::execute`] with a pack built before (to launch the same tensors again without its host
+    /// work, as the engine timing does).
+    ///
+    /// # Safety
+    /// As [`Self::execute`], for the pack's pointers.
+    pub(crate) unsafe fn execute_pack(&self, handle: sys::cudnnHandle_t, pack: &VariantPack) -> Result<()> {
+        // SAFETY: a finalized plan and pack; the buffers are as the caller promises.
+        check(unsafe { sys::cudnnBackendExecute(handle, self.plan.raw, pack.0.raw) }, &format!("execute {self:?}"))
+    }
+}
+
+/// The device pointers of one launch's tensors (by uid) and its workspace.
+pub(crate) struct VariantPack(Descriptor);
+
+impl VariantPack {
+    pub(crate) fn new(tensors: &[(i64, *mut c_void)], workspace: *mut c_void) -> Result<Self> {
         let uids: Vec<i64> = tensors.iter().map(|t| t.0).collect();
         let pointers: Vec<*mut c_void> = tensors.iter().map(|t| t.1).collect();
         let mut pack = Descriptor::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
         pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &uids)?
             .set(Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, &pointers)?
             .set(Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE, &[workspace])?;
-        let pack = pack.finalize()?;
-        // SAFETY: a finalized plan and pack; the buffers are as the caller promises.
-        check(unsafe { sys::cudnnBackendExecute(handle, self.plan.raw, pack.raw) }, &format!("execute {self:?}"))
+        Ok(Self(pack.finalize()?))
     }
 }

@@ -442,7 +442,7 @@ pub(crate) mod cuda {
     /// grad where `res` > 0, else 0: the ReLU's gradient as PyTorch's `threshold_backward` takes it
     /// (0 where the input was exactly 0; candle's own ReLU passes the gradient there, which in bf16,
     /// where x + z cancels exactly fairly often, makes a visible difference).
-    fn relu_grad(grad: &Tensor, res: &Tensor) -> Result<Tensor> {
+    pub(crate) fn relu_grad(grad: &Tensor, res: &Tensor) -> Result<Tensor> {
         let res = res.contiguous()?;
         // A ReLU's gradient reads only y; y stands in for x.
         grad.contiguous()?.apply_op1_no_bwd(&ActGrad { act: Act::Relu, bias: None, x: res.clone(), y: res })

@@ -216,6 +216,14 @@ fn build(handle: sys::cublasLtHandle_t, key: Key) -> Result<Plan> {
     Ok(Plan { desc, layouts: [lt_a, lt_b, lt_c], candidates, algo })
 }
 
+/// Creates this thread's cuBLASLt handle for the device's stream, with its workspace, if not yet
+/// made: called before a workload's first step, so that the workspace, which lives as long as the
+/// thread, is not allocated between the step's activations (where it would keep a block of the
+/// memory pool from being handed back).
+pub(crate) fn prepare(dev: &CudaDevice) -> Result<()> {
+    STATE.with(|state| state.borrow_mut().handle(dev).map(|_| ()))
+}
+
 impl State {
     fn handle(&mut self, dev: &CudaDevice) -> Result<(sys::cublasLtHandle_t, usize)> {
         let stream = dev.cuda_stream().cu_stream() as usize;

@@ -21,13 +21,29 @@ __device__ __forceinline__ int window_max(const typename E::T* plane, int h, int
 }
 
 // Forward (g == 0): out [planes, oh, ow] = window maxima of x. Backward: out [planes, h, w] = dx.
-// cl > 0: forward over NHWC with cl channels (planes = images * cl), out [images, oh, ow, cl].
+// cl > 0: over NHWC with cl channels (planes = images * cl): out [images, oh, ow, cl] forward,
+// [images, h, w, cl] backward.
 template <typename E>
 __device__ void max_pool(const typename E::T* x, const typename E::T* g, typename E::T* out, unsigned int planes,
                          int h, int w, int oh, int ow, int k, int s, int p, int cl) {
     unsigned long long total = (unsigned long long)planes * (g ? h * w : oh * ow);
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < total;
          i += (unsigned long long)blockDim.x * gridDim.x) {
+        if (cl && g) {
+            unsigned long long pixel = i / cl, image = pixel / (h * w);
+            int here = pixel % (h * w), y = here / w, xx = here % w;
+            unsigned long long ch = i % cl;
+            const typename E::T* xp = x + image * h * w * cl + ch;
+            const typename E::T* gp = g + image * oh * ow * cl + ch;
+            int oy0 = max(0, (y + p - k + s) / s), oy1 = min(oh - 1, (y + p) / s);
+            int ox0 = max(0, (xx + p - k + s) / s), ox1 = min(ow - 1, (xx + p) / s);
+            float acc = 0.f;
+            for (int oy = oy0; oy <= oy1; oy++)
+                for (int ox = ox0; ox <= ox1; ox++)
+                    if (window_max<E>(xp, h, w, oy, ox, k, s, p, cl) == here) acc += E::get(gp, (unsigned long long)(oy * ow + ox) * cl);
+            E::put(out, i, acc);
+            continue;
+        }
         if (cl) {
             // Neighbouring threads take neighbouring channels: coalesced reads and writes.
             unsigned long long pixel = i / cl, image = pixel / (oh * ow);

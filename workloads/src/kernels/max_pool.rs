@@ -50,11 +50,11 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> R
     Ok(out.expect("kernel >= 1"))
 }
 
-/// Max pooling over NHWC ([n, h, w, c]) for inference (no backward), as ResNet's NHWC path needs:
-/// the same windows and the same first-maximum rule as [`max_pool2d`], read channel-contiguous.
+/// Max pooling over NHWC ([n, h, w, c]), as ResNet's NHWC path needs: the same windows, the same
+/// first-maximum rule and the same gathering backward as [`max_pool2d`], read channel-contiguous.
 #[cfg(feature = "cuda")]
 pub fn max_pool2d_nhwc(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&cuda::MaxPool { kernel, stride, padding, channels_last: true })
+    x.contiguous()?.apply_op1(cuda::MaxPool { kernel, stride, padding, channels_last: true })
 }
 
 /// `count` elements of dimension `dim`, starting at `start`, every `stride`-th one: a narrow followed by
@@ -161,7 +161,7 @@ pub(crate) mod cuda {
         pub kernel: usize,
         pub stride: usize,
         pub padding: usize,
-        /// The input is NHWC (forward only) rather than NCHW.
+        /// The input is NHWC rather than NCHW.
         pub channels_last: bool,
     }
 
@@ -229,9 +229,6 @@ pub(crate) mod cuda {
         }
 
         fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-            if self.channels_last {
-                bail!("max pool over NHWC is for inference: it has no backward")
-            }
             Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&MaxPoolGrad { pool: *self, x: x.clone() })?))
         }
     }
@@ -255,10 +252,11 @@ pub(crate) mod cuda {
         fn cuda_fwd(&self, g: &CudaStorage, gl: &Layout) -> Result<(CudaStorage, Shape)> {
             let (xs, xl) = self.x.storage_and_layout();
             let x = saved_storage(&xs, "max pool's backward")?;
-            let (n, c, _, _) = xl.shape().dims4()?;
+            let (n, c, _, _) = self.pool.dims(xl)?;
             let (_, _, _, oh, ow) = self.pool.geometry(xl)?;
-            if gl.dims() != [n, c, oh, ow] {
-                bail!("max pool's backward: a gradient of shape {:?} for an output of {:?}", gl.dims(), [n, c, oh, ow])
+            let want = if self.pool.channels_last { [n, oh, ow, c] } else { [n, c, oh, ow] };
+            if gl.dims() != want {
+                bail!("max pool's backward: a gradient of shape {:?} for an output of {want:?}", gl.dims())
             }
             Ok((self.pool.launch((x, xl), Some((g, gl)))?, xl.shape().clone()))
         }

@@ -48,3 +48,5 @@ pub use linear::{linear, linear_residual};
 pub use max_pool::max_pool2d;
 pub use options::KernelOptions;
 pub use windows::{window_merge, window_partition};
+#[cfg(feature = "cudnn")]
+pub(crate) use conv2d::cudnn::{release_workspaces, workspace_bytes};

@@ -118,12 +118,7 @@ impl BatchNorm2d {
     pub fn forward(&self, x: &Tensor, train: bool, relu: bool) -> Result<Tensor> {
         let (_, c, _, _) = x.dims4()?;
         if train {
-            let x = x.contiguous()?;
-            // No gradient through the statistics op: BatchNorm's backward formula accounts for them.
-            let stats = x.detach().apply_op1_no_bwd(&batch_norm::BatchStats)?;
-            self.update_running(&stats, x.elem_count() / c)?;
-            let wb = Tensor::stack(&[&self.weight, &self.bias], 0)?;
-            return x.apply_op3(&wb, &stats, batch_norm::BatchNorm { eps: self.eps, relu });
+            return self.forward_train(x, relu, false);
         }
         // Running statistics on weights that may still be trained (frozen ones are folded into the
         // convolution by ConvBn).
@@ -140,6 +135,34 @@ impl BatchNorm2d {
         } else {
             Ok(y)
         }
+    }
+
+    /// Training over NHWC ([n, h, w, c]): as [`Self::forward`] with `train`, the channels last.
+    pub fn forward_nhwc_train(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
+        self.forward_train(x, relu, true)
+    }
+
+    fn forward_train(&self, x: &Tensor, relu: bool, channels_last: bool) -> Result<Tensor> {
+        let x = x.contiguous()?;
+        // No gradient through the statistics op: BatchNorm's backward formula accounts for them.
+        let stats = self.batch_stats(&x, channels_last)?;
+        let wb = Tensor::stack(&[&self.weight, &self.bias], 0)?;
+        x.apply_op3(&wb, &stats, batch_norm::BatchNorm { eps: self.eps, relu, channels_last })
+    }
+
+    /// The batch's [mean; biased variance] of contiguous x (recording no gradient), the running
+    /// statistics updated with them.
+    pub(crate) fn batch_stats(&self, x: &Tensor, channels_last: bool) -> Result<Tensor> {
+        let c = if channels_last { x.dim(x.rank() - 1)? } else { x.dim(1)? };
+        let stats = x.detach().apply_op1_no_bwd(&batch_norm::BatchStats { channels_last })?;
+        self.update_running(&stats, x.elem_count() / c)?;
+        Ok(stats)
+    }
+
+    /// The scale and shift parameters (what the optimizer's gradients are keyed by) and eps.
+    #[cfg(feature = "cudnn")]
+    pub(crate) fn affine(&self) -> (&Tensor, &Tensor, f64) {
+        (&self.weight, &self.bias, self.eps)
     }
 
     /// running ← (1 - momentum)·running + momentum·batch, the variance unbiased (n / (n - 1)), as
@@ -171,9 +194,10 @@ pub struct ConvBn {
     pub conv: Conv2d,
     pub bn: BatchNorm2d,
     folded: std::sync::OnceLock<(Tensor, Tensor)>,
-    /// The folded weight as KRSC (filter channels last), for the NHWC path.
+    /// The folded weight as KRSC (filter channels last) and the shift, for the NHWC path (which then
+    /// holds no NCHW copy).
     #[cfg(feature = "cudnn")]
-    folded_krsc: std::sync::OnceLock<Tensor>,
+    folded_krsc: std::sync::OnceLock<(Tensor, Tensor)>,
 }
 
 impl ConvBn {
@@ -193,16 +217,35 @@ impl ConvBn {
     }
 
     /// The convolution's weight with the batch norm's scale folded in (in the weight's dtype) and
-    /// the shift as a bias in `dtype`, computed on first use: a frozen unit's weights never change.
+    /// the shift as a bias in `dtype`.
+    fn fold(&self, dtype: DType) -> Result<(Tensor, Tensor)> {
+        let (scale, shift) = self.bn.scale_shift()?;
+        let c = scale.dim(0)?;
+        let w = self.conv.weight.to_dtype(DType::F32)?.broadcast_mul(&scale.reshape((c, 1, 1, 1))?)?.to_dtype(self.conv.weight.dtype())?;
+        Ok((w, shift.to_dtype(dtype)?))
+    }
+
+    /// [`Self::fold`], computed on first use: a frozen unit's weights never change.
     fn folded(&self, dtype: DType) -> Result<&(Tensor, Tensor)> {
         if let Some(f) = self.folded.get() {
             return Ok(f);
         }
-        let (scale, shift) = self.bn.scale_shift()?;
-        let c = scale.dim(0)?;
-        let w = self.conv.weight.to_dtype(DType::F32)?.broadcast_mul(&scale.reshape((c, 1, 1, 1))?)?.to_dtype(self.conv.weight.dtype())?;
-        let _ = self.folded.set((w, shift.to_dtype(dtype)?));
+        let _ = self.folded.set(self.fold(dtype)?);
         Ok(self.folded.get().expect("just set"))
+    }
+
+    /// [`Self::fold`] with the weight as KRSC, computed on first use. A model calls it for every
+    /// unit before its first NHWC step: made then, the folded weights lie together in the memory
+    /// pool instead of scattered between the step's activations, where each would keep its block
+    /// of the pool from being handed back (measured: docs/kernels.md#conv_nhwc).
+    #[cfg(feature = "cudnn")]
+    pub fn folded_nhwc(&self, dtype: DType) -> Result<&(Tensor, Tensor)> {
+        if let Some(f) = self.folded_krsc.get() {
+            return Ok(f);
+        }
+        let (w, b) = self.fold(dtype)?;
+        let _ = self.folded_krsc.set((w.permute((0, 2, 3, 1))?.contiguous()?, b));
+        Ok(self.folded_krsc.get().expect("just set"))
     }
 
     /// Inference over NHWC on a frozen unit: conv with the batch norm folded, + `residual` when
@@ -212,15 +255,18 @@ impl ConvBn {
         if !self.frozen() {
             candle_core::bail!("the NHWC convolution is for inference on frozen weights")
         }
-        let (w, b) = self.folded(x.dtype())?;
-        let w = match self.folded_krsc.get() {
-            Some(w) => w,
-            None => {
-                let _ = self.folded_krsc.set(w.permute((0, 2, 3, 1))?.contiguous()?);
-                self.folded_krsc.get().expect("just set")
-            }
-        };
+        let (w, b) = self.folded_nhwc(x.dtype())?;
         crate::kernels::conv_nhwc(x, w, b, residual, self.conv.padding, self.conv.stride, relu)
+    }
+
+    /// Training over NHWC: the convolution on cuDNN's NHWC engines (the weight, held as PyTorch
+    /// holds it, seen as KRSC for the step: a copy the size of the weights, and its gradient copied
+    /// back), then batch norm over NHWC, then ReLU when `relu`.
+    #[cfg(feature = "cudnn")]
+    pub fn forward_nhwc_train(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
+        let w = self.conv.weight.permute((0, 2, 3, 1))?.contiguous()?;
+        let y = crate::kernels::conv_nhwc::conv_nhwc_train(x, &w, self.conv.padding, self.conv.stride)?;
+        self.bn.forward_nhwc_train(&y, relu)
     }
 
     /// conv, batch norm, then ReLU when `relu`.
@@ -246,6 +292,12 @@ pub struct Conv2d {
 impl Conv2d {
     pub fn new(weight: Tensor, bias: Option<Tensor>, padding: usize, stride: usize) -> Self {
         Self { weight, bias, padding, stride }
+    }
+
+    /// The weight (KCRS, as PyTorch holds it), the padding and the stride.
+    #[cfg(feature = "cudnn")]
+    pub(crate) fn parts(&self) -> (&Tensor, usize, usize) {
+        (&self.weight, self.padding, self.stride)
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {

@@ -5,6 +5,8 @@ pub mod bert;
 #[cfg(feature = "cuda")]
 pub mod encoder;
 pub mod layers;
+#[cfg(feature = "cudnn")]
+pub mod residual;
 pub mod resnet;
 pub mod swin;
 pub mod vit;

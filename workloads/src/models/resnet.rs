@@ -9,6 +9,7 @@ use super::{Classifier, Inputs};
 use crate::kernels::add;
 use crate::init::KAIMING_NORMAL_FAN_OUT;
 use crate::kernels::max_pool2d;
+use crate::optim::ParamGrads;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Block {
@@ -214,7 +215,14 @@ impl Residual {
         Ok(Self { path, downsample })
     }
 
-    fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+    /// Over NCHW; a training step's block as one op where [`super::residual::runs_as_one_op`].
+    fn forward(&self, x: &Tensor, train: bool, grads: &ParamGrads) -> Result<Tensor> {
+        #[cfg(feature = "cudnn")]
+        if train && super::residual::runs_as_one_op(x) {
+            return super::residual::forward(x, &self.path, self.downsample.as_ref(), false, grads);
+        }
+        #[cfg(not(feature = "cudnn"))]
+        let _ = grads;
         let mut h = x.clone();
         let last = self.path.len() - 1;
         for (i, unit) in self.path.iter().enumerate() {
@@ -243,6 +251,24 @@ impl Residual {
         last.forward_nhwc(&h, Some(&identity), true)
     }
 
+    /// Training over NHWC: as [`Self::forward`], the activations channels-last.
+    #[cfg(feature = "cudnn")]
+    fn forward_nhwc_train(&self, x: &Tensor, grads: &ParamGrads) -> Result<Tensor> {
+        if super::residual::runs_as_one_op(x) {
+            return super::residual::forward(x, &self.path, self.downsample.as_ref(), true, grads);
+        }
+        let mut h = x.clone();
+        let last = self.path.len() - 1;
+        for (i, unit) in self.path.iter().enumerate() {
+            h = unit.forward_nhwc_train(&h, i < last)?;
+        }
+        let identity = match &self.downsample {
+            Some(unit) => unit.forward_nhwc_train(x, false)?,
+            None => x.clone(),
+        };
+        add(&h, &identity, true)
+    }
+
     #[cfg(feature = "cudnn")]
     fn units(&self) -> impl Iterator<Item = &ConvBn> {
         self.path.iter().chain(self.downsample.as_ref())
@@ -253,6 +279,8 @@ pub struct ResNet {
     stem: ConvBn,
     blocks: Vec<Residual>,
     fc: Linear,
+    /// Where blocks run as one op record their parameters' gradients (training on a GPU).
+    grads: ParamGrads,
 }
 
 impl ResNet {
@@ -265,28 +293,48 @@ impl ResNet {
             .map(|b| Residual::new(b, cfg.block, vb.pp(format!("layer{}.{}", b.stage + 1, b.index))))
             .collect::<Result<_>>()?;
         let fc = torch_linear(cfg.features(), cfg.num_classes, vb.pp("fc"))?;
-        Ok(Self { stem, blocks, fc })
+        Ok(Self { stem, blocks, fc, grads: ParamGrads::default() })
     }
 }
 
 impl ResNet {
-    /// Whether this step runs over NHWC ([`Self::forward_nhwc`]): inference on a CUDA device with
-    /// cuDNN in a dtype that gains from it ([`crate::kernels::conv_nhwc::runs_nhwc`]), every unit
-    /// frozen, and the kernel options asking for it.
+    /// Whether this step runs over NHWC: on a CUDA device with cuDNN, in a dtype that gains from it
+    /// ([`crate::kernels::conv_nhwc::runs_nhwc`]), the kernel options asking for it, and either
+    /// training ([`Self::forward_nhwc_train`]) or inference on frozen units ([`Self::forward_nhwc`]);
+    /// inference on weights that train (batch norm from running statistics, unfolded) stays NCHW.
     #[cfg(feature = "cudnn")]
     fn runs_nhwc(&self, x: &Tensor, train: bool) -> bool {
         use crate::kernels::options::{Convolutions, KernelOptions};
-        !train
-            && x.device().is_cuda()
+        x.device().is_cuda()
             && crate::kernels::conv_nhwc::runs_nhwc(x.dtype())
             && KernelOptions::active().convs == Convolutions::Nhwc
-            && std::iter::once(&self.stem).chain(self.blocks.iter().flat_map(|b| b.units())).all(ConvBn::frozen)
+            && (train || std::iter::once(&self.stem).chain(self.blocks.iter().flat_map(|b| b.units())).all(ConvBn::frozen))
+    }
+
+    /// A training step over NHWC: the images transposed once, batch norm over NHWC after every
+    /// convolution, the shortcut added (with the ReLU) by our kernel, the pool and the global
+    /// average read channels-last.
+    #[cfg(feature = "cudnn")]
+    fn forward_nhwc_train(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.permute((0, 2, 3, 1))?.contiguous()?;
+        let x = self.stem.forward_nhwc_train(&x, true)?;
+        let mut x = crate::kernels::max_pool::max_pool2d_nhwc(&x, 3, 2, 1)?;
+        for block in &self.blocks {
+            x = block.forward_nhwc_train(&x, &self.grads)?;
+        }
+        let (n, h, w, c) = x.dims4()?;
+        let x = x.reshape((n, h * w, c))?.mean(1)?;
+        self.fc.forward(&x)
     }
 
     /// Inference over NHWC: the images transposed once, every convolution fused with its batch
     /// norm, shortcut and ReLU, the pool and the global average read channels-last.
     #[cfg(feature = "cudnn")]
     fn forward_nhwc(&self, x: &Tensor) -> Result<Tensor> {
+        // Every unit's folded weights before the first activation (see `ConvBn::folded_nhwc`).
+        for unit in std::iter::once(&self.stem).chain(self.blocks.iter().flat_map(|b| b.units())) {
+            unit.folded_nhwc(x.dtype())?;
+        }
         let x = x.permute((0, 2, 3, 1))?.contiguous()?;
         let x = self.stem.forward_nhwc(&x, None, true)?;
         let mut x = crate::kernels::max_pool::max_pool2d_nhwc(&x, 3, 2, 1)?;
@@ -300,16 +348,20 @@ impl ResNet {
 }
 
 impl Classifier for ResNet {
+    fn param_grads(&self) -> Option<&ParamGrads> {
+        Some(&self.grads)
+    }
+
     fn forward(&self, inputs: &Inputs, train: bool) -> Result<Tensor> {
         let Inputs::Images(x) = inputs else { candle_core::bail!("ResNet takes images") };
         #[cfg(feature = "cudnn")]
         if self.runs_nhwc(x, train) {
-            return self.forward_nhwc(x);
+            return if train { self.forward_nhwc_train(x) } else { self.forward_nhwc(x) };
         }
         let x = self.stem.forward(x, train, true)?;
         let mut x = max_pool2d(&x, 3, 2, 1)?;
         for block in &self.blocks {
-            x = block.forward(&x, train)?;
+            x = block.forward(&x, train, &self.grads)?;
         }
         // Global average pool, then the classifier.
         let x = x.mean((2, 3))?;
