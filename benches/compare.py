@@ -43,7 +43,9 @@ def main():
         if key not in best or p["throughput"] > best[key]["throughput"]:
             best[key] = p
     rows = list(best.values())
-    head = ["model", "mode", "dtype", "batch", "migprof/s", "pytorch/s", "ratio", "migprof p50 ms", "verdict", "pytorch variants/s"]
+    # Each side's verdict: migprof's run's, and whether the GPU slowed its clocks while PyTorch's best
+    # variant was measured ("-" where the reference could not read NVML).
+    head = ["model", "mode", "dtype", "batch", "migprof/s", "pytorch/s", "ratio", "migprof p50 ms", "verdict", "pytorch verdict", "pytorch variants/s"]
     if peak:
         head += ["MFU migprof", "MFU pytorch"]
     # Device memory in use (MiB) during the cell: migprof's sampler's largest reading against the
@@ -58,10 +60,10 @@ def main():
         )
         m = ours.get(key)
         if m is None:
-            out.append([p["model"], p["mode"], p["dtype"], str(p["batch"]), "-", f"{p['throughput']:.1f}", "-", "-", "missing", each] + (["-", "-"] if peak else []) + ["-"] * 3)
+            out.append([p["model"], p["mode"], p["dtype"], str(p["batch"]), "-", f"{p['throughput']:.1f}", "-", "-", "missing", p.get("verdict") or "-", each] + (["-", "-"] if peak else []) + ["-"] * 3)
             continue
         row = [p["model"], p["mode"], p["dtype"], str(p["batch"]), f"{m['throughput']:.1f}", f"{p['throughput']:.1f}",
-               f"{m['throughput'] / p['throughput']:.2f}", f"{m['p50_ms']:.3f}", m["verdict"], each]
+               f"{m['throughput'] / p['throughput']:.2f}", f"{m['p50_ms']:.3f}", m["verdict"], p.get("verdict") or "-", each]
         if peak:
             top = peak.get(f"{p['dtype']}_tflops", float("nan")) * 1e12
             row += [f"{m['throughput'] * m['flops_per_sample'] / top:.1%}", f"{p['throughput'] * m['flops_per_sample'] / top:.1%}"]

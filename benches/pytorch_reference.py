@@ -17,12 +17,16 @@ Variants (`--variants`, each row says which), the ways a PyTorch user who wants 
             timed on its own as `compile_s`, never in the throughput. Inductor's cache goes to
             TORCHINDUCTOR_CACHE_DIR (default /tmp/migprof-inductor), so a second call reuses it.
 
+Each row also says whether the GPU slowed its clocks while it was measured (`verdict`: throttled or ok,
+`slowdown_share`), judged as migprof judges its own runs, so that a comparison made on a hot GPU says so.
+
 usage: pytorch_reference.py --models resnet50,vit_b_16 --modes infer --dtypes f32,bf16 --batches 1,8
        [--variants eager,bf16w,cl,compile] [--warmup 10] [--iters 50] [--seq-len 128] [--profile] > rows.jsonl
 --profile brackets the measured iterations with cudaProfilerStart/Stop, as migprof does, for
 `ncu --profile-from-start off` (benches/kernel_profile.sh "pytorch MODEL MODE DTYPE BATCH").
 """
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -85,6 +89,42 @@ def applies(variant, name, mode, dtype):
     }[variant]
 
 
+class Slowdowns:
+    """Whether the GPU slowed its clocks for reasons outside the workload while a cell was measured,
+    judged as migprof's sampler judges its own runs (profiler/src/results/evidence.rs): NVML's
+    clock-event reasons read after each measured step (outside its timing), a run `throttled` when
+    thermal slowdowns (hardware or software), the hardware slowdown or the power brake show in at
+    least 5% of the readings. Without NVML the rows say nothing (None), rather than `ok`."""
+
+    BITS = 0x8 | 0x20 | 0x40 | 0x80  # HW slowdown, SW thermal, HW thermal, HW power brake
+    SHARE = 0.05
+
+    def __init__(self):
+        self.get = None
+        try:
+            nvml = ctypes.CDLL("libnvidia-ml.so.1")
+            handle = ctypes.c_void_p()
+            uuid = f"GPU-{torch.cuda.get_device_properties(0).uuid}".encode()
+            reasons = nvml.nvmlDeviceGetCurrentClocksEventReasons
+            if nvml.nvmlInit_v2() == 0 and nvml.nvmlDeviceGetHandleByUUID(uuid, ctypes.byref(handle)) == 0:
+                self.get, self.handle, self.reasons = reasons, handle, ctypes.c_ulonglong()
+        except (OSError, AttributeError):
+            pass
+        self.readings = []
+
+    def read(self):
+        if self.get is not None:
+            if self.get(self.handle, ctypes.byref(self.reasons)) == 0:
+                self.readings.append(self.reasons.value)
+
+    def verdict(self):
+        """(share of readings slowed, 'throttled' or 'ok'), or (None, None) when nothing was read."""
+        if not self.readings:
+            return None, None
+        share = sum(1 for r in self.readings if r & self.BITS) / len(self.readings)
+        return share, "throttled" if share >= self.SHARE else "ok"
+
+
 def measure(name, mode, dtype, batch, args, variant="eager"):
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(0)
@@ -129,12 +169,13 @@ def measure(name, mode, dtype, batch, args, variant="eager"):
     warmup_s = time.perf_counter() - t0
     if args.profile:
         torch.cuda.cudart().cudaProfilerStart()
-    lat = []
+    lat, slowdowns = [], Slowdowns()
     for _ in range(args.iters):
         t0 = time.perf_counter()
         step()
         torch.cuda.synchronize()
         lat.append((time.perf_counter() - t0) * 1e3)
+        slowdowns.read()
     if args.profile:
         torch.cuda.cudart().cudaProfilerStop()
     # The device's used memory, as migprof's sampler reads it (NVML's used framebuffer): the CUDA
@@ -142,6 +183,7 @@ def measure(name, mode, dtype, batch, args, variant="eager"):
     # steps is their peak (it keeps freed blocks). Earlier cells' memory was handed back before this one.
     free, total = torch.cuda.mem_get_info()
     mean = statistics.fmean(lat)
+    slowdown_share, verdict = slowdowns.verdict()
     return {
         "framework": "pytorch", "model": name, "mode": mode, "dtype": dtype, "batch": batch,
         "seq_len": args.seq_len if kind == "tokens" else None, "iterations": len(lat),
@@ -149,6 +191,7 @@ def measure(name, mode, dtype, batch, args, variant="eager"):
         "precision": {"f32": "f32, TF32 off", "tf32": "f32, TF32 on"}.get(dtype, "bf16 weights" if fast else "bf16 autocast"),
         "variant": variant, "compile_s": warmup_s if variant == "compile" else None,
         "device_used_mib": (total - free) / 2**20,
+        "slowdown_share": slowdown_share, "verdict": verdict,
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
     }
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The verdict over rounds of the comparison on one machine (`gpu_run.sh best` with ROUNDS=2): per cell,
 migprof's throughput over the best PyTorch variant's in each round, the median of those ratios, and
-whether the cell meets the performance goal — median at or above 1 and no round below 0.95. With
+whether the cell meets the performance goal — median at or above 1 and no round below 0.95. A cell
+where either side was measured on slowed clocks in some round (migprof's verdict `throttled`, or
+PyTorch's row's, read the same way) is not judged: its goal says `throttled`, and which side. With
 --peak (peak_flops.py's output), migprof's model FLOP utilisation at its median throughput.
 
 usage: rounds.py RESULTS_1 PYTORCH_1.jsonl [RESULTS_2 PYTORCH_2.jsonl ...] [--peak peak.json] [--markdown]
@@ -45,9 +47,9 @@ def main():
     head = ["model", "mode", "dtype", "batch"] + [f"round {i + 1}" for i in range(len(rounds))] + ["median", "migprof/s", "pytorch/s", "best variant"]
     head += ["MFU"] if peak else []
     head += ["goal"]
-    out, short = [], 0
+    out, short, unjudged = [], 0, 0
     for key in cells:
-        ratios, mine, theirs, variant, flops = [], [], [], "-", None
+        ratios, mine, theirs, variant, flops, slowed = [], [], [], "-", None, set()
         for m, p in rounds:
             if key in m and key in p:
                 ratios.append(m[key]["throughput"] / p[key]["throughput"])
@@ -55,6 +57,10 @@ def main():
                 theirs.append(p[key]["throughput"])
                 variant = p[key].get("variant", "eager")
                 flops = m[key]["flops_per_sample"]
+                if m[key].get("verdict") == "throttled":
+                    slowed.add("migprof")
+                if p[key].get("verdict") == "throttled":
+                    slowed.add("pytorch")
         cols = [f"{r:.2f}" for r in ratios] + ["-"] * (len(rounds) - len(ratios))
         if len(ratios) < len(rounds):
             # A cell missing from a round cannot be judged on the rounds asked for.
@@ -63,15 +69,22 @@ def main():
         else:
             median = statistics.median(ratios)
             meets = median >= 1.0 and min(ratios) >= 0.95
-            short += not meets
             row = list(map(str, key)) + cols + [f"{median:.2f}", f"{statistics.median(mine):.1f}", f"{statistics.median(theirs):.1f}", variant]
             if peak:
                 top = peak.get(f"{key[2]}_tflops", float("nan")) * 1e12
                 row.append(f"{statistics.median(mine) * flops / top:.1%}")
-            row.append("meets" if meets else "below")
+            if slowed:
+                # Slowed clocks move the ratio by more than the goal's margins, either way.
+                row.append("throttled (" + "+".join(sorted(slowed)) + ")")
+                unjudged += 1
+            else:
+                row.append("meets" if meets else "below")
+                short += not meets
         out.append(row)
     print_table(head, out, markdown)
-    print(f"\n{len(cells) - short} of {len(cells)} cells meet the goal (median ratio >= 1, every round >= 0.95)")
+    met = len(cells) - short - unjudged
+    print(f"\n{met} of {len(cells)} cells meet the goal (median ratio >= 1, every round >= 0.95)"
+          + (f"; {unjudged} not judged: a side ran on slowed clocks (throttled) in some round" if unjudged else ""))
 
 
 if __name__ == "__main__":

@@ -162,8 +162,9 @@ fn pyarrow_reads_the_folder_and_every_row_checks_out() {
 }
 
 /// benches/rounds.py, the verdict over rounds of the comparison with PyTorch, on two real results
-/// folders: a cell's median ratio, and a cell below the goal in one round said to be below. Needs
-/// python3 with pyarrow, which .ci/run installs.
+/// folders: a cell's median ratio, a cell below the goal in one round said to be below, and a cell
+/// whose PyTorch side ran on slowed clocks in one round not judged. Needs python3 with pyarrow,
+/// which .ci/run installs.
 #[test]
 #[ignore = "needs python3 with pyarrow"]
 fn rounds_gives_each_cell_its_median_ratio_and_verdict() {
@@ -172,19 +173,21 @@ fn rounds_gives_each_cell_its_median_ratio_and_verdict() {
     let dir = tempfile::tempdir().unwrap();
     let mut args = Vec::new();
     // Two rounds; PyTorch's best variant made to give ratios 2.0 and 1.6 for batch 1 (median 1.8:
-    // meets), 1.2 and 0.9 for batch 3 (median 1.05, but a round below 0.95: below).
-    for (round, ratios) in [(1, [2.0, 1.2]), (2, [1.6, 0.9])] {
+    // meets), 1.2 and 0.9 for batch 3 (median 1.05, but a round below 0.95: below), 1.5 twice for
+    // batch 5, whose PyTorch row of round 2 saw slowed clocks (not judged).
+    for (round, ratios) in [(1, [2.0, 1.2, 1.5]), (2, [1.6, 0.9, 1.5])] {
         let folder = dir.path().join(format!("best-{round}"));
-        let o = run_tiny(&folder, &["--batch", "1,3", "--iters", "3", "--warmup", "0"]);
+        let o = run_tiny(&folder, &["--batch", "1,3,5", "--iters", "3", "--warmup", "0"]);
         assert!(o.status.success(), "{}", text(&o));
         let runs = read_table(&folder, Table::Runs).unwrap();
         let (batches, throughput) = (f64s(&runs, "batch"), f64s(&runs, "throughput"));
         let mut lines = String::new();
         for (b, t) in batches.iter().zip(&throughput) {
-            let ratio = if *b == 1.0 { ratios[0] } else { ratios[1] };
+            let ratio = ratios[(*b as usize) / 2];
+            let verdict = if round == 2 && *b == 5.0 { "throttled" } else { "ok" };
             for (variant, slower) in [("eager", 3.0), ("compile", 1.0)] {
                 lines += &format!(
-                    "{{\"model\": \"resnet_tiny\", \"mode\": \"infer\", \"dtype\": \"f32\", \"batch\": {b}, \"throughput\": {}, \"variant\": \"{variant}\"}}\n",
+                    "{{\"model\": \"resnet_tiny\", \"mode\": \"infer\", \"dtype\": \"f32\", \"batch\": {b}, \"throughput\": {}, \"variant\": \"{variant}\", \"verdict\": \"{verdict}\"}}\n",
                     t / ratio / slower
                 );
             }
@@ -205,7 +208,9 @@ fn rounds_gives_each_cell_its_median_ratio_and_verdict() {
     assert_eq!((one[9], one[10]), ("compile", "meets"), "{out}");
     let three = row("3");
     assert!(three.contains("1.20") && three.contains("0.90") && three.contains("1.05") && three.ends_with("below"), "{out}");
-    assert!(out.contains("1 of 2 cells meet the goal"), "{out}");
+    let five = row("5");
+    assert!(five.contains("1.50") && five.ends_with("throttled (pytorch)"), "{out}");
+    assert!(out.contains("1 of 3 cells meet the goal") && out.contains("1 not judged"), "{out}");
 }
 
 #[test]
