@@ -100,12 +100,7 @@ pub fn ledger(device: &Device) -> Result<Option<Ledger>> {
         use cuda::sys;
         let Some(pool) = cuda::pool(dev)? else { return Ok(None) };
         device.synchronize()?;
-        let attr = |a: sys::CUmemPool_attribute| -> Result<u64> {
-            let mut bytes = 0u64;
-            // SAFETY: these attributes are cuuint64_t, as documented.
-            cuda::check(unsafe { sys::cuMemPoolGetAttribute(pool, a, &mut bytes as *mut u64 as *mut std::ffi::c_void) }, "reading an attribute")?;
-            Ok(bytes)
-        };
+        let attr = |a| cuda::pool_bytes(pool, a);
         use sys::CUmemPool_attribute as A;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: out-pointers; the context is bound (by `cuda::pool`).
@@ -145,11 +140,7 @@ pub fn pooled_bytes(device: &Device) -> Result<Option<u64>> {
     if let Device::Cuda(dev) = device {
         use cuda::sys;
         let Some(pool) = cuda::pool(dev)? else { return Ok(None) };
-        let mut bytes = 0u64;
-        // SAFETY: the reserved size is a cuuint64_t, as documented.
-        let status = unsafe { sys::cuMemPoolGetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &mut bytes as *mut u64 as *mut std::ffi::c_void) };
-        cuda::check(status, "reading its size")?;
-        return Ok(Some(bytes));
+        return Ok(Some(cuda::pool_bytes(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?));
     }
     let _ = device;
     Ok(None)
@@ -166,6 +157,15 @@ mod cuda {
             sys::CUresult::CUDA_SUCCESS => Ok(()),
             e => Err(candle_core::Error::Msg(format!("CUDA memory pool: {what}: {e:?}"))),
         }
+    }
+
+    /// One of the pool's byte counts (reserved or used memory, current or high-water mark).
+    pub(super) fn pool_bytes(pool: sys::CUmemoryPool, attribute: sys::CUmemPool_attribute) -> Result<u64> {
+        let mut bytes = 0u64;
+        // SAFETY: the pool's memory attributes are cuuint64_t, as documented.
+        let status = unsafe { sys::cuMemPoolGetAttribute(pool, attribute, &mut bytes as *mut u64 as *mut std::ffi::c_void) };
+        check(status, "reading its size")?;
+        Ok(bytes)
     }
 
     /// The pool `cuMemAllocAsync` draws from on this device, or None when the context allocates

@@ -250,59 +250,51 @@ fn layer_norm_kernel_matches_the_cpu_forward_and_backward() {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn batch_norm_kernels_match_the_cpu_forward_and_backward() {
+/// Batch norm in training, with and without ReLU, against the CPU (forward and every input's
+/// gradient) over `shapes` ([n, c, h, w], or [n, h, w, c] when `channels_last`), random inputs from
+/// `seed` on; the `shifted`-th input shifted by 30, so that a channel's mean dwarfs its spread.
+fn batch_norm_matches_the_cpu(channels_last: bool, shapes: &[[usize; 4]], seed: u64, shifted: usize) {
     use workloads::kernels::batch_norm::{BatchNorm, BatchStats};
     let train = |relu: bool| {
         move |a: &[&Tensor]| {
-            let stats = a[0].detach().apply_op1_no_bwd(&BatchStats::NCHW).unwrap();
+            let stats = a[0].detach().apply_op1_no_bwd(&BatchStats { channels_last }).unwrap();
             let wb = Tensor::stack(&[a[1], a[2]], 0).unwrap();
-            a[0].apply_op3(&wb, &stats, BatchNorm { eps: 1e-5, relu, channels_last: false }).unwrap()
+            a[0].apply_op3(&wb, &stats, BatchNorm { eps: 1e-5, relu, channels_last }).unwrap()
         }
     };
-    // ResNet's late stage (7x7 maps), a 1x1 map, and a channel whose mean dwarfs its spread.
-    // The channel sums split images into chunks: one image each ([4, 8, 7, 7], [2, 4, 20, 20]),
-    // two and a last of one ([9, 80, 4, 4]). Planes of 49, 6, 196 and 400 elements take words of 1,
-    // 2, 4 and 8 bf16 elements (1, 2, 4, 4 in f32).
-    let shapes = [[4usize, 8, 7, 7], [3, 16, 1, 1], [2, 4, 20, 20], [9, 80, 4, 4], [2, 6, 14, 14], [3, 5, 2, 3]];
-    for (i, shape) in shapes.into_iter().enumerate() {
-        let x = random(&shape, 140 + i as u64);
-        let x = if i == 2 { (x + 30.0).unwrap() } else { x };
-        let w = random(&[shape[1]], 150 + i as u64).affine(0.5, 1.0).unwrap();
-        let b = random(&[shape[1]], 160 + i as u64);
+    let layout = if channels_last { "NHWC" } else { "NCHW" };
+    for (i, &shape) in shapes.iter().enumerate() {
+        let c = if channels_last { shape[3] } else { shape[1] };
+        let x = random(&shape, seed + i as u64);
+        let x = if i == shifted { (x + 30.0).unwrap() } else { x };
+        let w = random(&[c], seed + 10 + i as u64).affine(0.5, 1.0).unwrap();
+        let b = random(&[c], seed + 20 + i as u64);
         for relu in [false, true] {
             let f = train(relu);
-            matches_cpu(&format!("batch norm {shape:?} relu {relu}"), &f, &[x.clone(), w.clone(), b.clone()], [1e-4, 3e-2, 5e-3]);
+            matches_cpu(&format!("batch norm {layout} {shape:?} relu {relu}"), &f, &[x.clone(), w.clone(), b.clone()], [1e-4, 3e-2, 5e-3]);
         }
     }
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn batch_norm_kernels_match_the_cpu_forward_and_backward() {
+    // ResNet's late stage (7x7 maps), a 1x1 map, and a channel whose mean dwarfs its spread.
+    // The channel sums split images into chunks: one image each ([4, 8, 7, 7], [2, 4, 20, 20]),
+    // two and a last of one ([9, 80, 4, 4]). Planes of 49, 6, 196 and 400 elements take words of 1,
+    // 2, 4 and 8 bf16 elements (1, 2, 4, 4 in f32).
+    let shapes = [[4usize, 8, 7, 7], [3, 16, 1, 1], [2, 4, 20, 20], [9, 80, 4, 4], [2, 6, 14, 14], [3, 5, 2, 3]];
+    batch_norm_matches_the_cpu(false, &shapes, 140, 2);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn batch_norm_over_nhwc_matches_the_cpu_forward_and_backward() {
-    use workloads::kernels::batch_norm::{BatchNorm, BatchStats};
-    let train = |relu: bool| {
-        move |a: &[&Tensor]| {
-            let stats = a[0].detach().apply_op1_no_bwd(&BatchStats::NHWC).unwrap();
-            let wb = Tensor::stack(&[a[1], a[2]], 0).unwrap();
-            a[0].apply_op3(&wb, &stats, BatchNorm { eps: 1e-5, relu, channels_last: true }).unwrap()
-        }
-    };
     // [n, h, w, c]: ResNet's widths (words of 8 bf16 channels, lanes across 8 to 32 words and
     // several blocks of them for 2048), odd channel counts (single-element words), a channel whose
     // mean dwarfs its spread, and more rows than one block's chunk.
     let shapes = [[2usize, 7, 7, 64], [2, 3, 3, 2048], [3, 5, 2, 5], [2, 4, 4, 24], [4, 28, 28, 128], [1, 1, 1, 16]];
-    for (i, shape) in shapes.into_iter().enumerate() {
-        let x = random(&shape, 170 + i as u64);
-        let x = if i == 3 { (x + 30.0).unwrap() } else { x };
-        let w = random(&[shape[3]], 180 + i as u64).affine(0.5, 1.0).unwrap();
-        let b = random(&[shape[3]], 190 + i as u64);
-        for relu in [false, true] {
-            let f = train(relu);
-            matches_cpu(&format!("batch norm NHWC {shape:?} relu {relu}"), &f, &[x.clone(), w.clone(), b.clone()], [1e-4, 3e-2, 5e-3]);
-        }
-    }
+    batch_norm_matches_the_cpu(true, &shapes, 170, 3);
 }
 
 #[test]

@@ -362,6 +362,9 @@ mod cuda {
     /// channels still fill the GPU (docs/kernels.md#batch-norm).
     const SUM_BLOCKS: u32 = 512;
 
+    /// Each channel's sums over batch and space (see `BatchStats` and `BatchNormGrad`), as partial
+    /// sums over chunks then one finishing pass: per plane of NCHW, or over rows of channels where
+    /// the maps are 1x1 (channels-last tensors, one row a pixel).
     fn channel_sums(
         x: &CudaStorage,
         xl: &Layout,
@@ -371,24 +374,36 @@ mod cuda {
         (n, c, hw): (usize, usize, usize),
         eps: f64,
     ) -> Result<CudaStorage> {
-        if hw == 1 {
-            return rows_sums(x, xl, g, y, stats, (n, c), eps);
-        }
         let dev = x.device().clone();
         let (n, c, hw) = dims(n, c, hw)?;
+        let rows = hw == 1;
         let starts = [Some(xl), g.map(|a| a.1), y.map(|a| a.1)];
-        let v = plane_word(x.dtype(), &starts, hw);
-        let partials = format!("{}_v{v}", name("bn_partials", x.dtype()));
-        let finish = name("bn_finish", x.dtype());
+        // Words of v elements along a plane, or across a row's channels.
+        let v = plane_word(x.dtype(), &starts, if rows { c } else { hw });
+        let partials = format!("{}_v{v}", name(if rows { "bn_rows_partials" } else { "bn_partials" }, x.dtype()));
         let partials_fn = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, &partials)?;
-        let finish_fn = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, &finish)?;
-        // Chunks of images per channel, so that channels × chunks is about SUM_BLOCKS; a chunk holds
-        // `per` images, the last one fewer.
-        let wanted = SUM_BLOCKS.div_ceil(c).clamp(1, n.max(1));
-        let per = n.div_ceil(wanted).max(1);
-        let chunks = n.div_ceil(per).max(1);
-        let words = hw / v as u32;
-        let threads = (per * words).next_power_of_two().clamp(64, 256);
+        let finish_fn = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, &name("bn_finish", x.dtype()))?;
+        // The partial sums' launch, and the chunks of images (rows) they split each channel into, of
+        // `per` images (rows) each, the last one fewer.
+        let (cfg, per, chunks) = if rows {
+            // 256 threads a block (the kernel's shared memory is sized for that): as many lanes
+            // across as a row has words, up to 32, the rest down the rows.
+            let words = c / v as u32;
+            let lx = words.next_power_of_two().min(32);
+            let ly = 256 / lx;
+            let across = words.div_ceil(lx);
+            let wanted = SUM_BLOCKS.div_ceil(across).clamp(1, n.div_ceil(ly).max(1));
+            let per = n.div_ceil(wanted).max(1);
+            let chunks = n.div_ceil(per).max(1);
+            (LaunchConfig { grid_dim: (across, chunks, 1), block_dim: (lx, ly, 1), shared_mem_bytes: 0 }, per, chunks)
+        } else {
+            // Chunks of images per channel, so that channels × chunks is about SUM_BLOCKS.
+            let wanted = SUM_BLOCKS.div_ceil(c).clamp(1, n.max(1));
+            let per = n.div_ceil(wanted).max(1);
+            let chunks = n.div_ceil(per).max(1);
+            let threads = (per * (hw / v as u32)).next_power_of_two().clamp(64, 256);
+            (LaunchConfig { grid_dim: (c, chunks, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }, per, chunks)
+        };
         let pass = g.is_some() as i32;
         let eps = eps as f32;
         by_dtype!(x.dtype(), "batch norm", T => {
@@ -403,66 +418,21 @@ mod cuda {
             let out = unsafe { dev.alloc::<f32>(2 * c as usize)? };
             let st = match stats { Some(a) => f32_view(a)?, None => out.slice(0..) };
             let null = 0u64;
-            let cfg = LaunchConfig { grid_dim: (c, chunks, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
             let mut b = partials_fn.builder();
             b.arg(&xv).arg(&gv);
             match &yv { Some(v) => b.arg(v), None => b.arg(&null) };
-            b.arg(&st).arg(&partial).arg(&n).arg(&c).arg(&hw).arg(&eps).arg(&pass).arg(&per);
+            b.arg(&st).arg(&partial).arg(&n).arg(&c);
+            if !rows {
+                b.arg(&hw);
+            }
+            b.arg(&eps).arg(&pass).arg(&per);
             // SAFETY: argument types and order match the kernel; x, g, y hold n·c·hw elements from
-            // word-aligned starts (v checked above), stats 2·c, partial 2·chunks·c.
+            // word-aligned starts (v checked above), stats 2·c, partial 2·chunks·c; a rows block
+            // has 256 threads.
             unsafe { partials_fn.launch(&mut b, cfg) }?;
             let cfg = LaunchConfig { grid_dim: (c.div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let mut b = finish_fn.builder();
             b.arg(&xv).arg(&partial).arg(&out).arg(&chunks).arg(&n).arg(&c).arg(&hw).arg(&pass);
-            // SAFETY: argument types and order match the kernel; partial holds 2·chunks·c, out 2·c.
-            unsafe { finish_fn.launch(&mut b, cfg) }?;
-            Ok(CudaStorage::wrap_cuda_slice(out, dev))
-        })
-    }
-
-    /// The channel sums over rows of channels (`channel_sums` with 1x1 maps): blocks of lanes across
-    /// the channels, a word of them each, and lanes down the rows of a chunk.
-    fn rows_sums(x: &CudaStorage, xl: &Layout, g: Option<Arg>, y: Option<Arg>, stats: Option<Arg>, (rows, c): (usize, usize), eps: f64) -> Result<CudaStorage> {
-        let dev = x.device().clone();
-        let (rows, c, _) = dims(rows, c, 1)?;
-        let starts = [Some(xl), g.map(|a| a.1), y.map(|a| a.1)];
-        let v = plane_word(x.dtype(), &starts, c);
-        let partials = format!("{}_v{v}", name("bn_rows_partials", x.dtype()));
-        let partials_fn = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, &partials)?;
-        let finish_fn = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, &name("bn_finish", x.dtype()))?;
-        // 256 threads a block (the kernel's shared memory is sized for that): as many lanes across
-        // as a row has words, up to 32, the rest down the rows.
-        let words = c / v as u32;
-        let lx = words.next_power_of_two().min(32);
-        let ly = 256 / lx;
-        let across = words.div_ceil(lx);
-        let wanted = SUM_BLOCKS.div_ceil(across).clamp(1, rows.div_ceil(ly).max(1));
-        let per = rows.div_ceil(wanted).max(1);
-        let chunks = rows.div_ceil(per).max(1);
-        let pass = g.is_some() as i32;
-        let (eps, one) = (eps as f32, 1u32);
-        by_dtype!(x.dtype(), "batch norm", T => {
-            let xv = view::<T>(x, xl, "batch norm")?;
-            let gv = match g { Some((s, l)) => view::<T>(s, l, "batch norm")?, None => view::<T>(x, xl, "batch norm")? };
-            let yv = match y { Some((s, l)) => Some(view::<T>(s, l, "batch norm")?), None => None };
-            // SAFETY: every (chunk, channel) partial is written by its block's lane y = 0, and the
-            // finishing kernel writes both values of every channel.
-            let partial = unsafe { dev.alloc::<f32>(2 * (chunks * c) as usize)? };
-            let out = unsafe { dev.alloc::<f32>(2 * c as usize)? };
-            let st = match stats { Some(a) => f32_view(a)?, None => out.slice(0..) };
-            let null = 0u64;
-            let cfg = LaunchConfig { grid_dim: (across, chunks, 1), block_dim: (lx, ly, 1), shared_mem_bytes: 0 };
-            let mut b = partials_fn.builder();
-            b.arg(&xv).arg(&gv);
-            match &yv { Some(v) => b.arg(v), None => b.arg(&null) };
-            b.arg(&st).arg(&partial).arg(&rows).arg(&c).arg(&eps).arg(&pass).arg(&per);
-            // SAFETY: argument types and order match the kernel; x, g, y hold rows·c elements from
-            // word-aligned starts (c and the starts are whole words of v), stats 2·c, partial
-            // 2·chunks·c; lx·ly = 256 threads.
-            unsafe { partials_fn.launch(&mut b, cfg) }?;
-            let cfg = LaunchConfig { grid_dim: (c.div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            let mut b = finish_fn.builder();
-            b.arg(&xv).arg(&partial).arg(&out).arg(&chunks).arg(&rows).arg(&c).arg(&one).arg(&pass);
             // SAFETY: argument types and order match the kernel (rows as its images of one element
             // each); partial holds 2·chunks·c, out 2·c.
             unsafe { finish_fn.launch(&mut b, cfg) }?;

@@ -72,6 +72,7 @@ mod cudnn {
 
     use super::super::conv2d::cudnn as dnn;
     use super::super::cudnn_graph::{data_type, Graph, GraphBuilder, Numerics, Plan, Tensor as GraphTensor, VariantPack};
+    use crate::kernels::launch::by_dtype;
     use crate::kernels::{add, bias_act, Act, BiasAxis};
 
     /// Engines kept per graph: the heuristics' first few are where the fast ones are.
@@ -287,25 +288,19 @@ mod cudnn {
         Ok(ptr as *mut c_void)
     }
 
-    impl Conv {
-        fn run<T: CudaDType + DeviceRepr>(&self, x: (&CudaStorage, &Layout), w: (&CudaStorage, &Layout)) -> Result<CudaStorage> {
-            let dev = x.0.device().clone();
-            let stream = dev.cuda_stream();
-            let y_len = self.key.y().iter().product::<i64>() as usize;
-            // SAFETY: every element is written by the last op of the graph.
-            let out = unsafe { dev.alloc::<T>(y_len)? };
-            let bias = self.bias.as_ref().map(|t| t.storage_and_layout());
-            let residual = self.residual.as_ref().map(|t| t.storage_and_layout());
-            let mut tensors = vec![(X, address::<T>(x.0, x.1, &stream)?), (W, address::<T>(w.0, w.1, &stream)?)];
-            tensors.push((Y, out.device_ptr(&stream).0 as *mut c_void));
-            for (uid, saved) in [(BIAS, &bias), (RESIDUAL, &residual)] {
-                if let Some((s, l)) = saved {
-                    tensors.push((uid, address::<T>(super::super::launch::cuda(s, "conv_nhwc")?, l, &stream)?));
-                }
-            }
-            launch(&dev, &self.key, &tensors)?;
+    /// Runs the key's graph on `inputs` (uid, storage, layout: contiguous, of the key's dtype) into a
+    /// new tensor of `out_len` elements, the graph's tensor `out_uid`.
+    fn run_graph(key: &Key, inputs: &[(i64, &CudaStorage, &Layout)], out_uid: i64, out_len: usize) -> Result<CudaStorage> {
+        let dev = inputs[0].1.device().clone();
+        let stream = dev.cuda_stream();
+        by_dtype!(key.dtype, "the NHWC convolution", T => {
+            // SAFETY: every element is written by the graph's last op (beta = 0).
+            let out = unsafe { dev.alloc::<T>(out_len)? };
+            let mut tensors = inputs.iter().map(|&(uid, s, l)| Ok((uid, address::<T>(s, l, &stream)?))).collect::<Result<Vec<_>>>()?;
+            tensors.push((out_uid, out.device_ptr(&stream).0 as *mut c_void));
+            launch(&dev, key, &tensors)?;
             Ok(CudaStorage::wrap_cuda_slice(out, dev))
-        }
+        })
     }
 
     /// Runs the key's plan (the fastest candidate, timed on this first call's tensors) on `tensors`,
@@ -355,20 +350,36 @@ mod cudnn {
         .checked()
     }
 
+    /// The passes of the convolution `forward` (its forward pass when `with_forward`, the filter's
+    /// gradient, and the input's when `input_grad`) that cuDNN has no engine for.
+    fn missing_passes(dev: &CudaDevice, forward: Key, with_forward: bool, input_grad: bool) -> Result<Vec<Pass>> {
+        let passes = [(with_forward, Pass::Forward), (true, Pass::Filter), (input_grad, Pass::Data)];
+        let mut missing = Vec::new();
+        for (needed, pass) in passes {
+            if needed && !has_engine(dev, Key { pass, ..forward })? {
+                missing.push(pass);
+            }
+        }
+        Ok(missing)
+    }
+
+    /// dx (when `input_grad`) and dw of the convolution `forward` of contiguous x and w, from a
+    /// contiguous dy, each pass's engine found before.
+    fn grads(forward: Key, x: &Tensor, w: &Tensor, dy: &Tensor, input_grad: bool) -> Result<(Option<Tensor>, Tensor)> {
+        let dx = if input_grad { Some(dy.apply_op2_no_bwd(w, &ConvGrad { key: Key { pass: Pass::Data, ..forward } })?) } else { None };
+        let dw = x.apply_op2_no_bwd(dy, &ConvGrad { key: Key { pass: Pass::Filter, ..forward } })?;
+        Ok((dx, dw))
+    }
+
     pub(super) fn conv_nhwc_grads(x: &Tensor, w: &Tensor, dy: &Tensor, padding: usize, stride: usize, input_grad: bool) -> Result<(Option<Tensor>, Tensor)> {
         let dev = x.device().as_cuda_device()?.clone();
         let (x, w, dy) = (x.contiguous()?, w.contiguous()?, dy.contiguous()?);
         let forward = forward_key(&dev, &x, &w, padding, stride, None)?;
-        let (data, filter) = (Key { pass: Pass::Data, ..forward }, Key { pass: Pass::Filter, ..forward });
-        let needed = if input_grad { vec![filter, data] } else { vec![filter] };
-        for key in &needed {
-            if !has_engine(&dev, *key)? {
-                bail!("cuDNN has no engine for the NHWC convolution's {:?} pass of {forward:?} (MIGPROF_CUDNN_LOG=1 lists what it proposed)", key.pass)
-            }
+        let missing = missing_passes(&dev, forward, false, input_grad)?;
+        if !missing.is_empty() {
+            bail!("cuDNN has no engine for the NHWC convolution's {missing:?} pass(es) of {forward:?} (MIGPROF_CUDNN_LOG=1 lists what it proposed)")
         }
-        let dx = if input_grad { Some(dy.apply_op2_no_bwd(&w, &ConvGrad { key: data })?) } else { None };
-        let dw = x.apply_op2_no_bwd(&dy, &ConvGrad { key: filter })?;
-        Ok((dx, dw))
+        grads(forward, &x, &w, &dy, input_grad)
     }
 
     pub(super) fn conv_nhwc_train(x: &Tensor, w: &Tensor, padding: usize, stride: usize) -> Result<Tensor> {
@@ -377,16 +388,7 @@ mod cudnn {
         let c = xc.dim(3)?;
         let forward = forward_key(&dev, &xc, &wc, padding, stride, None)?;
         // Every pass this step will run needs an engine; the input's gradient only when taken.
-        let mut passes = vec![forward, Key { pass: Pass::Filter, ..forward }];
-        if x.track_op() {
-            passes.push(Key { pass: Pass::Data, ..forward });
-        }
-        let mut missing = Vec::new();
-        for key in &passes {
-            if !has_engine(&dev, *key)? {
-                missing.push(key.pass);
-            }
-        }
+        let missing = missing_passes(&dev, forward, true, x.track_op())?;
         if missing.is_empty() {
             return xc.apply_op2(&wc, ConvTrain { key: forward });
         }
@@ -409,32 +411,6 @@ mod cudnn {
     #[derive(Debug, Clone, Copy)]
     struct ConvGrad {
         key: Key,
-    }
-
-    /// Runs a key whose graph reads `a` and `b` (as the uids `ids`) and writes `out_uid`, of
-    /// `out_len` elements.
-    fn run_pass<T: CudaDType + DeviceRepr>(key: &Key, a: (&CudaStorage, &Layout), b: (&CudaStorage, &Layout), ids: [i64; 2], out_uid: i64, out_len: usize) -> Result<CudaStorage> {
-        let dev = a.0.device().clone();
-        let stream = dev.cuda_stream();
-        // SAFETY: every element is written by the graph's one op (beta = 0).
-        let out = unsafe { dev.alloc::<T>(out_len)? };
-        let tensors = [
-            (ids[0], address::<T>(a.0, a.1, &stream)?),
-            (ids[1], address::<T>(b.0, b.1, &stream)?),
-            (out_uid, out.device_ptr(&stream).0 as *mut c_void),
-        ];
-        launch(&dev, key, &tensors)?;
-        Ok(CudaStorage::wrap_cuda_slice(out, dev))
-    }
-
-    /// `run_pass` in the storage's dtype.
-    fn run_typed(key: &Key, a: (&CudaStorage, &Layout), b: (&CudaStorage, &Layout), ids: [i64; 2], out_uid: i64, out_len: usize) -> Result<CudaStorage> {
-        match a.0.dtype() {
-            DType::F32 => run_pass::<f32>(key, a, b, ids, out_uid, out_len),
-            DType::BF16 => run_pass::<half::bf16>(key, a, b, ids, out_uid, out_len),
-            DType::F16 => run_pass::<half::f16>(key, a, b, ids, out_uid, out_len),
-            other => bail!("the NHWC convolution takes f32, bf16 or f16, not {other:?}"),
-        }
     }
 
     /// Checks that a launched op's inputs have the shapes its key was made for (the graph would read
@@ -460,13 +436,11 @@ mod cudnn {
             expect("input", xl, self.key.x)?;
             expect("filter", wl, self.key.w)?;
             let [n, k, oh, ow] = self.key.y().map(|v| v as usize);
-            Ok((run_typed(&self.key, (x, xl), (w, wl), [X, W], Y, n * oh * ow * k)?, Shape::from((n, oh, ow, k))))
+            Ok((run_graph(&self.key, &[(X, x, xl), (W, w, wl)], Y, n * oh * ow * k)?, Shape::from((n, oh, ow, k))))
         }
 
         fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-            let grad = grad.contiguous()?;
-            let dx = if x.track_op() { Some(grad.apply_op2_no_bwd(w, &ConvGrad { key: Key { pass: Pass::Data, ..self.key } })?) } else { None };
-            let dw = x.apply_op2_no_bwd(&grad, &ConvGrad { key: Key { pass: Pass::Filter, ..self.key } })?;
+            let (dx, dw) = grads(self.key, x, w, &grad.contiguous()?, x.track_op())?;
             Ok((dx, Some(dw)))
         }
     }
@@ -488,12 +462,12 @@ mod cudnn {
                 Pass::Data => {
                     expect("output gradient", al, key.y())?;
                     expect("filter", bl, key.w)?;
-                    Ok((run_typed(key, (a, al), (b, bl), [Y, W], X, count(key.x))?, shape(key.x)))
+                    Ok((run_graph(key, &[(Y, a, al), (W, b, bl)], X, count(key.x))?, shape(key.x)))
                 }
                 Pass::Filter => {
                     expect("input", al, key.x)?;
                     expect("output gradient", bl, key.y())?;
-                    Ok((run_typed(key, (a, al), (b, bl), [X, Y], W, count(key.w))?, shape(key.w)))
+                    Ok((run_graph(key, &[(X, a, al), (Y, b, bl)], W, count(key.w))?, shape(key.w)))
                 }
                 Pass::Forward => bail!("conv_nhwc: a forward key {key:?} as a backward pass"),
             }
@@ -560,13 +534,15 @@ mod cudnn {
 
         fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, w: &CudaStorage, wl: &Layout) -> Result<(CudaStorage, Shape)> {
             let [n, k, oh, ow] = self.key.y().map(|v| v as usize);
-            let out = match x.dtype() {
-                DType::F32 => self.run::<f32>((x, xl), (w, wl))?,
-                DType::BF16 => self.run::<half::bf16>((x, xl), (w, wl))?,
-                DType::F16 => self.run::<half::f16>((x, xl), (w, wl))?,
-                other => bail!("the NHWC convolution takes f32, bf16 or f16, not {other:?}"),
-            };
-            Ok((out, Shape::from((n, oh, ow, k))))
+            let bias = self.bias.as_ref().map(|t| t.storage_and_layout());
+            let residual = self.residual.as_ref().map(|t| t.storage_and_layout());
+            let mut inputs = vec![(X, x, xl), (W, w, wl)];
+            for (uid, saved) in [(BIAS, &bias), (RESIDUAL, &residual)] {
+                if let Some((s, l)) = saved {
+                    inputs.push((uid, super::super::launch::cuda(s, "conv_nhwc")?, l));
+                }
+            }
+            Ok((run_graph(&self.key, &inputs, Y, n * oh * ow * k)?, Shape::from((n, oh, ow, k))))
         }
     }
 }

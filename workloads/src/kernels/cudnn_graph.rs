@@ -243,53 +243,59 @@ impl GraphBuilder {
         conv.finalize()
     }
 
-    /// dx = the gradient of conv(x, w) for x, from dy (what cuDNN calls backward data).
-    pub(crate) fn conv_backward_data(&mut self, dy: &Tensor, w: &Tensor, dx: &Tensor, padding: i64, stride: i64) -> Result<()> {
-        let (dyi, wi, dxi) = (self.tensor(dy)?, self.tensor(w)?, self.tensor(dx)?);
+    /// One convolution operation of `kind`: its three tensors, each under its attribute, then the
+    /// convolution under `conv_desc` and alpha = 1, beta = 0 under `scale`'s two attributes.
+    fn convolution_op(&mut self, kind: Kind, tensors: [(Attr, &Tensor); 3], conv_desc: Attr, scale: [Attr; 2], padding: i64, stride: i64) -> Result<()> {
+        let mut ids = Vec::with_capacity(tensors.len());
+        for (attr, t) in tensors {
+            ids.push((attr, self.tensor(t)?));
+        }
         let conv = Self::convolution(padding, stride)?;
-        let mut op = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR)?;
-        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, &[&self.tensors[dyi].1])?
-            .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, &[&self.tensors[wi].1])?
-            .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, &[&self.tensors[dxi].1])?
-            .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, &[&conv])?
-            .set(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, &[1f32])?
-            .set(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, &[0f32])?;
+        let mut op = Descriptor::new(kind)?;
+        for (attr, i) in ids {
+            op.set_descriptors(attr, &[&self.tensors[i].1])?;
+        }
+        op.set_descriptors(conv_desc, &[&conv])?.set(scale[0], &[1f32])?.set(scale[1], &[0f32])?;
         self.ops.push(op.finalize()?);
         self.parts.push(conv);
         Ok(())
     }
 
+    /// dx = the gradient of conv(x, w) for x, from dy (what cuDNN calls backward data).
+    pub(crate) fn conv_backward_data(&mut self, dy: &Tensor, w: &Tensor, dx: &Tensor, padding: i64, stride: i64) -> Result<()> {
+        self.convolution_op(
+            Kind::CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+            [(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, dy), (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w), (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, dx)],
+            Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+            [Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA],
+            padding,
+            stride,
+        )
+    }
+
     /// dw = the gradient of conv(x, w) for w, from x and dy (what cuDNN calls backward filter).
     pub(crate) fn conv_backward_filter(&mut self, x: &Tensor, dy: &Tensor, dw: &Tensor, padding: i64, stride: i64) -> Result<()> {
-        let (xi, dyi, dwi) = (self.tensor(x)?, self.tensor(dy)?, self.tensor(dw)?);
-        let conv = Self::convolution(padding, stride)?;
-        let mut op = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR)?;
-        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, &[&self.tensors[xi].1])?
-            .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, &[&self.tensors[dyi].1])?
-            .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, &[&self.tensors[dwi].1])?
-            .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, &[&conv])?
-            .set(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, &[1f32])?
-            .set(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, &[0f32])?;
-        self.ops.push(op.finalize()?);
-        self.parts.push(conv);
-        Ok(())
+        self.convolution_op(
+            Kind::CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+            [(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, x), (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, dy), (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, dw)],
+            Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+            [Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA],
+            padding,
+            stride,
+        )
     }
 
     /// y = conv(x, w), cross-correlation with the same padding and stride on both axes, accumulated in
     /// f32.
     pub(crate) fn conv_forward(&mut self, x: &Tensor, w: &Tensor, y: &Tensor, padding: i64, stride: i64) -> Result<()> {
-        let (xi, wi, yi) = (self.tensor(x)?, self.tensor(w)?, self.tensor(y)?);
-        let conv = Self::convolution(padding, stride)?;
-        let mut op = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)?;
-        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, &[&self.tensors[xi].1])?
-            .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, &[&self.tensors[wi].1])?
-            .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, &[&self.tensors[yi].1])?
-            .set_descriptors(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, &[&conv])?
-            .set(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, &[1f32])?
-            .set(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, &[0f32])?;
-        self.ops.push(op.finalize()?);
-        self.parts.push(conv);
-        Ok(())
+        self.convolution_op(
+            Kind::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+            [(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x), (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w), (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y)],
+            Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+            [Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA],
+            padding,
+            stride,
+        )
     }
 
     /// y = mode(x[, b]) elementwise in f32, b broadcast where its dims are 1.

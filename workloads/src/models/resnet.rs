@@ -223,13 +223,19 @@ impl Residual {
         }
         #[cfg(not(feature = "cudnn"))]
         let _ = grads;
+        self.of_units(x, |unit, h, relu| unit.forward(h, train, relu))
+    }
+
+    /// relu(path(x) + shortcut(x)), each unit run by `run(unit, its input, relu)`; ReLU after each
+    /// unit of the path but the last.
+    fn of_units(&self, x: &Tensor, run: impl Fn(&ConvBn, &Tensor, bool) -> Result<Tensor>) -> Result<Tensor> {
         let mut h = x.clone();
         let last = self.path.len() - 1;
         for (i, unit) in self.path.iter().enumerate() {
-            h = unit.forward(&h, train, i < last)?;
+            h = run(unit, &h, i < last)?;
         }
         let identity = match &self.downsample {
-            Some(unit) => unit.forward(x, train, false)?,
+            Some(unit) => run(unit, x, false)?,
             None => x.clone(),
         };
         add(&h, &identity, true)
@@ -257,16 +263,7 @@ impl Residual {
         if super::residual::runs_as_one_op(x) {
             return super::residual::forward(x, &self.path, self.downsample.as_ref(), true, grads);
         }
-        let mut h = x.clone();
-        let last = self.path.len() - 1;
-        for (i, unit) in self.path.iter().enumerate() {
-            h = unit.forward_nhwc_train(&h, i < last)?;
-        }
-        let identity = match &self.downsample {
-            Some(unit) => unit.forward_nhwc_train(x, false)?,
-            None => x.clone(),
-        };
-        add(&h, &identity, true)
+        self.of_units(x, |unit, h, relu| unit.forward_nhwc_train(h, relu))
     }
 
     #[cfg(feature = "cudnn")]
@@ -308,38 +305,41 @@ impl ResNet {
         x.device().is_cuda()
             && crate::kernels::conv_nhwc::runs_nhwc(x.dtype())
             && KernelOptions::active().convs == Convolutions::Nhwc
-            && (train || std::iter::once(&self.stem).chain(self.blocks.iter().flat_map(|b| b.units())).all(ConvBn::frozen))
+            && (train || self.units().all(ConvBn::frozen))
     }
 
-    /// A training step over NHWC: the images transposed once, batch norm over NHWC after every
-    /// convolution, the shortcut added (with the ReLU) by our kernel, the pool and the global
-    /// average read channels-last.
+    /// Every convolution unit: the stem's, then each block's.
+    #[cfg(feature = "cudnn")]
+    fn units(&self) -> impl Iterator<Item = &ConvBn> {
+        std::iter::once(&self.stem).chain(self.blocks.iter().flat_map(|b| b.units()))
+    }
+
+    /// A training step over NHWC: batch norm over NHWC after every convolution, the shortcut added
+    /// (with the ReLU) by our kernel.
     #[cfg(feature = "cudnn")]
     fn forward_nhwc_train(&self, x: &Tensor) -> Result<Tensor> {
-        let x = x.permute((0, 2, 3, 1))?.contiguous()?;
-        let x = self.stem.forward_nhwc_train(&x, true)?;
-        let mut x = crate::kernels::max_pool::max_pool2d_nhwc(&x, 3, 2, 1)?;
-        for block in &self.blocks {
-            x = block.forward_nhwc_train(&x, &self.grads)?;
-        }
-        let (n, h, w, c) = x.dims4()?;
-        let x = x.reshape((n, h * w, c))?.mean(1)?;
-        self.fc.forward(&x)
+        self.channels_last(x, |stem, x| stem.forward_nhwc_train(x, true), |block, x| block.forward_nhwc_train(x, &self.grads))
     }
 
-    /// Inference over NHWC: the images transposed once, every convolution fused with its batch
-    /// norm, shortcut and ReLU, the pool and the global average read channels-last.
+    /// Inference over NHWC: every convolution fused with its batch norm, shortcut and ReLU.
     #[cfg(feature = "cudnn")]
     fn forward_nhwc(&self, x: &Tensor) -> Result<Tensor> {
         // Every unit's folded weights before the first activation (see `ConvBn::folded_nhwc`).
-        for unit in std::iter::once(&self.stem).chain(self.blocks.iter().flat_map(|b| b.units())) {
+        for unit in self.units() {
             unit.folded_nhwc(x.dtype())?;
         }
+        self.channels_last(x, |stem, x| stem.forward_nhwc(x, None, true), |block, x| block.forward_nhwc(x))
+    }
+
+    /// The model over NHWC: the images transposed once, then `stem`, the pool, `block` for each
+    /// block, and the global average read channels-last, then the classifier.
+    #[cfg(feature = "cudnn")]
+    fn channels_last(&self, x: &Tensor, stem: impl Fn(&ConvBn, &Tensor) -> Result<Tensor>, block: impl Fn(&Residual, &Tensor) -> Result<Tensor>) -> Result<Tensor> {
         let x = x.permute((0, 2, 3, 1))?.contiguous()?;
-        let x = self.stem.forward_nhwc(&x, None, true)?;
+        let x = stem(&self.stem, &x)?;
         let mut x = crate::kernels::max_pool::max_pool2d_nhwc(&x, 3, 2, 1)?;
-        for block in &self.blocks {
-            x = block.forward_nhwc(&x)?;
+        for b in &self.blocks {
+            x = block(b, &x)?;
         }
         let (n, h, w, c) = x.dims4()?;
         let x = x.reshape((n, h * w, c))?.mean(1)?;
