@@ -522,8 +522,8 @@ pub struct KernelArgs {
     #[arg(long, default_value = "fused", hide_short_help = true, value_parser = choice::<Attention>(Attention::NAMES))]
     pub attention: Attention,
 
-    /// ViT and BERT encoder layers, and ResNet's residual blocks, in training on a GPU: one op each
-    /// with a hand-written backward, or their ops each as an edge of the gradient graph.
+    /// ViT and BERT encoder layers, Swin blocks and ResNet's residual blocks, in training on a GPU:
+    /// one op each with a hand-written backward, or their ops each as an edge of the gradient graph.
     #[arg(long, default_value = "op", hide_short_help = true, value_parser = choice::<EncoderLayers>(EncoderLayers::NAMES))]
     pub encoder_layers: EncoderLayers,
 

@@ -41,8 +41,13 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
 
 /// Seven steps: the first of each of two shapes runs as is, the second captures, the rest replay with
 /// new inputs copied in, the shapes interleaved so that each replay follows the other graph's.
+/// Batches of 8 and 4, not smaller: resnet_tiny's last stage is 1x1, where batch norm over two
+/// samples maps every input to ±1 and passes back a gradient that is zero but for rounding; a step
+/// at batch 2 then trained every earlier layer on rounding noise, and two runs without graphs
+/// (cuDNN's f32 backward sums in no fixed order) ended up to 8% apart in loss, more than the noise
+/// measured at the step before could bound.
 fn batches(w: &dyn Workload) -> Vec<Batch> {
-    [(4, 1), (2, 2), (4, 3), (2, 4), (4, 5), (2, 6), (4, 7)].iter().map(|&(n, seed)| w.synthetic_batch(n, seed).unwrap()).collect()
+    [(8, 1), (4, 2), (8, 3), (4, 4), (8, 5), (4, 6), (8, 7)].iter().map(|&(n, seed)| w.synthetic_batch(n, seed).unwrap()).collect()
 }
 
 #[test]

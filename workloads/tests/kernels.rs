@@ -766,44 +766,55 @@ fn resnet_in_nhwc_gives_the_logits_of_resnet_in_nchw() {
     }
 }
 
+/// One SGD step of a fresh model from the seed-5 weights (its first update is lr times the
+/// gradient) under `kernels`, f32 GEMMs and convolutions on TF32 when `tf32`: the loss, and each
+/// parameter's update and each running statistic, by name.
+fn sgd_step(name: &str, batch: usize, dtype: DType, kernels: workloads::kernels::KernelOptions, tf32: bool) -> (f32, Vec<(String, Tensor)>) {
+    use workloads::{build, Mode, TrainConfig, WorkloadConfig};
+    let host = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap();
+    workloads::precision::allow_tf32(tf32);
+    let cfg = WorkloadConfig { device: gpu(), dtype, mode: Mode::Train, seed: 5, seq_len: None, weights: None, train: TrainConfig::sgd(), kernels };
+    let mut workload = build(name, &cfg).unwrap();
+    let before: Vec<Tensor> = workload.tensors().iter().map(|(_, t)| host(t)).collect();
+    let b = workload.synthetic_batch(batch, 1).unwrap();
+    let loss = host(&workload.train_step(&b).unwrap()).to_vec1::<f32>().unwrap()[0];
+    let moved = workload.tensors().into_iter().zip(before).map(|((n, t), b)| {
+        let t = host(&t);
+        let moved = if n.contains("running") { t } else { (t - b).unwrap() };
+        (n, moved)
+    });
+    let moved = moved.collect();
+    workloads::precision::allow_tf32(false);
+    (loss, moved)
+}
+
+/// ||a - b|| / ||b||: a sum's rounding, relative to the sum (a largest-element measure makes
+/// near-cancelling sums, such as a late batch norm's bias gradient, look wrong).
+fn l2(a: &Tensor, b: &Tensor) -> f32 {
+    let d = (a - b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt();
+    d / b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt().max(1e-20)
+}
+
+/// The tensor of `a` farthest from its namesake in `b` by [`l2`], among those `keep` names.
+fn worst_update(a: &[(String, Tensor)], b: &[(String, Tensor)], keep: &dyn Fn(&str) -> bool) -> (f32, String) {
+    a.iter().zip(b).filter(|((n, _), _)| keep(n)).map(|((n, x), (_, y))| (l2(x, y), n.clone())).fold((0f32, String::new()), |m, e| if e.0 > m.0 { e } else { m })
+}
+
+/// Every parameter's update in one vector (running statistics left out).
+fn all_updates(a: &[(String, Tensor)]) -> Tensor {
+    Tensor::cat(&a.iter().filter(|(n, _)| !n.contains("running")).map(|(_, t)| t.clone()).collect::<Vec<_>>(), 0).unwrap()
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn resnet_training_in_nhwc_and_blocks_as_one_op_move_the_model_as_training_of_ops_in_nchw() {
     use workloads::kernels::options::{Convolutions, CudaGraphs, EncoderLayers};
     use workloads::kernels::KernelOptions;
-    use workloads::{build, Mode, TrainConfig, WorkloadConfig};
     let gpu = gpu();
     workloads::memory::pool_allocations(&gpu).unwrap();
-    let host = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap();
-    // One SGD step from the same weights (its first update is lr times the gradient): the loss, and
-    // each parameter's update and each running statistic, by name.
-    let step = |name: &str, batch: usize, dtype: DType, convs: Convolutions, layers: EncoderLayers, tf32: bool| -> (f32, Vec<(String, Tensor)>) {
-        workloads::precision::allow_tf32(tf32);
-        let kernels = KernelOptions { convs, layers, graphs: CudaGraphs::Off, ..KernelOptions::default() };
-        let cfg = WorkloadConfig { device: gpu.clone(), dtype, mode: Mode::Train, seed: 5, seq_len: None, weights: None, train: TrainConfig::sgd(), kernels };
-        let mut workload = build(name, &cfg).unwrap();
-        let before: Vec<Tensor> = workload.tensors().iter().map(|(_, t)| host(t)).collect();
-        let b = workload.synthetic_batch(batch, 1).unwrap();
-        let loss = host(&workload.train_step(&b).unwrap()).to_vec1::<f32>().unwrap()[0];
-        let moved = workload.tensors().into_iter().zip(before).map(|((n, t), b)| {
-            let t = host(&t);
-            let moved = if n.contains("running") { t } else { (t - b).unwrap() };
-            (n, moved)
-        });
-        let moved = moved.collect();
-        workloads::precision::allow_tf32(false);
-        (loss, moved)
+    let step = |name: &str, batch: usize, dtype: DType, convs: Convolutions, layers: EncoderLayers, tf32: bool| {
+        sgd_step(name, batch, dtype, KernelOptions { convs, layers, graphs: CudaGraphs::Off, ..KernelOptions::default() }, tf32)
     };
-    // ||a - b|| / ||b||: a sum's TF32 rounding, relative to the sum (a largest-element measure
-    // makes near-cancelling sums, such as a late batch norm's bias gradient, look wrong).
-    let l2 = |a: &Tensor, b: &Tensor| {
-        let d = (a - b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt();
-        d / b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt().max(1e-20)
-    };
-    let worst = |a: &[(String, Tensor)], b: &[(String, Tensor)], keep: &dyn Fn(&str) -> bool| {
-        a.iter().zip(b).filter(|((n, _), _)| keep(n)).map(|((n, x), (_, y))| (l2(x, y), n.clone())).fold((0f32, String::new()), |m, e| if e.0 > m.0 { e } else { m })
-    };
-    let everything = |a: &[(String, Tensor)]| Tensor::cat(&a.iter().filter(|(n, _)| !n.contains("running")).map(|(_, t)| t.clone()).collect::<Vec<_>>(), 0).unwrap();
     let filters = |n: &str| n.ends_with("weight") && (n.contains("conv") || n.contains("downsample.0") || n.starts_with("fc"));
     let running = |n: &str| n.contains("running");
     for (name, batch) in [("resnet_tiny", 4), ("resnet50", 2)] {
@@ -817,7 +828,7 @@ fn resnet_training_in_nhwc_and_blocks_as_one_op_move_the_model_as_training_of_op
                 assert!(workloads::kernels::conv_nhwc::shapes_prepared() > before, "{name}: no NHWC convolution ran");
             }
             let (loss_ops, ops) = step(name, batch, DType::F32, convs, EncoderLayers::Ops, tf32);
-            let (all, (w, w_name)) = (l2(&everything(&op), &everything(&ops)), worst(&op, &ops, &|_| true));
+            let (all, (w, w_name)) = (l2(&all_updates(&op), &all_updates(&ops)), worst_update(&op, &ops, &|_| true));
             eprintln!("{name} f32 {convs:?} blocks as one op against their ops: loss {loss_op} / {loss_ops}; updates {all:.1e} overall, worst {w_name} {w:.1e}");
             assert!(loss_op == loss_ops && all < 1e-4 && w < 1e-3, "{name} {convs:?}: the block op moved {w_name} {w:.2e} away from its ops ({all:.2e} overall)");
         }
@@ -829,8 +840,8 @@ fn resnet_training_in_nhwc_and_blocks_as_one_op_move_the_model_as_training_of_op
         // their whole size, at any depth.
         let (loss_ref, exact) = step(name, batch, DType::F32, Convolutions::Nchw, EncoderLayers::Ops, false);
         let (_, tf32) = step(name, batch, DType::F32, Convolutions::Nchw, EncoderLayers::Ops, true);
-        let (noise, (nf, nf_name)) = (l2(&everything(&tf32), &everything(&exact)), worst(&tf32, &exact, &filters));
-        let (all, (wf, wf_name), (wr, wr_name)) = (l2(&everything(&op), &everything(&exact)), worst(&op, &exact, &filters), worst(&op, &exact, &running));
+        let (noise, (nf, nf_name)) = (l2(&all_updates(&tf32), &all_updates(&exact)), worst_update(&tf32, &exact, &filters));
+        let (all, (wf, wf_name), (wr, wr_name)) = (l2(&all_updates(&op), &all_updates(&exact)), worst_update(&op, &exact, &filters), worst_update(&op, &exact, &running));
         eprintln!(
             "{name} f32 NHWC (TF32) against NCHW: loss {loss_op} / {loss_ref}; updates {all:.1e} overall, worst filter {wf_name} {wf:.1e}, worst running statistic {wr_name} {wr:.1e}; NCHW with TF32 allowed: {noise:.1e} overall, worst filter {nf_name} {nf:.1e}"
         );
@@ -842,5 +853,48 @@ fn resnet_training_in_nhwc_and_blocks_as_one_op_move_the_model_as_training_of_op
         let (bf_nhwc, _) = step(name, batch, DType::BF16, Convolutions::Nhwc, EncoderLayers::Op, false);
         eprintln!("{name} bf16: loss NHWC {bf_nhwc}, NCHW {bf_nchw}");
         assert!((bf_nhwc - bf_nchw).abs() <= 2e-2 * bf_nchw.abs(), "{name} bf16: NHWC loss {bf_nhwc} against NCHW {bf_nchw}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn swin_training_with_blocks_as_one_op_moves_the_model_as_blocks_of_ops() {
+    use workloads::kernels::options::{CudaGraphs, EncoderLayers};
+    use workloads::kernels::KernelOptions;
+    use workloads::models::swin::blocks_run_as_one_op;
+    let gpu = gpu();
+    workloads::memory::pool_allocations(&gpu).unwrap();
+    let step = |name: &str, batch: usize, dtype: DType, layers: EncoderLayers| {
+        sgd_step(name, batch, dtype, KernelOptions { layers, graphs: CudaGraphs::Off, ..KernelOptions::default() }, false)
+    };
+    // Each op of a block is tested on its own against the CPU above; the block as one op runs the
+    // same kernels in window order (the layer norms, linear layers and GELU work token by token),
+    // so the same updates but for a few roundings: the attention's output projection adds the
+    // residual in its GEMM's epilogue rather than after the merge. A wiring mistake (a window
+    // merged with the wrong shift, the table's gradient transposed, a branch dropped) moves a
+    // tensor's update by its whole size. Swin-T's blocks shift on 56, 28 and 14 maps; its last
+    // stage is one window (no shift); swin_tiny's shift on 16 and 8.
+    for (name, batch, blocks) in [("swin_tiny", 4, 4), ("swin_t", 2, 12)] {
+        let before = blocks_run_as_one_op();
+        let (loss_op, op) = step(name, batch, DType::F32, EncoderLayers::Op);
+        assert_eq!(blocks_run_as_one_op() - before, blocks, "{name}: every block runs as one op");
+        let (loss_ops, ops) = step(name, batch, DType::F32, EncoderLayers::Ops);
+        assert_eq!(blocks_run_as_one_op() - before, blocks, "{name}: layers=ops builds the blocks of ops");
+        let (all, (w, w_name)) = (l2(&all_updates(&op), &all_updates(&ops)), worst_update(&op, &ops, &|_| true));
+        let (t, t_name) = worst_update(&op, &ops, &|n| n.ends_with("relative_position_bias_table"));
+        eprintln!("{name} f32 blocks as one op against their ops: loss {loss_op} / {loss_ops}; updates {all:.1e} overall, worst {w_name} {w:.1e}, worst table {t_name} {t:.1e}");
+        assert!((loss_op - loss_ops).abs() <= 1e-5 * loss_ops.abs(), "{name}: loss {loss_op} against {loss_ops}");
+        assert!(all < 1e-4 && w < 1e-3, "{name}: the block op moved {w_name} {w:.2e} away from its ops ({all:.2e} overall)");
+        // bf16: the losses, and how far each path's updates are from f32's. bf16 parameters round
+        // each update to their ulp, so the two bf16 paths' updates are some way apart; the block
+        // as one op must land as close to f32's updates as the blocks of ops do.
+        let (bf_op, bf_op_updates) = step(name, batch, DType::BF16, EncoderLayers::Op);
+        let (bf_ops, bf_ops_updates) = step(name, batch, DType::BF16, EncoderLayers::Ops);
+        let f32_updates = all_updates(&ops);
+        let (from_op, from_ops) = (l2(&all_updates(&bf_op_updates), &f32_updates), l2(&all_updates(&bf_ops_updates), &f32_updates));
+        let apart = l2(&all_updates(&bf_op_updates), &all_updates(&bf_ops_updates));
+        eprintln!("{name} bf16 blocks as one op against their ops: loss {bf_op} / {bf_ops}; updates {apart:.1e} apart, from f32's {from_op:.1e} / {from_ops:.1e}");
+        assert!((bf_op - bf_ops).abs() <= 1e-2 * bf_ops.abs(), "{name} bf16: loss {bf_op} against {bf_ops}");
+        assert!(from_op <= 1.25 * from_ops, "{name} bf16: the block op's updates are {from_op:.2e} from f32's, its ops' {from_ops:.2e}");
     }
 }

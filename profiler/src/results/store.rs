@@ -507,7 +507,7 @@ mod tests {
         assert!((get_f64(&runs, "p99_ms", row_a) - 3.0).abs() <= 3e-3, "within HDR precision");
         assert_eq!(runs.column("verdict")?.str()?.get(row_b), Some("too_few_iterations"));
         assert_eq!(runs.column("seq_len")?.null_count(), 2, "images have no sequence length");
-        assert_eq!(runs.column("kernel_options")?.str()?.get(row_a), Some("v4;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc"));
+        assert_eq!(runs.column("kernel_options")?.str()?.get(row_a), Some("v5;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc"));
         assert_eq!(runs.column("candle_version")?.str()?.get(row_a), Some(provenance::CANDLE_VERSION));
         // 30 steps of 1 and 3 ms alternating: the mean's interval holds 2 ms; p99 needs 299 steps.
         let (lo, hi) = (get_f64(&runs, "mean_ms_ci_low", row_a), get_f64(&runs, "mean_ms_ci_high", row_a));

@@ -292,7 +292,7 @@ mod tests {
     fn kernel_flags_make_the_options_every_run_records() {
         assert_eq!(runs("")[0].kernels, KernelOptions::default());
         let k = runs("--attention composed --encoder-layers ops --gemm-algorithm heuristic --cuda-graphs off --convs nchw")[0].kernels;
-        assert_eq!(k.canonical(), "v4;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw");
+        assert_eq!(k.canonical(), "v5;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw");
         let e = Cli::try_parse_from(["migprof", "run", "--attention", "flash"]).unwrap_err().to_string();
         assert!(e.contains("flash") && e.contains("fused") && e.contains("composed"), "{e}");
     }

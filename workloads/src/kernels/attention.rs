@@ -75,13 +75,19 @@ pub fn runs_fused(qkv: &Tensor, heads: usize) -> Result<bool> {
     Ok(false)
 }
 
-/// The gradient of [`attention`] with respect to the packed projection, given the output's, for an
-/// op that runs attention inside its own forward (`models::encoder`); a key mask takes none. The
-/// mask, if any, is in the projection's dtype. CUDA devices only.
+/// The gradients of [`attention`] with respect to the packed projection and, for a score bias, the
+/// bias, given the output's, for an op that runs attention inside its own forward
+/// (`models::encoder`); a key mask takes none. The bias, if any, is in the projection's dtype. CUDA
+/// devices only.
 #[cfg(feature = "cuda")]
-pub(crate) fn projection_grad(qkv: &Tensor, heads: usize, mask: Option<&Tensor>, grad: &Tensor) -> Result<Tensor> {
-    let mode = if mask.is_some() { cuda::Mode::Keys } else { cuda::Mode::None };
-    Ok(cuda::Attention { heads, mode }.grads(&qkv.contiguous()?, mask, grad)?.0)
+pub(crate) fn grads(qkv: &Tensor, heads: usize, bias: ScoreBias, grad: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
+    let (mode, tensor) = match bias {
+        ScoreBias::None => (cuda::Mode::None, None),
+        ScoreBias::Keys(m) => (cuda::Mode::Keys, Some(m)),
+        ScoreBias::Scores(s) => (cuda::Mode::Scores { repeat: s.dim(0)? }, Some(s)),
+    };
+    let with_ds = matches!(bias, ScoreBias::Scores(_));
+    cuda::Attention { heads, mode }.grads(&qkv.contiguous()?, tensor, grad, with_ds)
 }
 
 /// The same function from candle ops: the CPU's path and the GPU op's reference.
@@ -401,8 +407,9 @@ mod cuda {
             Ok((out, Shape::from((dims.b, dims.t, dims.h * dims.d))))
         }
 
-        pub(super) fn grads(&self, qkv: &Tensor, bias: Option<&Tensor>, grad: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
-            let with_ds = matches!(self.mode, Mode::Scores { .. }) && bias.is_some_and(|b| b.track_op());
+        /// (dqkv, dbias): the bias's gradient only when `with_ds` (a score bias that takes one).
+        pub(super) fn grads(&self, qkv: &Tensor, bias: Option<&Tensor>, grad: &Tensor, with_ds: bool) -> Result<(Tensor, Option<Tensor>)> {
+            let with_ds = with_ds && matches!(self.mode, Mode::Scores { .. }) && bias.is_some();
             let op = AttentionGrad { op: *self, qkv: qkv.clone(), bias: bias.cloned(), with_ds };
             let flat = grad.contiguous()?.apply_op1_no_bwd(&op)?;
             let (b, t, c3) = qkv.dims3()?;
@@ -432,7 +439,7 @@ mod cuda {
             self.run((s, l), None)
         }
         fn bwd(&self, qkv: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-            Ok(Some(self.grads(qkv, None, grad)?.0))
+            Ok(Some(self.grads(qkv, None, grad, false)?.0))
         }
     }
 
@@ -447,7 +454,7 @@ mod cuda {
             self.run((s, l), Some((bs, bl)))
         }
         fn bwd(&self, qkv: &Tensor, bias: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-            let (dqkv, dbias) = self.grads(qkv, Some(bias), grad)?;
+            let (dqkv, dbias) = self.grads(qkv, Some(bias), grad, bias.track_op())?;
             Ok((Some(dqkv), dbias))
         }
     }

@@ -60,11 +60,11 @@ choice! {
 }
 
 choice! {
-    /// How a transformer encoder layer (ViT, BERT) and a ResNet residual block train on CUDA
-    /// devices.
+    /// How a transformer encoder layer (ViT, BERT), a Swin block and a ResNet residual block train
+    /// on CUDA devices.
     EncoderLayers {
         /// One graph edge per layer or block with a hand-written backward (`models::encoder`,
-        /// `models::residual`).
+        /// `models::swin_block`, `models::residual`).
         Op = "op",
         /// The layer's or block's ops, each its own edge of candle's graph.
         Ops = "ops",
@@ -147,10 +147,12 @@ impl KernelOptions {
     /// did not, so that an old row keeps meaning what it meant when it was written. 2: `graphs` (a
     /// v1 row ran without CUDA graphs); 3: `convs` (v1 and v2 rows ran ResNet in NCHW); 4: `convs`
     /// and `layers` reach ResNet's training steps (a v3 row trained ResNet over NCHW with blocks
-    /// built of ops, whatever the two said; its other steps ran as a v4 row's).
-    pub const VERSION: u32 = 4;
+    /// built of ops, whatever the two said; its other steps ran as a v4 row's); 5: `layers` reaches
+    /// Swin's training steps (a v4 row trained Swin with blocks built of ops, whatever `layers`
+    /// said; its other steps ran as a v5 row's).
+    pub const VERSION: u32 = 5;
 
-    /// `v4;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc`: the version, then every key
+    /// `v5;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc`: the version, then every key
     /// spelled out.
     pub fn canonical(&self) -> String {
         format!(
@@ -186,16 +188,16 @@ impl FromStr for KernelOptions {
     type Err = String;
 
     /// Parses a canonical string of this version or an earlier one, whose missing keys take what its
-    /// steps ran (v2 lacks `convs`: NCHW; v1 also lacks `graphs`: none; v3 has v4's keys): every key
-    /// of its version exactly once, in any order.
+    /// steps ran (v2 lacks `convs`: NCHW; v1 also lacks `graphs`: none; v3 and v4 have v5's keys):
+    /// every key of its version exactly once, in any order.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut parts = s.split(';');
         let version = parts.next().unwrap_or("");
         let keys: &[&str] = match version {
-            "v4" | "v3" => &["attention", "layers", "gemm", "graphs", "convs"],
+            "v5" | "v4" | "v3" => &["attention", "layers", "gemm", "graphs", "convs"],
             "v2" => &["attention", "layers", "gemm", "graphs"],
             "v1" => &["attention", "layers", "gemm"],
-            _ => return Err(format!("kernel options `{s}`: expected version v{} (or v3, v2, v1) first, found `{version}`", Self::VERSION)),
+            _ => return Err(format!("kernel options `{s}`: expected version v{} (or v4, v3, v2, v1) first, found `{version}`", Self::VERSION)),
         };
         let (mut attention, mut layers, mut gemm, mut graphs, mut convs) = (None, None, None, None, None);
         for part in parts {
@@ -233,20 +235,22 @@ mod tests {
 
     #[test]
     fn the_canonical_string_spells_every_key_and_parses_back() {
-        assert_eq!(KernelOptions::default().canonical(), "v4;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc");
+        assert_eq!(KernelOptions::default().canonical(), "v5;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc");
         let other = KernelOptions { attention: Attention::Composed, layers: EncoderLayers::Ops, gemm: GemmAlgorithm::Heuristic, graphs: CudaGraphs::Off, convs: Convolutions::Nchw };
-        assert_eq!(other.canonical(), "v4;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw");
+        assert_eq!(other.canonical(), "v5;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw");
         for o in [KernelOptions::default(), other] {
             assert_eq!(o.canonical().parse::<KernelOptions>(), Ok(o));
         }
-        assert_eq!("v4;convs=nchw;graphs=off;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>(), Ok(other));
+        assert_eq!("v5;convs=nchw;graphs=off;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>(), Ok(other));
     }
 
     #[test]
-    fn a_version_3_string_has_the_keys_of_version_4() {
-        let v3 = "v3;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc".parse::<KernelOptions>().unwrap();
-        assert_eq!(v3, KernelOptions { layers: EncoderLayers::Ops, ..KernelOptions::default() });
-        assert_eq!(v3.canonical(), "v4;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc");
+    fn version_3_and_4_strings_have_the_keys_of_version_5() {
+        for v in ["v3", "v4"] {
+            let old = format!("{v};attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc").parse::<KernelOptions>().unwrap();
+            assert_eq!(old, KernelOptions { layers: EncoderLayers::Ops, ..KernelOptions::default() });
+            assert_eq!(old.canonical(), "v5;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc");
+        }
     }
 
     #[test]
@@ -261,7 +265,7 @@ mod tests {
     fn a_version_1_string_means_steps_without_graphs() {
         let v1 = "v1;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>().unwrap();
         assert_eq!(v1.graphs, CudaGraphs::Off);
-        assert_eq!(v1.canonical(), "v4;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw");
+        assert_eq!(v1.canonical(), "v5;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw");
         let err = "v1;attention=fused;layers=op;gemm=timed;graphs=on".parse::<KernelOptions>().unwrap_err();
         assert!(err.contains("unknown key `graphs`") && err.contains("keys of v1"), "{err}");
     }
@@ -269,13 +273,13 @@ mod tests {
     #[test]
     fn malformed_strings_say_what_is_wrong() {
         let err = |s: &str| s.parse::<KernelOptions>().unwrap_err();
-        assert!(err("v5;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("expected version v4"));
-        assert!(err("v4;attention=fused;layers=op;gemm=timed;graphs=on").contains("every key"));
-        assert!(err("v4;attention=flash;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("fused, composed"));
-        assert!(err("v4;attention=fused;layers=op;gemm=timed;graphs=maybe;convs=nhwc").contains("infer, on, off"));
-        assert!(err("v4;attention=fused;layers=op;gemm=timed;graphs=on;convs=nwhc").contains("nhwc, nchw"));
-        assert!(err("v4;attention=fused;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("given twice"));
-        assert!(err("v4;streams=2;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("unknown key `streams`"));
+        assert!(err("v6;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("expected version v5"));
+        assert!(err("v5;attention=fused;layers=op;gemm=timed;graphs=on").contains("every key"));
+        assert!(err("v5;attention=flash;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("fused, composed"));
+        assert!(err("v5;attention=fused;layers=op;gemm=timed;graphs=maybe;convs=nhwc").contains("infer, on, off"));
+        assert!(err("v5;attention=fused;layers=op;gemm=timed;graphs=on;convs=nwhc").contains("nhwc, nchw"));
+        assert!(err("v5;attention=fused;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("given twice"));
+        assert!(err("v5;streams=2;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("unknown key `streams`"));
     }
 
     #[test]

@@ -62,20 +62,49 @@ pub fn runs_as_one_op(x: &Tensor, p: &Params) -> bool {
 /// backward pass; `mask` a [b, t] key mask in x's dtype (BERT's padding). See [`runs_as_one_op`].
 pub fn forward(x: &Tensor, p: &Params, heads: usize, norms: Norms, mask: Option<&Tensor>, grads: &ParamGrads) -> Result<Tensor> {
     let x = x.contiguous()?;
-    let weights = Weights::of(p)?;
-    let mask = mask.map(|m| m.detach().contiguous()).transpose()?;
-    let (out, saved) = weights.forward(&x.detach(), heads, norms, mask.as_ref())?;
-    let op = EncoderLayer {
-        heads,
-        norms,
-        mask,
-        weights,
-        params: Originals::of(p),
-        grads: grads.clone(),
-        out: Mutex::new(Some(out)),
-        saved: Mutex::new(Some(saved)),
+    let bias = match mask {
+        Some(m) => Bias::Keys(m.detach().contiguous()?),
+        None => Bias::None,
     };
+    let layer = Layer::new(p, heads, norms, bias)?;
+    let (out, saved) = layer.forward(&x.detach())?;
+    let op = EncoderLayer { layer, params: Originals::of(p), grads: grads.clone(), out: Handover::new(out), saved: Handover::new(saved) };
     x.apply_op1(op)
+}
+
+/// What a layer's attention adds to its scores.
+pub(super) enum Bias {
+    None,
+    /// A [b, t] key mask in x's dtype (BERT's padding); it takes no gradient.
+    Keys(Tensor),
+    /// Per head, query and key, [r, h, t, t] repeating along the batch, in x's dtype (Swin's
+    /// relative position bias and shifted-window mask); the backward pass returns its gradient.
+    Scores(Tensor),
+}
+
+impl Bias {
+    fn score_bias(&self) -> ScoreBias<'_> {
+        match self {
+            Bias::None => ScoreBias::None,
+            Bias::Keys(m) => ScoreBias::Keys(m),
+            Bias::Scores(s) => ScoreBias::Scores(s),
+        }
+    }
+}
+
+/// One layer on detached tensors: its forward keeps the activations its backward reads. The ops
+/// that run a layer as one edge (this module's, `models::swin_block`'s) drive it.
+pub(super) struct Layer {
+    heads: usize,
+    norms: Norms,
+    bias: Bias,
+    weights: Weights,
+}
+
+impl Layer {
+    pub(super) fn new(p: &Params, heads: usize, norms: Norms, bias: Bias) -> Result<Self> {
+        Ok(Self { heads, norms, bias, weights: Weights::of(p)? })
+    }
 }
 
 /// The parameters detached (sharing storage, recording nothing), q/k/v packed.
@@ -98,13 +127,15 @@ fn norm_parts(n: &LayerNorm) -> (Tensor, Tensor, f64) {
 }
 
 /// What the backward pass reads: each op's input, named by its place in the layer.
-struct Saved {
+pub(super) struct Saved {
     /// The q/k/v projection's input: x (post-norm) or ln1(x) (pre-norm).
     qkv_in: Tensor,
     qkv: Tensor,
     ctx: Tensor,
-    /// ln1's input: x + attention (post-norm) or x (pre-norm).
-    norm1_in: Tensor,
+    /// ln1's input: x + attention (post-norm) or x (pre-norm). An op may keep x in another form
+    /// between the passes and put it back before the backward (`models::swin_block` keeps the map
+    /// its windows are cut from, which candle keeps anyway, rather than a copy in window order).
+    pub(super) norm1_in: Option<Tensor>,
     /// fc1's input: ln1's output (post-norm) or ln2's (pre-norm).
     fc1_in: Tensor,
     /// fc1's output before GELU, and after.
@@ -134,17 +165,21 @@ impl Weights {
         })
     }
 
+}
+
+impl Layer {
     /// The layer on detached x: (output, activations).
-    fn forward(&self, x: &Tensor, heads: usize, norms: Norms, mask: Option<&Tensor>) -> Result<(Tensor, Saved)> {
-        let bias = mask.map_or(ScoreBias::None, ScoreBias::Keys);
-        let ((wq, bq), (wo, bo), (w1, b1), (w2, b2)) = (&self.qkv, &self.out, &self.fc1, &self.fc2);
-        let (n1, n2) = (&self.norm1, &self.norm2);
+    pub(super) fn forward(&self, x: &Tensor) -> Result<(Tensor, Saved)> {
+        let (heads, bias) = (self.heads, self.bias.score_bias());
+        let w = &self.weights;
+        let ((wq, bq), (wo, bo), (w1, b1), (w2, b2)) = (&w.qkv, &w.out, &w.fc1, &w.fc2);
+        let (n1, n2) = (&w.norm1, &w.norm2);
         let mlp = |fc1_in: &Tensor| -> Result<(Tensor, Tensor)> {
             let pre = linear(fc1_in, w1, Some(b1), Act::None)?;
             let h = pre.apply_op1_no_bwd(&Activation(Act::GeluErf))?;
             Ok((pre, h))
         };
-        Ok(match norms {
+        Ok(match self.norms {
             Norms::Post => {
                 let qkv = linear(x, wq, Some(bq), Act::None)?;
                 let ctx = attention(&qkv, heads, bias)?;
@@ -153,7 +188,7 @@ impl Weights {
                 let (pre, h) = mlp(&fc1_in)?;
                 let norm2_in = linear_residual(&h, w2, b2, &fc1_in)?;
                 let out = layer_norm::layer_norm(&norm2_in, &n2.0, &n2.1, n2.2)?;
-                (out, Saved { qkv_in: x.clone(), qkv, ctx, norm1_in, fc1_in, pre, h, norm2_in })
+                (out, Saved { qkv_in: x.clone(), qkv, ctx, norm1_in: Some(norm1_in), fc1_in, pre, h, norm2_in })
             }
             Norms::Pre => {
                 let qkv_in = layer_norm::layer_norm(x, &n1.0, &n1.1, n1.2)?;
@@ -163,7 +198,7 @@ impl Weights {
                 let fc1_in = layer_norm::layer_norm(&norm2_in, &n2.0, &n2.1, n2.2)?;
                 let (pre, h) = mlp(&fc1_in)?;
                 let out = linear_residual(&h, w2, b2, &norm2_in)?;
-                (out, Saved { qkv_in, qkv, ctx, norm1_in: x.clone(), fc1_in, pre, h, norm2_in })
+                (out, Saved { qkv_in, qkv, ctx, norm1_in: Some(x.clone()), fc1_in, pre, h, norm2_in })
             }
         })
     }
@@ -171,16 +206,31 @@ impl Weights {
 
 /// The parameters themselves (the tensors the optimizer's gradients are keyed by), as [`Weights`]
 /// lays them out: q/k/v parts in order.
-struct Originals {
+pub(super) struct Originals {
     qkv: Vec<(Tensor, Tensor)>,
     rest: [(Tensor, Tensor); 5],
 }
 
 impl Originals {
-    fn of(p: &Params) -> Self {
+    pub(super) fn of(p: &Params) -> Self {
         let lin = |l: &Linear| (l.weight().clone(), l.bias().expect("checked by Weights::of").clone());
         let norm = |n: &LayerNorm| (n.weight().clone(), n.bias().clone());
         Self { qkv: p.qkv.iter().map(|l| lin(l)).collect(), rest: [lin(p.out), norm(p.norm1), lin(p.fc1), lin(p.fc2), norm(p.norm2)] }
+    }
+
+    /// Hands the gradients to the optimizer, the packed q/k/v's split back into the model's parts.
+    pub(super) fn record(&self, grads: Grads, sink: &ParamGrads) -> Result<()> {
+        let parts = self.qkv.len();
+        let rows = grads.qkv.0.dim(0)? / parts;
+        for (i, (w, b)) in self.qkv.iter().enumerate() {
+            sink.push(w, grads.qkv.0.narrow(0, i * rows, rows)?);
+            sink.push(b, grads.qkv.1.narrow(0, i * rows, rows)?);
+        }
+        for ((w, b), (dw, db)) in self.rest.iter().zip(grads.rest) {
+            sink.push(w, dw);
+            sink.push(b, db);
+        }
+        Ok(())
     }
 }
 
@@ -188,7 +238,7 @@ impl Originals {
 type PairGrads = (Tensor, Tensor);
 
 /// Gradients of the layer's parameters, as (weight, bias) pairs in [`Originals`]' order.
-struct Grads {
+pub(super) struct Grads {
     qkv: PairGrads,
     rest: [PairGrads; 5],
 }
@@ -196,17 +246,42 @@ struct Grads {
 /// A branch's input gradient and its two linear layers' parameter gradients (first, second).
 type BranchGrads = (Tensor, PairGrads, PairGrads);
 
+/// A value an op's forward made before candle records the op, taken once by candle's call that
+/// reads it (its forward takes the output, its backward the activations).
+pub(super) struct Handover<T>(Mutex<Option<T>>);
+
+impl<T> Handover<T> {
+    pub(super) fn new(value: T) -> Self {
+        Self(Mutex::new(Some(value)))
+    }
+
+    /// The value; an error names `what` if it was taken before (the pass ran twice).
+    pub(super) fn take(&self, what: &str) -> Result<T> {
+        match self.0.lock().expect("no panic while holding the lock").take() {
+            Some(v) => Ok(v),
+            None => bail!("{what} ran twice"),
+        }
+    }
+}
+
+/// The storage candle records as an op's output: the whole contiguous buffer of `out`, copied.
+pub(super) fn output_storage(out: &Tensor, what: &str) -> Result<(CudaStorage, Shape)> {
+    let (storage, layout) = out.storage_and_layout();
+    let Storage::Cuda(s) = &*storage else { bail!("{what}'s output is not on the GPU") };
+    if !layout.is_contiguous() || layout.start_offset() != 0 {
+        bail!("{what}'s output is not a whole contiguous buffer")
+    }
+    Ok((s.try_clone(layout)?, layout.shape().clone()))
+}
+
 struct EncoderLayer {
-    heads: usize,
-    norms: Norms,
-    mask: Option<Tensor>,
-    weights: Weights,
+    layer: Layer,
     params: Originals,
     grads: ParamGrads,
     /// The output until candle's forward takes it.
-    out: Mutex<Option<Tensor>>,
+    out: Handover<Tensor>,
     /// The activations until the backward pass takes them.
-    saved: Mutex<Option<Saved>>,
+    saved: Handover<Saved>,
 }
 
 /// (dx, dw, db) of a linear layer without activation whose input was x.
@@ -228,10 +303,12 @@ fn norm_grads(x: &Tensor, (w, b, eps): &(Tensor, Tensor, f64), grad: &Tensor) ->
     }
 }
 
-impl EncoderLayer {
-    /// dx and the parameters' gradients from the output's gradient g.
-    fn backward(&self, s: &Saved, g: &Tensor) -> Result<(Tensor, Grads)> {
+impl Layer {
+    /// dx, the parameters' gradients and, for [`Bias::Scores`], the score bias's, from the output's
+    /// gradient g.
+    pub(super) fn backward(&self, s: &Saved, g: &Tensor) -> Result<(Tensor, Grads, Option<Tensor>)> {
         let w = &self.weights;
+        let Some(norm1_in) = &s.norm1_in else { bail!("the encoder layer's backward ran without ln1's input") };
         // The MLP from the gradient of its output, to the gradient of its input.
         let mlp = |dh_out: &Tensor| -> Result<BranchGrads> {
             let (dh, fc2) = linear_grads(&s.h, &w.fc2, dh_out)?;
@@ -239,50 +316,36 @@ impl EncoderLayer {
             let (dfc1_in, fc1) = linear_grads(&s.fc1_in, &w.fc1, &dpre)?;
             Ok((dfc1_in, fc1, fc2))
         };
-        // Attention from the gradient of its output projection's output to that of q/k/v's input.
-        let attn = |dctx_out: &Tensor| -> Result<BranchGrads> {
+        // Attention from the gradient of its output projection's output to that of q/k/v's input
+        // (and the score bias's).
+        let attn = |dctx_out: &Tensor| -> Result<(BranchGrads, Option<Tensor>)> {
             let (dctx, out) = linear_grads(&s.ctx, &w.out, dctx_out)?;
-            let dqkv = attention::projection_grad(&s.qkv, self.heads, self.mask.as_ref(), &dctx)?;
+            let (dqkv, dbias) = attention::grads(&s.qkv, self.heads, self.bias.score_bias(), &dctx)?;
             let (dqkv_in, qkv) = linear_grads(&s.qkv_in, &w.qkv, &dqkv)?;
-            Ok((dqkv_in, qkv, out))
+            Ok(((dqkv_in, qkv, out), dbias))
         };
         Ok(match self.norms {
             Norms::Post => {
                 let (dnorm2_in, norm2) = norm_grads(&s.norm2_in, &w.norm2, g)?;
                 let (dfc1_in, fc1, fc2) = mlp(&dnorm2_in)?;
                 // ln1's output fed fc1 and the MLP's residual connection.
-                let (dnorm1_in, norm1) = norm_grads(&s.norm1_in, &w.norm1, &add(&dnorm2_in, &dfc1_in, false)?)?;
-                let (dx_attn, qkv, out) = attn(&dnorm1_in)?;
+                let (dnorm1_in, norm1) = norm_grads(norm1_in, &w.norm1, &add(&dnorm2_in, &dfc1_in, false)?)?;
+                let ((dx_attn, qkv, out), dbias) = attn(&dnorm1_in)?;
                 // x fed the projection and the attention's residual connection.
                 let dx = add(&dnorm1_in, &dx_attn, false)?;
-                (dx, Grads { qkv, rest: [out, norm1, fc1, fc2, norm2] })
+                (dx, Grads { qkv, rest: [out, norm1, fc1, fc2, norm2] }, dbias)
             }
             Norms::Pre => {
                 let (dfc1_in, fc1, fc2) = mlp(g)?;
                 let (dnorm2_in, norm2) = norm_grads(&s.norm2_in, &w.norm2, &dfc1_in)?;
                 // x + attn(..) fed ln2 and the MLP's residual connection.
                 let dmid = add(g, &dnorm2_in, false)?;
-                let (dqkv_in, qkv, out) = attn(&dmid)?;
-                let (dx_norm, norm1) = norm_grads(&s.norm1_in, &w.norm1, &dqkv_in)?;
+                let ((dqkv_in, qkv, out), dbias) = attn(&dmid)?;
+                let (dx_norm, norm1) = norm_grads(norm1_in, &w.norm1, &dqkv_in)?;
                 let dx = add(&dmid, &dx_norm, false)?;
-                (dx, Grads { qkv, rest: [out, norm1, fc1, fc2, norm2] })
+                (dx, Grads { qkv, rest: [out, norm1, fc1, fc2, norm2] }, dbias)
             }
         })
-    }
-
-    /// Hands the gradients to the optimizer, the packed q/k/v's split back into the model's parts.
-    fn record(&self, grads: Grads) -> Result<()> {
-        let parts = self.params.qkv.len();
-        let rows = grads.qkv.0.dim(0)? / parts;
-        for (i, (w, b)) in self.params.qkv.iter().enumerate() {
-            self.grads.push(w, grads.qkv.0.narrow(0, i * rows, rows)?);
-            self.grads.push(b, grads.qkv.1.narrow(0, i * rows, rows)?);
-        }
-        for ((w, b), (dw, db)) in self.params.rest.iter().zip(grads.rest) {
-            self.grads.push(w, dw);
-            self.grads.push(b, db);
-        }
-        Ok(())
     }
 }
 
@@ -297,21 +360,13 @@ impl CustomOp1 for EncoderLayer {
 
     /// The output computed by [`forward`], copied into the storage candle records.
     fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
-        let out = self.out.lock().expect("no panic while holding the lock").take();
-        let Some(out) = out else { bail!("the fused encoder layer's forward ran twice") };
-        let (storage, layout) = out.storage_and_layout();
-        let Storage::Cuda(s) = &*storage else { bail!("the fused encoder layer's output is not on the GPU") };
-        if !layout.is_contiguous() || layout.start_offset() != 0 {
-            bail!("the fused encoder layer's output is not a whole contiguous buffer")
-        }
-        Ok((s.try_clone(layout)?, layout.shape().clone()))
+        output_storage(&self.out.take("the fused encoder layer's forward")?, "the fused encoder layer")
     }
 
     fn bwd(&self, _x: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let saved = self.saved.lock().expect("no panic while holding the lock").take();
-        let Some(saved) = saved else { bail!("the fused encoder layer's backward ran twice") };
-        let (dx, grads) = self.backward(&saved, &grad.contiguous()?)?;
-        self.record(grads)?;
+        let saved = self.saved.take("the fused encoder layer's backward")?;
+        let (dx, grads, _) = self.layer.backward(&saved, &grad.contiguous()?)?;
+        self.params.record(grads, &self.grads)?;
         Ok(Some(dx))
     }
 }

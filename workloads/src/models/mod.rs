@@ -9,6 +9,8 @@ pub mod layers;
 pub mod residual;
 pub mod resnet;
 pub mod swin;
+#[cfg(feature = "cuda")]
+mod swin_block;
 pub mod vit;
 
 use candle_core::{Result, Tensor};

@@ -17,10 +17,9 @@
 //! The kernel option `layers=ops` builds the blocks of our ops instead, to compare the two in one
 //! build.
 
-use std::sync::Mutex;
-
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Storage, Tensor};
 
+use super::encoder::Handover;
 use super::layers::ConvBn;
 use crate::kernels::batch_norm::BatchNorm;
 use crate::kernels::conv_nhwc::{conv_nhwc_grads, conv_nhwc_train};
@@ -136,8 +135,8 @@ pub fn forward(x: &Tensor, path: &[ConvBn], shortcut: Option<&ConvBn>, channels_
         units,
         projection,
         grads: grads.clone(),
-        branches: Mutex::new(Some((h, identity))),
-        saved: Mutex::new(Some(Saved { path: saved_path, shortcut: saved_shortcut })),
+        branches: Handover::new((h, identity)),
+        saved: Handover::new(Saved { path: saved_path, shortcut: saved_shortcut }),
     };
     x.apply_op1(op)
 }
@@ -148,9 +147,9 @@ struct ResidualBlock {
     grads: ParamGrads,
     /// The two branches' outputs until candle's forward adds them (into the storage it records,
     /// which the backward pass then reads for the ReLU's gradient: no copy of the output).
-    branches: Mutex<Option<(Tensor, Tensor)>>,
+    branches: Handover<(Tensor, Tensor)>,
     /// The activations until the backward pass takes them.
-    saved: Mutex<Option<Saved>>,
+    saved: Handover<Saved>,
 }
 
 impl ResidualBlock {
@@ -180,8 +179,7 @@ impl CustomOp1 for ResidualBlock {
 
     /// relu(path + shortcut) of the branches [`forward`] ran, written into the storage candle records.
     fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
-        let branches = self.branches.lock().expect("no panic while holding the lock").take();
-        let Some((h, identity)) = branches else { bail!("the residual block's forward ran twice") };
+        let (h, identity) = self.branches.take("the residual block's forward")?;
         let (hs, hl) = h.storage_and_layout();
         let (is, il) = identity.storage_and_layout();
         let (Storage::Cuda(hs), Storage::Cuda(is)) = (&*hs, &*is) else { bail!("the residual block's branches are not on the GPU") };
@@ -189,8 +187,7 @@ impl CustomOp1 for ResidualBlock {
     }
 
     fn bwd(&self, _x: &Tensor, out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let saved = self.saved.lock().expect("no panic while holding the lock").take();
-        let Some(saved) = saved else { bail!("the residual block's backward ran twice") };
+        let saved = self.saved.take("the residual block's backward")?;
         Ok(Some(self.backward(&saved, out, &grad.contiguous()?)?))
     }
 }

@@ -11,6 +11,7 @@ use crate::kernels::{attention, ScoreBias};
 use super::layers::{LayerNorm, Linear, PatchEmbed};
 use super::{Classifier, Inputs};
 use crate::kernels::{add, window_merge, window_partition, Act};
+use crate::optim::ParamGrads;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -145,24 +146,71 @@ pub fn shifted_window_mask(side: usize, w: usize, shift: usize) -> Vec<f32> {
     mask
 }
 
+/// How many Swin blocks this process has run as one op (training on CUDA devices, unless the
+/// kernel options say `layers=ops`): how a test knows which path a step took.
+pub fn blocks_run_as_one_op() -> u64 {
+    #[cfg(feature = "cuda")]
+    return super::swin_block::RUN.load(std::sync::atomic::Ordering::Relaxed);
+    #[cfg(not(feature = "cuda"))]
+    0
+}
+
+/// Attention's score bias in a block: the relative position bias gathered from the block's table,
+/// plus the shifted-window mask where the block shifts. Built from the table on every forward pass
+/// (the table trains), by the block of ops and by the block as one op (`models::swin_block`), which
+/// also needs the table's gradient from the bias's: [`RelativeBias::table_grad`].
+#[derive(Clone)]
+pub(super) struct RelativeBias {
+    /// [w⁴, (2w - 1)²]: row i holds a 1 at the table row of relative position index i. The table is
+    /// gathered by a GEMM with it rather than by `index_select`, whose backward (candle's index_add)
+    /// is a large part of Swin-T's training step (measured: docs/kernels.md#swin); a one-hot
+    /// product is exact (one term per output) and its backward is one more small GEMM.
+    gather: Tensor,
+    /// [windows, 1, w², w²] in the model's dtype, when the block shifts.
+    mask: Option<Tensor>,
+    pub(super) heads: usize,
+    /// w², the tokens of a window.
+    tokens: usize,
+}
+
+impl RelativeBias {
+    /// The score bias from the table [(2w - 1)², heads]: [1, heads, w², w²], or [windows, heads, w²,
+    /// w²] with the mask, which attention repeats along the batch of windows (without
+    /// materialising it per image).
+    pub(super) fn scores(&self, table: &Tensor) -> Result<Tensor> {
+        let n = self.tokens;
+        let bias = self.gather.matmul(table)?.reshape((n, n, self.heads))?.permute((2, 0, 1))?.unsqueeze(0)?;
+        match &self.mask {
+            Some(mask) => mask.broadcast_add(&bias)?.contiguous(),
+            None => bias.contiguous(),
+        }
+    }
+
+    /// The table's gradient from that of [`RelativeBias::scores`]' output: the sum over windows
+    /// (the mask is a constant), heads moved last, the one-hot gather transposed. (Only the CUDA
+    /// op calls it; the CPU tests it against candle's autograd.)
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) fn table_grad(&self, dscores: &Tensor) -> Result<Tensor> {
+        let n = self.tokens;
+        let per_head = dscores.sum(0)?; // [heads, n, n]
+        let rows = per_head.permute((1, 2, 0))?.contiguous()?.reshape((n * n, self.heads))?;
+        self.gather.t()?.matmul(&rows)
+    }
+}
+
 struct Block {
     norm1: LayerNorm,
     qkv: Linear,
     proj: Linear,
     /// [(2w - 1)², heads]: one bias per relative position and head.
     bias_table: Tensor,
-    /// [w⁴, (2w - 1)²]: row i holds a 1 at the table row of relative position index i. The table is
-    /// gathered by a GEMM with it rather than by `index_select`, whose backward (candle's index_add)
-    /// is a large part of Swin-T's training step (measured: docs/kernels.md#swin); a one-hot
-    /// product is exact (one term per output) and its backward is one more small GEMM.
-    gather: Tensor,
+    relative: RelativeBias,
     norm2: LayerNorm,
     fc1: Linear,
     fc2: Linear,
-    heads: usize,
     window: usize,
-    /// The cyclic shift and its mask ([1, windows, 1, w², w²]), when the block shifts.
-    shift: Option<(usize, Tensor)>,
+    /// The cyclic shift (0 when the block does not shift).
+    shift: usize,
 }
 
 impl Block {
@@ -174,12 +222,11 @@ impl Block {
         }
         let attn = vb.pp("attn");
         let bias_table = attn.get_with_hints((cfg.table_rows(), heads), "relative_position_bias_table", Init::Randn { mean: 0.0, stdev: 0.02 })?;
-        let device = bias_table.device().clone();
         // As torchvision: no shift when one window covers the whole map.
-        let shift = if shifted && w < side {
-            let s = w / 2;
-            let mask = Tensor::from_vec(shifted_window_mask(side, w, s), (1, (side / w).pow(2), 1, w * w, w * w), &Device::Cpu)?;
-            Some((s, mask.to_device(&device)?))
+        let shift = if shifted && w < side { w / 2 } else { 0 };
+        let mask = if shift > 0 {
+            let mask = Tensor::from_vec(shifted_window_mask(side, w, shift), ((side / w).pow(2), 1, w * w, w * w), &Device::Cpu)?;
+            Some(mask.to_device(bias_table.device())?.to_dtype(bias_table.dtype())?)
         } else {
             None
         };
@@ -188,17 +235,25 @@ impl Block {
             qkv: swin_linear(c, 3 * c, true, attn.pp("qkv"))?,
             proj: swin_linear(c, c, true, attn.pp("proj"))?,
             bias_table,
-            gather: gather.clone(),
+            relative: RelativeBias { gather: gather.clone(), mask, heads, tokens: w * w },
             norm2: LayerNorm::new(c, 1e-5, vb.pp("norm2"))?,
             fc1: swin_linear(c, 4 * c, true, vb.pp("mlp.0"))?,
             fc2: swin_linear(4 * c, c, true, vb.pp("mlp.3"))?,
-            heads,
             window: w,
             shift,
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, grads: &ParamGrads) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        {
+            use super::encoder::{self, Params};
+            let p = Params { qkv: &[&self.qkv], out: &self.proj, norm1: &self.norm1, fc1: &self.fc1, fc2: &self.fc2, norm2: &self.norm2 };
+            if encoder::runs_as_one_op(x, &p) {
+                return super::swin_block::forward(x, &p, &self.bias_table, &self.relative, self.window, self.shift, grads);
+            }
+        }
+        let _ = grads;
         let x = add(x, &self.window_attention(&self.norm1.forward(x)?)?, false)?;
         let h = self.fc1.forward_act(&self.norm2.forward(&x)?, Act::GeluErf)?;
         self.fc2.forward_residual(&h, &x)
@@ -206,18 +261,10 @@ impl Block {
 
     fn window_attention(&self, x: &Tensor) -> Result<Tensor> {
         let (_, side, _, _) = x.dims4()?;
-        let (w, shift) = (self.window, self.shift.as_ref().map_or(0, |(s, _)| *s));
+        let (w, shift) = (self.window, self.shift);
         let windows = window_partition(x, w, shift)?; // [b * windows, w², c]
-        let n = w * w;
-        let table = self.gather.matmul(&self.bias_table)?; // [n*n, heads]
-        let mut bias = table.reshape((n, n, self.heads))?.permute((2, 0, 1))?.unsqueeze(0)?; // [1, heads, n, n]
-        if let Some((_, mask)) = &self.shift {
-            // Per window: [1, windows, 1, n, n] + [1, 1, heads, n, n] -> [windows, heads, n, n], which
-            // repeats along the batch of windows (attend adds it without materialising it per image).
-            let per_window = mask.to_dtype(bias.dtype())?.broadcast_add(&bias.unsqueeze(0)?)?;
-            bias = per_window.squeeze(0)?.contiguous()?;
-        }
-        let out = attention(&self.qkv.forward(&windows)?, self.heads, ScoreBias::Scores(&bias))?;
+        let bias = self.relative.scores(&self.bias_table)?;
+        let out = attention(&self.qkv.forward(&windows)?, self.relative.heads, ScoreBias::Scores(&bias))?;
         let out = self.proj.forward(&out)?;
         window_merge(&out, side, w, shift)
     }
@@ -250,6 +297,7 @@ pub struct Swin {
     stages: Vec<(Vec<Block>, Option<PatchMerging>)>,
     norm: LayerNorm,
     head: Linear,
+    grads: ParamGrads,
 }
 
 impl Swin {
@@ -277,7 +325,7 @@ impl Swin {
         }
         let norm = LayerNorm::new(cfg.features(), 1e-5, vb.pp("norm"))?;
         let head = swin_linear(cfg.features(), cfg.num_classes, true, vb.pp("head"))?;
-        Ok(Self { patch_embed, embed_norm, stages, norm, head })
+        Ok(Self { patch_embed, embed_norm, stages, norm, head, grads: ParamGrads::default() })
     }
 }
 
@@ -288,7 +336,7 @@ impl Classifier for Swin {
         let mut x = self.embed_norm.forward(&x)?;
         for (blocks, merge) in &self.stages {
             for block in blocks {
-                x = block.forward(&x)?;
+                x = block.forward(&x, &self.grads)?;
             }
             if let Some(m) = merge {
                 x = m.forward(&x)?;
@@ -296,6 +344,10 @@ impl Classifier for Swin {
         }
         let x = self.norm.forward(&x)?.mean((1, 2))?; // global average pool
         self.head.forward(&x)
+    }
+
+    fn param_grads(&self) -> Option<&ParamGrads> {
+        Some(&self.grads)
     }
 }
 
@@ -327,6 +379,30 @@ mod tests {
         let want = table.index_select(&index, 0)?.flatten_all()?.to_vec1::<f32>()?;
         let got = position_gather(w, &Device::Cpu)?.matmul(&table)?.flatten_all()?.to_vec1::<f32>()?;
         assert_eq!(got, want);
+        Ok(())
+    }
+
+    #[test]
+    fn the_table_gradient_is_the_score_bias_gradient_carried_back_as_autograd_carries_it() -> Result<()> {
+        // Window 2 (4 tokens, 9 table rows), 3 heads; with the mask of a 4x4 map shifted by 1 (four
+        // windows) and without. The block as one op computes the table's gradient by hand from the
+        // score bias's; candle's autograd through `scores` is the reference.
+        let (w, heads, dev) = (2usize, 3usize, Device::Cpu);
+        let table = candle_core::Var::from_tensor(&Tensor::randn(0f32, 1., ((2 * w - 1).pow(2), heads), &dev)?)?;
+        let gather = position_gather(w, &dev)?;
+        let mask = Tensor::from_vec(shifted_window_mask(4, w, 1), (4, 1, w * w, w * w), &dev)?;
+        for mask in [None, Some(mask)] {
+            let relative = RelativeBias { gather: gather.clone(), mask: mask.clone(), heads, tokens: w * w };
+            let scores = relative.scores(table.as_tensor())?;
+            let windows = if mask.is_some() { 4 } else { 1 };
+            assert_eq!(scores.dims(), [windows, heads, w * w, w * w]);
+            let r = Tensor::randn(0f32, 1., scores.shape(), &dev)?;
+            let want = (&scores * &r)?.sum_all()?.backward()?.get(table.as_tensor()).unwrap().flatten_all()?.to_vec1::<f32>()?;
+            let got = relative.table_grad(&r)?.flatten_all()?.to_vec1::<f32>()?;
+            for (g, e) in got.iter().zip(&want) {
+                assert!((g - e).abs() <= 1e-5 * e.abs().max(1.0), "windows {windows}: {got:?} against {want:?}");
+            }
+        }
         Ok(())
     }
 
