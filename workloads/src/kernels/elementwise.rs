@@ -115,7 +115,7 @@ mod tests {
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda {
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
@@ -173,15 +173,28 @@ pub(crate) mod cuda {
     }
 
     impl Pass<'_> {
+        /// The pass into a new buffer.
         fn run(&self) -> Result<CudaStorage> {
+            let n = self.checked_len()?;
+            launch::by_dtype!(self.x.0.dtype(), "the bias kernel", T => self.typed::<T>(n, false)).map(|out| out.expect("a new buffer"))
+        }
+
+        /// The pass written over x itself (each thread reads its elements before writing them).
+        /// The caller holds x's buffer alone (see [`BiasAct::over`]).
+        fn run_over_x(&self) -> Result<()> {
+            let n = self.checked_len()?;
+            launch::by_dtype!(self.x.0.dtype(), "the bias kernel", T => self.typed::<T>(n, true)).map(|_| ())
+        }
+
+        fn checked_len(&self) -> Result<usize> {
             let n = self.x.1.shape().elem_count();
             if n > u32::MAX as usize || self.len == 0 {
                 bail!("bias kernel: {n} elements in rows of {} is empty or more than it indexes", self.len)
             }
-            launch::by_dtype!(self.x.0.dtype(), "the bias kernel", T => self.typed::<T>(n))
+            Ok(n)
         }
 
-        fn typed<T: CudaDType + DeviceRepr>(&self, n: usize) -> Result<CudaStorage> {
+        fn typed<T: CudaDType + DeviceRepr>(&self, n: usize, over_x: bool) -> Result<Option<CudaStorage>> {
             let what = "the bias kernel";
             let x = launch::view::<T>(self.x.0, self.x.1, what)?;
             let (b, y, g) = (opt_view::<T>(self.b, what)?, opt_view::<T>(self.y, what)?, opt_view::<T>(self.g, what)?);
@@ -198,7 +211,9 @@ pub(crate) mod cuda {
             let kernel = format!("{}_v{v}", launch::name("elementwise", self.x.0.dtype()));
             let func = Kernel::load(&dev, &crate::kernels::sources::ELEMENTWISE, &kernel)?;
             // SAFETY: the kernel writes every element.
-            let out = unsafe { dev.alloc::<T>(n)? };
+            let out = if over_x { None } else { Some(unsafe { dev.alloc::<T>(n)? }) };
+            let stream = dev.cuda_stream();
+            let x_ptr = over_x.then(|| x.device_ptr(&stream).0 as u64);
             let cfg = LaunchConfig { grid_dim: (((n / v) as u32).div_ceil(256).clamp(1, 1 << 20), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let channels = match self.addend {
                 Addend::Channels(c) => c as u32,
@@ -219,11 +234,17 @@ pub(crate) mod cuda {
                 Some(view) => a.arg(view),
                 None => a.arg(&null),
             };
-            a.arg(&out).arg(&n32).arg(&len).arg(&channels).arg(&mode).arg(&act);
+            match (&out, &x_ptr) {
+                (Some(out), _) => a.arg(out),
+                (None, Some(ptr)) => a.arg(ptr),
+                (None, None) => bail!("the bias kernel: no output"),
+            };
+            a.arg(&n32).arg(&len).arg(&channels).arg(&mode).arg(&act);
             // SAFETY: argument types and order match the kernel; x, y, g and out hold n elements, b what
             // its mode indexes (checked by the callers); words only where starts and lengths allow.
+            // Written over x, every element is read by the thread that then writes it.
             unsafe { func.launch(&mut a, cfg) }?;
-            Ok(CudaStorage::wrap_cuda_slice(out, dev))
+            Ok(out.map(|out| CudaStorage::wrap_cuda_slice(out, dev)))
         }
     }
 
@@ -245,6 +266,19 @@ pub(crate) mod cuda {
                 bail!("bias add: a bias of {bias} elements for {channels} channels")
             }
             Ok((len, addend))
+        }
+    }
+
+    impl BiasAct {
+        /// act(v + b) written over v: after a GEMM whose product nothing else reads (a linear
+        /// layer's, `kernels::linear`), so that the product and the activation, each as wide as
+        /// the layer's output, are not both held.
+        pub(crate) fn over(&self, v: &mut CudaStorage, vl: &Layout, b: &CudaStorage, bl: &Layout) -> Result<()> {
+            if v.dtype() != b.dtype() || !vl.is_contiguous() {
+                bail!("bias add in place: a contiguous x of the bias's dtype is needed, not {:?} against {:?}", v.dtype(), b.dtype())
+            }
+            let (len, addend) = self.geometry(vl.dims(), bl.shape().elem_count())?;
+            Pass { x: (v, vl), b: Some((b, bl)), y: None, g: None, len, addend, act: self.act }.run_over_x()
         }
     }
 

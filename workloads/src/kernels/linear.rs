@@ -26,9 +26,10 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Act) -> Result<Te
     if let (true, Some(b)) = (x.device().is_cuda(), b) {
         let (x, w, b) = (x.contiguous()?, w.contiguous()?, b.contiguous()?);
         // GELU's backward needs the pre-activation: in half precision the op recomputes it (a cheap
-        // tensor-core GEMM); in f32 that GEMM costs as much as the layer, so the pre-activation is
-        // kept and the activation is a pass of its own.
-        if act == Act::GeluErf && x.dtype() == candle_core::DType::F32 {
+        // tensor-core GEMM); in f32 that GEMM costs as much as the layer, so in training the
+        // pre-activation is kept and the activation is a pass of its own. Inference keeps neither.
+        let trains = [&x, &w, &b].iter().any(|t| t.track_op());
+        if act == Act::GeluErf && x.dtype() == candle_core::DType::F32 && trains {
             return x.apply_op3(&w, &b, cuda::LinearOp { act: Act::None })?.apply_op1(super::elementwise::cuda::Activation(act));
         }
         return x.apply_op3(&w, &b, cuda::LinearOp { act });
@@ -130,8 +131,9 @@ pub(crate) mod cuda {
             let y = match epilogue {
                 Some(epilogue) => forward_gemm((x, xl), (w, wl), (b, bl), None, geometry, epilogue)?,
                 None => {
-                    let v = forward_gemm((x, xl), (w, wl), (b, bl), None, geometry, Epilogue::None)?;
-                    BiasAct { axis: BiasAxis::Last, act: self.act }.cuda_fwd(&v, &Layout::contiguous((rows, out_f)), b, bl)?.0
+                    let mut v = forward_gemm((x, xl), (w, wl), (b, bl), None, geometry, Epilogue::None)?;
+                    BiasAct { axis: BiasAxis::Last, act: self.act }.over(&mut v, &Layout::contiguous((rows, out_f)), b, bl)?;
+                    v
                 }
             };
             Ok((y, out_shape(xl, out_f)))

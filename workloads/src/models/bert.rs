@@ -160,10 +160,12 @@ impl Layer {
             }
         }
         let _ = grads;
-        // One GEMM for q, k and v.
-        let qkv = self.qkv()?.forward(x)?;
-        let ctx = attention(&qkv, self.heads, ScoreBias::Keys(mask_bias))?;
+        // One GEMM for q, k and v. The projection and the context are dropped once used: in inference
+        // nothing else holds them, and kept to the end of the layer they were 4 of its 10 tokens'
+        // widths alive beside the MLP.
+        let ctx = attention(&self.qkv()?.forward(x)?, self.heads, ScoreBias::Keys(mask_bias))?;
         let x = self.attention_norm.forward(&self.attention_out.forward_residual(&ctx, x)?)?;
+        drop(ctx);
         let h = self.intermediate.forward_act(&x, Act::GeluErf)?;
         self.output_norm.forward(&self.output.forward_residual(&h, &x)?)
     }
@@ -200,13 +202,18 @@ impl Bert {
 }
 
 impl Bert {
-    /// `BertModel`'s sequence output, [batch, seq, hidden], before the pooler.
-    pub fn encode(&self, input_ids: &Tensor, token_type_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
+    /// Word, token type and position embeddings summed, before their layer norm; the partial sums
+    /// are dropped on return rather than kept through the layers.
+    fn embed(&self, input_ids: &Tensor, token_type_ids: &Tensor) -> Result<Tensor> {
         let seq = input_ids.dim(1)?;
         let words = crate::kernels::embedding(&self.word_embeddings, input_ids)?;
         let x = add(&words, &crate::kernels::embedding(&self.token_type_embeddings, token_type_ids)?, false)?;
-        let x = crate::kernels::add_repeating(&x, &self.position_embeddings.narrow(0, 0, seq)?)?;
-        let mut x = self.embeddings_norm.forward(&x)?;
+        crate::kernels::add_repeating(&x, &self.position_embeddings.narrow(0, 0, seq)?)
+    }
+
+    /// `BertModel`'s sequence output, [batch, seq, hidden], before the pooler.
+    pub fn encode(&self, input_ids: &Tensor, token_type_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
+        let mut x = self.embeddings_norm.forward(&self.embed(input_ids, token_type_ids)?)?;
         // Masked keys get -10000 added to their scores, as the original BERT does (finite in f16).
         let (b, s) = attention_mask.dims2()?;
         // Per key [b, s], in the model's dtype; the attention op adds it to every head's scores.

@@ -335,9 +335,12 @@ impl ResNet {
     /// block, and the global average read channels-last, then the classifier.
     #[cfg(feature = "cudnn")]
     fn channels_last(&self, x: &Tensor, stem: impl Fn(&ConvBn, &Tensor) -> Result<Tensor>, block: impl Fn(&Residual, &Tensor) -> Result<Tensor>) -> Result<Tensor> {
-        let x = x.permute((0, 2, 3, 1))?.contiguous()?;
-        let x = stem(&self.stem, &x)?;
-        let mut x = crate::kernels::max_pool::max_pool2d_nhwc(&x, 3, 2, 1)?;
+        // Each activation is dropped once the next is made (in inference nothing else holds it): a
+        // shadowed binding would keep the transposed images and the stem's output, the largest
+        // activation, alive through the whole forward pass.
+        let stem_out = stem(&self.stem, &x.permute((0, 2, 3, 1))?.contiguous()?)?;
+        let mut x = crate::kernels::max_pool::max_pool2d_nhwc(&stem_out, 3, 2, 1)?;
+        drop(stem_out);
         for b in &self.blocks {
             x = block(b, &x)?;
         }
@@ -358,8 +361,9 @@ impl Classifier for ResNet {
         if self.runs_nhwc(x, train) {
             return if train { self.forward_nhwc_train(x) } else { self.forward_nhwc(x) };
         }
-        let x = self.stem.forward(x, train, true)?;
-        let mut x = max_pool2d(&x, 3, 2, 1)?;
+        // The stem's output, the largest activation, not kept through the blocks (see
+        // `channels_last`).
+        let mut x = max_pool2d(&self.stem.forward(x, train, true)?, 3, 2, 1)?;
         for block in &self.blocks {
             x = block.forward(&x, train, &self.grads)?;
         }

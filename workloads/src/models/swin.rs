@@ -262,10 +262,15 @@ impl Block {
     fn window_attention(&self, x: &Tensor) -> Result<Tensor> {
         let (_, side, _, _) = x.dims4()?;
         let (w, shift) = (self.window, self.shift);
-        let windows = window_partition(x, w, shift)?; // [b * windows, w², c]
-        let bias = self.relative.scores(&self.bias_table)?;
-        let out = attention(&self.qkv.forward(&windows)?, self.relative.heads, ScoreBias::Scores(&bias))?;
-        let out = self.proj.forward(&out)?;
+        // Each activation is dropped once used (in inference nothing else holds them): the windows
+        // once projected, the context once projected again.
+        let ctx = {
+            let windows = window_partition(x, w, shift)?; // [b * windows, w², c]
+            let bias = self.relative.scores(&self.bias_table)?;
+            attention(&self.qkv.forward(&windows)?, self.relative.heads, ScoreBias::Scores(&bias))?
+        };
+        let out = self.proj.forward(&ctx)?;
+        drop(ctx);
         window_merge(&out, side, w, shift)
     }
 }
@@ -332,8 +337,8 @@ impl Swin {
 impl Classifier for Swin {
     fn forward(&self, inputs: &Inputs, _train: bool) -> Result<Tensor> {
         let Inputs::Images(x) = inputs else { candle_core::bail!("Swin takes images") };
-        let x = self.patch_embed.forward(x)?; // channels last
-        let mut x = self.embed_norm.forward(&x)?;
+        // Channels last; the embedding is not kept beside its normalised copy.
+        let mut x = self.embed_norm.forward(&self.patch_embed.forward(x)?)?;
         for (blocks, merge) in &self.stages {
             for block in blocks {
                 x = block.forward(&x, &self.grads)?;

@@ -156,9 +156,11 @@ impl Classifier for VisionTransformer {
     fn forward(&self, inputs: &Inputs, _train: bool) -> Result<Tensor> {
         let Inputs::Images(x) = inputs else { candle_core::bail!("a vision transformer takes images") };
         let b = x.dim(0)?;
-        let x = self.conv_proj.forward(x)?.flatten(1, 2)?; // [b, patches, d]
-        let cls = self.class_token.broadcast_as((b, 1, x.dim(2)?))?;
-        let mut x = crate::kernels::add_repeating(&Tensor::cat(&[&cls, &x], 1)?, &self.pos_embedding)?;
+        let patches = self.conv_proj.forward(x)?.flatten(1, 2)?; // [b, patches, d]
+        let cls = self.class_token.broadcast_as((b, 1, patches.dim(2)?))?;
+        let mut x = crate::kernels::add_repeating(&Tensor::cat(&[&cls, &patches], 1)?, &self.pos_embedding)?;
+        // Not kept through the blocks (in inference nothing else holds it).
+        drop(patches);
         for block in &self.blocks {
             x = block.forward(&x, &self.grads)?;
         }
