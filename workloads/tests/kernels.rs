@@ -236,6 +236,35 @@ fn matches_cpu(what: &str, f: &dyn Fn(&[&Tensor]) -> Tensor, inputs: &[Tensor], 
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn bias_and_add_written_over_their_input_match_the_ops_that_make_a_new_tensor() {
+    use workloads::kernels::{add, add_over, bias_act, bias_act_over, Act, BiasAxis};
+    let gpu = gpu();
+    let host = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    // Planes of 35 (single elements, not words) and of 64 (16-byte words); a channel bias.
+    for (shape, dtype) in [([2, 8, 5, 7], DType::F32), ([2, 8, 8, 8], DType::F32), ([2, 8, 8, 8], DType::BF16)] {
+        let on_gpu = |seed: u64, dims: &[usize]| random(dims, seed).to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
+        let (x, z, b) = (on_gpu(900, &shape), on_gpu(901, &shape), on_gpu(902, &[8]));
+        for act in [Act::None, Act::Relu] {
+            let want = host(&bias_act(&x, &b, BiasAxis::Channels, act).unwrap());
+            // A copy of x of its own, and a second handle on its storage: written over, both read
+            // the result.
+            let fresh = x.copy().unwrap();
+            let handle = fresh.clone();
+            let got = bias_act_over(fresh, &b, BiasAxis::Channels, act).unwrap();
+            assert_eq!(host(&got), want, "{shape:?} {dtype:?} {act:?}: bias over x");
+            assert_eq!(host(&handle), want, "{shape:?} {dtype:?} {act:?}: the bias was not written over x");
+            let relu = act == Act::Relu;
+            let want = host(&add(&x, &z, relu).unwrap());
+            let fresh = x.copy().unwrap();
+            let handle = fresh.clone();
+            assert_eq!(host(&add_over(fresh, &z, relu).unwrap()), want, "{shape:?} {dtype:?} relu {relu}: add over x");
+            assert_eq!(host(&handle), want, "{shape:?} {dtype:?} relu {relu}: the sum was not written over x");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn layer_norm_kernel_matches_the_cpu_forward_and_backward() {
     use workloads::kernels::layer_norm;
     // Swin's first stage (96), ViT/BERT (768), a row needing several elements per thread (3000),

@@ -56,6 +56,29 @@ pub fn bias_act(x: &Tensor, b: &Tensor, axis: BiasAxis, act: Act) -> Result<Tens
     act.apply(x.broadcast_add(&b.reshape(shape)?)?)
 }
 
+/// [`bias_act`] written over x, for inference where nothing else holds x (a convolution's fresh
+/// output): its input and its result are then not both held. On CUDA devices, x contiguous and
+/// recording no gradient, our kernel in place; otherwise [`bias_act`]'s new tensor.
+pub fn bias_act_over(x: Tensor, b: &Tensor, axis: BiasAxis, act: Act) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && x.is_contiguous() && !x.track_op() && !b.track_op() {
+        x.inplace_op2(&b.contiguous()?, &cuda::BiasAct { axis, act })?;
+        return Ok(x);
+    }
+    bias_act(&x, b, axis, act)
+}
+
+/// [`add`] written over x, as [`bias_act_over`] (a residual block's last output, to which the
+/// shortcut is added).
+pub fn add_over(x: Tensor, z: &Tensor, relu: bool) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && x.is_contiguous() && !x.track_op() && !z.track_op() && x.dims() == z.dims() && x.dtype() == z.dtype() {
+        x.inplace_op2(&z.contiguous()?, &cuda::AddAct { relu })?;
+        return Ok(x);
+    }
+    add(&x, z, relu)
+}
+
 /// x + z (same shape), then ReLU when `relu`: one pass of our kernel on CUDA devices, candle's add
 /// (and ReLU) elsewhere.
 pub fn add(x: &Tensor, z: &Tensor, relu: bool) -> Result<Tensor> {
@@ -282,6 +305,21 @@ pub(crate) mod cuda {
         }
     }
 
+    /// In place: [`super::bias_act_over`].
+    impl candle_core::InplaceOp2 for BiasAct {
+        fn name(&self) -> &'static str {
+            "bias-act-over"
+        }
+
+        fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<()> {
+            bail!("the bias kernel runs on CUDA devices only")
+        }
+
+        fn cuda_fwd(&self, x: &mut CudaStorage, xl: &Layout, b: &CudaStorage, bl: &Layout) -> Result<()> {
+            self.over(x, xl, b, bl)
+        }
+    }
+
     impl CustomOp2 for BiasAct {
         fn name(&self) -> &'static str {
             "bias-act"
@@ -470,6 +508,26 @@ pub(crate) mod cuda {
         fn bwd(&self, _x: &Tensor, _z: &Tensor, res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
             let grad = if self.relu { relu_grad(grad, res)? } else { grad.clone() };
             Ok((Some(grad.clone()), Some(grad)))
+        }
+    }
+
+    /// In place: [`super::add_over`].
+    impl candle_core::InplaceOp2 for AddAct {
+        fn name(&self) -> &'static str {
+            "add-act-over"
+        }
+
+        fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<()> {
+            bail!("the add kernel runs on CUDA devices only")
+        }
+
+        fn cuda_fwd(&self, x: &mut CudaStorage, xl: &Layout, z: &CudaStorage, zl: &Layout) -> Result<()> {
+            if xl.shape() != zl.shape() || x.dtype() != z.dtype() || !xl.is_contiguous() {
+                bail!("the add kernel in place takes a contiguous x and a z of its shape and dtype")
+            }
+            let act = if self.relu { Act::Relu } else { Act::None };
+            let len = *xl.dims().last().unwrap_or(&1);
+            Pass { x: (x, xl), b: Some((z, zl)), y: None, g: None, len, addend: Addend::Same, act }.run_over_x()
         }
     }
 

@@ -41,7 +41,7 @@ pub use attention::{attention, ScoreBias};
 pub use conv2d::conv2d;
 #[cfg(feature = "cudnn")]
 pub use conv_nhwc::conv_nhwc;
-pub use elementwise::{add, add_repeating, bias_act, Act, BiasAxis};
+pub use elementwise::{add, add_over, add_repeating, bias_act, bias_act_over, Act, BiasAxis};
 pub use embedding::embedding;
 pub use layer_norm::layer_norm;
 pub use linear::{linear, linear_residual};

@@ -138,9 +138,10 @@ pub(super) struct Saved {
     pub(super) norm1_in: Option<Tensor>,
     /// fc1's input: ln1's output (post-norm) or ln2's (pre-norm).
     fc1_in: Tensor,
-    /// fc1's output before GELU, and after.
+    /// fc1's output before GELU. Not the output after it, as wide: the backward recomputes it from
+    /// this (one elementwise pass), which kept BERT-base's and ViT-B's bf16 training steps at or
+    /// below PyTorch's device memory (docs/kernels.md#encoder).
     pre: Tensor,
-    h: Tensor,
     /// ln2's input: the MLP's residual sum (post-norm) or the attention's (pre-norm).
     norm2_in: Tensor,
 }
@@ -188,7 +189,7 @@ impl Layer {
                 let (pre, h) = mlp(&fc1_in)?;
                 let norm2_in = linear_residual(&h, w2, b2, &fc1_in)?;
                 let out = layer_norm::layer_norm(&norm2_in, &n2.0, &n2.1, n2.2)?;
-                (out, Saved { qkv_in: x.clone(), qkv, ctx, norm1_in: Some(norm1_in), fc1_in, pre, h, norm2_in })
+                (out, Saved { qkv_in: x.clone(), qkv, ctx, norm1_in: Some(norm1_in), fc1_in, pre, norm2_in })
             }
             Norms::Pre => {
                 let qkv_in = layer_norm::layer_norm(x, &n1.0, &n1.1, n1.2)?;
@@ -198,7 +199,7 @@ impl Layer {
                 let fc1_in = layer_norm::layer_norm(&norm2_in, &n2.0, &n2.1, n2.2)?;
                 let (pre, h) = mlp(&fc1_in)?;
                 let out = linear_residual(&h, w2, b2, &norm2_in)?;
-                (out, Saved { qkv_in, qkv, ctx, norm1_in: Some(x.clone()), fc1_in, pre, h, norm2_in })
+                (out, Saved { qkv_in, qkv, ctx, norm1_in: Some(x.clone()), fc1_in, pre, norm2_in })
             }
         })
     }
@@ -311,8 +312,11 @@ impl Layer {
         let Some(norm1_in) = &s.norm1_in else { bail!("the encoder layer's backward ran without ln1's input") };
         // The MLP from the gradient of its output, to the gradient of its input.
         let mlp = |dh_out: &Tensor| -> Result<BranchGrads> {
-            let (dh, fc2) = linear_grads(&s.h, &w.fc2, dh_out)?;
-            let dpre = Activation(Act::GeluErf).bwd(&s.pre, &s.h, &dh)?.expect("GELU has a gradient");
+            let h = s.pre.apply_op1_no_bwd(&Activation(Act::GeluErf))?;
+            let (dh, fc2) = linear_grads(&h, &w.fc2, dh_out)?;
+            drop(h);
+            // GELU's gradient reads its input alone: the pre-activation stands in for the output.
+            let dpre = Activation(Act::GeluErf).bwd(&s.pre, &s.pre, &dh)?.expect("GELU has a gradient");
             let (dfc1_in, fc1) = linear_grads(&s.fc1_in, &w.fc1, &dpre)?;
             Ok((dfc1_in, fc1, fc2))
         };

@@ -276,7 +276,8 @@ impl ConvBn {
         }
         let (w, b) = self.folded(x.dtype())?;
         let y = crate::kernels::conv2d(x, w, self.conv.padding, self.conv.stride)?;
-        crate::kernels::bias_act(&y, b, crate::kernels::BiasAxis::Channels, if relu { Act::Relu } else { Act::None })
+        // Written over the convolution's output, which nothing else holds.
+        crate::kernels::bias_act_over(y, b, crate::kernels::BiasAxis::Channels, if relu { Act::Relu } else { Act::None })
     }
 }
 

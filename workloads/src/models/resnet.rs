@@ -6,7 +6,7 @@ use candle_nn::{Module, VarBuilder};
 
 use super::layers::{BatchNorm2d, Conv2d, ConvBn, Linear, torch_linear};
 use super::{Classifier, Inputs};
-use crate::kernels::add;
+use crate::kernels::add_over;
 use crate::init::KAIMING_NORMAL_FAN_OUT;
 use crate::kernels::max_pool2d;
 use crate::optim::ParamGrads;
@@ -238,7 +238,9 @@ impl Residual {
             Some(unit) => run(unit, x, false)?,
             None => x.clone(),
         };
-        add(&h, &identity, true)
+        // In inference the shortcut is added over the path's output, which nothing else holds
+        // (`add_over` adds into a new tensor where a gradient is recorded).
+        add_over(h, &identity, true)
     }
 
     /// Inference over NHWC: the last convolution adds the shortcut and applies the ReLU in its
