@@ -917,13 +917,24 @@ fn swin_training_with_blocks_as_one_op_moves_the_model_as_blocks_of_ops() {
         // bf16: the losses, and how far each path's updates are from f32's. bf16 parameters round
         // each update to their ulp, so the two bf16 paths' updates are some way apart; the block
         // as one op must land as close to f32's updates as the blocks of ops do.
+        let before = blocks_run_as_one_op();
         let (bf_op, bf_op_updates) = step(name, batch, DType::BF16, EncoderLayers::Op);
         let (bf_ops, bf_ops_updates) = step(name, batch, DType::BF16, EncoderLayers::Ops);
-        let f32_updates = all_updates(&ops);
-        let (from_op, from_ops) = (l2(&all_updates(&bf_op_updates), &f32_updates), l2(&all_updates(&bf_ops_updates), &f32_updates));
-        let apart = l2(&all_updates(&bf_op_updates), &all_updates(&bf_ops_updates));
-        eprintln!("{name} bf16 blocks as one op against their ops: loss {bf_op} / {bf_ops}; updates {apart:.1e} apart, from f32's {from_op:.1e} / {from_ops:.1e}");
+        assert_eq!(blocks_run_as_one_op() - before, blocks, "{name} bf16: every block of the op step runs as one op, none of the ops step");
+        // Over every parameter, and over the relative position bias tables alone (the table's
+        // gradient is the op's own code; the large weights would drown an error in it). bf16
+        // tables (about 0.02) round most of a first step's update away, so both paths land about
+        // as far as the updates themselves from f32's (measured 1.0 and 0.99): this half catches
+        // only gross errors; the f32 half above bounds each table's update.
+        let tables = |u: &[(String, Tensor)]| u.iter().filter(|(n, _)| n.ends_with("relative_position_bias_table")).cloned().collect::<Vec<_>>();
+        for (what, keep) in [("every parameter", false), ("the bias tables", true)] {
+            let pick = |u: &[(String, Tensor)]| all_updates(&if keep { tables(u) } else { u.to_vec() });
+            let f32_updates = pick(&ops);
+            let (from_op, from_ops) = (l2(&pick(&bf_op_updates), &f32_updates), l2(&pick(&bf_ops_updates), &f32_updates));
+            let apart = l2(&pick(&bf_op_updates), &pick(&bf_ops_updates));
+            eprintln!("{name} bf16 blocks as one op against their ops, {what}: loss {bf_op} / {bf_ops}; updates {apart:.1e} apart, from f32's {from_op:.1e} / {from_ops:.1e}");
+            assert!(from_op <= 1.25 * from_ops + 1e-3, "{name} bf16, {what}: the block op's updates are {from_op:.2e} from f32's, its ops' {from_ops:.2e}");
+        }
         assert!((bf_op - bf_ops).abs() <= 1e-2 * bf_ops.abs(), "{name} bf16: loss {bf_op} against {bf_ops}");
-        assert!(from_op <= 1.25 * from_ops, "{name} bf16: the block op's updates are {from_op:.2e} from f32's, its ops' {from_ops:.2e}");
     }
 }

@@ -58,7 +58,9 @@ pub fn bias_act(x: &Tensor, b: &Tensor, axis: BiasAxis, act: Act) -> Result<Tens
 
 /// [`bias_act`] written over x, for inference where nothing else holds x (a convolution's fresh
 /// output): its input and its result are then not both held. On CUDA devices, x contiguous and
-/// recording no gradient, our kernel in place; otherwise [`bias_act`]'s new tensor.
+/// recording no gradient, our kernel in place; otherwise [`bias_act`]'s new tensor. The caller must
+/// hold x's storage alone: a clone of x, or a tensor detached from it, shares that storage and would
+/// read the result.
 pub fn bias_act_over(x: Tensor, b: &Tensor, axis: BiasAxis, act: Act) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() && x.is_contiguous() && !x.track_op() && !b.track_op() {
@@ -68,8 +70,8 @@ pub fn bias_act_over(x: Tensor, b: &Tensor, axis: BiasAxis, act: Act) -> Result<
     bias_act(&x, b, axis, act)
 }
 
-/// [`add`] written over x, as [`bias_act_over`] (a residual block's last output, to which the
-/// shortcut is added).
+/// [`add`] written over x, as [`bias_act_over`] and on the same condition: the caller holds x's
+/// storage alone (a residual block's last output, to which the shortcut is added).
 pub fn add_over(x: Tensor, z: &Tensor, relu: bool) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() && x.is_contiguous() && !x.track_op() && !z.track_op() && x.dims() == z.dims() && x.dtype() == z.dtype() {
@@ -236,7 +238,10 @@ pub(crate) mod cuda {
             // SAFETY: the kernel writes every element.
             let out = if over_x { None } else { Some(unsafe { dev.alloc::<T>(n)? }) };
             let stream = dev.cuda_stream();
-            let x_ptr = over_x.then(|| x.device_ptr(&stream).0 as u64);
+            // x's address as the output, its guard held across the launch (with cudarc's events on,
+            // its event then follows the kernel that writes x).
+            let x_guarded = over_x.then(|| x.device_ptr(&stream));
+            let x_ptr = x_guarded.as_ref().map(|(ptr, _)| *ptr as u64);
             let cfg = LaunchConfig { grid_dim: (((n / v) as u32).div_ceil(256).clamp(1, 1 << 20), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let channels = match self.addend {
                 Addend::Channels(c) => c as u32,
@@ -267,6 +272,7 @@ pub(crate) mod cuda {
             // its mode indexes (checked by the callers); words only where starts and lengths allow.
             // Written over x, every element is read by the thread that then writes it.
             unsafe { func.launch(&mut a, cfg) }?;
+            drop(x_guarded);
             Ok(out.map(|out| CudaStorage::wrap_cuda_slice(out, dev)))
         }
     }
