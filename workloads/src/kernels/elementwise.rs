@@ -241,7 +241,7 @@ pub(crate) mod cuda {
             // x's address as the output, its guard held across the launch (with cudarc's events on,
             // its event then follows the kernel that writes x).
             let x_guarded = over_x.then(|| x.device_ptr(&stream));
-            let x_ptr = x_guarded.as_ref().map(|(ptr, _)| *ptr as u64);
+            let x_ptr = x_guarded.as_ref().map(|(ptr, _)| *ptr);
             let cfg = LaunchConfig { grid_dim: (((n / v) as u32).div_ceil(256).clamp(1, 1 << 20), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let channels = match self.addend {
                 Addend::Channels(c) => c as u32,
