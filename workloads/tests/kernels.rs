@@ -795,14 +795,14 @@ fn resnet_in_nhwc_gives_the_logits_of_resnet_in_nchw() {
     }
 }
 
-/// One SGD step of a fresh model from the seed-5 weights (its first update is lr times the
+/// One SGD step on `device` of a fresh model from the seed-5 weights (its first update is lr times the
 /// gradient) under `kernels`, f32 GEMMs and convolutions on TF32 when `tf32`: the loss, and each
 /// parameter's update and each running statistic, by name.
-fn sgd_step(name: &str, batch: usize, dtype: DType, kernels: workloads::kernels::KernelOptions, tf32: bool) -> (f32, Vec<(String, Tensor)>) {
+fn sgd_step(device: &Device, name: &str, batch: usize, dtype: DType, kernels: workloads::kernels::KernelOptions, tf32: bool) -> (f32, Vec<(String, Tensor)>) {
     use workloads::{build, Mode, TrainConfig, WorkloadConfig};
     let host = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap();
     workloads::precision::allow_tf32(tf32);
-    let cfg = WorkloadConfig { device: gpu(), dtype, mode: Mode::Train, seed: 5, seq_len: None, weights: None, train: TrainConfig::sgd(), kernels };
+    let cfg = WorkloadConfig { device: device.clone(), dtype, mode: Mode::Train, seed: 5, seq_len: None, weights: None, train: TrainConfig::sgd(), kernels };
     let mut workload = build(name, &cfg).unwrap();
     let before: Vec<Tensor> = workload.tensors().iter().map(|(_, t)| host(t)).collect();
     let b = workload.synthetic_batch(batch, 1).unwrap();
@@ -842,7 +842,7 @@ fn resnet_training_in_nhwc_and_blocks_as_one_op_move_the_model_as_training_of_op
     let gpu = gpu();
     workloads::memory::pool_allocations(&gpu).unwrap();
     let step = |name: &str, batch: usize, dtype: DType, convs: Convolutions, layers: EncoderLayers, tf32: bool| {
-        sgd_step(name, batch, dtype, KernelOptions { convs, layers, graphs: CudaGraphs::Off, ..KernelOptions::default() }, tf32)
+        sgd_step(&gpu, name, batch, dtype, KernelOptions { convs, layers, graphs: CudaGraphs::Off, ..KernelOptions::default() }, tf32)
     };
     let filters = |n: &str| n.ends_with("weight") && (n.contains("conv") || n.contains("downsample.0") || n.starts_with("fc"));
     let running = |n: &str| n.contains("running");
@@ -894,7 +894,7 @@ fn swin_training_with_blocks_as_one_op_moves_the_model_as_blocks_of_ops() {
     let gpu = gpu();
     workloads::memory::pool_allocations(&gpu).unwrap();
     let step = |name: &str, batch: usize, dtype: DType, layers: EncoderLayers| {
-        sgd_step(name, batch, dtype, KernelOptions { layers, graphs: CudaGraphs::Off, ..KernelOptions::default() }, false)
+        sgd_step(&gpu, name, batch, dtype, KernelOptions { layers, graphs: CudaGraphs::Off, ..KernelOptions::default() }, false)
     };
     // Each op of a block is tested on its own against the CPU above; the block as one op runs the
     // same kernels in window order (the layer norms, linear layers and GELU work token by token),

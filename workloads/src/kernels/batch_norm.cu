@@ -4,6 +4,22 @@
 
 // x, g, y: NCHW seen as n x c planes of hw; stats: [mean; var] f32 [2, c]; wb: [w; b] [2, c].
 
+// One element's terms of its channel's sums: pass 0 d = x - shift and d²; pass 1 g'·x̂ and g', where
+// g' is the gradient, zero where the ReLU cut the output y (when y is read). Planes and rows of
+// channels (below) accumulate the same terms.
+__device__ __forceinline__ void channel_terms(float x, float g, bool cut, float shift, float rstd, int pass,
+                                              float& s, float& q) {
+if (pass == 0) {
+    float d = x - shift;
+    s += d;
+    q += d * d;
+} else {
+    float gp = cut ? 0.f : g;
+    s += gp * (x - shift) * rstd;
+    q += gp;
+}
+}
+
 // Per channel and chunk of `per` images: a block sums its channel's planes in those images into
 // partial[chunk][0..2][ch], V elements per word. pass 0: (Σ d, Σ d²) of d = x - shift, the shift the
 // channel's first value (so that a large mean does not cancel the variance away); pass 1: (Σ g'·x̂,
@@ -22,25 +38,13 @@ unsigned int total = (n1 - n0) * words;
 for (unsigned int i = threadIdx.x; i < total; i += blockDim.x) {
     unsigned int ni = n0 + i / words;
     unsigned long long at = ((unsigned long long)ni * c + ch) * words + i % words;
-    P xv = ((const P*)x)[at];
-    if (pass == 0) {
+    P xv = ((const P*)x)[at], gv, yv;
+    if (pass != 0) gv = ((const P*)g)[at];
+    if (pass != 0 && y) yv = ((const P*)y)[at];
 #pragma unroll
-        for (int k = 0; k < V; k++) {
-            float d = E::get(xv.v, k) - shift;
-            s += d;
-            q += d * d;
-        }
-    } else {
-        P gv = ((const P*)g)[at], yv;
-        if (y) yv = ((const P*)y)[at];
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            float gp = E::get(gv.v, k);
-            if (y && E::get(yv.v, k) <= 0.f) gp = 0.f;
-            s += gp * (E::get(xv.v, k) - shift) * rstd;
-            q += gp;
-        }
-    }
+    for (int k = 0; k < V; k++)
+        channel_terms(E::get(xv.v, k), pass != 0 ? E::get(gv.v, k) : 0.f, pass != 0 && y && E::get(yv.v, k) <= 0.f,
+                      shift, rstd, pass, s, q);
 }
 float2 t = block_sum2(s, q);
 if (threadIdx.x == 0) {
@@ -165,25 +169,13 @@ for (int k = 0; k < V; k++) {
 if (live) {
     for (unsigned int r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
         unsigned long long at = ((unsigned long long)r * c + ch0) / V;
-        P xv = ((const P*)x)[at];
-        if (pass == 0) {
+        P xv = ((const P*)x)[at], gv, yv;
+        if (pass != 0) gv = ((const P*)g)[at];
+        if (pass != 0 && y) yv = ((const P*)y)[at];
 #pragma unroll
-            for (int k = 0; k < V; k++) {
-                float d = E::get(xv.v, k) - shift[k];
-                s[k] += d;
-                q[k] += d * d;
-            }
-        } else {
-            P gv = ((const P*)g)[at], yv;
-            if (y) yv = ((const P*)y)[at];
-#pragma unroll
-            for (int k = 0; k < V; k++) {
-                float gp = E::get(gv.v, k);
-                if (y && E::get(yv.v, k) <= 0.f) gp = 0.f;
-                s[k] += gp * (E::get(xv.v, k) - shift[k]) * rstd[k];
-                q[k] += gp;
-            }
-        }
+        for (int k = 0; k < V; k++)
+            channel_terms(E::get(xv.v, k), pass != 0 ? E::get(gv.v, k) : 0.f, pass != 0 && y && E::get(yv.v, k) <= 0.f,
+                          shift[k], rstd[k], pass, s[k], q[k]);
     }
 }
 unsigned int lane = (threadIdx.y * blockDim.x + threadIdx.x) * V;

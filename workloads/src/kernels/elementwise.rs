@@ -296,18 +296,24 @@ pub(crate) mod cuda {
             }
             Ok((len, addend))
         }
-    }
 
-    impl BiasAct {
+        /// The forward pass over x with the bias b, into a new buffer or over x.
+        fn pass<'a>(&self, x: Arg<'a>, b: Arg<'a>) -> Result<Pass<'a>> {
+            if x.0.dtype() != b.0.dtype() {
+                bail!("bias add: x is {:?}, the bias {:?}", x.0.dtype(), b.0.dtype())
+            }
+            let (len, addend) = self.geometry(x.1.dims(), b.1.shape().elem_count())?;
+            Ok(Pass { x, b: Some(b), y: None, g: None, len, addend, act: self.act })
+        }
+
         /// act(v + b) written over v: after a GEMM whose product nothing else reads (a linear
         /// layer's, `kernels::linear`), so that the product and the activation, each as wide as
         /// the layer's output, are not both held.
         pub(crate) fn over(&self, v: &mut CudaStorage, vl: &Layout, b: &CudaStorage, bl: &Layout) -> Result<()> {
-            if v.dtype() != b.dtype() || !vl.is_contiguous() {
-                bail!("bias add in place: a contiguous x of the bias's dtype is needed, not {:?} against {:?}", v.dtype(), b.dtype())
+            if !vl.is_contiguous() {
+                bail!("bias add in place: x must be contiguous, not of layout {vl:?}")
             }
-            let (len, addend) = self.geometry(vl.dims(), bl.shape().elem_count())?;
-            Pass { x: (v, vl), b: Some((b, bl)), y: None, g: None, len, addend, act: self.act }.run_over_x()
+            self.pass((v, vl), (b, bl))?.run_over_x()
         }
     }
 
@@ -336,12 +342,7 @@ pub(crate) mod cuda {
         }
 
         fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
-            if x.dtype() != b.dtype() {
-                bail!("bias add: x is {:?}, the bias {:?}", x.dtype(), b.dtype())
-            }
-            let (len, addend) = self.geometry(xl.dims(), bl.shape().elem_count())?;
-            let out = Pass { x: (x, xl), b: Some((b, bl)), y: None, g: None, len, addend, act: self.act }.run()?;
-            Ok((out, xl.shape().clone()))
+            Ok((self.pass((x, xl), (b, bl))?.run()?, xl.shape().clone()))
         }
 
         fn bwd(&self, x: &Tensor, b: &Tensor, res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
@@ -492,6 +493,18 @@ pub(crate) mod cuda {
         pub relu: bool,
     }
 
+    impl AddAct {
+        /// The forward pass over x and z, into a new buffer or over x.
+        fn pass<'a>(&self, x: Arg<'a>, z: Arg<'a>) -> Result<Pass<'a>> {
+            if x.1.shape() != z.1.shape() || x.0.dtype() != z.0.dtype() {
+                bail!("the add kernel takes two tensors of one shape and dtype")
+            }
+            let act = if self.relu { Act::Relu } else { Act::None };
+            let len = *x.1.dims().last().unwrap_or(&1);
+            Ok(Pass { x, b: Some(z), y: None, g: None, len, addend: Addend::Same, act })
+        }
+    }
+
     impl CustomOp2 for AddAct {
         fn name(&self) -> &'static str {
             "add-act"
@@ -502,13 +515,7 @@ pub(crate) mod cuda {
         }
 
         fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, z: &CudaStorage, zl: &Layout) -> Result<(CudaStorage, Shape)> {
-            if xl.shape() != zl.shape() || x.dtype() != z.dtype() {
-                bail!("the add kernel takes two tensors of one shape and dtype")
-            }
-            let act = if self.relu { Act::Relu } else { Act::None };
-            let len = *xl.dims().last().unwrap_or(&1);
-            let out = Pass { x: (x, xl), b: Some((z, zl)), y: None, g: None, len, addend: Addend::Same, act }.run()?;
-            Ok((out, xl.shape().clone()))
+            Ok((self.pass((x, xl), (z, zl))?.run()?, xl.shape().clone()))
         }
 
         fn bwd(&self, _x: &Tensor, _z: &Tensor, res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
@@ -528,12 +535,10 @@ pub(crate) mod cuda {
         }
 
         fn cuda_fwd(&self, x: &mut CudaStorage, xl: &Layout, z: &CudaStorage, zl: &Layout) -> Result<()> {
-            if xl.shape() != zl.shape() || x.dtype() != z.dtype() || !xl.is_contiguous() {
-                bail!("the add kernel in place takes a contiguous x and a z of its shape and dtype")
+            if !xl.is_contiguous() {
+                bail!("the add kernel in place: x must be contiguous, not of layout {xl:?}")
             }
-            let act = if self.relu { Act::Relu } else { Act::None };
-            let len = *xl.dims().last().unwrap_or(&1);
-            Pass { x: (x, xl), b: Some((z, zl)), y: None, g: None, len, addend: Addend::Same, act }.run_over_x()
+            self.pass((x, xl), (z, zl))?.run_over_x()
         }
     }
 
