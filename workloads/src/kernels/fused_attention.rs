@@ -13,7 +13,9 @@
 //!
 //! Layout of the work: a block of four warps takes 64 queries of one (sequence, head); each warp 16
 //! of them, as the rows of `mma.m16n8k16` tiles. Keys and values pass through shared memory 64 at a
-//! time; a running maximum and sum per row rescale the partial output (the online softmax). The f32
+//! time, the next tile copied (cp.async) while the current one is used; a running maximum and sum
+//! per row rescale the partial output (the online softmax). A (sequence, head)'s query blocks are
+//! neighbours in the grid, so that all but the first read its keys and values from L2. The f32
 //! kernels keep each query's features and output in the registers of one or two lanes instead (see
 //! `attn_fused_simt`); on ViT-B in f32 they beat both the composed path and PyTorch's
 //! memory-efficient kernel (measured: docs/kernels.md#fused-attention).
@@ -74,7 +76,13 @@ impl Fused {
         let queries = if dtype == DType::F32 { SIMT_QUERIES_PER_BLOCK } else { QUERIES_PER_BLOCK };
         let func = Kernel::load(dev, &crate::kernels::sources::FUSED_ATTENTION, &kernel)?;
         let blocks = self.t.div_ceil(queries);
-        let cfg = LaunchConfig { grid_dim: ((self.b * self.h) as u32, blocks as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // One row of blocks, a (sequence, head)'s query blocks side by side: they share its keys
+        // and values in L2.
+        let grid = self.b * self.h * blocks;
+        if grid > i32::MAX as usize {
+            candle_core::bail!("fused attention: {}·{}·{blocks} blocks are more than a grid's row holds", self.b, self.h);
+        }
+        let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let (t, h, r, mode, scale) = (self.t as u32, self.h as u32, self.r, self.mode, self.scale);
         let null = 0u64;
         let mut a = func.builder();
