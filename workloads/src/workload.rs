@@ -182,6 +182,13 @@ pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
         }
         Params::Frozen(_) => None,
     };
+    // Beside the ledger before a step's capture (graphs.rs), this tells what the first step left
+    // reserved in the pool from what the parameters and optimizer state hold.
+    if std::env::var_os("MIGPROF_MEMORY_LOG").is_some() {
+        if let Some(ledger) = crate::memory::ledger(&cfg.device)? {
+            eprintln!("memory: {name} built (parameters, buffers, optimizer state): {ledger}");
+        }
+    }
     Ok(Box::new(Classification {
         info,
         model,
