@@ -6,7 +6,6 @@
 
 #define FA_Q 64   // queries per block: four warps of 16
 #define FA_K 64   // keys per shared-memory tile
-typedef Pack<unsigned int, 4> W16;  // eight 16-bit elements, moved as one 16-byte word
 
 // c += a b for one m16n8k16 tile: a the 16x16 row-major fragment (4 registers of 2 elements), b the
 // 16x8 column-major one (2 registers), c 16x8 in f32.
@@ -144,11 +143,17 @@ __device__ void attn_fused(const unsigned short* qkv, const unsigned short* bias
         unsigned int k0 = tile * FA_K, stage = STAGES == 2 ? tile & 1 : 0;
         bool next = tile + 1 < tiles;
         if constexpr (STAGES == 2) {
-            // The other stage was read in the previous iteration, which ended at a barrier.
-            if (next) load_tile(stage ^ 1, k0 + FA_K);
+            // The other stage was read in the previous iteration, which ended at a barrier; this
+            // tile's copies are then all but the newest group.
+            if (next) {
+                load_tile(stage ^ 1, k0 + FA_K);
+                copy_async_wait<1>();
+            } else {
+                copy_async_wait<0>();
+            }
+        } else {
+            copy_async_wait<0>();
         }
-        if (STAGES == 2 && next) copy_async_wait<1>();
-        else copy_async_wait<0>();
         __syncthreads();  // this tile's copies, by every thread, are visible
         // A warp past the last query only helps to load the tiles.
         if (q0 < t) {
@@ -245,7 +250,9 @@ __device__ void attn_fused(const unsigned short* qkv, const unsigned short* bias
             }
         }
         __syncthreads();  // every reader of this stage is done before a copy writes it again
-        if (STAGES == 1 && next) load_tile(0, k0 + FA_K);
+        if constexpr (STAGES == 1) {
+            if (next) load_tile(0, k0 + FA_K);
+        }
     }
     if (q0 >= t) return;
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
