@@ -201,15 +201,16 @@ impl SimpleBackend for SeededInit {
             }
             return Ok(t);
         }
-        let tensor = self.initial_value(&shape, name, init)?.to_dtype(dtype)?.to_device(dev)?;
+        let tensor = self.initial_value(&shape, name, init)?.to_dtype(dtype)?;
         match &self.params {
             Params::Trainable(vm) => {
-                let var = Var::from_tensor(&tensor)?;
+                let var = uploaded_var(&tensor, dev)?;
                 let t = var.as_tensor().clone();
                 vm.data().lock().unwrap().insert(name.to_string(), var);
                 Ok(t)
             }
             Params::Frozen(map) => {
+                let tensor = tensor.to_device(dev)?;
                 map.lock().unwrap().insert(name.to_string(), tensor.clone());
                 Ok(tensor)
             }
@@ -225,6 +226,22 @@ impl SimpleBackend for SeededInit {
             Params::Trainable(vm) => vm.data().lock().unwrap().contains_key(name),
             Params::Frozen(map) => map.lock().unwrap().contains_key(name),
         }
+    }
+}
+
+/// A host tensor uploaded into a new variable on `dev`: one device buffer, written once. (Making a
+/// device tensor a variable copies it into a second buffer and frees the first, which leaves a hole
+/// of each parameter's size among the parameters: 76-108 MiB of BERT-base's bf16 memory pool, on
+/// the H100, that a trim cannot return.)
+fn uploaded_var(t: &Tensor, dev: &Device) -> Result<Var> {
+    let shape = t.shape().clone();
+    let t = t.flatten_all()?;
+    match t.dtype() {
+        DType::F32 => Var::from_vec(t.to_vec1::<f32>()?, shape, dev),
+        DType::F64 => Var::from_vec(t.to_vec1::<f64>()?, shape, dev),
+        DType::BF16 => Var::from_vec(t.to_vec1::<half::bf16>()?, shape, dev),
+        DType::F16 => Var::from_vec(t.to_vec1::<half::f16>()?, shape, dev),
+        other => candle_core::bail!("parameters are f32, f64, bf16 or f16, not {other:?}"),
     }
 }
 

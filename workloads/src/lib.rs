@@ -6,7 +6,6 @@ pub mod init;
 pub mod kernels;
 pub mod memory;
 pub mod models;
-pub mod ops;
 pub mod optim;
 pub mod precision;
 mod workload;

@@ -236,7 +236,7 @@ fn train_once(model: &dyn Classifier, optimizer: &mut Optimizer, inputs: &Inputs
         outside.clear();
     }
     let logits = model.forward(inputs, true)?;
-    let loss = crate::ops::cross_entropy(&logits, labels)?;
+    let loss = crate::kernels::cross_entropy(&logits, labels)?;
     optimizer.backward_step(&loss, outside)?;
     // Detached: the loss would otherwise hold the whole step's graph (every activation) alive
     // until the caller drops it, overlapping the next step's.

@@ -30,10 +30,12 @@ pub mod gemm;
 mod launch;
 pub mod layer_norm;
 pub mod linear;
+pub mod loss;
 pub mod max_pool;
 #[cfg(feature = "cuda")]
 mod nvrtc;
 pub mod options;
+pub mod positions;
 pub mod sources;
 pub mod windows;
 
@@ -45,8 +47,10 @@ pub use elementwise::{add, add_over, add_repeating, bias_act, bias_act_over, Act
 pub use embedding::embedding;
 pub use layer_norm::layer_norm;
 pub use linear::{linear, linear_residual};
+pub use loss::cross_entropy;
 pub use max_pool::max_pool2d;
 pub use options::KernelOptions;
+pub use positions::{channels_first, channels_last, first_position, mean_over_positions};
 pub use windows::{window_merge, window_partition};
 #[cfg(feature = "cudnn")]
 pub(crate) use conv2d::cudnn::{release_workspaces, workspace_bytes};

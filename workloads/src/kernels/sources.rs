@@ -30,10 +30,12 @@ pub static ELEMENTWISE: Source = Source::new("migprof_elementwise", include_str!
 pub static EMBEDDING: Source = Source::new("migprof_embedding", include_str!("embedding.cu"));
 pub static FUSED_ATTENTION: Source = Source::new("migprof_fused_attention", include_str!("fused_attention.cu"));
 pub static LAYER_NORM: Source = Source::new("migprof_layer_norm", include_str!("layer_norm.cu"));
+pub static LOSS: Source = Source::new("migprof_loss", include_str!("loss.cu"));
 pub static MAX_POOL: Source = Source::new("migprof_max_pool", include_str!("max_pool.cu"));
+pub static POSITIONS: Source = Source::new("migprof_positions", include_str!("positions.cu"));
 pub static WINDOWS: Source = Source::new("migprof_windows", include_str!("windows.cu"));
 
-pub static ALL: [&Source; 9] = [&ADAMW, &ATTENTION, &BATCH_NORM, &ELEMENTWISE, &EMBEDDING, &FUSED_ATTENTION, &LAYER_NORM, &MAX_POOL, &WINDOWS];
+pub static ALL: [&Source; 11] = [&ADAMW, &ATTENTION, &BATCH_NORM, &ELEMENTWISE, &EMBEDDING, &FUSED_ATTENTION, &LAYER_NORM, &LOSS, &MAX_POOL, &POSITIONS, &WINDOWS];
 
 /// NVRTC's options for every source: PTX for compute capability 8.0, which the driver compiles for
 /// the GPU at hand (the bf16 conversions need sm_80).

@@ -231,8 +231,7 @@ impl Classifier for Bert {
             candle_core::bail!("BERT takes token inputs")
         };
         let x = self.encode(input_ids, token_type_ids, attention_mask)?;
-        // The first token, contiguous: candle's CUDA matmul takes no strided rows.
-        let pooled = self.pooler.forward(&x.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?)?.tanh()?;
+        let pooled = self.pooler.forward(&crate::kernels::first_position(&x)?)?.tanh()?;
         self.classifier.forward(&pooled)
     }
 

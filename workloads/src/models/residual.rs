@@ -53,7 +53,7 @@ impl Unit {
     fn of(unit: &ConvBn, channels_last: bool) -> Result<Self> {
         let (weight, padding, stride) = unit.conv.parts();
         let (bn_weight, bn_bias, eps) = unit.bn.affine();
-        let filter = if channels_last { weight.detach().permute((0, 2, 3, 1))?.contiguous()? } else { weight.detach() };
+        let filter = if channels_last { crate::kernels::channels_last(&weight.detach())? } else { weight.detach() };
         let wb = Tensor::stack(&[bn_weight.detach(), bn_bias.detach()], 0)?;
         Ok(Self { weight: weight.clone(), bn_weight: bn_weight.clone(), bn_bias: bn_bias.clone(), filter, wb, padding, stride, eps, channels_last })
     }
@@ -80,7 +80,7 @@ impl Unit {
         let (dx, dw) = if self.channels_last {
             let (dx, dw) = conv_nhwc_grads(&s.x, &self.filter, &dy, self.padding, self.stride, input_grad)?;
             // The filter's gradient back in the parameter's KCRS layout.
-            (dx, dw.permute((0, 3, 1, 2))?.contiguous()?)
+            (dx, crate::kernels::channels_first(&dw)?)
         } else {
             conv2d_grads(&s.x, &self.filter, &dy, self.padding, self.stride, input_grad)?
         };

@@ -340,14 +340,14 @@ impl ResNet {
         // Each activation is dropped once the next is made (in inference nothing else holds it): a
         // shadowed binding would keep the transposed images and the stem's output, the largest
         // activation, alive through the whole forward pass.
-        let stem_out = stem(&self.stem, &x.permute((0, 2, 3, 1))?.contiguous()?)?;
+        let stem_out = stem(&self.stem, &crate::kernels::channels_last(x)?)?;
         let mut x = crate::kernels::max_pool::max_pool2d_nhwc(&stem_out, 3, 2, 1)?;
         drop(stem_out);
         for b in &self.blocks {
             x = block(b, &x)?;
         }
         let (n, h, w, c) = x.dims4()?;
-        let x = x.reshape((n, h * w, c))?.mean(1)?;
+        let x = crate::kernels::mean_over_positions(&x.reshape((n, h * w, c))?)?;
         self.fc.forward(&x)
     }
 }

@@ -347,7 +347,9 @@ impl Classifier for Swin {
                 x = m.forward(&x)?;
             }
         }
-        let x = self.norm.forward(&x)?.mean((1, 2))?; // global average pool
+        // Global average pool over the [b, h, w, c] grid.
+        let (b, h, w, c) = x.dims4()?;
+        let x = crate::kernels::mean_over_positions(&self.norm.forward(&x)?.reshape((b, h * w, c))?)?;
         self.head.forward(&x)
     }
 

@@ -165,8 +165,8 @@ impl Classifier for VisionTransformer {
             x = block.forward(&x, &self.grads)?;
         }
         // The class token alone: layer norm is per token, so normalising it alone equals torchvision's
-        // normalise-all-then-take. Made contiguous because candle's CUDA matmul takes no strided rows.
-        let cls = x.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
+        // normalise-all-then-take.
+        let cls = crate::kernels::first_position(&x)?;
         self.head.forward(&self.ln.forward(&cls)?)
     }
 
