@@ -204,9 +204,12 @@ pub(crate) mod cuda {
             launch::by_dtype!(self.x.0.dtype(), "the bias kernel", T => self.typed::<T>(n, false)).map(|out| out.expect("a new buffer"))
         }
 
-        /// The pass written over x itself (each thread reads its elements before writing them).
-        /// The caller holds x's buffer alone (see [`BiasAct::over`]).
+        /// The pass written over x itself (each thread reads its elements before writing them), x
+        /// contiguous. The caller holds x's buffer alone (see [`BiasAct::over`]).
         fn run_over_x(&self) -> Result<()> {
+            if !self.x.1.is_contiguous() {
+                bail!("an elementwise pass written over x needs x contiguous, not of layout {:?}", self.x.1)
+            }
             let n = self.checked_len()?;
             launch::by_dtype!(self.x.0.dtype(), "the bias kernel", T => self.typed::<T>(n, true)).map(|_| ())
         }
@@ -310,9 +313,6 @@ pub(crate) mod cuda {
         /// layer's, `kernels::linear`), so that the product and the activation, each as wide as
         /// the layer's output, are not both held.
         pub(crate) fn over(&self, v: &mut CudaStorage, vl: &Layout, b: &CudaStorage, bl: &Layout) -> Result<()> {
-            if !vl.is_contiguous() {
-                bail!("bias add in place: x must be contiguous, not of layout {vl:?}")
-            }
             self.pass((v, vl), (b, bl))?.run_over_x()
         }
     }
@@ -535,9 +535,6 @@ pub(crate) mod cuda {
         }
 
         fn cuda_fwd(&self, x: &mut CudaStorage, xl: &Layout, z: &CudaStorage, zl: &Layout) -> Result<()> {
-            if !xl.is_contiguous() {
-                bail!("the add kernel in place: x must be contiguous, not of layout {xl:?}")
-            }
             self.pass((x, xl), (z, zl))?.run_over_x()
         }
     }

@@ -50,7 +50,7 @@ pub use linear::{linear, linear_residual};
 pub use loss::cross_entropy;
 pub use max_pool::max_pool2d;
 pub use options::KernelOptions;
-pub use positions::{channels_first, channels_last, first_position, mean_over_positions};
+pub use positions::{channels_first, channels_last, first_position, global_average_pool, mean_over_positions};
 pub use windows::{window_merge, window_partition};
 #[cfg(feature = "cudnn")]
 pub(crate) use conv2d::cudnn::{release_workspaces, workspace_bytes};

@@ -1,5 +1,5 @@
 //! Ops over activations laid out [n, p, c] (images or sequences, positions, channels): the mean over
-//! the positions (ResNet's and Swin's global average pool), the first position (BERT's and ViT's
+//! the positions (ResNet's and Swin's global average pool, [`global_average_pool`]), the first position (BERT's and ViT's
 //! class token), and images and filters moved to channels last and back (ResNet's NHWC path), as
 //! one kernel each way on CUDA devices.
 //!
@@ -28,33 +28,45 @@ pub fn first_position(x: &Tensor) -> Result<Tensor> {
     x.narrow(1, 0, 1)?.squeeze(1)?.contiguous()
 }
 
+/// A channels-last map [n, h, w, c] → [n, c], the mean over its h·w positions: the global average
+/// pool.
+pub fn global_average_pool(x: &Tensor) -> Result<Tensor> {
+    let (n, h, w, c) = x.dims4()?;
+    mean_over_positions(&x.reshape((n, h * w, c))?)
+}
+
 /// Images [n, c, h, w] → [n, h, w, c], contiguous (also a KCRS filter → KRSC). No gradient flows
 /// back through the kernel (it moves input images and filters of ops with their own backward); a
 /// tensor that needs one takes candle's permute.
 pub fn channels_last(x: &Tensor) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if x.device().is_cuda() && !x.track_op() {
-        let (n, c, h, w) = x.dims4()?;
-        // With one channel or one position candle's permute is a view of the same storage (a 1×1
-        // filter): nothing to copy.
-        if c > 1 && h * w > 1 {
-            return x.reshape((n, c, h * w))?.contiguous()?.apply_op1_no_bwd(&cuda::Transposed)?.reshape((n, h, w, c));
-        }
+    let (n, c, h, w) = x.dims4()?;
+    match swapped(x, c, h * w)? {
+        Some(y) => y.reshape((n, h, w, c)),
+        None => x.permute((0, 2, 3, 1))?.contiguous(),
     }
-    x.permute((0, 2, 3, 1))?.contiguous()
 }
 
 /// [n, h, w, c] → [n, c, h, w], contiguous: [`channels_last`] undone (a KRSC filter's gradient back
 /// to its parameter's KCRS), under the same terms.
 pub fn channels_first(x: &Tensor) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if x.device().is_cuda() && !x.track_op() {
-        let (n, h, w, c) = x.dims4()?;
-        if c > 1 && h * w > 1 {
-            return x.reshape((n, h * w, c))?.contiguous()?.apply_op1_no_bwd(&cuda::Transposed)?.reshape((n, c, h, w));
-        }
+    let (n, h, w, c) = x.dims4()?;
+    match swapped(x, h * w, c)? {
+        Some(y) => y.reshape((n, c, h, w)),
+        None => x.permute((0, 3, 1, 2))?.contiguous(),
     }
-    x.permute((0, 3, 1, 2))?.contiguous()
+}
+
+/// x seen as [n, a, b], moved to [n, b, a] by our kernel: on CUDA devices, for a tensor that records
+/// no gradient, and where the move moves anything (a, b > 1: with one channel or one position, a 1×1
+/// filter, candle's permute is a view of the same storage). None where candle's permute is to run.
+fn swapped(x: &Tensor, a: usize, b: usize) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && !x.track_op() && a > 1 && b > 1 {
+        let n = x.elem_count() / (a * b);
+        return Ok(Some(x.reshape((n, a, b))?.contiguous()?.apply_op1_no_bwd(&cuda::Transposed)?));
+    }
+    let _ = (x, a, b);
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -89,8 +101,7 @@ mod cuda {
     use crate::kernels::sources::POSITIONS;
 
     /// (n, p, c) of a [n, p, c] or [n, c, p] tensor, within what the kernels index.
-    fn dims(l: &Layout, what: &str) -> Result<(u32, u32, u32)> {
-        let d = l.dims();
+    fn dims(d: &[usize], what: &str) -> Result<(u32, u32, u32)> {
         let &[n, a, b] = d else { bail!("{what} takes [n, positions, channels], not {d:?}") };
         if n * a * b == 0 || n * a * b > u32::MAX as usize {
             bail!("{what} over {d:?}: this kernel takes 1 to 2^32 - 1 elements")
@@ -149,7 +160,7 @@ mod cuda {
         }
 
         fn cuda_fwd(&self, x: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
-            let (n, p, c) = dims(l, self.name())?;
+            let (n, p, c) = dims(l.dims(), self.name())?;
             let y = launch("positions_reduce", x, l, n as usize * c as usize, [n, p, c], Some(self.first()), self.name())?;
             Ok((y, Shape::from((n as usize, c as usize))))
         }
@@ -178,13 +189,9 @@ mod cuda {
 
         fn cuda_fwd(&self, g: &CudaStorage, gl: &Layout) -> Result<(CudaStorage, Shape)> {
             let (n, c) = gl.shape().dims2()?;
-            let p = self.positions;
-            if n * p * c > u32::MAX as usize {
-                bail!("{}'s backward over [{n}, {p}, {c}]: more than this kernel indexes", self.op.name())
-            }
-            let dims = [n as u32, p as u32, c as u32];
-            let dx = launch("positions_spread", g, gl, n * p * c, dims, Some(self.op.first()), self.op.name())?;
-            Ok((dx, Shape::from((n, p, c))))
+            let (n32, p32, c32) = dims(&[n, self.positions, c], self.op.name())?;
+            let dx = launch("positions_spread", g, gl, n * self.positions * c, [n32, p32, c32], Some(self.op.first()), self.op.name())?;
+            Ok((dx, Shape::from((n, self.positions, c))))
         }
     }
 
@@ -202,7 +209,7 @@ mod cuda {
         }
 
         fn cuda_fwd(&self, x: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
-            let (n, a, b) = dims(l, self.name())?;
+            let (n, a, b) = dims(l.dims(), self.name())?;
             let y = launch("transposed", x, l, l.shape().elem_count(), [n, a, b], None, self.name())?;
             Ok((y, Shape::from((n as usize, b as usize, a as usize))))
         }

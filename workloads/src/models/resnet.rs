@@ -346,9 +346,7 @@ impl ResNet {
         for b in &self.blocks {
             x = block(b, &x)?;
         }
-        let (n, h, w, c) = x.dims4()?;
-        let x = crate::kernels::mean_over_positions(&x.reshape((n, h * w, c))?)?;
-        self.fc.forward(&x)
+        self.fc.forward(&crate::kernels::global_average_pool(&x)?)
     }
 }
 

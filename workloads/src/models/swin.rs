@@ -347,10 +347,7 @@ impl Classifier for Swin {
                 x = m.forward(&x)?;
             }
         }
-        // Global average pool over the [b, h, w, c] grid.
-        let (b, h, w, c) = x.dims4()?;
-        let x = crate::kernels::mean_over_positions(&self.norm.forward(&x)?.reshape((b, h * w, c))?)?;
-        self.head.forward(&x)
+        self.head.forward(&crate::kernels::global_average_pool(&self.norm.forward(&x)?)?)
     }
 
     fn param_grads(&self) -> Option<&ParamGrads> {
