@@ -6,7 +6,10 @@ PyTorch being the best of the variants measured for the cell (each variant's thr
 sample (migprof's count: 2 per multiply-add of convolutions, linears and attention matmuls; 3x the
 forward for a training step) over the GPU's measured matmul peak in that dtype.
 
-usage: compare.py RESULTS_DIR pytorch.jsonl [--peak peak.json] [--markdown]
+With --memory, a table of device memory instead: migprof's against each PyTorch variant's, and the
+ratios to the fastest variant's and to the leanest one's (at or below 1: migprof needs no more).
+
+usage: compare.py RESULTS_DIR pytorch.jsonl [--peak peak.json] [--memory] [--markdown]
 """
 import json
 import sys
@@ -27,6 +30,23 @@ def print_table(head, rows, markdown):
             print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
 
 
+def memory_table(ours, best, variants, markdown):
+    """Per cell that both sides measured: migprof's largest sampled device memory, each PyTorch
+    variant's device memory after its steps, and migprof's against the fastest and the leanest."""
+    head = ["model", "mode", "dtype", "batch", "MiB migprof", "MiB pytorch variants", "vs fastest", "vs leanest"]
+    out = []
+    for key, fastest in best.items():
+        m = ours.get(key)
+        mine = m and m.get("fb_used_max_mib")
+        if not mine:
+            continue
+        each = variants[key]
+        leanest = min(each, key=lambda v: v["device_used_mib"])
+        out.append([*map(str, key), f"{mine:.0f}", " ".join(f"{v.get('variant', 'eager')}={v['device_used_mib']:.0f}" for v in each),
+                    f"{mine / fastest['device_used_mib']:.2f}", f"{mine / leanest['device_used_mib']:.2f}"])
+    print_table(head, out, markdown)
+
+
 def main():
     folder, ref_file = sys.argv[1], sys.argv[2]
     markdown = "--markdown" in sys.argv
@@ -43,6 +63,9 @@ def main():
         if key not in best or p["throughput"] > best[key]["throughput"]:
             best[key] = p
     rows = list(best.values())
+    if "--memory" in sys.argv:
+        memory_table(ours, best, variants, markdown)
+        return
     # Each side's verdict: migprof's run's, and whether the GPU slowed its clocks while PyTorch's best
     # variant was measured ("-" where the reference could not read NVML).
     head = ["model", "mode", "dtype", "batch", "migprof/s", "pytorch/s", "ratio", "migprof p50 ms", "verdict", "pytorch verdict", "pytorch variants/s"]

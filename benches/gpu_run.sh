@@ -39,9 +39,10 @@
 #              AB_ARGS="--attention composed", a kernel option) or by the build AB_BIN (gzipped, e.g.
 #              the build before the change), and by this build as it is, alternated twice, then PyTorch's;
 #              MODELS, BATCHES, MODES (default infer) and DTYPES (default bf16) pick the cells
-#     memory   device memory per cell: this build's with its ledger (MIGPROF_MEMORY_LOG=1: pool,
-#              graphs, cuDNN workspaces) and, with AB_BIN, that build's, beside every PyTorch variant's
-#              (MODELS, BATCHES default 32, DTYPES default bf16, MODES default infer,train)
+#     memory   device memory per cell, each cell in a process of its own: this build's with its ledger
+#              (MIGPROF_MEMORY_LOG=1: pool, graphs, cuDNN workspaces) and, with AB_BIN, that build's,
+#              beside PyTorch's eager, bf16-weights and channels_last variants' (MODELS, BATCHES
+#              default 32, DTYPES default bf16, MODES default infer,train)
 #   MIGPROF_GZ names another build (the CPU build does everything but run models on the GPU).
 #   MODELS and BATCHES narrow the comparison (defaults: the four families, inference at 1,8,32,128).
 set -uo pipefail
@@ -234,18 +235,27 @@ fi
 if [ "$mode" = memory ]; then
 models="${MODELS:-resnet50,vit_b_16,swin_t,bert_base}"; batches="${BATCHES:-32}"; dtypes="${DTYPES:-bf16}"; modes="${MODES:-infer,train}"
 sides=(this); [ -n "${AB_BIN:-}" ] && { gunzip -c "$AB_BIN" > /tmp/migprof-ab && chmod +x /tmp/migprof-ab; sides+=(before); }
-for side in "${sides[@]}"; do
-    b="$bin"; [ "$side" = before ] && b=/tmp/migprof-ab
-    log "$side build: $models $modes, $dtypes, batch $batches (MIGPROF_MEMORY_LOG: where the memory went)"
-    MIGPROF_MEMORY_LOG=1 "$b" run --model "$models" --mode "$modes" --dtype "$dtypes" --batch "$batches" --device "$uuid" --warmup 5 --iters 20 --out "$out/memory-$side" 2>&1 | grep -E "^\[|^memory|error"
-done
-log "PyTorch, every variant: the device's used memory after the steps"
-python3 benches/pytorch_reference.py --models "$models" --modes "$modes" --dtypes "$dtypes" --batches "$batches" --variants eager,bf16w,cl,compile --warmup 5 --iters 10 > "$out/pytorch.jsonl"
+# Each cell in a process of its own, on both sides: a process's later cells would count what its
+# earlier ones left (loaded kernels, libraries' caches), and a user measuring one cell runs one.
+# On PyTorch's side one process runs the cell's variants in turn (eager, bf16 weights,
+# channels_last; not torch.compile, whose CUDA graphs hold more), so a later variant counts the
+# kernels an earlier one loaded. compare.py's ratio is against the fastest variant, and its
+# --memory table's against the leanest too.
+for m in ${models//,/ }; do for mo in ${modes//,/ }; do for d in ${dtypes//,/ }; do for bt in ${batches//,/ }; do
+    for side in "${sides[@]}"; do
+        b="$bin"; [ "$side" = before ] && b=/tmp/migprof-ab
+        log "$side build: $m $mo $d batch $bt (MIGPROF_MEMORY_LOG: where the memory went)"
+        MIGPROF_MEMORY_LOG=1 "$b" run --model "$m" --mode "$mo" --dtype "$d" --batch "$bt" --device "$uuid" --warmup 5 --iters 20 --out "$out/memory-$side" 2>&1 | grep -E "^\[|^memory|error"
+    done
+    log "PyTorch: $m $mo $d batch $bt, every variant but torch.compile"
+    python3 benches/pytorch_reference.py --models "$m" --modes "$mo" --dtypes "$d" --batches "$bt" --variants eager,bf16w,cl --warmup 5 --iters 10 >> "$out/pytorch.jsonl"
+done; done; done; done
 for side in "${sides[@]}"; do
     log "$side build against PyTorch (MiB columns)"
     python3 benches/compare.py "$out/memory-$side" "$out/pytorch.jsonl" | tee "$out/compare-memory-$side.txt"
+    python3 benches/compare.py "$out/memory-$side" "$out/pytorch.jsonl" --memory | tee "$out/memory-cells-$side.txt"
 done
-cp "$out"/compare-memory-*.txt "$out/pytorch.jsonl" "${OUT:-/tmp}/" 2>/dev/null
+cp "$out"/compare-memory-*.txt "$out"/memory-cells-*.txt "$out/pytorch.jsonl" "${OUT:-/tmp}/" 2>/dev/null
 exit 0
 fi
 

@@ -166,47 +166,43 @@ pub(crate) fn capturing(dev: &candle_core::cuda_backend::CudaDevice) -> Result<b
 #[cfg(feature = "cuda")]
 mod cuda {
     use std::cell::RefCell;
-    use std::collections::HashMap;
+    use std::collections::HashSet;
 
     use candle_core::cuda_backend::cudarc::cublas::sys as blas;
-    use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph, CudaSlice, DevicePtr, DriverError};
+    use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph, DriverError};
     use candle_core::cuda_backend::CudaDevice;
     use candle_core::{Result, Tensor};
 
-    /// cuBLAS's workspace: what NVIDIA recommends for Hopper, as for cuBLASLt (`kernels::gemm`).
-    const CUBLAS_WORKSPACE: usize = 32 << 20;
-
     thread_local! {
-        // By cuBLAS handle; never freed: a captured graph launches with the address.
-        static CUBLAS_WORKSPACES: RefCell<HashMap<usize, CudaSlice<u8>>> = RefCell::new(HashMap::new());
+        // The cuBLAS handles given our workspace (its owner, `kernels::gemm`, keeps it as long as
+        // the thread: a captured graph launches with the address).
+        static LENT: RefCell<HashSet<usize>> = RefCell::new(HashSet::new());
     }
 
     /// Gives the device's cuBLAS handle a workspace of ours, once, at a step that is not captured
     /// (the first of a workload with graphs). Without one, cuBLAS (12.2 and later) takes its workspace
     /// from the stream-ordered allocator on first need, and frees it when given another: inside a
     /// capture, either becomes a node of the graph, replayed at every launch (an illegal address,
-    /// seen on the first replay). PyTorch sets one for the same reason.
+    /// seen on the first replay). PyTorch sets one for the same reason. The workspace is cuBLASLt's
+    /// (`kernels::gemm::shared_workspace`), as in PyTorch: a second one of 32 MiB was measured in
+    /// every graphed run's device memory.
     pub(super) fn own_cublas_workspace(dev: &CudaDevice) -> Result<()> {
         let blas = dev.cublas_handle();
         let handle = *blas.handle();
-        CUBLAS_WORKSPACES.with(|w| -> Result<()> {
-            let mut w = w.borrow_mut();
-            if w.contains_key(&(handle as usize)) {
-                return Ok(());
-            }
-            // SAFETY: cuBLAS writes its workspace before reading it.
-            let buffer = unsafe { dev.alloc::<u8>(CUBLAS_WORKSPACE)? };
-            let stream = dev.cuda_stream();
-            let (ptr, _guard) = buffer.device_ptr(&stream);
-            // SAFETY: a live handle, and a device buffer of that size that outlives it (never freed).
-            let status = unsafe { blas::cublasSetWorkspace_v2(handle, ptr as *mut std::ffi::c_void, CUBLAS_WORKSPACE) };
-            if status != blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                candle_core::bail!("cuBLAS: setting the workspace: {status:?}")
-            }
-            drop(_guard);
-            w.insert(handle as usize, buffer);
-            Ok(())
-        })
+        if LENT.with(|l| l.borrow().contains(&(handle as usize))) {
+            return Ok(());
+        }
+        let (ptr, bytes) = crate::kernels::gemm::shared_workspace(dev)?;
+        // SAFETY: a live handle on the stream the workspace's other user (cuBLASLt) runs on, never at
+        // once; the buffer lives as long as this thread, the one that drives the device, its steps
+        // and their graphs (candle drives a device from one thread: `kernels::gemm`'s and
+        // `kernels::conv2d`'s thread-local handles and workspaces rest on the same premise).
+        let status = unsafe { blas::cublasSetWorkspace_v2(handle, ptr as *mut std::ffi::c_void, bytes) };
+        if status != blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            candle_core::bail!("cuBLAS: setting the workspace: {status:?}")
+        }
+        LENT.with(|l| l.borrow_mut().insert(handle as usize));
+        Ok(())
     }
 
     fn driver(what: &'static str) -> impl FnOnce(DriverError) -> candle_core::Error {

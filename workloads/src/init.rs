@@ -99,6 +99,10 @@ pub const KAIMING_NORMAL_FAN_OUT: Init = Init::Kaiming {
 
 /// Where a model's tensors live: trainable variables in a [`VarMap`] (the optimizer updates them), or
 /// plain tensors for inference, so that no gradient graph is recorded.
+///
+/// A frozen model's tensors are kept here as built, on the host; the model holds its device copies
+/// alone, so that it can let go of one it has replaced (ResNet's folded convolutions,
+/// `models::layers::ConvBn`) instead of the device holding both.
 #[derive(Clone)]
 pub enum Params {
     Trainable(VarMap),
@@ -115,7 +119,7 @@ impl Params {
     }
 
     /// Every tensor the model holds (parameters and buffers such as batch-norm running statistics),
-    /// sorted by name.
+    /// sorted by name: a trainable model's as they are now, a frozen one's as built, on the host.
     pub fn tensors(&self) -> Vec<(String, Tensor)> {
         let mut all: Vec<(String, Tensor)> = match self {
             Self::Trainable(vm) => {
@@ -193,7 +197,8 @@ impl SimpleBackend for SeededInit {
     fn get(&self, shape: Shape, name: &str, init: Init, dtype: DType, dev: &Device) -> Result<Tensor> {
         let existing = match &self.params {
             Params::Trainable(vm) => vm.data().lock().unwrap().get(name).map(|v| v.as_tensor().clone()),
-            Params::Frozen(map) => map.lock().unwrap().get(name).cloned(),
+            // A tensor asked for again: frozen, an equal copy serves as well as the same one.
+            Params::Frozen(map) => map.lock().unwrap().get(name).map(|t| t.to_device(dev)).transpose()?,
         };
         if let Some(t) = existing {
             if t.shape() != &shape {
@@ -210,9 +215,8 @@ impl SimpleBackend for SeededInit {
                 Ok(t)
             }
             Params::Frozen(map) => {
-                let tensor = tensor.to_device(dev)?;
                 map.lock().unwrap().insert(name.to_string(), tensor.clone());
-                Ok(tensor)
+                tensor.to_device(dev)
             }
         }
     }

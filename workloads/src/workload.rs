@@ -143,7 +143,8 @@ pub trait Workload {
     fn graph_stats(&self) -> GraphStats;
     /// Why captures were refused, one line per distinct reason; empty when none was.
     fn graph_refusals(&self) -> Vec<String>;
-    /// Every named tensor of the model (parameters and buffers), sorted by name.
+    /// Every named tensor of the model (parameters and buffers), sorted by name: as trained so far,
+    /// or for inference as built, on the host ([`crate::init::Params::tensors`]).
     fn tensors(&self) -> Vec<(String, Tensor)>;
 }
 

@@ -795,6 +795,46 @@ fn resnet_in_nhwc_gives_the_logits_of_resnet_in_nchw() {
     }
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_frozen_resnet_holds_its_weights_once_and_infers_as_on_the_cpu() {
+    use workloads::kernels::options::{Convolutions, CudaGraphs};
+    use workloads::kernels::KernelOptions;
+    use workloads::{build, Mode, TrainConfig, WorkloadConfig};
+    let gpu = gpu();
+    workloads::memory::pool_allocations(&gpu).unwrap();
+    let cpu_logits = {
+        let cfg = WorkloadConfig { device: Device::Cpu, dtype: DType::F32, mode: Mode::Infer, seed: 3, seq_len: None, weights: None, train: TrainConfig::default(), kernels: KernelOptions::default() };
+        let w = build("resnet50", &cfg).unwrap();
+        let b = w.synthetic_batch(2, 1).unwrap();
+        w.infer(&b).unwrap()
+    };
+    // f32 over NCHW (no TF32: the path f32 takes), bf16 over NHWC; without graphs, so that the pool
+    // holds what the step left and nothing of a graph's.
+    for (dtype, convs, tol) in [(DType::F32, Convolutions::Nchw, 1e-3f32), (DType::BF16, Convolutions::Nhwc, 1e-1)] {
+        workloads::memory::release_pooled(&gpu).unwrap();
+        let kernels = KernelOptions { convs, graphs: CudaGraphs::Off, ..KernelOptions::default() };
+        let cfg = WorkloadConfig { device: gpu.clone(), dtype, mode: Mode::Infer, seed: 3, seq_len: None, weights: None, train: TrainConfig::default(), kernels };
+        let w = build("resnet50", &cfg).unwrap();
+        // Parameters and buffers as built (kept on the host), in their dtypes.
+        let held: usize = w.tensors().iter().map(|(_, t)| t.elem_count() * t.dtype().size_in_bytes()).sum();
+        assert!(w.tensors().iter().all(|(_, t)| t.device().is_cpu()), "a frozen model's tensors as built stay on the host");
+        let b = w.synthetic_batch(2, 1).unwrap();
+        let logits = w.infer(&b).unwrap();
+        let e = rel_err(&logits, &cpu_logits);
+        let ledger = workloads::memory::ledger(&gpu).unwrap().expect("a pool on CUDA devices");
+        // After the first step the pool holds the folded weights in place of the ones as built, the
+        // batch and logits, cuBLASLt's 32 MiB workspace and cuDNN's shared one; the weights as built
+        // beside the folded ones would be 45 (bf16) to 90 MiB (f32) more.
+        let slack = 8 << 20;
+        let bound = held + (32 << 20) + ledger.cudnn_workspaces as usize + b.inputs.tensors().iter().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum::<usize>() + slack;
+        eprintln!("resnet50 {dtype:?} {convs:?}: logits against the CPU {e:.1e}; pool in use {} MiB, bound {} MiB (weights {} MiB)", ledger.pool_used >> 20, bound >> 20, held >> 20);
+        assert!(e < tol, "resnet50 {dtype:?}: logits differ from the CPU's by {e}");
+        assert!((ledger.pool_used as usize) <= bound, "resnet50 {dtype:?}: {} bytes in use after a step, more than the weights once ({bound})", ledger.pool_used);
+        drop(w);
+    }
+}
+
 /// One SGD step on `device` of a fresh model from the seed-5 weights (its first update is lr times the
 /// gradient) under `kernels`, f32 GEMMs and convolutions on TF32 when `tf32`: the loss, and each
 /// parameter's update and each running statistic, by name.

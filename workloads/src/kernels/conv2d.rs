@@ -4,10 +4,10 @@
 //! workspace on every call, and launches with the descriptor's default math type, which on Ampere
 //! and Hopper lets f32 convolutions use TF32 but keeps bf16 convolutions off the tensor cores; its
 //! backward pass goes through a transposed convolution that does not use cuDNN at all. Here each
-//! (pass, shape, dtype) is set up once: descriptors built, the fastest algorithm measured with
+//! (pass, shape, dtype) is set up once: descriptors built, the algorithms measured with
 //! `cudnnFind*` (as PyTorch's `cudnn.benchmark` does) under the math type the precision allows, and
-//! kept. Outside a CUDA-graph capture one workspace per stream grows to the largest need and is
-//! reused; inside one, each launch allocates its own from the stream-ordered pool and frees it after
+//! the fastest kept, or a leaner one nearly as fast (`kernels::choice`). Outside a CUDA-graph
+//! capture one workspace per stream grows to the largest need and is reused; inside one, each launch allocates its own from the stream-ordered pool and frees it after
 //! itself, so that the graph's memory holds a workspace only while a convolution runs (as PyTorch's
 //! caching allocator hands a workspace back to the activations) and no graph ever holds the address
 //! of the shared one, which can then be freed whenever it is outgrown or the pool is released.
@@ -59,6 +59,8 @@ pub(crate) mod cudnn {
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
     use cudarc::cudnn::{result as dnn, sys};
     use cudarc::driver::{DevicePtr, DevicePtrMut};
+
+    use super::super::choice::{leanest_near_fastest, Measured};
 
     /// Workspaces larger than this are not considered (PyTorch bounds them by free memory; a fixed
     /// bound keeps the choice the same from run to run).
@@ -269,9 +271,10 @@ pub(crate) mod cudnn {
             check(dnn::set_convolution2d_descriptor(conv, pad, pad, stride, stride, 1, 1, mode, compute), "conv descriptor")?;
             check(dnn::set_convolution_math_type(conv, math), "math type")?;
         }
-        // The fastest algorithm cuDNN measures that succeeded within the workspace bound. One rule for
-        // the three passes, whose perf types differ.
-        macro_rules! fastest {
+        // Of the algorithms cuDNN measured that succeeded within the workspace bound, the fastest or
+        // a leaner one nearly as fast (`kernels::choice`). One rule for the three passes, whose perf
+        // types differ.
+        macro_rules! chosen {
             ($perf:ty, $find:expr, $variant:ident, $what:literal) => {{
                 let mut count = 0;
                 // SAFETY: zeroed plain-data results.
@@ -288,25 +291,27 @@ pub(crate) mod cudnn {
                         eprintln!("cudnn {} {key:?}: {:?} {:?} {:.3} ms, {} B workspace, {:?}", $what, p.algo, p.status, p.time, p.memory, p.mathType);
                     }
                 }
-                let p = perf[..count as usize].iter().find(|p| p.status == ok && p.memory <= MAX_WORKSPACE);
+                let usable: Vec<_> = perf[..count as usize].iter().filter(|p| p.status == ok && p.memory <= MAX_WORKSPACE).collect();
+                let measured: Vec<_> = usable.iter().map(|p| Measured { ms: p.time, workspace: p.memory }).collect();
+                let p = leanest_near_fastest(&measured).map(|i| usable[i]);
                 let p = p.ok_or_else(|| candle_core::Error::Msg(format!("cuDNN has no {} algorithm for {key:?}", $what)))?;
                 (Algo::$variant(p.algo), p.mathType, p.memory)
             }};
         }
         let (algo, math, workspace) = match key.pass {
-            Pass::Forward => fastest!(
+            Pass::Forward => chosen!(
                 sys::cudnnConvolutionFwdAlgoPerf_t,
                 |n, c, out| sys::cudnnFindConvolutionForwardAlgorithm(handle, x, wd, conv, y, n, c, out),
                 Forward,
                 "forward"
             ),
-            Pass::BackwardData => fastest!(
+            Pass::BackwardData => chosen!(
                 sys::cudnnConvolutionBwdDataAlgoPerf_t,
                 |n, c, out| sys::cudnnFindConvolutionBackwardDataAlgorithm(handle, wd, y, conv, x, n, c, out),
                 BackwardData,
                 "backward-data"
             ),
-            Pass::BackwardFilter => fastest!(
+            Pass::BackwardFilter => chosen!(
                 sys::cudnnConvolutionBwdFilterAlgoPerf_t,
                 |n, c, out| sys::cudnnFindConvolutionBackwardFilterAlgorithm(handle, x, y, conv, wd, n, c, out),
                 BackwardFilter,

@@ -12,8 +12,9 @@
 //!
 //! Each (shape, dtype, epilogue) is set up once per thread: the operation graph built, cuDNN's
 //! heuristics asked for engines, those whose numerics the precision allows kept (f32 without TF32
-//! keeps engines off tensor cores; no engine that narrows inputs or sums), and the fastest of them
-//! timed on the first call's own tensors — as PyTorch's `cudnn.benchmark` does. When no engine fuses
+//! keeps engines off tensor cores; no engine that narrows inputs or sums), and these timed on the
+//! first call's own tensors — as PyTorch's `cudnn.benchmark` does — to keep the fastest, or a
+//! leaner one nearly as fast (`kernels::choice`). When no engine fuses
 //! the epilogue, the convolution runs alone and our bias/ReLU and add kernels finish the job.
 //!
 //! Training ([`conv_nhwc_train`]) takes the convolution alone, with its two backward passes (the
@@ -70,6 +71,7 @@ mod cudnn {
     use candle_core::cuda_backend::{CudaDType, CudaDevice};
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
+    use super::super::choice::{leanest_near_fastest, Measured};
     use super::super::conv2d::cudnn as dnn;
     use super::super::cudnn_graph::{data_type, Graph, GraphBuilder, Numerics, Plan, Tensor as GraphTensor, VariantPack};
     use crate::kernels::launch::by_dtype;
@@ -147,7 +149,7 @@ mod cudnn {
         /// The candidates, then only the chosen one once timed (the others' compiled kernels freed).
         /// Declared before the graph, so dropped before it.
         candidates: Vec<Plan>,
-        /// Whether the candidates were timed and all but the fastest dropped.
+        /// Whether the candidates were timed and all but the chosen one dropped.
         chosen: bool,
         /// Kept as long as its plans: cuDNN's documentation does not promise that a plan outlives
         /// the graph its engine configuration came from. None when cuDNN refused the graph.
@@ -303,7 +305,7 @@ mod cudnn {
         })
     }
 
-    /// Runs the key's plan (the fastest candidate, timed on this first call's tensors) on `tensors`,
+    /// Runs the key's plan (the candidate chosen by timing them on this first call's tensors) on `tensors`,
     /// the graph's tensors by uid.
     fn launch(dev: &CudaDevice, key: &Key, tensors: &[(i64, *mut c_void)]) -> Result<()> {
         let handle = dnn::handle(dev)?;
@@ -311,7 +313,7 @@ mod cudnn {
             let mut p = p.borrow_mut();
             let Some(prepared) = p.get_mut(key) else { bail!("conv_nhwc: {key:?} launched before it was prepared") };
             if !prepared.chosen {
-                let i = fastest(dev, handle, &prepared.candidates, tensors, key)?;
+                let i = chosen(dev, handle, &prepared.candidates, tensors, key)?;
                 let plan = prepared.candidates.swap_remove(i);
                 prepared.candidates = vec![plan];
                 prepared.chosen = true;
@@ -474,9 +476,10 @@ mod cudnn {
         }
     }
 
-    /// The candidate that runs fastest on these tensors (each launched once untimed, then the median of
-    /// three), skipping any that fails to launch.
-    fn fastest(dev: &CudaDevice, handle: sys::cudnnHandle_t, candidates: &[Plan], tensors: &[(i64, *mut c_void)], key: &Key) -> Result<usize> {
+    /// The candidate to keep for these tensors: the fastest, or a leaner one nearly as fast
+    /// (`kernels::choice`), each timed as launched once untimed, then the median of three; any
+    /// that fails to launch is skipped.
+    fn chosen(dev: &CudaDevice, handle: sys::cudnnHandle_t, candidates: &[Plan], tensors: &[(i64, *mut c_void)], key: &Key) -> Result<usize> {
         if candidates.len() == 1 {
             return Ok(0);
         }
@@ -485,7 +488,7 @@ mod cudnn {
             bail!("NHWC convolution {key:?} first met while a CUDA graph is captured: its engine cannot be timed then; run with CUDA graphs off")
         }
         let stream = dev.cuda_stream();
-        let mut best: Option<(f32, usize)> = None;
+        let mut measured: Vec<(usize, Measured)> = Vec::new();
         let mut log = Vec::new();
         for (i, plan) in candidates.iter().enumerate() {
             // Each its own workspace: one that cannot be had (a small slice's memory) skips the
@@ -510,15 +513,14 @@ mod cudnn {
                 }
             };
             log.push(format!("{plan:?} {ms:.4} ms"));
-            if best.is_none_or(|(t, _)| ms < t) {
-                best = Some((ms, i));
-            }
+            measured.push((i, Measured { ms, workspace: plan.workspace }));
         }
+        let chosen = leanest_near_fastest(&measured.iter().map(|(_, m)| *m).collect::<Vec<_>>()).map(|j| measured[j].0);
         if std::env::var_os("MIGPROF_CUDNN_LOG").is_some() {
-            eprintln!("cudnn graph {key:?}: {}; chose {:?}", log.join(", "), best.map(|(_, i)| i));
+            eprintln!("cudnn graph {key:?}: {}; chose {chosen:?}", log.join(", "));
         }
-        match best {
-            Some((_, i)) => Ok(i),
+        match chosen {
+            Some(i) => Ok(i),
             None => bail!("cuDNN could launch none of its engines for the NHWC convolution {key:?}: {}", log.join("; ")),
         }
     }

@@ -224,6 +224,21 @@ pub(crate) fn prepare(dev: &CudaDevice) -> Result<()> {
     STATE.with(|state| state.borrow_mut().handle(dev).map(|_| ()))
 }
 
+/// This thread's cuBLASLt workspace for the device's stream (made with the handle if need be), as
+/// (address, bytes): lent to candle's cuBLAS handle too (`graphs`), which runs on the same stream,
+/// so that its launches and ours, never at once, share one workspace as PyTorch's cuBLAS and
+/// cuBLASLt do. It lives as long as the thread.
+pub(crate) fn shared_workspace(dev: &CudaDevice) -> Result<(u64, usize)> {
+    STATE.with(|state| {
+        let mut state = state.borrow_mut();
+        let (_, stream) = state.handle(dev)?;
+        let workspace = state.workspaces.get(&stream).expect("made with the handle");
+        let stream = dev.cuda_stream();
+        let (ptr, _guard) = workspace.device_ptr(&stream);
+        Ok((ptr, workspace.len()))
+    })
+}
+
 impl State {
     fn handle(&mut self, dev: &CudaDevice) -> Result<(sys::cublasLtHandle_t, usize)> {
         let stream = dev.cuda_stream().cu_stream() as usize;

@@ -12,6 +12,8 @@
 pub mod adamw;
 pub mod attention;
 pub mod batch_norm;
+#[cfg(any(feature = "cudnn", test))]
+mod choice;
 #[cfg(feature = "cuda")]
 mod conv1x1;
 pub mod conv2d;

@@ -2,7 +2,7 @@
 //! layer norm has no backward, and its batch norm cannot train in half precision (it mixes f16/bf16
 //! running statistics with f32 batch statistics).
 
-use candle_core::{DType, Result, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor, Var};
 use candle_nn::{Init, Module, VarBuilder};
 
 use crate::kernels::{batch_norm, Act};
@@ -176,11 +176,13 @@ impl BatchNorm2d {
         self.running_var.as_tensor().inplace_op2(stats, &update(1, self.momentum * unbiased))
     }
 
-    /// The inference-time affine map y = x * scale + shift per channel, in f32, each of shape [c].
+    /// The inference-time affine map y = x * scale + shift per channel, in f32, each of shape [c], on
+    /// the host (where `ConvBn` folds it).
     fn scale_shift(&self) -> Result<(Tensor, Tensor)> {
-        let f32 = |t: &Tensor| t.detach().to_dtype(DType::F32);
-        let scale = f32(&self.weight)?.div(&(self.running_var.as_detached_tensor() + self.eps)?.sqrt()?)?;
-        let shift = f32(&self.bias)?.sub(&self.running_mean.as_detached_tensor().mul(&scale)?)?;
+        let host = |t: &Tensor| t.detach().to_device(&Device::Cpu)?.to_dtype(DType::F32);
+        let (mean, var) = (host(self.running_mean.as_tensor())?, host(self.running_var.as_tensor())?);
+        let scale = host(&self.weight)?.div(&(var + self.eps)?.sqrt()?)?;
+        let shift = host(&self.bias)?.sub(&mean.mul(&scale)?)?;
         Ok((scale, shift))
     }
 }
@@ -190,73 +192,115 @@ impl BatchNorm2d {
 /// after the convolution instead of a normalisation pass — the same function, as TensorRT and
 /// torch.fx's conv-bn fuser compute it, rounded once more in bf16 (w' is stored in the weight's dtype).
 /// Training, or on trainable weights, the two run as written.
+///
+/// A frozen unit then holds its folded weight alone, in the layout its path reads, as PyTorch's
+/// `channels_last` model holds one copy of its weights: the weight as built is let go once folded
+/// (a frozen model's tensors as built stay on the host, `crate::init::Params`). Keeping both held
+/// ResNet-50's convolution weights twice on the device, 90 MiB more than PyTorch in f32.
 pub struct ConvBn {
-    pub conv: Conv2d,
+    weight: std::sync::Mutex<UnitWeight>,
+    padding: usize,
+    stride: usize,
     pub bn: BatchNorm2d,
-    folded: std::sync::OnceLock<(Tensor, Tensor)>,
-    /// The folded weight as KRSC (filter channels last) and the shift, for the NHWC path (which then
-    /// holds no NCHW copy).
-    #[cfg(feature = "cudnn")]
-    folded_krsc: std::sync::OnceLock<(Tensor, Tensor)>,
+    /// Nothing of the unit trains: the batch norm folds into the convolution.
+    frozen: bool,
+    /// Where the weight as built was given: where the folded one goes.
+    device: Device,
+}
+
+/// A unit's convolution weight: as built (KCRS, as PyTorch holds it), or folded.
+enum UnitWeight {
+    AsBuilt(Tensor),
+    /// The folded weight in each layout asked for so far, KCRS (the NCHW path's) and KRSC (filter
+    /// channels last, the NHWC path's), and the shift as a bias in each dtype asked for, beside the
+    /// shift in f32 on the host. A model asks for one of each; another is added, never put in the
+    /// place of the first, whose address a captured graph may hold.
+    Folded { kcrs: Option<Tensor>, krsc: Option<Tensor>, shift: Tensor, biases: Vec<Tensor> },
 }
 
 impl ConvBn {
-    pub fn new(conv: Conv2d, bn: BatchNorm2d) -> Self {
-        Self {
-            conv,
-            bn,
-            folded: std::sync::OnceLock::new(),
-            #[cfg(feature = "cudnn")]
-            folded_krsc: std::sync::OnceLock::new(),
+    /// The unit of a convolution without bias (ResNet's have none: the batch norm's shift is the
+    /// bias) and its batch norm.
+    pub fn new(conv: Conv2d, bn: BatchNorm2d) -> Result<Self> {
+        let Conv2d { weight, bias, padding, stride } = conv;
+        if bias.is_some() {
+            candle_core::bail!("a convolution followed by batch norm takes no bias of its own")
         }
+        let frozen = !(weight.track_op() || bn.weight.track_op() || bn.bias.track_op());
+        let device = weight.device().clone();
+        Ok(Self { weight: std::sync::Mutex::new(UnitWeight::AsBuilt(weight)), padding, stride, bn, frozen, device })
     }
 
     /// Whether nothing of the unit trains: then the batch norm folds into the convolution.
     pub fn frozen(&self) -> bool {
-        !(self.conv.weight.track_op() || self.bn.weight.track_op() || self.bn.bias.track_op())
+        self.frozen
     }
 
-    /// The convolution's weight with the batch norm's scale folded in (in the weight's dtype) and
-    /// the shift as a bias in `dtype`.
-    fn fold(&self, dtype: DType) -> Result<(Tensor, Tensor)> {
-        let (scale, shift) = self.bn.scale_shift()?;
-        let c = scale.dim(0)?;
-        let w = self.conv.weight.to_dtype(DType::F32)?.broadcast_mul(&scale.reshape((c, 1, 1, 1))?)?.to_dtype(self.conv.weight.dtype())?;
-        Ok((w, shift.to_dtype(dtype)?))
-    }
-
-    /// [`Self::fold`], computed on first use: a frozen unit's weights never change.
-    fn folded(&self, dtype: DType) -> Result<&(Tensor, Tensor)> {
-        if let Some(f) = self.folded.get() {
-            return Ok(f);
+    /// The weight as built (KCRS), the padding and the stride: for the unit's training paths.
+    pub(crate) fn parts(&self) -> Result<(Tensor, usize, usize)> {
+        match &*self.weight.lock().expect("no panic while holding the lock") {
+            UnitWeight::AsBuilt(w) => Ok((w.clone(), self.padding, self.stride)),
+            UnitWeight::Folded { .. } => candle_core::bail!("a folded unit (frozen weights) has no weight as built to train"),
         }
-        let _ = self.folded.set(self.fold(dtype)?);
-        Ok(self.folded.get().expect("just set"))
     }
 
-    /// [`Self::fold`] with the weight as KRSC, computed on first use. A model calls it for every
-    /// unit before its first NHWC step: made then, the folded weights lie together in the memory
-    /// pool instead of scattered between the step's activations, where each would keep its block
-    /// of the pool from being handed back (measured: docs/kernels.md#conv_nhwc).
-    #[cfg(feature = "cudnn")]
-    pub fn folded_nhwc(&self, dtype: DType) -> Result<&(Tensor, Tensor)> {
-        if let Some(f) = self.folded_krsc.get() {
-            return Ok(f);
+    /// The folded weight, KRSC when `krsc` else KCRS, and the shift as a bias in `dtype`: folded on
+    /// first use. A model folds every unit before its first activation, so that the folded weights
+    /// lie where the weights as built lay in the memory pool, not scattered between the step's
+    /// activations, where each would keep its block of the pool from being handed back (measured:
+    /// docs/kernels.md#conv_nhwc).
+    ///
+    /// The fold happens on the host, the device's copy of the weight as built freed first: the
+    /// folded weight, of the same size, then takes the block the old one held. Made on the device
+    /// beside the old one, each left a hole when the old was freed, and ResNet-50's f32 pool held 32
+    /// MiB more than its weights needed. The host rounds as the device would (an f32 product, then
+    /// the weight's dtype).
+    pub fn folded(&self, dtype: DType, krsc: bool) -> Result<(Tensor, Tensor)> {
+        if !self.frozen {
+            candle_core::bail!("batch norm folds into the convolution on frozen weights only")
         }
-        let (w, b) = self.fold(dtype)?;
-        let _ = self.folded_krsc.set((w.permute((0, 2, 3, 1))?.contiguous()?, b));
-        Ok(self.folded_krsc.get().expect("just set"))
+        let mut weight = self.weight.lock().expect("no panic while holding the lock");
+        if let UnitWeight::AsBuilt(w) = &*weight {
+            let host = w.to_device(&Device::Cpu)?;
+            // The device's copy goes now; until the folded weight is uploaded (or if that fails) the
+            // unit holds its weight as built on the host, and folds from there.
+            *weight = UnitWeight::AsBuilt(host.clone());
+            let (scale, shift) = self.bn.scale_shift()?;
+            let c = scale.dim(0)?;
+            let folded = host.to_dtype(DType::F32)?.broadcast_mul(&scale.reshape((c, 1, 1, 1))?)?.to_dtype(host.dtype())?;
+            let folded = if krsc { folded.permute((0, 2, 3, 1))?.contiguous()? } else { folded };
+            let folded = Some(folded.to_device(&self.device)?);
+            let (kcrs, krsc) = if krsc { (None, folded) } else { (folded, None) };
+            *weight = UnitWeight::Folded { kcrs, krsc, shift, biases: Vec::new() };
+        }
+        let UnitWeight::Folded { kcrs, krsc: krsc_w, shift, biases } = &mut *weight else { unreachable!("folded above") };
+        // A layout not asked for before: the other one moved, on the device (no model does this).
+        let w = match (krsc, &*kcrs, &*krsc_w) {
+            (false, Some(w), _) | (true, _, Some(w)) => w.clone(),
+            (false, None, Some(other)) => kcrs.insert(other.permute((0, 3, 1, 2))?.contiguous()?).clone(),
+            (true, Some(other), None) => krsc_w.insert(other.permute((0, 2, 3, 1))?.contiguous()?).clone(),
+            (_, None, None) => unreachable!("a folded unit holds its weight in some layout"),
+        };
+        let bias = match biases.iter().find(|b| b.dtype() == dtype) {
+            Some(b) => b.clone(),
+            None => {
+                let b = shift.to_dtype(dtype)?.to_device(&self.device)?;
+                biases.push(b.clone());
+                b
+            }
+        };
+        Ok((w, bias))
     }
 
     /// Inference over NHWC on a frozen unit: conv with the batch norm folded, + `residual` when
     /// given, then ReLU when `relu`, as one cuDNN graph ([`crate::kernels::conv_nhwc`]).
     #[cfg(feature = "cudnn")]
     pub fn forward_nhwc(&self, x: &Tensor, residual: Option<&Tensor>, relu: bool) -> Result<Tensor> {
-        if !self.frozen() {
+        if !self.frozen {
             candle_core::bail!("the NHWC convolution is for inference on frozen weights")
         }
-        let (w, b) = self.folded_nhwc(x.dtype())?;
-        crate::kernels::conv_nhwc(x, w, b, residual, self.conv.padding, self.conv.stride, relu)
+        let (w, b) = self.folded(x.dtype(), true)?;
+        crate::kernels::conv_nhwc(x, &w, &b, residual, self.padding, self.stride, relu)
     }
 
     /// Training over NHWC: the convolution on cuDNN's NHWC engines (the weight, held as PyTorch
@@ -264,20 +308,22 @@ impl ConvBn {
     /// back), then batch norm over NHWC, then ReLU when `relu`.
     #[cfg(feature = "cudnn")]
     pub fn forward_nhwc_train(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
-        let w = self.conv.weight.permute((0, 2, 3, 1))?.contiguous()?;
-        let y = crate::kernels::conv_nhwc::conv_nhwc_train(x, &w, self.conv.padding, self.conv.stride)?;
+        let (w, padding, stride) = self.parts()?;
+        let w = w.permute((0, 2, 3, 1))?.contiguous()?;
+        let y = crate::kernels::conv_nhwc::conv_nhwc_train(x, &w, padding, stride)?;
         self.bn.forward_nhwc_train(&y, relu)
     }
 
     /// conv, batch norm, then ReLU when `relu`.
     pub fn forward(&self, x: &Tensor, train: bool, relu: bool) -> Result<Tensor> {
-        if train || !self.frozen() {
-            return self.bn.forward(&self.conv.forward(x)?, train, relu);
+        if train || !self.frozen {
+            let (w, padding, stride) = self.parts()?;
+            return self.bn.forward(&crate::kernels::conv2d(x, &w, padding, stride)?, train, relu);
         }
-        let (w, b) = self.folded(x.dtype())?;
-        let y = crate::kernels::conv2d(x, w, self.conv.padding, self.conv.stride)?;
+        let (w, b) = self.folded(x.dtype(), false)?;
+        let y = crate::kernels::conv2d(x, &w, self.padding, self.stride)?;
         // Written over the convolution's output, which nothing else holds.
-        crate::kernels::bias_act_over(y, b, crate::kernels::BiasAxis::Channels, if relu { Act::Relu } else { Act::None })
+        crate::kernels::bias_act_over(y, &b, crate::kernels::BiasAxis::Channels, if relu { Act::Relu } else { Act::None })
     }
 }
 
@@ -293,12 +339,6 @@ pub struct Conv2d {
 impl Conv2d {
     pub fn new(weight: Tensor, bias: Option<Tensor>, padding: usize, stride: usize) -> Self {
         Self { weight, bias, padding, stride }
-    }
-
-    /// The weight (KCRS, as PyTorch holds it), the padding and the stride.
-    #[cfg(feature = "cudnn")]
-    pub(crate) fn parts(&self) -> (&Tensor, usize, usize) {
-        (&self.weight, self.padding, self.stride)
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -380,7 +420,6 @@ impl LayerNorm {
 pub(crate) mod tests {
     use super::*;
     use crate::init::{Params, Rng, SeededInit};
-    use candle_core::Device;
 
     /// Compares autograd's gradient of `sum(f(x) * r)` (r fixed, random) with central differences,
     /// in f64 so that the differences are exact to ~1e-8.
@@ -465,6 +504,54 @@ pub(crate) mod tests {
         assert!((rm - 0.1 * mean).abs() < 1e-6 && (rv - (0.9 + 0.1 * unbiased_var)).abs() < 1e-6, "{rm} {rv}");
         let eval = bn.forward(&x, false, false)?.flatten_all()?.to_vec1::<f32>()?;
         assert!((eval[0] - (1.0 - rm) / (rv + 1e-5).sqrt()).abs() < 1e-5);
+        Ok(())
+    }
+
+    #[test]
+    fn a_frozen_unit_folds_its_batch_norm_once_in_the_layouts_and_dtypes_asked_for() -> Result<()> {
+        let mut rng = Rng::new(11);
+        let mut randn = |shape: &[usize], shift: f64| {
+            Tensor::from_vec((0..shape.iter().product::<usize>()).map(|_| (rng.normal() + shift) as f32).collect::<Vec<_>>(), shape, &Device::Cpu)
+        };
+        // Two input channels, so that KCRS [4, 2, 3, 3] and KRSC [4, 3, 3, 2] differ in shape.
+        let (x, w) = (randn(&[2, 2, 6, 6], 0.0)?, randn(&[4, 2, 3, 3], 0.0)?);
+        let bn = BatchNorm2d {
+            weight: randn(&[4], 1.0)?,
+            bias: randn(&[4], 0.0)?,
+            running_mean: Var::from_tensor(&randn(&[4], 0.0)?)?,
+            running_var: Var::from_tensor(&randn(&[4], 0.0)?.abs()?.affine(1.0, 0.5)?)?,
+            eps: 1e-5,
+            momentum: 0.1,
+        };
+        let unit = ConvBn::new(Conv2d::new(w.clone(), None, 1, 1), bn)?;
+        assert!(unit.frozen());
+        // The unfolded function: the convolution, then batch norm from its running statistics.
+        let want = unit.bn.forward(&x.conv2d(&w, 1, 1, 1, 1)?, false, true)?;
+        let close = |got: &Tensor| -> Result<f32> { (got - &want)?.abs()?.max_all()?.to_scalar::<f32>() };
+        let got = unit.forward(&x, false, true)?;
+        assert!(close(&got)? < 1e-5, "folded against unfolded: {}", close(&got)?);
+        let err = unit.parts().unwrap_err().to_string();
+        assert!(err.contains("no weight as built"), "{err}");
+        let exact = |a: &Tensor, b: &Tensor| -> Result<f32> { (a.to_dtype(DType::F32)? - b.to_dtype(DType::F32)?)?.abs()?.max_all()?.to_scalar::<f32>() };
+        // KRSC (the NHWC path's) is the folded KCRS weight with its channels last.
+        let (kcrs, bias) = unit.folded(DType::F32, false)?;
+        let (krsc, _) = unit.folded(DType::F32, true)?;
+        assert_eq!((kcrs.dims(), krsc.dims()), ([4, 2, 3, 3].as_slice(), [4, 3, 3, 2].as_slice()));
+        assert_eq!(exact(&krsc, &kcrs.permute((0, 2, 3, 1))?)?, 0.0);
+        // Asked again, each is the one it gave (a captured graph may hold its address).
+        let (again, _) = unit.folded(DType::F32, false)?;
+        assert_eq!(exact(&again, &kcrs)?, 0.0);
+        assert!(close(&unit.forward(&x, false, true)?)? < 1e-5);
+        // The bias in another dtype: the f32 shift rounded once.
+        let (_, half) = unit.folded(DType::F16, false)?;
+        assert_eq!(half.dtype(), DType::F16);
+        assert_eq!(exact(&half, &bias.to_dtype(DType::F16)?)?, 0.0);
+        // A convolution with a bias of its own is refused: its bias would have to fold too.
+        let with_bias = ConvBn::new(Conv2d::new(w.clone(), Some(randn(&[4], 0.0)?), 1, 1), BatchNorm2d::new(4, vb(DType::F32))?);
+        assert!(with_bias.is_err());
+        // Trainable units do not fold.
+        let trainable = ConvBn::new(Conv2d::new(Var::from_tensor(&w)?.as_tensor().clone(), None, 1, 1), BatchNorm2d::new(4, vb(DType::F32))?)?;
+        assert!(!trainable.frozen() && trainable.folded(DType::F32, false).is_err());
         Ok(())
     }
 

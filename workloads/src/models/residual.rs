@@ -51,11 +51,11 @@ struct Unit {
 
 impl Unit {
     fn of(unit: &ConvBn, channels_last: bool) -> Result<Self> {
-        let (weight, padding, stride) = unit.conv.parts();
+        let (weight, padding, stride) = unit.parts()?;
         let (bn_weight, bn_bias, eps) = unit.bn.affine();
         let filter = if channels_last { crate::kernels::channels_last(&weight.detach())? } else { weight.detach() };
         let wb = Tensor::stack(&[bn_weight.detach(), bn_bias.detach()], 0)?;
-        Ok(Self { weight: weight.clone(), bn_weight: bn_weight.clone(), bn_bias: bn_bias.clone(), filter, wb, padding, stride, eps, channels_last })
+        Ok(Self { weight, bn_weight: bn_weight.clone(), bn_bias: bn_bias.clone(), filter, wb, padding, stride, eps, channels_last })
     }
 
     fn norm(&self, relu: bool) -> BatchNorm {

@@ -202,7 +202,7 @@ impl Residual {
         let downsample = match shape.projection() {
             Some(c) => {
                 let vb = vb.pp("downsample");
-                Some(ConvBn::new(c.build(vb.pp("0"))?, BatchNorm2d::new(c.cout, vb.pp("1"))?))
+                Some(ConvBn::new(c.build(vb.pp("0"))?, BatchNorm2d::new(c.cout, vb.pp("1"))?)?)
             }
             None => None,
         };
@@ -210,7 +210,7 @@ impl Residual {
             .path(block)
             .iter()
             .enumerate()
-            .map(|(i, c)| Ok(ConvBn::new(c.build(vb.pp(format!("conv{}", i + 1)))?, BatchNorm2d::new(c.cout, vb.pp(format!("bn{}", i + 1)))?)))
+            .map(|(i, c)| ConvBn::new(c.build(vb.pp(format!("conv{}", i + 1)))?, BatchNorm2d::new(c.cout, vb.pp(format!("bn{}", i + 1)))?))
             .collect::<Result<_>>()?;
         Ok(Self { path, downsample })
     }
@@ -268,7 +268,6 @@ impl Residual {
         self.of_units(x, |unit, h, relu| unit.forward_nhwc_train(h, relu))
     }
 
-    #[cfg(feature = "cudnn")]
     fn units(&self) -> impl Iterator<Item = &ConvBn> {
         self.path.iter().chain(self.downsample.as_ref())
     }
@@ -285,7 +284,7 @@ pub struct ResNet {
 impl ResNet {
     pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
         let stem = ConvShape { cin: 3, cout: cfg.width, k: 7, stride: 2, pad: 3 };
-        let stem = ConvBn::new(stem.build(vb.pp("conv1"))?, BatchNorm2d::new(cfg.width, vb.pp("bn1"))?);
+        let stem = ConvBn::new(stem.build(vb.pp("conv1"))?, BatchNorm2d::new(cfg.width, vb.pp("bn1"))?)?;
         let blocks = cfg
             .blocks()
             .iter()
@@ -311,7 +310,6 @@ impl ResNet {
     }
 
     /// Every convolution unit: the stem's, then each block's.
-    #[cfg(feature = "cudnn")]
     fn units(&self) -> impl Iterator<Item = &ConvBn> {
         std::iter::once(&self.stem).chain(self.blocks.iter().flat_map(|b| b.units()))
     }
@@ -326,9 +324,9 @@ impl ResNet {
     /// Inference over NHWC: every convolution fused with its batch norm, shortcut and ReLU.
     #[cfg(feature = "cudnn")]
     fn forward_nhwc(&self, x: &Tensor) -> Result<Tensor> {
-        // Every unit's folded weights before the first activation (see `ConvBn::folded_nhwc`).
+        // Every unit's folded weights before the first activation (see `ConvBn::folded`).
         for unit in self.units() {
-            unit.folded_nhwc(x.dtype())?;
+            unit.folded(x.dtype(), true)?;
         }
         self.channels_last(x, |stem, x| stem.forward_nhwc(x, None, true), |block, x| block.forward_nhwc(x))
     }
@@ -360,6 +358,12 @@ impl Classifier for ResNet {
         #[cfg(feature = "cudnn")]
         if self.runs_nhwc(x, train) {
             return if train { self.forward_nhwc_train(x) } else { self.forward_nhwc(x) };
+        }
+        if !train && self.units().all(ConvBn::frozen) {
+            // Every unit's folded weights before the first activation (see `ConvBn::folded`).
+            for unit in self.units() {
+                unit.folded(x.dtype(), false)?;
+            }
         }
         // The stem's output, the largest activation, not kept through the blocks (see
         // `channels_last`).
