@@ -219,16 +219,14 @@ enum UnitWeight {
 }
 
 impl ConvBn {
-    /// The unit of a convolution without bias (ResNet's have none: the batch norm's shift is the
-    /// bias) and its batch norm.
-    pub fn new(conv: Conv2d, bn: BatchNorm2d) -> Result<Self> {
-        let Conv2d { weight, bias, padding, stride } = conv;
-        if bias.is_some() {
-            candle_core::bail!("a convolution followed by batch norm takes no bias of its own")
-        }
+    /// The unit of a convolution as `torch.nn.Conv2d(bias=False)` holds it — `weight` KCRS, a square
+    /// kernel, the same padding and stride both ways, no dilation or groups; the batch norm's shift
+    /// is its bias — and its batch norm. It runs on [`crate::kernels::conv2d`] (cuDNN with cached
+    /// algorithms on the GPU) or, over NHWC, [`crate::kernels::conv_nhwc`].
+    pub fn new(weight: Tensor, padding: usize, stride: usize, bn: BatchNorm2d) -> Self {
         let frozen = !(weight.track_op() || bn.weight.track_op() || bn.bias.track_op());
         let device = weight.device().clone();
-        Ok(Self { weight: std::sync::Mutex::new(UnitWeight::AsBuilt(weight)), padding, stride, bn, frozen, device })
+        Self { weight: std::sync::Mutex::new(UnitWeight::AsBuilt(weight)), padding, stride, bn, frozen, device }
     }
 
     /// Whether nothing of the unit trains: then the batch norm folds into the convolution.
@@ -324,29 +322,6 @@ impl ConvBn {
         let y = crate::kernels::conv2d(x, &w, self.padding, self.stride)?;
         // Written over the convolution's output, which nothing else holds.
         crate::kernels::bias_act_over(y, &b, crate::kernels::BiasAxis::Channels, if relu { Act::Relu } else { Act::None })
-    }
-}
-
-/// A 2-D convolution as `torch.nn.Conv2d` (square kernel, same padding and stride both ways, no
-/// dilation or groups), on [`crate::kernels::conv2d`]: cuDNN with cached algorithms on the GPU.
-pub struct Conv2d {
-    weight: Tensor,
-    bias: Option<Tensor>,
-    padding: usize,
-    stride: usize,
-}
-
-impl Conv2d {
-    pub fn new(weight: Tensor, bias: Option<Tensor>, padding: usize, stride: usize) -> Self {
-        Self { weight, bias, padding, stride }
-    }
-
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = crate::kernels::conv2d(x, &self.weight, self.padding, self.stride)?;
-        match &self.bias {
-            Some(b) => crate::kernels::bias_act(&y, b, crate::kernels::BiasAxis::Channels, Act::None),
-            None => Ok(y),
-        }
     }
 }
 
@@ -523,7 +498,7 @@ pub(crate) mod tests {
             eps: 1e-5,
             momentum: 0.1,
         };
-        let unit = ConvBn::new(Conv2d::new(w.clone(), None, 1, 1), bn)?;
+        let unit = ConvBn::new(w.clone(), 1, 1, bn);
         assert!(unit.frozen());
         // The unfolded function: the convolution, then batch norm from its running statistics.
         let want = unit.bn.forward(&x.conv2d(&w, 1, 1, 1, 1)?, false, true)?;
@@ -546,11 +521,8 @@ pub(crate) mod tests {
         let (_, half) = unit.folded(DType::F16, false)?;
         assert_eq!(half.dtype(), DType::F16);
         assert_eq!(exact(&half, &bias.to_dtype(DType::F16)?)?, 0.0);
-        // A convolution with a bias of its own is refused: its bias would have to fold too.
-        let with_bias = ConvBn::new(Conv2d::new(w.clone(), Some(randn(&[4], 0.0)?), 1, 1), BatchNorm2d::new(4, vb(DType::F32))?);
-        assert!(with_bias.is_err());
         // Trainable units do not fold.
-        let trainable = ConvBn::new(Conv2d::new(Var::from_tensor(&w)?.as_tensor().clone(), None, 1, 1), BatchNorm2d::new(4, vb(DType::F32))?)?;
+        let trainable = ConvBn::new(Var::from_tensor(&w)?.as_tensor().clone(), 1, 1, BatchNorm2d::new(4, vb(DType::F32))?);
         assert!(!trainable.frozen() && trainable.folded(DType::F32, false).is_err());
         Ok(())
     }

@@ -4,7 +4,7 @@
 use candle_core::{Result, Tensor};
 use candle_nn::{Module, VarBuilder};
 
-use super::layers::{BatchNorm2d, Conv2d, ConvBn, Linear, torch_linear};
+use super::layers::{BatchNorm2d, ConvBn, Linear, torch_linear};
 use super::{Classifier, Inputs};
 use crate::kernels::add_over;
 use crate::init::KAIMING_NORMAL_FAN_OUT;
@@ -145,9 +145,10 @@ impl ConvShape {
         (side + 2 * self.pad - self.k) / self.stride + 1
     }
 
-    fn build(&self, vb: VarBuilder) -> Result<Conv2d> {
-        let weight = vb.get_with_hints((self.cout, self.cin, self.k, self.k), "weight", KAIMING_NORMAL_FAN_OUT)?;
-        Ok(Conv2d::new(weight, None, self.pad, self.stride))
+    /// The convolution (its weight from `conv`) and its batch norm (from `bn`), as torchvision names them.
+    fn unit(&self, conv: VarBuilder, bn: VarBuilder) -> Result<ConvBn> {
+        let weight = conv.get_with_hints((self.cout, self.cin, self.k, self.k), "weight", KAIMING_NORMAL_FAN_OUT)?;
+        Ok(ConvBn::new(weight, self.pad, self.stride, BatchNorm2d::new(self.cout, bn)?))
     }
 }
 
@@ -202,7 +203,7 @@ impl Residual {
         let downsample = match shape.projection() {
             Some(c) => {
                 let vb = vb.pp("downsample");
-                Some(ConvBn::new(c.build(vb.pp("0"))?, BatchNorm2d::new(c.cout, vb.pp("1"))?)?)
+                Some(c.unit(vb.pp("0"), vb.pp("1"))?)
             }
             None => None,
         };
@@ -210,7 +211,7 @@ impl Residual {
             .path(block)
             .iter()
             .enumerate()
-            .map(|(i, c)| ConvBn::new(c.build(vb.pp(format!("conv{}", i + 1)))?, BatchNorm2d::new(c.cout, vb.pp(format!("bn{}", i + 1)))?))
+            .map(|(i, c)| c.unit(vb.pp(format!("conv{}", i + 1)), vb.pp(format!("bn{}", i + 1))))
             .collect::<Result<_>>()?;
         Ok(Self { path, downsample })
     }
@@ -284,7 +285,7 @@ pub struct ResNet {
 impl ResNet {
     pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
         let stem = ConvShape { cin: 3, cout: cfg.width, k: 7, stride: 2, pad: 3 };
-        let stem = ConvBn::new(stem.build(vb.pp("conv1"))?, BatchNorm2d::new(cfg.width, vb.pp("bn1"))?)?;
+        let stem = stem.unit(vb.pp("conv1"), vb.pp("bn1"))?;
         let blocks = cfg
             .blocks()
             .iter()
@@ -309,6 +310,17 @@ impl ResNet {
             && (train || self.units().all(ConvBn::frozen))
     }
 
+    /// Every unit's folded weights, KRSC when `krsc`, before the first activation (see
+    /// `ConvBn::folded`); nothing when any unit trains (its path does not fold).
+    fn fold_units(&self, dtype: candle_core::DType, krsc: bool) -> Result<()> {
+        if self.units().all(ConvBn::frozen) {
+            for unit in self.units() {
+                unit.folded(dtype, krsc)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Every convolution unit: the stem's, then each block's.
     fn units(&self) -> impl Iterator<Item = &ConvBn> {
         std::iter::once(&self.stem).chain(self.blocks.iter().flat_map(|b| b.units()))
@@ -324,10 +336,7 @@ impl ResNet {
     /// Inference over NHWC: every convolution fused with its batch norm, shortcut and ReLU.
     #[cfg(feature = "cudnn")]
     fn forward_nhwc(&self, x: &Tensor) -> Result<Tensor> {
-        // Every unit's folded weights before the first activation (see `ConvBn::folded`).
-        for unit in self.units() {
-            unit.folded(x.dtype(), true)?;
-        }
+        self.fold_units(x.dtype(), true)?;
         self.channels_last(x, |stem, x| stem.forward_nhwc(x, None, true), |block, x| block.forward_nhwc(x))
     }
 
@@ -359,11 +368,8 @@ impl Classifier for ResNet {
         if self.runs_nhwc(x, train) {
             return if train { self.forward_nhwc_train(x) } else { self.forward_nhwc(x) };
         }
-        if !train && self.units().all(ConvBn::frozen) {
-            // Every unit's folded weights before the first activation (see `ConvBn::folded`).
-            for unit in self.units() {
-                unit.folded(x.dtype(), false)?;
-            }
+        if !train {
+            self.fold_units(x.dtype(), false)?;
         }
         // The stem's output, the largest activation, not kept through the blocks (see
         // `channels_last`).
