@@ -100,7 +100,19 @@ fn expected(source: &Source) -> Vec<&'static str> {
         "migprof_adamw" => vec!["adamw_f32", "adamw_bf16", "adamw_f16"],
         "migprof_elementwise" => vec!["elementwise_f32_v1", "elementwise_bf16_v8", "elementwise_f16_v8"],
         "migprof_embedding" => vec!["embedding_f32", "embedding_bf16"],
-        "migprof_fused_attention" => vec!["attn_fused_bf16_d64", "attn_fused_f16_d128", "attn_fused_f32_d32", "attn_fused_f32_d64"],
+        // Every block size of the f32 kernels: each shape's first launch times them all.
+        "migprof_fused_attention" => vec![
+            "attn_fused_bf16_d64",
+            "attn_fused_f16_d128",
+            "attn_fused_f32_d32_q128",
+            "attn_fused_f32_d32_q64",
+            "attn_fused_f32_d32_q32",
+            "attn_fused_f32_d32_q16",
+            "attn_fused_f32_d64_q128",
+            "attn_fused_f32_d64_q64",
+            "attn_fused_f32_d64_q32",
+            "attn_fused_f32_d64_q16",
+        ],
         "migprof_batch_norm" => vec!["bn_running", "bn_rows_partials_bf16_v8", "bn_rows_f32_v4", "bn_rows_f16_v1"],
         _ => vec![],
     }

@@ -65,14 +65,47 @@ pub fn attention(qkv: &Tensor, heads: usize, bias: ScoreBias) -> Result<Tensor> 
 pub fn runs_fused(qkv: &Tensor, heads: usize) -> Result<bool> {
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(dev) = qkv.device() {
-        let (b, t, c3) = qkv.dims3()?;
-        let fused = crate::kernels::fused_attention::Fused { b, t, h: heads, d: c3 / 3 / heads, mode: 0, r: 1, scale: 1.0 };
-        // `attention` makes the projection contiguous: a strided one is copied from element 0.
-        let start = if qkv.is_contiguous() { qkv.layout().start_offset() } else { 0 };
+        let (fused, start) = fused_shape(qkv, heads)?;
         return Ok(fused.takes(qkv.dtype(), dev, start));
     }
     let _ = (qkv, heads);
     Ok(false)
+}
+
+/// The fused launch [`attention`] would make of this projection without a score bias, and the
+/// element its rows start at (`attention` makes the projection contiguous: a strided one is copied
+/// from element 0).
+#[cfg(feature = "cuda")]
+fn fused_shape(qkv: &Tensor, heads: usize) -> Result<(crate::kernels::fused_attention::Fused, usize)> {
+    let (b, t, c3) = qkv.dims3()?;
+    let fused = crate::kernels::fused_attention::Fused { b, t, h: heads, d: c3 / 3 / heads, mode: 0, r: 1, scale: 1.0 };
+    let start = if qkv.is_contiguous() { qkv.layout().start_offset() } else { 0 };
+    Ok((fused, start))
+}
+
+/// The sizes of block, in queries, that the f32 fused kernels come in: each shape's first launch
+/// times them all and keeps the fastest (`fused_attention.rs`).
+#[cfg(feature = "cuda")]
+pub const FUSED_F32_QUERIES: [usize; 4] = crate::kernels::fused_attention::SIMT_QUERIES;
+
+/// The block size, in queries, the f32 fused kernel runs this projection in without a score bias:
+/// the pinned one ([`with_fused_f32_queries`]), else the timed choice once the shape has run, else
+/// None (and None where the shape is not fused, or not f32).
+#[cfg(feature = "cuda")]
+pub fn fused_f32_queries(qkv: &Tensor, heads: usize) -> Result<Option<usize>> {
+    let candle_core::Device::Cuda(dev) = qkv.device() else { return Ok(None) };
+    let (fused, start) = fused_shape(qkv, heads)?;
+    if qkv.dtype() != candle_core::DType::F32 || !fused.takes(candle_core::DType::F32, dev, start) {
+        return Ok(None);
+    }
+    Ok(fused.simt_queries(dev))
+}
+
+/// Runs `f` with this thread's f32 fused attention held to `queries` per block (one of
+/// [`FUSED_F32_QUERIES`]) instead of the timed choice, so that each size can be checked on its own.
+#[cfg(feature = "cuda")]
+pub fn with_fused_f32_queries<R>(queries: usize, f: impl FnOnce() -> R) -> Result<R> {
+    crate::kernels::fused_attention::with_simt_queries(queries, f)
 }
 
 /// The gradients of [`attention`] with respect to the packed projection and, for a score bias, the

@@ -289,7 +289,8 @@ FUSED(f16, F16, 128)
 // and output live in registers of SPLIT lanes, each of which holds D / SPLIT of its features for QT
 // queries; keys and values pass through shared memory 64 at a time and are read 16 keys at a time
 // by every lane of the block at once (one broadcast word per load). A lane's four-float words are
-// interleaved with its partner's (word w·SPLIT + part), so the pair's loads fall in distinct banks.
+// interleaved with those of the other SPLIT - 1 lanes of its query (word w·SPLIT + part), so their
+// loads fall in distinct banks.
 // grid and operands as attn_fused's (b·h·ceil(t / queries per block) blocks of 128 threads).
 __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
     return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
@@ -411,15 +412,26 @@ __device__ void attn_fused_simt(const float* qkv, const float* bias, float* out,
     }
 }
 
-// Which work per lane, the fastest of the splits tried: heads of 64 two queries over two lanes
-// (faster than one query per lane or four over four lanes); heads of 32 one query per lane (faster
-// than two over two). Capping registers for a third block per SM spills the two-query kernel.
+// Q queries per block (the name's _qQ), four kernels per head size; fused_attention.rs times the
+// four on a shape's first launch and keeps the fastest. Blocks of 128, the work per lane of the
+// fastest split tried at batch 128: heads of 64 two queries over two lanes (faster than one query
+// per lane or four over four lanes); heads of 32 one query per lane (faster than two over two).
+// Capping registers for a third block per SM spills the two-query kernel. Blocks of 64, 32 and 16
+// (one query over 2, 4 or 8 lanes) spread a short grid over more multiprocessors (ViT-B at batch 1:
+// 24 blocks of 128 on the H100's 132) and waste fewer lanes on short windows (Swin-T's 49 tokens).
 // (measured: docs/kernels.md#fused-attention)
-#define FUSED_SIMT(D, QT, SPLIT)                                                                          \
-extern "C" __global__ void __launch_bounds__(FS_THREADS) attn_fused_f32_d##D(const float* qkv,          \
+#define FUSED_SIMT(D, Q, QT, SPLIT)                                                                       \
+static_assert(FS_THREADS / 32 * (32 / SPLIT) * QT == Q, "queries per block");                           \
+extern "C" __global__ void __launch_bounds__(FS_THREADS) attn_fused_f32_d##D##_q##Q(const float* qkv,   \
         const float* bias, float* out, unsigned int t, unsigned int h, unsigned int r, int mode,         \
         float scale) {                                                                                    \
     attn_fused_simt<D, QT, SPLIT>(qkv, bias, out, t, h, r, mode, scale);                                 \
 }
-FUSED_SIMT(32, 1, 1)
-FUSED_SIMT(64, 2, 2)
+FUSED_SIMT(32, 128, 1, 1)
+FUSED_SIMT(32, 64, 1, 2)
+FUSED_SIMT(32, 32, 1, 4)
+FUSED_SIMT(32, 16, 1, 8)
+FUSED_SIMT(64, 128, 2, 2)
+FUSED_SIMT(64, 64, 1, 2)
+FUSED_SIMT(64, 32, 1, 4)
+FUSED_SIMT(64, 16, 1, 8)

@@ -16,22 +16,69 @@
 //! time, the next tile copied (cp.async) while the current one is used; a running maximum and sum
 //! per row rescale the partial output (the online softmax). A (sequence, head)'s query blocks are
 //! neighbours in the grid, so that all but the first read its keys and values from L2. The f32
-//! kernels keep each query's features and output in the registers of one or two lanes instead (see
+//! kernels keep each query's features and output in the registers of one to eight lanes instead (see
 //! `attn_fused_simt`); on ViT-B in f32 they beat both the composed path and PyTorch's
 //! memory-efficient kernel (measured: docs/kernels.md#fused-attention).
+//!
+//! The f32 kernels come in four sizes of block, 128 to 16 queries: a short grid (ViT-B at batch 1
+//! is 12 heads of two blocks of 128, 24 blocks on the H100's 132 multiprocessors) runs faster in
+//! more, smaller blocks, a long one in blocks of 128. Which size wins depends on the shape and on
+//! how many multiprocessors the device (or MIG slice) has, so each shape's first launch times the
+//! four, as a product's first call times cuBLASLt's candidates (`gemm.rs`), and keeps the fastest.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 
 use candle_core::cuda_backend::cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::CudaDevice;
-use candle_core::{DType, Result};
+use candle_core::{bail, DType, Result};
 
 use crate::kernels::launch::Kernel;
 
-
-
 /// Queries per block (FA_Q in the source).
 const QUERIES_PER_BLOCK: usize = 64;
-/// Queries per block of the f32 kernels: four warps of 32 (QB in the source).
-const SIMT_QUERIES_PER_BLOCK: usize = 128;
+/// Queries per block of the f32 kernels, one kernel each (`attn_fused_f32_d{D}_q{Q}`; Q in the
+/// source): four warps of 32 lanes, which hold 128 queries (two over two lanes for heads of 64, one
+/// per lane for heads of 32) down to 16 (one over eight lanes).
+pub(crate) const SIMT_QUERIES: [usize; 4] = [128, 64, 32, 16];
+
+/// What decides the f32 kernel's block size: the shape, on one device. The device by its ordinal:
+/// candle's streams are each thread's default stream, whose handle is the same on every device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct SimtKey {
+    device: usize,
+    stream: usize,
+    b: usize,
+    t: usize,
+    h: usize,
+    d: usize,
+    mode: i32,
+    r: u32,
+}
+
+thread_local! {
+    // As gemm.rs's plans: candle drives a device from one thread.
+    static SIMT_CHOSEN: RefCell<HashMap<SimtKey, usize>> = RefCell::new(HashMap::new());
+    static SIMT_PINNED: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with this thread's f32 fused kernels held to `queries` per block (one of
+/// [`SIMT_QUERIES`]) instead of the timed choice: how the tests reach every size.
+pub(crate) fn with_simt_queries<R>(queries: usize, f: impl FnOnce() -> R) -> Result<R> {
+    if !SIMT_QUERIES.contains(&queries) {
+        bail!("fused attention: {queries} queries per block is not one of {SIMT_QUERIES:?}");
+    }
+    let before = SIMT_PINNED.with(|p| p.replace(Some(queries)));
+    // Put back even if `f` panics (a failing test), so the next test on this thread times again.
+    struct Restore(Option<usize>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SIMT_PINNED.with(|p| p.set(self.0));
+        }
+    }
+    let _restore = Restore(before);
+    Ok(f())
+}
 
 /// The shape of one fused launch: b sequences of t tokens, h heads of d; the bias as attention.rs's
 /// softmax reads it (mode 0 none, 1 key mask, 2 repeating score bias of r windows).
@@ -72,15 +119,77 @@ impl Fused {
         bias: Option<&CudaView<T>>,
         out: &mut CudaViewMut<T>,
     ) -> Result<()> {
-        let kernel = format!("{}_d{}", super::launch::name("attn_fused", dtype), self.d);
-        let queries = if dtype == DType::F32 { SIMT_QUERIES_PER_BLOCK } else { QUERIES_PER_BLOCK };
-        let func = Kernel::load(dev, &crate::kernels::sources::FUSED_ATTENTION, &kernel)?;
+        if dtype != DType::F32 {
+            let kernel = format!("{}_d{}", super::launch::name("attn_fused", dtype), self.d);
+            return self.launch_as(dev, &kernel, QUERIES_PER_BLOCK, qkv, bias, out);
+        }
+        let simt = |queries: usize, out: &mut CudaViewMut<T>| {
+            self.launch_as(dev, &format!("attn_fused_f32_d{}_q{queries}", self.d), queries, qkv, bias, out)
+        };
+        let queries = match self.simt_queries(dev) {
+            Some(queries) => queries,
+            None => {
+                let key = self.simt_key(dev);
+                // The timed launches write the output as the chosen one will: every size computes
+                // the same attention into the same fresh buffer, which nothing reads before then.
+                let out = RefCell::new(&mut *out);
+                let queries = self.fastest_simt(dev, key, &|q| simt(q, &mut out.borrow_mut()))?;
+                SIMT_CHOSEN.with(|c| c.borrow_mut().insert(key, queries));
+                queries
+            }
+        };
+        simt(queries, out)
+    }
+
+    /// The f32 kernel's block size for this shape: the pinned one, else the one timed at its first
+    /// launch, else None.
+    pub(crate) fn simt_queries(&self, dev: &CudaDevice) -> Option<usize> {
+        SIMT_PINNED.with(Cell::get).or_else(|| SIMT_CHOSEN.with(|c| c.borrow().get(&self.simt_key(dev)).copied()))
+    }
+
+    fn simt_key(&self, dev: &CudaDevice) -> SimtKey {
+        let stream = dev.cuda_stream();
+        SimtKey { device: stream.context().ordinal(), stream: stream.cu_stream() as usize, b: self.b, t: self.t, h: self.h, d: self.d, mode: self.mode, r: self.r }
+    }
+
+    /// The block size of [`SIMT_QUERIES`] whose kernel runs this shape fastest (the median of three
+    /// timed launches after one untimed, as gemm.rs times its candidates).
+    fn fastest_simt(&self, dev: &CudaDevice, key: SimtKey, launch: &dyn Fn(usize) -> Result<()>) -> Result<usize> {
+        // Timing synchronises, which a capture forbids; the step before a capture runs the same shapes.
+        if crate::graphs::capturing(dev)? {
+            bail!("fused attention {key:?} first met while a CUDA graph is captured: its block size cannot be timed then; run with CUDA graphs off")
+        }
+        let stream = dev.cuda_stream();
+        let mut times = Vec::with_capacity(SIMT_QUERIES.len());
+        for queries in SIMT_QUERIES {
+            times.push((super::launch::median_ms(&stream, &|| launch(queries))?, queries));
+        }
+        // MIGPROF_ATTENTION_LOG=1: what was measured, to see why a block size was chosen.
+        let (_, queries) = *times.iter().min_by(|a, b| a.0.total_cmp(&b.0)).expect("four sizes");
+        if std::env::var_os("MIGPROF_ATTENTION_LOG").is_some() {
+            let shown: Vec<String> = times.iter().map(|(ms, q)| format!("{q} queries {ms:.4} ms")).collect();
+            eprintln!("fused attention {key:?}: {}; chose {queries}", shown.join(", "));
+        }
+        Ok(queries)
+    }
+
+    /// Launches `kernel`, whose blocks take `queries` queries of one (sequence, head) each.
+    fn launch_as<T: DeviceRepr>(
+        &self,
+        dev: &CudaDevice,
+        kernel: &str,
+        queries: usize,
+        qkv: &CudaView<T>,
+        bias: Option<&CudaView<T>>,
+        out: &mut CudaViewMut<T>,
+    ) -> Result<()> {
+        let func = Kernel::load(dev, &crate::kernels::sources::FUSED_ATTENTION, kernel)?;
         let blocks = self.t.div_ceil(queries);
         // One row of blocks, a (sequence, head)'s query blocks side by side: they share its keys
         // and values in L2.
         let grid = self.b * self.h * blocks;
         if grid > i32::MAX as usize {
-            candle_core::bail!("fused attention: {}·{}·{blocks} blocks are more than a grid's row holds", self.b, self.h);
+            bail!("fused attention: {}·{}·{blocks} blocks are more than a grid's row holds", self.b, self.h);
         }
         let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let (t, h, r, mode, scale) = (self.t as u32, self.h as u32, self.r, self.mode, self.scale);
