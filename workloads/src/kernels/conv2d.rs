@@ -61,6 +61,7 @@ pub(crate) mod cudnn {
     use cudarc::driver::{DevicePtr, DevicePtrMut};
 
     use super::super::choice::{leanest_near_fastest, Measured};
+    use super::super::launch::{stream_id, StreamId};
 
     /// Workspaces larger than this are not considered (PyTorch bounds them by free memory; a fixed
     /// bound keeps the choice the same from run to run).
@@ -79,15 +80,6 @@ pub(crate) mod cudnn {
         Forward,
         BackwardData,
         BackwardFilter,
-    }
-
-    /// A device's stream as the caches key it: the device's ordinal beside the stream, since candle
-    /// drives every device of a thread from its per-thread stream, the same handle value for each.
-    pub(crate) type StreamId = (usize, usize);
-
-    pub(crate) fn stream_id(dev: &CudaDevice) -> StreamId {
-        let stream = dev.cuda_stream();
-        (stream.context().ordinal(), stream.cu_stream() as usize)
     }
 
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -74,7 +74,7 @@ mod cudnn {
     use super::super::choice::{leanest_near_fastest, Measured};
     use super::super::conv2d::cudnn as dnn;
     use super::super::cudnn_graph::{data_type, Graph, GraphBuilder, Numerics, Plan, Tensor as GraphTensor, VariantPack};
-    use crate::kernels::launch::by_dtype;
+    use crate::kernels::launch::{by_dtype, refuse_timing_in_capture, stream_id, StreamId};
     use crate::kernels::{add, bias_act, Act, BiasAxis};
 
     /// Engines kept per graph: the heuristics' first few are where the fast ones are.
@@ -115,7 +115,7 @@ mod cudnn {
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
     struct Key {
         pass: Pass,
-        stream: dnn::StreamId,
+        stream: StreamId,
         dtype: DType,
         tf32: bool,
         /// x as (n, c, h, w), w as (k, c, r, s): cuDNN's logical order.
@@ -340,7 +340,7 @@ mod cudnn {
         let dims = |a: [usize; 4]| a.map(|v| v as i64);
         Key {
             pass: Pass::Forward,
-            stream: dnn::stream_id(dev),
+            stream: stream_id(dev),
             dtype: x.dtype(),
             tf32: crate::precision::tf32_allowed(),
             x: dims([n, c, h, wd]),
@@ -483,10 +483,7 @@ mod cudnn {
         if candidates.len() == 1 {
             return Ok(0);
         }
-        // Timing synchronises, which a capture forbids; the step before a capture runs the same shapes.
-        if crate::graphs::capturing(dev)? {
-            bail!("NHWC convolution {key:?} first met while a CUDA graph is captured: its engine cannot be timed then; run with CUDA graphs off")
-        }
+        refuse_timing_in_capture(dev, format_args!("NHWC convolution {key:?}"), "engine")?;
         let stream = dev.cuda_stream();
         let mut measured: Vec<(usize, Measured)> = Vec::new();
         let mut log = Vec::new();

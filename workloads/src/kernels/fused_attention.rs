@@ -33,7 +33,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaView, CudaViewMut, DeviceRep
 use candle_core::cuda_backend::CudaDevice;
 use candle_core::{bail, DType, Result};
 
-use crate::kernels::launch::Kernel;
+use crate::kernels::launch::{refuse_timing_in_capture, stream_id, Kernel, StreamId};
 
 /// Queries per block (FA_Q in the source).
 const QUERIES_PER_BLOCK: usize = 64;
@@ -42,12 +42,10 @@ const QUERIES_PER_BLOCK: usize = 64;
 /// per lane for heads of 32) down to 16 (one over eight lanes).
 pub(crate) const SIMT_QUERIES: [usize; 4] = [128, 64, 32, 16];
 
-/// What decides the f32 kernel's block size: the shape, on one device. The device by its ordinal:
-/// candle's streams are each thread's default stream, whose handle is the same on every device.
+/// What decides the f32 kernel's block size: the shape, on one device's stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct SimtKey {
-    device: usize,
-    stream: usize,
+    stream: StreamId,
     b: usize,
     t: usize,
     h: usize,
@@ -148,17 +146,13 @@ impl Fused {
     }
 
     fn simt_key(&self, dev: &CudaDevice) -> SimtKey {
-        let stream = dev.cuda_stream();
-        SimtKey { device: stream.context().ordinal(), stream: stream.cu_stream() as usize, b: self.b, t: self.t, h: self.h, d: self.d, mode: self.mode, r: self.r }
+        SimtKey { stream: stream_id(dev), b: self.b, t: self.t, h: self.h, d: self.d, mode: self.mode, r: self.r }
     }
 
     /// The block size of [`SIMT_QUERIES`] whose kernel runs this shape fastest (the median of three
     /// timed launches after one untimed, as gemm.rs times its candidates).
     fn fastest_simt(&self, dev: &CudaDevice, key: SimtKey, launch: &dyn Fn(usize) -> Result<()>) -> Result<usize> {
-        // Timing synchronises, which a capture forbids; the step before a capture runs the same shapes.
-        if crate::graphs::capturing(dev)? {
-            bail!("fused attention {key:?} first met while a CUDA graph is captured: its block size cannot be timed then; run with CUDA graphs off")
-        }
+        refuse_timing_in_capture(dev, format_args!("fused attention {key:?}"), "block size")?;
         let stream = dev.cuda_stream();
         let mut times = Vec::with_capacity(SIMT_QUERIES.len());
         for queries in SIMT_QUERIES {

@@ -20,16 +20,14 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::mem::size_of;
-use std::sync::Arc;
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::cublaslt::{result as lt, sys};
-use candle_core::cuda_backend::cudarc;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr};
 use candle_core::cuda_backend::{CudaDType, CudaDevice};
 use candle_core::{bail, CudaStorage, DType, Layout, Result};
 
-use super::launch::by_dtype;
+use super::launch::{by_dtype, refuse_timing_in_capture, stream_id, StreamId};
 use super::options::{GemmAlgorithm, KernelOptions};
 
 /// cuBLASLt's workspace: what NVIDIA recommends for Hopper (PyTorch takes the same).
@@ -72,7 +70,7 @@ pub enum Epilogue {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {
-    stream: usize,
+    stream: StreamId,
     dtype: DType,
     tf32: bool,
     /// How the plan's algorithm is picked: a plan made under one choice never serves the other.
@@ -96,8 +94,8 @@ struct Plan {
 
 #[derive(Default)]
 struct State {
-    handles: HashMap<usize, sys::cublasLtHandle_t>,
-    workspaces: HashMap<usize, CudaSlice<u8>>,
+    handles: HashMap<StreamId, sys::cublasLtHandle_t>,
+    workspaces: HashMap<StreamId, CudaSlice<u8>>,
     plans: HashMap<Key, Plan>,
 }
 
@@ -240,8 +238,8 @@ pub(crate) fn shared_workspace(dev: &CudaDevice) -> Result<(u64, usize)> {
 }
 
 impl State {
-    fn handle(&mut self, dev: &CudaDevice) -> Result<(sys::cublasLtHandle_t, usize)> {
-        let stream = dev.cuda_stream().cu_stream() as usize;
+    fn handle(&mut self, dev: &CudaDevice) -> Result<(sys::cublasLtHandle_t, StreamId)> {
+        let stream = stream_id(dev);
         if let std::collections::hash_map::Entry::Vacant(slot) = self.handles.entry(stream) {
             slot.insert(lt::create_handle().map_err(lt_err("handle"))?);
             // SAFETY: cuBLASLt writes its workspace before reading it.
@@ -355,7 +353,7 @@ fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>,
                 unsafe { set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, p)? };
             }
             if !plan.candidates.is_empty() {
-                plan.algo = fastest(&stream, &std::mem::take(&mut plan.candidates), &launch, &key)?;
+                plan.algo = fastest(&dev, &std::mem::take(&mut plan.candidates), &launch, &key)?;
             }
             check(launch(&plan.algo), "matmul")
         })?;
@@ -367,7 +365,7 @@ fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>,
 /// one untimed), skipping any the library refuses at launch. Its first guess when only one remains,
 /// or when the key's algorithm choice is the heuristic's (what PyTorch launches).
 fn fastest(
-    stream: &Arc<CudaStream>,
+    dev: &CudaDevice,
     candidates: &[sys::cublasLtMatmulAlgo_t],
     launch: &dyn Fn(&sys::cublasLtMatmulAlgo_t) -> std::result::Result<(), lt::CublasError>,
     key: &Key,
@@ -375,10 +373,8 @@ fn fastest(
     if candidates.len() == 1 || key.algorithm == GemmAlgorithm::Heuristic {
         return Ok(candidates[0]);
     }
-    // Timing synchronises, which a capture forbids; the step before a capture runs the same products.
-    if stream.capture_status().is_ok_and(|s| s != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) {
-        bail!("cuBLASLt product {key:?} first met while a CUDA graph is captured: its algorithm cannot be timed then; run with CUDA graphs off")
-    }
+    refuse_timing_in_capture(dev, format_args!("cuBLASLt product {key:?}"), "algorithm")?;
+    let stream = dev.cuda_stream();
     // MIGPROF_GEMM_LOG=1: what was measured, to see why an algorithm was chosen.
     let logging = std::env::var_os("MIGPROF_GEMM_LOG").is_some();
     let mut best: Option<(f32, usize)> = None;
@@ -391,7 +387,7 @@ fn fastest(
             }
             continue;
         }
-        let median = super::launch::median_ms(stream, &|| check(launch(algo), "matmul"))?;
+        let median = super::launch::median_ms(&stream, &|| check(launch(algo), "matmul"))?;
         if logging {
             log.push(format!("{} {median:.4} ms", describe(algo)));
         }

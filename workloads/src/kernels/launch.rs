@@ -75,9 +75,28 @@ pub(crate) fn name(base: &str, dtype: DType) -> String {
     format!("{base}_{suffix}")
 }
 
+/// A device's stream as the caches key it: the device's ordinal beside the stream, since candle
+/// drives every device of a thread from its per-thread stream, the same handle value for each.
+pub(crate) type StreamId = (usize, usize);
+
+pub(crate) fn stream_id(dev: &CudaDevice) -> StreamId {
+    let stream = dev.cuda_stream();
+    (stream.context().ordinal(), stream.cu_stream() as usize)
+}
+
+/// Refuses to time the candidates of `what` (a `choice` among them: an algorithm, an engine) while
+/// the device's stream is captured into a CUDA graph: timing synchronises, which a capture forbids.
+/// The step before a capture runs the same shapes, so a shape first met in a capture is an error.
+pub(crate) fn refuse_timing_in_capture(dev: &CudaDevice, what: std::fmt::Arguments, choice: &str) -> Result<()> {
+    if crate::graphs::capturing(dev)? {
+        bail!("{what} first met while a CUDA graph is captured: its {choice} cannot be timed then; run with CUDA graphs off")
+    }
+    Ok(())
+}
+
 /// The median time in ms of three launches of `launch` on `stream`, measured with CUDA events after
 /// one untimed launch (which pays for first-use costs). Synchronises: never call it while the stream
-/// is captured ([`crate::graphs::capturing`]).
+/// is captured ([`refuse_timing_in_capture`]).
 pub(crate) fn median_ms(stream: &Arc<CudaStream>, launch: &dyn Fn() -> Result<()>) -> Result<f32> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
     let cuda = |e: candle_core::cuda_backend::cudarc::driver::DriverError| candle_core::Error::Msg(format!("CUDA event: {e:?}"));
