@@ -57,6 +57,9 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
                 if let Some(w) = evidence_warning(&run) {
                     writeln!(log, "warning: {w}")?;
                 }
+                if let Some(w) = run.fingerprint.pool_warning() {
+                    writeln!(log, "warning: {w}")?;
+                }
                 completed.push(run);
             }
             Err(e) => {

@@ -76,6 +76,18 @@ pub struct Ledger {
     pub stack_per_thread: u64,
 }
 
+impl Ledger {
+    /// What the pool holds from the driver that no live allocation uses. Right after
+    /// [`release_pooled`] it is what the trim could not hand back: blocks pinned by a small
+    /// allocation that outlives the run among them (candle keeps the dims and strides its strided
+    /// ops upload for a CUDA graph, made during a step's first run among its activations, for as long
+    /// as the thread). The next run of the process may reuse it, or not; its device memory readings
+    /// include whatever it does not.
+    pub fn pool_idle(&self) -> u64 {
+        self.pool_reserved.saturating_sub(self.pool_used)
+    }
+}
+
 impl std::fmt::Display for Ledger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;

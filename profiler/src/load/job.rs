@@ -66,6 +66,7 @@ pub struct Job<'a> {
 pub fn run(job: Job, device: &OpenDevice, context: &RunContext, cell: &CellIdentity, out: &Path, log: &mut dyn Write) -> Result<JobOutcome> {
     let Job { spec, settings, rates } = job;
     anyhow::ensure!(spec.mode == Mode::Infer, "a load job serves inference");
+    let pool_held_mib = crate::run::fingerprint::pool_held_mib(&device.device);
     let (workload, info) = spec.build_workload(&device.device)?;
     let host = workload.host_batch(settings.max_batch, spec.seed).context("making the requests' inputs")?;
     let mut server = WorkloadServer { workload, host, device: device.device.clone() };
@@ -77,7 +78,10 @@ pub fn run(job: Job, device: &OpenDevice, context: &RunContext, cell: &CellIdent
     writeln!(log, "warm: every batch size 1..={} served {times}; closed loop at {} serves {closed_loop_qps:.1} requests/s", settings.max_batch, settings.max_batch)?;
     crate::run::execute::warn_of_refused_graphs(server.workload.as_ref(), &spec.model);
 
-    let fingerprint = Fingerprint::collect(device.info.selected.as_ref());
+    let fingerprint = Fingerprint { pool_held_mib, ..Fingerprint::collect(device.info.selected.as_ref()) };
+    if let Some(w) = fingerprint.pool_warning() {
+        writeln!(log, "warning: {w}")?;
+    }
     let id = JobIdentity {
         invocation_id: &context.invocation_id,
         host: &context.host,

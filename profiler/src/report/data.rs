@@ -42,10 +42,10 @@ const TEXT: [&str; 32] = [
     "cpu_model", "seq_len", "batch",
 ];
 
-const NUM: [&str; 19] = [
+const NUM: [&str; 20] = [
     "batch", "seq_len", "sm_count", "device_memory_mib", "throughput", "throughput_ci_low", "throughput_ci_high", "p50_ms", "p90_ms",
-    "p99_ms", "p50_ms_ci_low", "p50_ms_ci_high", "fb_used_max_mib", "gract_mean", "j_per_sample", "mps_share_pct", "measured_sms",
-    "power_limit_w", "iterations",
+    "p99_ms", "p50_ms_ci_low", "p50_ms_ci_high", "fb_used_max_mib", "pool_held_mib_start", "gract_mean", "j_per_sample", "mps_share_pct",
+    "measured_sms", "power_limit_w", "iterations",
 ];
 
 /// Every row of the folders' runs tables, in the order of the folders and their parts (none when

@@ -10,6 +10,7 @@ use polars::prelude::*;
 use super::chart::{scale_for, Chart, Point, Scale, Series};
 use super::data::{self, Row};
 use super::{Block, Section};
+use crate::run::fingerprint::POOL_HELD_WARNING_MIB;
 
 pub fn build(rows: &[Row], serving: &super::capacity::Serving, detail: &data::Detail, sources: &[String], detail_batch: Option<usize>) -> Result<Vec<Section>> {
     // Targets that only served load get colours too, after the others of their size.
@@ -284,6 +285,9 @@ fn per_model(rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize
                     })
                     .collect();
                 blocks.push(Block::Table { head, rows });
+                if m.id == "memory" {
+                    blocks.extend(held_memory_note(&latest).map(Block::Text));
+                }
             }
             let wl = (model.clone(), mode.clone(), dtype.clone(), seq.clone());
             blocks.extend(at_largest_batch(&wl, all, detail, colour, &id, &format!("{model} {mode} {dtype}{seq_text}"), detail_batch)?);
@@ -291,6 +295,26 @@ fn per_model(rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize
         }
     }
     Ok(out)
+}
+
+/// Under the memory chart: the points whose run started with memory its process's pool held from
+/// earlier runs (`pool_held_mib_start`, [`POOL_HELD_WARNING_MIB`] or more), which their readings
+/// may include.
+fn held_memory_note(latest: &BTreeMap<(String, i64), &Row>) -> Option<String> {
+    let held: Vec<String> = latest
+        .iter()
+        .filter_map(|((target, batch), r)| {
+            let mib = r.n("pool_held_mib_start").filter(|&m| m >= POOL_HELD_WARNING_MIB)?;
+            Some(format!("{target} at batch {batch} ({mib:.0} MiB)"))
+        })
+        .collect();
+    (!held.is_empty()).then(|| {
+        format!(
+            "Not the run's own memory alone: {} started in a process whose memory pool held that much from earlier runs, \
+             which the reading may include (pool_held_mib_start). A sweep runs each cell in a process of its own.",
+            held.join(", ")
+        )
+    })
 }
 
 fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Result<Vec<Section>> {
@@ -415,4 +439,30 @@ fn energy(rows: &[Row]) -> Vec<Section> {
 
 pub(super) fn slug(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(held: Option<f64>) -> Row {
+        let mut num: BTreeMap<&'static str, f64> = [("fb_used_max_mib", 4299.0)].into_iter().collect();
+        if let Some(mib) = held {
+            num.insert("pool_held_mib_start", mib);
+        }
+        Row { text: BTreeMap::new(), num }
+    }
+
+    #[test]
+    fn the_memory_chart_names_the_points_that_started_with_memory_held_from_earlier_runs() {
+        let (cpu, fresh, after_swin) = (run(None), run(Some(32.0)), run(Some(576.0)));
+        let mut latest: BTreeMap<(String, i64), &Row> = BTreeMap::new();
+        latest.insert(("cpu".into(), 1), &cpu);
+        latest.insert(("H100".into(), 8), &fresh);
+        assert_eq!(held_memory_note(&latest), None, "no pool, or only the pool's own granularity");
+        latest.insert(("H100".into(), 32), &after_swin);
+        let note = held_memory_note(&latest).expect("576 MiB held");
+        assert!(note.contains("H100 at batch 32 (576 MiB)"), "{note}");
+        assert!(!note.contains("batch 8") && !note.contains("cpu"), "{note}");
+    }
 }

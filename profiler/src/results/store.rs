@@ -444,6 +444,7 @@ pub(crate) fn fingerprint_columns(f: &[&Fingerprint]) -> Vec<Column> {
         Column::new("sm_clock_mhz_start".into(), mhz(|x| x.sm_clock_mhz)),
         Column::new("mem_clock_mhz_start".into(), mhz(|x| x.mem_clock_mhz)),
         Column::new("ecc_enabled".into(), flag(|x| x.ecc_enabled)),
+        Column::new("pool_held_mib_start".into(), f.iter().map(|x| x.pool_held_mib).collect::<Vec<Option<f64>>>()),
     ]
 }
 
@@ -491,7 +492,8 @@ mod tests {
     #[test]
     fn runs_and_samples_round_trip() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let a = fake_run(8, 30, Duration::ZERO);
+        let mut a = fake_run(8, 30, Duration::ZERO);
+        a.fingerprint.pool_held_mib = Some(576.0);
         let b = fake_run(1, 5, Duration::from_micros(50));
         write_run(dir.path(), &a)?;
         write_run(dir.path(), &b)?;
@@ -509,6 +511,8 @@ mod tests {
         assert_eq!(runs.column("seq_len")?.null_count(), 2, "images have no sequence length");
         assert_eq!(runs.column("kernel_options")?.str()?.get(row_a), Some("v5;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc"));
         assert_eq!(runs.column("candle_version")?.str()?.get(row_a), Some(provenance::CANDLE_VERSION));
+        assert_eq!(get_f64(&runs, "pool_held_mib_start", row_a), 576.0);
+        assert_eq!(runs.column("pool_held_mib_start")?.f64()?.get(row_b), None, "a CPU run has no pool");
         // 30 steps of 1 and 3 ms alternating: the mean's interval holds 2 ms; p99 needs 299 steps.
         let (lo, hi) = (get_f64(&runs, "mean_ms_ci_low", row_a), get_f64(&runs, "mean_ms_ci_high", row_a));
         assert!(lo < 2.0 && 2.0 < hi && hi - lo < 1.0, "{lo} {hi}");

@@ -8,7 +8,7 @@ use workloads::{Batch, Mode, Workload};
 use crate::device::OpenDevice;
 use crate::provenance;
 use crate::results::record::{CellIdentity, Run, RunContext};
-use crate::run::fingerprint::Fingerprint;
+use crate::run::fingerprint::{self, Fingerprint};
 use crate::run::group::GroupMember;
 use crate::run::measure::{measure, Executor, MonotonicClock, Observer};
 use crate::run::sampler::{Sample, Sampler};
@@ -16,10 +16,11 @@ use crate::run::spec::RunSpec;
 
 /// Builds the workload, measures it and returns the run.
 pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: CellIdentity) -> Result<Run> {
+    let pool_held_mib = fingerprint::pool_held_mib(&device.device);
     let (workload, info) = spec.build_workload(&device.device)?;
     let batch = workload.synthetic_batch(spec.batch, spec.seed).context("making the synthetic batch")?;
     let mut exec = WorkloadExecutor { workload, batch, device: device.device.clone(), loss: None };
-    let fingerprint = Fingerprint::collect(device.info.selected.as_ref());
+    let fingerprint = Fingerprint { pool_held_mib, ..Fingerprint::collect(device.info.selected.as_ref()) };
     let started_at = provenance::now();
     let mut beside = MeasuredPhase {
         device: device.device.clone(),
@@ -42,24 +43,27 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
         context.expected.pids.sort_unstable();
         context.expected.pids.dedup();
     }
-    log_memory(&device.device, spec);
+    log_memory(&device.device, spec, "");
     // The workload's memory goes back to the driver before the next run builds its own, whether
     // or not this one measured.
     drop(exec);
     let released = workloads::memory::release_pooled(&device.device);
+    log_memory(&device.device, spec, " released");
     let measurement = measured?;
     released.context("releasing the run's GPU memory")?;
     Run::new(spec, info, context, started_at, measurement, beside.metrics, cell, fingerprint)
 }
 
 /// `MIGPROF_MEMORY_LOG=1`: where the device's memory went at the end of the measured phase (pool,
-/// graphs, cuDNN's workspaces), to tell the workload's own memory from what lies beside it.
-fn log_memory(device: &Device, spec: &RunSpec) {
+/// graphs, cuDNN's workspaces), to tell the workload's own memory from what lies beside it; and again
+/// once the run's memory was released (`when` " released"): what the pool still reserves then is
+/// carried into the next run of the same process, and counted in its device memory.
+fn log_memory(device: &Device, spec: &RunSpec, when: &str) {
     if std::env::var_os("MIGPROF_MEMORY_LOG").is_none() {
         return;
     }
     match workloads::memory::ledger(device) {
-        Ok(Some(ledger)) => eprintln!("memory: {} {:?} batch {}: {ledger}", spec.model, spec.mode, spec.batch),
+        Ok(Some(ledger)) => eprintln!("memory: {} {:?} batch {}{when}: {ledger}", spec.model, spec.mode, spec.batch),
         Ok(None) => eprintln!("memory: {}: no stream-ordered pool on this device to account for", spec.model),
         Err(e) => eprintln!("memory: {}: could not be read: {e}", spec.model),
     }

@@ -25,7 +25,16 @@ pub struct Fingerprint {
     pub sm_clock_mhz: Option<u32>,
     pub mem_clock_mhz: Option<u32>,
     pub ecc_enabled: Option<bool>,
+    /// MiB this process's memory pool held, unused, when the run started: what earlier runs of the
+    /// same process left that the pool could not hand back (`workloads::memory::Ledger::pool_idle`).
+    /// The run's device memory readings may include up to that. None on the CPU.
+    pub pool_held_mib: Option<f64>,
 }
+
+/// Held memory from which a run says so (a warning after its result, a note under the report's
+/// memory chart): below it is the pool's own granularity (32 MiB held after a run without CUDA
+/// graphs, measured on the H100).
+pub const POOL_HELD_WARNING_MIB: f64 = 64.0;
 
 impl Fingerprint {
     /// Reads what this build, this host and (through NVML) the selected GPU report now.
@@ -44,6 +53,24 @@ impl Fingerprint {
         }
         f
     }
+
+    /// What a run says after its result when the pool held [`POOL_HELD_WARNING_MIB`] or more at its
+    /// start: its memory readings are then not its own alone.
+    pub fn pool_warning(&self) -> Option<String> {
+        let held = self.pool_held_mib.filter(|&m| m >= POOL_HELD_WARNING_MIB)?;
+        Some(format!(
+            "this process's memory pool held {held:.0} MiB that earlier runs left and it could not hand back; \
+             this run's device memory readings (fb_used_*) may include up to that (column pool_held_mib_start). \
+             `migprof sweep` runs each cell in a process of its own"
+        ))
+    }
+}
+
+/// MiB `device`'s memory pool holds unused now: read before a run builds anything, what earlier runs
+/// of the process left ([`Fingerprint::pool_held_mib`]). None on the CPU, or where it cannot be read.
+pub fn pool_held_mib(device: &candle_core::Device) -> Option<f64> {
+    const MIB: f64 = (1u64 << 20) as f64;
+    workloads::memory::ledger(device).ok().flatten().map(|l| l.pool_idle() as f64 / MIB)
 }
 
 fn build_features() -> String {
@@ -106,6 +133,20 @@ mod tests {
         if std::path::Path::new("/proc/cpuinfo").exists() && std::fs::read_to_string("/proc/cpuinfo").unwrap().contains("model name") {
             assert!(f.cpu_model.as_deref().is_some_and(|m| !m.is_empty()));
         }
-        assert_eq!((f.driver_version, f.power_limit_w, f.ecc_enabled, f.mig_mode), (None, None, None, None));
+        assert_eq!(f.pool_warning(), None);
+        assert_eq!((f.driver_version, f.power_limit_w, f.ecc_enabled, f.mig_mode, f.pool_held_mib), (None, None, None, None, None));
+        assert_eq!(pool_held_mib(&candle_core::Device::Cpu), None, "a CPU has no memory pool");
+    }
+
+    #[test]
+    fn a_run_says_so_when_the_pool_held_memory_from_earlier_runs() {
+        // As measured on the H100: 32 MiB after a run without CUDA graphs, 576 after Swin-T training.
+        let held = |mib| Fingerprint { pool_held_mib: Some(mib), ..Default::default() };
+        assert_eq!(held(32.0).pool_warning(), None);
+        assert_eq!(held(63.9).pool_warning(), None);
+        let warning = held(576.0).pool_warning().expect("over the threshold");
+        for part in ["576 MiB", "pool_held_mib_start", "migprof sweep"] {
+            assert!(warning.contains(part), "{part} missing: {warning}");
+        }
     }
 }
