@@ -10,7 +10,7 @@ use polars::prelude::*;
 use super::chart::{scale_for, Chart, Point, Scale, Series};
 use super::data::{self, Row};
 use super::{Block, Section};
-use crate::run::fingerprint::POOL_HELD_WARNING_MIB;
+use crate::run::fingerprint::notable_pool_held;
 
 pub fn build(rows: &[Row], serving: &super::capacity::Serving, detail: &data::Detail, sources: &[String], detail_batch: Option<usize>) -> Result<Vec<Section>> {
     // Targets that only served load get colours too, after the others of their size.
@@ -298,13 +298,13 @@ fn per_model(rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize
 }
 
 /// Under the memory chart: the points whose run started with memory its process's pool held from
-/// earlier runs (`pool_held_mib_start`, [`POOL_HELD_WARNING_MIB`] or more), which their readings
+/// earlier runs (`pool_held_mib_start`, as much as [`notable_pool_held`] names), which their readings
 /// may include.
 fn held_memory_note(latest: &BTreeMap<(String, i64), &Row>) -> Option<String> {
     let held: Vec<String> = latest
         .iter()
         .filter_map(|((target, batch), r)| {
-            let mib = r.n("pool_held_mib_start").filter(|&m| m >= POOL_HELD_WARNING_MIB)?;
+            let mib = notable_pool_held(r.n("pool_held_mib_start"))?;
             Some(format!("{target} at batch {batch} ({mib:.0} MiB)"))
         })
         .collect();

@@ -36,6 +36,12 @@ pub struct Fingerprint {
 /// graphs, measured on the H100).
 pub const POOL_HELD_WARNING_MIB: f64 = 64.0;
 
+/// Memory a pool held at a run's start, where it is enough to say so ([`POOL_HELD_WARNING_MIB`] or
+/// more): the one rule for the run's warning and the report's note.
+pub fn notable_pool_held(mib: Option<f64>) -> Option<f64> {
+    mib.filter(|&m| m >= POOL_HELD_WARNING_MIB)
+}
+
 impl Fingerprint {
     /// Reads what this build, this host and (through NVML) the selected GPU report now.
     pub fn collect(selected: Option<&Selected>) -> Fingerprint {
@@ -57,7 +63,7 @@ impl Fingerprint {
     /// What a run says after its result when the pool held [`POOL_HELD_WARNING_MIB`] or more at its
     /// start: its memory readings are then not its own alone.
     pub fn pool_warning(&self) -> Option<String> {
-        let held = self.pool_held_mib.filter(|&m| m >= POOL_HELD_WARNING_MIB)?;
+        let held = notable_pool_held(self.pool_held_mib)?;
         Some(format!(
             "this process's memory pool held {held:.0} MiB that earlier runs left and it could not hand back; \
              this run's device memory readings (fb_used_*) may include up to that (column pool_held_mib_start). \
