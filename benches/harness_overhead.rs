@@ -6,8 +6,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use migprof::run::measure::{measure, Executor, MonotonicClock, Stop, Unobserved, Warmup};
 use migprof::results::stats::LatencyStats;
+use migprof::run::measure::{measure, Executor, MonotonicClock, Stop, Unobserved, Warmup};
 
 /// A step that busy-waits for a fixed time (zero: returns at once).
 struct Spin(Duration);
@@ -27,9 +27,22 @@ impl Executor for Spin {
 }
 
 fn main() -> Result<()> {
-    println!("{:>10} {:>10} {:>12} {:>12} {:>14}", "step", "iters", "p50 latency", "mean latency", "wall/iteration");
-    for (step, iters) in [(Duration::ZERO, 1_000_000u64), (Duration::from_micros(100), 20_000), (Duration::from_millis(1), 2_000)] {
-        let m = measure(&mut Spin(step), &MonotonicClock::new(), Warmup::Iterations(iters / 10), Stop::Iterations(iters), &mut Unobserved)?;
+    println!(
+        "{:>10} {:>10} {:>12} {:>12} {:>14}",
+        "step", "iters", "p50 latency", "mean latency", "wall/iteration"
+    );
+    for (step, iters) in [
+        (Duration::ZERO, 1_000_000u64),
+        (Duration::from_micros(100), 20_000),
+        (Duration::from_millis(1), 2_000),
+    ] {
+        let m = measure(
+            &mut Spin(step),
+            &MonotonicClock::new(),
+            Warmup::Iterations(iters / 10),
+            Stop::Iterations(iters),
+            &mut Unobserved,
+        )?;
         let s = LatencyStats::from_latencies(&m.latencies_ns)?;
         let wall_ns = m.elapsed.as_nanos() as f64 / iters as f64;
         println!(

@@ -8,12 +8,12 @@ use anyhow::{Context, Result};
 
 use crate::cli::RunArgs;
 use crate::device::DeviceSpec;
+use crate::provenance;
 use crate::results::record::{CellIdentity, Status};
+use crate::results::store::{read_table, write_run, Table};
+use crate::results::{plot, summary};
 use crate::results::{Run, RunContext};
 use crate::run::{execute, RunSpec};
-use crate::results::store::{read_table, write_run, Table};
-use crate::provenance;
-use crate::results::{plot, summary};
 
 /// Outcome of `migprof run`: how many runs were written and whether one failed.
 pub struct RunReport {
@@ -28,17 +28,43 @@ pub fn run(args: &RunArgs, log: &mut dyn Write) -> Result<RunReport> {
     crate::run::spec::check_device(&specs, &device)?;
     crate::run::preflight::check(&specs, &device)?;
     // Make the folder before the first run, so a bad --out fails before any time is spent.
-    std::fs::create_dir_all(&args.out).with_context(|| format!("cannot use {} as the results folder", args.out.display()))?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot use {} as the results folder", args.out.display()))?;
     let context = RunContext::new_invocation(&device.info);
-    writeln!(log, "migprof {}: {} run(s) on {} [{}], results to {}", provenance::VERSION, specs.len(), spec, device.info.name, args.out.display())?;
+    writeln!(
+        log,
+        "migprof {}: {} run(s) on {} [{}], results to {}",
+        provenance::VERSION,
+        specs.len(),
+        spec,
+        device.info.name,
+        args.out.display()
+    )?;
 
     let mut completed = Vec::new();
     let mut failed = None;
     for (i, s) in specs.iter().enumerate() {
-        write!(log, "[{}/{}] {} {} {} batch {} ... ", i + 1, specs.len(), s.model, s.mode.as_str(), s.precision(), s.batch)?;
+        write!(
+            log,
+            "[{}/{}] {} {} {} batch {} ... ",
+            i + 1,
+            specs.len(),
+            s.model,
+            s.mode.as_str(),
+            s.precision(),
+            s.batch
+        )?;
         log.flush()?;
         let outcome = crate::sweep::cell::CellSpec::of_run(s, &device.info.name, &spec.to_string())
-            .map(|cell| CellIdentity { sweep: None, target: device.info.name.clone(), cell_id: cell.cell_id(), status: Status::Ok, concurrency_group: None, neighbours: Vec::new(), baseline: false })
+            .map(|cell| CellIdentity {
+                sweep: None,
+                target: device.info.name.clone(),
+                cell_id: cell.cell_id(),
+                status: Status::Ok,
+                concurrency_group: None,
+                neighbours: Vec::new(),
+                baseline: false,
+            })
             .and_then(|identity| execute(s, &device, context.clone(), identity))
             .and_then(|run| write_run(&args.out, &run).map(|_| run));
         match outcome {
@@ -103,17 +129,28 @@ pub fn load(args: &crate::cli::LoadArgs, log: &mut dyn Write) -> Result<crate::l
         resolution: args.resolution / 100.0,
         min_requests: args.min_requests,
     };
-    let rates = if args.search { Rates::Search { start: args.qps.first().copied() } } else { Rates::Fixed(args.qps.clone()) };
+    let rates = if args.search {
+        Rates::Search {
+            start: args.qps.first().copied(),
+        }
+    } else {
+        Rates::Fixed(args.qps.clone())
+    };
     let device_spec = device_or_default(args.device.as_ref(), log)?;
     let device = device_spec.open()?;
     crate::run::spec::check_device(std::slice::from_ref(&spec), &device)?;
     crate::run::preflight::check(std::slice::from_ref(&spec), &device)?;
-    std::fs::create_dir_all(&args.out).with_context(|| format!("cannot use {} as the results folder", args.out.display()))?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot use {} as the results folder", args.out.display()))?;
     let context = RunContext::new_invocation(&device.info);
     let mut cell = crate::sweep::cell::CellSpec::of_run(&spec, &device.info.name, &device_spec.to_string())?;
     cell.load = Some(settings.clone());
     let identity = CellIdentity::of_cell(&cell, Status::Ok);
-    let identity = CellIdentity { sweep: None, target: device.info.name.clone(), ..identity };
+    let identity = CellIdentity {
+        sweep: None,
+        target: device.info.name.clone(),
+        ..identity
+    };
     writeln!(
         log,
         "migprof {}: {} {} on {} [{}], {} arrivals, batches up to {} or {} ms; rows to {}",
@@ -130,7 +167,11 @@ pub fn load(args: &crate::cli::LoadArgs, log: &mut dyn Write) -> Result<crate::l
     if device.info.emulation.is_some() {
         writeln!(log, "note: an MPS-emulated slice: it shares L2 and memory bandwidth with the whole GPU, so it serves more than a real MIG slice would")?;
     }
-    let job = crate::load::job::Job { spec: &spec, settings: &settings, rates: &rates };
+    let job = crate::load::job::Job {
+        spec: &spec,
+        settings: &settings,
+        rates: &rates,
+    };
     let outcome = crate::load::job::run(job, &device, &context, &identity, &args.out, log)?;
     writeln!(log, "{}", report_hint(&args.out))?;
     Ok(outcome)
@@ -139,7 +180,9 @@ pub fn load(args: &crate::cli::LoadArgs, log: &mut dyn Write) -> Result<crate::l
 /// `migprof capacity`: the capacities, the plan, the hand plans; the layouts file when asked for.
 pub fn capacity(args: &crate::cli::CapacityArgs, stdout: &mut dyn Write) -> Result<()> {
     let table = crate::mig::profile::table(&args.gpu)?;
-    let dtype = args.dtype.map(|d| crate::run::spec::precision(d.into(), d == crate::cli::DTypeArg::Tf32));
+    let dtype = args
+        .dtype
+        .map(|d| crate::run::spec::precision(d.into(), d == crate::cli::DTypeArg::Tf32));
     let mut seen = std::collections::BTreeSet::new();
     if let Some((m, _)) = args.demand.iter().find(|(m, _)| !seen.insert(m.as_str())) {
         anyhow::bail!("--demand names {m} twice: give each model once, with its whole rate");
@@ -162,13 +205,21 @@ pub fn capacity(args: &crate::cli::CapacityArgs, stdout: &mut dyn Write) -> Resu
     if let Some(path) = &args.emit_layouts {
         std::fs::write(path, report.mig_parted().to_yaml()?).with_context(|| format!("writing {}", path.display()))?;
         if !args.json {
-            writeln!(stdout, "layouts: {} (apply with `migprof mig apply {} -c migprof-plan-1`)", path.display(), path.display())?;
+            writeln!(
+                stdout,
+                "layouts: {} (apply with `migprof mig apply {} -c migprof-plan-1`)",
+                path.display(),
+                path.display()
+            )?;
         }
     }
     // The report of the folder shows the latest plan made from it.
     if let Some(dir) = args.from.first() {
-        let path = dir.join("plans").join(format!("plan-{}.json", provenance::run_id(provenance::now())));
-        let kept = std::fs::create_dir_all(dir.join("plans")).and_then(|_| std::fs::write(&path, serde_json::to_string_pretty(&report).unwrap_or_default()));
+        let path = dir
+            .join("plans")
+            .join(format!("plan-{}.json", provenance::run_id(provenance::now())));
+        let kept = std::fs::create_dir_all(dir.join("plans"))
+            .and_then(|_| std::fs::write(&path, serde_json::to_string_pretty(&report).unwrap_or_default()));
         match (kept, args.json) {
             (Ok(()), false) => writeln!(stdout, "plan: {}", path.display())?,
             (Ok(()), true) => {}
@@ -193,7 +244,10 @@ pub fn run_under_mps(target: &crate::mps::MpsTarget, log: &mut dyn Write) -> Res
     // async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
-        libc::signal(libc::SIGTERM, forward_sigterm as extern "C" fn(libc::c_int) as libc::sighandler_t);
+        libc::signal(
+            libc::SIGTERM,
+            forward_sigterm as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
     }
     let (selected, share, daemon) = crate::mps::start_daemon(target)?;
     writeln!(
@@ -205,7 +259,9 @@ pub fn run_under_mps(target: &crate::mps::MpsTarget, log: &mut dyn Write) -> Res
     )?;
     let exe = std::env::current_exe().context("finding this migprof to run as the MPS client")?;
     let mut client = std::process::Command::new(exe);
-    client.args(std::env::args_os().skip(1)).env(CLIENT_PIPE_ENV, daemon.pipe_dir());
+    client
+        .args(std::env::args_os().skip(1))
+        .env(CLIENT_PIPE_ENV, daemon.pipe_dir());
     // SAFETY: between fork and exec, only resetting dispositions.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut client, || {
@@ -244,8 +300,18 @@ extern "C" fn forward_sigterm(_: libc::c_int) {
 /// slowed clocks, unmatched pids, or a sampler that failed (then none of it was checked).
 fn evidence_warning(run: &Run) -> Option<String> {
     use crate::results::verdict::Flag;
-    let loud = [Flag::Shared, Flag::Throttled, Flag::SamplerFailed, Flag::ProcessesUnattributed];
-    run.assessment.flags.iter().any(|f| loud.contains(f)).then(|| run.evidence.describe()).flatten()
+    let loud = [
+        Flag::Shared,
+        Flag::Throttled,
+        Flag::SamplerFailed,
+        Flag::ProcessesUnattributed,
+    ];
+    run.assessment
+        .flags
+        .iter()
+        .any(|f| loud.contains(f))
+        .then(|| run.evidence.describe())
+        .flatten()
 }
 
 /// `migprof sweep`: the dry run, or the sweep with its summary. `Ok(false)` when a cell failed or the
@@ -269,7 +335,10 @@ pub fn sweep(args: &crate::cli::SweepArgs, log: &mut dyn Write) -> Result<bool> 
             "--submit and --status are for --backend slurm, --emit for --backend k8s"
         ),
         Backend::Slurm => {
-            anyhow::ensure!(args.emit.is_none(), "--emit writes Kubernetes manifests: use it with --backend k8s");
+            anyhow::ensure!(
+                args.emit.is_none(),
+                "--emit writes Kubernetes manifests: use it with --backend k8s"
+            );
             if args.status {
                 return crate::fleet::slurm::status(&file, &opts, log);
             }
@@ -287,8 +356,13 @@ pub fn sweep(args: &crate::cli::SweepArgs, log: &mut dyn Write) -> Result<bool> 
             return Ok(true);
         }
         Backend::K8s => {
-            let Some(dir) = &args.emit else { anyhow::bail!("--backend k8s writes manifests: give --emit DIR (apply them with kubectl)") };
-            anyhow::ensure!(!args.submit && !args.status, "--submit and --status are for --backend slurm; apply the manifests with kubectl");
+            let Some(dir) = &args.emit else {
+                anyhow::bail!("--backend k8s writes manifests: give --emit DIR (apply them with kubectl)")
+            };
+            anyhow::ensure!(
+                !args.submit && !args.status,
+                "--submit and --status are for --backend slurm; apply the manifests with kubectl"
+            );
             let k = crate::fleet::k8s::K8sOptions {
                 image: args.image.clone(),
                 namespace: args.namespace.clone(),
@@ -307,7 +381,11 @@ pub fn sweep(args: &crate::cli::SweepArgs, log: &mut dyn Write) -> Result<bool> 
     }
     let exe = std::env::current_exe().context("finding this migprof to start its cells")?;
     let summary = schedule::run(&file, &opts, &exe, log)?;
-    let statuses: Vec<String> = summary.by_status.iter().map(|(s, n)| format!("{n} {}", s.as_str())).collect();
+    let statuses: Vec<String> = summary
+        .by_status
+        .iter()
+        .map(|(s, n)| format!("{n} {}", s.as_str()))
+        .collect();
     writeln!(
         log,
         "{}: {} cell(s) planned, {} skipped (done already), {} run{}{}{}; rows in {}",
@@ -315,9 +393,21 @@ pub fn sweep(args: &crate::cli::SweepArgs, log: &mut dyn Write) -> Result<bool> 
         summary.planned,
         summary.skipped,
         summary.ran,
-        if statuses.is_empty() { String::new() } else { format!(" ({})", statuses.join(", ")) },
-        if summary.probes > 0 { format!(", {} max-search probe(s)", summary.probes) } else { String::new() },
-        if summary.interrupted { "; rerun the same command to finish" } else { "" },
+        if statuses.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", statuses.join(", "))
+        },
+        if summary.probes > 0 {
+            format!(", {} max-search probe(s)", summary.probes)
+        } else {
+            String::new()
+        },
+        if summary.interrupted {
+            "; rerun the same command to finish"
+        } else {
+            ""
+        },
         args.out.join(Table::Runs.dir_name()).display()
     )?;
     writeln!(log, "{}", report_hint(&args.out))?;
@@ -327,22 +417,37 @@ pub fn sweep(args: &crate::cli::SweepArgs, log: &mut dyn Write) -> Result<bool> 
 /// `migprof cell`: one cell, measured and written with its identity. The exit code tells the sweep
 /// how it ended: 0 measured (the row is written), [`crate::sweep::child::EXIT_OOM`] out of memory,
 /// 1 any other error.
-pub fn cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: &mut dyn Write) -> Result<std::process::ExitCode> {
+pub fn cell(
+    spec_path: &Path,
+    out: &Path,
+    invocation: Option<&str>,
+    stdout: &mut dyn Write,
+) -> Result<std::process::ExitCode> {
     use crate::sweep::cell::{CellSpec, Purpose};
     // The line the sweep reads: `<status> <what it measured>`.
     let result = (|| -> Result<String> {
         let cell = CellSpec::read(spec_path)?;
         let spec = cell.run_spec()?;
-        let device = if cell.scheduled { scheduled_device(&cell.device)? } else { cell.device.parse::<DeviceSpec>()?.open()? };
+        let device = if cell.scheduled {
+            scheduled_device(&cell.device)?
+        } else {
+            cell.device.parse::<DeviceSpec>()?.open()?
+        };
         crate::run::spec::check_device(std::slice::from_ref(&spec), &device)?;
         let context = RunContext {
-            invocation_id: invocation.map(str::to_string).unwrap_or_else(|| provenance::run_id(provenance::now())),
+            invocation_id: invocation
+                .map(str::to_string)
+                .unwrap_or_else(|| provenance::run_id(provenance::now())),
             host: provenance::host(),
             device: device.info.clone(),
             expected: crate::results::evidence::Expected::on(&device.info),
             group: crate::run::group::GroupMember::from_env(&cell.cell_id()),
         };
-        let status = if cell.purpose == Purpose::Probe { Status::Probe } else { Status::Ok };
+        let status = if cell.purpose == Purpose::Probe {
+            Status::Probe
+        } else {
+            Status::Ok
+        };
         let identity = CellIdentity::of_cell(&cell, status);
         if let Some(settings) = &cell.load {
             // A search takes minutes: a dtype the device cannot run is refused first, with what
@@ -350,11 +455,21 @@ pub fn cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: &mut
             crate::run::preflight::check(std::slice::from_ref(&spec), &device)?;
             // A capacity search: its steps' progress goes to the cell's log.
             let rates = crate::load::job::Rates::Search { start: None };
-            let job = crate::load::job::Job { spec: &spec, settings, rates: &rates };
+            let job = crate::load::job::Job {
+                spec: &spec,
+                settings,
+                rates: &rates,
+            };
             let outcome = crate::load::job::run(job, &device, &context, &identity, out, &mut std::io::stderr())?;
             return Ok(match outcome.capacity.flatten() {
-                Some(c) => format!("ok capacity {c:.1}/s within p99 {} ms", settings.slo_p99_ms.unwrap_or_default()),
-                None => format!("ok capacity none within p99 {} ms", settings.slo_p99_ms.unwrap_or_default()),
+                Some(c) => format!(
+                    "ok capacity {c:.1}/s within p99 {} ms",
+                    settings.slo_p99_ms.unwrap_or_default()
+                ),
+                None => format!(
+                    "ok capacity none within p99 {} ms",
+                    settings.slo_p99_ms.unwrap_or_default()
+                ),
             });
         }
         let run = execute(&spec, &device, context, identity)?;
@@ -374,7 +489,11 @@ pub fn cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: &mut
         }
         Err(e) => {
             eprintln!("error: {e:#}");
-            let code = if is_out_of_memory(&e) { crate::sweep::child::EXIT_OOM } else { 1 };
+            let code = if is_out_of_memory(&e) {
+                crate::sweep::child::EXIT_OOM
+            } else {
+                1
+            };
             Ok(std::process::ExitCode::from(code as u8))
         }
     }
@@ -387,10 +506,18 @@ fn scheduled_device(asked: &str) -> Result<crate::device::OpenDevice> {
         return DeviceSpec::Cpu.open();
     }
     let device = DeviceSpec::Cuda.open()?;
-    let got = device.info.selected.as_ref().and_then(|s| s.mig.as_ref()).map(|m| m.profile.clone());
+    let got = device
+        .info
+        .selected
+        .as_ref()
+        .and_then(|s| s.mig.as_ref())
+        .map(|m| m.profile.clone());
     match (asked, got) {
         ("cuda", None) => Ok(device),
-        ("cuda", Some(p)) => anyhow::bail!("the scheduler assigned a MIG {p} slice ({}); the target asks for a whole GPU", device.info.name),
+        ("cuda", Some(p)) => anyhow::bail!(
+            "the scheduler assigned a MIG {p} slice ({}); the target asks for a whole GPU",
+            device.info.name
+        ),
         (profile, Some(p)) if p == profile => Ok(device),
         (profile, got) => anyhow::bail!(
             "the scheduler assigned {} ({}); the target asks for a MIG {profile} slice",
@@ -407,7 +534,11 @@ pub fn cell_ended(spec_path: &Path, out: &Path, invocation: &str, code: i32, log
     let cell = crate::sweep::cell::CellSpec::read(spec_path)?;
     let output = log.and_then(|l| std::fs::read_to_string(l).ok()).unwrap_or_default();
     // A shell reports a process killed by signal N as 128 + N.
-    let exit = if code > 128 { Exit::Signal(code - 128) } else { Exit::Code(code) };
+    let exit = if code > 128 {
+        Exit::Signal(code - 128)
+    } else {
+        Exit::Code(code)
+    };
     let ending = classify(&exit, &output, false, std::time::Duration::ZERO);
     crate::sweep::schedule::record_failure(out, &cell, provenance::now(), &ending, invocation, &provenance::host())
 }
@@ -415,13 +546,25 @@ pub fn cell_ended(spec_path: &Path, out: &Path, invocation: &str, code: i32, log
 /// Whether an error is an allocation failure: CUDA's, cuBLAS's, cuDNN's, candle's.
 fn is_out_of_memory(e: &anyhow::Error) -> bool {
     let text = format!("{e:#}");
-    ["CUDA_ERROR_OUT_OF_MEMORY", "out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED", "memory allocation of"]
-        .iter()
-        .any(|needle| text.contains(needle))
+    [
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "out of memory",
+        "CUBLAS_STATUS_ALLOC_FAILED",
+        "CUDNN_STATUS_ALLOC_FAILED",
+        "memory allocation of",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
 }
 
 /// `migprof compare DIR --baseline SEL --target SEL`.
-pub fn compare(dir: &Path, baseline: &crate::results::compare::Selector, target: &crate::results::compare::Selector, format: crate::results::compare::Format, stdout: &mut dyn Write) -> Result<()> {
+pub fn compare(
+    dir: &Path,
+    baseline: &crate::results::compare::Selector,
+    target: &crate::results::compare::Selector,
+    format: crate::results::compare::Format,
+    stdout: &mut dyn Write,
+) -> Result<()> {
     anyhow::ensure!(dir.is_dir(), "{}: no such results folder", dir.display());
     let runs = read_table(dir, Table::Runs)?;
     anyhow::ensure!(runs.height() > 0, "{}: no runs to compare", dir.display());
@@ -431,7 +574,13 @@ pub fn compare(dir: &Path, baseline: &crate::results::compare::Selector, target:
 }
 
 /// `migprof report DIR...`: writes the report and says where.
-pub fn report(dirs: &[std::path::PathBuf], out: Option<&Path>, format: crate::report::Format, detail_batch: Option<usize>, stdout: &mut dyn Write) -> Result<()> {
+pub fn report(
+    dirs: &[std::path::PathBuf],
+    out: Option<&Path>,
+    format: crate::report::Format,
+    detail_batch: Option<usize>,
+    stdout: &mut dyn Write,
+) -> Result<()> {
     let default = dirs[0].join(match format {
         crate::report::Format::Html => "report.html",
         crate::report::Format::Md => "report.md",
@@ -507,9 +656,16 @@ pub fn finish(out: &Path, report: &RunReport, stdout: &mut dyn Write) -> Result<
     for p in &plots {
         writeln!(stdout, "plot: {}", p.display())?;
     }
-    let not_ok = report.completed.iter().filter(|r| r.assessment.verdict != crate::results::verdict::Verdict::Ok).count();
+    let not_ok = report
+        .completed
+        .iter()
+        .filter(|r| r.assessment.verdict != crate::results::verdict::Verdict::Ok)
+        .count();
     if not_ok > 0 {
-        writeln!(stdout, "{not_ok} run(s) have a verdict other than ok; their verdict_reason column says why")?;
+        writeln!(
+            stdout,
+            "{not_ok} run(s) have a verdict other than ok; their verdict_reason column says why"
+        )?;
     }
     writeln!(stdout, "{}", report_hint(out))?;
     Ok(())
@@ -524,7 +680,10 @@ pub fn devices(json: bool, stdout: &mut dyn Write) -> Result<()> {
             write!(stdout, "{}", t.tree())?;
             writeln!(stdout, "{}", mps_status(&crate::mps::processes::Proc))?;
         }
-        Err(e) => writeln!(stdout, "no NVIDIA GPU here: {e:#}\nmigprof runs on the CPU (--device cpu).")?,
+        Err(e) => writeln!(
+            stdout,
+            "no NVIDIA GPU here: {e:#}\nmigprof runs on the CPU (--device cpu)."
+        )?,
     }
     Ok(())
 }
@@ -533,7 +692,10 @@ pub fn devices(json: bool, stdout: &mut dyn Write) -> Result<()> {
 fn mps_status(procs: &dyn crate::mps::processes::ProcessTable) -> String {
     use crate::mps::daemon::{base_dir, control_program};
     let available = match control_program() {
-        Ok(p) => format!("MPS: available ({}), for emulated slices: --device mps:<profile> or mps:<percent>%", p.display()),
+        Ok(p) => format!(
+            "MPS: available ({}), for emulated slices: --device mps:<profile> or mps:<percent>%",
+            p.display()
+        ),
         Err(e) => format!("MPS: {e:#}"),
     };
     let running = procs.mps_processes();
@@ -541,8 +703,20 @@ fn mps_status(procs: &dyn crate::mps::processes::ProcessTable) -> String {
         return format!("{available}\nMPS: no daemon running");
     }
     let base = base_dir();
-    let each: Vec<String> =
-        running.iter().map(|p| format!("  {} {}", p.describe(), if p.is_under(&base) { "(migprof's)" } else { "(not migprof's)" })).collect();
+    let each: Vec<String> = running
+        .iter()
+        .map(|p| {
+            format!(
+                "  {} {}",
+                p.describe(),
+                if p.is_under(&base) {
+                    "(migprof's)"
+                } else {
+                    "(not migprof's)"
+                }
+            )
+        })
+        .collect();
     format!("{available}\nMPS: running:\n{}", each.join("\n"))
 }
 
@@ -552,7 +726,10 @@ fn profile_table(args: &crate::cli::TableArgs) -> Result<crate::mig::ProfileTabl
         Some(gpu) => crate::mig::table(gpu),
         None => crate::gpu::nvml::profile_table(args.index).map_err(|e| {
             let known: Vec<&str> = crate::mig::GPUS.iter().map(|(n, _)| *n).collect();
-            anyhow::anyhow!("{e:#}\nfor a GPU that is not here, name a known one: --gpu {}", known.join(" | --gpu "))
+            anyhow::anyhow!(
+                "{e:#}\nfor a GPU that is not here, name a known one: --gpu {}",
+                known.join(" | --gpu ")
+            )
         }),
     }
 }
@@ -597,13 +774,30 @@ pub fn mig(cmd: &crate::cli::MigCommand, stdout: &mut dyn Write, stderr: &mut dy
     use crate::mig::apply::{self, Options};
     use crate::mig::config::MigPartedFile;
     let root = is_root();
-    let opts = |yes: bool, enable_mig: bool, disable_mig: bool| Options { yes, enable_mig, disable_mig, root };
+    let opts = |yes: bool, enable_mig: bool, disable_mig: bool| Options {
+        yes,
+        enable_mig,
+        disable_mig,
+        root,
+    };
     match cmd {
-        MigCommand::Apply { file, config, act, enable_mig, disable_mig } => {
+        MigCommand::Apply {
+            file,
+            config,
+            act,
+            enable_mig,
+            disable_mig,
+        } => {
             // The file first: a bad file is reported on any machine, with or without a driver.
             let layout = MigPartedFile::read(file)?;
             let mut nvml = crate::gpu::mig_control::NvmlControl::new()?;
-            apply::apply(&mut nvml, &layout, config.as_deref(), &opts(act.yes, *enable_mig, *disable_mig), stdout)
+            apply::apply(
+                &mut nvml,
+                &layout,
+                config.as_deref(),
+                &opts(act.yes, *enable_mig, *disable_mig),
+                stdout,
+            )
         }
         MigCommand::Destroy { gpu, act } => {
             let mut nvml = crate::gpu::mig_control::NvmlControl::new()?;
@@ -635,12 +829,19 @@ fn is_root() -> bool {
 
 /// The model catalogue as a table.
 pub fn models(stdout: &mut dyn Write) -> Result<()> {
-    let header = format!("{:<12} {:<8} {:<14} {:>13} {:>14} {:>9}", "model", "family", "input", "params", "GFLOPs/sample", "preset");
+    let header = format!(
+        "{:<12} {:<8} {:<14} {:>13} {:>14} {:>9}",
+        "model", "family", "input", "params", "GFLOPs/sample", "preset"
+    );
     writeln!(stdout, "{header}")?;
     writeln!(stdout, "{}", "-".repeat(header.len()))?;
     for m in workloads::models() {
         let input = match m.input {
-            workloads::InputShape::Image { channels, height, width } => format!("{channels}x{height}x{width}"),
+            workloads::InputShape::Image {
+                channels,
+                height,
+                width,
+            } => format!("{channels}x{height}x{width}"),
             workloads::InputShape::Tokens { seq_len, .. } => format!("{seq_len} tokens"),
         };
         writeln!(
@@ -687,8 +888,16 @@ mod tests {
         let mut out = Vec::new();
         models(&mut out)?;
         let text = String::from_utf8(out)?;
-        assert!(text.lines().any(|l| l.starts_with("resnet18 ") && l.contains("11,689,512")), "{text}");
-        assert!(text.lines().any(|l| l.starts_with("resnet50 ") && l.contains("25,557,032")), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("resnet18 ") && l.contains("11,689,512")),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("resnet50 ") && l.contains("25,557,032")),
+            "{text}"
+        );
         Ok(())
     }
 }

@@ -11,7 +11,11 @@ use workloads::Mode;
 use crate::device::DeviceSpec;
 
 #[derive(Debug, Parser)]
-#[command(name = "migprof", version, about = "Profile deep-learning workloads on NVIDIA GPUs, MIG slices and CPUs")]
+#[command(
+    name = "migprof",
+    version,
+    about = "Profile deep-learning workloads on NVIDIA GPUs, MIG slices and CPUs"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -417,7 +421,6 @@ impl From<DTypeArg> for candle_core::DType {
     }
 }
 
-
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// Models to run, comma-separated (see `migprof models`).
@@ -548,7 +551,13 @@ pub struct KernelArgs {
 
 impl KernelArgs {
     pub fn options(&self) -> KernelOptions {
-        KernelOptions { attention: self.attention, layers: self.encoder_layers, gemm: self.gemm_algorithm, graphs: self.cuda_graphs, convs: self.convs }
+        KernelOptions {
+            attention: self.attention,
+            layers: self.encoder_layers,
+            gemm: self.gemm_algorithm,
+            graphs: self.cuda_graphs,
+            convs: self.convs,
+        }
     }
 }
 
@@ -564,14 +573,18 @@ where
 fn parse_batch(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(b) if b > 0 => Ok(b),
-        _ => Err(format!("batch sizes are positive integers, comma-separated (e.g. --batch 1,8,32); got `{s}`")),
+        _ => Err(format!(
+            "batch sizes are positive integers, comma-separated (e.g. --batch 1,8,32); got `{s}`"
+        )),
     }
 }
 
 fn parse_max_batch(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(b) if b > 0 => Ok(b),
-        _ => Err(format!("the batcher's largest batch is one positive integer (e.g. --max-batch 32); got `{s}`")),
+        _ => Err(format!(
+            "the batcher's largest batch is one positive integer (e.g. --max-batch 32); got `{s}`"
+        )),
     }
 }
 
@@ -579,7 +592,9 @@ fn parse_max_batch(s: &str) -> Result<usize, String> {
 fn parse_percent(s: &str) -> Result<f64, String> {
     match s.trim().trim_end_matches('%').parse::<f64>() {
         Ok(v) if v > 0.0 && v < 100.0 => Ok(v),
-        _ => Err(format!("expected a percentage above 0 and below 100 (e.g. 2 for ±2%); got `{s}`")),
+        _ => Err(format!(
+            "expected a percentage above 0 and below 100 (e.g. 2 for ±2%); got `{s}`"
+        )),
     }
 }
 
@@ -587,7 +602,9 @@ fn parse_percent(s: &str) -> Result<f64, String> {
 fn parse_rate(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("rates are requests per second above zero, comma-separated (e.g. --qps 100,200,400); got `{s}`")),
+        _ => Err(format!(
+            "rates are requests per second above zero, comma-separated (e.g. --qps 100,200,400); got `{s}`"
+        )),
     }
 }
 
@@ -626,7 +643,10 @@ mod tests {
             Cli::try_parse_from(argv).unwrap_err().to_string()
         };
         let e = err("--model resnet19");
-        assert!(e.contains("resnet19") && e.contains("resnet18") && e.contains("resnet152"), "{e}");
+        assert!(
+            e.contains("resnet19") && e.contains("resnet18") && e.contains("resnet152"),
+            "{e}"
+        );
         let e = err("--batch 1,0");
         assert!(e.contains("positive integers"), "{e}");
         let e = err("--batch eight");

@@ -97,7 +97,10 @@ impl DeviceSpec {
         pin(&selected);
         let device = Device::new_cuda(0)?;
         workloads::memory::pool_allocations(&device)?;
-        Ok(OpenDevice { device, info: describe(selected) })
+        Ok(OpenDevice {
+            device,
+            info: describe(selected),
+        })
     }
 
     pub fn is_mps(&self) -> bool {
@@ -108,12 +111,18 @@ impl DeviceSpec {
     /// (asked for only then) has a usable one, else the CPU, with the reason.
     pub fn default_for(discover: impl FnOnce() -> Result<Topology>) -> (DeviceSpec, Option<String>) {
         if !candle_core::utils::cuda_is_available() {
-            return (DeviceSpec::Cpu, Some("this migprof was built without CUDA support; running on the CPU".into()));
+            return (
+                DeviceSpec::Cpu,
+                Some("this migprof was built without CUDA support; running on the CPU".into()),
+            );
         }
         match discover() {
             Ok(t) => match gpu::select(&t, &first_visible()) {
                 Ok(_) => (DeviceSpec::Cuda, None),
-                Err(e) => (DeviceSpec::Cpu, Some(format!("no usable GPU ({e:#}); running on the CPU"))),
+                Err(e) => (
+                    DeviceSpec::Cpu,
+                    Some(format!("no usable GPU ({e:#}); running on the CPU")),
+                ),
             },
             Err(e) => (DeviceSpec::Cpu, Some(format!("{e:#}; running on the CPU"))),
         }
@@ -158,7 +167,15 @@ fn open_mps_client(target: &crate::mps::MpsTarget) -> Result<OpenDevice> {
         eprintln!("warning: {why}");
     }
     let name = format!("{} MPS-emulated {}", selected.gpu.name, emulation.share.describe());
-    Ok(OpenDevice { device, info: DeviceInfo { kind: "mps", name, selected: Some(selected), emulation: Some(emulation) } })
+    Ok(OpenDevice {
+        device,
+        info: DeviceInfo {
+            kind: "mps",
+            name,
+            selected: Some(selected),
+            emulation: Some(emulation),
+        },
+    })
 }
 
 #[cfg(feature = "cuda")]
@@ -191,11 +208,24 @@ fn describe(selected: Selected) -> DeviceInfo {
         Some(m) => ("mig", format!("{} MIG {}", selected.gpu.name, m.profile)),
         None => ("cuda", selected.gpu.name.clone()),
     };
-    DeviceInfo { kind, name, selected: Some(selected), emulation: None }
+    DeviceInfo {
+        kind,
+        name,
+        selected: Some(selected),
+        emulation: None,
+    }
 }
 
 fn cpu() -> OpenDevice {
-    OpenDevice { device: Device::Cpu, info: DeviceInfo { kind: "cpu", name: cpu_name(), selected: None, emulation: None } }
+    OpenDevice {
+        device: Device::Cpu,
+        info: DeviceInfo {
+            kind: "cpu",
+            name: cpu_name(),
+            selected: None,
+            emulation: None,
+        },
+    }
 }
 
 /// The CPU model from /proc/cpuinfo and the number of threads candle's CPU kernels use.
@@ -224,21 +254,42 @@ mod tests {
         assert_eq!("1".parse::<DeviceSpec>().unwrap(), DeviceSpec::Gpu("1".into()));
         let mig = "MIG-4f6e2a1c-0000-5000-8000-000000000000";
         assert_eq!(mig.parse::<DeviceSpec>().unwrap(), DeviceSpec::Gpu(mig.into()));
-        assert_eq!("GPU-ab12".parse::<DeviceSpec>().unwrap(), DeviceSpec::Gpu("GPU-ab12".into()));
+        assert_eq!(
+            "GPU-ab12".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Gpu("GPU-ab12".into())
+        );
         for profile in ["3g.40gb", "1g.10gb+me", "1c.3g.40gb"] {
             assert_eq!(profile.parse::<DeviceSpec>().unwrap(), DeviceSpec::Gpu(profile.into()));
         }
         let mps = "mps:3g.40gb@1".parse::<DeviceSpec>().unwrap();
         assert!(mps.is_mps());
         assert_eq!(mps.to_string(), "mps:3g.40gb@1");
-        assert!("mps:120%".parse::<DeviceSpec>().unwrap_err().to_string().contains("1% to 100%"));
+        assert!("mps:120%"
+            .parse::<DeviceSpec>()
+            .unwrap_err()
+            .to_string()
+            .contains("1% to 100%"));
     }
 
     #[test]
     fn rejects_junk_naming_the_valid_choices() {
-        for bad in ["tpu", "cuda:x", "cuda:-1", "MIG-", "gpu0", "-1", "3g", "3g.40", "g.40gb", "3g.40gb+mx"] {
+        for bad in [
+            "tpu",
+            "cuda:x",
+            "cuda:-1",
+            "MIG-",
+            "gpu0",
+            "-1",
+            "3g",
+            "3g.40",
+            "g.40gb",
+            "3g.40gb+mx",
+        ] {
             let err = bad.parse::<DeviceSpec>().unwrap_err().to_string();
-            assert!(err.contains(&format!("`{bad}`")) && err.contains(VALID_DEVICES), "{err}");
+            assert!(
+                err.contains(&format!("`{bad}`")) && err.contains(VALID_DEVICES),
+                "{err}"
+            );
         }
     }
 
@@ -254,9 +305,16 @@ mod tests {
         if candle_core::utils::cuda_is_available() {
             return; // a CUDA build: covered on the GPU machine instead
         }
-        for spec in [DeviceSpec::Cuda, DeviceSpec::Gpu("0".into()), "mps:3g.40gb".parse().unwrap()] {
+        for spec in [
+            DeviceSpec::Cuda,
+            DeviceSpec::Gpu("0".into()),
+            "mps:3g.40gb".parse().unwrap(),
+        ] {
             let err = spec.open().err().unwrap().to_string();
-            assert!(err.contains("built without CUDA support") && err.contains("valid devices in this build: cpu"), "{err}");
+            assert!(
+                err.contains("built without CUDA support") && err.contains("valid devices in this build: cpu"),
+                "{err}"
+            );
         }
         let (spec, why) = DeviceSpec::default_for(|| panic!("a CPU build does not ask NVML"));
         assert_eq!(spec, DeviceSpec::Cpu);

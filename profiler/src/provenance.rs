@@ -31,7 +31,11 @@ pub fn host() -> String {
 pub fn run_id(started: DateTime<Utc>) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{}-{n:06}-{:08x}", started.format("%Y%m%dT%H%M%S%.3fZ"), rand::random::<u32>())
+    format!(
+        "{}-{n:06}-{:08x}",
+        started.format("%Y%m%dT%H%M%S%.3fZ"),
+        rand::random::<u32>()
+    )
 }
 
 #[cfg(test)]

@@ -7,15 +7,30 @@ use migprof::results::store::{read_table, Table};
 use polars::prelude::*;
 
 fn migprof(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_migprof")).args(args).output().expect("migprof runs")
+    Command::new(env!("CARGO_BIN_EXE_migprof"))
+        .args(args)
+        .output()
+        .expect("migprof runs")
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 fn f64s(df: &DataFrame, name: &str) -> Vec<f64> {
-    df.column(name).unwrap().cast(&DataType::Float64).unwrap().f64().unwrap().iter().map(|v| v.unwrap()).collect()
+    df.column(name)
+        .unwrap()
+        .cast(&DataType::Float64)
+        .unwrap()
+        .f64()
+        .unwrap()
+        .iter()
+        .map(|v| v.unwrap())
+        .collect()
 }
 
 fn run_tiny(out: &Path, extra: &[&str]) -> Output {
@@ -29,7 +44,19 @@ fn run_tiny(out: &Path, extra: &[&str]) -> Output {
 fn resnet18_two_batches_then_again_keeps_all_four_runs() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("D");
-    let args = ["run", "--model", "resnet18", "--batch", "1,2", "--iters", "5", "--device", "cpu", "--out", out.to_str().unwrap()];
+    let args = [
+        "run",
+        "--model",
+        "resnet18",
+        "--batch",
+        "1,2",
+        "--iters",
+        "5",
+        "--device",
+        "cpu",
+        "--out",
+        out.to_str().unwrap(),
+    ];
     let first = migprof(&args);
     assert!(first.status.success(), "{}", text(&first));
 
@@ -41,12 +68,26 @@ fn resnet18_two_batches_then_again_keeps_all_four_runs() {
         assert!((tput[i] - 1000.0 / mean[i] * batch[i]).abs() < 1e-9 * tput[i]);
         assert!(p50[i] <= p99[i]);
     }
-    let verdicts: Vec<&str> = runs.column("verdict").unwrap().str().unwrap().iter().map(|v| v.unwrap()).collect();
-    assert_eq!(verdicts, vec!["too_few_iterations"; 2], "5 iterations are fewer than the minimum");
+    let verdicts: Vec<&str> = runs
+        .column("verdict")
+        .unwrap()
+        .str()
+        .unwrap()
+        .iter()
+        .map(|v| v.unwrap())
+        .collect();
+    assert_eq!(
+        verdicts,
+        vec!["too_few_iterations"; 2],
+        "5 iterations are fewer than the minimum"
+    );
     assert_eq!(read_table(&out, Table::Samples).unwrap().height(), 10);
 
     let stdout = String::from_utf8_lossy(&first.stdout);
-    assert!(stdout.contains("resnet18") && stdout.contains("too_few_iterations"), "{stdout}");
+    assert!(
+        stdout.contains("resnet18") && stdout.contains("too_few_iterations"),
+        "{stdout}"
+    );
     assert!(out.join("throughput_vs_batch.svg").exists() && out.join("latency_vs_batch.svg").exists());
 
     let second = migprof(&args);
@@ -58,7 +99,10 @@ fn resnet18_two_batches_then_again_keeps_all_four_runs() {
 #[test]
 fn training_records_loss_and_training_flops() {
     let dir = tempfile::tempdir().unwrap();
-    let o = run_tiny(dir.path(), &["--mode", "train", "--batch", "4", "--iters", "12", "--warmup", "1"]);
+    let o = run_tiny(
+        dir.path(),
+        &["--mode", "train", "--batch", "4", "--iters", "12", "--warmup", "1"],
+    );
     assert!(o.status.success(), "{}", text(&o));
     let runs = read_table(dir.path(), Table::Runs).unwrap();
     let (first, last) = (f64s(&runs, "loss_first")[0], f64s(&runs, "loss_last")[0]);
@@ -74,10 +118,22 @@ fn bad_values_are_refused_naming_the_choices_and_earlier_results_stay() {
     assert!(ok.status.success(), "{}", text(&ok));
 
     for (args, wants) in [
-        (vec!["--model", "resnet19"], vec!["resnet19", "resnet18", "resnet50", "resnet_tiny"]),
+        (
+            vec!["--model", "resnet19"],
+            vec!["resnet19", "resnet18", "resnet50", "resnet_tiny"],
+        ),
         (vec!["--batch", "1,-2"], vec!["positive integers", "--batch 1,8,32"]),
         (vec!["--batch", "0"], vec!["positive integers"]),
-        (vec!["--device", "tpu:0"], vec!["unknown device `tpu:0`", "cpu, cuda", "GPU-<uuid>", "MIG-<uuid>", "mps:<profile>"]),
+        (
+            vec!["--device", "tpu:0"],
+            vec![
+                "unknown device `tpu:0`",
+                "cpu, cuda",
+                "GPU-<uuid>",
+                "MIG-<uuid>",
+                "mps:<profile>",
+            ],
+        ),
         (vec!["--device", "mps:3g"], vec!["`mps:3g`", "mps:3g.40gb", "mps:45%"]),
         (vec!["--dtype", "fp8"], vec!["f32", "bf16", "f16"]),
         (vec!["--mode", "eval"], vec!["infer", "train"]),
@@ -101,7 +157,11 @@ fn bad_values_are_refused_naming_the_choices_and_earlier_results_stay() {
             assert!(text(&o).contains("built without CUDA support"), "{}", text(&o));
         }
     }
-    assert_eq!(read_table(dir.path(), Table::Runs).unwrap().height(), 1, "the earlier run is kept");
+    assert_eq!(
+        read_table(dir.path(), Table::Runs).unwrap().height(),
+        1,
+        "the earlier run is kept"
+    );
 }
 
 #[test]
@@ -112,14 +172,20 @@ fn an_unsupported_dtype_fails_before_any_run_and_keeps_the_folder() {
     let o = run_tiny(dir.path(), &["--batch", "2", "--iters", "3", "--dtype", "f32,bf16"]);
     assert_eq!(o.status.code(), Some(1));
     let msg = text(&o);
-    assert!(msg.contains("resnet_tiny infer bf16 cannot run on cpu") && msg.contains("what runs there"), "{msg}");
+    assert!(
+        msg.contains("resnet_tiny infer bf16 cannot run on cpu") && msg.contains("what runs there"),
+        "{msg}"
+    );
     assert_eq!(read_table(dir.path(), Table::Runs).unwrap().height(), 1);
 
     // tf32 is a tensor-core mode: refused on the CPU, naming the choices, and still nothing written.
     let o = run_tiny(dir.path(), &["--batch", "2", "--iters", "3", "--dtype", "tf32"]);
     assert_eq!(o.status.code(), Some(1));
     let msg = text(&o);
-    assert!(msg.contains("tf32 is a mode of NVIDIA tensor cores") && msg.contains("choices: f32, bf16, f16"), "{msg}");
+    assert!(
+        msg.contains("tf32 is a mode of NVIDIA tensor cores") && msg.contains("choices: f32, bf16, f16"),
+        "{msg}"
+    );
     assert_eq!(read_table(dir.path(), Table::Runs).unwrap().height(), 1);
 }
 
@@ -130,7 +196,11 @@ fn an_unusable_results_folder_is_refused_before_measuring() {
     std::fs::write(&file, "not a folder").unwrap();
     let o = run_tiny(&file, &["--iters", "3"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o).contains("cannot use") && text(&o).contains("as the results folder"), "{}", text(&o));
+    assert!(
+        text(&o).contains("cannot use") && text(&o).contains("as the results folder"),
+        "{}",
+        text(&o)
+    );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a folder");
 }
 
@@ -140,9 +210,15 @@ fn models_lists_every_model_with_exact_counts() {
     assert!(o.status.success());
     let out = String::from_utf8_lossy(&o.stdout);
     for name in workloads::model_names() {
-        assert!(out.lines().any(|l| l.starts_with(&format!("{name} "))), "{name} missing:\n{out}");
+        assert!(
+            out.lines().any(|l| l.starts_with(&format!("{name} "))),
+            "{name} missing:\n{out}"
+        );
     }
-    assert!(out.contains("11,689,512") && out.contains("25,557,032") && out.contains("60,192,808"), "{out}");
+    assert!(
+        out.contains("11,689,512") && out.contains("25,557,032") && out.contains("60,192,808"),
+        "{out}"
+    );
 }
 
 /// pyarrow, the reader most users have, reads what migprof wrote and every row keeps its promises
@@ -150,15 +226,40 @@ fn models_lists_every_model_with_exact_counts() {
 #[test]
 #[ignore = "needs python3 with pyarrow"]
 fn pyarrow_reads_the_folder_and_every_row_checks_out() {
-    let has_pyarrow = Command::new("python3").args(["-c", "import pyarrow"]).output().is_ok_and(|o| o.status.success());
-    assert!(has_pyarrow, "this test needs python3 with pyarrow (`python3 -m pip install pyarrow`)");
+    let has_pyarrow = Command::new("python3")
+        .args(["-c", "import pyarrow"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        has_pyarrow,
+        "this test needs python3 with pyarrow (`python3 -m pip install pyarrow`)"
+    );
     let dir = tempfile::tempdir().unwrap();
-    let o = run_tiny(dir.path(), &["--mode", "infer,train", "--batch", "1,3", "--iters", "10", "--warmup", "1"]);
+    let o = run_tiny(
+        dir.path(),
+        &[
+            "--mode",
+            "infer,train",
+            "--batch",
+            "1,3",
+            "--iters",
+            "10",
+            "--warmup",
+            "1",
+        ],
+    );
     assert!(o.status.success(), "{}", text(&o));
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/check_results.py");
-    let check = Command::new("python3").args([script, dir.path().to_str().unwrap(), "--runs", "4"]).output().unwrap();
+    let check = Command::new("python3")
+        .args([script, dir.path().to_str().unwrap(), "--runs", "4"])
+        .output()
+        .unwrap();
     assert!(check.status.success(), "{}", text(&check));
-    assert!(String::from_utf8_lossy(&check.stdout).contains("4 runs checked, 0 problems"), "{}", text(&check));
+    assert!(
+        String::from_utf8_lossy(&check.stdout).contains("4 runs checked, 0 problems"),
+        "{}",
+        text(&check)
+    );
 }
 
 /// benches/rounds.py, the verdict over rounds of the comparison with PyTorch, on two real results
@@ -168,8 +269,14 @@ fn pyarrow_reads_the_folder_and_every_row_checks_out() {
 #[test]
 #[ignore = "needs python3 with pyarrow"]
 fn rounds_gives_each_cell_its_median_ratio_and_verdict() {
-    let has_pyarrow = Command::new("python3").args(["-c", "import pyarrow"]).output().is_ok_and(|o| o.status.success());
-    assert!(has_pyarrow, "this test needs python3 with pyarrow (`python3 -m pip install pyarrow`)");
+    let has_pyarrow = Command::new("python3")
+        .args(["-c", "import pyarrow"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        has_pyarrow,
+        "this test needs python3 with pyarrow (`python3 -m pip install pyarrow`)"
+    );
     let dir = tempfile::tempdir().unwrap();
     let mut args = Vec::new();
     // Two rounds; PyTorch's best variant made to give ratios 2.0 and 1.6 for batch 1 (median 1.8:
@@ -201,31 +308,70 @@ fn rounds_gives_each_cell_its_median_ratio_and_verdict() {
     let o = Command::new("python3").arg(script).args(&args).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
-    let row = |batch: &str| out.lines().find(|l| l.split_whitespace().nth(3) == Some(batch)).unwrap_or_else(|| panic!("no batch {batch}:\n{out}")).to_string();
+    let row = |batch: &str| {
+        out.lines()
+            .find(|l| l.split_whitespace().nth(3) == Some(batch))
+            .unwrap_or_else(|| panic!("no batch {batch}:\n{out}"))
+            .to_string()
+    };
     let one = row("1");
     let one: Vec<&str> = one.split_whitespace().collect();
     assert_eq!(&one[4..7], ["2.00", "1.60", "1.80"], "{out}");
     assert_eq!((one[9], one[10]), ("compile", "meets"), "{out}");
     let three = row("3");
-    assert!(three.contains("1.20") && three.contains("0.90") && three.contains("1.05") && three.ends_with("below"), "{out}");
+    assert!(
+        three.contains("1.20") && three.contains("0.90") && three.contains("1.05") && three.ends_with("below"),
+        "{out}"
+    );
     let five = row("5");
     assert!(five.contains("1.50") && five.ends_with("throttled (pytorch)"), "{out}");
-    assert!(out.contains("1 of 3 cells meet the goal") && out.contains("1 not judged"), "{out}");
+    assert!(
+        out.contains("1 of 3 cells meet the goal") && out.contains("1 not judged"),
+        "{out}"
+    );
 }
 
 #[test]
 fn every_family_runs_in_both_modes_and_every_cpu_dtype() {
     let dir = tempfile::tempdir().unwrap();
-    let tiny: Vec<&str> = workloads::models().into_iter().filter(|m| m.tiny).map(|m| m.name).collect();
+    let tiny: Vec<&str> = workloads::models()
+        .into_iter()
+        .filter(|m| m.tiny)
+        .map(|m| m.name)
+        .collect();
     let models = tiny.join(",");
     let out = dir.path().to_str().unwrap();
-    let args = ["run", "--model", &models, "--mode", "infer,train", "--dtype", "f32,f16", "--batch", "2", "--iters", "2", "--warmup", "0", "--device", "cpu", "--out", out];
+    let args = [
+        "run",
+        "--model",
+        &models,
+        "--mode",
+        "infer,train",
+        "--dtype",
+        "f32,f16",
+        "--batch",
+        "2",
+        "--iters",
+        "2",
+        "--warmup",
+        "0",
+        "--device",
+        "cpu",
+        "--out",
+        out,
+    ];
     let o = migprof(&args);
     assert!(o.status.success(), "{}", text(&o));
     let runs = read_table(dir.path(), Table::Runs).unwrap();
     assert_eq!(runs.height(), tiny.len() * 4);
     let col = |name: &str| -> Vec<Option<String>> {
-        runs.column(name).unwrap().str().unwrap().iter().map(|v| v.map(str::to_string)).collect()
+        runs.column(name)
+            .unwrap()
+            .str()
+            .unwrap()
+            .iter()
+            .map(|v| v.map(str::to_string))
+            .collect()
     };
     let (mode, optimizer, model) = (col("mode"), col("optimizer"), col("model"));
     for i in 0..runs.height() {
@@ -237,7 +383,12 @@ fn every_family_runs_in_both_modes_and_every_cpu_dtype() {
     }
     let seq: Vec<Option<i64>> = runs.column("seq_len").unwrap().i64().unwrap().iter().collect();
     for i in 0..runs.height() {
-        assert_eq!(seq[i].is_some(), model[i].as_deref() == Some("bert_tiny"), "{:?}", model[i]);
+        assert_eq!(
+            seq[i].is_some(),
+            model[i].as_deref() == Some("bert_tiny"),
+            "{:?}",
+            model[i]
+        );
     }
 }
 
@@ -246,11 +397,23 @@ fn plan_says_where_a_layout_goes_or_why_it_does_not_fit() {
     let o = migprof(&["plan", "--gpu", "h100-80gb", "3g.40gb,2g.20gb,1g.10gb,1g.10gb"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("1. 3g.40gb") && out.contains("uses 7/7 compute slices, 8/8 memory slices"), "{out}");
+    assert!(
+        out.contains("1. 3g.40gb") && out.contains("uses 7/7 compute slices, 8/8 memory slices"),
+        "{out}"
+    );
 
-    let o = migprof(&["plan", "--gpu", "h100-80gb", "1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb"]);
+    let o = migprof(&[
+        "plan",
+        "--gpu",
+        "h100-80gb",
+        "1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb",
+    ]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o).contains("does not fit") && text(&o).contains("at most 7"), "{}", text(&o));
+    assert!(
+        text(&o).contains("does not fit") && text(&o).contains("at most 7"),
+        "{}",
+        text(&o)
+    );
 
     let o = migprof(&["plan", "--gpu", "h100-80gb", "3g.20gb"]);
     assert_eq!(o.status.code(), Some(1));
@@ -259,11 +422,21 @@ fn plan_says_where_a_layout_goes_or_why_it_does_not_fit() {
     let o = migprof(&["plan", "--gpu", "a100-40gb", "1g.10gb,1g.10gb,1g.10gb,1g.10gb"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let o = migprof(&["plan", "--gpu", "b200", "3g.20gb"]);
-    assert!(text(&o).contains("known GPUs: a100-40gb, a100-80gb, a30-24gb, h100-80gb, h200-141gb"), "{}", text(&o));
+    assert!(
+        text(&o).contains("known GPUs: a100-40gb, a100-80gb, a30-24gb, h100-80gb, h200-141gb"),
+        "{}",
+        text(&o)
+    );
 
     let o = migprof(&["plan", "--gpu", "h200-141gb", "--list"]);
     assert!(o.status.success());
-    assert!(String::from_utf8_lossy(&o.stdout).lines().any(|l| l.trim() == "4g.71gb,3g.71gb"), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .any(|l| l.trim() == "4g.71gb,3g.71gb"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]
@@ -271,25 +444,40 @@ fn profiles_prints_a_checked_in_table() {
     let o = migprof(&["profiles", "--gpu", "h200-141gb"]);
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.lines().any(|l| l.starts_with("3g.71gb") && l.contains("{0,4}:4")), "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("3g.71gb") && l.contains("{0,4}:4")),
+        "{out}"
+    );
 }
 
 #[test]
 fn mig_apply_reads_the_layout_file_before_anything_else() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.yaml");
-    std::fs::write(&bad, "version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: maybe\n").unwrap();
+    std::fs::write(
+        &bad,
+        "version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: maybe\n",
+    )
+    .unwrap();
     let o = migprof(&["mig", "apply", bad.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).contains("is not a mig-parted layout file"), "{}", text(&o));
 
     let o = migprof(&["mig", "apply", dir.path().join("missing.yaml").to_str().unwrap()]);
-    assert!(text(&o).contains("reading") && text(&o).contains("missing.yaml"), "{}", text(&o));
+    assert!(
+        text(&o).contains("reading") && text(&o).contains("missing.yaml"),
+        "{}",
+        text(&o)
+    );
 
     let o = migprof(&["mig", "frobnicate"]);
     assert_eq!(o.status.code(), Some(2));
     let o = migprof(&["mig", "--help"]);
-    assert!(text(&o).contains("apply") && text(&o).contains("destroy") && text(&o).contains("export"), "{}", text(&o));
+    assert!(
+        text(&o).contains("apply") && text(&o).contains("destroy") && text(&o).contains("export"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]
@@ -301,7 +489,11 @@ fn mig_commands_without_a_driver_say_so() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("layout.yaml");
     std::fs::write(&file, "version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {3g.40gb: 2}\n").unwrap();
-    for args in [vec!["mig", "apply", file.to_str().unwrap()], vec!["mig", "export"], vec!["mig", "destroy"]] {
+    for args in [
+        vec!["mig", "apply", file.to_str().unwrap()],
+        vec!["mig", "export"],
+        vec!["mig", "destroy"],
+    ] {
         let o = migprof(&args);
         assert_eq!(o.status.code(), Some(1), "{args:?}");
         assert!(text(&o).contains("no usable NVIDIA driver"), "{args:?}: {}", text(&o));
@@ -311,32 +503,67 @@ fn mig_commands_without_a_driver_say_so() {
 #[test]
 fn compare_matches_cells_across_a_column_and_prints_the_ratio() {
     let dir = tempfile::tempdir().unwrap();
-    let ok = run_tiny(dir.path(), &["--dtype", "f32,f16", "--batch", "1,2", "--iters", "12", "--warmup", "1"]);
+    let ok = run_tiny(
+        dir.path(),
+        &["--dtype", "f32,f16", "--batch", "1,2", "--iters", "12", "--warmup", "1"],
+    );
     assert!(ok.status.success(), "{}", text(&ok));
     let d = dir.path().to_str().unwrap();
-    let o = migprof(&["compare", d, "--baseline", "dtype=f32", "--target", "dtype=f16", "--format", "json"]);
+    let o = migprof(&[
+        "compare",
+        d,
+        "--baseline",
+        "dtype=f32",
+        "--target",
+        "dtype=f16",
+        "--format",
+        "json",
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let rows = json["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2, "{json}");
     let runs = read_table(dir.path(), Table::Runs).unwrap();
     let (dtypes, batches, tps) = (
-        runs.column("dtype").unwrap().str().unwrap().iter().map(|v| v.unwrap().to_string()).collect::<Vec<_>>(),
+        runs.column("dtype")
+            .unwrap()
+            .str()
+            .unwrap()
+            .iter()
+            .map(|v| v.unwrap().to_string())
+            .collect::<Vec<_>>(),
         f64s(&runs, "batch"),
         f64s(&runs, "throughput"),
     );
-    let tp = |dtype: &str, batch: f64| (0..runs.height()).find(|&i| dtypes[i] == dtype && batches[i] == batch).map(|i| tps[i]).unwrap();
+    let tp = |dtype: &str, batch: f64| {
+        (0..runs.height())
+            .find(|&i| dtypes[i] == dtype && batches[i] == batch)
+            .map(|i| tps[i])
+            .unwrap()
+    };
     for r in rows {
         let batch: f64 = r["cell"]["batch"].as_str().unwrap().parse().unwrap();
         let want = tp("f16", batch) / tp("f32", batch);
         assert!((r["ratio"].as_f64().unwrap() - want).abs() < 1e-9, "{r}");
-        assert!(r["ratio_ci_low"].as_f64().unwrap() <= want && want <= r["ratio_ci_high"].as_f64().unwrap(), "{r}");
+        assert!(
+            r["ratio_ci_low"].as_f64().unwrap() <= want && want <= r["ratio_ci_high"].as_f64().unwrap(),
+            "{r}"
+        );
         // A dtype comparison keeps each device with itself: the target is part of the cell.
         assert!(r["cell"]["target"].as_str().unwrap().contains("threads"), "{r}");
     }
     let text_out = migprof(&["compare", d, "--baseline", "dtype=f32", "--target", "dtype=f16"]);
-    assert!(String::from_utf8_lossy(&text_out.stdout).contains("dtype=f16 (target) against dtype=f32 (baseline): 2 matched cell(s)"), "{}", text(&text_out));
+    assert!(
+        String::from_utf8_lossy(&text_out.stdout)
+            .contains("dtype=f16 (target) against dtype=f32 (baseline): 2 matched cell(s)"),
+        "{}",
+        text(&text_out)
+    );
     let bad = migprof(&["compare", d, "--baseline", "dtype=f32", "--target", "dtype=bf16"]);
     assert_eq!(bad.status.code(), Some(1));
-    assert!(text(&bad).contains("no ok run has dtype=bf16; values of `dtype` here: f16, f32"), "{}", text(&bad));
+    assert!(
+        text(&bad).contains("no ok run has dtype=bf16; values of `dtype` here: f16, f32"),
+        "{}",
+        text(&bad)
+    );
 }

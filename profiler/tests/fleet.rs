@@ -15,7 +15,11 @@ fn migprof() -> Command {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 fn write_sweep(dir: &Path, name: &str, duration: f64, target: &str) -> PathBuf {
@@ -44,7 +48,15 @@ batches = [1, 2]
 /// (cell_id, status) of every row of a folder.
 fn cells(out: &Path) -> BTreeSet<(String, String)> {
     let runs = read_table(out, Table::Runs).unwrap();
-    let col = |n: &str| runs.column(n).unwrap().str().unwrap().iter().map(|v| v.unwrap_or("").to_string()).collect::<Vec<_>>();
+    let col = |n: &str| {
+        runs.column(n)
+            .unwrap()
+            .str()
+            .unwrap()
+            .iter()
+            .map(|v| v.unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+    };
     col("cell_id").into_iter().zip(col("status")).collect()
 }
 
@@ -58,7 +70,12 @@ impl Cluster {
     fn start() -> Cluster {
         for tool in ["munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel"] {
             assert!(
-                Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().unwrap().status.success(),
+                Command::new("sh")
+                    .args(["-c", &format!("command -v {tool}")])
+                    .output()
+                    .unwrap()
+                    .status
+                    .success(),
                 "{tool} is missing: install Debian's slurm-wlm and munge (.ci/run does)"
             );
         }
@@ -81,7 +98,10 @@ impl Cluster {
             .status()
             .unwrap();
         assert!(ok.success(), "munged did not start");
-        let host = String::from_utf8(Command::new("hostname").arg("-s").output().unwrap().stdout).unwrap().trim().to_string();
+        let host = String::from_utf8(Command::new("hostname").arg("-s").output().unwrap().stdout)
+            .unwrap()
+            .trim()
+            .to_string();
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         let conf = format!(
             "ClusterName=local\nSlurmctldHost={host}\nAuthType=auth/munge\nAuthInfo=socket={sock}\nCredType=cred/munge\nSlurmUser=root\nSlurmdUser=root\n\
@@ -95,9 +115,27 @@ impl Cluster {
         );
         std::fs::write(d.join("slurm.conf"), conf).unwrap();
         let cluster = Cluster { dir };
-        assert!(cluster.cmd("slurmctld").arg("-f").arg(cluster.conf()).status().unwrap().success(), "slurmctld did not start");
+        assert!(
+            cluster
+                .cmd("slurmctld")
+                .arg("-f")
+                .arg(cluster.conf())
+                .status()
+                .unwrap()
+                .success(),
+            "slurmctld did not start"
+        );
         std::thread::sleep(Duration::from_secs(2));
-        assert!(cluster.cmd("slurmd").arg("-f").arg(cluster.conf()).status().unwrap().success(), "slurmd did not start");
+        assert!(
+            cluster
+                .cmd("slurmd")
+                .arg("-f")
+                .arg(cluster.conf())
+                .status()
+                .unwrap()
+                .success(),
+            "slurmd did not start"
+        );
         // Until the node is idle.
         let start = Instant::now();
         loop {
@@ -105,7 +143,11 @@ impl Cluster {
             if String::from_utf8_lossy(&out.stdout).contains("idle") {
                 break;
             }
-            assert!(start.elapsed() < Duration::from_secs(60), "the node never became idle: {}", text(&out));
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "the node never became idle: {}",
+                text(&out)
+            );
             std::thread::sleep(Duration::from_millis(500));
         }
         cluster
@@ -132,7 +174,15 @@ impl Cluster {
     fn wait_done(&self, file: &Path, out: &Path, within: Duration) -> String {
         let start = Instant::now();
         loop {
-            let o = self.migprof().arg("sweep").arg(file).arg("--out").arg(out).args(["--backend", "slurm", "--status"]).output().unwrap();
+            let o = self
+                .migprof()
+                .arg("sweep")
+                .arg(file)
+                .arg("--out")
+                .arg(out)
+                .args(["--backend", "slurm", "--status"])
+                .output()
+                .unwrap();
             if o.status.success() {
                 return text(&o);
             }
@@ -160,31 +210,91 @@ fn a_sweep_through_slurm_equals_a_local_one_and_a_cancelled_task_is_submitted_ag
     let dir = tempfile::tempdir().unwrap();
     let file = write_sweep(dir.path(), "fleet", 0.3, "cpu");
     let local = dir.path().join("local");
-    let o = migprof().arg("sweep").arg(&file).arg("--out").arg(&local).output().unwrap();
+    let o = migprof()
+        .arg("sweep")
+        .arg(&file)
+        .arg("--out")
+        .arg(&local)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let remote = dir.path().join("slurm");
-    let o = cluster.migprof().arg("sweep").arg(&file).arg("--out").arg(&remote).args(["--backend", "slurm", "--submit"]).output().unwrap();
-    assert!(o.status.success() && text(&o).contains("2 cell(s) submitted as job array"), "{}", text(&o));
+    let o = cluster
+        .migprof()
+        .arg("sweep")
+        .arg(&file)
+        .arg("--out")
+        .arg(&remote)
+        .args(["--backend", "slurm", "--submit"])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && text(&o).contains("2 cell(s) submitted as job array"),
+        "{}",
+        text(&o)
+    );
     let status = cluster.wait_done(&file, &remote, Duration::from_secs(180));
     assert!(status.contains("2 cell(s): 2 done"), "{status}");
     assert_eq!(cells(&local), cells(&remote), "the same cells, the same statuses");
     // Rows say where they ran.
     let runs = read_table(&remote, Table::Runs).unwrap();
-    assert!(runs.column("host").unwrap().str().unwrap().iter().all(|h| h.is_some_and(|h| !h.is_empty())));
+    assert!(runs
+        .column("host")
+        .unwrap()
+        .str()
+        .unwrap()
+        .iter()
+        .all(|h| h.is_some_and(|h| !h.is_empty())));
     // Nothing left to submit.
-    let o = cluster.migprof().arg("sweep").arg(&file).arg("--out").arg(&remote).args(["--backend", "slurm", "--submit"]).output().unwrap();
+    let o = cluster
+        .migprof()
+        .arg("sweep")
+        .arg(&file)
+        .arg("--out")
+        .arg(&remote)
+        .args(["--backend", "slurm", "--submit"])
+        .output()
+        .unwrap();
     assert!(text(&o).contains("nothing to submit"), "{}", text(&o));
 
     // Cancel one task of a slower sweep: its cell is missing, and a rerun submits it alone.
     let slow = write_sweep(dir.path(), "cancelled", 6.0, "cpu");
     let out = dir.path().join("cancelled");
-    let o = cluster.migprof().arg("sweep").arg(&slow).arg("--out").arg(&out).args(["--backend", "slurm", "--submit"]).output().unwrap();
+    let o = cluster
+        .migprof()
+        .arg("sweep")
+        .arg(&slow)
+        .arg("--out")
+        .arg(&out)
+        .args(["--backend", "slurm", "--submit"])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    let job = text(&o).split("job array ").nth(1).unwrap().split_whitespace().next().unwrap().to_string();
-    assert!(cluster.cmd("scancel").arg(format!("{job}_1")).status().unwrap().success());
+    let job = text(&o)
+        .split("job array ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(cluster
+        .cmd("scancel")
+        .arg(format!("{job}_1"))
+        .status()
+        .unwrap()
+        .success());
     let start = Instant::now();
     let status = loop {
-        let o = cluster.migprof().arg("sweep").arg(&slow).arg("--out").arg(&out).args(["--backend", "slurm", "--status"]).output().unwrap();
+        let o = cluster
+            .migprof()
+            .arg("sweep")
+            .arg(&slow)
+            .arg("--out")
+            .arg(&out)
+            .args(["--backend", "slurm", "--status"])
+            .output()
+            .unwrap();
         let t = text(&o);
         if t.contains("1 done") && t.contains("1 missing") {
             break t;
@@ -193,7 +303,15 @@ fn a_sweep_through_slurm_equals_a_local_one_and_a_cancelled_task_is_submitted_ag
         std::thread::sleep(Duration::from_secs(1));
     };
     assert!(status.contains("missing (cancelled or lost)"), "{status}");
-    let o = cluster.migprof().arg("sweep").arg(&slow).arg("--out").arg(&out).args(["--backend", "slurm", "--submit"]).output().unwrap();
+    let o = cluster
+        .migprof()
+        .arg("sweep")
+        .arg(&slow)
+        .arg("--out")
+        .arg(&out)
+        .args(["--backend", "slurm", "--submit"])
+        .output()
+        .unwrap();
     assert!(text(&o).contains("1 cell(s) submitted"), "{}", text(&o));
     let status = cluster.wait_done(&slow, &out, Duration::from_secs(180));
     assert!(status.contains("2 cell(s): 2 done"), "{status}");
@@ -204,18 +322,60 @@ fn a_sweep_through_slurm_equals_a_local_one_and_a_cancelled_task_is_submitted_ag
 fn cluster_targets_name_requests_and_manifests_are_written() {
     let dir = tempfile::tempdir().unwrap();
     let by_index = write_sweep(dir.path(), "index", 0.3, "0");
-    let o = migprof().arg("sweep").arg(&by_index).arg("--out").arg(dir.path().join("o")).args(["--backend", "slurm"]).output().unwrap();
-    assert!(!o.status.success() && text(&o).contains("the scheduler picks the device"), "{}", text(&o));
+    let o = migprof()
+        .arg("sweep")
+        .arg(&by_index)
+        .arg("--out")
+        .arg(dir.path().join("o"))
+        .args(["--backend", "slurm"])
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && text(&o).contains("the scheduler picks the device"),
+        "{}",
+        text(&o)
+    );
     // Without --submit the job arrays are written, not submitted; no Slurm needed.
     let file = write_sweep(dir.path(), "written", 0.3, "cpu");
-    let o = migprof().arg("sweep").arg(&file).arg("--out").arg(dir.path().join("w")).args(["--backend", "slurm"]).output().unwrap();
-    assert!(o.status.success() && text(&o).contains("submit with: sbatch"), "{}", text(&o));
+    let o = migprof()
+        .arg("sweep")
+        .arg(&file)
+        .arg("--out")
+        .arg(dir.path().join("w"))
+        .args(["--backend", "slurm"])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && text(&o).contains("submit with: sbatch"),
+        "{}",
+        text(&o)
+    );
     let manifests = dir.path().join("k8s");
-    let o = migprof().arg("sweep").arg(&file).arg("--out").arg(dir.path().join("k")).args(["--backend", "k8s", "--emit"]).arg(&manifests).output().unwrap();
+    let o = migprof()
+        .arg("sweep")
+        .arg(&file)
+        .arg("--out")
+        .arg(dir.path().join("k"))
+        .args(["--backend", "k8s", "--emit"])
+        .arg(&manifests)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let yaml = std::fs::read_to_string(manifests.join("cpu.yaml")).unwrap();
-    assert!(yaml.contains("kind: ConfigMap") && yaml.contains("completionMode: Indexed") && yaml.contains("claimName: migprof-results"), "{yaml}");
-    let o = migprof().arg("sweep").arg(&file).arg("--out").arg(dir.path().join("k")).args(["--backend", "k8s"]).output().unwrap();
+    assert!(
+        yaml.contains("kind: ConfigMap")
+            && yaml.contains("completionMode: Indexed")
+            && yaml.contains("claimName: migprof-results"),
+        "{yaml}"
+    );
+    let o = migprof()
+        .arg("sweep")
+        .arg(&file)
+        .arg("--out")
+        .arg(dir.path().join("k"))
+        .args(["--backend", "k8s"])
+        .output()
+        .unwrap();
     assert!(!o.status.success() && text(&o).contains("--emit DIR"), "{}", text(&o));
 }
 
@@ -249,16 +409,31 @@ batches = [8, 32]
             .arg(&path)
             .arg("--out")
             .arg(dir.path().join("r"))
-            .args(["--backend", "k8s", "--one-per-node", "--mig-strategy", strategy, "--emit"])
+            .args([
+                "--backend",
+                "k8s",
+                "--one-per-node",
+                "--mig-strategy",
+                strategy,
+                "--emit",
+            ])
             .arg(emitted.join(strategy))
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", text(&o));
         for target in ["3g", "full"] {
             let file = emitted.join(strategy).join(format!("{target}.yaml"));
-            let v = Command::new("kubernetes-validate").args(["--strict", "-k", "1.30.0"]).arg(&file).output();
+            let v = Command::new("kubernetes-validate")
+                .args(["--strict", "-k", "1.30.0"])
+                .arg(&file)
+                .output();
             let v = v.expect("kubernetes-validate is missing: pip install kubernetes-validate (.ci/run does)");
-            assert!(v.status.success() && !text(&v).contains("ERROR"), "{}: {}", file.display(), text(&v));
+            assert!(
+                v.status.success() && !text(&v).contains("ERROR"),
+                "{}: {}",
+                file.display(),
+                text(&v)
+            );
         }
     }
 }

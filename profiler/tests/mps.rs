@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use migprof::mps::daemon::{client_env, Daemon};
-use migprof::mps::processes::{ProcessTable, Proc};
+use migprof::mps::processes::{Proc, ProcessTable};
 use migprof::mps::Share;
 
 fn fake() -> PathBuf {
@@ -19,7 +19,11 @@ fn fake() -> PathBuf {
 
 /// The MPS processes whose pipes are under `base`.
 fn ours(base: &Path) -> Vec<(u32, String)> {
-    Proc.mps_processes().into_iter().filter(|p| p.is_under(base)).map(|p| (p.pid, p.program)).collect()
+    Proc.mps_processes()
+        .into_iter()
+        .filter(|p| p.is_under(base))
+        .map(|p| (p.pid, p.program))
+        .collect()
 }
 
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
@@ -34,24 +38,51 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 fn the_daemon_life_cycle_against_a_fake_control_program() {
     let base = tempfile::tempdir().unwrap();
     let base = base.path();
-    assert!(Proc.mps_processes().is_empty(), "an MPS daemon already runs on this machine: {:?}", Proc.mps_processes());
+    assert!(
+        Proc.mps_processes().is_empty(),
+        "an MPS daemon already runs on this machine: {:?}",
+        Proc.mps_processes()
+    );
 
     // Start: private pipe and log folders under the base, the GPU pinned, a server beside it.
     let daemon = Daemon::start(&fake(), base, "GPU-0123abcd-test", &Proc).unwrap();
     let pipe = daemon.pipe_dir();
     assert!(pipe.starts_with(base), "{}", pipe.display());
     let env = std::fs::read_to_string(pipe.join("../daemon-env")).unwrap();
-    assert!(env.contains(&format!("CUDA_MPS_PIPE_DIRECTORY={}\n", pipe.display())), "{env}");
-    assert!(env.contains("CUDA_MPS_LOG_DIRECTORY=") && env.contains("CUDA_VISIBLE_DEVICES=GPU-0123abcd-test\n"), "{env}");
+    assert!(
+        env.contains(&format!("CUDA_MPS_PIPE_DIRECTORY={}\n", pipe.display())),
+        "{env}"
+    );
+    assert!(
+        env.contains("CUDA_MPS_LOG_DIRECTORY=") && env.contains("CUDA_VISIBLE_DEVICES=GPU-0123abcd-test\n"),
+        "{env}"
+    );
     let running = ours(base);
     let programs: Vec<&str> = running.iter().map(|(_, p)| p.as_str()).collect();
-    assert!(programs.contains(&"nvidia-cuda-mps-control") && programs.contains(&"nvidia-cuda-mps-server"), "{running:?}");
+    assert!(
+        programs.contains(&"nvidia-cuda-mps-control") && programs.contains(&"nvidia-cuda-mps-server"),
+        "{running:?}"
+    );
     assert!(running.iter().any(|(pid, _)| Some(*pid) == daemon.pid()));
 
     // A client's environment: the pipes, the share, the profile's memory.
-    let share = Share { profile: Some("1g.10gb".into()), percent: 13, profile_sms: 16, memory_limit_mib: Some(9984) };
-    let client: Vec<String> = client_env(&pipe, &share).into_iter().map(|(k, v)| format!("{k}={v}")).collect();
-    assert_eq!(client[1..], ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=13".to_string(), "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=9984M".to_string()]);
+    let share = Share {
+        profile: Some("1g.10gb".into()),
+        percent: 13,
+        profile_sms: 16,
+        memory_limit_mib: Some(9984),
+    };
+    let client: Vec<String> = client_env(&pipe, &share)
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    assert_eq!(
+        client[1..],
+        [
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=13".to_string(),
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=9984M".to_string()
+        ]
+    );
 
     // A second daemon of this process (a sweep's for another GPU) starts beside the first.
     let second = Daemon::start(&fake(), base, "GPU-4567efab-test", &Proc).unwrap();
@@ -72,13 +103,29 @@ fn the_daemon_life_cycle_against_a_fake_control_program() {
     let gone_pid = gone.id();
     drop(gone.wait_with_output());
     let record = stale_pipe.parent().unwrap().join("daemon.json");
-    let text = std::fs::read_to_string(&record).unwrap().replace(&format!("\"owner_pid\": {}", std::process::id()), &format!("\"owner_pid\": {gone_pid}"));
+    let text = std::fs::read_to_string(&record).unwrap().replace(
+        &format!("\"owner_pid\": {}", std::process::id()),
+        &format!("\"owner_pid\": {gone_pid}"),
+    );
     std::fs::write(&record, text).unwrap();
-    let e = Daemon::start(&fake(), base, "GPU-0123abcd-test", &Proc).err().unwrap().to_string();
-    assert!(e.contains("a stale MPS daemon of an earlier migprof still runs") && e.contains(&format!("pid {control_pid}")), "{e}");
-    assert!(e.contains(&format!("CUDA_MPS_PIPE_DIRECTORY={}", stale_pipe.display())), "{e}");
+    let e = Daemon::start(&fake(), base, "GPU-0123abcd-test", &Proc)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("a stale MPS daemon of an earlier migprof still runs") && e.contains(&format!("pid {control_pid}")),
+        "{e}"
+    );
+    assert!(
+        e.contains(&format!("CUDA_MPS_PIPE_DIRECTORY={}", stale_pipe.display())),
+        "{e}"
+    );
     // Stopped as the message says, the next start goes ahead and clears the leftovers.
-    let mut quit = Command::new(fake()).env("CUDA_MPS_PIPE_DIRECTORY", &stale_pipe).stdin(Stdio::piped()).spawn().unwrap();
+    let mut quit = Command::new(fake())
+        .env("CUDA_MPS_PIPE_DIRECTORY", &stale_pipe)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
     std::io::Write::write_all(quit.stdin.as_mut().unwrap(), b"quit\n").unwrap();
     drop(quit.stdin.take());
     quit.wait().unwrap();
@@ -95,9 +142,21 @@ fn the_daemon_life_cycle_against_a_fake_control_program() {
     // Its server outlived it (a real control daemon's crash can leave one): still migprof's, and
     // stale though its folder is gone.
     let orphans = ours(base);
-    assert_eq!(orphans.iter().map(|(_, p)| p.as_str()).collect::<Vec<_>>(), ["nvidia-cuda-mps-server"]);
-    let e = Daemon::start(&fake(), base, "GPU-0123abcd-test", &Proc).err().unwrap().to_string();
-    assert!(e.contains(&format!("a stale MPS daemon of an earlier migprof still runs: nvidia-cuda-mps-server (pid {}", orphans[0].0)), "{e}");
+    assert_eq!(
+        orphans.iter().map(|(_, p)| p.as_str()).collect::<Vec<_>>(),
+        ["nvidia-cuda-mps-server"]
+    );
+    let e = Daemon::start(&fake(), base, "GPU-0123abcd-test", &Proc)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "a stale MPS daemon of an earlier migprof still runs: nvidia-cuda-mps-server (pid {}",
+            orphans[0].0
+        )),
+        "{e}"
+    );
     for (pid, _) in &orphans {
         // SAFETY: the fake server of this test.
         unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
@@ -106,9 +165,15 @@ fn the_daemon_life_cycle_against_a_fake_control_program() {
 
     // A daemon that fails at start: the error carries its log.
     std::env::set_var("FAKE_MPS_FAIL", "no GPU");
-    let e = Daemon::start(&fake(), base, "GPU-0123abcd-test", &Proc).err().unwrap().to_string();
+    let e = Daemon::start(&fake(), base, "GPU-0123abcd-test", &Proc)
+        .err()
+        .unwrap()
+        .to_string();
     std::env::remove_var("FAKE_MPS_FAIL");
-    assert!(e.contains("the MPS control daemon exited at start") && e.contains("fake-mps-control: cannot start (no GPU)"), "{e}");
+    assert!(
+        e.contains("the MPS control daemon exited at start") && e.contains("fake-mps-control: cannot start (no GPU)"),
+        "{e}"
+    );
 
     // A daemon migprof did not start (its pipes elsewhere): refused, naming it.
     let mut foreign = Command::new("bash")
@@ -117,7 +182,10 @@ fn the_daemon_life_cycle_against_a_fake_control_program() {
         .spawn()
         .unwrap();
     wait_until("the foreign daemon to show", || !Proc.mps_processes().is_empty());
-    let e = Daemon::start(&fake(), base, "GPU-0123abcd-test", &Proc).err().unwrap().to_string();
+    let e = Daemon::start(&fake(), base, "GPU-0123abcd-test", &Proc)
+        .err()
+        .unwrap()
+        .to_string();
     foreign.kill().unwrap();
     foreign.wait().unwrap();
     assert!(e.contains(&format!("another MPS daemon serves this machine: nvidia-cuda-mps-control (pid {}, pipes in /tmp/somebody-elses-mps)", foreign.id())), "{e}");

@@ -17,22 +17,47 @@ fn migprof() -> Command {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 fn sweep(file: &Path, out: &Path, extra: &[&str]) -> Output {
-    migprof().arg("sweep").arg(file).arg("--out").arg(out).args(extra).output().expect("migprof runs")
+    migprof()
+        .arg("sweep")
+        .arg(file)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .expect("migprof runs")
 }
 
 fn strings(df: &DataFrame, name: &str) -> Vec<String> {
-    df.column(name).unwrap().str().unwrap().iter().map(|v| v.unwrap_or("").to_string()).collect()
+    df.column(name)
+        .unwrap()
+        .str()
+        .unwrap()
+        .iter()
+        .map(|v| v.unwrap_or("").to_string())
+        .collect()
 }
 
 /// (cell_id, status, error) of every row, in the order of the parts.
 fn rows(out: &Path) -> Vec<(String, String, String)> {
     let runs = read_table(out, Table::Runs).unwrap();
-    let (ids, statuses, errors) = (strings(&runs, "cell_id"), strings(&runs, "status"), strings(&runs, "error"));
-    ids.into_iter().zip(statuses).zip(errors).map(|((i, s), e)| (i, s, e)).collect()
+    let (ids, statuses, errors) = (
+        strings(&runs, "cell_id"),
+        strings(&runs, "status"),
+        strings(&runs, "error"),
+    );
+    ids.into_iter()
+        .zip(statuses)
+        .zip(errors)
+        .map(|((i, s), e)| (i, s, e))
+        .collect()
 }
 
 fn write(dir: &Path, text: &str) -> std::path::PathBuf {
@@ -76,7 +101,10 @@ batches = [64]
     assert!(by_status.contains_key("ok"), "{rows:?}");
     assert!(by_status["error"].2.contains("BF16"), "{rows:?}");
     assert!(by_status["timeout"].2.contains("3 s"), "{rows:?}");
-    assert!(log.contains("1 ok") && log.contains("1 error") && log.contains("1 timeout"), "{log}");
+    assert!(
+        log.contains("1 ok") && log.contains("1 error") && log.contains("1 timeout"),
+        "{log}"
+    );
     // Measurement columns are null unless ok.
     let runs = read_table(&out, Table::Runs).unwrap();
     assert_eq!(runs.column("throughput").unwrap().null_count(), 2);
@@ -109,11 +137,20 @@ batches = [1]
 "#,
     );
     let out = dir.path().join("out");
-    let mut parent = migprof().arg("sweep").arg(&file).arg("--out").arg(&out).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut parent = migprof()
+        .arg("sweep")
+        .arg(&file)
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     // The child is the parent's only child process: find it and kill it.
     let deadline = Instant::now() + Duration::from_secs(30);
     let child = loop {
-        let children = std::fs::read_to_string(format!("/proc/{}/task/{}/children", parent.id(), parent.id())).unwrap_or_default();
+        let children =
+            std::fs::read_to_string(format!("/proc/{}/task/{}/children", parent.id(), parent.id())).unwrap_or_default();
         if let Some(pid) = children.split_whitespace().next() {
             break pid.parse::<i32>().unwrap();
         }
@@ -148,7 +185,15 @@ fn resume_after_an_interrupt_ends_with_each_cell_once() {
     let dir = tempfile::tempdir().unwrap();
     let file = write(dir.path(), FOUR_CELLS);
     let out = dir.path().join("out");
-    let parent = migprof().arg("sweep").arg(&file).arg("--out").arg(&out).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let parent = migprof()
+        .arg("sweep")
+        .arg(&file)
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     // Interrupt once the first row is there, while later cells are still to come.
     let deadline = Instant::now() + Duration::from_secs(60);
     while read_table(&out, Table::Runs).map(|t| t.height()).unwrap_or(0) == 0 {
@@ -163,10 +208,17 @@ fn resume_after_an_interrupt_ends_with_each_cell_once() {
     assert!(log.contains("interrupted"), "{log}");
     let first = rows(&out);
     assert!(!first.is_empty() && first.len() < 4, "{first:?}");
-    assert!(first.iter().all(|r| r.1 == "ok"), "an interrupted cell leaves no row: {first:?}");
+    assert!(
+        first.iter().all(|r| r.1 == "ok"),
+        "an interrupted cell leaves no row: {first:?}"
+    );
     let again = sweep(&file, &out, &[]);
     assert!(again.status.success(), "{}", text(&again));
-    assert!(text(&again).contains(&format!("{} skipped", first.len())), "{}", text(&again));
+    assert!(
+        text(&again).contains(&format!("{} skipped", first.len())),
+        "{}",
+        text(&again)
+    );
     let all = rows(&out);
     let mut ids: Vec<&String> = all.iter().map(|r| &r.0).collect();
     ids.sort();
@@ -205,7 +257,10 @@ batches = ["max"]
     // SAFETY: setrlimit in the forked child before exec; no allocation, no locks.
     unsafe {
         cmd.pre_exec(|| {
-            let cap = libc::rlimit { rlim_cur: 300 << 20, rlim_max: 300 << 20 };
+            let cap = libc::rlimit {
+                rlim_cur: 300 << 20,
+                rlim_max: 300 << 20,
+            };
             if libc::setrlimit(libc::RLIMIT_AS, &cap) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -215,22 +270,50 @@ batches = ["max"]
     let o = cmd.output().unwrap();
     let log = text(&o);
     let runs = read_table(&out, Table::Runs).unwrap();
-    let (status, batch) = (strings(&runs, "status"), runs.column("batch").unwrap().i64().unwrap().iter().map(|b| b.unwrap() as usize).collect::<Vec<_>>());
+    let (status, batch) = (
+        strings(&runs, "status"),
+        runs.column("batch")
+            .unwrap()
+            .i64()
+            .unwrap()
+            .iter()
+            .map(|b| b.unwrap() as usize)
+            .collect::<Vec<_>>(),
+    );
     let cell_id = strings(&runs, "cell_id");
     let probes = probe_ids(&out);
     let is_probe = |i: usize| probes.contains(&cell_id[i]);
-    let fits: Vec<usize> = (0..runs.height()).filter(|&i| status[i] == "probe").map(|i| batch[i]).collect();
-    let fails: Vec<usize> = (0..runs.height()).filter(|&i| is_probe(i) && status[i] == "oom").map(|i| batch[i]).collect();
-    let measured: Vec<(usize, &str)> = (0..runs.height()).filter(|&i| !is_probe(i)).map(|i| (batch[i], status[i].as_str())).collect();
-    let (largest, smallest_fail) = (*fits.iter().max().unwrap(), *fails.iter().min().expect("the cap stops the search"));
-    assert_eq!(smallest_fail, largest + 1, "bisection to the exact batch: fits {fits:?}, fails {fails:?}");
+    let fits: Vec<usize> = (0..runs.height())
+        .filter(|&i| status[i] == "probe")
+        .map(|i| batch[i])
+        .collect();
+    let fails: Vec<usize> = (0..runs.height())
+        .filter(|&i| is_probe(i) && status[i] == "oom")
+        .map(|i| batch[i])
+        .collect();
+    let measured: Vec<(usize, &str)> = (0..runs.height())
+        .filter(|&i| !is_probe(i))
+        .map(|i| (batch[i], status[i].as_str()))
+        .collect();
+    let (largest, smallest_fail) = (
+        *fits.iter().max().unwrap(),
+        *fails.iter().min().expect("the cap stops the search"),
+    );
+    assert_eq!(
+        smallest_fail,
+        largest + 1,
+        "bisection to the exact batch: fits {fits:?}, fails {fails:?}"
+    );
     // The cell ran at the batch found. Over its longer measurement the host's allocator can need more
     // than the two steps of a probe did: then its row says so (oom), at that batch.
     assert_eq!(measured.len(), 1, "{measured:?}");
     assert_eq!(measured[0].0, largest, "{measured:?}");
     assert!(["ok", "oom"].contains(&measured[0].1), "{measured:?}");
     assert!(fits.contains(&1) && fits.contains(&2) && largest < 1024, "{fits:?}");
-    assert!(log.contains(&format!("the largest batch that fits is {largest}")), "{log}");
+    assert!(
+        log.contains(&format!("the largest batch that fits is {largest}")),
+        "{log}"
+    );
 }
 
 /// The cell ids of a folder's max-search probes: the cells whose spec (kept in `cells/`) says so.
@@ -240,7 +323,8 @@ fn probe_ids(out: &Path) -> Vec<String> {
         .filter_map(|e| {
             let path = e.unwrap().path();
             let text = std::fs::read_to_string(&path).unwrap();
-            text.contains("\"purpose\": \"probe\"").then(|| path.file_stem().unwrap().to_string_lossy().into_owned())
+            text.contains("\"purpose\": \"probe\"")
+                .then(|| path.file_stem().unwrap().to_string_lossy().into_owned())
         })
         .collect()
 }
@@ -248,26 +332,53 @@ fn probe_ids(out: &Path) -> Vec<String> {
 #[test]
 fn file_errors_name_the_line_and_the_key() {
     let dir = tempfile::tempdir().unwrap();
-    let file = write(dir.path(), &FOUR_CELLS.replace("duration_secs = 1.0", "duration_sec = 1.0"));
+    let file = write(
+        dir.path(),
+        &FOUR_CELLS.replace("duration_secs = 1.0", "duration_sec = 1.0"),
+    );
     let o = sweep(&file, &dir.path().join("out"), &[]);
     assert!(!o.status.success());
     let e = text(&o);
-    assert!(e.contains("line 5") && e.contains("duration_sec") && e.contains("duration_secs"), "{e}");
+    assert!(
+        e.contains("line 5") && e.contains("duration_sec") && e.contains("duration_secs"),
+        "{e}"
+    );
     assert!(!dir.path().join("out").exists(), "nothing written for a bad file");
     let e = text(&sweep(&file, &dir.path().join("out"), &["--only", "gpu=0"]));
-    assert!(e.contains("unknown key `gpu`") && e.contains("target, device, model"), "{e}");
+    assert!(
+        e.contains("unknown key `gpu`") && e.contains("target, device, model"),
+        "{e}"
+    );
 }
 
 #[test]
 fn jobs_never_runs_two_cells_on_one_device_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let file = write(dir.path(), &FOUR_CELLS.replace("label = \"cpu\"\ndevice = \"cpu\"", "label = \"a\"\ndevice = \"cpu\"\n[[targets]]\nlabel = \"b\"\ndevice = \"cpu\"").replace("batches = [1, 2]", "batches = [1]"));
+    let file = write(
+        dir.path(),
+        &FOUR_CELLS
+            .replace(
+                "label = \"cpu\"\ndevice = \"cpu\"",
+                "label = \"a\"\ndevice = \"cpu\"\n[[targets]]\nlabel = \"b\"\ndevice = \"cpu\"",
+            )
+            .replace("batches = [1, 2]", "batches = [1]"),
+    );
     let out = dir.path().join("out");
     let o = sweep(&file, &out, &["--jobs", "2"]);
     assert!(o.status.success(), "{}", text(&o));
     let runs = read_table(&out, Table::Runs).unwrap();
     assert_eq!(runs.height(), 4);
-    let micros = |name: &str| runs.column(name).unwrap().cast(&DataType::Int64).unwrap().i64().unwrap().iter().map(|v| v.unwrap()).collect::<Vec<i64>>();
+    let micros = |name: &str| {
+        runs.column(name)
+            .unwrap()
+            .cast(&DataType::Int64)
+            .unwrap()
+            .i64()
+            .unwrap()
+            .iter()
+            .map(|v| v.unwrap())
+            .collect::<Vec<i64>>()
+    };
     let mut spans: Vec<(i64, i64)> = micros("started_at").into_iter().zip(micros("finished_at")).collect();
     spans.sort();
     for w in spans.windows(2) {
@@ -307,7 +418,11 @@ busy = { model = "bert_tiny", mode = "train", dtype = "f32", batch = 2 }
     let out = dir.path().join("out");
     let o = sweep(&file, &out, &[]);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("group noisy: 2 members started together"), "{}", text(&o));
+    assert!(
+        text(&o).contains("group noisy: 2 members started together"),
+        "{}",
+        text(&o)
+    );
     let runs = read_table(&out, Table::Runs).unwrap();
     assert_eq!(runs.height(), 2);
     assert_eq!(strings(&runs, "status"), ["ok", "ok"]);
@@ -317,17 +432,34 @@ busy = { model = "bert_tiny", mode = "train", dtype = "f32", batch = 2 }
     assert_eq!(neighbours, ["a:resnet_tiny/infer/f32/1", "b:bert_tiny/train/f32/2"]);
     // The meeting folder: both warmed up before either measured to its end, and each process ended
     // (its row's finished_at) only once both had measured.
-    let groups: Vec<_> = std::fs::read_dir(out.join("groups")).unwrap().map(|e| e.unwrap().path()).collect();
+    let groups: Vec<_> = std::fs::read_dir(out.join("groups"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     assert_eq!(groups.len(), 1);
     let mtime = |name: &str| std::fs::metadata(groups[0].join(name)).unwrap().modified().unwrap();
     let ids = strings(&runs, "cell_id");
     let last_ready = ids.iter().map(|id| mtime(&format!("ready-{id}"))).max().unwrap();
     let first_done = ids.iter().map(|id| mtime(&format!("done-{id}"))).min().unwrap();
     let last_done = ids.iter().map(|id| mtime(&format!("done-{id}"))).max().unwrap();
-    assert!(last_ready <= first_done, "a member finished measuring before the other had warmed up");
-    let finished: Vec<i64> = runs.column("finished_at").unwrap().datetime().unwrap().physical().iter().map(|v| v.unwrap()).collect();
+    assert!(
+        last_ready <= first_done,
+        "a member finished measuring before the other had warmed up"
+    );
+    let finished: Vec<i64> = runs
+        .column("finished_at")
+        .unwrap()
+        .datetime()
+        .unwrap()
+        .physical()
+        .iter()
+        .map(|v| v.unwrap())
+        .collect();
     let last_done_us = last_done.duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as i64;
-    assert!(finished.iter().all(|&f| f >= last_done_us - 1000), "a member stopped before the other finished measuring");
+    assert!(
+        finished.iter().all(|&f| f >= last_done_us - 1000),
+        "a member stopped before the other finished measuring"
+    );
     // Run again: the instance is done as a whole.
     let again = sweep(&file, &out, &[]);
     assert!(text(&again).contains("2 skipped"), "{}", text(&again));
@@ -365,11 +497,27 @@ targets = ["3g", "2g"]
 "#,
     );
     let out = dir.path().join("out");
-    let o = migprof().arg("sweep").arg(&file).arg("--out").arg(&out).env("MIGPROF_TOPOLOGY", &topology).output().unwrap();
-    assert!(text(&o).contains("group 3g+2g: 2 members started together"), "{}", text(&o));
+    let o = migprof()
+        .arg("sweep")
+        .arg(&file)
+        .arg("--out")
+        .arg(&out)
+        .env("MIGPROF_TOPOLOGY", &topology)
+        .output()
+        .unwrap();
+    assert!(
+        text(&o).contains("group 3g+2g: 2 members started together"),
+        "{}",
+        text(&o)
+    );
     let runs = read_table(&out, Table::Runs).unwrap();
     assert_eq!(strings(&runs, "status"), ["error", "error"], "{}", text(&o));
     assert_eq!(strings(&runs, "concurrency_group"), ["3g+2g", "3g+2g"]);
     let errors = strings(&runs, "error");
-    assert!(errors.iter().all(|e| e.contains("built without CUDA support") || e.contains("MIG")), "{errors:?}");
+    assert!(
+        errors
+            .iter()
+            .all(|e| e.contains("built without CUDA support") || e.contains("MIG")),
+        "{errors:?}"
+    );
 }

@@ -76,7 +76,12 @@ pub(crate) struct StepGraphs {
 impl StepGraphs {
     /// `step` on `inputs`: run as is the first time their shapes are met (and always off CUDA
     /// devices), captured and launched the second time, replayed from then on.
-    pub(crate) fn run(&mut self, device: &Device, inputs: Vec<Tensor>, mut step: impl FnMut(&[Tensor]) -> Result<Tensor>) -> Result<Tensor> {
+    pub(crate) fn run(
+        &mut self,
+        device: &Device,
+        inputs: Vec<Tensor>,
+        mut step: impl FnMut(&[Tensor]) -> Result<Tensor>,
+    ) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = device {
             // candle copies the dims and strides of a strided or reducing op from a host vector at
@@ -138,7 +143,11 @@ impl StepGraphs {
         let (captured, refused) = (self.captured.len(), self.refused.len());
         #[cfg(not(feature = "cuda"))]
         let (captured, refused) = (0, 0);
-        GraphStats { captured, replays: self.replays, refused }
+        GraphStats {
+            captured,
+            replays: self.replays,
+            refused,
+        }
     }
 
     /// Why captures were refused, one line per distinct reason.
@@ -159,7 +168,10 @@ impl StepGraphs {
 #[cfg(feature = "cuda")]
 pub(crate) fn capturing(dev: &candle_core::cuda_backend::CudaDevice) -> Result<bool> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUstreamCaptureStatus;
-    let status = dev.cuda_stream().capture_status().map_err(|e| candle_core::Error::Msg(format!("CUDA stream capture status: {e:?}")))?;
+    let status = dev
+        .cuda_stream()
+        .capture_status()
+        .map_err(|e| candle_core::Error::Msg(format!("CUDA stream capture status: {e:?}")))?;
     Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
@@ -224,10 +236,16 @@ mod cuda {
         };
         let mut n = 0usize;
         // SAFETY: a valid graph; a null array asks for the count.
-        check(unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }, "counting its nodes")?;
+        check(
+            unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) },
+            "counting its nodes",
+        )?;
         let mut nodes = vec![std::ptr::null_mut(); n];
         // SAFETY: room for n nodes.
-        check(unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }, "listing its nodes")?;
+        check(
+            unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) },
+            "listing its nodes",
+        )?;
         let mut host = 0;
         for &node in &nodes[..n] {
             let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
@@ -238,7 +256,10 @@ mod cuda {
             }
             let mut params = std::mem::MaybeUninit::<sys::CUDA_MEMCPY3D>::uninit();
             // SAFETY: a memcpy node; the driver writes every field.
-            check(unsafe { sys::cuGraphMemcpyNodeGetParams(node, params.as_mut_ptr()) }, "a copy's parameters")?;
+            check(
+                unsafe { sys::cuGraphMemcpyNodeGetParams(node, params.as_mut_ptr()) },
+                "a copy's parameters",
+            )?;
             // SAFETY: written by the call above, which succeeded.
             let params = unsafe { params.assume_init() };
             let from_host = match params.srcMemoryType {
@@ -280,11 +301,17 @@ mod cuda {
             let stream = dev.cuda_stream();
             // Thread-local: a call on this thread that the capture cannot record (a synchronising
             // one) fails the capture instead of being recorded wrong; other threads are free.
-            stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(driver("beginning the capture"))?;
+            stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(driver("beginning the capture"))?;
             // The step's own output is dropped inside the capture: the graph frees it.
             let ran = step(&inputs).and_then(|o| {
                 if o.dims() != shape || o.dtype() != dtype {
-                    candle_core::bail!("the step's output changed from {shape:?} {dtype:?} to {:?} {:?} between two runs", o.dims(), o.dtype())
+                    candle_core::bail!(
+                        "the step's output changed from {shape:?} {dtype:?} to {:?} {:?} between two runs",
+                        o.dims(),
+                        o.dtype()
+                    )
                 }
                 output.slice_set(&o.flatten_all()?.contiguous()?, 0, 0)
             });
@@ -304,7 +331,12 @@ mod cuda {
             }
             graph.upload().map_err(driver("uploading"))?;
             graph.launch().map_err(driver("launching"))?;
-            let captured = Captured { output, shape: shape.to_vec(), inputs, graph };
+            let captured = Captured {
+                output,
+                shape: shape.to_vec(),
+                inputs,
+                graph,
+            };
             let output = captured.output()?;
             Ok(Capture::Done(captured, output))
         }

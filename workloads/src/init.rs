@@ -76,7 +76,11 @@ fn sample(init: Init, shape: &Shape, rng: &mut Rng) -> Vec<f32> {
         Init::Const(v) => vec![v as f32; n],
         Init::Randn { mean, stdev } => rng.normal_vec(n, mean, stdev),
         Init::Uniform { lo, up } => rng.uniform_vec(n, lo, up),
-        Init::Kaiming { dist, fan, non_linearity } => {
+        Init::Kaiming {
+            dist,
+            fan,
+            non_linearity,
+        } => {
             let fan = fan.for_shape(shape) as f64;
             let std = non_linearity.gain() / fan.sqrt();
             match dist {
@@ -144,7 +148,10 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     pub fn new(tensors: HashMap<String, Tensor>) -> Arc<Self> {
-        Arc::new(Self { tensors, problems: Mutex::default() })
+        Arc::new(Self {
+            tensors,
+            problems: Mutex::default(),
+        })
     }
 
     /// Every tensor the model needed that was missing or of another shape, one line each, sorted.
@@ -178,18 +185,37 @@ impl SeededInit {
         dtype: DType,
         device: &Device,
     ) -> VarBuilder<'static> {
-        VarBuilder::from_backend(Box::new(Self { params, seed, checkpoint }), dtype, device.clone())
+        VarBuilder::from_backend(
+            Box::new(Self {
+                params,
+                seed,
+                checkpoint,
+            }),
+            dtype,
+            device.clone(),
+        )
     }
 
     fn initial_value(&self, shape: &Shape, name: &str, init: Init) -> Result<Tensor> {
         if let Some(ckpt) = &self.checkpoint {
             match ckpt.tensors.get(name) {
                 Some(t) if t.shape() == shape => return Ok(t.clone()),
-                Some(t) => ckpt.problems.lock().unwrap().push(format!("{name}: {:?} in the file, {:?} in the model", t.dims(), shape.dims())),
-                None => ckpt.problems.lock().unwrap().push(format!("{name}: missing from the file ({:?} in the model)", shape.dims())),
+                Some(t) => ckpt.problems.lock().unwrap().push(format!(
+                    "{name}: {:?} in the file, {:?} in the model",
+                    t.dims(),
+                    shape.dims()
+                )),
+                None => ckpt.problems.lock().unwrap().push(format!(
+                    "{name}: missing from the file ({:?} in the model)",
+                    shape.dims()
+                )),
             }
         }
-        Tensor::from_vec(sample(init, shape, &mut Rng::for_name(self.seed, name)), shape, &Device::Cpu)
+        Tensor::from_vec(
+            sample(init, shape, &mut Rng::for_name(self.seed, name)),
+            shape,
+            &Device::Cpu,
+        )
     }
 }
 

@@ -22,7 +22,13 @@ pub fn pool_allocations(device: &Device) -> Result<()> {
         if let Some(pool) = cuda::pool(dev)? {
             let mut keep_all = u64::MAX;
             // SAFETY: the release threshold is a cuuint64_t, as documented.
-            let status = unsafe { sys::cuMemPoolSetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut keep_all as *mut u64 as *mut std::ffi::c_void) };
+            let status = unsafe {
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    &mut keep_all as *mut u64 as *mut std::ffi::c_void,
+                )
+            };
             cuda::check(status, "setting the release threshold")?;
         }
     }
@@ -45,11 +51,20 @@ pub fn release_pooled(device: &Device) -> Result<()> {
             cuda::check(unsafe { cuda::sys::cuMemPoolTrimTo(pool, 0) }, "trimming it")?;
             let mut zero = 0u64;
             // SAFETY: resets the high-water mark (a cuuint64_t; only zero is allowed).
-            let status = unsafe { cuda::sys::cuMemPoolSetAttribute(pool, cuda::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, &mut zero as *mut u64 as *mut std::ffi::c_void) };
+            let status = unsafe {
+                cuda::sys::cuMemPoolSetAttribute(
+                    pool,
+                    cuda::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                    &mut zero as *mut u64 as *mut std::ffi::c_void,
+                )
+            };
             cuda::check(status, "resetting its high-water mark")?;
             let cu_device = dev.cuda_stream().context().cu_device();
             // SAFETY: a valid device; memory of graphs still alive is kept.
-            cuda::check(unsafe { cuda::sys::cuDeviceGraphMemTrim(cu_device) }, "trimming graph memory")?;
+            cuda::check(
+                unsafe { cuda::sys::cuDeviceGraphMemTrim(cu_device) },
+                "trimming graph memory",
+            )?;
         }
     }
     let _ = device;
@@ -116,17 +131,27 @@ pub fn ledger(device: &Device) -> Result<Option<Ledger>> {
         use sys::CUmemPool_attribute as A;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: out-pointers; the context is bound (by `cuda::pool`).
-        cuda::check(unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) }, "reading the device's free memory")?;
+        cuda::check(
+            unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) },
+            "reading the device's free memory",
+        )?;
         let mut graphs = 0u64;
         let cu_device = dev.cuda_stream().context().cu_device();
         // SAFETY: a valid device; the attribute is a cuuint64_t.
         let status = unsafe {
-            sys::cuDeviceGetGraphMemAttribute(cu_device, sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &mut graphs as *mut u64 as *mut std::ffi::c_void)
+            sys::cuDeviceGetGraphMemAttribute(
+                cu_device,
+                sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+                &mut graphs as *mut u64 as *mut std::ffi::c_void,
+            )
         };
         cuda::check(status, "reading the graphs' memory")?;
         let mut stack = 0usize;
         // SAFETY: an out-pointer; the context is bound (by `cuda::pool`).
-        cuda::check(unsafe { sys::cuCtxGetLimit(&mut stack, sys::CUlimit::CU_LIMIT_STACK_SIZE) }, "reading the stack size")?;
+        cuda::check(
+            unsafe { sys::cuCtxGetLimit(&mut stack, sys::CUlimit::CU_LIMIT_STACK_SIZE) },
+            "reading the stack size",
+        )?;
         #[cfg(feature = "cudnn")]
         let cudnn_workspaces = crate::kernels::workspace_bytes() as u64;
         #[cfg(not(feature = "cudnn"))]
@@ -152,7 +177,10 @@ pub fn pooled_bytes(device: &Device) -> Result<Option<u64>> {
     if let Device::Cuda(dev) = device {
         use cuda::sys;
         let Some(pool) = cuda::pool(dev)? else { return Ok(None) };
-        return Ok(Some(cuda::pool_bytes(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?));
+        return Ok(Some(cuda::pool_bytes(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+        )?));
     }
     let _ = device;
     Ok(None)
@@ -175,7 +203,8 @@ mod cuda {
     pub(super) fn pool_bytes(pool: sys::CUmemoryPool, attribute: sys::CUmemPool_attribute) -> Result<u64> {
         let mut bytes = 0u64;
         // SAFETY: the pool's memory attributes are cuuint64_t, as documented.
-        let status = unsafe { sys::cuMemPoolGetAttribute(pool, attribute, &mut bytes as *mut u64 as *mut std::ffi::c_void) };
+        let status =
+            unsafe { sys::cuMemPoolGetAttribute(pool, attribute, &mut bytes as *mut u64 as *mut std::ffi::c_void) };
         check(status, "reading its size")?;
         Ok(bytes)
     }
@@ -188,10 +217,14 @@ mod cuda {
         if !ctx.has_async_alloc() {
             return Ok(None);
         }
-        ctx.bind_to_thread().map_err(|e| candle_core::Error::Msg(format!("CUDA context: {e:?}")))?;
+        ctx.bind_to_thread()
+            .map_err(|e| candle_core::Error::Msg(format!("CUDA context: {e:?}")))?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: a valid device handle and an out-pointer for the pool.
-        check(unsafe { sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()) }, "the device's pool")?;
+        check(
+            unsafe { sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()) },
+            "the device's pool",
+        )?;
         Ok(Some(pool))
     }
 }

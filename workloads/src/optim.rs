@@ -52,7 +52,10 @@ pub struct ParamGrads(Arc<Mutex<Vec<(Tensor, Tensor)>>>);
 impl ParamGrads {
     /// Records `grad` as (a part of) the gradient of the parameter `param`.
     pub fn push(&self, param: &Tensor, grad: Tensor) {
-        self.0.lock().expect("no panic while holding the lock").push((param.clone(), grad));
+        self.0
+            .lock()
+            .expect("no panic while holding the lock")
+            .push((param.clone(), grad));
     }
 
     /// Drops what an earlier forward pass left without a backward pass (a failed step).
@@ -106,7 +109,17 @@ impl AdamW {
             None => candle_core::Device::Cpu,
         };
         let state = adam_state(&device)?;
-        Ok(Self { vars, step: AdamStep { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay }, state })
+        Ok(Self {
+            vars,
+            step: AdamStep {
+                lr,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay,
+            },
+            state,
+        })
     }
 
     fn apply(&mut self, grads: &GradStore) -> Result<()> {
@@ -115,7 +128,8 @@ impl AdamW {
             // A parameter the loss does not reach keeps its value and moments, as in PyTorch.
             let Some(g) = grads.get(var.as_tensor()) else { continue };
             moments.inplace_op2(&g.contiguous()?, &AdamMoments(self.step))?;
-            var.as_tensor().inplace_op3(moments, &self.state, &AdamApply(self.step))?;
+            var.as_tensor()
+                .inplace_op3(moments, &self.state, &AdamApply(self.step))?;
         }
         Ok(())
     }
@@ -138,15 +152,31 @@ impl SgdMomentum {
     pub fn new(vars: Vec<Var>, lr: f64, momentum: f64, weight_decay: f64) -> Result<Self> {
         let buffers = vars
             .iter()
-            .map(|v| if momentum != 0.0 { Var::zeros(v.shape(), v.dtype(), v.device()).map(Some) } else { Ok(None) })
+            .map(|v| {
+                if momentum != 0.0 {
+                    Var::zeros(v.shape(), v.dtype(), v.device()).map(Some)
+                } else {
+                    Ok(None)
+                }
+            })
             .collect::<Result<_>>()?;
-        Ok(Self { vars, buffers, lr, momentum, weight_decay })
+        Ok(Self {
+            vars,
+            buffers,
+            lr,
+            momentum,
+            weight_decay,
+        })
     }
 
     fn apply(&mut self, grads: &GradStore) -> Result<()> {
         for (var, buffer) in self.vars.iter().zip(&self.buffers) {
             let Some(g) = grads.get(var.as_tensor()) else { continue };
-            let g = if self.weight_decay != 0.0 { (g + (var.as_tensor() * self.weight_decay)?)? } else { g.clone() };
+            let g = if self.weight_decay != 0.0 {
+                (g + (var.as_tensor() * self.weight_decay)?)?
+            } else {
+                g.clone()
+            };
             let step = match buffer {
                 Some(b) => {
                     b.set(&((b.as_tensor() * self.momentum)? + g)?)?;
@@ -248,7 +278,12 @@ mod tests {
         let outside = ParamGrads::default();
         outside.push(p.as_tensor(), Tensor::new(&[3f64, 3.], &Device::Cpu)?);
         outside.push(q.as_tensor(), Tensor::new(&[1f64], &Device::Cpu)?);
-        let mut opt = Optimizer::new(OptimizerKind::Sgd { momentum: 0.0 }, vec![p.clone(), q.clone()], 0.5, 0.0)?;
+        let mut opt = Optimizer::new(
+            OptimizerKind::Sgd { momentum: 0.0 },
+            vec![p.clone(), q.clone()],
+            0.5,
+            0.0,
+        )?;
         opt.backward_step(&p.as_tensor().sqr()?.sum_all()?, Some(&outside))?;
         // p - 0.5 (2p + 3), q - 0.5 · 1.
         assert_eq!(p.as_tensor().to_vec1::<f64>()?, [-1.5, -1.5]);

@@ -43,13 +43,21 @@ pub struct TrainConfig {
 impl TrainConfig {
     /// AdamW with `torch.optim.AdamW`'s defaults: lr 1e-3, weight decay 0.01.
     pub fn adamw() -> Self {
-        Self { optimizer: OptimizerKind::AdamW, lr: 1e-3, weight_decay: 0.01 }
+        Self {
+            optimizer: OptimizerKind::AdamW,
+            lr: 1e-3,
+            weight_decay: 0.01,
+        }
     }
 
     /// SGD with momentum 0.9, lr 0.01, no weight decay (`torch.optim.SGD` needs an lr; this one is a
     /// usual fine-tuning value).
     pub fn sgd() -> Self {
-        Self { optimizer: OptimizerKind::Sgd { momentum: 0.9 }, lr: 0.01, weight_decay: 0.0 }
+        Self {
+            optimizer: OptimizerKind::Sgd { momentum: 0.9 },
+            lr: 0.01,
+            weight_decay: 0.0,
+        }
     }
 }
 
@@ -92,13 +100,21 @@ impl Batch {
         let n = n.min(self.size);
         let inputs = match &self.inputs {
             Inputs::Images(x) => Inputs::Images(x.narrow(0, 0, n)?),
-            Inputs::Tokens { input_ids, token_type_ids, attention_mask } => Inputs::Tokens {
+            Inputs::Tokens {
+                input_ids,
+                token_type_ids,
+                attention_mask,
+            } => Inputs::Tokens {
                 input_ids: input_ids.narrow(0, 0, n)?,
                 token_type_ids: token_type_ids.narrow(0, 0, n)?,
                 attention_mask: attention_mask.narrow(0, 0, n)?,
             },
         };
-        Ok(Batch { size: n, inputs, labels: self.labels.narrow(0, 0, n)? })
+        Ok(Batch {
+            size: n,
+            inputs,
+            labels: self.labels.narrow(0, 0, n)?,
+        })
     }
 
     /// A copy on `device` (contiguous there whatever the layout here).
@@ -106,13 +122,21 @@ impl Batch {
         let moved = |t: &Tensor| t.contiguous()?.to_device(device);
         let inputs = match &self.inputs {
             Inputs::Images(x) => Inputs::Images(moved(x)?),
-            Inputs::Tokens { input_ids, token_type_ids, attention_mask } => Inputs::Tokens {
+            Inputs::Tokens {
+                input_ids,
+                token_type_ids,
+                attention_mask,
+            } => Inputs::Tokens {
                 input_ids: moved(input_ids)?,
                 token_type_ids: moved(token_type_ids)?,
                 attention_mask: moved(attention_mask)?,
             },
         };
-        Ok(Batch { size: self.size, inputs, labels: moved(&self.labels)? })
+        Ok(Batch {
+            size: self.size,
+            inputs,
+            labels: moved(&self.labels)?,
+        })
     }
 }
 
@@ -153,9 +177,11 @@ pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
     let (arch, info) = lookup_with(name, cfg.seq_len).map_err(candle_core::Error::wrap)?;
     let params = Params::new(cfg.mode == Mode::Train);
     let checkpoint = match &cfg.weights {
-        Some(path) => Some(Checkpoint::new(candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| {
-            candle_core::Error::Msg(format!("cannot read the weights file {}: {e}", path.display()))
-        })?)),
+        Some(path) => Some(Checkpoint::new(
+            candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| {
+                candle_core::Error::Msg(format!("cannot read the weights file {}: {e}", path.display()))
+            })?,
+        )),
         None => None,
     };
     let vb = SeededInit::with_checkpoint(params.clone(), cfg.seed, checkpoint.clone(), cfg.dtype, &cfg.device);
@@ -179,7 +205,12 @@ pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
                 named.sort_by(|a, b| a.0.cmp(b.0));
                 named.into_iter().map(|(_, v)| v.clone()).collect()
             };
-            Some(Optimizer::new(cfg.train.optimizer, vars, cfg.train.lr, cfg.train.weight_decay)?)
+            Some(Optimizer::new(
+                cfg.train.optimizer,
+                vars,
+                cfg.train.lr,
+                cfg.train.weight_decay,
+            )?)
         }
         Params::Frozen(_) => None,
     };
@@ -269,17 +300,30 @@ impl Workload for Classification {
         let host = Device::Cpu;
         let mut rng = Rng::for_name(seed, "batch");
         let inputs = match self.info.input {
-            InputShape::Image { channels, height, width } => {
+            InputShape::Image {
+                channels,
+                height,
+                width,
+            } => {
                 let n = size * channels * height * width;
-                let pixels = Tensor::from_vec(rng.normal_vec(n, 0.0, 1.0), (size, channels, height, width), &Device::Cpu)?;
+                let pixels = Tensor::from_vec(
+                    rng.normal_vec(n, 0.0, 1.0),
+                    (size, channels, height, width),
+                    &Device::Cpu,
+                )?;
                 Inputs::Images(pixels.to_dtype(self.dtype)?)
             }
             // Full-length sequences (every position attended) of uniform random ids; the first half
             // of each sequence is segment 0, the second half segment 1, as in a sentence pair.
-            InputShape::Tokens { seq_len, vocab_size, type_vocab_size } => {
+            InputShape::Tokens {
+                seq_len,
+                vocab_size,
+                type_vocab_size,
+            } => {
                 let ids: Vec<u32> = (0..size * seq_len).map(|_| rng.below(vocab_size as u32)).collect();
-                let types: Vec<u32> =
-                    (0..size * seq_len).map(|i| ((i % seq_len) * type_vocab_size.min(2) / seq_len) as u32).collect();
+                let types: Vec<u32> = (0..size * seq_len)
+                    .map(|i| ((i % seq_len) * type_vocab_size.min(2) / seq_len) as u32)
+                    .collect();
                 Inputs::Tokens {
                     input_ids: Tensor::from_vec(ids, (size, seq_len), &host)?,
                     token_type_ids: Tensor::from_vec(types, (size, seq_len), &host)?,
@@ -298,13 +342,18 @@ impl Workload for Classification {
             return self.model.forward(&batch.inputs, false);
         }
         let mut graphs = self.graphs.lock().expect("no panic while holding the lock");
-        graphs.run(&self.device, batch.inputs.tensors(), |t| self.model.forward(&batch.inputs.with_tensors(t)?, false))
+        graphs.run(&self.device, batch.inputs.tensors(), |t| {
+            self.model.forward(&batch.inputs.with_tensors(t)?, false)
+        })
     }
 
     fn train_step(&mut self, batch: &Batch) -> Result<Tensor> {
         let replays = self.replays_graphs();
         let Some(optimizer) = self.optimizer.as_mut() else {
-            candle_core::bail!("{} was built for inference; build it with Mode::Train to train", self.info.name)
+            candle_core::bail!(
+                "{} was built for inference; build it with Mode::Train to train",
+                self.info.name
+            )
         };
         // The backward pass and the optimizer step launch kernels too: the options cover them all.
         let _kernels = self.kernels.enter();

@@ -28,9 +28,17 @@ impl Family {
 /// The shape of one sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InputShape {
-    Image { channels: usize, height: usize, width: usize },
+    Image {
+        channels: usize,
+        height: usize,
+        width: usize,
+    },
     /// Sequences of `seq_len` token ids below `vocab_size`, of `type_vocab_size` token types.
-    Tokens { seq_len: usize, vocab_size: usize, type_vocab_size: usize },
+    Tokens {
+        seq_len: usize,
+        vocab_size: usize,
+        type_vocab_size: usize,
+    },
 }
 
 impl InputShape {
@@ -80,7 +88,11 @@ impl Arch {
         let image = |family, side: usize, num_classes, params, flops_per_sample| ModelInfo {
             name,
             family,
-            input: InputShape::Image { channels: 3, height: side, width: side },
+            input: InputShape::Image {
+                channels: 3,
+                height: side,
+                width: side,
+            },
             num_classes,
             params,
             flops_per_sample,
@@ -109,11 +121,15 @@ impl Arch {
     /// The same architecture fed sequences of `seq_len` tokens; only token models take one.
     fn with_seq_len(self, name: &str, seq_len: usize) -> std::result::Result<Self, ZooError> {
         match self {
-            Arch::Bert(cfg) if seq_len == 0 || seq_len > cfg.max_position => {
-                Err(ZooError::SeqLen { name: name.to_string(), why: format!("must be 1 to {} (its position embeddings)", cfg.max_position) })
-            }
+            Arch::Bert(cfg) if seq_len == 0 || seq_len > cfg.max_position => Err(ZooError::SeqLen {
+                name: name.to_string(),
+                why: format!("must be 1 to {} (its position embeddings)", cfg.max_position),
+            }),
             Arch::Bert(cfg) => Ok(Arch::Bert(bert::Config { seq_len, ..cfg })),
-            _ => Err(ZooError::SeqLen { name: name.to_string(), why: "applies to token models (bert_*) only".to_string() }),
+            _ => Err(ZooError::SeqLen {
+                name: name.to_string(),
+                why: "applies to token models (bert_*) only".to_string(),
+            }),
         }
     }
 
@@ -193,7 +209,10 @@ pub fn lookup_with(name: &str, seq_len: Option<usize>) -> std::result::Result<(A
     let e = ZOO
         .iter()
         .find(|e| e.name == name)
-        .ok_or_else(|| ZooError::UnknownModel { name: name.to_string(), valid: model_names() })?;
+        .ok_or_else(|| ZooError::UnknownModel {
+            name: name.to_string(),
+            valid: model_names(),
+        })?;
     let arch = match seq_len {
         Some(len) => (e.arch)().with_seq_len(e.name, len)?,
         None => (e.arch)(),

@@ -19,17 +19,47 @@ fn gpu() -> Device {
 }
 
 fn tiny_presets() -> Vec<&'static str> {
-    workloads::models().into_iter().filter(|m| m.tiny).map(|m| m.name).collect()
+    workloads::models()
+        .into_iter()
+        .filter(|m| m.tiny)
+        .map(|m| m.name)
+        .collect()
 }
 
-fn workload(name: &str, device: &Device, dtype: DType, mode: Mode, train: TrainConfig, graphs: CudaGraphs) -> Box<dyn Workload> {
-    let kernels = KernelOptions { graphs, ..KernelOptions::default() };
-    let cfg = WorkloadConfig { device: device.clone(), dtype, mode, seed: 7, seq_len: None, weights: None, train, kernels };
+fn workload(
+    name: &str,
+    device: &Device,
+    dtype: DType,
+    mode: Mode,
+    train: TrainConfig,
+    graphs: CudaGraphs,
+) -> Box<dyn Workload> {
+    let kernels = KernelOptions {
+        graphs,
+        ..KernelOptions::default()
+    };
+    let cfg = WorkloadConfig {
+        device: device.clone(),
+        dtype,
+        mode,
+        seed: 7,
+        seq_len: None,
+        weights: None,
+        train,
+        kernels,
+    };
     build(name, &cfg).unwrap()
 }
 
 fn host(t: &Tensor) -> Vec<f32> {
-    t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    t.to_device(&Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
 }
 
 /// Largest |a - b| relative to the largest |b|.
@@ -47,7 +77,10 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
 /// (cuDNN's f32 backward sums in no fixed order) ended up to 8% apart in loss, more than the noise
 /// measured at the step before could bound.
 fn batches(w: &dyn Workload) -> Vec<Batch> {
-    [(8, 1), (4, 2), (8, 3), (4, 4), (8, 5), (4, 6), (8, 7)].iter().map(|&(n, seed)| w.synthetic_batch(n, seed).unwrap()).collect()
+    [(8, 1), (4, 2), (8, 3), (4, 4), (8, 5), (4, 6), (8, 7)]
+        .iter()
+        .map(|&(n, seed)| w.synthetic_batch(n, seed).unwrap())
+        .collect()
 }
 
 #[test]
@@ -57,22 +90,47 @@ fn replayed_inference_gives_the_logits_of_steps_launched_kernel_by_kernel() {
     for name in tiny_presets() {
         for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2)] {
             let eager = workload(name, &gpu, dtype, Mode::Infer, TrainConfig::default(), CudaGraphs::Off);
-            let graphed = workload(name, &gpu, dtype, Mode::Infer, TrainConfig::default(), CudaGraphs::Infer);
+            let graphed = workload(
+                name,
+                &gpu,
+                dtype,
+                Mode::Infer,
+                TrainConfig::default(),
+                CudaGraphs::Infer,
+            );
             for (i, batch) in batches(eager.as_ref()).iter().enumerate() {
                 let want = host(&eager.infer(batch).unwrap());
                 let got = host(&graphed.infer(batch).unwrap());
                 let err = rel_err(&got, &want);
-                eprintln!("{name} {dtype:?} step {i} (batch {}): relative error {err:.2e}", batch.size);
-                assert!(err <= tol, "{name} {dtype:?} step {i}: replayed logits differ by {err:.2e} (> {tol:.0e})");
+                eprintln!(
+                    "{name} {dtype:?} step {i} (batch {}): relative error {err:.2e}",
+                    batch.size
+                );
+                assert!(
+                    err <= tol,
+                    "{name} {dtype:?} step {i}: replayed logits differ by {err:.2e} (> {tol:.0e})"
+                );
             }
             let stats = graphed.graph_stats();
             eprintln!("{name} {dtype:?}: {stats:?} {:?}", graphed.graph_refusals());
             assert_eq!(stats.captured + stats.refused, 2, "{name} {dtype:?}: {stats:?}");
-            assert_eq!(stats.replays, 3 * stats.captured as u64 / 2, "{name} {dtype:?}: {stats:?}");
+            assert_eq!(
+                stats.replays,
+                3 * stats.captured as u64 / 2,
+                "{name} {dtype:?}: {stats:?}"
+            );
             // ResNet's inference is all our kernels, cuDNN and cuBLAS on contiguous tensors: it
             // must be captured, or this test would compare nothing with nothing.
             if name == "resnet_tiny" {
-                assert_eq!(stats, GraphStats { captured: 2, replays: 3, refused: 0 }, "{name} {dtype:?}");
+                assert_eq!(
+                    stats,
+                    GraphStats {
+                        captured: 2,
+                        replays: 3,
+                        refused: 0
+                    },
+                    "{name} {dtype:?}"
+                );
             }
             assert_eq!(eager.graph_stats(), GraphStats::default());
         }
@@ -101,7 +159,10 @@ fn replayed_training_steps_move_the_model_as_steps_launched_kernel_by_kernel() {
     let mut failures = Vec::new();
     // Every preset in f32; ResNet in bf16 too, which trains over NHWC (cuDNN's graph API, our batch
     // norm over rows of channels).
-    let cases = tiny_presets().into_iter().map(|n| (n, DType::F32)).chain([("resnet_tiny", DType::BF16)]);
+    let cases = tiny_presets()
+        .into_iter()
+        .map(|n| (n, DType::F32))
+        .chain([("resnet_tiny", DType::BF16)]);
     for (name, dtype) in cases {
         for train in [TrainConfig::sgd(), TrainConfig::adamw()] {
             // Two workloads without graphs measure how far run-to-run differences (atomic sums in
@@ -119,7 +180,10 @@ fn replayed_training_steps_move_the_model_as_steps_launched_kernel_by_kernel() {
                 eprintln!("{case} step {i} (batch {}): loss {} against {}, relative error {err:.2e} (without graphs, run to run: {noise:.2e})", batch.size, got[0], want[0]);
                 let bound = (10.0 * noise).max(1e-4);
                 if err > bound {
-                    failures.push(format!("{case} step {i}: loss {} against {} (bound {bound:.1e})", got[0], want[0]));
+                    failures.push(format!(
+                        "{case} step {i}: loss {} against {} (bound {bound:.1e})",
+                        got[0], want[0]
+                    ));
                 }
             }
             let stats = graphed.graph_stats();
@@ -133,9 +197,15 @@ fn replayed_training_steps_move_the_model_as_steps_launched_kernel_by_kernel() {
             eprintln!("{case}: worst tensor {name_of_worst} at {worst:.2e}; without graphs, run to run: {noisiest} at {noise:.2e}");
             let bound = (10.0 * noise).max(1e-5);
             if worst > bound {
-                failures.push(format!("{case}: {name_of_worst} differs by {worst:.2e} after seven steps (bound {bound:.1e})"));
+                failures.push(format!(
+                    "{case}: {name_of_worst} differs by {worst:.2e} after seven steps (bound {bound:.1e})"
+                ));
             }
         }
     }
-    assert!(failures.is_empty(), "replayed training differs:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "replayed training differs:\n{}",
+        failures.join("\n")
+    );
 }

@@ -15,13 +15,34 @@ fn gpu() -> Device {
 fn random(shape: &[usize], seed: u64) -> Tensor {
     let mut rng = Rng::new(seed);
     let n: usize = shape.iter().product();
-    Tensor::from_vec((0..n).map(|_| rng.normal() as f32).collect::<Vec<f32>>(), shape, &Device::Cpu).unwrap()
+    Tensor::from_vec(
+        (0..n).map(|_| rng.normal() as f32).collect::<Vec<f32>>(),
+        shape,
+        &Device::Cpu,
+    )
+    .unwrap()
 }
 
 /// Largest |a - b| relative to the largest |b|.
 fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    let a = a.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let b = b.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let a = a
+        .to_device(&Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let b = b
+        .to_device(&Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
     let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
     a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
@@ -50,7 +71,10 @@ fn cudnn_conv2d_matches_candle_on_the_cpu_forward_and_backward() {
         let y_ref = xv.as_tensor().conv2d(wv.as_tensor(), pad, stride, 1, 1).unwrap();
         let r = random(y_ref.dims(), 30 + i as u64);
         let g = (&y_ref * &r).unwrap().sum_all().unwrap().backward().unwrap();
-        let (dx_ref, dw_ref) = (g.get(xv.as_tensor()).unwrap().clone(), g.get(wv.as_tensor()).unwrap().clone());
+        let (dx_ref, dw_ref) = (
+            g.get(xv.as_tensor()).unwrap().clone(),
+            g.get(wv.as_tensor()).unwrap().clone(),
+        );
 
         for (dtype, tol) in [(DType::F32, 1e-5f32), (DType::BF16, 2e-2), (DType::F16, 5e-3)] {
             let on = |t: &Tensor| Var::from_tensor(&t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).unwrap();
@@ -64,7 +88,10 @@ fn cudnn_conv2d_matches_candle_on_the_cpu_forward_and_backward() {
             let dx = grads.get(xg.as_tensor()).expect("a gradient for the input");
             let dw = grads.get(wg.as_tensor()).expect("a gradient for the filter");
             let (ex, ew) = (rel_err(dx, &dx_ref), rel_err(dw, &dw_ref));
-            assert!(ex < tol && ew < tol, "case {i} {dtype:?}: dx differs by {ex}, dw by {ew}");
+            assert!(
+                ex < tol && ew < tol,
+                "case {i} {dtype:?}: dx differs by {ex}, dw by {ew}"
+            );
             eprintln!("case {i} {dtype:?}: forward {e:.1e}, dx {ex:.1e}, dw {ew:.1e}");
         }
     }
@@ -152,13 +179,22 @@ fn bias_kernel_matches_candle_on_the_cpu_forward_and_backward() {
                 // The reference: candle's broadcast add and ReLU on the CPU, with autograd, in f32 on
                 // the inputs rounded to the dtype (so that the ReLU sees the same signs near zero).
                 let rounded = |t: &Tensor| t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap();
-                let (xv, bv) = (Var::from_tensor(&rounded(&x)).unwrap(), Var::from_tensor(&rounded(&b)).unwrap());
+                let (xv, bv) = (
+                    Var::from_tensor(&rounded(&x)).unwrap(),
+                    Var::from_tensor(&rounded(&b)).unwrap(),
+                );
                 let y_ref = match act {
-                    Act::Relu => relu_as_pytorch(&bias_act(xv.as_tensor(), bv.as_tensor(), axis, Act::None).unwrap(), true),
+                    Act::Relu => relu_as_pytorch(
+                        &bias_act(xv.as_tensor(), bv.as_tensor(), axis, Act::None).unwrap(),
+                        true,
+                    ),
                     _ => bias_act(xv.as_tensor(), bv.as_tensor(), axis, act).unwrap(),
                 };
                 let g = (&y_ref * &r).unwrap().sum_all().unwrap().backward().unwrap();
-                let (dx_ref, db_ref) = (g.get(xv.as_tensor()).unwrap().clone(), g.get(bv.as_tensor()).unwrap().clone());
+                let (dx_ref, db_ref) = (
+                    g.get(xv.as_tensor()).unwrap().clone(),
+                    g.get(bv.as_tensor()).unwrap().clone(),
+                );
                 let on = |t: &Tensor| Var::from_tensor(&t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).unwrap();
                 let (xg, bg) = (on(&x), on(&b));
                 let y = bias_act(xg.as_tensor(), bg.as_tensor(), axis, act).unwrap();
@@ -169,7 +205,10 @@ fn bias_kernel_matches_candle_on_the_cpu_forward_and_backward() {
                 // The bias gradient sums many terms: bf16 accumulates its rounding.
                 let eb = rel_err(grads.get(bg.as_tensor()).unwrap(), &db_ref);
                 eprintln!("bias case {i} {act:?} {dtype:?}: y {e:.1e}, dx {ex:.1e}, db {eb:.1e}");
-                assert!(e < tol && ex < tol && eb < 10.0 * tol, "case {i} {act:?} {dtype:?}: y {e}, dx {ex}, db {eb}");
+                assert!(
+                    e < tol && ex < tol && eb < 10.0 * tol,
+                    "case {i} {act:?} {dtype:?}: y {e}, dx {ex}, db {eb}"
+                );
             }
         }
     }
@@ -186,18 +225,34 @@ fn add_kernel_matches_candle_on_the_cpu_forward_and_backward() {
             for (dtype, tol) in [(DType::F32, 1e-6f32), (DType::BF16, 1e-2), (DType::F16, 2e-3)] {
                 // The reference on the inputs rounded to the dtype, so that the ReLU sees the same signs.
                 let rounded = |t: &Tensor| t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap();
-                let (xv, zv) = (Var::from_tensor(&rounded(&x)).unwrap(), Var::from_tensor(&rounded(&z)).unwrap());
-                let y_ref = relu_as_pytorch(&workloads::kernels::add(xv.as_tensor(), zv.as_tensor(), false).unwrap(), relu);
+                let (xv, zv) = (
+                    Var::from_tensor(&rounded(&x)).unwrap(),
+                    Var::from_tensor(&rounded(&z)).unwrap(),
+                );
+                let y_ref = relu_as_pytorch(
+                    &workloads::kernels::add(xv.as_tensor(), zv.as_tensor(), false).unwrap(),
+                    relu,
+                );
                 let g = (&y_ref * &r).unwrap().sum_all().unwrap().backward().unwrap();
-                let (dx_ref, dz_ref) = (g.get(xv.as_tensor()).unwrap().clone(), g.get(zv.as_tensor()).unwrap().clone());
+                let (dx_ref, dz_ref) = (
+                    g.get(xv.as_tensor()).unwrap().clone(),
+                    g.get(zv.as_tensor()).unwrap().clone(),
+                );
                 let on = |t: &Tensor| Var::from_tensor(&t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).unwrap();
                 let (xg, zg) = (on(&x), on(&z));
                 let y = workloads::kernels::add(xg.as_tensor(), zg.as_tensor(), relu).unwrap();
                 let rg = r.to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
                 let grads = (&y * &rg).unwrap().sum_all().unwrap().backward().unwrap();
-                let (e, ex, ez) = (rel_err(&y, &y_ref), rel_err(grads.get(xg.as_tensor()).unwrap(), &dx_ref), rel_err(grads.get(zg.as_tensor()).unwrap(), &dz_ref));
+                let (e, ex, ez) = (
+                    rel_err(&y, &y_ref),
+                    rel_err(grads.get(xg.as_tensor()).unwrap(), &dx_ref),
+                    rel_err(grads.get(zg.as_tensor()).unwrap(), &dz_ref),
+                );
                 eprintln!("add relu {relu} {dtype:?}: y {e:.1e}, dx {ex:.1e}, dz {ez:.1e}");
-                assert!(e < tol && ex < tol && ez < tol, "add relu {relu} {dtype:?}: y {e}, dx {ex}, dz {ez}");
+                assert!(
+                    e < tol && ex < tol && ez < tol,
+                    "add relu {relu} {dtype:?}: y {e}, dx {ex}, dz {ez}"
+                );
             }
         }
     }
@@ -210,7 +265,10 @@ fn with_grads(f: &dyn Fn(&[&Tensor]) -> Tensor, inputs: &[Tensor], r: &Tensor) -
     let y = f(&args);
     let r = r.to_device(y.device()).unwrap().to_dtype(y.dtype()).unwrap();
     let grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
-    let grads = vars.iter().map(|v| grads.get(v.as_tensor()).expect("every input gets a gradient").clone()).collect();
+    let grads = vars
+        .iter()
+        .map(|v| grads.get(v.as_tensor()).expect("every input gets a gradient").clone())
+        .collect();
     (y, grads)
 }
 
@@ -221,16 +279,25 @@ fn matches_cpu(what: &str, f: &dyn Fn(&[&Tensor]) -> Tensor, inputs: &[Tensor], 
     let y0 = f(&inputs.iter().collect::<Vec<_>>());
     let r = random(y0.dims(), 99);
     for (dtype, tol) in [DType::F32, DType::BF16, DType::F16].into_iter().zip(tols) {
-        let rounded: Vec<Tensor> = inputs.iter().map(|t| t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap()).collect();
+        let rounded: Vec<Tensor> = inputs
+            .iter()
+            .map(|t| t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap())
+            .collect();
         let (y_ref, g_ref) = with_grads(f, &rounded, &r);
-        let on_gpu: Vec<Tensor> = inputs.iter().map(|t| t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).collect();
+        let on_gpu: Vec<Tensor> = inputs
+            .iter()
+            .map(|t| t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap())
+            .collect();
         let (y, g) = with_grads(f, &on_gpu, &r);
         assert_eq!(y.dtype(), dtype, "{what}");
         let e = rel_err(&y, &y_ref);
         let eg: Vec<f32> = g.iter().zip(&g_ref).map(|(a, b)| rel_err(a, b)).collect();
         let shown: Vec<String> = eg.iter().map(|v| format!("{v:.1e}")).collect();
         eprintln!("{what} {dtype:?}: y {e:.1e}, gradients {}", shown.join(" "));
-        assert!(e < tol && eg.iter().all(|&x| x < tol), "{what} {dtype:?}: y {e}, gradients {eg:?}");
+        assert!(
+            e < tol && eg.iter().all(|&x| x < tol),
+            "{what} {dtype:?}: y {e}, gradients {eg:?}"
+        );
     }
 }
 
@@ -239,9 +306,22 @@ fn matches_cpu(what: &str, f: &dyn Fn(&[&Tensor]) -> Tensor, inputs: &[Tensor], 
 fn bias_and_add_written_over_their_input_match_the_ops_that_make_a_new_tensor() {
     use workloads::kernels::{add, add_over, bias_act, bias_act_over, Act, BiasAxis};
     let gpu = gpu();
-    let host = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let host = |t: &Tensor| {
+        t.to_device(&Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    };
     // Planes of 35 (single elements, not words) and of 64 (16-byte words); a channel bias.
-    for (shape, dtype) in [([2, 8, 5, 7], DType::F32), ([2, 8, 8, 8], DType::F32), ([2, 8, 8, 8], DType::BF16)] {
+    for (shape, dtype) in [
+        ([2, 8, 5, 7], DType::F32),
+        ([2, 8, 8, 8], DType::F32),
+        ([2, 8, 8, 8], DType::BF16),
+    ] {
         let on_gpu = |seed: u64, dims: &[usize]| random(dims, seed).to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
         let (x, z, b) = (on_gpu(900, &shape), on_gpu(901, &shape), on_gpu(902, &[8]));
         for act in [Act::None, Act::Relu] {
@@ -252,13 +332,25 @@ fn bias_and_add_written_over_their_input_match_the_ops_that_make_a_new_tensor() 
             let handle = fresh.clone();
             let got = bias_act_over(fresh, &b, BiasAxis::Channels, act).unwrap();
             assert_eq!(host(&got), want, "{shape:?} {dtype:?} {act:?}: bias over x");
-            assert_eq!(host(&handle), want, "{shape:?} {dtype:?} {act:?}: the bias was not written over x");
+            assert_eq!(
+                host(&handle),
+                want,
+                "{shape:?} {dtype:?} {act:?}: the bias was not written over x"
+            );
             let relu = act == Act::Relu;
             let want = host(&add(&x, &z, relu).unwrap());
             let fresh = x.copy().unwrap();
             let handle = fresh.clone();
-            assert_eq!(host(&add_over(fresh, &z, relu).unwrap()), want, "{shape:?} {dtype:?} relu {relu}: add over x");
-            assert_eq!(host(&handle), want, "{shape:?} {dtype:?} relu {relu}: the sum was not written over x");
+            assert_eq!(
+                host(&add_over(fresh, &z, relu).unwrap()),
+                want,
+                "{shape:?} {dtype:?} relu {relu}: add over x"
+            );
+            assert_eq!(
+                host(&handle),
+                want,
+                "{shape:?} {dtype:?} relu {relu}: the sum was not written over x"
+            );
         }
     }
 }
@@ -269,13 +361,21 @@ fn layer_norm_kernel_matches_the_cpu_forward_and_backward() {
     use workloads::kernels::layer_norm;
     // Swin's first stage (96), ViT/BERT (768), a row needing several elements per thread (3000),
     // and rows with a large mean (the statistics must not cancel it away).
-    for (i, (rows, cols)) in [(12usize, 96usize), (6, 768), (3, 3000), (5, 40)].into_iter().enumerate() {
+    for (i, (rows, cols)) in [(12usize, 96usize), (6, 768), (3, 3000), (5, 40)]
+        .into_iter()
+        .enumerate()
+    {
         let x = random(&[rows, cols], 110 + i as u64);
         let x = if i == 3 { (x + 50.0).unwrap() } else { x };
         let w = random(&[cols], 120 + i as u64).affine(0.5, 1.0).unwrap();
         let b = random(&[cols], 130 + i as u64);
         // The bias and weight gradients sum over rows: bf16/f16 accumulate their rounding.
-        matches_cpu(&format!("layer norm {rows}x{cols}"), &|a| layer_norm(a[0], a[1], a[2], 1e-5).unwrap(), &[x, w, b], [1e-4, 3e-2, 5e-3]);
+        matches_cpu(
+            &format!("layer norm {rows}x{cols}"),
+            &|a| layer_norm(a[0], a[1], a[2], 1e-5).unwrap(),
+            &[x, w, b],
+            [1e-4, 3e-2, 5e-3],
+        );
     }
 }
 
@@ -288,7 +388,16 @@ fn batch_norm_matches_the_cpu(channels_last: bool, shapes: &[[usize; 4]], seed: 
         move |a: &[&Tensor]| {
             let stats = a[0].detach().apply_op1_no_bwd(&BatchStats { channels_last }).unwrap();
             let wb = Tensor::stack(&[a[1], a[2]], 0).unwrap();
-            a[0].apply_op3(&wb, &stats, BatchNorm { eps: 1e-5, relu, channels_last }).unwrap()
+            a[0].apply_op3(
+                &wb,
+                &stats,
+                BatchNorm {
+                    eps: 1e-5,
+                    relu,
+                    channels_last,
+                },
+            )
+            .unwrap()
         }
     };
     let layout = if channels_last { "NHWC" } else { "NCHW" };
@@ -300,7 +409,12 @@ fn batch_norm_matches_the_cpu(channels_last: bool, shapes: &[[usize; 4]], seed: 
         let b = random(&[c], seed + 20 + i as u64);
         for relu in [false, true] {
             let f = train(relu);
-            matches_cpu(&format!("batch norm {layout} {shape:?} relu {relu}"), &f, &[x.clone(), w.clone(), b.clone()], [1e-4, 3e-2, 5e-3]);
+            matches_cpu(
+                &format!("batch norm {layout} {shape:?} relu {relu}"),
+                &f,
+                &[x.clone(), w.clone(), b.clone()],
+                [1e-4, 3e-2, 5e-3],
+            );
         }
     }
 }
@@ -312,7 +426,14 @@ fn batch_norm_kernels_match_the_cpu_forward_and_backward() {
     // The channel sums split images into chunks: one image each ([4, 8, 7, 7], [2, 4, 20, 20]),
     // two and a last of one ([9, 80, 4, 4]). Planes of 49, 6, 196 and 400 elements take words of 1,
     // 2, 4 and 8 bf16 elements (1, 2, 4, 4 in f32).
-    let shapes = [[4usize, 8, 7, 7], [3, 16, 1, 1], [2, 4, 20, 20], [9, 80, 4, 4], [2, 6, 14, 14], [3, 5, 2, 3]];
+    let shapes = [
+        [4usize, 8, 7, 7],
+        [3, 16, 1, 1],
+        [2, 4, 20, 20],
+        [9, 80, 4, 4],
+        [2, 6, 14, 14],
+        [3, 5, 2, 3],
+    ];
     batch_norm_matches_the_cpu(false, &shapes, 140, 2);
 }
 
@@ -322,7 +443,14 @@ fn batch_norm_over_nhwc_matches_the_cpu_forward_and_backward() {
     // [n, h, w, c]: ResNet's widths (words of 8 bf16 channels, lanes across 8 to 32 words and
     // several blocks of them for 2048), odd channel counts (single-element words), a channel whose
     // mean dwarfs its spread, and more rows than one block's chunk.
-    let shapes = [[2usize, 7, 7, 64], [2, 3, 3, 2048], [3, 5, 2, 5], [2, 4, 4, 24], [4, 28, 28, 128], [1, 1, 1, 16]];
+    let shapes = [
+        [2usize, 7, 7, 64],
+        [2, 3, 3, 2048],
+        [3, 5, 2, 5],
+        [2, 4, 4, 24],
+        [4, 28, 28, 128],
+        [1, 1, 1, 16],
+    ];
     batch_norm_matches_the_cpu(true, &shapes, 170, 3);
 }
 
@@ -339,7 +467,8 @@ fn adamw_kernel_matches_the_cpu_over_three_steps() {
         for g in &grads {
             // loss = sum(p · g): the gradient is g.
             let g = g.to_device(device).unwrap().to_dtype(dtype).unwrap();
-            opt.backward_step(&(p.as_tensor() * g).unwrap().sum_all().unwrap(), None).unwrap();
+            opt.backward_step(&(p.as_tensor() * g).unwrap().sum_all().unwrap(), None)
+                .unwrap();
         }
         p.as_tensor().clone()
     };
@@ -348,13 +477,30 @@ fn adamw_kernel_matches_the_cpu_over_three_steps() {
     // parameter, plus f32's relative error on the update itself (three steps of at most lr = 1e-2:
     // 1e-6 absolute is ~30x that), which is what remains for parameters near 0.
     for (dtype, mantissa) in [(DType::F32, 23), (DType::BF16, 7), (DType::F16, 10)] {
-        let values = |t: Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+        let values = |t: Tensor| {
+            t.to_device(&Device::Cpu)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        };
         let (want, got) = (values(run(&Device::Cpu, dtype)), values(run(&gpu, dtype)));
         let start = values(p0.to_dtype(dtype).unwrap());
         let moved = want.iter().zip(&start).filter(|(w, s)| w != s).count();
-        let off = want.iter().zip(&got).filter(|(w, g)| (*w - *g).abs() > 3.0 * w.abs() * 2f32.powi(-mantissa) + 1e-6).count();
-        eprintln!("adamw {dtype:?}: {moved} of {} elements moved, {off} differ by more than 3 ulp", want.len());
-        assert!(moved > want.len() / 2 && off == 0, "adamw {dtype:?}: {off} elements differ by more than 3 ulp");
+        let off = want
+            .iter()
+            .zip(&got)
+            .filter(|(w, g)| (*w - *g).abs() > 3.0 * w.abs() * 2f32.powi(-mantissa) + 1e-6)
+            .count();
+        eprintln!(
+            "adamw {dtype:?}: {moved} of {} elements moved, {off} differ by more than 3 ulp",
+            want.len()
+        );
+        assert!(
+            moved > want.len() / 2 && off == 0,
+            "adamw {dtype:?}: {off} elements differ by more than 3 ulp"
+        );
     }
 }
 
@@ -364,18 +510,32 @@ fn linear_op_matches_the_cpu_forward_and_backward() {
     use workloads::kernels::{linear, Act};
     // ViT's tokens ([batch, tokens, features]) and plain rows, with each activation; the CPU takes
     // candle's matmul and broadcast add (with PyTorch's ReLU gradient at 0).
-    for (i, (x_shape, out)) in [(&[2usize, 197, 64][..], 48usize), (&[6, 33], 40)].into_iter().enumerate() {
+    for (i, (x_shape, out)) in [(&[2usize, 197, 64][..], 48usize), (&[6, 33], 40)]
+        .into_iter()
+        .enumerate()
+    {
         let inp = *x_shape.last().unwrap();
         let x = random(x_shape, 180 + i as u64);
         // Pre-activations x wᵀ + b kept at least ~6 standard deviations of x wᵀ from 0, so that the
         // GPU's rounding of x wᵀ to bf16 before the bias cannot flip a ReLU against the f32 reference.
         let w = random(&[out, inp], 185 + i as u64).affine(0.02, 0.0).unwrap();
-        let b: Vec<f32> = random(&[out], 190 + i as u64).to_vec1::<f32>().unwrap().iter().map(|v| v.signum() * (v.abs() + 1.0)).collect();
+        let b: Vec<f32> = random(&[out], 190 + i as u64)
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.signum() * (v.abs() + 1.0))
+            .collect();
         let b = Tensor::from_vec(b, out, &Device::Cpu).unwrap();
         // A bias one element into its storage is not aligned for cuBLASLt's epilogue: the op adds it
         // with its own kernel instead.
         let offset_b = Tensor::cat(&[&Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap(), &b], 0).unwrap();
-        for (act, offset) in [(Act::None, 0), (Act::Relu, 0), (Act::GeluErf, 0), (Act::None, 1), (Act::Relu, 1)] {
+        for (act, offset) in [
+            (Act::None, 0),
+            (Act::Relu, 0),
+            (Act::GeluErf, 0),
+            (Act::None, 1),
+            (Act::Relu, 1),
+        ] {
             let f = move |a: &[&Tensor]| {
                 let b = a[2].narrow(0, offset, out).unwrap();
                 if a[0].device().is_cpu() && act == Act::Relu {
@@ -386,7 +546,12 @@ fn linear_op_matches_the_cpu_forward_and_backward() {
             };
             let b = if offset == 0 { b.clone() } else { offset_b.clone() };
             // The weight's and bias's gradients sum over up to 394 rows.
-            matches_cpu(&format!("linear {x_shape:?} -> {out} {act:?}, bias at {offset}"), &f, &[x.clone(), w.clone(), b], [1e-5, 3e-2, 5e-3]);
+            matches_cpu(
+                &format!("linear {x_shape:?} -> {out} {act:?}, bias at {offset}"),
+                &f,
+                &[x.clone(), w.clone(), b],
+                [1e-5, 3e-2, 5e-3],
+            );
         }
     }
 }
@@ -397,10 +562,20 @@ fn attention_op_matches_the_cpu_forward_and_backward() {
     use workloads::kernels::{attention, ScoreBias};
     // ViT's 197 tokens (padded to 200 on the GPU), 3 heads of 8.
     let qkv = random(&[2, 197, 72], 200);
-    matches_cpu("attention vit-like", &|a| attention(a[0], 3, ScoreBias::None).unwrap(), &[qkv], [1e-5, 3e-2, 5e-3]);
+    matches_cpu(
+        "attention vit-like",
+        &|a| attention(a[0], 3, ScoreBias::None).unwrap(),
+        &[qkv],
+        [1e-5, 3e-2, 5e-3],
+    );
     // Rows longer than the kernels keep in registers (300 keys, padded to 304).
     let qkv = random(&[1, 300, 24], 204);
-    matches_cpu("attention long rows", &|a| attention(a[0], 2, ScoreBias::None).unwrap(), &[qkv], [1e-5, 3e-2, 5e-3]);
+    matches_cpu(
+        "attention long rows",
+        &|a| attention(a[0], 2, ScoreBias::None).unwrap(),
+        &[qkv],
+        [1e-5, 3e-2, 5e-3],
+    );
     // BERT: a key mask (-10000 on the last 3 keys of sequence 1), 12 tokens, 2 heads of 4.
     let mut mask = vec![0f32; 24];
     mask[21..].iter_mut().for_each(|m| *m = -10000.0);
@@ -415,7 +590,12 @@ fn attention_op_matches_the_cpu_forward_and_backward() {
     // gradient.
     let qkv = random(&[8, 49, 24], 202);
     let bias = random(&[4, 2, 49, 49], 203);
-    matches_cpu("attention swin-like", &|a| attention(a[0], 2, ScoreBias::Scores(a[1])).unwrap(), &[qkv, bias], [1e-5, 3e-2, 5e-3]);
+    matches_cpu(
+        "attention swin-like",
+        &|a| attention(a[0], 2, ScoreBias::Scores(a[1])).unwrap(),
+        &[qkv, bias],
+        [1e-5, 3e-2, 5e-3],
+    );
 }
 
 #[test]
@@ -438,8 +618,14 @@ fn the_memory_pool_keeps_freed_memory_across_synchronisations_until_released() {
     workloads::memory::release_pooled(&gpu).unwrap();
     let released = pooled_bytes(&gpu).unwrap().unwrap();
     eprintln!("pooled: {before} bytes before, {after} after, {released} once released");
-    assert!(after >= before + (256 << 20), "the pool kept {after} bytes (had {before})");
-    assert!(released + (256 << 20) <= after, "releasing left {released} of {after} bytes");
+    assert!(
+        after >= before + (256 << 20),
+        "the pool kept {after} bytes (had {before})"
+    );
+    assert!(
+        released + (256 << 20) <= after,
+        "releasing left {released} of {after} bytes"
+    );
 }
 
 #[test]
@@ -449,24 +635,40 @@ fn linear_with_a_residual_matches_the_cpu() {
     let gpu = gpu();
     // ViT's tokens, 96 features in, 64 out; a bias at element 0 (the GEMM adds the residual) and at
     // element 1 (unaligned for the epilogue: linear, then our add).
-    let (x, w, r) = (random(&[2, 197, 96], 300), random(&[64, 96], 301), random(&[2, 197, 64], 303));
+    let (x, w, r) = (
+        random(&[2, 197, 96], 300),
+        random(&[64, 96], 301),
+        random(&[2, 197, 64], 303),
+    );
     let b_full = random(&[65], 302);
     for offset in [0, 1] {
         for (dtype, tol) in [(DType::F32, 1e-5f32), (DType::BF16, 2e-2), (DType::F16, 5e-3)] {
             // Inference (no graph): the reference from the same rounded inputs, in f32 on the CPU.
             let round = |t: &Tensor| t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap();
             let product = round(&x).broadcast_matmul(&round(&w).t().unwrap()).unwrap();
-            let want = (product.broadcast_add(&round(&b_full).narrow(0, offset, 64).unwrap()).unwrap() + round(&r)).unwrap();
+            let want = (product
+                .broadcast_add(&round(&b_full).narrow(0, offset, 64).unwrap())
+                .unwrap()
+                + round(&r))
+            .unwrap();
             let on = |t: &Tensor| t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
             let b_gpu = on(&b_full).narrow(0, offset, 64).unwrap();
             let got = linear_residual(&on(&x), &on(&w), &b_gpu, &on(&r)).unwrap();
             let e = rel_err(&got, &want);
             eprintln!("linear + residual, bias at {offset}, {dtype:?}: {e:.1e}");
-            assert!(e < tol, "linear + residual, bias at {offset}, {dtype:?}: differs by {e}");
+            assert!(
+                e < tol,
+                "linear + residual, bias at {offset}, {dtype:?}: differs by {e}"
+            );
         }
         // Training records a graph: linear, then add, with every input's gradient.
         let f = move |a: &[&Tensor]| linear_residual(a[0], a[1], &a[2].narrow(0, offset, 64).unwrap(), a[3]).unwrap();
-        matches_cpu(&format!("linear + residual with gradients, bias at {offset}"), &f, &[x.clone(), w.clone(), b_full.clone(), r.clone()], [1e-5, 3e-2, 5e-3]);
+        matches_cpu(
+            &format!("linear + residual with gradients, bias at {offset}"),
+            &f,
+            &[x.clone(), w.clone(), b_full.clone(), r.clone()],
+            [1e-5, 3e-2, 5e-3],
+        );
     }
 }
 
@@ -479,15 +681,26 @@ fn fused_attention_matches_the_cpu_forward_and_backward() {
     // f32 kernel keeps a head in registers); heads of 8 compose in every dtype.
     for (shape, heads) in [([2usize, 197, 384], 2usize), ([1, 70, 384], 1), ([8, 49, 192], 2)] {
         let x = Tensor::zeros(&shape[..], DType::BF16, &gpu).unwrap();
-        assert!(runs_fused(&x, heads).unwrap() && runs_fused(&x.to_dtype(DType::F16).unwrap(), heads).unwrap(), "{shape:?}");
-        assert_eq!(runs_fused(&x.to_dtype(DType::F32).unwrap(), heads).unwrap(), heads != 1, "{shape:?} f32");
+        assert!(
+            runs_fused(&x, heads).unwrap() && runs_fused(&x.to_dtype(DType::F16).unwrap(), heads).unwrap(),
+            "{shape:?}"
+        );
+        assert_eq!(
+            runs_fused(&x.to_dtype(DType::F32).unwrap(), heads).unwrap(),
+            heads != 1,
+            "{shape:?} f32"
+        );
     }
     assert!(!runs_fused(&Tensor::zeros((2, 197, 72), DType::BF16, &gpu).unwrap(), 3).unwrap());
     assert!(!runs_fused(&Tensor::zeros((2, 197, 72), DType::F32, &gpu).unwrap(), 3).unwrap());
     // The kernel option `attention=composed` turns every fused launch off.
     {
         use workloads::kernels::{options::Attention, KernelOptions};
-        let _composed = KernelOptions { attention: Attention::Composed, ..KernelOptions::default() }.enter();
+        let _composed = KernelOptions {
+            attention: Attention::Composed,
+            ..KernelOptions::default()
+        }
+        .enter();
         assert!(!runs_fused(&Tensor::zeros((2, 197, 384), DType::BF16, &gpu).unwrap(), 2).unwrap());
     }
     // The f32 kernels come in several sizes of block, each shape's first launch timing them: every
@@ -495,7 +708,11 @@ fn fused_attention_matches_the_cpu_forward_and_backward() {
     // choice, which the pinned launches left untimed.
     use workloads::kernels::attention::{fused_f32_queries, with_fused_f32_queries, FUSED_F32_QUERIES};
     let vit_like = Tensor::zeros((2, 197, 384), DType::F32, &gpu).unwrap();
-    assert_eq!(fused_f32_queries(&vit_like, 2).unwrap(), None, "not timed before its first launch");
+    assert_eq!(
+        fused_f32_queries(&vit_like, 2).unwrap(),
+        None,
+        "not timed before its first launch"
+    );
     for q in FUSED_F32_QUERIES {
         let tag = format!("{q} queries a block");
         with_fused_f32_queries(q, || {
@@ -504,7 +721,11 @@ fn fused_attention_matches_the_cpu_forward_and_backward() {
         })
         .unwrap();
     }
-    assert_eq!(fused_f32_queries(&vit_like, 2).unwrap(), None, "pinned launches time nothing");
+    assert_eq!(
+        fused_f32_queries(&vit_like, 2).unwrap(),
+        None,
+        "pinned launches time nothing"
+    );
     fused_attention_cases("timed");
     let timed = fused_f32_queries(&vit_like, 2).unwrap();
     assert!(timed.is_some_and(|q| FUSED_F32_QUERIES.contains(&q)), "{timed:?}");
@@ -519,13 +740,23 @@ fn fused_attention_cases(tag: &str) {
     use workloads::kernels::{attention, ScoreBias};
     // ViT-B-like: 197 tokens (four tiles of 64 keys, the last of 5), 2 heads of 64.
     let qkv = random(&[2, 197, 384], 210);
-    matches_cpu(&format!("fused attention vit-like, {tag}"), &|a| attention(a[0], 2, ScoreBias::None).unwrap(), &[qkv], [1e-5, 3e-2, 5e-3]);
+    matches_cpu(
+        &format!("fused attention vit-like, {tag}"),
+        &|a| attention(a[0], 2, ScoreBias::None).unwrap(),
+        &[qkv],
+        [1e-5, 3e-2, 5e-3],
+    );
     // One head of 128 (f32 composes) or two of 64 over 70 tokens, the projection starting 70·384
     // elements into its buffer.
     let qkv = random(&[2, 70, 384], 211);
     for heads in [1, 2] {
         let f = move |a: &[&Tensor]| attention(&a[0].narrow(0, 1, 1).unwrap(), heads, ScoreBias::None).unwrap();
-        matches_cpu(&format!("fused attention d={} at an offset, {tag}", 128 / heads), &f, std::slice::from_ref(&qkv), [1e-5, 3e-2, 5e-3]);
+        matches_cpu(
+            &format!("fused attention d={} at an offset, {tag}", 128 / heads),
+            &f,
+            std::slice::from_ref(&qkv),
+            [1e-5, 3e-2, 5e-3],
+        );
     }
     // BERT-like: 128 tokens, a key mask (-10000 on the last 40 keys of sequence 1), 2 heads of 64.
     let mut mask = vec![0f32; 256];
@@ -536,11 +767,21 @@ fn fused_attention_cases(tag: &str) {
         let m = mask.to_device(a[0].device()).unwrap().to_dtype(a[0].dtype()).unwrap();
         attention(a[0], 2, ScoreBias::Keys(&m)).unwrap()
     };
-    matches_cpu(&format!("fused attention bert-like, {tag}"), &f, &[qkv], [1e-5, 3e-2, 5e-3]);
+    matches_cpu(
+        &format!("fused attention bert-like, {tag}"),
+        &f,
+        &[qkv],
+        [1e-5, 3e-2, 5e-3],
+    );
     // Swin-T-like: 8 windows of 49 tokens, heads of 32, a bias repeating every 4 windows.
     let qkv = random(&[8, 49, 192], 213);
     let bias = random(&[4, 2, 49, 49], 214);
-    matches_cpu(&format!("fused attention swin-like, {tag}"), &|a| attention(a[0], 2, ScoreBias::Scores(a[1])).unwrap(), &[qkv, bias], [1e-5, 3e-2, 5e-3]);
+    matches_cpu(
+        &format!("fused attention swin-like, {tag}"),
+        &|a| attention(a[0], 2, ScoreBias::Scores(a[1])).unwrap(),
+        &[qkv, bias],
+        [1e-5, 3e-2, 5e-3],
+    );
 }
 
 #[test]
@@ -553,8 +794,18 @@ fn max_pool_kernel_matches_the_cpu_forward_and_backward() {
     // there).
     for shape in [[2usize, 3, 8, 8], [2, 2, 7, 9], [1, 4, 112, 112]] {
         let n: usize = shape.iter().product();
-        let x = Tensor::from_vec((0..n).map(|i| ((i * 37 % 101) as f32) - 50.0).collect::<Vec<_>>(), &shape, &Device::Cpu).unwrap();
-        matches_cpu(&format!("max pool {shape:?}"), &|a| max_pool2d(a[0], 3, 2, 1).unwrap(), &[x], [1e-6, 1e-2, 2e-3]);
+        let x = Tensor::from_vec(
+            (0..n).map(|i| ((i * 37 % 101) as f32) - 50.0).collect::<Vec<_>>(),
+            &shape,
+            &Device::Cpu,
+        )
+        .unwrap();
+        matches_cpu(
+            &format!("max pool {shape:?}"),
+            &|a| max_pool2d(a[0], 3, 2, 1).unwrap(),
+            &[x],
+            [1e-6, 1e-2, 2e-3],
+        );
     }
 }
 
@@ -576,15 +827,28 @@ fn swin_window_kernels_match_the_cpu_forward_and_backward() {
     use workloads::kernels::{window_merge, window_partition};
     // Swin-T's first stage (8x8 windows shown at 16x16, 96 channels: 16-byte words), a shift, and
     // 3 channels (12 bytes in f32, 6 in bf16/f16: narrower words).
-    for (i, (side, window, shift, c)) in [(16usize, 8usize, 0usize, 96usize), (16, 8, 4, 96), (6, 3, 1, 3)].into_iter().enumerate() {
+    for (i, (side, window, shift, c)) in [(16usize, 8usize, 0usize, 96usize), (16, 8, 4, 96), (6, 3, 1, 3)]
+        .into_iter()
+        .enumerate()
+    {
         let x = random(&[2, side, side, c], 260 + i as u64);
         let what = format!("windows {side}x{side} by {window} shift {shift} c {c}");
         // A permutation: exact forward; the gradients carry only the random weights' rounding to
         // the dtype (their f32 reference is not rounded).
         let tols = [1e-7, 4e-3, 1e-3];
-        matches_cpu(&format!("{what} partition"), &|a| window_partition(a[0], window, shift).unwrap(), std::slice::from_ref(&x), tols);
+        matches_cpu(
+            &format!("{what} partition"),
+            &|a| window_partition(a[0], window, shift).unwrap(),
+            std::slice::from_ref(&x),
+            tols,
+        );
         let w = window_partition(&x, window, shift).unwrap();
-        matches_cpu(&format!("{what} merge"), &|a| window_merge(a[0], side, window, shift).unwrap(), &[w], tols);
+        matches_cpu(
+            &format!("{what} merge"),
+            &|a| window_merge(a[0], side, window, shift).unwrap(),
+            &[w],
+            tols,
+        );
     }
 }
 
@@ -595,7 +859,11 @@ fn batch_norm_running_update_matches_the_cpu() {
     let gpu = gpu();
     let (running, stats) = (random(&[300], 270), random(&[2, 300], 271));
     for row in [0, 1] {
-        let op = RunningUpdate { row, keep: 0.9, take: 0.1 * 1.01 };
+        let op = RunningUpdate {
+            row,
+            keep: 0.9,
+            take: 0.1 * 1.01,
+        };
         let on_cpu = running.copy().unwrap();
         on_cpu.inplace_op2(&stats, &op).unwrap();
         let on_gpu = running.to_device(&gpu).unwrap();
@@ -620,37 +888,91 @@ fn an_encoder_layer_as_one_op_matches_the_layer_built_of_ops() {
     let (b, t, c, heads) = (2usize, 37usize, 128usize, 2usize);
     for dtype in [DType::F32, DType::BF16] {
         let var = |shape: &[usize], seed: u64, scale: f64| {
-            Var::from_tensor(&(random(shape, seed) * scale).unwrap().to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).unwrap()
+            Var::from_tensor(
+                &(random(shape, seed) * scale)
+                    .unwrap()
+                    .to_device(&gpu)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap(),
+            )
+            .unwrap()
         };
         let linear = |i: usize, o: usize, seed: u64| {
-            Linear::new(var(&[o, i], seed, 1.0 / (i as f64).sqrt()).as_tensor().clone(), Some(var(&[o], seed + 1, 0.1).as_tensor().clone()))
+            Linear::new(
+                var(&[o, i], seed, 1.0 / (i as f64).sqrt()).as_tensor().clone(),
+                Some(var(&[o], seed + 1, 0.1).as_tensor().clone()),
+            )
         };
         let vm = VarMap::new();
         let vb = VarBuilder::from_varmap(&vm, dtype, &gpu);
-        let (norm1, norm2) = (LayerNorm::new(c, 1e-6, vb.pp("norm1")).unwrap(), LayerNorm::new(c, 1e-6, vb.pp("norm2")).unwrap());
+        let (norm1, norm2) = (
+            LayerNorm::new(c, 1e-6, vb.pp("norm1")).unwrap(),
+            LayerNorm::new(c, 1e-6, vb.pp("norm2")).unwrap(),
+        );
         // Weights and biases away from 1 and 0, so that their gradients matter.
         for (i, v) in vm.all_vars().iter().enumerate() {
-            v.set(&random(&[c], 500 + i as u64).affine(0.2, 1.0).unwrap().to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).unwrap();
+            v.set(
+                &random(&[c], 500 + i as u64)
+                    .affine(0.2, 1.0)
+                    .unwrap()
+                    .to_device(&gpu)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap(),
+            )
+            .unwrap();
         }
-        let (q, k, v, packed) = (linear(c, c, 510), linear(c, c, 512), linear(c, c, 514), linear(c, 3 * c, 516));
+        let (q, k, v, packed) = (
+            linear(c, c, 510),
+            linear(c, c, 512),
+            linear(c, c, 514),
+            linear(c, 3 * c, 516),
+        );
         let (out, fc1, fc2) = (linear(c, c, 518), linear(c, 2 * c, 520), linear(2 * c, c, 522));
         // BERT-like with a key mask (the last 5 keys of sequence 1), ViT-like without.
         let mut mask = vec![0f32; b * t];
         mask[2 * t - 5..].iter_mut().for_each(|m| *m = -10000.0);
-        let mask = Tensor::from_vec(mask, (b, t), &Device::Cpu).unwrap().to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
-        let r = random(&[b, t, c], 530).to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
+        let mask = Tensor::from_vec(mask, (b, t), &Device::Cpu)
+            .unwrap()
+            .to_device(&gpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let r = random(&[b, t, c], 530)
+            .to_device(&gpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
         for norms in [Norms::Post, Norms::Pre] {
             let (qkv, bias): (Vec<&Linear>, _) = match norms {
                 Norms::Post => (vec![&q, &k, &v], ScoreBias::Keys(&mask)),
                 Norms::Pre => (vec![&packed], ScoreBias::None),
             };
-            let p = Params { qkv: &qkv, out: &out, norm1: &norm1, fc1: &fc1, fc2: &fc2, norm2: &norm2 };
+            let p = Params {
+                qkv: &qkv,
+                out: &out,
+                norm1: &norm1,
+                fc1: &fc1,
+                fc2: &fc2,
+                norm2: &norm2,
+            };
             let x = var(&[b, t, c], 540, 1.0);
-            assert!(encoder::runs_as_one_op(x.as_tensor(), &p), "{norms:?} {dtype:?}: the fused path must run");
+            assert!(
+                encoder::runs_as_one_op(x.as_tensor(), &p),
+                "{norms:?} {dtype:?}: the fused path must run"
+            );
             {
                 use workloads::kernels::{options::EncoderLayers, KernelOptions};
-                let _ops = KernelOptions { layers: EncoderLayers::Ops, ..KernelOptions::default() }.enter();
-                assert!(!encoder::runs_as_one_op(x.as_tensor(), &p), "layers=ops builds the layer of ops");
+                let _ops = KernelOptions {
+                    layers: EncoderLayers::Ops,
+                    ..KernelOptions::default()
+                }
+                .enter();
+                assert!(
+                    !encoder::runs_as_one_op(x.as_tensor(), &p),
+                    "layers=ops builds the layer of ops"
+                );
             }
             // The same layer of our ops, as the models build it without the fused op.
             let composed = |x: &Tensor| -> Tensor {
@@ -663,7 +985,12 @@ fn an_encoder_layer_as_one_op_matches_the_layer_built_of_ops() {
                         norm2.forward(&fc2.forward_residual(&m, &h).unwrap()).unwrap()
                     }
                     Norms::Pre => {
-                        let ctx = attention(&qkv.forward_act(&norm1.forward(x).unwrap(), Act::None).unwrap(), heads, bias).unwrap();
+                        let ctx = attention(
+                            &qkv.forward_act(&norm1.forward(x).unwrap(), Act::None).unwrap(),
+                            heads,
+                            bias,
+                        )
+                        .unwrap();
                         let x1 = out.forward_residual(&ctx, x).unwrap();
                         let m = fc1.forward_act(&norm2.forward(&x1).unwrap(), Act::GeluErf).unwrap();
                         fc2.forward_residual(&m, &x1).unwrap()
@@ -683,7 +1010,11 @@ fn an_encoder_layer_as_one_op_matches_the_layer_built_of_ops() {
             let tol = if dtype == DType::F32 { 1e-4 } else { 3e-2 };
             let e = rel_err(&y, &y_ref);
             let mut tensors: Vec<(String, &Tensor)> = vec![("x".into(), x.as_tensor())];
-            for (name, l) in qkv.iter().enumerate().map(|(i, l)| (format!("qkv{i}"), *l)).chain([("out".into(), &out), ("fc1".into(), &fc1), ("fc2".into(), &fc2)]) {
+            for (name, l) in qkv.iter().enumerate().map(|(i, l)| (format!("qkv{i}"), *l)).chain([
+                ("out".into(), &out),
+                ("fc1".into(), &fc1),
+                ("fc2".into(), &fc2),
+            ]) {
                 tensors.push((format!("{name}.weight"), l.weight()));
                 tensors.push((format!("{name}.bias"), l.bias().unwrap()));
             }
@@ -694,21 +1025,42 @@ fn an_encoder_layer_as_one_op_matches_the_layer_built_of_ops() {
             // The key bias's gradient is zero in exact arithmetic (a constant added to every key
             // shifts a row's scores alike, and the softmax ignores it): both sides are rounding
             // noise, measured against the query bias's gradient.
-            let largest = |t: &Tensor| t.abs().unwrap().max_all().unwrap().to_dtype(DType::F32).unwrap().to_scalar::<f32>().unwrap();
+            let largest = |t: &Tensor| {
+                t.abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap()
+            };
             let query_bias = largest(grads_ref.get(qkv[0].bias().unwrap()).unwrap());
             let errors: Vec<(String, f32)> = tensors
                 .iter()
                 .map(|(name, t)| {
-                    let g = grads.get(t).unwrap_or_else(|| panic!("{norms:?} {dtype:?}: no gradient for {name}"));
+                    let g = grads
+                        .get(t)
+                        .unwrap_or_else(|| panic!("{norms:?} {dtype:?}: no gradient for {name}"));
                     let want = grads_ref.get(t).unwrap();
                     let e = rel_err(g, want);
-                    let e = if qkv.len() == 3 && name == "qkv1.bias" { e * largest(want).max(1e-12) / query_bias } else { e };
+                    let e = if qkv.len() == 3 && name == "qkv1.bias" {
+                        e * largest(want).max(1e-12) / query_bias
+                    } else {
+                        e
+                    };
                     (name.clone(), e)
                 })
                 .collect();
             let worst = errors.iter().fold(0f32, |m, (_, e)| m.max(*e));
-            eprintln!("encoder layer {norms:?} {dtype:?}: y {e:.1e}, worst of {} gradients {worst:.1e}", errors.len());
-            assert!(e < tol && worst < tol, "{norms:?} {dtype:?}: y {e}, gradients {errors:?}");
+            eprintln!(
+                "encoder layer {norms:?} {dtype:?}: y {e:.1e}, worst of {} gradients {worst:.1e}",
+                errors.len()
+            );
+            assert!(
+                e < tol && worst < tol,
+                "{norms:?} {dtype:?}: y {e}, gradients {errors:?}"
+            );
         }
     }
 }
@@ -722,8 +1074,16 @@ fn nhwc_convolutions_with_their_epilogue_match_candle_on_the_cpu() {
     // ResNet's shapes (the patch embeddings are not convolutions of ours in NHWC): the stem's three
     // channels too, which the NHWC engines take padded.
     for (i, &(xs, ws, pad, stride)) in CASES[..5].iter().enumerate() {
-        let (x, w, b) = (random(&xs, 40 + i as u64), random(&ws, 50 + i as u64), random(&[ws[0]], 60 + i as u64));
-        let conv = x.conv2d(&w, pad, stride, 1, 1).unwrap().broadcast_add(&b.reshape((1, ws[0], 1, 1)).unwrap()).unwrap();
+        let (x, w, b) = (
+            random(&xs, 40 + i as u64),
+            random(&ws, 50 + i as u64),
+            random(&[ws[0]], 60 + i as u64),
+        );
+        let conv = x
+            .conv2d(&w, pad, stride, 1, 1)
+            .unwrap()
+            .broadcast_add(&b.reshape((1, ws[0], 1, 1)).unwrap())
+            .unwrap();
         let r = random(conv.dims(), 70 + i as u64);
         for (residual, relu) in [(false, false), (false, true), (true, true)] {
             let sum = if residual { (&conv + &r).unwrap() } else { conv.clone() };
@@ -736,7 +1096,10 @@ fn nhwc_convolutions_with_their_epilogue_match_candle_on_the_cpu() {
                 assert_eq!(y.dims(), want.dims(), "case {i} {dtype:?}");
                 let e = rel_err(&y, &want);
                 eprintln!("NHWC case {i} {dtype:?} residual {residual} relu {relu}: {e:.1e}");
-                assert!(e < tol, "NHWC case {i} {dtype:?} residual {residual} relu {relu}: differs by {e}");
+                assert!(
+                    e < tol,
+                    "NHWC case {i} {dtype:?} residual {residual} relu {relu}: differs by {e}"
+                );
             }
         }
     }
@@ -753,10 +1116,19 @@ fn max_pool_over_nhwc_matches_the_pool_over_nchw() {
         let r = random(max_pool2d(&x, 3, 2, 1).unwrap().dims(), 81);
         // Forward and the input's gradient (of sum(pool · r)), the NHWC one seen back as NCHW.
         let (want, want_dx) = with_grads(&|a| max_pool2d(a[0], 3, 2, 1).unwrap(), std::slice::from_ref(&x), &r);
-        let nhwc = |a: &[&Tensor]| max_pool2d_nhwc(&a[0].permute((0, 2, 3, 1)).unwrap(), 3, 2, 1).unwrap().permute((0, 3, 1, 2)).unwrap();
+        let nhwc = |a: &[&Tensor]| {
+            max_pool2d_nhwc(&a[0].permute((0, 2, 3, 1)).unwrap(), 3, 2, 1)
+                .unwrap()
+                .permute((0, 3, 1, 2))
+                .unwrap()
+        };
         let (got, got_dx) = with_grads(&nhwc, std::slice::from_ref(&x), &r);
         assert_eq!(rel_err(&got, &want), 0.0, "max pool over NHWC {shape:?}");
-        assert_eq!(rel_err(&got_dx[0], &want_dx[0]), 0.0, "max pool's backward over NHWC {shape:?}");
+        assert_eq!(
+            rel_err(&got_dx[0], &want_dx[0]),
+            0.0,
+            "max pool's backward over NHWC {shape:?}"
+        );
     }
 }
 
@@ -770,18 +1142,35 @@ fn nhwc_training_convolutions_match_candle_on_the_cpu_forward_and_backward() {
         let (x, w) = (random(&xs, 200 + i as u64), random(&ws, 210 + i as u64));
         let r = random(x.conv2d(&w, pad, stride, 1, 1).unwrap().dims(), 220 + i as u64);
         // The reference: candle's CPU convolution and its autograd, in f32, NCHW and KCRS.
-        let (y_ref, g_ref) = with_grads(&|a| a[0].conv2d(a[1], pad, stride, 1, 1).unwrap(), &[x.clone(), w.clone()], &r);
+        let (y_ref, g_ref) = with_grads(
+            &|a| a[0].conv2d(a[1], pad, stride, 1, 1).unwrap(),
+            &[x.clone(), w.clone()],
+            &r,
+        );
         // Ours over NHWC and KRSC, seen back as NCHW and KCRS (the permutes' gradients carry back).
         let nhwc = |a: &[&Tensor]| {
             let (x, w) = (a[0].permute((0, 2, 3, 1)).unwrap(), a[1].permute((0, 2, 3, 1)).unwrap());
-            conv_nhwc_train(&x, &w, pad, stride).unwrap().permute((0, 3, 1, 2)).unwrap()
+            conv_nhwc_train(&x, &w, pad, stride)
+                .unwrap()
+                .permute((0, 3, 1, 2))
+                .unwrap()
         };
         for (dtype, tol) in [(DType::F32, 1e-5f32), (DType::BF16, 2e-2), (DType::F16, 5e-3)] {
-            let on: Vec<Tensor> = [&x, &w].iter().map(|t| t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap()).collect();
+            let on: Vec<Tensor> = [&x, &w]
+                .iter()
+                .map(|t| t.to_device(&gpu).unwrap().to_dtype(dtype).unwrap())
+                .collect();
             let (y, g) = with_grads(&nhwc, &on, &r);
-            let (e, ex, ew) = (rel_err(&y, &y_ref), rel_err(&g[0], &g_ref[0]), rel_err(&g[1], &g_ref[1]));
+            let (e, ex, ew) = (
+                rel_err(&y, &y_ref),
+                rel_err(&g[0], &g_ref[0]),
+                rel_err(&g[1], &g_ref[1]),
+            );
             eprintln!("NHWC training case {i} {dtype:?}: forward {e:.1e}, dx {ex:.1e}, dw {ew:.1e}");
-            assert!(e < tol && ex < tol && ew < tol, "NHWC training case {i} {dtype:?}: forward {e}, dx {ex}, dw {ew}");
+            assert!(
+                e < tol && ex < tol && ew < tol,
+                "NHWC training case {i} {dtype:?}: forward {e}, dx {ex}, dw {ew}"
+            );
         }
     }
 }
@@ -796,12 +1185,29 @@ fn resnet_in_nhwc_gives_the_logits_of_resnet_in_nchw() {
     workloads::memory::pool_allocations(&gpu).unwrap();
     // f32 runs NHWC only with TF32 allowed (then both layouts use it); half types always.
     for (name, batch) in [("resnet_tiny", 4), ("resnet50", 2)] {
-        for (dtype, tf32, tol) in [(DType::F32, true, 1e-2f32), (DType::BF16, false, 3e-2), (DType::F16, false, 5e-3)] {
+        for (dtype, tf32, tol) in [
+            (DType::F32, true, 1e-2f32),
+            (DType::BF16, false, 3e-2),
+            (DType::F16, false, 5e-3),
+        ] {
             workloads::precision::allow_tf32(tf32);
             let workload = |convs| {
                 // Without graphs, so that both run every step as launched.
-                let kernels = KernelOptions { convs, graphs: CudaGraphs::Off, ..KernelOptions::default() };
-                let cfg = WorkloadConfig { device: gpu.clone(), dtype, mode: Mode::Infer, seed: 3, seq_len: None, weights: None, train: TrainConfig::default(), kernels };
+                let kernels = KernelOptions {
+                    convs,
+                    graphs: CudaGraphs::Off,
+                    ..KernelOptions::default()
+                };
+                let cfg = WorkloadConfig {
+                    device: gpu.clone(),
+                    dtype,
+                    mode: Mode::Infer,
+                    seed: 3,
+                    seq_len: None,
+                    weights: None,
+                    train: TrainConfig::default(),
+                    kernels,
+                };
                 build(name, &cfg).unwrap()
             };
             let (nchw, nhwc) = (workload(Convolutions::Nchw), workload(Convolutions::Nhwc));
@@ -812,7 +1218,10 @@ fn resnet_in_nhwc_gives_the_logits_of_resnet_in_nchw() {
                 let got = nhwc.infer(&b).unwrap();
                 // The NHWC path ran (a shape the NCHW workload never prepares), or this compares
                 // NCHW with itself.
-                assert!(seed > 1 || workloads::kernels::conv_nhwc::shapes_prepared() > before, "{name} {dtype:?}: no NHWC convolution ran");
+                assert!(
+                    seed > 1 || workloads::kernels::conv_nhwc::shapes_prepared() > before,
+                    "{name} {dtype:?}: no NHWC convolution ran"
+                );
                 let e = rel_err(&got, &want);
                 eprintln!("{name} {dtype:?} batch {batch} seed {seed}: NHWC logits against NCHW {e:.1e}");
                 assert!(e < tol, "{name} {dtype:?}: NHWC logits differ from NCHW by {e}");
@@ -831,33 +1240,79 @@ fn a_frozen_resnet_holds_its_weights_once_and_infers_as_on_the_cpu() {
     let gpu = gpu();
     workloads::memory::pool_allocations(&gpu).unwrap();
     let cpu_logits = {
-        let cfg = WorkloadConfig { device: Device::Cpu, dtype: DType::F32, mode: Mode::Infer, seed: 3, seq_len: None, weights: None, train: TrainConfig::default(), kernels: KernelOptions::default() };
+        let cfg = WorkloadConfig {
+            device: Device::Cpu,
+            dtype: DType::F32,
+            mode: Mode::Infer,
+            seed: 3,
+            seq_len: None,
+            weights: None,
+            train: TrainConfig::default(),
+            kernels: KernelOptions::default(),
+        };
         let w = build("resnet50", &cfg).unwrap();
         let b = w.synthetic_batch(2, 1).unwrap();
         w.infer(&b).unwrap()
     };
     // f32 over NCHW (no TF32: the path f32 takes), bf16 over NHWC; without graphs, so that the pool
     // holds what the step left and nothing of a graph's.
-    for (dtype, convs, tol) in [(DType::F32, Convolutions::Nchw, 1e-3f32), (DType::BF16, Convolutions::Nhwc, 1e-1)] {
+    for (dtype, convs, tol) in [
+        (DType::F32, Convolutions::Nchw, 1e-3f32),
+        (DType::BF16, Convolutions::Nhwc, 1e-1),
+    ] {
         workloads::memory::release_pooled(&gpu).unwrap();
-        let kernels = KernelOptions { convs, graphs: CudaGraphs::Off, ..KernelOptions::default() };
-        let cfg = WorkloadConfig { device: gpu.clone(), dtype, mode: Mode::Infer, seed: 3, seq_len: None, weights: None, train: TrainConfig::default(), kernels };
+        let kernels = KernelOptions {
+            convs,
+            graphs: CudaGraphs::Off,
+            ..KernelOptions::default()
+        };
+        let cfg = WorkloadConfig {
+            device: gpu.clone(),
+            dtype,
+            mode: Mode::Infer,
+            seed: 3,
+            seq_len: None,
+            weights: None,
+            train: TrainConfig::default(),
+            kernels,
+        };
         let w = build("resnet50", &cfg).unwrap();
         // Parameters and buffers as built (kept on the host), in their dtypes.
-        let held: usize = w.tensors().iter().map(|(_, t)| t.elem_count() * t.dtype().size_in_bytes()).sum();
-        assert!(w.tensors().iter().all(|(_, t)| t.device().is_cpu()), "a frozen model's tensors as built stay on the host");
+        let held: usize = w
+            .tensors()
+            .iter()
+            .map(|(_, t)| t.elem_count() * t.dtype().size_in_bytes())
+            .sum();
+        assert!(
+            w.tensors().iter().all(|(_, t)| t.device().is_cpu()),
+            "a frozen model's tensors as built stay on the host"
+        );
         let b = w.synthetic_batch(2, 1).unwrap();
         let logits = w.infer(&b).unwrap();
         let e = rel_err(&logits, &cpu_logits);
-        let ledger = workloads::memory::ledger(&gpu).unwrap().expect("a pool on CUDA devices");
+        let ledger = workloads::memory::ledger(&gpu)
+            .unwrap()
+            .expect("a pool on CUDA devices");
         // After the first step the pool holds the folded weights in place of the ones as built, the
         // batch and logits, cuBLASLt's 32 MiB workspace and cuDNN's shared one; the weights as built
         // beside the folded ones would be 45 (bf16) to 90 MiB (f32) more.
         let slack = 8 << 20;
-        let bound = held + (32 << 20) + ledger.cudnn_workspaces as usize + b.inputs.tensors().iter().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum::<usize>() + slack;
+        let bound = held
+            + (32 << 20)
+            + ledger.cudnn_workspaces as usize
+            + b.inputs
+                .tensors()
+                .iter()
+                .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+                .sum::<usize>()
+            + slack;
         eprintln!("resnet50 {dtype:?} {convs:?}: logits against the CPU {e:.1e}; pool in use {} MiB, bound {} MiB (weights {} MiB)", ledger.pool_used >> 20, bound >> 20, held >> 20);
         assert!(e < tol, "resnet50 {dtype:?}: logits differ from the CPU's by {e}");
-        assert!((ledger.pool_used as usize) <= bound, "resnet50 {dtype:?}: {} bytes in use after a step, more than the weights once ({bound})", ledger.pool_used);
+        assert!(
+            (ledger.pool_used as usize) <= bound,
+            "resnet50 {dtype:?}: {} bytes in use after a step, more than the weights once ({bound})",
+            ledger.pool_used
+        );
         drop(w);
     }
 }
@@ -865,11 +1320,34 @@ fn a_frozen_resnet_holds_its_weights_once_and_infers_as_on_the_cpu() {
 /// One SGD step on `device` of a fresh model from the seed-5 weights (its first update is lr times the
 /// gradient) under `kernels`, f32 GEMMs and convolutions on TF32 when `tf32`: the loss, and each
 /// parameter's update and each running statistic, by name.
-fn sgd_step(device: &Device, name: &str, batch: usize, dtype: DType, kernels: workloads::kernels::KernelOptions, tf32: bool) -> (f32, Vec<(String, Tensor)>) {
+fn sgd_step(
+    device: &Device,
+    name: &str,
+    batch: usize,
+    dtype: DType,
+    kernels: workloads::kernels::KernelOptions,
+    tf32: bool,
+) -> (f32, Vec<(String, Tensor)>) {
     use workloads::{build, Mode, TrainConfig, WorkloadConfig};
-    let host = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap();
+    let host = |t: &Tensor| {
+        t.to_device(&Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+    };
     workloads::precision::allow_tf32(tf32);
-    let cfg = WorkloadConfig { device: device.clone(), dtype, mode: Mode::Train, seed: 5, seq_len: None, weights: None, train: TrainConfig::sgd(), kernels };
+    let cfg = WorkloadConfig {
+        device: device.clone(),
+        dtype,
+        mode: Mode::Train,
+        seed: 5,
+        seq_len: None,
+        weights: None,
+        train: TrainConfig::sgd(),
+        kernels,
+    };
     let mut workload = build(name, &cfg).unwrap();
     let before: Vec<Tensor> = workload.tensors().iter().map(|(_, t)| host(t)).collect();
     let b = workload.synthetic_batch(batch, 1).unwrap();
@@ -887,18 +1365,45 @@ fn sgd_step(device: &Device, name: &str, batch: usize, dtype: DType, kernels: wo
 /// ||a - b|| / ||b||: a sum's rounding, relative to the sum (a largest-element measure makes
 /// near-cancelling sums, such as a late batch norm's bias gradient, look wrong).
 fn l2(a: &Tensor, b: &Tensor) -> f32 {
-    let d = (a - b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt();
-    d / b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt().max(1e-20)
+    let d = (a - b)
+        .unwrap()
+        .sqr()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+        .sqrt();
+    d / b
+        .sqr()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+        .sqrt()
+        .max(1e-20)
 }
 
 /// The tensor of `a` farthest from its namesake in `b` by [`l2`], among those `keep` names.
 fn worst_update(a: &[(String, Tensor)], b: &[(String, Tensor)], keep: &dyn Fn(&str) -> bool) -> (f32, String) {
-    a.iter().zip(b).filter(|((n, _), _)| keep(n)).map(|((n, x), (_, y))| (l2(x, y), n.clone())).fold((0f32, String::new()), |m, e| if e.0 > m.0 { e } else { m })
+    a.iter()
+        .zip(b)
+        .filter(|((n, _), _)| keep(n))
+        .map(|((n, x), (_, y))| (l2(x, y), n.clone()))
+        .fold((0f32, String::new()), |m, e| if e.0 > m.0 { e } else { m })
 }
 
 /// Every parameter's update in one vector (running statistics left out).
 fn all_updates(a: &[(String, Tensor)]) -> Tensor {
-    Tensor::cat(&a.iter().filter(|(n, _)| !n.contains("running")).map(|(_, t)| t.clone()).collect::<Vec<_>>(), 0).unwrap()
+    Tensor::cat(
+        &a.iter()
+            .filter(|(n, _)| !n.contains("running"))
+            .map(|(_, t)| t.clone())
+            .collect::<Vec<_>>(),
+        0,
+    )
+    .unwrap()
 }
 
 #[test]
@@ -909,9 +1414,22 @@ fn resnet_training_in_nhwc_and_blocks_as_one_op_move_the_model_as_training_of_op
     let gpu = gpu();
     workloads::memory::pool_allocations(&gpu).unwrap();
     let step = |name: &str, batch: usize, dtype: DType, convs: Convolutions, layers: EncoderLayers, tf32: bool| {
-        sgd_step(&gpu, name, batch, dtype, KernelOptions { convs, layers, graphs: CudaGraphs::Off, ..KernelOptions::default() }, tf32)
+        sgd_step(
+            &gpu,
+            name,
+            batch,
+            dtype,
+            KernelOptions {
+                convs,
+                layers,
+                graphs: CudaGraphs::Off,
+                ..KernelOptions::default()
+            },
+            tf32,
+        )
     };
-    let filters = |n: &str| n.ends_with("weight") && (n.contains("conv") || n.contains("downsample.0") || n.starts_with("fc"));
+    let filters =
+        |n: &str| n.ends_with("weight") && (n.contains("conv") || n.contains("downsample.0") || n.starts_with("fc"));
     let running = |n: &str| n.contains("running");
     for (name, batch) in [("resnet_tiny", 4), ("resnet50", 2)] {
         // The block as one op against the same block built of ops (each op tested on its own against
@@ -921,12 +1439,21 @@ fn resnet_training_in_nhwc_and_blocks_as_one_op_move_the_model_as_training_of_op
             let before = workloads::kernels::conv_nhwc::shapes_prepared();
             let (loss_op, op) = step(name, batch, DType::F32, convs, EncoderLayers::Op, tf32);
             if convs == Convolutions::Nhwc {
-                assert!(workloads::kernels::conv_nhwc::shapes_prepared() > before, "{name}: no NHWC convolution ran");
+                assert!(
+                    workloads::kernels::conv_nhwc::shapes_prepared() > before,
+                    "{name}: no NHWC convolution ran"
+                );
             }
             let (loss_ops, ops) = step(name, batch, DType::F32, convs, EncoderLayers::Ops, tf32);
-            let (all, (w, w_name)) = (l2(&all_updates(&op), &all_updates(&ops)), worst_update(&op, &ops, &|_| true));
+            let (all, (w, w_name)) = (
+                l2(&all_updates(&op), &all_updates(&ops)),
+                worst_update(&op, &ops, &|_| true),
+            );
             eprintln!("{name} f32 {convs:?} blocks as one op against their ops: loss {loss_op} / {loss_ops}; updates {all:.1e} overall, worst {w_name} {w:.1e}");
-            assert!(loss_op == loss_ops && all < 1e-4 && w < 1e-3, "{name} {convs:?}: the block op moved {w_name} {w:.2e} away from its ops ({all:.2e} overall)");
+            assert!(
+                loss_op == loss_ops && all < 1e-4 && w < 1e-3,
+                "{name} {convs:?}: the block op moved {w_name} {w:.2e} away from its ops ({all:.2e} overall)"
+            );
         }
         let (loss_op, op) = step(name, batch, DType::F32, Convolutions::Nhwc, EncoderLayers::Op, true);
         // Against NCHW in f32 without TF32, built of ops (the path tested against the reference
@@ -936,19 +1463,32 @@ fn resnet_training_in_nhwc_and_blocks_as_one_op_move_the_model_as_training_of_op
         // their whole size, at any depth.
         let (loss_ref, exact) = step(name, batch, DType::F32, Convolutions::Nchw, EncoderLayers::Ops, false);
         let (_, tf32) = step(name, batch, DType::F32, Convolutions::Nchw, EncoderLayers::Ops, true);
-        let (noise, (nf, nf_name)) = (l2(&all_updates(&tf32), &all_updates(&exact)), worst_update(&tf32, &exact, &filters));
-        let (all, (wf, wf_name), (wr, wr_name)) = (l2(&all_updates(&op), &all_updates(&exact)), worst_update(&op, &exact, &filters), worst_update(&op, &exact, &running));
+        let (noise, (nf, nf_name)) = (
+            l2(&all_updates(&tf32), &all_updates(&exact)),
+            worst_update(&tf32, &exact, &filters),
+        );
+        let (all, (wf, wf_name), (wr, wr_name)) = (
+            l2(&all_updates(&op), &all_updates(&exact)),
+            worst_update(&op, &exact, &filters),
+            worst_update(&op, &exact, &running),
+        );
         eprintln!(
             "{name} f32 NHWC (TF32) against NCHW: loss {loss_op} / {loss_ref}; updates {all:.1e} overall, worst filter {wf_name} {wf:.1e}, worst running statistic {wr_name} {wr:.1e}; NCHW with TF32 allowed: {noise:.1e} overall, worst filter {nf_name} {nf:.1e}"
         );
-        assert!((loss_op - loss_ref).abs() <= 1e-3 * loss_ref.abs(), "{name}: NHWC loss {loss_op} against {loss_ref}");
+        assert!(
+            (loss_op - loss_ref).abs() <= 1e-3 * loss_ref.abs(),
+            "{name}: NHWC loss {loss_op} against {loss_ref}"
+        );
         let (bound, filter_bound) = ((3.0 * noise).max(0.1), (3.0 * nf).max(0.2));
         assert!(all < bound && wf < filter_bound && wr < 3e-2, "{name}: NHWC updates {all:.2e} (bound {bound:.1e}), {wf_name} {wf:.2e} (bound {filter_bound:.1e}), {wr_name} {wr:.2e}");
         // bf16: the losses of the two layouts' steps.
         let (bf_nchw, _) = step(name, batch, DType::BF16, Convolutions::Nchw, EncoderLayers::Op, false);
         let (bf_nhwc, _) = step(name, batch, DType::BF16, Convolutions::Nhwc, EncoderLayers::Op, false);
         eprintln!("{name} bf16: loss NHWC {bf_nhwc}, NCHW {bf_nchw}");
-        assert!((bf_nhwc - bf_nchw).abs() <= 2e-2 * bf_nchw.abs(), "{name} bf16: NHWC loss {bf_nhwc} against NCHW {bf_nchw}");
+        assert!(
+            (bf_nhwc - bf_nchw).abs() <= 2e-2 * bf_nchw.abs(),
+            "{name} bf16: NHWC loss {bf_nhwc} against NCHW {bf_nchw}"
+        );
     }
 }
 
@@ -961,7 +1501,18 @@ fn swin_training_with_blocks_as_one_op_moves_the_model_as_blocks_of_ops() {
     let gpu = gpu();
     workloads::memory::pool_allocations(&gpu).unwrap();
     let step = |name: &str, batch: usize, dtype: DType, layers: EncoderLayers| {
-        sgd_step(&gpu, name, batch, dtype, KernelOptions { layers, graphs: CudaGraphs::Off, ..KernelOptions::default() }, false)
+        sgd_step(
+            &gpu,
+            name,
+            batch,
+            dtype,
+            KernelOptions {
+                layers,
+                graphs: CudaGraphs::Off,
+                ..KernelOptions::default()
+            },
+            false,
+        )
     };
     // Each op of a block is tested on its own against the CPU above; the block as one op runs the
     // same kernels in window order (the layer norms, linear layers and GELU work token by token),
@@ -973,36 +1524,71 @@ fn swin_training_with_blocks_as_one_op_moves_the_model_as_blocks_of_ops() {
     for (name, batch, blocks) in [("swin_tiny", 4, 4), ("swin_t", 2, 12)] {
         let before = blocks_run_as_one_op();
         let (loss_op, op) = step(name, batch, DType::F32, EncoderLayers::Op);
-        assert_eq!(blocks_run_as_one_op() - before, blocks, "{name}: every block runs as one op");
+        assert_eq!(
+            blocks_run_as_one_op() - before,
+            blocks,
+            "{name}: every block runs as one op"
+        );
         let (loss_ops, ops) = step(name, batch, DType::F32, EncoderLayers::Ops);
-        assert_eq!(blocks_run_as_one_op() - before, blocks, "{name}: layers=ops builds the blocks of ops");
-        let (all, (w, w_name)) = (l2(&all_updates(&op), &all_updates(&ops)), worst_update(&op, &ops, &|_| true));
+        assert_eq!(
+            blocks_run_as_one_op() - before,
+            blocks,
+            "{name}: layers=ops builds the blocks of ops"
+        );
+        let (all, (w, w_name)) = (
+            l2(&all_updates(&op), &all_updates(&ops)),
+            worst_update(&op, &ops, &|_| true),
+        );
         let (t, t_name) = worst_update(&op, &ops, &|n| n.ends_with("relative_position_bias_table"));
         eprintln!("{name} f32 blocks as one op against their ops: loss {loss_op} / {loss_ops}; updates {all:.1e} overall, worst {w_name} {w:.1e}, worst table {t_name} {t:.1e}");
-        assert!((loss_op - loss_ops).abs() <= 1e-5 * loss_ops.abs(), "{name}: loss {loss_op} against {loss_ops}");
-        assert!(all < 1e-4 && w < 1e-3, "{name}: the block op moved {w_name} {w:.2e} away from its ops ({all:.2e} overall)");
+        assert!(
+            (loss_op - loss_ops).abs() <= 1e-5 * loss_ops.abs(),
+            "{name}: loss {loss_op} against {loss_ops}"
+        );
+        assert!(
+            all < 1e-4 && w < 1e-3,
+            "{name}: the block op moved {w_name} {w:.2e} away from its ops ({all:.2e} overall)"
+        );
         // bf16: the losses, and how far each path's updates are from f32's. bf16 parameters round
         // each update to their ulp, so the two bf16 paths' updates are some way apart; the block
         // as one op must land as close to f32's updates as the blocks of ops do.
         let before = blocks_run_as_one_op();
         let (bf_op, bf_op_updates) = step(name, batch, DType::BF16, EncoderLayers::Op);
         let (bf_ops, bf_ops_updates) = step(name, batch, DType::BF16, EncoderLayers::Ops);
-        assert_eq!(blocks_run_as_one_op() - before, blocks, "{name} bf16: every block of the op step runs as one op, none of the ops step");
+        assert_eq!(
+            blocks_run_as_one_op() - before,
+            blocks,
+            "{name} bf16: every block of the op step runs as one op, none of the ops step"
+        );
         // Over every parameter, and over the relative position bias tables alone (the table's
         // gradient is the op's own code; the large weights would drown an error in it). bf16
         // tables (about 0.02) round most of a first step's update away, so both paths land about
         // as far as the updates themselves from f32's (measured 1.0 and 0.99): this half catches
         // only gross errors; the f32 half above bounds each table's update.
-        let tables = |u: &[(String, Tensor)]| u.iter().filter(|(n, _)| n.ends_with("relative_position_bias_table")).cloned().collect::<Vec<_>>();
+        let tables = |u: &[(String, Tensor)]| {
+            u.iter()
+                .filter(|(n, _)| n.ends_with("relative_position_bias_table"))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
         for (what, keep) in [("every parameter", false), ("the bias tables", true)] {
             let pick = |u: &[(String, Tensor)]| all_updates(&if keep { tables(u) } else { u.to_vec() });
             let f32_updates = pick(&ops);
-            let (from_op, from_ops) = (l2(&pick(&bf_op_updates), &f32_updates), l2(&pick(&bf_ops_updates), &f32_updates));
+            let (from_op, from_ops) = (
+                l2(&pick(&bf_op_updates), &f32_updates),
+                l2(&pick(&bf_ops_updates), &f32_updates),
+            );
             let apart = l2(&pick(&bf_op_updates), &pick(&bf_ops_updates));
             eprintln!("{name} bf16 blocks as one op against their ops, {what}: loss {bf_op} / {bf_ops}; updates {apart:.1e} apart, from f32's {from_op:.1e} / {from_ops:.1e}");
-            assert!(from_op <= 1.25 * from_ops + 1e-3, "{name} bf16, {what}: the block op's updates are {from_op:.2e} from f32's, its ops' {from_ops:.2e}");
+            assert!(
+                from_op <= 1.25 * from_ops + 1e-3,
+                "{name} bf16, {what}: the block op's updates are {from_op:.2e} from f32's, its ops' {from_ops:.2e}"
+            );
         }
-        assert!((bf_op - bf_ops).abs() <= 1e-2 * bf_ops.abs(), "{name} bf16: loss {bf_op} against {bf_ops}");
+        assert!(
+            (bf_op - bf_ops).abs() <= 1e-2 * bf_ops.abs(),
+            "{name} bf16: loss {bf_op} against {bf_ops}"
+        );
     }
 }
 
@@ -1013,7 +1599,10 @@ fn cross_entropy_kernel_matches_the_cpu_loss_and_gradient() {
     let gpu = gpu();
     // BERT's two classes, an odd width, ImageNet's 1000 at a training batch, and more rows than the
     // forward's 32 warps (a warp takes several).
-    for (i, (n, k)) in [(5usize, 2usize), (7, 37), (32, 1000), (100, 1000)].into_iter().enumerate() {
+    for (i, (n, k)) in [(5usize, 2usize), (7, 37), (32, 1000), (100, 1000)]
+        .into_iter()
+        .enumerate()
+    {
         let logits = (random(&[n, k], 300 + i as u64) * 3.0).unwrap();
         let labels: Vec<u32> = (0..n as u32).map(|r| (r * 7 + 3) % k as u32).collect();
         let labels = Tensor::from_vec(labels, n, &Device::Cpu).unwrap();
@@ -1025,18 +1614,35 @@ fn cross_entropy_kernel_matches_the_cpu_loss_and_gradient() {
             let loss_of = |x: &Tensor, labels: &Tensor| {
                 let v = Var::from_tensor(x).unwrap();
                 let loss = cross_entropy(v.as_tensor(), labels).unwrap();
-                let g = (&loss * 3.0).unwrap().backward().unwrap().get(v.as_tensor()).expect("a gradient").clone();
+                let g = (&loss * 3.0)
+                    .unwrap()
+                    .backward()
+                    .unwrap()
+                    .get(v.as_tensor())
+                    .expect("a gradient")
+                    .clone();
                 (loss, g)
             };
             let (want, want_dx) = loss_of(&rounded, &labels);
             let (got, got_dx) = loss_of(&logits.to_device(&gpu).unwrap().to_dtype(dtype).unwrap(), &on_gpu);
-            assert_eq!((got.dtype(), got.dims()), (DType::F32, &[][..]), "the loss is an f32 scalar");
+            assert_eq!(
+                (got.dtype(), got.dims()),
+                (DType::F32, &[][..]),
+                "the loss is an f32 scalar"
+            );
             assert_eq!(got_dx.dtype(), dtype, "the gradient is in the logits' dtype");
             // The gradient is rounded once to the dtype: its tolerance is the dtype's.
-            let dx_tol = match dtype { DType::F32 => 1e-5, DType::BF16 => 8e-3, _ => 1e-3 };
+            let dx_tol = match dtype {
+                DType::F32 => 1e-5,
+                DType::BF16 => 8e-3,
+                _ => 1e-3,
+            };
             let (e, ex) = (rel_err(&got, &want), rel_err(&got_dx, &want_dx));
             eprintln!("cross-entropy [{n}, {k}] {dtype:?}: loss {e:.1e}, dx {ex:.1e}");
-            assert!(e < tol && ex < dx_tol, "cross-entropy [{n}, {k}] {dtype:?}: loss {e}, dx {ex}");
+            assert!(
+                e < tol && ex < dx_tol,
+                "cross-entropy [{n}, {k}] {dtype:?}: loss {e}, dx {ex}"
+            );
         }
     }
     // A label past the classes makes the loss and its row's gradient NaN rather than read another
@@ -1045,8 +1651,17 @@ fn cross_entropy_kernel_matches_the_cpu_loss_and_gradient() {
     let labels = Tensor::new(&[0u32, 4, 1], &gpu).unwrap();
     let loss = cross_entropy(logits.as_tensor(), &labels).unwrap();
     assert!(loss.to_scalar::<f32>().unwrap().is_nan());
-    let dx = loss.backward().unwrap().get(logits.as_tensor()).unwrap().to_vec2::<f32>().unwrap();
-    assert!(dx[1].iter().all(|v| v.is_nan()) && dx[0].iter().chain(&dx[2]).all(|v| v.is_finite()), "{dx:?}");
+    let dx = loss
+        .backward()
+        .unwrap()
+        .get(logits.as_tensor())
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    assert!(
+        dx[1].iter().all(|v| v.is_nan()) && dx[0].iter().chain(&dx[2]).all(|v| v.is_finite()),
+        "{dx:?}"
+    );
 }
 
 #[test]
@@ -1057,8 +1672,18 @@ fn position_kernels_match_the_cpu_forward_and_backward() {
     for (i, shape) in [[2usize, 49, 2048], [2, 49, 768], [3, 5, 7]].into_iter().enumerate() {
         let x = random(&shape, 320 + i as u64);
         // The mean adds p values in f32 and rounds once; the first position is a copy.
-        matches_cpu(&format!("mean over positions {shape:?}"), &|a| mean_over_positions(a[0]).unwrap(), std::slice::from_ref(&x), [1e-6, 8e-3, 2e-3]);
-        matches_cpu(&format!("first position {shape:?}"), &|a| first_position(a[0]).unwrap(), std::slice::from_ref(&x), [1e-7, 4e-3, 1e-3]);
+        matches_cpu(
+            &format!("mean over positions {shape:?}"),
+            &|a| mean_over_positions(a[0]).unwrap(),
+            std::slice::from_ref(&x),
+            [1e-6, 8e-3, 2e-3],
+        );
+        matches_cpu(
+            &format!("first position {shape:?}"),
+            &|a| first_position(a[0]).unwrap(),
+            std::slice::from_ref(&x),
+            [1e-7, 4e-3, 1e-3],
+        );
     }
     let gpu = gpu();
     // Images (128 of them: more elements than the grid's 65,536 blocks of 256 threads cover at
@@ -1071,9 +1696,17 @@ fn position_kernels_match_the_cpu_forward_and_backward() {
             let got = channels_last(&on_gpu).unwrap();
             assert_eq!(got.dims(), want.dims());
             // A permutation: exact, up to the input's rounding to the dtype.
-            assert_eq!(rel_err(&got, &want.to_dtype(dtype).unwrap()), 0.0, "channels last {shape:?} {dtype:?}");
+            assert_eq!(
+                rel_err(&got, &want.to_dtype(dtype).unwrap()),
+                0.0,
+                "channels last {shape:?} {dtype:?}"
+            );
             let back = channels_first(&got).unwrap();
-            assert_eq!((back.dims(), rel_err(&back, &on_gpu)), (&shape[..], 0.0), "channels first {shape:?} {dtype:?}");
+            assert_eq!(
+                (back.dims(), rel_err(&back, &on_gpu)),
+                (&shape[..], 0.0),
+                "channels first {shape:?} {dtype:?}"
+            );
         }
     }
 }

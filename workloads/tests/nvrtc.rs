@@ -24,7 +24,9 @@ impl Nvrtc {
         let path = std::env::var("MIGPROF_NVRTC").unwrap_or_else(|_| "libnvrtc.so.13".into());
         let builtins = std::path::Path::new(&path).with_file_name("libnvrtc-builtins.so.13.0");
         // SAFETY: loading NVRTC and its builtins runs only their own initialisers.
-        let _builtins = builtins.is_file().then(|| unsafe { Library::new(&builtins) }.expect("NVRTC's builtins load"));
+        let _builtins = builtins
+            .is_file()
+            .then(|| unsafe { Library::new(&builtins) }.expect("NVRTC's builtins load"));
         // SAFETY: as above.
         let lib = unsafe { Library::new(&path) }.unwrap_or_else(|e| {
             panic!("this test needs NVRTC and could not load {path}: {e}\n(`pip install nvidia-cuda-nvrtc==13.0.88`, then MIGPROF_NVRTC=<site-packages>/nvidia/cu13/lib/libnvrtc.so.13)")
@@ -48,10 +50,20 @@ impl Nvrtc {
 
     /// Compiles `code` with `options`; the PTX, or the compile log as the error.
     fn compile(&self, code: &str, name: &str, options: &[&str]) -> Result<String, String> {
-        let create: Symbol<unsafe extern "C" fn(*mut Program, *const c_char, *const c_char, c_int, *const *const c_char, *const *const c_char) -> c_int> =
-            self.symbol(b"nvrtcCreateProgram\0");
-        let compile: Symbol<unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int> = self.symbol(b"nvrtcCompileProgram\0");
-        let log_size: Symbol<unsafe extern "C" fn(Program, *mut usize) -> c_int> = self.symbol(b"nvrtcGetProgramLogSize\0");
+        let create: Symbol<
+            unsafe extern "C" fn(
+                *mut Program,
+                *const c_char,
+                *const c_char,
+                c_int,
+                *const *const c_char,
+                *const *const c_char,
+            ) -> c_int,
+        > = self.symbol(b"nvrtcCreateProgram\0");
+        let compile: Symbol<unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int> =
+            self.symbol(b"nvrtcCompileProgram\0");
+        let log_size: Symbol<unsafe extern "C" fn(Program, *mut usize) -> c_int> =
+            self.symbol(b"nvrtcGetProgramLogSize\0");
         let log: Symbol<unsafe extern "C" fn(Program, *mut c_char) -> c_int> = self.symbol(b"nvrtcGetProgramLog\0");
         let ptx_size: Symbol<unsafe extern "C" fn(Program, *mut usize) -> c_int> = self.symbol(b"nvrtcGetPTXSize\0");
         let ptx: Symbol<unsafe extern "C" fn(Program, *mut c_char) -> c_int> = self.symbol(b"nvrtcGetPTX\0");
@@ -64,7 +76,17 @@ impl Nvrtc {
         // SAFETY: every pointer is a live NUL-terminated string or array of them of the count given;
         // buffers are sized by the size calls before they are written.
         unsafe {
-            self.check(create(&mut program, code.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null()), "nvrtcCreateProgram");
+            self.check(
+                create(
+                    &mut program,
+                    code.as_ptr(),
+                    name.as_ptr(),
+                    0,
+                    std::ptr::null(),
+                    std::ptr::null(),
+                ),
+                "nvrtcCreateProgram",
+            );
             let status = compile(program, option_ptrs.len() as c_int, option_ptrs.as_ptr());
             let result = if status == 0 {
                 let mut size = 0usize;
@@ -113,7 +135,12 @@ fn expected(source: &Source) -> Vec<&'static str> {
             "attn_fused_f32_d64_q32",
             "attn_fused_f32_d64_q16",
         ],
-        "migprof_batch_norm" => vec!["bn_running", "bn_rows_partials_bf16_v8", "bn_rows_f32_v4", "bn_rows_f16_v1"],
+        "migprof_batch_norm" => vec![
+            "bn_running",
+            "bn_rows_partials_bf16_v8",
+            "bn_rows_f32_v4",
+            "bn_rows_f16_v1",
+        ],
         _ => vec![],
     }
 }
@@ -129,7 +156,11 @@ fn every_kernel_source_compiles_with_nvrtc() {
                 let defined = entries(&ptx);
                 assert!(!defined.is_empty(), "{} compiled to PTX with no kernel", source.module);
                 for name in expected(source) {
-                    assert!(defined.iter().any(|d| d == name), "{} lacks {name}; it defines {defined:?}", source.module);
+                    assert!(
+                        defined.iter().any(|d| d == name),
+                        "{} lacks {name}; it defines {defined:?}",
+                        source.module
+                    );
                 }
                 eprintln!("{}: {} kernels", source.module, defined.len());
             }
@@ -144,7 +175,10 @@ fn every_kernel_source_compiles_with_nvrtc() {
 fn a_broken_source_fails_with_nvrtcs_log() {
     // The check above can fail: NVRTC's log reaches the test for code that does not compile.
     let nvrtc = Nvrtc::load();
-    let broken = format!("{}extern \"C\" __global__ void k(float* p) {{ p[0] = undefined_name; }}\n", sources::PRELUDE);
+    let broken = format!(
+        "{}extern \"C\" __global__ void k(float* p) {{ p[0] = undefined_name; }}\n",
+        sources::PRELUDE
+    );
     let log = nvrtc.compile(&broken, "broken", &sources::NVRTC_OPTIONS).unwrap_err();
     assert!(log.contains("undefined_name"), "{log}");
 }

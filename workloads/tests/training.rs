@@ -4,7 +4,16 @@ use candle_core::{DType, Device, Result, Tensor};
 use workloads::{build, is_buffer, lookup, Mode, TrainConfig, Workload, WorkloadConfig};
 
 fn config(mode: Mode, train: TrainConfig) -> WorkloadConfig {
-    WorkloadConfig { device: Device::Cpu, dtype: DType::F32, mode, seed: 42, seq_len: None, weights: None, train, kernels: Default::default() }
+    WorkloadConfig {
+        device: Device::Cpu,
+        dtype: DType::F32,
+        mode,
+        seed: 42,
+        seq_len: None,
+        weights: None,
+        train,
+        kernels: Default::default(),
+    }
 }
 
 fn values(t: &Tensor) -> Result<Vec<f32>> {
@@ -17,30 +26,56 @@ fn trainable(w: &dyn Workload) -> Vec<(String, Tensor)> {
 
 /// The test-size preset of every family.
 fn tiny_presets() -> Vec<&'static str> {
-    workloads::models().into_iter().filter(|m| m.tiny).map(|m| m.name).collect()
+    workloads::models()
+        .into_iter()
+        .filter(|m| m.tiny)
+        .map(|m| m.name)
+        .collect()
 }
 
 #[test]
 fn every_family_has_a_tiny_preset() {
-    assert_eq!(tiny_presets(), vec!["resnet_tiny", "vit_tiny", "swin_tiny", "bert_tiny"]);
+    assert_eq!(
+        tiny_presets(),
+        vec!["resnet_tiny", "vit_tiny", "swin_tiny", "bert_tiny"]
+    );
 }
 
 #[test]
 fn one_step_changes_every_parameter() -> Result<()> {
     for name in tiny_presets() {
         // No weight decay: a parameter then moves only if its gradient is non-zero.
-        let mut w = build(name, &config(Mode::Train, TrainConfig { lr: 1e-3, weight_decay: 0.0, ..TrainConfig::adamw() }))?;
+        let mut w = build(
+            name,
+            &config(
+                Mode::Train,
+                TrainConfig {
+                    lr: 1e-3,
+                    weight_decay: 0.0,
+                    ..TrainConfig::adamw()
+                },
+            ),
+        )?;
         let batch = w.synthetic_batch(4, 1)?;
-        let before: Vec<(String, Vec<f32>)> =
-            trainable(w.as_ref()).iter().map(|(n, t)| Ok((n.clone(), values(t)?))).collect::<Result<_>>()?;
-        assert!(before.len() > 10, "{name}: expected every weight tensor, got {}", before.len());
+        let before: Vec<(String, Vec<f32>)> = trainable(w.as_ref())
+            .iter()
+            .map(|(n, t)| Ok((n.clone(), values(t)?)))
+            .collect::<Result<_>>()?;
+        assert!(
+            before.len() > 10,
+            "{name}: expected every weight tensor, got {}",
+            before.len()
+        );
         w.train_step(&batch)?;
         let after = trainable(w.as_ref());
         assert_eq!(before.len(), after.len());
         for ((name2, old), (_, new)) in before.iter().zip(&after) {
             let new = values(new)?;
             let moved = old.iter().zip(&new).filter(|(a, b)| a != b).count();
-            assert!(moved > 0, "{name}: {name2} did not change after one step (zero gradient?)");
+            assert!(
+                moved > 0,
+                "{name}: {name2} did not change after one step (zero gradient?)"
+            );
         }
     }
     Ok(())
@@ -49,7 +84,17 @@ fn one_step_changes_every_parameter() -> Result<()> {
 #[test]
 fn loss_on_a_fixed_batch_falls_by_half() -> Result<()> {
     for name in tiny_presets() {
-        let mut w = build(name, &config(Mode::Train, TrainConfig { lr: 1e-2, weight_decay: 0.0, ..TrainConfig::adamw() }))?;
+        let mut w = build(
+            name,
+            &config(
+                Mode::Train,
+                TrainConfig {
+                    lr: 1e-2,
+                    weight_decay: 0.0,
+                    ..TrainConfig::adamw()
+                },
+            ),
+        )?;
         let batch = w.synthetic_batch(8, 3)?;
         let first = w.train_step(&batch)?.to_scalar::<f32>()?;
         let mut last = first;
@@ -59,16 +104,31 @@ fn loss_on_a_fixed_batch_falls_by_half() -> Result<()> {
                 break;
             }
         }
-        assert!(last < first / 2.0, "{name}: loss went from {first} to {last} in 30 steps");
+        assert!(
+            last < first / 2.0,
+            "{name}: loss went from {first} to {last} in 30 steps"
+        );
     }
     Ok(())
 }
 
 #[test]
 fn sgd_with_momentum_trains_every_parameter_and_lowers_the_loss() -> Result<()> {
-    let mut w = build("resnet_tiny", &config(Mode::Train, TrainConfig { lr: 0.05, ..TrainConfig::sgd() }))?;
+    let mut w = build(
+        "resnet_tiny",
+        &config(
+            Mode::Train,
+            TrainConfig {
+                lr: 0.05,
+                ..TrainConfig::sgd()
+            },
+        ),
+    )?;
     let batch = w.synthetic_batch(8, 3)?;
-    let before: Vec<Vec<f32>> = trainable(w.as_ref()).iter().map(|(_, t)| values(t)).collect::<Result<_>>()?;
+    let before: Vec<Vec<f32>> = trainable(w.as_ref())
+        .iter()
+        .map(|(_, t)| values(t))
+        .collect::<Result<_>>()?;
     let first = w.train_step(&batch)?.to_scalar::<f32>()?;
     for ((name, t), old) in trainable(w.as_ref()).iter().zip(&before) {
         assert_ne!(&values(t)?, old, "{name} did not change");
@@ -86,7 +146,12 @@ fn batch_norm_running_statistics_update_only_when_training() -> Result<()> {
     let mut w = build("resnet_tiny", &config(Mode::Train, TrainConfig::default()))?;
     let batch = w.synthetic_batch(4, 1)?;
     let mean = |w: &dyn Workload| -> Result<Vec<f32>> {
-        let t = w.tensors().into_iter().find(|(n, _)| n == "bn1.running_mean").expect("bn1.running_mean").1;
+        let t = w
+            .tensors()
+            .into_iter()
+            .find(|(n, _)| n == "bn1.running_mean")
+            .expect("bn1.running_mean")
+            .1;
         values(&t)
     };
     let m0 = mean(w.as_ref())?;
@@ -143,7 +208,17 @@ fn same_seed_same_weights_and_logits() -> Result<()> {
 
 #[test]
 fn built_models_hold_exactly_the_counted_parameters() -> Result<()> {
-    for name in ["resnet_tiny", "resnet18", "resnet50", "vit_tiny", "vit_b_16", "swin_tiny", "swin_t", "bert_tiny", "bert_base"] {
+    for name in [
+        "resnet_tiny",
+        "resnet18",
+        "resnet50",
+        "vit_tiny",
+        "vit_b_16",
+        "swin_tiny",
+        "swin_t",
+        "bert_tiny",
+        "bert_base",
+    ] {
         let w = build(name, &config(Mode::Infer, TrainConfig::default()))?;
         let (_, info) = lookup(name).unwrap();
         let held: u64 = trainable(w.as_ref()).iter().map(|(_, t)| t.elem_count() as u64).sum();
@@ -229,9 +304,19 @@ fn sequence_length_changes_inputs_and_flops_and_is_checked() -> Result<()> {
     cfg.seq_len = Some(32);
     let w = build("bert_tiny", &cfg)?;
     let batch = w.synthetic_batch(2, 0)?;
-    let workloads::Inputs::Tokens { input_ids, token_type_ids, .. } = &batch.inputs else { panic!("tokens") };
+    let workloads::Inputs::Tokens {
+        input_ids,
+        token_type_ids,
+        ..
+    } = &batch.inputs
+    else {
+        panic!("tokens")
+    };
     assert_eq!(input_ids.dims(), &[2, 32]);
-    assert_eq!(token_type_ids.get(0)?.to_vec1::<u32>()?, [vec![0u32; 16], vec![1u32; 16]].concat());
+    assert_eq!(
+        token_type_ids.get(0)?.to_vec1::<u32>()?,
+        [vec![0u32; 16], vec![1u32; 16]].concat()
+    );
     let too_long = workloads::lookup_with("bert_tiny", Some(65)).unwrap_err().to_string();
     assert!(too_long.contains("1 to 64"), "{too_long}");
     let image = workloads::lookup_with("resnet18", Some(128)).unwrap_err().to_string();
@@ -242,7 +327,10 @@ fn sequence_length_changes_inputs_and_flops_and_is_checked() -> Result<()> {
 #[test]
 fn unknown_model_names_the_valid_ones() {
     let err = lookup("resnet19").unwrap_err().to_string();
-    assert!(err.contains("resnet19") && err.contains("resnet18") && err.contains("resnet152"), "{err}");
+    assert!(
+        err.contains("resnet19") && err.contains("resnet18") && err.contains("resnet152"),
+        "{err}"
+    );
 }
 
 fn save(tensors: Vec<(String, Tensor)>, path: &std::path::Path) -> Result<()> {
@@ -270,8 +358,14 @@ fn weights_load_from_safetensors_in_place_of_the_seed() -> Result<()> {
                 assert_eq!(got, want, "{name} {mode:?}: loaded weights give the source's logits");
             } else {
                 // Trainable weights take the unfolded batch-norm and unfused kernels: equal to rounding.
-                let close = got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-5 * (1.0 + b.abs()));
-                assert!(close, "{name} {mode:?}: loaded weights give the source's logits: {got:?} vs {want:?}");
+                let close = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| (a - b).abs() <= 1e-5 * (1.0 + b.abs()));
+                assert!(
+                    close,
+                    "{name} {mode:?}: loaded weights give the source's logits: {got:?} vs {want:?}"
+                );
             }
             assert_ne!(values(&seeded.infer(&batch)?)?, want, "{name}: seed 1 alone differs");
         }
@@ -294,14 +388,26 @@ fn weights_that_do_not_fit_name_every_missing_and_misshaped_tensor() -> Result<(
     save(tensors, &file)?;
     let mut cfg = config(Mode::Infer, TrainConfig::default());
     cfg.weights = Some(file);
-    let err = build("resnet_tiny", &cfg).err().expect("a misfit checkpoint is an error").to_string();
+    let err = build("resnet_tiny", &cfg)
+        .err()
+        .expect("a misfit checkpoint is an error")
+        .to_string();
     assert!(err.contains("3 tensor(s) missing or misshaped"), "{err}");
-    assert!(err.contains("fc.bias: missing") && err.contains("layer2.0.bn1.running_var: missing"), "{err}");
-    assert!(err.contains("conv1.weight: [8, 3, 3, 3] in the file, [8, 3, 7, 7] in the model"), "{err}");
+    assert!(
+        err.contains("fc.bias: missing") && err.contains("layer2.0.bn1.running_var: missing"),
+        "{err}"
+    );
+    assert!(
+        err.contains("conv1.weight: [8, 3, 3, 3] in the file, [8, 3, 7, 7] in the model"),
+        "{err}"
+    );
 
     cfg.weights = Some(dir.path().join("nope.safetensors"));
     let err = build("resnet_tiny", &cfg).err().unwrap().to_string();
-    assert!(err.contains("cannot read the weights file") && err.contains("nope.safetensors"), "{err}");
+    assert!(
+        err.contains("cannot read the weights file") && err.contains("nope.safetensors"),
+        "{err}"
+    );
     Ok(())
 }
 
@@ -309,7 +415,10 @@ fn weights_that_do_not_fit_name_every_missing_and_misshaped_tensor() -> Result<(
 fn the_returned_loss_holds_no_graph() -> Result<()> {
     let mut w = build("resnet_tiny", &config(Mode::Train, TrainConfig::default()))?;
     let batch = w.synthetic_batch(2, 0)?;
-    assert!(!w.train_step(&batch)?.track_op(), "the loss keeps the step's activations alive");
+    assert!(
+        !w.train_step(&batch)?.track_op(),
+        "the loss keeps the step's activations alive"
+    );
     Ok(())
 }
 
@@ -317,7 +426,13 @@ fn the_returned_loss_holds_no_graph() -> Result<()> {
 fn off_a_gpu_steps_never_replay_graphs_and_say_so() -> Result<()> {
     use workloads::kernels::options::CudaGraphs;
     for mode in [Mode::Infer, Mode::Train] {
-        let cfg = WorkloadConfig { kernels: workloads::kernels::KernelOptions { graphs: CudaGraphs::On, ..Default::default() }, ..config(mode, TrainConfig::adamw()) };
+        let cfg = WorkloadConfig {
+            kernels: workloads::kernels::KernelOptions {
+                graphs: CudaGraphs::On,
+                ..Default::default()
+            },
+            ..config(mode, TrainConfig::adamw())
+        };
         let mut w = build("resnet_tiny", &cfg)?;
         let batch = w.synthetic_batch(2, 1)?;
         for _ in 0..3 {

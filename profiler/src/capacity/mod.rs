@@ -1,8 +1,8 @@
 //! Capacity planning: from each model's capacity per MIG profile ([`source`]) to the fewest GPUs and
 //! their layouts that serve a target load ([`solve`]), beside the plans users make by hand.
 
-pub mod source;
 pub mod solve;
+pub mod source;
 
 use std::collections::BTreeMap;
 
@@ -10,15 +10,20 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::mig::profile::ProfileTable;
-use source::{Capacity, Gathered};
 use solve::{FleetPlan, Layout, Problem, FULL};
+use source::{Capacity, Gathered};
 
 /// `model=requests/s` for `--demand`.
 pub fn parse_demand(s: &str) -> std::result::Result<(String, f64), String> {
-    let (model, qps) = s.split_once('=').ok_or_else(|| format!("a demand is model=requests/s (e.g. resnet50=20000); got `{s}`"))?;
+    let (model, qps) = s
+        .split_once('=')
+        .ok_or_else(|| format!("a demand is model=requests/s (e.g. resnet50=20000); got `{s}`"))?;
     let model = model.trim();
     if !workloads::model_names().contains(&model) {
-        return Err(format!("unknown model `{model}`; valid models: {}", workloads::model_names().join(", ")));
+        return Err(format!(
+            "unknown model `{model}`; valid models: {}",
+            workloads::model_names().join(", ")
+        ));
     }
     match qps.trim().parse::<f64>() {
         Ok(q) if q.is_finite() && q > 0.0 => Ok((model.to_string(), q)),
@@ -93,7 +98,13 @@ pub struct CapacityLine {
 }
 
 /// The plan for `demand` on GPUs of `table`, each instance loaded to `headroom` of its capacity.
-pub fn plan(table: &ProfileTable, gathered: &Gathered, demand: &[(String, f64)], slo_p99_ms: f64, headroom: f64) -> Result<Report> {
+pub fn plan(
+    table: &ProfileTable,
+    gathered: &Gathered,
+    demand: &[(String, f64)],
+    slo_p99_ms: f64,
+    headroom: f64,
+) -> Result<Report> {
     let mut notes = gathered.notes.clone();
     let known: Vec<&str> = table.profiles.iter().map(|p| p.name.as_str()).collect();
     let mut usable: BTreeMap<(String, String), f64> = BTreeMap::new();
@@ -119,7 +130,11 @@ pub fn plan(table: &ProfileTable, gathered: &Gathered, demand: &[(String, f64)],
             foreign.into_iter().collect::<Vec<_>>().join(", ")
         ));
     }
-    if let Some(other) = used.iter().filter_map(|c| c.gpu.as_deref()).find(|g| *g != table.product) {
+    if let Some(other) = used
+        .iter()
+        .filter_map(|c| c.gpu.as_deref())
+        .find(|g| *g != table.product)
+    {
         notes.push(format!("capacities were measured on a {other}, the plan is for the {}: the same profile names may not mean the same speed", table.product));
     }
     for (m, _) in demand {
@@ -131,32 +146,65 @@ pub fn plan(table: &ProfileTable, gathered: &Gathered, demand: &[(String, f64)],
             let have: std::collections::BTreeSet<&str> = gathered.capacities.iter().map(|c| c.model.as_str()).collect();
             bail!(
                 "no capacity for {m}: the capacities given are for {}",
-                if have.is_empty() { "no model".to_string() } else { have.into_iter().collect::<Vec<_>>().join(", ") }
+                if have.is_empty() {
+                    "no model".to_string()
+                } else {
+                    have.into_iter().collect::<Vec<_>>().join(", ")
+                }
             );
         }
-        let (here, elsewhere): (Vec<&&Capacity>, Vec<&&Capacity>) = mine.iter().partition(|c| c.profile == FULL || known.contains(&c.profile.as_str()));
+        let (here, elsewhere): (Vec<&&Capacity>, Vec<&&Capacity>) = mine
+            .iter()
+            .partition(|c| c.profile == FULL || known.contains(&c.profile.as_str()));
         let mut why = Vec::new();
         if !elsewhere.is_empty() {
             why.push(format!(
                 "its capacities on {} are for no profile of this GPU (its profiles: {})",
-                elsewhere.iter().map(|c| c.profile.as_str()).collect::<Vec<_>>().join(", "),
+                elsewhere
+                    .iter()
+                    .map(|c| c.profile.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 known.join(", ")
             ));
         }
         if !here.is_empty() {
-            why.push(format!("on {} no rate met the objective (capacity 0)", here.iter().map(|c| c.profile.as_str()).collect::<Vec<_>>().join(", ")));
+            why.push(format!(
+                "on {} no rate met the objective (capacity 0)",
+                here.iter().map(|c| c.profile.as_str()).collect::<Vec<_>>().join(", ")
+            ));
         }
-        bail!("no usable capacity for {m} on the {}: {}", table.product, why.join("; "));
+        bail!(
+            "no usable capacity for {m} on the {}: {}",
+            table.product,
+            why.join("; ")
+        );
     }
-    let unserved: Vec<&str> = known.iter().copied().filter(|p| !usable.keys().any(|(_, up)| up == p)).collect();
+    let unserved: Vec<&str> = known
+        .iter()
+        .copied()
+        .filter(|p| !usable.keys().any(|(_, up)| up == p))
+        .collect();
     if !unserved.is_empty() {
-        notes.push(format!("no capacity on {}: instances of them serve nothing in these plans", unserved.join(", ")));
+        notes.push(format!(
+            "no capacity on {}: instances of them serve nothing in these plans",
+            unserved.join(", ")
+        ));
     }
-    let mut layouts: Vec<Layout> = crate::mig::plan::maximal_layouts(table).into_iter().map(|profiles| Layout { profiles }).collect();
+    let mut layouts: Vec<Layout> = crate::mig::plan::maximal_layouts(table)
+        .into_iter()
+        .map(|profiles| Layout { profiles })
+        .collect();
     if usable.keys().any(|(_, p)| p == FULL) {
-        layouts.push(Layout { profiles: vec![FULL.to_string()] });
+        layouts.push(Layout {
+            profiles: vec![FULL.to_string()],
+        });
     }
-    let problem = Problem { layouts, demand: demand.to_vec(), usable };
+    let problem = Problem {
+        layouts,
+        demand: demand.to_vec(),
+        usable,
+    };
     let fleet = solve::solve(&problem)?;
     let emulated = used.iter().any(|c| c.source.emulated());
     if emulated {
@@ -165,16 +213,38 @@ pub fn plan(table: &ProfileTable, gathered: &Gathered, demand: &[(String, f64)],
                 .into(),
         );
     }
-    if used.iter().any(|c| matches!(c.source, source::Source::ClosedLoop { .. })) {
-        notes.push("some capacities are closed-loop estimates, not measured under load: plan with them only as a first guess".into());
+    if used
+        .iter()
+        .any(|c| matches!(c.source, source::Source::ClosedLoop { .. }))
+    {
+        notes.push(
+            "some capacities are closed-loop estimates, not measured under load: plan with them only as a first guess"
+                .into(),
+        );
     }
     Ok(Report {
         gpu: table.gpu.clone(),
         slo_p99_ms,
         headroom,
         gpus: fleet.gpus,
-        layouts: fleet.layouts.iter().map(|(l, n)| LayoutCount { profiles: l.profiles.clone(), mig_enabled: l.mig_enabled(), count: *n }).collect(),
-        instances: fleet.instances.iter().map(|(m, p, n)| InstanceCount { model: m.clone(), profile: p.clone(), count: *n }).collect(),
+        layouts: fleet
+            .layouts
+            .iter()
+            .map(|(l, n)| LayoutCount {
+                profiles: l.profiles.clone(),
+                mig_enabled: l.mig_enabled(),
+                count: *n,
+            })
+            .collect(),
+        instances: fleet
+            .instances
+            .iter()
+            .map(|(m, p, n)| InstanceCount {
+                model: m.clone(),
+                profile: p.clone(),
+                count: *n,
+            })
+            .collect(),
         unused_instances: fleet.unused,
         spare: spare_lines(&fleet, &problem),
         capacities: used
@@ -200,7 +270,12 @@ fn spare_lines(fleet: &FleetPlan, problem: &Problem) -> Vec<Spare> {
         .spare(problem)
         .into_iter()
         .zip(&problem.demand)
-        .map(|((model, spare), (_, d))| Spare { model, demand_qps: *d, serves_qps: d + spare, spare_qps: spare })
+        .map(|((model, spare), (_, d))| Spare {
+            model,
+            demand_qps: *d,
+            serves_qps: d + spare,
+            spare_qps: spare,
+        })
         .collect()
 }
 
@@ -210,16 +285,28 @@ fn whole_gpu(table: &ProfileTable, problem: &Problem) -> Result<HandPlan> {
     let mut models = Vec::new();
     for (m, d) in &problem.demand {
         let usable = |p: &str| problem.usable.get(&(m.clone(), p.to_string())).copied();
-        let largest = table.profiles.iter().filter(|p| usable(&p.name).is_some()).max_by_key(|p| (p.compute_slices, p.memory_slices));
+        let largest = table
+            .profiles
+            .iter()
+            .filter(|p| usable(&p.name).is_some())
+            .max_by_key(|p| (p.compute_slices, p.memory_slices));
         let (profile, cap) = match (usable(FULL), largest) {
             (Some(c), _) => (FULL.to_string(), c),
             (None, Some(p)) => (p.name.clone(), usable(&p.name).expect("filtered")),
             (None, None) => bail!("no capacity for {m}"),
         };
         let instances = (d / cap).ceil() as u32;
-        models.push(HandModel { model: m.clone(), profile, instances, gpus: instances });
+        models.push(HandModel {
+            model: m.clone(),
+            profile,
+            instances,
+            gpus: instances,
+        });
     }
-    Ok(HandPlan { gpus: models.iter().map(|m| m.gpus).sum(), models })
+    Ok(HandPlan {
+        gpus: models.iter().map(|m| m.gpus).sum(),
+        models,
+    })
 }
 
 /// Each model on GPUs of its own, all cut into as many instances of one profile as fit: the best
@@ -240,13 +327,30 @@ fn one_profile(table: &ProfileTable, problem: &Problem) -> Result<HandPlan> {
             let instances = (d / cap).ceil() as u32;
             let gpus = instances.div_ceil(per_gpu);
             let empty = gpus * per_gpu - instances;
-            if best.as_ref().is_none_or(|(b, b_empty)| (gpus, empty) < (b.gpus, *b_empty)) {
-                best = Some((HandModel { model: m.clone(), profile: p.clone(), instances, gpus }, empty));
+            if best
+                .as_ref()
+                .is_none_or(|(b, b_empty)| (gpus, empty) < (b.gpus, *b_empty))
+            {
+                best = Some((
+                    HandModel {
+                        model: m.clone(),
+                        profile: p.clone(),
+                        instances,
+                        gpus,
+                    },
+                    empty,
+                ));
             }
         }
-        models.push(best.map(|(b, _)| b).ok_or_else(|| anyhow::anyhow!("no capacity for {m}"))?);
+        models.push(
+            best.map(|(b, _)| b)
+                .ok_or_else(|| anyhow::anyhow!("no capacity for {m}"))?,
+        );
     }
-    Ok(HandPlan { gpus: models.iter().map(|m| m.gpus).sum(), models })
+    Ok(HandPlan {
+        gpus: models.iter().map(|m| m.gpus).sum(),
+        models,
+    })
 }
 
 /// How many instances of `profile` alone fit one GPU.
@@ -262,13 +366,28 @@ impl Report {
     pub fn to_text(&self) -> String {
         use std::fmt::Write as _;
         let mut o = String::new();
-        let _ = writeln!(o, "Capacities within p99 {} ms (planned at {:.0}% of each):", self.slo_p99_ms, self.headroom * 100.0);
+        let _ = writeln!(
+            o,
+            "Capacities within p99 {} ms (planned at {:.0}% of each):",
+            self.slo_p99_ms,
+            self.headroom * 100.0
+        );
         for c in &self.capacities {
-            let _ = writeln!(o, "  {:<12} {:<12} {:>10.1} requests/s  ({})", c.model, c.profile, c.qps, c.source);
+            let _ = writeln!(
+                o,
+                "  {:<12} {:<12} {:>10.1} requests/s  ({})",
+                c.model, c.profile, c.qps, c.source
+            );
         }
-        let _ = writeln!(o, "\nPlan: {} GPU(s) ({}), solved exactly as an integer program", self.gpus, self.gpu);
+        let _ = writeln!(
+            o,
+            "\nPlan: {} GPU(s) ({}), solved exactly as an integer program",
+            self.gpus, self.gpu
+        );
         for l in &self.layouts {
-            let layout = Layout { profiles: l.profiles.clone() };
+            let layout = Layout {
+                profiles: l.profiles.clone(),
+            };
             let _ = writeln!(o, "  {} × {}", l.count, layout.describe());
         }
         let _ = writeln!(o, "Instances:");
@@ -280,20 +399,40 @@ impl Report {
         }
         let _ = writeln!(o, "Spare capacity:");
         for s in &self.spare {
-            let _ = writeln!(o, "  {:<12} demand {:>10.1}, serves {:>10.1} requests/s (+{:.1})", s.model, s.demand_qps, s.serves_qps, s.spare_qps);
+            let _ = writeln!(
+                o,
+                "  {:<12} demand {:>10.1}, serves {:>10.1} requests/s (+{:.1})",
+                s.model, s.demand_qps, s.serves_qps, s.spare_qps
+            );
         }
         let _ = writeln!(o, "\nBy hand, for comparison:");
-        for (name, hand) in [("a whole GPU per model", &self.whole_gpu_per_model), ("one profile per model", &self.one_profile_per_model)] {
+        for (name, hand) in [
+            ("a whole GPU per model", &self.whole_gpu_per_model),
+            ("one profile per model", &self.one_profile_per_model),
+        ] {
             let detail: Vec<String> = hand
                 .models
                 .iter()
-                .map(|m| format!("{}: {} instance(s) of {} on {} GPU(s)", m.model, m.instances, if m.profile == FULL { "a whole GPU" } else { &m.profile }, m.gpus))
+                .map(|m| {
+                    format!(
+                        "{}: {} instance(s) of {} on {} GPU(s)",
+                        m.model,
+                        m.instances,
+                        if m.profile == FULL { "a whole GPU" } else { &m.profile },
+                        m.gpus
+                    )
+                })
                 .collect();
             let _ = writeln!(o, "  {name}: {} GPU(s) ({})", hand.gpus, detail.join("; "));
         }
         let best_hand = self.whole_gpu_per_model.gpus.min(self.one_profile_per_model.gpus);
         if best_hand > self.gpus {
-            let _ = writeln!(o, "  the plan saves {} GPU(s) ({:.0}%)", best_hand - self.gpus, 100.0 * (best_hand - self.gpus) as f64 / best_hand as f64);
+            let _ = writeln!(
+                o,
+                "  the plan saves {} GPU(s) ({:.0}%)",
+                best_hand - self.gpus,
+                100.0 * (best_hand - self.gpus) as f64 / best_hand as f64
+            );
         }
         for n in &self.notes {
             let _ = writeln!(o, "note: {n}");
@@ -312,10 +451,18 @@ impl Report {
                     *devices.entry(p.clone()).or_insert(0u32) += 1;
                 }
             }
-            let entry = DeviceConfig { devices: Devices::Word("all".into()), device_filter: None, mig_enabled: l.mig_enabled, mig_devices: devices };
+            let entry = DeviceConfig {
+                devices: Devices::Word("all".into()),
+                device_filter: None,
+                mig_enabled: l.mig_enabled,
+                mig_devices: devices,
+            };
             configs.insert(format!("migprof-plan-{}", i + 1), vec![entry]);
         }
-        MigPartedFile { version: "v1".into(), mig_configs: configs }
+        MigPartedFile {
+            version: "v1".into(),
+            mig_configs: configs,
+        }
     }
 }
 
@@ -325,7 +472,13 @@ mod tests {
     use source::Source;
 
     fn measured(model: &str, profile: &str, qps: f64, emulated: bool) -> Capacity {
-        Capacity { model: model.into(), profile: profile.into(), qps, source: Source::Measured { emulated }, gpu: None }
+        Capacity {
+            model: model.into(),
+            profile: profile.into(),
+            qps,
+            source: Source::Measured { emulated },
+            gpu: None,
+        }
     }
 
     #[test]
@@ -349,12 +502,22 @@ mod tests {
         let r = plan(&table, &gathered, &demand, 50.0, 0.8)?;
         // resnet50: 720 per 1g at 80%: 28 1g instances = 4 GPUs of 7; bert: 3000 / 1920 = 2 7g... the
         // integer program finds the fewest; the hand plans take more.
-        assert!(r.gpus < r.whole_gpu_per_model.gpus && r.gpus <= r.one_profile_per_model.gpus, "{}", r.to_text());
+        assert!(
+            r.gpus < r.whole_gpu_per_model.gpus && r.gpus <= r.one_profile_per_model.gpus,
+            "{}",
+            r.to_text()
+        );
         assert!(r.emulated);
         assert!(r.notes.iter().any(|n| n.contains("MPS-emulated")));
         assert!(r.notes.iter().any(|n| n.contains("1g.18gb")), "{:?}", r.notes);
-        assert!(r.notes.iter().any(|n| n.contains("no capacity on") && n.contains("2g.20gb")));
-        assert!(r.capacities.iter().all(|c| c.model != "vit_b_16"), "models without demand are left out");
+        assert!(r
+            .notes
+            .iter()
+            .any(|n| n.contains("no capacity on") && n.contains("2g.20gb")));
+        assert!(
+            r.capacities.iter().all(|c| c.model != "vit_b_16"),
+            "models without demand are left out"
+        );
         for s in &r.spare {
             assert!(s.spare_qps >= 0.0);
         }
@@ -377,14 +540,32 @@ mod tests {
         assert!(parse_demand("resnet50").unwrap_err().contains("model=requests/s"));
         assert!(parse_demand("resnet50=-3").unwrap_err().contains("above zero"));
         let table = crate::mig::profile::table("h100-80gb").unwrap();
-        let gathered = Gathered { capacities: vec![measured("resnet50", "1g.10gb", 900.0, false)], notes: Vec::new() };
-        let e = plan(&table, &gathered, &[("bert_base".into(), 10.0)], 50.0, 0.8).unwrap_err().to_string();
+        let gathered = Gathered {
+            capacities: vec![measured("resnet50", "1g.10gb", 900.0, false)],
+            notes: Vec::new(),
+        };
+        let e = plan(&table, &gathered, &[("bert_base".into(), 10.0)], 50.0, 0.8)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no capacity for bert_base") && e.contains("resnet50"), "{e}");
-        let cpu = Gathered { capacities: vec![measured("resnet50", "cpu", 900.0, false)], notes: Vec::new() };
-        let e = plan(&table, &cpu, &[("resnet50".into(), 10.0)], 50.0, 0.8).unwrap_err().to_string();
-        assert!(e.contains("capacities on cpu are for no profile of this GPU") && e.contains("3g.40gb"), "{e}");
-        let zero = Gathered { capacities: vec![measured("resnet50", "1g.10gb", 0.0, false)], notes: Vec::new() };
-        let e = plan(&table, &zero, &[("resnet50".into(), 10.0)], 50.0, 0.8).unwrap_err().to_string();
+        let cpu = Gathered {
+            capacities: vec![measured("resnet50", "cpu", 900.0, false)],
+            notes: Vec::new(),
+        };
+        let e = plan(&table, &cpu, &[("resnet50".into(), 10.0)], 50.0, 0.8)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("capacities on cpu are for no profile of this GPU") && e.contains("3g.40gb"),
+            "{e}"
+        );
+        let zero = Gathered {
+            capacities: vec![measured("resnet50", "1g.10gb", 0.0, false)],
+            notes: Vec::new(),
+        };
+        let e = plan(&table, &zero, &[("resnet50".into(), 10.0)], 50.0, 0.8)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no rate met the objective"), "{e}");
     }
 }

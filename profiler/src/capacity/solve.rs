@@ -44,7 +44,11 @@ impl Layout {
                 _ => parts.push((p.clone(), 1)),
             }
         }
-        parts.iter().map(|(p, n)| if *n == 1 { p.clone() } else { format!("{n} × {p}") }).collect::<Vec<_>>().join(" + ")
+        parts
+            .iter()
+            .map(|(p, n)| if *n == 1 { p.clone() } else { format!("{n} × {p}") })
+            .collect::<Vec<_>>()
+            .join(" + ")
     }
 }
 
@@ -76,7 +80,12 @@ impl FleetPlan {
             .demand
             .iter()
             .map(|(m, d)| {
-                let served: f64 = self.instances.iter().filter(|(im, _, _)| im == m).map(|(_, p, n)| problem.usable[&(m.clone(), p.clone())] * *n as f64).sum();
+                let served: f64 = self
+                    .instances
+                    .iter()
+                    .filter(|(im, _, _)| im == m)
+                    .map(|(_, p, n)| problem.usable[&(m.clone(), p.clone())] * *n as f64)
+                    .sum();
                 (m.clone(), served - d)
             })
             .collect()
@@ -96,7 +105,12 @@ impl Problem {
             let best = self
                 .layouts
                 .iter()
-                .map(|l| l.profiles.iter().map(|p| self.usable.get(&(m.clone(), p.clone())).copied().unwrap_or(0.0)).sum::<f64>())
+                .map(|l| {
+                    l.profiles
+                        .iter()
+                        .map(|p| self.usable.get(&(m.clone(), p.clone())).copied().unwrap_or(0.0))
+                        .sum::<f64>()
+                })
                 .fold(0.0, f64::max);
             if best <= 0.0 {
                 bail!("no capacity for {m} on any profile of the layouts: nothing can serve it");
@@ -126,20 +140,39 @@ enum Goal {
 
 fn stage(problem: &Problem, bound: u32, goal: Goal, gpus: Option<u32>, unused: Option<u32>) -> Result<FleetPlan> {
     let mut vars = ProblemVariables::new();
-    let y: Vec<Variable> = problem.layouts.iter().map(|_| vars.add(variable().integer().min(0).max(bound))).collect();
+    let y: Vec<Variable> = problem
+        .layouts
+        .iter()
+        .map(|_| vars.add(variable().integer().min(0).max(bound)))
+        .collect();
     let z: Vec<Variable> = problem.layouts.iter().map(|_| vars.add(variable().binary())).collect();
     let profiles = problem.profiles();
     let mut x: BTreeMap<(String, String), Variable> = BTreeMap::new();
     for (m, _) in &problem.demand {
         for p in &profiles {
             if problem.usable.get(&(m.clone(), p.clone())).is_some_and(|&c| c > 0.0) {
-                x.insert((m.clone(), p.clone()), vars.add(variable().integer().min(0).max(bound * 7)));
+                x.insert(
+                    (m.clone(), p.clone()),
+                    vars.add(variable().integer().min(0).max(bound * 7)),
+                );
             }
         }
     }
     let total_gpus: Expression = y.iter().copied().sum();
-    let held = |p: &str| -> Expression { problem.layouts.iter().zip(&y).map(|(l, &v)| l.count(p) as f64 * v).sum() };
-    let assigned = |p: &str| -> Expression { x.iter().filter(|((_, xp), _)| xp == p).map(|(_, &v)| Expression::from(v)).sum() };
+    let held = |p: &str| -> Expression {
+        problem
+            .layouts
+            .iter()
+            .zip(&y)
+            .map(|(l, &v)| l.count(p) as f64 * v)
+            .sum()
+    };
+    let assigned = |p: &str| -> Expression {
+        x.iter()
+            .filter(|((_, xp), _)| xp == p)
+            .map(|(_, &v)| Expression::from(v))
+            .sum()
+    };
     let unused_expr: Expression = profiles.iter().map(|p| held(p) - assigned(p)).sum();
     let distinct: Expression = z.iter().copied().sum();
     let objective = match goal {
@@ -152,7 +185,11 @@ fn stage(problem: &Problem, bound: u32, goal: Goal, gpus: Option<u32>, unused: O
         model = model.with(constraint!(assigned(p) <= held(p)));
     }
     for (m, d) in &problem.demand {
-        let served: Expression = x.iter().filter(|((xm, _), _)| xm == m).map(|((xm, xp), &v)| problem.usable[&(xm.clone(), xp.clone())] * v).sum();
+        let served: Expression = x
+            .iter()
+            .filter(|((xm, _), _)| xm == m)
+            .map(|((xm, xp), &v)| problem.usable[&(xm.clone(), xp.clone())] * v)
+            .sum();
         model = model.with(constraint!(served >= *d));
     }
     for (&yl, &zl) in y.iter().zip(&z) {
@@ -164,15 +201,32 @@ fn stage(problem: &Problem, bound: u32, goal: Goal, gpus: Option<u32>, unused: O
     if let Some(u) = unused {
         model = model.with(constraint!(unused_expr <= u as f64));
     }
-    let solution = model.solve().map_err(|e| anyhow!("the integer program found no plan: {e}"))?;
+    let solution = model
+        .solve()
+        .map_err(|e| anyhow!("the integer program found no plan: {e}"))?;
     let round = |v: Variable| solution.value(v).round().max(0.0) as u32;
-    let mut layouts: Vec<(Layout, u32)> = problem.layouts.iter().zip(&y).map(|(l, &v)| (l.clone(), round(v))).filter(|(_, n)| *n > 0).collect();
+    let mut layouts: Vec<(Layout, u32)> = problem
+        .layouts
+        .iter()
+        .zip(&y)
+        .map(|(l, &v)| (l.clone(), round(v)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
     layouts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let instances: Vec<(String, String, u32)> = x.iter().map(|((m, p), &v)| (m.clone(), p.clone(), round(v))).filter(|(_, _, n)| *n > 0).collect();
+    let instances: Vec<(String, String, u32)> = x
+        .iter()
+        .map(|((m, p), &v)| (m.clone(), p.clone(), round(v)))
+        .filter(|(_, _, n)| *n > 0)
+        .collect();
     let gpus = layouts.iter().map(|(_, n)| n).sum();
     let held_total: u32 = layouts.iter().map(|(l, n)| l.profiles.len() as u32 * n).sum();
     let assigned_total: u32 = instances.iter().map(|(_, _, n)| n).sum();
-    Ok(FleetPlan { gpus, layouts, instances, unused: held_total.saturating_sub(assigned_total) })
+    Ok(FleetPlan {
+        gpus,
+        layouts,
+        instances,
+        unused: held_total.saturating_sub(assigned_total),
+    })
 }
 
 #[cfg(test)]
@@ -181,7 +235,10 @@ mod tests {
     use crate::mig::profile::{table, ProfileTable, GPUS};
 
     fn layouts(t: &ProfileTable) -> Vec<Layout> {
-        crate::mig::plan::maximal_layouts(t).into_iter().map(|profiles| Layout { profiles }).collect()
+        crate::mig::plan::maximal_layouts(t)
+            .into_iter()
+            .map(|profiles| Layout { profiles })
+            .collect()
     }
 
     /// Every multiset of `g` layouts, by indices ascending.
@@ -200,7 +257,13 @@ mod tests {
     /// The best (unused, distinct layouts) over every assignment of the instances of `counts` to at
     /// most two models that meets the demand, or `None`.
     fn best_assignment(problem: &Problem, counts: &BTreeMap<String, u32>) -> Option<u32> {
-        let cap = |m: usize, p: &str| problem.demand.get(m).and_then(|(name, _)| problem.usable.get(&(name.clone(), p.to_string())).copied()).unwrap_or(0.0);
+        let cap = |m: usize, p: &str| {
+            problem
+                .demand
+                .get(m)
+                .and_then(|(name, _)| problem.usable.get(&(name.clone(), p.to_string())).copied())
+                .unwrap_or(0.0)
+        };
         let profiles: Vec<(&String, u32)> = counts.iter().map(|(p, &c)| (p, c)).collect();
         let mut best: Option<u32> = None;
         // k[i]: instances of profile i for the first model; the rest to the second where it can use
@@ -216,7 +279,11 @@ mod tests {
                 }
                 s1 += k[i] as f64 * c1;
                 let rest = c - k[i];
-                if c2 > 0.0 { s2 += rest as f64 * c2 } else { unused += rest }
+                if c2 > 0.0 {
+                    s2 += rest as f64 * c2
+                } else {
+                    unused += rest
+                }
             }
             let meets = s1 >= problem.demand[0].1 - 1e-9 && problem.demand.get(1).is_none_or(|(_, d)| s2 >= d - 1e-9);
             if valid && meets {
@@ -268,11 +335,21 @@ mod tests {
         for (l, _) in &plan.layouts {
             assert!(problem.layouts.contains(l), "{l:?}");
         }
-        for (p, held) in plan.layouts.iter().flat_map(|(l, n)| l.profiles.iter().map(move |p| (p, *n))).fold(BTreeMap::new(), |mut acc, (p, n)| {
-            *acc.entry(p.clone()).or_insert(0) += n;
-            acc
-        }) {
-            let assigned: u32 = plan.instances.iter().filter(|(_, ip, _)| *ip == p).map(|(_, _, n)| n).sum();
+        for (p, held) in plan
+            .layouts
+            .iter()
+            .flat_map(|(l, n)| l.profiles.iter().map(move |p| (p, *n)))
+            .fold(BTreeMap::new(), |mut acc, (p, n)| {
+                *acc.entry(p.clone()).or_insert(0) += n;
+                acc
+            })
+        {
+            let assigned: u32 = plan
+                .instances
+                .iter()
+                .filter(|(_, ip, _)| *ip == p)
+                .map(|(_, _, n)| n)
+                .sum();
             assert!(assigned <= held, "{p}: {assigned} > {held}");
         }
         for (m, spare) in plan.spare(problem) {
@@ -290,7 +367,10 @@ mod tests {
                 continue;
             }
             for (m, exponent) in models {
-                u.insert((m.to_string(), p.name.clone()), 100.0 * (p.compute_slices as f64).powf(*exponent));
+                u.insert(
+                    (m.to_string(), p.name.clone()),
+                    100.0 * (p.compute_slices as f64).powf(*exponent),
+                );
             }
         }
         u
@@ -313,14 +393,22 @@ mod tests {
             for (models, demands) in cases {
                 let problem = Problem {
                     layouts: all.clone(),
-                    demand: models.iter().zip(&demands).map(|((m, _), d)| (m.to_string(), *d)).collect(),
+                    demand: models
+                        .iter()
+                        .zip(&demands)
+                        .map(|((m, _), d)| (m.to_string(), *d))
+                        .collect(),
                     usable: usable(&t, &models),
                 };
                 let plan = solve(&problem)?;
                 check_valid(&problem, &plan);
                 let distinct = plan.layouts.len() as u32;
                 let want = brute_force(&problem, 4).expect("the cases fit four GPUs");
-                assert_eq!((plan.gpus, plan.unused, distinct), want, "{gpu} {models:?} {demands:?}: {plan:?}");
+                assert_eq!(
+                    (plan.gpus, plan.unused, distinct),
+                    want,
+                    "{gpu} {models:?} {demands:?}: {plan:?}"
+                );
             }
         }
         Ok(())
@@ -341,11 +429,20 @@ mod tests {
         assert_eq!(plan.gpus, 1, "{plan:?}");
         let kinds: BTreeSet<&String> = plan.layouts[0].0.profiles.iter().collect();
         assert!(kinds.len() > 1, "a mixed layout: {plan:?}");
-        assert_eq!(plan.unused, 0, "not a layout with a 1g.10gb+me that nothing serves: {plan:?}");
+        assert_eq!(
+            plan.unused, 0,
+            "not a layout with a 1g.10gb+me that nothing serves: {plan:?}"
+        );
         // No layout of one profile serves both on one GPU: the hand plan of one profile per model
         // needs two.
-        let homogeneous: Vec<Layout> = layouts(&t).into_iter().filter(|l| l.profiles.iter().collect::<BTreeSet<_>>().len() == 1).collect();
-        let only_homogeneous = Problem { layouts: homogeneous, ..problem.clone() };
+        let homogeneous: Vec<Layout> = layouts(&t)
+            .into_iter()
+            .filter(|l| l.profiles.iter().collect::<BTreeSet<_>>().len() == 1)
+            .collect();
+        let only_homogeneous = Problem {
+            layouts: homogeneous,
+            ..problem.clone()
+        };
         assert_eq!(solve(&only_homogeneous)?.gpus, 2);
         Ok(())
     }
@@ -353,7 +450,11 @@ mod tests {
     #[test]
     fn a_model_no_profile_can_serve_is_an_error_naming_it() {
         let t = table("a30-24gb").unwrap();
-        let problem = Problem { layouts: layouts(&t), demand: vec![("bert".into(), 10.0)], usable: BTreeMap::new() };
+        let problem = Problem {
+            layouts: layouts(&t),
+            demand: vec![("bert".into(), 10.0)],
+            usable: BTreeMap::new(),
+        };
         let e = solve(&problem).unwrap_err().to_string();
         assert!(e.contains("no capacity for bert"), "{e}");
     }

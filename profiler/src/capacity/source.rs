@@ -23,15 +23,23 @@ pub struct Capacity {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Source {
     /// A capacity search; `emulated`: on an MPS-emulated slice.
-    Measured { emulated: bool },
+    Measured {
+        emulated: bool,
+    },
     Csv,
     /// The highest closed-loop throughput of a batch whose p99, doubled, is within the objective.
-    ClosedLoop { emulated: bool, batch: i64 },
+    ClosedLoop {
+        emulated: bool,
+        batch: i64,
+    },
 }
 
 impl Source {
     pub fn emulated(&self) -> bool {
-        matches!(self, Source::Measured { emulated: true } | Source::ClosedLoop { emulated: true, .. })
+        matches!(
+            self,
+            Source::Measured { emulated: true } | Source::ClosedLoop { emulated: true, .. }
+        )
     }
 
     pub fn describe(&self) -> String {
@@ -39,7 +47,10 @@ impl Source {
             Source::Measured { emulated } => format!("measured{}", if *emulated { " (MPS-emulated)" } else { "" }),
             Source::Csv => "CSV".into(),
             Source::ClosedLoop { emulated, batch } => {
-                format!("closed-loop estimate at batch {batch}{}", if *emulated { " (MPS-emulated)" } else { "" })
+                format!(
+                    "closed-loop estimate at batch {batch}{}",
+                    if *emulated { " (MPS-emulated)" } else { "" }
+                )
             }
         }
     }
@@ -55,35 +66,76 @@ pub struct Gathered {
 /// Reads a CSV with a header naming `model`, `profile` and `qps` (in any order).
 pub fn from_csv(path: &Path) -> Result<Gathered> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
-    let Some((_, header)) = lines.next() else { bail!("{}: empty; expected a header model,profile,qps", path.display()) };
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
+    let Some((_, header)) = lines.next() else {
+        bail!("{}: empty; expected a header model,profile,qps", path.display())
+    };
     let names: Vec<&str> = header.split(',').map(str::trim).collect();
     let at = |name: &str| names.iter().position(|n| *n == name);
     let (Some(m), Some(p), Some(q)) = (at("model"), at("profile"), at("qps")) else {
-        bail!("{}: the header `{header}` must name the columns model, profile and qps", path.display())
+        bail!(
+            "{}: the header `{header}` must name the columns model, profile and qps",
+            path.display()
+        )
     };
     let mut capacities = Vec::new();
     for (i, line) in lines {
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
         let get = |k: usize| fields.get(k).copied().unwrap_or("");
-        let qps: f64 = get(q).parse().ok().filter(|v: &f64| v.is_finite() && *v >= 0.0).with_context(|| {
-            format!("{} line {}: qps `{}` is not a non-negative number", path.display(), i + 1, get(q))
-        })?;
+        let qps: f64 = get(q)
+            .parse()
+            .ok()
+            .filter(|v: &f64| v.is_finite() && *v >= 0.0)
+            .with_context(|| {
+                format!(
+                    "{} line {}: qps `{}` is not a non-negative number",
+                    path.display(),
+                    i + 1,
+                    get(q)
+                )
+            })?;
         if get(m).is_empty() || get(p).is_empty() {
             bail!("{} line {}: model and profile must not be empty", path.display(), i + 1);
         }
-        if capacities.iter().any(|c: &Capacity| c.model == get(m) && c.profile == get(p)) {
-            bail!("{} line {}: a second row for {} on {}: give each model and profile once", path.display(), i + 1, get(m), get(p));
+        if capacities
+            .iter()
+            .any(|c: &Capacity| c.model == get(m) && c.profile == get(p))
+        {
+            bail!(
+                "{} line {}: a second row for {} on {}: give each model and profile once",
+                path.display(),
+                i + 1,
+                get(m),
+                get(p)
+            );
         }
-        capacities.push(Capacity { model: get(m).into(), profile: get(p).into(), qps, source: Source::Csv, gpu: None });
+        capacities.push(Capacity {
+            model: get(m).into(),
+            profile: get(p).into(),
+            qps,
+            source: Source::Csv,
+            gpu: None,
+        });
     }
-    Ok(Gathered { capacities, notes: Vec::new() })
+    Ok(Gathered {
+        capacities,
+        notes: Vec::new(),
+    })
 }
 
 /// The capacity rows of `dirs` measured for `slo_ms` (and `dtype`, when given) on the GPU `product`
 /// (profile names are shared between GPUs: an A100's 3g.40gb is not an H100's); with `closed_loop`,
 /// estimates from their runs where no search measured a model on a profile.
-pub fn from_folders(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>, product: &str, closed_loop: bool) -> Result<Gathered> {
+pub fn from_folders(
+    dirs: &[PathBuf],
+    slo_ms: f64,
+    dtype: Option<&str>,
+    product: &str,
+    closed_loop: bool,
+) -> Result<Gathered> {
     let mut g = Gathered::default();
     // (model, profile, dtype) -> server settings (max batch, max delay) -> capacities found.
     type Found = BTreeMap<String, Vec<(f64, bool, Option<String>)>>;
@@ -93,8 +145,17 @@ pub fn from_folders(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>, product:
     for dir in dirs {
         anyhow::ensure!(dir.is_dir(), "{}: no such results folder", dir.display());
         let df = read_table(dir, Table::Capacity)?;
-        let (model, profile, dt, status) = (text_column(&df, "model")?, text_column(&df, "profile")?, text_column(&df, "dtype")?, text_column(&df, "status")?);
-        let (slo, qps, emulated) = (number_column(&df, "slo_p99_ms")?, number_column(&df, "capacity_qps")?, text_column(&df, "emulated")?);
+        let (model, profile, dt, status) = (
+            text_column(&df, "model")?,
+            text_column(&df, "profile")?,
+            text_column(&df, "dtype")?,
+            text_column(&df, "status")?,
+        );
+        let (slo, qps, emulated) = (
+            number_column(&df, "slo_p99_ms")?,
+            number_column(&df, "capacity_qps")?,
+            text_column(&df, "emulated")?,
+        );
         let gpu = text_column(&df, "gpu_name")?;
         let (max_batch, max_delay) = (number_column(&df, "max_batch")?, number_column(&df, "max_delay_ms")?);
         let verdict = text_column(&df, "verdict")?;
@@ -116,7 +177,11 @@ pub fn from_folders(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>, product:
                 other_gpus.insert(other.to_string());
                 continue;
             }
-            let key = (model[i].clone().unwrap_or_default(), profile[i].clone().unwrap_or_default(), d);
+            let key = (
+                model[i].clone().unwrap_or_default(),
+                profile[i].clone().unwrap_or_default(),
+                d,
+            );
             let settings = format!(
                 "{} arrivals, max batch {}, max delay {} ms",
                 arrival[i].as_deref().unwrap_or("?"),
@@ -130,7 +195,11 @@ pub fn from_folders(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>, product:
                     profile[i].as_deref().unwrap_or("?")
                 ));
             }
-            found.entry(key).or_default().entry(settings).or_default().push((qps[i].unwrap_or(0.0), emulated[i].as_deref() == Some("true"), gpu[i].clone()));
+            found.entry(key).or_default().entry(settings).or_default().push((
+                qps[i].unwrap_or(0.0),
+                emulated[i].as_deref() == Some("true"),
+                gpu[i].clone(),
+            ));
         }
     }
     // A model measured at several dtypes needs --dtype to say which: a plan serves it at one.
@@ -139,7 +208,10 @@ pub fn from_folders(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>, product:
         dtypes_of.entry(m.clone()).or_default().insert(d.clone());
     }
     if let Some((m, ds)) = dtypes_of.iter().find(|(_, ds)| ds.len() > 1) {
-        bail!("{m} has capacities at several dtypes ({}): choose one with --dtype", ds.iter().cloned().collect::<Vec<_>>().join(", "));
+        bail!(
+            "{m} has capacities at several dtypes ({}): choose one with --dtype",
+            ds.iter().cloned().collect::<Vec<_>>().join(", ")
+        );
     }
     if !other_gpus.is_empty() {
         g.notes.push(format!(
@@ -154,21 +226,42 @@ pub fn from_folders(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>, product:
         for (settings, list) in &by_settings {
             let qps = list.iter().map(|x| x.0).fold(f64::INFINITY, f64::min);
             if list.len() > 1 {
-                g.notes.push(format!("{model} on {profile} ({settings}): {} searches; planning with the lowest, {qps:.1} requests/s", list.len()));
+                g.notes.push(format!(
+                    "{model} on {profile} ({settings}): {} searches; planning with the lowest, {qps:.1} requests/s",
+                    list.len()
+                ));
             }
             if best.as_ref().is_none_or(|b| qps > b.1) {
-                best = Some((settings.clone(), qps, list.iter().any(|x| x.1), list.iter().find_map(|x| x.2.clone())));
+                best = Some((
+                    settings.clone(),
+                    qps,
+                    list.iter().any(|x| x.1),
+                    list.iter().find_map(|x| x.2.clone()),
+                ));
             }
         }
         let (settings, qps, emulated, gpu) = best.expect("at least one search");
         if by_settings.len() > 1 {
             g.notes.push(format!("{model} on {profile}: searched with {} server settings; planning with the best, {settings} ({qps:.1} requests/s)", by_settings.len()));
         }
-        g.capacities.push(Capacity { model, profile, qps, source: Source::Measured { emulated }, gpu });
+        g.capacities.push(Capacity {
+            model,
+            profile,
+            qps,
+            source: Source::Measured { emulated },
+            gpu,
+        });
     }
     if closed_loop {
-        for c in closed_loop_estimates(dirs, slo_ms, dtype)?.into_iter().filter(|c| c.gpu.as_deref().is_none_or(|g| g == product)) {
-            if !g.capacities.iter().any(|m| m.model == c.model && m.profile == c.profile) {
+        for c in closed_loop_estimates(dirs, slo_ms, dtype)?
+            .into_iter()
+            .filter(|c| c.gpu.as_deref().is_none_or(|g| g == product))
+        {
+            if !g
+                .capacities
+                .iter()
+                .any(|m| m.model == c.model && m.profile == c.profile)
+            {
                 g.capacities.push(c);
             }
         }
@@ -176,12 +269,22 @@ pub fn from_folders(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>, product:
     if g.capacities.is_empty() {
         let mut hints = Vec::new();
         if !other_slos.is_empty() {
-            hints.push(format!("there are capacities for p99 ≤ {} ms", other_slos.into_iter().collect::<Vec<_>>().join(", ")));
+            hints.push(format!(
+                "there are capacities for p99 ≤ {} ms",
+                other_slos.into_iter().collect::<Vec<_>>().join(", ")
+            ));
         }
         if !other_gpus.is_empty() {
-            hints.push(format!("there are capacities measured on {}, not the {product}", other_gpus.into_iter().collect::<Vec<_>>().join(", ")));
+            hints.push(format!(
+                "there are capacities measured on {}, not the {product}",
+                other_gpus.into_iter().collect::<Vec<_>>().join(", ")
+            ));
         }
-        let hint = if hints.is_empty() { String::new() } else { format!(" ({})", hints.join("; ")) };
+        let hint = if hints.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", hints.join("; "))
+        };
         bail!(
             "no capacity measured for p99 ≤ {slo_ms} ms in {}{hint}: run `migprof load --model M --device D --search --slo-p99-ms {slo_ms}`, give --capacities FILE.csv, or ask for --closed-loop-estimates",
             dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
@@ -211,14 +314,28 @@ fn closed_loop_estimates(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>) -> 
         let df = read_table(dir, Table::Runs)?;
         let t = |c| text_column(&df, c);
         let (model, mode, status, dt) = (t("model")?, t("mode")?, t("status")?, t("dtype")?);
-        let (emulated, mig, gpu, group) = (t("emulated_profile")?, t("mig_profile")?, t("gpu_name")?, t("concurrency_group")?);
-        let (p99, throughput, batch, pct) = (number_column(&df, "p99_ms")?, number_column(&df, "throughput")?, number_column(&df, "batch")?, number_column(&df, "mps_share_pct")?);
+        let (emulated, mig, gpu, group) = (
+            t("emulated_profile")?,
+            t("mig_profile")?,
+            t("gpu_name")?,
+            t("concurrency_group")?,
+        );
+        let (p99, throughput, batch, pct) = (
+            number_column(&df, "p99_ms")?,
+            number_column(&df, "throughput")?,
+            number_column(&df, "batch")?,
+            number_column(&df, "mps_share_pct")?,
+        );
         for i in 0..df.height() {
-            let ok = status[i].as_deref().is_none_or(|s| s == "ok") && mode[i].as_deref() == Some("infer") && group[i].is_none();
+            let ok = status[i].as_deref().is_none_or(|s| s == "ok")
+                && mode[i].as_deref() == Some("infer")
+                && group[i].is_none();
             if !ok || dtype.is_some_and(|d| dt[i].as_deref() != Some(d)) {
                 continue;
             }
-            let (Some(p99), Some(x), Some(m)) = (p99[i], throughput[i], model[i].clone()) else { continue };
+            let (Some(p99), Some(x), Some(m)) = (p99[i], throughput[i], model[i].clone()) else {
+                continue;
+            };
             if 2.0 * p99 > slo_ms {
                 continue;
             }
@@ -231,7 +348,13 @@ fn closed_loop_estimates(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>) -> 
     }
     Ok(best
         .into_iter()
-        .map(|((model, profile), (qps, batch, emulated, gpu))| Capacity { model, profile, qps, source: Source::ClosedLoop { emulated, batch }, gpu })
+        .map(|((model, profile), (qps, batch, emulated, gpu))| Capacity {
+            model,
+            profile,
+            qps,
+            source: Source::ClosedLoop { emulated, batch },
+            gpu,
+        })
         .collect())
 }
 
@@ -243,15 +366,28 @@ mod tests {
     fn a_csv_reads_by_its_header_and_bad_lines_name_themselves() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("c.csv");
-        std::fs::write(&path, "# measured elsewhere\nprofile,model,qps\n1g.10gb,resnet50,812.5\n3g.40gb, resnet50 ,2400\n")?;
+        std::fs::write(
+            &path,
+            "# measured elsewhere\nprofile,model,qps\n1g.10gb,resnet50,812.5\n3g.40gb, resnet50 ,2400\n",
+        )?;
         let g = from_csv(&path)?;
         assert_eq!(g.capacities.len(), 2);
-        assert_eq!((g.capacities[1].model.as_str(), g.capacities[1].profile.as_str(), g.capacities[1].qps), ("resnet50", "3g.40gb", 2400.0));
+        assert_eq!(
+            (
+                g.capacities[1].model.as_str(),
+                g.capacities[1].profile.as_str(),
+                g.capacities[1].qps
+            ),
+            ("resnet50", "3g.40gb", 2400.0)
+        );
         std::fs::write(&path, "model,profile,qps\nresnet50,1g.10gb,fast\n")?;
         let e = from_csv(&path).unwrap_err().to_string();
         assert!(e.contains("line 2") && e.contains("`fast`"), "{e}");
         std::fs::write(&path, "model,slice,qps\n")?;
-        assert!(from_csv(&path).unwrap_err().to_string().contains("must name the columns model, profile and qps"));
+        assert!(from_csv(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("must name the columns model, profile and qps"));
         Ok(())
     }
 
@@ -265,12 +401,24 @@ mod tests {
         crate::results::store::write_run(dir.path(), &fake_run(1, 30, Duration::ZERO))?;
         let dirs = [dir.path().to_path_buf()];
         let e = from_folders(&dirs, 10.0, None, "cpu", false).unwrap_err().to_string();
-        assert!(e.contains("--closed-loop-estimates") && e.contains("migprof load"), "{e}");
+        assert!(
+            e.contains("--closed-loop-estimates") && e.contains("migprof load"),
+            "{e}"
+        );
         let g = from_folders(&dirs, 10.0, None, "cpu", true)?;
         assert_eq!(g.capacities.len(), 1);
         let c = &g.capacities[0];
-        assert_eq!((c.model.as_str(), c.profile.as_str(), c.qps), ("resnet_tiny", "cpu", 4000.0));
-        assert_eq!(c.source, Source::ClosedLoop { emulated: false, batch: 8 });
+        assert_eq!(
+            (c.model.as_str(), c.profile.as_str(), c.qps),
+            ("resnet_tiny", "cpu", 4000.0)
+        );
+        assert_eq!(
+            c.source,
+            Source::ClosedLoop {
+                emulated: false,
+                batch: 8
+            }
+        );
         assert!(c.source.describe().contains("closed-loop estimate at batch 8"));
         // Doubled, a p99 of 3 ms does not fit 5 ms: no estimate.
         assert!(from_folders(&dirs, 5.0, None, "cpu", true).is_err());

@@ -42,22 +42,45 @@ const SPECS: &str = "/etc/migprof/cells";
 const RESULTS: &str = "/results";
 
 /// Writes `<dir>/<target>.yaml` (a ConfigMap and an indexed Job) for every target with cells not done.
-pub fn emit(file: &SweepFile, opts: &Options, k: &K8sOptions, dir: &Path, log: &mut dyn Write) -> Result<Vec<std::path::PathBuf>> {
+pub fn emit(
+    file: &SweepFile,
+    opts: &Options,
+    k: &K8sOptions,
+    dir: &Path,
+    log: &mut dyn Write,
+) -> Result<Vec<std::path::PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let cells = cluster_cells(file, opts)?;
     let invocation = crate::provenance::run_id(crate::provenance::now());
     let mut written = Vec::new();
     for target in &file.targets {
-        let todo: Vec<CellSpec> = cells.iter().filter(|(c, done)| c.target == target.label && !done).map(|(c, _)| CellSpec { scheduled: true, ..c.clone() }).collect();
+        let todo: Vec<CellSpec> = cells
+            .iter()
+            .filter(|(c, done)| c.target == target.label && !done)
+            .map(|(c, _)| CellSpec {
+                scheduled: true,
+                ..c.clone()
+            })
+            .collect();
         if todo.is_empty() {
             continue;
         }
         let request = Request::of(target)?;
         let docs = manifests(&file.name, &target.label, &request, &todo, &invocation, k)?;
-        let text: Vec<String> = docs.iter().map(serde_yaml::to_string).collect::<std::result::Result<_, _>>()?;
+        let text: Vec<String> = docs
+            .iter()
+            .map(serde_yaml::to_string)
+            .collect::<std::result::Result<_, _>>()?;
         let path = dir.join(format!("{}.yaml", slug(&target.label)));
         std::fs::write(&path, text.join("---\n")).with_context(|| format!("writing {}", path.display()))?;
-        writeln!(log, "{}: {} cell(s): {}  (apply with: kubectl apply -f {})", target.label, todo.len(), path.display(), path.display())?;
+        writeln!(
+            log,
+            "{}: {} cell(s): {}  (apply with: kubectl apply -f {})",
+            target.label,
+            todo.len(),
+            path.display(),
+            path.display()
+        )?;
         written.push(path);
     }
     if written.is_empty() {
@@ -67,10 +90,23 @@ pub fn emit(file: &SweepFile, opts: &Options, k: &K8sOptions, dir: &Path, log: &
 }
 
 /// The ConfigMap and the indexed Job of one target.
-pub fn manifests(sweep: &str, label: &str, request: &Request, cells: &[CellSpec], invocation: &str, k: &K8sOptions) -> Result<Vec<Value>> {
+pub fn manifests(
+    sweep: &str,
+    label: &str,
+    request: &Request,
+    cells: &[CellSpec],
+    invocation: &str,
+    k: &K8sOptions,
+) -> Result<Vec<Value>> {
     let name = format!("migprof-{}-{}", slug(sweep), slug(label));
     // Kubernetes names: at most 63 characters of lowercase alphanumerics and '-'.
-    let name: String = name.replace('.', "-").chars().take(52).collect::<String>().trim_end_matches('-').to_string();
+    let name: String = name
+        .replace('.', "-")
+        .chars()
+        .take(52)
+        .collect::<String>()
+        .trim_end_matches('-')
+        .to_string();
     let mut data = serde_json::Map::new();
     for (i, c) in cells.iter().enumerate() {
         data.insert(format!("cell-{i}.json"), Value::String(c.to_json()?));
@@ -84,15 +120,26 @@ pub fn manifests(sweep: &str, label: &str, request: &Request, cells: &[CellSpec]
     });
     let (limits, selector) = match (request, k.strategy) {
         (Request::Cpu, _) => (json!({}), json!({})),
-        (Request::Gpu { product }, _) => (json!({ "nvidia.com/gpu": 1 }), product.as_ref().map_or(json!({}), |p| json!({ "nvidia.com/gpu.product": p }))),
-        (Request::Mig { profile, product }, MigStrategy::Mixed) => {
-            (json!({ format!("nvidia.com/mig-{profile}"): 1 }), product.as_ref().map_or(json!({}), |p| json!({ "nvidia.com/gpu.product": p })))
-        }
+        (Request::Gpu { product }, _) => (
+            json!({ "nvidia.com/gpu": 1 }),
+            product
+                .as_ref()
+                .map_or(json!({}), |p| json!({ "nvidia.com/gpu.product": p })),
+        ),
+        (Request::Mig { profile, product }, MigStrategy::Mixed) => (
+            json!({ format!("nvidia.com/mig-{profile}"): 1 }),
+            product
+                .as_ref()
+                .map_or(json!({}), |p| json!({ "nvidia.com/gpu.product": p })),
+        ),
         (Request::Mig { profile, product }, MigStrategy::Single) => {
             let Some(p) = product else {
                 bail!("target `{label}`: under the single MIG strategy a slice is `nvidia.com/gpu` on a node whose product label names the profile; give product = \"NVIDIA-H100-80GB-HBM3\" (the GPU's label) so the selector can be NVIDIA-H100-80GB-HBM3-MIG-{profile}")
             };
-            (json!({ "nvidia.com/gpu": 1 }), json!({ "nvidia.com/gpu.product": format!("{p}-MIG-{profile}") }))
+            (
+                json!({ "nvidia.com/gpu": 1 }),
+                json!({ "nvidia.com/gpu.product": format!("{p}-MIG-{profile}") }),
+            )
         }
     };
     let mut pod_spec = json!({
@@ -150,34 +197,83 @@ mod tests {
     use super::*;
 
     fn options(strategy: MigStrategy) -> K8sOptions {
-        K8sOptions { image: "registry.example/migprof:0.1".into(), namespace: "bench".into(), results_pvc: "migprof-results".into(), strategy, one_per_node: true, timeout_secs: 600.0 }
+        K8sOptions {
+            image: "registry.example/migprof:0.1".into(),
+            namespace: "bench".into(),
+            results_pvc: "migprof-results".into(),
+            strategy,
+            one_per_node: true,
+            timeout_secs: 600.0,
+        }
     }
 
     #[test]
     fn a_target_becomes_a_config_map_and_an_indexed_job_asking_for_its_slice() -> Result<()> {
-        let cells = vec![crate::sweep::cell::tests::cell(), CellSpec { batch: 8, ..crate::sweep::cell::tests::cell() }];
-        let mig = Request::Mig { profile: "3g.40gb".into(), product: Some("NVIDIA-H100-80GB-HBM3".into()) };
+        let cells = vec![
+            crate::sweep::cell::tests::cell(),
+            CellSpec {
+                batch: 8,
+                ..crate::sweep::cell::tests::cell()
+            },
+        ];
+        let mig = Request::Mig {
+            profile: "3g.40gb".into(),
+            product: Some("NVIDIA-H100-80GB-HBM3".into()),
+        };
         let docs = manifests("slices", "3g", &mig, &cells, "inv", &options(MigStrategy::Mixed))?;
         assert_eq!(docs[0]["kind"], "ConfigMap");
-        assert!(docs[0]["data"]["cell-1.json"].as_str().unwrap().contains("\"batch\": 8"));
+        assert!(docs[0]["data"]["cell-1.json"]
+            .as_str()
+            .unwrap()
+            .contains("\"batch\": 8"));
         let job = &docs[1];
-        assert_eq!((job["spec"]["completionMode"].as_str(), job["spec"]["completions"].as_u64()), (Some("Indexed"), Some(2)));
+        assert_eq!(
+            (
+                job["spec"]["completionMode"].as_str(),
+                job["spec"]["completions"].as_u64()
+            ),
+            (Some("Indexed"), Some(2))
+        );
         let pod = &job["spec"]["template"]["spec"];
         assert_eq!(pod["containers"][0]["resources"]["limits"]["nvidia.com/mig-3g.40gb"], 1);
         assert_eq!(pod["nodeSelector"]["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3");
-        assert!(pod["containers"][0]["args"][0].as_str().unwrap().contains("$JOB_COMPLETION_INDEX"));
-        assert_eq!(pod["volumes"][1]["persistentVolumeClaim"]["claimName"], "migprof-results");
+        assert!(pod["containers"][0]["args"][0]
+            .as_str()
+            .unwrap()
+            .contains("$JOB_COMPLETION_INDEX"));
+        assert_eq!(
+            pod["volumes"][1]["persistentVolumeClaim"]["claimName"],
+            "migprof-results"
+        );
         assert!(pod["affinity"]["podAntiAffinity"].is_object());
         assert_eq!(pod["activeDeadlineSeconds"], 660);
         assert_eq!(job["spec"]["parallelism"], 2);
-        let cpu = manifests("slices", "cpu", &Request::Cpu, &cells, "inv", &options(MigStrategy::Mixed))?;
+        let cpu = manifests(
+            "slices",
+            "cpu",
+            &Request::Cpu,
+            &cells,
+            "inv",
+            &options(MigStrategy::Mixed),
+        )?;
         assert_eq!(cpu[1]["spec"]["parallelism"], 1);
         let single = manifests("slices", "3g", &mig, &cells, "inv", &options(MigStrategy::Single))?;
         let pod = &single[1]["spec"]["template"]["spec"];
         assert_eq!(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], 1);
-        assert_eq!(pod["nodeSelector"]["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3-MIG-3g.40gb");
-        let no_product = Request::Mig { profile: "3g.40gb".into(), product: None };
-        assert!(manifests("s", "3g", &no_product, &cells, "i", &options(MigStrategy::Single)).unwrap_err().to_string().contains("product"));
+        assert_eq!(
+            pod["nodeSelector"]["nvidia.com/gpu.product"],
+            "NVIDIA-H100-80GB-HBM3-MIG-3g.40gb"
+        );
+        let no_product = Request::Mig {
+            profile: "3g.40gb".into(),
+            product: None,
+        };
+        assert!(
+            manifests("s", "3g", &no_product, &cells, "i", &options(MigStrategy::Single))
+                .unwrap_err()
+                .to_string()
+                .contains("product")
+        );
         Ok(())
     }
 }

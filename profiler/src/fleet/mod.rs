@@ -25,12 +25,23 @@ pub fn cluster_cells(file: &SweepFile, opts: &Options) -> Result<Vec<(CellSpec, 
     }
     let cells = crate::sweep::schedule::plan(file, opts)?;
     if let Some((c, _)) = cells.iter().find(|(c, _)| c.batch == BatchSize::Max) {
-        bail!("{}: batch \"max\" is searched for by probing one device; on a cluster give batch sizes", c.spec.target);
+        bail!(
+            "{}: batch \"max\" is searched for by probing one device; on a cluster give batch sizes",
+            c.spec.target
+        );
     }
     Ok(cells.into_iter().map(|(c, done)| (c.spec, done)).collect())
 }
 
 /// A label as a file or job name: letters, digits, `-` and `.`; anything else becomes `-`.
 pub fn slug(s: &str) -> String {
-    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c.to_ascii_lowercase() } else { '-' }).collect()
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect()
 }

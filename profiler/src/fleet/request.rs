@@ -11,9 +11,14 @@ use crate::sweep::file::Target;
 pub enum Request {
     Cpu,
     /// A whole GPU (`device = "cuda"`).
-    Gpu { product: Option<String> },
+    Gpu {
+        product: Option<String>,
+    },
     /// A MIG slice of a profile (`device = "3g.40gb"`).
-    Mig { profile: String, product: Option<String> },
+    Mig {
+        profile: String,
+        product: Option<String>,
+    },
 }
 
 impl Request {
@@ -22,7 +27,9 @@ impl Request {
         let d = target.device.trim();
         let product = target.product.clone();
         let at = format!("[[targets]] `{}`: device = \"{d}\"", target.label);
-        let is_profile = d.split_once('g').is_some_and(|(n, rest)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) && rest.starts_with('.'));
+        let is_profile = d
+            .split_once('g')
+            .is_some_and(|(n, rest)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) && rest.starts_with('.'));
         match d {
             "cpu" if product.is_some() => bail!("{at}: a CPU target takes no product"),
             "cpu" => Ok(Request::Cpu),
@@ -64,24 +71,53 @@ mod tests {
     use super::*;
 
     fn target(device: &str, product: Option<&str>) -> Target {
-        Target { label: "t".into(), device: device.into(), alone: true, baseline: false, product: product.map(str::to_string) }
+        Target {
+            label: "t".into(),
+            device: device.into(),
+            alone: true,
+            baseline: false,
+            product: product.map(str::to_string),
+        }
     }
 
     #[test]
     fn profiles_whole_gpus_and_cpus_are_requests_and_devices_are_refused_with_the_reason() {
-        assert_eq!(Request::of(&target("3g.40gb", None)).unwrap(), Request::Mig { profile: "3g.40gb".into(), product: None });
-        assert_eq!(Request::of(&target("1g.10gb+me", None)).unwrap(), Request::Mig { profile: "1g.10gb+me".into(), product: None });
+        assert_eq!(
+            Request::of(&target("3g.40gb", None)).unwrap(),
+            Request::Mig {
+                profile: "3g.40gb".into(),
+                product: None
+            }
+        );
+        assert_eq!(
+            Request::of(&target("1g.10gb+me", None)).unwrap(),
+            Request::Mig {
+                profile: "1g.10gb+me".into(),
+                product: None
+            }
+        );
         assert_eq!(
             Request::of(&target("cuda", Some("NVIDIA-H100-80GB-HBM3"))).unwrap(),
-            Request::Gpu { product: Some("NVIDIA-H100-80GB-HBM3".into()) }
+            Request::Gpu {
+                product: Some("NVIDIA-H100-80GB-HBM3".into())
+            }
         );
         assert_eq!(Request::of(&target("cpu", None)).unwrap().cell_device(), "cpu");
         for device in ["0", "GPU-5e3f", "MIG-8a1c", "cuda:1"] {
             let e = Request::of(&target(device, None)).unwrap_err().to_string();
-            assert!(e.contains("the scheduler picks the device") && e.contains("3g.40gb"), "{device}: {e}");
+            assert!(
+                e.contains("the scheduler picks the device") && e.contains("3g.40gb"),
+                "{device}: {e}"
+            );
         }
-        assert!(Request::of(&target("mps:3g.40gb", None)).unwrap_err().to_string().contains("emulated slices"));
+        assert!(Request::of(&target("mps:3g.40gb", None))
+            .unwrap_err()
+            .to_string()
+            .contains("emulated slices"));
         let e = Request::of(&target("3g.41gb", None)).unwrap_err().to_string();
-        assert!(e.contains("no known GPU has a MIG profile `3g.41gb`") && e.contains("3g.40gb"), "{e}");
+        assert!(
+            e.contains("no known GPU has a MIG profile `3g.41gb`") && e.contains("3g.40gb"),
+            "{e}"
+        );
     }
 }

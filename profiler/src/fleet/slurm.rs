@@ -92,7 +92,10 @@ impl CellState {
 
     /// Whether a rerun submits the cell again.
     fn wants_submission(&self) -> bool {
-        matches!(self, CellState::Failed(_) | CellState::Missing | CellState::NotSubmitted)
+        matches!(
+            self,
+            CellState::Failed(_) | CellState::Missing | CellState::NotSubmitted
+        )
     }
 }
 
@@ -109,17 +112,27 @@ fn queued(jobs: &[Submitted]) -> Result<HashMap<String, String>> {
         .context("running squeue (Slurm's client commands must be on PATH, SLURM_CONF set where needed)")?;
     // squeue fails for job ids it no longer knows: then none of them is queued.
     let text = String::from_utf8_lossy(&output.stdout);
-    Ok(text.lines().filter_map(|l| l.split_once(' ')).map(|(id, state)| (id.trim().to_string(), state.trim().to_string())).collect())
+    Ok(text
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(id, state)| (id.trim().to_string(), state.trim().to_string()))
+        .collect())
 }
 
 /// Each task's exit marker: cell id -> (exit code, where it ran).
 fn markers(out: &Path) -> HashMap<String, (i32, String)> {
     let mut m = HashMap::new();
-    let Ok(entries) = std::fs::read_dir(slurm_dir(out).join("markers")) else { return m };
+    let Ok(entries) = std::fs::read_dir(slurm_dir(out).join("markers")) else {
+        return m;
+    };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        let Some(cell) = name.strip_suffix(".exit") else { continue };
-        let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
+        let Some(cell) = name.strip_suffix(".exit") else {
+            continue;
+        };
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
         let mut parts = text.split_whitespace();
         if let Some(code) = parts.next().and_then(|c| c.parse().ok()) {
             m.insert(cell.to_string(), (code, parts.collect::<Vec<_>>().join(" ")));
@@ -168,7 +181,17 @@ pub fn status(file: &SweepFile, opts: &Options, log: &mut dyn Write) -> Result<b
     let states = states(file, opts)?;
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     for (spec, state) in &states {
-        writeln!(log, "{}  {:<10} {} {} {} batch {}: {}", spec.cell_id(), spec.target, spec.model, spec.mode, spec.dtype, spec.batch, state.describe())?;
+        writeln!(
+            log,
+            "{}  {:<10} {} {} {} batch {}: {}",
+            spec.cell_id(),
+            spec.target,
+            spec.model,
+            spec.mode,
+            spec.dtype,
+            spec.batch,
+            state.describe()
+        )?;
         let key = match state {
             CellState::Done(_) => "done",
             CellState::Queued(s) if s == "RUNNING" => "running",
@@ -186,11 +209,24 @@ pub fn status(file: &SweepFile, opts: &Options, log: &mut dyn Write) -> Result<b
 
 /// Writes one job array per target for the cells that want running, and submits them with
 /// `--submit`. Returns the job ids submitted.
-pub fn submit(file: &SweepFile, opts: &Options, slurm: &SlurmOptions, exe: &Path, log: &mut dyn Write) -> Result<Vec<String>> {
-    std::fs::create_dir_all(&opts.out).with_context(|| format!("cannot use {} as the results folder", opts.out.display()))?;
+pub fn submit(
+    file: &SweepFile,
+    opts: &Options,
+    slurm: &SlurmOptions,
+    exe: &Path,
+    log: &mut dyn Write,
+) -> Result<Vec<String>> {
+    std::fs::create_dir_all(&opts.out)
+        .with_context(|| format!("cannot use {} as the results folder", opts.out.display()))?;
     let out = std::fs::canonicalize(&opts.out)?;
     let exe = std::fs::canonicalize(exe)?;
-    let states = states(file, &Options { out: out.clone(), ..opts.clone() })?;
+    let states = states(
+        file,
+        &Options {
+            out: out.clone(),
+            ..opts.clone()
+        },
+    )?;
     let invocation = provenance::run_id(provenance::now());
     let root = slurm_dir(&out).join(&invocation);
     // Slurm opens a task's output file before the task starts: its folder must exist.
@@ -209,28 +245,62 @@ pub fn submit(file: &SweepFile, opts: &Options, slurm: &SlurmOptions, exe: &Path
     let mut jobs = read_jobs(&out)?;
     let mut submitted = Vec::new();
     for (label, cells) in &by_target {
-        let target = file.targets.iter().find(|t| &t.label == label).expect("a planned cell's target");
+        let target = file
+            .targets
+            .iter()
+            .find(|t| &t.label == label)
+            .expect("a planned cell's target");
         let request = Request::of(target)?;
         let dir = root.join(slug(label));
         std::fs::create_dir_all(&dir)?;
         for (i, c) in cells.iter().enumerate() {
-            let spec = CellSpec { scheduled: true, ..c.clone() };
+            let spec = CellSpec {
+                scheduled: true,
+                ..c.clone()
+            };
             std::fs::write(dir.join(format!("cell-{i}.json")), spec.to_json()?)?;
         }
         let script = dir.join("job.sbatch");
-        std::fs::write(&script, script_text(&file.name, label, &request, cells, &dir, &out, &exe, &invocation, slurm))?;
+        std::fs::write(
+            &script,
+            script_text(&file.name, label, &request, cells, &dir, &out, &exe, &invocation, slurm),
+        )?;
         if !slurm.submit {
-            writeln!(log, "{label}: {} cell(s): {}  (submit with: sbatch {})", cells.len(), script.display(), script.display())?;
+            writeln!(
+                log,
+                "{label}: {} cell(s): {}  (submit with: sbatch {})",
+                cells.len(),
+                script.display(),
+                script.display()
+            )?;
             continue;
         }
-        let output = Command::new("sbatch").arg("--parsable").arg(&script).output().context("running sbatch (Slurm's client commands must be on PATH)")?;
+        let output = Command::new("sbatch")
+            .arg("--parsable")
+            .arg(&script)
+            .output()
+            .context("running sbatch (Slurm's client commands must be on PATH)")?;
         if !output.status.success() {
-            bail!("sbatch {} failed: {}", script.display(), String::from_utf8_lossy(&output.stderr).trim());
+            bail!(
+                "sbatch {} failed: {}",
+                script.display(),
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
         }
         // `--parsable` prints `jobid` or `jobid;cluster`.
-        let job_id = String::from_utf8_lossy(&output.stdout).trim().split(';').next().unwrap_or("").to_string();
+        let job_id = String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .to_string();
         writeln!(log, "{label}: {} cell(s) submitted as job array {job_id}", cells.len())?;
-        jobs.push(Submitted { job_id: job_id.clone(), target: label.clone(), cells: cells.iter().map(CellSpec::cell_id).collect(), script });
+        jobs.push(Submitted {
+            job_id: job_id.clone(),
+            target: label.clone(),
+            cells: cells.iter().map(CellSpec::cell_id).collect(),
+            script,
+        });
         write_jobs(&out, &jobs)?;
         submitted.push(job_id);
     }
@@ -239,12 +309,26 @@ pub fn submit(file: &SweepFile, opts: &Options, slurm: &SlurmOptions, exe: &Path
 
 /// The job array of one target's cells.
 #[allow(clippy::too_many_arguments)]
-fn script_text(sweep: &str, label: &str, request: &Request, cells: &[CellSpec], specs: &Path, out: &Path, exe: &Path, invocation: &str, o: &SlurmOptions) -> String {
+fn script_text(
+    sweep: &str,
+    label: &str,
+    request: &Request,
+    cells: &[CellSpec],
+    specs: &Path,
+    out: &Path,
+    exe: &Path,
+    invocation: &str,
+    o: &SlurmOptions,
+) -> String {
     let mut s = String::from("#!/bin/bash\n");
     let mut directive = |line: String| s.push_str(&format!("#SBATCH {line}\n"));
     directive(format!("--job-name=migprof-{}-{}", slug(sweep), slug(label)));
     directive(format!("--array=0-{}", cells.len() - 1));
-    directive(format!("--output={}/logs/{}-%A_%a.out", slurm_dir(out).display(), slug(label)));
+    directive(format!(
+        "--output={}/logs/{}-%A_%a.out",
+        slurm_dir(out).display(),
+        slug(label)
+    ));
     match request {
         Request::Cpu => {}
         Request::Gpu { .. } => directive(format!("--gres={}", o.gpu_gres)),
@@ -299,14 +383,41 @@ mod tests {
     use super::*;
 
     fn options() -> SlurmOptions {
-        SlurmOptions { partition: Some("gpu".into()), account: None, gres_template: "gpu:{profile}:1".into(), gpu_gres: "gpu:1".into(), one_per_node: true, submit: false, timeout_secs: 600.0 }
+        SlurmOptions {
+            partition: Some("gpu".into()),
+            account: None,
+            gres_template: "gpu:{profile}:1".into(),
+            gpu_gres: "gpu:1".into(),
+            one_per_node: true,
+            submit: false,
+            timeout_secs: 600.0,
+        }
     }
 
     #[test]
     fn a_script_asks_for_its_target_and_runs_each_task_s_cell() {
-        let cells = vec![crate::sweep::cell::tests::cell(), CellSpec { batch: 8, ..crate::sweep::cell::tests::cell() }];
-        let request = Request::Mig { profile: "3g.40gb".into(), product: Some("NVIDIA-H100-80GB-HBM3".into()) };
-        let s = script_text("slices", "3g", &request, &cells, Path::new("/r/slurm/x/3g"), Path::new("/r"), Path::new("/opt/migprof"), "inv", &options());
+        let cells = vec![
+            crate::sweep::cell::tests::cell(),
+            CellSpec {
+                batch: 8,
+                ..crate::sweep::cell::tests::cell()
+            },
+        ];
+        let request = Request::Mig {
+            profile: "3g.40gb".into(),
+            product: Some("NVIDIA-H100-80GB-HBM3".into()),
+        };
+        let s = script_text(
+            "slices",
+            "3g",
+            &request,
+            &cells,
+            Path::new("/r/slurm/x/3g"),
+            Path::new("/r"),
+            Path::new("/opt/migprof"),
+            "inv",
+            &options(),
+        );
         for line in [
             "#SBATCH --array=0-1",
             "#SBATCH --gres=gpu:3g.40gb:1",
@@ -321,9 +432,29 @@ mod tests {
             assert!(s.contains(line), "{line}\n{s}");
         }
         assert!(s.contains(&format!("ids=({} {})", cells[0].cell_id(), cells[1].cell_id())));
-        let whole = script_text("s", "full", &Request::Gpu { product: None }, &cells[..1], Path::new("/a"), Path::new("/r"), Path::new("/m"), "i", &options());
+        let whole = script_text(
+            "s",
+            "full",
+            &Request::Gpu { product: None },
+            &cells[..1],
+            Path::new("/a"),
+            Path::new("/r"),
+            Path::new("/m"),
+            "i",
+            &options(),
+        );
         assert!(whole.contains("--gres=gpu:1") && whole.contains("--array=0-0") && !whole.contains("--constraint"));
-        let cpu = script_text("s", "cpu", &Request::Cpu, &cells[..1], Path::new("/a"), Path::new("/r"), Path::new("/m"), "i", &options());
+        let cpu = script_text(
+            "s",
+            "cpu",
+            &Request::Cpu,
+            &cells[..1],
+            Path::new("/a"),
+            Path::new("/r"),
+            Path::new("/m"),
+            "i",
+            &options(),
+        );
         assert!(!cpu.contains("--gres"));
     }
 }

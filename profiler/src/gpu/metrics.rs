@@ -45,7 +45,13 @@ impl<'n> NvmlMetrics<'n> {
             Some(m) => Some((nvml.device_by_uuid(m.uuid.as_str())?, m.gpu_instance_id)),
             None => None,
         };
-        let mut this = Self { nvml, gpu, mig, gpm: VecDeque::new(), names: Default::default() };
+        let mut this = Self {
+            nvml,
+            gpu,
+            mig,
+            gpm: VecDeque::new(),
+            names: Default::default(),
+        };
         if this.gpu.gpm_support().unwrap_or(false) {
             if let Ok(s) = this.gpm_sample() {
                 this.gpm.push_back((s, Instant::now()));
@@ -67,7 +73,10 @@ impl<'n> NvmlMetrics<'n> {
     fn read_gpm(&mut self) -> Option<Gpm> {
         let taken = Instant::now();
         let now = self.gpm_sample().ok()?;
-        let base = self.gpm.iter().rposition(|(_, at)| taken.duration_since(*at) >= GPM_MIN_GAP);
+        let base = self
+            .gpm
+            .iter()
+            .rposition(|(_, at)| taken.duration_since(*at) >= GPM_MIN_GAP);
         let result = base.and_then(|i| gpm_metrics_get(self.nvml, &self.gpm[i].0, &now, &GPM_METRICS).ok());
         // Older samples than the base are no longer needed.
         if let Some(i) = base {
@@ -75,7 +84,15 @@ impl<'n> NvmlMetrics<'n> {
         }
         self.gpm.push_back((now, taken));
         let v: Vec<Option<f64>> = result?.into_iter().map(|r| r.ok().map(|m| m.value)).collect();
-        Some(Gpm { graphics: v[0], sm: v[1], sm_occupancy: v[2], tensor: v[3], dram_bandwidth: v[4], fp32: v[5], fp16: v[6] })
+        Some(Gpm {
+            graphics: v[0],
+            sm: v[1],
+            sm_occupancy: v[2],
+            tensor: v[3],
+            dram_bandwidth: v[4],
+            fp32: v[5],
+            fp16: v[6],
+        })
     }
 }
 
@@ -88,7 +105,11 @@ impl MetricSource for NvmlMetrics<'_> {
         }
         .ok();
         // NVML has no utilisation rates for MIG devices, and the parent's would be everyone's.
-        let util = if self.mig.is_none() { self.gpu.utilization_rates().ok() } else { None };
+        let util = if self.mig.is_none() {
+            self.gpu.utilization_rates().ok()
+        } else {
+            None
+        };
         Sample {
             t: Duration::ZERO,
             fb_used_mib: memory.as_ref().map(|m| m.used as f64 / MIB),
@@ -119,7 +140,11 @@ impl NvmlMetrics<'_> {
                 .into_iter()
                 .map(|p| GpuProcess {
                     pid: p.pid,
-                    name: self.names.entry(p.pid).or_insert_with(|| process_name(nvml, p.pid)).clone(),
+                    name: self
+                        .names
+                        .entry(p.pid)
+                        .or_insert_with(|| process_name(nvml, p.pid))
+                        .clone(),
                     used_mib: match p.used_gpu_memory {
                         UsedGpuMemory::Used(bytes) => Some(bytes >> 20),
                         UsedGpuMemory::Unavailable => None,
@@ -136,5 +161,9 @@ fn process_name(nvml: &Nvml, pid: u32) -> Option<String> {
         .ok()
         .filter(|n| !n.is_empty())
         .map(|n| n.rsplit('/').next().unwrap_or(&n).to_string())
-        .or_else(|| std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim().to_string()))
+        .or_else(|| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
 }

@@ -13,8 +13,8 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings as sys;
 
-use crate::mig::mode::MigMode;
 use crate::mig::control::{ComputeInstance, GpuInstanceState, GpuState, MigControl};
+use crate::mig::mode::MigMode;
 use crate::mig::{Placement, ProfileTable};
 
 pub struct NvmlControl {
@@ -23,11 +23,15 @@ pub struct NvmlControl {
 
 impl NvmlControl {
     pub fn new() -> Result<Self> {
-        Ok(NvmlControl { nvml: Nvml::init().map_err(|e| anyhow!("no usable NVIDIA driver (NVML: {e})"))? })
+        Ok(NvmlControl {
+            nvml: Nvml::init().map_err(|e| anyhow!("no usable NVIDIA driver (NVML: {e})"))?,
+        })
     }
 
     fn device(&self, index: u32) -> Result<Device<'_>> {
-        self.nvml.device_by_index(index).map_err(|e| anyhow!("GPU {index}: {e}"))
+        self.nvml
+            .device_by_index(index)
+            .map_err(|e| anyhow!("GPU {index}: {e}"))
     }
 }
 
@@ -42,14 +46,22 @@ fn check(nvml: &Nvml, call: &str, rc: sys::nvmlReturn_t) -> Result<()> {
         .as_ref()
         .ok()
         // SAFETY: nvmlErrorString returns a static NUL-terminated string for any code.
-        .map(|f| unsafe { std::ffi::CStr::from_ptr(f(rc)) }.to_string_lossy().into_owned())
+        .map(|f| {
+            unsafe { std::ffi::CStr::from_ptr(f(rc)) }
+                .to_string_lossy()
+                .into_owned()
+        })
         .unwrap_or_default();
     bail!("{call} failed: {text} (NVML error {rc})")
 }
 
 macro_rules! sym {
     ($nvml:expr, $name:ident) => {
-        $nvml.lib().$name.as_ref().map_err(|_| anyhow!(concat!("this NVIDIA driver's NVML has no ", stringify!($name))))?
+        $nvml
+            .lib()
+            .$name
+            .as_ref()
+            .map_err(|_| anyhow!(concat!("this NVIDIA driver's NVML has no ", stringify!($name))))?
     };
 }
 
@@ -59,7 +71,9 @@ impl NvmlControl {
         let f = sym!(self.nvml, nvmlDeviceGetGpuInstanceById);
         let mut gi: sys::nvmlGpuInstance_t = std::ptr::null_mut();
         // SAFETY: a device handle of this session and an out-pointer.
-        check(&self.nvml, "nvmlDeviceGetGpuInstanceById", unsafe { f(dev.handle(), id, &mut gi) })?;
+        check(&self.nvml, "nvmlDeviceGetGpuInstanceById", unsafe {
+            f(dev.handle(), id, &mut gi)
+        })?;
         Ok(gi)
     }
 
@@ -69,10 +83,13 @@ impl NvmlControl {
         let info = sym!(self.nvml, nvmlGpuInstanceGetInfo);
         let mut out = Vec::new();
         for profile in super::nvml::gpu_instance_profiles(&self.nvml, dev) {
-            let mut handles: Vec<sys::nvmlGpuInstance_t> = vec![std::ptr::null_mut(); profile.instances.max(1) as usize];
+            let mut handles: Vec<sys::nvmlGpuInstance_t> =
+                vec![std::ptr::null_mut(); profile.instances.max(1) as usize];
             let mut count = 0;
             // SAFETY: room for as many instances as the profile allows.
-            check(&self.nvml, "nvmlDeviceGetGpuInstances", unsafe { list(dev.handle(), profile.id, handles.as_mut_ptr(), &mut count) })?;
+            check(&self.nvml, "nvmlDeviceGetGpuInstances", unsafe {
+                list(dev.handle(), profile.id, handles.as_mut_ptr(), &mut count)
+            })?;
             for &gi in &handles[..count as usize] {
                 // SAFETY: a GPU-instance handle NVML just returned; a zeroed plain-data struct.
                 let mut i: sys::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
@@ -80,7 +97,10 @@ impl NvmlControl {
                 out.push(GpuInstanceState {
                     id: i.id,
                     profile_id: i.profileId,
-                    placement: Placement { start: i.placement.start, size: i.placement.size },
+                    placement: Placement {
+                        start: i.placement.start,
+                        size: i.placement.size,
+                    },
                     compute_instances: self.compute_instances(gi)?,
                 });
             }
@@ -113,12 +133,17 @@ impl NvmlControl {
             let mut handles: Vec<sys::nvmlComputeInstance_t> = vec![std::ptr::null_mut(); 8];
             let mut count = 0;
             // SAFETY: room for eight, the most compute instances a GPU instance can hold.
-            check(&self.nvml, "nvmlGpuInstanceGetComputeInstances", unsafe { list(gi, id, handles.as_mut_ptr(), &mut count) })?;
+            check(&self.nvml, "nvmlGpuInstanceGetComputeInstances", unsafe {
+                list(gi, id, handles.as_mut_ptr(), &mut count)
+            })?;
             for &ci in &handles[..count as usize] {
                 // SAFETY: a handle NVML just returned; a zeroed plain-data struct.
                 let mut i: sys::nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
                 check(&self.nvml, "nvmlComputeInstanceGetInfo_v2", unsafe { info(ci, &mut i) })?;
-                out.push(ComputeInstance { id: i.id, compute_slices: slices });
+                out.push(ComputeInstance {
+                    id: i.id,
+                    compute_slices: slices,
+                });
             }
         }
         out.sort_by_key(|c| c.id);
@@ -155,11 +180,18 @@ impl MigControl for NvmlControl {
         for index in 0..self.nvml.device_count()? {
             let dev = self.device(index)?;
             let mig_mode = match dev.mig_mode() {
-                Ok(m) => Some(MigMode { current: m.current == 1, pending: m.pending == 1 }),
+                Ok(m) => Some(MigMode {
+                    current: m.current == 1,
+                    pending: m.pending == 1,
+                }),
                 Err(NvmlError::NotSupported) => None,
                 Err(e) => return Err(e.into()),
             };
-            let gpu_instances = if mig_mode.is_some_and(|m| m.current) { self.gpu_instances(&dev)? } else { Vec::new() };
+            let gpu_instances = if mig_mode.is_some_and(|m| m.current) {
+                self.gpu_instances(&dev)?
+            } else {
+                Vec::new()
+            };
             out.push(GpuState {
                 index,
                 uuid: dev.uuid()?,
@@ -179,19 +211,28 @@ impl MigControl for NvmlControl {
 
     fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<MigMode> {
         let dev = self.device(gpu)?;
-        dev.set_mig_mode(enabled).map_err(|e| anyhow!("nvmlDeviceSetMigMode failed: {e}"))?;
+        dev.set_mig_mode(enabled)
+            .map_err(|e| anyhow!("nvmlDeviceSetMigMode failed: {e}"))?;
         let m = dev.mig_mode()?;
-        Ok(MigMode { current: m.current == 1, pending: m.pending == 1 })
+        Ok(MigMode {
+            current: m.current == 1,
+            pending: m.pending == 1,
+        })
     }
 
     fn create_gpu_instance(&mut self, gpu: u32, profile_id: u32, placement: Placement) -> Result<u32> {
         let dev = self.device(gpu)?;
         let create = sym!(self.nvml, nvmlDeviceCreateGpuInstanceWithPlacement);
         let info = sym!(self.nvml, nvmlGpuInstanceGetInfo);
-        let p = sys::nvmlGpuInstancePlacement_t { start: placement.start, size: placement.size };
+        let p = sys::nvmlGpuInstancePlacement_t {
+            start: placement.start,
+            size: placement.size,
+        };
         let mut gi: sys::nvmlGpuInstance_t = std::ptr::null_mut();
         // SAFETY: a device handle of this session, a placement struct and an out-pointer.
-        check(&self.nvml, "nvmlDeviceCreateGpuInstanceWithPlacement", unsafe { create(dev.handle(), profile_id, &p, &mut gi) })?;
+        check(&self.nvml, "nvmlDeviceCreateGpuInstanceWithPlacement", unsafe {
+            create(dev.handle(), profile_id, &p, &mut gi)
+        })?;
         // SAFETY: the handle NVML just returned; a zeroed plain-data struct.
         let mut i: sys::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
         check(&self.nvml, "nvmlGpuInstanceGetInfo", unsafe { info(gi, &mut i) })?;
@@ -210,7 +251,9 @@ impl MigControl for NvmlControl {
         let info = sym!(self.nvml, nvmlComputeInstanceGetInfo_v2);
         let mut ci: sys::nvmlComputeInstance_t = std::ptr::null_mut();
         // SAFETY: a GPU-instance handle of this session and an out-pointer.
-        check(&self.nvml, "nvmlGpuInstanceCreateComputeInstance", unsafe { create(gi, profile_id, &mut ci) })?;
+        check(&self.nvml, "nvmlGpuInstanceCreateComputeInstance", unsafe {
+            create(gi, profile_id, &mut ci)
+        })?;
         // SAFETY: the handle NVML just returned; a zeroed plain-data struct.
         let mut i: sys::nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
         check(&self.nvml, "nvmlComputeInstanceGetInfo_v2", unsafe { info(ci, &mut i) })?;
@@ -223,7 +266,9 @@ impl MigControl for NvmlControl {
         let destroy = sym!(self.nvml, nvmlComputeInstanceDestroy);
         let mut ci: sys::nvmlComputeInstance_t = std::ptr::null_mut();
         // SAFETY: a GPU-instance handle of this session and an out-pointer; then the handle it gave.
-        check(&self.nvml, "nvmlGpuInstanceGetComputeInstanceById", unsafe { by_id(gi, compute_instance, &mut ci) })?;
+        check(&self.nvml, "nvmlGpuInstanceGetComputeInstanceById", unsafe {
+            by_id(gi, compute_instance, &mut ci)
+        })?;
         check(&self.nvml, "nvmlComputeInstanceDestroy", unsafe { destroy(ci) })
     }
 

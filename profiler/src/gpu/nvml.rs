@@ -22,15 +22,25 @@ pub fn read_topology() -> Result<Topology> {
     for index in 0..nvml.device_count()? {
         let dev = nvml.device_by_index(index)?;
         let mig_mode = match dev.mig_mode() {
-            Ok(m) => Some(MigMode { current: m.current == 1, pending: m.pending == 1 }),
+            Ok(m) => Some(MigMode {
+                current: m.current == 1,
+                pending: m.pending == 1,
+            }),
             Err(NvmlError::NotSupported) => None,
             Err(e) => return Err(e.into()),
         };
         let profiles = gpu_instance_profiles(&nvml, &dev);
-        let mig_devices = if mig_mode.is_some_and(|m| m.current) { mig_devices(&nvml, &dev, &profiles)? } else { Vec::new() };
+        let mig_devices = if mig_mode.is_some_and(|m| m.current) {
+            mig_devices(&nvml, &dev, &profiles)?
+        } else {
+            Vec::new()
+        };
         // NVML's attributes answer for MIG devices only; the full-GPU profile (7g) has every SM.
-        let sm_count =
-            dev.attributes().ok().map(|a| a.multiprocessor_count).or_else(|| profiles.iter().map(|p| p.sm_count).max());
+        let sm_count = dev
+            .attributes()
+            .ok()
+            .map(|a| a.multiprocessor_count)
+            .or_else(|| profiles.iter().map(|p| p.sm_count).max());
         gpus.push(Gpu {
             index,
             uuid: dev.uuid()?,
@@ -85,7 +95,10 @@ fn instance_id(nvml: &Nvml, handle: sys::nvmlDevice_t, which: Instance) -> Resul
     let lib = nvml.lib();
     let (sym, name) = match which {
         Instance::Gpu => (lib.nvmlDeviceGetGpuInstanceId.as_ref(), "nvmlDeviceGetGpuInstanceId"),
-        Instance::Compute => (lib.nvmlDeviceGetComputeInstanceId.as_ref(), "nvmlDeviceGetComputeInstanceId"),
+        Instance::Compute => (
+            lib.nvmlDeviceGetComputeInstanceId.as_ref(),
+            "nvmlDeviceGetComputeInstanceId",
+        ),
     };
     let f = sym.map_err(|_| anyhow!("this NVIDIA driver's NVML has no {name}"))?;
     let mut id = 0;
@@ -117,7 +130,9 @@ pub struct GpuInstanceProfile {
 /// The GPU's GPU-instance profiles by name (NVML answers this with MIG off too); empty when the
 /// driver lacks the named query.
 pub fn gpu_instance_profiles(nvml: &Nvml, gpu: &Device) -> Vec<GpuInstanceProfile> {
-    let Ok(f) = nvml.lib().nvmlDeviceGetGpuInstanceProfileInfoV.as_ref() else { return Vec::new() };
+    let Ok(f) = nvml.lib().nvmlDeviceGetGpuInstanceProfileInfoV.as_ref() else {
+        return Vec::new();
+    };
     // SAFETY: a device handle of this session.
     let handle = unsafe { gpu.handle() };
     let mut out = Vec::new();
@@ -125,7 +140,14 @@ pub fn gpu_instance_profiles(nvml: &Nvml, gpu: &Device) -> Vec<GpuInstanceProfil
         // SAFETY: a zeroed plain-data struct with its version set, as the v2 query requires.
         let mut info: sys::nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
         info.version = std::mem::size_of::<sys::nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
-        if unsafe { f(handle, p, &mut info as *mut _ as *mut sys::nvmlGpuInstanceProfileInfo_v2_t) } != sys::nvmlReturn_enum_NVML_SUCCESS {
+        if unsafe {
+            f(
+                handle,
+                p,
+                &mut info as *mut _ as *mut sys::nvmlGpuInstanceProfileInfo_v2_t,
+            )
+        } != sys::nvmlReturn_enum_NVML_SUCCESS
+        {
             continue;
         }
         // SAFETY: NVML writes a NUL-terminated name into the fixed buffer.
@@ -207,7 +229,9 @@ pub fn profile_table_of(nvml: &Nvml, index: u32) -> Result<crate::mig::ProfileTa
         bail!("GPU {index} ({name}) reports no MIG profiles: it does not support MIG")
     }
     // nvidia-smi's order: by compute slices, then memory (NVML's profile indices put 1g.20gb last).
-    profiles.sort_by(|a, b| (a.compute_slices, a.memory_slices, &a.name).cmp(&(b.compute_slices, b.memory_slices, &b.name)));
+    profiles.sort_by(|a, b| {
+        (a.compute_slices, a.memory_slices, &a.name).cmp(&(b.compute_slices, b.memory_slices, &b.name))
+    });
     Ok(crate::mig::ProfileTable {
         gpu: format!("gpu{index}"),
         compute_slices: profiles.iter().map(|p| p.compute_slices).max().unwrap_or(0),
@@ -237,7 +261,9 @@ pub struct Slices {
 pub fn profile_name(s: &Slices, profiles: &[GpuInstanceProfile]) -> String {
     let same_size = |p: &&GpuInstanceProfile| p.slices == s.gpu_instance && p.memory_mib == s.memory_mib;
     let candidates: Vec<&GpuInstanceProfile> = profiles.iter().filter(same_size).collect();
-    let exact = candidates.iter().find(|p| p.decoders == s.decoders && p.jpegs == s.jpegs && p.ofas == s.ofas);
+    let exact = candidates
+        .iter()
+        .find(|p| p.decoders == s.decoders && p.jpegs == s.jpegs && p.ofas == s.ofas);
     let gi = match (exact, candidates.first()) {
         (Some(p), _) | (None, Some(p)) => p.name.clone(),
         (None, None) => format!("{}g.{}gb", s.gpu_instance, s.memory_mib.div_ceil(1024)),
@@ -281,7 +307,14 @@ mod tests {
     }
 
     fn slices(gi: u32, ci: u32, memory_mib: u64, media: (u32, u32, u32)) -> Slices {
-        Slices { gpu_instance: gi, compute_instance: ci, memory_mib, decoders: media.0, jpegs: media.1, ofas: media.2 }
+        Slices {
+            gpu_instance: gi,
+            compute_instance: ci,
+            memory_mib,
+            decoders: media.0,
+            jpegs: media.1,
+            ofas: media.2,
+        }
     }
 
     #[test]

@@ -46,14 +46,19 @@ pub fn measure(device: &candle_core::Device, device_sms: u32, memory_limit_mib: 
     use cudarc::driver::{LaunchConfig, PushKernelArg};
 
     let cuda = device.as_cuda_device()?;
-    let ptx = cudarc::nvrtc::compile_ptx(SOURCE).map_err(|e| anyhow::anyhow!("compiling the SM probe with NVRTC: {e:?}"))?;
+    let ptx =
+        cudarc::nvrtc::compile_ptx(SOURCE).map_err(|e| anyhow::anyhow!("compiling the SM probe with NVRTC: {e:?}"))?;
     let func = cuda.get_or_load_custom_func("migprof_smid", "migprof_reach", &ptx.to_src())?;
     let blocks = device_sms.max(1) * BLOCKS_PER_SM;
     let mut out = cuda.alloc_zeros::<u32>(blocks as usize)?;
     let mut args = func.builder();
     args.arg(&mut out);
     args.arg(&SPIN_CYCLES);
-    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: the kernel takes (unsigned int*, long long) and writes one entry per block of `out`,
     // which holds `blocks` entries.
     unsafe { args.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching the SM probe: {e:?}"))?;

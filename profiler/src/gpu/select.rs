@@ -26,7 +26,10 @@ impl Selected {
 pub fn is_profile_name(s: &str) -> bool {
     let s = s.strip_suffix("+me").unwrap_or(s);
     let parts: Vec<&str> = s.split('.').collect();
-    let count = |p: &str, unit: &str| p.strip_suffix(unit).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    let count = |p: &str, unit: &str| {
+        p.strip_suffix(unit)
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
     match parts.as_slice() {
         [g, mem] => count(g, "g") && count(mem, "gb"),
         [c, g, mem] => count(c, "c") && count(g, "g") && count(mem, "gb"),
@@ -53,8 +56,14 @@ pub fn select(topology: &Topology, id: &str) -> Result<Selected> {
         let hits = mig_devices_where(topology, |m| m.profile == id);
         match hits.len() {
             1 => hits.into_iter().next().expect("one"),
-            0 => bail!("no MIG device has the profile `{id}`; the devices here:\n{}", topology.choices()),
-            n => bail!("{n} MIG devices have the profile `{id}`; name one by its MIG UUID:\n{}", topology.choices()),
+            0 => bail!(
+                "no MIG device has the profile `{id}`; the devices here:\n{}",
+                topology.choices()
+            ),
+            n => bail!(
+                "{n} MIG devices have the profile `{id}`; name one by its MIG UUID:\n{}",
+                topology.choices()
+            ),
         }
     } else if id.starts_with("MIG-") {
         one_of(mig_devices_where(topology, |m| m.uuid.starts_with(id)), id, topology)?
@@ -62,10 +71,22 @@ pub fn select(topology: &Topology, id: &str) -> Result<Selected> {
         let hits: Vec<&Gpu> = topology.gpus.iter().filter(|g| g.uuid.starts_with(id)).collect();
         match hits.as_slice() {
             [g] => gpu_itself(topology, g, id)?,
-            _ => one_of(hits.into_iter().map(|g| Selected { gpu: g.clone(), mig: None }).collect(), id, topology)?,
+            _ => one_of(
+                hits.into_iter()
+                    .map(|g| Selected {
+                        gpu: g.clone(),
+                        mig: None,
+                    })
+                    .collect(),
+                id,
+                topology,
+            )?,
         }
     } else {
-        bail!("`{id}` is not a GPU index, GPU-<uuid>, MIG-<uuid> or MIG profile; the devices here:\n{}", topology.choices())
+        bail!(
+            "`{id}` is not a GPU index, GPU-<uuid>, MIG-<uuid> or MIG profile; the devices here:\n{}",
+            topology.choices()
+        )
     };
     Ok(selected)
 }
@@ -77,24 +98,43 @@ fn mig_devices_where(topology: &Topology, keep: impl Fn(&MigDevice) -> bool) -> 
         .iter()
         .flat_map(|g| g.mig_devices.iter().map(move |m| (g, m)))
         .filter(|(_, m)| keep(m))
-        .map(|(g, m)| Selected { gpu: g.clone(), mig: Some(m.clone()) })
+        .map(|(g, m)| Selected {
+            gpu: g.clone(),
+            mig: Some(m.clone()),
+        })
         .collect()
 }
 
 fn gpu_itself(topology: &Topology, g: &Gpu, id: &str) -> Result<Selected> {
     if g.mig_mode.is_some_and(|m| m.current) {
         if g.mig_devices.is_empty() {
-            bail!("`{id}`: GPU {} has MIG on and no MIG devices, so nothing can run on it", g.index)
+            bail!(
+                "`{id}`: GPU {} has MIG on and no MIG devices, so nothing can run on it",
+                g.index
+            )
         }
-        bail!("`{id}`: GPU {} has MIG on, so CUDA work runs on its MIG devices only; pick one:\n{}", g.index, topology.choices())
+        bail!(
+            "`{id}`: GPU {} has MIG on, so CUDA work runs on its MIG devices only; pick one:\n{}",
+            g.index,
+            topology.choices()
+        )
     }
-    Ok(Selected { gpu: g.clone(), mig: None })
+    Ok(Selected {
+        gpu: g.clone(),
+        mig: None,
+    })
 }
 
 fn one_of(mut hits: Vec<Selected>, id: &str, topology: &Topology) -> Result<Selected> {
     match hits.len() {
         1 => Ok(hits.remove(0)),
-        0 => bail!("no device has the UUID `{id}`; the devices here:\n{}", topology.choices()),
-        n => bail!("`{id}` matches {n} devices; give more of the UUID:\n{}", topology.choices()),
+        0 => bail!(
+            "no device has the UUID `{id}`; the devices here:\n{}",
+            topology.choices()
+        ),
+        n => bail!(
+            "`{id}` matches {n} devices; give more of the UUID:\n{}",
+            topology.choices()
+        ),
     }
 }

@@ -48,7 +48,8 @@ pub struct MigDevice {
 impl Topology {
     pub fn read(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading the topology {}", path.display()))?;
-        serde_json::from_str(&text).with_context(|| format!("{} is not a topology (migprof devices --json)", path.display()))
+        serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a topology (migprof devices --json)", path.display()))
     }
 
     pub fn to_json(&self) -> String {
@@ -66,9 +67,17 @@ impl Topology {
                 Some(m) if m.current == m.pending => format!("MIG {}", on_off(m.current)),
                 Some(m) => format!("MIG {} (pending {} after reset)", on_off(m.current), on_off(m.pending)),
             };
-            let _ = writeln!(out, "GPU {}: {} ({}) {} MiB, {mig}", g.index, g.name, g.uuid, g.memory_mib);
+            let _ = writeln!(
+                out,
+                "GPU {}: {} ({}) {} MiB, {mig}",
+                g.index, g.name, g.uuid, g.memory_mib
+            );
             for (i, m) in g.mig_devices.iter().enumerate() {
-                let branch = if i + 1 == g.mig_devices.len() { "└─" } else { "├─" };
+                let branch = if i + 1 == g.mig_devices.len() {
+                    "└─"
+                } else {
+                    "├─"
+                };
                 let _ = writeln!(
                     out,
                     "  {branch} MIG {:<12} GI {:>2} CI {:>2}  {:>3} SMs  {:>6} MiB  ({})",
@@ -83,10 +92,17 @@ impl Topology {
     pub fn choices(&self) -> String {
         let mut lines = Vec::new();
         for g in &self.gpus {
-            let usable = if g.mig_mode.is_some_and(|m| m.current) { " (MIG on: pick a MIG device)" } else { "" };
+            let usable = if g.mig_mode.is_some_and(|m| m.current) {
+                " (MIG on: pick a MIG device)"
+            } else {
+                ""
+            };
             lines.push(format!("  {}  {}  {}{usable}", g.index, g.uuid, g.name));
             for m in &g.mig_devices {
-                lines.push(format!("  {}  MIG {} on GPU {} (GI {}, CI {})", m.uuid, m.profile, g.index, m.gpu_instance_id, m.compute_instance_id));
+                lines.push(format!(
+                    "  {}  MIG {} on GPU {} (GI {}, CI {})",
+                    m.uuid, m.profile, g.index, m.gpu_instance_id, m.compute_instance_id
+                ));
             }
         }
         if lines.is_empty() {

@@ -86,7 +86,10 @@ mod tests {
             assert!(d < 1.63 / (g.len() as f64).sqrt(), "seed {seed}: D = {d}");
             // 20,000 arrivals take 8 s at 2,500/s; their count in 8 s is Poisson: ±3σ = ±424.
             let in_8s = s.iter().filter(|t| t.as_secs_f64() < 8.0).count() as f64;
-            assert!((in_8s - 20_000.0).abs() < 3.0 * 20_000f64.sqrt(), "seed {seed}: {in_8s}");
+            assert!(
+                (in_8s - 20_000.0).abs() < 3.0 * 20_000f64.sqrt(),
+                "seed {seed}: {in_8s}"
+            );
         }
         // The test can fail: gaps of the wrong rate, or uniform ones, are rejected.
         let g = gaps(&schedule(Arrival::Poisson, rate, 20_000, 1));
@@ -97,8 +100,14 @@ mod tests {
 
     #[test]
     fn schedules_are_seeded_ascending_and_constant_ones_even() {
-        assert_eq!(schedule(Arrival::Poisson, 100.0, 500, 7), schedule(Arrival::Poisson, 100.0, 500, 7));
-        assert_ne!(schedule(Arrival::Poisson, 100.0, 500, 7), schedule(Arrival::Poisson, 100.0, 500, 8));
+        assert_eq!(
+            schedule(Arrival::Poisson, 100.0, 500, 7),
+            schedule(Arrival::Poisson, 100.0, 500, 7)
+        );
+        assert_ne!(
+            schedule(Arrival::Poisson, 100.0, 500, 7),
+            schedule(Arrival::Poisson, 100.0, 500, 8)
+        );
         let s = schedule(Arrival::Poisson, 100.0, 500, 7);
         assert!(s.windows(2).all(|w| w[0] <= w[1]));
         let c = schedule(Arrival::Constant, 200.0, 5, 0);

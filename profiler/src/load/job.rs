@@ -14,11 +14,11 @@ use crate::load::arrival::schedule;
 use crate::load::record::{self, Capacity, JobIdentity, LoadSettings, SearchStep};
 use crate::load::search::{search, SearchPlan, StepRunner};
 use crate::load::serve::{drive, Batching, Objective, Server};
-use crate::run::measure::MonotonicClock;
 use crate::load::step::Step;
 use crate::provenance;
 use crate::results::record::{CellIdentity, RunContext};
 use crate::run::fingerprint::Fingerprint;
+use crate::run::measure::MonotonicClock;
 use crate::run::RunSpec;
 
 /// Which rates a job offers.
@@ -63,22 +63,42 @@ pub struct Job<'a> {
     pub rates: &'a Rates,
 }
 
-pub fn run(job: Job, device: &OpenDevice, context: &RunContext, cell: &CellIdentity, out: &Path, log: &mut dyn Write) -> Result<JobOutcome> {
+pub fn run(
+    job: Job,
+    device: &OpenDevice,
+    context: &RunContext,
+    cell: &CellIdentity,
+    out: &Path,
+    log: &mut dyn Write,
+) -> Result<JobOutcome> {
     let Job { spec, settings, rates } = job;
     anyhow::ensure!(spec.mode == Mode::Infer, "a load job serves inference");
     let pool_held_mib = crate::run::fingerprint::pool_held_mib(&device.device);
     let (workload, info) = spec.build_workload(&device.device)?;
-    let host = workload.host_batch(settings.max_batch, spec.seed).context("making the requests' inputs")?;
-    let mut server = WorkloadServer { workload, host, device: device.device.clone() };
+    let host = workload
+        .host_batch(settings.max_batch, spec.seed)
+        .context("making the requests' inputs")?;
+    let mut server = WorkloadServer {
+        workload,
+        host,
+        device: device.device.clone(),
+    };
     let closed_loop_qps = warm_up(&mut server, settings.max_batch)?;
     let times = match server.workload.steps_to_steady() {
         1 => "once".to_string(),
         n => format!("{n} times (its CUDA graph captured)"),
     };
-    writeln!(log, "warm: every batch size 1..={} served {times}; closed loop at {} serves {closed_loop_qps:.1} requests/s", settings.max_batch, settings.max_batch)?;
+    writeln!(
+        log,
+        "warm: every batch size 1..={} served {times}; closed loop at {} serves {closed_loop_qps:.1} requests/s",
+        settings.max_batch, settings.max_batch
+    )?;
     crate::run::execute::warn_of_refused_graphs(server.workload.as_ref(), &spec.model);
 
-    let fingerprint = Fingerprint { pool_held_mib, ..Fingerprint::collect(device.info.selected.as_ref()) };
+    let fingerprint = Fingerprint {
+        pool_held_mib,
+        ..Fingerprint::collect(device.info.selected.as_ref())
+    };
     if let Some(w) = fingerprint.pool_warning() {
         writeln!(log, "warning: {w}")?;
     }
@@ -96,7 +116,17 @@ pub fn run(job: Job, device: &OpenDevice, context: &RunContext, cell: &CellIdent
         sample_interval: spec.sample_interval,
     };
     let sampling = device.info.selected.clone().zip(spec.sample_interval);
-    let mut steps = Stepper { server, settings, id: &id, out, log, steps: Vec::new(), search: None, sampling, expected: &context.expected };
+    let mut steps = Stepper {
+        server,
+        settings,
+        id: &id,
+        out,
+        log,
+        steps: Vec::new(),
+        search: None,
+        sampling,
+        expected: &context.expected,
+    };
     let capacity = match rates {
         Rates::Fixed(list) => {
             for &qps in list {
@@ -107,7 +137,10 @@ pub fn run(job: Job, device: &OpenDevice, context: &RunContext, cell: &CellIdent
         Rates::Search { start } => {
             let capacity_id = provenance::run_id(provenance::now());
             let started = provenance::now();
-            steps.search = Some(SearchStep { capacity_id: capacity_id.clone(), index: 0 });
+            steps.search = Some(SearchStep {
+                capacity_id: capacity_id.clone(),
+                index: 0,
+            });
             let plan = SearchPlan {
                 start_qps: start.unwrap_or(closed_loop_qps / 2.0),
                 resolution: settings.resolution,
@@ -116,11 +149,36 @@ pub fn run(job: Job, device: &OpenDevice, context: &RunContext, cell: &CellIdent
             };
             let outcome = search(&mut steps, plan)?;
             let p99_at_capacity_ms = outcome.capacity_qps.and_then(|c| {
-                steps.steps.iter().rev().find(|s| s.offered_qps == c).map(|s| s.stats.p99_ns as f64 / 1e6)
+                steps
+                    .steps
+                    .iter()
+                    .rev()
+                    .find(|s| s.offered_qps == c)
+                    .map(|s| s.stats.p99_ns as f64 / 1e6)
             });
-            let verdict = steps.steps.iter().map(Step::verdict).min().unwrap_or(crate::load::step::StepVerdict::Ok);
-            record::write_capacity(out, &id, &Capacity { capacity_id: &capacity_id, started, outcome: &outcome, closed_loop_qps, p99_at_capacity_ms, verdict: verdict.as_str() })?;
-            let trust = if verdict == crate::load::step::StepVerdict::Ok { String::new() } else { format!("; verdict {}: see the steps' notes", verdict.as_str()) };
+            let verdict = steps
+                .steps
+                .iter()
+                .map(Step::verdict)
+                .min()
+                .unwrap_or(crate::load::step::StepVerdict::Ok);
+            record::write_capacity(
+                out,
+                &id,
+                &Capacity {
+                    capacity_id: &capacity_id,
+                    started,
+                    outcome: &outcome,
+                    closed_loop_qps,
+                    p99_at_capacity_ms,
+                    verdict: verdict.as_str(),
+                },
+            )?;
+            let trust = if verdict == crate::load::step::StepVerdict::Ok {
+                String::new()
+            } else {
+                format!("; verdict {}: see the steps' notes", verdict.as_str())
+            };
             match outcome.capacity_qps {
                 Some(c) => writeln!(
                     steps.log,
@@ -131,7 +189,11 @@ pub fn run(job: Job, device: &OpenDevice, context: &RunContext, cell: &CellIdent
                 )?,
                 None => {
                     // The objective may be below what a lone request takes.
-                    let fastest = steps.steps.iter().map(|s| s.service.p50_ms).fold(f64::INFINITY, f64::min);
+                    let fastest = steps
+                        .steps
+                        .iter()
+                        .map(|s| s.service.p50_ms)
+                        .fold(f64::INFINITY, f64::min);
                     writeln!(
                         steps.log,
                         "capacity: none: {}; a batch took {fastest:.2} ms at the lowest rate tried, and a request may wait up to --max-delay-ms {} for others: an objective near or below their sum cannot be met{trust}",
@@ -146,7 +208,10 @@ pub fn run(job: Job, device: &OpenDevice, context: &RunContext, cell: &CellIdent
     let steps_done = std::mem::take(&mut steps.steps);
     drop(steps);
     workloads::memory::release_pooled(&device.device).context("releasing the job's GPU memory")?;
-    Ok(JobOutcome { steps: steps_done, capacity })
+    Ok(JobOutcome {
+        steps: steps_done,
+        capacity,
+    })
 }
 
 /// Serves every batch size until its steps are alike (each shape's first run chooses its kernels;
@@ -185,7 +250,10 @@ impl Stepper<'_> {
     fn step(&mut self, qps: f64) -> Result<&Step> {
         let s = self.settings;
         let objective = match (&self.search, s.slo_p99_ms) {
-            (Some(_), Some(slo)) => Some(Objective { p99: Duration::from_secs_f64(slo / 1e3), min_requests: s.min_requests }),
+            (Some(_), Some(slo)) => Some(Objective {
+                p99: Duration::from_secs_f64(slo / 1e3),
+                min_requests: s.min_requests,
+            }),
             _ => None,
         };
         // A search step may run on to four times its minimum while its p99's interval still holds
@@ -197,12 +265,30 @@ impl Stepper<'_> {
         let warmup_requests = (qps * s.warmup_secs).ceil() as usize;
         // Each step its own draw of the same process: a rate's schedule does not depend on the
         // steps before it.
-        let arrivals = schedule(s.arrival, qps, warmup_requests + measured.max(1), s.arrival_seed ^ qps.to_bits());
+        let arrivals = schedule(
+            s.arrival,
+            qps,
+            warmup_requests + measured.max(1),
+            s.arrival_seed ^ qps.to_bits(),
+        );
         let warmup = arrivals.get(warmup_requests).copied().unwrap_or_default();
-        let batching = Batching { max_batch: s.max_batch, max_delay: Duration::from_secs_f64(s.max_delay_ms / 1e3) };
+        let batching = Batching {
+            max_batch: s.max_batch,
+            max_delay: Duration::from_secs_f64(s.max_delay_ms / 1e3),
+        };
         let started = provenance::now();
-        let sampler = self.sampling.clone().map(|(selected, interval)| crate::run::execute::start_nvml_sampler(selected, interval));
-        let served = drive(&mut self.server, &MonotonicClock::new(), &arrivals, warmup, batching, objective);
+        let sampler = self
+            .sampling
+            .clone()
+            .map(|(selected, interval)| crate::run::execute::start_nvml_sampler(selected, interval));
+        let served = drive(
+            &mut self.server,
+            &MonotonicClock::new(),
+            &arrivals,
+            warmup,
+            batching,
+            objective,
+        );
         let readings = sampler.map(|s| s.stop());
         let served = served?;
         use crate::results::evidence::{Evidence, Sampling};
@@ -212,7 +298,13 @@ impl Stepper<'_> {
             Some(Err(e)) => (Evidence::none(Sampling::Failed(format!("{e:#}"))), Vec::new()),
             Some(Ok(r)) => (Evidence::from_samples(&r, self.expected), r),
         };
-        let step = Step::with_evidence(qps, served, s.slo_p99_ms.map(|ms| Duration::from_secs_f64(ms / 1e3)), evidence, &readings)?;
+        let step = Step::with_evidence(
+            qps,
+            served,
+            s.slo_p99_ms.map(|ms| Duration::from_secs_f64(ms / 1e3)),
+            evidence,
+            &readings,
+        )?;
         let load_id = provenance::run_id(started);
         record::write_step(self.out, self.id, &load_id, started, &step, self.search.as_ref())?;
         writeln!(self.log, "{}", step.describe())?;

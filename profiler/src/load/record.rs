@@ -17,7 +17,9 @@ use crate::load::step::Step;
 use crate::provenance;
 use crate::results::record::CellIdentity;
 use crate::results::stats::ns_to_ms;
-use crate::results::store::{cell_columns, col, device_columns, fingerprint_columns, utc_micros, write_part, Table, SCHEMA_VERSION};
+use crate::results::store::{
+    cell_columns, col, device_columns, fingerprint_columns, utc_micros, write_part, Table, SCHEMA_VERSION,
+};
 use crate::run::fingerprint::Fingerprint;
 
 /// The defaults of `migprof load` and of a sweep's `[[capacity]]`.
@@ -93,7 +95,11 @@ pub struct JobIdentity<'a> {
 /// for a whole GPU, `cpu`.
 pub fn profile_of(device: &DeviceInfo) -> String {
     if let Some(e) = &device.emulation {
-        return e.share.profile.clone().unwrap_or_else(|| format!("mps:{}%", e.share.percent));
+        return e
+            .share
+            .profile
+            .clone()
+            .unwrap_or_else(|| format!("mps:{}%", e.share.percent));
     }
     match &device.selected {
         Some(s) => s.mig.as_ref().map_or("full".to_string(), |m| m.profile.clone()),
@@ -102,7 +108,12 @@ pub fn profile_of(device: &DeviceInfo) -> String {
 }
 
 /// The columns every load and capacity row starts with.
-fn identity_columns(id: &JobIdentity, row_id: (&str, &str), started: DateTime<Utc>, finished: DateTime<Utc>) -> Vec<Column> {
+fn identity_columns(
+    id: &JobIdentity,
+    row_id: (&str, &str),
+    started: DateTime<Utc>,
+    finished: DateTime<Utc>,
+) -> Vec<Column> {
     let mut columns = vec![
         Column::new("schema_version".into(), vec![SCHEMA_VERSION]),
         col(row_id.0, vec![row_id.1.to_string()]),
@@ -124,7 +135,13 @@ fn identity_columns(id: &JobIdentity, row_id: (&str, &str), started: DateTime<Ut
     columns.extend([
         col("seed", vec![id.seed]),
         col("kernel_options", vec![id.kernel_options.clone()]),
-        Column::new("sample_interval_ms".into(), vec![id.sample_interval.filter(|_| id.device.selected.is_some()).map(|d| d.as_millis() as i64)]),
+        Column::new(
+            "sample_interval_ms".into(),
+            vec![id
+                .sample_interval
+                .filter(|_| id.device.selected.is_some())
+                .map(|d| d.as_millis() as i64)],
+        ),
         col("arrival", vec![s.arrival.as_str().to_string()]),
         col("arrival_seed", vec![s.arrival_seed]),
         col("max_batch", vec![s.max_batch as i64]),
@@ -153,7 +170,14 @@ pub struct SearchStep {
 
 /// Writes a step's `load` row and its `load_batches` part (batches first: a row is only ever present
 /// with them).
-pub fn write_step(out: &Path, id: &JobIdentity, load_id: &str, started: DateTime<Utc>, step: &Step, search: Option<&SearchStep>) -> Result<()> {
+pub fn write_step(
+    out: &Path,
+    id: &JobIdentity,
+    load_id: &str,
+    started: DateTime<Utc>,
+    step: &Step,
+    search: Option<&SearchStep>,
+) -> Result<()> {
     let file = format!("part-{load_id}.parquet");
     let b = &step.served.batches;
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
@@ -163,7 +187,10 @@ pub fn write_step(out: &Path, id: &JobIdentity, load_id: &str, started: DateTime
             Column::new("schema_version".into(), vec![SCHEMA_VERSION; b.len()]),
             Column::new("load_id".into(), vec![load_id; b.len()]),
             col("batch_index", (0..b.len() as i64).collect::<Vec<i64>>()),
-            col("dispatched_ms", b.iter().map(|b| ms(b.dispatched)).collect::<Vec<f64>>()),
+            col(
+                "dispatched_ms",
+                b.iter().map(|b| ms(b.dispatched)).collect::<Vec<f64>>(),
+            ),
             col("done_ms", b.iter().map(|b| ms(b.done)).collect::<Vec<f64>>()),
             col("size", b.iter().map(|b| b.size as i64).collect::<Vec<i64>>()),
             col("queued", b.iter().map(|b| b.queued as i64).collect::<Vec<i64>>()),
@@ -172,7 +199,12 @@ pub fn write_step(out: &Path, id: &JobIdentity, load_id: &str, started: DateTime
     write_part(&out.join(Table::LoadBatches.dir_name()), &file, &mut batches)?;
 
     let st = &step.stats;
-    let interval = |high: bool| step.p99_interval.as_ref().ok().map(|i| if high { i.high } else { i.low });
+    let interval = |high: bool| {
+        step.p99_interval
+            .as_ref()
+            .ok()
+            .map(|i| if high { i.high } else { i.low })
+    };
     let (queue_mean, queue_max) = step.queue_at_dispatch();
     let counts = Series::new("".into(), step.batch_size_counts(id.settings.max_batch));
     let mut counts: ListChunked = std::iter::once(Some(counts)).collect();
@@ -182,8 +214,14 @@ pub fn write_step(out: &Path, id: &JobIdentity, load_id: &str, started: DateTime
         Column::new("capacity_id".into(), vec![search.map(|s| s.capacity_id.clone())]),
         Column::new("search_step".into(), vec![search.map(|s| s.index as i64)]),
         // What decided the step's length: its seconds of arrivals, or a search's minimum count.
-        Column::new("duration_s".into(), vec![search.is_none().then_some(id.settings.duration_secs)]),
-        Column::new("min_requests".into(), vec![search.map(|_| id.settings.min_requests as i64)]),
+        Column::new(
+            "duration_s".into(),
+            vec![search.is_none().then_some(id.settings.duration_secs)],
+        ),
+        Column::new(
+            "min_requests".into(),
+            vec![search.map(|_| id.settings.min_requests as i64)],
+        ),
         col("offered_qps", vec![step.offered_qps]),
         col("achieved_qps", vec![step.achieved_qps]),
         col("requests", vec![step.served.latencies_ns.len() as i64]),
@@ -266,6 +304,10 @@ pub fn write_capacity(out: &Path, id: &JobIdentity, c: &Capacity) -> Result<()> 
     ]);
     columns.extend(closing_columns(id));
     let mut df = DataFrame::new(1, columns)?;
-    write_part(&out.join(Table::Capacity.dir_name()), &format!("part-{}.parquet", c.capacity_id), &mut df)?;
+    write_part(
+        &out.join(Table::Capacity.dir_name()),
+        &format!("part-{}.parquet", c.capacity_id),
+        &mut df,
+    )?;
     Ok(())
 }

@@ -37,14 +37,21 @@ pub struct SearchOutcome {
 }
 
 pub fn search(runner: &mut dyn StepRunner, plan: SearchPlan) -> Result<SearchOutcome> {
-    anyhow::ensure!(plan.start_qps > 0.0 && plan.resolution > 0.0, "a search needs a start rate and a resolution above zero");
+    anyhow::ensure!(
+        plan.start_qps > 0.0 && plan.resolution > 0.0,
+        "a search needs a start rate and a resolution above zero"
+    );
     let mut steps = Vec::new();
     let (mut low, mut high): (Option<f64>, Option<f64>) = (None, None);
     let mut note = None;
     let mut qps = plan.start_qps;
     loop {
         if steps.len() >= plan.max_steps {
-            note = Some(format!("stopped after {} steps short of the {:.0}% resolution", steps.len(), plan.resolution * 100.0));
+            note = Some(format!(
+                "stopped after {} steps short of the {:.0}% resolution",
+                steps.len(),
+                plan.resolution * 100.0
+            ));
             break;
         }
         let met = runner.run_step(qps)?;
@@ -72,15 +79,21 @@ pub fn search(runner: &mut dyn StepRunner, plan: SearchPlan) -> Result<SearchOut
             (None, None) => unreachable!("a step was just run"),
         };
     }
-    Ok(SearchOutcome { capacity_qps: low, low, high, steps, note })
+    Ok(SearchOutcome {
+        capacity_qps: low,
+        low,
+        high,
+        steps,
+        note,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::load::serve::tests::FakeModel;
-    use crate::testing::clock::FakeClock;
     use crate::load::serve::{drive, Batching, Objective};
+    use crate::testing::clock::FakeClock;
 
     /// Passes at or below a known threshold.
     struct Threshold(f64);
@@ -92,7 +105,12 @@ mod tests {
     }
 
     fn plan(start: f64) -> SearchPlan {
-        SearchPlan { start_qps: start, resolution: 0.02, floor_qps: 1.0, max_steps: 60 }
+        SearchPlan {
+            start_qps: start,
+            resolution: 0.02,
+            floor_qps: 1.0,
+            max_steps: 60,
+        }
     }
 
     #[test]
@@ -100,7 +118,10 @@ mod tests {
         for (threshold, start) in [(1234.0, 100.0), (1234.0, 50_000.0), (3.7, 1000.0), (1234.0, 1234.0)] {
             let out = search(&mut Threshold(threshold), plan(start))?;
             let (low, high) = (out.low.unwrap(), out.high.unwrap());
-            assert!(low <= threshold && high > threshold, "{threshold} from {start}: [{low}, {high}]");
+            assert!(
+                low <= threshold && high > threshold,
+                "{threshold} from {start}: [{low}, {high}]"
+            );
             assert!(high / low - 1.0 <= 0.02, "{low} {high}");
             assert_eq!(out.capacity_qps, Some(low));
             assert!(out.steps.len() < 20, "{} steps", out.steps.len());
@@ -125,7 +146,14 @@ mod tests {
             let timer = FakeClock::default();
             let mut model = FakeModel::new(&timer, self.fixed_ms, self.per_sample_ms);
             let arrivals = crate::load::arrival::schedule(crate::load::arrival::Arrival::Poisson, qps, 30_000, 11);
-            let s = drive(&mut model, &timer, &arrivals, std::time::Duration::ZERO, self.batching, Some(self.objective))?;
+            let s = drive(
+                &mut model,
+                &timer,
+                &arrivals,
+                std::time::Duration::ZERO,
+                self.batching,
+                Some(self.objective),
+            )?;
             let step = crate::load::step::Step::new(qps, s, Some(self.objective.p99))?;
             Ok(step.meets == Some(true))
         }
@@ -135,18 +163,35 @@ mod tests {
     fn the_search_finds_a_known_model_s_capacity() -> Result<()> {
         use std::time::Duration;
         // 4 ms + 0.25 ms per sample, batches up to 32: at most 32 / 12 ms = 2,667 requests/s.
-        let batching = Batching { max_batch: 32, max_delay: Duration::from_millis(2) };
-        let loose = Objective { p99: Duration::from_millis(200), min_requests: 10_000 };
-        let mut steps = FakeSteps { fixed_ms: 4.0, per_sample_ms: 0.25, batching, objective: loose };
+        let batching = Batching {
+            max_batch: 32,
+            max_delay: Duration::from_millis(2),
+        };
+        let loose = Objective {
+            p99: Duration::from_millis(200),
+            min_requests: 10_000,
+        };
+        let mut steps = FakeSteps {
+            fixed_ms: 4.0,
+            per_sample_ms: 0.25,
+            batching,
+            objective: loose,
+        };
         let out = search(&mut steps, plan(500.0))?;
         let c = out.capacity_qps.unwrap();
         // A loose objective: close to the model's limit, never above it.
         assert!((2300.0..2667.0).contains(&c), "{c}");
         // A tight one costs capacity; one below a lone request's 4.25 ms meets nothing.
-        steps.objective = Objective { p99: Duration::from_millis(15), ..loose };
+        steps.objective = Objective {
+            p99: Duration::from_millis(15),
+            ..loose
+        };
         let tight = search(&mut steps, plan(500.0))?.capacity_qps.unwrap();
         assert!(tight < c * 0.98, "{tight} vs {c}");
-        steps.objective = Objective { p99: Duration::from_millis(4), ..loose };
+        steps.objective = Objective {
+            p99: Duration::from_millis(4),
+            ..loose
+        };
         assert_eq!(search(&mut steps, plan(500.0))?.capacity_qps, None);
         Ok(())
     }

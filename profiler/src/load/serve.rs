@@ -186,12 +186,20 @@ pub fn drive(
                 }
             }
         }
-        batches.push(BatchRecord { dispatched: now, done, size, queued });
+        batches.push(BatchRecord {
+            dispatched: now,
+            done,
+            size,
+            queued,
+        });
         next += size;
         let Some(objective) = objective else { continue };
         // Requests still waiting that are already older than the objective count as over it.
         let waiting = &arrivals[next..arrivals[..end].partition_point(|&a| a <= done)];
-        let waiting_over = waiting.iter().filter(|&&a| a >= warmup && a + objective.p99 < done).count();
+        let waiting_over = waiting
+            .iter()
+            .filter(|&&a| a >= warmup && a + objective.p99 < done)
+            .count();
         if over + waiting_over > allowed_over {
             ending = Ending::Over(format!(
                 "{} of the step's {planned} planned requests were already over the {:.1} ms objective, more than the {allowed_over} a p99 within it allows",
@@ -263,17 +271,25 @@ pub fn growth(arrivals: &[Duration], latencies_ns: &[u64]) -> f64 {
         return 0.0;
     }
     // Requests in order of arrival (they are served in that order, so this is the order served).
-    let mut pairs: Vec<(f64, f64)> = (0..n).map(|i| (arrivals[i].as_secs_f64(), latencies_ns[i] as f64 / 1e9)).collect();
+    let mut pairs: Vec<(f64, f64)> = (0..n)
+        .map(|i| (arrivals[i].as_secs_f64(), latencies_ns[i] as f64 / 1e9))
+        .collect();
     pairs.sort_by(|a, b| a.0.total_cmp(&b.0));
     let points: Vec<(f64, f64)> = (0..GROUPS)
         .map(|g| {
             let part = &pairs[g * n / GROUPS..(g + 1) * n / GROUPS];
             let k = part.len() as f64;
-            (part.iter().map(|p| p.0).sum::<f64>() / k, part.iter().map(|p| p.1).sum::<f64>() / k)
+            (
+                part.iter().map(|p| p.0).sum::<f64>() / k,
+                part.iter().map(|p| p.1).sum::<f64>() / k,
+            )
         })
         .collect();
     let m = points.len() as f64;
-    let (mt, ml) = (points.iter().map(|p| p.0).sum::<f64>() / m, points.iter().map(|p| p.1).sum::<f64>() / m);
+    let (mt, ml) = (
+        points.iter().map(|p| p.0).sum::<f64>() / m,
+        points.iter().map(|p| p.1).sum::<f64>() / m,
+    );
     let sxx: f64 = points.iter().map(|p| (p.0 - mt).powi(2)).sum();
     if sxx <= 0.0 {
         return 0.0;
@@ -286,7 +302,11 @@ pub fn growth(arrivals: &[Duration], latencies_ns: &[u64]) -> f64 {
 
 /// The age at `now` of each measured request of `waiting`.
 fn ages(waiting: &[Duration], warmup: Duration, now: Duration) -> Vec<u64> {
-    waiting.iter().filter(|&&a| a >= warmup).map(|&a| nanos(now.saturating_sub(a))).collect()
+    waiting
+        .iter()
+        .filter(|&&a| a >= warmup)
+        .map(|&a| nanos(now.saturating_sub(a)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -309,7 +329,13 @@ pub(crate) mod tests {
     impl FakeModel {
         pub fn new(timer: &FakeClock, fixed_ms: f64, per_sample_ms: f64) -> Self {
             let ms = |m: f64| Duration::from_secs_f64(m / 1e3);
-            Self { timer: timer.clone(), fixed: ms(fixed_ms), per_sample: ms(per_sample_ms), stall_at: None, batches: 0 }
+            Self {
+                timer: timer.clone(),
+                fixed: ms(fixed_ms),
+                per_sample: ms(per_sample_ms),
+                stall_at: None,
+                batches: 0,
+            }
         }
     }
 
@@ -336,10 +362,24 @@ pub(crate) mod tests {
         let timer = FakeClock::default();
         let mut model = FakeModel::new(&timer, 1.0, 0.0);
         let arrivals = schedule(Arrival::Constant, 100.0, 200, 0);
-        let s = drive(&mut model, &timer, &arrivals, ms(500.0), Batching { max_batch: 8, max_delay: Duration::ZERO }, None)?;
+        let s = drive(
+            &mut model,
+            &timer,
+            &arrivals,
+            ms(500.0),
+            Batching {
+                max_batch: 8,
+                max_delay: Duration::ZERO,
+            },
+            None,
+        )?;
         assert_eq!(s.offered, 150);
         assert_eq!(s.latencies_ns.len(), 150);
-        assert!(s.latencies_ns.iter().all(|&l| l == 1_000_000), "{:?}", &s.latencies_ns[..3]);
+        assert!(
+            s.latencies_ns.iter().all(|&l| l == 1_000_000),
+            "{:?}",
+            &s.latencies_ns[..3]
+        );
         assert!(s.batches.iter().all(|b| b.size == 1 && b.queued == 1));
         assert_eq!(s.ending, Ending::Schedule);
         Ok(())
@@ -351,10 +391,16 @@ pub(crate) mod tests {
         let timer = FakeClock::default();
         let mut model = FakeModel::new(&timer, 2.0, 0.1);
         let arrivals = schedule(Arrival::Poisson, 2000.0, 20_000, 3);
-        let batching = Batching { max_batch: 16, max_delay: ms(3.0) };
+        let batching = Batching {
+            max_batch: 16,
+            max_delay: ms(3.0),
+        };
         let s = drive(&mut model, &timer, &arrivals, Duration::ZERO, batching, None)?;
         assert_eq!(s.latencies_ns.len(), 20_000, "every request served once");
-        assert!(s.batches.iter().all(|b| (1..=16).contains(&b.size) && b.size <= b.queued));
+        assert!(s
+            .batches
+            .iter()
+            .all(|b| (1..=16).contains(&b.size) && b.size <= b.queued));
         assert!(s.batches.iter().any(|b| b.size == 16) && s.batches.iter().any(|b| b.size < 16));
         // A batch that left short of full left because its oldest request had waited the delay (or
         // the model had been busy past it): never earlier.
@@ -362,11 +408,24 @@ pub(crate) mod tests {
         for b in &s.batches {
             let oldest = arrivals[first];
             if b.size < 16 && first + b.size < arrivals.len() {
-                assert!(b.dispatched >= oldest + batching.max_delay, "left early at {:?}, oldest {oldest:?}", b.dispatched);
+                assert!(
+                    b.dispatched >= oldest + batching.max_delay,
+                    "left early at {:?}, oldest {oldest:?}",
+                    b.dispatched
+                );
             }
             // Nobody waits for others past the delay while the model is free.
-            let previous_done = s.batches.iter().map(|x| x.done).filter(|&d| d <= b.dispatched).max().unwrap_or_default();
-            assert!(b.dispatched <= (oldest + batching.max_delay).max(previous_done), "held too long");
+            let previous_done = s
+                .batches
+                .iter()
+                .map(|x| x.done)
+                .filter(|&d| d <= b.dispatched)
+                .max()
+                .unwrap_or_default();
+            assert!(
+                b.dispatched <= (oldest + batching.max_delay).max(previous_done),
+                "held too long"
+            );
             first += b.size;
         }
         Ok(())
@@ -379,11 +438,17 @@ pub(crate) mod tests {
         // A 1 s stall at the 100th batch: about 0.1 s into 1,000/s constant arrivals (one per batch until then).
         model.stall_at = Some((100, Duration::from_secs(1)));
         let arrivals = schedule(Arrival::Constant, 1000.0, 5000, 0);
-        let batching = Batching { max_batch: 64, max_delay: Duration::ZERO };
+        let batching = Batching {
+            max_batch: 64,
+            max_delay: Duration::ZERO,
+        };
         let s = drive(&mut model, &timer, &arrivals, Duration::ZERO, batching, None)?;
         assert_eq!(s.offered, 5000, "every scheduled request was offered");
         assert_eq!(s.latencies_ns.len(), 5000);
-        assert!((s.offered as f64 / s.offered_span.as_secs_f64() - 1000.0).abs() < 1.0, "the offered rate is the schedule's");
+        assert!(
+            (s.offered as f64 / s.offered_span.as_secs_f64() - 1000.0).abs() < 1.0,
+            "the offered rate is the schedule's"
+        );
         // The request that arrived as the stall began waited it out.
         let worst = *s.latencies_ns.iter().max().unwrap();
         assert!(worst >= 1_000_000_000, "{worst}");
@@ -399,18 +464,49 @@ pub(crate) mod tests {
         // 5 ms per sample at 1,000/s: the model cannot keep up; the queue and latencies grow.
         let mut model = FakeModel::new(&timer, 0.0, 5.0);
         let arrivals = schedule(Arrival::Poisson, 1000.0, 50_000, 1);
-        let objective = Objective { p99: ms(50.0), min_requests: 10_000 };
-        let s = drive(&mut model, &timer, &arrivals, Duration::ZERO, Batching { max_batch: 1, max_delay: Duration::ZERO }, Some(objective))?;
+        let objective = Objective {
+            p99: ms(50.0),
+            min_requests: 10_000,
+        };
+        let s = drive(
+            &mut model,
+            &timer,
+            &arrivals,
+            Duration::ZERO,
+            Batching {
+                max_batch: 1,
+                max_delay: Duration::ZERO,
+            },
+            Some(objective),
+        )?;
         assert!(matches!(s.ending, Ending::Over(_)), "{:?}", s.ending);
-        assert!(s.latencies_ns.len() < 1000, "stopped after {} of 50,000", s.latencies_ns.len());
+        assert!(
+            s.latencies_ns.len() < 1000,
+            "stopped after {} of 50,000",
+            s.latencies_ns.len()
+        );
         assert!(!s.unfinished_ns.is_empty());
         // 1 ms per request at 200/s: far inside 50 ms; stops after the minimum count, queue served.
         let timer = FakeClock::default();
         let mut model = FakeModel::new(&timer, 1.0, 0.0);
         let arrivals = schedule(Arrival::Poisson, 200.0, 50_000, 1);
-        let s = drive(&mut model, &timer, &arrivals, Duration::ZERO, Batching { max_batch: 1, max_delay: Duration::ZERO }, Some(objective))?;
+        let s = drive(
+            &mut model,
+            &timer,
+            &arrivals,
+            Duration::ZERO,
+            Batching {
+                max_batch: 1,
+                max_delay: Duration::ZERO,
+            },
+            Some(objective),
+        )?;
         assert_eq!(s.ending, Ending::Within);
-        assert!((10_000..10_005).contains(&s.latencies_ns.len()), "{}", s.latencies_ns.len());
+        assert!(
+            (10_000..10_005).contains(&s.latencies_ns.len()),
+            "{}",
+            s.latencies_ns.len()
+        );
         assert!(s.unfinished_ns.is_empty());
         Ok(())
     }
@@ -420,7 +516,17 @@ pub(crate) mod tests {
         let timer = FakeClock::default();
         let mut model = FakeModel::new(&timer, 0.0, 10.0);
         let arrivals = schedule(Arrival::Constant, 1000.0, 3000, 0);
-        let s = drive(&mut model, &timer, &arrivals, Duration::ZERO, Batching { max_batch: 1, max_delay: Duration::ZERO }, None)?;
+        let s = drive(
+            &mut model,
+            &timer,
+            &arrivals,
+            Duration::ZERO,
+            Batching {
+                max_batch: 1,
+                max_delay: Duration::ZERO,
+            },
+            None,
+        )?;
         assert_eq!(s.ending, Ending::Backlog);
         assert_eq!(s.latencies_ns.len() + s.unfinished_ns.len(), 3000);
         assert!(s.unfinished_ns.iter().all(|&a| a > 0));

@@ -8,9 +8,9 @@ use anyhow::Result;
 
 use crate::load::serve::{Ending, Served};
 use crate::results::evidence::Evidence;
-use crate::run::sampler::{MetricSummary, Sample};
 use crate::results::stats::LatencyStats;
 use crate::results::uncertainty::{quantile_interval, Estimate};
+use crate::run::sampler::{MetricSummary, Sample};
 
 #[derive(Debug, Clone)]
 pub struct Step {
@@ -52,7 +52,11 @@ pub const STALL: f64 = 4.0;
 impl Service {
     pub fn of(served: &Served) -> Service {
         // Each batch's size and time.
-        let times: Vec<(usize, f64)> = served.batches.iter().map(|b| (b.size, (b.done - b.dispatched).as_secs_f64() * 1e3)).collect();
+        let times: Vec<(usize, f64)> = served
+            .batches
+            .iter()
+            .map(|b| (b.size, (b.done - b.dispatched).as_secs_f64() * 1e3))
+            .collect();
         let mut ms: Vec<f64> = times.iter().map(|t| t.1).collect();
         if ms.is_empty() {
             return Service::default();
@@ -81,7 +85,12 @@ impl Service {
                 m > STALL * norm && m > norm + 10.0
             })
             .count();
-        Service { p50_ms: at(0.5), p99_ms: at(0.99), max_ms: ms[ms.len() - 1], stalled }
+        Service {
+            p50_ms: at(0.5),
+            p99_ms: at(0.99),
+            max_ms: ms[ms.len() - 1],
+            stalled,
+        }
     }
 }
 
@@ -111,12 +120,32 @@ impl StepVerdict {
 impl Step {
     /// A step with no GPU readings (a CPU, or a test).
     pub fn new(offered_qps: f64, served: Served, objective: Option<Duration>) -> Result<Step> {
-        Self::with_evidence(offered_qps, served, objective, Evidence::none(crate::results::evidence::Sampling::NotAGpu), &[])
+        Self::with_evidence(
+            offered_qps,
+            served,
+            objective,
+            Evidence::none(crate::results::evidence::Sampling::NotAGpu),
+            &[],
+        )
     }
 
-    pub fn with_evidence(offered_qps: f64, served: Served, objective: Option<Duration>, evidence: Evidence, readings: &[Sample]) -> Result<Step> {
-        let all: Vec<u64> = served.latencies_ns.iter().chain(&served.unfinished_ns).copied().collect();
-        anyhow::ensure!(!all.is_empty(), "the step measured no request: lengthen it or lower the warm-up");
+    pub fn with_evidence(
+        offered_qps: f64,
+        served: Served,
+        objective: Option<Duration>,
+        evidence: Evidence,
+        readings: &[Sample],
+    ) -> Result<Step> {
+        let all: Vec<u64> = served
+            .latencies_ns
+            .iter()
+            .chain(&served.unfinished_ns)
+            .copied()
+            .collect();
+        anyhow::ensure!(
+            !all.is_empty(),
+            "the step measured no request: lengthen it or lower the warm-up"
+        );
         let stats = LatencyStats::from_latencies(&all)?;
         let ms: Vec<f64> = all.iter().map(|&l| l as f64 / 1e6).collect();
         let p99_interval = quantile_interval(&ms, 0.99);
@@ -183,7 +212,18 @@ impl Step {
         }
         let note = (!notes.is_empty()).then(|| notes.join("; "));
         let metrics = crate::run::sampler::summarize(readings, served.latencies_ns.len() as u64);
-        Ok(Step { offered_qps, served, stats, p99_interval, achieved_qps, meets, note, service, evidence, metrics })
+        Ok(Step {
+            offered_qps,
+            served,
+            stats,
+            p99_interval,
+            achieved_qps,
+            meets,
+            note,
+            service,
+            evidence,
+            metrics,
+        })
     }
 
     pub fn verdict(&self) -> StepVerdict {
@@ -209,14 +249,22 @@ impl Step {
 
     pub fn mean_batch(&self) -> f64 {
         let b = &self.served.batches;
-        if b.is_empty() { 0.0 } else { b.iter().map(|b| b.size as f64).sum::<f64>() / b.len() as f64 }
+        if b.is_empty() {
+            0.0
+        } else {
+            b.iter().map(|b| b.size as f64).sum::<f64>() / b.len() as f64
+        }
     }
 
     /// Requests waiting when each batch left: mean and most.
     pub fn queue_at_dispatch(&self) -> (f64, usize) {
         let b = &self.served.batches;
         let max = b.iter().map(|b| b.queued).max().unwrap_or(0);
-        let mean = if b.is_empty() { 0.0 } else { b.iter().map(|b| b.queued as f64).sum::<f64>() / b.len() as f64 };
+        let mean = if b.is_empty() {
+            0.0
+        } else {
+            b.iter().map(|b| b.queued as f64).sum::<f64>() / b.len() as f64
+        };
         (mean, max)
     }
 
@@ -242,9 +290,16 @@ impl Step {
             self.mean_batch(),
             q_mean
         );
-        line.push_str(&format!(", batch time p50 {:.2} ms (max {:.1})", self.service.p50_ms, self.service.max_ms));
+        line.push_str(&format!(
+            ", batch time p50 {:.2} ms (max {:.1})",
+            self.service.p50_ms, self.service.max_ms
+        ));
         if let Some(m) = self.meets {
-            line.push_str(if m { ", within the objective" } else { ", over the objective" });
+            line.push_str(if m {
+                ", within the objective"
+            } else {
+                ", over the objective"
+            });
         }
         if self.verdict() != StepVerdict::Ok {
             line.push_str(&format!(" [{}]", self.verdict().as_str()));
@@ -264,8 +319,15 @@ mod tests {
             offered: latencies_ns.len(),
             offered_span: Duration::from_secs(1),
             window: Duration::from_secs(2),
-            batches: vec![BatchRecord { dispatched: Duration::ZERO, done: Duration::ZERO, size: 3, queued: 5 }],
-            arrivals: (0..latencies_ns.len()).map(|i| Duration::from_micros(i as u64 * 500)).collect(),
+            batches: vec![BatchRecord {
+                dispatched: Duration::ZERO,
+                done: Duration::ZERO,
+                size: 3,
+                queued: 5,
+            }],
+            arrivals: (0..latencies_ns.len())
+                .map(|i| Duration::from_micros(i as u64 * 500))
+                .collect(),
             latencies_ns,
             unfinished_ns: Vec::new(),
             ending,
@@ -275,15 +337,25 @@ mod tests {
     #[test]
     fn the_objective_is_met_only_when_the_interval_says_so_or_the_estimate_decides_with_a_note() -> Result<()> {
         // 2,000 requests at 1..=10 ms: p99 ≈ 9.9 ms with a tight interval.
-        let lat: Vec<f64> = (0..2000).map(|i| 1.0 + 9.0 * ((i * 7919) % 2000) as f64 / 1999.0).collect();
+        let lat: Vec<f64> = (0..2000)
+            .map(|i| 1.0 + 9.0 * ((i * 7919) % 2000) as f64 / 1999.0)
+            .collect();
         let ms = |m: f64| Duration::from_secs_f64(m / 1e3);
         let s = Step::new(1000.0, served(&lat, Ending::Schedule), Some(ms(20.0)))?;
         assert_eq!((s.meets, s.note.clone()), (Some(true), None));
         // One batch of 3 completed in the 2 s window.
         assert_eq!(s.achieved_qps, 1.5);
-        assert_eq!(Step::new(1000.0, served(&lat, Ending::Schedule), Some(ms(5.0)))?.meets, Some(false));
+        assert_eq!(
+            Step::new(1000.0, served(&lat, Ending::Schedule), Some(ms(5.0)))?.meets,
+            Some(false)
+        );
         let near = Step::new(1000.0, served(&lat, Ending::Schedule), Some(ms(9.9)))?;
-        assert!(near.note.as_deref().unwrap_or("").contains("decided on the estimate"), "{:?} {:?}", near.note, near.p99_interval);
+        assert!(
+            near.note.as_deref().unwrap_or("").contains("decided on the estimate"),
+            "{:?} {:?}",
+            near.note,
+            near.p99_interval
+        );
         let over = Step::new(1000.0, served(&lat, Ending::Over("many".into())), Some(ms(20.0)))?;
         assert_eq!(over.meets, Some(false));
         assert_eq!(Step::new(1000.0, served(&lat, Ending::Schedule), None)?.meets, None);
@@ -299,13 +371,32 @@ mod tests {
         let ms = |m: f64| Duration::from_secs_f64(m / 1e3);
         sv.batches = (0..100)
             .map(|i| {
-                let took = if i % 50 == 7 { 40.0 } else if i % 10 == 3 { 9.0 } else { 4.0 };
-                BatchRecord { dispatched: ms(10.0 * i as f64), done: ms(10.0 * i as f64 + took), size: 2, queued: 2 }
+                let took = if i % 50 == 7 {
+                    40.0
+                } else if i % 10 == 3 {
+                    9.0
+                } else {
+                    4.0
+                };
+                BatchRecord {
+                    dispatched: ms(10.0 * i as f64),
+                    done: ms(10.0 * i as f64 + took),
+                    size: 2,
+                    queued: 2,
+                }
             })
             .collect();
         let s = Step::new(100.0, sv, Some(ms(50.0)))?;
         // 9 ms is slow, not a stall (under 4× the 4 ms median); 40 ms twice is.
-        assert_eq!(s.service, Service { p50_ms: 4.0, p99_ms: 40.0, max_ms: 40.0, stalled: 2 });
+        assert_eq!(
+            s.service,
+            Service {
+                p50_ms: 4.0,
+                p99_ms: 40.0,
+                max_ms: 40.0,
+                stalled: 2
+            }
+        );
         assert_eq!(s.verdict(), StepVerdict::Stalled);
         assert!(s.note.unwrap().contains("2 batch(es) stalled"));
         Ok(())

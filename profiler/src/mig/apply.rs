@@ -14,9 +14,9 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use super::config::{entries_by_gpu, DeviceConfig, Devices, GpuKey, MigPartedFile};
 use super::control::{GpuInstanceState, GpuState, MigControl};
+use super::mode::on_off;
 use super::plan::{plan, Placement, Plan};
 use super::profile::{MigProfile, ProfileTable};
-use super::mode::on_off;
 
 /// What the caller allows.
 #[derive(Debug, Clone, Copy, Default)]
@@ -35,20 +35,41 @@ pub struct Options {
 /// `nvidia-smi mig -cgi … -C` does).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    SetMigMode { gpu: u32, enabled: bool },
-    DestroyComputeInstance { gpu: u32, gpu_instance: u32, compute_instance: u32 },
-    DestroyGpuInstance { gpu: u32, gpu_instance: u32, profile: String },
-    CreateGpuInstance { gpu: u32, profile: MigProfile, placement: Placement },
+    SetMigMode {
+        gpu: u32,
+        enabled: bool,
+    },
+    DestroyComputeInstance {
+        gpu: u32,
+        gpu_instance: u32,
+        compute_instance: u32,
+    },
+    DestroyGpuInstance {
+        gpu: u32,
+        gpu_instance: u32,
+        profile: String,
+    },
+    CreateGpuInstance {
+        gpu: u32,
+        profile: MigProfile,
+        placement: Placement,
+    },
 }
 
 impl Action {
     pub fn describe(&self) -> String {
         match self {
             Action::SetMigMode { enabled, .. } => format!("turn MIG mode {}", if *enabled { "on" } else { "off" }),
-            Action::DestroyComputeInstance { gpu_instance, compute_instance, .. } => {
+            Action::DestroyComputeInstance {
+                gpu_instance,
+                compute_instance,
+                ..
+            } => {
                 format!("destroy compute instance {compute_instance} of GPU instance {gpu_instance}")
             }
-            Action::DestroyGpuInstance { gpu_instance, profile, .. } => format!("destroy GPU instance {gpu_instance} ({profile})"),
+            Action::DestroyGpuInstance {
+                gpu_instance, profile, ..
+            } => format!("destroy GPU instance {gpu_instance} ({profile})"),
             Action::CreateGpuInstance { profile, placement, .. } => format!(
                 "create a {} GPU instance (profile id {}) at {}, with a compute instance spanning it",
                 profile.name,
@@ -62,12 +83,25 @@ impl Action {
     pub fn nvidia_smi(&self) -> String {
         match self {
             Action::SetMigMode { gpu, enabled } => format!("sudo nvidia-smi -i {gpu} -mig {}", u8::from(*enabled)),
-            Action::DestroyComputeInstance { gpu, gpu_instance, compute_instance } => {
+            Action::DestroyComputeInstance {
+                gpu,
+                gpu_instance,
+                compute_instance,
+            } => {
                 format!("sudo nvidia-smi mig -i {gpu} -gi {gpu_instance} -ci {compute_instance} -dci")
             }
-            Action::DestroyGpuInstance { gpu, gpu_instance, .. } => format!("sudo nvidia-smi mig -i {gpu} -gi {gpu_instance} -dgi"),
-            Action::CreateGpuInstance { gpu, profile, placement } => {
-                format!("sudo nvidia-smi mig -i {gpu} -cgi {}:{} -C", profile.id, placement.start)
+            Action::DestroyGpuInstance { gpu, gpu_instance, .. } => {
+                format!("sudo nvidia-smi mig -i {gpu} -gi {gpu_instance} -dgi")
+            }
+            Action::CreateGpuInstance {
+                gpu,
+                profile,
+                placement,
+            } => {
+                format!(
+                    "sudo nvidia-smi mig -i {gpu} -cgi {}:{} -C",
+                    profile.id, placement.start
+                )
             }
         }
     }
@@ -98,7 +132,13 @@ pub struct Change {
 }
 
 /// `migprof mig apply`: brings the GPUs the config names to its layout.
-pub fn apply(ctl: &mut dyn MigControl, file: &MigPartedFile, config: Option<&str>, opts: &Options, out: &mut dyn Write) -> Result<()> {
+pub fn apply(
+    ctl: &mut dyn MigControl,
+    file: &MigPartedFile,
+    config: Option<&str>,
+    opts: &Options,
+    out: &mut dyn Write,
+) -> Result<()> {
     let (name, entries) = file.select(config)?;
     let changes = plan_apply(ctl, entries).with_context(|| format!("config `{name}`"))?;
     writeln!(out, "config `{name}`")?;
@@ -110,17 +150,25 @@ pub fn apply(ctl: &mut dyn MigControl, file: &MigPartedFile, config: Option<&str
 pub fn destroy(ctl: &mut dyn MigControl, gpus: &[u32], opts: &Options, out: &mut dyn Write) -> Result<()> {
     let all = ctl.gpus()?;
     for i in gpus {
-        let Some(g) = all.iter().find(|g| g.index == *i) else { bail!("no GPU {i}; this machine's GPUs: {}", indices(&all)) };
+        let Some(g) = all.iter().find(|g| g.index == *i) else {
+            bail!("no GPU {i}; this machine's GPUs: {}", indices(&all))
+        };
         if !g.mig_mode.is_some_and(|m| m.current) {
             bail!("GPU {i} ({}) has MIG mode off: it has no instances to destroy", g.name)
         }
     }
-    let chosen = all.into_iter().filter(|g| g.mig_mode.is_some_and(|m| m.current) && (gpus.is_empty() || gpus.contains(&g.index)));
+    let chosen = all
+        .into_iter()
+        .filter(|g| g.mig_mode.is_some_and(|m| m.current) && (gpus.is_empty() || gpus.contains(&g.index)));
     let changes = chosen
         .map(|g| {
             // Only for naming the profiles in the printed plan: ids do without.
             let table = ctl.profile_table(g.index).ok();
-            Change { actions: teardown(&g, table.as_ref()), target: Target::Empty, gpu: g }
+            Change {
+                actions: teardown(&g, table.as_ref()),
+                target: Target::Empty,
+                gpu: g,
+            }
         })
         .collect();
     carry_out(ctl, changes, opts, out)
@@ -137,7 +185,11 @@ pub fn export(ctl: &mut dyn MigControl, name: &str) -> Result<(MigPartedFile, Ve
             continue;
         };
         if mode.pending != mode.current {
-            warnings.push(format!("GPU {}: MIG mode is {} until the next GPU reset; exported as it is now", g.index, on_off(mode.current)));
+            warnings.push(format!(
+                "GPU {}: MIG mode is {} until the next GPU reset; exported as it is now",
+                g.index,
+                on_off(mode.current)
+            ));
         }
         let mut mig_devices = BTreeMap::new();
         if mode.current {
@@ -145,10 +197,21 @@ pub fn export(ctl: &mut dyn MigControl, name: &str) -> Result<(MigPartedFile, Ve
             for gi in &g.gpu_instances {
                 let profile = profile_by_id(&table, gi.profile_id)?;
                 if gi.compute_instances.is_empty() {
-                    warnings.push(format!("GPU {} GI {}: no compute instance; `mig apply` would create one spanning it", g.index, gi.id));
+                    warnings.push(format!(
+                        "GPU {} GI {}: no compute instance; `mig apply` would create one spanning it",
+                        g.index, gi.id
+                    ));
                 }
-                if gi.compute_instances.iter().any(|c| c.compute_slices != profile.compute_slices) {
-                    let parts: Vec<String> = gi.compute_instances.iter().map(|c| format!("{}c.{}", c.compute_slices, profile.name)).collect();
+                if gi
+                    .compute_instances
+                    .iter()
+                    .any(|c| c.compute_slices != profile.compute_slices)
+                {
+                    let parts: Vec<String> = gi
+                        .compute_instances
+                        .iter()
+                        .map(|c| format!("{}c.{}", c.compute_slices, profile.name))
+                        .collect();
                     warnings.push(format!(
                         "GPU {} GI {} ({}) is split into compute instances {}; exported as one {}: `mig apply` creates one compute instance per GPU instance",
                         g.index, gi.id, profile.name, parts.join(", "), profile.name
@@ -157,27 +220,47 @@ pub fn export(ctl: &mut dyn MigControl, name: &str) -> Result<(MigPartedFile, Ve
                 *mig_devices.entry(profile.name.clone()).or_insert(0) += 1;
             }
         }
-        entries.push(DeviceConfig { devices: Devices::Indices(vec![g.index]), device_filter: None, mig_enabled: mode.current, mig_devices });
+        entries.push(DeviceConfig {
+            devices: Devices::Indices(vec![g.index]),
+            device_filter: None,
+            mig_enabled: mode.current,
+            mig_devices,
+        });
     }
     if entries.is_empty() {
         bail!("no GPU here supports MIG: nothing to export")
     }
-    let file = MigPartedFile { version: "v1".into(), mig_configs: BTreeMap::from([(name.to_string(), entries)]) };
+    let file = MigPartedFile {
+        version: "v1".into(),
+        mig_configs: BTreeMap::from([(name.to_string(), entries)]),
+    };
     Ok((file, warnings))
 }
 
 fn plan_apply(ctl: &mut dyn MigControl, entries: &[DeviceConfig]) -> Result<Vec<Change>> {
     let gpus = ctl.gpus()?;
-    let keys: Vec<GpuKey> = gpus.iter().map(|g| GpuKey { index: g.index, pci_device_id: g.pci_device_id }).collect();
+    let keys: Vec<GpuKey> = gpus
+        .iter()
+        .map(|g| GpuKey {
+            index: g.index,
+            pci_device_id: g.pci_device_id,
+        })
+        .collect();
     let chosen = entries_by_gpu(entries, &keys)?;
     if chosen.is_empty() {
         bail!("it names none of this machine's GPUs ({})", indices(&gpus))
     }
     let mut changes = Vec::new();
     for (key, entry) in chosen {
-        let gpu = gpus.iter().find(|g| g.index == key.index).expect("chosen from these").clone();
+        let gpu = gpus
+            .iter()
+            .find(|g| g.index == key.index)
+            .expect("chosen from these")
+            .clone();
         let who = format!("GPU {} ({})", gpu.index, gpu.name);
-        let Some(mode) = gpu.mig_mode else { bail!("{who} does not support MIG") };
+        let Some(mode) = gpu.mig_mode else {
+            bail!("{who} does not support MIG")
+        };
         let table = ctl.profile_table(gpu.index).with_context(|| who.clone())?;
         let change = if entry.mig_enabled {
             for name in entry.mig_devices.keys() {
@@ -188,7 +271,10 @@ fn plan_apply(ctl: &mut dyn MigControl, entries: &[DeviceConfig]) -> Result<Vec<
             let layout = plan(&table, &entry.profiles()).with_context(|| format!("{who}: the layout does not fit"))?;
             let mut actions = Vec::new();
             if !mode.current && !mode.pending {
-                actions.push(Action::SetMigMode { gpu: gpu.index, enabled: true });
+                actions.push(Action::SetMigMode {
+                    gpu: gpu.index,
+                    enabled: true,
+                });
             }
             if !in_place(&gpu, &layout, &table) {
                 actions.extend(teardown(&gpu, Some(&table)));
@@ -198,13 +284,24 @@ fn plan_apply(ctl: &mut dyn MigControl, entries: &[DeviceConfig]) -> Result<Vec<
                     placement: gi.placement,
                 }));
             }
-            Change { gpu, target: Target::Layout(layout), actions }
+            Change {
+                gpu,
+                target: Target::Layout(layout),
+                actions,
+            }
         } else {
             let mut actions = teardown(&gpu, Some(&table));
             if mode.current || mode.pending {
-                actions.push(Action::SetMigMode { gpu: gpu.index, enabled: false });
+                actions.push(Action::SetMigMode {
+                    gpu: gpu.index,
+                    enabled: false,
+                });
             }
-            Change { gpu, target: Target::MigOff, actions }
+            Change {
+                gpu,
+                target: Target::MigOff,
+                actions,
+            }
         };
         changes.push(change);
     }
@@ -240,14 +337,22 @@ fn teardown(gpu: &GpuState, table: Option<&ProfileTable>) -> Vec<Action> {
     let mut actions = Vec::new();
     for gi in &gpu.gpu_instances {
         for ci in &gi.compute_instances {
-            actions.push(Action::DestroyComputeInstance { gpu: gpu.index, gpu_instance: gi.id, compute_instance: ci.id });
+            actions.push(Action::DestroyComputeInstance {
+                gpu: gpu.index,
+                gpu_instance: gi.id,
+                compute_instance: ci.id,
+            });
         }
     }
     for gi in &gpu.gpu_instances {
         let profile = table
             .and_then(|t| t.by_id(gi.profile_id))
             .map_or_else(|| format!("profile id {}", gi.profile_id), |p| p.name.clone());
-        actions.push(Action::DestroyGpuInstance { gpu: gpu.index, gpu_instance: gi.id, profile });
+        actions.push(Action::DestroyGpuInstance {
+            gpu: gpu.index,
+            gpu_instance: gi.id,
+            profile,
+        });
     }
     actions
 }
@@ -279,7 +384,10 @@ fn carry_out(ctl: &mut dyn MigControl, changes: Vec<Change>, opts: &Options, out
         for f in &flags {
             how += &format!(" {f}");
         }
-        writeln!(out, "dry run: nothing was changed. To act, run the same command as root with {how}.")?;
+        writeln!(
+            out,
+            "dry run: nothing was changed. To act, run the same command as root with {how}."
+        )?;
         return Ok(());
     }
     // Every refusal before the first call, so that no GPU is left half-changed by one.
@@ -287,7 +395,10 @@ fn carry_out(ctl: &mut dyn MigControl, changes: Vec<Change>, opts: &Options, out
         bail!("changing MIG instances needs root (NVML refuses anyone else); run it again with sudo. Nothing was changed.")
     }
     if !flags.is_empty() {
-        bail!("the plan changes MIG mode; pass {} to allow it. Nothing was changed.", flags.join(" and "))
+        bail!(
+            "the plan changes MIG mode; pass {} to allow it. Nothing was changed.",
+            flags.join(" and ")
+        )
     }
     for c in &changes {
         if !c.actions.is_empty() && !c.gpu.processes.is_empty() {
@@ -300,7 +411,10 @@ fn carry_out(ctl: &mut dyn MigControl, changes: Vec<Change>, opts: &Options, out
         }
     }
     if let Some(c) = waiting.first() {
-        bail!("{}", pending_message(c.gpu.index, c.gpu.mig_mode.is_some_and(|m| m.pending)))
+        bail!(
+            "{}",
+            pending_message(c.gpu.index, c.gpu.mig_mode.is_some_and(|m| m.pending))
+        )
     }
     for c in &changes {
         execute(ctl, c, out)?;
@@ -330,12 +444,19 @@ fn render(c: &Change) -> String {
         Target::MigOff => writeln!(s, "  want: MIG mode off"),
         Target::Empty => writeln!(s, "  want: no GPU instances"),
         Target::Layout(p) => {
-            let names: Vec<String> = p.instances.iter().map(|g| format!("{} at {}", g.profile.name, slices(g.placement))).collect();
+            let names: Vec<String> = p
+                .instances
+                .iter()
+                .map(|g| format!("{} at {}", g.profile.name, slices(g.placement)))
+                .collect();
             writeln!(s, "  want: MIG on with {}", names.join(", "))
         }
     };
     if awaits_reset(c) {
-        let _ = writeln!(s, "  MIG mode on is pending a GPU reset; nothing can be created before it");
+        let _ = writeln!(
+            s,
+            "  MIG mode on is pending a GPU reset; nothing can be created before it"
+        );
     }
     if c.actions.is_empty() && !awaits_reset(c) {
         let _ = writeln!(s, "  already in place");
@@ -358,12 +479,20 @@ fn execute(ctl: &mut dyn MigControl, c: &Change, out: &mut dyn Write) -> Result<
                     bail!("{}", pending_message(gpu, *enabled))
                 }
             }
-            Action::DestroyComputeInstance { gpu_instance, compute_instance, .. } => {
-                ctl.destroy_compute_instance(gpu, *gpu_instance, *compute_instance).with_context(step)?
+            Action::DestroyComputeInstance {
+                gpu_instance,
+                compute_instance,
+                ..
+            } => ctl
+                .destroy_compute_instance(gpu, *gpu_instance, *compute_instance)
+                .with_context(step)?,
+            Action::DestroyGpuInstance { gpu_instance, .. } => {
+                ctl.destroy_gpu_instance(gpu, *gpu_instance).with_context(step)?
             }
-            Action::DestroyGpuInstance { gpu_instance, .. } => ctl.destroy_gpu_instance(gpu, *gpu_instance).with_context(step)?,
             Action::CreateGpuInstance { profile, placement, .. } => {
-                let gi = ctl.create_gpu_instance(gpu, profile.id, *placement).with_context(step)?;
+                let gi = ctl
+                    .create_gpu_instance(gpu, profile.id, *placement)
+                    .with_context(step)?;
                 ctl.create_compute_instance(gpu, gi).with_context(step)?;
             }
         }
@@ -376,7 +505,10 @@ fn execute(ctl: &mut dyn MigControl, c: &Change, out: &mut dyn Write) -> Result<
 fn verify(ctl: &mut dyn MigControl, changes: &[Change], out: &mut dyn Write) -> Result<()> {
     let now = ctl.gpus().context("reading the GPUs back after the change")?;
     for c in changes {
-        let gpu = now.iter().find(|g| g.index == c.gpu.index).ok_or_else(|| anyhow!("GPU {} is gone from NVML after the change", c.gpu.index))?;
+        let gpu = now
+            .iter()
+            .find(|g| g.index == c.gpu.index)
+            .ok_or_else(|| anyhow!("GPU {} is gone from NVML after the change", c.gpu.index))?;
         let on = gpu.mig_mode.is_some_and(|m| m.current);
         let table = if on { Some(ctl.profile_table(gpu.index)?) } else { None };
         let seen = describe_instances(gpu, table.as_ref());
@@ -389,7 +521,12 @@ fn verify(ctl: &mut dyn MigControl, changes: &[Change], out: &mut dyn Write) -> 
             let wanted = match &c.target {
                 Target::MigOff => "MIG mode off".to_string(),
                 Target::Empty => "no GPU instances".to_string(),
-                Target::Layout(p) => p.instances.iter().map(|g| g.profile.name.as_str()).collect::<Vec<_>>().join(", "),
+                Target::Layout(p) => p
+                    .instances
+                    .iter()
+                    .map(|g| g.profile.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
             };
             bail!(
                 "post-apply check failed on GPU {}: asked for {wanted}, but NVML now reports MIG {} with {seen}. The driver accepted every call; \
@@ -411,8 +548,16 @@ fn describe_instances(gpu: &GpuState, table: Option<&ProfileTable>) -> String {
         .gpu_instances
         .iter()
         .map(|gi| {
-            let name = table.and_then(|t| t.by_id(gi.profile_id)).map_or("?", |p| p.name.as_str());
-            format!("{name} (GI {}, {}:{}, {} CI)", gi.id, gi.placement.start, gi.placement.size, gi.compute_instances.len())
+            let name = table
+                .and_then(|t| t.by_id(gi.profile_id))
+                .map_or("?", |p| p.name.as_str());
+            format!(
+                "{name} (GI {}, {}:{}, {} CI)",
+                gi.id,
+                gi.placement.start,
+                gi.placement.size,
+                gi.compute_instances.len()
+            )
         })
         .collect();
     parts.join(", ")
@@ -428,7 +573,9 @@ fn slices(p: Placement) -> String {
 }
 
 fn profile_by_id(table: &ProfileTable, id: u32) -> Result<&MigProfile> {
-    table.by_id(id).ok_or_else(|| anyhow!("GPU-instance profile id {id} is not in the {}'s table", table.product))
+    table
+        .by_id(id)
+        .ok_or_else(|| anyhow!("GPU-instance profile id {id} is not in the {}'s table", table.product))
 }
 
 fn indices(gpus: &[GpuState]) -> String {
@@ -442,13 +589,18 @@ fn indices(gpus: &[GpuState]) -> String {
 mod tests {
     use super::*;
     use crate::mig::control::ComputeInstance;
-    use crate::testing::nvml::FakeNvml;
     use crate::mig::profile::table;
+    use crate::testing::nvml::FakeNvml;
 
     const MIXED: &str = "version: v1\nmig-configs:\n  mixed:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        3g.40gb: 1\n        2g.20gb: 1\n        1g.10gb: 2\n";
 
     fn act() -> Options {
-        Options { yes: true, enable_mig: false, disable_mig: false, root: true }
+        Options {
+            yes: true,
+            enable_mig: false,
+            disable_mig: false,
+            root: true,
+        }
     }
 
     fn run_apply(fake: &mut FakeNvml, yaml: &str, opts: Options) -> (Result<()>, String) {
@@ -459,8 +611,12 @@ mod tests {
     }
 
     fn layout(fake: &FakeNvml) -> Vec<(u32, u32, usize)> {
-        let mut v: Vec<(u32, u32, usize)> =
-            fake.gpus[0].state.gpu_instances.iter().map(|g| (g.profile_id, g.placement.start, g.compute_instances.len())).collect();
+        let mut v: Vec<(u32, u32, usize)> = fake.gpus[0]
+            .state
+            .gpu_instances
+            .iter()
+            .map(|g| (g.profile_id, g.placement.start, g.compute_instances.len()))
+            .collect();
         v.sort();
         v
     }
@@ -471,10 +627,16 @@ mod tests {
         let (r, text) = run_apply(&mut fake, MIXED, Options { yes: false, ..act() });
         r.unwrap();
         assert!(fake.calls.is_empty(), "{:?}", fake.calls);
-        assert!(text.contains("1. create a 3g.40gb GPU instance (profile id 9) at memory slices 4..7"), "{text}");
+        assert!(
+            text.contains("1. create a 3g.40gb GPU instance (profile id 9) at memory slices 4..7"),
+            "{text}"
+        );
         assert!(text.contains("$ sudo nvidia-smi mig -i 0 -cgi 9:4 -C"), "{text}");
         assert!(text.contains("$ sudo nvidia-smi mig -i 0 -cgi 14:0 -C"), "{text}");
-        assert!(text.contains("dry run: nothing was changed") && text.contains("as root with --yes."), "{text}");
+        assert!(
+            text.contains("dry run: nothing was changed") && text.contains("as root with --yes."),
+            "{text}"
+        );
     }
 
     #[test]
@@ -496,7 +658,10 @@ mod tests {
             ]
         );
         assert_eq!(layout(&fake), vec![(9, 4, 1), (14, 0, 1), (19, 2, 1), (19, 3, 1)]);
-        assert!(text.contains("checked GPU 0: MIG on, 3g.40gb (GI 1, 4:4, 1 CI)"), "{text}");
+        assert!(
+            text.contains("checked GPU 0: MIG on, 3g.40gb (GI 1, 4:4, 1 CI)"),
+            "{text}"
+        );
         // Applying again finds it in place and calls nothing.
         fake.calls.clear();
         let (r, text) = run_apply(&mut fake, MIXED, act());
@@ -514,7 +679,12 @@ mod tests {
         run_apply(&mut fake, seven, act()).0.unwrap();
         assert_eq!(
             &fake.calls[..4],
-            ["destroy_compute_instance(gpu 0, gi 1, ci 0)", "destroy_compute_instance(gpu 0, gi 2, ci 0)", "destroy_gpu_instance(gpu 0, gi 1)", "destroy_gpu_instance(gpu 0, gi 2)"]
+            [
+                "destroy_compute_instance(gpu 0, gi 1, ci 0)",
+                "destroy_compute_instance(gpu 0, gi 2, ci 0)",
+                "destroy_gpu_instance(gpu 0, gi 1)",
+                "destroy_gpu_instance(gpu 0, gi 2)"
+            ]
         );
         assert_eq!(layout(&fake).len(), 7);
         assert!(layout(&fake).iter().all(|&(p, _, cis)| p == 19 && cis == 1));
@@ -526,7 +696,15 @@ mod tests {
         let (r, _) = run_apply(&mut fake, MIXED, Options { root: false, ..act() });
         let e = r.unwrap_err().to_string();
         assert!(e.contains("needs root") && e.contains("Nothing was changed"), "{e}");
-        let (r, _) = run_apply(&mut fake, MIXED, Options { yes: false, root: false, ..act() });
+        let (r, _) = run_apply(
+            &mut fake,
+            MIXED,
+            Options {
+                yes: false,
+                root: false,
+                ..act()
+            },
+        );
         r.unwrap();
         assert!(fake.calls.is_empty() && fake.gpus[0].state.gpu_instances.is_empty());
     }
@@ -545,23 +723,61 @@ mod tests {
         let mut fake = FakeNvml::with_gpu(table("h100-80gb").unwrap(), false);
         let (r, text) = run_apply(&mut fake, MIXED, Options { yes: false, ..act() });
         r.unwrap();
-        assert!(text.contains("1. turn MIG mode on\n       $ sudo nvidia-smi -i 0 -mig 1"), "{text}");
+        assert!(
+            text.contains("1. turn MIG mode on\n       $ sudo nvidia-smi -i 0 -mig 1"),
+            "{text}"
+        );
         assert!(text.contains("as root with --yes --enable-mig."), "{text}");
         let e = run_apply(&mut fake, MIXED, act()).0.unwrap_err().to_string();
         assert!(e.contains("pass --enable-mig"), "{e}");
         assert!(fake.calls.is_empty());
 
         fake.mode_change_needs_reset = true;
-        let e = run_apply(&mut fake, MIXED, Options { enable_mig: true, ..act() }).0.unwrap_err().to_string();
-        assert!(e.contains("pending") && e.contains("sudo nvidia-smi --gpu-reset -i 0") && e.contains("never does itself"), "{e}");
+        let e = run_apply(
+            &mut fake,
+            MIXED,
+            Options {
+                enable_mig: true,
+                ..act()
+            },
+        )
+        .0
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("pending") && e.contains("sudo nvidia-smi --gpu-reset -i 0") && e.contains("never does itself"),
+            "{e}"
+        );
         assert_eq!(fake.calls, vec!["set_mig_mode(gpu 0, true)"]);
         // Still pending: nothing more is tried, and the reset command is repeated.
-        let e = run_apply(&mut fake, MIXED, Options { enable_mig: true, ..act() }).0.unwrap_err().to_string();
+        let e = run_apply(
+            &mut fake,
+            MIXED,
+            Options {
+                enable_mig: true,
+                ..act()
+            },
+        )
+        .0
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("--gpu-reset"), "{e}");
         assert_eq!(fake.calls.len(), 1);
         // After the reset (done by a person), the same command finishes the job.
-        fake.gpus[0].state.mig_mode = Some(crate::mig::mode::MigMode { current: true, pending: true });
-        run_apply(&mut fake, MIXED, Options { enable_mig: true, ..act() }).0.unwrap();
+        fake.gpus[0].state.mig_mode = Some(crate::mig::mode::MigMode {
+            current: true,
+            pending: true,
+        });
+        run_apply(
+            &mut fake,
+            MIXED,
+            Options {
+                enable_mig: true,
+                ..act()
+            },
+        )
+        .0
+        .unwrap();
         assert_eq!(layout(&fake).len(), 4);
     }
 
@@ -569,7 +785,16 @@ mod tests {
     fn mode_on_without_a_reset_goes_straight_on_to_the_instances() {
         let mut fake = FakeNvml::with_gpu(table("a30-24gb").unwrap(), false);
         let yaml = "version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {2g.12gb: 1, 1g.6gb: 2}\n";
-        run_apply(&mut fake, yaml, Options { enable_mig: true, ..act() }).0.unwrap();
+        run_apply(
+            &mut fake,
+            yaml,
+            Options {
+                enable_mig: true,
+                ..act()
+            },
+        )
+        .0
+        .unwrap();
         assert_eq!(fake.calls[0], "set_mig_mode(gpu 0, true)");
         assert_eq!(layout(&fake), vec![(5, 0, 1), (14, 2, 1), (14, 3, 1)]);
     }
@@ -579,7 +804,10 @@ mod tests {
         let mut fake = FakeNvml::with_gpu(table("h100-80gb").unwrap(), true);
         fake.creations_vanish = true;
         let e = run_apply(&mut fake, MIXED, act()).0.unwrap_err().to_string();
-        assert!(e.contains("post-apply check failed on GPU 0") && e.contains("no GPU instances"), "{e}");
+        assert!(
+            e.contains("post-apply check failed on GPU 0") && e.contains("no GPU instances"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -600,8 +828,21 @@ mod tests {
         run_apply(&mut fake, MIXED, act()).0.unwrap();
         fake.calls.clear();
         let off = "version: v1\nmig-configs:\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n";
-        assert!(run_apply(&mut fake, off, act()).0.unwrap_err().to_string().contains("--disable-mig"));
-        run_apply(&mut fake, off, Options { disable_mig: true, ..act() }).0.unwrap();
+        assert!(run_apply(&mut fake, off, act())
+            .0
+            .unwrap_err()
+            .to_string()
+            .contains("--disable-mig"));
+        run_apply(
+            &mut fake,
+            off,
+            Options {
+                disable_mig: true,
+                ..act()
+            },
+        )
+        .0
+        .unwrap();
         assert_eq!(fake.calls.last().unwrap(), "set_mig_mode(gpu 0, false)");
         assert_eq!(fake.calls.len(), 9);
         assert!(!fake.gpus[0].state.mig_mode.unwrap().current);
@@ -615,13 +856,20 @@ mod tests {
         let mut out = Vec::new();
         destroy(&mut fake, &[], &Options { yes: false, ..act() }, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
-        assert!(text.contains("$ sudo nvidia-smi mig -i 0 -gi 1 -ci 0 -dci") && text.contains("$ sudo nvidia-smi mig -i 0 -gi 4 -dgi"), "{text}");
+        assert!(
+            text.contains("$ sudo nvidia-smi mig -i 0 -gi 1 -ci 0 -dci")
+                && text.contains("$ sudo nvidia-smi mig -i 0 -gi 4 -dgi"),
+            "{text}"
+        );
         assert!(fake.calls.is_empty());
         assert!(destroy(&mut fake, &[], &Options { root: false, ..act() }, &mut Vec::new()).is_err());
         destroy(&mut fake, &[0], &act(), &mut Vec::new()).unwrap();
         assert_eq!(fake.calls.len(), 8);
         assert!(fake.gpus[0].state.gpu_instances.is_empty());
-        assert!(destroy(&mut fake, &[3], &act(), &mut Vec::new()).unwrap_err().to_string().contains("no GPU 3; this machine's GPUs: 0"));
+        assert!(destroy(&mut fake, &[3], &act(), &mut Vec::new())
+            .unwrap_err()
+            .to_string()
+            .contains("no GPU 3; this machine's GPUs: 0"));
     }
 
     #[test]
@@ -631,7 +879,10 @@ mod tests {
         let (file, warnings) = export(&mut fake, "current").unwrap();
         assert!(warnings.is_empty(), "{warnings:?}");
         let yaml = file.to_yaml().unwrap();
-        assert!(yaml.contains("current:") && yaml.contains("1g.10gb: 2") && yaml.contains("3g.40gb: 1"), "{yaml}");
+        assert!(
+            yaml.contains("current:") && yaml.contains("1g.10gb: 2") && yaml.contains("3g.40gb: 1"),
+            "{yaml}"
+        );
         let mut fresh = FakeNvml::with_gpu(table("h100-80gb").unwrap(), true);
         run_apply(&mut fresh, &yaml, act()).0.unwrap();
         assert_eq!(layout(&fresh), layout(&fake));
@@ -644,9 +895,21 @@ mod tests {
             id: 1,
             profile_id: 9,
             placement: Placement { start: 0, size: 4 },
-            compute_instances: vec![ComputeInstance { id: 0, compute_slices: 1 }, ComputeInstance { id: 1, compute_slices: 2 }],
+            compute_instances: vec![
+                ComputeInstance {
+                    id: 0,
+                    compute_slices: 1,
+                },
+                ComputeInstance {
+                    id: 1,
+                    compute_slices: 2,
+                },
+            ],
         });
         let (_, warnings) = export(&mut fake, "x").unwrap();
-        assert!(warnings[0].contains("split into compute instances 1c.3g.40gb, 2c.3g.40gb"), "{warnings:?}");
+        assert!(
+            warnings[0].contains("split into compute instances 1c.3g.40gb, 2c.3g.40gb"),
+            "{warnings:?}"
+        );
     }
 }

@@ -76,7 +76,10 @@ impl MigPartedFile {
     pub fn parse(text: &str) -> Result<Self> {
         let file: Self = serde_yaml::from_str(text)?;
         if file.version != "v1" {
-            bail!("version `{}` is not supported; the only mig-parted version is `v1`", file.version)
+            bail!(
+                "version `{}` is not supported; the only mig-parted version is `v1`",
+                file.version
+            )
         }
         for (name, entries) in &file.mig_configs {
             if entries.is_empty() {
@@ -107,7 +110,13 @@ impl MigPartedFile {
 
     /// The configuration to apply: the one named, or the file's only one.
     pub fn select(&self, name: Option<&str>) -> Result<(&str, &[DeviceConfig])> {
-        let names = || self.mig_configs.keys().map(String::as_str).collect::<Vec<_>>().join(", ");
+        let names = || {
+            self.mig_configs
+                .keys()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         match name {
             Some(n) => match self.mig_configs.get_key_value(n) {
                 Some((k, v)) => Ok((k.as_str(), v.as_slice())),
@@ -118,7 +127,11 @@ impl MigPartedFile {
                 Ok((k.as_str(), v.as_slice()))
             }
             None if self.mig_configs.is_empty() => bail!("the file has no mig-configs"),
-            None => bail!("the file holds {} configs ({}); pick one with --config NAME", self.mig_configs.len(), names()),
+            None => bail!(
+                "the file holds {} configs ({}); pick one with --config NAME",
+                self.mig_configs.len(),
+                names()
+            ),
         }
     }
 }
@@ -139,7 +152,10 @@ impl DeviceConfig {
 
     /// The profiles of the entry, each repeated as often as it is wanted.
     pub fn profiles(&self) -> Vec<&str> {
-        self.mig_devices.iter().flat_map(|(name, n)| std::iter::repeat_n(name.as_str(), *n as usize)).collect()
+        self.mig_devices
+            .iter()
+            .flat_map(|(name, n)| std::iter::repeat_n(name.as_str(), *n as usize))
+            .collect()
     }
 }
 
@@ -156,7 +172,14 @@ pub fn entries_by_gpu<'a>(entries: &'a [DeviceConfig], gpus: &[GpuKey]) -> Resul
             for i in v {
                 if !gpus.iter().any(|g| g.index == *i) {
                     let have: Vec<String> = gpus.iter().map(|g| g.index.to_string()).collect();
-                    bail!("the layout names GPU {i}; this machine's GPUs: {}", if have.is_empty() { "none".into() } else { have.join(", ") })
+                    bail!(
+                        "the layout names GPU {i}; this machine's GPUs: {}",
+                        if have.is_empty() {
+                            "none".into()
+                        } else {
+                            have.join(", ")
+                        }
+                    )
                 }
             }
         }
@@ -167,7 +190,11 @@ pub fn entries_by_gpu<'a>(entries: &'a [DeviceConfig], gpus: &[GpuKey]) -> Resul
         match matching.as_slice() {
             [] => {}
             [e] => out.push((g, *e)),
-            _ => bail!("{} entries of the config select GPU {}; each GPU may be named once", matching.len(), g.index),
+            _ => bail!(
+                "{} entries of the config select GPU {}; each GPU may be named once",
+                matching.len(),
+                g.index
+            ),
         }
     }
     Ok(out)
@@ -196,7 +223,16 @@ mig-configs:
 "#;
 
     fn gpus() -> Vec<GpuKey> {
-        vec![GpuKey { index: 0, pci_device_id: 0x2330_10DE }, GpuKey { index: 1, pci_device_id: 0x2330_10DE }]
+        vec![
+            GpuKey {
+                index: 0,
+                pci_device_id: 0x2330_10DE,
+            },
+            GpuKey {
+                index: 1,
+                pci_device_id: 0x2330_10DE,
+            },
+        ]
     }
 
     #[test]
@@ -206,8 +242,15 @@ mig-configs:
         assert_eq!(name, "mixed");
         assert_eq!(entries[0].profiles(), vec!["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]);
         let e = f.select(None).unwrap_err().to_string();
-        assert!(e.contains("2 configs (all-disabled, mixed)") && e.contains("--config"), "{e}");
-        assert!(f.select(Some("none")).unwrap_err().to_string().contains("its configs: all-disabled, mixed"));
+        assert!(
+            e.contains("2 configs (all-disabled, mixed)") && e.contains("--config"),
+            "{e}"
+        );
+        assert!(f
+            .select(Some("none"))
+            .unwrap_err()
+            .to_string()
+            .contains("its configs: all-disabled, mixed"));
     }
 
     #[test]
@@ -215,9 +258,21 @@ mig-configs:
         let f = MigPartedFile::parse(FILE).unwrap();
         let (_, mixed) = f.select(Some("mixed")).unwrap();
         let by_gpu = entries_by_gpu(mixed, &gpus()).unwrap();
-        assert_eq!(by_gpu.iter().map(|(g, e)| (g.index, e.mig_enabled)).collect::<Vec<_>>(), vec![(0, true), (1, false)]);
+        assert_eq!(
+            by_gpu.iter().map(|(g, e)| (g.index, e.mig_enabled)).collect::<Vec<_>>(),
+            vec![(0, true), (1, false)]
+        );
         // A filter for another product leaves the GPU alone.
-        let other = vec![GpuKey { index: 0, pci_device_id: 0x2330_10DE }, GpuKey { index: 1, pci_device_id: 0x20B0_10DE }];
+        let other = vec![
+            GpuKey {
+                index: 0,
+                pci_device_id: 0x2330_10DE,
+            },
+            GpuKey {
+                index: 1,
+                pci_device_id: 0x20B0_10DE,
+            },
+        ];
         assert_eq!(entries_by_gpu(mixed, &other).unwrap().len(), 1);
         let (_, all) = f.select(Some("all-disabled")).unwrap();
         assert_eq!(entries_by_gpu(all, &gpus()).unwrap().len(), 2);
@@ -231,7 +286,9 @@ mig-configs:
             "version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: false\n    - devices: [0]\n      mig-enabled: false\n",
         )
         .unwrap();
-        let e = entries_by_gpu(f.select(None).unwrap().1, &gpus()).unwrap_err().to_string();
+        let e = entries_by_gpu(f.select(None).unwrap().1, &gpus())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("2 entries of the config select GPU 0"), "{e}");
     }
 
@@ -239,10 +296,16 @@ mig-configs:
     fn bad_files_name_what_is_wrong() {
         let bad = |text: &str| MigPartedFile::parse(text).unwrap_err().to_string();
         assert!(bad("version: v2\nmig-configs: {}\n").contains("only mig-parted version is `v1`"));
-        assert!(bad("version: v1\nmig-configs:\n  c:\n    - devices: some\n      mig-enabled: false\n").contains("`all` or a list"));
+        assert!(
+            bad("version: v1\nmig-configs:\n  c:\n    - devices: some\n      mig-enabled: false\n")
+                .contains("`all` or a list")
+        );
         assert!(bad("version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: false\n      mig-devices: {1g.10gb: 1}\n")
             .contains("mig-enabled: false"));
-        assert!(bad("version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enable: true\n").contains("unknown field `mig-enable`"));
+        assert!(
+            bad("version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enable: true\n")
+                .contains("unknown field `mig-enable`")
+        );
         assert!(bad("version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {1g.10gb: 0}\n")
             .contains("0 instances"));
     }
@@ -251,7 +314,10 @@ mig-configs:
     fn written_files_read_back_the_same() {
         let f = MigPartedFile::parse(FILE).unwrap();
         let text = f.to_yaml().unwrap();
-        assert!(text.contains("mig-configs:") && text.contains("mig-enabled: true"), "{text}");
+        assert!(
+            text.contains("mig-configs:") && text.contains("mig-enabled: true"),
+            "{text}"
+        );
         assert_eq!(MigPartedFile::parse(&text).unwrap(), f);
     }
 }

@@ -4,9 +4,9 @@
 
 use anyhow::Result;
 
+use super::mode::MigMode;
 use super::plan::Placement;
 use super::profile::ProfileTable;
-use super::mode::MigMode;
 
 /// A GPU as the MIG commands see it.
 #[derive(Debug, Clone, PartialEq)]

@@ -10,6 +10,6 @@ pub mod mode;
 pub mod plan;
 pub mod profile;
 
-pub use plan::{maximal_layouts, plan, GpuInstance, Placement, Plan};
 pub use mode::MigMode;
+pub use plan::{maximal_layouts, plan, GpuInstance, Placement, Plan};
 pub use profile::{table, MigProfile, ProfileTable, GPUS};

@@ -37,16 +37,29 @@ pub fn plan(table: &ProfileTable, names: &[&str]) -> Result<Plan> {
     for p in &table.profiles {
         let n = wanted.iter().filter(|w| w.name == p.name).count() as u32;
         if n > p.max_instances {
-            bail!("{n} x {} do not fit: the {} holds at most {} at once", p.name, table.product, p.max_instances)
+            bail!(
+                "{n} x {} do not fit: the {} holds at most {} at once",
+                p.name,
+                table.product,
+                p.max_instances
+            )
         }
     }
     let compute: u32 = wanted.iter().map(|p| p.compute_slices).sum();
     if compute > table.compute_slices {
-        bail!("they need {compute} compute slices; the {} has {}", table.product, table.compute_slices)
+        bail!(
+            "they need {compute} compute slices; the {} has {}",
+            table.product,
+            table.compute_slices
+        )
     }
     let memory: u32 = wanted.iter().map(|p| p.memory_slices).sum();
     if memory > table.memory_slices {
-        bail!("they need {memory} memory slices; the {} has {}", table.product, table.memory_slices)
+        bail!(
+            "they need {memory} memory slices; the {} has {}",
+            table.product,
+            table.memory_slices
+        )
     }
     // Most constrained first: the largest span, then the fewest places to start.
     wanted.sort_by_key(|p| (std::cmp::Reverse(p.memory_slices), p.placements.len(), p.name.clone()));
@@ -56,12 +69,21 @@ pub fn plan(table: &ProfileTable, names: &[&str]) -> Result<Plan> {
             .iter()
             .map(|p| format!("{} at {{{}}}:{}", p.name, join(&p.placements), p.memory_slices))
             .collect();
-        bail!("no placement fits them without two sharing a memory slice ({})", options.join(", "))
+        bail!(
+            "no placement fits them without two sharing a memory slice ({})",
+            options.join(", ")
+        )
     }
     let instances = wanted
         .into_iter()
         .zip(starts)
-        .map(|(p, start)| GpuInstance { profile: p.clone(), placement: Placement { start, size: p.memory_slices } })
+        .map(|(p, start)| GpuInstance {
+            profile: p.clone(),
+            placement: Placement {
+                start,
+                size: p.memory_slices,
+            },
+        })
         .collect();
     Ok(Plan { instances })
 }
@@ -110,7 +132,13 @@ fn extend(table: &ProfileTable, from: usize, layout: &mut Vec<usize>, out: &mut 
     }
     if !addable && !layout.is_empty() {
         let mut names: Vec<&MigProfile> = layout.iter().map(|&i| &table.profiles[i]).collect();
-        names.sort_by_key(|p| (std::cmp::Reverse(p.compute_slices), std::cmp::Reverse(p.memory_slices), p.name.clone()));
+        names.sort_by_key(|p| {
+            (
+                std::cmp::Reverse(p.compute_slices),
+                std::cmp::Reverse(p.memory_slices),
+                p.name.clone(),
+            )
+        });
         out.push(names.into_iter().map(|p| p.name.clone()).collect());
     }
 }
@@ -121,12 +149,28 @@ impl Plan {
         for (i, gi) in self.instances.iter().enumerate() {
             let p = &gi.profile;
             let (start, end) = (gi.placement.start, gi.placement.start + gi.placement.size - 1);
-            let slices = if start == end { format!("memory slice {start}") } else { format!("memory slices {start}..{end}") };
-            let _ = writeln!(out, "  {}. {:<12} (profile id {:>2})  {slices:<18} {} SMs, {:.2} GiB", i + 1, p.name, p.id, p.sm_count, p.memory_gib);
+            let slices = if start == end {
+                format!("memory slice {start}")
+            } else {
+                format!("memory slices {start}..{end}")
+            };
+            let _ = writeln!(
+                out,
+                "  {}. {:<12} (profile id {:>2})  {slices:<18} {} SMs, {:.2} GiB",
+                i + 1,
+                p.name,
+                p.id,
+                p.sm_count,
+                p.memory_gib
+            );
         }
         let compute: u32 = self.instances.iter().map(|g| g.profile.compute_slices).sum();
         let memory: u32 = self.instances.iter().map(|g| g.profile.memory_slices).sum();
-        let _ = writeln!(out, "  uses {compute}/{} compute slices, {memory}/{} memory slices", table.compute_slices, table.memory_slices);
+        let _ = writeln!(
+            out,
+            "  uses {compute}/{} compute slices, {memory}/{} memory slices",
+            table.compute_slices, table.memory_slices
+        );
         out
     }
 }
@@ -136,7 +180,12 @@ fn join(v: &[u32]) -> String {
 }
 
 fn profile_names(table: &ProfileTable) -> String {
-    table.profiles.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
+    table
+        .profiles
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
@@ -149,7 +198,14 @@ mod tests {
     fn layout(t: &ProfileTable, short: &[&str]) -> Vec<String> {
         short
             .iter()
-            .map(|s| t.profiles.iter().find(|p| p.name.starts_with(&format!("{s}.")) && !p.name.ends_with("+me")).unwrap().name.clone())
+            .map(|s| {
+                t.profiles
+                    .iter()
+                    .find(|p| p.name.starts_with(&format!("{s}.")) && !p.name.ends_with("+me"))
+                    .unwrap()
+                    .name
+                    .clone()
+            })
             .collect()
     }
 
@@ -170,7 +226,13 @@ mod tests {
                 vec!["2g", "2g", "2g", "1g"],
                 vec!["7g"],
             ];
-            let invalid = vec![vec!["1g"; 8], vec!["3g"; 3], vec!["4g", "4g"], vec!["7g", "1g"], vec!["4g", "2g", "2g"]];
+            let invalid = vec![
+                vec!["1g"; 8],
+                vec!["3g"; 3],
+                vec!["4g", "4g"],
+                vec!["7g", "1g"],
+                vec!["4g", "2g", "2g"],
+            ];
             (valid, invalid)
         } else {
             let valid = vec![vec!["1g"; 4], vec!["2g", "2g"], vec!["2g", "1g", "1g"], vec!["4g"]];
@@ -201,15 +263,24 @@ mod tests {
         let p = plan(&t, &["1g.10gb"; 4]).unwrap();
         let starts: Vec<u32> = p.instances.iter().map(|g| g.placement.start).collect();
         assert_eq!(starts, vec![0, 2, 4, 6]);
-        assert!(plan(&t, &["1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.5gb"]).unwrap_err().to_string().contains("9 memory slices"));
+        assert!(plan(&t, &["1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.5gb"])
+            .unwrap_err()
+            .to_string()
+            .contains("9 memory slices"));
     }
 
     #[test]
     fn a30_media_extension_profiles() {
         let t = table("a30-24gb").unwrap();
         assert!(plan(&t, &["2g.12gb+me", "2g.12gb"]).is_ok());
-        assert!(plan(&t, &["2g.12gb+me", "2g.12gb+me"]).unwrap_err().to_string().contains("at most 1"));
-        assert!(plan(&t, &["4g.24gb", "1g.6gb"]).unwrap_err().to_string().contains("5 compute slices"));
+        assert!(plan(&t, &["2g.12gb+me", "2g.12gb+me"])
+            .unwrap_err()
+            .to_string()
+            .contains("at most 1"));
+        assert!(plan(&t, &["4g.24gb", "1g.6gb"])
+            .unwrap_err()
+            .to_string()
+            .contains("5 compute slices"));
     }
 
     #[test]
@@ -222,9 +293,14 @@ mod tests {
         assert!(why(&["7g", "1g"]).contains("8 compute slices"));
         assert!(why(&["4g", "2g", "2g"]).contains("8 compute slices"));
         // Memory, not compute, runs out: 1g.20gb spans two memory slices.
-        let e = plan(&t, &["1g.20gb", "1g.20gb", "1g.20gb", "1g.20gb", "1g.10gb"]).unwrap_err().to_string();
+        let e = plan(&t, &["1g.20gb", "1g.20gb", "1g.20gb", "1g.20gb", "1g.10gb"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("9 memory slices"), "{e}");
-        assert!(plan(&t, &["2g.10gb"]).unwrap_err().to_string().contains("its profiles: 1g.10gb"));
+        assert!(plan(&t, &["2g.10gb"])
+            .unwrap_err()
+            .to_string()
+            .contains("its profiles: 1g.10gb"));
     }
 
     #[test]
@@ -242,12 +318,25 @@ mod tests {
     fn placements_and_creation_order() {
         let t = table("h100-80gb").unwrap();
         let p = plan(&t, &["1g.10gb", "2g.20gb", "3g.40gb", "1g.10gb"]).unwrap();
-        let got: Vec<(&str, u32)> = p.instances.iter().map(|g| (g.profile.name.as_str(), g.placement.start)).collect();
+        let got: Vec<(&str, u32)> = p
+            .instances
+            .iter()
+            .map(|g| (g.profile.name.as_str(), g.placement.start))
+            .collect();
         // 3g first; at 0 it would leave slice 7, where no 1g may start, so the search moves it to 4.
-        assert_eq!(got, vec![("3g.40gb", 4), ("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3)]);
+        assert_eq!(
+            got,
+            vec![("3g.40gb", 4), ("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3)]
+        );
         let text = p.render(&t);
-        assert!(text.contains("1. 3g.40gb      (profile id  9)  memory slices 4..7 "), "{text}");
-        assert!(text.contains("3. 1g.10gb      (profile id 19)  memory slice 2 "), "{text}");
+        assert!(
+            text.contains("1. 3g.40gb      (profile id  9)  memory slices 4..7 "),
+            "{text}"
+        );
+        assert!(
+            text.contains("3. 1g.10gb      (profile id 19)  memory slice 2 "),
+            "{text}"
+        );
         assert!(text.contains("uses 7/7 compute slices, 8/8 memory slices"), "{text}");
     }
 
@@ -255,7 +344,10 @@ mod tests {
     fn only_one_media_extension_instance() {
         let t = table("h100-80gb").unwrap();
         assert!(plan(&t, &["1g.10gb+me", "1g.10gb", "3g.40gb"]).is_ok());
-        assert!(plan(&t, &["1g.10gb+me", "1g.10gb+me"]).unwrap_err().to_string().contains("at most 1"));
+        assert!(plan(&t, &["1g.10gb+me", "1g.10gb+me"])
+            .unwrap_err()
+            .to_string()
+            .contains("at most 1"));
     }
 
     #[test]

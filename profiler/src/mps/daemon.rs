@@ -53,7 +53,9 @@ pub fn control_program() -> Result<PathBuf> {
 
 /// The base folder of migprof's daemons.
 pub fn base_dir() -> PathBuf {
-    std::env::var_os(BASE_ENV).map(PathBuf::from).unwrap_or_else(|| std::env::temp_dir().join("migprof-mps"))
+    std::env::var_os(BASE_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("migprof-mps"))
 }
 
 /// `daemon.json`: who started a daemon, and for which GPU.
@@ -79,7 +81,9 @@ impl Daemon {
     pub fn start(control: &Path, base: &Path, gpu_uuid: &str, procs: &dyn ProcessTable) -> Result<Daemon> {
         preflight(base, procs)?;
         // Unique per start: a folder left by an earlier daemon of this process is never reused.
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
         let dir = base.join(format!("{}-{}-{nanos}", std::process::id(), short(gpu_uuid)));
         let (pipe, log) = (dir.join("pipe"), dir.join("log"));
         for d in [&pipe, &log] {
@@ -103,8 +107,14 @@ impl Daemon {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().with_context(|| format!("starting {} -f", control.display()))?;
-        let record = Record { owner_pid: std::process::id(), control_pid: child.id(), gpu_uuid: gpu_uuid.to_string() };
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting {} -f", control.display()))?;
+        let record = Record {
+            owner_pid: std::process::id(),
+            control_pid: child.id(),
+            gpu_uuid: gpu_uuid.to_string(),
+        };
         std::fs::write(dir.join("daemon.json"), serde_json::to_string_pretty(&record)?)?;
         // Ready once its control pipe exists.
         let started = Instant::now();
@@ -118,11 +128,19 @@ impl Daemon {
                 let _ = child.kill();
                 let _ = child.wait();
                 let _ = std::fs::remove_dir_all(&dir);
-                bail!("the MPS control daemon did not open its control pipe within {} s", START_TIMEOUT.as_secs())
+                bail!(
+                    "the MPS control daemon did not open its control pipe within {} s",
+                    START_TIMEOUT.as_secs()
+                )
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(Daemon { child: Some(child), control: control.to_path_buf(), dir, gpu_uuid: gpu_uuid.to_string() })
+        Ok(Daemon {
+            child: Some(child),
+            control: control.to_path_buf(),
+            dir,
+            gpu_uuid: gpu_uuid.to_string(),
+        })
     }
 
     /// The folder clients reach the daemon through.
@@ -141,10 +159,15 @@ impl Daemon {
     }
 
     fn shutdown(&mut self) -> Result<()> {
-        let Some(mut child) = self.child.take() else { return Ok(()) };
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
         let result = (|| -> Result<()> {
             if let Some(status) = child.try_wait()? {
-                bail!("the MPS control daemon had died before migprof stopped it ({status}); its log:\n{}", read_logs(&self.dir.join("log")))
+                bail!(
+                    "the MPS control daemon had died before migprof stopped it ({status}); its log:\n{}",
+                    read_logs(&self.dir.join("log"))
+                )
             }
             // `quit` goes to the daemon through its pipe, from the control program in client mode.
             let quit = Command::new(&self.control)
@@ -164,7 +187,10 @@ impl Daemon {
                     // SAFETY: a signal to the group migprof created for the daemon.
                     unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
                     child.wait()?;
-                    bail!("the MPS control daemon did not quit within {} s ({quit:?}); killed it", QUIT_TIMEOUT.as_secs())
+                    bail!(
+                        "the MPS control daemon did not quit within {} s ({quit:?}); killed it",
+                        QUIT_TIMEOUT.as_secs()
+                    )
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -213,10 +239,15 @@ fn preflight(base: &Path, procs: &dyn ProcessTable) -> Result<()> {
     for p in &running {
         let pipe = p.pipe_dir.as_deref().expect("under the base");
         let first = pipe.strip_prefix(base).ok().and_then(|rest| rest.components().next());
-        by_dir.entry(first.map_or(base.to_path_buf(), |c| base.join(c))).or_default().push(p);
+        by_dir
+            .entry(first.map_or(base.to_path_buf(), |c| base.join(c)))
+            .or_default()
+            .push(p);
     }
     for (dir, members) in &by_dir {
-        let record: Option<Record> = std::fs::read_to_string(dir.join("daemon.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
+        let record: Option<Record> = std::fs::read_to_string(dir.join("daemon.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok());
         // This process's own daemons (one per GPU of a sweep) are no obstacle to another one.
         if record.as_ref().is_some_and(|r| r.owner_pid == std::process::id()) {
             continue;
@@ -241,7 +272,10 @@ fn preflight(base: &Path, procs: &dyn ProcessTable) -> Result<()> {
     }
     // Nothing runs from the folders left: the leftovers of daemons that are gone.
     if let Ok(entries) = std::fs::read_dir(base) {
-        for dir in entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_dir() && !by_dir.contains_key(p)) {
+        for dir in entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_dir() && !by_dir.contains_key(p))
+        {
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
@@ -250,7 +284,11 @@ fn preflight(base: &Path, procs: &dyn ProcessTable) -> Result<()> {
 
 /// The first 8 hex digits of a UUID, for a folder name.
 fn short(uuid: &str) -> String {
-    uuid.trim_start_matches("GPU-").chars().filter(|c| c.is_ascii_hexdigit()).take(8).collect()
+    uuid.trim_start_matches("GPU-")
+        .chars()
+        .filter(|c| c.is_ascii_hexdigit())
+        .take(8)
+        .collect()
 }
 
 /// The daemon's log files, for an error message.
@@ -260,7 +298,11 @@ fn read_logs(log: &Path) -> String {
         for p in entries.filter_map(|e| e.ok().map(|e| e.path())) {
             if let Ok(text) = std::fs::read_to_string(&p) {
                 let tail: Vec<&str> = text.lines().rev().take(10).collect();
-                out += &format!("{}:\n{}\n", p.display(), tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+                out += &format!(
+                    "{}:\n{}\n",
+                    p.display(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
             }
         }
     }
@@ -283,17 +325,36 @@ mod tests {
     }
 
     fn server(pid: u32, pipe: Option<&Path>) -> MpsProcess {
-        MpsProcess { pid, program: "nvidia-cuda-mps-server".into(), pipe_dir: pipe.map(Path::to_path_buf) }
+        MpsProcess {
+            pid,
+            program: "nvidia-cuda-mps-server".into(),
+            pipe_dir: pipe.map(Path::to_path_buf),
+        }
     }
 
     #[test]
     fn a_daemon_migprof_did_not_start_is_refused_with_how_to_stop_it() {
         let base = tempfile::tempdir().unwrap();
-        let e = preflight(base.path(), &Table(vec![server(77, None)], vec![77])).unwrap_err().to_string();
-        assert!(e.contains("another MPS daemon serves this machine: nvidia-cuda-mps-server (pid 77, the default pipe directory)"), "{e}");
-        assert!(e.contains("echo quit | CUDA_MPS_PIPE_DIRECTORY=<its pipe directory> nvidia-cuda-mps-control"), "{e}");
+        let e = preflight(base.path(), &Table(vec![server(77, None)], vec![77]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "another MPS daemon serves this machine: nvidia-cuda-mps-server (pid 77, the default pipe directory)"
+            ),
+            "{e}"
+        );
+        assert!(
+            e.contains("echo quit | CUDA_MPS_PIPE_DIRECTORY=<its pipe directory> nvidia-cuda-mps-control"),
+            "{e}"
+        );
         let elsewhere = Path::new("/var/run/mps");
-        assert!(preflight(base.path(), &Table(vec![server(78, Some(elsewhere))], vec![])).unwrap_err().to_string().contains("pipes in /var/run/mps"));
+        assert!(
+            preflight(base.path(), &Table(vec![server(78, Some(elsewhere))], vec![]))
+                .unwrap_err()
+                .to_string()
+                .contains("pipes in /var/run/mps")
+        );
     }
 
     #[test]
@@ -301,16 +362,37 @@ mod tests {
         let base = tempfile::tempdir().unwrap();
         let dir = base.path().join("4242-deadbeef");
         std::fs::create_dir_all(dir.join("pipe")).unwrap();
-        let record = Record { owner_pid: 4242, control_pid: 4243, gpu_uuid: "GPU-deadbeef".into() };
+        let record = Record {
+            owner_pid: 4242,
+            control_pid: 4243,
+            gpu_uuid: "GPU-deadbeef".into(),
+        };
         std::fs::write(dir.join("daemon.json"), serde_json::to_string(&record).unwrap()).unwrap();
-        let procs = vec![MpsProcess { pid: 4243, program: CONTROL.into(), pipe_dir: Some(dir.join("pipe")) }];
+        let procs = vec![MpsProcess {
+            pid: 4243,
+            program: CONTROL.into(),
+            pipe_dir: Some(dir.join("pipe")),
+        }];
         // Its migprof is gone: stale.
-        let e = preflight(base.path(), &Table(procs.clone(), vec![4243])).unwrap_err().to_string();
-        assert!(e.contains("a stale MPS daemon of an earlier migprof still runs: nvidia-cuda-mps-control (pid 4243"), "{e}");
-        assert!(e.contains(&format!("CUDA_MPS_PIPE_DIRECTORY={}", dir.join("pipe").display())) && e.contains("kill 4243"), "{e}");
+        let e = preflight(base.path(), &Table(procs.clone(), vec![4243]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("a stale MPS daemon of an earlier migprof still runs: nvidia-cuda-mps-control (pid 4243"),
+            "{e}"
+        );
+        assert!(
+            e.contains(&format!("CUDA_MPS_PIPE_DIRECTORY={}", dir.join("pipe").display())) && e.contains("kill 4243"),
+            "{e}"
+        );
         // Its migprof still runs: wait.
-        let e = preflight(base.path(), &Table(procs, vec![4242, 4243])).unwrap_err().to_string();
-        assert!(e.contains("migprof (pid 4242) runs an MPS daemon on GPU-deadbeef"), "{e}");
+        let e = preflight(base.path(), &Table(procs, vec![4242, 4243]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("migprof (pid 4242) runs an MPS daemon on GPU-deadbeef"),
+            "{e}"
+        );
         // Nothing runs from the folder any more: it is cleared and the start may go on.
         preflight(base.path(), &Table(Vec::new(), vec![])).unwrap();
         assert!(!dir.exists());
@@ -318,7 +400,12 @@ mod tests {
 
     #[test]
     fn a_client_gets_its_share_and_the_profile_memory() {
-        let share = Share { profile: Some("3g.40gb".into()), percent: 46, profile_sms: 60, memory_limit_mib: Some(40448) };
+        let share = Share {
+            profile: Some("3g.40gb".into()),
+            percent: 46,
+            profile_sms: 60,
+            memory_limit_mib: Some(40448),
+        };
         let env = client_env(Path::new("/tmp/m/pipe"), &share);
         assert_eq!(
             env,
@@ -328,7 +415,11 @@ mod tests {
                 ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=40448M".to_string()),
             ]
         );
-        let bare = Share { profile: None, memory_limit_mib: None, ..share };
+        let bare = Share {
+            profile: None,
+            memory_limit_mib: None,
+            ..share
+        };
         assert_eq!(client_env(Path::new("/p"), &bare).len(), 2);
     }
 }

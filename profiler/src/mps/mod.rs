@@ -39,7 +39,10 @@ impl MpsTarget {
                 bail!("`mps:{rest}`: `{g}` is not a GPU index or GPU-<uuid>; an emulated slice runs on a whole GPU")
             }
         }
-        Ok(MpsTarget { share: ShareSpec::parse(share)?, gpu })
+        Ok(MpsTarget {
+            share: ShareSpec::parse(share)?,
+            gpu,
+        })
     }
 }
 
@@ -70,7 +73,10 @@ impl Emulation {
         let mut why = Vec::new();
         let want = self.share.profile_sms;
         // A bare percentage has no profile to match: its measured SMs are simply what it got.
-        if let Some(sms) = self.measured_sms.filter(|&s| self.share.profile.is_some() && (s < want || s > want + 2)) {
+        if let Some(sms) = self
+            .measured_sms
+            .filter(|&s| self.share.profile.is_some() && (s < want || s > want + 2))
+        {
             why.push(format!("ran on {sms} SMs (expected {want} to {})", want + 2));
         }
         if let (Some(got), Some(limit)) = (self.measured_memory_mib, self.share.memory_limit_mib) {
@@ -78,13 +84,23 @@ impl Emulation {
                 why.push(format!("allocated {got} MiB past its {limit} MiB limit"));
             }
         }
-        (!why.is_empty()).then(|| format!("the MPS client for {} {}: the emulation does not match the profile", self.share.describe(), why.join(" and ")))
+        (!why.is_empty()).then(|| {
+            format!(
+                "the MPS client for {} {}: the emulation does not match the profile",
+                self.share.describe(),
+                why.join(" and ")
+            )
+        })
     }
 }
 
 /// The GPU and share of `target`: a whole GPU with MIG off (with MIG on, its slices are real: run on
 /// them instead).
-pub fn resolve(topology: &Topology, target: &MpsTarget, table: impl FnOnce(&Gpu) -> Result<ProfileTable>) -> Result<(Selected, Share)> {
+pub fn resolve(
+    topology: &Topology,
+    target: &MpsTarget,
+    table: impl FnOnce(&Gpu) -> Result<ProfileTable>,
+) -> Result<(Selected, Share)> {
     let id = target.gpu.as_deref().unwrap_or("first");
     let selected = crate::gpu::select(topology, id).map_err(|e| {
         if topology.gpus.iter().any(|g| g.mig_mode.is_some_and(|m| m.current)) {
@@ -93,7 +109,10 @@ pub fn resolve(topology: &Topology, target: &MpsTarget, table: impl FnOnce(&Gpu)
             e
         }
     })?;
-    let total = selected.gpu.sm_count.ok_or_else(|| anyhow::anyhow!("`{target}`: NVML reports no SM count for {}", selected.gpu.name))?;
+    let total = selected
+        .gpu
+        .sm_count
+        .ok_or_else(|| anyhow::anyhow!("`{target}`: NVML reports no SM count for {}", selected.gpu.name))?;
     let share = Share::resolve(&target.share, total, &table(&selected.gpu)?)?;
     Ok((selected, share))
 }
@@ -103,7 +122,12 @@ pub fn resolve(topology: &Topology, target: &MpsTarget, table: impl FnOnce(&Gpu)
 pub fn start_daemon(target: &MpsTarget) -> Result<(Selected, Share, daemon::Daemon)> {
     let topology = crate::gpu::discover().map_err(|e| anyhow::anyhow!("`{target}`: {e:#}"))?;
     let (selected, share) = resolve(&topology, target, profile_table)?;
-    let started = daemon::Daemon::start(&daemon::control_program()?, &daemon::base_dir(), &selected.gpu.uuid, &processes::Proc)?;
+    let started = daemon::Daemon::start(
+        &daemon::control_program()?,
+        &daemon::base_dir(),
+        &selected.gpu.uuid,
+        &processes::Proc,
+    )?;
     Ok((selected, share, started))
 }
 
@@ -116,7 +140,12 @@ pub fn profile_table(gpu: &Gpu) -> Result<ProfileTable> {
             .iter()
             .filter_map(|(name, _)| crate::mig::table(name).ok())
             .find(|t| t.product == gpu.name)
-            .ok_or_else(|| anyhow::anyhow!("no MIG profile table for {} ({live:#}); use mps:<percent>% instead", gpu.name)),
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "no MIG profile table for {} ({live:#}); use mps:<percent>% instead",
+                    gpu.name
+                )
+            }),
     }
 }
 
@@ -125,11 +154,18 @@ mod tests {
     use super::*;
 
     fn h100(mig_on: bool) -> Topology {
-        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/topologies/h100_3g_2g_1g_1g.json")).unwrap();
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/topologies/h100_3g_2g_1g_1g.json"
+        ))
+        .unwrap();
         let mut t: Topology = serde_json::from_str(&text).unwrap();
         if !mig_on {
             for g in &mut t.gpus {
-                g.mig_mode = g.mig_mode.map(|_| crate::mig::mode::MigMode { current: false, pending: false });
+                g.mig_mode = g.mig_mode.map(|_| crate::mig::mode::MigMode {
+                    current: false,
+                    pending: false,
+                });
                 g.mig_devices.clear();
             }
         }
@@ -141,7 +177,11 @@ mod tests {
         for s in ["3g.40gb", "45%", "1g.10gb@1", "7g.80gb@GPU-ab12"] {
             assert_eq!(MpsTarget::parse(s).unwrap().to_string(), format!("mps:{s}"));
         }
-        for (bad, says) in [("3g.40gb@", "name a GPU"), ("3g.40gb@MIG-1", "runs on a whole GPU"), ("lots", "after `mps:`")] {
+        for (bad, says) in [
+            ("3g.40gb@", "name a GPU"),
+            ("3g.40gb@MIG-1", "runs on a whole GPU"),
+            ("lots", "after `mps:`"),
+        ] {
             let e = MpsTarget::parse(bad).unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");
         }
@@ -160,17 +200,63 @@ mod tests {
 
     #[test]
     fn the_measured_reach_is_checked_against_the_profile() {
-        let share = Share { profile: Some("3g.40gb".into()), percent: 46, profile_sms: 60, memory_limit_mib: Some(40448) };
-        let at = |sms| Emulation { share: share.clone(), measured_sms: Some(sms), measured_memory_mib: None }.mismatch();
+        let share = Share {
+            profile: Some("3g.40gb".into()),
+            percent: 46,
+            profile_sms: 60,
+            memory_limit_mib: Some(40448),
+        };
+        let at = |sms| {
+            Emulation {
+                share: share.clone(),
+                measured_sms: Some(sms),
+                measured_memory_mib: None,
+            }
+            .mismatch()
+        };
         assert_eq!((at(60), at(62)), (None, None));
         assert_eq!(at(58).unwrap(), "the MPS client for 3g.40gb (46% of SMs) ran on 58 SMs (expected 60 to 62): the emulation does not match the profile");
         assert!(at(64).is_some());
-        let memory = |mib| Emulation { share: share.clone(), measured_sms: Some(60), measured_memory_mib: Some(mib) }.mismatch();
+        let memory = |mib| {
+            Emulation {
+                share: share.clone(),
+                measured_sms: Some(60),
+                measured_memory_mib: Some(mib),
+            }
+            .mismatch()
+        };
         assert_eq!(memory(40448 - 256), None);
-        assert!(memory(41472).unwrap().contains("allocated 41472 MiB past its 40448 MiB limit"), "{:?}", memory(41472));
-        assert_eq!(Emulation { share: share.clone(), measured_sms: None, measured_memory_mib: None }.mismatch(), None);
+        assert!(
+            memory(41472)
+                .unwrap()
+                .contains("allocated 41472 MiB past its 40448 MiB limit"),
+            "{:?}",
+            memory(41472)
+        );
+        assert_eq!(
+            Emulation {
+                share: share.clone(),
+                measured_sms: None,
+                measured_memory_mib: None
+            }
+            .mismatch(),
+            None
+        );
         // mps:45% on an H100 ran on 58 SMs: MPS rounds its share down to whole TPCs; nothing to match.
-        let bare = Share { profile: None, percent: 45, profile_sms: 60, memory_limit_mib: None };
-        assert_eq!(Emulation { share: bare, measured_sms: Some(58), measured_memory_mib: None }.mismatch(), None);
+        let bare = Share {
+            profile: None,
+            percent: 45,
+            profile_sms: 60,
+            memory_limit_mib: None,
+        };
+        assert_eq!(
+            Emulation {
+                share: bare,
+                measured_sms: Some(58),
+                measured_memory_mib: None
+            }
+            .mismatch(),
+            None
+        );
     }
 }

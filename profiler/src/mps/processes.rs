@@ -25,7 +25,12 @@ impl MpsProcess {
     }
 
     pub fn describe(&self) -> String {
-        let pipes = self.pipe_dir.as_ref().map_or("the default pipe directory".to_string(), |p| format!("pipes in {}", p.display()));
+        let pipes = self
+            .pipe_dir
+            .as_ref()
+            .map_or("the default pipe directory".to_string(), |p| {
+                format!("pipes in {}", p.display())
+            });
         format!("{} (pid {}, {pipes})", self.program, self.pid)
     }
 }
@@ -41,7 +46,9 @@ pub struct Proc;
 
 impl ProcessTable for Proc {
     fn mps_processes(&self) -> Vec<MpsProcess> {
-        let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
         let mut found: Vec<MpsProcess> = entries
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
             .filter_map(|pid| {
@@ -49,11 +56,18 @@ impl ProcessTable for Proc {
                 // control daemon from the server.
                 let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
                 let argv0 = cmdline.split(|&b| b == 0).next()?;
-                let program = Path::new(std::str::from_utf8(argv0).ok()?).file_name()?.to_str()?.to_string();
+                let program = Path::new(std::str::from_utf8(argv0).ok()?)
+                    .file_name()?
+                    .to_str()?
+                    .to_string();
                 if program != CONTROL && program != SERVER {
                     return None;
                 }
-                Some(MpsProcess { pid, program, pipe_dir: environ(pid, "CUDA_MPS_PIPE_DIRECTORY").map(PathBuf::from) })
+                Some(MpsProcess {
+                    pid,
+                    program,
+                    pipe_dir: environ(pid, "CUDA_MPS_PIPE_DIRECTORY").map(PathBuf::from),
+                })
             })
             .collect();
         found.sort_by_key(|p| p.pid);
@@ -77,5 +91,7 @@ pub fn alive(pid: u32) -> bool {
 fn environ(pid: u32, name: &str) -> Option<String> {
     let bytes = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
     let prefix = format!("{name}=");
-    bytes.split(|&b| b == 0).find_map(|kv| std::str::from_utf8(kv).ok()?.strip_prefix(&prefix).map(str::to_string))
+    bytes
+        .split(|&b| b == 0)
+        .find_map(|kv| std::str::from_utf8(kv).ok()?.strip_prefix(&prefix).map(str::to_string))
 }

@@ -106,11 +106,17 @@ mod tests {
 
     #[test]
     fn shares_parse_and_junk_names_the_two_forms() {
-        assert_eq!(ShareSpec::parse("3g.40gb").unwrap(), ShareSpec::Profile("3g.40gb".into()));
+        assert_eq!(
+            ShareSpec::parse("3g.40gb").unwrap(),
+            ShareSpec::Profile("3g.40gb".into())
+        );
         assert_eq!(ShareSpec::parse("45%").unwrap(), ShareSpec::Percent(45));
         for bad in ["0%", "101%", "4.5%", "half", "3g"] {
             let e = ShareSpec::parse(bad).unwrap_err().to_string();
-            assert!(e.contains(&format!("`mps:{bad}`")) && (e.contains("1% to 100%") || e.contains("mps:3g.40gb")), "{e}");
+            assert!(
+                e.contains(&format!("`mps:{bad}`")) && (e.contains("1% to 100%") || e.contains("mps:3g.40gb")),
+                "{e}"
+            );
         }
     }
 
@@ -122,9 +128,19 @@ mod tests {
             for p in &table.profiles {
                 let s = Share::resolve(&ShareSpec::Profile(p.name.clone()), total, &table).unwrap();
                 let granted = s.percent as f64 / 100.0 * total as f64;
-                assert!(granted >= p.sm_count as f64, "{gpu} {}: {}% of {total} = {granted}", p.name, s.percent);
+                assert!(
+                    granted >= p.sm_count as f64,
+                    "{gpu} {}: {}% of {total} = {granted}",
+                    p.name,
+                    s.percent
+                );
                 // The smallest whole percent that does: one less would not.
-                assert!(((s.percent - 1) as f64 / 100.0 * total as f64) < p.sm_count as f64, "{gpu} {}: {}%", p.name, s.percent);
+                assert!(
+                    ((s.percent - 1) as f64 / 100.0 * total as f64) < p.sm_count as f64,
+                    "{gpu} {}: {}%",
+                    p.name,
+                    s.percent
+                );
                 assert_eq!(s.memory_limit_mib, Some((p.memory_gib * 1024.0).round() as u64));
                 assert_eq!(s.profile_sms, p.sm_count);
             }
@@ -134,13 +150,34 @@ mod tests {
     #[test]
     fn the_h100_profiles_as_the_lent_gpu_gets_them() {
         let table = crate::mig::table("h100-80gb").unwrap();
-        let pct = |name: &str| Share::resolve(&ShareSpec::Profile(name.into()), 132, &table).unwrap().percent;
-        assert_eq!([pct("1g.10gb"), pct("2g.20gb"), pct("3g.40gb"), pct("4g.40gb"), pct("7g.80gb")], [13, 25, 46, 49, 100]);
+        let pct = |name: &str| {
+            Share::resolve(&ShareSpec::Profile(name.into()), 132, &table)
+                .unwrap()
+                .percent
+        };
+        assert_eq!(
+            [
+                pct("1g.10gb"),
+                pct("2g.20gb"),
+                pct("3g.40gb"),
+                pct("4g.40gb"),
+                pct("7g.80gb")
+            ],
+            [13, 25, 46, 49, 100]
+        );
         let s = Share::resolve(&ShareSpec::Profile("3g.40gb".into()), 132, &table).unwrap();
-        assert_eq!((s.memory_limit_mib, s.describe()), (Some(40448), "3g.40gb (46% of SMs)".to_string()));
+        assert_eq!(
+            (s.memory_limit_mib, s.describe()),
+            (Some(40448), "3g.40gb (46% of SMs)".to_string())
+        );
         let bare = Share::resolve(&ShareSpec::Percent(45), 132, &table).unwrap();
-        assert_eq!((bare.profile_sms, bare.memory_limit_mib, bare.describe()), (60, None, "45% of SMs".to_string()));
-        let e = Share::resolve(&ShareSpec::Profile("3g.71gb".into()), 132, &table).unwrap_err().to_string();
+        assert_eq!(
+            (bare.profile_sms, bare.memory_limit_mib, bare.describe()),
+            (60, None, "45% of SMs".to_string())
+        );
+        let e = Share::resolve(&ShareSpec::Profile("3g.71gb".into()), 132, &table)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("3g.40gb") && e.contains("not a MIG profile"), "{e}");
     }
 }

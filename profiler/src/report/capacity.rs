@@ -14,16 +14,58 @@ use super::{Block, Section};
 use crate::results::store::Table;
 
 const STEP_TEXT: [&str; 26] = [
-    "target", "status", "model", "dtype", "seq_len", "profile", "device_name", "device_kind", "mig_profile", "emulated_profile", "emulation",
-    "meets_slo", "ending", "capacity_id", "sweep", "host", "migprof_version", "git_commit", "candle_version", "build_features", "gpu_name",
-    "driver_version", "cuda_driver_version", "cudnn_version", "cublas_version", "cpu_model",
+    "target",
+    "status",
+    "model",
+    "dtype",
+    "seq_len",
+    "profile",
+    "device_name",
+    "device_kind",
+    "mig_profile",
+    "emulated_profile",
+    "emulation",
+    "meets_slo",
+    "ending",
+    "capacity_id",
+    "sweep",
+    "host",
+    "migprof_version",
+    "git_commit",
+    "candle_version",
+    "build_features",
+    "gpu_name",
+    "driver_version",
+    "cuda_driver_version",
+    "cudnn_version",
+    "cublas_version",
+    "cpu_model",
 ];
 const STEP_NUM: [&str; 11] = [
-    "offered_qps", "achieved_qps", "p99_ms", "p99_ms_ci_low", "p99_ms_ci_high", "slo_p99_ms", "sm_count", "device_memory_mib", "mps_share_pct", "max_batch",
+    "offered_qps",
+    "achieved_qps",
+    "p99_ms",
+    "p99_ms_ci_low",
+    "p99_ms_ci_high",
+    "slo_p99_ms",
+    "sm_count",
+    "device_memory_mib",
+    "mps_share_pct",
+    "max_batch",
     "max_delay_ms",
 ];
-const CAPACITY_TEXT: [&str; 8] = ["target", "status", "model", "dtype", "seq_len", "profile", "emulated", "note"];
-const CAPACITY_NUM: [&str; 7] = ["capacity_qps", "slo_p99_ms", "p99_at_capacity_ms", "bracket_high_qps", "steps", "closed_loop_qps", "max_batch"];
+const CAPACITY_TEXT: [&str; 8] = [
+    "target", "status", "model", "dtype", "seq_len", "profile", "emulated", "note",
+];
+const CAPACITY_NUM: [&str; 7] = [
+    "capacity_qps",
+    "slo_p99_ms",
+    "p99_at_capacity_ms",
+    "bracket_high_qps",
+    "steps",
+    "closed_loop_qps",
+    "max_batch",
+];
 
 /// The folders' load steps, capacities and plans.
 pub struct Serving {
@@ -39,16 +81,26 @@ impl Serving {
         let capacities = read_rows(dirs, Table::Capacity, &CAPACITY_TEXT, &CAPACITY_NUM)?;
         let mut plans = Vec::new();
         for dir in dirs {
-            let Ok(entries) = std::fs::read_dir(dir.join("plans")) else { continue };
-            let mut files: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
+            let Ok(entries) = std::fs::read_dir(dir.join("plans")) else {
+                continue;
+            };
+            let mut files: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                .collect();
             files.sort();
             if let Some(latest) = files.pop() {
                 let text = std::fs::read_to_string(&latest).with_context(|| format!("reading {}", latest.display()))?;
-                let plan = serde_json::from_str(&text).with_context(|| format!("{}: not a plan of `migprof capacity`", latest.display()))?;
+                let plan = serde_json::from_str(&text)
+                    .with_context(|| format!("{}: not a plan of `migprof capacity`", latest.display()))?;
                 plans.push((latest, plan));
             }
         }
-        Ok(Serving { steps, capacities, plans })
+        Ok(Serving {
+            steps,
+            capacities,
+            plans,
+        })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -68,10 +120,27 @@ impl Serving {
         }
         // One chart per model, dtype, sequence length, objective and batcher: a line per target.
         let mut groups: BTreeMap<(String, String, String, String, String), Vec<&Row>> = BTreeMap::new();
-        for r in self.steps.iter().filter(|r| r.s("status") == "ok" && r.n("p99_ms").is_some()) {
+        for r in self
+            .steps
+            .iter()
+            .filter(|r| r.s("status") == "ok" && r.n("p99_ms").is_some())
+        {
             let slo = r.n("slo_p99_ms").map_or(String::new(), |s| format!("{s}"));
-            let batcher = format!("batches ≤ {}, wait ≤ {} ms", fmt(r.n("max_batch"), 0), r.n("max_delay_ms").unwrap_or(0.0));
-            groups.entry((r.s("model").into(), r.s("dtype").into(), r.s("seq_len").into(), slo, batcher)).or_default().push(r);
+            let batcher = format!(
+                "batches ≤ {}, wait ≤ {} ms",
+                fmt(r.n("max_batch"), 0),
+                r.n("max_delay_ms").unwrap_or(0.0)
+            );
+            groups
+                .entry((
+                    r.s("model").into(),
+                    r.s("dtype").into(),
+                    r.s("seq_len").into(),
+                    slo,
+                    batcher,
+                ))
+                .or_default()
+                .push(r);
         }
         for (i, ((model, dtype, seq, slo, batcher), steps)) in groups.iter().enumerate() {
             let targets: BTreeSet<&str> = steps.iter().map(|r| r.s("target")).collect();
@@ -91,8 +160,16 @@ impl Serving {
                         .collect(),
                 })
                 .collect();
-            let seq_text = if seq.is_empty() { String::new() } else { format!(", seq {seq}") };
-            let slo_text = if slo.is_empty() { String::new() } else { format!(", objective p99 ≤ {slo} ms") };
+            let seq_text = if seq.is_empty() {
+                String::new()
+            } else {
+                format!(", seq {seq}")
+            };
+            let slo_text = if slo.is_empty() {
+                String::new()
+            } else {
+                format!(", objective p99 ≤ {slo} ms")
+            };
             let title = format!("{model} {dtype}{seq_text} ({batcher}): p99 against offered rate");
             let chart = Chart {
                 title: &title,
@@ -107,7 +184,11 @@ impl Serving {
                 hline: slo.parse().ok(),
             };
             blocks.push(Block::Text(format!("{model}, {dtype}{seq_text}, {batcher}{slo_text}:")));
-            blocks.push(Block::Chart { name: format!("load-{}-{dtype}-{}.svg", slug(model), i + 1), svg: chart.svg()?, legend: chart.legend() });
+            blocks.push(Block::Chart {
+                name: format!("load-{}-{dtype}-{}.svg", slug(model), i + 1),
+                svg: chart.svg()?,
+                legend: chart.legend(),
+            });
         }
         let mut rows: Vec<Vec<String>> = self
             .capacities
@@ -118,7 +199,16 @@ impl Serving {
                 vec![
                     r.s("target").into(),
                     r.s("profile").into(),
-                    format!("{} {}{}", r.s("model"), r.s("dtype"), if r.s("seq_len").is_empty() { String::new() } else { format!(" seq {}", r.s("seq_len")) }),
+                    format!(
+                        "{} {}{}",
+                        r.s("model"),
+                        r.s("dtype"),
+                        if r.s("seq_len").is_empty() {
+                            String::new()
+                        } else {
+                            format!(" seq {}", r.s("seq_len"))
+                        }
+                    ),
                     fmt(r.n("slo_p99_ms"), 1),
                     r.n("capacity_qps").map_or("none".into(), |c| format!("{c:.1}")),
                     fmt(r.n("p99_at_capacity_ms"), 2),
@@ -126,7 +216,11 @@ impl Serving {
                     fmt(r.n("closed_loop_qps"), 1),
                     fmt(knee, 2),
                     fmt(r.n("steps"), 0),
-                    if r.s("emulated") == "true" { "yes".into() } else { "no".into() },
+                    if r.s("emulated") == "true" {
+                        "yes".into()
+                    } else {
+                        "no".into()
+                    },
                 ]
             })
             .collect();
@@ -134,11 +228,28 @@ impl Serving {
         if !rows.is_empty() {
             blocks.push(Block::Text("Capacities found: the highest rate that met the objective, the lowest that did not, and the closed loop's rate at the max batch; their ratio is what the objective leaves of the closed loop's throughput.".into()));
             blocks.push(table(
-                &["target", "profile", "model", "p99 objective ms", "capacity req/s", "p99 there ms", "failed at req/s", "closed loop req/s", "capacity / closed loop", "steps", "emulated"],
+                &[
+                    "target",
+                    "profile",
+                    "model",
+                    "p99 objective ms",
+                    "capacity req/s",
+                    "p99 there ms",
+                    "failed at req/s",
+                    "closed loop req/s",
+                    "capacity / closed loop",
+                    "steps",
+                    "emulated",
+                ],
                 rows,
             ));
         }
-        let mut out = vec![Section { id: "capacity".into(), title: "Serving capacity".into(), level: 2, blocks }];
+        let mut out = vec![Section {
+            id: "capacity".into(),
+            title: "Serving capacity".into(),
+            level: 2,
+            blocks,
+        }];
         for (path, plan) in &self.plans {
             out.push(plan_section(path, plan));
         }
@@ -160,15 +271,48 @@ fn plan_section(path: &std::path::Path, p: &crate::capacity::Report) -> Section 
     ))];
     blocks.push(table(
         &["GPUs", "layout"],
-        p.layouts.iter().map(|l| vec![l.count.to_string(), if l.mig_enabled { l.profiles.join(" + ") } else { "MIG off".into() }]).collect(),
+        p.layouts
+            .iter()
+            .map(|l| {
+                vec![
+                    l.count.to_string(),
+                    if l.mig_enabled {
+                        l.profiles.join(" + ")
+                    } else {
+                        "MIG off".into()
+                    },
+                ]
+            })
+            .collect(),
     ));
-    blocks.push(table(&["model", "profile", "instances"], p.instances.iter().map(|i| vec![i.model.clone(), i.profile.clone(), i.count.to_string()]).collect()));
+    blocks.push(table(
+        &["model", "profile", "instances"],
+        p.instances
+            .iter()
+            .map(|i| vec![i.model.clone(), i.profile.clone(), i.count.to_string()])
+            .collect(),
+    ));
     blocks.push(table(
         &["model", "demand req/s", "serves req/s", "spare req/s"],
-        p.spare.iter().map(|s| vec![s.model.clone(), format!("{:.0}", s.demand_qps), format!("{:.0}", s.serves_qps), format!("{:.0}", s.spare_qps)]).collect(),
+        p.spare
+            .iter()
+            .map(|s| {
+                vec![
+                    s.model.clone(),
+                    format!("{:.0}", s.demand_qps),
+                    format!("{:.0}", s.serves_qps),
+                    format!("{:.0}", s.spare_qps),
+                ]
+            })
+            .collect(),
     ));
     for n in &p.notes {
         blocks.push(Block::Text(format!("Note: {n}")));
     }
-    Section { id: "plan".into(), title: "Fleet plan".into(), level: 3, blocks }
+    Section {
+        id: "plan".into(),
+        title: "Fleet plan".into(),
+        level: 3,
+        blocks,
+    }
 }

@@ -77,7 +77,9 @@ pub fn scale_for(values: impl Iterator<Item = f64>) -> Scale {
 }
 
 fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    values.filter(|v| v.is_finite()).fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)))
+    values
+        .filter(|v| v.is_finite())
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)))
 }
 
 /// The axis range for `values` on `scale`: padded a little, never beyond what the data needs. A linear
@@ -99,7 +101,11 @@ fn axis(values: impl Iterator<Item = f64>, scale: Scale, from_zero: bool) -> (f6
             (lo, hi)
         }
         Scale::Linear => {
-            let pad = if hi > lo { (hi - lo) * 0.05 } else { lo.abs().max(1.0) * 0.5 };
+            let pad = if hi > lo {
+                (hi - lo) * 0.05
+            } else {
+                lo.abs().max(1.0) * 0.5
+            };
             (lo - pad, hi + pad)
         }
     }
@@ -117,7 +123,8 @@ pub fn significant(v: f64) -> String {
 impl Chart<'_> {
     /// What each colour means: every series, and the proportional line of a scaling chart.
     pub fn legend(&self) -> Vec<(String, Option<usize>)> {
-        let mut l: Vec<(String, Option<usize>)> = self.series.iter().map(|s| (s.name.clone(), Some(s.colour))).collect();
+        let mut l: Vec<(String, Option<usize>)> =
+            self.series.iter().map(|s| (s.name.clone(), Some(s.colour))).collect();
         if self.diagonal {
             l.push(("proportional to SMs (grey)".into(), None));
         }
@@ -131,7 +138,13 @@ impl Chart<'_> {
             let root = SVGBackend::with_string(&mut out, (760, 420)).into_drawing_area();
             root.fill(&WHITE)?;
             let xs = self.series.iter().flat_map(|s| s.points.iter().map(|p| p.x));
-            let ys = self.series.iter().flat_map(|s| s.points.iter().flat_map(|p| [Some(p.y), p.whisker.map(|w| w.0), p.whisker.map(|w| w.1)].into_iter().flatten()));
+            let ys = self.series.iter().flat_map(|s| {
+                s.points.iter().flat_map(|p| {
+                    [Some(p.y), p.whisker.map(|w| w.0), p.whisker.map(|w| w.1)]
+                        .into_iter()
+                        .flatten()
+                })
+            });
             let (x0, x1) = axis(xs.clone(), self.x_scale, self.diagonal);
             let (mut y0, mut y1) = axis(ys.chain(self.hline), self.y_scale, true);
             if self.diagonal {
@@ -139,7 +152,11 @@ impl Chart<'_> {
                 y1 = y1.max(x1);
             }
             let mut builder = ChartBuilder::on(&root);
-            builder.caption(self.title, ("sans-serif", 18)).margin(14).x_label_area_size(44).y_label_area_size(70);
+            builder
+                .caption(self.title, ("sans-serif", 18))
+                .margin(14)
+                .x_label_area_size(44)
+                .y_label_area_size(70);
             // plotters types a chart by its axes: one body per combination.
             macro_rules! draw {
                 ($xr:expr, $yr:expr) => {{
@@ -152,22 +169,34 @@ impl Chart<'_> {
                         .y_label_formatter(&|v| significant(*v))
                         .draw()?;
                     if self.diagonal {
-                        ctx.draw_series(LineSeries::new([(x0, x0), (x1, x1)], RGBColor(120, 120, 120).stroke_width(1)))?;
+                        ctx.draw_series(LineSeries::new(
+                            [(x0, x0), (x1, x1)],
+                            RGBColor(120, 120, 120).stroke_width(1),
+                        ))?;
                     }
                     if let Some(y) = self.hline {
                         // Darker and wider than the mesh, which it would otherwise disappear into.
-                        ctx.draw_series(LineSeries::new([(x0, y), (x1, y)], RGBColor(90, 90, 90).stroke_width(2)))?;
+                        ctx.draw_series(LineSeries::new(
+                            [(x0, y), (x1, y)],
+                            RGBColor(90, 90, 90).stroke_width(2),
+                        ))?;
                     }
                     for s in self.series {
                         let (r, g, b) = PALETTE[s.colour % PALETTE.len()];
                         let colour = RGBColor(r, g, b);
                         let mut points = s.points.clone();
                         points.sort_by(|a, b| a.x.total_cmp(&b.x));
-                        ctx.draw_series(LineSeries::new(points.iter().map(|p| (p.x, p.y)), colour.stroke_width(2)))?;
+                        ctx.draw_series(LineSeries::new(
+                            points.iter().map(|p| (p.x, p.y)),
+                            colour.stroke_width(2),
+                        ))?;
                         if self.markers {
                             ctx.draw_series(points.iter().map(|p| Circle::new((p.x, p.y), 3, colour.filled())))?;
                         }
-                        ctx.draw_series(points.iter().filter_map(|p| p.whisker.map(|(lo, hi)| ErrorBar::new_vertical(p.x, lo, p.y, hi, colour.stroke_width(1), 8))))?;
+                        ctx.draw_series(points.iter().filter_map(|p| {
+                            p.whisker
+                                .map(|(lo, hi)| ErrorBar::new_vertical(p.x, lo, p.y, hi, colour.stroke_width(1), 8))
+                        }))?;
                     }
                 }};
             }
@@ -188,20 +217,54 @@ mod tests {
     use super::*;
 
     fn series(colour: usize, pts: &[(f64, f64)]) -> Series {
-        Series { name: format!("t{colour}"), colour, points: pts.iter().map(|&(x, y)| Point { x, y, whisker: Some((y * 0.9, y * 1.1)) }).collect() }
+        Series {
+            name: format!("t{colour}"),
+            colour,
+            points: pts
+                .iter()
+                .map(|&(x, y)| Point {
+                    x,
+                    y,
+                    whisker: Some((y * 0.9, y * 1.1)),
+                })
+                .collect(),
+        }
     }
 
     #[test]
     fn a_chart_is_an_svg_with_its_texts_and_the_same_bytes_every_time() {
-        let s = [series(0, &[(1.0, 10.0), (128.0, 900.0)]), series(1, &[(1.0, 5.0), (128.0, 400.0)])];
-        let chart = Chart { title: "Throughput", x_label: "batch", y_label: "samples/s", x_scale: Scale::Log, y_scale: Scale::Log, series: &s, diagonal: false, markers: true, hline: None };
+        let s = [
+            series(0, &[(1.0, 10.0), (128.0, 900.0)]),
+            series(1, &[(1.0, 5.0), (128.0, 400.0)]),
+        ];
+        let chart = Chart {
+            title: "Throughput",
+            x_label: "batch",
+            y_label: "samples/s",
+            x_scale: Scale::Log,
+            y_scale: Scale::Log,
+            series: &s,
+            diagonal: false,
+            markers: true,
+            hline: None,
+        };
         let svg = chart.svg().unwrap();
-        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{}", &svg[..80]);
+        assert!(
+            svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
+            "{}",
+            &svg[..80]
+        );
         for text in ["Throughput", "batch", "samples/s"] {
             assert!(svg.contains(text), "{text}");
         }
-        assert_eq!(chart.legend(), vec![("t0".to_string(), Some(0)), ("t1".to_string(), Some(1))]);
-        assert!(svg.contains("#1F77B4") || svg.contains("#1f77b4"), "the first target is blue");
+        assert_eq!(
+            chart.legend(),
+            vec![("t0".to_string(), Some(0)), ("t1".to_string(), Some(1))]
+        );
+        assert!(
+            svg.contains("#1F77B4") || svg.contains("#1f77b4"),
+            "the first target is blue"
+        );
         assert_eq!(chart.svg().unwrap(), svg);
     }
 

@@ -36,16 +36,61 @@ impl Row {
 }
 
 const TEXT: [&str; 32] = [
-    "run_id", "cell_id", "baseline", "sweep", "target", "status", "error", "model", "mode", "dtype", "device_kind", "device_name", "gpu_name", "mig_profile",
-    "emulation", "emulated_profile", "kernel_options", "verdict", "concurrency_group", "neighbours", "host", "migprof_version",
-    "git_commit", "candle_version", "build_features", "driver_version", "cuda_driver_version", "cudnn_version", "cublas_version",
-    "cpu_model", "seq_len", "batch",
+    "run_id",
+    "cell_id",
+    "baseline",
+    "sweep",
+    "target",
+    "status",
+    "error",
+    "model",
+    "mode",
+    "dtype",
+    "device_kind",
+    "device_name",
+    "gpu_name",
+    "mig_profile",
+    "emulation",
+    "emulated_profile",
+    "kernel_options",
+    "verdict",
+    "concurrency_group",
+    "neighbours",
+    "host",
+    "migprof_version",
+    "git_commit",
+    "candle_version",
+    "build_features",
+    "driver_version",
+    "cuda_driver_version",
+    "cudnn_version",
+    "cublas_version",
+    "cpu_model",
+    "seq_len",
+    "batch",
 ];
 
 const NUM: [&str; 20] = [
-    "batch", "seq_len", "sm_count", "device_memory_mib", "throughput", "throughput_ci_low", "throughput_ci_high", "p50_ms", "p90_ms",
-    "p99_ms", "p50_ms_ci_low", "p50_ms_ci_high", "fb_used_max_mib", "pool_held_mib_start", "gract_mean", "j_per_sample", "mps_share_pct",
-    "measured_sms", "power_limit_w", "iterations",
+    "batch",
+    "seq_len",
+    "sm_count",
+    "device_memory_mib",
+    "throughput",
+    "throughput_ci_low",
+    "throughput_ci_high",
+    "p50_ms",
+    "p90_ms",
+    "p99_ms",
+    "p50_ms_ci_low",
+    "p50_ms_ci_high",
+    "fb_used_max_mib",
+    "pool_held_mib_start",
+    "gract_mean",
+    "j_per_sample",
+    "mps_share_pct",
+    "measured_sms",
+    "power_limit_w",
+    "iterations",
 ];
 
 /// Every row of the folders' runs tables, in the order of the folders and their parts (none when
@@ -55,7 +100,12 @@ pub fn read(dirs: &[PathBuf]) -> Result<Vec<Row>> {
 }
 
 /// The `keys` of every row of one table of the folders.
-pub fn read_rows(dirs: &[PathBuf], table: Table, text_keys: &[&'static str], num_keys: &[&'static str]) -> Result<Vec<Row>> {
+pub fn read_rows(
+    dirs: &[PathBuf],
+    table: Table,
+    text_keys: &[&'static str],
+    num_keys: &[&'static str],
+) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for dir in dirs {
         if !dir.is_dir() {
@@ -72,7 +122,12 @@ fn rows_of(df: &DataFrame, text_keys: &[&'static str], num_keys: &[&'static str]
         .iter()
         .map(|&k| {
             let v = match df.column(k) {
-                Ok(c) => c.cast(&DataType::String)?.str()?.iter().map(|v| v.map(str::to_string)).collect(),
+                Ok(c) => c
+                    .cast(&DataType::String)?
+                    .str()?
+                    .iter()
+                    .map(|v| v.map(str::to_string))
+                    .collect(),
                 Err(_) => vec![None; df.height()],
             };
             Ok((k, v))
@@ -91,7 +146,10 @@ fn rows_of(df: &DataFrame, text_keys: &[&'static str], num_keys: &[&'static str]
     Ok((0..df.height())
         .map(|i| Row {
             text: text.iter().filter_map(|(k, v)| v[i].clone().map(|s| (*k, s))).collect(),
-            num: num.iter().filter_map(|(k, v)| v[i].filter(|x| x.is_finite()).map(|x| (*k, x))).collect(),
+            num: num
+                .iter()
+                .filter_map(|(k, v)| v[i].filter(|x| x.is_finite()).map(|x| (*k, x)))
+                .collect(),
         })
         .collect())
 }
@@ -105,7 +163,13 @@ pub struct Detail {
 }
 
 /// The quantities of the sampler's time series, with their units.
-pub const READINGS: [(&str, &str); 5] = [("gract", "%"), ("sm_occupancy", "%"), ("tensor_util", "%"), ("fb_used_mib", "MiB"), ("gpu_power_w", "W")];
+pub const READINGS: [(&str, &str); 5] = [
+    ("gract", "%"),
+    ("sm_occupancy", "%"),
+    ("tensor_util", "%"),
+    ("fb_used_mib", "MiB"),
+    ("gpu_power_w", "W"),
+];
 
 /// The samples and readings of the runs `wanted`, from every folder.
 pub fn detail(dirs: &[PathBuf], wanted: &std::collections::BTreeSet<String>) -> Result<Detail> {
@@ -162,13 +226,19 @@ pub fn targets(rows: &[Row]) -> Vec<String> {
 /// The baseline of the scaling chart and comparisons: the target a sweep marked `baseline = true`,
 /// else the one with the most SMs, one not emulated before an emulated one of the same size.
 pub fn baseline(rows: &[Row]) -> Option<String> {
-    if let Some(r) = rows.iter().find(|r| r.is_alone() && r.s("baseline") == "true" && r.n("sm_count").is_some()) {
+    if let Some(r) = rows
+        .iter()
+        .find(|r| r.is_alone() && r.s("baseline") == "true" && r.n("sm_count").is_some())
+    {
         return Some(r.s("target").to_string());
     }
     rows.iter()
         .filter(|r| r.is_alone() && r.n("sm_count").is_some())
         .max_by(|a, b| {
-            a.n("sm_count").unwrap().total_cmp(&b.n("sm_count").unwrap()).then_with(|| b.s("emulation").is_empty().cmp(&a.s("emulation").is_empty()).reverse())
+            a.n("sm_count")
+                .unwrap()
+                .total_cmp(&b.n("sm_count").unwrap())
+                .then_with(|| b.s("emulation").is_empty().cmp(&a.s("emulation").is_empty()).reverse())
         })
         .map(|r| r.s("target").to_string())
 }
@@ -183,20 +253,33 @@ mod tests {
     use super::*;
 
     fn row(target: &str, sms: f64, emulation: &str, baseline: bool) -> Row {
-        let mut text: BTreeMap<&'static str, String> = [("target", target.to_string()), ("status", "ok".to_string())].into_iter().collect();
+        let mut text: BTreeMap<&'static str, String> = [("target", target.to_string()), ("status", "ok".to_string())]
+            .into_iter()
+            .collect();
         if !emulation.is_empty() {
             text.insert("emulation", emulation.into());
         }
         if baseline {
             text.insert("baseline", "true".into());
         }
-        Row { text, num: [("sm_count", sms), ("throughput", 1.0)].into_iter().collect() }
+        Row {
+            text,
+            num: [("sm_count", sms), ("throughput", 1.0)].into_iter().collect(),
+        }
     }
 
     #[test]
     fn the_baseline_is_the_marked_target_else_the_largest_real_one() {
-        let rows = vec![row("7g", 132.0, "mps", false), row("full", 132.0, "", false), row("3g", 60.0, "mps", false)];
-        assert_eq!(baseline(&rows).as_deref(), Some("full"), "a real device before an emulated one of its size");
+        let rows = vec![
+            row("7g", 132.0, "mps", false),
+            row("full", 132.0, "", false),
+            row("3g", 60.0, "mps", false),
+        ];
+        assert_eq!(
+            baseline(&rows).as_deref(),
+            Some("full"),
+            "a real device before an emulated one of its size"
+        );
         let marked = vec![row("full", 132.0, "", false), row("3g", 60.0, "mps", true)];
         assert_eq!(baseline(&marked).as_deref(), Some("3g"));
         assert_eq!(targets(&rows), vec!["7g", "full", "3g"]);

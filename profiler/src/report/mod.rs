@@ -23,10 +23,17 @@ pub use sections::build;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Block {
     Text(String),
-    Table { head: Vec<String>, rows: Vec<Vec<String>> },
+    Table {
+        head: Vec<String>,
+        rows: Vec<Vec<String>>,
+    },
     /// A chart: a file name for the Markdown form, the SVG, and its legend (a name per colour of
     /// [`chart::PALETTE`], or grey), written beside it so that it hides no data.
-    Chart { name: String, svg: String, legend: Vec<(String, Option<usize>)> },
+    Chart {
+        name: String,
+        svg: String,
+        legend: Vec<(String, Option<usize>)>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -51,7 +58,13 @@ pub fn write(dirs: &[PathBuf], out: &Path, format: Format, detail_batch: Option<
     let rows = data::read(dirs)?;
     let serving = capacity::Serving::read(dirs)?;
     if rows.is_empty() && serving.is_empty() {
-        anyhow::bail!("no runs and no load steps in {}", dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "))
+        anyhow::bail!(
+            "no runs and no load steps in {}",
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
     }
     let detail = data::detail(dirs, &sections::detailed_runs(&rows, detail_batch))?;
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -86,7 +99,9 @@ nav ul{columns:2}figcaption{font-size:.9em}";
 
 /// The report as one HTML page.
 pub fn html(sections: &[Section]) -> String {
-    let mut out = String::from("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>migprof report</title>\n");
+    let mut out = String::from(
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>migprof report</title>\n",
+    );
     let _ = writeln!(out, "<style>{CSS}</style>\n</head>\n<body>\n<h1>migprof report</h1>");
     out += "<nav>\n<h2 id=\"contents\">Contents</h2>\n<ul>\n";
     for s in sections.iter().filter(|s| s.level == 2) {
@@ -120,9 +135,20 @@ pub fn html(sections: &[Section]) -> String {
                     let start = svg.find("<svg").unwrap_or(0);
                     let keys: Vec<String> = legend
                         .iter()
-                        .map(|(name, c)| format!("<span style=\"color:{}\">&#9632;</span>&nbsp;{}", c.map_or("#787878".into(), chart::css), escape(name)))
+                        .map(|(name, c)| {
+                            format!(
+                                "<span style=\"color:{}\">&#9632;</span>&nbsp;{}",
+                                c.map_or("#787878".into(), chart::css),
+                                escape(name)
+                            )
+                        })
                         .collect();
-                    let _ = writeln!(out, "<figure>\n{}\n<figcaption>{}</figcaption>\n</figure>", svg[start..].trim_end(), keys.join(" &nbsp; "));
+                    let _ = writeln!(
+                        out,
+                        "<figure>\n{}\n<figcaption>{}</figcaption>\n</figure>",
+                        svg[start..].trim_end(),
+                        keys.join(" &nbsp; ")
+                    );
                 }
             }
         }
@@ -138,7 +164,13 @@ pub fn markdown(sections: &[Section], folder: &str) -> String {
         let _ = writeln!(out, "- [{}](#{})", s.title, s.id);
     }
     for s in sections {
-        let _ = writeln!(out, "\n<a id=\"{}\"></a>\n\n{} {}\n", s.id, "#".repeat(s.level as usize), s.title);
+        let _ = writeln!(
+            out,
+            "\n<a id=\"{}\"></a>\n\n{} {}\n",
+            s.id,
+            "#".repeat(s.level as usize),
+            s.title
+        );
         for b in &s.blocks {
             match b {
                 Block::Text(t) => {
@@ -146,7 +178,11 @@ pub fn markdown(sections: &[Section], folder: &str) -> String {
                 }
                 Block::Table { head, rows } => {
                     let cell = |c: &str| c.replace('|', "\\|");
-                    let _ = writeln!(out, "| {} |", head.iter().map(|h| cell(h)).collect::<Vec<_>>().join(" | "));
+                    let _ = writeln!(
+                        out,
+                        "| {} |",
+                        head.iter().map(|h| cell(h)).collect::<Vec<_>>().join(" | ")
+                    );
                     let _ = writeln!(out, "|{}", "---|".repeat(head.len()));
                     for r in rows {
                         let _ = writeln!(out, "| {} |", r.iter().map(|c| cell(c)).collect::<Vec<_>>().join(" | "));
@@ -154,7 +190,10 @@ pub fn markdown(sections: &[Section], folder: &str) -> String {
                     out.push('\n');
                 }
                 Block::Chart { name, legend, .. } => {
-                    let keys: Vec<String> = legend.iter().map(|(n, c)| format!("{n} ({})", c.map_or("#787878".into(), chart::css))).collect();
+                    let keys: Vec<String> = legend
+                        .iter()
+                        .map(|(n, c)| format!("{n} ({})", c.map_or("#787878".into(), chart::css)))
+                        .collect();
                     let _ = writeln!(out, "![{name}]({folder}/{name})\n\nColours: {}\n", keys.join(", "));
                 }
             }
@@ -164,5 +203,8 @@ pub fn markdown(sections: &[Section], folder: &str) -> String {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }

@@ -12,7 +12,13 @@ use super::data::{self, Row};
 use super::{Block, Section};
 use crate::run::fingerprint::notable_pool_held;
 
-pub fn build(rows: &[Row], serving: &super::capacity::Serving, detail: &data::Detail, sources: &[String], detail_batch: Option<usize>) -> Result<Vec<Section>> {
+pub fn build(
+    rows: &[Row],
+    serving: &super::capacity::Serving,
+    detail: &data::Detail,
+    sources: &[String],
+    detail_batch: Option<usize>,
+) -> Result<Vec<Section>> {
     // Targets that only served load get colours too, after the others of their size.
     let everyone: Vec<Row> = rows.iter().chain(&serving.steps).cloned().collect();
     let targets = data::targets(&everyone);
@@ -34,7 +40,10 @@ pub(super) fn fmt(v: Option<f64>, digits: usize) -> String {
 }
 
 pub(super) fn table(head: &[&str], rows: Vec<Vec<String>>) -> Block {
-    Block::Table { head: head.iter().map(|h| h.to_string()).collect(), rows }
+    Block::Table {
+        head: head.iter().map(|h| h.to_string()).collect(),
+        rows,
+    }
 }
 
 /// What a target is, as a row says.
@@ -45,30 +54,73 @@ fn target_row(r: &Row) -> Vec<String> {
         (_, _, "mps") => format!("MPS, {}% of SMs", fmt(r.n("mps_share_pct"), 0)),
         _ => "whole device".into(),
     };
-    vec![r.s("target").into(), r.s("device_name").into(), r.s("device_kind").into(), profile, fmt(r.n("sm_count"), 0), fmt(r.n("device_memory_mib"), 0)]
+    vec![
+        r.s("target").into(),
+        r.s("device_name").into(),
+        r.s("device_kind").into(),
+        profile,
+        fmt(r.n("sm_count"), 0),
+        fmt(r.n("device_memory_mib"), 0),
+    ]
 }
 
 /// `rows` are the runs; `everyone` adds the load steps (their targets and environment).
 fn what_ran(rows: &[Row], everyone: &[Row], sources: &[String], targets: &[String], baseline: Option<&str>) -> Section {
     let mut blocks = vec![Block::Text(format!("Results folders: {}.", sources.join(", ")))];
-    let sweeps: BTreeSet<&str> = everyone.iter().map(|r| r.s("sweep")).filter(|s| !s.is_empty()).collect();
+    let sweeps: BTreeSet<&str> = everyone
+        .iter()
+        .map(|r| r.s("sweep"))
+        .filter(|s| !s.is_empty())
+        .collect();
     if !sweeps.is_empty() {
-        blocks.push(Block::Text(format!("Sweeps: {}.", sweeps.into_iter().collect::<Vec<_>>().join(", "))));
+        blocks.push(Block::Text(format!(
+            "Sweeps: {}.",
+            sweeps.into_iter().collect::<Vec<_>>().join(", ")
+        )));
     }
-    let per_target: Vec<Vec<String>> = targets.iter().filter_map(|t| everyone.iter().find(|r| r.s("target") == t && r.is_ok()).map(target_row)).collect();
-    blocks.push(table(&["target", "device", "kind", "slice", "SMs", "memory MiB"], per_target));
+    let per_target: Vec<Vec<String>> = targets
+        .iter()
+        .filter_map(|t| {
+            everyone
+                .iter()
+                .find(|r| r.s("target") == t && r.is_ok())
+                .map(target_row)
+        })
+        .collect();
+    blocks.push(table(
+        &["target", "device", "kind", "slice", "SMs", "memory MiB"],
+        per_target,
+    ));
     if everyone.iter().any(|r| r.s("emulation") == "mps") {
         blocks.push(Block::Text(
             "Emulated slices (MPS) share the L2 cache and memory bandwidth with the whole GPU: they run faster than real MIG slices of the same size, most for small slices.".into(),
         ));
     }
     if let Some(b) = baseline {
-        let why = if rows.iter().any(|r| r.s("target") == b && r.s("baseline") == "true") { "marked baseline = true in its sweep" } else { "the target with the most SMs" };
-        blocks.push(Block::Text(format!("Baseline of the scaling chart and the comparisons: {b} ({why}).")));
+        let why = if rows.iter().any(|r| r.s("target") == b && r.s("baseline") == "true") {
+            "marked baseline = true in its sweep"
+        } else {
+            "the target with the most SMs"
+        };
+        blocks.push(Block::Text(format!(
+            "Baseline of the scaling chart and the comparisons: {b} ({why})."
+        )));
     }
     // The environment: each fingerprint field with every value it took.
     let mut env = Vec::new();
-    for k in ["host", "migprof_version", "git_commit", "candle_version", "build_features", "gpu_name", "driver_version", "cuda_driver_version", "cudnn_version", "cublas_version", "cpu_model"] {
+    for k in [
+        "host",
+        "migprof_version",
+        "git_commit",
+        "candle_version",
+        "build_features",
+        "gpu_name",
+        "driver_version",
+        "cuda_driver_version",
+        "cudnn_version",
+        "cublas_version",
+        "cpu_model",
+    ] {
         let values: BTreeSet<&str> = everyone.iter().map(|r| r.s(k)).filter(|v| !v.is_empty()).collect();
         if !values.is_empty() {
             env.push(vec![k.to_string(), values.into_iter().collect::<Vec<_>>().join(", ")]);
@@ -77,10 +129,18 @@ fn what_ran(rows: &[Row], everyone: &[Row], sources: &[String], targets: &[Strin
     blocks.push(table(&["environment", "value(s)"], env));
     let mut statuses: BTreeMap<(String, String), usize> = BTreeMap::new();
     for r in rows {
-        *statuses.entry((r.s("status").to_string(), r.s("verdict").to_string())).or_default() += 1;
+        *statuses
+            .entry((r.s("status").to_string(), r.s("verdict").to_string()))
+            .or_default() += 1;
     }
     if !statuses.is_empty() {
-        blocks.push(table(&["status", "verdict", "runs"], statuses.into_iter().map(|((s, v), n)| vec![s, v, n.to_string()]).collect()));
+        blocks.push(table(
+            &["status", "verdict", "runs"],
+            statuses
+                .into_iter()
+                .map(|((s, v), n)| vec![s, v, n.to_string()])
+                .collect(),
+        ));
     }
     let steps = everyone.len() - rows.len();
     if steps > 0 {
@@ -91,14 +151,30 @@ fn what_ran(rows: &[Row], everyone: &[Row], sources: &[String], targets: &[Strin
         .filter(|r| !matches!(r.s("status"), "ok" | "probe" | ""))
         .map(|r| {
             let error: String = r.s("error").lines().next().unwrap_or("").chars().take(160).collect();
-            vec![r.s("target").into(), r.s("model").into(), r.s("mode").into(), r.s("dtype").into(), r.s("batch").into(), r.s("status").into(), error]
+            vec![
+                r.s("target").into(),
+                r.s("model").into(),
+                r.s("mode").into(),
+                r.s("dtype").into(),
+                r.s("batch").into(),
+                r.s("status").into(),
+                error,
+            ]
         })
         .collect();
     if !failed.is_empty() {
         blocks.push(Block::Text(format!("{} cell(s) did not measure:", failed.len())));
-        blocks.push(table(&["target", "model", "mode", "dtype", "batch", "status", "error"], failed));
+        blocks.push(table(
+            &["target", "model", "mode", "dtype", "batch", "status", "error"],
+            failed,
+        ));
     }
-    Section { id: "what-ran".into(), title: "What ran".into(), level: 2, blocks }
+    Section {
+        id: "what-ran".into(),
+        title: "What ran".into(),
+        level: 2,
+        blocks,
+    }
 }
 
 /// A workload as sections group runs: model, mode, dtype, sequence length.
@@ -106,7 +182,12 @@ type Workload = (String, String, String, String);
 
 /// The workload of a row.
 fn workload(r: &Row) -> Workload {
-    (r.s("model").into(), r.s("mode").into(), r.s("dtype").into(), r.s("seq_len").into())
+    (
+        r.s("model").into(),
+        r.s("mode").into(),
+        r.s("dtype").into(),
+        r.s("seq_len").into(),
+    )
 }
 
 /// A quantity drawn against batch, per target.
@@ -126,23 +207,50 @@ const METRICS: [Metric; 4] = [
         value: |r| r.n("throughput"),
         whisker: |r| r.n("throughput_ci_low").zip(r.n("throughput_ci_high")),
     },
-    Metric { id: "latency", title: "Latency per step, p50 (whisker p90 to p99)", unit: "ms", value: |r| r.n("p50_ms"), whisker: |r| r.n("p90_ms").zip(r.n("p99_ms")) },
-    Metric { id: "memory", title: "Device memory used, most in the run", unit: "MiB", value: |r| r.n("fb_used_max_mib"), whisker: |_| None },
-    Metric { id: "gract", title: "Graphics engine (GR) activity, mean", unit: "%", value: |r| r.n("gract_mean"), whisker: |_| None },
+    Metric {
+        id: "latency",
+        title: "Latency per step, p50 (whisker p90 to p99)",
+        unit: "ms",
+        value: |r| r.n("p50_ms"),
+        whisker: |r| r.n("p90_ms").zip(r.n("p99_ms")),
+    },
+    Metric {
+        id: "memory",
+        title: "Device memory used, most in the run",
+        unit: "MiB",
+        value: |r| r.n("fb_used_max_mib"),
+        whisker: |_| None,
+    },
+    Metric {
+        id: "gract",
+        title: "Graphics engine (GR) activity, mean",
+        unit: "%",
+        value: |r| r.n("gract_mean"),
+        whisker: |_| None,
+    },
 ];
 
 /// Each target's latest run at its largest batch (or at `batch`), per workload: the runs whose
 /// latency distribution and sampler readings the report draws.
 pub fn detailed_runs(rows: &[Row], batch: Option<usize>) -> BTreeSet<String> {
-    largest(rows, batch).into_values().map(|r| r.s("run_id").to_string()).collect()
+    largest(rows, batch)
+        .into_values()
+        .map(|r| r.s("run_id").to_string())
+        .collect()
 }
 
 /// Per (workload, target): the latest alone run at the largest batch, or at `batch` where given.
 fn largest(rows: &[Row], batch: Option<usize>) -> BTreeMap<(Workload, String), &Row> {
     let mut out: BTreeMap<(Workload, String), &Row> = BTreeMap::new();
-    for r in rows.iter().filter(|r| r.is_alone() && batch.is_none_or(|b| r.n("batch") == Some(b as f64))) {
+    for r in rows
+        .iter()
+        .filter(|r| r.is_alone() && batch.is_none_or(|b| r.n("batch") == Some(b as f64)))
+    {
         let k = (workload(r), r.s("target").to_string());
-        let better = out.get(&k).is_none_or(|old| (r.n("batch"), r.s("run_id")).partial_cmp(&(old.n("batch"), old.s("run_id"))) == Some(std::cmp::Ordering::Greater));
+        let better = out.get(&k).is_none_or(|old| {
+            (r.n("batch"), r.s("run_id")).partial_cmp(&(old.n("batch"), old.s("run_id")))
+                == Some(std::cmp::Ordering::Greater)
+        });
         if better {
             out.insert(k, r);
         }
@@ -161,7 +269,11 @@ fn at_largest_batch(
     batch: Option<usize>,
 ) -> Result<Vec<Block>> {
     let which = batch.map_or("each target's largest batch".to_string(), |b| format!("batch {b}"));
-    let runs: Vec<(String, &Row)> = largest(rows, batch).into_iter().filter(|((w, _), _)| w == wl).map(|((_, t), r)| (t, r)).collect();
+    let runs: Vec<(String, &Row)> = largest(rows, batch)
+        .into_iter()
+        .filter(|((w, _), _)| w == wl)
+        .map(|((_, t), r)| (t, r))
+        .collect();
     let mut blocks = Vec::new();
     let cdf: Vec<Series> = runs
         .iter()
@@ -171,18 +283,49 @@ fn at_largest_batch(
             Some(Series {
                 name: format!("{t} (batch {})", r.s("batch")),
                 colour: colour(t),
-                points: l.iter().enumerate().map(|(i, &ms)| Point { x: ms, y: (i + 1) as f64 / n, whisker: None }).collect(),
+                points: l
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &ms)| Point {
+                        x: ms,
+                        y: (i + 1) as f64 / n,
+                        whisker: None,
+                    })
+                    .collect(),
             })
         })
         .collect();
     if !cdf.is_empty() {
         let title = format!("{label}: latency distribution at {which}");
         let xs = cdf.iter().flat_map(|s| s.points.iter().map(|p| p.x));
-        let chart = Chart { title: &title, x_label: "latency per step (ms)", y_label: "fraction of steps at or below", x_scale: scale_for(xs), y_scale: Scale::Linear, series: &cdf, diagonal: false, markers: false, hline: None };
-        blocks.push(Block::Chart { name: format!("{id}-cdf.svg"), svg: chart.svg()?, legend: chart.legend() });
+        let chart = Chart {
+            title: &title,
+            x_label: "latency per step (ms)",
+            y_label: "fraction of steps at or below",
+            x_scale: scale_for(xs),
+            y_scale: Scale::Linear,
+            series: &cdf,
+            diagonal: false,
+            markers: false,
+            hline: None,
+        };
+        blocks.push(Block::Chart {
+            name: format!("{id}-cdf.svg"),
+            svg: chart.svg()?,
+            legend: chart.legend(),
+        });
         let rows: Vec<Vec<String>> = runs
             .iter()
-            .map(|(t, r)| vec![t.clone(), r.s("batch").into(), fmt(r.n("iterations"), 0), fmt(r.n("p50_ms"), 3), fmt(r.n("p90_ms"), 3), fmt(r.n("p99_ms"), 3)])
+            .map(|(t, r)| {
+                vec![
+                    t.clone(),
+                    r.s("batch").into(),
+                    fmt(r.n("iterations"), 0),
+                    fmt(r.n("p50_ms"), 3),
+                    fmt(r.n("p90_ms"), 3),
+                    fmt(r.n("p99_ms"), 3),
+                ]
+            })
             .collect();
         blocks.push(table(&["target", "batch", "steps", "p50 ms", "p90 ms", "p99 ms"], rows));
     }
@@ -192,7 +335,18 @@ fn at_largest_batch(
             .filter_map(|(t, r)| {
                 let pts = detail.series.get(&(r.s("run_id").to_string(), name))?;
                 let t0 = pts.first()?.0;
-                Some(Series { name: format!("{t} (batch {})", r.s("batch")), colour: colour(t), points: pts.iter().map(|&(s, v)| Point { x: s - t0, y: v, whisker: None }).collect() })
+                Some(Series {
+                    name: format!("{t} (batch {})", r.s("batch")),
+                    colour: colour(t),
+                    points: pts
+                        .iter()
+                        .map(|&(s, v)| Point {
+                            x: s - t0,
+                            y: v,
+                            whisker: None,
+                        })
+                        .collect(),
+                })
             })
             .collect();
         if series.is_empty() {
@@ -200,35 +354,89 @@ fn at_largest_batch(
         }
         let title = format!("{label}: {name} during the measured phase, {which}");
         let y_label = format!("{name} ({unit})");
-        let chart = Chart { title: &title, x_label: "time since the first reading (s)", y_label: &y_label, x_scale: Scale::Linear, y_scale: Scale::Linear, series: &series, diagonal: false, markers: false, hline: None };
-        blocks.push(Block::Chart { name: format!("{id}-{name}-series.svg"), svg: chart.svg()?, legend: chart.legend() });
+        let chart = Chart {
+            title: &title,
+            x_label: "time since the first reading (s)",
+            y_label: &y_label,
+            x_scale: Scale::Linear,
+            y_scale: Scale::Linear,
+            series: &series,
+            diagonal: false,
+            markers: false,
+            hline: None,
+        };
+        blocks.push(Block::Chart {
+            name: format!("{id}-{name}-series.svg"),
+            svg: chart.svg()?,
+            legend: chart.legend(),
+        });
         let rows: Vec<Vec<String>> = series
             .iter()
             .map(|s| {
                 let v: Vec<f64> = s.points.iter().map(|p| p.y).collect();
                 let mean = v.iter().sum::<f64>() / v.len() as f64;
-                let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
-                vec![s.name.clone(), v.len().to_string(), format!("{mean:.1}"), format!("{lo:.1}"), format!("{hi:.1}")]
+                let (lo, hi) = v
+                    .iter()
+                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+                vec![
+                    s.name.clone(),
+                    v.len().to_string(),
+                    format!("{mean:.1}"),
+                    format!("{lo:.1}"),
+                    format!("{hi:.1}"),
+                ]
             })
             .collect();
-        blocks.push(table(&["target", "readings", &format!("mean ({unit})"), "min", "max"], rows));
+        blocks.push(table(
+            &["target", "readings", &format!("mean ({unit})"), "min", "max"],
+            rows,
+        ));
     }
     Ok(blocks)
 }
 
-fn per_model(rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize, detail_batch: Option<usize>) -> Result<Vec<Section>> {
+fn per_model(
+    rows: &[Row],
+    detail: &data::Detail,
+    colour: &dyn Fn(&str) -> usize,
+    detail_batch: Option<usize>,
+) -> Result<Vec<Section>> {
     let all = rows;
     let alone: Vec<&Row> = rows.iter().filter(|r| r.is_alone()).collect();
     let mut by_model: BTreeMap<String, BTreeMap<Workload, Vec<&Row>>> = BTreeMap::new();
     for r in &alone {
-        by_model.entry(r.s("model").to_string()).or_default().entry(workload(r)).or_default().push(r);
+        by_model
+            .entry(r.s("model").to_string())
+            .or_default()
+            .entry(workload(r))
+            .or_default()
+            .push(r);
     }
     let mut out = Vec::new();
     for (model, workloads) in by_model {
-        out.push(Section { id: format!("model-{}", slug(&model)), title: model.clone(), level: 2, blocks: Vec::new() });
+        out.push(Section {
+            id: format!("model-{}", slug(&model)),
+            title: model.clone(),
+            level: 2,
+            blocks: Vec::new(),
+        });
         for ((_, mode, dtype, seq), rows) in workloads {
-            let seq_text = if seq.is_empty() { String::new() } else { format!(", {seq} tokens") };
-            let id = format!("{}-{}-{}{}", slug(&model), mode, dtype, if seq.is_empty() { String::new() } else { format!("-{seq}") });
+            let seq_text = if seq.is_empty() {
+                String::new()
+            } else {
+                format!(", {seq} tokens")
+            };
+            let id = format!(
+                "{}-{}-{}{}",
+                slug(&model),
+                mode,
+                dtype,
+                if seq.is_empty() {
+                    String::new()
+                } else {
+                    format!("-{seq}")
+                }
+            );
             let mut blocks = Vec::new();
             // The latest row per target and batch.
             let mut latest: BTreeMap<(String, i64), &Row> = BTreeMap::new();
@@ -249,7 +457,13 @@ fn per_model(rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize
                         points: latest
                             .iter()
                             .filter(|(k, _)| k.0 == *t)
-                            .filter_map(|(k, r)| (m.value)(r).map(|y| Point { x: k.1 as f64, y, whisker: (m.whisker)(r) }))
+                            .filter_map(|(k, r)| {
+                                (m.value)(r).map(|y| Point {
+                                    x: k.1 as f64,
+                                    y,
+                                    whisker: (m.whisker)(r),
+                                })
+                            })
                             .collect(),
                     })
                     .filter(|s| !s.points.is_empty())
@@ -261,10 +475,28 @@ fn per_model(rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize
                 let ys = series.iter().flat_map(|s| s.points.iter().map(|p| p.y));
                 let title = format!("{model} {mode} {dtype}{seq_text}: {}", m.title);
                 let y_label = format!("{} ({})", m.id, m.unit);
-                let x_scale = if batches.len() > 1 { scale_for(xs) } else { Scale::Linear };
+                let x_scale = if batches.len() > 1 {
+                    scale_for(xs)
+                } else {
+                    Scale::Linear
+                };
                 let y_scale = if m.id == "gract" { Scale::Linear } else { scale_for(ys) };
-                let chart = Chart { title: &title, x_label: "batch size (samples per step)", y_label: &y_label, x_scale, y_scale, series: &series, diagonal: false, markers: true, hline: None };
-                blocks.push(Block::Chart { name: format!("{id}-{}.svg", m.id), svg: chart.svg()?, legend: chart.legend() });
+                let chart = Chart {
+                    title: &title,
+                    x_label: "batch size (samples per step)",
+                    y_label: &y_label,
+                    x_scale,
+                    y_scale,
+                    series: &series,
+                    diagonal: false,
+                    markers: true,
+                    hline: None,
+                };
+                blocks.push(Block::Chart {
+                    name: format!("{id}-{}.svg", m.id),
+                    svg: chart.svg()?,
+                    legend: chart.legend(),
+                });
                 let mut head = vec!["batch".to_string()];
                 head.extend(targets.iter().map(|t| format!("{t} ({})", m.unit)));
                 let rows: Vec<Vec<String>> = batches
@@ -290,8 +522,21 @@ fn per_model(rows: &[Row], detail: &data::Detail, colour: &dyn Fn(&str) -> usize
                 }
             }
             let wl = (model.clone(), mode.clone(), dtype.clone(), seq.clone());
-            blocks.extend(at_largest_batch(&wl, all, detail, colour, &id, &format!("{model} {mode} {dtype}{seq_text}"), detail_batch)?);
-            out.push(Section { id, title: format!("{model}, {mode}, {dtype}{seq_text}"), level: 3, blocks });
+            blocks.extend(at_largest_batch(
+                &wl,
+                all,
+                detail,
+                colour,
+                &id,
+                &format!("{model} {mode} {dtype}{seq_text}"),
+                detail_batch,
+            )?);
+            out.push(Section {
+                id,
+                title: format!("{model}, {mode}, {dtype}{seq_text}"),
+                level: 3,
+                blocks,
+            });
         }
     }
     Ok(out)
@@ -318,17 +563,33 @@ fn held_memory_note(latest: &BTreeMap<(String, i64), &Row>) -> Option<String> {
 }
 
 fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Result<Vec<Section>> {
-    let alone: Vec<&Row> = rows.iter().filter(|r| r.is_alone() && r.n("sm_count").is_some()).collect();
-    let base: BTreeMap<(String, String, String, String, i64), &Row> =
-        alone.iter().filter(|r| r.s("target") == baseline).map(|r| (key(r), *r)).collect();
-    let Some(base_sms) = alone.iter().find(|r| r.s("target") == baseline).and_then(|r| r.n("sm_count")) else { return Ok(Vec::new()) };
+    let alone: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.is_alone() && r.n("sm_count").is_some())
+        .collect();
+    let base: BTreeMap<(String, String, String, String, i64), &Row> = alone
+        .iter()
+        .filter(|r| r.s("target") == baseline)
+        .map(|r| (key(r), *r))
+        .collect();
+    let Some(base_sms) = alone
+        .iter()
+        .find(|r| r.s("target") == baseline)
+        .and_then(|r| r.n("sm_count"))
+    else {
+        return Ok(Vec::new());
+    };
     let mut blocks = vec![Block::Text(format!(
         "Each target's throughput relative to {baseline} at the same model, mode, dtype and batch, against its share of {baseline}'s {base_sms:.0} SMs; on the grey line throughput is proportional to SMs. Per-SM efficiency = relative throughput / SM share."
     ))];
     let mut by_model: BTreeMap<String, Vec<(&Row, f64, f64)>> = BTreeMap::new();
     for r in &alone {
         if let (Some(b), Some(sms), Some(tp)) = (base.get(&key(r)), r.n("sm_count"), r.n("throughput")) {
-            by_model.entry(r.s("model").to_string()).or_default().push((r, sms / base_sms, tp / b.n("throughput").unwrap_or(f64::NAN)));
+            by_model.entry(r.s("model").to_string()).or_default().push((
+                r,
+                sms / base_sms,
+                tp / b.n("throughput").unwrap_or(f64::NAN),
+            ));
         }
     }
     for (model, points) in by_model {
@@ -338,13 +599,35 @@ fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Resu
             .map(|t| Series {
                 name: t.to_string(),
                 colour: colour(t),
-                points: points.iter().filter(|(r, _, _)| r.s("target") == *t).map(|(_, x, y)| Point { x: *x, y: *y, whisker: None }).collect(),
+                points: points
+                    .iter()
+                    .filter(|(r, _, _)| r.s("target") == *t)
+                    .map(|(_, x, y)| Point {
+                        x: *x,
+                        y: *y,
+                        whisker: None,
+                    })
+                    .collect(),
             })
             .collect();
         let title = format!("{model}: throughput against share of SMs (relative to {baseline})");
-        let chart = Chart { title: &title, x_label: "share of the baseline's SMs", y_label: "throughput relative to the baseline", x_scale: Scale::Linear, y_scale: Scale::Linear, series: &series, diagonal: true, markers: true, hline: None };
+        let chart = Chart {
+            title: &title,
+            x_label: "share of the baseline's SMs",
+            y_label: "throughput relative to the baseline",
+            x_scale: Scale::Linear,
+            y_scale: Scale::Linear,
+            series: &series,
+            diagonal: true,
+            markers: true,
+            hline: None,
+        };
         blocks.push(Block::Text(format!("{model}:")));
-        blocks.push(Block::Chart { name: format!("scaling-{}.svg", slug(&model)), svg: chart.svg()?, legend: chart.legend() });
+        blocks.push(Block::Chart {
+            name: format!("scaling-{}.svg", slug(&model)),
+            svg: chart.svg()?,
+            legend: chart.legend(),
+        });
         let mut rows: Vec<Vec<String>> = points
             .iter()
             .map(|(r, share, rel)| {
@@ -359,26 +642,54 @@ fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Resu
             })
             .collect();
         rows.sort();
-        blocks.push(table(&["target", "mode dtype batch", "SMs", "SM share", "relative throughput", "per-SM efficiency"], rows));
+        blocks.push(table(
+            &[
+                "target",
+                "mode dtype batch",
+                "SMs",
+                "SM share",
+                "relative throughput",
+                "per-SM efficiency",
+            ],
+            rows,
+        ));
     }
-    Ok(vec![Section { id: "scaling".into(), title: "Scaling with the share of SMs".into(), level: 2, blocks }])
+    Ok(vec![Section {
+        id: "scaling".into(),
+        title: "Scaling with the share of SMs".into(),
+        level: 2,
+        blocks,
+    }])
 }
 
 fn key(r: &Row) -> (String, String, String, String, i64) {
-    (r.s("model").into(), r.s("mode").into(), r.s("dtype").into(), r.s("seq_len").into(), r.n("batch").unwrap_or(0.0) as i64)
+    (
+        r.s("model").into(),
+        r.s("mode").into(),
+        r.s("dtype").into(),
+        r.s("seq_len").into(),
+        r.n("batch").unwrap_or(0.0) as i64,
+    )
 }
 
 /// Each target against the baseline, as `migprof compare` gives it.
 fn against_baseline(rows: &[Row], baseline: &str) -> Result<Vec<Section>> {
     let frame = frame_of(rows)?;
-    let targets: BTreeSet<&str> = rows.iter().filter(|r| r.is_alone()).map(|r| r.s("target")).filter(|t| *t != baseline).collect();
+    let targets: BTreeSet<&str> = rows
+        .iter()
+        .filter(|r| r.is_alone())
+        .map(|r| r.s("target"))
+        .filter(|t| *t != baseline)
+        .collect();
     let mut blocks = vec![Block::Text(format!(
         "Cell by cell, as migprof compare DIR --baseline target={baseline} --target target=T gives it: the ratio of throughputs with its 95% interval, and whether it is beyond the runs' own noise."
     ))];
     for t in targets {
         let b: crate::results::compare::Selector = format!("target={baseline}").parse()?;
         let s: crate::results::compare::Selector = format!("target={t}").parse()?;
-        let Ok(c) = crate::results::compare::compare(&frame, &b, &s) else { continue };
+        let Ok(c) = crate::results::compare::compare(&frame, &b, &s) else {
+            continue;
+        };
         if c.rows.is_empty() {
             continue;
         }
@@ -387,32 +698,89 @@ fn against_baseline(rows: &[Row], baseline: &str) -> Result<Vec<Section>> {
             .rows
             .iter()
             .map(|r| {
-                let cell = ["model", "mode", "dtype", "batch", "seq_len"].iter().filter_map(|k| r.cell.get(*k).cloned()).collect::<Vec<_>>().join(" ");
+                let cell = ["model", "mode", "dtype", "batch", "seq_len"]
+                    .iter()
+                    .filter_map(|k| r.cell.get(*k).cloned())
+                    .collect::<Vec<_>>()
+                    .join(" ");
                 vec![
                     cell,
                     format!("{:.1}", r.baseline.throughput),
                     format!("{:.1}", r.target.throughput),
-                    format!("{:.3} ({}–{})", r.ratio, fmt(r.ratio_ci_low, 3), fmt(r.ratio_ci_high, 3)),
-                    r.beyond_noise.map_or("?".into(), |b| if b { "yes".into() } else { "no".into() }),
+                    format!(
+                        "{:.3} ({}–{})",
+                        r.ratio,
+                        fmt(r.ratio_ci_low, 3),
+                        fmt(r.ratio_ci_high, 3)
+                    ),
+                    r.beyond_noise
+                        .map_or("?".into(), |b| if b { "yes".into() } else { "no".into() }),
                     format!("{:.3} → {:.3}", r.baseline.p50_ms, r.target.p50_ms),
                     format!("{:.3} → {:.3}", r.baseline.p99_ms, r.target.p99_ms),
                 ]
             })
             .collect();
-        blocks.push(table(&["cell", "baseline samples/s", "target samples/s", "ratio (95%)", "beyond noise", "p50 ms", "p99 ms"], rows));
+        blocks.push(table(
+            &[
+                "cell",
+                "baseline samples/s",
+                "target samples/s",
+                "ratio (95%)",
+                "beyond noise",
+                "p50 ms",
+                "p99 ms",
+            ],
+            rows,
+        ));
     }
-    Ok(vec![Section { id: "against-baseline".into(), title: format!("Each target against {baseline}"), level: 2, blocks }])
+    Ok(vec![Section {
+        id: "against-baseline".into(),
+        title: format!("Each target against {baseline}"),
+        level: 2,
+        blocks,
+    }])
 }
 
 /// The rows back as a runs frame, with the columns `compare` reads.
 fn frame_of(rows: &[Row]) -> Result<DataFrame> {
-    let text = |k: &str| Column::new(k.into(), rows.iter().map(|r| r.text.get(k).cloned()).collect::<Vec<Option<String>>>());
+    let text = |k: &str| {
+        Column::new(
+            k.into(),
+            rows.iter()
+                .map(|r| r.text.get(k).cloned())
+                .collect::<Vec<Option<String>>>(),
+        )
+    };
     let num = |k: &str| Column::new(k.into(), rows.iter().map(|r| r.n(k)).collect::<Vec<Option<f64>>>());
-    let mut cols: Vec<Column> = ["status", "run_id", "cell_id", "target", "model", "mode", "dtype", "batch", "seq_len", "kernel_options", "concurrency_group", "verdict", "device_name"]
+    let mut cols: Vec<Column> = [
+        "status",
+        "run_id",
+        "cell_id",
+        "target",
+        "model",
+        "mode",
+        "dtype",
+        "batch",
+        "seq_len",
+        "kernel_options",
+        "concurrency_group",
+        "verdict",
+        "device_name",
+    ]
+    .iter()
+    .map(|k| text(k))
+    .collect();
+    cols.extend(
+        [
+            "throughput",
+            "throughput_ci_low",
+            "throughput_ci_high",
+            "p50_ms",
+            "p99_ms",
+        ]
         .iter()
-        .map(|k| text(k))
-        .collect();
-    cols.extend(["throughput", "throughput_ci_low", "throughput_ci_high", "p50_ms", "p99_ms"].iter().map(|k| num(k)));
+        .map(|k| num(k)),
+    );
     Ok(DataFrame::new(rows.len(), cols)?)
 }
 
@@ -422,8 +790,19 @@ fn energy(rows: &[Row]) -> Vec<Section> {
         .filter(|r| r.is_alone())
         .filter_map(|r| {
             r.n("j_per_sample").map(|j| {
-                let whole = if r.s("device_kind") == "cuda" { "" } else { " (whole GPU's energy)" };
-                vec![r.s("target").into(), r.s("model").into(), r.s("mode").into(), r.s("dtype").into(), r.s("batch").into(), format!("{:.4}{whole}", j)]
+                let whole = if r.s("device_kind") == "cuda" {
+                    ""
+                } else {
+                    " (whole GPU's energy)"
+                };
+                vec![
+                    r.s("target").into(),
+                    r.s("model").into(),
+                    r.s("mode").into(),
+                    r.s("dtype").into(),
+                    r.s("batch").into(),
+                    format!("{:.4}{whole}", j),
+                ]
             })
         })
         .collect();
@@ -434,11 +813,24 @@ fn energy(rows: &[Row]) -> Vec<Section> {
         Block::Text("Energy per sample from the GPU's energy counter over the measured phase. NVML has no energy per MIG slice or MPS client: on a slice the figure is the whole GPU's, neighbours included.".into()),
         table(&["target", "model", "mode", "dtype", "batch", "J/sample"], measured),
     ];
-    vec![Section { id: "energy".into(), title: "Energy per sample".into(), level: 2, blocks }]
+    vec![Section {
+        id: "energy".into(),
+        title: "Energy per sample".into(),
+        level: 2,
+        blocks,
+    }]
 }
 
 pub(super) fn slug(s: &str) -> String {
-    s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect()
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -450,7 +842,10 @@ mod tests {
         if let Some(mib) = held {
             num.insert("pool_held_mib_start", mib);
         }
-        Row { text: BTreeMap::new(), num }
+        Row {
+            text: BTreeMap::new(),
+            num,
+        }
     }
 
     #[test]
@@ -459,7 +854,11 @@ mod tests {
         let mut latest: BTreeMap<(String, i64), &Row> = BTreeMap::new();
         latest.insert(("cpu".into(), 1), &cpu);
         latest.insert(("H100".into(), 8), &fresh);
-        assert_eq!(held_memory_note(&latest), None, "no pool, or only the pool's own granularity");
+        assert_eq!(
+            held_memory_note(&latest),
+            None,
+            "no pool, or only the pool's own granularity"
+        );
         latest.insert(("H100".into(), 32), &after_swin);
         let note = held_memory_note(&latest).expect("576 MiB held");
         assert!(note.contains("H100 at batch 32 (576 MiB)"), "{note}");

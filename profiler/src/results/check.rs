@@ -21,7 +21,14 @@ pub struct Report {
 pub fn check(out: &Path) -> Result<Report> {
     let mut report = Report::default();
     let mut frames = HashMap::new();
-    for table in [Table::Runs, Table::Samples, Table::Metrics, Table::Load, Table::LoadBatches, Table::Capacity] {
+    for table in [
+        Table::Runs,
+        Table::Samples,
+        Table::Metrics,
+        Table::Load,
+        Table::LoadBatches,
+        Table::Capacity,
+    ] {
         let (frame, skipped) = read_parts(out, table)?;
         for (path, why) in skipped {
             report.problems.push(format!("{}: {why}", path.display()));
@@ -48,7 +55,9 @@ pub fn check(out: &Path) -> Result<Report> {
     }
     for (id, n) in &seen {
         if *n > 1 {
-            report.problems.push(format!("run {id}: {n} rows in runs/ (one is expected)"));
+            report
+                .problems
+                .push(format!("run {id}: {n} rows in runs/ (one is expected)"));
         }
     }
     let mut samples_per_run: HashMap<String, i64> = HashMap::new();
@@ -67,26 +76,35 @@ pub fn check(out: &Path) -> Result<Report> {
             Some(Status::Ok | Status::Probe) => {
                 let have = samples_per_run.get(id).copied().unwrap_or(0);
                 if Some(have) != iterations[i] {
-                    report.problems.push(format!("run {id}: {have} samples for {:?} iterations", iterations[i]));
+                    report
+                        .problems
+                        .push(format!("run {id}: {have} samples for {:?} iterations", iterations[i]));
                 }
             }
             Some(_) => {
                 if iterations[i].is_some() {
-                    report.problems.push(format!("run {id}: status {status} with a measurement"));
+                    report
+                        .problems
+                        .push(format!("run {id}: status {status} with a measurement"));
                 }
             }
         }
     }
     for id in samples_per_run.keys() {
         if !seen.contains_key(id.as_str()) {
-            report.problems.push(format!("samples of run {id}: no row in runs/ (a run whose row was never written)"));
+            report.problems.push(format!(
+                "samples of run {id}: no row in runs/ (a run whose row was never written)"
+            ));
         }
     }
     Ok(report)
 }
 
 fn text(df: &DataFrame, name: &str) -> Vec<Option<String>> {
-    df.column(name).ok().and_then(|c| c.str().ok().map(|s| s.iter().map(|v| v.map(str::to_string)).collect())).unwrap_or_else(|| vec![None; df.height()])
+    df.column(name)
+        .ok()
+        .and_then(|c| c.str().ok().map(|s| s.iter().map(|v| v.map(str::to_string)).collect()))
+        .unwrap_or_else(|| vec![None; df.height()])
 }
 
 /// Each load step has its batches; each search has as many steps as its row says.
@@ -103,19 +121,28 @@ fn check_load(frames: &HashMap<&'static str, DataFrame>, report: &mut Report) {
             continue;
         };
         if !batches.contains_key(&id) {
-            report.problems.push(format!("load step {id}: no batches in load_batches/"));
+            report
+                .problems
+                .push(format!("load step {id}: no batches in load_batches/"));
         }
         if let Some(c) = capacity {
             *steps_of.entry(c).or_default() += 1;
         }
     }
     let capacity = &frames["capacity"];
-    let steps: Vec<Option<i64>> = capacity.column("steps").ok().and_then(|c| c.cast(&DataType::Int64).ok()).map(|c| c.i64().expect("cast").iter().collect()).unwrap_or_else(|| vec![None; capacity.height()]);
+    let steps: Vec<Option<i64>> = capacity
+        .column("steps")
+        .ok()
+        .and_then(|c| c.cast(&DataType::Int64).ok())
+        .map(|c| c.i64().expect("cast").iter().collect())
+        .unwrap_or_else(|| vec![None; capacity.height()]);
     for (id, want) in text(capacity, "capacity_id").into_iter().zip(steps) {
         let Some(id) = id else { continue };
         let have = steps_of.get(&id).copied().unwrap_or(0);
         if Some(have) != want {
-            report.problems.push(format!("capacity search {id}: {have} load steps for {want:?} in its row"));
+            report.problems.push(format!(
+                "capacity search {id}: {have} load steps for {want:?} in its row"
+            ));
         }
     }
 }
@@ -136,15 +163,24 @@ mod tests {
         assert!(report.problems.is_empty(), "{:?}", report.problems);
         assert_eq!((report.rows["runs"], report.rows["samples"]), (1, 10));
         // A second copy of the run's row, a corrupt part, and samples whose row is gone.
-        std::fs::copy(dir.path().join(format!("runs/part-{}.parquet", a.run_id)), dir.path().join("runs/part-copy.parquet"))?;
+        std::fs::copy(
+            dir.path().join(format!("runs/part-{}.parquet", a.run_id)),
+            dir.path().join("runs/part-copy.parquet"),
+        )?;
         std::fs::write(dir.path().join("samples/part-junk.parquet"), b"junk")?;
         let b = fake_run(4, 10, Duration::ZERO);
         write_run(dir.path(), &b)?;
         std::fs::remove_file(dir.path().join(format!("runs/part-{}.parquet", b.run_id)))?;
         let problems = check(dir.path())?.problems.join("\n");
         assert!(problems.contains(&format!("run {}: 2 rows", a.run_id)), "{problems}");
-        assert!(problems.contains("part-junk.parquet: not a readable Parquet file"), "{problems}");
-        assert!(problems.contains(&format!("samples of run {}: no row", b.run_id)), "{problems}");
+        assert!(
+            problems.contains("part-junk.parquet: not a readable Parquet file"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains(&format!("samples of run {}: no row", b.run_id)),
+            "{problems}"
+        );
         Ok(())
     }
 }

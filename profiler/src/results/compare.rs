@@ -22,13 +22,23 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::results::store::{number_column, text_column};
 use anyhow::{bail, Result};
 use polars::prelude::*;
 use serde::Serialize;
-use crate::results::store::{number_column, text_column};
 
 /// The workload fields two runs must share to be compared.
-const WORKLOAD: [&str; 9] = ["model", "mode", "dtype", "batch", "seq_len", "kernel_options", "optimizer", "weights", "concurrency_group"];
+const WORKLOAD: [&str; 9] = [
+    "model",
+    "mode",
+    "dtype",
+    "batch",
+    "seq_len",
+    "kernel_options",
+    "optimizer",
+    "weights",
+    "concurrency_group",
+];
 /// The fields that say where a run ran.
 const DEVICE: [&str; 13] = [
     "target",
@@ -60,8 +70,13 @@ impl std::str::FromStr for Selector {
 
     fn from_str(s: &str) -> Result<Self> {
         match s.split_once('=') {
-            Some((c, v)) if !c.trim().is_empty() => Ok(Selector { column: c.trim().to_string(), value: v.trim().to_string() }),
-            _ => bail!("selector `{s}`: expected column=value over the runs table, e.g. target=full or mig_profile=3g.40gb"),
+            Some((c, v)) if !c.trim().is_empty() => Ok(Selector {
+                column: c.trim().to_string(),
+                value: v.trim().to_string(),
+            }),
+            _ => bail!(
+                "selector `{s}`: expected column=value over the runs table, e.g. target=full or mig_profile=3g.40gb"
+            ),
         }
     }
 }
@@ -136,7 +151,10 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
     let column = baseline.column.as_str();
     if runs.column(column).is_err() {
         let names: Vec<String> = runs.get_column_names().iter().map(|n| n.to_string()).collect();
-        bail!("the runs table has no column `{column}`; its columns: {}", names.join(", "))
+        bail!(
+            "the runs table has no column `{column}`; its columns: {}",
+            names.join(", ")
+        )
     }
     let rows = read_rows(runs, column)?;
     // Where the selectors pick devices, devices are what is compared; otherwise each with itself.
@@ -153,7 +171,9 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
                 None => sel.value.is_empty(),
             };
             if picked {
-                let keep = latest.get(row.cell_id.as_str()).is_none_or(|old| old.run_id < row.run_id);
+                let keep = latest
+                    .get(row.cell_id.as_str())
+                    .is_none_or(|old| old.run_id < row.run_id);
                 if keep {
                     latest.insert(&row.cell_id, row);
                 }
@@ -161,7 +181,15 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
         }
         let mut by_key: BTreeMap<Vec<String>, Vec<&Row>> = BTreeMap::new();
         for row in latest.into_values() {
-            by_key.entry(key_fields.iter().map(|f| row.fields.get(f).cloned().unwrap_or_default()).collect()).or_default().push(row);
+            by_key
+                .entry(
+                    key_fields
+                        .iter()
+                        .map(|f| row.fields.get(f).cloned().unwrap_or_default())
+                        .collect(),
+                )
+                .or_default()
+                .push(row);
         }
         by_key
     };
@@ -169,7 +197,10 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
     // Pooling is for repeats of one cell on one target, never for several targets' rows.
     for (sel, by_key) in [(baseline, &base), (target, &tgt)] {
         for rows in by_key.values() {
-            let mut targets: Vec<&str> = rows.iter().map(|r| r.fields.get("target").map_or("?", String::as_str)).collect();
+            let mut targets: Vec<&str> = rows
+                .iter()
+                .map(|r| r.fields.get("target").map_or("?", String::as_str))
+                .collect();
             targets.sort_unstable();
             targets.dedup();
             if targets.len() > 1 {
@@ -181,9 +212,13 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
         }
     }
     if base.is_empty() || tgt.is_empty() {
-        let values: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.selected.as_deref().unwrap_or("(null)")).collect();
+        let values: std::collections::BTreeSet<&str> =
+            rows.iter().map(|r| r.selected.as_deref().unwrap_or("(null)")).collect();
         let empty = if base.is_empty() { baseline } else { target };
-        bail!("no ok run has {empty}; values of `{column}` here: {}", values.into_iter().collect::<Vec<_>>().join(", "))
+        bail!(
+            "no ok run has {empty}; values of `{column}` here: {}",
+            values.into_iter().collect::<Vec<_>>().join(", ")
+        )
     }
     let mut out = Vec::new();
     for (key, b) in &base {
@@ -194,10 +229,22 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
             (Some(sb), Some(st)) => Some(((sb / b.throughput).powi(2) + (st / t.throughput).powi(2)).sqrt()),
             _ => None,
         };
-        let (low, high) = (se.map(|s| ratio * (-Z95 * s).exp()), se.map(|s| ratio * (Z95 * s).exp()));
+        let (low, high) = (
+            se.map(|s| ratio * (-Z95 * s).exp()),
+            se.map(|s| ratio * (Z95 * s).exp()),
+        );
         out.push(Compared {
-            cell: key_fields.iter().zip(key).filter(|(_, v)| !v.is_empty()).map(|(f, v)| (f.to_string(), v.clone())).collect(),
-            ordered: key_fields.iter().zip(key).map(|(f, v)| (f.to_string(), v.clone())).collect(),
+            cell: key_fields
+                .iter()
+                .zip(key)
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(f, v)| (f.to_string(), v.clone()))
+                .collect(),
+            ordered: key_fields
+                .iter()
+                .zip(key)
+                .map(|(f, v)| (f.to_string(), v.clone()))
+                .collect(),
             baseline: b,
             target: t,
             ratio,
@@ -223,41 +270,70 @@ fn pool(rows: &[&Row]) -> Side {
     // Each row's standard error from its 95% interval's half-width.
     let own: Option<Vec<f64>> = rows.iter().map(|r| r.ci.map(|(l, h)| (h - l) / 2.0 / Z95)).collect();
     let within = own.map(|se| se.iter().map(|s| s * s).sum::<f64>().sqrt() / k);
-    let between = (rows.len() >= 2).then(|| (rows.iter().map(|r| (r.throughput - throughput).powi(2)).sum::<f64>() / (k - 1.0)).sqrt() / k.sqrt());
+    let between = (rows.len() >= 2)
+        .then(|| (rows.iter().map(|r| (r.throughput - throughput).powi(2)).sum::<f64>() / (k - 1.0)).sqrt() / k.sqrt());
     let throughput_se = match (within, between) {
         (Some(w), Some(b)) => Some(w.max(b)),
         (w, b) => w.or(b),
     };
-    let mut targets: Vec<&str> = rows.iter().map(|r| r.fields.get("target").map_or("?", String::as_str)).collect();
+    let mut targets: Vec<&str> = rows
+        .iter()
+        .map(|r| r.fields.get("target").map_or("?", String::as_str))
+        .collect();
     targets.sort_unstable();
     targets.dedup();
-    let mut caveats: Vec<String> = rows.iter().filter_map(|r| r.verdict.clone()).filter(|v| v != "ok").collect();
+    let mut caveats: Vec<String> = rows
+        .iter()
+        .filter_map(|r| r.verdict.clone())
+        .filter(|v| v != "ok")
+        .collect();
     caveats.sort_unstable();
     caveats.dedup();
-    Side { runs: rows.len(), throughput, throughput_se, p50_ms: mean(&|r| r.p50_ms), p99_ms: mean(&|r| r.p99_ms), targets: targets.join(","), caveats }
+    Side {
+        runs: rows.len(),
+        throughput,
+        throughput_se,
+        p50_ms: mean(&|r| r.p50_ms),
+        p99_ms: mean(&|r| r.p99_ms),
+        targets: targets.join(","),
+        caveats,
+    }
 }
 
 fn read_rows(runs: &DataFrame, column: &str) -> Result<Vec<Row>> {
     let status = text_column(runs, "status")?;
     let (selected, verdict) = (text_column(runs, column)?, text_column(runs, "verdict")?);
     let (cell_id, run_id) = (text_column(runs, "cell_id")?, text_column(runs, "run_id")?);
-    let fields: Vec<(&'static str, Vec<Option<String>>)> =
-        WORKLOAD.iter().chain(DEVICE.iter()).map(|f| Ok((*f, text_column(runs, f)?))).collect::<Result<_>>()?;
-    let (tp, low, high, p50, p99) =
-        (number_column(runs, "throughput")?, number_column(runs, "throughput_ci_low")?, number_column(runs, "throughput_ci_high")?, number_column(runs, "p50_ms")?, number_column(runs, "p99_ms")?);
+    let fields: Vec<(&'static str, Vec<Option<String>>)> = WORKLOAD
+        .iter()
+        .chain(DEVICE.iter())
+        .map(|f| Ok((*f, text_column(runs, f)?)))
+        .collect::<Result<_>>()?;
+    let (tp, low, high, p50, p99) = (
+        number_column(runs, "throughput")?,
+        number_column(runs, "throughput_ci_low")?,
+        number_column(runs, "throughput_ci_high")?,
+        number_column(runs, "p50_ms")?,
+        number_column(runs, "p99_ms")?,
+    );
     let mut rows = Vec::new();
     for i in 0..runs.height() {
         // Rows of a plain `run` before the status column existed count as measured.
         if status[i].as_deref().is_some_and(|s| s != "ok") {
             continue;
         }
-        let (Some(throughput), Some(p50_ms), Some(p99_ms)) = (tp[i], p50[i], p99[i]) else { continue };
+        let (Some(throughput), Some(p50_ms), Some(p99_ms)) = (tp[i], p50[i], p99[i]) else {
+            continue;
+        };
         rows.push(Row {
             selected: selected[i].clone(),
             verdict: verdict[i].clone(),
             cell_id: cell_id[i].clone().unwrap_or_else(|| format!("row{i}")),
             run_id: run_id[i].clone().unwrap_or_default(),
-            fields: fields.iter().filter_map(|(f, v)| v[i].clone().map(|v| (*f, v))).collect(),
+            fields: fields
+                .iter()
+                .filter_map(|(f, v)| v[i].clone().map(|v| (*f, v)))
+                .collect(),
             throughput,
             ci: low[i].zip(high[i]),
             p50_ms,
@@ -280,17 +356,47 @@ impl Comparison {
         if format == Format::Json {
             return Ok(serde_json::to_string_pretty(self)? + "\n");
         }
-        let header = ["cell", "baseline/s", "target/s", "ratio (95%)", "beyond noise", "p50 ms b→t", "p99 ms b→t", "runs b/t", "verdicts b/t"];
+        let header = [
+            "cell",
+            "baseline/s",
+            "target/s",
+            "ratio (95%)",
+            "beyond noise",
+            "p50 ms b→t",
+            "p99 ms b→t",
+            "runs b/t",
+            "verdicts b/t",
+        ];
         // Fields equal in every matched cell are said once above the table; rows show the rest.
         let same: Vec<(String, String)> = match self.rows.first() {
-            Some(first) => first.ordered.iter().filter(|kv| !kv.1.is_empty() && self.rows.iter().all(|r| r.ordered.contains(kv))).cloned().collect(),
+            Some(first) => first
+                .ordered
+                .iter()
+                .filter(|kv| !kv.1.is_empty() && self.rows.iter().all(|r| r.ordered.contains(kv)))
+                .cloned()
+                .collect(),
             None => Vec::new(),
         };
         let label = |r: &Compared| -> String {
-            let varying: Vec<&str> = r.ordered.iter().filter(|kv| !kv.1.is_empty() && !same.contains(kv)).map(|(_, v)| v.as_str()).collect();
-            if varying.is_empty() { "(the one cell)".to_string() } else { varying.join(" ") }
+            let varying: Vec<&str> = r
+                .ordered
+                .iter()
+                .filter(|kv| !kv.1.is_empty() && !same.contains(kv))
+                .map(|(_, v)| v.as_str())
+                .collect();
+            if varying.is_empty() {
+                "(the one cell)".to_string()
+            } else {
+                varying.join(" ")
+            }
         };
-        let verdicts = |s: &Side| if s.caveats.is_empty() { "ok".to_string() } else { s.caveats.join("+") };
+        let verdicts = |s: &Side| {
+            if s.caveats.is_empty() {
+                "ok".to_string()
+            } else {
+                s.caveats.join("+")
+            }
+        };
         let lines: Vec<[String; 9]> = self
             .rows
             .iter()
@@ -304,7 +410,8 @@ impl Comparison {
                     format!("{:.1}", r.baseline.throughput),
                     format!("{:.1}", r.target.throughput),
                     ci,
-                    r.beyond_noise.map_or("?".into(), |b| if b { "yes".into() } else { "no".into() }),
+                    r.beyond_noise
+                        .map_or("?".into(), |b| if b { "yes".into() } else { "no".into() }),
                     format!("{:.3}→{:.3}", r.baseline.p50_ms, r.target.p50_ms),
                     format!("{:.3}→{:.3}", r.baseline.p99_ms, r.target.p99_ms),
                     format!("{}/{}", r.baseline.runs, r.target.runs),
@@ -312,9 +419,18 @@ impl Comparison {
                 ]
             })
             .collect();
-        let mut out = format!("{} (target) against {} (baseline): {} matched cell(s)", self.target, self.baseline, self.rows.len());
+        let mut out = format!(
+            "{} (target) against {} (baseline): {} matched cell(s)",
+            self.target,
+            self.baseline,
+            self.rows.len()
+        );
         if self.baseline_only + self.target_only > 0 {
-            write!(out, "; unmatched: {} baseline only, {} target only", self.baseline_only, self.target_only)?;
+            write!(
+                out,
+                "; unmatched: {} baseline only, {} target only",
+                self.baseline_only, self.target_only
+            )?;
         }
         out.push('\n');
         if !same.is_empty() {
@@ -334,7 +450,16 @@ impl Comparison {
                 *w = (*w).max(c.chars().count());
             }
         }
-        let line = |cells: &[String]| cells.iter().zip(widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_string();
+        let line = |cells: &[String]| {
+            cells
+                .iter()
+                .zip(widths)
+                .map(|(c, w)| format!("{c:<w$}"))
+                .collect::<Vec<_>>()
+                .join("  ")
+                .trim_end()
+                .to_string()
+        };
         out += &line(&header.map(String::from));
         out.push('\n');
         for l in &lines {
@@ -398,9 +523,17 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&c.render(Format::Json).unwrap()).unwrap();
         assert!((json["rows"][0]["ratio"].as_f64().unwrap() - 0.99).abs() < 1e-12);
         let text = c.render(Format::Text).unwrap();
-        assert!(text.starts_with("target=3g (target) against target=full (baseline): 2 matched cell(s); unmatched: 1 baseline only"), "{text}");
+        assert!(
+            text.starts_with(
+                "target=3g (target) against target=full (baseline): 2 matched cell(s); unmatched: 1 baseline only"
+            ),
+            "{text}"
+        );
         let md = c.render(Format::Md).unwrap();
-        assert!(md.contains("every cell: model=resnet50, mode=infer, dtype=bf16\n"), "{md}");
+        assert!(
+            md.contains("every cell: model=resnet50, mode=infer, dtype=bf16\n"),
+            "{md}"
+        );
         assert!(md.contains("| 32 | 1000.0 | 500.0 | 0.500 ("), "{md}");
     }
 
@@ -421,7 +554,11 @@ mod tests {
         assert!((full.baseline.throughput - 110.0).abs() < 1e-12);
         assert!((full.ratio - 315.0 / 110.0).abs() < 1e-12);
         // Two repeats 30/s apart: the spread between them (15/s) outweighs their own ±3/s.
-        assert!((full.target.throughput_se.unwrap() - 15.0).abs() < 1e-9, "{:?}", full.target.throughput_se);
+        assert!(
+            (full.target.throughput_se.unwrap() - 15.0).abs() < 1e-9,
+            "{:?}",
+            full.target.throughput_se
+        );
         let slice = c.rows.iter().find(|r| r.cell["target"] == "3g").unwrap();
         assert!((slice.ratio - 3.0).abs() < 1e-12);
     }
@@ -434,30 +571,54 @@ mod tests {
             ("c", "r3", "1g", "bf16", 32, 300.0, 3.0),
             ("d", "r4", "1g", "bf16", 32, 200.0, 3.0),
         ]);
-        runs.with_column(Column::new("concurrency_group".into(), [None, Some("g"), None, Some("g")])).unwrap();
-        runs.with_column(Column::new("verdict".into(), ["ok", "shared", "ok", "ok"])).unwrap();
+        runs.with_column(Column::new(
+            "concurrency_group".into(),
+            [None, Some("g"), None, Some("g")],
+        ))
+        .unwrap();
+        runs.with_column(Column::new("verdict".into(), ["ok", "shared", "ok", "ok"]))
+            .unwrap();
         let c = compare(&runs, &sel("concurrency_group="), &sel("concurrency_group=g")).unwrap();
         assert_eq!(c.rows.len(), 2, "each target with itself");
         let three = c.rows.iter().find(|r| r.cell["target"] == "3g").unwrap();
         assert!((three.ratio - 0.8).abs() < 1e-12);
-        assert_eq!((three.baseline.caveats.clone(), three.target.caveats.clone()), (vec![], vec!["shared".to_string()]));
+        assert_eq!(
+            (three.baseline.caveats.clone(), three.target.caveats.clone()),
+            (vec![], vec!["shared".to_string()])
+        );
         assert!(c.render(Format::Text).unwrap().contains("ok/shared"));
         // dtype against dtype over two targets is fine; a device column other than target that
         // spans two targets on one side would average them: refused.
-        runs.with_column(Column::new("device_kind".into(), ["mps", "mps", "mps", "mps"])).unwrap();
-        let e = compare(&runs, &sel("device_kind=mps"), &sel("device_kind=cuda")).unwrap_err().to_string();
+        runs.with_column(Column::new("device_kind".into(), ["mps", "mps", "mps", "mps"]))
+            .unwrap();
+        let e = compare(&runs, &sel("device_kind=mps"), &sel("device_kind=cuda"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("several targets (1g, 3g)"), "{e}");
     }
 
     #[test]
     fn bad_selectors_say_what_there_is() {
         let runs = frame(&[("a", "r", "full", "f32", 1, 1.0, 0.1)]);
-        let e = compare(&runs, &sel("gpu=full"), &sel("gpu=3g")).unwrap_err().to_string();
+        let e = compare(&runs, &sel("gpu=full"), &sel("gpu=3g"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no column `gpu`") && e.contains("target"), "{e}");
-        let e = compare(&runs, &sel("target=full"), &sel("dtype=bf16")).unwrap_err().to_string();
+        let e = compare(&runs, &sel("target=full"), &sel("dtype=bf16"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("different columns"), "{e}");
-        let e = compare(&runs, &sel("target=full"), &sel("target=3g")).unwrap_err().to_string();
-        assert!(e.contains("no ok run has target=3g; values of `target` here: full"), "{e}");
-        assert!("full".parse::<Selector>().unwrap_err().to_string().contains("column=value"));
+        let e = compare(&runs, &sel("target=full"), &sel("target=3g"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no ok run has target=3g; values of `target` here: full"),
+            "{e}"
+        );
+        assert!("full"
+            .parse::<Selector>()
+            .unwrap_err()
+            .to_string()
+            .contains("column=value"));
     }
 }

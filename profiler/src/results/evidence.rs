@@ -59,14 +59,20 @@ pub struct Expected {
 impl Expected {
     /// This process alone.
     pub fn this_process() -> Self {
-        Self { pids: vec![std::process::id()], mps_server: false }
+        Self {
+            pids: vec![std::process::id()],
+            mps_server: false,
+        }
     }
 
     /// This process on `device`: with migprof's MPS server beside it when it is an MPS client, or
     /// when the sweep that started it runs an MPS daemon on the same GPU.
     pub fn on(device: &crate::device::DeviceInfo) -> Self {
         let beside = std::env::var_os(crate::mps::daemon::BESIDE_ENV).is_some();
-        Self { mps_server: device.emulation.is_some() || beside, ..Self::this_process() }
+        Self {
+            mps_server: device.emulation.is_some() || beside,
+            ..Self::this_process()
+        }
     }
 }
 
@@ -102,13 +108,27 @@ pub struct Evidence {
 impl Evidence {
     /// The evidence of a run without GPU readings.
     pub fn none(sampling: Sampling) -> Self {
-        Self { sampling, readings: 0, slowdowns: Vec::new(), throttle_share: None, power_cap_share: None, others: Vec::new(), unattributed: false }
+        Self {
+            sampling,
+            readings: 0,
+            slowdowns: Vec::new(),
+            throttle_share: None,
+            power_cap_share: None,
+            others: Vec::new(),
+            unattributed: false,
+        }
     }
 
     pub fn from_samples(samples: &[Sample], expected: &Expected) -> Self {
         let reasons: Vec<u64> = samples.iter().filter_map(|s| s.gpu_throttle_reasons).collect();
-        let share = |mask: u64| (!reasons.is_empty()).then(|| reasons.iter().filter(|&&r| r & mask != 0).count() as f64 / reasons.len() as f64);
-        let slowdowns = SLOWDOWNS.iter().filter_map(|&(bit, name)| share(bit).filter(|&s| s > 0.0).map(|s| (name, s))).collect();
+        let share = |mask: u64| {
+            (!reasons.is_empty())
+                .then(|| reasons.iter().filter(|&&r| r & mask != 0).count() as f64 / reasons.len() as f64)
+        };
+        let slowdowns = SLOWDOWNS
+            .iter()
+            .filter_map(|&(bit, name)| share(bit).filter(|&s| s > 0.0).map(|s| (name, s)))
+            .collect();
         let any_slowdown = SLOWDOWNS.iter().fold(0, |m, (bit, _)| m | bit);
         let (others, unattributed) = others(samples, expected);
         Self {
@@ -152,11 +172,17 @@ impl Evidence {
         match &self.sampling {
             Sampling::NotAGpu => {}
             Sampling::Off => parts.push("GPU sampler off: throttling and other processes not checked".to_string()),
-            Sampling::Failed(why) => parts.push(format!("GPU sampler failed ({why}): throttling and other processes not checked")),
+            Sampling::Failed(why) => parts.push(format!(
+                "GPU sampler failed ({why}): throttling and other processes not checked"
+            )),
             Sampling::Ran => {}
         }
         if !self.slowdowns.is_empty() {
-            let each: Vec<String> = self.slowdowns.iter().map(|(n, s)| format!("{n} {:.0}%", s * 100.0)).collect();
+            let each: Vec<String> = self
+                .slowdowns
+                .iter()
+                .map(|(n, s)| format!("{n} {:.0}%", s * 100.0))
+                .collect();
             let counts = if self.throttled() { "counts" } else { "below the" };
             parts.push(format!(
                 "clocks slowed in {:.0}% of {} readings ({}; {counts} {:.0}% that makes a run throttled)",
@@ -167,13 +193,18 @@ impl Evidence {
             ));
         }
         if let Some(s) = self.power_cap_share.filter(|&s| s > 0.0) {
-            parts.push(format!("at the software power cap in {:.0}% of readings (normal at full load)", s * 100.0));
+            parts.push(format!(
+                "at the software power cap in {:.0}% of readings (normal at full load)",
+                s * 100.0
+            ));
         }
         if let Some(others) = self.others_text() {
             parts.push(format!("other processes on the device: {others}"));
         }
         if self.unattributed {
-            parts.push("NVML's pids are of another PID namespace (a container?): processes counted, not matched".to_string());
+            parts.push(
+                "NVML's pids are of another PID namespace (a container?): processes counted, not matched".to_string(),
+            );
         }
         (!parts.is_empty()).then(|| parts.join("; "))
     }
@@ -200,7 +231,10 @@ fn others(samples: &[Sample], expected: &Expected) -> (Vec<(GpuProcess, f64)>, b
     expected_pids.sort_unstable();
     expected_pids.dedup();
     for list in &lists {
-        let unexpected: Vec<&GpuProcess> = list.iter().filter(|p| !is_server(p) && !expected_pids.contains(&p.pid)).collect();
+        let unexpected: Vec<&GpuProcess> = list
+            .iter()
+            .filter(|p| !is_server(p) && !expected_pids.contains(&p.pid))
+            .collect();
         if unattributed {
             // Which listed process is which cannot be told: only a count above the expected one
             // (ours, our neighbours, and the MPS server when its name could not be read either)
@@ -213,7 +247,10 @@ fn others(samples: &[Sample], expected: &Expected) -> (Vec<(GpuProcess, f64)>, b
             unexpected.into_iter().for_each(&mut note);
         }
     }
-    let mut others: Vec<(GpuProcess, f64)> = seen.into_values().map(|(p, n)| (p, n as f64 / lists.len() as f64)).collect();
+    let mut others: Vec<(GpuProcess, f64)> = seen
+        .into_values()
+        .map(|(p, n)| (p, n as f64 / lists.len() as f64))
+        .collect();
     others.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.pid.cmp(&b.0.pid)));
     (others, unattributed)
 }
@@ -225,36 +262,72 @@ mod tests {
     fn reading(reasons: u64, processes: &[(u32, &str)]) -> Sample {
         Sample {
             gpu_throttle_reasons: Some(reasons),
-            compute_processes: Some(processes.iter().map(|&(pid, name)| GpuProcess { pid, name: Some(name.into()), used_mib: Some(500) }).collect()),
+            compute_processes: Some(
+                processes
+                    .iter()
+                    .map(|&(pid, name)| GpuProcess {
+                        pid,
+                        name: Some(name.into()),
+                        used_mib: Some(500),
+                    })
+                    .collect(),
+            ),
             ..Default::default()
         }
     }
 
     fn us() -> Expected {
-        Expected { pids: vec![100], mps_server: false }
+        Expected {
+            pids: vec![100],
+            mps_server: false,
+        }
     }
 
     #[test]
     fn a_quiet_gpu_at_its_power_cap_is_no_evidence_against_the_run() {
-        let samples: Vec<Sample> = (0..50).map(|i| reading(if i % 2 == 0 { reasons::SW_POWER_CAP } else { 0 }, &[(100, "migprof")])).collect();
+        let samples: Vec<Sample> = (0..50)
+            .map(|i| reading(if i % 2 == 0 { reasons::SW_POWER_CAP } else { 0 }, &[(100, "migprof")]))
+            .collect();
         let e = Evidence::from_samples(&samples, &us());
         assert!(!e.throttled() && !e.shared() && !e.unattributed);
         assert_eq!(e.power_cap_share, Some(0.5));
-        assert_eq!(e.describe().unwrap(), "at the software power cap in 50% of readings (normal at full load)");
+        assert_eq!(
+            e.describe().unwrap(),
+            "at the software power cap in 50% of readings (normal at full load)"
+        );
     }
 
     #[test]
     fn thermal_slowdown_in_enough_readings_throttles_the_run_and_says_how_much() {
         // 10 of 100 readings in hardware thermal slowdown, 2 of them with the power brake too.
         let samples: Vec<Sample> = (0..100)
-            .map(|i| reading(if i < 2 { reasons::HW_THERMAL | reasons::HW_POWER_BRAKE } else if i < 10 { reasons::HW_THERMAL } else { 0 }, &[(100, "migprof")]))
+            .map(|i| {
+                reading(
+                    if i < 2 {
+                        reasons::HW_THERMAL | reasons::HW_POWER_BRAKE
+                    } else if i < 10 {
+                        reasons::HW_THERMAL
+                    } else {
+                        0
+                    },
+                    &[(100, "migprof")],
+                )
+            })
             .collect();
         let e = Evidence::from_samples(&samples, &us());
         assert!(e.throttled());
         assert_eq!(e.slowdowns, vec![("hw_thermal", 0.1), ("hw_power_brake", 0.02)]);
-        assert!(e.describe().unwrap().starts_with("clocks slowed in 10% of 100 readings (hw_thermal 10%, hw_power_brake 2%; counts 5%"), "{:?}", e.describe());
+        assert!(
+            e.describe()
+                .unwrap()
+                .starts_with("clocks slowed in 10% of 100 readings (hw_thermal 10%, hw_power_brake 2%; counts 5%"),
+            "{:?}",
+            e.describe()
+        );
         // 4 readings of 100 stay below the share that counts, and are still reported.
-        let few: Vec<Sample> = (0..100).map(|i| reading(if i < 4 { reasons::HW_SLOWDOWN } else { 0 }, &[])).collect();
+        let few: Vec<Sample> = (0..100)
+            .map(|i| reading(if i < 4 { reasons::HW_SLOWDOWN } else { 0 }, &[]))
+            .collect();
         let e = Evidence::from_samples(&few, &us());
         assert!(!e.throttled());
         assert!(e.describe().unwrap().contains("below the 5%"), "{:?}", e.describe());
@@ -262,10 +335,25 @@ mod tests {
 
     #[test]
     fn another_process_shares_the_device_and_expected_ones_do_not() {
-        let mut samples: Vec<Sample> = (0..10).map(|_| reading(0, &[(100, "migprof"), (7, "nvidia-cuda-mps-server"), (300, "migprof")])).collect();
-        samples.extend((0..10).map(|_| reading(0, &[(100, "migprof"), (7, "nvidia-cuda-mps-server"), (300, "migprof"), (4242, "python3")])));
+        let mut samples: Vec<Sample> = (0..10)
+            .map(|_| reading(0, &[(100, "migprof"), (7, "nvidia-cuda-mps-server"), (300, "migprof")]))
+            .collect();
+        samples.extend((0..10).map(|_| {
+            reading(
+                0,
+                &[
+                    (100, "migprof"),
+                    (7, "nvidia-cuda-mps-server"),
+                    (300, "migprof"),
+                    (4242, "python3"),
+                ],
+            )
+        }));
         // Neighbour 300 and the MPS server are expected; python3 came in half-way.
-        let expected = Expected { pids: vec![100, 300], mps_server: true };
+        let expected = Expected {
+            pids: vec![100, 300],
+            mps_server: true,
+        };
         let e = Evidence::from_samples(&samples, &expected);
         assert!(e.shared());
         assert_eq!(e.others.len(), 1);
@@ -286,18 +374,35 @@ mod tests {
         let e = Evidence::from_samples(&crowded, &us());
         assert!(e.unattributed && e.shared(), "{e:?}");
         // An MPS client beside its server whose name cannot be read: two processes, both expected.
-        let client = Expected { pids: vec![100, 100], mps_server: true };
-        assert!(!Evidence::from_samples(&crowded, &client).shared(), "the server and this client");
-        let three: Vec<Sample> = (0..10).map(|_| reading(0, &[(90_001, "?"), (90_002, "?"), (90_003, "?")])).collect();
-        assert!(Evidence::from_samples(&three, &client).shared(), "a third is someone else");
+        let client = Expected {
+            pids: vec![100, 100],
+            mps_server: true,
+        };
+        assert!(
+            !Evidence::from_samples(&crowded, &client).shared(),
+            "the server and this client"
+        );
+        let three: Vec<Sample> = (0..10)
+            .map(|_| reading(0, &[(90_001, "?"), (90_002, "?"), (90_003, "?")]))
+            .collect();
+        assert!(
+            Evidence::from_samples(&three, &client).shared(),
+            "a third is someone else"
+        );
         assert!(e.describe().unwrap().contains("another PID namespace"));
     }
 
     #[test]
     fn readings_without_the_counters_judge_nothing() {
         let e = Evidence::from_samples(&[Sample::default(), Sample::default()], &us());
-        assert_eq!((e.throttle_share, e.power_cap_share, e.shared(), e.unattributed), (None, None, false, false));
+        assert_eq!(
+            (e.throttle_share, e.power_cap_share, e.shared(), e.unattributed),
+            (None, None, false, false)
+        );
         assert_eq!(e.describe(), None);
-        assert!(Evidence::none(Sampling::Failed("NVML went away".into())).describe().unwrap().contains("sampler failed (NVML went away)"));
+        assert!(Evidence::none(Sampling::Failed("NVML went away".into()))
+            .describe()
+            .unwrap()
+            .contains("sampler failed (NVML went away)"));
     }
 }

@@ -11,7 +11,14 @@ use anyhow::{bail, Context, Result};
 
 use crate::results::store::{read_table, text_column, Table};
 
-const TABLES: [Table; 6] = [Table::Runs, Table::Samples, Table::Metrics, Table::Load, Table::LoadBatches, Table::Capacity];
+const TABLES: [Table; 6] = [
+    Table::Runs,
+    Table::Samples,
+    Table::Metrics,
+    Table::Load,
+    Table::LoadBatches,
+    Table::Capacity,
+];
 
 /// What a merge did.
 #[derive(Debug, Default)]
@@ -29,16 +36,26 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
     for d in dirs {
         anyhow::ensure!(d.is_dir(), "{}: no such results folder", d.display());
         if fs::canonicalize(d)? == out_real {
-            bail!("{} is both a folder to merge and --out: merge into a new folder", d.display());
+            bail!(
+                "{} is both a folder to merge and --out: merge into a new folder",
+                d.display()
+            );
         }
     }
     let mut m = Merged::default();
     for d in dirs {
-        let mut folders: Vec<(PathBuf, PathBuf)> = TABLES.iter().map(|t| (d.join(t.dir_name()), out.join(t.dir_name()))).collect();
+        let mut folders: Vec<(PathBuf, PathBuf)> = TABLES
+            .iter()
+            .map(|t| (d.join(t.dir_name()), out.join(t.dir_name())))
+            .collect();
         folders.push((d.join("plans"), out.join("plans")));
         for (from, to) in folders {
             let Ok(entries) = fs::read_dir(&from) else { continue };
-            let mut names: Vec<String> = entries.flatten().map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| !n.starts_with('.')).collect();
+            let mut names: Vec<String> = entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .filter(|n| !n.starts_with('.'))
+                .collect();
             names.sort();
             for name in names {
                 let dest = to.join(&name);
@@ -65,7 +82,11 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
             }
         }
     }
-    m.cells_in_several = folders_of.into_iter().filter(|(_, f)| f.len() > 1).map(|(c, f)| (c, f.into_iter().collect())).collect();
+    m.cells_in_several = folders_of
+        .into_iter()
+        .filter(|(_, f)| f.len() > 1)
+        .map(|(c, f)| (c, f.into_iter().collect()))
+        .collect();
     Ok(m)
 }
 
@@ -96,7 +117,10 @@ mod tests {
         // Again: nothing new.
         let again = merge(&dirs, out.path())?;
         assert_eq!(again.copied, 0);
-        assert!(merge(&[out.path().to_path_buf()], out.path()).unwrap_err().to_string().contains("merge into a new folder"));
+        assert!(merge(&[out.path().to_path_buf()], out.path())
+            .unwrap_err()
+            .to_string()
+            .contains("merge into a new folder"));
         Ok(())
     }
 

@@ -4,8 +4,8 @@
 
 pub mod check;
 pub mod compare;
-pub mod merge;
 pub mod evidence;
+pub mod merge;
 pub mod plot;
 pub mod record;
 pub mod stats;

@@ -29,18 +29,40 @@ pub fn series(runs: &DataFrame) -> Result<BTreeMap<String, Vec<Point>>> {
         return Ok(BTreeMap::new());
     }
     let text = |name: &str| -> Result<Vec<String>> {
-        Ok(runs.column(name)?.str()?.iter().map(|v| v.unwrap_or("?").to_string()).collect())
+        Ok(runs
+            .column(name)?
+            .str()?
+            .iter()
+            .map(|v| v.unwrap_or("?").to_string())
+            .collect())
     };
     let number = |name: &str| -> Result<Vec<f64>> {
         let c = runs.column(name)?.cast(&DataType::Float64)?;
         Ok(c.f64()?.iter().map(|v| v.unwrap_or(f64::NAN)).collect())
     };
-    let (model, mode, dtype, device, run_id) =
-        (text("model")?, text("mode")?, text("dtype")?, text("device_name")?, text("run_id")?);
-    let (batch, throughput, p50, p99) = (number("batch")?, number("throughput")?, number("p50_ms")?, number("p99_ms")?);
+    let (model, mode, dtype, device, run_id) = (
+        text("model")?,
+        text("mode")?,
+        text("dtype")?,
+        text("device_name")?,
+        text("run_id")?,
+    );
+    let (batch, throughput, p50, p99) = (
+        number("batch")?,
+        number("throughput")?,
+        number("p50_ms")?,
+        number("p99_ms")?,
+    );
     // Rows without a measurement (a cell that failed) and the probes of a max search are not points;
     // nor are a concurrent group's members: these plots show cells alone.
-    let status = runs.column("status").ok().map(|c| c.str().map(|s| s.iter().map(|v| v.unwrap_or("ok").to_string()).collect::<Vec<_>>())).transpose()?;
+    let status = runs
+        .column("status")
+        .ok()
+        .map(|c| {
+            c.str()
+                .map(|s| s.iter().map(|v| v.unwrap_or("ok").to_string()).collect::<Vec<_>>())
+        })
+        .transpose()?;
     let grouped: Vec<bool> = match runs.column("concurrency_group") {
         Ok(c) => c.str()?.iter().map(|v| v.is_some()).collect(),
         Err(_) => vec![false; runs.height()],
@@ -51,7 +73,13 @@ pub fn series(runs: &DataFrame) -> Result<BTreeMap<String, Vec<Point>>> {
             continue;
         }
         let key = format!("{} {} {} · {}", model[i], mode[i], dtype[i], device[i]);
-        let p = Point { run_id: run_id[i].clone(), batch: batch[i], throughput: throughput[i], p50_ms: p50[i], p99_ms: p99[i] };
+        let p = Point {
+            run_id: run_id[i].clone(),
+            batch: batch[i],
+            throughput: throughput[i],
+            p50_ms: p50[i],
+            p99_ms: p99[i],
+        };
         let by_batch = latest.entry(key).or_default();
         match by_batch.get(&(batch[i] as u64)) {
             Some(old) if old.run_id >= p.run_id => {}
@@ -60,7 +88,10 @@ pub fn series(runs: &DataFrame) -> Result<BTreeMap<String, Vec<Point>>> {
             }
         }
     }
-    Ok(latest.into_iter().map(|(k, v)| (k, v.into_values().collect())).collect())
+    Ok(latest
+        .into_iter()
+        .map(|(k, v)| (k, v.into_values().collect()))
+        .collect())
 }
 
 /// Draws both plots into `out` and returns their paths; nothing is drawn for an empty table.
@@ -102,7 +133,10 @@ fn draw(path: &Path, series: &BTreeMap<String, Vec<Point>>, chart: Chart) -> Res
         .margin(20)
         .x_label_area_size(50)
         .y_label_area_size(80)
-        .build_cartesian_2d((bmin / 1.5..bmax * 1.5).log_scale(), (ymin / 1.5..ymax * 1.5).log_scale())?;
+        .build_cartesian_2d(
+            (bmin / 1.5..bmax * 1.5).log_scale(),
+            (ymin / 1.5..ymax * 1.5).log_scale(),
+        )?;
     ctx.configure_mesh()
         .light_line_style(RGBColor(238, 238, 238))
         .x_desc("batch size (samples per step)")
@@ -116,12 +150,19 @@ fn draw(path: &Path, series: &BTreeMap<String, Vec<Point>>, chart: Chart) -> Res
             Chart::Throughput => p.throughput,
             Chart::Latency => p.p50_ms,
         };
-        ctx.draw_series(LineSeries::new(points.iter().map(|p| (p.batch, y(p))), color.stroke_width(2)))?
-            .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+        ctx.draw_series(LineSeries::new(
+            points.iter().map(|p| (p.batch, y(p))),
+            color.stroke_width(2),
+        ))?
+        .label(name.as_str())
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
         ctx.draw_series(points.iter().map(|p| Circle::new((p.batch, y(p)), 4, color.filled())))?;
         if let Chart::Latency = chart {
-            ctx.draw_series(points.iter().map(|p| ErrorBar::new_vertical(p.batch, p.p50_ms, p.p50_ms, p.p99_ms, color.stroke_width(1), 10)))?;
+            ctx.draw_series(
+                points
+                    .iter()
+                    .map(|p| ErrorBar::new_vertical(p.batch, p.p50_ms, p.p50_ms, p.p99_ms, color.stroke_width(1), 10)),
+            )?;
         }
     }
     ctx.configure_series_labels()
@@ -213,11 +254,20 @@ mod tests {
     #[test]
     fn svgs_have_titles_axes_series_and_whiskers() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let runs = [fake_run(1, 10, Duration::ZERO), fake_run(4, 10, Duration::ZERO), fake_run(16, 10, Duration::ZERO)];
+        let runs = [
+            fake_run(1, 10, Duration::ZERO),
+            fake_run(4, 10, Duration::ZERO),
+            fake_run(16, 10, Duration::ZERO),
+        ];
         let written = write_plots(dir.path(), &runs_frame(&runs)?)?;
         assert_eq!(written.len(), 2);
         let tput = std::fs::read_to_string(dir.path().join(THROUGHPUT_SVG))?;
-        for want in ["Throughput vs batch size", "batch size (samples per step)", "throughput (samples/s)", "resnet_tiny infer f32"] {
+        for want in [
+            "Throughput vs batch size",
+            "batch size (samples per step)",
+            "throughput (samples/s)",
+            "resnet_tiny infer f32",
+        ] {
             assert!(tput.contains(want), "throughput plot lacks {want:?}");
         }
         assert_eq!(tput.matches("<circle").count(), 3, "one marker per run");

@@ -3,16 +3,16 @@
 //! model that the Parquet store, the plots and the summary read.
 
 use anyhow::Result;
-use chrono::{DateTime, Utc};
 use candle_core::DType;
+use chrono::{DateTime, Utc};
 use workloads::kernels::KernelOptions;
 use workloads::{Mode, ModelInfo};
 
 use crate::device::DeviceInfo;
 use crate::provenance;
+use crate::results::evidence::{Evidence, Expected, Sampling};
 use crate::results::stats::{wall_throughput, LatencyStats};
 use crate::results::uncertainty::Uncertainty;
-use crate::results::evidence::{Evidence, Expected, Sampling};
 use crate::results::verdict::{assess, Assessment};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::measure::Measurement;
@@ -63,7 +63,14 @@ pub enum Status {
 }
 
 impl Status {
-    pub const ALL: [Status; 6] = [Status::Ok, Status::Probe, Status::Oom, Status::Error, Status::Timeout, Status::Crashed];
+    pub const ALL: [Status; 6] = [
+        Status::Ok,
+        Status::Probe,
+        Status::Oom,
+        Status::Error,
+        Status::Timeout,
+        Status::Crashed,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -189,7 +196,9 @@ impl Run {
             (Some(_), Some(_), Some(e)) => Evidence::none(Sampling::Failed(e.clone())),
             (Some(_), Some(_), None) => Evidence::from_samples(&metrics, &context.expected),
         };
-        let assessment = assess(&measurement.latencies_ns).with_evidence(&evidence, measurement.stop_note.as_deref()).with_refused_graphs(&measurement.graphs_refused);
+        let assessment = assess(&measurement.latencies_ns)
+            .with_evidence(&evidence, measurement.stop_note.as_deref())
+            .with_refused_graphs(&measurement.graphs_refused);
         let metric_summary = summarize(&metrics, stats.iterations * spec.batch as u64);
         let sample_interval = spec.sample_interval.filter(|_| context.device.selected.is_some());
         Ok(Self {
@@ -261,24 +270,37 @@ fn describe(t: &workloads::TrainConfig) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::testing::clock::{FakeClock, FakeStep};
-    use crate::run::measure::{Stop, Warmup};
     use crate::results::stats::tests::close;
     use crate::results::verdict::Verdict;
+    use crate::run::measure::{Stop, Warmup};
+    use crate::testing::clock::{FakeClock, FakeStep};
     use std::time::Duration;
 
     pub fn context() -> RunContext {
         RunContext {
             invocation_id: "inv-test".into(),
             host: "testhost".into(),
-            device: DeviceInfo { kind: "cpu", name: "Test CPU (2 threads)".into(), selected: None, emulation: None },
+            device: DeviceInfo {
+                kind: "cpu",
+                name: "Test CPU (2 threads)".into(),
+                selected: None,
+                emulation: None,
+            },
             expected: Expected::this_process(),
             group: None,
         }
     }
 
     pub fn identity() -> CellIdentity {
-        CellIdentity { sweep: None, target: "Test CPU".into(), cell_id: "0123456789abcdef".into(), status: Status::Ok, concurrency_group: None, neighbours: Vec::new(), baseline: false }
+        CellIdentity {
+            sweep: None,
+            target: "Test CPU".into(),
+            cell_id: "0123456789abcdef".into(),
+            status: Status::Ok,
+            concurrency_group: None,
+            neighbours: Vec::new(),
+            baseline: false,
+        }
     }
 
     pub fn spec(batch: usize, iters: u64) -> RunSpec {
@@ -304,9 +326,26 @@ pub(crate) mod tests {
         let clock = FakeClock::with_tick(tick);
         let mut step = FakeStep::new(&clock, &[1.0, 3.0]);
         let spec = spec(batch, iters);
-        let m = crate::run::measure::measure(&mut step, &clock, spec.warmup, spec.stop, &mut crate::run::measure::Unobserved).unwrap();
+        let m = crate::run::measure::measure(
+            &mut step,
+            &clock,
+            spec.warmup,
+            spec.stop,
+            &mut crate::run::measure::Unobserved,
+        )
+        .unwrap();
         let (_, info) = workloads::lookup("resnet_tiny").unwrap();
-        Run::new(&spec, info, context(), provenance::now(), m, Ok(Vec::new()), identity(), Fingerprint::collect(None)).unwrap()
+        Run::new(
+            &spec,
+            info,
+            context(),
+            provenance::now(),
+            m,
+            Ok(Vec::new()),
+            identity(),
+            Fingerprint::collect(None),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -325,8 +364,16 @@ pub(crate) mod tests {
         // Each clock read costs 100 us: latencies are 2.1 ms on average, the 30 iterations take
         // 60 ms of steps + 91 reads x 100 us = 69.1 ms of wall time.
         let run = fake_run(4, 30, Duration::from_micros(100));
-        assert!((run.throughput() - 1000.0 / 2.1 * 4.0).abs() < 1e-9, "{}", run.throughput());
-        assert!((run.wall_throughput() - 120.0 / 0.0691).abs() < 1e-6, "{}", run.wall_throughput());
+        assert!(
+            (run.throughput() - 1000.0 / 2.1 * 4.0).abs() < 1e-9,
+            "{}",
+            run.throughput()
+        );
+        assert!(
+            (run.wall_throughput() - 120.0 / 0.0691).abs() < 1e-6,
+            "{}",
+            run.wall_throughput()
+        );
     }
 
     #[test]
@@ -334,15 +381,44 @@ pub(crate) mod tests {
         let clock = FakeClock::with_tick(Duration::ZERO);
         let mut step = FakeStep::new(&clock, &[1.0, 3.0]);
         let spec = spec(8, 30);
-        let mut m = crate::run::measure::measure(&mut step, &clock, spec.warmup, spec.stop, &mut crate::run::measure::Unobserved).unwrap();
+        let mut m = crate::run::measure::measure(
+            &mut step,
+            &clock,
+            spec.warmup,
+            spec.stop,
+            &mut crate::run::measure::Unobserved,
+        )
+        .unwrap();
         m.graphs_refused = vec!["the step copies from host memory 2 time(s)".into()];
         let (_, info) = workloads::lookup("resnet_tiny").unwrap();
-        let run = Run::new(&spec, info, context(), provenance::now(), m, Ok(Vec::new()), identity(), Fingerprint::collect(None)).unwrap();
+        let run = Run::new(
+            &spec,
+            info,
+            context(),
+            provenance::now(),
+            m,
+            Ok(Vec::new()),
+            identity(),
+            Fingerprint::collect(None),
+        )
+        .unwrap();
         assert_eq!(run.assessment.verdict, Verdict::Ok);
-        assert!(run.assessment.flag_names().contains(&"graphs_refused"), "{:?}", run.assessment.flags);
-        assert!(run.assessment.reason.contains("launched from the host") && run.assessment.reason.contains("copies from host memory"), "{}", run.assessment.reason);
+        assert!(
+            run.assessment.flag_names().contains(&"graphs_refused"),
+            "{:?}",
+            run.assessment.flags
+        );
+        assert!(
+            run.assessment.reason.contains("launched from the host")
+                && run.assessment.reason.contains("copies from host memory"),
+            "{}",
+            run.assessment.reason
+        );
         // Without refusals, no flag.
-        assert!(!fake_run(8, 30, Duration::ZERO).assessment.flag_names().contains(&"graphs_refused"));
+        assert!(!fake_run(8, 30, Duration::ZERO)
+            .assessment
+            .flag_names()
+            .contains(&"graphs_refused"));
     }
 
     #[test]

@@ -74,7 +74,9 @@ impl LatencyStats {
     /// The histogram in HdrHistogram's V2 + DEFLATE encoding, readable by every HdrHistogram port.
     pub fn histogram_v2_deflate(&self) -> Result<Vec<u8>> {
         let mut buf = Vec::new();
-        V2DeflateSerializer::new().serialize(&self.histogram, &mut buf).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        V2DeflateSerializer::new()
+            .serialize(&self.histogram, &mut buf)
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         Ok(buf)
     }
 }
@@ -100,7 +102,9 @@ pub(crate) mod tests {
 
     #[test]
     fn alternating_one_and_three_ms() -> Result<()> {
-        let lat: Vec<u64> = (0..100).map(|i| if i % 2 == 0 { 1_000_000 } else { 3_000_000 }).collect();
+        let lat: Vec<u64> = (0..100)
+            .map(|i| if i % 2 == 0 { 1_000_000 } else { 3_000_000 })
+            .collect();
         let s = LatencyStats::from_latencies(&lat)?;
         assert_eq!(s.iterations, 100);
         assert_eq!(s.mean_ns, 2_000_000.0);
@@ -121,7 +125,13 @@ pub(crate) mod tests {
     fn percentiles_of_one_to_a_thousand_microseconds() -> Result<()> {
         let lat: Vec<u64> = (1..=1000).map(|i| i * 1000).collect();
         let s = LatencyStats::from_latencies(&lat)?;
-        for (got, want) in [(s.p50_ns, 500_000), (s.p90_ns, 900_000), (s.p95_ns, 950_000), (s.p99_ns, 990_000), (s.p999_ns, 999_000)] {
+        for (got, want) in [
+            (s.p50_ns, 500_000),
+            (s.p90_ns, 900_000),
+            (s.p95_ns, 950_000),
+            (s.p99_ns, 990_000),
+            (s.p999_ns, 999_000),
+        ] {
             assert!(close(got, want), "{got} vs {want}");
         }
         assert!(s.p50_ns <= s.p90_ns && s.p90_ns <= s.p99_ns && s.p99_ns <= s.p999_ns && s.p999_ns <= s.max_ns);

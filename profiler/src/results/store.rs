@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use polars::prelude::*;
 
-use crate::provenance;
 use crate::device::DeviceInfo;
+use crate::provenance;
 use crate::results::record::{CellIdentity, Failure};
-use crate::run::fingerprint::Fingerprint;
-use crate::results::Run;
 use crate::results::stats::ns_to_ms;
 use crate::results::uncertainty::{Estimate, Uncertainty};
+use crate::results::Run;
+use crate::run::fingerprint::Fingerprint;
 
 /// Bumped whenever a column is added or changes meaning or type; readers concatenate parts of every
 /// version (2: `kernel_options`; `sweep`, `target`, `cell_id`, `status`, `error`. 3: `verdict_flags`,
@@ -71,9 +71,17 @@ pub fn write_run(out: &Path, run: &Run) -> Result<Written> {
     let metrics = if run.metrics.is_empty() {
         None
     } else {
-        Some(write_part(&out.join(Table::Metrics.dir_name()), &file, &mut metrics_frame(run)?)?)
+        Some(write_part(
+            &out.join(Table::Metrics.dir_name()),
+            &file,
+            &mut metrics_frame(run)?,
+        )?)
     };
-    let runs = write_part(&out.join(Table::Runs.dir_name()), &file, &mut runs_frame(std::slice::from_ref(run))?)?;
+    let runs = write_part(
+        &out.join(Table::Runs.dir_name()),
+        &file,
+        &mut runs_frame(std::slice::from_ref(run))?,
+    )?;
     Ok(Written { runs, samples, metrics })
 }
 
@@ -124,7 +132,9 @@ pub fn read_parts(out: &Path, table: Table) -> Result<(DataFrame, Vec<(PathBuf, 
 /// One part, or why it is not one of ours.
 fn read_part(path: &Path, table: Table) -> std::result::Result<DataFrame, String> {
     let f = File::open(path).map_err(|e| format!("cannot open it: {e}"))?;
-    let df = ParquetReader::new(f).finish().map_err(|e| format!("not a readable Parquet file: {e}"))?;
+    let df = ParquetReader::new(f)
+        .finish()
+        .map_err(|e| format!("not a readable Parquet file: {e}"))?;
     // Samples and metrics parts gained schema_version later than runs parts: run_id marks them all.
     let required: &[&str] = match table {
         Table::Runs => &["schema_version", "run_id"],
@@ -135,11 +145,20 @@ fn read_part(path: &Path, table: Table) -> std::result::Result<DataFrame, String
     };
     let missing: Vec<&str> = required.iter().copied().filter(|c| df.column(c).is_err()).collect();
     if !missing.is_empty() {
-        return Err(format!("not a migprof {} part (no {} column)", table.dir_name(), missing.join(", ")));
+        return Err(format!(
+            "not a migprof {} part (no {} column)",
+            table.dir_name(),
+            missing.join(", ")
+        ));
     }
     if let Ok(v) = df.column("schema_version").and_then(|c| c.cast(&DataType::Int32)) {
-        if v.i32().map(|v| v.iter().flatten().any(|v| v > SCHEMA_VERSION)).unwrap_or(false) {
-            return Err(format!("written by a newer migprof (schema version above {SCHEMA_VERSION})"));
+        if v.i32()
+            .map(|v| v.iter().flatten().any(|v| v > SCHEMA_VERSION))
+            .unwrap_or(false)
+        {
+            return Err(format!(
+                "written by a newer migprof (schema version above {SCHEMA_VERSION})"
+            ));
         }
     }
     Ok(df)
@@ -173,8 +192,14 @@ fn summary(runs: &[Run], f: impl Fn(&crate::run::sampler::MetricSummary) -> Opti
 fn metrics_frame(run: &Run) -> Result<DataFrame> {
     let m = &run.metrics;
     let f = |g: fn(&crate::run::sampler::Sample) -> Option<f64>| m.iter().map(g).collect::<Vec<Option<f64>>>();
-    let u = |g: fn(&crate::run::sampler::Sample) -> Option<u32>| m.iter().map(|s| g(s).map(i64::from)).collect::<Vec<Option<i64>>>();
-    let gpm = |g: fn(&crate::run::sampler::Gpm) -> Option<f64>| m.iter().map(|s| s.gpm.as_ref().and_then(g)).collect::<Vec<Option<f64>>>();
+    let u = |g: fn(&crate::run::sampler::Sample) -> Option<u32>| {
+        m.iter().map(|s| g(s).map(i64::from)).collect::<Vec<Option<i64>>>()
+    };
+    let gpm = |g: fn(&crate::run::sampler::Gpm) -> Option<f64>| {
+        m.iter()
+            .map(|s| s.gpm.as_ref().and_then(g))
+            .collect::<Vec<Option<f64>>>()
+    };
     let columns = vec![
         Column::new("schema_version".into(), vec![SCHEMA_VERSION; m.len()]),
         Column::new("run_id".into(), vec![run.run_id.as_str(); m.len()]),
@@ -182,12 +207,27 @@ fn metrics_frame(run: &Run) -> Result<DataFrame> {
         col("fb_used_mib", f(|s| s.fb_used_mib)),
         col("fb_total_mib", f(|s| s.fb_total_mib)),
         col("gpu_power_w", f(|s| s.gpu_power_w)),
-        col("gpu_energy_mj", m.iter().map(|s| s.gpu_energy_mj.map(|e| e as i64)).collect::<Vec<Option<i64>>>()),
+        col(
+            "gpu_energy_mj",
+            m.iter()
+                .map(|s| s.gpu_energy_mj.map(|e| e as i64))
+                .collect::<Vec<Option<i64>>>(),
+        ),
         col("gpu_sm_clock_mhz", u(|s| s.gpu_sm_clock_mhz)),
         col("gpu_mem_clock_mhz", u(|s| s.gpu_mem_clock_mhz)),
         col("gpu_temperature_c", u(|s| s.gpu_temperature_c)),
-        col("gpu_throttle_reasons", m.iter().map(|s| s.gpu_throttle_reasons.map(|r| r as i64)).collect::<Vec<Option<i64>>>()),
-        col("compute_processes", m.iter().map(|s| s.compute_processes.as_ref().map(|p| p.len() as i64)).collect::<Vec<Option<i64>>>()),
+        col(
+            "gpu_throttle_reasons",
+            m.iter()
+                .map(|s| s.gpu_throttle_reasons.map(|r| r as i64))
+                .collect::<Vec<Option<i64>>>(),
+        ),
+        col(
+            "compute_processes",
+            m.iter()
+                .map(|s| s.compute_processes.as_ref().map(|p| p.len() as i64))
+                .collect::<Vec<Option<i64>>>(),
+        ),
         col("util_gpu_pct", u(|s| s.util_gpu_pct)),
         col("util_mem_pct", u(|s| s.util_mem_pct)),
         col("gract", gpm(|g| g.graphics)),
@@ -218,31 +258,91 @@ pub(crate) fn utc_micros(name: &str, values: Vec<i64>) -> Column {
 /// Which cell each row belongs to and how it ended (`error` is null: a row with a measurement has none).
 pub(crate) fn cell_columns(cells: &[&CellIdentity]) -> Vec<Column> {
     vec![
-        Column::new("sweep".into(), cells.iter().map(|c| c.sweep.clone()).collect::<Vec<Option<String>>>()),
-        col("target", cells.iter().map(|c| c.target.clone()).collect::<Vec<String>>()),
-        col("cell_id", cells.iter().map(|c| c.cell_id.clone()).collect::<Vec<String>>()),
-        col("status", cells.iter().map(|c| c.status.as_str().to_string()).collect::<Vec<String>>()),
+        Column::new(
+            "sweep".into(),
+            cells.iter().map(|c| c.sweep.clone()).collect::<Vec<Option<String>>>(),
+        ),
+        col(
+            "target",
+            cells.iter().map(|c| c.target.clone()).collect::<Vec<String>>(),
+        ),
+        col(
+            "cell_id",
+            cells.iter().map(|c| c.cell_id.clone()).collect::<Vec<String>>(),
+        ),
+        col(
+            "status",
+            cells
+                .iter()
+                .map(|c| c.status.as_str().to_string())
+                .collect::<Vec<String>>(),
+        ),
         Column::new("error".into(), vec![None::<String>; cells.len()]),
-        Column::new("concurrency_group".into(), cells.iter().map(|c| c.concurrency_group.clone()).collect::<Vec<Option<String>>>()),
-        Column::new("neighbours".into(), cells.iter().map(|c| neighbours(&c.neighbours)).collect::<Vec<Option<String>>>()),
-        Column::new("baseline".into(), cells.iter().map(|c| c.baseline).collect::<Vec<bool>>()),
+        Column::new(
+            "concurrency_group".into(),
+            cells
+                .iter()
+                .map(|c| c.concurrency_group.clone())
+                .collect::<Vec<Option<String>>>(),
+        ),
+        Column::new(
+            "neighbours".into(),
+            cells
+                .iter()
+                .map(|c| neighbours(&c.neighbours))
+                .collect::<Vec<Option<String>>>(),
+        ),
+        Column::new(
+            "baseline".into(),
+            cells.iter().map(|c| c.baseline).collect::<Vec<bool>>(),
+        ),
     ]
 }
 
 /// Where each row ran: the device, its GPU and MIG identity, an emulated slice's share.
 pub(crate) fn device_columns(devices: &[&DeviceInfo]) -> Vec<Column> {
-    let identity = |f: &dyn Fn(&crate::gpu::Selected) -> Option<String>| devices.iter().map(|d| d.selected.as_ref().and_then(f)).collect::<Vec<Option<String>>>();
-    let number = |f: &dyn Fn(&crate::gpu::Selected) -> Option<i64>| devices.iter().map(|d| d.selected.as_ref().and_then(f)).collect::<Vec<Option<i64>>>();
-    let emulation = |f: &dyn Fn(&crate::mps::Emulation) -> Option<i64>| devices.iter().map(|d| d.emulation.as_ref().and_then(f)).collect::<Vec<Option<i64>>>();
+    let identity = |f: &dyn Fn(&crate::gpu::Selected) -> Option<String>| {
+        devices
+            .iter()
+            .map(|d| d.selected.as_ref().and_then(f))
+            .collect::<Vec<Option<String>>>()
+    };
+    let number = |f: &dyn Fn(&crate::gpu::Selected) -> Option<i64>| {
+        devices
+            .iter()
+            .map(|d| d.selected.as_ref().and_then(f))
+            .collect::<Vec<Option<i64>>>()
+    };
+    let emulation = |f: &dyn Fn(&crate::mps::Emulation) -> Option<i64>| {
+        devices
+            .iter()
+            .map(|d| d.emulation.as_ref().and_then(f))
+            .collect::<Vec<Option<i64>>>()
+    };
     vec![
-        col("device_kind", devices.iter().map(|d| d.kind.to_string()).collect::<Vec<String>>()),
-        col("device_name", devices.iter().map(|d| d.name.clone()).collect::<Vec<String>>()),
+        col(
+            "device_kind",
+            devices.iter().map(|d| d.kind.to_string()).collect::<Vec<String>>(),
+        ),
+        col(
+            "device_name",
+            devices.iter().map(|d| d.name.clone()).collect::<Vec<String>>(),
+        ),
         Column::new("gpu_name".into(), identity(&|s| Some(s.gpu.name.clone()))),
         Column::new("gpu_uuid".into(), identity(&|s| Some(s.gpu.uuid.clone()))),
         Column::new("mig_uuid".into(), identity(&|s| s.mig.as_ref().map(|m| m.uuid.clone()))),
-        Column::new("mig_profile".into(), identity(&|s| s.mig.as_ref().map(|m| m.profile.clone()))),
-        Column::new("gpu_instance_id".into(), number(&|s| s.mig.as_ref().map(|m| m.gpu_instance_id as i64))),
-        Column::new("compute_instance_id".into(), number(&|s| s.mig.as_ref().map(|m| m.compute_instance_id as i64))),
+        Column::new(
+            "mig_profile".into(),
+            identity(&|s| s.mig.as_ref().map(|m| m.profile.clone())),
+        ),
+        Column::new(
+            "gpu_instance_id".into(),
+            number(&|s| s.mig.as_ref().map(|m| m.gpu_instance_id as i64)),
+        ),
+        Column::new(
+            "compute_instance_id".into(),
+            number(&|s| s.mig.as_ref().map(|m| m.compute_instance_id as i64)),
+        ),
         // What the run could use: the slice's, or an MPS client's as measured (else its share's).
         Column::new(
             "sm_count".into(),
@@ -266,13 +366,34 @@ pub(crate) fn device_columns(devices: &[&DeviceInfo]) -> Vec<Column> {
                 })
                 .collect::<Vec<Option<i64>>>(),
         ),
-        Column::new("emulation".into(), devices.iter().map(|d| d.emulation.as_ref().map(|_| "mps".to_string())).collect::<Vec<Option<String>>>()),
-        Column::new("emulated_profile".into(), devices.iter().map(|d| d.emulation.as_ref().and_then(|e| e.share.profile.clone())).collect::<Vec<Option<String>>>()),
+        Column::new(
+            "emulation".into(),
+            devices
+                .iter()
+                .map(|d| d.emulation.as_ref().map(|_| "mps".to_string()))
+                .collect::<Vec<Option<String>>>(),
+        ),
+        Column::new(
+            "emulated_profile".into(),
+            devices
+                .iter()
+                .map(|d| d.emulation.as_ref().and_then(|e| e.share.profile.clone()))
+                .collect::<Vec<Option<String>>>(),
+        ),
         Column::new("mps_share_pct".into(), emulation(&|e| Some(i64::from(e.share.percent)))),
-        Column::new("profile_sms".into(), emulation(&|e| Some(i64::from(e.share.profile_sms)))),
+        Column::new(
+            "profile_sms".into(),
+            emulation(&|e| Some(i64::from(e.share.profile_sms))),
+        ),
         Column::new("measured_sms".into(), emulation(&|e| e.measured_sms.map(i64::from))),
-        Column::new("mps_memory_limit_mib".into(), emulation(&|e| e.share.memory_limit_mib.map(|m| m as i64))),
-        Column::new("measured_memory_mib".into(), emulation(&|e| e.measured_memory_mib.map(|m| m as i64))),
+        Column::new(
+            "mps_memory_limit_mib".into(),
+            emulation(&|e| e.share.memory_limit_mib.map(|m| m as i64)),
+        ),
+        Column::new(
+            "measured_memory_mib".into(),
+            emulation(&|e| e.measured_memory_mib.map(|m| m as i64)),
+        ),
     ]
 }
 
@@ -282,7 +403,10 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
     let i = |f: fn(&Run) -> i64| runs.iter().map(f).collect::<Vec<i64>>();
     let ms = |f: fn(&Run) -> u64| runs.iter().map(|r| ns_to_ms(f(r))).collect::<Vec<f64>>();
     let x = |f: fn(&Run) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
-    let histograms = runs.iter().map(|r| r.stats.histogram_v2_deflate()).collect::<Result<Vec<_>>>()?;
+    let histograms = runs
+        .iter()
+        .map(|r| r.stats.histogram_v2_deflate())
+        .collect::<Result<Vec<_>>>()?;
     let histogram_refs: Vec<&[u8]> = histograms.iter().map(|h| h.as_slice()).collect();
     let columns = vec![
         Column::new("schema_version".into(), vec![SCHEMA_VERSION; runs.len()]),
@@ -300,19 +424,37 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         col("mode", s(|r| r.mode.as_str().to_string())),
         col("dtype", s(|r| r.precision().to_string())),
         col("batch", i(|r| r.batch as i64)),
-        Column::new("seq_len".into(), runs.iter().map(|r| r.model.input.seq_len().map(|l| l as i64)).collect::<Vec<_>>()),
+        Column::new(
+            "seq_len".into(),
+            runs.iter()
+                .map(|r| r.model.input.seq_len().map(|l| l as i64))
+                .collect::<Vec<_>>(),
+        ),
     ])
-    .chain(device_columns(&runs.iter().map(|r| &r.context.device).collect::<Vec<_>>()))
+    .chain(device_columns(
+        &runs.iter().map(|r| &r.context.device).collect::<Vec<_>>(),
+    ))
     .chain([
         Column::new("seed".into(), runs.iter().map(|r| r.seed).collect::<Vec<u64>>()),
-        Column::new("weights".into(), runs.iter().map(|r| r.weights.clone()).collect::<Vec<Option<String>>>()),
-        Column::new("optimizer".into(), runs.iter().map(|r| r.optimizer.clone()).collect::<Vec<Option<String>>>()),
+        Column::new(
+            "weights".into(),
+            runs.iter().map(|r| r.weights.clone()).collect::<Vec<Option<String>>>(),
+        ),
+        Column::new(
+            "optimizer".into(),
+            runs.iter()
+                .map(|r| r.optimizer.clone())
+                .collect::<Vec<Option<String>>>(),
+        ),
         col("kernel_options", s(|r| r.kernels.canonical())),
         col("warmup_iterations", i(|r| r.warmup_iterations as i64)),
         col("iterations", i(|r| r.stats.iterations as i64)),
         col("measured_s", x(|r| r.measurement.elapsed.as_secs_f64())),
         col("mean_ms", x(|r| r.stats.mean_ms())),
-        Column::new("std_ms".into(), runs.iter().map(|r| r.stats.std_ns.map(|s| s / 1e6)).collect::<Vec<_>>()),
+        Column::new(
+            "std_ms".into(),
+            runs.iter().map(|r| r.stats.std_ns.map(|s| s / 1e6)).collect::<Vec<_>>(),
+        ),
         col("min_ms", ms(|r| r.stats.min_ns)),
         col("max_ms", ms(|r| r.stats.max_ns)),
         col("p50_ms", ms(|r| r.stats.p50_ns)),
@@ -329,13 +471,29 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         interval("p50_ms_ci_high", runs, |u| &u.p50_ms, true),
         interval("p99_ms_ci_low", runs, |u| &u.p99_ms, false),
         interval("p99_ms_ci_high", runs, |u| &u.p99_ms, true),
-        Column::new("ci_note".into(), runs.iter().map(|r| r.uncertainty.note()).collect::<Vec<Option<String>>>()),
+        Column::new(
+            "ci_note".into(),
+            runs.iter()
+                .map(|r| r.uncertainty.note())
+                .collect::<Vec<Option<String>>>(),
+        ),
         col("wall_throughput", x(Run::wall_throughput)),
-        Column::new("loss_first".into(), runs.iter().map(|r| r.measurement.loss_first).collect::<Vec<_>>()),
-        Column::new("loss_last".into(), runs.iter().map(|r| r.measurement.loss_last).collect::<Vec<_>>()),
+        Column::new(
+            "loss_first".into(),
+            runs.iter().map(|r| r.measurement.loss_first).collect::<Vec<_>>(),
+        ),
+        Column::new(
+            "loss_last".into(),
+            runs.iter().map(|r| r.measurement.loss_last).collect::<Vec<_>>(),
+        ),
         col("params", i(|r| r.model.params as i64)),
         col("flops_per_sample", i(|r| r.flops_per_sample() as i64)),
-        Column::new("sample_interval_ms".into(), runs.iter().map(|r| r.sample_interval_ms()).collect::<Vec<Option<i64>>>()),
+        Column::new(
+            "sample_interval_ms".into(),
+            runs.iter()
+                .map(|r| r.sample_interval_ms())
+                .collect::<Vec<Option<i64>>>(),
+        ),
         col("metric_samples", i(|r| r.metric_summary.samples as i64)),
         Column::new("fb_used_mean_mib".into(), summary(runs, |m| m.fb_used_mean_mib)),
         Column::new("fb_used_max_mib".into(), summary(runs, |m| m.fb_used_max_mib)),
@@ -347,15 +505,35 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         Column::new("gpu_power_mean_w".into(), summary(runs, |m| m.gpu_power_mean_w)),
         Column::new("gpu_energy_j".into(), summary(runs, |m| m.gpu_energy_j)),
         Column::new("j_per_sample".into(), summary(runs, |m| m.j_per_sample)),
-        Column::new("sampler_error".into(), runs.iter().map(|r| r.sampler_error.clone()).collect::<Vec<Option<String>>>()),
+        Column::new(
+            "sampler_error".into(),
+            runs.iter()
+                .map(|r| r.sampler_error.clone())
+                .collect::<Vec<Option<String>>>(),
+        ),
         col("verdict", s(|r| r.assessment.verdict.as_str().to_string())),
         col("verdict_reason", s(|r| r.assessment.reason.clone())),
         col("outliers", i(|r| r.assessment.outliers as i64)),
         col("outlier_mean_shift", x(|r| r.assessment.outlier_mean_shift)),
         flags_column(runs),
-        Column::new("throttle_share".into(), runs.iter().map(|r| r.evidence.throttle_share).collect::<Vec<Option<f64>>>()),
-        Column::new("power_cap_share".into(), runs.iter().map(|r| r.evidence.power_cap_share).collect::<Vec<Option<f64>>>()),
-        Column::new("other_processes".into(), runs.iter().map(|r| r.evidence.others_text()).collect::<Vec<Option<String>>>()),
+        Column::new(
+            "throttle_share".into(),
+            runs.iter()
+                .map(|r| r.evidence.throttle_share)
+                .collect::<Vec<Option<f64>>>(),
+        ),
+        Column::new(
+            "power_cap_share".into(),
+            runs.iter()
+                .map(|r| r.evidence.power_cap_share)
+                .collect::<Vec<Option<f64>>>(),
+        ),
+        Column::new(
+            "other_processes".into(),
+            runs.iter()
+                .map(|r| r.evidence.others_text())
+                .collect::<Vec<Option<String>>>(),
+        ),
         Column::new("histogram".into(), histogram_refs),
         col("migprof_version", s(|_| provenance::VERSION.to_string())),
         col("git_commit", s(|_| provenance::GIT_COMMIT.to_string())),
@@ -374,7 +552,10 @@ fn neighbours(list: &[String]) -> Option<String> {
 
 /// `verdict_flags`: a list of strings per run, every flag that applies (empty when none does).
 fn flags_column(runs: &[Run]) -> Column {
-    let lists: Vec<Series> = runs.iter().map(|r| Series::new("".into(), r.assessment.flag_names())).collect();
+    let lists: Vec<Series> = runs
+        .iter()
+        .map(|r| Series::new("".into(), r.assessment.flag_names()))
+        .collect();
     let mut list: ListChunked = lists.into_iter().map(Some).collect();
     list.rename("verdict_flags".into());
     list.into_series().into_column()
@@ -385,7 +566,9 @@ fn flags_column(runs: &[Run]) -> Column {
 pub fn write_failure(out: &Path, failure: &Failure) -> Result<PathBuf> {
     let c = &failure.cell;
     let id = &failure.identity;
-    let family = workloads::lookup(&c.model).map(|(_, info)| info.family.as_str().to_string()).ok();
+    let family = workloads::lookup(&c.model)
+        .map(|(_, info)| info.family.as_str().to_string())
+        .ok();
     let columns = vec![
         Column::new("schema_version".into(), vec![SCHEMA_VERSION]),
         col("run_id", vec![failure.run_id.clone()]),
@@ -415,12 +598,24 @@ pub fn write_failure(out: &Path, failure: &Failure) -> Result<PathBuf> {
     let mut columns = columns;
     columns.extend(fingerprint_columns(&[&failure.fingerprint]));
     let mut df = DataFrame::new(1, columns)?;
-    write_part(&out.join(Table::Runs.dir_name()), &format!("part-{}.parquet", failure.run_id), &mut df)
+    write_part(
+        &out.join(Table::Runs.dir_name()),
+        &format!("part-{}.parquet", failure.run_id),
+        &mut df,
+    )
 }
 
 /// One end of an interval per run; null where the run's samples give none (`ci_note` says why).
 fn interval(name: &str, runs: &[Run], pick: fn(&Uncertainty) -> &Estimate, high: bool) -> Column {
-    let v: Vec<Option<f64>> = runs.iter().map(|r| pick(&r.uncertainty).as_ref().ok().map(|i| if high { i.high } else { i.low })).collect();
+    let v: Vec<Option<f64>> = runs
+        .iter()
+        .map(|r| {
+            pick(&r.uncertainty)
+                .as_ref()
+                .ok()
+                .map(|i| if high { i.high } else { i.low })
+        })
+        .collect();
     Column::new(name.into(), v)
 }
 
@@ -430,8 +625,14 @@ pub(crate) fn fingerprint_columns(f: &[&Fingerprint]) -> Vec<Column> {
     let flag = |g: fn(&Fingerprint) -> Option<bool>| f.iter().map(|x| g(x)).collect::<Vec<Option<bool>>>();
     let mhz = |g: fn(&Fingerprint) -> Option<u32>| f.iter().map(|x| g(x).map(i64::from)).collect::<Vec<Option<i64>>>();
     vec![
-        col("candle_version", f.iter().map(|x| x.candle_version.clone()).collect::<Vec<String>>()),
-        col("build_features", f.iter().map(|x| x.build_features.clone()).collect::<Vec<String>>()),
+        col(
+            "candle_version",
+            f.iter().map(|x| x.candle_version.clone()).collect::<Vec<String>>(),
+        ),
+        col(
+            "build_features",
+            f.iter().map(|x| x.build_features.clone()).collect::<Vec<String>>(),
+        ),
         col("git_dirty", f.iter().map(|x| x.git_dirty).collect::<Vec<bool>>()),
         Column::new("cpu_model".into(), text(|x| x.cpu_model.clone())),
         Column::new("driver_version".into(), text(|x| x.driver_version.clone())),
@@ -440,11 +641,17 @@ pub(crate) fn fingerprint_columns(f: &[&Fingerprint]) -> Vec<Column> {
         Column::new("cublas_version".into(), text(|x| x.cublas_version.clone())),
         Column::new("mig_mode".into(), flag(|x| x.mig_mode)),
         Column::new("persistence_mode".into(), flag(|x| x.persistence_mode)),
-        Column::new("power_limit_w".into(), f.iter().map(|x| x.power_limit_w).collect::<Vec<Option<f64>>>()),
+        Column::new(
+            "power_limit_w".into(),
+            f.iter().map(|x| x.power_limit_w).collect::<Vec<Option<f64>>>(),
+        ),
         Column::new("sm_clock_mhz_start".into(), mhz(|x| x.sm_clock_mhz)),
         Column::new("mem_clock_mhz_start".into(), mhz(|x| x.mem_clock_mhz)),
         Column::new("ecc_enabled".into(), flag(|x| x.ecc_enabled)),
-        Column::new("pool_held_mib_start".into(), f.iter().map(|x| x.pool_held_mib).collect::<Vec<Option<f64>>>()),
+        Column::new(
+            "pool_held_mib_start".into(),
+            f.iter().map(|x| x.pool_held_mib).collect::<Vec<Option<f64>>>(),
+        ),
     ]
 }
 
@@ -500,39 +707,81 @@ mod tests {
 
         let runs = read_table(dir.path(), Table::Runs)?;
         assert_eq!(runs.height(), 2);
-        let ids: Vec<String> =
-            runs.column("run_id")?.str()?.iter().map(|s| s.unwrap().to_string()).collect();
+        let ids: Vec<String> = runs
+            .column("run_id")?
+            .str()?
+            .iter()
+            .map(|s| s.unwrap().to_string())
+            .collect();
         let row_a = ids.iter().position(|id| *id == a.run_id).expect("run a");
         let row_b = ids.iter().position(|id| *id == b.run_id).expect("run b");
         assert_eq!(get_f64(&runs, "throughput", row_a), 4000.0);
         assert_eq!(get_f64(&runs, "mean_ms", row_a), 2.0);
-        assert!((get_f64(&runs, "p99_ms", row_a) - 3.0).abs() <= 3e-3, "within HDR precision");
+        assert!(
+            (get_f64(&runs, "p99_ms", row_a) - 3.0).abs() <= 3e-3,
+            "within HDR precision"
+        );
         assert_eq!(runs.column("verdict")?.str()?.get(row_b), Some("too_few_iterations"));
-        assert_eq!(runs.column("seq_len")?.null_count(), 2, "images have no sequence length");
-        assert_eq!(runs.column("kernel_options")?.str()?.get(row_a), Some("v5;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc"));
-        assert_eq!(runs.column("candle_version")?.str()?.get(row_a), Some(provenance::CANDLE_VERSION));
+        assert_eq!(
+            runs.column("seq_len")?.null_count(),
+            2,
+            "images have no sequence length"
+        );
+        assert_eq!(
+            runs.column("kernel_options")?.str()?.get(row_a),
+            Some("v5;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc")
+        );
+        assert_eq!(
+            runs.column("candle_version")?.str()?.get(row_a),
+            Some(provenance::CANDLE_VERSION)
+        );
         assert_eq!(get_f64(&runs, "pool_held_mib_start", row_a), 576.0);
-        assert_eq!(runs.column("pool_held_mib_start")?.f64()?.get(row_b), None, "a CPU run has no pool");
+        assert_eq!(
+            runs.column("pool_held_mib_start")?.f64()?.get(row_b),
+            None,
+            "a CPU run has no pool"
+        );
         // 30 steps of 1 and 3 ms alternating: the mean's interval holds 2 ms; p99 needs 299 steps.
-        let (lo, hi) = (get_f64(&runs, "mean_ms_ci_low", row_a), get_f64(&runs, "mean_ms_ci_high", row_a));
+        let (lo, hi) = (
+            get_f64(&runs, "mean_ms_ci_low", row_a),
+            get_f64(&runs, "mean_ms_ci_high", row_a),
+        );
         assert!(lo < 2.0 && 2.0 < hi && hi - lo < 1.0, "{lo} {hi}");
         assert!((get_f64(&runs, "throughput_ci_high", row_a) - 8000.0 / lo).abs() < 1e-6);
         assert_eq!(runs.column("p99_ms_ci_low")?.null_count(), 2);
-        assert!(runs.column("ci_note")?.str()?.get(row_a).unwrap().contains("p99: 30 steps"));
-        assert_eq!(runs.column("driver_version")?.null_count(), 2, "a CPU run has no driver");
+        assert!(runs
+            .column("ci_note")?
+            .str()?
+            .get(row_a)
+            .unwrap()
+            .contains("p99: 30 steps"));
+        assert_eq!(
+            runs.column("driver_version")?.null_count(),
+            2,
+            "a CPU run has no driver"
+        );
         assert_eq!(runs.column("std_ms")?.null_count(), 0);
-        assert_eq!(runs.column("started_at")?.dtype(), &DataType::Datetime(TimeUnit::Microseconds, Some(TimeZone::UTC)));
+        assert_eq!(
+            runs.column("started_at")?.dtype(),
+            &DataType::Datetime(TimeUnit::Microseconds, Some(TimeZone::UTC))
+        );
 
         // The stored histogram decodes to the run's latencies.
         let bytes = runs.column("histogram")?.binary()?.get(row_a).unwrap().to_vec();
-        let h: hdrhistogram::Histogram<u64> =
-            hdrhistogram::serialization::Deserializer::new().deserialize(&mut bytes.as_slice()).unwrap();
+        let h: hdrhistogram::Histogram<u64> = hdrhistogram::serialization::Deserializer::new()
+            .deserialize(&mut bytes.as_slice())
+            .unwrap();
         assert_eq!(h.len(), 30);
 
         let samples = read_table(dir.path(), Table::Samples)?;
         assert_eq!(samples.height(), 35);
         let lat: i64 = samples.column("latency_ns")?.i64()?.iter().flatten().sum();
-        let want: u64 = a.measurement.latencies_ns.iter().chain(&b.measurement.latencies_ns).sum();
+        let want: u64 = a
+            .measurement
+            .latencies_ns
+            .iter()
+            .chain(&b.measurement.latencies_ns)
+            .sum();
         assert_eq!(lat as u64, want);
         Ok(())
     }
@@ -547,7 +796,10 @@ mod tests {
                 t: Duration::from_millis(100 * i),
                 fb_used_mib: Some(1000.0 + 100.0 * i as f64),
                 gpu_energy_mj: Some(1_000_000 + 24_000 * i),
-                gpm: (i > 0).then_some(Gpm { graphics: Some(90.0), ..Default::default() }),
+                gpm: (i > 0).then_some(Gpm {
+                    graphics: Some(90.0),
+                    ..Default::default()
+                }),
                 ..Default::default()
             })
             .collect();
@@ -556,7 +808,11 @@ mod tests {
         assert!(written.metrics.is_some());
         let metrics = read_table(dir.path(), Table::Metrics)?;
         assert_eq!(metrics.height(), 3);
-        assert_eq!(metrics.column("gract")?.null_count(), 1, "no GPM reading in the first sample: null, not 0");
+        assert_eq!(
+            metrics.column("gract")?.null_count(),
+            1,
+            "no GPM reading in the first sample: null, not 0"
+        );
         assert_eq!(metrics.column("util_gpu_pct")?.null_count(), 3);
         let runs = read_table(dir.path(), Table::Runs)?;
         assert_eq!(get_f64(&runs, "fb_used_max_mib", 0), 1200.0);
@@ -564,7 +820,9 @@ mod tests {
         assert_eq!(get_f64(&runs, "j_per_sample", 0), 0.2);
         assert_eq!(runs.column("gpu_power_mean_w")?.null_count(), 1);
         // A CPU run has no metrics part.
-        assert!(write_run(dir.path(), &fake_run(1, 10, Duration::ZERO))?.metrics.is_none());
+        assert!(write_run(dir.path(), &fake_run(1, 10, Duration::ZERO))?
+            .metrics
+            .is_none());
         Ok(())
     }
 
@@ -585,10 +843,19 @@ mod tests {
         ParquetWriter::new(File::create(dir.path().join("runs/part-foreign.parquet"))?).finish(&mut foreign)?;
         let (runs, skipped) = read_parts(dir.path(), Table::Runs)?;
         assert_eq!(runs.height(), 1);
-        let why: Vec<String> = skipped.iter().map(|(p, w)| format!("{}: {w}", p.file_name().unwrap().to_string_lossy())).collect();
+        let why: Vec<String> = skipped
+            .iter()
+            .map(|(p, w)| format!("{}: {w}", p.file_name().unwrap().to_string_lossy()))
+            .collect();
         assert_eq!(why.len(), 2, "{why:?}");
-        assert!(why[0].starts_with("part-broken.parquet: not a readable Parquet file"), "{why:?}");
-        assert!(why[1].starts_with("part-foreign.parquet: not a migprof runs part (no schema_version, run_id column)"), "{why:?}");
+        assert!(
+            why[0].starts_with("part-broken.parquet: not a readable Parquet file"),
+            "{why:?}"
+        );
+        assert!(
+            why[1].starts_with("part-foreign.parquet: not a migprof runs part (no schema_version, run_id column)"),
+            "{why:?}"
+        );
         assert_eq!(read_table(dir.path(), Table::Runs)?.height(), 1);
         Ok(())
     }

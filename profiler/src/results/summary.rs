@@ -1,11 +1,20 @@
 //! The table printed at the end of `migprof run`.
 
-use crate::results::Run;
 use crate::results::stats::ns_to_ms;
+use crate::results::Run;
 
 /// Renders one line per run, columns aligned: what a user reads first.
 pub fn table(runs: &[Run]) -> String {
-    let header = ["model", "mode", "dtype", "batch", "p50 ms", "p99 ms", "samples/s", "verdict"];
+    let header = [
+        "model",
+        "mode",
+        "dtype",
+        "batch",
+        "p50 ms",
+        "p99 ms",
+        "samples/s",
+        "verdict",
+    ];
     let rows: Vec<[String; 8]> = runs
         .iter()
         .map(|r| {
@@ -17,7 +26,11 @@ pub fn table(runs: &[Run]) -> String {
                 format!("{:.3}", ns_to_ms(r.stats.p50_ns)),
                 format!("{:.3}", ns_to_ms(r.stats.p99_ns)),
                 match &r.uncertainty.throughput {
-                    Ok(i) => format!("{:.1} ± {:.1}%", r.throughput(), 100.0 * i.relative_half_width(r.throughput())),
+                    Ok(i) => format!(
+                        "{:.1} ± {:.1}%",
+                        r.throughput(),
+                        100.0 * i.relative_half_width(r.throughput())
+                    ),
                     Err(_) => format!("{:.1}", r.throughput()),
                 },
                 r.assessment.verdict.as_str().to_string(),
@@ -37,7 +50,13 @@ pub fn table(runs: &[Run]) -> String {
         let parts: Vec<String> = cells
             .iter()
             .enumerate()
-            .map(|(i, c)| if numeric[i] { format!("{c:>w$}", w = widths[i]) } else { format!("{c:<w$}", w = widths[i]) })
+            .map(|(i, c)| {
+                if numeric[i] {
+                    format!("{c:>w$}", w = widths[i])
+                } else {
+                    format!("{c:<w$}", w = widths[i])
+                }
+            })
             .collect();
         parts.join("  ").trim_end().to_string()
     };
@@ -60,10 +79,20 @@ mod tests {
         assert_eq!(lines.len(), 4);
         assert!(lines[0].starts_with("model") && lines[0].ends_with("verdict"));
         // 30 steps: the throughput with its interval; 6 steps: none to give.
-        assert!(lines[2].contains("resnet_tiny") && lines[2].contains("4000.0 ± ") && lines[2].ends_with("ok"), "{t}");
-        assert!(lines[3].contains("64000.0") && !lines[3].contains('±') && lines[3].ends_with("too_few_iterations"), "{t}");
+        assert!(
+            lines[2].contains("resnet_tiny") && lines[2].contains("4000.0 ± ") && lines[2].ends_with("ok"),
+            "{t}"
+        );
+        assert!(
+            lines[3].contains("64000.0") && !lines[3].contains('±') && lines[3].ends_with("too_few_iterations"),
+            "{t}"
+        );
         // The throughput column is right-aligned: both cells end at the same offset.
         let column = |line: &str, byte: usize| line[..byte].chars().count();
-        assert_eq!(column(lines[2], lines[2].find('%').unwrap() + 1), column(lines[3], lines[3].find("64000.0").unwrap() + 7), "{t}");
+        assert_eq!(
+            column(lines[2], lines[2].find('%').unwrap() + 1),
+            column(lines[3], lines[3].find("64000.0").unwrap() + 7),
+            "{t}"
+        );
     }
 }

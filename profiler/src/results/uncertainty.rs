@@ -52,7 +52,12 @@ impl Uncertainty {
         let ms: Vec<f64> = latencies_ns.iter().map(|&l| l as f64 / 1e6).collect();
         let mean_ms = mean_interval(&ms);
         let throughput = mean_ms.clone().map(|m| throughput_of(m, batch));
-        Uncertainty { mean_ms, throughput, p50_ms: quantile_interval(&ms, 0.5), p99_ms: quantile_interval(&ms, 0.99) }
+        Uncertainty {
+            mean_ms,
+            throughput,
+            p50_ms: quantile_interval(&ms, 0.5),
+            p99_ms: quantile_interval(&ms, 0.99),
+        }
     }
 
     /// Why any interval is missing, joined; `None` when all are there.
@@ -68,7 +73,10 @@ impl Uncertainty {
 /// The throughput interval of a mean-latency interval (ms): `1000 / mean · batch` is decreasing in
 /// the mean, so the ends swap.
 fn throughput_of(mean_ms: Interval, batch: usize) -> Interval {
-    Interval { low: 1000.0 / mean_ms.high * batch as f64, high: 1000.0 / mean_ms.low * batch as f64 }
+    Interval {
+        low: 1000.0 / mean_ms.high * batch as f64,
+        high: 1000.0 / mean_ms.low * batch as f64,
+    }
 }
 
 /// The throughput's 95% interval as a relative half-width (the larger side), when the steps give one:
@@ -96,7 +104,10 @@ pub fn mean_interval(x: &[f64]) -> Estimate {
     let half = t_975(k - 1) * (var / k as f64).sqrt();
     // The interval is for the mean of every step: centred on it, as the reported mean is.
     let all = x.iter().sum::<f64>() / n as f64;
-    Ok(Interval { low: all - half, high: all + half })
+    Ok(Interval {
+        low: all - half,
+        high: all + half,
+    })
 }
 
 /// The distribution-free interval of the `q` quantile of `x`, between two order statistics.
@@ -107,23 +118,34 @@ pub fn quantile_interval(x: &[f64], q: f64) -> Estimate {
     let top_miss = q.powi(n as i32);
     if n == 0 || top_miss > alpha {
         let need = (alpha.ln() / q.ln()).ceil() as usize;
-        return Err(format!("{n} steps; a {:.0}% interval for p{} needs at least {need}", CONFIDENCE * 100.0, q * 100.0));
+        return Err(format!(
+            "{n} steps; a {:.0}% interval for p{} needs at least {need}",
+            CONFIDENCE * 100.0,
+            q * 100.0
+        ));
     }
     // cdf[j] = P(B ≤ j), B ~ Binomial(n, q) the count of samples below the quantile.
     let cdf = binomial_cdf(n, q);
     let below = |j: usize| if j == 0 { 0.0 } else { cdf[j - 1] }; // P(B < j)
     let above = |j: usize| 1.0 - below(j); // P(B ≥ j)
-    // The upper rank first, spending at most half the miss probability (or all the top rank leaves,
-    // for p99 at a few hundred samples); the lower rank takes what remains, so that the interval misses
-    // with probability below(l) + above(u) ≤ 1 − CONFIDENCE.
+                                           // The upper rank first, spending at most half the miss probability (or all the top rank leaves,
+                                           // for p99 at a few hundred samples); the lower rank takes what remains, so that the interval misses
+                                           // with probability below(l) + above(u) ≤ 1 − CONFIDENCE.
     let u = (1..=n).find(|&u| above(u) <= alpha / 2.0).unwrap_or(n);
     let lower_budget = alpha - above(u);
     let Some(l) = (1..=u).rev().find(|&l| below(l) <= lower_budget) else {
-        return Err(format!("{n} steps are too few for a {:.0}% interval of p{}", CONFIDENCE * 100.0, q * 100.0));
+        return Err(format!(
+            "{n} steps are too few for a {:.0}% interval of p{}",
+            CONFIDENCE * 100.0,
+            q * 100.0
+        ));
     };
     let mut sorted = x.to_vec();
     sorted.sort_by(f64::total_cmp);
-    Ok(Interval { low: sorted[l - 1], high: sorted[u - 1] })
+    Ok(Interval {
+        low: sorted[l - 1],
+        high: sorted[u - 1],
+    })
 }
 
 /// P(B ≤ j) for j = 0..n, B ~ Binomial(n, p), through log-space terms (n can be a million steps).
@@ -150,8 +172,8 @@ fn binomial_cdf(n: usize, p: f64) -> Vec<f64> {
 /// The 97.5% quantile of Student's t with `df` degrees of freedom (two-sided 95%).
 fn t_975(df: usize) -> f64 {
     const TABLE: [f64; 30] = [
-        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110,
-        2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
     ];
     match df {
         0 => f64::INFINITY,
@@ -178,7 +200,13 @@ mod tests {
     }
 
     /// The share of `seeds` samples of `n` whose interval covers `truth`.
-    fn coverage(seeds: u64, n: usize, truth: f64, draw: impl Fn(&mut StdRng, usize) -> Vec<f64>, interval: impl Fn(&[f64]) -> Estimate) -> f64 {
+    fn coverage(
+        seeds: u64,
+        n: usize,
+        truth: f64,
+        draw: impl Fn(&mut StdRng, usize) -> Vec<f64>,
+        interval: impl Fn(&[f64]) -> Estimate,
+    ) -> f64 {
         let covered = (0..seeds)
             .filter(|&s| {
                 let x = draw(&mut StdRng::seed_from_u64(s), n);
@@ -205,8 +233,20 @@ mod tests {
         let normal_ms = iid(|r| 10.0 + normal(r));
         near_95(coverage(2000, 30, 10.0, &normal_ms, mean_interval), "normal n=30");
         near_95(coverage(2000, 300, 10.0, &normal_ms, mean_interval), "normal n=300");
-        near_95(coverage(2000, 300, (0.125f64).exp(), iid(|r| (0.5 * normal(r)).exp()), mean_interval), "lognormal 0.5 n=300");
-        near_95(coverage(2000, 3000, (0.5f64).exp(), iid(|r| normal(r).exp()), mean_interval), "lognormal 1 n=3000");
+        near_95(
+            coverage(
+                2000,
+                300,
+                (0.125f64).exp(),
+                iid(|r| (0.5 * normal(r)).exp()),
+                mean_interval,
+            ),
+            "lognormal 0.5 n=300",
+        );
+        near_95(
+            coverage(2000, 3000, (0.5f64).exp(), iid(|r| normal(r).exp()), mean_interval),
+            "lognormal 1 n=3000",
+        );
         let ar1 = |rng: &mut StdRng, n: usize| {
             let mut e = 0.0;
             (0..n)
@@ -222,7 +262,10 @@ mod tests {
             let n = x.len() as f64;
             let m = x.iter().sum::<f64>() / n;
             let s = (x.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
-            Ok(Interval { low: m - 1.96 * s / n.sqrt(), high: m + 1.96 * s / n.sqrt() })
+            Ok(Interval {
+                low: m - 1.96 * s / n.sqrt(),
+                high: m + 1.96 * s / n.sqrt(),
+            })
         };
         assert!(coverage(2000, 1000, 10.0, ar1, naive) < 0.85);
     }
@@ -232,11 +275,25 @@ mod tests {
         // The true p50 of N(10, 1) is 10; the true p99 of a lognormal(0, 1) is e^2.3263.
         // Their exact coverage is at least 95% (ranks are whole numbers); the simulation's own error
         // at 2000 seeds is about half a point.
-        near_95(coverage(2000, 30, 10.0, iid(|r| 10.0 + normal(r)), |x| quantile_interval(x, 0.5)), "p50 n=30");
-        near_95(coverage(2000, 300, 10.0, iid(|r| 10.0 + normal(r)), |x| quantile_interval(x, 0.5)), "p50 n=300");
+        near_95(
+            coverage(2000, 30, 10.0, iid(|r| 10.0 + normal(r)), |x| quantile_interval(x, 0.5)),
+            "p50 n=30",
+        );
+        near_95(
+            coverage(2000, 300, 10.0, iid(|r| 10.0 + normal(r)), |x| {
+                quantile_interval(x, 0.5)
+            }),
+            "p50 n=300",
+        );
         let p99 = 2.326348f64.exp();
-        near_95(coverage(2000, 500, p99, iid(|r| normal(r).exp()), |x| quantile_interval(x, 0.99)), "p99 n=500");
-        near_95(coverage(2000, 299, p99, iid(|r| normal(r).exp()), |x| quantile_interval(x, 0.99)), "p99 n=299");
+        near_95(
+            coverage(2000, 500, p99, iid(|r| normal(r).exp()), |x| quantile_interval(x, 0.99)),
+            "p99 n=500",
+        );
+        near_95(
+            coverage(2000, 299, p99, iid(|r| normal(r).exp()), |x| quantile_interval(x, 0.99)),
+            "p99 n=299",
+        );
     }
 
     #[test]
@@ -247,10 +304,19 @@ mod tests {
         assert!(quantile_interval(&(0..299).map(|i| i as f64).collect::<Vec<_>>(), 0.99).is_ok());
         assert!(mean_interval(&[1.0; 9]).unwrap_err().contains("at least 10"));
         let u = Uncertainty::of(&[1_000_000; 50], 4);
-        assert_eq!(u.note().unwrap(), "p99: 50 steps; a 95% interval for p99 needs at least 299");
+        assert_eq!(
+            u.note().unwrap(),
+            "p99: 50 steps; a 95% interval for p99 needs at least 299"
+        );
         // Identical steps: a zero-width interval at the value.
         assert_eq!(u.mean_ms, Ok(Interval { low: 1.0, high: 1.0 }));
-        assert_eq!(u.throughput, Ok(Interval { low: 4000.0, high: 4000.0 }));
+        assert_eq!(
+            u.throughput,
+            Ok(Interval {
+                low: 4000.0,
+                high: 4000.0
+            })
+        );
     }
 
     #[test]

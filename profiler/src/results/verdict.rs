@@ -146,7 +146,10 @@ impl Assessment {
         self.flags.dedup();
         self.verdict = self.flags.iter().find_map(|f| f.verdict()).unwrap_or(Verdict::Ok);
         let mut reason = self.reason.clone();
-        for extra in [stop_note.map(str::to_string), evidence.describe()].into_iter().flatten() {
+        for extra in [stop_note.map(str::to_string), evidence.describe()]
+            .into_iter()
+            .flatten()
+        {
             reason = format!("{reason}; {extra}");
         }
         self.reason = reason;
@@ -161,7 +164,11 @@ impl Assessment {
             self.flags.push(Flag::GraphsRefused);
             self.flags.sort();
             self.flags.dedup();
-            self.reason = format!("{}; CUDA graphs refused, steps launched from the host: {}", self.reason, reasons.join("; "));
+            self.reason = format!(
+                "{}; CUDA graphs refused, steps launched from the host: {}",
+                self.reason,
+                reasons.join("; ")
+            );
         }
         self
     }
@@ -195,11 +202,22 @@ pub fn assess(latencies_ns: &[u64]) -> Assessment {
         if outlier_mean_shift.abs() > OUTLIER_MEAN_SHIFT {
             flags.push(Flag::Outliers);
         }
-        Assessment { verdict, reason, outliers, outlier_mean_shift, flags }
+        Assessment {
+            verdict,
+            reason,
+            outliers,
+            outlier_mean_shift,
+            flags,
+        }
     };
     if n < MIN_ITERATIONS {
         let s = if n == 1 { "" } else { "s" };
-        return assessment(Verdict::TooFewIterations, format!("{n} measured iteration{s}; at least {MIN_ITERATIONS} are needed to trust the median and judge drift"));
+        return assessment(
+            Verdict::TooFewIterations,
+            format!(
+                "{n} measured iteration{s}; at least {MIN_ITERATIONS} are needed to trust the median and judge drift"
+            ),
+        );
     }
     let half = n / 2;
     // With an odd count the middle step belongs to neither half.
@@ -215,7 +233,11 @@ pub fn assess(latencies_ns: &[u64]) -> Assessment {
         MIN_DRIFT * 100.0,
         p
     );
-    let verdict = if p < SIGNIFICANCE && change.abs() > MIN_DRIFT { Verdict::Unstable } else { Verdict::Ok };
+    let verdict = if p < SIGNIFICANCE && change.abs() > MIN_DRIFT {
+        Verdict::Unstable
+    } else {
+        Verdict::Ok
+    };
     assessment(verdict, reason)
 }
 
@@ -227,7 +249,13 @@ pub fn mann_whitney_p(a: &[u64], b: &[u64]) -> f64 {
     let mut u = 0.0;
     for &x in a {
         for &y in b {
-            u += if x > y { 1.0 } else if x == y { 0.5 } else { 0.0 };
+            u += if x > y {
+                1.0
+            } else if x == y {
+                0.5
+            } else {
+                0.0
+            };
         }
     }
     let mut all: Vec<u64> = a.iter().chain(b).copied().collect();
@@ -279,7 +307,12 @@ fn exact_p(n1: usize, n2: usize, u: f64) -> f64 {
     let total: f64 = counts.iter().sum();
     let d = (u - max as f64 / 2.0).abs();
     // Both tails: U as far from its mean as observed, either way.
-    let tail: f64 = counts.iter().enumerate().filter(|(k, _)| (*k as f64 - max as f64 / 2.0).abs() >= d - 1e-9).map(|(_, c)| c).sum();
+    let tail: f64 = counts
+        .iter()
+        .enumerate()
+        .filter(|(k, _)| (*k as f64 - max as f64 / 2.0).abs() >= d - 1e-9)
+        .map(|(_, c)| c)
+        .sum();
     (tail / total).min(1.0)
 }
 
@@ -297,7 +330,10 @@ fn outliers(latencies_ns: &[u64]) -> (usize, f64) {
         return (0, 0.0);
     }
     let med = median(latencies_ns);
-    let deviations: Vec<u64> = latencies_ns.iter().map(|&l| (l as f64 - med).abs().round() as u64).collect();
+    let deviations: Vec<u64> = latencies_ns
+        .iter()
+        .map(|&l| (l as f64 - med).abs().round() as u64)
+        .collect();
     let mad = median(&deviations);
     if mad == 0.0 {
         return (0, 0.0);
@@ -337,7 +373,9 @@ mod tests {
 
     fn noise(seed: u64, n: usize, spread: f64) -> Vec<u64> {
         let mut rng = StdRng::seed_from_u64(seed);
-        (0..n).map(|_| ((10.0 + spread * (rng.random::<f64>() - 0.5)) * MS as f64) as u64).collect()
+        (0..n)
+            .map(|_| ((10.0 + spread * (rng.random::<f64>() - 0.5)) * MS as f64) as u64)
+            .collect()
     }
 
     #[test]
@@ -353,7 +391,9 @@ mod tests {
         // Uniform noise of ±20% around 10 ms, 1000 seeds, 30 and 200 steps: false alarms at most 1%
         // (plus the simulation's own error, ~0.3 points).
         for n in [30, 200] {
-            let alarms = (0..1000).filter(|&s| assess(&noise(s, n, 4.0)).verdict == Verdict::Unstable).count();
+            let alarms = (0..1000)
+                .filter(|&s| assess(&noise(s, n, 4.0)).verdict == Verdict::Unstable)
+                .count();
             assert!(alarms <= 13, "{n} steps: {alarms} false alarms in 1000");
         }
     }
@@ -364,7 +404,11 @@ mod tests {
         // found in nearly every seed.
         let found = (0..1000)
             .filter(|&s| {
-                let lat: Vec<u64> = noise(s, 200, 4.0).iter().enumerate().map(|(i, &l)| (l as f64 * (1.0 + 0.2 * i as f64 / 199.0)) as u64).collect();
+                let lat: Vec<u64> = noise(s, 200, 4.0)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &l)| (l as f64 * (1.0 + 0.2 * i as f64 / 199.0)) as u64)
+                    .collect();
                 assess(&lat).verdict == Verdict::Unstable
             })
             .count();
@@ -389,18 +433,28 @@ mod tests {
         let lat: Vec<u64> = (0..30).map(|i| if i % 2 == 0 { MS } else { 3 * MS }).collect();
         let a = assess(&lat);
         assert_eq!(a.verdict, Verdict::Ok, "{}", a.reason);
-        assert!(a.reason.contains("1.000/3.000 ms") && a.reason.contains("p = 7.38e-1"), "{}", a.reason);
+        assert!(
+            a.reason.contains("1.000/3.000 ms") && a.reason.contains("p = 7.38e-1"),
+            "{}",
+            a.reason
+        );
     }
 
     #[test]
     fn the_exact_test_and_the_approximation_agree_where_both_apply() {
-        let (a, b): (Vec<u64>, Vec<u64>) = ((0..20).map(|i| 100 + 3 * i).collect(), (0..20).map(|i| 130 + 3 * i + 1).collect());
+        let (a, b): (Vec<u64>, Vec<u64>) = (
+            (0..20).map(|i| 100 + 3 * i).collect(),
+            (0..20).map(|i| 130 + 3 * i + 1).collect(),
+        );
         let exact = mann_whitney_p(&a, &b);
         // The same data with one tie forces the approximation.
         let mut b2 = b.clone();
         b2[0] = a[19];
         let approx = mann_whitney_p(&a, &b2);
-        assert!(exact < 1e-3 && approx < 1e-3 && (exact.ln() - approx.ln()).abs() < 1.0, "{exact} {approx}");
+        assert!(
+            exact < 1e-3 && approx < 1e-3 && (exact.ln() - approx.ln()).abs() < 1.0,
+            "{exact} {approx}"
+        );
         // Identical groups: no evidence at all.
         assert_eq!(mann_whitney_p(&[5; 10], &[5; 10]), 1.0);
         // Groups of 5 with every early step faster: the smallest exact p, 2 / C(10, 5).
@@ -418,30 +472,66 @@ mod tests {
                 .map(|_| Sample {
                     gpu_throttle_reasons: Some(reasons),
                     compute_processes: Some(
-                        [1].iter().chain(others).map(|&pid| GpuProcess { pid, name: Some("p".into()), used_mib: None }).collect(),
+                        [1].iter()
+                            .chain(others)
+                            .map(|&pid| GpuProcess {
+                                pid,
+                                name: Some("p".into()),
+                                used_mib: None,
+                            })
+                            .collect(),
                     ),
                     ..Default::default()
                 })
                 .collect()
         };
-        let us = Expected { pids: vec![1], mps_server: false };
+        let us = Expected {
+            pids: vec![1],
+            mps_server: false,
+        };
         let judge = |samples: Vec<Sample>| assess(&lat).with_evidence(&Evidence::from_samples(&samples, &us), None);
         let all = judge(readings(reasons::HW_THERMAL | reasons::SW_POWER_CAP, &[2]));
         assert_eq!(all.verdict, Verdict::Shared);
         assert_eq!(all.flag_names(), ["shared", "throttled", "unstable", "power_capped"]);
-        assert!(all.reason.contains("other processes on the device: 2 p (100% of readings)"), "{}", all.reason);
+        assert!(
+            all.reason
+                .contains("other processes on the device: 2 p (100% of readings)"),
+            "{}",
+            all.reason
+        );
         assert_eq!(judge(readings(reasons::HW_THERMAL, &[])).verdict, Verdict::Throttled);
         assert_eq!(judge(readings(reasons::SW_POWER_CAP, &[])).verdict, Verdict::Unstable);
         // The power cap alone, on steady latencies: ok, flagged.
-        let steady = assess(&[MS; 40]).with_evidence(&Evidence::from_samples(&readings(reasons::SW_POWER_CAP, &[]), &us), None);
-        assert_eq!((steady.verdict, steady.flag_names()), (Verdict::Ok, vec!["power_capped"]));
+        let steady = assess(&[MS; 40]).with_evidence(
+            &Evidence::from_samples(&readings(reasons::SW_POWER_CAP, &[]), &us),
+            None,
+        );
+        assert_eq!(
+            (steady.verdict, steady.flag_names()),
+            (Verdict::Ok, vec!["power_capped"])
+        );
         // A failed sampler and a stop bound warn and leave the verdict alone.
-        let failed = assess(&[MS; 40]).with_evidence(&Evidence::none(Sampling::Failed("NVML: Unknown".into())), Some("stopped at the 20 s bound"));
-        assert_eq!((failed.verdict, failed.flag_names()), (Verdict::Ok, vec!["precision_not_reached", "sampler_failed"]));
-        assert!(failed.reason.contains("; stopped at the 20 s bound; GPU sampler failed (NVML: Unknown)"), "{}", failed.reason);
+        let failed = assess(&[MS; 40]).with_evidence(
+            &Evidence::none(Sampling::Failed("NVML: Unknown".into())),
+            Some("stopped at the 20 s bound"),
+        );
+        assert_eq!(
+            (failed.verdict, failed.flag_names()),
+            (Verdict::Ok, vec!["precision_not_reached", "sampler_failed"])
+        );
+        assert!(
+            failed
+                .reason
+                .contains("; stopped at the 20 s bound; GPU sampler failed (NVML: Unknown)"),
+            "{}",
+            failed.reason
+        );
         // Too few iterations on a shared device: shared comes first.
         let few = assess(&[MS; 5]).with_evidence(&Evidence::from_samples(&readings(0, &[9]), &us), None);
-        assert_eq!((few.verdict, few.flag_names()), (Verdict::Shared, vec!["shared", "too_few_iterations"]));
+        assert_eq!(
+            (few.verdict, few.flag_names()),
+            (Verdict::Shared, vec!["shared", "too_few_iterations"])
+        );
     }
 
     #[test]
@@ -454,7 +544,10 @@ mod tests {
         assert_eq!(a.outliers, 2);
         // Two spikes of ~35 ms over 30 steps of 10 ms move the mean by about 23%.
         assert!((a.outlier_mean_shift - 0.23).abs() < 0.02, "{}", a.outlier_mean_shift);
-        assert!(a.outlier_warning().unwrap().contains("2 outlier step(s) move the mean by +2"));
+        assert!(a
+            .outlier_warning()
+            .unwrap()
+            .contains("2 outlier step(s) move the mean by +2"));
         assert_eq!(a.flags, vec![Flag::Outliers]);
         assert_eq!(assess(&noise(2, 30, 0.5)).outlier_warning(), None);
     }

@@ -18,9 +18,19 @@ use crate::run::spec::RunSpec;
 pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: CellIdentity) -> Result<Run> {
     let pool_held_mib = fingerprint::pool_held_mib(&device.device);
     let (workload, info) = spec.build_workload(&device.device)?;
-    let batch = workload.synthetic_batch(spec.batch, spec.seed).context("making the synthetic batch")?;
-    let mut exec = WorkloadExecutor { workload, batch, device: device.device.clone(), loss: None };
-    let fingerprint = Fingerprint { pool_held_mib, ..Fingerprint::collect(device.info.selected.as_ref()) };
+    let batch = workload
+        .synthetic_batch(spec.batch, spec.seed)
+        .context("making the synthetic batch")?;
+    let mut exec = WorkloadExecutor {
+        workload,
+        batch,
+        device: device.device.clone(),
+        loss: None,
+    };
+    let fingerprint = Fingerprint {
+        pool_held_mib,
+        ..Fingerprint::collect(device.info.selected.as_ref())
+    };
     let started_at = provenance::now();
     let mut beside = MeasuredPhase {
         device: device.device.clone(),
@@ -51,7 +61,16 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
     log_memory(&device.device, spec, " released");
     let measurement = measured?;
     released.context("releasing the run's GPU memory")?;
-    Run::new(spec, info, context, started_at, measurement, beside.metrics, cell, fingerprint)
+    Run::new(
+        spec,
+        info,
+        context,
+        started_at,
+        measurement,
+        beside.metrics,
+        cell,
+        fingerprint,
+    )
 }
 
 /// `MIGPROF_MEMORY_LOG=1`: where the device's memory went at the end of the measured phase (pool,
@@ -63,8 +82,14 @@ fn log_memory(device: &Device, spec: &RunSpec, when: &str) {
         return;
     }
     match workloads::memory::ledger(device) {
-        Ok(Some(ledger)) => eprintln!("memory: {} {:?} batch {}{when}: {ledger}", spec.model, spec.mode, spec.batch),
-        Ok(None) => eprintln!("memory: {}: no stream-ordered pool on this device to account for", spec.model),
+        Ok(Some(ledger)) => eprintln!(
+            "memory: {} {:?} batch {}{when}: {ledger}",
+            spec.model, spec.mode, spec.batch
+        ),
+        Ok(None) => eprintln!(
+            "memory: {}: no stream-ordered pool on this device to account for",
+            spec.model
+        ),
         Err(e) => eprintln!("memory: {}: could not be read: {e}", spec.model),
     }
 }
@@ -105,7 +130,10 @@ impl Observer for MeasuredPhase {
     }
 
     fn start(&mut self) {
-        self.sampler = self.sampling.clone().map(|(selected, interval)| start_nvml_sampler(selected, interval));
+        self.sampler = self
+            .sampling
+            .clone()
+            .map(|(selected, interval)| start_nvml_sampler(selected, interval));
         self.profiled = Some(ProfilerRange::start(&self.device));
     }
 

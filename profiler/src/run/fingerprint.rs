@@ -76,7 +76,10 @@ impl Fingerprint {
 /// of the process left ([`Fingerprint::pool_held_mib`]). None on the CPU, or where it cannot be read.
 pub fn pool_held_mib(device: &candle_core::Device) -> Option<f64> {
     const MIB: f64 = (1u64 << 20) as f64;
-    workloads::memory::ledger(device).ok().flatten().map(|l| l.pool_idle() as f64 / MIB)
+    workloads::memory::ledger(device)
+        .ok()
+        .flatten()
+        .map(|l| l.pool_idle() as f64 / MIB)
 }
 
 fn build_features() -> String {
@@ -93,14 +96,21 @@ fn build_features() -> String {
 /// The first `model name` of /proc/cpuinfo (Linux x86 and most Arm kernels).
 fn cpu_model() -> Option<String> {
     let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    info.lines().find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string()))
+    info.lines().find_map(|l| {
+        l.strip_prefix("model name")
+            .and_then(|r| r.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    })
 }
 
 /// The GPU's settings through NVML: whatever fails to answer stays `None`.
 fn gpu_state(f: &mut Fingerprint, gpu_uuid: &str) {
     let Ok(nvml) = nvml_wrapper::Nvml::init() else { return };
     f.driver_version = nvml.sys_driver_version().ok();
-    f.cuda_driver_version = nvml.sys_cuda_driver_version().ok().map(|v| format!("{}.{}", v / 1000, v % 1000 / 10));
+    f.cuda_driver_version = nvml
+        .sys_cuda_driver_version()
+        .ok()
+        .map(|v| format!("{}.{}", v / 1000, v % 1000 / 10));
     let Ok(dev) = nvml.device_by_uuid(gpu_uuid) else { return };
     f.persistence_mode = dev.is_in_persistent_mode().ok();
     f.power_limit_w = dev.power_management_limit().ok().map(|mw| mw as f64 / 1000.0);
@@ -135,19 +145,46 @@ mod tests {
     fn a_cpu_run_names_its_build_and_cpu_and_no_gpu_setting() {
         let f = Fingerprint::collect(None);
         assert!(f.candle_version.starts_with("0."), "{}", f.candle_version);
-        assert_eq!(f.build_features, if cfg!(feature = "cudnn") { "cuda,cudnn" } else if cfg!(feature = "cuda") { "cuda" } else { "" });
-        if std::path::Path::new("/proc/cpuinfo").exists() && std::fs::read_to_string("/proc/cpuinfo").unwrap().contains("model name") {
+        assert_eq!(
+            f.build_features,
+            if cfg!(feature = "cudnn") {
+                "cuda,cudnn"
+            } else if cfg!(feature = "cuda") {
+                "cuda"
+            } else {
+                ""
+            }
+        );
+        if std::path::Path::new("/proc/cpuinfo").exists()
+            && std::fs::read_to_string("/proc/cpuinfo").unwrap().contains("model name")
+        {
             assert!(f.cpu_model.as_deref().is_some_and(|m| !m.is_empty()));
         }
         assert_eq!(f.pool_warning(), None);
-        assert_eq!((f.driver_version, f.power_limit_w, f.ecc_enabled, f.mig_mode, f.pool_held_mib), (None, None, None, None, None));
-        assert_eq!(pool_held_mib(&candle_core::Device::Cpu), None, "a CPU has no memory pool");
+        assert_eq!(
+            (
+                f.driver_version,
+                f.power_limit_w,
+                f.ecc_enabled,
+                f.mig_mode,
+                f.pool_held_mib
+            ),
+            (None, None, None, None, None)
+        );
+        assert_eq!(
+            pool_held_mib(&candle_core::Device::Cpu),
+            None,
+            "a CPU has no memory pool"
+        );
     }
 
     #[test]
     fn a_run_says_so_when_the_pool_held_memory_from_earlier_runs() {
         // As measured on the H100: 32 MiB after a run without CUDA graphs, 576 after Swin-T training.
-        let held = |mib| Fingerprint { pool_held_mib: Some(mib), ..Default::default() };
+        let held = |mib| Fingerprint {
+            pool_held_mib: Some(mib),
+            ..Default::default()
+        };
         assert_eq!(held(32.0).pool_warning(), None);
         assert_eq!(held(63.9).pool_warning(), None);
         let warning = held(576.0).pool_warning().expect("over the threshold");

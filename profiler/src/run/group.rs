@@ -49,13 +49,25 @@ pub struct Member {
 
 impl GroupMember {
     pub fn new(dir: &Path, me: &str) -> Self {
-        Self { dir: dir.to_path_buf(), me: me.to_string(), timeout: MEET_TIMEOUT, marked_done: false, hold_until: None }
+        Self {
+            dir: dir.to_path_buf(),
+            me: me.to_string(),
+            timeout: MEET_TIMEOUT,
+            marked_done: false,
+            hold_until: None,
+        }
     }
 
     /// The member this process is, when a sweep started it in a group.
     pub fn from_env(me: &str) -> Option<Self> {
-        let hold_until = std::env::var(HOLD_UNTIL_ENV).ok().and_then(|s| s.parse::<u64>().ok()).map(|s| std::time::UNIX_EPOCH + Duration::from_secs(s));
-        std::env::var_os(GROUP_DIR_ENV).map(|d| Self { hold_until, ..Self::new(Path::new(&d), me) })
+        let hold_until = std::env::var(HOLD_UNTIL_ENV)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(|s| std::time::UNIX_EPOCH + Duration::from_secs(s));
+        std::env::var_os(GROUP_DIR_ENV).map(|d| Self {
+            hold_until,
+            ..Self::new(Path::new(&d), me)
+        })
     }
 
     /// The pids of the members on this member's device (this one included): the neighbours the
@@ -63,7 +75,11 @@ impl GroupMember {
     pub fn pids_on_my_device(&self) -> Result<Vec<u32>> {
         let members = self.members()?;
         let mine = members.iter().find(|m| m.cell_id == self.me).map(|m| m.device.clone());
-        Ok(members.into_iter().filter(|m| Some(&m.device) == mine.as_ref()).map(|m| m.pid).collect())
+        Ok(members
+            .into_iter()
+            .filter(|m| Some(&m.device) == mine.as_ref())
+            .map(|m| m.pid)
+            .collect())
     }
 
     #[cfg(test)]
@@ -83,14 +99,22 @@ impl GroupMember {
                     .map(|l| {
                         let mut parts = l.splitn(3, ' ');
                         match (parts.next().map(str::parse::<u32>), parts.next(), parts.next()) {
-                            (Some(Ok(pid)), Some(id), Some(device)) => Ok(Member { pid, cell_id: id.to_string(), device: device.to_string() }),
+                            (Some(Ok(pid)), Some(id), Some(device)) => Ok(Member {
+                                pid,
+                                cell_id: id.to_string(),
+                                device: device.to_string(),
+                            }),
                             _ => bail!("{}: `{l}` is not `pid cell_id device`", path.display()),
                         }
                     })
                     .collect();
             }
             if started.elapsed() > self.timeout {
-                bail!("the concurrent group's member list {} did not appear within {} s", path.display(), self.timeout.as_secs())
+                bail!(
+                    "the concurrent group's member list {} did not appear within {} s",
+                    path.display(),
+                    self.timeout.as_secs()
+                )
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -120,11 +144,17 @@ impl GroupMember {
                     m.pid
                 )
             }
-            if members.iter().all(|m| self.dir.join(format!("ready-{}", m.cell_id)).exists()) {
+            if members
+                .iter()
+                .all(|m| self.dir.join(format!("ready-{}", m.cell_id)).exists())
+            {
                 return Ok(());
             }
             if started.elapsed() > self.timeout {
-                bail!("the concurrent group's members did not all warm up within {} s", self.timeout.as_secs())
+                bail!(
+                    "the concurrent group's members did not all warm up within {} s",
+                    self.timeout.as_secs()
+                )
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -141,13 +171,18 @@ impl GroupMember {
             return Ok(false);
         }
         let members = self.members()?;
-        Ok(members.iter().any(|m| !self.dir.join(format!("done-{}", m.cell_id)).exists() && alive(m.pid)))
+        Ok(members
+            .iter()
+            .any(|m| !self.dir.join(format!("done-{}", m.cell_id)).exists() && alive(m.pid)))
     }
 }
 
 /// The sweep's side: the member list, written whole (a temporary file renamed into place).
 pub fn write_members(dir: &Path, members: &[Member]) -> Result<()> {
-    let text: String = members.iter().map(|m| format!("{} {} {}\n", m.pid, m.cell_id, m.device)).collect();
+    let text: String = members
+        .iter()
+        .map(|m| format!("{} {} {}\n", m.pid, m.cell_id, m.device))
+        .collect();
     let tmp = dir.join(".members.tmp");
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, dir.join("members"))?;
@@ -158,19 +193,29 @@ fn touch(path: &Path) -> Result<()> {
     std::fs::write(path, b"").with_context(|| format!("writing {}", path.display()))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn member(pid: u32, id: &str, device: &str) -> Member {
-        Member { pid, cell_id: id.into(), device: device.into() }
+        Member {
+            pid,
+            cell_id: id.into(),
+            device: device.into(),
+        }
     }
 
     #[test]
     fn holding_ends_at_its_deadline() {
         let dir = tempfile::tempdir().unwrap();
-        write_members(dir.path(), &[member(std::process::id(), "a", "g"), member(std::process::id(), "b", "g")]).unwrap();
+        write_members(
+            dir.path(),
+            &[
+                member(std::process::id(), "a", "g"),
+                member(std::process::id(), "b", "g"),
+            ],
+        )
+        .unwrap();
         let mut a = GroupMember::new(dir.path(), "a");
         assert!(a.hold().unwrap(), "b has not measured");
         a.hold_until = Some(std::time::SystemTime::now());
@@ -197,7 +242,10 @@ mod tests {
         });
         let before = Instant::now();
         a.meet().unwrap();
-        assert!(before.elapsed() >= Duration::from_millis(90), "a waited for b's warm-up");
+        assert!(
+            before.elapsed() >= Duration::from_millis(90),
+            "a waited for b's warm-up"
+        );
         // a measures briefly, then holds while b still measures.
         assert!(a.hold().unwrap());
         let met = b.join().unwrap();
@@ -211,18 +259,36 @@ mod tests {
         let gone = std::process::Command::new("true").spawn().unwrap();
         let gone_pid = gone.id();
         drop(gone.wait_with_output());
-        write_members(dir.path(), &[member(std::process::id(), "a", "gpu0"), member(gone_pid, "b", "gpu1")]).unwrap();
+        write_members(
+            dir.path(),
+            &[member(std::process::id(), "a", "gpu0"), member(gone_pid, "b", "gpu1")],
+        )
+        .unwrap();
         // b had said it was warm before it died: it is still missing.
         touch(&dir.path().join("ready-b")).unwrap();
         let mut a = GroupMember::new(dir.path(), "a").with_timeout(Duration::from_secs(5));
         let e = a.meet().unwrap_err().to_string();
-        assert!(e.contains(&format!("(cell b, pid {gone_pid}) ended before the measured phase")), "{e}");
-        assert!(!dir.path().join("ready-a").exists(), "a failed meeting takes its ready back");
-        assert_eq!(a.pids_on_my_device().unwrap(), vec![std::process::id()], "b is on another device");
+        assert!(
+            e.contains(&format!("(cell b, pid {gone_pid}) ended before the measured phase")),
+            "{e}"
+        );
+        assert!(
+            !dir.path().join("ready-a").exists(),
+            "a failed meeting takes its ready back"
+        );
+        assert_eq!(
+            a.pids_on_my_device().unwrap(),
+            vec![std::process::id()],
+            "b is on another device"
+        );
         assert!(!a.hold().unwrap(), "a dead member is not held for");
         // No member list at all: a bounded wait, then a clear error.
         let empty = tempfile::tempdir().unwrap();
-        let e = GroupMember::new(empty.path(), "a").with_timeout(Duration::from_millis(50)).members().unwrap_err().to_string();
+        let e = GroupMember::new(empty.path(), "a")
+            .with_timeout(Duration::from_millis(50))
+            .members()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("member list") && e.contains("did not appear"), "{e}");
     }
 }

@@ -54,7 +54,10 @@ pub trait Executor {
 pub enum Warmup {
     Iterations(u64),
     /// Until this much time has passed and at least `min_iterations` (at least one) have run.
-    Duration { min: Duration, min_iterations: u64 },
+    Duration {
+        min: Duration,
+        min_iterations: u64,
+    },
 }
 
 /// When to stop measuring.
@@ -67,7 +70,12 @@ pub enum Stop {
     /// Until the throughput's 95% interval lies within ±`target` (relative) of it, once `min` has
     /// passed and `min_iterations` have run; at `max` whatever the interval (but never before
     /// `min_iterations`).
-    Precision { target: f64, min: Duration, max: Duration, min_iterations: u64 },
+    Precision {
+        target: f64,
+        min: Duration,
+        max: Duration,
+        min_iterations: u64,
+    },
 }
 
 /// Whether to stop after a step.
@@ -84,11 +92,20 @@ impl Stop {
         let done = match *self {
             Stop::Iterations(n) => iterations >= n,
             Stop::Duration { min, min_iterations } => iterations >= min_iterations.max(1) && elapsed >= min,
-            Stop::Precision { target, min, max, min_iterations } => {
+            Stop::Precision {
+                target,
+                min,
+                max,
+                min_iterations,
+            } => {
                 let ready = iterations >= min_iterations.max(1) && elapsed >= min;
                 // The interval costs a pass over the samples: checked about 20 times per doubling.
                 let check = ready && iterations.is_multiple_of((iterations / 20).max(1));
-                let precision = if check || elapsed >= max { crate::results::uncertainty::throughput_precision(latencies_ns) } else { None };
+                let precision = if check || elapsed >= max {
+                    crate::results::uncertainty::throughput_precision(latencies_ns)
+                } else {
+                    None
+                };
                 if check && precision.is_some_and(|p| p <= target) {
                     return Reached::Yes;
                 }
@@ -104,7 +121,11 @@ impl Stop {
                 false
             }
         };
-        if done { Reached::Yes } else { Reached::No }
+        if done {
+            Reached::Yes
+        } else {
+            Reached::No
+        }
     }
 }
 
@@ -152,7 +173,13 @@ impl Observer for Unobserved {
 }
 
 /// The measuring loop of every run: warms up, starts `observer`, measures until `stop`, stops it.
-pub fn measure(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup, stop: Stop, observer: &mut dyn Observer) -> Result<Measurement> {
+pub fn measure(
+    exec: &mut dyn Executor,
+    clock: &dyn Clock,
+    warmup: Warmup,
+    stop: Stop,
+    observer: &mut dyn Observer,
+) -> Result<Measurement> {
     let warmup_iterations = warm_up(exec, clock, warmup)?;
     observer.meet()?;
     observer.start();
@@ -165,7 +192,10 @@ pub fn measure(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup, stop:
             break;
         }
     }
-    Ok(Measurement { warmup_iterations, ..measured })
+    Ok(Measurement {
+        warmup_iterations,
+        ..measured
+    })
 }
 
 /// The measured phase alone.
@@ -192,7 +222,15 @@ fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Resu
         }
     };
     let elapsed = clock.now() - start;
-    Ok(Measurement { warmup_iterations: 0, latencies_ns, elapsed, loss_first, loss_last, stop_note, graphs_refused: Vec::new() })
+    Ok(Measurement {
+        warmup_iterations: 0,
+        latencies_ns,
+        elapsed,
+        loss_first,
+        loss_last,
+        stop_note,
+        graphs_refused: Vec::new(),
+    })
 }
 
 /// Runs steps until the warm-up rule is met; returns how many.
@@ -202,7 +240,9 @@ fn warm_up(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup) -> Result
     loop {
         let done = match warmup {
             Warmup::Iterations(k) => n >= k,
-            Warmup::Duration { min, min_iterations } => n >= min_iterations.max(exec.steps_to_steady()).max(1) && clock.now() - start >= min,
+            Warmup::Duration { min, min_iterations } => {
+                n >= min_iterations.max(exec.steps_to_steady()).max(1) && clock.now() - start >= min
+            }
         };
         if done {
             return Ok(n);
@@ -218,14 +258,20 @@ pub(crate) fn nanos(d: Duration) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use crate::testing::clock::{FakeClock, FakeStep};
     use super::*;
+    use crate::testing::clock::{FakeClock, FakeStep};
 
     #[test]
     fn fixed_iterations_record_each_step_latency_in_order() -> Result<()> {
         let clock = FakeClock::default();
         let mut step = FakeStep::new(&clock, &[1.0, 3.0]);
-        let m = measure(&mut step, &clock, Warmup::Iterations(3), Stop::Iterations(4), &mut Unobserved)?;
+        let m = measure(
+            &mut step,
+            &clock,
+            Warmup::Iterations(3),
+            Stop::Iterations(4),
+            &mut Unobserved,
+        )?;
         assert_eq!(m.warmup_iterations, 3);
         // Warm-up took steps 0..3 (1, 3, 1 ms), so measuring starts on a 3 ms step.
         assert_eq!(m.latencies_ns, vec![3_000_000, 1_000_000, 3_000_000, 1_000_000]);
@@ -238,11 +284,17 @@ mod tests {
     fn duration_stop_waits_for_both_time_and_minimum_iterations() -> Result<()> {
         let clock = FakeClock::default();
         let mut step = FakeStep::new(&clock, &[2.0]);
-        let stop = Stop::Duration { min: Duration::from_millis(9), min_iterations: 3 };
+        let stop = Stop::Duration {
+            min: Duration::from_millis(9),
+            min_iterations: 3,
+        };
         let m = measure(&mut step, &clock, Warmup::Iterations(0), stop, &mut Unobserved)?;
         assert_eq!(m.latencies_ns.len(), 5, "9 ms of 2 ms steps needs 5");
 
-        let stop = Stop::Duration { min: Duration::from_millis(1), min_iterations: 7 };
+        let stop = Stop::Duration {
+            min: Duration::from_millis(1),
+            min_iterations: 7,
+        };
         let m = measure(&mut step, &clock, Warmup::Iterations(0), stop, &mut Unobserved)?;
         assert_eq!(m.latencies_ns.len(), 7, "the minimum count wins over a short duration");
         Ok(())
@@ -252,7 +304,10 @@ mod tests {
     fn duration_warmup_runs_until_both_time_and_count_are_reached() -> Result<()> {
         let clock = FakeClock::default();
         let mut step = FakeStep::new(&clock, &[4.0]);
-        let warmup = |ms, min_iterations| Warmup::Duration { min: Duration::from_millis(ms), min_iterations };
+        let warmup = |ms, min_iterations| Warmup::Duration {
+            min: Duration::from_millis(ms),
+            min_iterations,
+        };
         let m = measure(&mut step, &clock, warmup(10, 1), Stop::Iterations(1), &mut Unobserved)?;
         assert_eq!(m.warmup_iterations, 3);
         let m = measure(&mut step, &clock, warmup(0, 0), Stop::Iterations(1), &mut Unobserved)?;
@@ -266,11 +321,29 @@ mod tests {
     fn a_warmup_by_duration_covers_the_steps_before_an_executor_is_steady() -> Result<()> {
         let clock = FakeClock::default();
         // A workload replaying CUDA graphs: its second step captures, so both belong to the warm-up.
-        let mut step = FakeStep { steady_after: 2, ..FakeStep::new(&clock, &[4.0]) };
-        let m = measure(&mut step, &clock, Warmup::Duration { min: Duration::ZERO, min_iterations: 1 }, Stop::Iterations(1), &mut Unobserved)?;
+        let mut step = FakeStep {
+            steady_after: 2,
+            ..FakeStep::new(&clock, &[4.0])
+        };
+        let m = measure(
+            &mut step,
+            &clock,
+            Warmup::Duration {
+                min: Duration::ZERO,
+                min_iterations: 1,
+            },
+            Stop::Iterations(1),
+            &mut Unobserved,
+        )?;
         assert_eq!(m.warmup_iterations, 2);
         // A count given by the user is what runs, steady or not.
-        let m = measure(&mut step, &clock, Warmup::Iterations(1), Stop::Iterations(1), &mut Unobserved)?;
+        let m = measure(
+            &mut step,
+            &clock,
+            Warmup::Iterations(1),
+            Stop::Iterations(1),
+            &mut Unobserved,
+        )?;
         assert_eq!(m.warmup_iterations, 1);
         Ok(())
     }
@@ -280,7 +353,13 @@ mod tests {
         // Every clock read costs 10 us: a latency spans one read, the wall time every read.
         let clock = FakeClock::with_tick(Duration::from_micros(10));
         let mut step = FakeStep::new(&clock, &[1.0]);
-        let m = measure(&mut step, &clock, Warmup::Iterations(0), Stop::Iterations(10), &mut Unobserved)?;
+        let m = measure(
+            &mut step,
+            &clock,
+            Warmup::Iterations(0),
+            Stop::Iterations(10),
+            &mut Unobserved,
+        )?;
         assert!(m.latencies_ns.iter().all(|&l| l == 1_010_000), "{:?}", m.latencies_ns);
         // Each iteration reads the clock three times (t0, t1, the stop check) around its 1 ms step,
         // and the final elapsed read is one more tick: 10 ms + 31 ticks.
@@ -293,7 +372,13 @@ mod tests {
         let clock = FakeClock::default();
         let mut step = FakeStep::new(&clock, &[1.0]);
         step.train = true;
-        let m = measure(&mut step, &clock, Warmup::Iterations(2), Stop::Iterations(5), &mut Unobserved)?;
+        let m = measure(
+            &mut step,
+            &clock,
+            Warmup::Iterations(2),
+            Stop::Iterations(5),
+            &mut Unobserved,
+        )?;
         assert_eq!(step.loss_reads, 2);
         assert_eq!(m.loss_first, Some(0.5f32.powi(3)));
         assert_eq!(m.loss_last, Some(0.5f32.powi(7)));
@@ -324,13 +409,33 @@ mod tests {
         }
         let steps = std::rc::Rc::new(std::cell::Cell::new(0));
         let mut observer = Counting(steps.clone(), Vec::new());
-        measure(&mut Counted(steps.clone(), usize::MAX), &FakeClock::default(), Warmup::Iterations(3), Stop::Iterations(5), &mut observer)?;
-        assert_eq!(observer.1, vec![("start", 3), ("stop", 8)], "after the 3 warm-up steps, right after the 5 measured");
+        measure(
+            &mut Counted(steps.clone(), usize::MAX),
+            &FakeClock::default(),
+            Warmup::Iterations(3),
+            Stop::Iterations(5),
+            &mut observer,
+        )?;
+        assert_eq!(
+            observer.1,
+            vec![("start", 3), ("stop", 8)],
+            "after the 3 warm-up steps, right after the 5 measured"
+        );
         steps.set(0);
         let mut observer = Counting(steps.clone(), Vec::new());
-        let err = measure(&mut Counted(steps.clone(), 4), &FakeClock::default(), Warmup::Iterations(2), Stop::Iterations(5), &mut observer);
+        let err = measure(
+            &mut Counted(steps.clone(), 4),
+            &FakeClock::default(),
+            Warmup::Iterations(2),
+            Stop::Iterations(5),
+            &mut observer,
+        );
         assert!(err.is_err());
-        assert_eq!(observer.1, vec![("start", 2), ("stop", 5)], "stopped after the failing step");
+        assert_eq!(
+            observer.1,
+            vec![("start", 2), ("stop", 5)],
+            "stopped after the failing step"
+        );
         Ok(())
     }
 
@@ -339,22 +444,45 @@ mod tests {
         // Steps spread over 1..3 ms in no period a batch could line up with (97 values, repeated):
         // the throughput's interval shrinks as 1/√n; ±5% takes on the order of a hundred steps.
         let clock = FakeClock::default();
-        let durations: Vec<f64> = (0..97u64).map(|i| 1.0 + 2.0 * ((i * 37 + 11) % 97) as f64 / 96.0).collect();
+        let durations: Vec<f64> = (0..97u64)
+            .map(|i| 1.0 + 2.0 * ((i * 37 + 11) % 97) as f64 / 96.0)
+            .collect();
         let mut step = FakeStep::new(&clock, &durations);
-        let stop = Stop::Precision { target: 0.05, min: Duration::ZERO, max: Duration::from_secs(60), min_iterations: 10 };
+        let stop = Stop::Precision {
+            target: 0.05,
+            min: Duration::ZERO,
+            max: Duration::from_secs(60),
+            min_iterations: 10,
+        };
         let m = measure(&mut step, &clock, Warmup::Iterations(0), stop, &mut Unobserved)?;
         let n = m.latencies_ns.len();
-        assert!(crate::results::uncertainty::throughput_precision(&m.latencies_ns).unwrap() <= 0.05, "{n}");
+        assert!(
+            crate::results::uncertainty::throughput_precision(&m.latencies_ns).unwrap() <= 0.05,
+            "{n}"
+        );
         assert!((50..1000).contains(&n), "{n} steps");
         assert_eq!(m.stop_note, None);
         // A bound of 50 ms of 2 ms steps stops at about 25 steps, short of ±1%, and says so.
-        let stop = Stop::Precision { target: 0.01, min: Duration::ZERO, max: Duration::from_millis(50), min_iterations: 10 };
+        let stop = Stop::Precision {
+            target: 0.01,
+            min: Duration::ZERO,
+            max: Duration::from_millis(50),
+            min_iterations: 10,
+        };
         let m = measure(&mut step, &clock, Warmup::Iterations(0), stop, &mut Unobserved)?;
         assert!((24..=26).contains(&m.latencies_ns.len()), "{}", m.latencies_ns.len());
         let note = m.stop_note.unwrap();
-        assert!(note.contains("0 s bound (--max-duration)") && note.contains("short of the ±1.0%"), "{note}");
+        assert!(
+            note.contains("0 s bound (--max-duration)") && note.contains("short of the ±1.0%"),
+            "{note}"
+        );
         // The bound never stops a run short of its minimum count.
-        let stop = Stop::Precision { target: 0.01, min: Duration::ZERO, max: Duration::from_millis(5), min_iterations: 10 };
+        let stop = Stop::Precision {
+            target: 0.01,
+            min: Duration::ZERO,
+            max: Duration::from_millis(5),
+            min_iterations: 10,
+        };
         let m = measure(&mut step, &clock, Warmup::Iterations(0), stop, &mut Unobserved)?;
         assert_eq!(m.latencies_ns.len(), 10);
         Ok(())
@@ -371,7 +499,14 @@ mod tests {
                 Ok(None)
             }
         }
-        let err = measure(&mut Broken, &MonotonicClock::new(), Warmup::Iterations(0), Stop::Iterations(1), &mut Unobserved).unwrap_err();
+        let err = measure(
+            &mut Broken,
+            &MonotonicClock::new(),
+            Warmup::Iterations(0),
+            Stop::Iterations(1),
+            &mut Unobserved,
+        )
+        .unwrap_err();
         assert_eq!(err.to_string(), "out of memory");
     }
 }

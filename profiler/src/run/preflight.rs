@@ -38,7 +38,11 @@ pub fn check(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
                 workloads::tiny_model(info.family),
                 first_line(&e.to_string()),
                 info.family.as_str(),
-                if runnable.is_empty() { "nothing".to_string() } else { runnable.join(", ") }
+                if runnable.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    runnable.join(", ")
+                }
             );
         }
     }
@@ -47,7 +51,16 @@ pub fn check(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
 
 /// One step of the family's tiny preset at batch 2 with the run's kernels, synchronised.
 fn probe(family: Family, mode: Mode, dtype: DType, kernels: KernelOptions, device: &Device) -> Result<()> {
-    let cfg = WorkloadConfig { device: device.clone(), dtype, mode, seed: 0, seq_len: None, weights: None, train: TrainConfig::default(), kernels };
+    let cfg = WorkloadConfig {
+        device: device.clone(),
+        dtype,
+        mode,
+        seed: 0,
+        seq_len: None,
+        weights: None,
+        train: TrainConfig::default(),
+        kernels,
+    };
     let mut w = workloads::build(workloads::tiny_model(family), &cfg)?;
     let batch = w.synthetic_batch(2, 0)?;
     match mode {
@@ -85,7 +98,10 @@ mod tests {
         s.dtype = DType::BF16;
         let err = check(&[s], &device).unwrap_err().to_string();
         assert!(err.starts_with("resnet_tiny infer bf16 cannot run on cpu"), "{err}");
-        assert!(err.contains("BF16") && err.contains("infer f32") && err.contains("train f32"), "{err}");
+        assert!(
+            err.contains("BF16") && err.contains("infer f32") && err.contains("train f32"),
+            "{err}"
+        );
         assert!(!err.contains("infer bf16,") && !err.contains("train bf16"), "{err}");
         Ok(())
     }

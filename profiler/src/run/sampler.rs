@@ -142,7 +142,10 @@ pub fn summarize(samples: &[Sample], samples_processed: u64) -> MetricSummary {
     let values = |f: &dyn Fn(&Sample) -> Option<f64>| samples.iter().filter_map(f).collect::<Vec<f64>>();
     let fb = values(&|s| s.fb_used_mib);
     let gract = values(&|s| s.gpm.and_then(|g| g.graphics));
-    let energy_j = match (samples.iter().find_map(|s| s.gpu_energy_mj), samples.iter().rev().find_map(|s| s.gpu_energy_mj)) {
+    let energy_j = match (
+        samples.iter().find_map(|s| s.gpu_energy_mj),
+        samples.iter().rev().find_map(|s| s.gpu_energy_mj),
+    ) {
         (Some(first), Some(last)) if samples.len() > 1 => Some(last.saturating_sub(first) as f64 / 1e3),
         _ => None,
     };
@@ -157,7 +160,9 @@ pub fn summarize(samples: &[Sample], samples_processed: u64) -> MetricSummary {
         dram_mean: mean(&values(&|s| s.gpm.and_then(|g| g.dram_bandwidth))),
         gpu_power_mean_w: mean(&values(&|s| s.gpu_power_w)),
         gpu_energy_j: energy_j,
-        j_per_sample: energy_j.filter(|_| samples_processed > 0).map(|e| e / samples_processed as f64),
+        j_per_sample: energy_j
+            .filter(|_| samples_processed > 0)
+            .map(|e| e / samples_processed as f64),
     }
 }
 
@@ -194,19 +199,31 @@ pub(crate) mod tests {
             fb_used_mib: Some(fb),
             gpu_power_w: Some(power),
             gpu_energy_mj: Some(energy_mj),
-            gpm: Some(Gpm { graphics: Some(gract), sm: Some(gract / 2.0), tensor: Some(10.0), dram_bandwidth: Some(30.0), ..Default::default() }),
+            gpm: Some(Gpm {
+                graphics: Some(gract),
+                sm: Some(gract / 2.0),
+                tensor: Some(10.0),
+                dram_bandwidth: Some(30.0),
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }
 
     #[test]
     fn summary_of_scripted_readings() {
-        let samples = vec![reading(1000.0, 80.0, 300.0, 50_000), reading(3000.0, 100.0, 500.0, 250_000)];
+        let samples = vec![
+            reading(1000.0, 80.0, 300.0, 50_000),
+            reading(3000.0, 100.0, 500.0, 250_000),
+        ];
         let s = summarize(&samples, 400);
         assert_eq!(s.samples, 2);
         assert_eq!((s.fb_used_mean_mib, s.fb_used_max_mib), (Some(2000.0), Some(3000.0)));
         assert_eq!((s.gract_mean, s.gract_std), (Some(90.0), Some(10.0)));
-        assert_eq!((s.sm_util_mean, s.tensor_mean, s.dram_mean), (Some(45.0), Some(10.0), Some(30.0)));
+        assert_eq!(
+            (s.sm_util_mean, s.tensor_mean, s.dram_mean),
+            (Some(45.0), Some(10.0), Some(30.0))
+        );
         assert_eq!(s.gpu_power_mean_w, Some(400.0));
         // 200 J over the window, 400 samples processed.
         assert_eq!((s.gpu_energy_j, s.j_per_sample), (Some(200.0), Some(0.5)));
@@ -215,16 +232,31 @@ pub(crate) mod tests {
     #[test]
     fn counters_a_device_lacks_stay_none_not_zero() {
         // A MIG slice: memory, no utilisation rates, no GPM reading yet in the first sample.
-        let first = Sample { fb_used_mib: Some(10.0), ..Default::default() };
+        let first = Sample {
+            fb_used_mib: Some(10.0),
+            ..Default::default()
+        };
         let s = summarize(&[first.clone(), first], 10);
         assert_eq!(s.fb_used_mean_mib, Some(10.0));
-        assert_eq!((s.gract_mean, s.gract_std, s.gpu_power_mean_w, s.gpu_energy_j, s.j_per_sample), (None, None, None, None, None));
+        assert_eq!(
+            (
+                s.gract_mean,
+                s.gract_std,
+                s.gpu_power_mean_w,
+                s.gpu_energy_j,
+                s.j_per_sample
+            ),
+            (None, None, None, None, None)
+        );
     }
 
     #[test]
     fn the_thread_samples_at_the_interval_and_once_more_at_stop() {
         let sampler = Sampler::start(Duration::from_millis(20), |lp| {
-            let mut src = Scripted { script: vec![reading(1.0, 50.0, 100.0, 0)], reads: 0 };
+            let mut src = Scripted {
+                script: vec![reading(1.0, 50.0, 100.0, 0)],
+                reads: 0,
+            };
             Ok(lp.run(&mut src))
         });
         std::thread::sleep(Duration::from_millis(110));

@@ -51,7 +51,10 @@ impl RunSpec {
     /// Builds the spec's workload on `device`, after setting TF32 for the process as the spec says
     /// (process-wide in cuBLAS and cuDNN: set for every run, so that a tf32 run does not leak into the
     /// f32 one after it).
-    pub fn build_workload(&self, device: &candle_core::Device) -> Result<(Box<dyn workloads::Workload>, workloads::ModelInfo)> {
+    pub fn build_workload(
+        &self,
+        device: &candle_core::Device,
+    ) -> Result<(Box<dyn workloads::Workload>, workloads::ModelInfo)> {
         workloads::precision::allow_tf32(self.tf32);
         let (_, info) = workloads::lookup_with(&self.model, self.seq_len)?;
         let cfg = workloads::WorkloadConfig {
@@ -64,7 +67,9 @@ impl RunSpec {
             train: self.train,
             kernels: self.kernels,
         };
-        let workload = workloads::build(&self.model, &cfg).map_err(anyhow::Error::from).map_err(|e| e.context(format!("building {}", self.model)))?;
+        let workload = workloads::build(&self.model, &cfg)
+            .map_err(anyhow::Error::from)
+            .map_err(|e| e.context(format!("building {}", self.model)))?;
         Ok((workload, info))
     }
 }
@@ -76,7 +81,6 @@ pub(crate) fn precision(dtype: DType, tf32: bool) -> &'static str {
         dtype.as_str()
     }
 }
-
 
 /// Every run of `migprof run`'s arguments, in order, once every argument is known to fit the others:
 /// the models and sequence length, and a weights file for exactly one model that exists.
@@ -142,15 +146,25 @@ fn train_config(args: &RunArgs) -> TrainConfig {
         OptimizerArg::Adamw => TrainConfig::adamw(),
         OptimizerArg::Sgd => TrainConfig::sgd(),
     };
-    TrainConfig { lr: args.lr.unwrap_or(base.lr), weight_decay: args.weight_decay.unwrap_or(base.weight_decay), ..base }
+    TrainConfig {
+        lr: args.lr.unwrap_or(base.lr),
+        weight_decay: args.weight_decay.unwrap_or(base.weight_decay),
+        ..base
+    }
 }
 
 fn warmup_rule(args: &RunArgs) -> Warmup {
     match (args.warmup, args.warmup_secs) {
         (Some(n), _) => Warmup::Iterations(n),
-        (None, Some(secs)) => Warmup::Duration { min: Duration::from_secs_f64(secs), min_iterations: 1 },
+        (None, Some(secs)) => Warmup::Duration {
+            min: Duration::from_secs_f64(secs),
+            min_iterations: 1,
+        },
         // The first steps allocate and fault in memory; on a CPU one second can be one step.
-        (None, None) => Warmup::Duration { min: Duration::from_secs(1), min_iterations: 3 },
+        (None, None) => Warmup::Duration {
+            min: Duration::from_secs(1),
+            min_iterations: 3,
+        },
     }
 }
 
@@ -176,7 +190,10 @@ fn stop_rule(args: &RunArgs, defaults_only: bool) -> Stop {
             max: Duration::from_secs_f64(max).max(min),
             min_iterations: args.min_iters,
         },
-        (None, None) => Stop::Duration { min, min_iterations: args.min_iters },
+        (None, None) => Stop::Duration {
+            min,
+            min_iterations: args.min_iters,
+        },
     }
 }
 
@@ -184,9 +201,17 @@ fn stop_rule(args: &RunArgs, defaults_only: bool) -> Stop {
 /// default set's values.
 fn cross_product(args: &RunArgs) -> Vec<RunSpec> {
     let defaults_only = args.model.is_empty() && args.mode.is_empty() && args.batch.is_empty();
-    let models = if args.model.is_empty() { vec![DEFAULT_MODEL.to_string()] } else { args.model.clone() };
+    let models = if args.model.is_empty() {
+        vec![DEFAULT_MODEL.to_string()]
+    } else {
+        args.model.clone()
+    };
     let modes = if args.mode.is_empty() {
-        if defaults_only { vec![ModeArg::Infer, ModeArg::Train] } else { vec![ModeArg::Infer] }
+        if defaults_only {
+            vec![ModeArg::Infer, ModeArg::Train]
+        } else {
+            vec![ModeArg::Infer]
+        }
     } else {
         args.mode.clone()
     };
@@ -216,7 +241,8 @@ fn cross_product(args: &RunArgs) -> Vec<RunSpec> {
                         warmup: warmup_rule(args),
                         stop: stop_rule(args, defaults_only),
                         seed: args.seed,
-                        sample_interval: (args.sample_interval_ms > 0).then(|| Duration::from_millis(args.sample_interval_ms)),
+                        sample_interval: (args.sample_interval_ms > 0)
+                            .then(|| Duration::from_millis(args.sample_interval_ms)),
                     });
                 }
             }
@@ -232,13 +258,14 @@ mod tests {
     use clap::Parser;
 
     fn args(line: &str) -> RunArgs {
-        let argv = std::iter::once("migprof").chain(std::iter::once("run")).chain(line.split_whitespace());
+        let argv = std::iter::once("migprof")
+            .chain(std::iter::once("run"))
+            .chain(line.split_whitespace());
         match Cli::try_parse_from(argv).unwrap().command {
             Command::Run(a) => a,
             other => panic!("{other:?}"),
         }
     }
-
 
     fn runs(line: &str) -> Vec<RunSpec> {
         from_args(&args(line)).unwrap()
@@ -258,18 +285,47 @@ mod tests {
                 ("resnet18".into(), Mode::Train, 8)
             ]
         );
-        assert_eq!(specs[0].warmup, Warmup::Duration { min: Duration::from_secs(1), min_iterations: 3 });
+        assert_eq!(
+            specs[0].warmup,
+            Warmup::Duration {
+                min: Duration::from_secs(1),
+                min_iterations: 3
+            }
+        );
         let specs = runs("--warmup-secs 0.5");
-        assert_eq!(specs[0].warmup, Warmup::Duration { min: Duration::from_millis(500), min_iterations: 1 });
-        assert_eq!(specs[0].stop, Stop::Precision { target: 0.05, min: Duration::from_secs(3), max: Duration::from_secs(20), min_iterations: 10 });
-        assert_eq!(runs("--model resnet18")[0].stop, Stop::Duration { min: Duration::from_secs(3), min_iterations: 10 });
+        assert_eq!(
+            specs[0].warmup,
+            Warmup::Duration {
+                min: Duration::from_millis(500),
+                min_iterations: 1
+            }
+        );
+        assert_eq!(
+            specs[0].stop,
+            Stop::Precision {
+                target: 0.05,
+                min: Duration::from_secs(3),
+                max: Duration::from_secs(20),
+                min_iterations: 10
+            }
+        );
+        assert_eq!(
+            runs("--model resnet18")[0].stop,
+            Stop::Duration {
+                min: Duration::from_secs(3),
+                min_iterations: 10
+            }
+        );
     }
 
     #[test]
     fn lists_make_a_cross_product() {
-        let specs = runs("--model resnet18,resnet50 --mode infer,train --batch 1,2 --dtype f32,bf16 --iters 5 --warmup 0");
+        let specs =
+            runs("--model resnet18,resnet50 --mode infer,train --batch 1,2 --dtype f32,bf16 --iters 5 --warmup 0");
         assert_eq!(specs.len(), 16);
-        assert!(specs.iter().all(|s| s.stop == Stop::Iterations(5) && s.warmup == Warmup::Iterations(0)));
+        assert!(specs
+            .iter()
+            .all(|s| s.stop == Stop::Iterations(5) && s.warmup == Warmup::Iterations(0)));
         assert_eq!(specs[15].model, "resnet50");
         assert_eq!(specs[15].batch, 2);
     }
@@ -277,7 +333,10 @@ mod tests {
     #[test]
     fn seq_len_goes_to_token_models_only() {
         let specs = runs("--model resnet_tiny,bert_tiny --seq-len 32");
-        assert_eq!(specs.iter().map(|s| s.seq_len).collect::<Vec<_>>(), vec![None, Some(32)]);
+        assert_eq!(
+            specs.iter().map(|s| s.seq_len).collect::<Vec<_>>(),
+            vec![None, Some(32)]
+        );
         assert_eq!(runs("--model bert_tiny")[0].seq_len, None, "the model's default");
     }
 
@@ -285,16 +344,30 @@ mod tests {
     fn optimizer_defaults_and_overrides() {
         assert_eq!(runs("")[0].train, TrainConfig::adamw());
         let t = runs("--optimizer sgd --lr 0.1")[0].train;
-        assert_eq!((t.optimizer, t.lr, t.weight_decay), (workloads::OptimizerKind::Sgd { momentum: 0.9 }, 0.1, 0.0));
+        assert_eq!(
+            (t.optimizer, t.lr, t.weight_decay),
+            (workloads::OptimizerKind::Sgd { momentum: 0.9 }, 0.1, 0.0)
+        );
     }
 
     #[test]
     fn kernel_flags_make_the_options_every_run_records() {
         assert_eq!(runs("")[0].kernels, KernelOptions::default());
-        let k = runs("--attention composed --encoder-layers ops --gemm-algorithm heuristic --cuda-graphs off --convs nchw")[0].kernels;
-        assert_eq!(k.canonical(), "v5;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw");
-        let e = Cli::try_parse_from(["migprof", "run", "--attention", "flash"]).unwrap_err().to_string();
-        assert!(e.contains("flash") && e.contains("fused") && e.contains("composed"), "{e}");
+        let k =
+            runs("--attention composed --encoder-layers ops --gemm-algorithm heuristic --cuda-graphs off --convs nchw")
+                [0]
+            .kernels;
+        assert_eq!(
+            k.canonical(),
+            "v5;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
+        );
+        let e = Cli::try_parse_from(["migprof", "run", "--attention", "flash"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("flash") && e.contains("fused") && e.contains("composed"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -307,10 +380,30 @@ mod tests {
     #[test]
     fn target_precision_composes_with_duration_and_min_iters() {
         let s = runs("--target-precision 2 --duration 1 --min-iters 20 --max-duration 30")[0].stop;
-        assert_eq!(s, Stop::Precision { target: 0.02, min: Duration::from_secs(1), max: Duration::from_secs(30), min_iterations: 20 });
+        assert_eq!(
+            s,
+            Stop::Precision {
+                target: 0.02,
+                min: Duration::from_secs(1),
+                max: Duration::from_secs(30),
+                min_iterations: 20
+            }
+        );
         let s = runs("--target-precision 5%")[0].stop;
-        assert_eq!(s, Stop::Precision { target: 0.05, min: Duration::from_secs(3), max: Duration::from_secs(60), min_iterations: 10 });
-        let e = |line: &str| Cli::try_parse_from(["migprof", "run"].into_iter().chain(line.split_whitespace())).unwrap_err().to_string();
+        assert_eq!(
+            s,
+            Stop::Precision {
+                target: 0.05,
+                min: Duration::from_secs(3),
+                max: Duration::from_secs(60),
+                min_iterations: 10
+            }
+        );
+        let e = |line: &str| {
+            Cli::try_parse_from(["migprof", "run"].into_iter().chain(line.split_whitespace()))
+                .unwrap_err()
+                .to_string()
+        };
         assert!(e("--target-precision 0").contains("above 0 and below 100"));
         assert!(e("--target-precision 2 --iters 5").contains("cannot be used with"));
         assert!(e("--max-duration 30").contains("--target-precision"));
@@ -328,7 +421,10 @@ mod tests {
     fn tf32_is_refused_on_the_cpu() {
         let device = crate::device::DeviceSpec::Cpu.open().unwrap();
         let e = check_device(&runs("--dtype tf32"), &device).unwrap_err().to_string();
-        assert!(e.contains("tf32 is a mode of NVIDIA tensor cores") && e.contains("f32, bf16, f16"), "{e}");
+        assert!(
+            e.contains("tf32 is a mode of NVIDIA tensor cores") && e.contains("f32, bf16, f16"),
+            "{e}"
+        );
         check_device(&runs("--dtype f32"), &device).unwrap();
     }
 }

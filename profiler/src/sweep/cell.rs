@@ -107,10 +107,22 @@ impl CellSpec {
             ("model", self.model.clone()),
             ("mode", self.mode.clone()),
             ("dtype", self.dtype.clone()),
-            ("batch", if self.purpose == Purpose::Probe { format!("probe:{}", self.batch) } else { self.batch_as_written.clone() }),
+            (
+                "batch",
+                if self.purpose == Purpose::Probe {
+                    format!("probe:{}", self.batch)
+                } else {
+                    self.batch_as_written.clone()
+                },
+            ),
             ("seq_len", self.seq_len.map_or("default".into(), |l| l.to_string())),
             ("repeat", self.repeat.to_string()),
-            ("weights", self.weights_sha256.clone().unwrap_or_else(|| format!("seeded:{}", self.seed))),
+            (
+                "weights",
+                self.weights_sha256
+                    .clone()
+                    .unwrap_or_else(|| format!("seeded:{}", self.seed)),
+            ),
             ("optimizer", self.optimizer.clone()),
             ("lr/weight_decay", format!("{}/{}", self.lr, self.weight_decay)),
             ("kernel_options", self.kernel_options.clone()),
@@ -137,10 +149,16 @@ impl CellSpec {
     }
 
     pub fn read(path: &std::path::Path) -> Result<CellSpec> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading the cell spec {}", path.display()))?;
-        let spec: CellSpec = serde_json::from_str(&text).with_context(|| format!("parsing the cell spec {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading the cell spec {}", path.display()))?;
+        let spec: CellSpec =
+            serde_json::from_str(&text).with_context(|| format!("parsing the cell spec {}", path.display()))?;
         if spec.version != CELL_SPEC_VERSION {
-            bail!("cell spec {}: version {} (this migprof reads version {CELL_SPEC_VERSION})", path.display(), spec.version);
+            bail!(
+                "cell spec {}: version {} (this migprof reads version {CELL_SPEC_VERSION})",
+                path.display(),
+                spec.version
+            );
         }
         Ok(spec)
     }
@@ -220,7 +238,10 @@ impl CellSpec {
             "sgd" => workloads::OptimizerKind::Sgd { momentum: 0.9 },
             other => bail!("cell spec: optimizer `{other}`; valid optimizers: adamw, sgd"),
         };
-        let kernels = self.kernel_options.parse::<KernelOptions>().map_err(|e| anyhow::anyhow!("cell spec: {e}"))?;
+        let kernels = self
+            .kernel_options
+            .parse::<KernelOptions>()
+            .map_err(|e| anyhow::anyhow!("cell spec: {e}"))?;
         let (warmup, stop) = match self.purpose {
             Purpose::Probe => (Warmup::Iterations(1), Stop::Iterations(1)),
             Purpose::Measure => {
@@ -232,9 +253,18 @@ impl CellSpec {
                         max: Duration::from_secs_f64(self.max_duration_secs.unwrap_or(60.0)).max(min),
                         min_iterations: 10,
                     },
-                    None => Stop::Duration { min, min_iterations: 10 },
+                    None => Stop::Duration {
+                        min,
+                        min_iterations: 10,
+                    },
                 };
-                (Warmup::Duration { min: Duration::from_secs_f64(self.warmup_secs), min_iterations: 1 }, stop)
+                (
+                    Warmup::Duration {
+                        min: Duration::from_secs_f64(self.warmup_secs),
+                        min_iterations: 1,
+                    },
+                    stop,
+                )
             }
         };
         Ok(RunSpec {
@@ -245,7 +275,11 @@ impl CellSpec {
             batch: self.batch,
             seq_len: self.seq_len,
             weights: self.weights.clone(),
-            train: workloads::TrainConfig { optimizer, lr: self.lr, weight_decay: self.weight_decay },
+            train: workloads::TrainConfig {
+                optimizer,
+                lr: self.lr,
+                weight_decay: self.weight_decay,
+            },
             kernels,
             warmup,
             stop,
@@ -304,47 +338,119 @@ pub(crate) mod tests {
         let a = cell();
         assert_eq!(a.cell_id().len(), 16);
         // Sweep-specific fields and timings leave the id alone.
-        let same = CellSpec { sweep: "other".into(), warmup_secs: 9.0, duration_secs: 9.0, sample_interval_ms: 5, baseline: true, ..a.clone() };
+        let same = CellSpec {
+            sweep: "other".into(),
+            warmup_secs: 9.0,
+            duration_secs: 9.0,
+            sample_interval_ms: 5,
+            baseline: true,
+            ..a.clone()
+        };
         assert_eq!(same.cell_id(), a.cell_id());
         // What the cell is changes it.
         for other in [
-            CellSpec { target: "cpu2".into(), ..a.clone() },
-            CellSpec { batch_as_written: "max".into(), ..a.clone() },
+            CellSpec {
+                target: "cpu2".into(),
+                ..a.clone()
+            },
+            CellSpec {
+                batch_as_written: "max".into(),
+                ..a.clone()
+            },
             CellSpec { repeat: 1, ..a.clone() },
-            CellSpec { dtype: "f16".into(), ..a.clone() },
-            CellSpec { kernel_options: "v5;attention=composed;layers=op;gemm=timed;graphs=infer;convs=nhwc".into(), ..a.clone() },
-            CellSpec { kernel_options: "v5;attention=fused;layers=op;gemm=timed;graphs=off;convs=nhwc".into(), ..a.clone() },
-            CellSpec { kernel_options: "v5;attention=fused;layers=op;gemm=timed;graphs=infer;convs=nchw".into(), ..a.clone() },
-            CellSpec { weights_sha256: Some("ab".into()), ..a.clone() },
-            CellSpec { purpose: Purpose::Probe, ..a.clone() },
-            CellSpec { concurrency_group: Some("3g+3g".into()), neighbours: vec!["b:resnet_tiny/infer/f32/2".into()], ..a.clone() },
+            CellSpec {
+                dtype: "f16".into(),
+                ..a.clone()
+            },
+            CellSpec {
+                kernel_options: "v5;attention=composed;layers=op;gemm=timed;graphs=infer;convs=nhwc".into(),
+                ..a.clone()
+            },
+            CellSpec {
+                kernel_options: "v5;attention=fused;layers=op;gemm=timed;graphs=off;convs=nhwc".into(),
+                ..a.clone()
+            },
+            CellSpec {
+                kernel_options: "v5;attention=fused;layers=op;gemm=timed;graphs=infer;convs=nchw".into(),
+                ..a.clone()
+            },
+            CellSpec {
+                weights_sha256: Some("ab".into()),
+                ..a.clone()
+            },
+            CellSpec {
+                purpose: Purpose::Probe,
+                ..a.clone()
+            },
+            CellSpec {
+                concurrency_group: Some("3g+3g".into()),
+                neighbours: vec!["b:resnet_tiny/infer/f32/2".into()],
+                ..a.clone()
+            },
         ] {
             assert_ne!(other.cell_id(), a.cell_id(), "{other:?}");
         }
         // Beside other neighbours, another cell.
-        let member = CellSpec { concurrency_group: Some("g".into()), neighbours: vec!["b:x".into()], ..a.clone() };
-        assert_ne!(CellSpec { neighbours: vec!["b:y".into()], ..member.clone() }.cell_id(), member.cell_id());
+        let member = CellSpec {
+            concurrency_group: Some("g".into()),
+            neighbours: vec!["b:x".into()],
+            ..a.clone()
+        };
+        assert_ne!(
+            CellSpec {
+                neighbours: vec!["b:y".into()],
+                ..member.clone()
+            }
+            .cell_id(),
+            member.cell_id()
+        );
         // An id of a cell run alone is what it was before groups existed; it changed since, on
         // purpose, each time the default kernel options changed what a step runs: CUDA graphs (v2),
         // ResNet's convolutions in NHWC (v3), ResNet's training over NHWC with blocks as ops (v4),
         // then Swin's training with blocks as ops (v5).
         assert_eq!(a.cell_id(), "0027222e39729d7d");
         // "max" keeps one id whatever batch the search found.
-        let max = CellSpec { batch_as_written: "max".into(), ..a.clone() };
-        assert_eq!(CellSpec { batch: 64, ..max.clone() }.cell_id(), max.cell_id());
+        let max = CellSpec {
+            batch_as_written: "max".into(),
+            ..a.clone()
+        };
+        assert_eq!(
+            CellSpec {
+                batch: 64,
+                ..max.clone()
+            }
+            .cell_id(),
+            max.cell_id()
+        );
     }
 
     #[test]
     fn a_cell_makes_the_run_it_describes_and_back() -> Result<()> {
-        let c = CellSpec { dtype: "tf32".into(), mode: "train".into(), optimizer: "sgd".into(), ..cell() };
+        let c = CellSpec {
+            dtype: "tf32".into(),
+            mode: "train".into(),
+            optimizer: "sgd".into(),
+            ..cell()
+        };
         let run = c.run_spec()?;
         assert!(run.tf32 && run.dtype == DType::F32 && run.mode == Mode::Train);
         assert_eq!(run.train.optimizer, workloads::OptimizerKind::Sgd { momentum: 0.9 });
         let back = CellSpec::of_run(&run, &c.target, &c.device)?;
         assert_eq!(back.cell_id(), c.cell_id(), "{back:?}");
-        let probe = CellSpec { purpose: Purpose::Probe, ..cell() }.run_spec()?;
+        let probe = CellSpec {
+            purpose: Purpose::Probe,
+            ..cell()
+        }
+        .run_spec()?;
         assert_eq!((probe.warmup, probe.stop), (Warmup::Iterations(1), Stop::Iterations(1)));
-        assert!(CellSpec { dtype: "fp8".into(), ..cell() }.run_spec().unwrap_err().to_string().contains("valid dtypes"));
+        assert!(CellSpec {
+            dtype: "fp8".into(),
+            ..cell()
+        }
+        .run_spec()
+        .unwrap_err()
+        .to_string()
+        .contains("valid dtypes"));
         Ok(())
     }
 

@@ -49,11 +49,28 @@ pub struct Ending {
 
 /// Starts `migprof cell` for the spec at `spec`, its stdout and stderr appended to `log`.
 /// `env` is added to the child's environment (an MPS client's pipe folder).
-pub fn start(exe: &Path, spec: &Path, out: &Path, log: &Path, timeout: Duration, invocation_id: &str, env: &[(&str, PathBuf)]) -> Result<Running> {
+pub fn start(
+    exe: &Path,
+    spec: &Path,
+    out: &Path,
+    log: &Path,
+    timeout: Duration,
+    invocation_id: &str,
+    env: &[(&str, PathBuf)],
+) -> Result<Running> {
     fs::create_dir_all(log.parent().expect("logs live in a folder"))?;
-    let mut file = OpenOptions::new().create(true).append(true).open(log).with_context(|| format!("opening {}", log.display()))?;
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
     let log_start = file.seek(SeekFrom::End(0))?;
-    writeln!(file, "== {} migprof cell --spec {}", chrono::Utc::now().to_rfc3339(), spec.display())?;
+    writeln!(
+        file,
+        "== {} migprof cell --spec {}",
+        chrono::Utc::now().to_rfc3339(),
+        spec.display()
+    )?;
     let err = file.try_clone()?;
     let child = Command::new(exe)
         .arg("cell")
@@ -69,7 +86,14 @@ pub fn start(exe: &Path, spec: &Path, out: &Path, log: &Path, timeout: Duration,
         .stderr(err)
         .spawn()
         .with_context(|| format!("starting {}", exe.display()))?;
-    Ok(Running { child, started: Instant::now(), timeout, log: log.to_path_buf(), log_start, oom_kills_before: oom_kills() })
+    Ok(Running {
+        child,
+        started: Instant::now(),
+        timeout,
+        log: log.to_path_buf(),
+        log_start,
+        oom_kills_before: oom_kills(),
+    })
 }
 
 impl Running {
@@ -133,10 +157,19 @@ fn exit_of(status: ExitStatus) -> Exit {
 /// How a cell ended, from its exit, its output and whether the kernel's OOM killer struck meanwhile.
 pub fn classify(exit: &Exit, output: &str, oom_killed: bool, timeout: Duration) -> Ending {
     let last = |n: usize| {
-        let lines: Vec<&str> = output.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("== ")).collect();
+        let lines: Vec<&str> = output
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with("== "))
+            .collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
     };
-    let error_line = || output.lines().rev().find(|l| l.starts_with("error: ")).map(|l| l.trim_start_matches("error: ").to_string());
+    let error_line = || {
+        output
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("error: "))
+            .map(|l| l.trim_start_matches("error: ").to_string())
+    };
     // Rust's allocator aborts with this line when the host has no memory left for a tensor.
     let host_oom = output.contains("memory allocation of ") && output.contains(" failed");
     let (status, message) = match exit {
@@ -146,17 +179,45 @@ pub fn classify(exit: &Exit, output: &str, oom_killed: bool, timeout: Duration) 
                 let status = if word == "probe" { Status::Probe } else { Status::Ok };
                 (status, rest.to_string())
             }
-            None => (Status::Error, format!("the cell exited 0 without a result line; its output ended:\n{}", last(5))),
+            None => (
+                Status::Error,
+                format!(
+                    "the cell exited 0 without a result line; its output ended:\n{}",
+                    last(5)
+                ),
+            ),
         },
         Exit::Code(EXIT_OOM) => (Status::Oom, error_line().unwrap_or_else(|| last(3))),
-        Exit::Code(code) => (Status::Error, error_line().unwrap_or_else(|| format!("exit code {code}; its output ended:\n{}", last(5)))),
+        Exit::Code(code) => (
+            Status::Error,
+            error_line().unwrap_or_else(|| format!("exit code {code}; its output ended:\n{}", last(5))),
+        ),
         Exit::Signal(_) if host_oom => {
-            let line = output.lines().find(|l| l.contains("memory allocation of ")).unwrap_or_default();
+            let line = output
+                .lines()
+                .find(|l| l.contains("memory allocation of "))
+                .unwrap_or_default();
             (Status::Oom, format!("the host ran out of memory: {}", line.trim()))
         }
-        Exit::Signal(libc::SIGKILL) if oom_killed => (Status::Oom, "killed by the kernel's OOM killer (SIGKILL; the cgroup's oom_kill count rose)".to_string()),
-        Exit::Signal(signal) => (Status::Crashed, format!("killed by signal {signal} ({}); its output ended:\n{}", signal_name(*signal), last(5))),
-        Exit::TimedOut => (Status::Timeout, format!("still running after {:.0} s (timeout_secs); killed", timeout.as_secs_f64())),
+        Exit::Signal(libc::SIGKILL) if oom_killed => (
+            Status::Oom,
+            "killed by the kernel's OOM killer (SIGKILL; the cgroup's oom_kill count rose)".to_string(),
+        ),
+        Exit::Signal(signal) => (
+            Status::Crashed,
+            format!(
+                "killed by signal {signal} ({}); its output ended:\n{}",
+                signal_name(*signal),
+                last(5)
+            ),
+        ),
+        Exit::TimedOut => (
+            Status::Timeout,
+            format!(
+                "still running after {:.0} s (timeout_secs); killed",
+                timeout.as_secs_f64()
+            ),
+        ),
     };
     Ending { status, message }
 }
@@ -179,7 +240,10 @@ fn oom_kills() -> Option<u64> {
     let cgroup = fs::read_to_string("/proc/self/cgroup").ok()?;
     let path = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
     let events = fs::read_to_string(format!("/sys/fs/cgroup{}/memory.events", path.trim_end_matches('/'))).ok()?;
-    events.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse().ok())
+    events
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 #[cfg(test)]
@@ -190,22 +254,59 @@ mod tests {
 
     #[test]
     fn every_ending_has_its_status_and_says_why() {
-        let ok = classify(&Exit::Code(0), "warming up\nresult: ok 123.4/s p50 1.2 ms, verdict ok\n", false, T);
-        assert_eq!((ok.status, ok.message.as_str()), (Status::Ok, "123.4/s p50 1.2 ms, verdict ok"));
-        assert_eq!(classify(&Exit::Code(0), "result: probe 1.0/s\n", false, T).status, Status::Probe);
+        let ok = classify(
+            &Exit::Code(0),
+            "warming up\nresult: ok 123.4/s p50 1.2 ms, verdict ok\n",
+            false,
+            T,
+        );
+        assert_eq!(
+            (ok.status, ok.message.as_str()),
+            (Status::Ok, "123.4/s p50 1.2 ms, verdict ok")
+        );
+        assert_eq!(
+            classify(&Exit::Code(0), "result: probe 1.0/s\n", false, T).status,
+            Status::Probe
+        );
         let silent = classify(&Exit::Code(0), "something\n", false, T);
         assert_eq!(silent.status, Status::Error);
         assert!(silent.message.contains("without a result line"));
-        let oom = classify(&Exit::Code(EXIT_OOM), "error: CUDA_ERROR_OUT_OF_MEMORY allocating 2 GiB\n", false, T);
-        assert_eq!((oom.status, oom.message.as_str()), (Status::Oom, "CUDA_ERROR_OUT_OF_MEMORY allocating 2 GiB"));
+        let oom = classify(
+            &Exit::Code(EXIT_OOM),
+            "error: CUDA_ERROR_OUT_OF_MEMORY allocating 2 GiB\n",
+            false,
+            T,
+        );
+        assert_eq!(
+            (oom.status, oom.message.as_str()),
+            (Status::Oom, "CUDA_ERROR_OUT_OF_MEMORY allocating 2 GiB")
+        );
         let err = classify(&Exit::Code(1), "== header\nerror: bf16 cannot run on cpu\n", false, T);
-        assert_eq!((err.status, err.message.as_str()), (Status::Error, "bf16 cannot run on cpu"));
-        let abort = classify(&Exit::Signal(libc::SIGABRT), "memory allocation of 4294967296 bytes failed\nstack backtrace:\nnote: omitted\n", false, T);
-        assert_eq!((abort.status, abort.message.as_str()), (Status::Oom, "the host ran out of memory: memory allocation of 4294967296 bytes failed"));
+        assert_eq!(
+            (err.status, err.message.as_str()),
+            (Status::Error, "bf16 cannot run on cpu")
+        );
+        let abort = classify(
+            &Exit::Signal(libc::SIGABRT),
+            "memory allocation of 4294967296 bytes failed\nstack backtrace:\nnote: omitted\n",
+            false,
+            T,
+        );
+        assert_eq!(
+            (abort.status, abort.message.as_str()),
+            (
+                Status::Oom,
+                "the host ran out of memory: memory allocation of 4294967296 bytes failed"
+            )
+        );
         assert_eq!(classify(&Exit::Signal(libc::SIGKILL), "", true, T).status, Status::Oom);
         let killed = classify(&Exit::Signal(libc::SIGKILL), "step 3\n", false, T);
         assert_eq!(killed.status, Status::Crashed);
-        assert!(killed.message.contains("signal 9 (SIGKILL)") && killed.message.contains("step 3"), "{}", killed.message);
+        assert!(
+            killed.message.contains("signal 9 (SIGKILL)") && killed.message.contains("step 3"),
+            "{}",
+            killed.message
+        );
         let slow = classify(&Exit::TimedOut, "", false, T);
         assert_eq!(slow.status, Status::Timeout);
         assert!(slow.message.contains("60 s"));

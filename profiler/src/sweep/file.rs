@@ -244,15 +244,20 @@ impl<'de> Deserialize<'de> for BatchSize {
         match Raw::deserialize(d)? {
             Raw::Number(n) if n > 0 => Ok(BatchSize::Fixed(n as usize)),
             Raw::Text(t) if t == "max" => Ok(BatchSize::Max),
-            Raw::Number(n) => Err(serde::de::Error::custom(format!("a batch size is a positive integer or \"max\", not {n}"))),
-            Raw::Text(t) => Err(serde::de::Error::custom(format!("a batch size is a positive integer or \"max\", not \"{t}\""))),
+            Raw::Number(n) => Err(serde::de::Error::custom(format!(
+                "a batch size is a positive integer or \"max\", not {n}"
+            ))),
+            Raw::Text(t) => Err(serde::de::Error::custom(format!(
+                "a batch size is a positive integer or \"max\", not \"{t}\""
+            ))),
         }
     }
 }
 
 impl SweepFile {
     pub fn read(path: &Path) -> Result<SweepFile> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading the sweep file {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading the sweep file {}", path.display()))?;
         Self::parse(&text).with_context(|| format!("in the sweep file {}", path.display()))
     }
 
@@ -266,7 +271,12 @@ impl SweepFile {
     /// What TOML cannot say: names that must exist, values that must fit.
     fn check(&self) -> Result<()> {
         let d = &self.defaults;
-        for (key, v) in [("warmup_secs", d.warmup_secs), ("duration_secs", d.duration_secs), ("timeout_secs", d.timeout_secs), ("cooldown_secs", d.cooldown_secs)] {
+        for (key, v) in [
+            ("warmup_secs", d.warmup_secs),
+            ("duration_secs", d.duration_secs),
+            ("timeout_secs", d.timeout_secs),
+            ("cooldown_secs", d.cooldown_secs),
+        ] {
             if !v.is_finite() || v < 0.0 {
                 bail!("[defaults] {key} = {v}: expected a non-negative number of seconds");
             }
@@ -286,13 +296,27 @@ impl SweepFile {
         let mut labels = std::collections::HashSet::new();
         for (i, t) in self.targets.iter().enumerate() {
             if t.label.is_empty() || !labels.insert(t.label.as_str()) {
-                bail!("[[targets]] #{}: label `{}` is empty or used twice; each target needs its own", i + 1, t.label);
+                bail!(
+                    "[[targets]] #{}: label `{}` is empty or used twice; each target needs its own",
+                    i + 1,
+                    t.label
+                );
             }
-            t.device.parse::<DeviceSpec>().with_context(|| format!("[[targets]] `{}`: device", t.label))?;
+            t.device
+                .parse::<DeviceSpec>()
+                .with_context(|| format!("[[targets]] `{}`: device", t.label))?;
         }
-        let baselines: Vec<&str> = self.targets.iter().filter(|t| t.baseline).map(|t| t.label.as_str()).collect();
+        let baselines: Vec<&str> = self
+            .targets
+            .iter()
+            .filter(|t| t.baseline)
+            .map(|t| t.label.as_str())
+            .collect();
         if baselines.len() > 1 {
-            bail!("[[targets]]: baseline = true on {}; at most one target is the baseline", baselines.join(", "));
+            bail!(
+                "[[targets]]: baseline = true on {}; at most one target is the baseline",
+                baselines.join(", ")
+            );
         }
         let mut group_labels = std::collections::HashSet::new();
         for (i, g) in self.groups.iter().enumerate() {
@@ -301,7 +325,9 @@ impl SweepFile {
                 bail!("{at}: label is empty or used twice; each group needs its own");
             }
             if !g.concurrent {
-                bail!("{at}: concurrent = false; a group runs its targets at once (targets that run apart need no group)");
+                bail!(
+                    "{at}: concurrent = false; a group runs its targets at once (targets that run apart need no group)"
+                );
             }
             if g.targets.len() < 2 {
                 bail!("{at}: targets: a group needs at least two");
@@ -318,10 +344,18 @@ impl SweepFile {
             }
             if let Some(b) = &g.busy {
                 if !workloads::model_names().contains(&b.model.as_str()) {
-                    bail!("{at}: busy: unknown model `{}`; valid models: {}", b.model, workloads::model_names().join(", "));
+                    bail!(
+                        "{at}: busy: unknown model `{}`; valid models: {}",
+                        b.model,
+                        workloads::model_names().join(", ")
+                    );
                 }
-                if !["infer", "train"].contains(&b.mode.as_str()) || !DTYPES.contains(&b.dtype.as_str()) || b.batch == 0 {
-                    bail!("{at}: busy: mode infer|train, dtype one of {}, a positive batch", DTYPES.join(", "));
+                if !["infer", "train"].contains(&b.mode.as_str()) || !DTYPES.contains(&b.dtype.as_str()) || b.batch == 0
+                {
+                    bail!(
+                        "{at}: busy: mode infer|train, dtype one of {}, a positive batch",
+                        DTYPES.join(", ")
+                    );
                 }
             }
         }
@@ -342,21 +376,32 @@ impl SweepFile {
             }
             for model in &c.models {
                 if !names.contains(&model.as_str()) {
-                    bail!("{at}: models: unknown model `{model}`; valid models: {}", names.join(", "));
+                    bail!(
+                        "{at}: models: unknown model `{model}`; valid models: {}",
+                        names.join(", ")
+                    );
                 }
             }
             if !DTYPES.contains(&c.dtype.as_str()) {
-                bail!("{at}: dtype: unknown dtype `{}`; valid dtypes: {}", c.dtype, DTYPES.join(", "));
+                bail!(
+                    "{at}: dtype: unknown dtype `{}`; valid dtypes: {}",
+                    c.dtype,
+                    DTYPES.join(", ")
+                );
             }
             if !(c.slo_p99_ms > 0.0 && c.slo_p99_ms.is_finite()) {
                 bail!("{at}: slo_p99_ms = {}: expected milliseconds above zero", c.slo_p99_ms);
             }
             let non_negative = |v: f64| v.is_finite() && v >= 0.0;
-            if c.max_batch == 0 || !non_negative(c.max_delay_ms) || !non_negative(c.warmup_secs) || c.min_requests < 100 {
+            if c.max_batch == 0 || !non_negative(c.max_delay_ms) || !non_negative(c.warmup_secs) || c.min_requests < 100
+            {
                 bail!("{at}: max_batch ≥ 1, max_delay_ms ≥ 0, warmup_secs ≥ 0 and min_requests ≥ 100 (10,000 makes a p99 worth trusting)");
             }
             if !(c.resolution_pct > 0.0 && c.resolution_pct < 100.0) {
-                bail!("{at}: resolution_pct = {}: expected a percentage above 0 and below 100", c.resolution_pct);
+                bail!(
+                    "{at}: resolution_pct = {}: expected a percentage above 0 and below 100",
+                    c.resolution_pct
+                );
             }
             if c.seq_len == Some(0) {
                 bail!("{at}: seq_len: a sequence holds at least one token");
@@ -366,7 +411,10 @@ impl SweepFile {
             let at = format!("[[matrix]] #{}", i + 1);
             for model in &m.models {
                 if !names.contains(&model.as_str()) {
-                    bail!("{at}: models: unknown model `{model}`; valid models: {}", names.join(", "));
+                    bail!(
+                        "{at}: models: unknown model `{model}`; valid models: {}",
+                        names.join(", ")
+                    );
                 }
             }
             for mode in &m.modes {
@@ -376,10 +424,18 @@ impl SweepFile {
             }
             for dtype in &m.dtypes {
                 if !DTYPES.contains(&dtype.as_str()) {
-                    bail!("{at}: dtypes: unknown dtype `{dtype}`; valid dtypes: {}", DTYPES.join(", "));
+                    bail!(
+                        "{at}: dtypes: unknown dtype `{dtype}`; valid dtypes: {}",
+                        DTYPES.join(", ")
+                    );
                 }
             }
-            for (key, list) in [("models", m.models.len()), ("modes", m.modes.len()), ("dtypes", m.dtypes.len()), ("batches", m.batches.len())] {
+            for (key, list) in [
+                ("models", m.models.len()),
+                ("modes", m.modes.len()),
+                ("dtypes", m.dtypes.len()),
+                ("batches", m.batches.len()),
+            ] {
                 if list == 0 {
                     bail!("{at}: {key} is empty");
                 }
@@ -404,13 +460,19 @@ impl Matrix {
             k.attention = a.parse::<Attention>().map_err(|e| anyhow::anyhow!("attention: {e}"))?;
         }
         if let Some(l) = &self.encoder_layers {
-            k.layers = l.parse::<EncoderLayers>().map_err(|e| anyhow::anyhow!("encoder_layers: {e}"))?;
+            k.layers = l
+                .parse::<EncoderLayers>()
+                .map_err(|e| anyhow::anyhow!("encoder_layers: {e}"))?;
         }
         if let Some(g) = &self.gemm_algorithm {
-            k.gemm = g.parse::<GemmAlgorithm>().map_err(|e| anyhow::anyhow!("gemm_algorithm: {e}"))?;
+            k.gemm = g
+                .parse::<GemmAlgorithm>()
+                .map_err(|e| anyhow::anyhow!("gemm_algorithm: {e}"))?;
         }
         if let Some(g) = &self.cuda_graphs {
-            k.graphs = g.parse::<CudaGraphs>().map_err(|e| anyhow::anyhow!("cuda_graphs: {e}"))?;
+            k.graphs = g
+                .parse::<CudaGraphs>()
+                .map_err(|e| anyhow::anyhow!("cuda_graphs: {e}"))?;
         }
         if let Some(c) = &self.convs {
             k.convs = c.parse::<Convolutions>().map_err(|e| anyhow::anyhow!("convs: {e}"))?;
@@ -447,9 +509,21 @@ seq_lens = [128]
     fn the_documented_example_reads() {
         let f = SweepFile::parse(EXAMPLE).unwrap();
         assert_eq!(f.name, "resnet-slices");
-        assert_eq!((f.defaults.repeats, f.defaults.timeout_secs, f.defaults.max_batch_limit), (2, 600.0, 4096));
+        assert_eq!(
+            (f.defaults.repeats, f.defaults.timeout_secs, f.defaults.max_batch_limit),
+            (2, 600.0, 4096)
+        );
         assert_eq!(f.targets[1].device, "3g.40gb");
-        assert_eq!(f.matrix[0].batches, vec![BatchSize::Fixed(1), BatchSize::Fixed(8), BatchSize::Fixed(32), BatchSize::Fixed(128), BatchSize::Max]);
+        assert_eq!(
+            f.matrix[0].batches,
+            vec![
+                BatchSize::Fixed(1),
+                BatchSize::Fixed(8),
+                BatchSize::Fixed(32),
+                BatchSize::Fixed(128),
+                BatchSize::Max
+            ]
+        );
     }
 
     #[test]
@@ -457,15 +531,27 @@ seq_lens = [128]
         let err = |text: &str| format!("{:#}", SweepFile::parse(text).unwrap_err());
         // A typo in a key: TOML's error names the line and the unknown key with the valid ones.
         let e = err(&EXAMPLE.replace("duration_secs = 10", "duraton_secs = 10"));
-        assert!(e.contains("line 5") && e.contains("duraton_secs") && e.contains("duration_secs"), "{e}");
+        assert!(
+            e.contains("line 5") && e.contains("duraton_secs") && e.contains("duration_secs"),
+            "{e}"
+        );
         let e = err(&EXAMPLE.replace("repeats = 2", "repeats = \"two\""));
         assert!(e.contains("line 6") && e.contains("repeats"), "{e}");
         let e = err(&EXAMPLE.replace("\"max\"]", "\"biggest\"]"));
-        assert!(e.contains("line 17") && e.contains("batches") && e.contains("\"max\""), "{e}");
+        assert!(
+            e.contains("line 17") && e.contains("batches") && e.contains("\"max\""),
+            "{e}"
+        );
         let e = err(&EXAMPLE.replace("\"vit_b_16\"", "\"vit_b_17\""));
-        assert!(e.contains("[[matrix]] #1") && e.contains("vit_b_17") && e.contains("vit_b_16"), "{e}");
+        assert!(
+            e.contains("[[matrix]] #1") && e.contains("vit_b_17") && e.contains("vit_b_16"),
+            "{e}"
+        );
         let e = err(&EXAMPLE.replace("device = \"3g.40gb\"", "device = \"tpu\""));
-        assert!(e.contains("`3g`") && e.contains("tpu") && e.contains("MIG-<uuid>"), "{e}");
+        assert!(
+            e.contains("`3g`") && e.contains("tpu") && e.contains("MIG-<uuid>"),
+            "{e}"
+        );
         let e = err(&EXAMPLE.replace("label = \"3g\"", "label = \"full\""));
         assert!(e.contains("used twice"), "{e}");
         let e = err(&EXAMPLE.replace("dtypes = [\"bf16\"]", "dtypes = [\"fp8\"]"));
@@ -474,7 +560,12 @@ seq_lens = [128]
 
     #[test]
     fn groups_name_known_targets_and_say_what_is_wrong() {
-        let err = |group: &str| format!("{:#}", SweepFile::parse(&format!("{EXAMPLE}[[groups]]\n{group}")).unwrap_err());
+        let err = |group: &str| {
+            format!(
+                "{:#}",
+                SweepFile::parse(&format!("{EXAMPLE}[[groups]]\n{group}")).unwrap_err()
+            )
+        };
         let ok = format!("{EXAMPLE}[[groups]]\nlabel = \"g\"\nconcurrent = true\ntargets = [\"full\", \"3g\"]\n");
         assert_eq!(SweepFile::parse(&ok).unwrap().groups[0].targets, vec!["full", "3g"]);
         let e = err("label = \"g\"\nconcurrent = true\ntargets = [\"full\", \"2g\"]");
@@ -489,7 +580,9 @@ seq_lens = [128]
         assert!(e.contains("busy: unknown model `resnet51`"), "{e}");
         let e = err("label = \"g\"\nconcurrent = true\ntargets = [\"full\", \"3g\"]\nbusy = { model = \"resnet50\", batch = 128, speed = 1 }");
         assert!(e.contains("speed"), "{e}");
-        let two = EXAMPLE.replace("device = \"0\"", "device = \"0\"\nbaseline = true").replace("device = \"3g.40gb\"", "device = \"3g.40gb\"\nbaseline = true");
+        let two = EXAMPLE
+            .replace("device = \"0\"", "device = \"0\"\nbaseline = true")
+            .replace("device = \"3g.40gb\"", "device = \"3g.40gb\"\nbaseline = true");
         let e = format!("{:#}", SweepFile::parse(&two).unwrap_err());
         assert!(e.contains("baseline = true on full, 3g"), "{e}");
     }

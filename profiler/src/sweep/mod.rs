@@ -2,8 +2,8 @@
 //! own ([`cell`] is the contract between them), with a row for every cell however it ends.
 
 pub mod cell;
-pub mod file;
 pub mod child;
+pub mod file;
 pub mod plan;
 pub mod progress;
 pub mod schedule;

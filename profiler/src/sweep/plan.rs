@@ -39,7 +39,11 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
         for w in &work {
             let spec = cell(file, target, w);
             if alone.insert(spec.cell_id()) {
-                out.push(PlannedCell { spec, batch: w.batch, group: None });
+                out.push(PlannedCell {
+                    spec,
+                    batch: w.batch,
+                    group: None,
+                });
             }
         }
     }
@@ -48,17 +52,33 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
             for model in &search.models {
                 let spec = capacity_cell(file, target, model, search);
                 if alone.insert(spec.cell_id()) {
-                    out.push(PlannedCell { spec, batch: BatchSize::Fixed(search.max_batch), group: None });
+                    out.push(PlannedCell {
+                        spec,
+                        batch: BatchSize::Fixed(search.max_batch),
+                        group: None,
+                    });
                 }
             }
         }
     }
     let mut instances = std::collections::HashSet::new();
     for g in &file.groups {
-        let targets: Vec<&Target> = g.targets.iter().map(|l| file.targets.iter().find(|t| &t.label == l).expect("checked by the file")).collect();
+        let targets: Vec<&Target> = g
+            .targets
+            .iter()
+            .map(|l| {
+                file.targets
+                    .iter()
+                    .find(|t| &t.label == l)
+                    .expect("checked by the file")
+            })
+            .collect();
         for w in &work {
             let BatchSize::Fixed(_) = w.batch else {
-                bail!("[[groups]] `{}`: batch \"max\" is searched for alone, not in a concurrent group; give numbers", g.label)
+                bail!(
+                    "[[groups]] `{}`: batch \"max\" is searched for alone, not in a concurrent group; give numbers",
+                    g.label
+                )
             };
             // With `busy`, the first member runs the matrix cell and the others the busy workload.
             let member_work: Vec<Work> = (0..targets.len())
@@ -75,20 +95,37 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
                     _ => w.clone(),
                 })
                 .collect();
-            let described: Vec<String> = targets.iter().zip(&member_work).map(|(t, w)| w.describe(&t.label)).collect();
+            let described: Vec<String> = targets
+                .iter()
+                .zip(&member_work)
+                .map(|(t, w)| w.describe(&t.label))
+                .collect();
             let mut members: Vec<CellSpec> = Vec::new();
             for (i, (t, mw)) in targets.iter().zip(&member_work).enumerate() {
                 let mut spec = cell(file, t, mw);
                 spec.concurrency_group = Some(g.label.clone());
-                spec.neighbours = described.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, d)| d.clone()).collect();
+                spec.neighbours = described
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, d)| d.clone())
+                    .collect();
                 members.push(spec);
             }
-            let key = format!("{}#{}", g.label, members.iter().map(|m| m.cell_id()).collect::<Vec<_>>().join("+"));
+            let key = format!(
+                "{}#{}",
+                g.label,
+                members.iter().map(|m| m.cell_id()).collect::<Vec<_>>().join("+")
+            );
             // An instance listed twice (overlapping matrices) runs once.
             if !instances.insert(key.clone()) {
                 continue;
             }
-            out.extend(members.into_iter().zip(&member_work).map(|(spec, mw)| PlannedCell { spec, batch: mw.batch, group: Some(key.clone()) }));
+            out.extend(members.into_iter().zip(&member_work).map(|(spec, mw)| PlannedCell {
+                spec,
+                batch: mw.batch,
+                group: Some(key.clone()),
+            }));
         }
     }
     Ok(out)
@@ -128,7 +165,15 @@ fn matrix_work(file: &SweepFile) -> Result<Vec<Work>> {
                     for &batch in &m.batches {
                         for &seq_len in &seq_lens {
                             for repeat in 0..file.defaults.repeats {
-                                out.push(Work { model: model.clone(), mode: mode.clone(), dtype: dtype.clone(), batch, seq_len, repeat, kernels: kernels.clone() });
+                                out.push(Work {
+                                    model: model.clone(),
+                                    mode: mode.clone(),
+                                    dtype: dtype.clone(),
+                                    batch,
+                                    seq_len,
+                                    repeat,
+                                    kernels: kernels.clone(),
+                                });
                             }
                         }
                     }
@@ -188,7 +233,9 @@ fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &super:
         dtype: search.dtype.clone(),
         batch: BatchSize::Fixed(search.max_batch),
         // A token model's default length; image models take none.
-        seq_len: search.seq_len.filter(|_| workloads::lookup(model).is_ok_and(|(_, i)| i.input.seq_len().is_some())),
+        seq_len: search
+            .seq_len
+            .filter(|_| workloads::lookup(model).is_ok_and(|(_, i)| i.input.seq_len().is_some())),
         repeat: 0,
         kernels: workloads::kernels::KernelOptions::default().canonical(),
     };
@@ -203,14 +250,19 @@ fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &super:
         resolution: search.resolution_pct / 100.0,
         min_requests: search.min_requests,
     };
-    CellSpec { load: Some(settings), ..cell(file, target, &work) }
+    CellSpec {
+        load: Some(settings),
+        ..cell(file, target, &work)
+    }
 }
 
 /// `--only model=resnet50,target=3g`: every pair must match. Keys are cell fields.
 #[derive(Debug, Clone, Default)]
 pub struct Filter(Vec<(String, String)>);
 
-pub const FILTER_KEYS: [&str; 9] = ["target", "device", "model", "mode", "dtype", "batch", "seq_len", "repeat", "group"];
+pub const FILTER_KEYS: [&str; 9] = [
+    "target", "device", "model", "mode", "dtype", "batch", "seq_len", "repeat", "group",
+];
 
 impl std::str::FromStr for Filter {
     type Err = anyhow::Error;
@@ -218,7 +270,9 @@ impl std::str::FromStr for Filter {
     fn from_str(s: &str) -> Result<Filter> {
         let mut pairs = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let Some((k, v)) = part.split_once('=') else { bail!("--only `{part}`: expected key=value (keys: {})", FILTER_KEYS.join(", ")) };
+            let Some((k, v)) = part.split_once('=') else {
+                bail!("--only `{part}`: expected key=value (keys: {})", FILTER_KEYS.join(", "))
+            };
             if !FILTER_KEYS.contains(&k.trim()) {
                 bail!("--only: unknown key `{k}`; keys: {}", FILTER_KEYS.join(", "));
             }
@@ -278,8 +332,14 @@ batches = [1]
         // the second matrix repeats resnet batch 1: nothing new.
         assert_eq!(cells.len(), 24);
         let first = &cells[0].spec;
-        assert_eq!((first.target.as_str(), first.model.as_str(), first.batch, first.repeat), ("a", "resnet_tiny", 1, 0));
-        assert!(cells.iter().filter(|c| c.spec.model == "resnet_tiny").all(|c| c.spec.seq_len.is_none()));
+        assert_eq!(
+            (first.target.as_str(), first.model.as_str(), first.batch, first.repeat),
+            ("a", "resnet_tiny", 1, 0)
+        );
+        assert!(cells
+            .iter()
+            .filter(|c| c.spec.model == "resnet_tiny")
+            .all(|c| c.spec.seq_len.is_none()));
         assert_eq!(cells.iter().filter(|c| c.batch == BatchSize::Max).count(), 12);
         let ids: std::collections::HashSet<String> = cells.iter().map(|c| c.spec.cell_id()).collect();
         assert_eq!(ids.len(), 24);
@@ -318,26 +378,59 @@ busy = { model = "bert_tiny", batch = 4, dtype = "f32" }
         // Alone: target a only (2 cells); pair: 2 instances of 2; noisy: 2 instances of 3.
         assert_eq!(cells.len(), 2 + 4 + 6);
         assert!(cells[..2].iter().all(|c| c.group.is_none() && c.spec.target == "a"));
-        let pair: Vec<&PlannedCell> = cells.iter().filter(|c| c.spec.concurrency_group.as_deref() == Some("pair")).collect();
+        let pair: Vec<&PlannedCell> = cells
+            .iter()
+            .filter(|c| c.spec.concurrency_group.as_deref() == Some("pair"))
+            .collect();
         assert_eq!(pair[0].group, pair[1].group);
         assert_ne!(pair[0].group, pair[2].group);
         assert_eq!(pair[0].spec.neighbours, vec!["b:resnet_tiny/infer/f32/1".to_string()]);
         assert_eq!(pair[1].spec.neighbours, vec!["a:resnet_tiny/infer/f32/1".to_string()]);
-        let noisy: Vec<&PlannedCell> = cells.iter().filter(|c| c.spec.concurrency_group.as_deref() == Some("noisy")).collect();
-        assert_eq!((noisy[0].spec.model.as_str(), noisy[1].spec.model.as_str(), noisy[1].spec.mode.as_str(), noisy[2].spec.batch), ("resnet_tiny", "bert_tiny", "train", 4));
-        assert_eq!(noisy[0].spec.neighbours, vec!["b:bert_tiny/train/f32/4".to_string(), "c:bert_tiny/train/f32/4".to_string()]);
+        let noisy: Vec<&PlannedCell> = cells
+            .iter()
+            .filter(|c| c.spec.concurrency_group.as_deref() == Some("noisy"))
+            .collect();
+        assert_eq!(
+            (
+                noisy[0].spec.model.as_str(),
+                noisy[1].spec.model.as_str(),
+                noisy[1].spec.mode.as_str(),
+                noisy[2].spec.batch
+            ),
+            ("resnet_tiny", "bert_tiny", "train", 4)
+        );
+        assert_eq!(
+            noisy[0].spec.neighbours,
+            vec![
+                "b:bert_tiny/train/f32/4".to_string(),
+                "c:bert_tiny/train/f32/4".to_string()
+            ]
+        );
         // A member's id differs from the same cell alone, and every id is distinct.
         assert_ne!(pair[0].spec.cell_id(), cells[0].spec.cell_id());
         let ids: std::collections::HashSet<String> = cells.iter().map(|c| c.spec.cell_id()).collect();
         assert_eq!(ids.len(), cells.len());
         // Two matrices listing the same cells: each instance once, whole.
-        let twice = text.replace("[[groups]]\nlabel = \"pair\"", "[[matrix]]\nmodels = [\"resnet_tiny\"]\nbatches = [2]\n[[groups]]\nlabel = \"pair\"");
+        let twice = text.replace(
+            "[[groups]]\nlabel = \"pair\"",
+            "[[matrix]]\nmodels = [\"resnet_tiny\"]\nbatches = [2]\n[[groups]]\nlabel = \"pair\"",
+        );
         assert_eq!(cells_of(&twice).len(), cells.len());
         // Instances that differ only in the measured cell's sequence length keep their neighbours.
-        let seqs = text.replace("models = [\"resnet_tiny\"]\nbatches = [1, 2]", "models = [\"bert_tiny\"]\nbatches = [1]\nseq_lens = [8, 16]");
-        let noisy: Vec<PlannedCell> = cells_of(&seqs).into_iter().filter(|c| c.spec.concurrency_group.as_deref() == Some("noisy")).collect();
+        let seqs = text.replace(
+            "models = [\"resnet_tiny\"]\nbatches = [1, 2]",
+            "models = [\"bert_tiny\"]\nbatches = [1]\nseq_lens = [8, 16]",
+        );
+        let noisy: Vec<PlannedCell> = cells_of(&seqs)
+            .into_iter()
+            .filter(|c| c.spec.concurrency_group.as_deref() == Some("noisy"))
+            .collect();
         assert_eq!(noisy.len(), 6, "two instances of three members");
-        assert!(noisy[1].spec.neighbours[0].ends_with("/seq 8") && noisy[4].spec.neighbours[0].ends_with("/seq 16"), "{:?}", noisy[1].spec.neighbours);
+        assert!(
+            noisy[1].spec.neighbours[0].ends_with("/seq 8") && noisy[4].spec.neighbours[0].ends_with("/seq 16"),
+            "{:?}",
+            noisy[1].spec.neighbours
+        );
         // "max" has no place in a group.
         let e = cells_err(&text.replace("batches = [1, 2]", "batches = [1, \"max\"]"));
         assert!(e.contains("batch \"max\" is searched for alone"), "{e}");
@@ -360,7 +453,10 @@ busy = { model = "bert_tiny", batch = 4, dtype = "f32" }
         assert_eq!(kept.len(), 4);
         assert!(kept.iter().all(|c| c.spec.target == "b" && c.spec.seq_len == Some(32)));
         let e = "gpu=0".parse::<Filter>().unwrap_err().to_string();
-        assert!(e.contains("unknown key `gpu`") && e.contains("target, device, model"), "{e}");
+        assert!(
+            e.contains("unknown key `gpu`") && e.contains("target, device, model"),
+            "{e}"
+        );
         Ok(())
     }
 }

@@ -16,8 +16,10 @@ impl<'a> Progress<'a> {
     /// A bar over `total` cells when `terminal`, drawn on stderr; lines to `log` otherwise.
     pub fn new(total: usize, terminal: bool, log: &'a mut dyn Write) -> Progress<'a> {
         let bar = terminal.then(|| {
-            let style = ProgressStyle::with_template("{bar:30} {pos}/{len} cells, {elapsed_precise} elapsed, ETA {eta_precise}  {wide_msg}")
-                .expect("a valid template");
+            let style = ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} cells, {elapsed_precise} elapsed, ETA {eta_precise}  {wide_msg}",
+            )
+            .expect("a valid template");
             let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr()).with_style(style);
             bar.enable_steady_tick(Duration::from_millis(500));
             bar

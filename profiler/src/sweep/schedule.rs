@@ -49,7 +49,11 @@ pub struct Summary {
 
 impl Summary {
     pub fn failed(&self) -> usize {
-        self.by_status.iter().filter(|(s, _)| !matches!(s, Status::Ok | Status::Probe)).map(|(_, n)| n).sum()
+        self.by_status
+            .iter()
+            .filter(|(s, _)| !matches!(s, Status::Ok | Status::Probe))
+            .map(|(_, n)| n)
+            .sum()
     }
 
     fn count(&mut self, status: Status) {
@@ -82,7 +86,9 @@ fn cell_rows(out: &Path) -> Result<Vec<(String, String)>> {
     let mut all = Vec::new();
     for table in [Table::Runs, Table::Capacity] {
         let rows = read_table(out, table)?;
-        let (Ok(ids), Ok(statuses)) = (rows.column("cell_id"), rows.column("status")) else { continue };
+        let (Ok(ids), Ok(statuses)) = (rows.column("cell_id"), rows.column("status")) else {
+            continue;
+        };
         for (id, status) in ids.str()?.iter().zip(statuses.str()?.iter()) {
             if let (Some(id), Some(status)) = (id, status) {
                 all.push((id.to_string(), status.to_string()));
@@ -115,12 +121,18 @@ fn device_key(device: &str) -> String {
     }
     // An emulated slice occupies its whole GPU.
     if let Ok(crate::device::DeviceSpec::Mps(t)) = device.parse::<crate::device::DeviceSpec>() {
-        return match crate::gpu::discover().and_then(|topo| crate::gpu::select(&topo, t.gpu.as_deref().unwrap_or("first"))) {
+        return match crate::gpu::discover()
+            .and_then(|topo| crate::gpu::select(&topo, t.gpu.as_deref().unwrap_or("first")))
+        {
             Ok(sel) => sel.gpu.uuid,
             Err(_) => device.to_string(),
         };
     }
-    let id = if device == "cuda" { "0" } else { device.strip_prefix("cuda:").unwrap_or(device) };
+    let id = if device == "cuda" {
+        "0"
+    } else {
+        device.strip_prefix("cuda:").unwrap_or(device)
+    };
     match crate::gpu::discover().and_then(|t| crate::gpu::select(&t, id)) {
         Ok(sel) => sel.mig.map(|m| m.uuid).unwrap_or(sel.gpu.uuid),
         Err(_) => device.to_string(),
@@ -141,8 +153,15 @@ fn describe(c: &CellSpec) -> String {
         (None, Purpose::Probe) => " (max search)".to_string(),
         (None, Purpose::Measure) => String::new(),
     };
-    let group = c.concurrency_group.as_ref().map(|g| format!(" [group {g}]")).unwrap_or_default();
-    format!("{} {} {} {} batch {batch}{seq} #{}{what}{group}", c.target, c.model, c.mode, c.dtype, c.repeat)
+    let group = c
+        .concurrency_group
+        .as_ref()
+        .map(|g| format!(" [group {g}]"))
+        .unwrap_or_default();
+    format!(
+        "{} {} {} {} batch {batch}{seq} #{}{what}{group}",
+        c.target, c.model, c.mode, c.dtype, c.repeat
+    )
 }
 
 fn duration(d: Duration) -> String {
@@ -158,14 +177,25 @@ fn duration(d: Duration) -> String {
 
 /// The sweep's cells after `--only`, each with whether it is already done.
 pub fn plan(file: &SweepFile, opts: &Options) -> Result<Vec<(PlannedCell, bool)>> {
-    let done = if opts.force { HashMap::new() } else { done_cells(&opts.out, opts.retry_oom)? };
+    let done = if opts.force {
+        HashMap::new()
+    } else {
+        done_cells(&opts.out, opts.retry_oom)?
+    };
     let cells = plan::cells(file)?;
     // A group instance runs whole or not at all: kept when any member matches `--only`, done only
     // when every member is (a member measured beside other neighbours than its group's would not be
     // the cell its id names).
-    let matching_groups: HashSet<&str> = cells.iter().filter(|c| opts.only.matches(&c.spec)).filter_map(|c| c.group.as_deref()).collect();
-    let unfinished_groups: HashSet<&str> =
-        cells.iter().filter(|c| !done.contains_key(&c.spec.cell_id())).filter_map(|c| c.group.as_deref()).collect();
+    let matching_groups: HashSet<&str> = cells
+        .iter()
+        .filter(|c| opts.only.matches(&c.spec))
+        .filter_map(|c| c.group.as_deref())
+        .collect();
+    let unfinished_groups: HashSet<&str> = cells
+        .iter()
+        .filter(|c| !done.contains_key(&c.spec.cell_id()))
+        .filter_map(|c| c.group.as_deref())
+        .collect();
     Ok(cells
         .iter()
         .filter(|c| match &c.group {
@@ -191,9 +221,19 @@ pub fn dry_run(file: &SweepFile, opts: &Options, log: &mut dyn Write) -> Result<
     let to_run = cells.iter().filter(|(_, done)| !done).count();
     writeln!(log, "{:<16}  {:<6}  cell", "cell_id", "state")?;
     for (c, done) in &cells {
-        writeln!(log, "{:<16}  {:<6}  {}", c.spec.cell_id(), if *done { "done" } else { "to run" }, describe(&c.spec))?;
+        writeln!(
+            log,
+            "{:<16}  {:<6}  {}",
+            c.spec.cell_id(),
+            if *done { "done" } else { "to run" },
+            describe(&c.spec)
+        )?;
     }
-    let max_note = if cells.iter().any(|(c, d)| !d && c.batch == BatchSize::Max) { " (\"max\" cells add a search of a few short probes each)" } else { "" };
+    let max_note = if cells.iter().any(|(c, d)| !d && c.batch == BatchSize::Max) {
+        " (\"max\" cells add a search of a few short probes each)"
+    } else {
+        ""
+    };
     writeln!(
         log,
         "{} cell(s), {} done, {to_run} to run: about {} at {per_cell:.0} s a cell on one device{max_note}",
@@ -243,9 +283,13 @@ impl MaxSearch {
 
 /// Runs the sweep: every cell not done, each in a child, a row for each.
 pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) -> Result<Summary> {
-    std::fs::create_dir_all(&opts.out).with_context(|| format!("cannot use {} as the results folder", opts.out.display()))?;
+    std::fs::create_dir_all(&opts.out)
+        .with_context(|| format!("cannot use {} as the results folder", opts.out.display()))?;
     let cells = plan(file, opts)?;
-    let mut summary = Summary { planned: cells.len(), ..Default::default() };
+    let mut summary = Summary {
+        planned: cells.len(),
+        ..Default::default()
+    };
     let invocation_id = provenance::run_id(provenance::now());
     let host = provenance::host();
     let mut queue: VecDeque<PlannedCell> = VecDeque::new();
@@ -260,9 +304,18 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
         }
         if c.batch == BatchSize::Max {
             // One search per target, model, mode, dtype, sequence length and kernels.
-            let key = format!("{}|{}|{}|{}|{:?}|{}", c.spec.target, c.spec.model, c.spec.mode, c.spec.dtype, c.spec.seq_len, c.spec.kernel_options);
+            let key = format!(
+                "{}|{}|{}|{}|{:?}|{}",
+                c.spec.target, c.spec.model, c.spec.mode, c.spec.dtype, c.spec.seq_len, c.spec.kernel_options
+            );
             let i = *search_of.entry(key).or_insert_with(|| {
-                searches.push(MaxSearch { fits: 0, fails: None, limit: file.defaults.max_batch_limit, waiting: Vec::new(), template: c.spec.clone() });
+                searches.push(MaxSearch {
+                    fits: 0,
+                    fails: None,
+                    limit: file.defaults.max_batch_limit,
+                    waiting: Vec::new(),
+                    template: c.spec.clone(),
+                });
                 searches.len() - 1
             });
             searches[i].waiting.push(c);
@@ -277,8 +330,14 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
         }
     }
     // Probes first, so that a "max" cell's batch is known by the time its turn comes.
-    let mut probes: VecDeque<(CellSpec, usize)> = searches.iter().enumerate().map(|(i, s)| (probe(&s.template, s.next().unwrap_or(1)), i)).collect();
-    let total = queue.len() + searches.iter().map(|s| s.waiting.len()).sum::<usize>() + groups.iter().map(Vec::len).sum::<usize>();
+    let mut probes: VecDeque<(CellSpec, usize)> = searches
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (probe(&s.template, s.next().unwrap_or(1)), i))
+        .collect();
+    let total = queue.len()
+        + searches.iter().map(|s| s.waiting.len()).sum::<usize>()
+        + groups.iter().map(Vec::len).sum::<usize>();
     writeln!(
         log,
         "migprof {}: sweep `{}`, {} cell(s): {} done already, {total} to run, results to {}",
@@ -291,11 +350,21 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
     catch_interrupts();
     // One MPS daemon per GPU that emulated slices run on, for the whole sweep; its cells are clients.
     let mut daemons: HashMap<String, crate::mps::daemon::Daemon> = HashMap::new();
-    for c in queue.iter().chain(groups.iter().flatten()).map(|c| &c.spec).chain(searches.iter().map(|s| &s.template)) {
+    for c in queue
+        .iter()
+        .chain(groups.iter().flatten())
+        .map(|c| &c.spec)
+        .chain(searches.iter().map(|s| &s.template))
+    {
         if c.device.starts_with("mps:") {
             if let std::collections::hash_map::Entry::Vacant(slot) = daemons.entry(device_key(&c.device)) {
                 let daemon = start_mps_daemon(&c.device)?;
-                writeln!(log, "MPS: migprof's control daemon (pid {}) serves {} for the emulated slices", daemon.pid().unwrap_or(0), daemon.gpu_uuid)?;
+                writeln!(
+                    log,
+                    "MPS: migprof's control daemon (pid {}) serves {} for the emulated slices",
+                    daemon.pid().unwrap_or(0),
+                    daemon.gpu_uuid
+                )?;
                 slot.insert(daemon);
             }
         }
@@ -311,7 +380,10 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
     loop {
         if INTERRUPTED.load(Ordering::SeqCst) {
             for a in active.drain(..) {
-                progress.line(&format!("interrupted: {} (no row; it runs again on resume)", describe(&a.cell)))?;
+                progress.line(&format!(
+                    "interrupted: {} (no row; it runs again on resume)",
+                    describe(&a.cell)
+                ))?;
                 a.running.interrupt();
             }
             summary.interrupted = true;
@@ -337,8 +409,13 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
                 summary.count(ending.status);
                 let elapsed = started.elapsed();
                 let left = total.saturating_sub(finished);
-                let eta = if finished > 0 { elapsed.mul_f64(left as f64 / finished as f64) } else { Duration::ZERO };
-                progress.line(&format!("[{finished}/{total}] {}: {} {first_line} (elapsed {}, ETA {})",
+                let eta = if finished > 0 {
+                    elapsed.mul_f64(left as f64 / finished as f64)
+                } else {
+                    Duration::ZERO
+                };
+                progress.line(&format!(
+                    "[{finished}/{total}] {}: {} {first_line} (elapsed {}, ETA {})",
                     describe(&a.cell),
                     ending.status.as_str(),
                     duration(elapsed),
@@ -353,7 +430,11 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
                 Status::Oom => "does not fit",
                 _ => "failed",
             };
-            progress.line(&format!("  max search: {}: {fits} ({} {first_line})", describe(&a.cell), ending.status.as_str()))?;
+            progress.line(&format!(
+                "  max search: {}: {fits} ({} {first_line})",
+                describe(&a.cell),
+                ending.status.as_str()
+            ))?;
             // A probe that failed for another reason than memory ends the search: its cells carry
             // that failure instead of a batch size the search never found.
             let verdict: Option<std::result::Result<usize, Ending>> = match ending.status {
@@ -370,12 +451,21 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
                         }
                         None if search.fits == 0 => Some(Err(Ending {
                             status: Status::Oom,
-                            message: format!("a batch of 1 does not fit on `{}` (the max search's first probe ran out of memory)", search.template.device),
+                            message: format!(
+                                "a batch of 1 does not fit on `{}` (the max search's first probe ran out of memory)",
+                                search.template.device
+                            ),
                         })),
                         None => Some(Ok(search.fits)),
                     }
                 }
-                _ => Some(Err(Ending { status: ending.status, message: format!("the max search's probe at batch {} failed: {}", a.cell.batch, ending.message) })),
+                _ => Some(Err(Ending {
+                    status: ending.status,
+                    message: format!(
+                        "the max search's probe at batch {} failed: {}",
+                        a.cell.batch, ending.message
+                    ),
+                })),
             };
             match verdict {
                 None => {}
@@ -393,7 +483,12 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
                         summary.ran += 1;
                         finished += 1;
                         progress.advance();
-                        progress.line(&format!("[{finished}/{total}] {}: {} {}", describe(&c.spec), failed.status.as_str(), failed.message.lines().next().unwrap_or("")))?;
+                        progress.line(&format!(
+                            "[{finished}/{total}] {}: {} {}",
+                            describe(&c.spec),
+                            failed.status.as_str(),
+                            failed.message.lines().next().unwrap_or("")
+                        ))?;
                     }
                 }
             }
@@ -402,14 +497,21 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
         let alone_left = queue.is_empty() && probes.is_empty() && searches.iter().all(|s| s.waiting.is_empty());
         let now = Instant::now();
         let cooled = |m: &PlannedCell, keys: &mut HashMap<String, String>| {
-            let key = keys.entry(m.spec.device.clone()).or_insert_with(|| device_key(&m.spec.device)).clone();
+            let key = keys
+                .entry(m.spec.device.clone())
+                .or_insert_with(|| device_key(&m.spec.device))
+                .clone();
             free_at.get(&key).is_none_or(|t| *t <= now)
         };
         let group_ready = groups.front().is_some_and(|g| g.iter().all(|m| cooled(m, &mut keys)));
         if active.is_empty() && alone_left && group_ready {
             if let Some(members) = groups.pop_front() {
                 let started = start_group(exe, &opts.out, &members, timeout, &invocation_id, &daemons, &mut keys)?;
-                progress.line(&format!("group {}: {} members started together", members[0].spec.concurrency_group.as_deref().unwrap_or(""), started.len()))?;
+                progress.line(&format!(
+                    "group {}: {} members started together",
+                    members[0].spec.concurrency_group.as_deref().unwrap_or(""),
+                    started.len()
+                ))?;
                 active.extend(started);
             }
         }
@@ -418,7 +520,10 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
             let busy: HashSet<&str> = active.iter().map(|a| a.device.as_str()).collect();
             let now = Instant::now();
             let ready = |device: &str, keys: &mut HashMap<String, String>| -> Option<String> {
-                let key = keys.entry(device.to_string()).or_insert_with(|| device_key(device)).clone();
+                let key = keys
+                    .entry(device.to_string())
+                    .or_insert_with(|| device_key(device))
+                    .clone();
                 let free = !busy.contains(key.as_str()) && free_at.get(&key).is_none_or(|t| *t <= now);
                 free.then_some(key)
             };
@@ -426,13 +531,23 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
                 let (cell, s) = probes.remove(p).expect("found");
                 Some((cell, Some(s)))
             } else {
-                queue.iter().position(|c| ready(&c.spec.device, &mut keys).is_some()).map(|p| (queue.remove(p).expect("found").spec, None))
+                queue
+                    .iter()
+                    .position(|c| ready(&c.spec.device, &mut keys).is_some())
+                    .map(|p| (queue.remove(p).expect("found").spec, None))
             };
             let Some((cell, search)) = next else { break };
             let device = keys[&cell.device].clone();
             let env = mps_env(&cell, &device, &daemons);
             let running = start_cell(exe, &opts.out, &cell, timeout, &invocation_id, &env)?;
-            active.push(Active { cell, device, running, started: provenance::now(), search, grouped: false });
+            active.push(Active {
+                cell,
+                device,
+                running,
+                started: provenance::now(),
+                search,
+                grouped: false,
+            });
         }
         progress.running(&active.iter().map(|a| describe(&a.cell)).collect::<Vec<_>>());
         if active.is_empty() && queue.is_empty() && probes.is_empty() && groups.is_empty() {
@@ -452,7 +567,11 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
 
 /// What a cell's process needs of the sweep's MPS daemon on its GPU: the pipes of a client, or word
 /// that the idle MPS server it may meet is migprof's.
-fn mps_env(cell: &CellSpec, device_key: &str, daemons: &HashMap<String, crate::mps::daemon::Daemon>) -> Vec<(&'static str, PathBuf)> {
+fn mps_env(
+    cell: &CellSpec,
+    device_key: &str,
+    daemons: &HashMap<String, crate::mps::daemon::Daemon>,
+) -> Vec<(&'static str, PathBuf)> {
     match daemons.get(device_key) {
         Some(d) if cell.device.starts_with("mps:") => vec![(crate::mps::daemon::CLIENT_PIPE_ENV, d.pipe_dir())],
         Some(_) => vec![(crate::mps::daemon::BESIDE_ENV, PathBuf::from("1"))],
@@ -472,25 +591,55 @@ fn start_group(
     keys: &mut HashMap<String, String>,
 ) -> Result<Vec<Active>> {
     let key = members[0].group.as_deref().expect("a group's member");
-    let digest = sha2::Digest::finalize(sha2::Digest::chain_update(<sha2::Sha256 as sha2::Digest>::new(), key.as_bytes()));
-    let dir = out.join("groups").join(digest.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>());
+    let digest = sha2::Digest::finalize(sha2::Digest::chain_update(
+        <sha2::Sha256 as sha2::Digest>::new(),
+        key.as_bytes(),
+    ));
+    let dir = out
+        .join("groups")
+        .join(digest.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>());
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut started = Vec::new();
     for m in members {
-        let device = keys.entry(m.spec.device.clone()).or_insert_with(|| device_key(&m.spec.device)).clone();
+        let device = keys
+            .entry(m.spec.device.clone())
+            .or_insert_with(|| device_key(&m.spec.device))
+            .clone();
         let mut env = mps_env(&m.spec, &device, daemons);
         env.push((crate::run::group::GROUP_DIR_ENV, dir.clone()));
         // Holding ends well inside the cell's timeout, so that a member beside an overrunning one
         // still writes its row.
         let hold_for = timeout.saturating_sub(Duration::from_secs(10).min(timeout / 10));
         let until = std::time::SystemTime::now() + hold_for;
-        env.push((crate::run::group::HOLD_UNTIL_ENV, PathBuf::from(until.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs().to_string())));
+        env.push((
+            crate::run::group::HOLD_UNTIL_ENV,
+            PathBuf::from(
+                until
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs()
+                    .to_string(),
+            ),
+        ));
         let running = start_cell(exe, out, &m.spec, timeout, invocation_id, &env)?;
-        started.push(Active { cell: m.spec.clone(), device, running, started: provenance::now(), search: None, grouped: true });
+        started.push(Active {
+            cell: m.spec.clone(),
+            device,
+            running,
+            started: provenance::now(),
+            search: None,
+            grouped: true,
+        });
     }
-    let list: Vec<crate::run::group::Member> =
-        started.iter().map(|a| crate::run::group::Member { pid: a.running.pid(), cell_id: a.cell.cell_id(), device: a.device.clone() }).collect();
+    let list: Vec<crate::run::group::Member> = started
+        .iter()
+        .map(|a| crate::run::group::Member {
+            pid: a.running.pid(),
+            cell_id: a.cell.cell_id(),
+            device: a.device.clone(),
+        })
+        .collect();
     crate::run::group::write_members(&dir, &list)?;
     Ok(started)
 }
@@ -505,18 +654,45 @@ fn start_mps_daemon(device: &str) -> Result<crate::mps::daemon::Daemon> {
 
 /// A probe of a `max` search at `batch`.
 fn probe(template: &CellSpec, batch: usize) -> CellSpec {
-    CellSpec { batch, purpose: Purpose::Probe, repeat: 0, ..template.clone() }
+    CellSpec {
+        batch,
+        purpose: Purpose::Probe,
+        repeat: 0,
+        ..template.clone()
+    }
 }
 
-fn start_cell(exe: &Path, out: &Path, cell: &CellSpec, timeout: Duration, invocation_id: &str, env: &[(&str, PathBuf)]) -> Result<Running> {
+fn start_cell(
+    exe: &Path,
+    out: &Path,
+    cell: &CellSpec,
+    timeout: Duration,
+    invocation_id: &str,
+    env: &[(&str, PathBuf)],
+) -> Result<Running> {
     let id = cell.cell_id();
     let spec = out.join("cells").join(format!("{id}.json"));
     std::fs::create_dir_all(spec.parent().expect("a folder"))?;
     std::fs::write(&spec, cell.to_json()?).with_context(|| format!("writing {}", spec.display()))?;
-    child::start(exe, &spec, out, &out.join("logs").join(format!("{id}.log")), timeout, invocation_id, env)
+    child::start(
+        exe,
+        &spec,
+        out,
+        &out.join("logs").join(format!("{id}.log")),
+        timeout,
+        invocation_id,
+        env,
+    )
 }
 
-pub(crate) fn record_failure(out: &Path, cell: &CellSpec, started: chrono::DateTime<chrono::Utc>, ending: &Ending, invocation_id: &str, host: &str) -> Result<()> {
+pub(crate) fn record_failure(
+    out: &Path,
+    cell: &CellSpec,
+    started: chrono::DateTime<chrono::Utc>,
+    ending: &Ending,
+    invocation_id: &str,
+    host: &str,
+) -> Result<()> {
     let failure = Failure {
         run_id: provenance::run_id(started),
         invocation_id: invocation_id.to_string(),
@@ -537,7 +713,13 @@ mod tests {
     use super::*;
 
     fn search(fits: usize, fails: Option<usize>) -> MaxSearch {
-        MaxSearch { fits, fails, limit: 100, waiting: Vec::new(), template: crate::sweep::cell::tests::cell() }
+        MaxSearch {
+            fits,
+            fails,
+            limit: 100,
+            waiting: Vec::new(),
+            template: crate::sweep::cell::tests::cell(),
+        }
     }
 
     #[test]
@@ -556,7 +738,11 @@ mod tests {
         let mut tries = 0;
         loop {
             tries += 1;
-            if batch <= 37 { s.fits = s.fits.max(batch) } else { s.fails = Some(s.fails.map_or(batch, |f: usize| f.min(batch))) }
+            if batch <= 37 {
+                s.fits = s.fits.max(batch)
+            } else {
+                s.fails = Some(s.fails.map_or(batch, |f: usize| f.min(batch)))
+            }
             match s.next() {
                 Some(b) => batch = b,
                 None => break,

@@ -17,7 +17,10 @@ pub struct FakeClock {
 
 impl FakeClock {
     pub fn with_tick(tick: Duration) -> Self {
-        Self { tick, ..Default::default() }
+        Self {
+            tick,
+            ..Default::default()
+        }
     }
 
     pub fn advance(&self, d: Duration) {
@@ -60,8 +63,18 @@ pub struct FakeStep {
 
 impl FakeStep {
     pub fn new(clock: &FakeClock, durations_ms: &[f64]) -> Self {
-        let durations = durations_ms.iter().map(|&ms| Duration::from_secs_f64(ms / 1e3)).collect();
-        Self { clock: clock.clone(), durations, steps: 0, train: false, loss_reads: 0, steady_after: 1 }
+        let durations = durations_ms
+            .iter()
+            .map(|&ms| Duration::from_secs_f64(ms / 1e3))
+            .collect();
+        Self {
+            clock: clock.clone(),
+            durations,
+            steps: 0,
+            train: false,
+            loss_reads: 0,
+            steady_after: 1,
+        }
     }
 }
 

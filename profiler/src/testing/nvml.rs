@@ -7,9 +7,9 @@
 use anyhow::{anyhow, bail, Result};
 
 use crate::mig::control::{ComputeInstance, GpuInstanceState, GpuState, MigControl};
+use crate::mig::mode::MigMode;
 use crate::mig::plan::Placement;
 use crate::mig::profile::ProfileTable;
-use crate::mig::mode::MigMode;
 
 pub struct FakeGpu {
     pub state: GpuState,
@@ -35,15 +35,29 @@ impl FakeNvml {
             uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
             name: table.product.clone(),
             pci_device_id: 0x2330_10DE,
-            mig_mode: Some(MigMode { current: mig_on, pending: mig_on }),
+            mig_mode: Some(MigMode {
+                current: mig_on,
+                pending: mig_on,
+            }),
             processes: Vec::new(),
             gpu_instances: Vec::new(),
         };
-        FakeNvml { gpus: vec![FakeGpu { state, table: Some(table) }], calls: Vec::new(), mode_change_needs_reset: false, creations_vanish: false }
+        FakeNvml {
+            gpus: vec![FakeGpu {
+                state,
+                table: Some(table),
+            }],
+            calls: Vec::new(),
+            mode_change_needs_reset: false,
+            creations_vanish: false,
+        }
     }
 
     fn gpu(&mut self, index: u32) -> Result<&mut FakeGpu> {
-        self.gpus.iter_mut().find(|g| g.state.index == index).ok_or_else(|| anyhow!("NVML: no GPU {index}"))
+        self.gpus
+            .iter_mut()
+            .find(|g| g.state.index == index)
+            .ok_or_else(|| anyhow!("NVML: no GPU {index}"))
     }
 }
 
@@ -53,14 +67,19 @@ impl MigControl for FakeNvml {
     }
 
     fn profile_table(&mut self, gpu: u32) -> Result<ProfileTable> {
-        self.gpu(gpu)?.table.clone().ok_or_else(|| anyhow!("NVML: GPU {gpu} does not support MIG"))
+        self.gpu(gpu)?
+            .table
+            .clone()
+            .ok_or_else(|| anyhow!("NVML: GPU {gpu} does not support MIG"))
     }
 
     fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<MigMode> {
         self.calls.push(format!("set_mig_mode(gpu {gpu}, {enabled})"));
         let needs_reset = self.mode_change_needs_reset;
         let g = self.gpu(gpu)?;
-        let Some(mode) = g.state.mig_mode.as_mut() else { bail!("NVML: GPU {gpu} does not support MIG") };
+        let Some(mode) = g.state.mig_mode.as_mut() else {
+            bail!("NVML: GPU {gpu} does not support MIG")
+        };
         if !g.state.gpu_instances.is_empty() {
             bail!("NVML: in use (GPU {gpu} still has GPU instances)")
         }
@@ -72,54 +91,99 @@ impl MigControl for FakeNvml {
     }
 
     fn create_gpu_instance(&mut self, gpu: u32, profile_id: u32, placement: Placement) -> Result<u32> {
-        self.calls.push(format!("create_gpu_instance(gpu {gpu}, profile {profile_id}, {}:{})", placement.start, placement.size));
+        self.calls.push(format!(
+            "create_gpu_instance(gpu {gpu}, profile {profile_id}, {}:{})",
+            placement.start, placement.size
+        ));
         let vanish = self.creations_vanish;
         let g = self.gpu(gpu)?;
         if !g.state.mig_mode.is_some_and(|m| m.current) {
             bail!("NVML: MIG mode is off on GPU {gpu}")
         }
         let table = g.table.as_ref().expect("MIG on implies a table");
-        let Some(profile) = table.by_id(profile_id) else { bail!("NVML: no GPU-instance profile {profile_id}") };
+        let Some(profile) = table.by_id(profile_id) else {
+            bail!("NVML: no GPU-instance profile {profile_id}")
+        };
         if placement.size != profile.memory_slices || !profile.placements.contains(&placement.start) {
-            bail!("NVML: invalid placement {}:{} for profile {profile_id}", placement.start, placement.size)
+            bail!(
+                "NVML: invalid placement {}:{} for profile {profile_id}",
+                placement.start,
+                placement.size
+            )
         }
-        let same = g.state.gpu_instances.iter().filter(|i| i.profile_id == profile_id).count() as u32;
+        let same = g
+            .state
+            .gpu_instances
+            .iter()
+            .filter(|i| i.profile_id == profile_id)
+            .count() as u32;
         if same >= profile.max_instances {
-            bail!("NVML: insufficient resources (profile {profile_id} allows {})", profile.max_instances)
+            bail!(
+                "NVML: insufficient resources (profile {profile_id} allows {})",
+                profile.max_instances
+            )
         }
         let overlaps = |i: &GpuInstanceState| {
-            placement.start < i.placement.start + i.placement.size && i.placement.start < placement.start + placement.size
+            placement.start < i.placement.start + i.placement.size
+                && i.placement.start < placement.start + placement.size
         };
         if g.state.gpu_instances.iter().any(overlaps) {
-            bail!("NVML: insufficient resources (placement {}:{} is taken)", placement.start, placement.size)
+            bail!(
+                "NVML: insufficient resources (placement {}:{} is taken)",
+                placement.start,
+                placement.size
+            )
         }
-        let id = (1..).find(|id| g.state.gpu_instances.iter().all(|i| i.id != *id)).expect("a free id");
+        let id = (1..)
+            .find(|id| g.state.gpu_instances.iter().all(|i| i.id != *id))
+            .expect("a free id");
         if !vanish {
-            g.state.gpu_instances.push(GpuInstanceState { id, profile_id, placement, compute_instances: Vec::new() });
+            g.state.gpu_instances.push(GpuInstanceState {
+                id,
+                profile_id,
+                placement,
+                compute_instances: Vec::new(),
+            });
         }
         Ok(id)
     }
 
     fn create_compute_instance(&mut self, gpu: u32, gpu_instance: u32) -> Result<u32> {
-        self.calls.push(format!("create_compute_instance(gpu {gpu}, gi {gpu_instance})"));
+        self.calls
+            .push(format!("create_compute_instance(gpu {gpu}, gi {gpu_instance})"));
         if self.creations_vanish {
             return Ok(0);
         }
         let g = self.gpu(gpu)?;
         let table = g.table.clone().expect("instances imply a table");
-        let gi = g.state.gpu_instances.iter_mut().find(|i| i.id == gpu_instance).ok_or_else(|| anyhow!("NVML: no GPU instance {gpu_instance}"))?;
+        let gi = g
+            .state
+            .gpu_instances
+            .iter_mut()
+            .find(|i| i.id == gpu_instance)
+            .ok_or_else(|| anyhow!("NVML: no GPU instance {gpu_instance}"))?;
         if !gi.compute_instances.is_empty() {
             bail!("NVML: insufficient resources (GPU instance {gpu_instance} is already spanned)")
         }
         let slices = table.by_id(gi.profile_id).expect("a known profile").compute_slices;
-        gi.compute_instances.push(ComputeInstance { id: 0, compute_slices: slices });
+        gi.compute_instances.push(ComputeInstance {
+            id: 0,
+            compute_slices: slices,
+        });
         Ok(0)
     }
 
     fn destroy_compute_instance(&mut self, gpu: u32, gpu_instance: u32, compute_instance: u32) -> Result<()> {
-        self.calls.push(format!("destroy_compute_instance(gpu {gpu}, gi {gpu_instance}, ci {compute_instance})"));
+        self.calls.push(format!(
+            "destroy_compute_instance(gpu {gpu}, gi {gpu_instance}, ci {compute_instance})"
+        ));
         let g = self.gpu(gpu)?;
-        let gi = g.state.gpu_instances.iter_mut().find(|i| i.id == gpu_instance).ok_or_else(|| anyhow!("NVML: no GPU instance {gpu_instance}"))?;
+        let gi = g
+            .state
+            .gpu_instances
+            .iter_mut()
+            .find(|i| i.id == gpu_instance)
+            .ok_or_else(|| anyhow!("NVML: no GPU instance {gpu_instance}"))?;
         let before = gi.compute_instances.len();
         gi.compute_instances.retain(|c| c.id != compute_instance);
         if gi.compute_instances.len() == before {
@@ -129,9 +193,15 @@ impl MigControl for FakeNvml {
     }
 
     fn destroy_gpu_instance(&mut self, gpu: u32, gpu_instance: u32) -> Result<()> {
-        self.calls.push(format!("destroy_gpu_instance(gpu {gpu}, gi {gpu_instance})"));
+        self.calls
+            .push(format!("destroy_gpu_instance(gpu {gpu}, gi {gpu_instance})"));
         let g = self.gpu(gpu)?;
-        let i = g.state.gpu_instances.iter().position(|i| i.id == gpu_instance).ok_or_else(|| anyhow!("NVML: no GPU instance {gpu_instance}"))?;
+        let i = g
+            .state
+            .gpu_instances
+            .iter()
+            .position(|i| i.id == gpu_instance)
+            .ok_or_else(|| anyhow!("NVML: no GPU instance {gpu_instance}"))?;
         if !g.state.gpu_instances[i].compute_instances.is_empty() {
             bail!("NVML: in use (GPU instance {gpu_instance} still has compute instances)")
         }

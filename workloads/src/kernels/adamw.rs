@@ -43,11 +43,13 @@ pub struct AdamApply(pub AdamStep);
 
 fn halves(moments: &Layout, n: usize) -> Result<()> {
     if moments.shape().elem_count() != 2 * n {
-        bail!("AdamW: moments of {} elements for a parameter of {n}", moments.shape().elem_count())
+        bail!(
+            "AdamW: moments of {} elements for a parameter of {n}",
+            moments.shape().elem_count()
+        )
     }
     Ok(())
 }
-
 
 impl InplaceOp2 for AdamMoments {
     fn name(&self) -> &'static str {
@@ -57,7 +59,9 @@ impl InplaceOp2 for AdamMoments {
     fn cpu_fwd(&self, dst: &mut CpuStorage, l: &Layout, gs: &CpuStorage, gl: &Layout) -> Result<()> {
         let g = cpu::values(gs, gl)?;
         halves(l, g.len())?;
-        let AdamStep { beta1: b1, beta2: b2, .. } = self.0;
+        let AdamStep {
+            beta1: b1, beta2: b2, ..
+        } = self.0;
         cpu::update(dst, l, |mut mv| {
             let (m, v) = mv.split_at_mut(g.len());
             for ((m, v), g) in m.iter_mut().zip(v.iter_mut()).zip(&g) {
@@ -69,7 +73,13 @@ impl InplaceOp2 for AdamMoments {
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, dst: &mut candle_core::CudaStorage, l: &Layout, gs: &candle_core::CudaStorage, gl: &Layout) -> Result<()> {
+    fn cuda_fwd(
+        &self,
+        dst: &mut candle_core::CudaStorage,
+        l: &Layout,
+        gs: &candle_core::CudaStorage,
+        gl: &Layout,
+    ) -> Result<()> {
         let n = gl.shape().elem_count();
         halves(l, n)?;
         cuda::moments(dst, l, gs, gl, n, &self.0)
@@ -78,7 +88,10 @@ impl InplaceOp2 for AdamMoments {
 
 fn three(state: &Layout) -> Result<()> {
     if state.shape().elem_count() != 3 {
-        bail!("AdamW: a step state of {} elements, not [t, c1, c2]", state.shape().elem_count())
+        bail!(
+            "AdamW: a step state of {} elements, not [t, c1, c2]",
+            state.shape().elem_count()
+        )
     }
     Ok(())
 }
@@ -109,7 +122,15 @@ impl InplaceOp3 for AdamApply {
         "adamw-apply"
     }
 
-    fn cpu_fwd(&self, dst: &mut CpuStorage, l: &Layout, ms: &CpuStorage, ml: &Layout, ss: &CpuStorage, sl: &Layout) -> Result<()> {
+    fn cpu_fwd(
+        &self,
+        dst: &mut CpuStorage,
+        l: &Layout,
+        ms: &CpuStorage,
+        ml: &Layout,
+        ss: &CpuStorage,
+        sl: &Layout,
+    ) -> Result<()> {
         let mv = cpu::values(ms, ml)?;
         let n = l.shape().elem_count();
         halves(ml, n)?;
@@ -123,7 +144,9 @@ impl InplaceOp3 for AdamApply {
             theta
                 .iter()
                 .enumerate()
-                .map(|(i, p)| p * (1.0 - s.lr * s.weight_decay) - s.lr * (mv[i] / c1) / ((mv[n + i] / c2).sqrt() + s.eps))
+                .map(|(i, p)| {
+                    p * (1.0 - s.lr * s.weight_decay) - s.lr * (mv[i] / c1) / ((mv[n + i] / c2).sqrt() + s.eps)
+                })
                 .collect()
         })
     }
@@ -158,14 +181,13 @@ mod cuda {
     use candle_core::{bail, CudaStorage, Layout, Result};
 
     use super::AdamStep;
-    use crate::kernels::launch::{by_dtype, Kernel, name, view};
+    use crate::kernels::launch::{by_dtype, name, view, Kernel};
 
     /// The contiguous element range of an in-place destination.
     fn range(l: &Layout) -> Result<(usize, usize)> {
-        l.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("AdamW updates contiguous tensors".into()))
+        l.contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("AdamW updates contiguous tensors".into()))
     }
-
-
 
     /// The kernel's scalar arguments, in its order (the corrections come from the step state).
     fn scalars(s: &AdamStep) -> [f32; 5] {
@@ -179,7 +201,11 @@ mod cuda {
         let mut sv = state.as_cuda_slice_mut::<f64>()?.slice_mut(start..end);
         let mut b = func.builder();
         b.arg(&mut sv).arg(&s.beta1).arg(&s.beta2);
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: argument types and order match the kernel; the state holds three f64.
         unsafe { func.launch(&mut b, cfg) }
     }
@@ -188,11 +214,22 @@ mod cuda {
         if n > u32::MAX as usize {
             bail!("AdamW over {n} elements is more than this kernel indexes")
         }
-        let cfg = LaunchConfig { grid_dim: ((n as u32).div_ceil(256).clamp(1, 65535 * 4), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: ((n as u32).div_ceil(256).clamp(1, 65535 * 4), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         Ok((cfg, n as u32))
     }
 
-    pub(super) fn moments(mv: &mut CudaStorage, ml: &Layout, g: &CudaStorage, gl: &Layout, n: usize, s: &AdamStep) -> Result<()> {
+    pub(super) fn moments(
+        mv: &mut CudaStorage,
+        ml: &Layout,
+        g: &CudaStorage,
+        gl: &Layout,
+        n: usize,
+        s: &AdamStep,
+    ) -> Result<()> {
         let dev = g.device().clone();
         let kernel = name("adamw", g.dtype());
         let func = Kernel::load(&dev, &crate::kernels::sources::ADAMW, &kernel)?;
@@ -217,7 +254,16 @@ mod cuda {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn apply(theta: &mut CudaStorage, l: &Layout, mv: &CudaStorage, ml: &Layout, state: &CudaStorage, sl: &Layout, n: usize, s: &AdamStep) -> Result<()> {
+    pub(super) fn apply(
+        theta: &mut CudaStorage,
+        l: &Layout,
+        mv: &CudaStorage,
+        ml: &Layout,
+        state: &CudaStorage,
+        sl: &Layout,
+        n: usize,
+        s: &AdamStep,
+    ) -> Result<()> {
         let dev = mv.device().clone();
         let kernel = name("adamw", theta.dtype());
         let func = Kernel::load(&dev, &crate::kernels::sources::ADAMW, &kernel)?;

@@ -18,7 +18,6 @@
 
 use candle_core::{bail, Result, Tensor, D};
 
-
 /// What is added to the scores before the softmax.
 #[derive(Debug, Clone, Copy)]
 pub enum ScoreBias<'a> {
@@ -37,10 +36,15 @@ pub fn attention(qkv: &Tensor, heads: usize, bias: ScoreBias) -> Result<Tensor> 
         bail!("attention: {c3} packed features are not q, k and v of {heads} heads")
     }
     match bias {
-        ScoreBias::Keys(m) if m.dims() != [b, t] => bail!("attention: a key mask of shape {:?} for {b} sequences of {t}", m.dims()),
+        ScoreBias::Keys(m) if m.dims() != [b, t] => {
+            bail!("attention: a key mask of shape {:?} for {b} sequences of {t}", m.dims())
+        }
         ScoreBias::Keys(m) if m.track_op() => bail!("attention: the key mask takes no gradient; detach it"),
         ScoreBias::Scores(s) if s.rank() != 4 || s.dims()[1..] != [heads, t, t] || b % s.dim(0)? != 0 => {
-            bail!("attention: a score bias of shape {:?} for {b} sequences, {heads} heads, {t} tokens", s.dims())
+            bail!(
+                "attention: a score bias of shape {:?} for {b} sequences, {heads} heads, {t} tokens",
+                s.dims()
+            )
         }
         _ => {}
     }
@@ -48,11 +52,26 @@ pub fn attention(qkv: &Tensor, heads: usize, bias: ScoreBias) -> Result<Tensor> 
     if qkv.device().is_cuda() {
         let qkv = qkv.contiguous()?;
         return match bias {
-            ScoreBias::None => qkv.apply_op1(cuda::Attention { heads, mode: cuda::Mode::None }),
-            ScoreBias::Keys(m) => qkv.apply_op2(&m.to_dtype(qkv.dtype())?.contiguous()?, cuda::Attention { heads, mode: cuda::Mode::Keys }),
+            ScoreBias::None => qkv.apply_op1(cuda::Attention {
+                heads,
+                mode: cuda::Mode::None,
+            }),
+            ScoreBias::Keys(m) => qkv.apply_op2(
+                &m.to_dtype(qkv.dtype())?.contiguous()?,
+                cuda::Attention {
+                    heads,
+                    mode: cuda::Mode::Keys,
+                },
+            ),
             ScoreBias::Scores(s) => {
                 let r = s.dim(0)?;
-                qkv.apply_op2(&s.to_dtype(qkv.dtype())?.contiguous()?, cuda::Attention { heads, mode: cuda::Mode::Scores { repeat: r } })
+                qkv.apply_op2(
+                    &s.to_dtype(qkv.dtype())?.contiguous()?,
+                    cuda::Attention {
+                        heads,
+                        mode: cuda::Mode::Scores { repeat: r },
+                    },
+                )
             }
         };
     }
@@ -78,8 +97,20 @@ pub fn runs_fused(qkv: &Tensor, heads: usize) -> Result<bool> {
 #[cfg(feature = "cuda")]
 fn fused_shape(qkv: &Tensor, heads: usize) -> Result<(crate::kernels::fused_attention::Fused, usize)> {
     let (b, t, c3) = qkv.dims3()?;
-    let fused = crate::kernels::fused_attention::Fused { b, t, h: heads, d: c3 / 3 / heads, mode: 0, r: 1, scale: 1.0 };
-    let start = if qkv.is_contiguous() { qkv.layout().start_offset() } else { 0 };
+    let fused = crate::kernels::fused_attention::Fused {
+        b,
+        t,
+        h: heads,
+        d: c3 / 3 / heads,
+        mode: 0,
+        r: 1,
+        scale: 1.0,
+    };
+    let start = if qkv.is_contiguous() {
+        qkv.layout().start_offset()
+    } else {
+        0
+    };
     Ok((fused, start))
 }
 
@@ -93,7 +124,9 @@ pub const FUSED_F32_QUERIES: [usize; 4] = crate::kernels::fused_attention::SIMT_
 /// None (and None where the shape is not fused, or not f32).
 #[cfg(feature = "cuda")]
 pub fn fused_f32_queries(qkv: &Tensor, heads: usize) -> Result<Option<usize>> {
-    let candle_core::Device::Cuda(dev) = qkv.device() else { return Ok(None) };
+    let candle_core::Device::Cuda(dev) = qkv.device() else {
+        return Ok(None);
+    };
     let (fused, start) = fused_shape(qkv, heads)?;
     if qkv.dtype() != candle_core::DType::F32 || !fused.takes(candle_core::DType::F32, dev, start) {
         return Ok(None);
@@ -128,7 +161,12 @@ fn reference(qkv: &Tensor, heads: usize, bias: ScoreBias) -> Result<Tensor> {
     let (b, t, c3) = qkv.dims3()?;
     let (c, d) = (c3 / 3, c3 / 3 / heads);
     // [b, t, heads · d] -> [b, heads, t, d], and back.
-    let part = |i: usize| qkv.narrow(D::Minus1, i * c, c)?.reshape((b, t, heads, d))?.transpose(1, 2)?.contiguous();
+    let part = |i: usize| {
+        qkv.narrow(D::Minus1, i * c, c)?
+            .reshape((b, t, heads, d))?
+            .transpose(1, 2)?
+            .contiguous()
+    };
     let (q, k, v) = (part(0)?, part(1)?, part(2)?);
     let scores = (q * (1.0 / (d as f64).sqrt()))?.matmul(&k.t()?)?;
     let scores = match bias {
@@ -149,15 +187,15 @@ fn reference(qkv: &Tensor, heads: usize, bias: ScoreBias) -> Result<Tensor> {
 mod cuda {
 
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    };
     use candle_core::cuda_backend::{CudaDType, CudaDevice};
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
-    use crate::kernels::launch::{by_dtype, cuda as saved_storage, Kernel, name, view, word_elements};
     use crate::kernels::fused_attention::Fused;
     use crate::kernels::gemm::{self, Epilogue, Operand, Product};
-
-
+    use crate::kernels::launch::{by_dtype, cuda as saved_storage, name, view, word_elements, Kernel};
 
     #[derive(Debug, Clone, Copy, PartialEq)]
     pub(super) enum Mode {
@@ -210,15 +248,39 @@ mod cuda {
         }
         /// Per head, op(A) op(B) of (m, n, k) [b·h, m, n] from head-major operands (A stored
         /// [b·h, k, m] when `a_t`, B [b·h, n, k] when `b_t`), each from its element offset.
-        fn product(&self, a: Operand, b: Operand, (m, n, k): (usize, usize, usize), a_t: bool, b_t: bool) -> Result<CudaStorage> {
-            gemm::gemm(a, b, None, Product { m, n, k, a_t, b_t, batch: self.bh() }, Epilogue::None)
+        fn product(
+            &self,
+            a: Operand,
+            b: Operand,
+            (m, n, k): (usize, usize, usize),
+            a_t: bool,
+            b_t: bool,
+        ) -> Result<CudaStorage> {
+            gemm::gemm(
+                a,
+                b,
+                None,
+                Product {
+                    m,
+                    n,
+                    k,
+                    a_t,
+                    b_t,
+                    batch: self.bh(),
+                },
+                Epilogue::None,
+            )
         }
     }
 
     /// Our kernel `base` for the dtype of `kern` (a [`Kernels`]).
     macro_rules! kernel {
         ($kern:expr, $base:expr) => {
-            Kernel::load(&$kern.dev, &crate::kernels::sources::ATTENTION, &name($base, $kern.dtype))?
+            Kernel::load(
+                &$kern.dev,
+                &crate::kernels::sources::ATTENTION,
+                &name($base, $kern.dtype),
+            )?
         };
     }
 
@@ -252,7 +314,11 @@ mod cuda {
             let kernel = format!("attn_move_w{}", k * size);
             let func = Kernel::load(self.dev, &crate::kernels::sources::ATTENTION, &kernel)?;
             let total = (b * h * tp * d / k) as u64;
-            let cfg = LaunchConfig { grid_dim: (total.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: (total.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
             let [b, t, tp, h, dw, stride, offset] = [b, t, tp, h, d / k, stride / k, offset / k].map(|v| v as u32);
             let to_heads = to_heads as i32;
             let (src_words, dst_words) = (src.len() / k, dst.len() / k);
@@ -260,10 +326,21 @@ mod cuda {
                 ($w:ty) => {{
                     // SAFETY: the same bytes seen as words of k elements (fresh allocations and the
                     // checked lengths give the alignment).
-                    let sw = unsafe { src.transmute::<$w>(src_words) }.ok_or_else(|| candle_core::Error::Msg("attention: word view".into()))?;
-                    let mut dw_view = unsafe { dst.transmute_mut::<$w>(dst_words) }.ok_or_else(|| candle_core::Error::Msg("attention: word view".into()))?;
+                    let sw = unsafe { src.transmute::<$w>(src_words) }
+                        .ok_or_else(|| candle_core::Error::Msg("attention: word view".into()))?;
+                    let mut dw_view = unsafe { dst.transmute_mut::<$w>(dst_words) }
+                        .ok_or_else(|| candle_core::Error::Msg("attention: word view".into()))?;
                     let mut a = func.builder();
-                    a.arg(&sw).arg(&mut dw_view).arg(&b).arg(&t).arg(&tp).arg(&h).arg(&dw).arg(&stride).arg(&offset).arg(&to_heads);
+                    a.arg(&sw)
+                        .arg(&mut dw_view)
+                        .arg(&b)
+                        .arg(&t)
+                        .arg(&tp)
+                        .arg(&h)
+                        .arg(&dw)
+                        .arg(&stride)
+                        .arg(&offset)
+                        .arg(&to_heads);
                     // SAFETY: argument types and order match the kernel; the views hold b·t·stride
                     // and b·h·tp·d elements.
                     unsafe { func.launch(&mut a, cfg) }?;
@@ -287,7 +364,11 @@ mod cuda {
             let rows = (self.dims.bh() * self.dims.tp) as u64;
             // Eight warps a block, each taking two short rows (lanes_per_row in the source) or one.
             let per_block = if self.dims.tp <= 16 * KEEP_KEYS { 16 } else { 8 };
-            LaunchConfig { grid_dim: (rows.div_ceil(per_block).clamp(1, 1 << 20) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+            LaunchConfig {
+                grid_dim: (rows.div_ceil(per_block).clamp(1, 1 << 20) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            }
         }
     }
 
@@ -337,7 +418,13 @@ mod cuda {
                 Some(bv) => a.arg(bv),
                 None => a.arg(&null),
             };
-            a.arg(&rows).arg(&h32).arg(&t32).arg(&tp32).arg(&r).arg(&code).arg(&scale);
+            a.arg(&rows)
+                .arg(&h32)
+                .arg(&t32)
+                .arg(&tp32)
+                .arg(&r)
+                .arg(&code)
+                .arg(&scale);
             // SAFETY: argument types and order match the kernel; S holds rows·tp, the bias what
             // its mode indexes (checked by the caller), or null when not read.
             unsafe { func.launch(&mut a, kern.warp_rows()) }?;
@@ -354,20 +441,40 @@ mod cuda {
         let dims = kern.dims;
         let Dims { b, t, tp, h, d } = dims;
         let (code, r) = mode.code();
-        let fused = Fused { b, t, h, d, mode: code, r, scale: kern.scale() };
+        let fused = Fused {
+            b,
+            t,
+            h,
+            d,
+            mode: code,
+            r,
+            scale: kern.scale(),
+        };
         if fused.takes(kern.dtype, kern.dev, qkv.1.start_offset()) {
             let mut out = kern.alloc::<T>(b * t * h * d)?;
             let bias = match bias {
                 Some((s, l)) => Some(view::<T>(s, l, "attention's bias")?),
                 None => None,
             };
-            fused.launch(kern.dev, kern.dtype, &view::<T>(qkv.0, qkv.1, "attention")?, bias.as_ref(), &mut out.slice_mut(0..))?;
+            fused.launch(
+                kern.dev,
+                kern.dtype,
+                &view::<T>(qkv.0, qkv.1, "attention")?,
+                bias.as_ref(),
+                &mut out.slice_mut(0..),
+            )?;
             return Ok(CudaStorage::wrap_cuda_slice(out, kern.dev.clone()));
         }
         let f = forward_parts::<T>(kern, qkv, bias, mode)?;
         let o = dims.product((&f.p, 0), (&f.v, 0), (tp, d, tp), false, false)?;
         let mut out = kern.alloc::<T>(b * t * h * d)?;
-        kern.moved(&o.as_cuda_slice::<T>()?.slice(0..), &mut out.slice_mut(0..), h * d, 0, false)?;
+        kern.moved(
+            &o.as_cuda_slice::<T>()?.slice(0..),
+            &mut out.slice_mut(0..),
+            h * d,
+            0,
+            false,
+        )?;
         Ok(CudaStorage::wrap_cuda_slice(out, kern.dev.clone()))
     }
 
@@ -386,7 +493,13 @@ mod cuda {
         let f = forward_parts::<T>(kern, qkv, bias, mode)?;
         let heads_n = bh * tp * d;
         let mut d_o = kern.alloc::<T>(heads_n)?;
-        kern.moved(&view::<T>(g.0, g.1, "attention's gradient")?, &mut d_o.slice_mut(0..), c, 0, true)?;
+        kern.moved(
+            &view::<T>(g.0, g.1, "attention's gradient")?,
+            &mut d_o.slice_mut(0..),
+            c,
+            0,
+            true,
+        )?;
         let d_o = CudaStorage::wrap_cuda_slice(d_o, kern.dev.clone());
         let dv = dims.product((&f.p, 0), (&d_o, 0), (tp, d, tp), true, false)?;
         let dp = dims.product((&d_o, 0), (&f.v, 0), (tp, tp, d), false, true)?;
@@ -406,7 +519,13 @@ mod cuda {
                 None => out.slice_mut(qkv_n..),
             };
             let mut a = func.builder();
-            a.arg(&pv).arg(&dpv).arg(&mut dsv).arg(&rows).arg(&t32).arg(&tp32).arg(&scale);
+            a.arg(&pv)
+                .arg(&dpv)
+                .arg(&mut dsv)
+                .arg(&rows)
+                .arg(&t32)
+                .arg(&tp32)
+                .arg(&scale);
             // SAFETY: argument types and order match the kernel; P, dP and dS hold rows·tp.
             unsafe { func.launch(&mut a, kern.warp_rows()) }?;
         }
@@ -430,27 +549,48 @@ mod cuda {
     }
 
     impl Attention {
-        fn run(&self, qkv: (&CudaStorage, &Layout), bias: Option<(&CudaStorage, &Layout)>) -> Result<(CudaStorage, Shape)> {
+        fn run(
+            &self,
+            qkv: (&CudaStorage, &Layout),
+            bias: Option<(&CudaStorage, &Layout)>,
+        ) -> Result<(CudaStorage, Shape)> {
             if !qkv.1.is_contiguous() || bias.is_some_and(|(_, l)| !l.is_contiguous()) {
                 bail!("the attention op takes contiguous tensors")
             }
             let dims = Dims::of(qkv.1, self.heads)?;
-            let kern = Kernels { dev: qkv.0.device(), dims, dtype: qkv.0.dtype() };
+            let kern = Kernels {
+                dev: qkv.0.device(),
+                dims,
+                dtype: qkv.0.dtype(),
+            };
             let out = by_dtype!(qkv.0.dtype(), "attention", T => forward::<T>(&kern, qkv, bias, self.mode)?);
             Ok((out, Shape::from((dims.b, dims.t, dims.h * dims.d))))
         }
 
         /// (dqkv, dbias): the bias's gradient only when `with_ds` (a score bias that takes one).
-        pub(super) fn grads(&self, qkv: &Tensor, bias: Option<&Tensor>, grad: &Tensor, with_ds: bool) -> Result<(Tensor, Option<Tensor>)> {
+        pub(super) fn grads(
+            &self,
+            qkv: &Tensor,
+            bias: Option<&Tensor>,
+            grad: &Tensor,
+            with_ds: bool,
+        ) -> Result<(Tensor, Option<Tensor>)> {
             let with_ds = with_ds && matches!(self.mode, Mode::Scores { .. }) && bias.is_some();
-            let op = AttentionGrad { op: *self, qkv: qkv.clone(), bias: bias.cloned(), with_ds };
+            let op = AttentionGrad {
+                op: *self,
+                qkv: qkv.clone(),
+                bias: bias.cloned(),
+                with_ds,
+            };
             let flat = grad.contiguous()?.apply_op1_no_bwd(&op)?;
             let (b, t, c3) = qkv.dims3()?;
             let dqkv = flat.narrow(0, 0, b * t * c3)?.reshape((b, t, c3))?;
             let dbias = match (self.mode, bias) {
                 (Mode::Scores { repeat }, Some(bias)) if with_ds => {
                     let (h, tp) = (self.heads, t.next_multiple_of(8));
-                    let ds = flat.narrow(0, b * t * c3, b * h * tp * tp)?.reshape((b / repeat, repeat, h, tp, tp))?;
+                    let ds = flat
+                        .narrow(0, b * t * c3, b * h * tp * tp)?
+                        .reshape((b / repeat, repeat, h, tp, tp))?;
                     // dS is the gradient of the unscaled scores; the bias is added after the scale.
                     let sqrt_d = ((c3 / 3 / h) as f64).sqrt();
                     Some((ds.narrow(3, 0, t)?.narrow(4, 0, t)?.sum(0)? * sqrt_d)?.to_dtype(bias.dtype())?)
@@ -486,7 +626,13 @@ mod cuda {
         fn cuda_fwd(&self, s: &CudaStorage, l: &Layout, bs: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
             self.run((s, l), Some((bs, bl)))
         }
-        fn bwd(&self, qkv: &Tensor, bias: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        fn bwd(
+            &self,
+            qkv: &Tensor,
+            bias: &Tensor,
+            _out: &Tensor,
+            grad: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
             let (dqkv, dbias) = self.grads(qkv, Some(bias), grad, bias.track_op())?;
             Ok((Some(dqkv), dbias))
         }
@@ -522,8 +668,13 @@ mod cuda {
             if gl.dims() != [dims.b, dims.t, dims.h * dims.d] || !gl.is_contiguous() {
                 bail!("{what}: a gradient of shape {:?}", gl.dims())
             }
-            let kern = Kernels { dev: g.device(), dims, dtype: g.dtype() };
-            let out = by_dtype!(g.dtype(), what, T => backward::<T>(&kern, qkv, bias, self.op.mode, (g, gl), self.with_ds)?);
+            let kern = Kernels {
+                dev: g.device(),
+                dims,
+                dtype: g.dtype(),
+            };
+            let out =
+                by_dtype!(g.dtype(), what, T => backward::<T>(&kern, qkv, bias, self.op.mode, (g, gl), self.with_ds)?);
             let ds = if self.with_ds { dims.bh() * dims.tp * dims.tp } else { 0 };
             Ok((out, Shape::from(dims.b * dims.t * 3 * dims.h * dims.d + ds)))
         }
@@ -545,7 +696,9 @@ mod tests {
 
     #[test]
     fn equal_scores_average_the_values_and_a_masked_key_drops_out() -> Result<()> {
-        let out = attention(&equal_scores()?, 1, ScoreBias::None)?.flatten_all()?.to_vec1::<f32>()?;
+        let out = attention(&equal_scores()?, 1, ScoreBias::None)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
         for (got, want) in out.iter().zip([2f32, 20., 2., 20., 2., 20.]) {
             assert!((got - want).abs() < 1e-5, "{out:?}");
         }
@@ -554,7 +707,10 @@ mod tests {
         let scores = keys.reshape((1, 1, 1, 3))?.broadcast_as((1, 1, 3, 3))?.contiguous()?;
         for bias in [ScoreBias::Keys(&keys), ScoreBias::Scores(&scores)] {
             let out = attention(&equal_scores()?, 1, bias)?.flatten_all()?.to_vec1::<f32>()?;
-            assert!((out[0] - 1.5).abs() < 1e-5 && (out[1] - 15.0).abs() < 1e-5, "{bias:?}: {out:?}");
+            assert!(
+                (out[0] - 1.5).abs() < 1e-5 && (out[1] - 15.0).abs() < 1e-5,
+                "{bias:?}: {out:?}"
+            );
         }
         Ok(())
     }

@@ -133,11 +133,27 @@ impl CustomOp3 for BatchNorm {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (n, c, hw) = nchw(xl, self.channels_last)?;
         check(c, wbl, sl)?;
-        let saved = cuda::Saved { x: (xs, xl), wb: (wbs, wbl), stats: (ss, sl), res: None, sums: None };
-        Ok((cuda::planes(&saved, None, (n, c, hw), self.eps, self.relu)?, xl.shape().clone()))
+        let saved = cuda::Saved {
+            x: (xs, xl),
+            wb: (wbs, wbl),
+            stats: (ss, sl),
+            res: None,
+            sums: None,
+        };
+        Ok((
+            cuda::planes(&saved, None, (n, c, hw), self.eps, self.relu)?,
+            xl.shape().clone(),
+        ))
     }
 
-    fn bwd(&self, x: &Tensor, wb: &Tensor, stats: &Tensor, y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    fn bwd(
+        &self,
+        x: &Tensor,
+        wb: &Tensor,
+        stats: &Tensor,
+        y: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let grad = grad.contiguous()?;
         let saved = BatchNormGrad {
             eps: self.eps,
@@ -152,7 +168,10 @@ impl CustomOp3 for BatchNorm {
         // [Σ g'·x̂; Σ g'] per channel, g' the gradient through the ReLU: the weight's and bias's
         // gradients, and what the input's needs.
         let sums = grad.apply_op1_no_bwd(&saved)?;
-        let dx = grad.apply_op1_no_bwd(&BatchNormGrad { sums: Some(sums.clone()), ..saved })?;
+        let dx = grad.apply_op1_no_bwd(&BatchNormGrad {
+            sums: Some(sums.clone()),
+            ..saved
+        })?;
         Ok((Some(dx), Some(sums.to_dtype(wb.dtype())?), None))
     }
 }
@@ -172,7 +191,10 @@ impl RunningUpdate {
     fn channels(&self, l: &Layout, sl: &Layout) -> Result<usize> {
         let c = l.shape().elem_count();
         if sl.dims() != [2, c] || self.row > 1 {
-            bail!("running statistics of {c} channels from batch statistics of shape {:?}", sl.dims())
+            bail!(
+                "running statistics of {c} channels from batch statistics of shape {:?}",
+                sl.dims()
+            )
         }
         Ok(c)
     }
@@ -187,11 +209,19 @@ impl InplaceOp2 for RunningUpdate {
         let c = self.channels(l, sl)?;
         let stats = cpu::values(ss, sl)?;
         let stat = &stats[self.row * c..(self.row + 1) * c];
-        cpu::update(dst, l, |r| r.iter().zip(stat).map(|(r, s)| self.keep * r + self.take * s).collect())
+        cpu::update(dst, l, |r| {
+            r.iter().zip(stat).map(|(r, s)| self.keep * r + self.take * s).collect()
+        })
     }
 
     #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, dst: &mut candle_core::CudaStorage, l: &Layout, ss: &candle_core::CudaStorage, sl: &Layout) -> Result<()> {
+    fn cuda_fwd(
+        &self,
+        dst: &mut candle_core::CudaStorage,
+        l: &Layout,
+        ss: &candle_core::CudaStorage,
+        sl: &Layout,
+    ) -> Result<()> {
         let c = self.channels(l, sl)?;
         cuda::running_update(dst, l, (ss, sl), c, self)
     }
@@ -199,7 +229,11 @@ impl InplaceOp2 for RunningUpdate {
 
 fn check(c: usize, wbl: &Layout, sl: &Layout) -> Result<()> {
     if wbl.dims() != [2, c] || sl.dims() != [2, c] {
-        bail!("batch norm over {c} channels with [weight; bias] of shape {:?} and statistics of {:?}", wbl.dims(), sl.dims())
+        bail!(
+            "batch norm over {c} channels with [weight; bias] of shape {:?} and statistics of {:?}",
+            wbl.dims(),
+            sl.dims()
+        )
     }
     Ok(())
 }
@@ -284,8 +318,14 @@ impl CustomOp1 for BatchNormGrad {
             },
         };
         match self.sums {
-            None => Ok((cuda::grad_sums(&saved, (gs, gl), (n, c, hw), self.eps)?, Shape::from((2, c)))),
-            Some(_) => Ok((cuda::planes(&saved, Some((gs, gl)), (n, c, hw), self.eps, self.relu)?, gl.shape().clone())),
+            None => Ok((
+                cuda::grad_sums(&saved, (gs, gl), (n, c, hw), self.eps)?,
+                Shape::from((2, c)),
+            )),
+            Some(_) => Ok((
+                cuda::planes(&saved, Some((gs, gl)), (n, c, hw), self.eps, self.relu)?,
+                gl.shape().clone(),
+            )),
         }
     }
 }
@@ -297,19 +337,29 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CudaStorage, Layout, Result};
 
-    use crate::kernels::launch::{by_dtype, Kernel, name, view, word_elements};
-
-
+    use crate::kernels::launch::{by_dtype, name, view, word_elements, Kernel};
 
     /// One running statistic updated in place from row `u.row` of the batch's statistics.
-    pub(super) fn running_update(dst: &mut CudaStorage, l: &Layout, stats: Arg, c: usize, u: &super::RunningUpdate) -> Result<()> {
+    pub(super) fn running_update(
+        dst: &mut CudaStorage,
+        l: &Layout,
+        stats: Arg,
+        c: usize,
+        u: &super::RunningUpdate,
+    ) -> Result<()> {
         let dev = dst.device().clone();
         let func = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, "bn_running")?;
-        let Some((start, end)) = l.contiguous_offsets() else { bail!("running statistics must be contiguous") };
+        let Some((start, end)) = l.contiguous_offsets() else {
+            bail!("running statistics must be contiguous")
+        };
         let stat = f32_view(stats)?.slice(u.row * c..(u.row + 1) * c);
         let mut running = dst.as_cuda_slice_mut::<f32>()?.slice_mut(start..end);
         let (c32, keep, take) = (c as u32, u.keep as f32, u.take as f32);
-        let cfg = LaunchConfig { grid_dim: ((c32.div_ceil(256)).max(1), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: ((c32.div_ceil(256)).max(1), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut b = func.builder();
         b.arg(&mut running).arg(&stat).arg(&c32).arg(&keep).arg(&take);
         // SAFETY: argument types and order match the kernel; both views hold c f32 values.
@@ -354,7 +404,12 @@ mod cuda {
     /// `hw` elements and every view's start divide into whole. 14x14 planes take 8-byte words in
     /// bf16; 7x7 ones single elements.
     fn plane_word(dtype: candle_core::DType, starts: &[Option<&Layout>], hw: u32) -> usize {
-        let counts: Vec<usize> = starts.iter().flatten().map(|l| l.start_offset()).chain([hw as usize]).collect();
+        let counts: Vec<usize> = starts
+            .iter()
+            .flatten()
+            .map(|l| l.start_offset())
+            .chain([hw as usize])
+            .collect();
         word_elements(dtype.size_in_bytes(), &counts)
     }
 
@@ -380,9 +435,16 @@ mod cuda {
         let starts = [Some(xl), g.map(|a| a.1), y.map(|a| a.1)];
         // Words of v elements along a plane, or across a row's channels.
         let v = plane_word(x.dtype(), &starts, if rows { c } else { hw });
-        let partials = format!("{}_v{v}", name(if rows { "bn_rows_partials" } else { "bn_partials" }, x.dtype()));
+        let partials = format!(
+            "{}_v{v}",
+            name(if rows { "bn_rows_partials" } else { "bn_partials" }, x.dtype())
+        );
         let partials_fn = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, &partials)?;
-        let finish_fn = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, &name("bn_finish", x.dtype()))?;
+        let finish_fn = Kernel::load(
+            &dev,
+            &crate::kernels::sources::BATCH_NORM,
+            &name("bn_finish", x.dtype()),
+        )?;
         // The partial sums' launch, and the chunks of images (rows) they split each channel into, of
         // `per` images (rows) each, the last one fewer.
         let (cfg, per, chunks) = if rows {
@@ -395,14 +457,30 @@ mod cuda {
             let wanted = SUM_BLOCKS.div_ceil(across).clamp(1, n.div_ceil(ly).max(1));
             let per = n.div_ceil(wanted).max(1);
             let chunks = n.div_ceil(per).max(1);
-            (LaunchConfig { grid_dim: (across, chunks, 1), block_dim: (lx, ly, 1), shared_mem_bytes: 0 }, per, chunks)
+            (
+                LaunchConfig {
+                    grid_dim: (across, chunks, 1),
+                    block_dim: (lx, ly, 1),
+                    shared_mem_bytes: 0,
+                },
+                per,
+                chunks,
+            )
         } else {
             // Chunks of images per channel, so that channels × chunks is about SUM_BLOCKS.
             let wanted = SUM_BLOCKS.div_ceil(c).clamp(1, n.max(1));
             let per = n.div_ceil(wanted).max(1);
             let chunks = n.div_ceil(per).max(1);
             let threads = (per * (hw / v as u32)).next_power_of_two().clamp(64, 256);
-            (LaunchConfig { grid_dim: (c, chunks, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }, per, chunks)
+            (
+                LaunchConfig {
+                    grid_dim: (c, chunks, 1),
+                    block_dim: (threads, 1, 1),
+                    shared_mem_bytes: 0,
+                },
+                per,
+                chunks,
+            )
         };
         let pass = g.is_some() as i32;
         let eps = eps as f32;
@@ -442,7 +520,13 @@ mod cuda {
 
     /// The forward normalisation (g None) or the input's gradient: per plane of NCHW, or over rows
     /// of channels where the maps are 1x1 (channels-last tensors, one row a pixel).
-    pub(super) fn planes(s: &Saved, g: Option<Arg>, (n, c, hw): (usize, usize, usize), eps: f64, relu: bool) -> Result<CudaStorage> {
+    pub(super) fn planes(
+        s: &Saved,
+        g: Option<Arg>,
+        (n, c, hw): (usize, usize, usize),
+        eps: f64,
+        relu: bool,
+    ) -> Result<CudaStorage> {
         let x = s.x.0;
         let dev = x.device().clone();
         let (n, c, hw) = dims(n, c, hw)?;
@@ -452,7 +536,11 @@ mod cuda {
         let v = if rows {
             plane_word(x.dtype(), &[Some(s.x.1), g.map(|a| a.1), s.res.map(|a| a.1)], c)
         } else {
-            plane_word(x.dtype(), &[Some(s.x.1), Some(s.wb.1), g.map(|a| a.1), s.res.map(|a| a.1)], hw)
+            plane_word(
+                x.dtype(),
+                &[Some(s.x.1), Some(s.wb.1), g.map(|a| a.1), s.res.map(|a| a.1)],
+                hw,
+            )
         };
         let kernel = format!("{}_v{v}", name(if rows { "bn_rows" } else { "bn_planes" }, x.dtype()));
         let func = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, &kernel)?;
@@ -515,7 +603,15 @@ mod tests {
     /// Training-mode batch norm of x with [w; b], the statistics of x itself.
     fn train(x: &Tensor, wb: &Tensor, relu: bool) -> Result<Tensor> {
         let stats = x.detach().apply_op1_no_bwd(&BatchStats::NCHW)?;
-        x.apply_op3(wb, &stats, BatchNorm { eps: 1e-5, relu, channels_last: false })
+        x.apply_op3(
+            wb,
+            &stats,
+            BatchNorm {
+                eps: 1e-5,
+                relu,
+                channels_last: false,
+            },
+        )
     }
 
     #[test]

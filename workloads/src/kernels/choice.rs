@@ -28,7 +28,10 @@ pub(crate) struct Measured {
 /// within [`TOLERANCE`] of its time that need at least [`MIN_SAVING`] less workspace, the one needing
 /// the least (the faster of equals); None when there is none.
 pub(crate) fn leanest_near_fastest(measured: &[Measured]) -> Option<usize> {
-    let (fastest, f) = measured.iter().enumerate().min_by(|(_, a), (_, b)| a.ms.total_cmp(&b.ms))?;
+    let (fastest, f) = measured
+        .iter()
+        .enumerate()
+        .min_by(|(_, a), (_, b)| a.ms.total_cmp(&b.ms))?;
     let bound = f.ms * (1.0 + TOLERANCE);
     let leaner = measured
         .iter()
@@ -49,7 +52,12 @@ mod tests {
     #[test]
     fn keeps_the_fastest_when_every_leaner_one_is_too_slow() {
         // ResNet-50's first 3x3 convolution at batch 128 (f32, on the H100): FFT tiling wins by 29%.
-        let found = [m(0.590, 160_432_128), m(0.731, 463_011_840), m(0.830, 1024), m(1.382, 0)];
+        let found = [
+            m(0.590, 160_432_128),
+            m(0.731, 463_011_840),
+            m(0.830, 1024),
+            m(1.382, 0),
+        ];
         assert_eq!(leanest_near_fastest(&found), Some(0));
     }
 
@@ -59,7 +67,12 @@ mod tests {
         let found = [m(0.153, 47_185_920), m(0.164, 2048), m(0.231, 0), m(0.442, 614_596_608)];
         assert_eq!(leanest_near_fastest(&found), Some(1));
         // The strided one at batch 128: GEMM (220 MiB) within 6% of FFT tiling (544 MiB).
-        let found = [m(1.049, 570_425_344), m(1.114, 231_211_008), m(1.292, 1024), m(1.430, 0)];
+        let found = [
+            m(1.049, 570_425_344),
+            m(1.114, 231_211_008),
+            m(1.292, 1024),
+            m(1.430, 0),
+        ];
         assert_eq!(leanest_near_fastest(&found), Some(1));
     }
 

@@ -61,12 +61,17 @@ pub(crate) fn grads(x: &Tensor, w: &Tensor, dy: &Tensor, input_grad: bool) -> Re
     let k = w.dim(0)?;
     let dy = dy.reshape((n, k, h * ww))?;
     let w2 = w.detach().reshape((k, c))?;
-    let dx = if input_grad { Some(w2.t()?.broadcast_as((n, c, k))?.matmul(&dy)?.reshape((n, c, h, ww))?) } else { None };
+    let dx = if input_grad {
+        Some(w2.t()?.broadcast_as((n, c, k))?.matmul(&dy)?.reshape((n, c, h, ww))?)
+    } else {
+        None
+    };
     // Per image dy[n] · x[n]ᵀ, then the sum over images as column sums of [n, k·c] in f32
     // (candle's sum over a leading dimension is a slow strided reduction; measured:
     // docs/kernels.md#conv1x1).
     let xt = x.detach().reshape((n, c, h * ww))?.transpose(1, 2)?;
     let per_image = dy.matmul(&xt)?.reshape((n, k * c))?;
-    let dw = super::elementwise::cuda::bias_grad(super::elementwise::BiasAxis::Last, &per_image)?.reshape((k, c, 1, 1))?;
+    let dw =
+        super::elementwise::cuda::bias_grad(super::elementwise::BiasAxis::Last, &per_image)?.reshape((k, c, 1, 1))?;
     Ok((dx, dw))
 }

@@ -39,7 +39,14 @@ pub fn conv2d(x: &Tensor, w: &Tensor, padding: usize, stride: usize) -> Result<T
 /// its backward pass: for ops that run convolutions inside their own backward pass (a ResNet block
 /// as one op, `models::residual`). CUDA devices built with cuDNN only.
 #[cfg(feature = "cudnn")]
-pub fn conv2d_grads(x: &Tensor, w: &Tensor, dy: &Tensor, padding: usize, stride: usize, input_grad: bool) -> Result<(Option<Tensor>, Tensor)> {
+pub fn conv2d_grads(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    padding: usize,
+    stride: usize,
+    input_grad: bool,
+) -> Result<(Option<Tensor>, Tensor)> {
     let (x, w, dy) = (x.contiguous()?, w.contiguous()?, dy.contiguous()?);
     if padding == 0 && stride == 1 && w.rank() == 4 && w.dims()[2..] == [1, 1] {
         return super::conv1x1::grads(&x, &w, &dy, input_grad);
@@ -228,7 +235,10 @@ pub(crate) mod cudnn {
             }
             let h = dnn::create_handle().map_err(|e| candle_core::Error::Msg(format!("cuDNN handle: {e:?}")))?;
             // SAFETY: a fresh handle and the live stream candle launches on.
-            check(unsafe { dnn::set_stream(h, stream.cu_stream() as sys::cudaStream_t) }, "set stream")?;
+            check(
+                unsafe { dnn::set_stream(h, stream.cu_stream() as sys::cudaStream_t) },
+                "set stream",
+            )?;
             self.handles.insert(id, h);
             Ok(h)
         }
@@ -258,9 +268,15 @@ pub(crate) mod cudnn {
         unsafe {
             check(dnn::set_tensor4d_descriptor(x, fmt, storage, key.x), "x descriptor")?;
             check(dnn::set_tensor4d_descriptor(y, fmt, storage, y_dims), "y descriptor")?;
-            check(dnn::set_filter4d_descriptor(wd, storage, fmt, key.w), "filter descriptor")?;
+            check(
+                dnn::set_filter4d_descriptor(wd, storage, fmt, key.w),
+                "filter descriptor",
+            )?;
             let mode = sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION;
-            check(dnn::set_convolution2d_descriptor(conv, pad, pad, stride, stride, 1, 1, mode, compute), "conv descriptor")?;
+            check(
+                dnn::set_convolution2d_descriptor(conv, pad, pad, stride, stride, 1, 1, mode, compute),
+                "conv descriptor",
+            )?;
             check(dnn::set_convolution_math_type(conv, math), "math type")?;
         }
         // Of the algorithms cuDNN measured that succeeded within the workspace bound, the fastest or
@@ -280,13 +296,26 @@ pub(crate) mod cudnn {
                 // MIGPROF_CUDNN_LOG=1: what cuDNN measured, to see why an algorithm was chosen.
                 if std::env::var_os("MIGPROF_CUDNN_LOG").is_some() {
                     for p in &perf[..count as usize] {
-                        eprintln!("cudnn {} {key:?}: {:?} {:?} {:.3} ms, {} B workspace, {:?}", $what, p.algo, p.status, p.time, p.memory, p.mathType);
+                        eprintln!(
+                            "cudnn {} {key:?}: {:?} {:?} {:.3} ms, {} B workspace, {:?}",
+                            $what, p.algo, p.status, p.time, p.memory, p.mathType
+                        );
                     }
                 }
-                let usable: Vec<_> = perf[..count as usize].iter().filter(|p| p.status == ok && p.memory <= MAX_WORKSPACE).collect();
-                let measured: Vec<_> = usable.iter().map(|p| Measured { ms: p.time, workspace: p.memory }).collect();
+                let usable: Vec<_> = perf[..count as usize]
+                    .iter()
+                    .filter(|p| p.status == ok && p.memory <= MAX_WORKSPACE)
+                    .collect();
+                let measured: Vec<_> = usable
+                    .iter()
+                    .map(|p| Measured {
+                        ms: p.time,
+                        workspace: p.memory,
+                    })
+                    .collect();
                 let p = leanest_near_fastest(&measured).map(|i| usable[i]);
-                let p = p.ok_or_else(|| candle_core::Error::Msg(format!("cuDNN has no {} algorithm for {key:?}", $what)))?;
+                let p =
+                    p.ok_or_else(|| candle_core::Error::Msg(format!("cuDNN has no {} algorithm for {key:?}", $what)))?;
                 (Algo::$variant(p.algo), p.mathType, p.memory)
             }};
         }
@@ -310,7 +339,15 @@ pub(crate) mod cudnn {
                 "backward-filter"
             ),
         };
-        Ok(Prepared { x, w: wd, y, conv, algo, math, workspace })
+        Ok(Prepared {
+            x,
+            w: wd,
+            y,
+            conv,
+            algo,
+            math,
+            workspace,
+        })
     }
 
     fn dims4(l: &Layout) -> Result<[i32; 4]> {
@@ -320,14 +357,30 @@ pub(crate) mod cudnn {
 
     /// Runs one pass. `a` and `b` are the op's inputs (forward: x, w; backward data: dy, w; backward
     /// filter: x, dy); the result has `out_shape`.
-    fn launch(pass: Pass, params: ConvParams, x_dims: [i32; 4], w_dims: [i32; 4], a: (&CudaStorage, &Layout), b: (&CudaStorage, &Layout), out_shape: Shape) -> Result<(CudaStorage, Shape)> {
+    fn launch(
+        pass: Pass,
+        params: ConvParams,
+        x_dims: [i32; 4],
+        w_dims: [i32; 4],
+        a: (&CudaStorage, &Layout),
+        b: (&CudaStorage, &Layout),
+        out_shape: Shape,
+    ) -> Result<(CudaStorage, Shape)> {
         if !a.1.is_contiguous() || !b.1.is_contiguous() {
             bail!("the cuDNN convolution takes contiguous tensors")
         }
         let dev = a.0.device().clone();
         let dtype = a.0.dtype();
         let tf32 = crate::precision::tf32_allowed();
-        let key = Key { pass, stream: stream_id(&dev), dtype, tf32, x: x_dims, w: w_dims, params };
+        let key = Key {
+            pass,
+            stream: stream_id(&dev),
+            dtype,
+            tf32,
+            x: x_dims,
+            w: w_dims,
+            params,
+        };
         let out = match dtype {
             DType::F32 => run::<f32>(&dev, key, a, b, &out_shape)?,
             DType::BF16 => run::<half::bf16>(&dev, key, a, b, &out_shape)?,
@@ -337,14 +390,23 @@ pub(crate) mod cudnn {
         Ok((out, out_shape))
     }
 
-    fn run<T: CudaDType + cudarc::driver::DeviceRepr>(dev: &CudaDevice, key: Key, a: (&CudaStorage, &Layout), b: (&CudaStorage, &Layout), out_shape: &Shape) -> Result<CudaStorage> {
+    fn run<T: CudaDType + cudarc::driver::DeviceRepr>(
+        dev: &CudaDevice,
+        key: Key,
+        a: (&CudaStorage, &Layout),
+        b: (&CudaStorage, &Layout),
+        out_shape: &Shape,
+    ) -> Result<CudaStorage> {
         let stream = dev.cuda_stream();
         let a_slice = a.0.as_cuda_slice::<T>()?.slice(a.1.start_offset()..);
         let b_slice = b.0.as_cuda_slice::<T>()?.slice(b.1.start_offset()..);
         // SAFETY: every element is written by the convolution (beta = 0).
         let mut out = unsafe { dev.alloc::<T>(out_shape.elem_count())? };
         let (alpha, beta) = (1f32, 0f32);
-        let (alpha, beta) = (&alpha as *const f32 as *const c_void, &beta as *const f32 as *const c_void);
+        let (alpha, beta) = (
+            &alpha as *const f32 as *const c_void,
+            &beta as *const f32 as *const c_void,
+        );
         let (handle, xd, wd, yd, conv, algo, math, need) = STATE.with(|state| -> Result<_> {
             let mut state = state.borrow_mut();
             let handle = state.handle(dev)?;
@@ -363,13 +425,22 @@ pub(crate) mod cudnn {
             unsafe {
                 check(dnn::set_convolution_math_type(conv, math), "math type")?;
                 match algo {
-                    Algo::Forward(al) => check(dnn::convolution_forward(handle, alpha, xd, ap, wd, bp, conv, al, ws_ptr, need, beta, yd, op), "forward"),
-                    Algo::BackwardData(al) => {
-                        check(dnn::convolution_backward_data(handle, alpha, wd, bp, yd, ap, conv, al, ws_ptr, need, beta, xd, op), "backward data")
-                    }
-                    Algo::BackwardFilter(al) => {
-                        check(dnn::convolution_backward_filter(handle, alpha, xd, ap, yd, bp, conv, al, ws_ptr, need, beta, wd, op), "backward filter")
-                    }
+                    Algo::Forward(al) => check(
+                        dnn::convolution_forward(handle, alpha, xd, ap, wd, bp, conv, al, ws_ptr, need, beta, yd, op),
+                        "forward",
+                    ),
+                    Algo::BackwardData(al) => check(
+                        dnn::convolution_backward_data(
+                            handle, alpha, wd, bp, yd, ap, conv, al, ws_ptr, need, beta, xd, op,
+                        ),
+                        "backward data",
+                    ),
+                    Algo::BackwardFilter(al) => check(
+                        dnn::convolution_backward_filter(
+                            handle, alpha, xd, ap, yd, bp, conv, al, ws_ptr, need, beta, wd, op,
+                        ),
+                        "backward filter",
+                    ),
                 }?
             }
         }
@@ -408,11 +479,22 @@ pub(crate) mod cudnn {
             if xd[1] != wd[1] {
                 bail!("conv2d: input has {} channels, the filter expects {}", xd[1], wd[1])
             }
-            let out = Shape::from((xd[0] as usize, wd[0] as usize, out_side(xd[2], wd[2], self.0) as usize, out_side(xd[3], wd[3], self.0) as usize));
+            let out = Shape::from((
+                xd[0] as usize,
+                wd[0] as usize,
+                out_side(xd[2], wd[2], self.0) as usize,
+                out_side(xd[3], wd[3], self.0) as usize,
+            ));
             launch(Pass::Forward, self.0, xd, wd, (x, xl), (w, wl), out)
         }
 
-        fn bwd(&self, x: &Tensor, w: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        fn bwd(
+            &self,
+            x: &Tensor,
+            w: &Tensor,
+            _res: &Tensor,
+            grad: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
             // The input's gradient only where something upstream takes it: not for the images of a
             // stem or patch embedding, which saves cuDNN time every step (measured:
             // docs/kernels.md#conv2d).
@@ -422,9 +504,19 @@ pub(crate) mod cudnn {
     }
 
     /// dx (when `input_grad`) and dw of y = conv2d(x, w) from dy, all contiguous.
-    pub(super) fn grads(x: &Tensor, w: &Tensor, dy: &Tensor, params: ConvParams, input_grad: bool) -> Result<(Option<Tensor>, Tensor)> {
+    pub(super) fn grads(
+        x: &Tensor,
+        w: &Tensor,
+        dy: &Tensor,
+        params: ConvParams,
+        input_grad: bool,
+    ) -> Result<(Option<Tensor>, Tensor)> {
         let (xd, wd) = (dims4(x.layout())?, dims4(w.layout())?);
-        let dx = if input_grad { Some(dy.apply_op2_no_bwd(w, &Conv2dBackwardData(params, xd))?) } else { None };
+        let dx = if input_grad {
+            Some(dy.apply_op2_no_bwd(w, &Conv2dBackwardData(params, xd))?)
+        } else {
+            None
+        };
         let dw = x.apply_op2_no_bwd(dy, &Conv2dBackwardFilter(params, wd))?;
         Ok((dx, dw))
     }
@@ -438,7 +530,13 @@ pub(crate) mod cudnn {
             cpu_refused(self.name())
         }
 
-        fn cuda_fwd(&self, dy: &CudaStorage, dyl: &Layout, w: &CudaStorage, wl: &Layout) -> Result<(CudaStorage, Shape)> {
+        fn cuda_fwd(
+            &self,
+            dy: &CudaStorage,
+            dyl: &Layout,
+            w: &CudaStorage,
+            wl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
             let x = self.1;
             let out = Shape::from((x[0] as usize, x[1] as usize, x[2] as usize, x[3] as usize));
             launch(Pass::BackwardData, self.0, x, dims4(wl)?, (dy, dyl), (w, wl), out)
@@ -454,7 +552,13 @@ pub(crate) mod cudnn {
             cpu_refused(self.name())
         }
 
-        fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, dy: &CudaStorage, dyl: &Layout) -> Result<(CudaStorage, Shape)> {
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            dy: &CudaStorage,
+            dyl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
             let w = self.1;
             let out = Shape::from((w[0] as usize, w[1] as usize, w[2] as usize, w[3] as usize));
             launch(Pass::BackwardFilter, self.0, dims4(xl)?, w, (x, xl), (dy, dyl), out)

@@ -32,7 +32,15 @@ use candle_core::{Result, Tensor};
 /// TF32 stays NCHW, since cuDNN's NHWC engines off the tensor cores were slower than its NCHW ones
 /// and missing for some of ResNet-50's shapes (measured on the lent H100: batch 1 469 against 509–562
 /// samples/s; no engine for the 1x1 convolutions at batch 8).
-pub fn conv_nhwc(x: &Tensor, w: &Tensor, bias: &Tensor, residual: Option<&Tensor>, padding: usize, stride: usize, relu: bool) -> Result<Tensor> {
+pub fn conv_nhwc(
+    x: &Tensor,
+    w: &Tensor,
+    bias: &Tensor,
+    residual: Option<&Tensor>,
+    padding: usize,
+    stride: usize,
+    relu: bool,
+) -> Result<Tensor> {
     cudnn::conv_nhwc(x, w, bias, residual, padding, stride, relu)
 }
 
@@ -45,7 +53,14 @@ pub fn conv_nhwc_train(x: &Tensor, w: &Tensor, padding: usize, stride: usize) ->
 
 /// The gradients of [`conv_nhwc_train`]'s y for its x (when `input_grad`) and its w, from dy: for ops
 /// that run a convolution inside their own backward pass (a ResNet block as one op).
-pub fn conv_nhwc_grads(x: &Tensor, w: &Tensor, dy: &Tensor, padding: usize, stride: usize, input_grad: bool) -> Result<(Option<Tensor>, Tensor)> {
+pub fn conv_nhwc_grads(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    padding: usize,
+    stride: usize,
+    input_grad: bool,
+) -> Result<(Option<Tensor>, Tensor)> {
     cudnn::conv_nhwc_grads(x, w, dy, padding, stride, input_grad)
 }
 
@@ -73,7 +88,9 @@ mod cudnn {
 
     use super::super::choice::{leanest_near_fastest, Measured};
     use super::super::conv2d::cudnn as dnn;
-    use super::super::cudnn_graph::{data_type, Graph, GraphBuilder, Numerics, Plan, Tensor as GraphTensor, VariantPack};
+    use super::super::cudnn_graph::{
+        data_type, Graph, GraphBuilder, Numerics, Plan, Tensor as GraphTensor, VariantPack,
+    };
     use crate::kernels::launch::{by_dtype, refuse_timing_in_capture, stream_id, StreamId};
     use crate::kernels::{add, bias_act, Act, BiasAxis};
 
@@ -133,14 +150,27 @@ mod cudnn {
         fn checked(self) -> Result<Key> {
             let [_, _, oh, ow] = self.y();
             if self.stride < 1 || self.padding < 0 || oh < 1 || ow < 1 {
-                bail!("conv_nhwc: a {}x{} filter, padding {}, stride {} over a {}x{} input", self.w[2], self.w[3], self.padding, self.stride, self.x[2], self.x[3])
+                bail!(
+                    "conv_nhwc: a {}x{} filter, padding {}, stride {} over a {}x{} input",
+                    self.w[2],
+                    self.w[3],
+                    self.padding,
+                    self.stride,
+                    self.x[2],
+                    self.x[3]
+                )
             }
             Ok(self)
         }
 
         fn y(&self) -> [i64; 4] {
             let side = |s: i64, k: i64| (s + 2 * self.padding - k) / self.stride + 1;
-            [self.x[0], self.w[0], side(self.x[2], self.w[2]), side(self.x[3], self.w[3])]
+            [
+                self.x[0],
+                self.w[0],
+                side(self.x[2], self.w[2]),
+                side(self.x[3], self.w[3]),
+            ]
         }
     }
 
@@ -188,7 +218,11 @@ mod cudnn {
                 let mut current = GraphTensor::virtual_of(100, &y);
                 g.conv_forward(&x, &w, &current, key.padding, key.stride)?;
                 for (i, (mode, operand)) in steps.iter().enumerate() {
-                    let out = if i + 1 == steps.len() { GraphTensor::nhwc(Y, dtype, key.y()) } else { GraphTensor::virtual_of(101 + i as i64, &y) };
+                    let out = if i + 1 == steps.len() {
+                        GraphTensor::nhwc(Y, dtype, key.y())
+                    } else {
+                        GraphTensor::virtual_of(101 + i as i64, &y)
+                    };
                     g.pointwise(*mode, &current, *operand, &out)?;
                     current = out;
                 }
@@ -200,7 +234,11 @@ mod cudnn {
         if std::env::var_os("MIGPROF_CUDNN_LOG").is_some() {
             eprintln!("cudnn graph {key:?}: candidates {candidates:?}");
         }
-        Ok(Prepared { candidates, chosen: false, _graph: Some(graph) })
+        Ok(Prepared {
+            candidates,
+            chosen: false,
+            _graph: Some(graph),
+        })
     }
 
     pub(super) fn shapes_prepared() -> usize {
@@ -219,7 +257,11 @@ mod cudnn {
                     if std::env::var_os("MIGPROF_CUDNN_LOG").is_some() {
                         eprintln!("cudnn graph {key:?}: refused: {e}");
                     }
-                    Prepared { candidates: Vec::new(), chosen: false, _graph: None }
+                    Prepared {
+                        candidates: Vec::new(),
+                        chosen: false,
+                        _graph: None,
+                    }
                 });
                 slot.insert(prepared);
             }
@@ -227,25 +269,54 @@ mod cudnn {
         })
     }
 
-    pub(super) fn conv_nhwc(x: &Tensor, w: &Tensor, bias: &Tensor, residual: Option<&Tensor>, padding: usize, stride: usize, relu: bool) -> Result<Tensor> {
+    pub(super) fn conv_nhwc(
+        x: &Tensor,
+        w: &Tensor,
+        bias: &Tensor,
+        residual: Option<&Tensor>,
+        padding: usize,
+        stride: usize,
+        relu: bool,
+    ) -> Result<Tensor> {
         let dev = x.device().as_cuda_device()?.clone();
         let (x, w) = (x.contiguous()?, w.contiguous()?);
         let (n, _, _, c) = x.dims4()?;
-        let mut key = forward_key(&dev, &x, &w, padding, stride, Some(Epilogue { residual: residual.is_some(), relu }))?;
+        let mut key = forward_key(
+            &dev,
+            &x,
+            &w,
+            padding,
+            stride,
+            Some(Epilogue {
+                residual: residual.is_some(),
+                relu,
+            }),
+        )?;
         // The graph reads bias and residual at the shapes the key implies: anything else would be
         // read out of bounds on the device.
         let [_, k, oh, ow] = key.y().map(|v| v as usize);
         if bias.dims() != [k] || residual.is_some_and(|r| r.dims() != [n, oh, ow, k]) {
-            bail!("conv_nhwc: bias {:?} and residual {:?} for an output of [{n}, {oh}, {ow}, {k}]", bias.dims(), residual.map(|r| r.dims().to_vec()))
+            bail!(
+                "conv_nhwc: bias {:?} and residual {:?} for an output of [{n}, {oh}, {ow}, {k}]",
+                bias.dims(),
+                residual.map(|r| r.dims().to_vec())
+            )
         }
         if bias.dtype() != x.dtype() || residual.is_some_and(|r| r.dtype() != x.dtype()) {
-            bail!("conv_nhwc: bias and residual must be of the input's dtype {:?}", x.dtype())
+            bail!(
+                "conv_nhwc: bias and residual must be of the input's dtype {:?}",
+                x.dtype()
+            )
         }
         if !bias.device().same_device(x.device()) || residual.is_some_and(|r| !r.device().same_device(x.device())) {
             bail!("conv_nhwc: bias and residual must be on the input's device")
         }
         if has_engine(&dev, key)? {
-            let op = Conv { key, bias: Some(bias.contiguous()?), residual: residual.map(|t| t.contiguous()).transpose()? };
+            let op = Conv {
+                key,
+                bias: Some(bias.contiguous()?),
+                residual: residual.map(|t| t.contiguous()).transpose()?,
+            };
             return x.apply_op2_no_bwd(&w, &op);
         }
         key.fused = None;
@@ -259,10 +330,21 @@ mod cudnn {
             }
             bail!("cuDNN has no engine for the NHWC convolution {key:?} (MIGPROF_CUDNN_LOG=1 lists what it proposed)")
         }
-        let y = x.apply_op2_no_bwd(&w, &Conv { key, bias: None, residual: None })?;
+        let y = x.apply_op2_no_bwd(
+            &w,
+            &Conv {
+                key,
+                bias: None,
+                residual: None,
+            },
+        )?;
         // The epilogue cuDNN would not fuse, in our kernels: bias (and ReLU when nothing follows),
         // then the residual add with the ReLU.
-        let last = if relu && residual.is_none() { Act::Relu } else { Act::None };
+        let last = if relu && residual.is_none() {
+            Act::Relu
+        } else {
+            Act::None
+        };
         let y = bias_act(&y, bias, BiasAxis::Last, last)?;
         match residual {
             Some(r) => add(&y, r, relu),
@@ -280,8 +362,14 @@ mod cudnn {
 
     /// The device address of a contiguous tensor's first element, which must be 16-byte aligned (the
     /// alignment the graph's tensors declare).
-    fn address<T: CudaDType + DeviceRepr>(s: &CudaStorage, l: &Layout, stream: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>) -> Result<*mut c_void> {
-        let Some((start, end)) = l.contiguous_offsets() else { bail!("conv_nhwc takes contiguous tensors") };
+    fn address<T: CudaDType + DeviceRepr>(
+        s: &CudaStorage,
+        l: &Layout,
+        stream: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
+    ) -> Result<*mut c_void> {
+        let Some((start, end)) = l.contiguous_offsets() else {
+            bail!("conv_nhwc takes contiguous tensors")
+        };
         let view = s.as_cuda_slice::<T>()?.slice(start..end);
         let (ptr, _guard) = view.device_ptr(stream);
         if ptr % 16 != 0 {
@@ -292,7 +380,12 @@ mod cudnn {
 
     /// Runs the key's graph on `inputs` (uid, storage, layout: contiguous, of the key's dtype) into a
     /// new tensor of `out_len` elements, the graph's tensor `out_uid`.
-    fn run_graph(key: &Key, inputs: &[(i64, &CudaStorage, &Layout)], out_uid: i64, out_len: usize) -> Result<CudaStorage> {
+    fn run_graph(
+        key: &Key,
+        inputs: &[(i64, &CudaStorage, &Layout)],
+        out_uid: i64,
+        out_len: usize,
+    ) -> Result<CudaStorage> {
         let dev = inputs[0].1.device().clone();
         let stream = dev.cuda_stream();
         by_dtype!(key.dtype, "the NHWC convolution", T => {
@@ -311,7 +404,9 @@ mod cudnn {
         let handle = dnn::handle(dev)?;
         PREPARED.with(|p| -> Result<()> {
             let mut p = p.borrow_mut();
-            let Some(prepared) = p.get_mut(key) else { bail!("conv_nhwc: {key:?} launched before it was prepared") };
+            let Some(prepared) = p.get_mut(key) else {
+                bail!("conv_nhwc: {key:?} launched before it was prepared")
+            };
             if !prepared.chosen {
                 let i = chosen(dev, handle, &prepared.candidates, tensors, key)?;
                 let plan = prepared.candidates.swap_remove(i);
@@ -328,14 +423,25 @@ mod cudnn {
 
     /// The forward key of a convolution of contiguous x [n, h, w, c] and w [k, r, s, c], with the
     /// epilogue `fused` (None for training's, whose backward passes take the same key).
-    fn forward_key(dev: &CudaDevice, x: &Tensor, w: &Tensor, padding: usize, stride: usize, fused: Option<Epilogue>) -> Result<Key> {
+    fn forward_key(
+        dev: &CudaDevice,
+        x: &Tensor,
+        w: &Tensor,
+        padding: usize,
+        stride: usize,
+        fused: Option<Epilogue>,
+    ) -> Result<Key> {
         let (n, h, wd, c) = x.dims4()?;
         let (k, r, s, fc) = w.dims4()?;
         if c != fc {
             bail!("conv_nhwc: input has {c} channels, the filter expects {fc}")
         }
         if x.dtype() != w.dtype() {
-            bail!("conv_nhwc: input {:?} and filter {:?} differ in dtype", x.dtype(), w.dtype())
+            bail!(
+                "conv_nhwc: input {:?} and filter {:?} differ in dtype",
+                x.dtype(),
+                w.dtype()
+            )
         }
         let dims = |a: [usize; 4]| a.map(|v| v as i64);
         Key {
@@ -355,7 +461,11 @@ mod cudnn {
     /// The passes of the convolution `forward` (its forward pass when `with_forward`, the filter's
     /// gradient, and the input's when `input_grad`) that cuDNN has no engine for.
     fn missing_passes(dev: &CudaDevice, forward: Key, with_forward: bool, input_grad: bool) -> Result<Vec<Pass>> {
-        let passes = [(with_forward, Pass::Forward), (true, Pass::Filter), (input_grad, Pass::Data)];
+        let passes = [
+            (with_forward, Pass::Forward),
+            (true, Pass::Filter),
+            (input_grad, Pass::Data),
+        ];
         let mut missing = Vec::new();
         for (needed, pass) in passes {
             if needed && !has_engine(dev, Key { pass, ..forward })? {
@@ -368,12 +478,39 @@ mod cudnn {
     /// dx (when `input_grad`) and dw of the convolution `forward` of contiguous x and w, from a
     /// contiguous dy, each pass's engine found before.
     fn grads(forward: Key, x: &Tensor, w: &Tensor, dy: &Tensor, input_grad: bool) -> Result<(Option<Tensor>, Tensor)> {
-        let dx = if input_grad { Some(dy.apply_op2_no_bwd(w, &ConvGrad { key: Key { pass: Pass::Data, ..forward } })?) } else { None };
-        let dw = x.apply_op2_no_bwd(dy, &ConvGrad { key: Key { pass: Pass::Filter, ..forward } })?;
+        let dx = if input_grad {
+            Some(dy.apply_op2_no_bwd(
+                w,
+                &ConvGrad {
+                    key: Key {
+                        pass: Pass::Data,
+                        ..forward
+                    },
+                },
+            )?)
+        } else {
+            None
+        };
+        let dw = x.apply_op2_no_bwd(
+            dy,
+            &ConvGrad {
+                key: Key {
+                    pass: Pass::Filter,
+                    ..forward
+                },
+            },
+        )?;
         Ok((dx, dw))
     }
 
-    pub(super) fn conv_nhwc_grads(x: &Tensor, w: &Tensor, dy: &Tensor, padding: usize, stride: usize, input_grad: bool) -> Result<(Option<Tensor>, Tensor)> {
+    pub(super) fn conv_nhwc_grads(
+        x: &Tensor,
+        w: &Tensor,
+        dy: &Tensor,
+        padding: usize,
+        stride: usize,
+        input_grad: bool,
+    ) -> Result<(Option<Tensor>, Tensor)> {
         let dev = x.device().as_cuda_device()?.clone();
         let (x, w, dy) = (x.contiguous()?, w.contiguous()?, dy.contiguous()?);
         let forward = forward_key(&dev, &x, &w, padding, stride, None)?;
@@ -398,7 +535,12 @@ mod cudnn {
         // dropped by the pad's own backward.
         let padded = c.next_multiple_of(8);
         if padded != c {
-            return conv_nhwc_train(&xc.pad_with_zeros(3, 0, padded - c)?, &wc.pad_with_zeros(3, 0, padded - c)?, padding, stride);
+            return conv_nhwc_train(
+                &xc.pad_with_zeros(3, 0, padded - c)?,
+                &wc.pad_with_zeros(3, 0, padded - c)?,
+                padding,
+                stride,
+            );
         }
         bail!("cuDNN has no engine for the NHWC convolution's {missing:?} pass(es) of {forward:?} (MIGPROF_CUDNN_LOG=1 lists what it proposed)")
     }
@@ -420,7 +562,10 @@ mod cudnn {
     fn expect(what: &str, l: &Layout, [n, c, h, w]: [i64; 4]) -> Result<()> {
         let want = [n, h, w, c].map(|v| v as usize);
         if l.dims() != want {
-            bail!("conv_nhwc {what}: shape {:?}, the graph was made for {want:?}", l.dims())
+            bail!(
+                "conv_nhwc {what}: shape {:?}, the graph was made for {want:?}",
+                l.dims()
+            )
         }
         Ok(())
     }
@@ -438,7 +583,10 @@ mod cudnn {
             expect("input", xl, self.key.x)?;
             expect("filter", wl, self.key.w)?;
             let [n, k, oh, ow] = self.key.y().map(|v| v as usize);
-            Ok((run_graph(&self.key, &[(X, x, xl), (W, w, wl)], Y, n * oh * ow * k)?, Shape::from((n, oh, ow, k))))
+            Ok((
+                run_graph(&self.key, &[(X, x, xl), (W, w, wl)], Y, n * oh * ow * k)?,
+                Shape::from((n, oh, ow, k)),
+            ))
         }
 
         fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
@@ -464,12 +612,18 @@ mod cudnn {
                 Pass::Data => {
                     expect("output gradient", al, key.y())?;
                     expect("filter", bl, key.w)?;
-                    Ok((run_graph(key, &[(Y, a, al), (W, b, bl)], X, count(key.x))?, shape(key.x)))
+                    Ok((
+                        run_graph(key, &[(Y, a, al), (W, b, bl)], X, count(key.x))?,
+                        shape(key.x),
+                    ))
                 }
                 Pass::Filter => {
                     expect("input", al, key.x)?;
                     expect("output gradient", bl, key.y())?;
-                    Ok((run_graph(key, &[(X, a, al), (Y, b, bl)], W, count(key.w))?, shape(key.w)))
+                    Ok((
+                        run_graph(key, &[(X, a, al), (Y, b, bl)], W, count(key.w))?,
+                        shape(key.w),
+                    ))
                 }
                 Pass::Forward => bail!("conv_nhwc: a forward key {key:?} as a backward pass"),
             }
@@ -479,7 +633,13 @@ mod cudnn {
     /// The candidate to keep for these tensors: the fastest, or a leaner one nearly as fast
     /// (`kernels::choice`), each timed as launched once untimed, then the median of three; any
     /// that fails to launch is skipped.
-    fn chosen(dev: &CudaDevice, handle: sys::cudnnHandle_t, candidates: &[Plan], tensors: &[(i64, *mut c_void)], key: &Key) -> Result<usize> {
+    fn chosen(
+        dev: &CudaDevice,
+        handle: sys::cudnnHandle_t,
+        candidates: &[Plan],
+        tensors: &[(i64, *mut c_void)],
+        key: &Key,
+    ) -> Result<usize> {
         if candidates.len() == 1 {
             return Ok(0);
         }
@@ -510,7 +670,13 @@ mod cudnn {
                 }
             };
             log.push(format!("{plan:?} {ms:.4} ms"));
-            measured.push((i, Measured { ms, workspace: plan.workspace }));
+            measured.push((
+                i,
+                Measured {
+                    ms,
+                    workspace: plan.workspace,
+                },
+            ));
         }
         let chosen = leanest_near_fastest(&measured.iter().map(|(_, m)| *m).collect::<Vec<_>>()).map(|j| measured[j].0);
         if std::env::var_os("MIGPROF_CUDNN_LOG").is_some() {
@@ -518,7 +684,10 @@ mod cudnn {
         }
         match chosen {
             Some(i) => Ok(i),
-            None => bail!("cuDNN could launch none of its engines for the NHWC convolution {key:?}: {}", log.join("; ")),
+            None => bail!(
+                "cuDNN could launch none of its engines for the NHWC convolution {key:?}: {}",
+                log.join("; ")
+            ),
         }
     }
 
@@ -541,7 +710,10 @@ mod cudnn {
                     inputs.push((uid, super::super::launch::cuda(s, "conv_nhwc")?, l));
                 }
             }
-            Ok((run_graph(&self.key, &inputs, Y, n * oh * ow * k)?, Shape::from((n, oh, ow, k))))
+            Ok((
+                run_graph(&self.key, &inputs, Y, n * oh * ow * k)?,
+                Shape::from((n, oh, ow, k)),
+            ))
         }
     }
 }

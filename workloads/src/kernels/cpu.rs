@@ -7,7 +7,9 @@ use candle_core::{bail, CpuStorage, DType, Layout, Result};
 
 /// The elements of a contiguous tensor, in order, as f64.
 pub(crate) fn values(s: &CpuStorage, l: &Layout) -> Result<Vec<f64>> {
-    let Some((start, end)) = l.contiguous_offsets() else { bail!("a custom op takes contiguous tensors") };
+    let Some((start, end)) = l.contiguous_offsets() else {
+        bail!("a custom op takes contiguous tensors")
+    };
     Ok(match s {
         CpuStorage::F64(v) => v[start..end].to_vec(),
         CpuStorage::F32(v) => v[start..end].iter().map(|&x| x as f64).collect(),
@@ -41,7 +43,9 @@ pub(crate) fn accumulation(dtype: DType) -> DType {
 /// Writes `f(old values)` back into a contiguous CPU destination of any float dtype: the CPU side
 /// of our in-place ops.
 pub(crate) fn update(dst: &mut CpuStorage, l: &Layout, f: impl FnOnce(Vec<f64>) -> Vec<f64>) -> Result<()> {
-    let Some((start, end)) = l.contiguous_offsets() else { bail!("an in-place op updates contiguous tensors") };
+    let Some((start, end)) = l.contiguous_offsets() else {
+        bail!("an in-place op updates contiguous tensors")
+    };
     let new = storage(f(values(dst, l)?), dst.dtype())?;
     match (dst, new) {
         (CpuStorage::F64(d), CpuStorage::F64(n)) => d[start..end].copy_from_slice(&n),

@@ -21,7 +21,9 @@ use sys::cudnnBackendAttributeType_t as Type;
 use sys::cudnnBackendDescriptorType_t as Kind;
 
 fn check(status: sys::cudnnStatus_t, what: &str) -> Result<()> {
-    status.result().map_err(|e| candle_core::Error::Msg(format!("cuDNN graph API, {what}: {e:?}")))
+    status
+        .result()
+        .map_err(|e| candle_core::Error::Msg(format!("cuDNN graph API, {what}: {e:?}")))
 }
 
 /// One backend descriptor, destroyed when dropped.
@@ -86,14 +88,25 @@ impl Descriptor {
     pub(crate) fn new(kind: Kind) -> Result<Self> {
         let mut raw = std::ptr::null_mut();
         // SAFETY: cuDNN writes the new descriptor into `raw`.
-        check(unsafe { sys::cudnnBackendCreateDescriptor(kind, &mut raw) }, &format!("create {kind:?}"))?;
+        check(
+            unsafe { sys::cudnnBackendCreateDescriptor(kind, &mut raw) },
+            &format!("create {kind:?}"),
+        )?;
         Ok(Self { raw, kind })
     }
 
     /// Sets an attribute to `values` (one element or an array).
     pub(crate) fn set<T: Element>(&mut self, name: Attr, values: &[T]) -> Result<&mut Self> {
         // SAFETY: `values` holds `len` elements of the type named by T::TYPE; cuDNN copies them.
-        let status = unsafe { sys::cudnnBackendSetAttribute(self.raw, name, T::TYPE, values.len() as i64, values.as_ptr() as *const c_void) };
+        let status = unsafe {
+            sys::cudnnBackendSetAttribute(
+                self.raw,
+                name,
+                T::TYPE,
+                values.len() as i64,
+                values.as_ptr() as *const c_void,
+            )
+        };
         check(status, &format!("set {name:?} of {:?}", self.kind))?;
         Ok(self)
     }
@@ -103,14 +116,25 @@ impl Descriptor {
         let raw: Vec<sys::cudnnBackendDescriptor_t> = values.iter().map(|d| d.raw).collect();
         // SAFETY: as `set`; the descriptors outlive the call, and the caller keeps them alive as long
         // as this one (cuDNN may keep references).
-        let status = unsafe { sys::cudnnBackendSetAttribute(self.raw, name, Type::CUDNN_TYPE_BACKEND_DESCRIPTOR, raw.len() as i64, raw.as_ptr() as *const c_void) };
+        let status = unsafe {
+            sys::cudnnBackendSetAttribute(
+                self.raw,
+                name,
+                Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                raw.len() as i64,
+                raw.as_ptr() as *const c_void,
+            )
+        };
         check(status, &format!("set {name:?} of {:?}", self.kind))?;
         Ok(self)
     }
 
     pub(crate) fn finalize(self) -> Result<Self> {
         // SAFETY: a live descriptor; its attributes were set above.
-        check(unsafe { sys::cudnnBackendFinalize(self.raw) }, &format!("finalize {:?}", self.kind))?;
+        check(
+            unsafe { sys::cudnnBackendFinalize(self.raw) },
+            &format!("finalize {:?}", self.kind),
+        )?;
         Ok(self)
     }
 
@@ -131,7 +155,16 @@ impl Descriptor {
         let mut count = 0i64;
         // SAFETY: room for `capacity` elements of T::TYPE; cuDNN writes at most that many and says
         // how many it wrote.
-        let status = unsafe { sys::cudnnBackendGetAttribute(self.raw, name, T::TYPE, capacity as i64, &mut count, out.as_mut_ptr() as *mut c_void) };
+        let status = unsafe {
+            sys::cudnnBackendGetAttribute(
+                self.raw,
+                name,
+                T::TYPE,
+                capacity as i64,
+                &mut count,
+                out.as_mut_ptr() as *mut c_void,
+            )
+        };
         check(status, &format!("get {name:?} of {:?}", self.kind))?;
         out.truncate(count.clamp(0, capacity as i64) as usize);
         Ok(out)
@@ -143,7 +176,16 @@ impl Descriptor {
         let mut raw: Vec<sys::cudnnBackendDescriptor_t> = into.iter().map(|d| d.raw).collect();
         let mut count = 0i64;
         // SAFETY: `raw` holds live descriptors of the attribute's kind, which cuDNN fills in place.
-        let status = unsafe { sys::cudnnBackendGetAttribute(self.raw, name, Type::CUDNN_TYPE_BACKEND_DESCRIPTOR, raw.len() as i64, &mut count, raw.as_mut_ptr() as *mut c_void) };
+        let status = unsafe {
+            sys::cudnnBackendGetAttribute(
+                self.raw,
+                name,
+                Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                raw.len() as i64,
+                &mut count,
+                raw.as_mut_ptr() as *mut c_void,
+            )
+        };
         check(status, &format!("get {name:?} of {:?}", self.kind))?;
         Ok(count.clamp(0, into.len() as i64) as usize)
     }
@@ -183,11 +225,23 @@ pub(crate) struct Tensor {
 impl Tensor {
     /// (N, C, H, W) stored as NHWC.
     pub(crate) fn nhwc(uid: i64, dtype: sys::cudnnDataType_t, [n, c, h, w]: [i64; 4]) -> Self {
-        Self { uid, dtype, dims: [n, c, h, w], strides: [h * w * c, 1, w * c, c], virtual_: false }
+        Self {
+            uid,
+            dtype,
+            dims: [n, c, h, w],
+            strides: [h * w * c, 1, w * c, c],
+            virtual_: false,
+        }
     }
 
     pub(crate) fn virtual_of(uid: i64, like: &Tensor) -> Self {
-        Self { uid, dtype: sys::cudnnDataType_t::CUDNN_DATA_FLOAT, dims: like.dims, strides: like.strides, virtual_: true }
+        Self {
+            uid,
+            dtype: sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            dims: like.dims,
+            strides: like.strides,
+            virtual_: true,
+        }
     }
 
     pub(crate) fn build(&self) -> Result<Descriptor> {
@@ -218,7 +272,11 @@ pub(crate) struct GraphBuilder {
 
 impl GraphBuilder {
     pub(crate) fn new() -> Self {
-        Self { tensors: Vec::new(), ops: Vec::new(), parts: Vec::new() }
+        Self {
+            tensors: Vec::new(),
+            ops: Vec::new(),
+            parts: Vec::new(),
+        }
     }
 
     /// Adds a tensor (once per uid) and returns its index.
@@ -233,19 +291,33 @@ impl GraphBuilder {
     /// A 2-D cross-correlation with the same padding and stride on both axes, accumulated in f32.
     fn convolution(padding: i64, stride: i64) -> Result<Descriptor> {
         let mut conv = Descriptor::new(Kind::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
-        conv.set(Attr::CUDNN_ATTR_CONVOLUTION_COMP_TYPE, &[sys::cudnnDataType_t::CUDNN_DATA_FLOAT])?
-            .set(Attr::CUDNN_ATTR_CONVOLUTION_CONV_MODE, &[sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION])?
-            .set(Attr::CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, &[2i64])?
-            .set(Attr::CUDNN_ATTR_CONVOLUTION_DILATIONS, &[1i64, 1])?
-            .set(Attr::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, &[stride, stride])?
-            .set(Attr::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, &[padding, padding])?
-            .set(Attr::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, &[padding, padding])?;
+        conv.set(
+            Attr::CUDNN_ATTR_CONVOLUTION_COMP_TYPE,
+            &[sys::cudnnDataType_t::CUDNN_DATA_FLOAT],
+        )?
+        .set(
+            Attr::CUDNN_ATTR_CONVOLUTION_CONV_MODE,
+            &[sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION],
+        )?
+        .set(Attr::CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, &[2i64])?
+        .set(Attr::CUDNN_ATTR_CONVOLUTION_DILATIONS, &[1i64, 1])?
+        .set(Attr::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, &[stride, stride])?
+        .set(Attr::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, &[padding, padding])?
+        .set(Attr::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, &[padding, padding])?;
         conv.finalize()
     }
 
     /// One convolution operation of `kind`: its three tensors, each under its attribute, then the
     /// convolution under `conv_desc` and alpha = 1, beta = 0 under `scale`'s two attributes.
-    fn convolution_op(&mut self, kind: Kind, tensors: [(Attr, &Tensor); 3], conv_desc: Attr, scale: [Attr; 2], padding: i64, stride: i64) -> Result<()> {
+    fn convolution_op(
+        &mut self,
+        kind: Kind,
+        tensors: [(Attr, &Tensor); 3],
+        conv_desc: Attr,
+        scale: [Attr; 2],
+        padding: i64,
+        stride: i64,
+    ) -> Result<()> {
         let mut ids = Vec::with_capacity(tensors.len());
         for (attr, t) in tensors {
             ids.push((attr, self.tensor(t)?));
@@ -255,31 +327,61 @@ impl GraphBuilder {
         for (attr, i) in ids {
             op.set_descriptors(attr, &[&self.tensors[i].1])?;
         }
-        op.set_descriptors(conv_desc, &[&conv])?.set(scale[0], &[1f32])?.set(scale[1], &[0f32])?;
+        op.set_descriptors(conv_desc, &[&conv])?
+            .set(scale[0], &[1f32])?
+            .set(scale[1], &[0f32])?;
         self.ops.push(op.finalize()?);
         self.parts.push(conv);
         Ok(())
     }
 
     /// dx = the gradient of conv(x, w) for x, from dy (what cuDNN calls backward data).
-    pub(crate) fn conv_backward_data(&mut self, dy: &Tensor, w: &Tensor, dx: &Tensor, padding: i64, stride: i64) -> Result<()> {
+    pub(crate) fn conv_backward_data(
+        &mut self,
+        dy: &Tensor,
+        w: &Tensor,
+        dx: &Tensor,
+        padding: i64,
+        stride: i64,
+    ) -> Result<()> {
         self.convolution_op(
             Kind::CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
-            [(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, dy), (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w), (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, dx)],
+            [
+                (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, dy),
+                (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w),
+                (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, dx),
+            ],
             Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
-            [Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA],
+            [
+                Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+                Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA,
+            ],
             padding,
             stride,
         )
     }
 
     /// dw = the gradient of conv(x, w) for w, from x and dy (what cuDNN calls backward filter).
-    pub(crate) fn conv_backward_filter(&mut self, x: &Tensor, dy: &Tensor, dw: &Tensor, padding: i64, stride: i64) -> Result<()> {
+    pub(crate) fn conv_backward_filter(
+        &mut self,
+        x: &Tensor,
+        dy: &Tensor,
+        dw: &Tensor,
+        padding: i64,
+        stride: i64,
+    ) -> Result<()> {
         self.convolution_op(
             Kind::CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
-            [(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, x), (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, dy), (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, dw)],
+            [
+                (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, x),
+                (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, dy),
+                (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, dw),
+            ],
             Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
-            [Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA],
+            [
+                Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+                Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA,
+            ],
             padding,
             stride,
         )
@@ -290,21 +392,37 @@ impl GraphBuilder {
     pub(crate) fn conv_forward(&mut self, x: &Tensor, w: &Tensor, y: &Tensor, padding: i64, stride: i64) -> Result<()> {
         self.convolution_op(
             Kind::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
-            [(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x), (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w), (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y)],
+            [
+                (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x),
+                (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w),
+                (Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y),
+            ],
             Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
-            [Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA],
+            [
+                Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+                Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
+            ],
             padding,
             stride,
         )
     }
 
     /// y = mode(x[, b]) elementwise in f32, b broadcast where its dims are 1.
-    pub(crate) fn pointwise(&mut self, mode: sys::cudnnPointwiseMode_t, x: &Tensor, b: Option<&Tensor>, y: &Tensor) -> Result<()> {
+    pub(crate) fn pointwise(
+        &mut self,
+        mode: sys::cudnnPointwiseMode_t,
+        x: &Tensor,
+        b: Option<&Tensor>,
+        y: &Tensor,
+    ) -> Result<()> {
         let xi = self.tensor(x)?;
         let bi = b.map(|b| self.tensor(b)).transpose()?;
         let yi = self.tensor(y)?;
         let mut pw = Descriptor::new(Kind::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
-        pw.set(Attr::CUDNN_ATTR_POINTWISE_MODE, &[mode])?.set(Attr::CUDNN_ATTR_POINTWISE_MATH_PREC, &[sys::cudnnDataType_t::CUDNN_DATA_FLOAT])?;
+        pw.set(Attr::CUDNN_ATTR_POINTWISE_MODE, &[mode])?.set(
+            Attr::CUDNN_ATTR_POINTWISE_MATH_PREC,
+            &[sys::cudnnDataType_t::CUDNN_DATA_FLOAT],
+        )?;
         let pw = pw.finalize()?;
         let mut op = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)?;
         op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &[&pw])?
@@ -321,7 +439,9 @@ impl GraphBuilder {
     pub(crate) fn finish(self, handle: sys::cudnnHandle_t) -> Result<Graph> {
         let mut graph = Descriptor::new(Kind::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
         let ops: Vec<&Descriptor> = self.ops.iter().collect();
-        graph.set_descriptors(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, &ops)?.set(Attr::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, &[handle])?;
+        graph
+            .set_descriptors(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, &ops)?
+            .set(Attr::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, &[handle])?;
         let graph = graph.finalize()?;
         // Dropped in this order, each before what it references: the graph, its ops, their
         // convolution and pointwise descriptors, the tensors.
@@ -353,7 +473,11 @@ pub(crate) struct Plan {
 
 impl std::fmt::Debug for Plan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "engine {} ({:?}, workspace {} B)", self.engine, self.numerics, self.workspace)
+        write!(
+            f,
+            "engine {} ({:?}, workspace {} B)",
+            self.engine, self.numerics, self.workspace
+        )
     }
 }
 
@@ -361,13 +485,24 @@ impl Graph {
     /// The plans cuDNN's heuristics (mode A) propose for this graph that finalize, whose numerics
     /// `allowed` accepts and whose workspace is at most `max_workspace` bytes, in the heuristics'
     /// order, at most `limit`.
-    pub(crate) fn plans(&self, handle: sys::cudnnHandle_t, limit: usize, max_workspace: usize, allowed: impl Fn(Numerics) -> bool) -> Result<Vec<Plan>> {
+    pub(crate) fn plans(
+        &self,
+        handle: sys::cudnnHandle_t,
+        limit: usize,
+        max_workspace: usize,
+        allowed: impl Fn(Numerics) -> bool,
+    ) -> Result<Vec<Plan>> {
         let mut heur = Descriptor::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
         heur.set_descriptors(Attr::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[&self.graph])?
-            .set(Attr::CUDNN_ATTR_ENGINEHEUR_MODE, &[sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A])?;
+            .set(
+                Attr::CUDNN_ATTR_ENGINEHEUR_MODE,
+                &[sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A],
+            )?;
         let heur = heur.finalize()?;
         let count = heur.count(Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS, Type::CUDNN_TYPE_BACKEND_DESCRIPTOR)?;
-        let configs = (0..count).map(|_| Descriptor::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)).collect::<Result<Vec<_>>>()?;
+        let configs = (0..count)
+            .map(|_| Descriptor::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
+            .collect::<Result<Vec<_>>>()?;
         let filled = heur.get_descriptors(Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS, &configs)?;
         let mut plans = Vec::new();
         for config in configs.into_iter().take(filled) {
@@ -380,24 +515,44 @@ impl Graph {
             }
             use sys::cudnnBackendNumericalNote_t as N;
             // Room for every note the bindings know and as many again that they may not.
-            let notes: Vec<Note> = engine.get(Attr::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, 2 * N::CUDNN_NUMERICAL_NOTE_TYPE_COUNT as usize)?;
+            let notes: Vec<Note> = engine.get(
+                Attr::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                2 * N::CUDNN_NUMERICAL_NOTE_TYPE_COUNT as usize,
+            )?;
             let any = |n: N| notes.iter().any(|note| note.is(n));
             let numerics = Numerics {
                 tensor_cores: any(N::CUDNN_NUMERICAL_NOTE_TENSOR_CORE),
-                narrowed: any(N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) || any(N::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION),
+                narrowed: any(N::CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)
+                    || any(N::CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION),
             };
             if !allowed(numerics) {
                 continue;
             }
-            let index = engine.get::<i64>(Attr::CUDNN_ATTR_ENGINE_GLOBAL_INDEX, 1)?.first().copied().unwrap_or(-1);
+            let index = engine
+                .get::<i64>(Attr::CUDNN_ATTR_ENGINE_GLOBAL_INDEX, 1)?
+                .first()
+                .copied()
+                .unwrap_or(-1);
             let mut plan = Descriptor::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
-            plan.set(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, &[handle])?.set_descriptors(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&config])?;
+            plan.set(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, &[handle])?
+                .set_descriptors(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&config])?;
             let Some(plan) = plan.try_finalize() else { continue };
-            let workspace = plan.get::<i64>(Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, 1)?.first().copied().unwrap_or(0).max(0) as usize;
+            let workspace = plan
+                .get::<i64>(Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, 1)?
+                .first()
+                .copied()
+                .unwrap_or(0)
+                .max(0) as usize;
             if workspace > max_workspace {
                 continue;
             }
-            plans.push(Plan { plan, workspace, engine: index, numerics, _config: config });
+            plans.push(Plan {
+                plan,
+                workspace,
+                engine: index,
+                numerics,
+                _config: config,
+            });
         }
         Ok(plans)
     }
@@ -410,7 +565,12 @@ impl Plan {
     /// # Safety
     /// Every pointer addresses a live device buffer of its tensor's size and type, the workspace one
     /// of at least `self.workspace` bytes, all on the handle's device, until the launched work ends.
-    pub(crate) unsafe fn execute(&self, handle: sys::cudnnHandle_t, tensors: &[(i64, *mut c_void)], workspace: *mut c_void) -> Result<()> {
+    pub(crate) unsafe fn execute(
+        &self,
+        handle: sys::cudnnHandle_t,
+        tensors: &[(i64, *mut c_void)],
+        workspace: *mut c_void,
+    ) -> Result<()> {
         let pack = VariantPack::new(tensors, workspace)?;
         // SAFETY: as the caller promises.
         unsafe { self.execute_pack(handle, &pack) }
@@ -423,7 +583,10 @@ impl Plan {
     /// As [`Self::execute`], for the pack's pointers.
     pub(crate) unsafe fn execute_pack(&self, handle: sys::cudnnHandle_t, pack: &VariantPack) -> Result<()> {
         // SAFETY: a finalized plan and pack; the buffers are as the caller promises.
-        check(unsafe { sys::cudnnBackendExecute(handle, self.plan.raw, pack.0.raw) }, &format!("execute {self:?}"))
+        check(
+            unsafe { sys::cudnnBackendExecute(handle, self.plan.raw, pack.0.raw) },
+            &format!("execute {self:?}"),
+        )
     }
 }
 

@@ -74,7 +74,13 @@ pub fn bias_act_over(x: Tensor, b: &Tensor, axis: BiasAxis, act: Act) -> Result<
 /// storage alone (a residual block's last output, to which the shortcut is added).
 pub fn add_over(x: Tensor, z: &Tensor, relu: bool) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if x.device().is_cuda() && x.is_contiguous() && !x.track_op() && !z.track_op() && x.dims() == z.dims() && x.dtype() == z.dtype() {
+    if x.device().is_cuda()
+        && x.is_contiguous()
+        && !x.track_op()
+        && !z.track_op()
+        && x.dims() == z.dims()
+        && x.dtype() == z.dtype()
+    {
         x.inplace_op2(&z.contiguous()?, &cuda::AddAct { relu })?;
         return Ok(x);
     }
@@ -126,10 +132,19 @@ mod tests {
         let scores = Tensor::arange(0f32, 48., &Device::Cpu)?.reshape((4, 2, 3, 2))?;
         // [windows = 2, heads, n, n] against [batch * windows = 4, ...]: repeats every 2.
         let bias = Tensor::arange(0f32, 24., &Device::Cpu)?.reshape((2, 2, 3, 2))?;
-        let want = scores.reshape((2, 2, 2, 3, 2))?.broadcast_add(&bias.unsqueeze(0)?)?.reshape((4, 2, 3, 2))?;
-        assert_eq!(add_repeating(&scores, &bias)?.flatten_all()?.to_vec1::<f32>()?, want.flatten_all()?.to_vec1::<f32>()?);
+        let want = scores
+            .reshape((2, 2, 2, 3, 2))?
+            .broadcast_add(&bias.unsqueeze(0)?)?
+            .reshape((4, 2, 3, 2))?;
+        assert_eq!(
+            add_repeating(&scores, &bias)?.flatten_all()?.to_vec1::<f32>()?,
+            want.flatten_all()?.to_vec1::<f32>()?
+        );
         // [1, heads, n, n] and a BERT-style [batch, 1, 1, n] mask go as broadcasting does.
-        for b in [Tensor::ones((1, 2, 3, 2), DType::F32, &Device::Cpu)?, Tensor::ones((4, 1, 1, 2), DType::F32, &Device::Cpu)?] {
+        for b in [
+            Tensor::ones((1, 2, 3, 2), DType::F32, &Device::Cpu)?,
+            Tensor::ones((4, 1, 1, 2), DType::F32, &Device::Cpu)?,
+        ] {
             let want = scores.broadcast_add(&b)?.flatten_all()?.to_vec1::<f32>()?;
             assert_eq!(add_repeating(&scores, &b)?.flatten_all()?.to_vec1::<f32>()?, want);
         }
@@ -146,7 +161,6 @@ pub(crate) mod cuda {
 
     use super::{Act, BiasAxis};
     use crate::kernels::launch::{self, Kernel};
-
 
     /// What is added before the activation.
     #[derive(Debug, Clone, Copy, PartialEq)]
@@ -201,14 +215,18 @@ pub(crate) mod cuda {
         /// The pass into a new buffer.
         fn run(&self) -> Result<CudaStorage> {
             let n = self.checked_len()?;
-            launch::by_dtype!(self.x.0.dtype(), "the bias kernel", T => self.typed::<T>(n, false)).map(|out| out.expect("a new buffer"))
+            launch::by_dtype!(self.x.0.dtype(), "the bias kernel", T => self.typed::<T>(n, false))
+                .map(|out| out.expect("a new buffer"))
         }
 
         /// The pass written over x itself (each thread reads its elements before writing them), x
         /// contiguous. The caller holds x's buffer alone (see [`BiasAct::over`]).
         fn run_over_x(&self) -> Result<()> {
             if !self.x.1.is_contiguous() {
-                bail!("an elementwise pass written over x needs x contiguous, not of layout {:?}", self.x.1)
+                bail!(
+                    "an elementwise pass written over x needs x contiguous, not of layout {:?}",
+                    self.x.1
+                )
             }
             let n = self.checked_len()?;
             launch::by_dtype!(self.x.0.dtype(), "the bias kernel", T => self.typed::<T>(n, true)).map(|_| ())
@@ -217,7 +235,10 @@ pub(crate) mod cuda {
         fn checked_len(&self) -> Result<usize> {
             let n = self.x.1.shape().elem_count();
             if n > u32::MAX as usize || self.len == 0 {
-                bail!("bias kernel: {n} elements in rows of {} is empty or more than it indexes", self.len)
+                bail!(
+                    "bias kernel: {n} elements in rows of {} is empty or more than it indexes",
+                    self.len
+                )
             }
             Ok(n)
         }
@@ -225,27 +246,48 @@ pub(crate) mod cuda {
         fn typed<T: CudaDType + DeviceRepr>(&self, n: usize, over_x: bool) -> Result<Option<CudaStorage>> {
             let what = "the bias kernel";
             let x = launch::view::<T>(self.x.0, self.x.1, what)?;
-            let (b, y, g) = (opt_view::<T>(self.b, what)?, opt_view::<T>(self.y, what)?, opt_view::<T>(self.g, what)?);
+            let (b, y, g) = (
+                opt_view::<T>(self.b, what)?,
+                opt_view::<T>(self.y, what)?,
+                opt_view::<T>(self.g, what)?,
+            );
             // 16-byte words where every view starts on one and planes hold whole words.
             let size = std::mem::size_of::<T>();
-            let starts = [Some(self.x.1), self.b.map(|a| a.1), self.y.map(|a| a.1), self.g.map(|a| a.1)];
+            let starts = [
+                Some(self.x.1),
+                self.b.map(|a| a.1),
+                self.y.map(|a| a.1),
+                self.g.map(|a| a.1),
+            ];
             let mut counts: Vec<usize> = starts.iter().flatten().map(|l| l.start_offset()).chain([n]).collect();
             // A last-axis bias is read as b[j..j + V] from one row; a channel bias may straddle planes.
             if let Addend::Columns = self.addend {
                 counts.push(self.len);
             }
-            let v = if launch::whole_words(size, &counts) { 16 / size } else { 1 };
+            let v = if launch::whole_words(size, &counts) {
+                16 / size
+            } else {
+                1
+            };
             let dev = self.x.0.device().clone();
             let kernel = format!("{}_v{v}", launch::name("elementwise", self.x.0.dtype()));
             let func = Kernel::load(&dev, &crate::kernels::sources::ELEMENTWISE, &kernel)?;
             // SAFETY: the kernel writes every element.
-            let out = if over_x { None } else { Some(unsafe { dev.alloc::<T>(n)? }) };
+            let out = if over_x {
+                None
+            } else {
+                Some(unsafe { dev.alloc::<T>(n)? })
+            };
             let stream = dev.cuda_stream();
             // x's address as the output, its guard held across the launch (with cudarc's events on,
             // its event then follows the kernel that writes x).
             let x_guarded = over_x.then(|| x.device_ptr(&stream));
             let x_ptr = x_guarded.as_ref().map(|(ptr, _)| *ptr);
-            let cfg = LaunchConfig { grid_dim: (((n / v) as u32).div_ceil(256).clamp(1, 1 << 20), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: (((n / v) as u32).div_ceil(256).clamp(1, 1 << 20), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
             let channels = match self.addend {
                 Addend::Channels(c) => c as u32,
                 _ => 1,
@@ -290,7 +332,9 @@ pub(crate) mod cuda {
         /// (plane length, addend) of an x of `dims` and a bias of `bias` elements.
         fn geometry(&self, dims: &[usize], bias: usize) -> Result<(usize, Addend)> {
             let (len, addend, channels) = match self.axis {
-                BiasAxis::Channels if dims.len() >= 2 => (dims[2..].iter().product(), Addend::Channels(dims[1]), dims[1]),
+                BiasAxis::Channels if dims.len() >= 2 => {
+                    (dims[2..].iter().product(), Addend::Channels(dims[1]), dims[1])
+                }
                 BiasAxis::Last if !dims.is_empty() => (dims[dims.len() - 1], Addend::Columns, dims[dims.len() - 1]),
                 _ => bail!("bias add: an input of shape {dims:?} has no {:?} axis", self.axis),
             };
@@ -306,7 +350,15 @@ pub(crate) mod cuda {
                 bail!("bias add: x is {:?}, the bias {:?}", x.0.dtype(), b.0.dtype())
             }
             let (len, addend) = self.geometry(x.1.dims(), b.1.shape().elem_count())?;
-            Ok(Pass { x, b: Some(b), y: None, g: None, len, addend, act: self.act })
+            Ok(Pass {
+                x,
+                b: Some(b),
+                y: None,
+                g: None,
+                len,
+                addend,
+                act: self.act,
+            })
         }
 
         /// act(v + b) written over v: after a GEMM whose product nothing else reads (a linear
@@ -357,7 +409,12 @@ pub(crate) mod cuda {
         let grad = grad.contiguous()?;
         match op.act {
             Act::None => Ok(grad),
-            _ => grad.apply_op1_no_bwd(&ActGrad { act: op.act, bias: Some((op, b.clone())), x: x.clone(), y: y.clone() }),
+            _ => grad.apply_op1_no_bwd(&ActGrad {
+                act: op.act,
+                bias: Some((op, b.clone())),
+                x: x.clone(),
+                y: y.clone(),
+            }),
         }
     }
 
@@ -371,7 +428,11 @@ pub(crate) mod cuda {
             }
             BiasAxis::Last => {
                 let partial = dv.apply_op1_no_bwd(&ColumnSums)?;
-                let sums = if partial.dim(0)? == 1 { partial.squeeze(0)? } else { partial.sum(0)? };
+                let sums = if partial.dim(0)? == 1 {
+                    partial.squeeze(0)?
+                } else {
+                    partial.sum(0)?
+                };
                 sums.to_dtype(dv.dtype())
             }
         }
@@ -393,7 +454,16 @@ pub(crate) mod cuda {
 
         fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
             let len = *xl.dims().last().unwrap_or(&1);
-            let out = Pass { x: (x, xl), b: None, y: None, g: None, len, addend: Addend::None, act: self.0 }.run()?;
+            let out = Pass {
+                x: (x, xl),
+                b: None,
+                y: None,
+                g: None,
+                len,
+                addend: Addend::None,
+                act: self.0,
+            }
+            .run()?;
             Ok((out, xl.shape().clone()))
         }
 
@@ -401,7 +471,12 @@ pub(crate) mod cuda {
             let grad = grad.contiguous()?;
             Ok(Some(match self.0 {
                 Act::None => grad,
-                act => grad.apply_op1_no_bwd(&ActGrad { act, bias: None, x: x.clone(), y: y.clone() })?,
+                act => grad.apply_op1_no_bwd(&ActGrad {
+                    act,
+                    bias: None,
+                    x: x.clone(),
+                    y: y.clone(),
+                })?,
             }))
         }
     }
@@ -431,7 +506,12 @@ pub(crate) mod cuda {
             let (y, yl) = self.y.storage_and_layout();
             let b = self.bias.as_ref().map(|(_, b)| b.storage_and_layout());
             if xl.shape() != gl.shape() || yl.shape() != gl.shape() {
-                bail!("{what}: x {:?}, y {:?} and the gradient {:?} must agree", xl.dims(), yl.dims(), gl.dims())
+                bail!(
+                    "{what}: x {:?}, y {:?} and the gradient {:?} must agree",
+                    xl.dims(),
+                    yl.dims(),
+                    gl.dims()
+                )
             }
             let (len, addend) = match (&self.bias, &b) {
                 (Some((op, _)), Some((_, bl))) => op.geometry(gl.dims(), bl.shape().elem_count())?,
@@ -441,7 +521,15 @@ pub(crate) mod cuda {
                 Some((s, l)) => Some((launch::cuda(s, what)?, *l)),
                 None => None,
             };
-            let pass = Pass { x: (launch::cuda(&x, what)?, xl), b, y: Some((launch::cuda(&y, what)?, yl)), g: Some((g, gl)), len, addend, act: self.act };
+            let pass = Pass {
+                x: (launch::cuda(&x, what)?, xl),
+                b,
+                y: Some((launch::cuda(&y, what)?, yl)),
+                g: Some((g, gl)),
+                len,
+                addend,
+                act: self.act,
+            };
             Ok((pass.run()?, gl.shape().clone()))
         }
     }
@@ -472,7 +560,11 @@ pub(crate) mod cuda {
             let kernel = launch::name("column_sums", x.dtype());
             let func = Kernel::load(&dev, &crate::kernels::sources::ELEMENTWISE, &kernel)?;
             let threads = 256u32;
-            let cfg = LaunchConfig { grid_dim: (blocks as u32, (cols as u32).div_ceil(threads), 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, (cols as u32).div_ceil(threads), 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            };
             let (r, c) = (rows as u32, cols as u32);
             // SAFETY: every (block, column) is written.
             let out = unsafe { dev.alloc::<f32>(blocks * cols)? };
@@ -501,7 +593,15 @@ pub(crate) mod cuda {
             }
             let act = if self.relu { Act::Relu } else { Act::None };
             let len = *x.1.dims().last().unwrap_or(&1);
-            Ok(Pass { x, b: Some(z), y: None, g: None, len, addend: Addend::Same, act })
+            Ok(Pass {
+                x,
+                b: Some(z),
+                y: None,
+                g: None,
+                len,
+                addend: Addend::Same,
+                act,
+            })
         }
     }
 
@@ -518,7 +618,13 @@ pub(crate) mod cuda {
             Ok((self.pass((x, xl), (z, zl))?.run()?, xl.shape().clone()))
         }
 
-        fn bwd(&self, _x: &Tensor, _z: &Tensor, res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        fn bwd(
+            &self,
+            _x: &Tensor,
+            _z: &Tensor,
+            res: &Tensor,
+            grad: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
             let grad = if self.relu { relu_grad(grad, res)? } else { grad.clone() };
             Ok((Some(grad.clone()), Some(grad)))
         }
@@ -545,6 +651,11 @@ pub(crate) mod cuda {
     pub(crate) fn relu_grad(grad: &Tensor, res: &Tensor) -> Result<Tensor> {
         let res = res.contiguous()?;
         // A ReLU's gradient reads only y; y stands in for x.
-        grad.contiguous()?.apply_op1_no_bwd(&ActGrad { act: Act::Relu, bias: None, x: res.clone(), y: res })
+        grad.contiguous()?.apply_op1_no_bwd(&ActGrad {
+            act: Act::Relu,
+            bias: None,
+            x: res.clone(),
+            y: res,
+        })
     }
 }

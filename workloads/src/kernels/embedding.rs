@@ -16,7 +16,10 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
     let flat = ids.flatten_all()?;
     #[cfg(feature = "cuda")]
     if table.device().is_cuda() {
-        return table.contiguous()?.apply_op2(&flat.contiguous()?, cuda::Embedding)?.reshape(dims);
+        return table
+            .contiguous()?
+            .apply_op2(&flat.contiguous()?, cuda::Embedding)?
+            .reshape(dims);
     }
     table.index_select(&flat, 0)?.reshape(dims)
 }
@@ -27,8 +30,7 @@ pub(crate) mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
-    use crate::kernels::launch::{by_dtype, Kernel, name, view};
-
+    use crate::kernels::launch::{by_dtype, name, view, Kernel};
 
     /// Rows of a [rows, d] table by [n] u32 ids: [n, d].
     #[derive(Debug, Clone, Copy)]
@@ -47,7 +49,12 @@ pub(crate) mod cuda {
 
     /// The forward gather from `table` ([rows, d]), or with `g` the backward's f32 sums; the backward
     /// does not read the table, and is given g in its place.
-    fn launch(table: (&CudaStorage, &Layout), rows: usize, ids: (&CudaStorage, &Layout), g: Option<(&CudaStorage, &Layout)>) -> Result<CudaStorage> {
+    fn launch(
+        table: (&CudaStorage, &Layout),
+        rows: usize,
+        ids: (&CudaStorage, &Layout),
+        g: Option<(&CudaStorage, &Layout)>,
+    ) -> Result<CudaStorage> {
         let (d, n) = dims(rows, table.1, ids.1)?;
         if ids.0.dtype() != DType::U32 {
             bail!("embedding ids must be u32, not {:?}", ids.0.dtype())
@@ -55,7 +62,11 @@ pub(crate) mod cuda {
         let dev = table.0.device().clone();
         let kernel = name("embedding", table.0.dtype());
         let func = Kernel::load(&dev, &crate::kernels::sources::EMBEDDING, &kernel)?;
-        let cfg = LaunchConfig { grid_dim: (((n * d) as u32).div_ceil(256).clamp(1, 1 << 20), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (((n * d) as u32).div_ceil(256).clamp(1, 1 << 20), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let (n32, d32) = (n as u32, d as u32);
         let idv = view::<u32>(ids.0, ids.1, "embedding ids")?;
         let null = 0u64;
@@ -100,8 +111,16 @@ pub(crate) mod cuda {
             Ok((launch((t, tl), rows, (i, il), None)?, Shape::from((n, d))))
         }
 
-        fn bwd(&self, table: &Tensor, ids: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-            let dt = grad.contiguous()?.apply_op2_no_bwd(&ids.detach(), &EmbeddingGrad { rows: table.dim(0)? })?;
+        fn bwd(
+            &self,
+            table: &Tensor,
+            ids: &Tensor,
+            _out: &Tensor,
+            grad: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+            let dt = grad
+                .contiguous()?
+                .apply_op2_no_bwd(&ids.detach(), &EmbeddingGrad { rows: table.dim(0)? })?;
             Ok((Some(dt.to_dtype(table.dtype())?), None))
         }
     }
@@ -123,7 +142,10 @@ pub(crate) mod cuda {
 
         fn cuda_fwd(&self, g: &CudaStorage, gl: &Layout, i: &CudaStorage, il: &Layout) -> Result<(CudaStorage, Shape)> {
             let d = gl.shape().dims2()?.1;
-            Ok((launch((g, gl), self.rows, (i, il), Some((g, gl)))?, Shape::from((self.rows, d))))
+            Ok((
+                launch((g, gl), self.rows, (i, il), Some((g, gl)))?,
+                Shape::from((self.rows, d)),
+            ))
         }
     }
 }

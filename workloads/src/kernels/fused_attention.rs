@@ -99,7 +99,11 @@ impl Fused {
     /// kernel options ask for composed attention.
     pub(crate) fn takes(&self, dtype: DType, dev: &CudaDevice, qkv_start: usize) -> bool {
         let unfused = crate::kernels::KernelOptions::active().attention == crate::kernels::options::Attention::Composed;
-        let capable = dev.cuda_stream().context().compute_capability().is_ok_and(|(major, _)| major >= 8);
+        let capable = dev
+            .cuda_stream()
+            .context()
+            .compute_capability()
+            .is_ok_and(|(major, _)| major >= 8);
         let head = match dtype {
             DType::BF16 | DType::F16 => matches!(self.d, 32 | 64 | 128),
             DType::F32 => matches!(self.d, 32 | 64),
@@ -122,7 +126,14 @@ impl Fused {
             return self.launch_as(dev, &kernel, QUERIES_PER_BLOCK, qkv, bias, out);
         }
         let simt = |queries: usize, out: &mut CudaViewMut<T>| {
-            self.launch_as(dev, &format!("attn_fused_f32_d{}_q{queries}", self.d), queries, qkv, bias, out)
+            self.launch_as(
+                dev,
+                &format!("attn_fused_f32_d{}_q{queries}", self.d),
+                queries,
+                qkv,
+                bias,
+                out,
+            )
         };
         let queries = match self.simt_queries(dev) {
             Some(queries) => queries,
@@ -142,11 +153,21 @@ impl Fused {
     /// The f32 kernel's block size for this shape: the pinned one, else the one timed at its first
     /// launch, else None.
     pub(crate) fn simt_queries(&self, dev: &CudaDevice) -> Option<usize> {
-        SIMT_PINNED.with(Cell::get).or_else(|| SIMT_CHOSEN.with(|c| c.borrow().get(&self.simt_key(dev)).copied()))
+        SIMT_PINNED
+            .with(Cell::get)
+            .or_else(|| SIMT_CHOSEN.with(|c| c.borrow().get(&self.simt_key(dev)).copied()))
     }
 
     fn simt_key(&self, dev: &CudaDevice) -> SimtKey {
-        SimtKey { stream: stream_id(dev), b: self.b, t: self.t, h: self.h, d: self.d, mode: self.mode, r: self.r }
+        SimtKey {
+            stream: stream_id(dev),
+            b: self.b,
+            t: self.t,
+            h: self.h,
+            d: self.d,
+            mode: self.mode,
+            r: self.r,
+        }
     }
 
     /// The block size of [`SIMT_QUERIES`] whose kernel runs this shape fastest (the median of three
@@ -183,9 +204,17 @@ impl Fused {
         // and values in L2.
         let grid = self.b * self.h * blocks;
         if grid > i32::MAX as usize {
-            bail!("fused attention: {}·{}·{blocks} blocks are more than a grid's row holds", self.b, self.h);
+            bail!(
+                "fused attention: {}·{}·{blocks} blocks are more than a grid's row holds",
+                self.b,
+                self.h
+            );
         }
-        let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (grid as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let (t, h, r, mode, scale) = (self.t as u32, self.h as u32, self.r, self.mode, self.scale);
         let null = 0u64;
         let mut a = func.builder();

@@ -56,7 +56,14 @@ pub struct Product {
 impl Product {
     /// One product of A [m, k] (stored [k, m] when `a_t`) and B [k, n] (stored [n, k] when `b_t`).
     pub fn single(m: usize, n: usize, k: usize, a_t: bool, b_t: bool) -> Self {
-        Self { m, n, k, a_t, b_t, batch: 1 }
+        Self {
+            m,
+            n,
+            k,
+            a_t,
+            b_t,
+            batch: 1,
+        }
     }
 }
 
@@ -139,16 +146,30 @@ fn layout(data: sys::cudaDataType, rows: usize, cols: usize, ld: usize) -> Resul
 ///
 /// # Safety
 /// `T` must be the type cuBLASLt documents for `attr`.
-unsafe fn set_desc<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescAttributes_t, value: &T) -> Result<()> {
-    check(lt::set_matmul_desc_attribute(desc, attr, value as *const T as *const c_void, size_of::<T>()), "descriptor attribute")
+unsafe fn set_desc<T>(
+    desc: sys::cublasLtMatmulDesc_t,
+    attr: sys::cublasLtMatmulDescAttributes_t,
+    value: &T,
+) -> Result<()> {
+    check(
+        lt::set_matmul_desc_attribute(desc, attr, value as *const T as *const c_void, size_of::<T>()),
+        "descriptor attribute",
+    )
 }
 
 /// Sets one attribute of a preference to a plain value.
 ///
 /// # Safety
 /// `T` must be the type cuBLASLt documents for `attr`.
-unsafe fn set_pref<T>(pref: sys::cublasLtMatmulPreference_t, attr: sys::cublasLtMatmulPreferenceAttributes_t, value: T) -> Result<()> {
-    check(lt::set_matmul_pref_attribute(pref, attr, &value as *const T as *const c_void, size_of::<T>()), "preference attribute")
+unsafe fn set_pref<T>(
+    pref: sys::cublasLtMatmulPreference_t,
+    attr: sys::cublasLtMatmulPreferenceAttributes_t,
+    value: T,
+) -> Result<()> {
+    check(
+        lt::set_matmul_pref_attribute(pref, attr, &value as *const T as *const c_void, size_of::<T>()),
+        "preference attribute",
+    )
 }
 
 /// Builds the descriptors of one key and asks the heuristic for its algorithm.
@@ -156,12 +177,27 @@ fn build(handle: sys::cublasLtHandle_t, key: Key) -> Result<Plan> {
     use sys::cublasLtMatmulDescAttributes_t as A;
     use sys::cublasLtMatmulPreferenceAttributes_t as P;
     let (data, compute) = types(key.dtype, key.tf32)?;
-    let Product { m, n, k, a_t, b_t, batch } = key.product;
+    let Product {
+        m,
+        n,
+        k,
+        a_t,
+        b_t,
+        batch,
+    } = key.product;
     let desc = lt::create_matmul_desc(compute, sys::cudaDataType_t::CUDA_R_32F).map_err(lt_err("matmul descriptor"))?;
     // cuBLASLt's A is our B: [n, k] column-major is B [k, n] row-major untransposed, and B [n, k]
     // row-major is [k, n] column-major, transposed. Likewise its B is our A.
-    let (lt_a, trans_a) = if b_t { (layout(data, k, n, k)?, 1i32) } else { (layout(data, n, k, n)?, 0) };
-    let (lt_b, trans_b) = if a_t { (layout(data, m, k, m)?, 1i32) } else { (layout(data, k, m, k)?, 0) };
+    let (lt_a, trans_a) = if b_t {
+        (layout(data, k, n, k)?, 1i32)
+    } else {
+        (layout(data, n, k, n)?, 0)
+    };
+    let (lt_b, trans_b) = if a_t {
+        (layout(data, m, k, m)?, 1i32)
+    } else {
+        (layout(data, k, m, k)?, 0)
+    };
     let lt_c = layout(data, n, m, n)?;
     if batch > 1 {
         for (l, stride) in [(lt_a, k * n), (lt_b, m * k), (lt_c, m * n)] {
@@ -170,9 +206,25 @@ fn build(handle: sys::cublasLtHandle_t, key: Key) -> Result<Plan> {
                 use sys::cublasLtMatrixLayoutAttribute_t as L;
                 let count = batch as i32;
                 let what = "batch layout";
-                check(lt::set_matrix_layout_attribute(l, L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count as *const i32 as *const c_void, 4), what)?;
+                check(
+                    lt::set_matrix_layout_attribute(
+                        l,
+                        L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        &count as *const i32 as *const c_void,
+                        4,
+                    ),
+                    what,
+                )?;
                 let stride = stride as i64;
-                check(lt::set_matrix_layout_attribute(l, L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride as *const i64 as *const c_void, 8), what)?;
+                check(
+                    lt::set_matrix_layout_attribute(
+                        l,
+                        L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                        &stride as *const i64 as *const c_void,
+                        8,
+                    ),
+                    what,
+                )?;
             }
         }
     }
@@ -204,14 +256,36 @@ fn build(handle: sys::cublasLtHandle_t, key: Key) -> Result<Plan> {
         }
         let mut found = [std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>(); CANDIDATES];
         let mut count = 0;
-        let status = sys::cublasLtMatmulAlgoGetHeuristic(handle, desc, lt_a, lt_b, lt_c, lt_c, pref, CANDIDATES as i32, found.as_mut_ptr(), &mut count);
+        let status = sys::cublasLtMatmulAlgoGetHeuristic(
+            handle,
+            desc,
+            lt_a,
+            lt_b,
+            lt_c,
+            lt_c,
+            pref,
+            CANDIDATES as i32,
+            found.as_mut_ptr(),
+            &mut count,
+        );
         check(lt::destroy_matmul_pref(pref), "preference")?;
         check(status.result(), "heuristic")?;
         let ok = sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
-        found[..count.max(0) as usize].iter().filter(|r| r.state == ok).map(|r| r.algo).collect::<Vec<_>>()
+        found[..count.max(0) as usize]
+            .iter()
+            .filter(|r| r.state == ok)
+            .map(|r| r.algo)
+            .collect::<Vec<_>>()
     };
-    let Some(&algo) = candidates.first() else { bail!("cuBLASLt has no algorithm for {key:?}") };
-    Ok(Plan { desc, layouts: [lt_a, lt_b, lt_c], candidates, algo })
+    let Some(&algo) = candidates.first() else {
+        bail!("cuBLASLt has no algorithm for {key:?}")
+    };
+    Ok(Plan {
+        desc,
+        layouts: [lt_a, lt_b, lt_c],
+        candidates,
+        algo,
+    })
 }
 
 /// Creates this thread's cuBLASLt handle for the device's stream, with its workspace, if not yet
@@ -255,23 +329,46 @@ pub type Operand<'a> = (&'a CudaStorage, usize);
 /// C = op(A) op(B) (+ bias, then ReLU, per the epilogue) as a new [batch, m, n] tensor's storage.
 /// `bias` holds n values, 16-byte aligned; it is read only when the epilogue adds it (and shared by
 /// the batch).
-pub fn gemm(a: Operand, b: Operand, bias: Option<Operand>, product: Product, epilogue: Epilogue) -> Result<CudaStorage> {
+pub fn gemm(
+    a: Operand,
+    b: Operand,
+    bias: Option<Operand>,
+    product: Product,
+    epilogue: Epilogue,
+) -> Result<CudaStorage> {
     gemm_plus(a, b, bias, None, product, epilogue)
 }
 
 /// As [`gemm`], plus `residual` [m, n] (one product) added before the result is rounded to the
 /// element type: cuBLASLt's D = A B + C with β = 1, so that a residual connection costs no pass of
 /// its own.
-pub fn gemm_plus(a: Operand, b: Operand, bias: Option<Operand>, residual: Option<Operand>, product: Product, epilogue: Epilogue) -> Result<CudaStorage> {
+pub fn gemm_plus(
+    a: Operand,
+    b: Operand,
+    bias: Option<Operand>,
+    residual: Option<Operand>,
+    product: Product,
+    epilogue: Epilogue,
+) -> Result<CudaStorage> {
     let dtype = a.0.dtype();
-    if b.0.dtype() != dtype || bias.is_some_and(|(s, _)| s.dtype() != dtype) || residual.is_some_and(|(s, _)| s.dtype() != dtype) {
-        bail!("cuBLASLt product of {:?} and {:?}: one dtype for A, B, the bias and the residual", dtype, b.0.dtype())
+    if b.0.dtype() != dtype
+        || bias.is_some_and(|(s, _)| s.dtype() != dtype)
+        || residual.is_some_and(|(s, _)| s.dtype() != dtype)
+    {
+        bail!(
+            "cuBLASLt product of {:?} and {:?}: one dtype for A, B, the bias and the residual",
+            dtype,
+            b.0.dtype()
+        )
     }
     if epilogue != Epilogue::None && !bias.is_some_and(|(s, off)| bias_aligned(s.dtype(), off)) {
         bail!("cuBLASLt product: the {epilogue:?} epilogue needs a bias that starts 16 bytes aligned")
     }
     if residual.is_some() && product.batch != 1 {
-        bail!("cuBLASLt product: a residual is added to one product, not a batch of {}", product.batch)
+        bail!(
+            "cuBLASLt product: a residual is added to one product, not a batch of {}",
+            product.batch
+        )
     }
     by_dtype!(dtype, "the cuBLASLt product", T => run::<T>(a, b, bias, residual, product, epilogue))
 }
@@ -280,16 +377,29 @@ pub fn gemm_plus(a: Operand, b: Operand, bias: Option<Operand>, residual: Option
 fn elements<T: CudaDType + DeviceRepr>((s, off): Operand<'_>, len: usize) -> Result<CudaView<'_, T>> {
     let all = s.as_cuda_slice::<T>()?;
     if off + len > all.len() {
-        bail!("cuBLASLt product: an operand of {} elements is read from {off} for {len}", all.len())
+        bail!(
+            "cuBLASLt product: an operand of {} elements is read from {off} for {len}",
+            all.len()
+        )
     }
     Ok(all.slice(off..off + len))
 }
 
-fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>, residual: Option<Operand>, product: Product, epilogue: Epilogue) -> Result<CudaStorage> {
+fn run<T: CudaDType + DeviceRepr>(
+    a: Operand,
+    b: Operand,
+    bias: Option<Operand>,
+    residual: Option<Operand>,
+    product: Product,
+    epilogue: Epilogue,
+) -> Result<CudaStorage> {
     let dev = a.0.device().clone();
     let stream = dev.cuda_stream();
     let batch = product.batch;
-    let (a_s, b_s) = (elements::<T>(a, batch * product.m * product.k)?, elements::<T>(b, batch * product.k * product.n)?);
+    let (a_s, b_s) = (
+        elements::<T>(a, batch * product.m * product.k)?,
+        elements::<T>(b, batch * product.k * product.n)?,
+    );
     let bias_s = match (epilogue, bias) {
         (Epilogue::None, _) | (_, None) => None,
         (_, Some(bias)) => Some(elements::<T>(bias, product.n)?),
@@ -315,13 +425,24 @@ fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>,
             let tf32 = crate::precision::tf32_allowed();
             let c_align = if residual_p.is_some() { alignment(cp) } else { 0 };
             let algorithm = KernelOptions::active().gemm;
-            let key = Key { stream: sid, dtype: a.0.dtype(), tf32, algorithm, product, epilogue, align: [alignment(ap), alignment(bp), c_align] };
+            let key = Key {
+                stream: sid,
+                dtype: a.0.dtype(),
+                tf32,
+                algorithm,
+                product,
+                epilogue,
+                align: [alignment(ap), alignment(bp), c_align],
+            };
             if let std::collections::hash_map::Entry::Vacant(slot) = state.plans.entry(key) {
                 slot.insert(build(handle, key)?);
             }
             let State { plans, workspaces, .. } = &mut *state;
             let plan = plans.get_mut(&key).expect("built above");
-            let (wp, _gw) = workspaces.get_mut(&sid).expect("made with the handle").device_ptr_mut(&stream);
+            let (wp, _gw) = workspaces
+                .get_mut(&sid)
+                .expect("made with the handle")
+                .device_ptr_mut(&stream);
             let [la, lb, lc] = plan.layouts;
             let desc = plan.desc;
             // SAFETY: the plan was built for these shapes, dtype and alignments; the pointers address
@@ -350,7 +471,13 @@ fn run<T: CudaDType + DeviceRepr>(a: Operand, b: Operand, bias: Option<Operand>,
             };
             if let Some((p, _)) = &bias_p {
                 // SAFETY: a device pointer, the attribute's documented type.
-                unsafe { set_desc(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, p)? };
+                unsafe {
+                    set_desc(
+                        desc,
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                        p,
+                    )?
+                };
             }
             if !plan.candidates.is_empty() {
                 plan.algo = fastest(&dev, &std::mem::take(&mut plan.candidates), &launch, &key)?;
@@ -410,10 +537,27 @@ fn describe(algo: &sys::cublasLtMatmulAlgo_t) -> String {
     let get = |attr: C| {
         let (mut v, mut written) = (0u32, 0usize);
         // SAFETY: a u32-sized buffer for attributes cuBLASLt documents as 32-bit integers.
-        let status = unsafe { sys::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, &mut v as *mut u32 as *mut c_void, size_of::<u32>(), &mut written) };
-        if status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS { v.to_string() } else { "?".into() }
+        let status = unsafe {
+            sys::cublasLtMatmulAlgoConfigGetAttribute(
+                algo,
+                attr,
+                &mut v as *mut u32 as *mut c_void,
+                size_of::<u32>(),
+                &mut written,
+            )
+        };
+        if status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            v.to_string()
+        } else {
+            "?".into()
+        }
     };
-    format!("{}/{}/{}", get(C::CUBLASLT_ALGO_CONFIG_ID), get(C::CUBLASLT_ALGO_CONFIG_TILE_ID), get(C::CUBLASLT_ALGO_CONFIG_SPLITK_NUM))
+    format!(
+        "{}/{}/{}",
+        get(C::CUBLASLT_ALGO_CONFIG_ID),
+        get(C::CUBLASLT_ALGO_CONFIG_TILE_ID),
+        get(C::CUBLASLT_ALGO_CONFIG_SPLITK_NUM)
+    )
 }
 
 /// Whether a bias starting at element `offset` of an allocation (cudarc's are 256-byte aligned)

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaStream, CudaView, DeviceRepr, LaunchArgs, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaStream, CudaView, DeviceRepr, LaunchArgs, LaunchConfig,
+};
 use candle_core::cuda_backend::{CudaDType, CudaDevice};
 use candle_core::{bail, CudaStorage, DType, Layout, Result, Storage};
 
@@ -20,7 +22,11 @@ pub(crate) struct Kernel {
 impl Kernel {
     pub(crate) fn load(dev: &CudaDevice, source: &'static Source, name: &str) -> Result<Kernel> {
         let func = dev.get_or_load_custom_func(name, source.module, super::nvrtc::ptx(source)?)?;
-        Ok(Kernel { func: func.into_cuda_function(), stream: dev.cuda_stream(), name: name.to_string() })
+        Ok(Kernel {
+            func: func.into_cuda_function(),
+            stream: dev.cuda_stream(),
+            name: name.to_string(),
+        })
     }
 
     /// The kernel's arguments, pushed in order by the caller.
@@ -99,8 +105,15 @@ pub(crate) fn refuse_timing_in_capture(dev: &CudaDevice, what: std::fmt::Argumen
 /// is captured ([`refuse_timing_in_capture`]).
 pub(crate) fn median_ms(stream: &Arc<CudaStream>, launch: &dyn Fn() -> Result<()>) -> Result<f32> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
-    let cuda = |e: candle_core::cuda_backend::cudarc::driver::DriverError| candle_core::Error::Msg(format!("CUDA event: {e:?}"));
-    let event = || stream.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda);
+    let cuda = |e: candle_core::cuda_backend::cudarc::driver::DriverError| {
+        candle_core::Error::Msg(format!("CUDA event: {e:?}"))
+    };
+    let event = || {
+        stream
+            .context()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda)
+    };
     launch()?;
     let mut times = Vec::with_capacity(3);
     for _ in 0..3 {
@@ -116,8 +129,14 @@ pub(crate) fn median_ms(stream: &Arc<CudaStream>, launch: &dyn Fn() -> Result<()
 }
 
 /// The elements of a contiguous tensor on the device, from its first one.
-pub(crate) fn view<'a, T: CudaDType + DeviceRepr>(s: &'a CudaStorage, l: &Layout, what: &str) -> Result<CudaView<'a, T>> {
-    let Some((start, end)) = l.contiguous_offsets() else { bail!("{what} takes contiguous tensors") };
+pub(crate) fn view<'a, T: CudaDType + DeviceRepr>(
+    s: &'a CudaStorage,
+    l: &Layout,
+    what: &str,
+) -> Result<CudaView<'a, T>> {
+    let Some((start, end)) = l.contiguous_offsets() else {
+        bail!("{what} takes contiguous tensors")
+    };
     Ok(s.as_cuda_slice::<T>()?.slice(start..end))
 }
 
@@ -134,7 +153,12 @@ pub(crate) fn cuda<'a>(s: &'a Storage, what: &str) -> Result<&'a CudaStorage> {
 /// count divides whole: row lengths and start offsets, in elements of `size` bytes. Our kernels move
 /// data in such words where every view they touch allows it.
 pub(crate) fn word_elements(size: usize, counts: &[usize]) -> usize {
-    [16, 8, 4, 2].into_iter().filter(|&w| w >= size).map(|w| w / size).find(|&k| counts.iter().all(|c| c % k == 0)).unwrap_or(1)
+    [16, 8, 4, 2]
+        .into_iter()
+        .filter(|&w| w >= size)
+        .map(|w| w / size)
+        .find(|&k| counts.iter().all(|c| c % k == 0))
+        .unwrap_or(1)
 }
 
 /// Whether every count (row lengths, start offsets) of `size`-byte elements is whole 16-byte words.

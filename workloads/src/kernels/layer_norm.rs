@@ -28,7 +28,10 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor
 
 /// Rows of a tensor seen as [rows, cols], cols its last dimension.
 fn rows_cols(l: &Layout) -> Result<(usize, usize)> {
-    let cols = *l.dims().last().ok_or_else(|| candle_core::Error::Msg("a row op on a scalar".into()))?;
+    let cols = *l
+        .dims()
+        .last()
+        .ok_or_else(|| candle_core::Error::Msg("a row op on a scalar".into()))?;
     if cols == 0 {
         bail!("a row op on rows of length 0")
     }
@@ -62,7 +65,11 @@ impl CustomOp3 for LayerNorm {
         let mut y = Vec::with_capacity(x.len());
         for row in x.chunks(cols) {
             let (mean, rstd) = row_stats(row, self.eps);
-            y.extend(row.iter().zip(w.iter().zip(&b)).map(|(x, (w, b))| (x - mean) * rstd * w + b));
+            y.extend(
+                row.iter()
+                    .zip(w.iter().zip(&b))
+                    .map(|(x, (w, b))| (x - mean) * rstd * w + b),
+            );
         }
         Ok((cpu::storage(y, xs.dtype())?, xl.shape().clone()))
     }
@@ -79,15 +86,48 @@ impl CustomOp3 for LayerNorm {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (rows, cols) = rows_cols(xl)?;
         check_params(cols, wl.shape().elem_count(), bl.shape().elem_count())?;
-        let out = cuda::layer_norm(cuda::LnArgs { x: (xs, xl), w: (ws, wl), third: (bs, bl), rows, cols, eps: self.eps }, cuda::LnPass::Forward)?;
+        let out = cuda::layer_norm(
+            cuda::LnArgs {
+                x: (xs, xl),
+                w: (ws, wl),
+                third: (bs, bl),
+                rows,
+                cols,
+                eps: self.eps,
+            },
+            cuda::LnPass::Forward,
+        )?;
         Ok((out, xl.shape().clone()))
     }
 
-    fn bwd(&self, x: &Tensor, w: &Tensor, _b: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let g = grad.contiguous()?;
-        let dx = x.apply_op3_no_bwd(w, &g, &LayerNormGrad { eps: self.eps, params: false })?;
+        let dx = x.apply_op3_no_bwd(
+            w,
+            &g,
+            &LayerNormGrad {
+                eps: self.eps,
+                params: false,
+            },
+        )?;
         // [blocks, 2, cols] sums of g·x̂ and of g, one row pair per block of rows.
-        let partial = x.apply_op3_no_bwd(w, &g, &LayerNormGrad { eps: self.eps, params: true })?.sum(0)?;
+        let partial = x
+            .apply_op3_no_bwd(
+                w,
+                &g,
+                &LayerNormGrad {
+                    eps: self.eps,
+                    params: true,
+                },
+            )?
+            .sum(0)?;
         let dw = partial.get(0)?.to_dtype(w.dtype())?;
         let db = partial.get(1)?.to_dtype(w.dtype())?;
         Ok((Some(dx), Some(dw), Some(db)))
@@ -171,10 +211,20 @@ impl CustomOp3 for LayerNormGrad {
         gl: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (rows, cols) = rows_cols(xl)?;
-        let args = cuda::LnArgs { x: (xs, xl), w: (ws, wl), third: (gs, gl), rows, cols, eps: self.eps };
+        let args = cuda::LnArgs {
+            x: (xs, xl),
+            w: (ws, wl),
+            third: (gs, gl),
+            rows,
+            cols,
+            eps: self.eps,
+        };
         if self.params {
             let blocks = cuda::param_blocks(rows);
-            Ok((cuda::layer_norm(args, cuda::LnPass::ParamSums { blocks })?, Shape::from((blocks, 2, cols))))
+            Ok((
+                cuda::layer_norm(args, cuda::LnPass::ParamSums { blocks })?,
+                Shape::from((blocks, 2, cols)),
+            ))
         } else {
             Ok((cuda::layer_norm(args, cuda::LnPass::InputGrad)?, xl.shape().clone()))
         }
@@ -188,12 +238,10 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CudaStorage, Layout, Result};
 
-    use crate::kernels::launch::{by_dtype, Kernel, name, view, whole_words};
-
+    use crate::kernels::launch::{by_dtype, name, view, whole_words, Kernel};
 
     /// Elements of a row each layer-norm thread keeps (PER in the source).
     const PER: usize = 8;
-
 
     fn rows_u32(rows: usize, cols: usize) -> Result<(u32, u32)> {
         if rows * cols > u32::MAX as usize {
@@ -228,14 +276,25 @@ mod cuda {
     /// the rows and tensors suit it: whole words per row, every tensor starting on a word.
     fn warp_words(a: &LnArgs) -> Option<usize> {
         let size = a.x.0.dtype().size_in_bytes();
-        let counts = [a.cols, a.x.1.start_offset(), a.w.1.start_offset(), a.third.1.start_offset()];
+        let counts = [
+            a.cols,
+            a.x.1.start_offset(),
+            a.w.1.start_offset(),
+            a.third.1.start_offset(),
+        ];
         let per_lane = (a.cols * size).div_ceil(16 * 32);
-        whole_words(size, &counts).then_some(per_lane).and_then(|n| [4, 8].into_iter().find(|&w| n <= w))
+        whole_words(size, &counts)
+            .then_some(per_lane)
+            .and_then(|n| [4, 8].into_iter().find(|&w| n <= w))
     }
 
     pub(super) fn layer_norm(a: LnArgs, pass: LnPass) -> Result<CudaStorage> {
         let Some(threads) = crate::kernels::nvrtc::row_threads(a.cols, PER) else {
-            bail!("layer norm over {} features: the kernel takes at most {}", a.cols, PER * 1024)
+            bail!(
+                "layer norm over {} features: the kernel takes at most {}",
+                a.cols,
+                PER * 1024
+            )
         };
         let dev = a.x.0.device().clone();
         let (rows, cols) = rows_u32(a.rows, a.cols)?;
@@ -258,8 +317,16 @@ mod cuda {
         let eps = a.eps as f32;
         let cfg = match warp {
             // Eight rows (warps) per block.
-            Some(_) => LaunchConfig { grid_dim: (rows.div_ceil(8).clamp(1, 1 << 20), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 },
-            None => LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 },
+            Some(_) => LaunchConfig {
+                grid_dim: (rows.div_ceil(8).clamp(1, 1 << 20), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            None => LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            },
         };
         let func = Kernel::load(&dev, &crate::kernels::sources::LAYER_NORM, &kernel)?;
         by_dtype!(a.x.0.dtype(), "layer norm", T => {
@@ -301,7 +368,11 @@ mod tests {
     fn layer_norm_has_exact_gradients_for_input_weight_and_bias() -> Result<()> {
         let (rows, cols) = (3, 7);
         let t = |v: Vec<f64>, shape: &[usize]| Tensor::from_vec(v, shape, &Device::Cpu);
-        let (x, w, b) = (t(values(rows * cols, 3), &[rows, cols])?, t(values(cols, 4), &[cols])?, t(values(cols, 5), &[cols])?);
+        let (x, w, b) = (
+            t(values(rows * cols, 3), &[rows, cols])?,
+            t(values(cols, 4), &[cols])?,
+            t(values(cols, 5), &[cols])?,
+        );
         let op = LayerNorm { eps: 1e-5 };
         check_gradient(|x| x.apply_op3(&w, &b, op), &[rows, cols], 6)?;
         // The weight's and bias's gradients, each with the other inputs fixed.
@@ -319,7 +390,10 @@ mod tests {
     fn rows_of_length_zero_are_refused() {
         let x = Tensor::zeros((2, 0), DType::F32, &Device::Cpu).unwrap();
         let none = Tensor::zeros(0, DType::F32, &Device::Cpu).unwrap();
-        let err = x.apply_op3(&none, &none, LayerNorm { eps: 1e-5 }).unwrap_err().to_string();
+        let err = x
+            .apply_op3(&none, &none, LayerNorm { eps: 1e-5 })
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("length 0"), "{err}");
     }
 }

@@ -30,13 +30,19 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Act) -> Result<Te
         // pre-activation is kept and the activation is a pass of its own. Inference keeps neither.
         let trains = [&x, &w, &b].iter().any(|t| t.track_op());
         if act == Act::GeluErf && x.dtype() == candle_core::DType::F32 && trains {
-            return x.apply_op3(&w, &b, cuda::LinearOp { act: Act::None })?.apply_op1(super::elementwise::cuda::Activation(act));
+            return x
+                .apply_op3(&w, &b, cuda::LinearOp { act: Act::None })?
+                .apply_op1(super::elementwise::cuda::Activation(act));
         }
         return x.apply_op3(&w, &b, cuda::LinearOp { act });
     }
     let dims = x.dims();
-    let features = *dims.last().ok_or_else(|| candle_core::Error::Msg("linear: a scalar input".into()))?;
-    let y = x.reshape((x.elem_count() / features.max(1), features))?.matmul(&w.t()?)?;
+    let features = *dims
+        .last()
+        .ok_or_else(|| candle_core::Error::Msg("linear: a scalar input".into()))?;
+    let y = x
+        .reshape((x.elem_count() / features.max(1), features))?
+        .matmul(&w.t()?)?;
     let y = match b {
         Some(b) => bias_act(&y, b, BiasAxis::Last, act)?,
         None => act.apply(y)?,
@@ -55,7 +61,9 @@ pub fn linear_residual(x: &Tensor, w: &Tensor, b: &Tensor, residual: &Tensor) ->
         let inference = ![x, w, b, residual].iter().any(|t| t.track_op());
         let b = b.contiguous()?;
         if x.device().is_cuda() && inference && super::gemm::bias_aligned(b.dtype(), b.layout().start_offset()) {
-            let op = cuda::LinearResidual { residual: residual.contiguous()? };
+            let op = cuda::LinearResidual {
+                residual: residual.contiguous()?,
+            };
             return x.contiguous()?.apply_op3_no_bwd(&w.contiguous()?, &b, &op);
         }
     }
@@ -67,9 +75,9 @@ pub(crate) mod cuda {
     use candle_core::backend::BackendStorage;
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
+    use super::{Act, BiasAxis};
     use crate::kernels::elementwise::cuda::{act_grad, bias_grad, BiasAct};
     use crate::kernels::gemm::{self, operand, Epilogue, Product};
-    use super::{Act, BiasAxis};
 
     #[derive(Debug, Clone, Copy)]
     pub struct LinearOp {
@@ -78,10 +86,18 @@ pub(crate) mod cuda {
 
     /// (rows, in features, out features) of x [.., in] against w [out, in] and b [out].
     fn geometry(xl: &Layout, wl: &Layout, bl: &Layout) -> Result<(usize, usize, usize)> {
-        let in_f = *xl.dims().last().ok_or_else(|| candle_core::Error::Msg("linear: a scalar input".into()))?;
+        let in_f = *xl
+            .dims()
+            .last()
+            .ok_or_else(|| candle_core::Error::Msg("linear: a scalar input".into()))?;
         let (out_f, w_in) = wl.shape().dims2()?;
         if w_in != in_f || bl.dims() != [out_f] {
-            bail!("linear: x {:?}, weight {:?} and bias {:?} do not fit", xl.dims(), wl.dims(), bl.dims())
+            bail!(
+                "linear: x {:?}, weight {:?} and bias {:?} do not fit",
+                xl.dims(),
+                wl.dims(),
+                bl.dims()
+            )
         }
         if !xl.is_contiguous() || !wl.is_contiguous() || !bl.is_contiguous() {
             bail!("the linear op takes contiguous tensors")
@@ -94,9 +110,20 @@ pub(crate) mod cuda {
     /// The product of x [rows, in] and wᵀ (w [out, in]) on the device, as [rows, out], with `epilogue`
     /// applied to it (the bias is read only when the epilogue adds it), plus `residual` [rows, out]
     /// when given.
-    fn forward_gemm(x: Arg, w: Arg, b: Arg, residual: Option<Arg>, (rows, in_f, out_f): (usize, usize, usize), epilogue: Epilogue) -> Result<CudaStorage> {
+    fn forward_gemm(
+        x: Arg,
+        w: Arg,
+        b: Arg,
+        residual: Option<Arg>,
+        (rows, in_f, out_f): (usize, usize, usize),
+        epilogue: Epilogue,
+    ) -> Result<CudaStorage> {
         let product = Product::single(rows, out_f, in_f, false, true);
-        let (x, w, b) = (operand(x.0, x.1, "linear")?, operand(w.0, w.1, "linear")?, operand(b.0, b.1, "linear")?);
+        let (x, w, b) = (
+            operand(x.0, x.1, "linear")?,
+            operand(w.0, w.1, "linear")?,
+            operand(b.0, b.1, "linear")?,
+        );
         let residual = residual.map(|(s, l)| operand(s, l, "linear's residual")).transpose()?;
         gemm::gemm_plus(x, w, Some(b), residual, product, epilogue)
     }
@@ -113,11 +140,27 @@ pub(crate) mod cuda {
             "linear"
         }
 
-        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        fn cpu_fwd(
+            &self,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
             bail!("the linear op runs on CUDA devices only; on the CPU migprof uses candle's matmul and add")
         }
 
-        fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, w: &CudaStorage, wl: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            w: &CudaStorage,
+            wl: &Layout,
+            b: &CudaStorage,
+            bl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
             let geometry = geometry(xl, wl, bl)?;
             let (rows, _, out_f) = geometry;
             // The bias (and a ReLU) in the GEMM's epilogue; GELU, whose erf form cuBLASLt does not
@@ -132,27 +175,49 @@ pub(crate) mod cuda {
                 Some(epilogue) => forward_gemm((x, xl), (w, wl), (b, bl), None, geometry, epilogue)?,
                 None => {
                     let mut v = forward_gemm((x, xl), (w, wl), (b, bl), None, geometry, Epilogue::None)?;
-                    BiasAct { axis: BiasAxis::Last, act: self.act }.over(&mut v, &Layout::contiguous((rows, out_f)), b, bl)?;
+                    BiasAct {
+                        axis: BiasAxis::Last,
+                        act: self.act,
+                    }
+                    .over(&mut v, &Layout::contiguous((rows, out_f)), b, bl)?;
                     v
                 }
             };
             Ok((y, out_shape(xl, out_f)))
         }
 
-        fn bwd(&self, x: &Tensor, w: &Tensor, b: &Tensor, y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        fn bwd(
+            &self,
+            x: &Tensor,
+            w: &Tensor,
+            b: &Tensor,
+            y: &Tensor,
+            grad: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
             let (out_f, in_f) = w.dims2()?;
             let rows = x.elem_count() / in_f.max(1);
             let (x2, w) = (x.detach().reshape((rows, in_f))?, w.detach());
             let flat = |t: &Tensor| t.reshape((rows, out_f));
-            let op = BiasAct { axis: BiasAxis::Last, act: self.act };
+            let op = BiasAct {
+                axis: BiasAxis::Last,
+                act: self.act,
+            };
             let dv = match self.act {
                 // x wᵀ again: the bias kernel's gradient adds b itself.
-                Act::GeluErf => act_grad(op, &x2.apply_op2_no_bwd(&w, &Gemm { a_t: false, b_t: true })?, b, &flat(y)?, &flat(grad)?)?,
+                Act::GeluErf => act_grad(
+                    op,
+                    &x2.apply_op2_no_bwd(&w, &Gemm { a_t: false, b_t: true })?,
+                    b,
+                    &flat(y)?,
+                    &flat(grad)?,
+                )?,
                 // A ReLU's gradient reads only y; none needs nothing.
                 _ => act_grad(op, &flat(y)?, b, &flat(y)?, &flat(grad)?)?,
             };
             // dx = dv w, dw = dvᵀ x: cuBLASLt reads dv transposed in place.
-            let dx = dv.apply_op2_no_bwd(&w, &Gemm { a_t: false, b_t: false })?.reshape(x.dims())?;
+            let dx = dv
+                .apply_op2_no_bwd(&w, &Gemm { a_t: false, b_t: false })?
+                .reshape(x.dims())?;
             let dw = dv.apply_op2_no_bwd(&x2, &Gemm { a_t: true, b_t: false })?;
             let db = bias_grad(BiasAxis::Last, &dv)?;
             Ok((Some(dx), Some(dw), Some(db)))
@@ -175,19 +240,42 @@ pub(crate) mod cuda {
             "linear-residual"
         }
 
-        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        fn cpu_fwd(
+            &self,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
             bail!("the linear op runs on CUDA devices only; on the CPU migprof uses candle's matmul and add")
         }
 
-        fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, w: &CudaStorage, wl: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            w: &CudaStorage,
+            wl: &Layout,
+            b: &CudaStorage,
+            bl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
             let geometry = geometry(xl, wl, bl)?;
             let shape = out_shape(xl, geometry.2);
             let (rs, rl) = self.residual.storage_and_layout();
             let rs = crate::kernels::launch::cuda(&rs, "linear's residual")?;
             if rl.dims() != shape.dims() {
-                bail!("linear: a residual of shape {:?} for an output of {:?}", rl.dims(), shape.dims())
+                bail!(
+                    "linear: a residual of shape {:?} for an output of {:?}",
+                    rl.dims(),
+                    shape.dims()
+                )
             }
-            Ok((forward_gemm((x, xl), (w, wl), (b, bl), Some((rs, rl)), geometry, Epilogue::Bias)?, shape))
+            Ok((
+                forward_gemm((x, xl), (w, wl), (b, bl), Some((rs, rl)), geometry, Epilogue::Bias)?,
+                shape,
+            ))
         }
     }
 
@@ -211,12 +299,27 @@ pub(crate) mod cuda {
         fn cuda_fwd(&self, a: &CudaStorage, al: &Layout, b: &CudaStorage, bl: &Layout) -> Result<(CudaStorage, Shape)> {
             let (ar, ac) = al.shape().dims2()?;
             let (br, bc) = bl.shape().dims2()?;
-            let ((m, k), (kb, n)) = (if self.a_t { (ac, ar) } else { (ar, ac) }, if self.b_t { (bc, br) } else { (br, bc) });
+            let ((m, k), (kb, n)) = (
+                if self.a_t { (ac, ar) } else { (ar, ac) },
+                if self.b_t { (bc, br) } else { (br, bc) },
+            );
             if k != kb {
-                bail!("linear: product of {:?} and {:?} (transposed: {}, {}) does not fit", al.dims(), bl.dims(), self.a_t, self.b_t)
+                bail!(
+                    "linear: product of {:?} and {:?} (transposed: {}, {}) does not fit",
+                    al.dims(),
+                    bl.dims(),
+                    self.a_t,
+                    self.b_t
+                )
             }
             let product = Product::single(m, n, k, self.a_t, self.b_t);
-            let c = gemm::gemm(operand(a, al, "linear")?, operand(b, bl, "linear")?, None, product, Epilogue::None)?;
+            let c = gemm::gemm(
+                operand(a, al, "linear")?,
+                operand(b, bl, "linear")?,
+                None,
+                product,
+                Epilogue::None,
+            )?;
             Ok((c, Shape::from((m, n))))
         }
     }

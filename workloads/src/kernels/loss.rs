@@ -18,9 +18,15 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     if logits.device().is_cuda() {
         let (n, _) = logits.dims2()?;
         if labels.dims() != [n] || labels.dtype() != DType::U32 {
-            candle_core::bail!("cross-entropy of {n} rows of logits takes {n} u32 labels, not {:?} {:?}", labels.dims(), labels.dtype())
+            candle_core::bail!(
+                "cross-entropy of {n} rows of logits takes {n} u32 labels, not {:?} {:?}",
+                labels.dims(),
+                labels.dtype()
+            )
         }
-        return logits.contiguous()?.apply_op2(&labels.contiguous()?, cuda::CrossEntropy);
+        return logits
+            .contiguous()?
+            .apply_op2(&labels.contiguous()?, cuda::CrossEntropy);
     }
     let log_p = candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?;
     candle_nn::loss::nll(&log_p, labels)
@@ -84,7 +90,13 @@ mod cuda {
             bail!("the cross-entropy kernel runs on CUDA devices only; the CPU takes candle's log-softmax and NLL")
         }
 
-        fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, labels: &CudaStorage, ll: &Layout) -> Result<(CudaStorage, Shape)> {
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            labels: &CudaStorage,
+            ll: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
             let (n, k) = rows_classes(xl)?;
             let dev = x.device().clone();
             let func = Kernel::load(&dev, &LOSS, &name("cross_entropy", x.dtype()))?;
@@ -104,9 +116,18 @@ mod cuda {
             Ok((CudaStorage::wrap_cuda_slice(loss, dev), Shape::from(())))
         }
 
-        fn bwd(&self, logits: &Tensor, labels: &Tensor, _loss: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        fn bwd(
+            &self,
+            logits: &Tensor,
+            labels: &Tensor,
+            _loss: &Tensor,
+            grad: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
             let grad = grad.to_dtype(DType::F32)?.contiguous()?;
-            let dx = grad.apply_op1_no_bwd(&CrossEntropyGrad { logits: logits.clone(), labels: labels.clone() })?;
+            let dx = grad.apply_op1_no_bwd(&CrossEntropyGrad {
+                logits: logits.clone(),
+                labels: labels.clone(),
+            })?;
             Ok((Some(dx), None))
         }
     }
@@ -130,7 +151,10 @@ mod cuda {
 
         fn cuda_fwd(&self, g: &CudaStorage, gl: &Layout) -> Result<(CudaStorage, Shape)> {
             if gl.shape().elem_count() != 1 {
-                bail!("cross-entropy's backward: a gradient of shape {:?} for a scalar loss", gl.dims())
+                bail!(
+                    "cross-entropy's backward: a gradient of shape {:?} for a scalar loss",
+                    gl.dims()
+                )
             }
             let (xs, xl) = self.logits.storage_and_layout();
             let (ls, ll) = self.labels.storage_and_layout();

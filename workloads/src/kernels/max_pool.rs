@@ -23,14 +23,23 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> R
     // CUDA: one pass each way (`cuda::MaxPool`).
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() {
-        return x.contiguous()?.apply_op1(cuda::MaxPool { kernel, stride, padding, channels_last: false });
+        return x.contiguous()?.apply_op1(cuda::MaxPool {
+            kernel,
+            stride,
+            padding,
+            channels_last: false,
+        });
     }
     if !x.track_op() {
         // Inference: pad, then candle's pooling kernel (one pass; it has no backward for kernel !=
         // stride, which is why training takes the strided views below).
-        return pad(x, (padding, padding), (padding, padding), f32::NEG_INFINITY)?.max_pool2d_with_stride(kernel, stride);
+        return pad(x, (padding, padding), (padding, padding), f32::NEG_INFINITY)?
+            .max_pool2d_with_stride(kernel, stride);
     }
-    let (oh, ow) = ((h + 2 * padding - kernel) / stride + 1, (w + 2 * padding - kernel) / stride + 1);
+    let (oh, ow) = (
+        (h + 2 * padding - kernel) / stride + 1,
+        (w + 2 * padding - kernel) / stride + 1,
+    );
     // Pad bottom/right further so that every window offset can take `out * stride` rows, which the
     // strided view needs; the extra rows are never among the selected ones.
     let bottom = kernel - 1 + oh * stride - h - padding;
@@ -54,7 +63,12 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> R
 /// first-maximum rule and the same gathering backward as [`max_pool2d`], read channel-contiguous.
 #[cfg(feature = "cuda")]
 pub fn max_pool2d_nhwc(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
-    x.contiguous()?.apply_op1(cuda::MaxPool { kernel, stride, padding, channels_last: true })
+    x.contiguous()?.apply_op1(cuda::MaxPool {
+        kernel,
+        stride,
+        padding,
+        channels_last: true,
+    })
 }
 
 /// `count` elements of dimension `dim`, starting at `start`, every `stride`-th one: a narrow followed by
@@ -78,14 +92,16 @@ fn pad(x: &Tensor, (top, bottom): (usize, usize), (left, right): (usize, usize),
     };
     // candle's cat does not take empty pieces, so zero-width sides are left out.
     let around = |before: Tensor, mid: &Tensor, after: Tensor, dim: usize| -> Result<Tensor> {
-        let parts: Vec<&Tensor> = [&before, mid, &after].into_iter().filter(|t| t.dim(dim).unwrap_or(0) > 0).collect();
+        let parts: Vec<&Tensor> = [&before, mid, &after]
+            .into_iter()
+            .filter(|t| t.dim(dim).unwrap_or(0) > 0)
+            .collect();
         Tensor::cat(&parts, dim)
     };
     let x = around(fill(h, left)?, x, fill(h, right)?, 3)?;
     let w = w + left + right;
     around(fill(top, w)?, &x, fill(bottom, w)?, 2)
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -136,7 +152,11 @@ mod tests {
         let y = max_pool2d(x.as_tensor(), 3, 2, 1)?;
         assert_eq!(y.flatten_all()?.to_vec1::<f32>()?, vec![5., 7., 13., 15.]);
         let grads = y.sum_all()?.backward()?;
-        let g = grads.get(x.as_tensor()).expect("gradient").flatten_all()?.to_vec1::<f32>()?;
+        let g = grads
+            .get(x.as_tensor())
+            .expect("gradient")
+            .flatten_all()?
+            .to_vec1::<f32>()?;
         let mut want = vec![0f32; 16];
         for i in [5, 7, 13, 15] {
             want[i] = 1.0;
@@ -152,8 +172,7 @@ pub(crate) mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
-    use crate::kernels::launch::{by_dtype, cuda as saved_storage, Kernel, name, view};
-
+    use crate::kernels::launch::{by_dtype, cuda as saved_storage, name, view, Kernel};
 
     /// A k×k window moving by `stride`, the input padded by `padding` on every side.
     #[derive(Debug, Clone, Copy)]
@@ -191,10 +210,15 @@ pub(crate) mod cuda {
             let kernel = name("max_pool", x.0.dtype());
             let func = Kernel::load(&dev, &crate::kernels::sources::MAX_POOL, &kernel)?;
             let n = planes * if g.is_some() { h * w } else { oh * ow };
-            let cfg = LaunchConfig { grid_dim: ((n as u32).div_ceil(256).clamp(1, 1 << 20), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: ((n as u32).div_ceil(256).clamp(1, 1 << 20), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
             let planes = planes as u32;
             let channels = if self.channels_last { self.dims(x.1)?.1 } else { 0 };
-            let [h, w, oh, ow, k, s, p, cl] = [h, w, oh, ow, self.kernel, self.stride, self.padding, channels].map(|v| v as i32);
+            let [h, w, oh, ow, k, s, p, cl] =
+                [h, w, oh, ow, self.kernel, self.stride, self.padding, channels].map(|v| v as i32);
             by_dtype!(x.0.dtype(), "max pool", T => {
                 let xv = view::<T>(x.0, x.1, "max pool")?;
                 let gv = match g { Some((gs, gl)) => Some(view::<T>(gs, gl, "max pool's gradient")?), None => None };
@@ -224,12 +248,19 @@ pub(crate) mod cuda {
         fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
             let (n, c, _, _) = self.dims(l)?;
             let (_, _, _, oh, ow) = self.geometry(l)?;
-            let shape = if self.channels_last { Shape::from((n, oh, ow, c)) } else { Shape::from((n, c, oh, ow)) };
+            let shape = if self.channels_last {
+                Shape::from((n, oh, ow, c))
+            } else {
+                Shape::from((n, c, oh, ow))
+            };
             Ok((self.launch((s, l), None)?, shape))
         }
 
         fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-            Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&MaxPoolGrad { pool: *self, x: x.clone() })?))
+            Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&MaxPoolGrad {
+                pool: *self,
+                x: x.clone(),
+            })?))
         }
     }
 
@@ -254,9 +285,16 @@ pub(crate) mod cuda {
             let x = saved_storage(&xs, "max pool's backward")?;
             let (n, c, _, _) = self.pool.dims(xl)?;
             let (_, _, _, oh, ow) = self.pool.geometry(xl)?;
-            let want = if self.pool.channels_last { [n, oh, ow, c] } else { [n, c, oh, ow] };
+            let want = if self.pool.channels_last {
+                [n, oh, ow, c]
+            } else {
+                [n, c, oh, ow]
+            };
             if gl.dims() != want {
-                bail!("max pool's backward: a gradient of shape {:?} for an output of {want:?}", gl.dims())
+                bail!(
+                    "max pool's backward: a gradient of shape {:?} for an output of {want:?}",
+                    gl.dims()
+                )
             }
             Ok((self.pool.launch((x, xl), Some((g, gl)))?, xl.shape().clone()))
         }

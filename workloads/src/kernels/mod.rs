@@ -18,10 +18,10 @@ mod choice;
 mod conv1x1;
 pub mod conv2d;
 #[cfg(feature = "cudnn")]
-mod cudnn_graph;
-#[cfg(feature = "cudnn")]
 pub mod conv_nhwc;
 mod cpu;
+#[cfg(feature = "cudnn")]
+mod cudnn_graph;
 pub mod elementwise;
 pub mod embedding;
 #[cfg(feature = "cuda")]
@@ -44,6 +44,8 @@ pub mod windows;
 pub use attention::{attention, ScoreBias};
 pub use conv2d::conv2d;
 #[cfg(feature = "cudnn")]
+pub(crate) use conv2d::cudnn::{release_workspaces, workspace_bytes};
+#[cfg(feature = "cudnn")]
 pub use conv_nhwc::conv_nhwc;
 pub use elementwise::{add, add_over, add_repeating, bias_act, bias_act_over, Act, BiasAxis};
 pub use embedding::embedding;
@@ -54,5 +56,3 @@ pub use max_pool::max_pool2d;
 pub use options::KernelOptions;
 pub use positions::{channels_first, channels_last, first_position, global_average_pool, mean_over_positions};
 pub use windows::{window_merge, window_partition};
-#[cfg(feature = "cudnn")]
-pub(crate) use conv2d::cudnn::{release_workspaces, workspace_bytes};

@@ -10,10 +10,17 @@ use super::sources::{self, Source};
 pub(crate) fn ptx(source: &'static Source) -> Result<&'static str> {
     let compiled = source.ptx.get_or_init(|| {
         let options = sources::NVRTC_OPTIONS.iter().map(|o| o.to_string()).collect();
-        let opts = cudarc::nvrtc::CompileOptions { options, ..Default::default() };
-        cudarc::nvrtc::compile_ptx_with_opts(sources::program(source), opts).map(|p| p.to_src()).map_err(|e| format!("{e:?}"))
+        let opts = cudarc::nvrtc::CompileOptions {
+            options,
+            ..Default::default()
+        };
+        cudarc::nvrtc::compile_ptx_with_opts(sources::program(source), opts)
+            .map(|p| p.to_src())
+            .map_err(|e| format!("{e:?}"))
     });
-    compiled.as_deref().map_err(|e| candle_core::Error::Msg(format!("compiling the kernels of {} with NVRTC: {e}", source.module)))
+    compiled
+        .as_deref()
+        .map_err(|e| candle_core::Error::Msg(format!("compiling the kernels of {} with NVRTC: {e}", source.module)))
 }
 
 /// Threads per block for a kernel in which each thread keeps up to `per_thread` elements of a row of

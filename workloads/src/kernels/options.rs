@@ -122,7 +122,13 @@ pub struct KernelOptions {
 
 impl Default for KernelOptions {
     fn default() -> Self {
-        Self { attention: Attention::Fused, layers: EncoderLayers::Op, gemm: GemmAlgorithm::Timed, graphs: CudaGraphs::On, convs: Convolutions::Nhwc }
+        Self {
+            attention: Attention::Fused,
+            layers: EncoderLayers::Op,
+            gemm: GemmAlgorithm::Timed,
+            graphs: CudaGraphs::On,
+            convs: Convolutions::Nhwc,
+        }
     }
 }
 
@@ -168,7 +174,9 @@ impl KernelOptions {
 
     /// Makes these the options of the ops run on this thread until the guard is dropped.
     pub fn enter(self) -> Entered {
-        Entered { previous: ACTIVE.with(|a| a.replace(Some(self))) }
+        Entered {
+            previous: ACTIVE.with(|a| a.replace(Some(self))),
+        }
     }
 
     /// The options entered on this thread, or the defaults where none are (an op called outside a
@@ -197,20 +205,40 @@ impl FromStr for KernelOptions {
             "v5" | "v4" | "v3" => &["attention", "layers", "gemm", "graphs", "convs"],
             "v2" => &["attention", "layers", "gemm", "graphs"],
             "v1" => &["attention", "layers", "gemm"],
-            _ => return Err(format!("kernel options `{s}`: expected version v{} (or v4, v3, v2, v1) first, found `{version}`", Self::VERSION)),
+            _ => {
+                return Err(format!(
+                    "kernel options `{s}`: expected version v{} (or v4, v3, v2, v1) first, found `{version}`",
+                    Self::VERSION
+                ))
+            }
         };
         let (mut attention, mut layers, mut gemm, mut graphs, mut convs) = (None, None, None, None, None);
         for part in parts {
-            let (key, value) = part.split_once('=').ok_or_else(|| format!("kernel options `{s}`: `{part}` is not key=value"))?;
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("kernel options `{s}`: `{part}` is not key=value"))?;
             let repeated = match key {
                 _ if !keys.contains(&key) => {
-                    return Err(format!("kernel options `{s}`: unknown key `{key}` (keys of {version}: {})", keys.join(", ")))
+                    return Err(format!(
+                        "kernel options `{s}`: unknown key `{key}` (keys of {version}: {})",
+                        keys.join(", ")
+                    ))
                 }
-                "attention" => attention.replace(value.parse::<Attention>().map_err(|e| format!("attention: {e}"))?).is_some(),
-                "layers" => layers.replace(value.parse::<EncoderLayers>().map_err(|e| format!("layers: {e}"))?).is_some(),
-                "gemm" => gemm.replace(value.parse::<GemmAlgorithm>().map_err(|e| format!("gemm: {e}"))?).is_some(),
-                "graphs" => graphs.replace(value.parse::<CudaGraphs>().map_err(|e| format!("graphs: {e}"))?).is_some(),
-                _ => convs.replace(value.parse::<Convolutions>().map_err(|e| format!("convs: {e}"))?).is_some(),
+                "attention" => attention
+                    .replace(value.parse::<Attention>().map_err(|e| format!("attention: {e}"))?)
+                    .is_some(),
+                "layers" => layers
+                    .replace(value.parse::<EncoderLayers>().map_err(|e| format!("layers: {e}"))?)
+                    .is_some(),
+                "gemm" => gemm
+                    .replace(value.parse::<GemmAlgorithm>().map_err(|e| format!("gemm: {e}"))?)
+                    .is_some(),
+                "graphs" => graphs
+                    .replace(value.parse::<CudaGraphs>().map_err(|e| format!("graphs: {e}"))?)
+                    .is_some(),
+                _ => convs
+                    .replace(value.parse::<Convolutions>().map_err(|e| format!("convs: {e}"))?)
+                    .is_some(),
             };
             if repeated {
                 return Err(format!("kernel options `{s}`: `{key}` given twice"));
@@ -223,8 +251,17 @@ impl FromStr for KernelOptions {
             convs.get_or_insert(Convolutions::Nchw);
         }
         match (attention, layers, gemm, graphs, convs) {
-            (Some(attention), Some(layers), Some(gemm), Some(graphs), Some(convs)) => Ok(Self { attention, layers, gemm, graphs, convs }),
-            _ => Err(format!("kernel options `{s}`: every key is needed ({})", keys.join(", "))),
+            (Some(attention), Some(layers), Some(gemm), Some(graphs), Some(convs)) => Ok(Self {
+                attention,
+                layers,
+                gemm,
+                graphs,
+                convs,
+            }),
+            _ => Err(format!(
+                "kernel options `{s}`: every key is needed ({})",
+                keys.join(", ")
+            )),
         }
     }
 }
@@ -235,39 +272,89 @@ mod tests {
 
     #[test]
     fn the_canonical_string_spells_every_key_and_parses_back() {
-        assert_eq!(KernelOptions::default().canonical(), "v5;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc");
-        let other = KernelOptions { attention: Attention::Composed, layers: EncoderLayers::Ops, gemm: GemmAlgorithm::Heuristic, graphs: CudaGraphs::Off, convs: Convolutions::Nchw };
-        assert_eq!(other.canonical(), "v5;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw");
+        assert_eq!(
+            KernelOptions::default().canonical(),
+            "v5;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc"
+        );
+        let other = KernelOptions {
+            attention: Attention::Composed,
+            layers: EncoderLayers::Ops,
+            gemm: GemmAlgorithm::Heuristic,
+            graphs: CudaGraphs::Off,
+            convs: Convolutions::Nchw,
+        };
+        assert_eq!(
+            other.canonical(),
+            "v5;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
+        );
         for o in [KernelOptions::default(), other] {
             assert_eq!(o.canonical().parse::<KernelOptions>(), Ok(o));
         }
-        assert_eq!("v5;convs=nchw;graphs=off;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>(), Ok(other));
+        assert_eq!(
+            "v5;convs=nchw;graphs=off;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>(),
+            Ok(other)
+        );
     }
 
     #[test]
     fn version_3_and_4_strings_have_the_keys_of_version_5() {
         for v in ["v3", "v4"] {
-            let old = format!("{v};attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc").parse::<KernelOptions>().unwrap();
-            assert_eq!(old, KernelOptions { layers: EncoderLayers::Ops, ..KernelOptions::default() });
-            assert_eq!(old.canonical(), "v5;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc");
+            let old = format!("{v};attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc")
+                .parse::<KernelOptions>()
+                .unwrap();
+            assert_eq!(
+                old,
+                KernelOptions {
+                    layers: EncoderLayers::Ops,
+                    ..KernelOptions::default()
+                }
+            );
+            assert_eq!(
+                old.canonical(),
+                "v5;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc"
+            );
         }
     }
 
     #[test]
     fn a_version_2_string_means_resnet_in_nchw() {
-        let v2 = "v2;attention=fused;layers=op;gemm=timed;graphs=infer".parse::<KernelOptions>().unwrap();
-        assert_eq!(v2, KernelOptions { convs: Convolutions::Nchw, graphs: CudaGraphs::Infer, ..KernelOptions::default() });
-        let err = "v2;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc".parse::<KernelOptions>().unwrap_err();
-        assert!(err.contains("unknown key `convs`") && err.contains("keys of v2"), "{err}");
+        let v2 = "v2;attention=fused;layers=op;gemm=timed;graphs=infer"
+            .parse::<KernelOptions>()
+            .unwrap();
+        assert_eq!(
+            v2,
+            KernelOptions {
+                convs: Convolutions::Nchw,
+                graphs: CudaGraphs::Infer,
+                ..KernelOptions::default()
+            }
+        );
+        let err = "v2;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc"
+            .parse::<KernelOptions>()
+            .unwrap_err();
+        assert!(
+            err.contains("unknown key `convs`") && err.contains("keys of v2"),
+            "{err}"
+        );
     }
 
     #[test]
     fn a_version_1_string_means_steps_without_graphs() {
-        let v1 = "v1;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>().unwrap();
+        let v1 = "v1;gemm=heuristic;layers=ops;attention=composed"
+            .parse::<KernelOptions>()
+            .unwrap();
         assert_eq!(v1.graphs, CudaGraphs::Off);
-        assert_eq!(v1.canonical(), "v5;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw");
-        let err = "v1;attention=fused;layers=op;gemm=timed;graphs=on".parse::<KernelOptions>().unwrap_err();
-        assert!(err.contains("unknown key `graphs`") && err.contains("keys of v1"), "{err}");
+        assert_eq!(
+            v1.canonical(),
+            "v5;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
+        );
+        let err = "v1;attention=fused;layers=op;gemm=timed;graphs=on"
+            .parse::<KernelOptions>()
+            .unwrap_err();
+        assert!(
+            err.contains("unknown key `graphs`") && err.contains("keys of v1"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -278,23 +365,36 @@ mod tests {
         assert!(err("v5;attention=flash;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("fused, composed"));
         assert!(err("v5;attention=fused;layers=op;gemm=timed;graphs=maybe;convs=nhwc").contains("infer, on, off"));
         assert!(err("v5;attention=fused;layers=op;gemm=timed;graphs=on;convs=nwhc").contains("nhwc, nchw"));
-        assert!(err("v5;attention=fused;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("given twice"));
-        assert!(err("v5;streams=2;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("unknown key `streams`"));
+        assert!(
+            err("v5;attention=fused;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("given twice")
+        );
+        assert!(
+            err("v5;streams=2;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc")
+                .contains("unknown key `streams`")
+        );
     }
 
     #[test]
     fn entered_options_apply_on_this_thread_until_dropped() {
-        let composed = KernelOptions { attention: Attention::Composed, ..KernelOptions::default() };
+        let composed = KernelOptions {
+            attention: Attention::Composed,
+            ..KernelOptions::default()
+        };
         assert_eq!(KernelOptions::active(), KernelOptions::default());
         {
             let _outer = composed.enter();
             assert_eq!(KernelOptions::active(), composed);
-            let heuristic = KernelOptions { gemm: GemmAlgorithm::Heuristic, ..composed };
+            let heuristic = KernelOptions {
+                gemm: GemmAlgorithm::Heuristic,
+                ..composed
+            };
             {
                 let _inner = heuristic.enter();
                 assert_eq!(KernelOptions::active(), heuristic);
                 // Another thread has its own: nothing leaks across.
-                std::thread::spawn(|| assert_eq!(KernelOptions::active(), KernelOptions::default())).join().unwrap();
+                std::thread::spawn(|| assert_eq!(KernelOptions::active(), KernelOptions::default()))
+                    .join()
+                    .unwrap();
             }
             assert_eq!(KernelOptions::active(), composed);
         }

@@ -63,7 +63,11 @@ fn swapped(x: &Tensor, a: usize, b: usize) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() && !x.track_op() && a > 1 && b > 1 {
         let n = x.elem_count() / (a * b);
-        return Ok(Some(x.reshape((n, a, b))?.contiguous()?.apply_op1_no_bwd(&cuda::Transposed)?));
+        return Ok(Some(
+            x.reshape((n, a, b))?
+                .contiguous()?
+                .apply_op1_no_bwd(&cuda::Transposed)?,
+        ));
     }
     let _ = (x, a, b);
     Ok(None)
@@ -81,12 +85,22 @@ mod tests {
         assert_eq!(mean.to_vec2::<f32>()?, [[2., 3.], [8., 9.]]);
         assert_eq!(first_position(x.as_tensor())?.to_vec2::<f32>()?, [[0., 1.], [6., 7.]]);
         let g = mean.sum_all()?.backward()?;
-        let g = g.get(x.as_tensor()).expect("a gradient").flatten_all()?.to_vec1::<f32>()?;
+        let g = g
+            .get(x.as_tensor())
+            .expect("a gradient")
+            .flatten_all()?
+            .to_vec1::<f32>()?;
         assert!(g.iter().all(|&v| (v - 1. / 3.).abs() < 1e-7), "{g:?}");
         let x = Tensor::arange(0f32, 12., &Device::Cpu)?.reshape((1, 2, 3, 2))?;
         let y = channels_last(&x)?;
-        assert_eq!(y.flatten_all()?.to_vec1::<f32>()?, [0., 6., 1., 7., 2., 8., 3., 9., 4., 10., 5., 11.]);
-        assert_eq!(channels_first(&y)?.flatten_all()?.to_vec1::<f32>()?, x.flatten_all()?.to_vec1::<f32>()?);
+        assert_eq!(
+            y.flatten_all()?.to_vec1::<f32>()?,
+            [0., 6., 1., 7., 2., 8., 3., 9., 4., 10., 5., 11.]
+        );
+        assert_eq!(
+            channels_first(&y)?.flatten_all()?.to_vec1::<f32>()?,
+            x.flatten_all()?.to_vec1::<f32>()?
+        );
         Ok(())
     }
 }
@@ -102,7 +116,9 @@ mod cuda {
 
     /// (n, p, c) of a [n, p, c] or [n, c, p] tensor, within what the kernels index.
     fn dims(d: &[usize], what: &str) -> Result<(u32, u32, u32)> {
-        let &[n, a, b] = d else { bail!("{what} takes [n, positions, channels], not {d:?}") };
+        let &[n, a, b] = d else {
+            bail!("{what} takes [n, positions, channels], not {d:?}")
+        };
         if n * a * b == 0 || n * a * b > u32::MAX as usize {
             bail!("{what} over {d:?}: this kernel takes 1 to 2^32 - 1 elements")
         }
@@ -111,12 +127,24 @@ mod cuda {
 
     /// A grid-stride launch over `total` elements (each kernel loops over its output's).
     fn grid(total: usize) -> LaunchConfig {
-        LaunchConfig { grid_dim: ((total as u32).div_ceil(256).clamp(1, 1 << 16), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+        LaunchConfig {
+            grid_dim: ((total as u32).div_ceil(256).clamp(1, 1 << 16), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 
     /// Runs `kernel` of POSITIONS over `x`'s elements with the dims that follow, into a new buffer of
     /// `out` elements.
-    fn launch(kernel: &str, x: &CudaStorage, xl: &Layout, out: usize, dims: [u32; 3], first: Option<i32>, what: &str) -> Result<CudaStorage> {
+    fn launch(
+        kernel: &str,
+        x: &CudaStorage,
+        xl: &Layout,
+        out: usize,
+        dims: [u32; 3],
+        first: Option<i32>,
+        what: &str,
+    ) -> Result<CudaStorage> {
         let dev = x.device().clone();
         let func = Kernel::load(&dev, &POSITIONS, &name(kernel, x.dtype()))?;
         by_dtype!(x.dtype(), what, T => {
@@ -156,18 +184,31 @@ mod cuda {
         }
 
         fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-            bail!("the {} kernel runs on CUDA devices only; the CPU takes candle's ops", self.name())
+            bail!(
+                "the {} kernel runs on CUDA devices only; the CPU takes candle's ops",
+                self.name()
+            )
         }
 
         fn cuda_fwd(&self, x: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
             let (n, p, c) = dims(l.dims(), self.name())?;
-            let y = launch("positions_reduce", x, l, n as usize * c as usize, [n, p, c], Some(self.first()), self.name())?;
+            let y = launch(
+                "positions_reduce",
+                x,
+                l,
+                n as usize * c as usize,
+                [n, p, c],
+                Some(self.first()),
+                self.name(),
+            )?;
             Ok((y, Shape::from((n as usize, c as usize))))
         }
 
         fn bwd(&self, x: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
             let positions = x.dim(1)?;
-            Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&Spread { op: *self, positions })?))
+            Ok(Some(
+                grad.contiguous()?.apply_op1_no_bwd(&Spread { op: *self, positions })?,
+            ))
         }
     }
 
@@ -190,7 +231,15 @@ mod cuda {
         fn cuda_fwd(&self, g: &CudaStorage, gl: &Layout) -> Result<(CudaStorage, Shape)> {
             let (n, c) = gl.shape().dims2()?;
             let (n32, p32, c32) = dims(&[n, self.positions, c], self.op.name())?;
-            let dx = launch("positions_spread", g, gl, n * self.positions * c, [n32, p32, c32], Some(self.op.first()), self.op.name())?;
+            let dx = launch(
+                "positions_spread",
+                g,
+                gl,
+                n * self.positions * c,
+                [n32, p32, c32],
+                Some(self.op.first()),
+                self.op.name(),
+            )?;
             Ok((dx, Shape::from((n, self.positions, c))))
         }
     }

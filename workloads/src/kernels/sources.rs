@@ -15,7 +15,11 @@ pub struct Source {
 
 impl Source {
     const fn new(module: &'static str, code: &'static str) -> Source {
-        Source { module, code, ptx: OnceLock::new() }
+        Source {
+            module,
+            code,
+            ptx: OnceLock::new(),
+        }
     }
 }
 
@@ -35,7 +39,19 @@ pub static MAX_POOL: Source = Source::new("migprof_max_pool", include_str!("max_
 pub static POSITIONS: Source = Source::new("migprof_positions", include_str!("positions.cu"));
 pub static WINDOWS: Source = Source::new("migprof_windows", include_str!("windows.cu"));
 
-pub static ALL: [&Source; 11] = [&ADAMW, &ATTENTION, &BATCH_NORM, &ELEMENTWISE, &EMBEDDING, &FUSED_ATTENTION, &LAYER_NORM, &LOSS, &MAX_POOL, &POSITIONS, &WINDOWS];
+pub static ALL: [&Source; 11] = [
+    &ADAMW,
+    &ATTENTION,
+    &BATCH_NORM,
+    &ELEMENTWISE,
+    &EMBEDDING,
+    &FUSED_ATTENTION,
+    &LAYER_NORM,
+    &LOSS,
+    &MAX_POOL,
+    &POSITIONS,
+    &WINDOWS,
+];
 
 /// NVRTC's options for every source: PTX for compute capability 8.0, which the driver compiles for
 /// the GPU at hand (the bf16 conversions need sm_80).

@@ -19,10 +19,19 @@ pub fn window_partition(x: &Tensor, window: usize, shift: usize) -> Result<Tenso
     let (b, side, _, c) = x.dims4()?;
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() {
-        return x.contiguous()?.apply_op1(cuda::Windows { side, window, shift, merge: false });
+        return x.contiguous()?.apply_op1(cuda::Windows {
+            side,
+            window,
+            shift,
+            merge: false,
+        });
     }
     let s = shift as i32;
-    let x = if shift > 0 { x.roll(-s, 1)?.roll(-s, 2)? } else { x.clone() };
+    let x = if shift > 0 {
+        x.roll(-s, 1)?.roll(-s, 2)?
+    } else {
+        x.clone()
+    };
     let per_side = side / window;
     x.reshape((b, per_side, window, per_side, window, c))?
         .permute((0, 1, 3, 2, 4, 5))?
@@ -35,7 +44,12 @@ pub fn window_merge(windows: &Tensor, side: usize, window: usize, shift: usize) 
     let (bw, _, c) = windows.dims3()?;
     #[cfg(feature = "cuda")]
     if windows.device().is_cuda() {
-        return windows.contiguous()?.apply_op1(cuda::Windows { side, window, shift, merge: true });
+        return windows.contiguous()?.apply_op1(cuda::Windows {
+            side,
+            window,
+            shift,
+            merge: true,
+        });
     }
     let per_side = side / window;
     let b = bw / (per_side * per_side);
@@ -44,7 +58,11 @@ pub fn window_merge(windows: &Tensor, side: usize, window: usize, shift: usize) 
         .permute((0, 1, 3, 2, 4, 5))?
         .reshape((b, side, side, c))?;
     let s = shift as i32;
-    if shift > 0 { x.roll(s, 1)?.roll(s, 2) } else { Ok(x) }
+    if shift > 0 {
+        x.roll(s, 1)?.roll(s, 2)
+    } else {
+        Ok(x)
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -53,8 +71,7 @@ pub(crate) mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
-    use crate::kernels::launch::{by_dtype, Kernel, view, word_elements};
-
+    use crate::kernels::launch::{by_dtype, view, word_elements, Kernel};
 
     /// Partition (`merge` false): x [b, side, side, c] rolled by -shift on both spatial axes, into
     /// windows [b · (side/window)², window², c]. Merge: the inverse.
@@ -71,13 +88,19 @@ pub(crate) mod cuda {
         fn geometry(&self, l: &Layout) -> Result<(usize, usize)> {
             let (side, w) = (self.side, self.window);
             if w == 0 || !side.is_multiple_of(w) || self.shift >= side {
-                bail!("Swin windows: a {side}x{side} map in {w}x{w} windows shifted by {}", self.shift)
+                bail!(
+                    "Swin windows: a {side}x{side} map in {w}x{w} windows shifted by {}",
+                    self.shift
+                )
             }
             let windows = (side / w).pow(2);
             let (b, c) = if self.merge {
                 let (bw, t, c) = l.shape().dims3()?;
                 if t != w * w || bw % windows != 0 {
-                    bail!("Swin windows: {:?} is not windows of {w}x{w} tokens from {side}x{side} maps", l.dims())
+                    bail!(
+                        "Swin windows: {:?} is not windows of {w}x{w} tokens from {side}x{side} maps",
+                        l.dims()
+                    )
                 }
                 (bw / windows, c)
             } else {
@@ -112,7 +135,9 @@ pub(crate) mod cuda {
         fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
             let (b, c) = self.geometry(l)?;
             let rows = b * self.side * self.side;
-            let Some((start, _)) = l.contiguous_offsets() else { bail!("the Swin windows kernel takes contiguous tensors") };
+            let Some((start, _)) = l.contiguous_offsets() else {
+                bail!("the Swin windows kernel takes contiguous tensors")
+            };
             let size = s.dtype().size_in_bytes();
             // The widest word dividing a row and the start (allocations themselves are 256-byte aligned).
             let word = word_elements(size, &[c, start]) * size;
@@ -124,8 +149,18 @@ pub(crate) mod cuda {
             let kernel = format!("windows_w{word}");
             let func = Kernel::load(&dev, &crate::kernels::sources::WINDOWS, &kernel)?;
             let total = rows * row_words as usize;
-            let cfg = LaunchConfig { grid_dim: (total.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            let (rows, side, w, shift, merge) = (rows as u64, self.side as i32, self.window as i32, self.shift as i32, self.merge as i32);
+            let cfg = LaunchConfig {
+                grid_dim: (total.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (rows, side, w, shift, merge) = (
+                rows as u64,
+                self.side as i32,
+                self.window as i32,
+                self.shift as i32,
+                self.merge as i32,
+            );
             let out = by_dtype!(s.dtype(), "the Swin windows kernel", T => {
                 let src = view::<T>(s, l, "the Swin windows kernel")?;
                 // SAFETY: the kernel writes every row (a permutation of them).
@@ -141,7 +176,10 @@ pub(crate) mod cuda {
         }
 
         fn bwd(&self, _x: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-            let inverse = Windows { merge: !self.merge, ..*self };
+            let inverse = Windows {
+                merge: !self.merge,
+                ..*self
+            };
             Ok(Some(grad.contiguous()?.apply_op1(inverse)?))
         }
     }

@@ -8,10 +8,10 @@ use std::sync::OnceLock;
 use candle_core::{DType, Result, Tensor};
 use candle_nn::{Init, Module, VarBuilder};
 
-use crate::kernels::{attention, ScoreBias};
 use super::layers::{LayerNorm, Linear};
 use super::{Classifier, Inputs};
 use crate::kernels::{add, Act};
+use crate::kernels::{attention, ScoreBias};
 use crate::optim::ParamGrads;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -56,7 +56,12 @@ impl Config {
     }
     /// Test size: 2 layers 32 wide, a 128-token vocabulary, 16-token sequences.
     pub fn tiny() -> Self {
-        Self { vocab_size: 128, max_position: 64, seq_len: 16, ..Self::preset(32, 2, 2) }
+        Self {
+            vocab_size: 128,
+            max_position: 64,
+            seq_len: 16,
+            ..Self::preset(32, 2, 2)
+        }
     }
 
     /// Parameters of `BertModel` (embeddings, encoder, pooler), without our head.
@@ -164,7 +169,9 @@ impl Layer {
         // nothing else holds them, and kept to the end of the layer they were 4 of its 10 tokens'
         // widths alive beside the MLP.
         let ctx = attention(&self.qkv()?.forward(x)?, self.heads, ScoreBias::Keys(mask_bias))?;
-        let x = self.attention_norm.forward(&self.attention_out.forward_residual(&ctx, x)?)?;
+        let x = self
+            .attention_norm
+            .forward(&self.attention_out.forward_residual(&ctx, x)?)?;
         drop(ctx);
         let h = self.intermediate.forward_act(&x, Act::GeluErf)?;
         self.output_norm.forward(&self.output.forward_residual(&h, &x)?)
@@ -193,7 +200,9 @@ impl Bert {
             position_embeddings,
             token_type_embeddings: bert_embedding(cfg.type_vocab_size, d, emb.pp("token_type_embeddings"))?,
             embeddings_norm: LayerNorm::new(d, EPS, emb.pp("LayerNorm"))?,
-            layers: (0..cfg.layers).map(|i| Layer::new(cfg, vb.pp(format!("encoder.layer.{i}")))).collect::<Result<_>>()?,
+            layers: (0..cfg.layers)
+                .map(|i| Layer::new(cfg, vb.pp(format!("encoder.layer.{i}"))))
+                .collect::<Result<_>>()?,
             pooler: bert_linear(d, d, vb.pp("pooler.dense"))?,
             classifier: bert_linear(d, cfg.num_labels, vb.pp("classifier"))?,
             grads: ParamGrads::default(),
@@ -207,7 +216,11 @@ impl Bert {
     fn embed(&self, input_ids: &Tensor, token_type_ids: &Tensor) -> Result<Tensor> {
         let seq = input_ids.dim(1)?;
         let words = crate::kernels::embedding(&self.word_embeddings, input_ids)?;
-        let x = add(&words, &crate::kernels::embedding(&self.token_type_embeddings, token_type_ids)?, false)?;
+        let x = add(
+            &words,
+            &crate::kernels::embedding(&self.token_type_embeddings, token_type_ids)?,
+            false,
+        )?;
         crate::kernels::add_repeating(&x, &self.position_embeddings.narrow(0, 0, seq)?)
     }
 
@@ -217,7 +230,10 @@ impl Bert {
         // Masked keys get -10000 added to their scores, as the original BERT does (finite in f16).
         let (b, s) = attention_mask.dims2()?;
         // Per key [b, s], in the model's dtype; the attention op adds it to every head's scores.
-        let mask_bias = ((attention_mask.to_dtype(DType::F32)? - 1.0)? * 10000.0)?.reshape((b, s))?.to_dtype(x.dtype())?.detach();
+        let mask_bias = ((attention_mask.to_dtype(DType::F32)? - 1.0)? * 10000.0)?
+            .reshape((b, s))?
+            .to_dtype(x.dtype())?
+            .detach();
         for layer in &self.layers {
             x = layer.forward(&x, &mask_bias, &self.grads)?;
         }
@@ -227,7 +243,12 @@ impl Bert {
 
 impl Classifier for Bert {
     fn forward(&self, inputs: &Inputs, _train: bool) -> Result<Tensor> {
-        let Inputs::Tokens { input_ids, token_type_ids, attention_mask } = inputs else {
+        let Inputs::Tokens {
+            input_ids,
+            token_type_ids,
+            attention_mask,
+        } = inputs
+        else {
             candle_core::bail!("BERT takes token inputs")
         };
         let x = self.encode(input_ids, token_type_ids, attention_mask)?;
@@ -252,7 +273,11 @@ mod tests {
             let vb = SeededInit::var_builder(Params::new(trainable), 1, DType::F32, &Device::Cpu);
             let layer = Layer::new(&Config::tiny(), vb)?;
             let (first, second) = (layer.qkv()?, layer.qkv()?);
-            assert_eq!(first.weight().id() == second.weight().id(), !trainable, "trainable: {trainable}");
+            assert_eq!(
+                first.weight().id() == second.weight().id(),
+                !trainable,
+                "trainable: {trainable}"
+            );
             assert_eq!(first.weight().dim(0)?, 3 * Config::tiny().hidden);
         }
         Ok(())

@@ -53,14 +53,23 @@ pub struct Params<'a> {
 /// would leave the op out of the backward pass, and with it the parameters' gradients.
 pub fn runs_as_one_op(x: &Tensor, p: &Params) -> bool {
     let trains = p.qkv.iter().chain([&p.out, &p.fc1, &p.fc2]).any(|l| l.trains())
-        || [p.norm1, p.norm2].iter().any(|n| n.weight().track_op() || n.bias().track_op());
+        || [p.norm1, p.norm2]
+            .iter()
+            .any(|n| n.weight().track_op() || n.bias().track_op());
     let ops = KernelOptions::active().layers == EncoderLayers::Ops;
     x.device().is_cuda() && x.track_op() && trains && !ops
 }
 
 /// The layer over x [b, t, c] as one op, its parameters' gradients recorded in `grads` by the
 /// backward pass; `mask` a [b, t] key mask in x's dtype (BERT's padding). See [`runs_as_one_op`].
-pub fn forward(x: &Tensor, p: &Params, heads: usize, norms: Norms, mask: Option<&Tensor>, grads: &ParamGrads) -> Result<Tensor> {
+pub fn forward(
+    x: &Tensor,
+    p: &Params,
+    heads: usize,
+    norms: Norms,
+    mask: Option<&Tensor>,
+    grads: &ParamGrads,
+) -> Result<Tensor> {
     let x = x.contiguous()?;
     let bias = match mask {
         Some(m) => Bias::Keys(m.detach().contiguous()?),
@@ -68,7 +77,13 @@ pub fn forward(x: &Tensor, p: &Params, heads: usize, norms: Norms, mask: Option<
     };
     let layer = Layer::new(p, heads, norms, bias)?;
     let (out, saved) = layer.forward(&x.detach())?;
-    let op = EncoderLayer { layer, params: Originals::of(p), grads: grads.clone(), out: Handover::new(out), saved: Handover::new(saved) };
+    let op = EncoderLayer {
+        layer,
+        params: Originals::of(p),
+        grads: grads.clone(),
+        out: Handover::new(out),
+        saved: Handover::new(saved),
+    };
     x.apply_op1(op)
 }
 
@@ -103,7 +118,12 @@ pub(super) struct Layer {
 
 impl Layer {
     pub(super) fn new(p: &Params, heads: usize, norms: Norms, bias: Bias) -> Result<Self> {
-        Ok(Self { heads, norms, bias, weights: Weights::of(p)? })
+        Ok(Self {
+            heads,
+            norms,
+            bias,
+            weights: Weights::of(p)?,
+        })
     }
 }
 
@@ -118,7 +138,9 @@ struct Weights {
 }
 
 fn linear_parts(l: &Linear) -> Result<(Tensor, Tensor)> {
-    let Some(b) = l.bias() else { bail!("the fused encoder layer takes linear layers with biases") };
+    let Some(b) = l.bias() else {
+        bail!("the fused encoder layer takes linear layers with biases")
+    };
     Ok((l.weight().detach(), b.detach()))
 }
 
@@ -165,7 +187,6 @@ impl Weights {
             norm2: norm_parts(p.norm2),
         })
     }
-
 }
 
 impl Layer {
@@ -189,7 +210,18 @@ impl Layer {
                 let (pre, h) = mlp(&fc1_in)?;
                 let norm2_in = linear_residual(&h, w2, b2, &fc1_in)?;
                 let out = layer_norm::layer_norm(&norm2_in, &n2.0, &n2.1, n2.2)?;
-                (out, Saved { qkv_in: x.clone(), qkv, ctx, norm1_in: Some(norm1_in), fc1_in, pre, norm2_in })
+                (
+                    out,
+                    Saved {
+                        qkv_in: x.clone(),
+                        qkv,
+                        ctx,
+                        norm1_in: Some(norm1_in),
+                        fc1_in,
+                        pre,
+                        norm2_in,
+                    },
+                )
             }
             Norms::Pre => {
                 let qkv_in = layer_norm::layer_norm(x, &n1.0, &n1.1, n1.2)?;
@@ -199,7 +231,18 @@ impl Layer {
                 let fc1_in = layer_norm::layer_norm(&norm2_in, &n2.0, &n2.1, n2.2)?;
                 let (pre, h) = mlp(&fc1_in)?;
                 let out = linear_residual(&h, w2, b2, &norm2_in)?;
-                (out, Saved { qkv_in, qkv, ctx, norm1_in: Some(x.clone()), fc1_in, pre, norm2_in })
+                (
+                    out,
+                    Saved {
+                        qkv_in,
+                        qkv,
+                        ctx,
+                        norm1_in: Some(x.clone()),
+                        fc1_in,
+                        pre,
+                        norm2_in,
+                    },
+                )
             }
         })
     }
@@ -216,7 +259,10 @@ impl Originals {
     pub(super) fn of(p: &Params) -> Self {
         let lin = |l: &Linear| (l.weight().clone(), l.bias().expect("checked by Weights::of").clone());
         let norm = |n: &LayerNorm| (n.weight().clone(), n.bias().clone());
-        Self { qkv: p.qkv.iter().map(|l| lin(l)).collect(), rest: [lin(p.out), norm(p.norm1), lin(p.fc1), lin(p.fc2), norm(p.norm2)] }
+        Self {
+            qkv: p.qkv.iter().map(|l| lin(l)).collect(),
+            rest: [lin(p.out), norm(p.norm1), lin(p.fc1), lin(p.fc2), norm(p.norm2)],
+        }
     }
 
     /// Hands the gradients to the optimizer, the packed q/k/v's split back into the model's parts.
@@ -268,7 +314,9 @@ impl<T> Handover<T> {
 /// The storage candle records as an op's output: the whole contiguous buffer of `out`, copied.
 pub(super) fn output_storage(out: &Tensor, what: &str) -> Result<(CudaStorage, Shape)> {
     let (storage, layout) = out.storage_and_layout();
-    let Storage::Cuda(s) = &*storage else { bail!("{what}'s output is not on the GPU") };
+    let Storage::Cuda(s) = &*storage else {
+        bail!("{what}'s output is not on the GPU")
+    };
     if !layout.is_contiguous() || layout.start_offset() != 0 {
         bail!("{what}'s output is not a whole contiguous buffer")
     }
@@ -309,14 +357,18 @@ impl Layer {
     /// gradient g.
     pub(super) fn backward(&self, s: &Saved, g: &Tensor) -> Result<(Tensor, Grads, Option<Tensor>)> {
         let w = &self.weights;
-        let Some(norm1_in) = &s.norm1_in else { bail!("the encoder layer's backward ran without ln1's input") };
+        let Some(norm1_in) = &s.norm1_in else {
+            bail!("the encoder layer's backward ran without ln1's input")
+        };
         // The MLP from the gradient of its output, to the gradient of its input.
         let mlp = |dh_out: &Tensor| -> Result<BranchGrads> {
             let h = s.pre.apply_op1_no_bwd(&Activation(Act::GeluErf))?;
             let (dh, fc2) = linear_grads(&h, &w.fc2, dh_out)?;
             drop(h);
             // GELU's gradient reads its input alone: the pre-activation stands in for the output.
-            let dpre = Activation(Act::GeluErf).bwd(&s.pre, &s.pre, &dh)?.expect("GELU has a gradient");
+            let dpre = Activation(Act::GeluErf)
+                .bwd(&s.pre, &s.pre, &dh)?
+                .expect("GELU has a gradient");
             let (dfc1_in, fc1) = linear_grads(&s.fc1_in, &w.fc1, &dpre)?;
             Ok((dfc1_in, fc1, fc2))
         };
@@ -337,7 +389,14 @@ impl Layer {
                 let ((dx_attn, qkv, out), dbias) = attn(&dnorm1_in)?;
                 // x fed the projection and the attention's residual connection.
                 let dx = add(&dnorm1_in, &dx_attn, false)?;
-                (dx, Grads { qkv, rest: [out, norm1, fc1, fc2, norm2] }, dbias)
+                (
+                    dx,
+                    Grads {
+                        qkv,
+                        rest: [out, norm1, fc1, fc2, norm2],
+                    },
+                    dbias,
+                )
             }
             Norms::Pre => {
                 let (dfc1_in, fc1, fc2) = mlp(g)?;
@@ -347,7 +406,14 @@ impl Layer {
                 let ((dqkv_in, qkv, out), dbias) = attn(&dmid)?;
                 let (dx_norm, norm1) = norm_grads(norm1_in, &w.norm1, &dqkv_in)?;
                 let dx = add(&dmid, &dx_norm, false)?;
-                (dx, Grads { qkv, rest: [out, norm1, fc1, fc2, norm2] }, dbias)
+                (
+                    dx,
+                    Grads {
+                        qkv,
+                        rest: [out, norm1, fc1, fc2, norm2],
+                    },
+                    dbias,
+                )
             }
         })
     }
@@ -364,7 +430,10 @@ impl CustomOp1 for EncoderLayer {
 
     /// The output computed by [`forward`], copied into the storage candle records.
     fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
-        output_storage(&self.out.take("the fused encoder layer's forward")?, "the fused encoder layer")
+        output_storage(
+            &self.out.take("the fused encoder layer's forward")?,
+            "the fused encoder layer",
+        )
     }
 
     fn bwd(&self, _x: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {

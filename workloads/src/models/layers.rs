@@ -61,7 +61,10 @@ impl Linear {
     pub fn packed(layers: &[&Linear]) -> Result<Linear> {
         let weights: Vec<&Tensor> = layers.iter().map(|l| &l.weight).collect();
         let biases: Option<Vec<&Tensor>> = layers.iter().map(|l| l.bias.as_ref()).collect();
-        Ok(Linear::new(Tensor::cat(&weights, 0)?, biases.map(|b| Tensor::cat(&b, 0)).transpose()?))
+        Ok(Linear::new(
+            Tensor::cat(&weights, 0)?,
+            biases.map(|b| Tensor::cat(&b, 0)).transpose()?,
+        ))
     }
 }
 
@@ -125,11 +128,18 @@ impl BatchNorm2d {
         let dtype = x.dtype();
         let compute = stats_dtype(dtype);
         let per_channel = |t: &Tensor| t.to_dtype(compute)?.reshape((1, c, 1, 1));
-        let (mean, var) = (per_channel(&self.running_mean.as_detached_tensor())?, per_channel(&self.running_var.as_detached_tensor())?);
+        let (mean, var) = (
+            per_channel(&self.running_mean.as_detached_tensor())?,
+            per_channel(&self.running_var.as_detached_tensor())?,
+        );
         // y = x * scale + shift with scale = w / sqrt(var + eps), shift = b - mean * scale.
         let scale = per_channel(&self.weight)?.broadcast_div(&(var + self.eps)?.sqrt()?)?;
         let shift = per_channel(&self.bias)?.sub(&mean.broadcast_mul(&scale)?)?;
-        let y = x.to_dtype(compute)?.broadcast_mul(&scale)?.broadcast_add(&shift)?.to_dtype(dtype)?;
+        let y = x
+            .to_dtype(compute)?
+            .broadcast_mul(&scale)?
+            .broadcast_add(&shift)?
+            .to_dtype(dtype)?;
         if relu {
             y.relu()
         } else {
@@ -147,7 +157,15 @@ impl BatchNorm2d {
         // No gradient through the statistics op: BatchNorm's backward formula accounts for them.
         let stats = self.batch_stats(&x, channels_last)?;
         let wb = Tensor::stack(&[&self.weight, &self.bias], 0)?;
-        x.apply_op3(&wb, &stats, batch_norm::BatchNorm { eps: self.eps, relu, channels_last })
+        x.apply_op3(
+            &wb,
+            &stats,
+            batch_norm::BatchNorm {
+                eps: self.eps,
+                relu,
+                channels_last,
+            },
+        )
     }
 
     /// The batch's [mean; biased variance] of contiguous x (recording no gradient), the running
@@ -172,15 +190,22 @@ impl BatchNorm2d {
         let keep = 1.0 - self.momentum;
         let unbiased = n / (n - 1.0).max(1.0);
         let update = |row: usize, take: f64| batch_norm::RunningUpdate { row, keep, take };
-        self.running_mean.as_tensor().inplace_op2(stats, &update(0, self.momentum))?;
-        self.running_var.as_tensor().inplace_op2(stats, &update(1, self.momentum * unbiased))
+        self.running_mean
+            .as_tensor()
+            .inplace_op2(stats, &update(0, self.momentum))?;
+        self.running_var
+            .as_tensor()
+            .inplace_op2(stats, &update(1, self.momentum * unbiased))
     }
 
     /// The inference-time affine map y = x * scale + shift per channel, in f32, each of shape [c], on
     /// the host (where `ConvBn` folds it).
     fn scale_shift(&self) -> Result<(Tensor, Tensor)> {
         let host = |t: &Tensor| t.detach().to_device(&Device::Cpu)?.to_dtype(DType::F32);
-        let (mean, var) = (host(self.running_mean.as_tensor())?, host(self.running_var.as_tensor())?);
+        let (mean, var) = (
+            host(self.running_mean.as_tensor())?,
+            host(self.running_var.as_tensor())?,
+        );
         let scale = host(&self.weight)?.div(&(var + self.eps)?.sqrt()?)?;
         let shift = host(&self.bias)?.sub(&mean.mul(&scale)?)?;
         Ok((scale, shift))
@@ -215,7 +240,12 @@ enum UnitWeight {
     /// channels last, the NHWC path's), and the shift as a bias in each dtype asked for, beside the
     /// shift in f32 on the host. A model asks for one of each; another is added, never put in the
     /// place of the first, whose address a captured graph may hold.
-    Folded { kcrs: Option<Tensor>, krsc: Option<Tensor>, shift: Tensor, biases: Vec<Tensor> },
+    Folded {
+        kcrs: Option<Tensor>,
+        krsc: Option<Tensor>,
+        shift: Tensor,
+        biases: Vec<Tensor>,
+    },
 }
 
 impl ConvBn {
@@ -226,7 +256,14 @@ impl ConvBn {
     pub fn new(weight: Tensor, padding: usize, stride: usize, bn: BatchNorm2d) -> Self {
         let frozen = !(weight.track_op() || bn.weight.track_op() || bn.bias.track_op());
         let device = weight.device().clone();
-        Self { weight: std::sync::Mutex::new(UnitWeight::AsBuilt(weight)), padding, stride, bn, frozen, device }
+        Self {
+            weight: std::sync::Mutex::new(UnitWeight::AsBuilt(weight)),
+            padding,
+            stride,
+            bn,
+            frozen,
+            device,
+        }
     }
 
     /// Whether nothing of the unit trains: then the batch norm folds into the convolution.
@@ -238,7 +275,9 @@ impl ConvBn {
     pub(crate) fn parts(&self) -> Result<(Tensor, usize, usize)> {
         match &*self.weight.lock().expect("no panic while holding the lock") {
             UnitWeight::AsBuilt(w) => Ok((w.clone(), self.padding, self.stride)),
-            UnitWeight::Folded { .. } => candle_core::bail!("a folded unit (frozen weights) has no weight as built to train"),
+            UnitWeight::Folded { .. } => {
+                candle_core::bail!("a folded unit (frozen weights) has no weight as built to train")
+            }
         }
     }
 
@@ -265,13 +304,33 @@ impl ConvBn {
             *weight = UnitWeight::AsBuilt(host.clone());
             let (scale, shift) = self.bn.scale_shift()?;
             let c = scale.dim(0)?;
-            let folded = host.to_dtype(DType::F32)?.broadcast_mul(&scale.reshape((c, 1, 1, 1))?)?.to_dtype(host.dtype())?;
-            let folded = if krsc { folded.permute((0, 2, 3, 1))?.contiguous()? } else { folded };
+            let folded = host
+                .to_dtype(DType::F32)?
+                .broadcast_mul(&scale.reshape((c, 1, 1, 1))?)?
+                .to_dtype(host.dtype())?;
+            let folded = if krsc {
+                folded.permute((0, 2, 3, 1))?.contiguous()?
+            } else {
+                folded
+            };
             let folded = Some(folded.to_device(&self.device)?);
             let (kcrs, krsc) = if krsc { (None, folded) } else { (folded, None) };
-            *weight = UnitWeight::Folded { kcrs, krsc, shift, biases: Vec::new() };
+            *weight = UnitWeight::Folded {
+                kcrs,
+                krsc,
+                shift,
+                biases: Vec::new(),
+            };
         }
-        let UnitWeight::Folded { kcrs, krsc: krsc_w, shift, biases } = &mut *weight else { unreachable!("folded above") };
+        let UnitWeight::Folded {
+            kcrs,
+            krsc: krsc_w,
+            shift,
+            biases,
+        } = &mut *weight
+        else {
+            unreachable!("folded above")
+        };
         // A layout not asked for before: the other one moved, on the device (no model does this).
         let w = match (krsc, &*kcrs, &*krsc_w) {
             (false, Some(w), _) | (true, _, Some(w)) => w.clone(),
@@ -316,12 +375,19 @@ impl ConvBn {
     pub fn forward(&self, x: &Tensor, train: bool, relu: bool) -> Result<Tensor> {
         if train || !self.frozen {
             let (w, padding, stride) = self.parts()?;
-            return self.bn.forward(&crate::kernels::conv2d(x, &w, padding, stride)?, train, relu);
+            return self
+                .bn
+                .forward(&crate::kernels::conv2d(x, &w, padding, stride)?, train, relu);
         }
         let (w, b) = self.folded(x.dtype(), false)?;
         let y = crate::kernels::conv2d(x, &w, self.padding, self.stride)?;
         // Written over the convolution's output, which nothing else holds.
-        crate::kernels::bias_act_over(y, &b, crate::kernels::BiasAxis::Channels, if relu { Act::Relu } else { Act::None })
+        crate::kernels::bias_act_over(
+            y,
+            &b,
+            crate::kernels::BiasAxis::Channels,
+            if relu { Act::Relu } else { Act::None },
+        )
     }
 }
 
@@ -351,12 +417,24 @@ impl PatchEmbed {
         let (d, c, p, _) = self.weight.dims4()?;
         let (b, xc, h, w) = x.dims4()?;
         if xc != c || h % p != 0 || w % p != 0 {
-            candle_core::bail!("patch embedding of {p}x{p} patches over {c} channels: an input of shape {:?}", x.dims())
+            candle_core::bail!(
+                "patch embedding of {p}x{p} patches over {c} channels: an input of shape {:?}",
+                x.dims()
+            )
         }
         let (gh, gw) = (h / p, w / p);
         // Each patch's values in the filter's (channel, row, column) order.
-        let patches = x.reshape((b, c, gh, p, gw, p))?.permute((0, 2, 4, 1, 3, 5))?.contiguous()?.reshape((b, gh, gw, c * p * p))?;
-        crate::kernels::linear(&patches, &self.weight.reshape((d, c * p * p))?, Some(&self.bias), Act::None)
+        let patches = x
+            .reshape((b, c, gh, p, gw, p))?
+            .permute((0, 2, 4, 1, 3, 5))?
+            .contiguous()?
+            .reshape((b, gh, gw, c * p * p))?;
+        crate::kernels::linear(
+            &patches,
+            &self.weight.reshape((d, c * p * p))?,
+            Some(&self.bias),
+            Act::None,
+        )
     }
 }
 
@@ -404,14 +482,20 @@ pub(crate) mod tests {
         let x0: Vec<f64> = (0..n).map(|_| rng.normal()).collect();
         let out_shape = f(&Tensor::from_vec(x0.clone(), shape, &Device::Cpu)?)?.dims().to_vec();
         let r = Tensor::from_vec(
-            (0..out_shape.iter().product::<usize>()).map(|_| rng.normal()).collect::<Vec<f64>>(),
+            (0..out_shape.iter().product::<usize>())
+                .map(|_| rng.normal())
+                .collect::<Vec<f64>>(),
             out_shape,
             &Device::Cpu,
         )?;
         let loss = |x: &Tensor| -> Result<Tensor> { (f(x)? * &r)?.sum_all() };
         let x = Var::from_vec(x0.clone(), shape, &Device::Cpu)?;
         let grads = loss(x.as_tensor())?.backward()?;
-        let analytic = grads.get(x.as_tensor()).expect("a gradient reaches the input").flatten_all()?.to_vec1::<f64>()?;
+        let analytic = grads
+            .get(x.as_tensor())
+            .expect("a gradient reaches the input")
+            .flatten_all()?
+            .to_vec1::<f64>()?;
         let h = 1e-5;
         for i in 0..n {
             let at = |d: f64| -> Result<f64> {
@@ -421,7 +505,11 @@ pub(crate) mod tests {
             };
             let numeric = (at(h)? - at(-h)?) / (2.0 * h);
             let tol = 1e-6 * (1.0 + numeric.abs());
-            assert!((analytic[i] - numeric).abs() < tol, "element {i}: autograd {} vs numeric {numeric}", analytic[i]);
+            assert!(
+                (analytic[i] - numeric).abs() < tol,
+                "element {i}: autograd {} vs numeric {numeric}",
+                analytic[i]
+            );
         }
         Ok(())
     }
@@ -434,10 +522,21 @@ pub(crate) mod tests {
     fn patch_embedding_is_the_strided_convolution_and_refuses_ragged_images() -> Result<()> {
         // 2 images of 3x8x12 in 4x4 patches (2x3 of them), 5 output channels.
         let mut rng = Rng::new(9);
-        let mut randn = |shape: &[usize]| Tensor::from_vec((0..shape.iter().product::<usize>()).map(|_| rng.normal() as f32).collect::<Vec<_>>(), shape, &Device::Cpu);
+        let mut randn = |shape: &[usize]| {
+            Tensor::from_vec(
+                (0..shape.iter().product::<usize>())
+                    .map(|_| rng.normal() as f32)
+                    .collect::<Vec<_>>(),
+                shape,
+                &Device::Cpu,
+            )
+        };
         let (x, w, b) = (randn(&[2, 3, 8, 12])?, randn(&[5, 3, 4, 4])?, randn(&[5])?);
         let embed = PatchEmbed::new(w.clone(), b.clone())?;
-        let want = x.conv2d(&w, 0, 4, 1, 1)?.broadcast_add(&b.reshape((1, 5, 1, 1))?)?.permute((0, 2, 3, 1))?;
+        let want = x
+            .conv2d(&w, 0, 4, 1, 1)?
+            .broadcast_add(&b.reshape((1, 5, 1, 1))?)?
+            .permute((0, 2, 3, 1))?;
         let got = embed.forward(&x)?;
         assert_eq!(got.dims(), [2, 2, 3, 5]);
         let diff = (got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
@@ -450,7 +549,11 @@ pub(crate) mod tests {
     #[test]
     fn layer_norm_matches_candle_and_has_exact_gradients() -> Result<()> {
         let ln = LayerNorm::new(6, 1e-5, vb(DType::F32))?;
-        let x = Tensor::from_vec((0..24).map(|i| (i as f32).sin() * 3.0 + 1.0).collect::<Vec<_>>(), (4, 6), &Device::Cpu)?;
+        let x = Tensor::from_vec(
+            (0..24).map(|i| (i as f32).sin() * 3.0 + 1.0).collect::<Vec<_>>(),
+            (4, 6),
+            &Device::Cpu,
+        )?;
         let w = Tensor::ones(6, DType::F32, &Device::Cpu)?;
         let b = Tensor::zeros(6, DType::F32, &Device::Cpu)?;
         let reference = candle_nn::ops::layer_norm(&x, &w, &b, 1e-5)?;
@@ -476,7 +579,10 @@ pub(crate) mod tests {
         }
         let rm = bn.running_mean.as_tensor().to_vec1::<f32>()?[0];
         let rv = bn.running_var.as_tensor().to_vec1::<f32>()?[0];
-        assert!((rm - 0.1 * mean).abs() < 1e-6 && (rv - (0.9 + 0.1 * unbiased_var)).abs() < 1e-6, "{rm} {rv}");
+        assert!(
+            (rm - 0.1 * mean).abs() < 1e-6 && (rv - (0.9 + 0.1 * unbiased_var)).abs() < 1e-6,
+            "{rm} {rv}"
+        );
         let eval = bn.forward(&x, false, false)?.flatten_all()?.to_vec1::<f32>()?;
         assert!((eval[0] - (1.0 - rm) / (rv + 1e-5).sqrt()).abs() < 1e-5);
         Ok(())
@@ -486,7 +592,13 @@ pub(crate) mod tests {
     fn a_frozen_unit_folds_its_batch_norm_once_in_the_layouts_and_dtypes_asked_for() -> Result<()> {
         let mut rng = Rng::new(11);
         let mut randn = |shape: &[usize], shift: f64| {
-            Tensor::from_vec((0..shape.iter().product::<usize>()).map(|_| (rng.normal() + shift) as f32).collect::<Vec<_>>(), shape, &Device::Cpu)
+            Tensor::from_vec(
+                (0..shape.iter().product::<usize>())
+                    .map(|_| (rng.normal() + shift) as f32)
+                    .collect::<Vec<_>>(),
+                shape,
+                &Device::Cpu,
+            )
         };
         // Two input channels, so that KCRS [4, 2, 3, 3] and KRSC [4, 3, 3, 2] differ in shape.
         let (x, w) = (randn(&[2, 2, 6, 6], 0.0)?, randn(&[4, 2, 3, 3], 0.0)?);
@@ -507,11 +619,19 @@ pub(crate) mod tests {
         assert!(close(&got)? < 1e-5, "folded against unfolded: {}", close(&got)?);
         let err = unit.parts().unwrap_err().to_string();
         assert!(err.contains("no weight as built"), "{err}");
-        let exact = |a: &Tensor, b: &Tensor| -> Result<f32> { (a.to_dtype(DType::F32)? - b.to_dtype(DType::F32)?)?.abs()?.max_all()?.to_scalar::<f32>() };
+        let exact = |a: &Tensor, b: &Tensor| -> Result<f32> {
+            (a.to_dtype(DType::F32)? - b.to_dtype(DType::F32)?)?
+                .abs()?
+                .max_all()?
+                .to_scalar::<f32>()
+        };
         // KRSC (the NHWC path's) is the folded KCRS weight with its channels last.
         let (kcrs, bias) = unit.folded(DType::F32, false)?;
         let (krsc, _) = unit.folded(DType::F32, true)?;
-        assert_eq!((kcrs.dims(), krsc.dims()), ([4, 2, 3, 3].as_slice(), [4, 3, 3, 2].as_slice()));
+        assert_eq!(
+            (kcrs.dims(), krsc.dims()),
+            ([4, 2, 3, 3].as_slice(), [4, 3, 3, 2].as_slice())
+        );
         assert_eq!(exact(&krsc, &kcrs.permute((0, 2, 3, 1))?)?, 0.0);
         // Asked again, each is the one it gave (a captured graph may hold its address).
         let (again, _) = unit.folded(DType::F32, false)?;
@@ -522,7 +642,12 @@ pub(crate) mod tests {
         assert_eq!(half.dtype(), DType::F16);
         assert_eq!(exact(&half, &bias.to_dtype(DType::F16)?)?, 0.0);
         // Trainable units do not fold.
-        let trainable = ConvBn::new(Var::from_tensor(&w)?.as_tensor().clone(), 1, 1, BatchNorm2d::new(4, vb(DType::F32))?);
+        let trainable = ConvBn::new(
+            Var::from_tensor(&w)?.as_tensor().clone(),
+            1,
+            1,
+            BatchNorm2d::new(4, vb(DType::F32))?,
+        );
         assert!(!trainable.frozen() && trainable.folded(DType::F32, false).is_err());
         Ok(())
     }

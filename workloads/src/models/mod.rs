@@ -24,7 +24,11 @@ pub enum Inputs {
     Images(Tensor),
     /// Token sequences: ids and token types (u32, [batch, seq]) and the attention mask (1 attend,
     /// 0 ignore, [batch, seq]).
-    Tokens { input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor },
+    Tokens {
+        input_ids: Tensor,
+        token_type_ids: Tensor,
+        attention_mask: Tensor,
+    },
 }
 
 impl Inputs {
@@ -32,7 +36,11 @@ impl Inputs {
     pub fn tensors(&self) -> Vec<Tensor> {
         match self {
             Inputs::Images(x) => vec![x.clone()],
-            Inputs::Tokens { input_ids, token_type_ids, attention_mask } => {
+            Inputs::Tokens {
+                input_ids,
+                token_type_ids,
+                attention_mask,
+            } => {
                 vec![input_ids.clone(), token_type_ids.clone(), attention_mask.clone()]
             }
         }
@@ -43,9 +51,11 @@ impl Inputs {
     pub fn with_tensors(&self, tensors: &[Tensor]) -> Result<Inputs> {
         Ok(match (self, tensors) {
             (Inputs::Images(_), [x, ..]) => Inputs::Images(x.clone()),
-            (Inputs::Tokens { .. }, [ids, types, mask, ..]) => {
-                Inputs::Tokens { input_ids: ids.clone(), token_type_ids: types.clone(), attention_mask: mask.clone() }
-            }
+            (Inputs::Tokens { .. }, [ids, types, mask, ..]) => Inputs::Tokens {
+                input_ids: ids.clone(),
+                token_type_ids: types.clone(),
+                attention_mask: mask.clone(),
+            },
             _ => candle_core::bail!("{} tensors do not make these inputs", tensors.len()),
         })
     }

@@ -17,15 +17,17 @@
 //! The kernel option `layers=ops` builds the blocks of our ops instead, to compare the two in one
 //! build.
 
-use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Storage, Tensor};
+use candle_core::{
+    bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Storage, Tensor,
+};
 
 use super::encoder::Handover;
 use super::layers::ConvBn;
 use crate::kernels::batch_norm::BatchNorm;
 use crate::kernels::conv_nhwc::{conv_nhwc_grads, conv_nhwc_train};
+use crate::kernels::elementwise::cuda::{relu_grad, AddAct};
 use crate::kernels::options::{EncoderLayers, KernelOptions};
 use crate::kernels::{add, conv2d, conv2d::conv2d_grads};
-use crate::kernels::elementwise::cuda::{relu_grad, AddAct};
 use crate::optim::ParamGrads;
 
 /// Whether [`forward`] runs a training step's block as one op: on a CUDA device, x recording a graph
@@ -53,22 +55,52 @@ impl Unit {
     fn of(unit: &ConvBn, channels_last: bool) -> Result<Self> {
         let (weight, padding, stride) = unit.parts()?;
         let (bn_weight, bn_bias, eps) = unit.bn.affine();
-        let filter = if channels_last { crate::kernels::channels_last(&weight.detach())? } else { weight.detach() };
+        let filter = if channels_last {
+            crate::kernels::channels_last(&weight.detach())?
+        } else {
+            weight.detach()
+        };
         let wb = Tensor::stack(&[bn_weight.detach(), bn_bias.detach()], 0)?;
-        Ok(Self { weight, bn_weight: bn_weight.clone(), bn_bias: bn_bias.clone(), filter, wb, padding, stride, eps, channels_last })
+        Ok(Self {
+            weight,
+            bn_weight: bn_weight.clone(),
+            bn_bias: bn_bias.clone(),
+            filter,
+            wb,
+            padding,
+            stride,
+            eps,
+            channels_last,
+        })
     }
 
     fn norm(&self, relu: bool) -> BatchNorm {
-        BatchNorm { eps: self.eps, relu, channels_last: self.channels_last }
+        BatchNorm {
+            eps: self.eps,
+            relu,
+            channels_last: self.channels_last,
+        }
     }
 
     /// conv, batch norm (its running statistics updated), ReLU when `relu`, on detached x.
     fn forward(&self, model: &ConvBn, x: &Tensor, relu: bool) -> Result<(Tensor, UnitSaved)> {
-        let y = if self.channels_last { conv_nhwc_train(x, &self.filter, self.padding, self.stride)? } else { conv2d(x, &self.filter, self.padding, self.stride)? };
+        let y = if self.channels_last {
+            conv_nhwc_train(x, &self.filter, self.padding, self.stride)?
+        } else {
+            conv2d(x, &self.filter, self.padding, self.stride)?
+        };
         let stats = model.bn.batch_stats(&y, self.channels_last)?;
         let out = y.apply_op3_no_bwd(&self.wb, &stats, &self.norm(relu))?;
         let kept = relu.then(|| out.clone());
-        Ok((out, UnitSaved { x: x.clone(), y, stats, out: kept }))
+        Ok((
+            out,
+            UnitSaved {
+                x: x.clone(),
+                y,
+                stats,
+                out: kept,
+            },
+        ))
     }
 
     /// The unit's input gradient (when asked) from its output's, its parameters' gradients pushed.
@@ -76,7 +108,9 @@ impl Unit {
         // Batch norm's backward reads its output only through the ReLU.
         let out = s.out.as_ref().unwrap_or(&s.y);
         let (dy, dwb, _) = self.norm(s.out.is_some()).bwd(&s.y, &self.wb, &s.stats, out, g)?;
-        let (Some(dy), Some(dwb)) = (dy, dwb) else { bail!("batch norm's backward pass returned no gradient") };
+        let (Some(dy), Some(dwb)) = (dy, dwb) else {
+            bail!("batch norm's backward pass returned no gradient")
+        };
         let (dx, dw) = if self.channels_last {
             let (dx, dw) = conv_nhwc_grads(&s.x, &self.filter, &dy, self.padding, self.stride, input_grad)?;
             // The filter's gradient back in the parameter's KCRS layout.
@@ -112,7 +146,13 @@ struct Saved {
 /// after each unit but the last), `shortcut` (a projection unit, or the identity when None),
 /// relu(path(x) + shortcut(x)). The parameters' gradients are recorded in `grads` by the backward
 /// pass. See [`runs_as_one_op`].
-pub fn forward(x: &Tensor, path: &[ConvBn], shortcut: Option<&ConvBn>, channels_last: bool, grads: &ParamGrads) -> Result<Tensor> {
+pub fn forward(
+    x: &Tensor,
+    path: &[ConvBn],
+    shortcut: Option<&ConvBn>,
+    channels_last: bool,
+    grads: &ParamGrads,
+) -> Result<Tensor> {
     let x = x.contiguous()?;
     let input = x.detach();
     let units: Vec<Unit> = path.iter().map(|u| Unit::of(u, channels_last)).collect::<Result<_>>()?;
@@ -136,7 +176,10 @@ pub fn forward(x: &Tensor, path: &[ConvBn], shortcut: Option<&ConvBn>, channels_
         projection,
         grads: grads.clone(),
         branches: Handover::new((h, identity)),
-        saved: Handover::new(Saved { path: saved_path, shortcut: saved_shortcut }),
+        saved: Handover::new(Saved {
+            path: saved_path,
+            shortcut: saved_shortcut,
+        }),
     };
     x.apply_op1(op)
 }
@@ -158,10 +201,14 @@ impl ResidualBlock {
         let g = relu_grad(g, out)?;
         let mut d = g.clone();
         for (unit, saved) in self.units.iter().zip(&s.path).rev() {
-            d = unit.backward(saved, &d, true, &self.grads)?.expect("the input's gradient was asked for");
+            d = unit
+                .backward(saved, &d, true, &self.grads)?
+                .expect("the input's gradient was asked for");
         }
         let shortcut = match (&self.projection, &s.shortcut) {
-            (Some(unit), Some(saved)) => unit.backward(saved, &g, true, &self.grads)?.expect("the input's gradient was asked for"),
+            (Some(unit), Some(saved)) => unit
+                .backward(saved, &g, true, &self.grads)?
+                .expect("the input's gradient was asked for"),
             _ => g,
         };
         add(&d, &shortcut, false)
@@ -182,7 +229,9 @@ impl CustomOp1 for ResidualBlock {
         let (h, identity) = self.branches.take("the residual block's forward")?;
         let (hs, hl) = h.storage_and_layout();
         let (is, il) = identity.storage_and_layout();
-        let (Storage::Cuda(hs), Storage::Cuda(is)) = (&*hs, &*is) else { bail!("the residual block's branches are not on the GPU") };
+        let (Storage::Cuda(hs), Storage::Cuda(is)) = (&*hs, &*is) else {
+            bail!("the residual block's branches are not on the GPU")
+        };
         AddAct { relu: true }.cuda_fwd(hs, hl, is, il)
     }
 

@@ -4,10 +4,10 @@
 use candle_core::{Result, Tensor};
 use candle_nn::{Module, VarBuilder};
 
-use super::layers::{BatchNorm2d, ConvBn, Linear, torch_linear};
+use super::layers::{torch_linear, BatchNorm2d, ConvBn, Linear};
 use super::{Classifier, Inputs};
-use crate::kernels::add_over;
 use crate::init::KAIMING_NORMAL_FAN_OUT;
+use crate::kernels::add_over;
 use crate::kernels::max_pool2d;
 use crate::optim::ParamGrads;
 
@@ -41,7 +41,13 @@ pub struct Config {
 
 impl Config {
     fn preset(block: Block, layers: [usize; 4]) -> Self {
-        Self { block, layers, width: 64, num_classes: 1000, image_size: 224 }
+        Self {
+            block,
+            layers,
+            width: 64,
+            num_classes: 1000,
+            image_size: 224,
+        }
     }
     pub fn resnet18() -> Self {
         Self::preset(Block::Basic, [2, 2, 2, 2])
@@ -60,7 +66,13 @@ impl Config {
     }
     /// The architecture at test size: one basic block a stage, 8 channels, 32x32 inputs, 10 classes.
     pub fn tiny() -> Self {
-        Self { block: Block::Basic, layers: [1, 1, 1, 1], width: 8, num_classes: 10, image_size: 32 }
+        Self {
+            block: Block::Basic,
+            layers: [1, 1, 1, 1],
+            width: 8,
+            num_classes: 10,
+            image_size: 32,
+        }
     }
 
     /// Every residual block in order, with its shapes: the one walk both the builder and the counters
@@ -74,7 +86,15 @@ impl Config {
             for i in 0..count {
                 let stride = if stage > 0 && i == 0 { 2 } else { 1 };
                 let downsample = i == 0 && (stride != 1 || in_ch != out_ch);
-                shapes.push(BlockShape { stage, index: i, in_ch, planes, out_ch, stride, downsample });
+                shapes.push(BlockShape {
+                    stage,
+                    index: i,
+                    in_ch,
+                    planes,
+                    out_ch,
+                    stride,
+                    downsample,
+                });
                 in_ch = out_ch;
             }
         }
@@ -88,7 +108,13 @@ impl Config {
     /// Every convolution as (in, out, kernel, stride, padding) with the side of its input, in order.
     fn convs(&self) -> Vec<(ConvShape, usize)> {
         let mut out = Vec::new();
-        let stem = ConvShape { cin: 3, cout: self.width, k: 7, stride: 2, pad: 3 };
+        let stem = ConvShape {
+            cin: 3,
+            cout: self.width,
+            k: 7,
+            stride: 2,
+            pad: 3,
+        };
         let mut side = self.image_size;
         out.push((stem, side));
         side = stem.out_side(side);
@@ -110,7 +136,11 @@ impl Config {
     pub fn params(&self) -> u64 {
         let convs: usize = self.convs().iter().map(|(c, _)| c.cin * c.cout * c.k * c.k).sum();
         let bns: usize = 2 * self.width
-            + self.blocks().iter().map(|b| b.bn_channels(self.block).iter().map(|c| 2 * c).sum::<usize>()).sum::<usize>();
+            + self
+                .blocks()
+                .iter()
+                .map(|b| b.bn_channels(self.block).iter().map(|c| 2 * c).sum::<usize>())
+                .sum::<usize>();
         let fc = self.features() * self.num_classes + self.num_classes;
         (convs + bns + fc) as u64
     }
@@ -148,7 +178,12 @@ impl ConvShape {
     /// The convolution (its weight from `conv`) and its batch norm (from `bn`), as torchvision names them.
     fn unit(&self, conv: VarBuilder, bn: VarBuilder) -> Result<ConvBn> {
         let weight = conv.get_with_hints((self.cout, self.cin, self.k, self.k), "weight", KAIMING_NORMAL_FAN_OUT)?;
-        Ok(ConvBn::new(weight, self.pad, self.stride, BatchNorm2d::new(self.cout, bn)?))
+        Ok(ConvBn::new(
+            weight,
+            self.pad,
+            self.stride,
+            BatchNorm2d::new(self.cout, bn)?,
+        ))
     }
 }
 
@@ -167,7 +202,10 @@ impl BlockShape {
     /// The main path's convolutions, in the order of their names (conv1, conv2[, conv3]).
     fn path(&self, block: Block) -> Vec<ConvShape> {
         match block {
-            Block::Basic => vec![conv(self.in_ch, self.planes, 3, self.stride), conv(self.planes, self.planes, 3, 1)],
+            Block::Basic => vec![
+                conv(self.in_ch, self.planes, 3, self.stride),
+                conv(self.planes, self.planes, 3, 1),
+            ],
             Block::Bottleneck => vec![
                 conv(self.in_ch, self.planes, 1, 1),
                 conv(self.planes, self.planes, 3, self.stride),
@@ -183,13 +221,23 @@ impl BlockShape {
 
     /// Channels of every batch norm in the block (one after each convolution).
     fn bn_channels(&self, block: Block) -> Vec<usize> {
-        self.path(block).iter().chain(self.projection().as_ref()).map(|c| c.cout).collect()
+        self.path(block)
+            .iter()
+            .chain(self.projection().as_ref())
+            .map(|c| c.cout)
+            .collect()
     }
 }
 
 /// A convolution padded to keep the side (before striding), as ResNet's are.
 fn conv(cin: usize, cout: usize, k: usize, stride: usize) -> ConvShape {
-    ConvShape { cin, cout, k, stride, pad: k / 2 }
+    ConvShape {
+        cin,
+        cout,
+        k,
+        stride,
+        pad: k / 2,
+    }
 }
 
 /// One residual block: the main path's (conv, bn) pairs, and the projection when shapes change.
@@ -284,7 +332,13 @@ pub struct ResNet {
 
 impl ResNet {
     pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
-        let stem = ConvShape { cin: 3, cout: cfg.width, k: 7, stride: 2, pad: 3 };
+        let stem = ConvShape {
+            cin: 3,
+            cout: cfg.width,
+            k: 7,
+            stride: 2,
+            pad: 3,
+        };
         let stem = stem.unit(vb.pp("conv1"), vb.pp("bn1"))?;
         let blocks = cfg
             .blocks()
@@ -292,7 +346,12 @@ impl ResNet {
             .map(|b| Residual::new(b, cfg.block, vb.pp(format!("layer{}.{}", b.stage + 1, b.index))))
             .collect::<Result<_>>()?;
         let fc = torch_linear(cfg.features(), cfg.num_classes, vb.pp("fc"))?;
-        Ok(Self { stem, blocks, fc, grads: ParamGrads::default() })
+        Ok(Self {
+            stem,
+            blocks,
+            fc,
+            grads: ParamGrads::default(),
+        })
     }
 }
 
@@ -330,20 +389,33 @@ impl ResNet {
     /// (with the ReLU) by our kernel.
     #[cfg(feature = "cudnn")]
     fn forward_nhwc_train(&self, x: &Tensor) -> Result<Tensor> {
-        self.channels_last(x, |stem, x| stem.forward_nhwc_train(x, true), |block, x| block.forward_nhwc_train(x, &self.grads))
+        self.channels_last(
+            x,
+            |stem, x| stem.forward_nhwc_train(x, true),
+            |block, x| block.forward_nhwc_train(x, &self.grads),
+        )
     }
 
     /// Inference over NHWC: every convolution fused with its batch norm, shortcut and ReLU.
     #[cfg(feature = "cudnn")]
     fn forward_nhwc(&self, x: &Tensor) -> Result<Tensor> {
         self.fold_units(x.dtype(), true)?;
-        self.channels_last(x, |stem, x| stem.forward_nhwc(x, None, true), |block, x| block.forward_nhwc(x))
+        self.channels_last(
+            x,
+            |stem, x| stem.forward_nhwc(x, None, true),
+            |block, x| block.forward_nhwc(x),
+        )
     }
 
     /// The model over NHWC: the images transposed once, then `stem`, the pool, `block` for each
     /// block, and the global average read channels-last, then the classifier.
     #[cfg(feature = "cudnn")]
-    fn channels_last(&self, x: &Tensor, stem: impl Fn(&ConvBn, &Tensor) -> Result<Tensor>, block: impl Fn(&Residual, &Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    fn channels_last(
+        &self,
+        x: &Tensor,
+        stem: impl Fn(&ConvBn, &Tensor) -> Result<Tensor>,
+        block: impl Fn(&Residual, &Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
         // Each activation is dropped once the next is made (in inference nothing else holds it): a
         // shadowed binding would keep the transposed images and the stem's output, the largest
         // activation, alive through the whole forward pass.
@@ -363,10 +435,16 @@ impl Classifier for ResNet {
     }
 
     fn forward(&self, inputs: &Inputs, train: bool) -> Result<Tensor> {
-        let Inputs::Images(x) = inputs else { candle_core::bail!("ResNet takes images") };
+        let Inputs::Images(x) = inputs else {
+            candle_core::bail!("ResNet takes images")
+        };
         #[cfg(feature = "cudnn")]
         if self.runs_nhwc(x, train) {
-            return if train { self.forward_nhwc_train(x) } else { self.forward_nhwc(x) };
+            return if train {
+                self.forward_nhwc_train(x)
+            } else {
+                self.forward_nhwc(x)
+            };
         }
         if !train {
             self.fold_units(x.dtype(), false)?;

@@ -7,10 +7,10 @@
 use candle_core::{Device, Result, Tensor};
 use candle_nn::{Init, Module, VarBuilder};
 
-use crate::kernels::{attention, ScoreBias};
 use super::layers::{LayerNorm, Linear, PatchEmbed};
 use super::{Classifier, Inputs};
 use crate::kernels::{add, window_merge, window_partition, Act};
+use crate::kernels::{attention, ScoreBias};
 use crate::optim::ParamGrads;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -27,7 +27,15 @@ pub struct Config {
 
 impl Config {
     fn preset(embed_dim: usize, depths: [usize; 4], heads: [usize; 4]) -> Self {
-        Self { image_size: 224, patch_size: 4, embed_dim, depths: depths.to_vec(), heads: heads.to_vec(), window: 7, num_classes: 1000 }
+        Self {
+            image_size: 224,
+            patch_size: 4,
+            embed_dim,
+            depths: depths.to_vec(),
+            heads: heads.to_vec(),
+            window: 7,
+            num_classes: 1000,
+        }
     }
     pub fn swin_t() -> Self {
         Self::preset(96, [2, 2, 6, 2], [3, 6, 12, 24])
@@ -40,13 +48,23 @@ impl Config {
     }
     /// Test size: 32x32 images in 2x2 patches (16x16 tokens), two stages of 4x4 windows, 10 classes.
     pub fn tiny() -> Self {
-        Self { image_size: 32, patch_size: 2, embed_dim: 16, depths: vec![2, 2], heads: vec![2, 4], window: 4, num_classes: 10 }
+        Self {
+            image_size: 32,
+            patch_size: 2,
+            embed_dim: 16,
+            depths: vec![2, 2],
+            heads: vec![2, 4],
+            window: 4,
+            num_classes: 10,
+        }
     }
 
     /// (channels, side) of each stage's feature map.
     fn stages(&self) -> Vec<(usize, usize)> {
         let side = self.image_size / self.patch_size;
-        (0..self.depths.len()).map(|i| (self.embed_dim << i, side >> i)).collect()
+        (0..self.depths.len())
+            .map(|i| (self.embed_dim << i, side >> i))
+            .collect()
     }
 
     fn features(&self) -> usize {
@@ -63,7 +81,13 @@ impl Config {
         let mut total = embed;
         let last = self.depths.len() - 1;
         for (i, &(c, _)) in self.stages().iter().enumerate() {
-            let block = 2 * c + (3 * c * c + 3 * c) + (c * c + c) + self.table_rows() * self.heads[i] + 2 * c + (4 * c * c + 4 * c) + (4 * c * c + c);
+            let block = 2 * c
+                + (3 * c * c + 3 * c)
+                + (c * c + c)
+                + self.table_rows() * self.heads[i]
+                + 2 * c
+                + (4 * c * c + 4 * c)
+                + (4 * c * c + c);
             total += self.depths[i] * block;
             if i < last {
                 total += 2 * 4 * c + 4 * c * 2 * c; // merging: LayerNorm(4c), Linear(4c -> 2c) without bias
@@ -95,7 +119,11 @@ impl Config {
 /// at 100 std: never in practice), and zero biases; we draw the plain normal.
 fn swin_linear(in_dim: usize, out_dim: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
     let w = vb.get_with_hints((out_dim, in_dim), "weight", Init::Randn { mean: 0.0, stdev: 0.02 })?;
-    let b = if bias { Some(vb.get_with_hints(out_dim, "bias", Init::Const(0.0))?) } else { None };
+    let b = if bias {
+        Some(vb.get_with_hints(out_dim, "bias", Init::Const(0.0))?)
+    } else {
+        None
+    };
     Ok(Linear::new(w, b))
 }
 
@@ -129,7 +157,15 @@ pub fn position_gather(w: usize, device: &Device) -> Result<Tensor> {
 /// where the cyclic shift brought them together from different regions (torchvision's values).
 pub fn shifted_window_mask(side: usize, w: usize, shift: usize) -> Vec<f32> {
     // Label each position by the region it came from: three bands in each direction.
-    let band = |p: usize| if p < side - w { 0 } else if p < side - shift { 1 } else { 2 };
+    let band = |p: usize| {
+        if p < side - w {
+            0
+        } else if p < side - shift {
+            1
+        } else {
+            2
+        }
+    };
     let label = |y: usize, x: usize| 3 * band(y) + band(x);
     let per_side = side / w;
     let mut mask = Vec::with_capacity(per_side * per_side * w.pow(4));
@@ -179,7 +215,12 @@ impl RelativeBias {
     /// materialising it per image).
     pub(super) fn scores(&self, table: &Tensor) -> Result<Tensor> {
         let n = self.tokens;
-        let bias = self.gather.matmul(table)?.reshape((n, n, self.heads))?.permute((2, 0, 1))?.unsqueeze(0)?;
+        let bias = self
+            .gather
+            .matmul(table)?
+            .reshape((n, n, self.heads))?
+            .permute((2, 0, 1))?
+            .unsqueeze(0)?;
         match &self.mask {
             Some(mask) => mask.broadcast_add(&bias)?.contiguous(),
             None => bias.contiguous(),
@@ -193,7 +234,10 @@ impl RelativeBias {
     pub(super) fn table_grad(&self, dscores: &Tensor) -> Result<Tensor> {
         let n = self.tokens;
         let per_head = dscores.sum(0)?; // [heads, n, n]
-        let rows = per_head.permute((1, 2, 0))?.contiguous()?.reshape((n * n, self.heads))?;
+        let rows = per_head
+            .permute((1, 2, 0))?
+            .contiguous()?
+            .reshape((n * n, self.heads))?;
         self.gather.t()?.matmul(&rows)
     }
 }
@@ -215,17 +259,33 @@ struct Block {
 
 impl Block {
     /// `gather`: [`position_gather`] of the window, in the model's dtype, shared by every block.
-    fn new(c: usize, side: usize, heads: usize, shifted: bool, gather: &Tensor, cfg: &Config, vb: VarBuilder) -> Result<Self> {
+    fn new(
+        c: usize,
+        side: usize,
+        heads: usize,
+        shifted: bool,
+        gather: &Tensor,
+        cfg: &Config,
+        vb: VarBuilder,
+    ) -> Result<Self> {
         let w = cfg.window;
         if !side.is_multiple_of(w) {
             candle_core::bail!("swin: a {side}x{side} feature map does not split into {w}x{w} windows")
         }
         let attn = vb.pp("attn");
-        let bias_table = attn.get_with_hints((cfg.table_rows(), heads), "relative_position_bias_table", Init::Randn { mean: 0.0, stdev: 0.02 })?;
+        let bias_table = attn.get_with_hints(
+            (cfg.table_rows(), heads),
+            "relative_position_bias_table",
+            Init::Randn { mean: 0.0, stdev: 0.02 },
+        )?;
         // As torchvision: no shift when one window covers the whole map.
         let shift = if shifted && w < side { w / 2 } else { 0 };
         let mask = if shift > 0 {
-            let mask = Tensor::from_vec(shifted_window_mask(side, w, shift), ((side / w).pow(2), 1, w * w, w * w), &Device::Cpu)?;
+            let mask = Tensor::from_vec(
+                shifted_window_mask(side, w, shift),
+                ((side / w).pow(2), 1, w * w, w * w),
+                &Device::Cpu,
+            )?;
             Some(mask.to_device(bias_table.device())?.to_dtype(bias_table.dtype())?)
         } else {
             None
@@ -235,7 +295,12 @@ impl Block {
             qkv: swin_linear(c, 3 * c, true, attn.pp("qkv"))?,
             proj: swin_linear(c, c, true, attn.pp("proj"))?,
             bias_table,
-            relative: RelativeBias { gather: gather.clone(), mask, heads, tokens: w * w },
+            relative: RelativeBias {
+                gather: gather.clone(),
+                mask,
+                heads,
+                tokens: w * w,
+            },
             norm2: LayerNorm::new(c, 1e-5, vb.pp("norm2"))?,
             fc1: swin_linear(c, 4 * c, true, vb.pp("mlp.0"))?,
             fc2: swin_linear(4 * c, c, true, vb.pp("mlp.3"))?,
@@ -248,9 +313,24 @@ impl Block {
         #[cfg(feature = "cuda")]
         {
             use super::encoder::{self, Params};
-            let p = Params { qkv: &[&self.qkv], out: &self.proj, norm1: &self.norm1, fc1: &self.fc1, fc2: &self.fc2, norm2: &self.norm2 };
+            let p = Params {
+                qkv: &[&self.qkv],
+                out: &self.proj,
+                norm1: &self.norm1,
+                fc1: &self.fc1,
+                fc2: &self.fc2,
+                norm2: &self.norm2,
+            };
             if encoder::runs_as_one_op(x, &p) {
-                return super::swin_block::forward(x, &p, &self.bias_table, &self.relative, self.window, self.shift, grads);
+                return super::swin_block::forward(
+                    x,
+                    &p,
+                    &self.bias_table,
+                    &self.relative,
+                    self.window,
+                    self.shift,
+                    grads,
+                );
             }
         }
         let _ = grads;
@@ -267,7 +347,11 @@ impl Block {
         let ctx = {
             let windows = window_partition(x, w, shift)?; // [b * windows, w², c]
             let bias = self.relative.scores(&self.bias_table)?;
-            attention(&self.qkv.forward(&windows)?, self.relative.heads, ScoreBias::Scores(&bias))?
+            attention(
+                &self.qkv.forward(&windows)?,
+                self.relative.heads,
+                ScoreBias::Scores(&bias),
+            )?
         };
         let out = self.proj.forward(&ctx)?;
         drop(ctx);
@@ -284,7 +368,10 @@ struct PatchMerging {
 
 impl PatchMerging {
     fn new(c: usize, vb: VarBuilder) -> Result<Self> {
-        Ok(Self { norm: LayerNorm::new(4 * c, 1e-5, vb.pp("norm"))?, reduction: swin_linear(4 * c, 2 * c, false, vb.pp("reduction"))? })
+        Ok(Self {
+            norm: LayerNorm::new(4 * c, 1e-5, vb.pp("norm"))?,
+            reduction: swin_linear(4 * c, 2 * c, false, vb.pp("reduction"))?,
+        })
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -323,20 +410,43 @@ impl Swin {
         for (i, &(c, side)) in cfg.stages().iter().enumerate() {
             // features.0 is the embedding; stage i is features.(2i+1), its merging features.(2i+2).
             let blocks = (0..cfg.depths[i])
-                .map(|j| Block::new(c, side, cfg.heads[i], j % 2 == 1, &gather, cfg, f.pp(format!("{}.{j}", 2 * i + 1))))
+                .map(|j| {
+                    Block::new(
+                        c,
+                        side,
+                        cfg.heads[i],
+                        j % 2 == 1,
+                        &gather,
+                        cfg,
+                        f.pp(format!("{}.{j}", 2 * i + 1)),
+                    )
+                })
                 .collect::<Result<Vec<_>>>()?;
-            let merge = if i < last { Some(PatchMerging::new(c, f.pp(format!("{}", 2 * i + 2)))?) } else { None };
+            let merge = if i < last {
+                Some(PatchMerging::new(c, f.pp(format!("{}", 2 * i + 2)))?)
+            } else {
+                None
+            };
             stages.push((blocks, merge));
         }
         let norm = LayerNorm::new(cfg.features(), 1e-5, vb.pp("norm"))?;
         let head = swin_linear(cfg.features(), cfg.num_classes, true, vb.pp("head"))?;
-        Ok(Self { patch_embed, embed_norm, stages, norm, head, grads: ParamGrads::default() })
+        Ok(Self {
+            patch_embed,
+            embed_norm,
+            stages,
+            norm,
+            head,
+            grads: ParamGrads::default(),
+        })
     }
 }
 
 impl Classifier for Swin {
     fn forward(&self, inputs: &Inputs, _train: bool) -> Result<Tensor> {
-        let Inputs::Images(x) = inputs else { candle_core::bail!("Swin takes images") };
+        let Inputs::Images(x) = inputs else {
+            candle_core::bail!("Swin takes images")
+        };
         // Channels last; the embedding is not kept beside its normalised copy.
         let mut x = self.embed_norm.forward(&self.patch_embed.forward(x)?)?;
         for (blocks, merge) in &self.stages {
@@ -347,7 +457,8 @@ impl Classifier for Swin {
                 x = m.forward(&x)?;
             }
         }
-        self.head.forward(&crate::kernels::global_average_pool(&self.norm.forward(&x)?)?)
+        self.head
+            .forward(&crate::kernels::global_average_pool(&self.norm.forward(&x)?)?)
     }
 
     fn param_grads(&self) -> Option<&ParamGrads> {
@@ -368,7 +479,11 @@ mod tests {
 
     #[test]
     fn flops_within_two_percent_of_torchvision() {
-        for (cfg, gmacs) in [(Config::swin_t(), 4.49), (Config::swin_s(), 8.74), (Config::swin_b(), 15.43)] {
+        for (cfg, gmacs) in [
+            (Config::swin_t(), 4.49),
+            (Config::swin_s(), 8.74),
+            (Config::swin_b(), 15.43),
+        ] {
             let ours = cfg.flops() as f64 / 2e9;
             assert!((ours / gmacs - 1.0).abs() < 0.02, "{ours} vs {gmacs}");
         }
@@ -381,7 +496,10 @@ mod tests {
         let table = Tensor::arange(0f32, (rows * 2) as f32, &Device::Cpu)?.reshape((rows, 2))?;
         let index = Tensor::from_vec(relative_position_index(w), w.pow(4), &Device::Cpu)?;
         let want = table.index_select(&index, 0)?.flatten_all()?.to_vec1::<f32>()?;
-        let got = position_gather(w, &Device::Cpu)?.matmul(&table)?.flatten_all()?.to_vec1::<f32>()?;
+        let got = position_gather(w, &Device::Cpu)?
+            .matmul(&table)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
         assert_eq!(got, want);
         Ok(())
     }
@@ -396,15 +514,29 @@ mod tests {
         let gather = position_gather(w, &dev)?;
         let mask = Tensor::from_vec(shifted_window_mask(4, w, 1), (4, 1, w * w, w * w), &dev)?;
         for mask in [None, Some(mask)] {
-            let relative = RelativeBias { gather: gather.clone(), mask: mask.clone(), heads, tokens: w * w };
+            let relative = RelativeBias {
+                gather: gather.clone(),
+                mask: mask.clone(),
+                heads,
+                tokens: w * w,
+            };
             let scores = relative.scores(table.as_tensor())?;
             let windows = if mask.is_some() { 4 } else { 1 };
             assert_eq!(scores.dims(), [windows, heads, w * w, w * w]);
             let r = Tensor::randn(0f32, 1., scores.shape(), &dev)?;
-            let want = (&scores * &r)?.sum_all()?.backward()?.get(table.as_tensor()).unwrap().flatten_all()?.to_vec1::<f32>()?;
+            let want = (&scores * &r)?
+                .sum_all()?
+                .backward()?
+                .get(table.as_tensor())
+                .unwrap()
+                .flatten_all()?
+                .to_vec1::<f32>()?;
             let got = relative.table_grad(&r)?.flatten_all()?.to_vec1::<f32>()?;
             for (g, e) in got.iter().zip(&want) {
-                assert!((g - e).abs() <= 1e-5 * e.abs().max(1.0), "windows {windows}: {got:?} against {want:?}");
+                assert!(
+                    (g - e).abs() <= 1e-5 * e.abs().max(1.0),
+                    "windows {windows}: {got:?} against {want:?}"
+                );
             }
         }
         Ok(())
@@ -413,7 +545,10 @@ mod tests {
     #[test]
     fn relative_position_index_of_a_2x2_window() {
         // Positions (0,0), (0,1), (1,0), (1,1); row = (dy + 1) * 3 + (dx + 1).
-        assert_eq!(relative_position_index(2), vec![4, 3, 1, 0, 5, 4, 2, 1, 7, 6, 4, 3, 8, 7, 5, 4]);
+        assert_eq!(
+            relative_position_index(2),
+            vec![4, 3, 1, 0, 5, 4, 2, 1, 7, 6, 4, 3, 8, 7, 5, 4]
+        );
     }
 
     #[test]

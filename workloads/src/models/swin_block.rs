@@ -36,7 +36,15 @@ pub(super) static RUN: AtomicU64 = AtomicU64::new(0);
 /// shift by `shift` (0: none), attention's scores biased by `relative` from `table` (the block's
 /// relative position bias table, a parameter). The parameters' gradients are recorded in `grads` by
 /// the backward pass. Run it where `encoder::runs_as_one_op` says a layer runs as one op.
-pub(super) fn forward(x: &Tensor, p: &Params, table: &Tensor, relative: &RelativeBias, window: usize, shift: usize, grads: &ParamGrads) -> Result<Tensor> {
+pub(super) fn forward(
+    x: &Tensor,
+    p: &Params,
+    table: &Tensor,
+    relative: &RelativeBias,
+    window: usize,
+    shift: usize,
+    grads: &ParamGrads,
+) -> Result<Tensor> {
     let x = x.contiguous()?;
     let (_, side, _, _) = x.dims4()?;
     let scores = relative.scores(&table.detach())?.to_dtype(x.dtype())?;
@@ -45,7 +53,12 @@ pub(super) fn forward(x: &Tensor, p: &Params, table: &Tensor, relative: &Relativ
     // ln1's input is x in window order: the backward cuts it again from x, which candle keeps as
     // this op's input, rather than this op keeping a copy of it for the whole step.
     saved.norm1_in = None;
-    let windows = Windows { side, window, shift, merge: true };
+    let windows = Windows {
+        side,
+        window,
+        shift,
+        merge: true,
+    };
     let op = SwinBlock {
         layer,
         params: Originals::of(p),
@@ -87,20 +100,29 @@ impl CustomOp1 for SwinBlock {
     fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
         let out = self.out.take("the Swin block's forward")?;
         let (storage, layout) = out.storage_and_layout();
-        let Storage::Cuda(s) = &*storage else { bail!("the Swin block's output is not on the GPU") };
+        let Storage::Cuda(s) = &*storage else {
+            bail!("the Swin block's output is not on the GPU")
+        };
         self.windows.cuda_fwd(s, layout)
     }
 
     fn bwd(&self, x: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let mut saved = self.saved.take("the Swin block's backward")?;
-        let Windows { side, window, shift, .. } = self.windows;
+        let Windows {
+            side, window, shift, ..
+        } = self.windows;
         saved.norm1_in = Some(window_partition(&x.detach(), window, shift)?);
         let g = window_partition(&grad.contiguous()?, window, shift)?;
         let (dx, grads, dscores) = self.layer.backward(&saved, &g)?;
         drop(saved);
-        let Some(dscores) = dscores else { bail!("the Swin block's attention returned no gradient for its score bias") };
+        let Some(dscores) = dscores else {
+            bail!("the Swin block's attention returned no gradient for its score bias")
+        };
         self.params.record(grads, &self.grads)?;
-        self.grads.push(&self.table, self.relative.table_grad(&dscores)?.to_dtype(self.table.dtype())?);
+        self.grads.push(
+            &self.table,
+            self.relative.table_grad(&dscores)?.to_dtype(self.table.dtype())?,
+        );
         Ok(Some(window_merge(&dx, side, window, shift)?))
     }
 }

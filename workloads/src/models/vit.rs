@@ -5,9 +5,9 @@
 use candle_core::{Result, Tensor};
 use candle_nn::{Init, Module, VarBuilder};
 
-use crate::kernels::{attention, Act, ScoreBias};
-use super::layers::{LayerNorm, Linear, PatchEmbed, torch_linear};
+use super::layers::{torch_linear, LayerNorm, Linear, PatchEmbed};
 use super::{Classifier, Inputs};
+use crate::kernels::{attention, Act, ScoreBias};
 use crate::optim::ParamGrads;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -23,7 +23,15 @@ pub struct Config {
 
 impl Config {
     fn preset(hidden: usize, heads: usize) -> Self {
-        Self { image_size: 224, patch_size: 16, hidden, layers: 12, heads, mlp_dim: 4 * hidden, num_classes: 1000 }
+        Self {
+            image_size: 224,
+            patch_size: 16,
+            hidden,
+            layers: 12,
+            heads,
+            mlp_dim: 4 * hidden,
+            num_classes: 1000,
+        }
     }
     /// ViT-B/16, torchvision's `vit_b_16`.
     pub fn vit_b_16() -> Self {
@@ -39,7 +47,15 @@ impl Config {
     }
     /// Test size: 32x32 images in 8x8 patches, 2 blocks 32 wide, 10 classes.
     pub fn tiny() -> Self {
-        Self { image_size: 32, patch_size: 8, hidden: 32, layers: 2, heads: 2, mlp_dim: 64, num_classes: 10 }
+        Self {
+            image_size: 32,
+            patch_size: 8,
+            hidden: 32,
+            layers: 2,
+            heads: 2,
+            mlp_dim: 64,
+            num_classes: 10,
+        }
     }
 
     fn patches(&self) -> usize {
@@ -81,7 +97,8 @@ impl EncoderBlock {
         let attn = vb.pp("self_attention");
         // torch.nn.MultiheadAttention: xavier-uniform packed projection, zero biases.
         let bound = (6.0 / (d + 3 * d) as f64).sqrt();
-        let in_proj_weight = attn.get_with_hints((3 * d, d), "in_proj_weight", Init::Uniform { lo: -bound, up: bound })?;
+        let in_proj_weight =
+            attn.get_with_hints((3 * d, d), "in_proj_weight", Init::Uniform { lo: -bound, up: bound })?;
         let in_proj_bias = attn.get_with_hints(3 * d, "in_proj_bias", Init::Const(0.0))?;
         Ok(Self {
             ln_1: LayerNorm::new(d, 1e-6, vb.pp("ln_1"))?,
@@ -137,24 +154,45 @@ impl VisionTransformer {
         // zero bias; position embeddings normal(std 0.02); class token zeros. Unlike torchvision, the
         // head starts as nn.Linear does rather than at zero: a zero head sends no gradient back, so the
         // first training steps would update the head alone.
-        let conv_w = vb.get_with_hints((d, 3, p, p), "conv_proj.weight", Init::Randn { mean: 0.0, stdev: (1.0 / (3 * p * p) as f64).sqrt() })?;
+        let conv_w = vb.get_with_hints(
+            (d, 3, p, p),
+            "conv_proj.weight",
+            Init::Randn {
+                mean: 0.0,
+                stdev: (1.0 / (3 * p * p) as f64).sqrt(),
+            },
+        )?;
         let conv_b = vb.get_with_hints(d, "conv_proj.bias", Init::Const(0.0))?;
         let conv_proj = PatchEmbed::new(conv_w, conv_b)?;
         let class_token = vb.get_with_hints((1, 1, d), "class_token", Init::Const(0.0))?;
         let enc = vb.pp("encoder");
-        let pos_embedding = enc.get_with_hints((1, cfg.patches() + 1, d), "pos_embedding", Init::Randn { mean: 0.0, stdev: 0.02 })?;
+        let pos_embedding = enc.get_with_hints(
+            (1, cfg.patches() + 1, d),
+            "pos_embedding",
+            Init::Randn { mean: 0.0, stdev: 0.02 },
+        )?;
         let blocks = (0..cfg.layers)
             .map(|i| EncoderBlock::new(cfg, enc.pp(format!("layers.encoder_layer_{i}"))))
             .collect::<Result<_>>()?;
         let ln = LayerNorm::new(d, 1e-6, enc.pp("ln"))?;
         let head = torch_linear(d, cfg.num_classes, vb.pp("heads.head"))?;
-        Ok(Self { conv_proj, class_token, pos_embedding, blocks, ln, head, grads: ParamGrads::default() })
+        Ok(Self {
+            conv_proj,
+            class_token,
+            pos_embedding,
+            blocks,
+            ln,
+            head,
+            grads: ParamGrads::default(),
+        })
     }
 }
 
 impl Classifier for VisionTransformer {
     fn forward(&self, inputs: &Inputs, _train: bool) -> Result<Tensor> {
-        let Inputs::Images(x) = inputs else { candle_core::bail!("a vision transformer takes images") };
+        let Inputs::Images(x) = inputs else {
+            candle_core::bail!("a vision transformer takes images")
+        };
         let b = x.dim(0)?;
         let patches = self.conv_proj.forward(x)?.flatten(1, 2)?; // [b, patches, d]
         let cls = self.class_token.broadcast_as((b, 1, patches.dim(2)?))?;
