@@ -6,8 +6,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use migprof::results::stats::LatencyStats;
 use migprof::run::measure::{measure, Executor, MonotonicClock, Stop, Unobserved, Warmup};
+use migprof::run::stats::LatencyStats;
 
 /// A step that busy-waits for a fixed time (zero: returns at once).
 struct Spin(Duration);

@@ -91,7 +91,7 @@ def applies(variant, name, mode, dtype):
 
 class Slowdowns:
     """Whether the GPU slowed its clocks for reasons outside the workload while a cell was measured,
-    judged as migprof's sampler judges its own runs (profiler/src/results/evidence.rs): NVML's
+    judged as migprof's sampler judges its own runs (profiler/src/run/evidence.rs): NVML's
     clock-event reasons read after each measured step (outside its timing), a run `throttled` when
     thermal slowdowns (hardware or software), the hardware slowdown or the power brake show in at
     least 5% of the readings. Without NVML the rows say nothing (None), rather than `ok`."""

@@ -130,7 +130,7 @@ impl DeviceSpec {
 }
 
 /// The refusal of a GPU device in a build without CUDA.
-pub(crate) fn no_cuda_is_an_error(spec: &DeviceSpec) -> Result<()> {
+pub fn no_cuda_is_an_error(spec: &DeviceSpec) -> Result<()> {
     if !candle_core::utils::cuda_is_available() {
         bail!("`{spec}`: this migprof was built without CUDA support (cargo feature `cuda`); valid devices in this build: cpu")
     }

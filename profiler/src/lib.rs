@@ -1,9 +1,7 @@
 //! migprof: measures deep-learning workloads on a device (CPU, GPU, MIG slice) and records what it
 //! measured, where, and whether the number can be trusted.
 
-pub mod app;
 pub mod capacity;
-pub mod cli;
 pub mod device;
 pub mod fleet;
 pub mod gpu;

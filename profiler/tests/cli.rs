@@ -3,41 +3,16 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use migprof::results::store::{read_table, Table};
-use polars::prelude::*;
+use migprof::results::parts::{read_table, Table};
 
-fn migprof(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_migprof"))
-        .args(args)
-        .output()
-        .expect("migprof runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn f64s(df: &DataFrame, name: &str) -> Vec<f64> {
-    df.column(name)
-        .unwrap()
-        .cast(&DataType::Float64)
-        .unwrap()
-        .f64()
-        .unwrap()
-        .iter()
-        .map(|v| v.unwrap())
-        .collect()
-}
+mod common;
+use common::*;
 
 fn run_tiny(out: &Path, extra: &[&str]) -> Output {
     let out = out.to_str().unwrap();
     let mut args = vec!["run", "--model", "resnet_tiny", "--device", "cpu", "--out", out];
     args.extend_from_slice(extra);
-    migprof(&args)
+    run(&args)
 }
 
 #[test]
@@ -57,7 +32,7 @@ fn resnet18_two_batches_then_again_keeps_all_four_runs() {
         "--out",
         out.to_str().unwrap(),
     ];
-    let first = migprof(&args);
+    let first = run(&args);
     assert!(first.status.success(), "{}", text(&first));
 
     let runs = read_table(&out, Table::Runs).unwrap();
@@ -90,7 +65,7 @@ fn resnet18_two_batches_then_again_keeps_all_four_runs() {
     );
     assert!(out.join("throughput_vs_batch.svg").exists() && out.join("latency_vs_batch.svg").exists());
 
-    let second = migprof(&args);
+    let second = run(&args);
     assert!(second.status.success(), "{}", text(&second));
     assert_eq!(read_table(&out, Table::Runs).unwrap().height(), 4);
     assert!(String::from_utf8_lossy(&second.stdout).contains("4 runs in the folder in all"));
@@ -141,7 +116,7 @@ fn bad_values_are_refused_naming_the_choices_and_earlier_results_stay() {
         let out = dir.path().to_str().unwrap();
         let mut argv = vec!["run", "--out", out];
         argv.extend_from_slice(&args);
-        let o = migprof(&argv);
+        let o = run(&argv);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
         let msg = text(&o);
         for w in wants {
@@ -152,7 +127,7 @@ fn bad_values_are_refused_naming_the_choices_and_earlier_results_stay() {
     if !candle_core::utils::cuda_is_available() {
         let out = dir.path().to_str().unwrap();
         for device in ["MIG-c2b4e1a4-1c2d-5f3e-9a8b-0123456789ab", "mps:3g.40gb"] {
-            let o = migprof(&["run", "--out", out, "--device", device]);
+            let o = run(&["run", "--out", out, "--device", device]);
             assert_eq!(o.status.code(), Some(1));
             assert!(text(&o).contains("built without CUDA support"), "{}", text(&o));
         }
@@ -206,7 +181,7 @@ fn an_unusable_results_folder_is_refused_before_measuring() {
 
 #[test]
 fn models_lists_every_model_with_exact_counts() {
-    let o = migprof(&["models"]);
+    let o = run(&["models"]);
     assert!(o.status.success());
     let out = String::from_utf8_lossy(&o.stdout);
     for name in workloads::model_names() {
@@ -360,7 +335,7 @@ fn every_family_runs_in_both_modes_and_every_cpu_dtype() {
         "--out",
         out,
     ];
-    let o = migprof(&args);
+    let o = run(&args);
     assert!(o.status.success(), "{}", text(&o));
     let runs = read_table(dir.path(), Table::Runs).unwrap();
     assert_eq!(runs.height(), tiny.len() * 4);
@@ -394,7 +369,7 @@ fn every_family_runs_in_both_modes_and_every_cpu_dtype() {
 
 #[test]
 fn plan_says_where_a_layout_goes_or_why_it_does_not_fit() {
-    let o = migprof(&["plan", "--gpu", "h100-80gb", "3g.40gb,2g.20gb,1g.10gb,1g.10gb"]);
+    let o = run(&["plan", "--gpu", "h100-80gb", "3g.40gb,2g.20gb,1g.10gb,1g.10gb"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -402,7 +377,7 @@ fn plan_says_where_a_layout_goes_or_why_it_does_not_fit() {
         "{out}"
     );
 
-    let o = migprof(&[
+    let o = run(&[
         "plan",
         "--gpu",
         "h100-80gb",
@@ -415,20 +390,20 @@ fn plan_says_where_a_layout_goes_or_why_it_does_not_fit() {
         text(&o)
     );
 
-    let o = migprof(&["plan", "--gpu", "h100-80gb", "3g.20gb"]);
+    let o = run(&["plan", "--gpu", "h100-80gb", "3g.20gb"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).contains("its profiles: 1g.10gb"), "{}", text(&o));
 
-    let o = migprof(&["plan", "--gpu", "a100-40gb", "1g.10gb,1g.10gb,1g.10gb,1g.10gb"]);
+    let o = run(&["plan", "--gpu", "a100-40gb", "1g.10gb,1g.10gb,1g.10gb,1g.10gb"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let o = migprof(&["plan", "--gpu", "b200", "3g.20gb"]);
+    let o = run(&["plan", "--gpu", "b200", "3g.20gb"]);
     assert!(
         text(&o).contains("known GPUs: a100-40gb, a100-80gb, a30-24gb, h100-80gb, h200-141gb"),
         "{}",
         text(&o)
     );
 
-    let o = migprof(&["plan", "--gpu", "h200-141gb", "--list"]);
+    let o = run(&["plan", "--gpu", "h200-141gb", "--list"]);
     assert!(o.status.success());
     assert!(
         String::from_utf8_lossy(&o.stdout)
@@ -441,7 +416,7 @@ fn plan_says_where_a_layout_goes_or_why_it_does_not_fit() {
 
 #[test]
 fn profiles_prints_a_checked_in_table() {
-    let o = migprof(&["profiles", "--gpu", "h200-141gb"]);
+    let o = run(&["profiles", "--gpu", "h200-141gb"]);
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -459,20 +434,20 @@ fn mig_apply_reads_the_layout_file_before_anything_else() {
         "version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: maybe\n",
     )
     .unwrap();
-    let o = migprof(&["mig", "apply", bad.to_str().unwrap()]);
+    let o = run(&["mig", "apply", bad.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).contains("is not a mig-parted layout file"), "{}", text(&o));
 
-    let o = migprof(&["mig", "apply", dir.path().join("missing.yaml").to_str().unwrap()]);
+    let o = run(&["mig", "apply", dir.path().join("missing.yaml").to_str().unwrap()]);
     assert!(
         text(&o).contains("reading") && text(&o).contains("missing.yaml"),
         "{}",
         text(&o)
     );
 
-    let o = migprof(&["mig", "frobnicate"]);
+    let o = run(&["mig", "frobnicate"]);
     assert_eq!(o.status.code(), Some(2));
-    let o = migprof(&["mig", "--help"]);
+    let o = run(&["mig", "--help"]);
     assert!(
         text(&o).contains("apply") && text(&o).contains("destroy") && text(&o).contains("export"),
         "{}",
@@ -494,7 +469,7 @@ fn mig_commands_without_a_driver_say_so() {
         vec!["mig", "export"],
         vec!["mig", "destroy"],
     ] {
-        let o = migprof(&args);
+        let o = run(&args);
         assert_eq!(o.status.code(), Some(1), "{args:?}");
         assert!(text(&o).contains("no usable NVIDIA driver"), "{args:?}: {}", text(&o));
     }
@@ -509,7 +484,7 @@ fn compare_matches_cells_across_a_column_and_prints_the_ratio() {
     );
     assert!(ok.status.success(), "{}", text(&ok));
     let d = dir.path().to_str().unwrap();
-    let o = migprof(&[
+    let o = run(&[
         "compare",
         d,
         "--baseline",
@@ -552,14 +527,14 @@ fn compare_matches_cells_across_a_column_and_prints_the_ratio() {
         // A dtype comparison keeps each device with itself: the target is part of the cell.
         assert!(r["cell"]["target"].as_str().unwrap().contains("threads"), "{r}");
     }
-    let text_out = migprof(&["compare", d, "--baseline", "dtype=f32", "--target", "dtype=f16"]);
+    let text_out = run(&["compare", d, "--baseline", "dtype=f32", "--target", "dtype=f16"]);
     assert!(
         String::from_utf8_lossy(&text_out.stdout)
             .contains("dtype=f16 (target) against dtype=f32 (baseline): 2 matched cell(s)"),
         "{}",
         text(&text_out)
     );
-    let bad = migprof(&["compare", d, "--baseline", "dtype=f32", "--target", "dtype=bf16"]);
+    let bad = run(&["compare", d, "--baseline", "dtype=f32", "--target", "dtype=bf16"]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(
         text(&bad).contains("no ok run has dtype=bf16; values of `dtype` here: f16, f32"),

@@ -5,22 +5,13 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use migprof::results::store::{read_table, Table};
+use migprof::results::parts::{read_table, Table};
 
-fn migprof() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_migprof"))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+mod common;
+use common::*;
 
 fn write_sweep(dir: &Path, name: &str, duration: f64, target: &str) -> PathBuf {
     let path = dir.join(format!("{name}.toml"));

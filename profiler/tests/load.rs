@@ -2,45 +2,12 @@
 //! started as a user starts them.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-use migprof::results::store::{read_table, Table};
-use polars::prelude::*;
+use migprof::results::parts::{read_table, Table};
 
-fn migprof() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_migprof"))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn numbers(df: &DataFrame, name: &str) -> Vec<Option<f64>> {
-    df.column(name)
-        .unwrap()
-        .cast(&DataType::Float64)
-        .unwrap()
-        .f64()
-        .unwrap()
-        .iter()
-        .collect()
-}
-
-fn strings(df: &DataFrame, name: &str) -> Vec<String> {
-    df.column(name)
-        .unwrap()
-        .cast(&DataType::String)
-        .unwrap()
-        .str()
-        .unwrap()
-        .iter()
-        .map(|v| v.unwrap_or("").to_string())
-        .collect()
-}
+mod common;
+use common::*;
 
 fn load(out: &Path, extra: &[&str]) -> Output {
     migprof()

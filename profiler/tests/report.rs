@@ -5,24 +5,12 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use html5ever::tendril::TendrilSink;
 
-fn migprof(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_migprof"))
-        .args(args)
-        .output()
-        .expect("migprof runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+mod common;
+use common::*;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/h100-mps")
@@ -33,7 +21,7 @@ fn report(dirs: &[&Path], out: &Path, extra: &[&str]) -> String {
     args.extend(dirs.iter().map(|d| d.display().to_string()));
     args.extend(["--out".to_string(), out.display().to_string()]);
     args.extend(extra.iter().map(|s| s.to_string()));
-    let o = migprof(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(o.status.success(), "{}", text(&o));
     std::fs::read_to_string(out).unwrap()
 }
@@ -117,7 +105,7 @@ fn markdown_keeps_the_charts_beside_it_and_runs_name_the_report_command() {
     let dir = tempfile::tempdir().unwrap();
     // A CPU run made here: no SMs, so no scaling section; the sections it has still come out.
     let out = dir.path().join("cpu");
-    let o = migprof(&[
+    let o = run(&[
         "run",
         "--model",
         "resnet_tiny",
@@ -157,7 +145,7 @@ fn markdown_keeps_the_charts_beside_it_and_runs_name_the_report_command() {
         assert!(svg.contains("<svg"), "{file}");
     }
     // A folder that is not one is refused, naming it.
-    let bad = migprof(&["report", dir.path().join("nowhere").to_str().unwrap()]);
+    let bad = run(&["report", dir.path().join("nowhere").to_str().unwrap()]);
     assert!(
         !bad.status.success() && text(&bad).contains("no such results folder"),
         "{}",

@@ -6,23 +6,14 @@
 use std::collections::HashMap;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use migprof::results::store::{read_table, Table};
+use migprof::results::parts::{read_table, Table};
 use polars::prelude::*;
 
-fn migprof() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_migprof"))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+mod common;
+use common::*;
 
 fn sweep(file: &Path, out: &Path, extra: &[&str]) -> Output {
     migprof()
@@ -33,16 +24,6 @@ fn sweep(file: &Path, out: &Path, extra: &[&str]) -> Output {
         .args(extra)
         .output()
         .expect("migprof runs")
-}
-
-fn strings(df: &DataFrame, name: &str) -> Vec<String> {
-    df.column(name)
-        .unwrap()
-        .str()
-        .unwrap()
-        .iter()
-        .map(|v| v.unwrap_or("").to_string())
-        .collect()
 }
 
 /// (cell_id, status, error) of every row, in the order of the parts.

@@ -164,17 +164,6 @@ impl StepGraphs {
     }
 }
 
-/// Whether the device's stream is being captured into a graph: what may not synchronise then asks.
-#[cfg(feature = "cuda")]
-pub(crate) fn capturing(dev: &candle_core::cuda_backend::CudaDevice) -> Result<bool> {
-    use candle_core::cuda_backend::cudarc::driver::sys::CUstreamCaptureStatus;
-    let status = dev
-        .cuda_stream()
-        .capture_status()
-        .map_err(|e| candle_core::Error::Msg(format!("CUDA stream capture status: {e:?}")))?;
-    Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-}
-
 #[cfg(feature = "cuda")]
 mod cuda {
     use std::cell::RefCell;

@@ -965,7 +965,7 @@ fn an_encoder_layer_as_one_op_matches_the_layer_built_of_ops() {
             {
                 use workloads::kernels::{options::EncoderLayers, KernelOptions};
                 let _ops = KernelOptions {
-                    layers: EncoderLayers::Ops,
+                    layers: EncoderLayers::Composed,
                     ..KernelOptions::default()
                 }
                 .enter();
@@ -1437,14 +1437,14 @@ fn resnet_training_in_nhwc_and_blocks_as_one_op_move_the_model_as_training_of_op
         // but for the order of a few sums. NHWC runs f32 only with TF32; NCHW without.
         for (convs, tf32) in [(Convolutions::Nhwc, true), (Convolutions::Nchw, false)] {
             let before = workloads::kernels::conv_nhwc::shapes_prepared();
-            let (loss_op, op) = step(name, batch, DType::F32, convs, EncoderLayers::Op, tf32);
+            let (loss_op, op) = step(name, batch, DType::F32, convs, EncoderLayers::Fused, tf32);
             if convs == Convolutions::Nhwc {
                 assert!(
                     workloads::kernels::conv_nhwc::shapes_prepared() > before,
                     "{name}: no NHWC convolution ran"
                 );
             }
-            let (loss_ops, ops) = step(name, batch, DType::F32, convs, EncoderLayers::Ops, tf32);
+            let (loss_ops, ops) = step(name, batch, DType::F32, convs, EncoderLayers::Composed, tf32);
             let (all, (w, w_name)) = (
                 l2(&all_updates(&op), &all_updates(&ops)),
                 worst_update(&op, &ops, &|_| true),
@@ -1455,14 +1455,28 @@ fn resnet_training_in_nhwc_and_blocks_as_one_op_move_the_model_as_training_of_op
                 "{name} {convs:?}: the block op moved {w_name} {w:.2e} away from its ops ({all:.2e} overall)"
             );
         }
-        let (loss_op, op) = step(name, batch, DType::F32, Convolutions::Nhwc, EncoderLayers::Op, true);
+        let (loss_op, op) = step(name, batch, DType::F32, Convolutions::Nhwc, EncoderLayers::Fused, true);
         // Against NCHW in f32 without TF32, built of ops (the path tested against the reference
         // implementations). TF32's rounding, carried back through a deep chain of batch norms, moves
         // the updates; how far, NCHW with TF32 allowed shows (where its algorithms take the tensor
         // cores). A wiring mistake (a filter's gradient transposed, a branch dropped) moves them by
         // their whole size, at any depth.
-        let (loss_ref, exact) = step(name, batch, DType::F32, Convolutions::Nchw, EncoderLayers::Ops, false);
-        let (_, tf32) = step(name, batch, DType::F32, Convolutions::Nchw, EncoderLayers::Ops, true);
+        let (loss_ref, exact) = step(
+            name,
+            batch,
+            DType::F32,
+            Convolutions::Nchw,
+            EncoderLayers::Composed,
+            false,
+        );
+        let (_, tf32) = step(
+            name,
+            batch,
+            DType::F32,
+            Convolutions::Nchw,
+            EncoderLayers::Composed,
+            true,
+        );
         let (noise, (nf, nf_name)) = (
             l2(&all_updates(&tf32), &all_updates(&exact)),
             worst_update(&tf32, &exact, &filters),
@@ -1482,8 +1496,22 @@ fn resnet_training_in_nhwc_and_blocks_as_one_op_move_the_model_as_training_of_op
         let (bound, filter_bound) = ((3.0 * noise).max(0.1), (3.0 * nf).max(0.2));
         assert!(all < bound && wf < filter_bound && wr < 3e-2, "{name}: NHWC updates {all:.2e} (bound {bound:.1e}), {wf_name} {wf:.2e} (bound {filter_bound:.1e}), {wr_name} {wr:.2e}");
         // bf16: the losses of the two layouts' steps.
-        let (bf_nchw, _) = step(name, batch, DType::BF16, Convolutions::Nchw, EncoderLayers::Op, false);
-        let (bf_nhwc, _) = step(name, batch, DType::BF16, Convolutions::Nhwc, EncoderLayers::Op, false);
+        let (bf_nchw, _) = step(
+            name,
+            batch,
+            DType::BF16,
+            Convolutions::Nchw,
+            EncoderLayers::Fused,
+            false,
+        );
+        let (bf_nhwc, _) = step(
+            name,
+            batch,
+            DType::BF16,
+            Convolutions::Nhwc,
+            EncoderLayers::Fused,
+            false,
+        );
         eprintln!("{name} bf16: loss NHWC {bf_nhwc}, NCHW {bf_nchw}");
         assert!(
             (bf_nhwc - bf_nchw).abs() <= 2e-2 * bf_nchw.abs(),
@@ -1523,13 +1551,13 @@ fn swin_training_with_blocks_as_one_op_moves_the_model_as_blocks_of_ops() {
     // stage is one window (no shift); swin_tiny's shift on 16 and 8.
     for (name, batch, blocks) in [("swin_tiny", 4, 4), ("swin_t", 2, 12)] {
         let before = blocks_run_as_one_op();
-        let (loss_op, op) = step(name, batch, DType::F32, EncoderLayers::Op);
+        let (loss_op, op) = step(name, batch, DType::F32, EncoderLayers::Fused);
         assert_eq!(
             blocks_run_as_one_op() - before,
             blocks,
             "{name}: every block runs as one op"
         );
-        let (loss_ops, ops) = step(name, batch, DType::F32, EncoderLayers::Ops);
+        let (loss_ops, ops) = step(name, batch, DType::F32, EncoderLayers::Composed);
         assert_eq!(
             blocks_run_as_one_op() - before,
             blocks,
@@ -1553,8 +1581,8 @@ fn swin_training_with_blocks_as_one_op_moves_the_model_as_blocks_of_ops() {
         // each update to their ulp, so the two bf16 paths' updates are some way apart; the block
         // as one op must land as close to f32's updates as the blocks of ops do.
         let before = blocks_run_as_one_op();
-        let (bf_op, bf_op_updates) = step(name, batch, DType::BF16, EncoderLayers::Op);
-        let (bf_ops, bf_ops_updates) = step(name, batch, DType::BF16, EncoderLayers::Ops);
+        let (bf_op, bf_op_updates) = step(name, batch, DType::BF16, EncoderLayers::Fused);
+        let (bf_ops, bf_ops_updates) = step(name, batch, DType::BF16, EncoderLayers::Composed);
         assert_eq!(
             blocks_run_as_one_op() - before,
             blocks,

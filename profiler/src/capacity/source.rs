@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::results::store::{number_column, read_table, text_column, Table};
+use crate::results::parts::{number_column, read_table, text_column, Table};
 
 /// One model's capacity on one profile, requests/s within the objective.
 #[derive(Debug, Clone, PartialEq)]
@@ -393,12 +393,12 @@ mod tests {
 
     #[test]
     fn closed_loop_estimates_come_only_when_asked_and_labelled() -> Result<()> {
-        use crate::results::record::tests::fake_run;
+        use crate::run::record::tests::fake_run;
         use std::time::Duration;
         let dir = tempfile::tempdir()?;
         // Steps of 1 and 3 ms: p99 3 ms; batch 8 serves 4,000 samples/s, batch 1 500.
-        crate::results::store::write_run(dir.path(), &fake_run(8, 30, Duration::ZERO))?;
-        crate::results::store::write_run(dir.path(), &fake_run(1, 30, Duration::ZERO))?;
+        crate::results::runs::write_run(dir.path(), &fake_run(8, 30, Duration::ZERO))?;
+        crate::results::runs::write_run(dir.path(), &fake_run(1, 30, Duration::ZERO))?;
         let dirs = [dir.path().to_path_buf()];
         let e = from_folders(&dirs, 10.0, None, "cpu", false).unwrap_err().to_string();
         assert!(

@@ -17,7 +17,7 @@ use crate::sweep::file::SweepFile;
 use crate::sweep::schedule::Options;
 
 /// How MIG slices are exposed by the device plugin.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MigStrategy {
     /// Each profile its own resource, `nvidia.com/mig-3g.40gb`.
     Mixed,

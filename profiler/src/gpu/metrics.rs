@@ -12,7 +12,7 @@ use nvml_wrapper::gpm::{gpm_metrics_get, GpmSample};
 use nvml_wrapper::{Device, Nvml};
 
 use super::select::Selected;
-use crate::run::sampler::{Gpm, GpuProcess, MetricSource, Sample};
+use crate::gpu::sampler::{Gpm, GpuProcess, MetricSource, Sample};
 
 /// NVML computes GPM metrics between two samples at least this far apart.
 const GPM_MIN_GAP: Duration = Duration::from_millis(100);

@@ -1,11 +1,13 @@
 //! NVIDIA GPUs and MIG slices: what is there ([`topology`]), read through a [`TopologySource`] (NVML,
 //! or a recording for tests and for looking at another machine), how a `--device` names one of them
-//! ([`select`]), and what the sampler reads from it ([`metrics`]).
+//! ([`select`]), and the sampler that reads its counters while a run measures ([`sampler`], its NVML
+//! and GPM readings in [`metrics`]).
 
 pub mod metrics;
 pub mod mig_control;
 pub mod nvml;
 pub mod reach;
+pub mod sampler;
 pub mod select;
 pub mod topology;
 

@@ -11,14 +11,15 @@ use workloads::{Batch, Mode, Workload};
 
 use crate::device::OpenDevice;
 use crate::load::arrival::schedule;
-use crate::load::record::{self, Capacity, JobIdentity, LoadSettings, SearchStep};
+use crate::load::record::{self, Capacity, JobIdentity, SearchStep};
 use crate::load::search::{search, SearchPlan, StepRunner};
 use crate::load::serve::{drive, Batching, Objective, Server};
+use crate::load::settings::LoadSettings;
 use crate::load::step::Step;
 use crate::provenance;
-use crate::results::record::{CellIdentity, RunContext};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::measure::MonotonicClock;
+use crate::run::record::{CellIdentity, RunContext};
 use crate::run::RunSpec;
 
 /// Which rates a job offers.
@@ -109,7 +110,7 @@ pub fn run(
         device: &device.info,
         fingerprint: &fingerprint,
         model: &info,
-        precision: spec.precision(),
+        precision: spec.precision.as_str(),
         kernel_options: spec.kernels.canonical(),
         seed: spec.seed,
         settings,
@@ -243,7 +244,7 @@ struct Stepper<'a> {
     search: Option<SearchStep>,
     /// The GPU sampler beside each step, when the device is a GPU and sampling is on.
     sampling: Option<(crate::gpu::Selected, Duration)>,
-    expected: &'a crate::results::evidence::Expected,
+    expected: &'a crate::run::evidence::Expected,
 }
 
 impl Stepper<'_> {
@@ -291,7 +292,7 @@ impl Stepper<'_> {
         );
         let readings = sampler.map(|s| s.stop());
         let served = served?;
-        use crate::results::evidence::{Evidence, Sampling};
+        use crate::run::evidence::{Evidence, Sampling};
         let (evidence, readings) = match readings {
             None if self.id.device.selected.is_none() => (Evidence::none(Sampling::NotAGpu), Vec::new()),
             None => (Evidence::none(Sampling::Off), Vec::new()),

@@ -4,11 +4,13 @@
 //! [`arrival`] draws the schedule in advance (open loop), [`serve`] runs the dynamic batcher in front
 //! of one model instance and measures each request from its scheduled arrival, [`step`] judges a
 //! step against the objective, [`search`] finds the highest rate within it, [`job`] drives a real
-//! model through all that, and [`record`] writes the `load`, `load_batches` and `capacity` tables.
+//! model through all that with its [`settings`], and [`record`] writes the `load`, `load_batches` and
+//! `capacity` tables.
 
 pub mod arrival;
 pub mod job;
 pub mod record;
 pub mod search;
 pub mod serve;
+pub mod settings;
 pub mod step;

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::results::uncertainty::quantile_interval;
 use crate::run::measure::{nanos, Clock, MonotonicClock};
+use crate::run::uncertainty::quantile_interval;
 
 /// Time as the loop sees it.
 pub trait Timer {

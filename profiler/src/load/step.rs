@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use anyhow::Result;
 
+use crate::gpu::sampler::{MetricSummary, Sample};
 use crate::load::serve::{Ending, Served};
-use crate::results::evidence::Evidence;
-use crate::results::stats::LatencyStats;
-use crate::results::uncertainty::{quantile_interval, Estimate};
-use crate::run::sampler::{MetricSummary, Sample};
+use crate::run::evidence::Evidence;
+use crate::run::stats::LatencyStats;
+use crate::run::uncertainty::{quantile_interval, Estimate};
 
 #[derive(Debug, Clone)]
 pub struct Step {
@@ -124,7 +124,7 @@ impl Step {
             offered_qps,
             served,
             objective,
-            Evidence::none(crate::results::evidence::Sampling::NotAGpu),
+            Evidence::none(crate::run::evidence::Sampling::NotAGpu),
             &[],
         )
     }
@@ -211,7 +211,7 @@ impl Step {
             notes.push(e);
         }
         let note = (!notes.is_empty()).then(|| notes.join("; "));
-        let metrics = crate::run::sampler::summarize(readings, served.latencies_ns.len() as u64);
+        let metrics = crate::gpu::sampler::summarize(readings, served.latencies_ns.len() as u64);
         Ok(Step {
             offered_qps,
             served,

@@ -6,6 +6,7 @@
 //! plots say `mps` wherever an emulated slice appears, and emulation is never mixed with MIG
 //! silently.
 
+pub mod client;
 pub mod daemon;
 pub mod processes;
 pub mod share;

@@ -9,9 +9,8 @@ use anyhow::{Context, Result};
 
 use super::chart::{scale_for, Chart, Point, Series};
 use super::data::{read_rows, Row};
-use super::sections::{fmt, slug, table};
-use super::{Block, Section};
-use crate::results::store::Table;
+use super::page::{fmt, slug, table, Block, Section};
+use crate::results::parts::Table;
 
 const STEP_TEXT: [&str; 26] = [
     "target",

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use polars::prelude::*;
 
-use crate::results::store::{read_table, Table};
+use crate::results::parts::{read_table, Table};
 
 /// One runs row.
 #[derive(Debug, Clone, PartialEq)]

@@ -9,41 +9,29 @@ use polars::prelude::*;
 
 use super::chart::{scale_for, Chart, Point, Scale, Series};
 use super::data::{self, Row};
-use super::{Block, Section};
+use super::page::{fmt, slug, table, Block, Section};
 use crate::run::fingerprint::notable_pool_held;
 
-pub fn build(
+/// The sections of the runs: what ran (`everyone` adds the targets that only served load), one
+/// section per model, the scaling with the share of SMs and each target against the baseline, energy.
+pub fn of_runs(
     rows: &[Row],
-    serving: &super::capacity::Serving,
+    everyone: &[Row],
+    targets: &[String],
+    colour: &dyn Fn(&str) -> usize,
     detail: &data::Detail,
     sources: &[String],
     detail_batch: Option<usize>,
 ) -> Result<Vec<Section>> {
-    // Targets that only served load get colours too, after the others of their size.
-    let everyone: Vec<Row> = rows.iter().chain(&serving.steps).cloned().collect();
-    let targets = data::targets(&everyone);
-    let colour = |t: &str| targets.iter().position(|x| x == t).unwrap_or(0);
     let baseline = data::baseline(rows);
-    let mut out = vec![what_ran(rows, &everyone, sources, &targets, baseline.as_deref())];
-    out.extend(per_model(rows, detail, &colour, detail_batch)?);
+    let mut out = vec![what_ran(rows, everyone, sources, targets, baseline.as_deref())];
+    out.extend(per_model(rows, detail, colour, detail_batch)?);
     if let Some(b) = &baseline {
-        out.extend(scaling(rows, b, &colour)?);
+        out.extend(scaling(rows, b, colour)?);
         out.extend(against_baseline(rows, b)?);
     }
     out.extend(energy(rows));
-    out.extend(serving.sections(&colour)?);
     Ok(out)
-}
-
-pub(super) fn fmt(v: Option<f64>, digits: usize) -> String {
-    v.map_or("—".into(), |v| format!("{v:.digits$}"))
-}
-
-pub(super) fn table(head: &[&str], rows: Vec<Vec<String>>) -> Block {
-    Block::Table {
-        head: head.iter().map(|h| h.to_string()).collect(),
-        rows,
-    }
 }
 
 /// What a target is, as a row says.
@@ -819,18 +807,6 @@ fn energy(rows: &[Row]) -> Vec<Section> {
         level: 2,
         blocks,
     }]
-}
-
-pub(super) fn slug(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ use std::path::Path;
 use anyhow::Result;
 use polars::prelude::*;
 
-use crate::results::record::Status;
-use crate::results::store::{read_parts, Table};
+use crate::results::parts::{read_parts, Table};
+use crate::run::record::Status;
 
 /// What the check found: a line per problem, and how much it read.
 #[derive(Debug, Default)]
@@ -150,8 +150,8 @@ fn check_load(frames: &HashMap<&'static str, DataFrame>, report: &mut Report) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::record::tests::fake_run;
-    use crate::results::store::write_run;
+    use crate::results::runs::write_run;
+    use crate::run::record::tests::fake_run;
     use std::time::Duration;
 
     #[test]

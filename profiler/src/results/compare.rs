@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::results::store::{number_column, text_column};
+use crate::results::parts::{number_column, text_column};
 use anyhow::{bail, Result};
 use polars::prelude::*;
 use serde::Serialize;
@@ -344,7 +344,7 @@ fn read_rows(runs: &DataFrame, column: &str) -> Result<Vec<Row>> {
 }
 
 /// How `compare` prints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     Text,
     Md,

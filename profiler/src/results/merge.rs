@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::results::store::{read_table, text_column, Table};
+use crate::results::parts::{read_table, text_column, Table};
 
 const TABLES: [Table; 6] = [
     Table::Runs,
@@ -93,8 +93,8 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::record::tests::fake_run;
-    use crate::results::store::write_run;
+    use crate::results::runs::write_run;
+    use crate::run::record::tests::fake_run;
     use std::time::Duration;
 
     #[test]

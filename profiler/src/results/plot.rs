@@ -198,8 +198,8 @@ fn significant(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::record::tests::fake_run;
-    use crate::results::store::runs_frame;
+    use crate::results::runs::runs_frame;
+    use crate::run::record::tests::fake_run;
     use std::time::Duration;
 
     #[test]
@@ -220,30 +220,37 @@ mod tests {
 
     #[test]
     fn failed_cells_max_probes_and_group_members_are_not_points() -> Result<()> {
-        use crate::results::record::{CellIdentity, Failure, Status};
+        use crate::run::record::{FailedWorkload, Failure, Status};
         let dir = tempfile::tempdir()?;
         let ok = fake_run(8, 10, Duration::ZERO);
-        crate::results::store::write_run(dir.path(), &ok)?;
+        crate::results::runs::write_run(dir.path(), &ok)?;
         let mut probe = fake_run(16, 10, Duration::ZERO);
         probe.cell.status = Status::Probe;
-        crate::results::store::write_run(dir.path(), &probe)?;
+        crate::results::runs::write_run(dir.path(), &probe)?;
         let mut member = fake_run(4, 10, Duration::ZERO);
         member.cell.concurrency_group = Some("3g+3g".into());
-        crate::results::store::write_run(dir.path(), &member)?;
-        let cell = crate::sweep::cell::tests::cell();
+        crate::results::runs::write_run(dir.path(), &member)?;
         let failure = Failure {
             run_id: "zzz-failed".into(),
             invocation_id: "inv".into(),
             host: "h".into(),
             started_at: crate::provenance::now(),
             finished_at: crate::provenance::now(),
-            identity: CellIdentity::of_cell(&cell, Status::Oom),
-            cell: crate::sweep::cell::CellSpec { batch: 32, ..cell },
+            identity: crate::run::record::tests::identity_with(Status::Oom),
+            workload: FailedWorkload {
+                model: "resnet_tiny".into(),
+                mode: "infer".into(),
+                dtype: "f32".into(),
+                batch: 32,
+                seq_len: None,
+                seed: 0,
+                kernel_options: workloads::kernels::KernelOptions::default().canonical(),
+            },
             error: "out of memory".into(),
             fingerprint: crate::run::fingerprint::Fingerprint::collect(None),
         };
-        crate::results::store::write_failure(dir.path(), &failure)?;
-        let runs = crate::results::store::read_table(dir.path(), crate::results::store::Table::Runs)?;
+        crate::results::runs::write_failure(dir.path(), &failure)?;
+        let runs = crate::results::parts::read_table(dir.path(), crate::results::parts::Table::Runs)?;
         assert_eq!(runs.height(), 4);
         let s = series(&runs)?;
         let points: Vec<f64> = s.values().flatten().map(|p| p.batch).collect();

@@ -1,7 +1,7 @@
 //! The table printed at the end of `migprof run`.
 
-use crate::results::stats::ns_to_ms;
-use crate::results::Run;
+use crate::run::stats::ns_to_ms;
+use crate::run::Run;
 
 /// Renders one line per run, columns aligned: what a user reads first.
 pub fn table(runs: &[Run]) -> String {
@@ -69,7 +69,7 @@ pub fn table(runs: &[Run]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::record::tests::fake_run;
+    use crate::run::record::tests::fake_run;
     use std::time::Duration;
 
     #[test]

@@ -6,12 +6,12 @@ use candle_core::{DType, Device, Tensor};
 use workloads::{Batch, Mode, Workload};
 
 use crate::device::OpenDevice;
+use crate::gpu::sampler::{Sample, Sampler};
 use crate::provenance;
-use crate::results::record::{CellIdentity, Run, RunContext};
 use crate::run::fingerprint::{self, Fingerprint};
 use crate::run::group::GroupMember;
 use crate::run::measure::{measure, Executor, MonotonicClock, Observer};
-use crate::run::sampler::{Sample, Sampler};
+use crate::run::record::{CellIdentity, Run, RunContext};
 use crate::run::spec::RunSpec;
 
 /// Builds the workload, measures it and returns the run.
@@ -224,14 +224,14 @@ impl Executor for WorkloadExecutor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::record::tests::{context, spec};
+    use crate::run::record::tests::{context, spec};
 
     #[test]
     fn real_tiny_training_run_records_a_falling_loss() -> Result<()> {
         let mut spec = spec(4, 12);
         spec.mode = Mode::Train;
         let device = crate::device::DeviceSpec::Cpu.open()?;
-        let run = execute(&spec, &device, context(), crate::results::record::tests::identity())?;
+        let run = execute(&spec, &device, context(), crate::run::record::tests::identity())?;
         assert_eq!(run.stats.iterations, 12);
         assert_eq!(run.warmup_iterations, 2);
         let (first, last) = (run.measurement.loss_first.unwrap(), run.measurement.loss_last.unwrap());

@@ -102,7 +102,7 @@ impl Stop {
                 // The interval costs a pass over the samples: checked about 20 times per doubling.
                 let check = ready && iterations.is_multiple_of((iterations / 20).max(1));
                 let precision = if check || elapsed >= max {
-                    crate::results::uncertainty::throughput_precision(latencies_ns)
+                    crate::run::uncertainty::throughput_precision(latencies_ns)
                 } else {
                     None
                 };
@@ -457,7 +457,7 @@ mod tests {
         let m = measure(&mut step, &clock, Warmup::Iterations(0), stop, &mut Unobserved)?;
         let n = m.latencies_ns.len();
         assert!(
-            crate::results::uncertainty::throughput_precision(&m.latencies_ns).unwrap() <= 0.05,
+            crate::run::uncertainty::throughput_precision(&m.latencies_ns).unwrap() <= 0.05,
             "{n}"
         );
         assert!((50..1000).contains(&n), "{n} steps");

@@ -1,14 +1,20 @@
 //! Running: what to run ([`spec`]), checking that the device can run it ([`preflight`]), the measuring
-//! loop ([`measure`]) with the sampler beside it ([`sampler`]), and one run from start to end
-//! ([`execute`]).
+//! loop ([`measure`]) with the GPU sampler beside it, one run from start to end ([`execute`]), and the
+//! record of a finished run ([`record`]) with its latency statistics ([`stats`], [`uncertainty`]), what
+//! the sampler saw ([`evidence`]) and the verdict ([`verdict`]).
 
+pub mod evidence;
 pub mod execute;
 pub mod fingerprint;
 pub mod group;
 pub mod measure;
 pub mod preflight;
-pub mod sampler;
+pub mod record;
 pub mod spec;
+pub mod stats;
+pub mod uncertainty;
+pub mod verdict;
 
 pub use execute::execute;
+pub use record::{Run, RunContext};
 pub use spec::RunSpec;

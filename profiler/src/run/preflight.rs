@@ -13,16 +13,30 @@ use crate::run::RunSpec;
 const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 const MODES: [Mode; 2] = [Mode::Infer, Mode::Train];
 
+/// What the device decides without running anything: TF32 exists only on NVIDIA tensor cores.
+pub fn check_precision(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
+    if specs.iter().any(|s| s.precision.tf32()) && !device.device.is_cuda() {
+        bail!(
+            "tf32 is a mode of NVIDIA tensor cores; on {} f32 is computed exactly: use --dtype f32 (choices: f32, bf16, f16, tf32 on a GPU)",
+            device.info.kind
+        )
+    }
+    Ok(())
+}
+
+/// Refuses what the device cannot run, before any time is spent: [`check_precision`], then each
+/// (family, mode, dtype, kernels) by one step of its tiny preset.
 pub fn check(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
+    check_precision(specs, device)?;
     let mut checked: Vec<(Family, Mode, DType, KernelOptions)> = Vec::new();
     for s in specs {
         let (_, info) = workloads::lookup(&s.model)?;
-        let key = (info.family, s.mode, s.dtype, s.kernels);
+        let key = (info.family, s.mode, s.precision.dtype(), s.kernels);
         if checked.contains(&key) {
             continue;
         }
         checked.push(key);
-        if let Err(e) = probe(info.family, s.mode, s.dtype, s.kernels, &device.device) {
+        if let Err(e) = probe(info.family, s.mode, s.precision.dtype(), s.kernels, &device.device) {
             let runnable: Vec<String> = MODES
                 .iter()
                 .flat_map(|&m| DTYPES.iter().map(move |&d| (m, d)))
@@ -33,7 +47,7 @@ pub fn check(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
                 "{} {} {} cannot run on {}: {} failed with: {}; what runs there for {} models: {}",
                 s.model,
                 s.mode.as_str(),
-                s.precision(),
+                s.precision.as_str(),
                 device.info.kind,
                 workloads::tiny_model(info.family),
                 first_line(&e.to_string()),
@@ -80,7 +94,7 @@ fn first_line(s: &str) -> &str {
 mod tests {
     use super::*;
     use crate::device::DeviceSpec;
-    use crate::results::record::tests::spec;
+    use crate::run::record::tests::spec;
 
     #[test]
     fn f32_inference_and_training_pass_on_cpu() -> Result<()> {
@@ -95,7 +109,7 @@ mod tests {
         // candle's CPU matmul has no bf16 kernel.
         let device = DeviceSpec::Cpu.open()?;
         let mut s = spec(2, 1);
-        s.dtype = DType::BF16;
+        s.precision = crate::run::spec::Precision::Bf16;
         let err = check(&[s], &device).unwrap_err().to_string();
         assert!(err.starts_with("resnet_tiny infer bf16 cannot run on cpu"), "{err}");
         assert!(
@@ -103,6 +117,19 @@ mod tests {
             "{err}"
         );
         assert!(!err.contains("infer bf16,") && !err.contains("train bf16"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn tf32_is_refused_on_the_cpu() -> Result<()> {
+        let device = DeviceSpec::Cpu.open()?;
+        let mut s = spec(2, 1);
+        s.precision = crate::run::spec::Precision::Tf32;
+        let e = check(&[s], &device).unwrap_err().to_string();
+        assert!(
+            e.contains("tf32 is a mode of NVIDIA tensor cores") && e.contains("f32, bf16, f16"),
+            "{e}"
+        );
         Ok(())
     }
 }

@@ -15,13 +15,13 @@ use sha2::{Digest, Sha256};
 
 use std::time::Duration;
 
-use candle_core::DType;
 use workloads::kernels::KernelOptions;
 use workloads::Mode;
 
 use crate::provenance;
 use crate::run::measure::{Stop, Warmup};
-use crate::run::RunSpec;
+use crate::run::record::{CellIdentity, FailedWorkload, Status};
+use crate::run::spec::{Precision, RunSpec};
 
 /// The contract's version: bumped when a field changes meaning; a child refuses other versions.
 pub const CELL_SPEC_VERSION: u32 = 1;
@@ -79,7 +79,7 @@ pub struct CellSpec {
     /// A serving-load job instead of a run: the model behind a dynamic batcher, searched for the
     /// highest rate within the settings' p99 objective (`load` and `capacity` rows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub load: Option<crate::load::record::LoadSettings>,
+    pub load: Option<crate::load::settings::LoadSettings>,
     /// Run by a cluster's scheduler: `device` says what was asked for (a MIG profile, `cuda`,
     /// `cpu`), and the cell runs on the first device the scheduler made visible (not part of the id).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -98,7 +98,7 @@ pub enum Purpose {
 
 impl CellSpec {
     /// The fields the id is made of, in a fixed order, one per line.
-    fn identity(&self) -> String {
+    fn id_fields(&self) -> String {
         let mut fields: Vec<(&str, String)> = vec![
             ("version", self.version.to_string()),
             ("migprof", provenance::VERSION.to_string()),
@@ -138,10 +138,36 @@ impl CellSpec {
         fields.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
     }
 
-    /// 16 hex digits of the SHA-256 of [`identity`](Self::identity).
+    /// 16 hex digits of the SHA-256 of [`id_fields`](Self::id_fields).
     pub fn cell_id(&self) -> String {
-        let digest = Sha256::digest(self.identity().as_bytes());
+        let digest = Sha256::digest(self.id_fields().as_bytes());
         digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The identity of this cell's row once it ended with `status`.
+    pub fn identity(&self, status: Status) -> CellIdentity {
+        CellIdentity {
+            sweep: Some(self.sweep.clone()),
+            target: self.target.clone(),
+            cell_id: self.cell_id(),
+            status,
+            concurrency_group: self.concurrency_group.clone(),
+            neighbours: self.neighbours.clone(),
+            baseline: self.baseline,
+        }
+    }
+
+    /// The workload fields a failed cell's row records.
+    pub fn workload(&self) -> FailedWorkload {
+        FailedWorkload {
+            model: self.model.clone(),
+            mode: self.mode.clone(),
+            dtype: self.dtype.clone(),
+            batch: self.batch,
+            seq_len: self.seq_len,
+            seed: self.seed,
+            kernel_options: self.kernel_options.clone(),
+        }
     }
 
     pub fn to_json(&self) -> Result<String> {
@@ -180,7 +206,7 @@ impl CellSpec {
             device: device.to_string(),
             model: spec.model.clone(),
             mode: spec.mode.as_str().to_string(),
-            dtype: spec.precision().to_string(),
+            dtype: spec.precision.as_str().to_string(),
             batch: spec.batch,
             batch_as_written: spec.batch.to_string(),
             seq_len: spec.seq_len,
@@ -226,13 +252,10 @@ impl CellSpec {
             "train" => Mode::Train,
             other => bail!("cell spec: mode `{other}`; valid modes: infer, train"),
         };
-        let (dtype, tf32) = match self.dtype.as_str() {
-            "f32" => (DType::F32, false),
-            "tf32" => (DType::F32, true),
-            "bf16" => (DType::BF16, false),
-            "f16" => (DType::F16, false),
-            other => bail!("cell spec: dtype `{other}`; valid dtypes: f32, bf16, f16, tf32"),
-        };
+        let precision = self
+            .dtype
+            .parse::<Precision>()
+            .map_err(|e| anyhow::anyhow!("cell spec: {e}"))?;
         let optimizer = match self.optimizer.as_str() {
             "adamw" => workloads::OptimizerKind::AdamW,
             "sgd" => workloads::OptimizerKind::Sgd { momentum: 0.9 },
@@ -270,8 +293,7 @@ impl CellSpec {
         Ok(RunSpec {
             model: self.model.clone(),
             mode,
-            dtype,
-            tf32,
+            precision,
             batch: self.batch,
             seq_len: self.seq_len,
             weights: self.weights.clone(),
@@ -298,6 +320,7 @@ pub fn file_sha256(path: &std::path::Path) -> Result<String> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use candle_core::DType;
 
     pub fn cell() -> CellSpec {
         CellSpec {
@@ -433,7 +456,7 @@ pub(crate) mod tests {
             ..cell()
         };
         let run = c.run_spec()?;
-        assert!(run.tf32 && run.dtype == DType::F32 && run.mode == Mode::Train);
+        assert!(run.precision == Precision::Tf32 && run.precision.dtype() == DType::F32 && run.mode == Mode::Train);
         assert_eq!(run.train.optimizer, workloads::OptimizerKind::Sgd { momentum: 0.9 });
         let back = CellSpec::of_run(&run, &c.target, &c.device)?;
         assert_eq!(back.cell_id(), c.cell_id(), "{back:?}");

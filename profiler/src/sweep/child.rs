@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::results::record::Status;
+use crate::run::record::Status;
 
 /// The exit code a child uses for running out of memory (device or host), so that the sweep can tell
 /// it from any other error without parsing messages.

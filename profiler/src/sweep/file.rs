@@ -56,7 +56,7 @@ pub struct CapacitySearch {
 
 /// The defaults of `migprof load`, for sweep files.
 mod load_defaults {
-    use crate::load::record::DEFAULTS;
+    use crate::load::settings::DEFAULTS;
     pub fn max_batch() -> usize {
         DEFAULTS.max_batch
     }

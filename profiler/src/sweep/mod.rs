@@ -1,5 +1,6 @@
 //! `migprof sweep`: a matrix of cells from a file ([`file`]), each cell run in a child process of its
-//! own ([`cell`] is the contract between them), with a row for every cell however it ends.
+//! own ([`cell`] is the contract between them, [`child`] the sweep's side of it, [`worker`] the child's),
+//! with a row for every cell however it ends.
 
 pub mod cell;
 pub mod child;
@@ -7,3 +8,4 @@ pub mod file;
 pub mod plan;
 pub mod progress;
 pub mod schedule;
+pub mod worker;

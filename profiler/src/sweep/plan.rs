@@ -239,7 +239,7 @@ fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &super:
         repeat: 0,
         kernels: workloads::kernels::KernelOptions::default().canonical(),
     };
-    let settings = crate::load::record::LoadSettings {
+    let settings = crate::load::settings::LoadSettings {
         arrival: search.arrival,
         max_batch: search.max_batch,
         max_delay_ms: search.max_delay_ms,

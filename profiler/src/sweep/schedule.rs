@@ -17,8 +17,9 @@ use super::file::{BatchSize, SweepFile};
 use super::plan::{self, Filter, PlannedCell};
 use super::progress::Progress;
 use crate::provenance;
-use crate::results::record::{CellIdentity, Failure, Status};
-use crate::results::store::{read_table, write_failure, Table};
+use crate::results::parts::{read_table, Table};
+use crate::results::runs::write_failure;
+use crate::run::record::{Failure, Status};
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -290,54 +291,8 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
         planned: cells.len(),
         ..Default::default()
     };
-    let invocation_id = provenance::run_id(provenance::now());
-    let host = provenance::host();
-    let mut queue: VecDeque<PlannedCell> = VecDeque::new();
-    // Concurrent group instances, their members in order; they run after the cells alone.
-    let mut groups: VecDeque<Vec<PlannedCell>> = VecDeque::new();
-    let mut searches: Vec<MaxSearch> = Vec::new();
-    let mut search_of: HashMap<String, usize> = HashMap::new();
-    for (c, done) in cells {
-        if done {
-            summary.skipped += 1;
-            continue;
-        }
-        if c.batch == BatchSize::Max {
-            // One search per target, model, mode, dtype, sequence length and kernels.
-            let key = format!(
-                "{}|{}|{}|{}|{:?}|{}",
-                c.spec.target, c.spec.model, c.spec.mode, c.spec.dtype, c.spec.seq_len, c.spec.kernel_options
-            );
-            let i = *search_of.entry(key).or_insert_with(|| {
-                searches.push(MaxSearch {
-                    fits: 0,
-                    fails: None,
-                    limit: file.defaults.max_batch_limit,
-                    waiting: Vec::new(),
-                    template: c.spec.clone(),
-                });
-                searches.len() - 1
-            });
-            searches[i].waiting.push(c);
-        } else {
-            match c.group.clone() {
-                Some(key) => match groups.back_mut() {
-                    Some(last) if last[0].group.as_deref() == Some(key.as_str()) => last.push(c),
-                    _ => groups.push_back(vec![c]),
-                },
-                None => queue.push_back(c),
-            }
-        }
-    }
-    // Probes first, so that a "max" cell's batch is known by the time its turn comes.
-    let mut probes: VecDeque<(CellSpec, usize)> = searches
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (probe(&s.template, s.next().unwrap_or(1)), i))
-        .collect();
-    let total = queue.len()
-        + searches.iter().map(|s| s.waiting.len()).sum::<usize>()
-        + groups.iter().map(Vec::len).sum::<usize>();
+    let mut work = Work::of(file, cells, &mut summary);
+    let total = work.cells();
     writeln!(
         log,
         "migprof {}: sweep `{}`, {} cell(s): {} done already, {total} to run, results to {}",
@@ -348,14 +303,135 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
         opts.out.display()
     )?;
     catch_interrupts();
-    // One MPS daemon per GPU that emulated slices run on, for the whole sweep; its cells are clients.
-    let mut daemons: HashMap<String, crate::mps::daemon::Daemon> = HashMap::new();
-    for c in queue
-        .iter()
-        .chain(groups.iter().flatten())
-        .map(|c| &c.spec)
-        .chain(searches.iter().map(|s| &s.template))
-    {
+    let mut daemons = start_daemons(&work, log)?;
+    let mut scheduler = Scheduler {
+        opts,
+        exe,
+        invocation_id: provenance::run_id(provenance::now()),
+        host: provenance::host(),
+        cooldown: Duration::from_secs_f64(file.defaults.cooldown_secs),
+        timeout: Duration::from_secs_f64(file.defaults.timeout_secs),
+        progress: Progress::new(total, opts.terminal, log),
+        summary,
+        total,
+        finished: 0,
+        started: Instant::now(),
+        keys: HashMap::new(),
+        free_at: HashMap::new(),
+        active: Vec::new(),
+        daemons: &daemons,
+    };
+    loop {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            scheduler.interrupt()?;
+            break;
+        }
+        scheduler.collect(&mut work)?;
+        scheduler.start_group(&mut work)?;
+        scheduler.start_cells(&mut work)?;
+        let s = &mut scheduler;
+        s.progress
+            .running(&s.active.iter().map(|a| describe(&a.cell)).collect::<Vec<_>>());
+        if s.active.is_empty() && work.queue.is_empty() && work.probes.is_empty() && work.groups.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let summary = scheduler.finish();
+    for (_, d) in daemons.drain() {
+        match d.stop() {
+            Ok(()) => writeln!(log, "MPS: daemon stopped")?,
+            Err(e) => writeln!(log, "warning: {e:#}")?,
+        }
+    }
+    Ok(summary)
+}
+
+/// What a sweep has left to run: cells alone, concurrent groups (which run after them), `max`
+/// searches with the cells waiting for their answer, and the searches' next probes.
+struct Work {
+    queue: VecDeque<PlannedCell>,
+    /// Concurrent group instances, their members in order.
+    groups: VecDeque<Vec<PlannedCell>>,
+    searches: Vec<MaxSearch>,
+    probes: VecDeque<(CellSpec, usize)>,
+}
+
+impl Work {
+    /// The planned cells not done, sorted into the queue, the groups and the searches; the done ones
+    /// counted as skipped.
+    fn of(file: &SweepFile, cells: Vec<(PlannedCell, bool)>, summary: &mut Summary) -> Work {
+        let mut work = Work {
+            queue: VecDeque::new(),
+            groups: VecDeque::new(),
+            searches: Vec::new(),
+            probes: VecDeque::new(),
+        };
+        let mut search_of: HashMap<String, usize> = HashMap::new();
+        for (c, done) in cells {
+            if done {
+                summary.skipped += 1;
+                continue;
+            }
+            if c.batch == BatchSize::Max {
+                // One search per target, model, mode, dtype, sequence length and kernels.
+                let key = format!(
+                    "{}|{}|{}|{}|{:?}|{}",
+                    c.spec.target, c.spec.model, c.spec.mode, c.spec.dtype, c.spec.seq_len, c.spec.kernel_options
+                );
+                let searches = &mut work.searches;
+                let i = *search_of.entry(key).or_insert_with(|| {
+                    searches.push(MaxSearch {
+                        fits: 0,
+                        fails: None,
+                        limit: file.defaults.max_batch_limit,
+                        waiting: Vec::new(),
+                        template: c.spec.clone(),
+                    });
+                    searches.len() - 1
+                });
+                work.searches[i].waiting.push(c);
+            } else {
+                match c.group.clone() {
+                    Some(key) => match work.groups.back_mut() {
+                        Some(last) if last[0].group.as_deref() == Some(key.as_str()) => last.push(c),
+                        _ => work.groups.push_back(vec![c]),
+                    },
+                    None => work.queue.push_back(c),
+                }
+            }
+        }
+        // Probes first, so that a "max" cell's batch is known by the time its turn comes.
+        work.probes = work
+            .searches
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (probe(&s.template, s.next().unwrap_or(1)), i))
+            .collect();
+        work
+    }
+
+    /// The cells to run, probes aside.
+    fn cells(&self) -> usize {
+        self.queue.len()
+            + self.searches.iter().map(|s| s.waiting.len()).sum::<usize>()
+            + self.groups.iter().map(Vec::len).sum::<usize>()
+    }
+
+    /// Every cell spec that will run, probes' templates included.
+    fn specs(&self) -> impl Iterator<Item = &CellSpec> {
+        self.queue
+            .iter()
+            .chain(self.groups.iter().flatten())
+            .map(|c| &c.spec)
+            .chain(self.searches.iter().map(|s| &s.template))
+    }
+}
+
+/// One MPS daemon per GPU that emulated slices run on, for the whole sweep; its cells are clients.
+fn start_daemons(work: &Work, log: &mut dyn Write) -> Result<HashMap<String, crate::mps::daemon::Daemon>> {
+    let mut daemons = HashMap::new();
+    for c in work.specs() {
         if c.device.starts_with("mps:") {
             if let std::collections::hash_map::Entry::Vacant(slot) = daemons.entry(device_key(&c.device)) {
                 let daemon = start_mps_daemon(&c.device)?;
@@ -369,178 +445,247 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
             }
         }
     }
-    let mut progress = Progress::new(total, opts.terminal, log);
-    let cooldown = Duration::from_secs_f64(file.defaults.cooldown_secs);
-    let timeout = Duration::from_secs_f64(file.defaults.timeout_secs);
-    let mut keys: HashMap<String, String> = HashMap::new();
-    let mut free_at: HashMap<String, Instant> = HashMap::new();
-    let mut active: Vec<Active> = Vec::new();
-    let started = Instant::now();
-    let mut finished = 0usize;
-    loop {
-        if INTERRUPTED.load(Ordering::SeqCst) {
-            for a in active.drain(..) {
-                progress.line(&format!(
-                    "interrupted: {} (no row; it runs again on resume)",
-                    describe(&a.cell)
-                ))?;
-                a.running.interrupt();
-            }
-            summary.interrupted = true;
-            break;
+    Ok(daemons)
+}
+
+/// The sweep under way: the cells running, when each device is free again, what has ended.
+struct Scheduler<'a> {
+    opts: &'a Options,
+    exe: &'a Path,
+    invocation_id: String,
+    host: String,
+    cooldown: Duration,
+    timeout: Duration,
+    progress: Progress<'a>,
+    summary: Summary,
+    total: usize,
+    finished: usize,
+    started: Instant,
+    /// Each device string's key (the GPU it runs on), worked out once.
+    keys: HashMap<String, String>,
+    free_at: HashMap<String, Instant>,
+    active: Vec<Active>,
+    daemons: &'a HashMap<String, crate::mps::daemon::Daemon>,
+}
+
+impl Scheduler<'_> {
+    /// Ctrl-C: every running cell stopped without a row; it runs again on resume.
+    fn interrupt(&mut self) -> Result<()> {
+        for a in self.active.drain(..) {
+            self.progress.line(&format!(
+                "interrupted: {} (no row; it runs again on resume)",
+                describe(&a.cell)
+            ))?;
+            a.running.interrupt();
         }
-        // Collect what has finished.
+        self.summary.interrupted = true;
+        Ok(())
+    }
+
+    /// Collects the cells that have ended: a row for each that left none, a probe's answer to its
+    /// search.
+    fn collect(&mut self, work: &mut Work) -> Result<()> {
         let mut i = 0;
-        while i < active.len() {
-            let Some(ending) = active[i].running.poll()? else {
+        while i < self.active.len() {
+            let Some(ending) = self.active[i].running.poll()? else {
                 i += 1;
                 continue;
             };
-            let a = active.swap_remove(i);
-            free_at.insert(a.device.clone(), Instant::now() + cooldown);
+            let a = self.active.swap_remove(i);
+            self.free_at.insert(a.device.clone(), Instant::now() + self.cooldown);
             if !matches!(ending.status, Status::Ok | Status::Probe) {
-                record_failure(&opts.out, &a.cell, a.started, &ending, &invocation_id, &host)?;
+                record_failure(
+                    &self.opts.out,
+                    &a.cell,
+                    a.started,
+                    &ending,
+                    &self.invocation_id,
+                    &self.host,
+                )?;
             }
-            let first_line = ending.message.lines().next().unwrap_or("").to_string();
-            let Some(s) = a.search else {
-                progress.advance();
-                finished += 1;
-                summary.ran += 1;
-                summary.count(ending.status);
-                let elapsed = started.elapsed();
-                let left = total.saturating_sub(finished);
-                let eta = if finished > 0 {
-                    elapsed.mul_f64(left as f64 / finished as f64)
+            match a.search {
+                None => self.ended(&a.cell, ending.status, ending.message.lines().next().unwrap_or(""))?,
+                Some(s) => self.probe_ended(work, s, &a.cell, &ending)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A cell of the matrix ended: counted, and its line printed.
+    fn ended(&mut self, cell: &CellSpec, status: Status, first_line: &str) -> Result<()> {
+        self.progress.advance();
+        self.finished += 1;
+        self.summary.ran += 1;
+        self.summary.count(status);
+        let elapsed = self.started.elapsed();
+        let left = self.total.saturating_sub(self.finished);
+        let eta = if self.finished > 0 {
+            elapsed.mul_f64(left as f64 / self.finished as f64)
+        } else {
+            Duration::ZERO
+        };
+        self.progress.line(&format!(
+            "[{}/{}] {}: {} {first_line} (elapsed {}, ETA {})",
+            self.finished,
+            self.total,
+            describe(cell),
+            status.as_str(),
+            duration(elapsed),
+            duration(eta)
+        ))
+    }
+
+    /// A probe of search `s` ended: the next probe, or the answer for the cells waiting on it.
+    fn probe_ended(&mut self, work: &mut Work, s: usize, cell: &CellSpec, ending: &Ending) -> Result<()> {
+        self.summary.probes += 1;
+        let first_line = ending.message.lines().next().unwrap_or("");
+        let search = &mut work.searches[s];
+        let fits = match ending.status {
+            Status::Probe => "fits",
+            Status::Oom => "does not fit",
+            _ => "failed",
+        };
+        self.progress.line(&format!(
+            "  max search: {}: {fits} ({} {first_line})",
+            describe(cell),
+            ending.status.as_str()
+        ))?;
+        // A probe that failed for another reason than memory ends the search: its cells carry
+        // that failure instead of a batch size the search never found.
+        let verdict: Option<std::result::Result<usize, Ending>> = match ending.status {
+            Status::Probe | Status::Oom => {
+                if ending.status == Status::Probe {
+                    search.fits = search.fits.max(cell.batch);
                 } else {
-                    Duration::ZERO
-                };
-                progress.line(&format!(
-                    "[{finished}/{total}] {}: {} {first_line} (elapsed {}, ETA {})",
-                    describe(&a.cell),
-                    ending.status.as_str(),
-                    duration(elapsed),
-                    duration(eta)
-                ))?;
-                continue;
-            };
-            summary.probes += 1;
-            let search = &mut searches[s];
-            let fits = match ending.status {
-                Status::Probe => "fits",
-                Status::Oom => "does not fit",
-                _ => "failed",
-            };
-            progress.line(&format!(
-                "  max search: {}: {fits} ({} {first_line})",
-                describe(&a.cell),
-                ending.status.as_str()
-            ))?;
-            // A probe that failed for another reason than memory ends the search: its cells carry
-            // that failure instead of a batch size the search never found.
-            let verdict: Option<std::result::Result<usize, Ending>> = match ending.status {
-                Status::Probe | Status::Oom => {
-                    if ending.status == Status::Probe {
-                        search.fits = search.fits.max(a.cell.batch);
-                    } else {
-                        search.fails = Some(search.fails.map_or(a.cell.batch, |f| f.min(a.cell.batch)));
-                    }
-                    match search.next() {
-                        Some(next) => {
-                            probes.push_front((probe(&search.template, next), s));
-                            None
-                        }
-                        None if search.fits == 0 => Some(Err(Ending {
-                            status: Status::Oom,
-                            message: format!(
-                                "a batch of 1 does not fit on `{}` (the max search's first probe ran out of memory)",
-                                search.template.device
-                            ),
-                        })),
-                        None => Some(Ok(search.fits)),
-                    }
+                    search.fails = Some(search.fails.map_or(cell.batch, |f| f.min(cell.batch)));
                 }
-                _ => Some(Err(Ending {
-                    status: ending.status,
-                    message: format!(
-                        "the max search's probe at batch {} failed: {}",
-                        a.cell.batch, ending.message
-                    ),
-                })),
-            };
-            match verdict {
-                None => {}
-                Some(Ok(found)) => {
-                    progress.line(&format!("  max search: the largest batch that fits is {found}"))?;
-                    for mut c in search.waiting.drain(..) {
-                        c.spec.batch = found;
-                        queue.push_front(c);
+                match search.next() {
+                    Some(next) => {
+                        work.probes.push_front((probe(&search.template, next), s));
+                        None
                     }
+                    None if search.fits == 0 => Some(Err(Ending {
+                        status: Status::Oom,
+                        message: format!(
+                            "a batch of 1 does not fit on `{}` (the max search's first probe ran out of memory)",
+                            search.template.device
+                        ),
+                    })),
+                    None => Some(Ok(search.fits)),
                 }
-                Some(Err(failed)) => {
-                    for c in search.waiting.drain(..) {
-                        record_failure(&opts.out, &c.spec, provenance::now(), &failed, &invocation_id, &host)?;
-                        summary.count(failed.status);
-                        summary.ran += 1;
-                        finished += 1;
-                        progress.advance();
-                        progress.line(&format!(
-                            "[{finished}/{total}] {}: {} {}",
-                            describe(&c.spec),
-                            failed.status.as_str(),
-                            failed.message.lines().next().unwrap_or("")
-                        ))?;
-                    }
+            }
+            _ => Some(Err(Ending {
+                status: ending.status,
+                message: format!(
+                    "the max search's probe at batch {} failed: {}",
+                    cell.batch, ending.message
+                ),
+            })),
+        };
+        match verdict {
+            None => {}
+            Some(Ok(found)) => {
+                self.progress
+                    .line(&format!("  max search: the largest batch that fits is {found}"))?;
+                for mut c in search.waiting.drain(..) {
+                    c.spec.batch = found;
+                    work.queue.push_front(c);
+                }
+            }
+            Some(Err(failed)) => {
+                for c in std::mem::take(&mut search.waiting) {
+                    record_failure(
+                        &self.opts.out,
+                        &c.spec,
+                        provenance::now(),
+                        &failed,
+                        &self.invocation_id,
+                        &self.host,
+                    )?;
+                    self.summary.count(failed.status);
+                    self.summary.ran += 1;
+                    self.finished += 1;
+                    self.progress.advance();
+                    self.progress.line(&format!(
+                        "[{}/{}] {}: {} {}",
+                        self.finished,
+                        self.total,
+                        describe(&c.spec),
+                        failed.status.as_str(),
+                        failed.message.lines().next().unwrap_or("")
+                    ))?;
                 }
             }
         }
-        // A concurrent group runs alone on the machine: once nothing else runs, and nothing beside it.
-        let alone_left = queue.is_empty() && probes.is_empty() && searches.iter().all(|s| s.waiting.is_empty());
+        Ok(())
+    }
+
+    /// A concurrent group runs alone on the machine: once nothing else runs or waits, and its
+    /// devices have cooled down.
+    fn start_group(&mut self, work: &mut Work) -> Result<()> {
+        let alone_left =
+            work.queue.is_empty() && work.probes.is_empty() && work.searches.iter().all(|s| s.waiting.is_empty());
         let now = Instant::now();
-        let cooled = |m: &PlannedCell, keys: &mut HashMap<String, String>| {
+        let (keys, free_at) = (&mut self.keys, &self.free_at);
+        let mut cooled = |m: &PlannedCell| {
             let key = keys
                 .entry(m.spec.device.clone())
                 .or_insert_with(|| device_key(&m.spec.device))
                 .clone();
             free_at.get(&key).is_none_or(|t| *t <= now)
         };
-        let group_ready = groups.front().is_some_and(|g| g.iter().all(|m| cooled(m, &mut keys)));
-        if active.is_empty() && alone_left && group_ready {
-            if let Some(members) = groups.pop_front() {
-                let started = start_group(exe, &opts.out, &members, timeout, &invocation_id, &daemons, &mut keys)?;
-                progress.line(&format!(
-                    "group {}: {} members started together",
-                    members[0].spec.concurrency_group.as_deref().unwrap_or(""),
-                    started.len()
-                ))?;
-                active.extend(started);
-            }
+        let group_ready = work.groups.front().is_some_and(|g| g.iter().all(&mut cooled));
+        if !(self.active.is_empty() && alone_left && group_ready) {
+            return Ok(());
         }
-        // Start what can start: a probe or a cell whose device is free.
-        while active.len() < opts.jobs.max(1) && !active.iter().any(|a| a.grouped) {
-            let busy: HashSet<&str> = active.iter().map(|a| a.device.as_str()).collect();
+        if let Some(members) = work.groups.pop_front() {
+            let started = start_group(
+                self.exe,
+                &self.opts.out,
+                &members,
+                self.timeout,
+                &self.invocation_id,
+                self.daemons,
+                &mut self.keys,
+            )?;
+            self.progress.line(&format!(
+                "group {}: {} members started together",
+                members[0].spec.concurrency_group.as_deref().unwrap_or(""),
+                started.len()
+            ))?;
+            self.active.extend(started);
+        }
+        Ok(())
+    }
+
+    /// Starts what can start, up to `--jobs`: a probe first, else a cell, on a device that is free
+    /// and cooled down.
+    fn start_cells(&mut self, work: &mut Work) -> Result<()> {
+        while self.active.len() < self.opts.jobs.max(1) && !self.active.iter().any(|a| a.grouped) {
+            let busy: HashSet<&str> = self.active.iter().map(|a| a.device.as_str()).collect();
             let now = Instant::now();
-            let ready = |device: &str, keys: &mut HashMap<String, String>| -> Option<String> {
+            let (keys, free_at) = (&mut self.keys, &self.free_at);
+            let mut ready = |device: &str| -> bool {
                 let key = keys
                     .entry(device.to_string())
                     .or_insert_with(|| device_key(device))
                     .clone();
-                let free = !busy.contains(key.as_str()) && free_at.get(&key).is_none_or(|t| *t <= now);
-                free.then_some(key)
+                !busy.contains(key.as_str()) && free_at.get(&key).is_none_or(|t| *t <= now)
             };
-            let next = if let Some(p) = probes.iter().position(|(c, _)| ready(&c.device, &mut keys).is_some()) {
-                let (cell, s) = probes.remove(p).expect("found");
+            let next = if let Some(p) = work.probes.iter().position(|(c, _)| ready(&c.device)) {
+                let (cell, s) = work.probes.remove(p).expect("found");
                 Some((cell, Some(s)))
             } else {
-                queue
+                work.queue
                     .iter()
-                    .position(|c| ready(&c.spec.device, &mut keys).is_some())
-                    .map(|p| (queue.remove(p).expect("found").spec, None))
+                    .position(|c| ready(&c.spec.device))
+                    .map(|p| (work.queue.remove(p).expect("found").spec, None))
             };
             let Some((cell, search)) = next else { break };
-            let device = keys[&cell.device].clone();
-            let env = mps_env(&cell, &device, &daemons);
-            let running = start_cell(exe, &opts.out, &cell, timeout, &invocation_id, &env)?;
-            active.push(Active {
+            let device = self.keys[&cell.device].clone();
+            let env = mps_env(&cell, &device, self.daemons);
+            let running = start_cell(self.exe, &self.opts.out, &cell, self.timeout, &self.invocation_id, &env)?;
+            self.active.push(Active {
                 cell,
                 device,
                 running,
@@ -549,20 +694,14 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
                 grouped: false,
             });
         }
-        progress.running(&active.iter().map(|a| describe(&a.cell)).collect::<Vec<_>>());
-        if active.is_empty() && queue.is_empty() && probes.is_empty() && groups.is_empty() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+        Ok(())
     }
-    drop(progress);
-    for (_, d) in daemons.drain() {
-        match d.stop() {
-            Ok(()) => writeln!(log, "MPS: daemon stopped")?,
-            Err(e) => writeln!(log, "warning: {e:#}")?,
-        }
+
+    /// The summary, once the progress bar is gone.
+    fn finish(self) -> Summary {
+        drop(self.progress);
+        self.summary
     }
-    Ok(summary)
 }
 
 /// What a cell's process needs of the sweep's MPS daemon on its GPU: the pipes of a client, or word
@@ -699,8 +838,8 @@ pub(crate) fn record_failure(
         host: host.to_string(),
         started_at: started,
         finished_at: provenance::now(),
-        cell: cell.clone(),
-        identity: CellIdentity::of_cell(cell, ending.status),
+        workload: cell.workload(),
+        identity: cell.identity(ending.status),
         error: ending.message.clone(),
         fingerprint: crate::run::fingerprint::Fingerprint::collect(None),
     };

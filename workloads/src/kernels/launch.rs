@@ -90,11 +90,21 @@ pub(crate) fn stream_id(dev: &CudaDevice) -> StreamId {
     (stream.context().ordinal(), stream.cu_stream() as usize)
 }
 
+/// Whether the device's stream is being captured into a graph: what may not synchronise then asks.
+pub(crate) fn capturing(dev: &CudaDevice) -> Result<bool> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUstreamCaptureStatus;
+    let status = dev
+        .cuda_stream()
+        .capture_status()
+        .map_err(|e| candle_core::Error::Msg(format!("CUDA stream capture status: {e:?}")))?;
+    Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 /// Refuses to time the candidates of `what` (a `choice` among them: an algorithm, an engine) while
 /// the device's stream is captured into a CUDA graph: timing synchronises, which a capture forbids.
 /// The step before a capture runs the same shapes, so a shape first met in a capture is an error.
 pub(crate) fn refuse_timing_in_capture(dev: &CudaDevice, what: std::fmt::Arguments, choice: &str) -> Result<()> {
-    if crate::graphs::capturing(dev)? {
+    if capturing(dev)? {
         bail!("{what} first met while a CUDA graph is captured: its {choice} cannot be timed then; run with CUDA graphs off")
     }
     Ok(())

@@ -15,9 +15,10 @@ use std::fmt;
 use std::str::FromStr;
 
 /// Declares a choice: an enum whose variants each have one spelling, used by the CLI, the canonical
-/// string and the parser alike, so the three cannot disagree.
+/// string and the parser alike, so the three cannot disagree. A variant may also have older
+/// spellings (`| "alias"`) that the parser and the CLI still accept.
 macro_rules! choice {
-    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal $(| $alias:literal)*),+ $(,)? }) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum $name {
@@ -27,6 +28,9 @@ macro_rules! choice {
         impl $name {
             /// Every spelling, in declaration order.
             pub const NAMES: &'static [&'static str] = &[$($text),+];
+
+            /// Older spellings still accepted, each with the name it stands for.
+            pub const ALIASES: &'static [(&'static str, &'static str)] = &[$($(($alias, $text),)*)+];
 
             pub fn as_str(self) -> &'static str {
                 match self {
@@ -40,7 +44,7 @@ macro_rules! choice {
 
             fn from_str(s: &str) -> Result<Self, String> {
                 match s {
-                    $($text => Ok($name::$variant),)+
+                    $($text $(| $alias)* => Ok($name::$variant),)+
                     other => Err(format!("`{other}` is not one of {}", $name::NAMES.join(", "))),
                 }
             }
@@ -65,9 +69,20 @@ choice! {
     EncoderLayers {
         /// One graph edge per layer or block with a hand-written backward (`models::encoder`,
         /// `models::swin_block`, `models::residual`).
-        Op = "op",
+        Fused = "fused" | "op",
         /// The layer's or block's ops, each its own edge of candle's graph.
-        Ops = "ops",
+        Composed = "composed" | "ops",
+    }
+}
+
+impl EncoderLayers {
+    /// The spelling in the canonical string: `op` and `ops`, as every v5 row and cell id has it, so
+    /// that the names the CLI gives them changed neither.
+    pub fn recorded(self) -> &'static str {
+        match self {
+            EncoderLayers::Fused => "op",
+            EncoderLayers::Composed => "ops",
+        }
     }
 }
 
@@ -124,7 +139,7 @@ impl Default for KernelOptions {
     fn default() -> Self {
         Self {
             attention: Attention::Fused,
-            layers: EncoderLayers::Op,
+            layers: EncoderLayers::Fused,
             gemm: GemmAlgorithm::Timed,
             graphs: CudaGraphs::On,
             convs: Convolutions::Nhwc,
@@ -165,7 +180,7 @@ impl KernelOptions {
             "v{};attention={};layers={};gemm={};graphs={};convs={}",
             Self::VERSION,
             self.attention.as_str(),
-            self.layers.as_str(),
+            self.layers.recorded(),
             self.gemm.as_str(),
             self.graphs.as_str(),
             self.convs.as_str()
@@ -278,7 +293,7 @@ mod tests {
         );
         let other = KernelOptions {
             attention: Attention::Composed,
-            layers: EncoderLayers::Ops,
+            layers: EncoderLayers::Composed,
             gemm: GemmAlgorithm::Heuristic,
             graphs: CudaGraphs::Off,
             convs: Convolutions::Nchw,
@@ -297,6 +312,27 @@ mod tests {
     }
 
     #[test]
+    fn encoder_layers_are_named_for_what_they_do_and_recorded_as_before() {
+        assert_eq!(EncoderLayers::NAMES, ["fused", "composed"]);
+        for (name, old) in [("fused", "op"), ("composed", "ops")] {
+            let layers: EncoderLayers = name.parse().unwrap();
+            assert_eq!(old.parse::<EncoderLayers>(), Ok(layers), "{old} still names {name}");
+            assert_eq!(layers.as_str(), name);
+            assert_eq!(layers.recorded(), old);
+        }
+        let e = "one".parse::<EncoderLayers>().unwrap_err();
+        assert!(e.contains("fused, composed"), "{e}");
+        let composed = KernelOptions {
+            layers: EncoderLayers::Composed,
+            ..KernelOptions::default()
+        };
+        assert_eq!(
+            composed.canonical(),
+            "v5;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc"
+        );
+    }
+
+    #[test]
     fn version_3_and_4_strings_have_the_keys_of_version_5() {
         for v in ["v3", "v4"] {
             let old = format!("{v};attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc")
@@ -305,7 +341,7 @@ mod tests {
             assert_eq!(
                 old,
                 KernelOptions {
-                    layers: EncoderLayers::Ops,
+                    layers: EncoderLayers::Composed,
                     ..KernelOptions::default()
                 }
             );

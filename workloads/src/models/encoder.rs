@@ -56,7 +56,7 @@ pub fn runs_as_one_op(x: &Tensor, p: &Params) -> bool {
         || [p.norm1, p.norm2]
             .iter()
             .any(|n| n.weight().track_op() || n.bias().track_op());
-    let ops = KernelOptions::active().layers == EncoderLayers::Ops;
+    let ops = KernelOptions::active().layers == EncoderLayers::Composed;
     x.device().is_cuda() && x.track_op() && trains && !ops
 }
 

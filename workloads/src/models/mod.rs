@@ -5,6 +5,7 @@ pub mod bert;
 #[cfg(feature = "cuda")]
 pub mod encoder;
 pub mod layers;
+mod relative_bias;
 #[cfg(feature = "cudnn")]
 pub mod residual;
 pub mod resnet;

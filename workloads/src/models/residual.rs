@@ -34,7 +34,7 @@ use crate::optim::ParamGrads;
 /// (else the op would be left out of the backward pass, and with it the parameters' gradients),
 /// unless the active kernel options say `layers=ops`.
 pub fn runs_as_one_op(x: &Tensor) -> bool {
-    x.device().is_cuda() && x.track_op() && KernelOptions::active().layers == EncoderLayers::Op
+    x.device().is_cuda() && x.track_op() && KernelOptions::active().layers == EncoderLayers::Fused
 }
 
 /// One unit's parameters as the model holds them (the optimizer's keys), and detached copies for the

@@ -8,6 +8,7 @@ use candle_core::{Device, Result, Tensor};
 use candle_nn::{Init, Module, VarBuilder};
 
 use super::layers::{LayerNorm, Linear, PatchEmbed};
+use super::relative_bias::RelativeBias;
 use super::{Classifier, Inputs};
 use crate::kernels::{add, window_merge, window_partition, Act};
 use crate::kernels::{attention, ScoreBias};
@@ -191,57 +192,6 @@ pub fn blocks_run_as_one_op() -> u64 {
     0
 }
 
-/// Attention's score bias in a block: the relative position bias gathered from the block's table,
-/// plus the shifted-window mask where the block shifts. Built from the table on every forward pass
-/// (the table trains), by the block of ops and by the block as one op (`models::swin_block`), which
-/// also needs the table's gradient from the bias's: [`RelativeBias::table_grad`].
-#[derive(Clone)]
-pub(super) struct RelativeBias {
-    /// [w⁴, (2w - 1)²]: row i holds a 1 at the table row of relative position index i. The table is
-    /// gathered by a GEMM with it rather than by `index_select`, whose backward (candle's index_add)
-    /// is a large part of Swin-T's training step (measured: docs/kernels.md#swin); a one-hot
-    /// product is exact (one term per output) and its backward is one more small GEMM.
-    gather: Tensor,
-    /// [windows, 1, w², w²] in the model's dtype, when the block shifts.
-    mask: Option<Tensor>,
-    pub(super) heads: usize,
-    /// w², the tokens of a window.
-    tokens: usize,
-}
-
-impl RelativeBias {
-    /// The score bias from the table [(2w - 1)², heads]: [1, heads, w², w²], or [windows, heads, w²,
-    /// w²] with the mask, which attention repeats along the batch of windows (without
-    /// materialising it per image).
-    pub(super) fn scores(&self, table: &Tensor) -> Result<Tensor> {
-        let n = self.tokens;
-        let bias = self
-            .gather
-            .matmul(table)?
-            .reshape((n, n, self.heads))?
-            .permute((2, 0, 1))?
-            .unsqueeze(0)?;
-        match &self.mask {
-            Some(mask) => mask.broadcast_add(&bias)?.contiguous(),
-            None => bias.contiguous(),
-        }
-    }
-
-    /// The table's gradient from that of [`RelativeBias::scores`]' output: the sum over windows
-    /// (the mask is a constant), heads moved last, the one-hot gather transposed. (Only the CUDA
-    /// op calls it; the CPU tests it against candle's autograd.)
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(super) fn table_grad(&self, dscores: &Tensor) -> Result<Tensor> {
-        let n = self.tokens;
-        let per_head = dscores.sum(0)?; // [heads, n, n]
-        let rows = per_head
-            .permute((1, 2, 0))?
-            .contiguous()?
-            .reshape((n * n, self.heads))?;
-        self.gather.t()?.matmul(&rows)
-    }
-}
-
 struct Block {
     norm1: LayerNorm,
     qkv: Linear,
@@ -295,12 +245,7 @@ impl Block {
             qkv: swin_linear(c, 3 * c, true, attn.pp("qkv"))?,
             proj: swin_linear(c, c, true, attn.pp("proj"))?,
             bias_table,
-            relative: RelativeBias {
-                gather: gather.clone(),
-                mask,
-                heads,
-                tokens: w * w,
-            },
+            relative: RelativeBias::new(gather.clone(), mask, heads, w * w),
             norm2: LayerNorm::new(c, 1e-5, vb.pp("norm2"))?,
             fc1: swin_linear(c, 4 * c, true, vb.pp("mlp.0"))?,
             fc2: swin_linear(4 * c, c, true, vb.pp("mlp.3"))?,
@@ -514,12 +459,7 @@ mod tests {
         let gather = position_gather(w, &dev)?;
         let mask = Tensor::from_vec(shifted_window_mask(4, w, 1), (4, 1, w * w, w * w), &dev)?;
         for mask in [None, Some(mask)] {
-            let relative = RelativeBias {
-                gather: gather.clone(),
-                mask: mask.clone(),
-                heads,
-                tokens: w * w,
-            };
+            let relative = RelativeBias::new(gather.clone(), mask.clone(), heads, w * w);
             let scores = relative.scores(table.as_tensor())?;
             let windows = if mask.is_some() { 4 } else { 1 };
             assert_eq!(scores.dims(), [windows, heads, w * w, w * w]);

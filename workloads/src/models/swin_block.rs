@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Storage, Tensor};
 
 use super::encoder::{Bias, Handover, Layer, Norms, Originals, Params, Saved};
-use super::swin::RelativeBias;
+use super::relative_bias::RelativeBias;
 use crate::kernels::windows::cuda::Windows;
 use crate::kernels::{window_merge, window_partition};
 use crate::optim::ParamGrads;

@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::run::sampler::{GpuProcess, Sample};
+use crate::gpu::sampler::{GpuProcess, Sample};
 
 /// A slowdown seen in at least this share of the readings makes the run `throttled`.
 pub const THROTTLE_SHARE: f64 = 0.05;

@@ -26,7 +26,7 @@
 
 use std::fmt;
 
-use crate::results::evidence::{Evidence, Sampling};
+use crate::run::evidence::{Evidence, Sampling};
 
 /// Fewer measured iterations than this and the median and the p99 mean little.
 pub const MIN_ITERATIONS: usize = 10;
@@ -463,8 +463,8 @@ mod tests {
 
     #[test]
     fn the_verdict_follows_the_precedence_and_every_flag_is_kept() {
-        use crate::results::evidence::{reasons, Expected};
-        use crate::run::sampler::{GpuProcess, Sample};
+        use crate::gpu::sampler::{GpuProcess, Sample};
+        use crate::run::evidence::{reasons, Expected};
         // A drifting run (+20% in the late half) on a throttled, shared GPU at its power cap.
         let lat: Vec<u64> = (0..40).map(|i| if i < 20 { 100 * MS } else { 120 * MS }).collect();
         let readings = |reasons: u64, others: &[u32]| -> Vec<Sample> {

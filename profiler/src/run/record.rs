@@ -9,15 +9,15 @@ use workloads::kernels::KernelOptions;
 use workloads::{Mode, ModelInfo};
 
 use crate::device::DeviceInfo;
+use crate::gpu::sampler::{summarize, MetricSummary, Sample};
 use crate::provenance;
-use crate::results::evidence::{Evidence, Expected, Sampling};
-use crate::results::stats::{wall_throughput, LatencyStats};
-use crate::results::uncertainty::Uncertainty;
-use crate::results::verdict::{assess, Assessment};
+use crate::run::evidence::{Evidence, Expected, Sampling};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::measure::Measurement;
-use crate::run::sampler::{summarize, MetricSummary, Sample};
-use crate::run::spec::{precision, RunSpec};
+use crate::run::spec::{Precision, RunSpec};
+use crate::run::stats::{wall_throughput, LatencyStats};
+use crate::run::uncertainty::Uncertainty;
+use crate::run::verdict::{assess, Assessment};
 
 /// Identity of the run within its invocation and its surroundings.
 #[derive(Debug, Clone)]
@@ -102,21 +102,6 @@ pub struct CellIdentity {
     pub baseline: bool,
 }
 
-impl CellIdentity {
-    /// The identity of a sweep's cell that ended with `status`.
-    pub fn of_cell(cell: &crate::sweep::cell::CellSpec, status: Status) -> Self {
-        Self {
-            sweep: Some(cell.sweep.clone()),
-            target: cell.target.clone(),
-            cell_id: cell.cell_id(),
-            status,
-            concurrency_group: cell.concurrency_group.clone(),
-            neighbours: cell.neighbours.clone(),
-            baseline: cell.baseline,
-        }
-    }
-}
-
 /// A cell that left no measurement: the row says which cell it was, how it ended and why.
 #[derive(Debug, Clone)]
 pub struct Failure {
@@ -125,13 +110,28 @@ pub struct Failure {
     pub host: String,
     pub started_at: DateTime<Utc>,
     pub finished_at: DateTime<Utc>,
-    pub cell: crate::sweep::cell::CellSpec,
+    pub workload: FailedWorkload,
     pub identity: CellIdentity,
     /// The error, or the child's last lines of output.
     pub error: String,
     /// What the sweep's own process can tell of the build and host (the cell's device was never
     /// opened by it).
     pub fingerprint: Fingerprint,
+}
+
+/// What a failed cell was to run, as its row records it (the spellings of a sweep's cell).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailedWorkload {
+    pub model: String,
+    /// `infer` or `train`.
+    pub mode: String,
+    /// As `--dtype` spells it.
+    pub dtype: String,
+    pub batch: usize,
+    pub seq_len: Option<usize>,
+    pub seed: u64,
+    /// The canonical kernel options string.
+    pub kernel_options: String,
 }
 
 #[derive(Debug, Clone)]
@@ -210,8 +210,8 @@ impl Run {
             finished_at: provenance::now(),
             model,
             mode: spec.mode,
-            dtype: spec.dtype,
-            tf32: spec.tf32,
+            dtype: spec.precision.dtype(),
+            tf32: spec.precision.tf32(),
             batch: spec.batch,
             seed: spec.seed,
             weights: spec.weights.as_ref().map(|p| p.display().to_string()),
@@ -232,7 +232,7 @@ impl Run {
 
     /// The precision as `--dtype` names it: `tf32`, or the dtype.
     pub fn precision(&self) -> &'static str {
-        precision(self.dtype, self.tf32)
+        Precision::of(self.dtype, self.tf32).as_str()
     }
 
     /// `1000 / mean_latency_ms * batch`, samples per second.
@@ -270,9 +270,9 @@ fn describe(t: &workloads::TrainConfig) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::results::stats::tests::close;
-    use crate::results::verdict::Verdict;
     use crate::run::measure::{Stop, Warmup};
+    use crate::run::stats::tests::close;
+    use crate::run::verdict::Verdict;
     use crate::testing::clock::{FakeClock, FakeStep};
     use std::time::Duration;
 
@@ -292,11 +292,15 @@ pub(crate) mod tests {
     }
 
     pub fn identity() -> CellIdentity {
+        identity_with(Status::Ok)
+    }
+
+    pub fn identity_with(status: Status) -> CellIdentity {
         CellIdentity {
             sweep: None,
             target: "Test CPU".into(),
             cell_id: "0123456789abcdef".into(),
-            status: Status::Ok,
+            status,
             concurrency_group: None,
             neighbours: Vec::new(),
             baseline: false,
@@ -307,8 +311,7 @@ pub(crate) mod tests {
         RunSpec {
             model: "resnet_tiny".into(),
             mode: Mode::Infer,
-            dtype: DType::F32,
-            tf32: false,
+            precision: Precision::F32,
             batch,
             seq_len: None,
             weights: None,

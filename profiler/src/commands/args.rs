@@ -1,0 +1,202 @@
+//! What several commands share: the flags of a workload (mode, dtype, optimizer, kernel choices), the
+//! parsers that check a value and name the valid ones, and the device a command runs on by default.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Result;
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use clap::{Args, ValueEnum};
+use migprof::device::DeviceSpec;
+use migprof::run::spec::Precision;
+use workloads::kernels::options::{Attention, Convolutions, CudaGraphs, EncoderLayers, GemmAlgorithm};
+use workloads::kernels::KernelOptions;
+use workloads::Mode;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    Infer,
+    Train,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Infer => Mode::Infer,
+            ModeArg::Train => Mode::Train,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OptimizerArg {
+    /// AdamW, PyTorch's defaults: lr 1e-3, weight decay 0.01.
+    Adamw,
+    /// SGD with momentum 0.9: lr 0.01, no weight decay.
+    Sgd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DTypeArg {
+    F32,
+    Bf16,
+    F16,
+    /// f32 weights and activations; f32 matmuls and convolutions may run on TF32 tensor cores
+    /// (10-bit mantissa inputs, f32 accumulation), as PyTorch's convolutions do by default
+    /// (`torch.backends.cudnn.allow_tf32`). GPU only.
+    Tf32,
+}
+
+impl From<DTypeArg> for Precision {
+    fn from(d: DTypeArg) -> Self {
+        match d {
+            DTypeArg::F32 => Precision::F32,
+            DTypeArg::Bf16 => Precision::Bf16,
+            DTypeArg::F16 => Precision::F16,
+            DTypeArg::Tf32 => Precision::Tf32,
+        }
+    }
+}
+
+/// Kernel choices for experts comparing kernels (shown by --help, not -h). Each is part of what a run
+/// measures: every row records them as `kernel_options`.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Kernel options (recorded in every row as kernel_options)")]
+pub struct KernelArgs {
+    /// Attention's forward on a GPU: one fused kernel where the shape allows, or products, softmax and
+    /// head moves as separate kernels.
+    #[arg(long, default_value = "fused", hide_short_help = true, value_parser = choice::<Attention>(Attention::NAMES, Attention::ALIASES))]
+    pub attention: Attention,
+
+    /// ViT and BERT encoder layers, Swin blocks and ResNet's residual blocks, in training on a GPU:
+    /// fused, one op each with a hand-written backward, or composed of their ops, each an edge of the
+    /// gradient graph (`op` and `ops` are older names of the two; rows record them as layers=op|ops).
+    #[arg(long, default_value = "fused", hide_short_help = true, value_parser = choice::<EncoderLayers>(EncoderLayers::NAMES, EncoderLayers::ALIASES))]
+    pub encoder_layers: EncoderLayers,
+
+    /// cuBLASLt's algorithm per product shape: the fastest of its candidates, timed on first use, or
+    /// its heuristic's first guess (what PyTorch launches).
+    #[arg(long, default_value = "timed", hide_short_help = true, value_parser = choice::<GemmAlgorithm>(GemmAlgorithm::NAMES, GemmAlgorithm::ALIASES))]
+    pub gemm_algorithm: GemmAlgorithm,
+
+    /// Steps on a GPU replayed as CUDA graphs: each shape's second step captured, every later one
+    /// replayed with one launch (as torch.compile's "reduce-overhead" does), so that small batches
+    /// measure the GPU and not the host's kernel launches. on: inference and training steps; infer:
+    /// inference steps only; off: every kernel launched at every step.
+    #[arg(long, default_value = "on", hide_short_help = true, value_parser = choice::<CudaGraphs>(CudaGraphs::NAMES, CudaGraphs::ALIASES))]
+    pub cuda_graphs: CudaGraphs,
+
+    /// ResNet's convolutions on a GPU in half types or TF32: nhwc, on cuDNN's current engines (as
+    /// PyTorch's channels_last reaches), in inference each with its batch norm, residual add and ReLU
+    /// fused, in training with batch norm over NHWC; or nchw, on cuDNN's legacy calls.
+    #[arg(long, default_value = "nhwc", hide_short_help = true, value_parser = choice::<Convolutions>(Convolutions::NAMES, Convolutions::ALIASES))]
+    pub convs: Convolutions,
+}
+
+impl KernelArgs {
+    pub fn options(&self) -> KernelOptions {
+        KernelOptions {
+            attention: self.attention,
+            layers: self.encoder_layers,
+            gemm: self.gemm_algorithm,
+            graphs: self.cuda_graphs,
+            convs: self.convs,
+        }
+    }
+}
+
+/// A parser that accepts exactly `names` and their older spellings `aliases` (clap lists the names in
+/// the help and in its errors) and parses the one given.
+pub fn choice<T>(
+    names: &'static [&'static str],
+    aliases: &'static [(&'static str, &'static str)],
+) -> impl TypedValueParser<Value = T>
+where
+    T: std::str::FromStr<Err = String> + Clone + Send + Sync + 'static,
+{
+    let values = names.iter().map(|&name| {
+        PossibleValue::new(name).aliases(aliases.iter().filter(|(_, to)| *to == name).map(|(alias, _)| *alias))
+    });
+    PossibleValuesParser::new(values).map(|name| name.parse::<T>().expect("clap accepted a listed name"))
+}
+
+pub fn parse_batch(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(b) if b > 0 => Ok(b),
+        _ => Err(format!(
+            "batch sizes are positive integers, comma-separated (e.g. --batch 1,8,32); got `{s}`"
+        )),
+    }
+}
+
+pub fn parse_max_batch(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(b) if b > 0 => Ok(b),
+        _ => Err(format!(
+            "the batcher's largest batch is one positive integer (e.g. --max-batch 32); got `{s}`"
+        )),
+    }
+}
+
+/// A precision in percent: above 0, below 100.
+pub fn parse_percent(s: &str) -> Result<f64, String> {
+    match s.trim().trim_end_matches('%').parse::<f64>() {
+        Ok(v) if v > 0.0 && v < 100.0 => Ok(v),
+        _ => Err(format!(
+            "expected a percentage above 0 and below 100 (e.g. 2 for ±2%); got `{s}`"
+        )),
+    }
+}
+
+/// A rate in requests per second: finite, above zero.
+pub fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!(
+            "rates are requests per second above zero, comma-separated (e.g. --qps 100,200,400); got `{s}`"
+        )),
+    }
+}
+
+/// A finite number above zero: milliseconds, seconds.
+pub fn parse_positive(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("expected a number above zero (e.g. 50 or 2.5); got `{s}`")),
+    }
+}
+
+/// A share above 0 and at most 1.
+pub fn parse_share(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("expected a share above 0 and at most 1 (e.g. 0.8); got `{s}`")),
+    }
+}
+
+/// A finite, non-negative number: seconds, a learning rate, a weight decay.
+pub fn parse_non_negative(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("expected a non-negative number (e.g. 2.5 or 1e-3); got `{s}`")),
+    }
+}
+
+/// The device asked for, else the default one (saying why when it is the CPU).
+pub fn device_or_default(asked: Option<&DeviceSpec>, log: &mut dyn Write) -> Result<DeviceSpec> {
+    Ok(match asked {
+        Some(d) => d.clone(),
+        None => {
+            let (spec, why) = DeviceSpec::default_for(migprof::gpu::discover);
+            if let Some(why) = why {
+                writeln!(log, "note: {why}")?;
+            }
+            spec
+        }
+    })
+}
+
+/// The line that ends `run`, `load`, `sweep` and `merge`: how to see the folder as a report.
+pub fn report_hint(dir: &Path) -> String {
+    format!("report: migprof report {}", dir.display())
+}

@@ -1,0 +1,101 @@
+//! `migprof capacity`: its flags, the capacities they point at (measured folders or a CSV), the plan,
+//! and where the plan is kept.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use migprof::provenance;
+use migprof::run::spec::Precision;
+
+use super::args::{parse_positive, parse_share, DTypeArg};
+
+#[derive(Debug, Clone, Args)]
+pub struct CapacityArgs {
+    /// The GPU to plan for, by its checked-in MIG profile table (a100-40gb, a100-80gb, a30-24gb,
+    /// h100-80gb, h200-141gb).
+    #[arg(long)]
+    pub gpu: String,
+    /// The load to serve: model=requests/s, comma-separated (resnet50=20000,bert_base=3000).
+    #[arg(long, value_delimiter = ',', required = true, value_parser = migprof::capacity::parse_demand)]
+    pub demand: Vec<(String, f64)>,
+    /// The p99 objective the capacities were measured for, milliseconds.
+    #[arg(long, value_parser = parse_positive)]
+    pub slo_p99_ms: f64,
+    /// Results folders with `load --search` capacities (the capacity table).
+    #[arg(long = "from", conflicts_with = "capacities")]
+    pub from: Vec<PathBuf>,
+    /// A CSV with the columns model,profile,qps instead of measured capacities.
+    #[arg(long)]
+    pub capacities: Option<PathBuf>,
+    /// Only capacities measured at this dtype (needed when a folder holds several).
+    #[arg(long, value_enum)]
+    pub dtype: Option<DTypeArg>,
+    /// Also estimate capacities from closed-loop runs where no search measured one (labelled: the
+    /// highest throughput of a batch whose p99, doubled for the wait in the queue, is within the
+    /// objective).
+    #[arg(long)]
+    pub closed_loop_estimates: bool,
+    /// Plan each instance to at most this share of its capacity.
+    #[arg(long, default_value_t = 0.8, value_parser = parse_share)]
+    pub headroom: f64,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the plan's layouts as a mig-parted file (one named config per distinct layout) for
+    /// `migprof mig apply` or the GPU operator.
+    #[arg(long)]
+    pub emit_layouts: Option<PathBuf>,
+}
+
+pub fn exec(args: CapacityArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
+    let table = migprof::mig::profile::table(&args.gpu)?;
+    let dtype = args.dtype.map(|d| Precision::from(d).as_str());
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some((m, _)) = args.demand.iter().find(|(m, _)| !seen.insert(m.as_str())) {
+        anyhow::bail!("--demand names {m} twice: give each model once, with its whole rate");
+    }
+    anyhow::ensure!(
+        args.capacities.is_none() || (dtype.is_none() && !args.closed_loop_estimates),
+        "--dtype and --closed-loop-estimates choose among measured capacities (--from); a CSV's are taken as they are"
+    );
+    let gathered = match (&args.capacities, args.from.is_empty()) {
+        (Some(csv), _) => migprof::capacity::source::from_csv(csv)?,
+        (None, false) => migprof::capacity::source::from_folders(&args.from, args.slo_p99_ms, dtype, &table.product, args.closed_loop_estimates)?,
+        (None, true) => anyhow::bail!("where do the capacities come from? give --from DIR (results of `migprof load --search`) or --capacities FILE.csv"),
+    };
+    let report = migprof::capacity::plan(&table, &gathered, &args.demand, args.slo_p99_ms, args.headroom)?;
+    if args.json {
+        writeln!(stdout, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        write!(stdout, "{}", report.to_text())?;
+    }
+    if let Some(path) = &args.emit_layouts {
+        std::fs::write(path, report.mig_parted().to_yaml()?).with_context(|| format!("writing {}", path.display()))?;
+        if !args.json {
+            writeln!(
+                stdout,
+                "layouts: {} (apply with `migprof mig apply {} -c migprof-plan-1`)",
+                path.display(),
+                path.display()
+            )?;
+        }
+    }
+    // The report of the folder shows the latest plan made from it.
+    if let Some(dir) = args.from.first() {
+        let path = dir
+            .join("plans")
+            .join(format!("plan-{}.json", provenance::run_id(provenance::now())));
+        let kept = std::fs::create_dir_all(dir.join("plans"))
+            .and_then(|_| std::fs::write(&path, serde_json::to_string_pretty(&report).unwrap_or_default()));
+        match (kept, args.json) {
+            (Ok(()), false) => writeln!(stdout, "plan: {}", path.display())?,
+            (Ok(()), true) => {}
+            // The plan is printed already; a folder that cannot keep it costs only the report's copy.
+            (Err(e), _) => eprintln!("warning: could not keep the plan as {}: {e}", path.display()),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

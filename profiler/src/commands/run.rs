@@ -1,0 +1,603 @@
+//! `migprof run`: its flags, the runs they ask for (a cross product of models, modes, dtypes and
+//! batches, checked against each other here), and the runs measured and written one by one.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::builder::PossibleValuesParser;
+use clap::Args;
+use migprof::device::DeviceSpec;
+use migprof::provenance;
+use migprof::results::parts::{read_table, Table};
+use migprof::results::runs::write_run;
+use migprof::results::{plot, summary};
+use migprof::run::measure::{Stop, Warmup};
+use migprof::run::record::{CellIdentity, Status};
+use migprof::run::verdict::{Flag, Verdict};
+use migprof::run::{execute, Run, RunContext, RunSpec};
+use migprof::sweep::cell::CellSpec;
+use workloads::TrainConfig;
+
+use super::args::{
+    device_or_default, parse_batch, parse_non_negative, parse_percent, report_hint, DTypeArg, KernelArgs, ModeArg,
+    OptimizerArg,
+};
+
+/// The model of the default set: ResNet-18 inference at batch 1, 4 and 8, training at batch 4 and 8.
+const DEFAULT_MODEL: &str = "resnet18";
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Models to run, comma-separated (see `migprof models`).
+    #[arg(long, value_delimiter = ',', value_parser = PossibleValuesParser::new(workloads::model_names()))]
+    pub model: Vec<String>,
+
+    /// infer (forward only, no gradients) or train (forward, cross-entropy, backward, AdamW), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub mode: Vec<ModeArg>,
+
+    /// Batch sizes, comma-separated: one run per value.
+    #[arg(long, value_delimiter = ',', value_parser = parse_batch)]
+    pub batch: Vec<usize>,
+
+    /// Tokens per sequence for token models (BERT); default 128. Image models ignore it.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub seq_len: Option<u64>,
+
+    /// Load the model's weights from a safetensors file with torchvision's (ResNet, ViT, Swin) or
+    /// Hugging Face BertModel's names, instead of seeded random weights. Needs exactly one --model.
+    #[arg(long)]
+    pub weights: Option<PathBuf>,
+
+    /// The optimizer of training runs.
+    #[arg(long, value_enum, default_value_t = OptimizerArg::Adamw)]
+    pub optimizer: OptimizerArg,
+
+    /// Learning rate of training runs (default: the optimizer's).
+    #[arg(long, value_parser = parse_non_negative)]
+    pub lr: Option<f64>,
+
+    /// Weight decay of training runs (default: the optimizer's).
+    #[arg(long, value_parser = parse_non_negative)]
+    pub weight_decay: Option<f64>,
+
+    /// Element types, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "f32")]
+    pub dtype: Vec<DTypeArg>,
+
+    /// cpu, cuda (the first GPU), a GPU index (nvidia-smi's), GPU-<uuid>, MIG-<uuid> or a MIG profile
+    /// name such as 3g.40gb (when exactly one MIG device has it); migprof pins
+    /// itself to it with CUDA_VISIBLE_DEVICES. mps:<profile> or mps:<percent>% emulates a slice as an
+    /// MPS client of migprof's own daemon on a GPU with MIG off (mps:3g.40gb@1 on GPU 1). Default:
+    /// the first GPU in a CUDA build that finds one, else cpu.
+    #[arg(long)]
+    pub device: Option<DeviceSpec>,
+
+    /// Warm-up iterations before measuring.
+    #[arg(long, conflicts_with = "warmup_secs")]
+    pub warmup: Option<u64>,
+
+    /// Warm-up time in seconds (at least one iteration). Default: 1 s and at least 3 iterations.
+    #[arg(long, value_parser = parse_non_negative)]
+    pub warmup_secs: Option<f64>,
+
+    /// Measure exactly this many iterations.
+    #[arg(long, conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(1..))]
+    pub iters: Option<u64>,
+
+    /// Measure for at least this many seconds (and at least --min-iters iterations). Default: 3.
+    #[arg(long, value_parser = parse_non_negative)]
+    pub duration: Option<f64>,
+
+    /// With --duration: the fewest iterations to measure however long they take.
+    #[arg(long, default_value_t = 10, conflicts_with = "iters")]
+    pub min_iters: u64,
+
+    /// Measure until the throughput's 95% interval is within ±PCT percent of it (after --duration and
+    /// --min-iters), at most --max-duration seconds; a run stopped by that bound says so in its
+    /// verdict_reason.
+    #[arg(long, value_name = "PCT", conflicts_with = "iters", value_parser = parse_percent)]
+    pub target_precision: Option<f64>,
+
+    /// With --target-precision: the most seconds to measure however wide the interval still is.
+    #[arg(long, default_value_t = 60.0, requires = "target_precision", value_parser = parse_non_negative)]
+    pub max_duration: f64,
+
+    /// Sampler interval in milliseconds for GPU runs (NVML and GPM counters while measuring); 0 turns
+    /// the sampler off.
+    #[arg(long, default_value_t = 100)]
+    pub sample_interval_ms: u64,
+
+    /// Results folder: Parquet tables under runs/ and samples/, SVG plots beside them.
+    #[arg(long, default_value = "data/results")]
+    pub out: PathBuf,
+
+    /// Seeds the weights and the synthetic inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    #[command(flatten)]
+    pub kernels: KernelArgs,
+}
+
+/// What `migprof run` measured: the runs written, and the run that failed, which ended the list.
+struct Outcome {
+    completed: Vec<Run>,
+    failed: Option<(RunSpec, anyhow::Error)>,
+}
+
+pub fn exec(args: RunArgs, stdout: &mut dyn Write, log: &mut dyn Write) -> Result<ExitCode> {
+    let specs = specs(&args)?;
+    let device_spec = device_or_default(args.device.as_ref(), log)?;
+    if let DeviceSpec::Mps(target) = &device_spec {
+        if !migprof::mps::client::is_client() {
+            migprof::device::no_cuda_is_an_error(&device_spec)?;
+            return migprof::mps::client::run_as_client(target, log);
+        }
+    }
+    let outcome = measure(&args, &specs, &device_spec, log)?;
+    finish(&args.out, &outcome, stdout)?;
+    Ok(match &outcome.failed {
+        None => ExitCode::SUCCESS,
+        Some((spec, err)) => {
+            writeln!(
+                log,
+                "error: {} {} {} batch {} failed: {err:#}\n(runs finished before it are kept in {})",
+                spec.model,
+                spec.mode.as_str(),
+                spec.precision.as_str(),
+                spec.batch,
+                args.out.display()
+            )?;
+            ExitCode::FAILURE
+        }
+    })
+}
+
+/// Opens the device, checks every run against it, then measures and writes the runs in order until
+/// one fails.
+fn measure(args: &RunArgs, specs: &[RunSpec], device_spec: &DeviceSpec, log: &mut dyn Write) -> Result<Outcome> {
+    let device = device_spec.open()?;
+    migprof::run::preflight::check(specs, &device)?;
+    // Make the folder before the first run, so a bad --out fails before any time is spent.
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot use {} as the results folder", args.out.display()))?;
+    let context = RunContext::new_invocation(&device.info);
+    writeln!(
+        log,
+        "migprof {}: {} run(s) on {} [{}], results to {}",
+        provenance::VERSION,
+        specs.len(),
+        device_spec,
+        device.info.name,
+        args.out.display()
+    )?;
+
+    let mut completed = Vec::new();
+    let mut failed = None;
+    for (i, s) in specs.iter().enumerate() {
+        write!(
+            log,
+            "[{}/{}] {} {} {} batch {} ... ",
+            i + 1,
+            specs.len(),
+            s.model,
+            s.mode.as_str(),
+            s.precision.as_str(),
+            s.batch
+        )?;
+        log.flush()?;
+        let outcome = CellSpec::of_run(s, &device.info.name, &device_spec.to_string())
+            .map(|cell| CellIdentity {
+                sweep: None,
+                ..cell.identity(Status::Ok)
+            })
+            .and_then(|identity| execute(s, &device, context.clone(), identity))
+            .and_then(|run| write_run(&args.out, &run).map(|_| run));
+        match outcome {
+            Ok(run) => {
+                writeln!(
+                    log,
+                    "{} iterations, p50 {:.3} ms, {:.1} samples/s, {}",
+                    run.stats.iterations,
+                    run.stats.p50_ns as f64 / 1e6,
+                    run.throughput(),
+                    run.assessment.verdict
+                )?;
+                if let Some(w) = run.assessment.outlier_warning() {
+                    writeln!(log, "warning: {w}")?;
+                }
+                if let Some(w) = evidence_warning(&run) {
+                    writeln!(log, "warning: {w}")?;
+                }
+                if let Some(w) = run.fingerprint.pool_warning() {
+                    writeln!(log, "warning: {w}")?;
+                }
+                completed.push(run);
+            }
+            Err(e) => {
+                writeln!(log, "failed")?;
+                failed = Some((s.clone(), e));
+                break;
+            }
+        }
+    }
+    Ok(Outcome { completed, failed })
+}
+
+/// Plots everything in the folder and prints the summary and where things are.
+fn finish(out: &Path, report: &Outcome, stdout: &mut dyn Write) -> Result<()> {
+    let all = read_table(out, Table::Runs)?;
+    let plots = plot::write_plots(out, &all)?;
+    if !report.completed.is_empty() {
+        write!(stdout, "\n{}", summary::table(&report.completed))?;
+    }
+    writeln!(stdout)?;
+    writeln!(
+        stdout,
+        "wrote {} run(s) to {} and {} ({} runs in the folder in all)",
+        report.completed.len(),
+        out.join(Table::Runs.dir_name()).display(),
+        out.join(Table::Samples.dir_name()).display(),
+        all.height()
+    )?;
+    for p in &plots {
+        writeln!(stdout, "plot: {}", p.display())?;
+    }
+    let not_ok = report
+        .completed
+        .iter()
+        .filter(|r| r.assessment.verdict != Verdict::Ok)
+        .count();
+    if not_ok > 0 {
+        writeln!(
+            stdout,
+            "{not_ok} run(s) have a verdict other than ok; their verdict_reason column says why"
+        )?;
+    }
+    writeln!(stdout, "{}", report_hint(out))?;
+    Ok(())
+}
+
+/// What the GPU sampler saw that a user must hear about at once: another process on the device,
+/// slowed clocks, unmatched pids, or a sampler that failed (then none of it was checked).
+fn evidence_warning(run: &Run) -> Option<String> {
+    let loud = [
+        Flag::Shared,
+        Flag::Throttled,
+        Flag::SamplerFailed,
+        Flag::ProcessesUnattributed,
+    ];
+    run.assessment
+        .flags
+        .iter()
+        .any(|f| loud.contains(f))
+        .then(|| run.evidence.describe())
+        .flatten()
+}
+
+/// Every run of `migprof run`'s arguments, in order, once every argument is known to fit the others:
+/// the models and sequence length, and a weights file for exactly one model that exists.
+fn specs(args: &RunArgs) -> Result<Vec<RunSpec>> {
+    if args.weights.is_some() && args.model.len() != 1 {
+        bail!("--weights loads one checkpoint into one model: give exactly one --model");
+    }
+    if let Some(w) = &args.weights {
+        ensure!(w.is_file(), "--weights {}: no such file", w.display());
+    }
+    let specs = cross_product(args);
+    for s in &specs {
+        workloads::lookup_with(&s.model, s.seq_len)?;
+    }
+    if args.seq_len.is_some() && specs.iter().all(|s| s.seq_len.is_none()) {
+        bail!("--seq-len applies to token models (bert_*) only, and none was asked for");
+    }
+    Ok(specs)
+}
+
+fn takes_tokens(model: &str) -> bool {
+    workloads::lookup(model).is_ok_and(|(_, info)| info.input.seq_len().is_some())
+}
+
+fn train_config(args: &RunArgs) -> TrainConfig {
+    let base = match args.optimizer {
+        OptimizerArg::Adamw => TrainConfig::adamw(),
+        OptimizerArg::Sgd => TrainConfig::sgd(),
+    };
+    TrainConfig {
+        lr: args.lr.unwrap_or(base.lr),
+        weight_decay: args.weight_decay.unwrap_or(base.weight_decay),
+        ..base
+    }
+}
+
+fn warmup_rule(args: &RunArgs) -> Warmup {
+    match (args.warmup, args.warmup_secs) {
+        (Some(n), _) => Warmup::Iterations(n),
+        (None, Some(secs)) => Warmup::Duration {
+            min: Duration::from_secs_f64(secs),
+            min_iterations: 1,
+        },
+        // The first steps allocate and fault in memory; on a CPU one second can be one step.
+        (None, None) => Warmup::Duration {
+            min: Duration::from_secs(1),
+            min_iterations: 3,
+        },
+    }
+}
+
+/// The default set's precision when no stop rule is given: ±5% on the throughput within 20 s a run,
+/// which the 2-core build box reaches for ResNet-18 in about a minute and a half in all.
+const DEFAULT_SET_PRECISION: (f64, f64) = (5.0, 20.0);
+
+/// `--iters` exactly; else at least `--duration` (3 s) and `--min-iters`, and with
+/// `--target-precision` on until the interval is tight enough or `--max-duration` has passed. The
+/// default set, given no rule, measures to [`DEFAULT_SET_PRECISION`].
+fn stop_rule(args: &RunArgs, defaults_only: bool) -> Stop {
+    let min = Duration::from_secs_f64(args.duration.unwrap_or(3.0));
+    let (precision, max) = match (args.target_precision, defaults_only && args.duration.is_none()) {
+        (Some(p), _) => (Some(p), args.max_duration),
+        (None, true) => (Some(DEFAULT_SET_PRECISION.0), DEFAULT_SET_PRECISION.1),
+        (None, false) => (None, args.max_duration),
+    };
+    match (args.iters, precision) {
+        (Some(n), _) => Stop::Iterations(n),
+        (None, Some(pct)) => Stop::Precision {
+            target: pct / 100.0,
+            min,
+            max: Duration::from_secs_f64(max).max(min),
+            min_iterations: args.min_iters,
+        },
+        (None, None) => Stop::Duration {
+            min,
+            min_iterations: args.min_iters,
+        },
+    }
+}
+
+/// Every run to make, in order: model, then mode, then dtype, then batch. Unset lists take the
+/// default set's values.
+fn cross_product(args: &RunArgs) -> Vec<RunSpec> {
+    let defaults_only = args.model.is_empty() && args.mode.is_empty() && args.batch.is_empty();
+    let models = if args.model.is_empty() {
+        vec![DEFAULT_MODEL.to_string()]
+    } else {
+        args.model.clone()
+    };
+    let modes = if args.mode.is_empty() {
+        if defaults_only {
+            vec![ModeArg::Infer, ModeArg::Train]
+        } else {
+            vec![ModeArg::Infer]
+        }
+    } else {
+        args.mode.clone()
+    };
+    let batches_for = |mode: ModeArg| -> Vec<usize> {
+        match (args.batch.is_empty(), defaults_only, mode) {
+            (false, _, _) => args.batch.clone(),
+            (true, true, ModeArg::Train) => vec![4, 8],
+            (true, true, ModeArg::Infer) => vec![1, 4, 8],
+            (true, false, _) => vec![1],
+        }
+    };
+    let mut specs = Vec::new();
+    for model in &models {
+        for &mode in &modes {
+            for &dtype in &args.dtype {
+                for batch in batches_for(mode) {
+                    specs.push(RunSpec {
+                        model: model.clone(),
+                        mode: mode.into(),
+                        precision: dtype.into(),
+                        batch,
+                        seq_len: args.seq_len.filter(|_| takes_tokens(model)).map(|l| l as usize),
+                        weights: args.weights.clone(),
+                        train: train_config(args),
+                        kernels: args.kernels.options(),
+                        warmup: warmup_rule(args),
+                        stop: stop_rule(args, defaults_only),
+                        seed: args.seed,
+                        sample_interval: (args.sample_interval_ms > 0)
+                            .then(|| Duration::from_millis(args.sample_interval_ms)),
+                    });
+                }
+            }
+        }
+    }
+    specs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commands::{Cli, Command};
+    use clap::Parser;
+    use workloads::kernels::KernelOptions;
+    use workloads::Mode;
+
+    fn args(line: &str) -> RunArgs {
+        let argv = std::iter::once("migprof")
+            .chain(std::iter::once("run"))
+            .chain(line.split_whitespace());
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Run(a) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn runs(line: &str) -> Vec<RunSpec> {
+        specs(&args(line)).unwrap()
+    }
+
+    #[test]
+    fn the_default_set() {
+        let specs = runs("");
+        let got: Vec<(String, Mode, usize)> = specs.iter().map(|s| (s.model.clone(), s.mode, s.batch)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("resnet18".into(), Mode::Infer, 1),
+                ("resnet18".into(), Mode::Infer, 4),
+                ("resnet18".into(), Mode::Infer, 8),
+                ("resnet18".into(), Mode::Train, 4),
+                ("resnet18".into(), Mode::Train, 8)
+            ]
+        );
+        assert_eq!(
+            specs[0].warmup,
+            Warmup::Duration {
+                min: Duration::from_secs(1),
+                min_iterations: 3
+            }
+        );
+        let specs = runs("--warmup-secs 0.5");
+        assert_eq!(
+            specs[0].warmup,
+            Warmup::Duration {
+                min: Duration::from_millis(500),
+                min_iterations: 1
+            }
+        );
+        assert_eq!(
+            specs[0].stop,
+            Stop::Precision {
+                target: 0.05,
+                min: Duration::from_secs(3),
+                max: Duration::from_secs(20),
+                min_iterations: 10
+            }
+        );
+        assert_eq!(
+            runs("--model resnet18")[0].stop,
+            Stop::Duration {
+                min: Duration::from_secs(3),
+                min_iterations: 10
+            }
+        );
+    }
+
+    #[test]
+    fn lists_make_a_cross_product() {
+        let specs =
+            runs("--model resnet18,resnet50 --mode infer,train --batch 1,2 --dtype f32,bf16 --iters 5 --warmup 0");
+        assert_eq!(specs.len(), 16);
+        assert!(specs
+            .iter()
+            .all(|s| s.stop == Stop::Iterations(5) && s.warmup == Warmup::Iterations(0)));
+        assert_eq!(specs[15].model, "resnet50");
+        assert_eq!(specs[15].batch, 2);
+    }
+
+    #[test]
+    fn seq_len_goes_to_token_models_only() {
+        let specs = runs("--model resnet_tiny,bert_tiny --seq-len 32");
+        assert_eq!(
+            specs.iter().map(|s| s.seq_len).collect::<Vec<_>>(),
+            vec![None, Some(32)]
+        );
+        assert_eq!(runs("--model bert_tiny")[0].seq_len, None, "the model's default");
+    }
+
+    #[test]
+    fn optimizer_defaults_and_overrides() {
+        assert_eq!(runs("")[0].train, TrainConfig::adamw());
+        let t = runs("--optimizer sgd --lr 0.1")[0].train;
+        assert_eq!(
+            (t.optimizer, t.lr, t.weight_decay),
+            (workloads::OptimizerKind::Sgd { momentum: 0.9 }, 0.1, 0.0)
+        );
+    }
+
+    #[test]
+    fn kernel_flags_make_the_options_every_run_records() {
+        assert_eq!(runs("")[0].kernels, KernelOptions::default());
+        let k =
+            runs("--attention composed --encoder-layers ops --gemm-algorithm heuristic --cuda-graphs off --convs nchw")
+                [0]
+            .kernels;
+        assert_eq!(
+            k.canonical(),
+            "v5;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
+        );
+        let e = Cli::try_parse_from(["migprof", "run", "--attention", "flash"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("flash") && e.contains("fused") && e.contains("composed"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_model_alone_runs_inference_at_batch_one() {
+        let specs = runs("--model resnet50");
+        assert_eq!(specs.len(), 1);
+        assert_eq!((specs[0].mode, specs[0].batch), (Mode::Infer, 1));
+    }
+
+    #[test]
+    fn target_precision_composes_with_duration_and_min_iters() {
+        let s = runs("--target-precision 2 --duration 1 --min-iters 20 --max-duration 30")[0].stop;
+        assert_eq!(
+            s,
+            Stop::Precision {
+                target: 0.02,
+                min: Duration::from_secs(1),
+                max: Duration::from_secs(30),
+                min_iterations: 20
+            }
+        );
+        let s = runs("--target-precision 5%")[0].stop;
+        assert_eq!(
+            s,
+            Stop::Precision {
+                target: 0.05,
+                min: Duration::from_secs(3),
+                max: Duration::from_secs(60),
+                min_iterations: 10
+            }
+        );
+        let e = |line: &str| {
+            Cli::try_parse_from(["migprof", "run"].into_iter().chain(line.split_whitespace()))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(e("--target-precision 0").contains("above 0 and below 100"));
+        assert!(e("--target-precision 2 --iters 5").contains("cannot be used with"));
+        assert!(e("--max-duration 30").contains("--target-precision"));
+    }
+
+    #[test]
+    fn arguments_that_do_not_fit_each_other_are_refused_naming_the_flag() {
+        let err = |line: &str| specs(&args(line)).unwrap_err().to_string();
+        assert!(err("--model resnet_tiny,vit_tiny --weights w.safetensors").contains("exactly one --model"));
+        assert!(err("--model resnet_tiny --weights /nonexistent.safetensors").contains("no such file"));
+        assert!(err("--model resnet_tiny --seq-len 32").contains("--seq-len applies to token models"));
+    }
+
+    #[test]
+    fn encoder_layers_by_either_name_keep_the_cell_id() {
+        // The id this cell had when the flag's values were `op|ops` (`--encoder-layers ops`).
+        const PINNED: &str = "76ddd6b3c33ede68";
+        for name in ["composed", "ops"] {
+            let spec = &runs(&format!(
+                "--model resnet_tiny --mode train --batch 4 --encoder-layers {name}"
+            ))[0];
+            assert_eq!(
+                CellSpec::of_run(spec, "cpu", "cpu").unwrap().cell_id(),
+                PINNED,
+                "{name}"
+            );
+        }
+        let fused = &runs("--model resnet_tiny --mode train --batch 4 --encoder-layers fused")[0];
+        assert_eq!(
+            fused.kernels,
+            runs("--model resnet_tiny --mode train --batch 4 --encoder-layers op")[0].kernels
+        );
+        assert_ne!(CellSpec::of_run(fused, "cpu", "cpu").unwrap().cell_id(), PINNED);
+    }
+}

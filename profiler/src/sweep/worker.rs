@@ -1,0 +1,148 @@
+//! The child's side of a cell: what `migprof cell` runs in the process a sweep (or a cluster's task)
+//! starts for it, and the row `migprof cell-ended` writes for a cluster's cell that failed.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use crate::device::{DeviceSpec, OpenDevice};
+use crate::provenance;
+use crate::results::runs::write_run;
+use crate::run::execute;
+use crate::run::record::{RunContext, Status};
+use crate::sweep::cell::{CellSpec, Purpose};
+use crate::sweep::child::{classify, Exit, EXIT_OOM, RESULT_PREFIX};
+
+/// `migprof cell`: one cell, measured and written with its identity. The exit code tells the sweep
+/// how it ended: 0 measured (the row is written), [`EXIT_OOM`] out of memory,
+/// 1 any other error.
+pub fn run_cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: &mut dyn Write) -> Result<ExitCode> {
+    // The line the sweep reads: `<status> <what it measured>`.
+    let result = (|| -> Result<String> {
+        let cell = CellSpec::read(spec_path)?;
+        let spec = cell.run_spec()?;
+        let device = if cell.scheduled {
+            scheduled_device(&cell.device)?
+        } else {
+            cell.device.parse::<DeviceSpec>()?.open()?
+        };
+        crate::run::preflight::check_precision(std::slice::from_ref(&spec), &device)?;
+        let context = RunContext {
+            invocation_id: invocation
+                .map(str::to_string)
+                .unwrap_or_else(|| provenance::run_id(provenance::now())),
+            host: provenance::host(),
+            device: device.info.clone(),
+            expected: crate::run::evidence::Expected::on(&device.info),
+            group: crate::run::group::GroupMember::from_env(&cell.cell_id()),
+        };
+        let status = if cell.purpose == Purpose::Probe {
+            Status::Probe
+        } else {
+            Status::Ok
+        };
+        let identity = cell.identity(status);
+        if let Some(settings) = &cell.load {
+            // A search takes minutes: a dtype the device cannot run is refused first, with what
+            // runs there, as `migprof load` refuses it.
+            crate::run::preflight::check(std::slice::from_ref(&spec), &device)?;
+            // A capacity search: its steps' progress goes to the cell's log.
+            let rates = crate::load::job::Rates::Search { start: None };
+            let job = crate::load::job::Job {
+                spec: &spec,
+                settings,
+                rates: &rates,
+            };
+            let outcome = crate::load::job::run(job, &device, &context, &identity, out, &mut std::io::stderr())?;
+            return Ok(match outcome.capacity.flatten() {
+                Some(c) => format!(
+                    "ok capacity {c:.1}/s within p99 {} ms",
+                    settings.slo_p99_ms.unwrap_or_default()
+                ),
+                None => format!(
+                    "ok capacity none within p99 {} ms",
+                    settings.slo_p99_ms.unwrap_or_default()
+                ),
+            });
+        }
+        let run = execute(&spec, &device, context, identity)?;
+        write_run(out, &run)?;
+        Ok(format!(
+            "{} {:.1}/s p50 {:.3} ms, verdict {}",
+            run.cell.status.as_str(),
+            run.throughput(),
+            run.stats.p50_ns as f64 / 1e6,
+            run.assessment.verdict
+        ))
+    })();
+    match result {
+        Ok(line) => {
+            writeln!(stdout, "{}{line}", RESULT_PREFIX)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            let code = if is_out_of_memory(&e) { EXIT_OOM } else { 1 };
+            Ok(ExitCode::from(code as u8))
+        }
+    }
+}
+
+/// The device a cluster's scheduler assigned to a cell that asked for `asked` (a MIG profile, `cuda`
+/// or `cpu`): the first visible one, which must be what was asked for.
+fn scheduled_device(asked: &str) -> Result<OpenDevice> {
+    if asked == "cpu" {
+        return DeviceSpec::Cpu.open();
+    }
+    let device = DeviceSpec::Cuda.open()?;
+    let got = device
+        .info
+        .selected
+        .as_ref()
+        .and_then(|s| s.mig.as_ref())
+        .map(|m| m.profile.clone());
+    match (asked, got) {
+        ("cuda", None) => Ok(device),
+        ("cuda", Some(p)) => anyhow::bail!(
+            "the scheduler assigned a MIG {p} slice ({}); the target asks for a whole GPU",
+            device.info.name
+        ),
+        (profile, Some(p)) if p == profile => Ok(device),
+        (profile, got) => anyhow::bail!(
+            "the scheduler assigned {} ({}); the target asks for a MIG {profile} slice",
+            device.info.name,
+            got.map_or("a whole GPU".to_string(), |p| format!("a {p} slice"))
+        ),
+    }
+}
+
+/// `migprof cell-ended`: the row of a cell whose `migprof cell` exited with `code` on a cluster,
+/// classified as a local sweep classifies its children (its log's last lines as the error).
+pub fn cell_ended(spec_path: &Path, out: &Path, invocation: &str, code: i32, log: Option<&Path>) -> Result<()> {
+    let cell = CellSpec::read(spec_path)?;
+    let output = log.and_then(|l| std::fs::read_to_string(l).ok()).unwrap_or_default();
+    // A shell reports a process killed by signal N as 128 + N.
+    let exit = if code > 128 {
+        Exit::Signal(code - 128)
+    } else {
+        Exit::Code(code)
+    };
+    let ending = classify(&exit, &output, false, std::time::Duration::ZERO);
+    crate::sweep::schedule::record_failure(out, &cell, provenance::now(), &ending, invocation, &provenance::host())
+}
+
+/// Whether an error is an allocation failure: CUDA's, cuBLAS's, cuDNN's, candle's.
+fn is_out_of_memory(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}");
+    [
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "out of memory",
+        "CUBLAS_STATUS_ALLOC_FAILED",
+        "CUDNN_STATUS_ALLOC_FAILED",
+        "memory allocation of",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
+}

@@ -1,0 +1,59 @@
+//! What the tests that run the `migprof` binary share: starting it, reading what it printed, and
+//! reading columns of the tables it wrote. Each test file uses some of it.
+#![allow(dead_code)]
+
+use std::process::{Command, Output};
+
+use polars::prelude::*;
+
+/// The binary under test, to give arguments to.
+pub fn migprof() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_migprof"))
+}
+
+/// The binary run with `args` to its end.
+pub fn run(args: &[&str]) -> Output {
+    migprof().args(args).output().expect("migprof runs")
+}
+
+/// Standard output, then standard error.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A column as numbers, nulls as `None`.
+pub fn numbers(df: &DataFrame, name: &str) -> Vec<Option<f64>> {
+    df.column(name)
+        .unwrap()
+        .cast(&DataType::Float64)
+        .unwrap()
+        .f64()
+        .unwrap()
+        .iter()
+        .collect()
+}
+
+/// A column as numbers that are never null.
+pub fn f64s(df: &DataFrame, name: &str) -> Vec<f64> {
+    numbers(df, name)
+        .into_iter()
+        .map(|v| v.unwrap_or_else(|| panic!("a null in {name}")))
+        .collect()
+}
+
+/// A column as text, nulls as "".
+pub fn strings(df: &DataFrame, name: &str) -> Vec<String> {
+    df.column(name)
+        .unwrap()
+        .cast(&DataType::String)
+        .unwrap()
+        .str()
+        .unwrap()
+        .iter()
+        .map(|v| v.unwrap_or("").to_string())
+        .collect()
+}
