@@ -34,7 +34,8 @@
 #              each cell's median ratio and whether it meets the goal
 #     before   no performance lost: the comparison matrix by the build BEFORE_GZ (gzipped, the build
 #              before a change) and by this build, one after the other, then PyTorch's once, and each
-#              build's ratio to PyTorch and this build's to the one before (MODELS, BATCHES narrow it)
+#              build's ratio to PyTorch and this build's to the one before (MODELS, BATCHES, DTYPES
+#              and TRAIN_BATCHES narrow it; defaults: the four families, 1,8,32,128, f32,bf16, 32)
 #     ab       a change's effect in one call: migprof's cells with the extra flags AB_ARGS (e.g.
 #              AB_ARGS="--attention composed", a kernel option) or by the build AB_BIN (gzipped, e.g.
 #              the build before the change), and by this build as it is, alternated twice, then PyTorch's;
@@ -302,16 +303,17 @@ fi
 if [ "$mode" = before ]; then
 [ -n "${BEFORE_GZ:-}" ] || { echo "before: set BEFORE_GZ to the gzipped build before the change"; exit 2; }
 models="${MODELS:-resnet50,vit_b_16,swin_t,bert_base}"; batches="${BATCHES:-1,8,32,128}"
+dtypes="${DTYPES:-f32,bf16}"; train_batches="${TRAIN_BATCHES:-32}"
 gunzip -c "$BEFORE_GZ" > /tmp/migprof-before && chmod +x /tmp/migprof-before
 for side in before after; do
     b="$bin"; [ "$side" = before ] && b=/tmp/migprof-before
     log "$side: the comparison matrix"
-    "$b" run --model "$models" --mode infer --dtype f32,bf16 --batch "$batches" --warmup 5 --iters 20 --device "$uuid" --out "$out/$side" 2>&1 | grep -E "^\[|error|warning"
-    "$b" run --model "$models" --mode train --dtype f32,bf16 --batch 32 --warmup 3 --iters 10 --device "$uuid" --out "$out/$side" 2>&1 | grep -E "^\[|error|warning"
+    "$b" run --model "$models" --mode infer --dtype "$dtypes" --batch "$batches" --warmup 5 --iters 20 --device "$uuid" --out "$out/$side" 2>&1 | grep -E "^\[|error|warning"
+    "$b" run --model "$models" --mode train --dtype "$dtypes" --batch "$train_batches" --warmup 3 --iters 10 --device "$uuid" --out "$out/$side" 2>&1 | grep -E "^\[|error|warning"
 done
 log "pytorch: the same matrix"
-python3 benches/pytorch_reference.py --models "$models" --modes infer --dtypes f32,bf16 --batches "$batches" --warmup 5 --iters 20 > "$out/pytorch.jsonl"
-python3 benches/pytorch_reference.py --models "$models" --modes train --dtypes f32,bf16 --batches 32 --warmup 3 --iters 10 >> "$out/pytorch.jsonl"
+python3 benches/pytorch_reference.py --models "$models" --modes infer --dtypes "$dtypes" --batches "$batches" --warmup 5 --iters 20 > "$out/pytorch.jsonl"
+python3 benches/pytorch_reference.py --models "$models" --modes train --dtypes "$dtypes" --batches "$train_batches" --warmup 3 --iters 10 >> "$out/pytorch.jsonl"
 for side in before after; do
     log "$side against PyTorch"
     python3 benches/compare.py "$out/$side" "$out/pytorch.jsonl" | tee "$out/compare-$side.txt"
