@@ -28,7 +28,7 @@
 #     best     migprof against the best PyTorch variant per cell (eager autocast, bf16 weights,
 #              channels_last, torch.compile reduce-overhead for inference; benches/pytorch_reference.py
 #              --variants); MODELS, BATCHES (default 1), DTYPES (default bf16), MODES (default infer)
-#              pick the cells, TRAIN_BATCHES adds training cells at those batches (issue 22's matrix:
+#              pick the cells, TRAIN_BATCHES adds training cells at those batches (the 40-cell matrix:
 #              BATCHES=1,8,32,128 TRAIN_BATCHES=32 DTYPES=f32,bf16); ROUNDS (default 1) repeats the
 #              comparison, and benches/rounds.py gives
 #              each cell's median ratio and whether it meets the goal

@@ -97,6 +97,17 @@ fn a_search_records_the_capacity_and_every_step() {
     );
     assert_eq!(capacity, low);
     assert!(high / low - 1.0 <= 0.10 + 1e-9, "{low} {high}");
+    // Every column these tables write is in the schema reference.
+    let schema = repo_file("docs/schema.md");
+    for table in [Table::Capacity, Table::Load, Table::LoadBatches] {
+        let names = columns(&read_table(dir.path(), table).unwrap());
+        let missing = undocumented(&schema, names.iter().map(String::as_str));
+        assert!(
+            missing.is_empty(),
+            "docs/schema.md lacks these {} columns: {missing:?}",
+            table.dir_name()
+        );
+    }
     let steps = read_table(dir.path(), Table::Load).unwrap();
     // The first guess is half the closed loop's rate at the max batch.
     let first = numbers(&steps, "offered_qps").into_iter().flatten().next().unwrap();

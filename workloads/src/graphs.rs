@@ -110,8 +110,7 @@ impl StepGraphs {
             if let Some((shape, dtype)) = self.seen.get(&key) {
                 // The memory the uncaptured steps freed into the pool goes back to the driver: the
                 // graph reserves its own for as long as it lives, and the two together would hold
-                // a training step's activations twice (measured: ResNet-50 bf16 batch 32 training
-                // used 5.5 GB of device memory against 3.5 GB without graphs).
+                // a training step's activations twice (measured: docs/kernels.md#cuda-graphs).
                 crate::memory::release_pooled(device)?;
                 if std::env::var_os("MIGPROF_MEMORY_LOG").is_some() {
                     if let Some(ledger) = crate::memory::ledger(device)? {
@@ -185,8 +184,8 @@ mod cuda {
     /// from the stream-ordered allocator on first need, and frees it when given another: inside a
     /// capture, either becomes a node of the graph, replayed at every launch (an illegal address,
     /// seen on the first replay). PyTorch sets one for the same reason. The workspace is cuBLASLt's
-    /// (`kernels::gemm::shared_workspace`), as in PyTorch: a second one of 32 MiB was measured in
-    /// every graphed run's device memory.
+    /// (`kernels::gemm::shared_workspace`), as in PyTorch: a second one showed in every graphed
+    /// run's device memory (docs/kernels.md#cuda-graphs).
     pub(super) fn own_cublas_workspace(dev: &CudaDevice) -> Result<()> {
         let blas = dev.cublas_handle();
         let handle = *blas.handle();

@@ -261,8 +261,7 @@ impl SimpleBackend for SeededInit {
 
 /// A host tensor uploaded into a new variable on `dev`: one device buffer, written once. (Making a
 /// device tensor a variable copies it into a second buffer and frees the first, which leaves a hole
-/// of each parameter's size among the parameters: 76-108 MiB of BERT-base's bf16 memory pool, on
-/// the H100, that a trim cannot return.)
+/// of each parameter's size among the parameters, which a trim cannot return: docs/kernels.md#memory.)
 fn uploaded_var(t: &Tensor, dev: &Device) -> Result<Var> {
     let shape = t.shape().clone();
     let t = t.flatten_all()?;

@@ -70,7 +70,7 @@ impl NvmlControl {
         let dev = self.device(gpu)?;
         let f = sym!(self.nvml, nvmlDeviceGetGpuInstanceById);
         let mut gi: sys::nvmlGpuInstance_t = std::ptr::null_mut();
-        // SAFETY: a device handle of this session and an out-pointer.
+        // SAFETY: a device handle of this NVML session and an out-pointer.
         check(&self.nvml, "nvmlDeviceGetGpuInstanceById", unsafe {
             f(dev.handle(), id, &mut gi)
         })?;
@@ -229,7 +229,7 @@ impl MigControl for NvmlControl {
             size: placement.size,
         };
         let mut gi: sys::nvmlGpuInstance_t = std::ptr::null_mut();
-        // SAFETY: a device handle of this session, a placement struct and an out-pointer.
+        // SAFETY: a device handle of this NVML session, a placement struct and an out-pointer.
         check(&self.nvml, "nvmlDeviceCreateGpuInstanceWithPlacement", unsafe {
             create(dev.handle(), profile_id, &p, &mut gi)
         })?;
@@ -250,7 +250,7 @@ impl MigControl for NvmlControl {
         let create = sym!(self.nvml, nvmlGpuInstanceCreateComputeInstance);
         let info = sym!(self.nvml, nvmlComputeInstanceGetInfo_v2);
         let mut ci: sys::nvmlComputeInstance_t = std::ptr::null_mut();
-        // SAFETY: a GPU-instance handle of this session and an out-pointer.
+        // SAFETY: a GPU-instance handle of this NVML session and an out-pointer.
         check(&self.nvml, "nvmlGpuInstanceCreateComputeInstance", unsafe {
             create(gi, profile_id, &mut ci)
         })?;
@@ -265,7 +265,7 @@ impl MigControl for NvmlControl {
         let by_id = sym!(self.nvml, nvmlGpuInstanceGetComputeInstanceById);
         let destroy = sym!(self.nvml, nvmlComputeInstanceDestroy);
         let mut ci: sys::nvmlComputeInstance_t = std::ptr::null_mut();
-        // SAFETY: a GPU-instance handle of this session and an out-pointer; then the handle it gave.
+        // SAFETY: a GPU-instance handle of this NVML session and an out-pointer; then the handle it gave.
         check(&self.nvml, "nvmlGpuInstanceGetComputeInstanceById", unsafe {
             by_id(gi, compute_instance, &mut ci)
         })?;
@@ -275,7 +275,7 @@ impl MigControl for NvmlControl {
     fn destroy_gpu_instance(&mut self, gpu: u32, gpu_instance: u32) -> Result<()> {
         let gi = self.gpu_instance(gpu, gpu_instance)?;
         let destroy = sym!(self.nvml, nvmlGpuInstanceDestroy);
-        // SAFETY: a GPU-instance handle of this session.
+        // SAFETY: a GPU-instance handle of this NVML session.
         check(&self.nvml, "nvmlGpuInstanceDestroy", unsafe { destroy(gi) })
     }
 }

@@ -133,7 +133,7 @@ pub fn gpu_instance_profiles(nvml: &Nvml, gpu: &Device) -> Vec<GpuInstanceProfil
     let Ok(f) = nvml.lib().nvmlDeviceGetGpuInstanceProfileInfoV.as_ref() else {
         return Vec::new();
     };
-    // SAFETY: a device handle of this session.
+    // SAFETY: a device handle of this NVML session.
     let handle = unsafe { gpu.handle() };
     let mut out = Vec::new();
     for p in 0..sys::NVML_GPU_INSTANCE_PROFILE_COUNT {
@@ -178,7 +178,7 @@ fn placements(nvml: &Nvml, gpu: &Device, profile_id: u32) -> Result<Vec<(u32, u3
         .nvmlDeviceGetGpuInstancePossiblePlacements_v2
         .as_ref()
         .map_err(|_| anyhow!("this NVIDIA driver's NVML has no nvmlDeviceGetGpuInstancePossiblePlacements_v2"))?;
-    // SAFETY: a device handle of this session; the first call only counts, the second fills `count`
+    // SAFETY: a device handle of this NVML session; the first call only counts, the second fills `count`
     // zeroed plain-data structs.
     let handle = unsafe { gpu.handle() };
     let mut count = 0;

@@ -658,6 +658,30 @@ mod tests {
     }
 
     #[test]
+    fn every_column_written_is_in_the_schema_page() -> Result<()> {
+        let schema = include_str!("../../../docs/schema.md");
+        let dir = tempfile::tempdir()?;
+        let mut run = fake_run(8, 30, Duration::ZERO);
+        run.metrics = vec![crate::gpu::sampler::Sample::default()];
+        write_run(dir.path(), &run)?;
+        for table in [Table::Runs, Table::Samples, Table::Metrics] {
+            let frame = read_table(dir.path(), table)?;
+            let missing: Vec<String> = frame
+                .get_column_names()
+                .iter()
+                .map(|c| c.to_string())
+                .filter(|c| !schema.contains(&format!("`{c}`")))
+                .collect();
+            assert!(
+                missing.is_empty(),
+                "docs/schema.md lacks these {} columns: {missing:?}",
+                table.dir_name()
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
     fn an_empty_or_missing_folder_reads_as_no_rows() -> Result<()> {
         let dir = tempfile::tempdir()?;
         assert_eq!(read_table(&dir.path().join("nothing"), Table::Runs)?.height(), 0);

@@ -32,8 +32,8 @@ pub struct Fingerprint {
 }
 
 /// Held memory from which a run says so (a warning after its result, a note under the report's
-/// memory chart): below it is the pool's own granularity (32 MiB held after a run without CUDA
-/// graphs, measured on the H100).
+/// memory chart): below it is the pool's own granularity (what a run without CUDA graphs leaves
+/// held: docs/kernels.md#memory).
 pub const POOL_HELD_WARNING_MIB: f64 = 64.0;
 
 /// Memory a pool held at a run's start, where it is enough to say so ([`POOL_HELD_WARNING_MIB`] or

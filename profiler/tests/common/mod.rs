@@ -57,3 +57,23 @@ pub fn strings(df: &DataFrame, name: &str) -> Vec<String> {
         .map(|v| v.unwrap_or("").to_string())
         .collect()
 }
+
+/// A file of the repository, as text (`docs/schema.md`).
+pub fn repo_file(path: &str) -> String {
+    let full = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
+}
+
+/// The names a page does not mention in backticks (`name`).
+pub fn undocumented<'a>(page: &str, names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    names
+        .into_iter()
+        .filter(|n| !page.contains(&format!("`{n}`")))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every column of a table.
+pub fn columns(df: &DataFrame) -> Vec<String> {
+    df.get_column_names().iter().map(|c| c.to_string()).collect()
+}

@@ -2,13 +2,10 @@
 //! its time needs at least [`MIN_SAVING`] less workspace.
 //!
 //! Why not simply the fastest: cuDNN's FFT and Winograd algorithms often win by a few percent with
-//! workspaces of hundreds of MiB (ResNet-50's f32 inference on the H100, `MIGPROF_CUDNN_LOG=1`: 544
-//! MiB for a strided 3x3 convolution at batch 128 to be 6% faster than a 220 MiB one; 45 MiB at
-//! batch 1 to be 7% faster than one needing 2 KiB). A run without CUDA graphs keeps the largest
-//! workspace it met for as long as it runs; a captured step's graph holds each one while its
-//! convolution runs. With graphs on, ResNet-50's f32 inference held as much graph memory with this
-//! rule as without it (96 MiB at batch 1, 1,376 at batch 128): its peak lies elsewhere. Both legacy
-//! (`conv2d`) and graph (`conv_nhwc`) convolutions choose by this rule.
+//! workspaces of hundreds of MiB (docs/kernels.md#convolutions). A run without CUDA graphs keeps the
+//! largest workspace it met for as long as it runs; a captured step's graph holds each one while its
+//! convolution runs, and there the rule changed no peak. Both legacy (`conv2d`) and graph
+//! (`conv_nhwc`) convolutions choose by this rule.
 
 /// How much slower than the fastest a leaner candidate may be and still be chosen.
 pub(crate) const TOLERANCE: f32 = 0.10;

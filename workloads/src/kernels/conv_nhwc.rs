@@ -4,8 +4,8 @@
 //!
 //! Why: in NCHW, cuDNN 9 on Hopper runs ResNet's convolutions in its legacy kernels, and every
 //! convolution is followed by a bias/ReLU pass and every block by an add pass over memory; PyTorch
-//! in channels_last reaches the sm90 NHWC implicit-GEMM kernels (measured: 15.1 ms of convolutions
-//! in our bf16 training step against PyTorch's 3.9 ms, `benches/results`). Here the activations stay
+//! in channels_last reaches the sm90 NHWC implicit-GEMM kernels, several times faster
+//! (docs/kernels.md#convolutions). Here the activations stay
 //! NHWC from the stem to the pool, weights are kept as KRSC (filter channels last, as those engines
 //! read them), and the epilogue does what the passes did, in f32 before the one rounding to the
 //! output's dtype.
@@ -30,8 +30,7 @@ use candle_core::{Result, Tensor};
 ///
 /// ResNet takes this path for half types and for f32 with TF32 allowed ([`runs_nhwc`]); f32 without
 /// TF32 stays NCHW, since cuDNN's NHWC engines off the tensor cores were slower than its NCHW ones
-/// and missing for some of ResNet-50's shapes (measured on the lent H100: batch 1 469 against 509–562
-/// samples/s; no engine for the 1x1 convolutions at batch 8).
+/// and missing for some of ResNet-50's shapes (docs/kernels.md#convolutions).
 pub fn conv_nhwc(
     x: &Tensor,
     w: &Tensor,

@@ -270,8 +270,8 @@ __device__ void attn_fused(const unsigned short* qkv, const unsigned short* bias
 }
 
 // Heads up to 64 ask for four blocks per SM (registers capped at 128 a thread): at 132 registers
-// three fit, and the kernel, short of warps to switch between, issued in half of its cycles (Nsight
-// Compute, ViT-B bf16 at batch 128 on the H100: 18.75% theoretical occupancy).
+// three fit, and the kernel, short of warps to switch between, stalled on its loads
+// (docs/kernels.md#fused-attention).
 #define FUSED(S, E, D)                                                                                   \
 extern "C" __global__ void __launch_bounds__(128, D <= 64 ? 4 : 1) attn_fused_##S##_d##D(const unsigned short* qkv, \
         const unsigned short* bias, unsigned short* out, unsigned int t, unsigned int h, unsigned int r, \
@@ -417,8 +417,8 @@ __device__ void attn_fused_simt(const float* qkv, const float* bias, float* out,
 // fastest split tried at batch 128: heads of 64 two queries over two lanes (faster than one query
 // per lane or four over four lanes); heads of 32 one query per lane (faster than two over two).
 // Capping registers for a third block per SM spills the two-query kernel. Blocks of 64, 32 and 16
-// (one query over 2, 4 or 8 lanes) spread a short grid over more multiprocessors (ViT-B at batch 1:
-// 24 blocks of 128 on the H100's 132) and waste fewer lanes on short windows (Swin-T's 49 tokens).
+// (one query over 2, 4 or 8 lanes) spread a short grid over more multiprocessors (ViT-B at batch 1
+// fills a fifth of them in blocks of 128) and waste fewer lanes on short windows (Swin-T's 49 tokens).
 // (measured: docs/kernels.md#fused-attention)
 #define FUSED_SIMT(D, Q, QT, SPLIT)                                                                       \
 static_assert(FS_THREADS / 32 * (32 / SPLIT) * QT == Q, "queries per block");                           \

@@ -21,7 +21,7 @@
 //! memory-efficient kernel (measured: docs/kernels.md#fused-attention).
 //!
 //! The f32 kernels come in four sizes of block, 128 to 16 queries: a short grid (ViT-B at batch 1
-//! is 12 heads of two blocks of 128, 24 blocks on the H100's 132 multiprocessors) runs faster in
+//! is 12 heads of two blocks of 128, far fewer blocks than a large GPU's multiprocessors) runs faster in
 //! more, smaller blocks, a long one in blocks of 128. Which size wins depends on the shape and on
 //! how many multiprocessors the device (or MIG slice) has, so each shape's first launch times the
 //! four, as a product's first call times cuBLASLt's candidates (`gemm.rs`), and keeps the fastest.

@@ -221,7 +221,7 @@ impl BatchNorm2d {
 /// A frozen unit then holds its folded weight alone, in the layout its path reads, as PyTorch's
 /// `channels_last` model holds one copy of its weights: the weight as built is let go once folded
 /// (a frozen model's tensors as built stay on the host, `crate::init::Params`). Keeping both held
-/// ResNet-50's convolution weights twice on the device, 90 MiB more than PyTorch in f32.
+/// ResNet-50's convolution weights twice on the device (docs/kernels.md#memory).
 pub struct ConvBn {
     weight: std::sync::Mutex<UnitWeight>,
     padding: usize,
