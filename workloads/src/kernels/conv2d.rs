@@ -163,7 +163,7 @@ pub(crate) mod cudnn {
             return Ok(Workspace::None);
         }
         let stream = dev.cuda_stream();
-        if super::launch::capturing(dev)? {
+        if crate::kernels::launch::capturing(dev)? {
             // SAFETY: cuDNN writes its workspace before reading it.
             let mut w = unsafe { dev.alloc::<u8>(bytes)? };
             let ptr = w.device_ptr_mut(&stream).0 as *mut c_void;
