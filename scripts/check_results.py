@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Read a migprof results folder with pyarrow, as any downstream user would, and check what every row
-promises: the documented columns, throughput = 1000 / mean_ms * batch, min <= p50 <= p90 <= p95 <= p99
-<= p99.9 <= max, a verdict from the documented set with its reason, and one sample per iteration.
+promises: every row has the documented columns; a measured row (status ok or probe) has throughput =
+1000 / mean_ms * batch, min <= p50 <= p90 <= p95 <= p99 <= p99.9 <= max, a verdict from the documented
+set with its reason, and one sample per iteration; a failed cell's row has its error and no measurement.
 
 usage: scripts/check_results.py DIR [--runs N]    (exit 1 on the first broken promise)
 """
@@ -17,7 +18,8 @@ COLUMNS = (
     "p90_ms p95_ms p99_ms p999_ms throughput wall_throughput loss_first loss_last params flops_per_sample "
     "verdict verdict_reason histogram migprof_version git_commit"
 ).split()
-VERDICTS = {"ok", "too_few_iterations", "unstable"}
+VERDICTS = {"ok", "too_few_iterations", "unstable", "throttled", "shared"}
+MEASURED = {None, "ok", "probe"}  # rows written before the status column are measured runs
 
 
 def check(folder, expected_runs):
@@ -34,6 +36,10 @@ def check(folder, expected_runs):
         missing = [c for c in COLUMNS if c not in r]
         if missing:
             problems.append(f"{rid}: missing columns {missing}")
+            continue
+        if r.get("status") not in MEASURED:
+            if not r.get("error") or r["throughput"] is not None or r["iterations"] is not None:
+                problems.append(f"{rid}: a {r['status']} row needs its error and no measurement")
             continue
         want = 1000.0 / r["mean_ms"] * r["batch"]
         if abs(r["throughput"] - want) > 1e-9 * want:
@@ -61,7 +67,9 @@ def main():
     ap.add_argument("--runs", type=int, help="the number of runs the folder must hold")
     args = ap.parse_args()
     runs, problems = check(args.folder, args.runs)
-    for r in runs:
+    for r in (r for r in runs if r.get("status") not in MEASURED):
+        print(f"{r['model']:<12} {r['mode']:<5} {r['dtype']:<4} batch {r['batch']:>4}  {r['status']}: {r['error'].splitlines()[0]}")
+    for r in (r for r in runs if r.get("status") in MEASURED):
         print(f"{r['model']:<12} {r['mode']:<5} {r['dtype']:<4} batch {r['batch']:>4}  p50 {r['p50_ms']:9.3f} ms"
               f"  p99 {r['p99_ms']:9.3f} ms  {r['throughput']:10.1f}/s  {r['verdict']}")
     for p in problems:

@@ -3,6 +3,7 @@
 
 pub mod capacity;
 pub mod device;
+pub mod files;
 pub mod fleet;
 pub mod gpu;
 pub mod load;

@@ -169,13 +169,19 @@ fn an_unusable_results_folder_is_refused_before_measuring() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("a-file");
     std::fs::write(&file, "not a folder").unwrap();
-    let o = run_tiny(&file, &["--iters", "3"]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        text(&o).contains("cannot use") && text(&o).contains("as the results folder"),
-        "{}",
-        text(&o)
-    );
+    // A folder whose parent is a regular file cannot be made, also by root; nor can a file be one.
+    for out in [file.join("results"), file.clone()] {
+        let started = std::time::Instant::now();
+        let o = run_tiny(&out, &["--iters", "3"]);
+        assert_eq!(o.status.code(), Some(1));
+        let t = text(&o);
+        assert!(t.contains(&format!("cannot write results to {}", out.display())), "{t}");
+        assert!(!t.contains("[1/"), "refused before the first run: {t}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "before the model is built"
+        );
+    }
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a folder");
 }
 

@@ -187,4 +187,13 @@ fn devices_without_a_driver_says_so_and_exits_cleanly() {
         "{out}"
     );
     assert!(out.contains("migprof runs on the CPU"), "{out}");
+    // As JSON: still JSON, with no GPU and the reason.
+    let (code, out, err) = devices(&["--json"], None);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["gpus"], serde_json::json!([]));
+    assert!(
+        v["reason"].as_str().unwrap().contains("no usable NVIDIA driver"),
+        "{out}"
+    );
 }

@@ -201,8 +201,8 @@ fn the_checks_of_the_docs_find_what_is_missing() {
         keys.contains("name") && keys.contains("targets") && !keys.contains("bogus"),
         "{keys:?}"
     );
-    let flags = long_flags(&["check".to_string()]);
-    assert!(flags.is_empty(), "check takes a folder and no flags: {flags:?}");
+    let flags = long_flags(&["models".to_string()]);
+    assert!(flags.is_empty(), "models takes no flags: {flags:?}");
     let flags = long_flags(&["merge".to_string()]);
     assert_eq!(flags.into_iter().collect::<Vec<_>>(), ["--out"]);
 }

@@ -98,6 +98,23 @@ fn the_report_of_gpu_rows_is_strict_html_with_every_section_the_same_bytes_every
         at32.contains("resnet50 infer bf16: latency distribution at batch 32"),
         "the batch picked"
     );
+    // A batch no run has is refused, naming the batches there are, and no page is written.
+    let missing = dir.path().join("d.html");
+    let o = run(&[
+        "report",
+        fixture().to_str().unwrap(),
+        "--out",
+        missing.to_str().unwrap(),
+        "--detail-batch",
+        "7",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--detail-batch 7: no run has batch 7; the batches of these runs: 32, 128"),
+        "{}",
+        text(&o)
+    );
+    assert!(!missing.exists());
 }
 
 #[test]

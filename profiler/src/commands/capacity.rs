@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use migprof::provenance;
 use migprof::run::spec::Precision;
@@ -73,7 +73,7 @@ pub fn exec(args: CapacityArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
         write!(stdout, "{}", report.to_text())?;
     }
     if let Some(path) = &args.emit_layouts {
-        std::fs::write(path, report.mig_parted().to_yaml()?).with_context(|| format!("writing {}", path.display()))?;
+        migprof::files::write_atomically(path, report.mig_parted().to_yaml()?.as_bytes())?;
         if !args.json {
             writeln!(
                 stdout,
@@ -88,13 +88,12 @@ pub fn exec(args: CapacityArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
         let path = dir
             .join("plans")
             .join(format!("plan-{}.json", provenance::run_id(provenance::now())));
-        let kept = std::fs::create_dir_all(dir.join("plans"))
-            .and_then(|_| std::fs::write(&path, serde_json::to_string_pretty(&report).unwrap_or_default()));
+        let kept = migprof::files::write_atomically(&path, serde_json::to_string_pretty(&report)?.as_bytes());
         match (kept, args.json) {
             (Ok(()), false) => writeln!(stdout, "plan: {}", path.display())?,
             (Ok(()), true) => {}
             // The plan is printed already; a folder that cannot keep it costs only the report's copy.
-            (Err(e), _) => eprintln!("warning: could not keep the plan as {}: {e}", path.display()),
+            (Err(e), _) => eprintln!("warning: could not keep the plan: {e:#}"),
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -46,6 +46,16 @@ pub fn devices(args: DevicesArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
             write!(stdout, "{}", t.tree())?;
             writeln!(stdout, "{}", mps_status(&migprof::mps::processes::Proc))?;
         }
+        // Still the recording format (no driver, no GPUs), with the reason beside it.
+        Err(e) if args.json => writeln!(
+            stdout,
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "driver_version": null,
+                "gpus": [],
+                "reason": format!("no NVIDIA GPU here: {e:#}"),
+            }))?
+        )?,
         Err(e) => writeln!(
             stdout,
             "no NVIDIA GPU here: {e:#}\nmigprof runs on the CPU (--device cpu)."

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, ensure, Result};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use migprof::device::DeviceSpec;
@@ -138,6 +138,8 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
     } else {
         Rates::Fixed(args.qps.clone())
     };
+    // The folder before anything else, so that a bad --out fails before any time is spent.
+    migprof::files::ensure_writable_dir(&args.out)?;
     let device_spec = device_or_default(args.device.as_ref(), log)?;
     if let DeviceSpec::Mps(target) = &device_spec {
         if !migprof::mps::client::is_client() {
@@ -147,8 +149,6 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
     }
     let device = device_spec.open()?;
     migprof::run::preflight::check(std::slice::from_ref(&spec), &device)?;
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot use {} as the results folder", args.out.display()))?;
     let context = RunContext::new_invocation(&device.info);
     let mut cell = CellSpec::of_run(&spec, &device.info.name, &device_spec.to_string())?;
     cell.load = Some(settings.clone());

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Subcommand};
 
 #[derive(Debug, Subcommand)]
@@ -99,7 +99,7 @@ pub fn exec(cmd: MigCommand, stdout: &mut dyn Write, stderr: &mut dyn Write) -> 
             let yaml = file.to_yaml()?;
             match out {
                 Some(path) => {
-                    std::fs::write(path, yaml).with_context(|| format!("writing {}", path.display()))?;
+                    migprof::files::write_atomically(path, yaml.as_bytes())?;
                     writeln!(stderr, "wrote {}", path.display())?;
                 }
                 None => write!(stdout, "{yaml}")?,

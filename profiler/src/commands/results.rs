@@ -25,6 +25,11 @@ pub struct MergeArgs {
 pub struct CheckArgs {
     /// The results folder.
     pub dir: PathBuf,
+    /// Mend what can be mended first: rewrite parts written by an older migprof with every column of
+    /// their table (nulls where they had none), and remove samples and metrics of runs that have no
+    /// row (older than a minute); then check.
+    #[arg(long)]
+    pub fix: bool,
 }
 
 #[derive(Debug, Args)]
@@ -77,13 +82,17 @@ pub fn merge(args: MergeArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
     for (cell, folders) in &m.cells_in_several {
         writeln!(stdout, "cell {cell}: rows from {} (all kept)", folders.join(", "))?;
     }
+    for (path, why) in &m.left {
+        writeln!(stdout, "left {}: {why}", path.display())?;
+    }
     writeln!(
         stdout,
-        "merged {} folder(s) into {}: {} part(s) copied, {} already there; {} cell(s) measured in more than one folder",
+        "merged {} folder(s) into {}: {} part(s) copied, {} already there, {} left (not migprof's or unreadable); {} cell(s) measured in more than one folder",
         args.dirs.len(),
         args.out.display(),
         m.copied,
         m.already,
+        m.left.len(),
         m.cells_in_several.len()
     )?;
     writeln!(stdout, "{}", report_hint(&args.out))?;
@@ -94,6 +103,15 @@ pub fn merge(args: MergeArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
 pub fn check(args: CheckArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
     let dir = &args.dir;
     ensure!(dir.is_dir(), "{}: no such results folder", dir.display());
+    if args.fix {
+        let fixed = migprof::results::check::fix(dir)?;
+        for p in &fixed.widened {
+            writeln!(stdout, "fixed {}: every column of its table", p.display())?;
+        }
+        for p in &fixed.removed {
+            writeln!(stdout, "removed {}: its run has no row", p.display())?;
+        }
+    }
     let report = migprof::results::check::check(dir)?;
     for p in &report.problems {
         writeln!(stdout, "problem: {p}")?;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, ensure, Result};
 use clap::builder::PossibleValuesParser;
 use clap::Args;
 use migprof::device::DeviceSpec;
@@ -131,6 +131,8 @@ struct Outcome {
 
 pub fn exec(args: RunArgs, stdout: &mut dyn Write, log: &mut dyn Write) -> Result<ExitCode> {
     let specs = specs(&args)?;
+    // The folder before anything else, so that a bad --out fails before any time is spent.
+    migprof::files::ensure_writable_dir(&args.out)?;
     let device_spec = device_or_default(args.device.as_ref(), log)?;
     if let DeviceSpec::Mps(target) = &device_spec {
         if !migprof::mps::client::is_client() {
@@ -162,9 +164,6 @@ pub fn exec(args: RunArgs, stdout: &mut dyn Write, log: &mut dyn Write) -> Resul
 fn measure(args: &RunArgs, specs: &[RunSpec], device_spec: &DeviceSpec, log: &mut dyn Write) -> Result<Outcome> {
     let device = device_spec.open()?;
     migprof::run::preflight::check(specs, &device)?;
-    // Make the folder before the first run, so a bad --out fails before any time is spent.
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot use {} as the results folder", args.out.display()))?;
     let context = RunContext::new_invocation(&device.info);
     writeln!(
         log,

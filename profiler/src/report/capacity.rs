@@ -181,6 +181,7 @@ impl Serving {
                 diagonal: false,
                 markers: true,
                 hline: slo.parse().ok(),
+                x_whole: false,
             };
             blocks.push(Block::Text(format!("{model}, {dtype}{seq_text}, {batcher}{slo_text}:")));
             blocks.push(Block::Chart {

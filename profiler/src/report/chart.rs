@@ -64,6 +64,14 @@ pub struct Chart<'a> {
     pub markers: bool,
     /// A grey horizontal line at this y (an objective), inside the y axis.
     pub hline: Option<f64>,
+    /// The x values are whole numbers (batch sizes): ticks at the values drawn, without decimals.
+    pub x_whole: bool,
+}
+
+/// The distinct x values of the series, ascending: the ticks of a whole-numbered axis.
+fn whole_ticks<'a>(xs: impl Iterator<Item = &'a Point>) -> Vec<f64> {
+    let distinct: std::collections::BTreeSet<i64> = xs.map(|p| p.x.round() as i64).collect();
+    distinct.into_iter().map(|x| x as f64).collect()
 }
 
 /// The scale a positive quantity wants: log where it spans more than a decade.
@@ -157,6 +165,22 @@ impl Chart<'_> {
                 .margin(14)
                 .x_label_area_size(44)
                 .y_label_area_size(70);
+            let x_format = |v: &f64| {
+                if self.x_whole {
+                    format!("{v:.0}")
+                } else {
+                    significant(*v)
+                }
+            };
+            let ticks = self
+                .x_whole
+                .then(|| whole_ticks(self.series.iter().flat_map(|s| s.points.iter())));
+            // plotters' default is 10 labels.
+            let x_labels = if self.x_whole {
+                ((x1 - x0).floor() as usize).clamp(1, 10)
+            } else {
+                10
+            };
             // plotters types a chart by its axes: one body per combination.
             macro_rules! draw {
                 ($xr:expr, $yr:expr) => {{
@@ -165,7 +189,8 @@ impl Chart<'_> {
                         .light_line_style(RGBColor(235, 235, 235))
                         .x_desc(self.x_label)
                         .y_desc(self.y_label)
-                        .x_label_formatter(&|v| significant(*v))
+                        .x_labels(x_labels)
+                        .x_label_formatter(&x_format)
                         .y_label_formatter(&|v| significant(*v))
                         .draw()?;
                     if self.diagonal {
@@ -200,11 +225,17 @@ impl Chart<'_> {
                     }
                 }};
             }
-            match (self.x_scale, self.y_scale) {
-                (Scale::Log, Scale::Log) => draw!((x0..x1).log_scale(), (y0..y1).log_scale()),
-                (Scale::Log, Scale::Linear) => draw!((x0..x1).log_scale(), y0..y1),
-                (Scale::Linear, Scale::Log) => draw!(x0..x1, (y0..y1).log_scale()),
-                (Scale::Linear, Scale::Linear) => draw!(x0..x1, y0..y1),
+            match (self.x_scale, self.y_scale, ticks) {
+                (Scale::Log, Scale::Log, None) => draw!((x0..x1).log_scale(), (y0..y1).log_scale()),
+                (Scale::Log, Scale::Linear, None) => draw!((x0..x1).log_scale(), y0..y1),
+                (Scale::Log, Scale::Log, Some(t)) => {
+                    draw!((x0..x1).log_scale().with_key_points(t), (y0..y1).log_scale())
+                }
+                (Scale::Log, Scale::Linear, Some(t)) => draw!((x0..x1).log_scale().with_key_points(t), y0..y1),
+                // A linear axis cannot take key points here (plotters has no formatter for them); asked
+                // for at most one label per unit, its steps are whole numbers (1, 2, 5, 10, …).
+                (Scale::Linear, Scale::Log, _) => draw!(x0..x1, (y0..y1).log_scale()),
+                (Scale::Linear, Scale::Linear, _) => draw!(x0..x1, y0..y1),
             }
             root.present()?;
         }
@@ -247,6 +278,7 @@ mod tests {
             diagonal: false,
             markers: true,
             hline: None,
+            x_whole: true,
         };
         let svg = chart.svg().unwrap();
         assert!(
@@ -266,6 +298,37 @@ mod tests {
             "the first target is blue"
         );
         assert_eq!(chart.svg().unwrap(), svg);
+        // The batch axis ticks at the batches drawn, 1 and 128, and at no fraction of one.
+        let ticks: Vec<&str> = svg
+            .split("<text")
+            .filter_map(|t| Some(t.split('>').nth(1)?.split('<').next()?.trim()))
+            .collect();
+        assert!(ticks.contains(&"1") && ticks.contains(&"128"), "{ticks:?}");
+        assert!(
+            !ticks
+                .iter()
+                .any(|t| t.contains('.') && t.parse::<f64>().is_ok_and(|v| v < 200.0 && v.fract() != 0.0)),
+            "{ticks:?}"
+        );
+        // On a linear axis of batches 1 and 2, whole ticks only (a free axis would tick every 0.1).
+        let s = [series(0, &[(1.0, 10.0), (2.0, 18.0)])];
+        let linear = Chart {
+            x_scale: Scale::Linear,
+            y_scale: Scale::Linear,
+            series: &s,
+            ..chart
+        };
+        let svg = linear.svg().unwrap();
+        let ticks: Vec<String> = svg
+            .split("<text")
+            .filter_map(|t| Some(t.split('>').nth(1)?.split('<').next()?.trim().to_string()))
+            .collect();
+        let xs: Vec<&String> = ticks.iter().filter(|t| *t == "1" || *t == "2").collect();
+        assert!(!xs.is_empty(), "{ticks:?}");
+        assert!(
+            !ticks.iter().any(|t| t == "1.5" || t == "1.1" || t == "1.9"),
+            "{ticks:?}"
+        );
     }
 
     #[test]

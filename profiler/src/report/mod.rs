@@ -15,7 +15,7 @@ mod sections;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 pub use page::{html, markdown, Block, Section};
 
@@ -58,10 +58,22 @@ pub fn write(dirs: &[PathBuf], out: &Path, format: Format, detail_batch: Option<
                 .join(", ")
         )
     }
-    let detail = data::detail(dirs, &sections::detailed_runs(&rows, detail_batch))?;
-    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    if let Some(b) = detail_batch {
+        let batches: std::collections::BTreeSet<i64> =
+            rows.iter().filter_map(|r| r.n("batch")).map(|v| v as i64).collect();
+        if !batches.contains(&(b as i64)) {
+            let listed: Vec<String> = batches.iter().map(i64::to_string).collect();
+            anyhow::bail!(
+                "--detail-batch {b}: no run has batch {b}; the batches of these runs: {}",
+                if listed.is_empty() {
+                    "none".to_string()
+                } else {
+                    listed.join(", ")
+                }
+            );
+        }
     }
+    let detail = data::detail(dirs, &sections::detailed_runs(&rows, detail_batch))?;
     let sources: Vec<String> = dirs.iter().map(|d| data::name(d)).collect();
     let sections = build(&rows, &serving, &detail, &sources, detail_batch)?;
     let text = match format {
@@ -69,16 +81,16 @@ pub fn write(dirs: &[PathBuf], out: &Path, format: Format, detail_batch: Option<
         Format::Md => {
             let stem = out.file_stem().and_then(|s| s.to_str()).unwrap_or("report");
             let folder = out.with_file_name(format!("{stem}_files"));
-            std::fs::create_dir_all(&folder).with_context(|| format!("creating {}", folder.display()))?;
             for s in &sections {
                 for b in &s.blocks {
                     if let Block::Chart { name, svg, .. } = b {
-                        std::fs::write(folder.join(name), svg)?;
+                        crate::files::write_atomically(&folder.join(name), svg.as_bytes())?;
                     }
                 }
             }
             markdown(&sections, &format!("{stem}_files"))
         }
     };
-    std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))
+    // Whole or not at all: a full disk leaves the report that was there, not half a page.
+    crate::files::write_atomically(out, text.as_bytes())
 }

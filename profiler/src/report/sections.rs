@@ -296,6 +296,7 @@ fn at_largest_batch(
             diagonal: false,
             markers: false,
             hline: None,
+            x_whole: false,
         };
         blocks.push(Block::Chart {
             name: format!("{id}-cdf.svg"),
@@ -352,6 +353,7 @@ fn at_largest_batch(
             diagonal: false,
             markers: false,
             hline: None,
+            x_whole: false,
         };
         blocks.push(Block::Chart {
             name: format!("{id}-{name}-series.svg"),
@@ -479,6 +481,7 @@ fn per_model(
                     diagonal: false,
                     markers: true,
                     hline: None,
+                    x_whole: true,
                 };
                 blocks.push(Block::Chart {
                     name: format!("{id}-{}.svg", m.id),
@@ -609,6 +612,7 @@ fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Resu
             diagonal: true,
             markers: true,
             hline: None,
+            x_whole: false,
         };
         blocks.push(Block::Text(format!("{model}:")));
         blocks.push(Block::Chart {

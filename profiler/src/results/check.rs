@@ -2,14 +2,20 @@
 //! problem named with its file, so a folder that a crash, a copy or another tool touched can be
 //! trusted again, or its bad parts moved aside.
 
-use std::collections::HashMap;
-use std::path::Path;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use anyhow::Result;
 use polars::prelude::*;
 
-use crate::results::parts::{read_parts, Table};
+use crate::results::parts::{conform, part_paths, read_part, read_parts, union_schema, write_part, Table, TABLES};
+use crate::results::runs::runs_schema;
 use crate::run::record::Status;
+
+/// A samples or metrics part with no row in `runs` is left alone this long: its run may be writing
+/// its row right now (the row comes after its parts).
+const ORPHAN_AGE: Duration = Duration::from_secs(60);
 
 /// What the check found: a line per problem, and how much it read.
 #[derive(Debug, Default)]
@@ -21,14 +27,13 @@ pub struct Report {
 pub fn check(out: &Path) -> Result<Report> {
     let mut report = Report::default();
     let mut frames = HashMap::new();
-    for table in [
-        Table::Runs,
-        Table::Samples,
-        Table::Metrics,
-        Table::Load,
-        Table::LoadBatches,
-        Table::Capacity,
-    ] {
+    for table in TABLES {
+        for (path, missing) in narrow_parts(out, table)? {
+            report.problems.push(format!(
+                "{}: {missing} of the table's columns missing (written by an older migprof); `migprof check --fix` rewrites it with nulls there",
+                path.display()
+            ));
+        }
         let (frame, skipped) = read_parts(out, table)?;
         for (path, why) in skipped {
             report.problems.push(format!("{}: {why}", path.display()));
@@ -93,11 +98,92 @@ pub fn check(out: &Path) -> Result<Report> {
     for id in samples_per_run.keys() {
         if !seen.contains_key(id.as_str()) {
             report.problems.push(format!(
-                "samples of run {id}: no row in runs/ (a run whose row was never written)"
+                "samples of run {id}: no row in runs/ (a run whose row was never written; `migprof check --fix` removes them)"
+            ));
+        }
+    }
+    let metric_runs: HashSet<String> = text(&frames["metrics"], "run_id").into_iter().flatten().collect();
+    for id in metric_runs {
+        if !seen.contains_key(id.as_str()) {
+            report.problems.push(format!(
+                "metrics of run {id}: no row in runs/ (a run whose row was never written; `migprof check --fix` removes them)"
             ));
         }
     }
     Ok(report)
+}
+
+/// What `check --fix` changed.
+#[derive(Debug, Default)]
+pub struct Fixed {
+    /// Parts rewritten with every column of their table.
+    pub widened: Vec<PathBuf>,
+    /// Samples and metrics parts of runs that have no row, removed.
+    pub removed: Vec<PathBuf>,
+}
+
+/// Rewrites each part that lacks some of its table's columns with all of them (nulls where it had
+/// none; its rows and their schema version as they were), and removes the samples and metrics parts
+/// of runs without a row that are older than [`ORPHAN_AGE`]. Parts it cannot read stay as they are.
+pub fn fix(out: &Path) -> Result<Fixed> {
+    let mut fixed = Fixed::default();
+    for table in TABLES {
+        let schema = target_schema(out, table)?;
+        for path in part_paths(out, table)? {
+            let Ok(df) = read_part(&path, table) else { continue };
+            if df.width() == schema.len() {
+                continue;
+            }
+            let mut wide = conform(&df, &schema)?;
+            let (dir, name) = (
+                path.parent().expect("a part's folder"),
+                path.file_name().expect("a part's name"),
+            );
+            write_part(dir, &name.to_string_lossy(), &mut wide)?;
+            fixed.widened.push(path);
+        }
+    }
+    let (runs, _) = read_parts(out, Table::Runs)?;
+    let with_rows: HashSet<String> = text(&runs, "run_id").into_iter().flatten().collect();
+    for table in [Table::Samples, Table::Metrics] {
+        for path in part_paths(out, table)? {
+            let Ok(df) = read_part(&path, table) else { continue };
+            let orphan = text(&df, "run_id").iter().flatten().all(|id| !with_rows.contains(id));
+            let old = std::fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| SystemTime::now().duration_since(t).unwrap_or_default() >= ORPHAN_AGE);
+            if orphan && old {
+                std::fs::remove_file(&path).map_err(|e| crate::files::io_error(e, &path))?;
+                fixed.removed.push(path);
+            }
+        }
+    }
+    Ok(fixed)
+}
+
+/// The columns a table's parts should all have: the current schema of `runs`, and every column any
+/// readable part of the folder has.
+fn target_schema(out: &Path, table: Table) -> Result<Schema> {
+    let current = match table {
+        Table::Runs => Some(runs_schema()?),
+        _ => None,
+    };
+    union_schema(out, table, current.as_ref())
+}
+
+/// The readable parts of a table that lack some of [`target_schema`]'s columns, with how many.
+fn narrow_parts(out: &Path, table: Table) -> Result<Vec<(PathBuf, usize)>> {
+    let schema = target_schema(out, table)?;
+    let mut narrow = Vec::new();
+    for path in part_paths(out, table)? {
+        if let Ok(df) = read_part(&path, table) {
+            let missing = schema.iter_names().filter(|c| df.column(c.as_str()).is_err()).count();
+            if missing > 0 {
+                narrow.push((path, missing));
+            }
+        }
+    }
+    Ok(narrow)
 }
 
 fn text(df: &DataFrame, name: &str) -> Vec<Option<String>> {
@@ -181,6 +267,55 @@ mod tests {
             problems.contains(&format!("samples of run {}: no row", b.run_id)),
             "{problems}"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn fix_widens_old_narrow_parts_and_removes_old_orphans() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let a = fake_run(2, 10, Duration::ZERO);
+        write_run(dir.path(), &a)?;
+        // A failed cell's row as version 4 wrote it: its identity columns only.
+        let mut narrow = df!(
+            "schema_version" => [4i32],
+            "run_id" => ["0000-old-failure"],
+            "status" => ["error"],
+            "error" => ["bf16 cannot run on cpu"],
+            "model" => ["resnet_tiny"],
+            "batch" => [2i64]
+        )?;
+        write_part(&dir.path().join("runs"), "part-0000-old-failure.parquet", &mut narrow)?;
+        // Samples of a run whose row was never written: one old, one just written (its row may come).
+        let (old, young) = (fake_run(4, 10, Duration::ZERO), fake_run(8, 10, Duration::ZERO));
+        for r in [&old, &young] {
+            write_run(dir.path(), r)?;
+            std::fs::remove_file(dir.path().join(format!("runs/part-{}.parquet", r.run_id)))?;
+        }
+        let old_samples = dir.path().join(format!("samples/part-{}.parquet", old.run_id));
+        std::fs::File::options()
+            .write(true)
+            .open(&old_samples)?
+            .set_modified(SystemTime::now() - ORPHAN_AGE * 2)?;
+
+        let problems = check(dir.path())?.problems.join("\n");
+        assert!(
+            problems.contains("part-0000-old-failure.parquet: ") && problems.contains("--fix"),
+            "{problems}"
+        );
+        let fixed = fix(dir.path())?;
+        assert_eq!(fixed.widened.len(), 1, "{:?}", fixed.widened);
+        assert_eq!(fixed.removed, std::slice::from_ref(&old_samples));
+        let after = check(dir.path())?.problems;
+        assert_eq!(after.len(), 1, "only the young orphan is left: {after:?}");
+        assert!(after[0].contains(&young.run_id), "{after:?}");
+        // The widened part has every column of a run's row; its row and version as they were.
+        let wide = read_part(&dir.path().join("runs/part-0000-old-failure.parquet"), Table::Runs)
+            .map_err(anyhow::Error::msg)?;
+        assert_eq!(wide.width(), runs_schema()?.len());
+        assert_eq!(wide.column("schema_version")?.i32()?.get(0), Some(4));
+        assert_eq!(wide.column("error")?.str()?.get(0), Some("bf16 cannot run on cpu"));
+        assert_eq!(wide.column("throughput")?.null_count(), 1);
+        assert!(fix(dir.path())?.widened.is_empty(), "a second fix has nothing to do");
         Ok(())
     }
 }

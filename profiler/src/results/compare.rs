@@ -148,6 +148,9 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
     if baseline.column != target.column {
         bail!("--baseline {baseline} and --target {target} select on different columns; compare one column's two values (e.g. target=full and target=3g)")
     }
+    if baseline.value == target.value {
+        bail!("--baseline and --target both select {baseline}: a group compared with itself is 1.0 by construction; give the target another value of `{}` (e.g. target=full and target=3g)", baseline.column)
+    }
     let column = baseline.column.as_str();
     if runs.column(column).is_err() {
         let names: Vec<String> = runs.get_column_names().iter().map(|n| n.to_string()).collect();
@@ -608,6 +611,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("different columns"), "{e}");
+        let e = compare(&runs, &sel("target=full"), &sel("target=full"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("both select target=full") && e.contains("with itself"),
+            "{e}"
+        );
         let e = compare(&runs, &sel("target=full"), &sel("target=3g"))
             .unwrap_err()
             .to_string();

@@ -7,18 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
-use crate::results::parts::{read_table, text_column, Table};
-
-const TABLES: [Table; 6] = [
-    Table::Runs,
-    Table::Samples,
-    Table::Metrics,
-    Table::Load,
-    Table::LoadBatches,
-    Table::Capacity,
-];
+use crate::results::parts::{read_part, read_table, text_column, Table, TABLES};
 
 /// What a merge did.
 #[derive(Debug, Default)]
@@ -28,14 +19,20 @@ pub struct Merged {
     pub already: usize,
     /// Cell ids with rows in more than one source folder, and those folders.
     pub cells_in_several: Vec<(String, Vec<String>)>,
+    /// Files of the source folders' tables and plans that were not copied, and why: unreadable,
+    /// not a migprof part, or not a plan.
+    pub left: Vec<(PathBuf, String)>,
 }
 
 pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
-    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let out_real = fs::canonicalize(out)?;
+    // The sources first: a folder that is not there makes no output.
     for d in dirs {
         anyhow::ensure!(d.is_dir(), "{}: no such results folder", d.display());
-        if fs::canonicalize(d)? == out_real {
+    }
+    crate::files::ensure_writable_dir(out)?;
+    let out_real = fs::canonicalize(out).map_err(|e| crate::files::io_error(e, out))?;
+    for d in dirs {
+        if fs::canonicalize(d).map_err(|e| crate::files::io_error(e, d))? == out_real {
             bail!(
                 "{} is both a folder to merge and --out: merge into a new folder",
                 d.display()
@@ -44,12 +41,12 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
     }
     let mut m = Merged::default();
     for d in dirs {
-        let mut folders: Vec<(PathBuf, PathBuf)> = TABLES
+        let mut folders: Vec<(PathBuf, PathBuf, Option<Table>)> = TABLES
             .iter()
-            .map(|t| (d.join(t.dir_name()), out.join(t.dir_name())))
+            .map(|t| (d.join(t.dir_name()), out.join(t.dir_name()), Some(*t)))
             .collect();
-        folders.push((d.join("plans"), out.join("plans")));
-        for (from, to) in folders {
+        folders.push((d.join("plans"), out.join("plans"), None));
+        for (from, to, table) in folders {
             let Ok(entries) = fs::read_dir(&from) else { continue };
             let mut names: Vec<String> = entries
                 .flatten()
@@ -58,16 +55,19 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
                 .collect();
             names.sort();
             for name in names {
+                let source = from.join(&name);
+                if let Err(why) = readable(&source, table) {
+                    m.left.push((source, why));
+                    continue;
+                }
                 let dest = to.join(&name);
                 if dest.exists() {
                     m.already += 1;
                     continue;
                 }
-                fs::create_dir_all(&to)?;
                 // Through a hidden name and a rename, as every part is written: readers never see half.
-                let tmp = to.join(format!(".{name}.merge-{}", std::process::id()));
-                fs::copy(from.join(&name), &tmp).with_context(|| format!("copying {}", from.join(&name).display()))?;
-                fs::rename(&tmp, &dest)?;
+                let bytes = fs::read(&source).map_err(|e| crate::files::io_error(e, &source))?;
+                crate::files::write_atomically(&dest, &bytes)?;
                 m.copied += 1;
             }
         }
@@ -88,6 +88,20 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged> {
         .map(|(c, f)| (c, f.into_iter().collect()))
         .collect();
     Ok(m)
+}
+
+/// Whether a file of a table's folder is a part migprof reads (a plan: JSON of a plan), or why not.
+fn readable(path: &Path, table: Option<Table>) -> std::result::Result<(), String> {
+    match table {
+        Some(t) if path.extension().is_some_and(|e| e == "parquet") => read_part(path, t).map(|_| ()),
+        Some(_) => Err("not a Parquet part".into()),
+        None => {
+            let text = fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
+            serde_json::from_str::<serde_json::Value>(&text)
+                .map(|_| ())
+                .map_err(|e| format!("not a plan: {e}"))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -121,6 +135,42 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("merge into a new folder"));
+        Ok(())
+    }
+
+    #[test]
+    fn only_what_reads_is_copied_and_the_rest_is_named() -> Result<()> {
+        let (a, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
+        write_run(a.path(), &fake_run(2, 10, Duration::ZERO))?;
+        fs::write(a.path().join("runs/part-trunc.parquet"), b"PAR1 cut short")?;
+        fs::write(a.path().join("runs/notes.txt"), b"junk")?;
+        let mut foreign = polars::df!("x" => [1i64])?;
+        polars::prelude::ParquetWriter::new(fs::File::create(a.path().join("samples/part-foreign.parquet"))?)
+            .finish(&mut foreign)?;
+        let m = merge(&[a.path().to_path_buf()], &out.path().join("merged"))?;
+        assert_eq!(m.copied, 2, "the run's row and samples");
+        let left: Vec<String> = m
+            .left
+            .iter()
+            .map(|(p, _)| p.file_name().unwrap().to_string_lossy().into())
+            .collect();
+        assert_eq!(
+            left,
+            ["notes.txt", "part-trunc.parquet", "part-foreign.parquet"],
+            "{:?}",
+            m.left
+        );
+        assert!(m.left[2].1.contains("not a migprof samples part"), "{:?}", m.left);
+        let merged: Vec<String> = fs::read_dir(out.path().join("merged/runs"))?
+            .map(|e| e.unwrap().file_name().to_string_lossy().into())
+            .collect();
+        assert_eq!(merged.len(), 1, "{merged:?}");
+        // A source that does not exist is refused, and no output is made.
+        let e = merge(&[out.path().join("nothing")], &out.path().join("new"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nothing: no such results folder"), "{e}");
+        assert!(!out.path().join("new").exists());
         Ok(())
     }
 

@@ -5,7 +5,7 @@
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use polars::prelude::*;
 
 /// Bumped whenever a column is added or changes meaning or type; readers concatenate parts of every
@@ -13,8 +13,20 @@ use polars::prelude::*;
 /// `throttle_share`, `power_cap_share`, `other_processes`; the verdicts `throttled` and `shared`;
 /// metrics' `compute_processes`; `device_kind` `mps` with `emulation`, `emulated_profile`,
 /// `mps_share_pct`, `profile_sms`, `measured_sms`, `mps_memory_limit_mib`, `measured_memory_mib`;
-/// `concurrency_group`, `neighbours`, `baseline`. 4: the `load`, `load_batches` and `capacity` tables).
-pub const SCHEMA_VERSION: i32 = 4;
+/// `concurrency_group`, `neighbours`, `baseline`. 4: the `load`, `load_batches` and `capacity` tables.
+/// 5: every row of a table has every column of it, a failed cell's row included, with nulls where
+/// nothing was measured; before, a failed cell's `runs` row had only its identity columns).
+pub const SCHEMA_VERSION: i32 = 5;
+
+/// Every table, in the order a folder is read.
+pub const TABLES: [Table; 6] = [
+    Table::Runs,
+    Table::Samples,
+    Table::Metrics,
+    Table::Load,
+    Table::LoadBatches,
+    Table::Capacity,
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Table {
@@ -61,20 +73,7 @@ pub fn read_table(out: &Path, table: Table) -> Result<DataFrame> {
 
 /// What [`read_table`] reads, and the parts it skipped with why.
 pub fn read_parts(out: &Path, table: Table) -> Result<(DataFrame, Vec<(PathBuf, String)>)> {
-    let dir = out.join(table.dir_name());
-    let mut parts: Vec<PathBuf> = match fs::read_dir(&dir) {
-        Ok(entries) => entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                // Temporary files start with a dot; pyarrow skips those too.
-                !name.starts_with('.') && name.ends_with(".parquet")
-            })
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((DataFrame::default(), Vec::new())),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
-    };
-    parts.sort();
+    let parts = part_paths(out, table)?;
     let mut frames = Vec::new();
     let mut skipped = Vec::new();
     for p in parts {
@@ -91,8 +90,27 @@ pub fn read_parts(out: &Path, table: Table) -> Result<(DataFrame, Vec<(PathBuf, 
     Ok((frame, skipped))
 }
 
+/// The part files of a table under `out`, in name order (oldest first): `*.parquet`, not hidden (a
+/// temporary file starts with a dot; pyarrow skips those too). None when the folder is missing.
+pub fn part_paths(out: &Path, table: Table) -> Result<Vec<PathBuf>> {
+    let dir = out.join(table.dir_name());
+    let mut parts: Vec<PathBuf> = match fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                !name.starts_with('.') && name.ends_with(".parquet")
+            })
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(crate::files::io_error(e, &dir)),
+    };
+    parts.sort();
+    Ok(parts)
+}
+
 /// One part, or why it is not one of ours.
-fn read_part(path: &Path, table: Table) -> std::result::Result<DataFrame, String> {
+pub fn read_part(path: &Path, table: Table) -> std::result::Result<DataFrame, String> {
     let f = File::open(path).map_err(|e| format!("cannot open it: {e}"))?;
     let df = ParquetReader::new(f)
         .finish()
@@ -126,24 +144,58 @@ fn read_part(path: &Path, table: Table) -> std::result::Result<DataFrame, String
     Ok(df)
 }
 
-/// Writes `df` as `dir/name` atomically: a hidden temporary file in the same folder, flushed to
-/// disk, then renamed over the final name.
+/// Writes `df` as `dir/name`, whole or not at all (`files::write_atomically`). The Parquet file is
+/// made in memory first, so that a full disk or a vanished folder is said as itself, with the path,
+/// rather than as an error of the Parquet encoder.
 pub(crate) fn write_part(dir: &Path, name: &str, df: &mut DataFrame) -> Result<PathBuf> {
-    fs::create_dir_all(dir).with_context(|| format!("creating the results folder {}", dir.display()))?;
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let path = dir.join(name);
-    let result = (|| -> Result<()> {
-        let mut f = File::create(&tmp)?;
-        ParquetWriter::new(&mut f).finish(df)?;
-        f.sync_all()?;
-        fs::rename(&tmp, &path)?;
-        Ok(())
-    })();
-    if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(e.context(format!("writing {}", path.display())));
-    }
+    let mut bytes = Vec::new();
+    ParquetWriter::new(&mut bytes)
+        .finish(df)
+        .map_err(|e| anyhow::anyhow!("encoding {} as Parquet: {e}", path.display()))?;
+    crate::files::write_atomically(&path, &bytes)?;
     Ok(path)
+}
+
+/// `df` with exactly `schema`'s columns, in its order: a column `df` lacks as nulls of that column's
+/// type, each it has cast to it. A column the schema lacks is an error: the writer and the table's
+/// schema disagree.
+pub fn conform(df: &DataFrame, schema: &Schema) -> Result<DataFrame> {
+    if let Some(extra) = df
+        .get_column_names()
+        .into_iter()
+        .find(|c| schema.get(c.as_str()).is_none())
+    {
+        anyhow::bail!("column `{extra}` is not in the table's schema");
+    }
+    let columns = schema
+        .iter()
+        .map(|(name, dtype)| match df.column(name.as_str()) {
+            // A cast to the type a column has already is skipped: polars' drops a datetime's zone.
+            Ok(c) if c.dtype() == dtype => Ok(c.clone()),
+            Ok(c) => c
+                .cast(dtype)
+                .map_err(|e| anyhow::anyhow!("column `{name}` as {dtype}: {e}")),
+            Err(_) => Ok(Column::full_null(name.clone(), df.height(), dtype)),
+        })
+        .collect::<Result<Vec<Column>>>()?;
+    Ok(DataFrame::new(df.height(), columns)?)
+}
+
+/// The columns and types of every part of a table under `out`, in the order first met; the parts it
+/// could not read are left out, as [`read_parts`] leaves them.
+pub fn union_schema(out: &Path, table: Table, first: Option<&Schema>) -> Result<Schema> {
+    let mut union = first.cloned().unwrap_or_default();
+    for path in part_paths(out, table)? {
+        if let Ok(df) = read_part(&path, table) {
+            for (name, dtype) in df.schema().iter() {
+                if union.get(name.as_str()).is_none() && !matches!(dtype, DataType::Null) {
+                    union.insert(name.clone(), dtype.clone());
+                }
+            }
+        }
+    }
+    Ok(union)
 }
 
 pub(crate) fn col<T, Phantom: ?Sized>(name: &str, values: T) -> Column

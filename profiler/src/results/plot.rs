@@ -100,11 +100,14 @@ pub fn write_plots(out: &Path, runs: &DataFrame) -> Result<Vec<PathBuf>> {
     if series.is_empty() {
         return Ok(Vec::new());
     }
-    let throughput = out.join(THROUGHPUT_SVG);
-    draw(&throughput, &series, Chart::Throughput).with_context(|| format!("drawing {}", throughput.display()))?;
-    let latency = out.join(LATENCY_SVG);
-    draw(&latency, &series, Chart::Latency).with_context(|| format!("drawing {}", latency.display()))?;
-    Ok(vec![throughput, latency])
+    let mut written = Vec::new();
+    for (name, chart) in [(THROUGHPUT_SVG, Chart::Throughput), (LATENCY_SVG, Chart::Latency)] {
+        let path = out.join(name);
+        let svg = draw(&series, chart).with_context(|| format!("drawing {}", path.display()))?;
+        crate::files::write_atomically(&path, svg.as_bytes())?;
+        written.push(path);
+    }
+    Ok(written)
 }
 
 #[derive(Clone, Copy)]
@@ -113,7 +116,8 @@ enum Chart {
     Latency,
 }
 
-fn draw(path: &Path, series: &BTreeMap<String, Vec<Point>>, chart: Chart) -> Result<()> {
+/// The chart as an SVG document.
+fn draw(series: &BTreeMap<String, Vec<Point>>, chart: Chart) -> Result<String> {
     let all: Vec<&Point> = series.values().flatten().collect();
     let (bmin, bmax) = bounds(all.iter().map(|p| p.batch));
     let (title, y_desc) = match chart {
@@ -124,54 +128,62 @@ fn draw(path: &Path, series: &BTreeMap<String, Vec<Point>>, chart: Chart) -> Res
         Chart::Throughput => bounds(all.iter().map(|p| p.throughput)),
         Chart::Latency => bounds(all.iter().flat_map(|p| [p.p50_ms, p.p99_ms])),
     };
-    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
-    root.fill(&WHITE)?;
-    // Batch sizes and latencies span orders of magnitude: both axes are logarithmic, padded so that
-    // a single point is not drawn on the frame.
-    let mut ctx = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 24))
-        .margin(20)
-        .x_label_area_size(50)
-        .y_label_area_size(80)
-        .build_cartesian_2d(
-            (bmin / 1.5..bmax * 1.5).log_scale(),
-            (ymin / 1.5..ymax * 1.5).log_scale(),
-        )?;
-    ctx.configure_mesh()
-        .light_line_style(RGBColor(238, 238, 238))
-        .x_desc("batch size (samples per step)")
-        .y_desc(y_desc)
-        .x_label_formatter(&|v| format!("{v:.0}"))
-        .y_label_formatter(&|v| significant(*v).to_string())
-        .draw()?;
-    for (i, (name, points)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        let y = |p: &Point| match chart {
-            Chart::Throughput => p.throughput,
-            Chart::Latency => p.p50_ms,
-        };
-        ctx.draw_series(LineSeries::new(
-            points.iter().map(|p| (p.batch, y(p))),
-            color.stroke_width(2),
-        ))?
-        .label(name.as_str())
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        ctx.draw_series(points.iter().map(|p| Circle::new((p.batch, y(p)), 4, color.filled())))?;
-        if let Chart::Latency = chart {
-            ctx.draw_series(
-                points
-                    .iter()
-                    .map(|p| ErrorBar::new_vertical(p.batch, p.p50_ms, p.p50_ms, p.p99_ms, color.stroke_width(1), 10)),
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (960, 600)).into_drawing_area();
+        root.fill(&WHITE)?;
+        // Batch sizes and latencies span orders of magnitude: both axes are logarithmic, padded so that
+        // a single point is not drawn on the frame.
+        let mut ctx = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 24))
+            .margin(20)
+            .x_label_area_size(50)
+            .y_label_area_size(80)
+            .build_cartesian_2d(
+                // Ticks at the batch sizes measured: a batch is a whole number of samples.
+                (bmin / 1.5..bmax * 1.5).log_scale().with_key_points(batch_ticks(&all)),
+                (ymin / 1.5..ymax * 1.5).log_scale(),
             )?;
+        ctx.configure_mesh()
+            .light_line_style(RGBColor(238, 238, 238))
+            .x_desc("batch size (samples per step)")
+            .y_desc(y_desc)
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .y_label_formatter(&|v| significant(*v).to_string())
+            .draw()?;
+        for (i, (name, points)) in series.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let y = |p: &Point| match chart {
+                Chart::Throughput => p.throughput,
+                Chart::Latency => p.p50_ms,
+            };
+            ctx.draw_series(LineSeries::new(
+                points.iter().map(|p| (p.batch, y(p))),
+                color.stroke_width(2),
+            ))?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            ctx.draw_series(points.iter().map(|p| Circle::new((p.batch, y(p)), 4, color.filled())))?;
+            if let Chart::Latency = chart {
+                ctx.draw_series(points.iter().map(|p| {
+                    ErrorBar::new_vertical(p.batch, p.p50_ms, p.p50_ms, p.p99_ms, color.stroke_width(1), 10)
+                }))?;
+            }
         }
+        ctx.configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
     }
-    ctx.configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    Ok(svg)
+}
+
+/// The distinct batch sizes of the points, ascending: the batch axis's ticks.
+fn batch_ticks(points: &[&Point]) -> Vec<f64> {
+    let batches: std::collections::BTreeSet<u64> = points.iter().map(|p| p.batch.round() as u64).collect();
+    batches.into_iter().map(|b| b as f64).collect()
 }
 
 /// Smallest and largest positive finite value (a log axis cannot show zero).

@@ -9,7 +9,7 @@ use polars::prelude::*;
 
 use crate::device::DeviceInfo;
 use crate::provenance;
-use crate::results::parts::{col, utc_micros, write_part, Table, SCHEMA_VERSION};
+use crate::results::parts::{col, conform, utc_micros, write_part, Table, SCHEMA_VERSION};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::record::{CellIdentity, Failure};
 use crate::run::stats::ns_to_ms;
@@ -406,7 +406,17 @@ fn flags_column(runs: &[Run]) -> Column {
         .collect();
     let mut list: ListChunked = lists.into_iter().map(Some).collect();
     list.rename("verdict_flags".into());
-    list.into_series().into_column()
+    // A list of no runs has no element type to infer: it is a list of names whatever the rows.
+    list.into_series()
+        .cast(&DataType::List(Box::new(DataType::String)))
+        .expect("a list of strings casts to itself")
+        .into_column()
+}
+
+/// The columns of the `runs` table and their types: what a row of a run has. A failed cell's row has
+/// them all too, null where nothing was measured.
+pub fn runs_schema() -> Result<Schema> {
+    Ok(runs_frame(&[])?.schema().as_ref().clone())
 }
 
 /// Writes the row of a cell that left no measurement: its identity, status and error; every
@@ -445,7 +455,7 @@ pub fn write_failure(out: &Path, failure: &Failure) -> Result<PathBuf> {
     ];
     let mut columns = columns;
     columns.extend(fingerprint_columns(&[&failure.fingerprint]));
-    let mut df = DataFrame::new(1, columns)?;
+    let mut df = conform(&DataFrame::new(1, columns)?, &runs_schema()?)?;
     write_part(
         &out.join(Table::Runs.dir_name()),
         &format!("part-{}.parquet", failure.run_id),
@@ -518,7 +528,7 @@ fn samples_frame(run: &Run) -> Result<DataFrame> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::parts::{read_parts, read_table};
+    use crate::results::parts::{read_part, read_parts, read_table};
     use crate::run::record::tests::fake_run;
     use std::fs::{self, File};
     use std::time::Duration;
@@ -654,6 +664,126 @@ mod tests {
         assert!(write_run(dir.path(), &fake_run(1, 10, Duration::ZERO))?
             .metrics
             .is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn a_failed_cell_s_row_has_every_column_of_a_run_s_row() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let run = fake_run(8, 30, Duration::ZERO);
+        assert_eq!(
+            runs_schema()?,
+            runs_frame(std::slice::from_ref(&run))?.schema().as_ref().clone()
+        );
+        let ran = read_part(&write_run(dir.path(), &run)?.runs, Table::Runs).map_err(anyhow::Error::msg)?;
+        let failure = Failure {
+            run_id: "zzz-failed".into(),
+            invocation_id: "inv".into(),
+            host: "h".into(),
+            started_at: provenance::now(),
+            finished_at: provenance::now(),
+            workload: crate::run::record::FailedWorkload {
+                model: "resnet_tiny".into(),
+                mode: "infer".into(),
+                dtype: "bf16".into(),
+                batch: 2,
+                seq_len: None,
+                seed: 0,
+                kernel_options: run.kernels.canonical(),
+            },
+            identity: crate::run::record::tests::identity_with(crate::run::record::Status::Error),
+            error: "bf16 cannot run on cpu".into(),
+            fingerprint: run.fingerprint.clone(),
+        };
+        let path = write_failure(dir.path(), &failure)?;
+        let failed = read_part(&path, Table::Runs).map_err(anyhow::Error::msg)?;
+        assert_eq!(
+            failed.schema(),
+            ran.schema(),
+            "the same columns of the same types, as written"
+        );
+        for (column, null) in [
+            ("throughput", true),
+            ("p50_ms", true),
+            ("verdict", true),
+            ("model", false),
+            ("error", false),
+        ] {
+            assert_eq!(failed.column(column)?.null_count() == 1, null, "{column}");
+        }
+        assert_eq!(read_table(dir.path(), Table::Runs)?.height(), 2);
+        Ok(())
+    }
+
+    /// A folder of every kind of row (ok, probe, error, oom, timeout, crashed), the first part by name a
+    /// failed one, read as users read it: pyarrow's `read_table` of the folder, a plain duckdb glob,
+    /// a polars scan. Each must see every row and every column.
+    #[test]
+    #[ignore = "needs python3 with pyarrow, duckdb and polars (.ci/run installs them)"]
+    fn a_folder_of_every_status_reads_whole_in_pyarrow_duckdb_and_polars() -> Result<()> {
+        use crate::run::record::{FailedWorkload, Status};
+        let dir = tempfile::tempdir()?;
+        let ok = fake_run(8, 30, Duration::ZERO);
+        write_run(dir.path(), &ok)?;
+        let mut probe = fake_run(16, 10, Duration::ZERO);
+        probe.cell.status = Status::Probe;
+        write_run(dir.path(), &probe)?;
+        for (i, status) in [Status::Error, Status::Oom, Status::Timeout, Status::Crashed]
+            .into_iter()
+            .enumerate()
+        {
+            write_failure(
+                dir.path(),
+                &Failure {
+                    // Named to sort first: a reader that takes the first part's schema meets a failed row.
+                    run_id: format!("0000-failed-{i}"),
+                    invocation_id: "inv".into(),
+                    host: "h".into(),
+                    started_at: provenance::now(),
+                    finished_at: provenance::now(),
+                    workload: FailedWorkload {
+                        model: "resnet_tiny".into(),
+                        mode: "infer".into(),
+                        dtype: "bf16".into(),
+                        batch: 2,
+                        seq_len: None,
+                        seed: 0,
+                        kernel_options: ok.kernels.canonical(),
+                    },
+                    identity: crate::run::record::tests::identity_with(status),
+                    error: format!("{} ended it", status.as_str()),
+                    fingerprint: ok.fingerprint.clone(),
+                },
+            )?;
+        }
+        let width = runs_schema()?.len();
+        let script = r#"
+import sys, duckdb, polars as pl, pyarrow.parquet as pq
+d, width = sys.argv[1], int(sys.argv[2])
+t = pq.read_table(f"{d}/runs")
+assert (t.num_rows, t.num_columns) == (6, width), (t.num_rows, t.num_columns, width)
+rows = t.to_pylist()
+assert sorted(r["status"] for r in rows) == ["crashed", "error", "ok", "oom", "probe", "timeout"], rows
+assert sum(r["throughput"] is not None for r in rows) == 2 and sum(r["p50_ms"] is not None for r in rows) == 2
+n, measured, verdicts = duckdb.sql(f"select count(*), count(throughput), count(verdict) from '{d}/runs/*.parquet'").fetchall()[0]
+assert (n, measured, verdicts) == (6, 2, 2), (n, measured, verdicts)
+df = pl.scan_parquet(f"{d}/runs/*.parquet").collect()
+assert df.shape == (6, width), df.shape
+assert df["throughput"].null_count() == 4 and df["error"].null_count() == 2
+print("read whole:", t.num_rows, "rows,", t.num_columns, "columns")
+"#;
+        let out = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .arg(dir.path())
+            .arg(width.to_string())
+            .output()?;
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         Ok(())
     }
 

@@ -58,20 +58,24 @@ pub fn start(
     invocation_id: &str,
     env: &[(&str, PathBuf)],
 ) -> Result<Running> {
-    fs::create_dir_all(log.parent().expect("logs live in a folder"))?;
+    let logs = log.parent().expect("logs live in a folder");
+    fs::create_dir_all(logs).map_err(|e| crate::files::io_error(e, logs))?;
     let mut file = OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .with_context(|| format!("opening {}", log.display()))?;
-    let log_start = file.seek(SeekFrom::End(0))?;
+    let log_start = file
+        .seek(SeekFrom::End(0))
+        .map_err(|e| crate::files::io_error(e, log))?;
     writeln!(
         file,
         "== {} migprof cell --spec {}",
         chrono::Utc::now().to_rfc3339(),
         spec.display()
-    )?;
-    let err = file.try_clone()?;
+    )
+    .map_err(|e| crate::files::io_error(e, log))?;
+    let err = file.try_clone().map_err(|e| crate::files::io_error(e, log))?;
     let child = Command::new(exe)
         .arg("cell")
         .arg("--spec")

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::cell::{CellSpec, Purpose};
 use super::child::{self, Ending, Running};
@@ -284,8 +284,7 @@ impl MaxSearch {
 
 /// Runs the sweep: every cell not done, each in a child, a row for each.
 pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) -> Result<Summary> {
-    std::fs::create_dir_all(&opts.out)
-        .with_context(|| format!("cannot use {} as the results folder", opts.out.display()))?;
+    crate::files::ensure_writable_dir(&opts.out)?;
     let cells = plan(file, opts)?;
     let mut summary = Summary {
         planned: cells.len(),
@@ -738,7 +737,7 @@ fn start_group(
         .join("groups")
         .join(digest.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>());
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(|e| crate::files::io_error(e, &dir))?;
     let mut started = Vec::new();
     for m in members {
         let device = keys
@@ -811,8 +810,7 @@ fn start_cell(
 ) -> Result<Running> {
     let id = cell.cell_id();
     let spec = out.join("cells").join(format!("{id}.json"));
-    std::fs::create_dir_all(spec.parent().expect("a folder"))?;
-    std::fs::write(&spec, cell.to_json()?).with_context(|| format!("writing {}", spec.display()))?;
+    crate::files::write_atomically(&spec, cell.to_json()?.as_bytes())?;
     child::start(
         exe,
         &spec,
