@@ -163,6 +163,54 @@ fn bad_load_input_names_the_choices() {
 }
 
 #[test]
+fn capacity_plans_for_a_user_s_own_model_from_a_csv() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("mine.csv");
+    std::fs::write(
+        &csv,
+        "model,profile,qps\nllama-8b,3g.40gb,12\nllama-8b,7g.80gb,30\nresnet50,1g.10gb,900\n",
+    )
+    .unwrap();
+    let capacity = |demand: &str| {
+        migprof()
+            .args([
+                "capacity",
+                "--gpu",
+                "h100-80gb",
+                "--slo-p99-ms",
+                "50",
+                "--demand",
+                demand,
+                "--capacities",
+            ])
+            .arg(&csv)
+            .output()
+            .unwrap()
+    };
+    let o = capacity("llama-8b=200,resnet50=1000");
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("llama-8b") && t.contains("Plan: "), "{t}");
+    assert!(!t.contains("warning"), "{t}");
+    // A demand of no model anywhere names both lists.
+    let o = capacity("llama-7b=200");
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(
+        t.contains("unknown model `llama-7b`") && t.contains("resnet50") && t.contains("llama-8b"),
+        "{t}"
+    );
+    // A demand that would need more than 10,000 GPUs is planned, with a warning.
+    let o = capacity("llama-8b=1000000");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("warning: the plan needs") && text(&o).contains("more than 10000"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
 fn capacity_plans_from_a_csv_prints_json_and_writes_layouts() {
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("caps.csv");

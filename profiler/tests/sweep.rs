@@ -148,6 +148,67 @@ batches = [1]
     assert!(rows[0].2.contains("signal 9 (SIGKILL)"), "{rows:?}");
 }
 
+#[test]
+fn a_sweep_killed_mid_cell_leaves_no_cell_running_and_no_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        r#"
+name = "orphan"
+[defaults]
+warmup_secs = 0.1
+duration_secs = 60
+timeout_secs = 120
+[[targets]]
+label = "cpu"
+device = "cpu"
+[[matrix]]
+models = ["resnet_tiny"]
+batches = [1]
+"#,
+    );
+    let out = dir.path().join("out");
+    let mut parent = migprof()
+        .arg("sweep")
+        .arg(&file)
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let child = loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{}/task/{}/children", parent.id(), parent.id())).unwrap_or_default();
+        if let Some(pid) = children.split_whitespace().next() {
+            break pid.parse::<i32>().unwrap();
+        }
+        assert!(Instant::now() < deadline, "no child started");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // The sweep itself is killed: no handler, no clean-up of its own.
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    let killed = Instant::now();
+    // The cell is gone within 2 s (a zombie reaped by init counts as gone).
+    let gone = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.split_whitespace().nth(2) == Some("Z"))
+            .unwrap_or(true)
+    };
+    while !gone(child) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(2),
+            "cell {child} outlived its sweep by 2 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let runs = read_table(&out, Table::Runs).unwrap();
+    assert_eq!(runs.height(), 0, "no row from the killed sweep's cell: {runs:?}");
+}
+
 const FOUR_CELLS: &str = r#"
 name = "resume"
 [defaults]

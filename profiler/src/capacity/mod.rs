@@ -13,23 +13,44 @@ use crate::mig::profile::ProfileTable;
 use solve::{FleetPlan, Layout, Problem, FULL};
 use source::{Capacity, Gathered};
 
-/// `model=requests/s` for `--demand`.
+/// `model=requests/s` for `--demand`. The model may be any name: one of migprof's, or a user's whose
+/// capacities come from a CSV ([`check_demand`] says which it must be).
 pub fn parse_demand(s: &str) -> std::result::Result<(String, f64), String> {
     let (model, qps) = s
         .split_once('=')
         .ok_or_else(|| format!("a demand is model=requests/s (e.g. resnet50=20000); got `{s}`"))?;
     let model = model.trim();
-    if !workloads::model_names().contains(&model) {
-        return Err(format!(
-            "unknown model `{model}`; valid models: {}",
-            workloads::model_names().join(", ")
-        ));
+    if model.is_empty() {
+        return Err(format!("a demand names its model: model=requests/s; got `{s}`"));
     }
     match qps.trim().parse::<f64>() {
         Ok(q) if q.is_finite() && q > 0.0 => Ok((model.to_string(), q)),
         _ => Err(format!("{model}: `{qps}` is no rate above zero (requests/s)")),
     }
 }
+
+/// Each model a demand names is one of migprof's models or one the capacities name (a user's own,
+/// from a CSV); a name that is neither is refused, naming both lists.
+pub fn check_demand(demand: &[(String, f64)], gathered: &Gathered) -> anyhow::Result<()> {
+    let measured: std::collections::BTreeSet<&str> = gathered.capacities.iter().map(|c| c.model.as_str()).collect();
+    for (model, _) in demand {
+        if !workloads::model_names().contains(&model.as_str()) && !measured.contains(model.as_str()) {
+            anyhow::bail!(
+                "unknown model `{model}`: not one of migprof's ({}) and not in the capacities ({})",
+                workloads::model_names().join(", "),
+                if measured.is_empty() {
+                    "none".to_string()
+                } else {
+                    measured.into_iter().collect::<Vec<_>>().join(", ")
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Above this many GPUs a plan is more likely a typo in a demand than a fleet.
+pub const SANE_GPUS: u32 = 10_000;
 
 /// A plan made by hand: each model on GPUs of its own, all cut (or not) one way.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -536,7 +557,23 @@ mod tests {
     #[test]
     fn demands_name_the_valid_models_and_a_missing_capacity_says_which() {
         assert!(parse_demand("resnet50=20000").is_ok());
-        assert!(parse_demand("resnet49=1").unwrap_err().contains("resnet50"));
+        assert_eq!(
+            parse_demand("llama-8b=200"),
+            Ok(("llama-8b".to_string(), 200.0)),
+            "a user's model"
+        );
+        assert!(parse_demand("=1").unwrap_err().contains("names its model"));
+        let none = Gathered {
+            capacities: Vec::new(),
+            notes: Vec::new(),
+        };
+        let e = check_demand(&[("resnet49".into(), 1.0)], &none)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown model `resnet49`") && e.contains("resnet50") && e.contains("(none)"),
+            "{e}"
+        );
         assert!(parse_demand("resnet50").unwrap_err().contains("model=requests/s"));
         assert!(parse_demand("resnet50=-3").unwrap_err().contains("above zero"));
         let table = crate::mig::profile::table("h100-80gb").unwrap();

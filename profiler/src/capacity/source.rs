@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::mig::profile::ProfileTable;
 use anyhow::{bail, Context, Result};
 
 use crate::results::parts::{number_column, read_table, text_column, Table};
@@ -63,8 +64,10 @@ pub struct Gathered {
     pub notes: Vec<String>,
 }
 
-/// Reads a CSV with a header naming `model`, `profile` and `qps` (in any order).
-pub fn from_csv(path: &Path) -> Result<Gathered> {
+/// Reads a CSV with a header naming `model`, `profile` and `qps` (in any order), capacities measured
+/// anywhere: a model may be any name (a user's own server or model), a profile must be one of
+/// `table`'s (or `full`).
+pub fn from_csv(path: &Path, table: &ProfileTable) -> Result<Gathered> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut lines = text
         .lines()
@@ -99,6 +102,17 @@ pub fn from_csv(path: &Path) -> Result<Gathered> {
             })?;
         if get(m).is_empty() || get(p).is_empty() {
             bail!("{} line {}: model and profile must not be empty", path.display(), i + 1);
+        }
+        if get(p) != super::solve::FULL && table.profile(get(p)).is_err() {
+            let names: Vec<&str> = table.profiles.iter().map(|p| p.name.as_str()).collect();
+            bail!(
+                "{} line {}: `{}` is not a MIG profile of the {}; its profiles: {}, and full (a whole GPU)",
+                path.display(),
+                i + 1,
+                get(p),
+                table.product,
+                names.join(", ")
+            );
         }
         if capacities
             .iter()
@@ -370,7 +384,8 @@ mod tests {
             &path,
             "# measured elsewhere\nprofile,model,qps\n1g.10gb,resnet50,812.5\n3g.40gb, resnet50 ,2400\n",
         )?;
-        let g = from_csv(&path)?;
+        let h100 = crate::mig::profile::table("h100-80gb")?;
+        let g = from_csv(&path, &h100)?;
         assert_eq!(g.capacities.len(), 2);
         assert_eq!(
             (
@@ -381,10 +396,22 @@ mod tests {
             ("resnet50", "3g.40gb", 2400.0)
         );
         std::fs::write(&path, "model,profile,qps\nresnet50,1g.10gb,fast\n")?;
-        let e = from_csv(&path).unwrap_err().to_string();
+        let e = from_csv(&path, &h100).unwrap_err().to_string();
         assert!(e.contains("line 2") && e.contains("`fast`"), "{e}");
+        // Any model, a user's own included; a profile the GPU does not have names its line.
+        std::fs::write(
+            &path,
+            "model,profile,qps\nllama-8b,3g.40gb,12\nllama-8b,full,40\nllama-8b,3g.71gb,20\n",
+        )?;
+        let e = from_csv(&path, &h100).unwrap_err().to_string();
+        assert!(
+            e.contains("line 4") && e.contains("`3g.71gb` is not a MIG profile of the") && e.contains("1g.10gb"),
+            "{e}"
+        );
+        std::fs::write(&path, "model,profile,qps\nllama-8b,3g.40gb,12\nllama-8b,full,40\n")?;
+        assert_eq!(from_csv(&path, &h100)?.capacities[0].model, "llama-8b");
         std::fs::write(&path, "model,slice,qps\n")?;
-        assert!(from_csv(&path)
+        assert!(from_csv(&path, &h100)
             .unwrap_err()
             .to_string()
             .contains("must name the columns model, profile and qps"));

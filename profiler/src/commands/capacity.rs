@@ -62,11 +62,19 @@ pub fn exec(args: CapacityArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
         "--dtype and --closed-loop-estimates choose among measured capacities (--from); a CSV's are taken as they are"
     );
     let gathered = match (&args.capacities, args.from.is_empty()) {
-        (Some(csv), _) => migprof::capacity::source::from_csv(csv)?,
+        (Some(csv), _) => migprof::capacity::source::from_csv(csv, &table)?,
         (None, false) => migprof::capacity::source::from_folders(&args.from, args.slo_p99_ms, dtype, &table.product, args.closed_loop_estimates)?,
         (None, true) => anyhow::bail!("where do the capacities come from? give --from DIR (results of `migprof load --search`) or --capacities FILE.csv"),
     };
+    migprof::capacity::check_demand(&args.demand, &gathered)?;
     let report = migprof::capacity::plan(&table, &gathered, &args.demand, args.slo_p99_ms, args.headroom)?;
+    if report.gpus > migprof::capacity::SANE_GPUS {
+        eprintln!(
+            "warning: the plan needs {} GPUs, more than {}: is a demand (requests/s) or a capacity off by a factor?",
+            report.gpus,
+            migprof::capacity::SANE_GPUS
+        );
+    }
     if args.json {
         writeln!(stdout, "{}", serde_json::to_string_pretty(&report)?)?;
     } else {

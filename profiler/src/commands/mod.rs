@@ -144,6 +144,8 @@ mod tests {
         assert!(e.contains("--iters"), "{e}");
         let e = err("--iters 5 --duration 2");
         assert!(e.contains("cannot be used with"), "{e}");
+        let e = err("--duration 0");
+        assert!(e.contains("above zero") && e.contains("`0`"), "{e}");
         let e = err("--encoder-layers op3");
         assert!(e.contains("fused") && e.contains("composed"), "{e}");
     }

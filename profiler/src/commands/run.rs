@@ -22,8 +22,8 @@ use migprof::sweep::cell::CellSpec;
 use workloads::TrainConfig;
 
 use super::args::{
-    device_or_default, parse_batch, parse_non_negative, parse_percent, report_hint, DTypeArg, KernelArgs, ModeArg,
-    OptimizerArg,
+    device_or_default, parse_batch, parse_non_negative, parse_percent, parse_positive, report_hint, DTypeArg,
+    KernelArgs, ModeArg, OptimizerArg,
 };
 
 /// The model of the default set: ResNet-18 inference at batch 1, 4 and 8, training at batch 4 and 8.
@@ -43,7 +43,8 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', value_parser = parse_batch)]
     pub batch: Vec<usize>,
 
-    /// Tokens per sequence for token models (BERT); default 128. Image models ignore it.
+    /// Tokens per sequence for token models (BERT); default 128. Image models in the same list ignore
+    /// it; with image models alone it is refused.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub seq_len: Option<u64>,
 
@@ -89,7 +90,7 @@ pub struct RunArgs {
     pub iters: Option<u64>,
 
     /// Measure for at least this many seconds (and at least --min-iters iterations). Default: 3.
-    #[arg(long, value_parser = parse_non_negative)]
+    #[arg(long, value_parser = parse_positive)]
     pub duration: Option<f64>,
 
     /// With --duration: the fewest iterations to measure however long they take.
@@ -281,6 +282,25 @@ fn evidence_warning(run: &Run) -> Option<String> {
 /// Every run of `migprof run`'s arguments, in order, once every argument is known to fit the others:
 /// the models and sequence length, and a weights file for exactly one model that exists.
 fn specs(args: &RunArgs) -> Result<Vec<RunSpec>> {
+    // A value given twice would measure the same runs twice, one after the other.
+    refuse_repeats("--model", &args.model)?;
+    refuse_repeats(
+        "--mode",
+        &args
+            .mode
+            .iter()
+            .map(|m| format!("{m:?}").to_lowercase())
+            .collect::<Vec<_>>(),
+    )?;
+    refuse_repeats(
+        "--dtype",
+        &args
+            .dtype
+            .iter()
+            .map(|d| format!("{d:?}").to_lowercase())
+            .collect::<Vec<_>>(),
+    )?;
+    refuse_repeats("--batch", &args.batch)?;
     if args.weights.is_some() && args.model.len() != 1 {
         bail!("--weights loads one checkpoint into one model: give exactly one --model");
     }
@@ -295,6 +315,22 @@ fn specs(args: &RunArgs) -> Result<Vec<RunSpec>> {
         bail!("--seq-len applies to token models (bert_*) only, and none was asked for");
     }
     Ok(specs)
+}
+
+/// Refuses a list that names a value more than once, naming the values.
+fn refuse_repeats<T: PartialEq + std::fmt::Display>(flag: &str, values: &[T]) -> Result<()> {
+    let mut repeated: Vec<String> = Vec::new();
+    for (i, v) in values.iter().enumerate() {
+        if values[..i].contains(v) && !repeated.contains(&v.to_string()) {
+            repeated.push(v.to_string());
+        }
+    }
+    ensure!(
+        repeated.is_empty(),
+        "{flag} names {} more than once: give each value once",
+        repeated.join(", ")
+    );
+    Ok(())
 }
 
 fn takes_tokens(model: &str) -> bool {
@@ -576,6 +612,16 @@ mod tests {
         assert!(err("--model resnet_tiny,vit_tiny --weights w.safetensors").contains("exactly one --model"));
         assert!(err("--model resnet_tiny --weights /nonexistent.safetensors").contains("no such file"));
         assert!(err("--model resnet_tiny --seq-len 32").contains("--seq-len applies to token models"));
+        assert_eq!(
+            err("--batch 1,1,1"),
+            "--batch names 1 more than once: give each value once"
+        );
+        assert_eq!(
+            err("--batch 1,2,1,2,4"),
+            "--batch names 1, 2 more than once: give each value once"
+        );
+        assert!(err("--model resnet_tiny,resnet_tiny").contains("--model names resnet_tiny more than once"));
+        assert!(err("--dtype f32,f32").contains("--dtype names f32 more than once"));
     }
 
     #[test]

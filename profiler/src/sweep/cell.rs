@@ -80,6 +80,10 @@ pub struct CellSpec {
     /// highest rate within the settings' p99 objective (`load` and `capacity` rows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load: Option<crate::load::settings::LoadSettings>,
+    /// The sweep's `timeout_secs`: the cell ends itself a little after it, should its sweep be gone
+    /// (not part of the id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<f64>,
     /// Run by a cluster's scheduler: `device` says what was asked for (a MIG profile, `cuda`,
     /// `cpu`), and the cell runs on the first device the scheduler made visible (not part of the id).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -240,6 +244,7 @@ impl CellSpec {
             neighbours: Vec::new(),
             baseline: false,
             load: None,
+            timeout_secs: None,
             scheduled: false,
         })
     }
@@ -352,6 +357,7 @@ pub(crate) mod tests {
             neighbours: Vec::new(),
             baseline: false,
             load: None,
+            timeout_secs: None,
             scheduled: false,
         }
     }

@@ -76,7 +76,22 @@ pub fn start(
     )
     .map_err(|e| crate::files::io_error(e, log))?;
     let err = file.try_clone().map_err(|e| crate::files::io_error(e, log))?;
-    let child = Command::new(exe)
+    let mut command = Command::new(exe);
+    // The cell dies with the sweep that started it, however the sweep ends (a crash, an OOM kill, a
+    // scheduler's SIGKILL): otherwise it would measure on, unwatched, beside a rerun's cells.
+    // SAFETY: between fork and exec, only async-signal-safe calls (prctl, getppid, _exit).
+    let sweep = std::process::id() as libc::pid_t;
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            // The sweep may have died before the line above: then nobody is left to watch this cell.
+            if libc::getppid() != sweep {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let child = command
         .arg("cell")
         .arg("--spec")
         .arg(spec)

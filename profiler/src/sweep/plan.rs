@@ -220,6 +220,7 @@ fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
         neighbours: Vec::new(),
         baseline: target.baseline,
         load: None,
+        timeout_secs: Some(file.defaults.timeout_secs),
         scheduled: false,
     }
 }

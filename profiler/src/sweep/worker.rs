@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Result;
 
@@ -22,6 +23,9 @@ pub fn run_cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: 
     // The line the sweep reads: `<status> <what it measured>`.
     let result = (|| -> Result<String> {
         let cell = CellSpec::read(spec_path)?;
+        if let Some(limit) = cell.timeout_secs {
+            end_after(Duration::from_secs_f64(limit) + OWN_LIMIT_GRACE);
+        }
         let spec = cell.run_spec()?;
         let device = if cell.scheduled {
             scheduled_device(&cell.device)?
@@ -88,6 +92,23 @@ pub fn run_cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: 
             Ok(ExitCode::from(code as u8))
         }
     }
+}
+
+/// How long past the sweep's `timeout_secs` a cell waits for its sweep to stop it before it stops
+/// itself: the sweep's kill comes first whenever the sweep is there to make it.
+const OWN_LIMIT_GRACE: Duration = Duration::from_secs(5);
+
+/// Ends this process after `limit`, whatever it is doing then: a cell whose sweep is gone still
+/// keeps its time limit.
+fn end_after(limit: Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        eprintln!(
+            "error: the cell ran {} s, past its sweep's time limit: it ends itself",
+            limit.as_secs_f64()
+        );
+        std::process::exit(1);
+    });
 }
 
 /// The device a cluster's scheduler assigned to a cell that asked for `asked` (a MIG profile, `cuda`
