@@ -223,6 +223,45 @@ batches = [1, 2]
 "#;
 
 #[test]
+fn two_sweeps_on_one_folder_measure_each_cell_once_and_never_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), FOUR_CELLS);
+    let out = dir.path().join("out");
+    // One machine: both sweeps see the same device claims.
+    let machine = dir.path().join("tmp");
+    std::fs::create_dir_all(&machine).unwrap();
+    let start = || {
+        migprof()
+            .env("TMPDIR", &machine)
+            .arg("sweep")
+            .arg(&file)
+            .arg("--out")
+            .arg(&out)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (start(), start());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(a.status.success() && b.status.success(), "{}\n{}", text(&a), text(&b));
+    let rows = rows(&out);
+    let mut cells: Vec<&String> = rows.iter().map(|r| &r.0).collect();
+    cells.sort();
+    cells.dedup();
+    assert_eq!((rows.len(), cells.len()), (4, 4), "each cell once: {rows:?}");
+    let both = format!("{}{}", text(&a), text(&b));
+    assert!(both.contains("another sweep"), "{both}");
+    // Never two measurements on the CPU at once, whichever sweep made them.
+    let check = migprof().arg("check").arg(&out).output().unwrap();
+    assert!(check.status.success(), "{}", text(&check));
+    assert!(
+        !out.join("claims").read_dir().unwrap().any(|_| true),
+        "every claim released"
+    );
+}
+
+#[test]
 fn resume_after_an_interrupt_ends_with_each_cell_once() {
     let dir = tempfile::tempdir().unwrap();
     let file = write(dir.path(), FOUR_CELLS);

@@ -162,7 +162,7 @@ fn run(args: &SweepArgs, log: &mut dyn Write) -> Result<bool> {
         .collect();
     writeln!(
         log,
-        "{}: {} cell(s) planned, {} skipped (done already), {} run{}{}{}; rows in {}",
+        "{}: {} cell(s) planned, {} skipped (done already), {} run{}{}{}{}; rows in {}",
         if summary.interrupted { "interrupted" } else { "done" },
         summary.planned,
         summary.skipped,
@@ -174,6 +174,11 @@ fn run(args: &SweepArgs, log: &mut dyn Write) -> Result<bool> {
         },
         if summary.probes > 0 {
             format!(", {} max-search probe(s)", summary.probes)
+        } else {
+            String::new()
+        },
+        if summary.claimed > 0 {
+            format!(", {} measured by another sweep", summary.claimed)
         } else {
             String::new()
         },

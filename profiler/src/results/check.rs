@@ -102,6 +102,7 @@ pub fn check(out: &Path) -> Result<Report> {
             ));
         }
     }
+    overlapping_measurements(runs, &mut report);
     let metric_runs: HashSet<String> = text(&frames["metrics"], "run_id").into_iter().flatten().collect();
     for id in metric_runs {
         if !seen.contains_key(id.as_str()) {
@@ -111,6 +112,67 @@ pub fn check(out: &Path) -> Result<Report> {
         }
     }
     Ok(report)
+}
+
+/// Runs on one device (a MIG slice, else a GPU, else the host's CPU) whose measured phases overlap in
+/// time: two measurements that shared the device, each slower than alone. Members of a concurrent
+/// group overlap on purpose and are left out.
+fn overlapping_measurements(runs: &DataFrame, report: &mut Report) {
+    let micros = |name: &str| -> Vec<Option<i64>> {
+        runs.column(name)
+            .ok()
+            .and_then(|c| c.cast(&DataType::Int64).ok())
+            .map(|c| c.i64().expect("cast").iter().collect())
+            .unwrap_or_else(|| vec![None; runs.height()])
+    };
+    let measured_s: Vec<Option<f64>> = runs
+        .column("measured_s")
+        .ok()
+        .and_then(|c| c.cast(&DataType::Float64).ok())
+        .map(|c| c.f64().expect("cast").iter().collect())
+        .unwrap_or_else(|| vec![None; runs.height()]);
+    let finished = micros("finished_at");
+    let (ids, hosts, groups) = (
+        text(runs, "run_id"),
+        text(runs, "host"),
+        text(runs, "concurrency_group"),
+    );
+    let (mig, gpu, name) = (
+        text(runs, "mig_uuid"),
+        text(runs, "gpu_uuid"),
+        text(runs, "device_name"),
+    );
+    let mut by_device: HashMap<String, Vec<(i64, i64, String)>> = HashMap::new();
+    for i in 0..runs.height() {
+        let (Some(end), Some(secs), Some(id)) = (finished[i], measured_s[i], &ids[i]) else {
+            continue;
+        };
+        if groups[i].is_some() {
+            continue;
+        }
+        let device = mig[i]
+            .clone()
+            .or_else(|| gpu[i].clone())
+            .or_else(|| name[i].clone())
+            .unwrap_or_default();
+        let key = format!("{} on {}", device, hosts[i].clone().unwrap_or_default());
+        by_device
+            .entry(key)
+            .or_default()
+            .push((end - (secs * 1e6) as i64, end, id.clone()));
+    }
+    for (device, mut spans) in by_device {
+        spans.sort();
+        for pair in spans.windows(2) {
+            let ((_, end, a), (start, _, b)) = (&pair[0], &pair[1]);
+            if start < end {
+                report.problems.push(format!(
+                    "runs {a} and {b}: measured at the same time on {device} ({:.1} s together): each shared the device",
+                    (end - start) as f64 / 1e6
+                ));
+            }
+        }
+    }
 }
 
 /// What `check --fix` changed.
@@ -316,6 +378,36 @@ mod tests {
         assert_eq!(wide.column("error")?.str()?.get(0), Some("bf16 cannot run on cpu"));
         assert_eq!(wide.column("throughput")?.null_count(), 1);
         assert!(fix(dir.path())?.widened.is_empty(), "a second fix has nothing to do");
+        Ok(())
+    }
+
+    #[test]
+    fn runs_measured_at_once_on_one_device_are_named() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let a = fake_run(2, 10, Duration::ZERO);
+        let mut b = fake_run(4, 10, Duration::ZERO);
+        // b's measured phase ends half a second into a's.
+        b.finished_at = a.finished_at - chrono::Duration::milliseconds(500);
+        b.measurement.elapsed = Duration::from_secs(2);
+        let mut a2 = a.clone();
+        a2.measurement.elapsed = Duration::from_secs(1);
+        write_run(dir.path(), &a2)?;
+        write_run(dir.path(), &b)?;
+        let problems = check(dir.path())?.problems.join("\n");
+        assert!(
+            problems.contains("measured at the same time on") && problems.contains(&b.run_id),
+            "{problems}"
+        );
+        // Apart in time, or members of a group: no problem.
+        let dir = tempfile::tempdir()?;
+        b.finished_at = a.finished_at - chrono::Duration::seconds(5);
+        write_run(dir.path(), &a2)?;
+        write_run(dir.path(), &b)?;
+        assert!(
+            check(dir.path())?.problems.is_empty(),
+            "{:?}",
+            check(dir.path())?.problems
+        );
         Ok(())
     }
 }

@@ -108,8 +108,16 @@ fn readable(path: &Path, table: Option<Table>) -> std::result::Result<(), String
 mod tests {
     use super::*;
     use crate::results::runs::write_run;
-    use crate::run::record::tests::fake_run;
+    use crate::run::record::tests;
     use std::time::Duration;
+
+    /// A run of a cell measured on a node of its own: folders to merge come from several machines,
+    /// whose runs may well have measured at the same time.
+    fn fake_run(batch: usize, iters: u64, tick: Duration) -> crate::run::Run {
+        let mut run = tests::fake_run(batch, iters, tick);
+        run.context.host = format!("node-{}", run.run_id);
+        run
+    }
 
     #[test]
     fn every_part_once_and_cells_in_two_folders_named() -> Result<()> {

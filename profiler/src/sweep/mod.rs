@@ -4,6 +4,7 @@
 
 pub mod cell;
 pub mod child;
+pub mod claim;
 pub mod file;
 pub mod plan;
 pub mod progress;

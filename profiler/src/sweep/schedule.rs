@@ -13,6 +13,7 @@ use anyhow::Result;
 
 use super::cell::{CellSpec, Purpose};
 use super::child::{self, Ending, Running};
+use super::claim::{self, Claim, Claimed};
 use super::file::{BatchSize, SweepFile};
 use super::plan::{self, Filter, PlannedCell};
 use super::progress::Progress;
@@ -46,6 +47,8 @@ pub struct Summary {
     pub probes: usize,
     pub by_status: Vec<(Status, usize)>,
     pub interrupted: bool,
+    /// Cells another sweep was measuring when this one came to them (its rows will say).
+    pub claimed: usize,
 }
 
 impl Summary {
@@ -64,6 +67,9 @@ impl Summary {
         }
     }
 }
+
+/// How soon a sweep asks again for a device another sweep holds.
+const CLAIM_RETRY: Duration = Duration::from_secs(1);
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
@@ -255,6 +261,8 @@ struct Active {
     search: Option<usize>,
     /// A member of a concurrent group: nothing else starts while it runs.
     grouped: bool,
+    /// Its device's claim and its own, held until it has ended (its row written).
+    claims: Vec<Claim>,
 }
 
 /// A `max` search: doubling from 1 until a batch does not fit (or the limit), then bisection.
@@ -319,6 +327,7 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
         free_at: HashMap::new(),
         active: Vec::new(),
         daemons: &daemons,
+        waiting_for: HashSet::new(),
     };
     loop {
         if INTERRUPTED.load(Ordering::SeqCst) {
@@ -326,6 +335,9 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
             break;
         }
         scheduler.collect(&mut work)?;
+        for a in &mut scheduler.active {
+            a.claims.iter_mut().for_each(Claim::refresh);
+        }
         scheduler.start_group(&mut work)?;
         scheduler.start_cells(&mut work)?;
         let s = &mut scheduler;
@@ -465,6 +477,8 @@ struct Scheduler<'a> {
     free_at: HashMap<String, Instant>,
     active: Vec<Active>,
     daemons: &'a HashMap<String, crate::mps::daemon::Daemon>,
+    /// Devices another sweep holds, said once each.
+    waiting_for: HashSet<String>,
 }
 
 impl Scheduler<'_> {
@@ -673,15 +687,92 @@ impl Scheduler<'_> {
             };
             let next = if let Some(p) = work.probes.iter().position(|(c, _)| ready(&c.device)) {
                 let (cell, s) = work.probes.remove(p).expect("found");
-                Some((cell, Some(s)))
+                Some((cell, Some(s), None))
             } else {
-                work.queue
-                    .iter()
-                    .position(|c| ready(&c.spec.device))
-                    .map(|p| (work.queue.remove(p).expect("found").spec, None))
+                work.queue.iter().position(|c| ready(&c.spec.device)).map(|p| {
+                    let planned = work.queue.remove(p).expect("found");
+                    (planned.spec.clone(), None, Some(planned))
+                })
             };
-            let Some((cell, search)) = next else { break };
+            let Some((cell, search, planned)) = next else { break };
             let device = self.keys[&cell.device].clone();
+            // The device, then the cell: another sweep may measure on either (claim.rs).
+            let device_claim = match Claim::take(&claim::device_claim(&device))? {
+                Claimed::Ours { claim, took_over } => {
+                    if let Some(h) = took_over {
+                        self.progress.line(&format!(
+                            "warning: took over device {device}'s stale claim ({})",
+                            h.describe()
+                        ))?;
+                    }
+                    claim
+                }
+                Claimed::Theirs(h) => {
+                    // Its cells wait, as for a cool-down, and try again.
+                    self.free_at.insert(device.clone(), Instant::now() + CLAIM_RETRY);
+                    if self.waiting_for.insert(device.clone()) {
+                        self.progress.line(&format!(
+                            "device {device}: another sweep measures on it ({}); its cells wait",
+                            h.describe()
+                        ))?;
+                    }
+                    match (planned, search) {
+                        (Some(p), _) => work.queue.push_front(p),
+                        (None, Some(s)) => work.probes.push_front((cell, s)),
+                        (None, None) => unreachable!("a cell is queued or a probe"),
+                    }
+                    continue;
+                }
+            };
+            let cell_claim = match Claim::take(&claim::cell_claim(&self.opts.out, &cell.cell_id()))? {
+                Claimed::Ours { claim, took_over } => {
+                    if let Some(h) = took_over {
+                        self.progress.line(&format!(
+                            "warning: {}: took over the stale claim of a sweep that is gone ({})",
+                            describe(&cell),
+                            h.describe()
+                        ))?;
+                    }
+                    claim
+                }
+                Claimed::Theirs(h) if planned.is_some() => {
+                    // Another sweep measures this very cell: its row will be there.
+                    self.summary.claimed += 1;
+                    self.finished += 1;
+                    self.progress.advance();
+                    self.progress.line(&format!(
+                        "[{}/{}] {}: measured by another sweep ({}); skipped here",
+                        self.finished,
+                        self.total,
+                        describe(&cell),
+                        h.describe()
+                    ))?;
+                    continue;
+                }
+                Claimed::Theirs(_) => {
+                    // A probe of the same search in another sweep: wait for it.
+                    self.free_at.insert(device.clone(), Instant::now() + CLAIM_RETRY);
+                    work.probes.push_front((cell, search.expect("a probe")));
+                    continue;
+                }
+            };
+            // Another sweep may have measured it since this one was planned.
+            if planned.is_some()
+                && !self.opts.force
+                && done_cells(&self.opts.out, self.opts.retry_oom)?.contains_key(&cell.cell_id())
+            {
+                drop((cell_claim, device_claim));
+                self.summary.claimed += 1;
+                self.finished += 1;
+                self.progress.advance();
+                self.progress.line(&format!(
+                    "[{}/{}] {}: measured by another sweep meanwhile; skipped here",
+                    self.finished,
+                    self.total,
+                    describe(&cell)
+                ))?;
+                continue;
+            }
             let env = mps_env(&cell, &device, self.daemons);
             let running = start_cell(self.exe, &self.opts.out, &cell, self.timeout, &self.invocation_id, &env)?;
             self.active.push(Active {
@@ -691,6 +782,7 @@ impl Scheduler<'_> {
                 started: provenance::now(),
                 search,
                 grouped: false,
+                claims: vec![device_claim, cell_claim],
             });
         }
         Ok(())
@@ -768,6 +860,8 @@ fn start_group(
             started: provenance::now(),
             search: None,
             grouped: true,
+            // A group runs alone on its machine and as a whole; claims are for cells that run alone.
+            claims: Vec::new(),
         });
     }
     let list: Vec<crate::run::group::Member> = started

@@ -6,9 +6,17 @@ use std::process::{Command, Output};
 
 use polars::prelude::*;
 
-/// The binary under test, to give arguments to.
+/// The binary under test, to give arguments to. Each call gets a temporary folder of its own: the
+/// claims a sweep holds on this machine's devices live there, so tests running side by side do not
+/// wait for each other's CPU (a test that means two sweeps to meet gives them one `TMPDIR`).
 pub fn migprof() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_migprof"))
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = std::env::temp_dir().join(format!("migprof-test-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("a temporary folder");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_migprof"));
+    command.env("TMPDIR", tmp);
+    command
 }
 
 /// The binary run with `args` to its end.
