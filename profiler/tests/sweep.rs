@@ -262,6 +262,58 @@ fn two_sweeps_on_one_folder_measure_each_cell_once_and_never_at_once() {
 }
 
 #[test]
+fn a_rerun_with_changed_settings_measures_again_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep_file = |name: &str, duration: f64| {
+        write(
+            dir.path(),
+            &format!(
+                "name = \"{name}\"\n[defaults]\nwarmup_secs = 0.1\nduration_secs = {duration}\n[[targets]]\nlabel = \"cpu\"\ndevice = \"cpu\"\n[[matrix]]\nmodels = [\"resnet_tiny\"]\nbatches = [1]\n"
+            ),
+        )
+    };
+    let out = dir.path().join("out");
+    let first = sweep(&sweep_file("settings", 0.3), &out, &[]);
+    assert!(first.status.success(), "{}", text(&first));
+    // The same file: nothing to run.
+    let same = sweep(&sweep_file("settings", 0.3), &out, &[]);
+    assert!(
+        text(&same).contains("1 skipped (done already), 0 run"),
+        "{}",
+        text(&same)
+    );
+    // Another duration: the dry run says which cell runs again and why; the run measures it.
+    let file = sweep_file("settings", 0.5);
+    let dry = sweep(&file, &out, &["--dry-run"]);
+    assert!(
+        text(&dry).contains("to run again: duration_secs 0.3 → 0.5"),
+        "{}",
+        text(&dry)
+    );
+    let again = sweep(&file, &out, &[]);
+    assert!(again.status.success(), "{}", text(&again));
+    assert!(
+        text(&again).contains("1 cell(s) run again") && text(&again).contains("0 skipped"),
+        "{}",
+        text(&again)
+    );
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 2, "the old row stays beside the new one: {rows:?}");
+    assert_eq!(rows[0].0, rows[1].0, "one cell id");
+    let settings = strings(&read_table(&out, Table::Runs).unwrap(), "cell_settings");
+    assert!(settings.iter().any(|s| s.contains("duration_secs=0.5")), "{settings:?}");
+    // A renamed sweep: said, and its cells count as done.
+    let renamed = sweep(&sweep_file("renamed", 0.5), &out, &[]);
+    assert!(renamed.status.success(), "{}", text(&renamed));
+    assert!(
+        text(&renamed).contains("rows from sweep(s) named `settings`; this file names it `renamed`"),
+        "{}",
+        text(&renamed)
+    );
+    assert!(text(&renamed).contains("1 skipped"), "{}", text(&renamed));
+}
+
+#[test]
 fn resume_after_an_interrupt_ends_with_each_cell_once() {
     let dir = tempfile::tempdir().unwrap();
     let file = write(dir.path(), FOUR_CELLS);

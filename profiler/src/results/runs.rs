@@ -144,6 +144,13 @@ pub(crate) fn cell_columns(cells: &[&CellIdentity]) -> Vec<Column> {
             "baseline".into(),
             cells.iter().map(|c| c.baseline).collect::<Vec<bool>>(),
         ),
+        Column::new(
+            "cell_settings".into(),
+            cells
+                .iter()
+                .map(|c| c.settings.clone())
+                .collect::<Vec<Option<String>>>(),
+        ),
     ]
 }
 
@@ -442,6 +449,7 @@ pub fn write_failure(out: &Path, failure: &Failure) -> Result<PathBuf> {
         Column::new("concurrency_group".into(), vec![id.concurrency_group.clone()]),
         Column::new("neighbours".into(), vec![neighbours(&id.neighbours)]),
         Column::new("baseline".into(), vec![id.baseline]),
+        Column::new("cell_settings".into(), vec![id.settings.clone()]),
         col("model", vec![c.model.clone()]),
         Column::new("family".into(), vec![family]),
         col("mode", vec![c.mode.clone()]),

@@ -100,6 +100,9 @@ pub struct CellIdentity {
     pub neighbours: Vec<String>,
     /// The cell's target is its sweep's baseline.
     pub baseline: bool,
+    /// The settings that change what the row measures without changing the cell (warm-up, duration,
+    /// precision target and bound, sampler interval), as `key=value;…`: a rerun compares them.
+    pub settings: Option<String>,
 }
 
 /// A cell that left no measurement: the row says which cell it was, how it ended and why.
@@ -304,6 +307,7 @@ pub(crate) mod tests {
             concurrency_group: None,
             neighbours: Vec::new(),
             baseline: false,
+            settings: None,
         }
     }
 

@@ -158,7 +158,22 @@ impl CellSpec {
             concurrency_group: self.concurrency_group.clone(),
             neighbours: self.neighbours.clone(),
             baseline: self.baseline,
+            settings: Some(self.settings()),
         }
+    }
+
+    /// What the cell's row measures with that is not in its id: `key=value;…` in a fixed order. A
+    /// rerun whose settings differ from its latest row's runs the cell again.
+    pub fn settings(&self) -> String {
+        let or_none = |v: Option<f64>| v.map_or("none".to_string(), |v| v.to_string());
+        format!(
+            "warmup_secs={};duration_secs={};target_precision={};max_duration_secs={};sample_interval_ms={}",
+            self.warmup_secs,
+            self.duration_secs,
+            or_none(self.target_precision),
+            or_none(self.max_duration_secs),
+            self.sample_interval_ms
+        )
     }
 
     /// The workload fields a failed cell's row records.

@@ -18,7 +18,7 @@ use super::file::{BatchSize, SweepFile};
 use super::plan::{self, Filter, PlannedCell};
 use super::progress::Progress;
 use crate::provenance;
-use crate::results::parts::{read_table, Table};
+use crate::results::parts::{read_table, text_column, Table};
 use crate::results::runs::write_failure;
 use crate::run::record::{Failure, Status};
 
@@ -87,37 +87,94 @@ fn catch_interrupts() {
     }
 }
 
-/// Every row's cell id and status in `runs` (a failed capacity cell's row is there too) and in
-/// `capacity` (a search's row), in the order of the parts.
-fn cell_rows(out: &Path) -> Result<Vec<(String, String)>> {
+/// What a row says of its cell.
+struct CellRow {
+    id: String,
+    status: String,
+    /// The settings it was measured with (`CellSpec::settings`); none in rows written before they were
+    /// recorded.
+    settings: Option<String>,
+    sweep: Option<String>,
+}
+
+/// Every row's cell id, status, settings and sweep in `runs` (a failed capacity cell's row is there
+/// too) and in `capacity` (a search's row), in the order of the parts: oldest first.
+fn cell_rows(out: &Path) -> Result<Vec<CellRow>> {
     let mut all = Vec::new();
     for table in [Table::Runs, Table::Capacity] {
         let rows = read_table(out, table)?;
-        let (Ok(ids), Ok(statuses)) = (rows.column("cell_id"), rows.column("status")) else {
+        if rows.column("cell_id").is_err() || rows.column("status").is_err() {
             continue;
-        };
-        for (id, status) in ids.str()?.iter().zip(statuses.str()?.iter()) {
+        }
+        let (ids, statuses) = (text_column(&rows, "cell_id")?, text_column(&rows, "status")?);
+        let settings = text_column(&rows, "cell_settings").unwrap_or_else(|_| vec![None; rows.height()]);
+        let sweeps = text_column(&rows, "sweep").unwrap_or_else(|_| vec![None; rows.height()]);
+        for (((id, status), settings), sweep) in ids.into_iter().zip(statuses).zip(settings).zip(sweeps) {
             if let (Some(id), Some(status)) = (id, status) {
-                all.push((id.to_string(), status.to_string()));
+                all.push(CellRow {
+                    id,
+                    status,
+                    settings,
+                    sweep,
+                });
             }
         }
     }
     Ok(all)
 }
 
-/// The cell ids a results folder holds with a final status: `ok` and `oom` (unless retrying them).
-fn done_cells(out: &Path, retry_oom: bool) -> Result<HashMap<String, Status>> {
+/// The cell ids a results folder holds with a final status, `ok` and `oom` (unless retrying them), each
+/// with its latest such row.
+fn done_cells(out: &Path, retry_oom: bool) -> Result<HashMap<String, CellRow>> {
     Ok(cell_rows(out)?
         .into_iter()
-        .filter_map(|(id, status)| Status::parse(&status).map(|s| (id, s)))
-        .filter(|(_, s)| matches!(s, Status::Ok | Status::Probe) || (*s == Status::Oom && !retry_oom))
+        .filter(|r| match Status::parse(&r.status) {
+            Some(Status::Ok | Status::Probe) => true,
+            Some(Status::Oom) => !retry_oom,
+            _ => false,
+        })
+        .map(|r| (r.id.clone(), r))
         .collect())
+}
+
+/// Whether the folder has a final row of `cell` measured with its settings (or with none recorded).
+fn done_as_planned(out: &Path, cell: &CellSpec, retry_oom: bool) -> Result<bool> {
+    Ok(
+        match done_cells(out, retry_oom)?
+            .get(&cell.cell_id())
+            .map(|r| r.settings.as_deref())
+        {
+            Some(Some(was)) => settings_change(was, &cell.settings()).is_none(),
+            Some(None) => true,
+            None => false,
+        },
+    )
+}
+
+/// What differs between the settings a cell's row was measured with and the file's now, or `None`.
+fn settings_change(was: &str, now: &str) -> Option<String> {
+    let pairs = |s: &str| -> Vec<(String, String)> {
+        s.split(';')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let (was, now) = (pairs(was), pairs(now));
+    let changed: Vec<String> = now
+        .iter()
+        .filter_map(|(k, v)| match was.iter().find(|(wk, _)| wk == k) {
+            Some((_, wv)) if wv == v => None,
+            Some((_, wv)) => Some(format!("{k} {wv} → {v}")),
+            None => Some(format!("{k} → {v}")),
+        })
+        .collect();
+    (!changed.is_empty()).then(|| changed.join(", "))
 }
 
 /// The status of each cell id's latest row.
 pub fn row_statuses(out: &Path) -> Result<HashMap<String, String>> {
     // Later rows replace earlier ones as they are collected.
-    Ok(cell_rows(out)?.into_iter().collect())
+    Ok(cell_rows(out)?.into_iter().map(|r| (r.id, r.status)).collect())
 }
 
 /// Which physical device a target's device string names: the MIG or GPU UUID when NVML knows it, so
@@ -184,12 +241,38 @@ fn duration(d: Duration) -> String {
 
 /// The sweep's cells after `--only`, each with whether it is already done.
 pub fn plan(file: &SweepFile, opts: &Options) -> Result<Vec<(PlannedCell, bool)>> {
-    let done = if opts.force {
+    Ok(plan_with_reasons(file, opts)?
+        .cells
+        .into_iter()
+        .map(|(c, done, _)| (c, done))
+        .collect())
+}
+
+/// A sweep's plan: each cell, whether it is done, and why it runs again when its settings changed.
+struct Plan {
+    cells: Vec<(PlannedCell, bool, Option<String>)>,
+    /// Sweep names of the rows that count as done, other than the file's.
+    other_names: std::collections::BTreeSet<String>,
+}
+
+fn plan_with_reasons(file: &SweepFile, opts: &Options) -> Result<Plan> {
+    let mut done = if opts.force {
         HashMap::new()
     } else {
         done_cells(&opts.out, opts.retry_oom)?
     };
     let cells = plan::cells(file)?;
+    // A cell whose settings changed since its latest row runs again (that row stays, superseded).
+    let mut changed: HashMap<String, String> = HashMap::new();
+    for c in &cells {
+        let id = c.spec.cell_id();
+        if let Some(was) = done.get(&id).and_then(|r| r.settings.as_deref()) {
+            if let Some(why) = settings_change(was, &c.spec.settings()) {
+                changed.insert(id.clone(), why);
+                done.remove(&id);
+            }
+        }
+    }
     // A group instance runs whole or not at all: kept when any member matches `--only`, done only
     // when every member is (a member measured beside other neighbours than its group's would not be
     // the cell its id names).
@@ -203,38 +286,73 @@ pub fn plan(file: &SweepFile, opts: &Options) -> Result<Vec<(PlannedCell, bool)>
         .filter(|c| !done.contains_key(&c.spec.cell_id()))
         .filter_map(|c| c.group.as_deref())
         .collect();
-    Ok(cells
+    let planned: Vec<(PlannedCell, bool, Option<String>)> = cells
         .iter()
         .filter(|c| match &c.group {
             Some(g) => matching_groups.contains(g.as_str()),
             None => opts.only.matches(&c.spec),
         })
         .map(|c| {
+            let id = c.spec.cell_id();
             let is_done = match &c.group {
                 Some(g) => !unfinished_groups.contains(g.as_str()),
-                None => done.contains_key(&c.spec.cell_id()),
+                None => done.contains_key(&id),
             };
-            (c.clone(), is_done)
+            (c.clone(), is_done, changed.get(&id).cloned())
         })
-        .collect())
+        .collect();
+    let other_names = planned
+        .iter()
+        .filter(|(_, d, _)| *d)
+        .filter_map(|(c, _, _)| done.get(&c.spec.cell_id()).and_then(|r| r.sweep.clone()))
+        .filter(|name| *name != file.name)
+        .collect();
+    Ok(Plan {
+        cells: planned,
+        other_names,
+    })
+}
+
+/// The lines a plan's reruns and renames are worth: cells whose settings changed, rows of another name.
+fn say_plan(file: &SweepFile, plan: &Plan, log: &mut dyn Write) -> Result<()> {
+    let reruns: Vec<&(PlannedCell, bool, Option<String>)> =
+        plan.cells.iter().filter(|(_, _, why)| why.is_some()).collect();
+    if !reruns.is_empty() {
+        writeln!(
+            log,
+            "note: {} cell(s) run again: their settings changed since their rows ({}); the old rows stay, superseded",
+            reruns.len(),
+            reruns[0].2.as_deref().unwrap_or_default()
+        )?;
+    }
+    if !plan.other_names.is_empty() {
+        writeln!(
+            log,
+            "note: cells of this file have rows from sweep(s) named {}; this file names it `{}`: those rows count as done (--force measures again)",
+            plan.other_names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", "),
+            file.name
+        )?;
+    }
+    Ok(())
 }
 
 /// `--dry-run`: every cell with its id and whether it would run, and an estimate of the time.
 pub fn dry_run(file: &SweepFile, opts: &Options, log: &mut dyn Write) -> Result<()> {
-    let cells = plan(file, opts)?;
+    let planned = plan_with_reasons(file, opts)?;
+    say_plan(file, &planned, log)?;
+    let cells: Vec<(PlannedCell, bool)> = planned.cells.iter().map(|(c, d, _)| (c.clone(), *d)).collect();
     // Per cell: warm-up and measurement, plus a child's start and model build (about 2 s on a
     // 2-core CPU for the tiny presets; more for large models on a GPU).
     let per_cell = file.defaults.warmup_secs + file.defaults.duration_secs + 2.0 + file.defaults.cooldown_secs;
     let to_run = cells.iter().filter(|(_, done)| !done).count();
     writeln!(log, "{:<16}  {:<6}  cell", "cell_id", "state")?;
-    for (c, done) in &cells {
-        writeln!(
-            log,
-            "{:<16}  {:<6}  {}",
-            c.spec.cell_id(),
-            if *done { "done" } else { "to run" },
-            describe(&c.spec)
-        )?;
+    for (c, done, why) in &planned.cells {
+        let state = match (done, why) {
+            (true, _) => "done".to_string(),
+            (false, Some(why)) => format!("to run again: {why}"),
+            (false, None) => "to run".to_string(),
+        };
+        writeln!(log, "{:<16}  {:<6}  {}", c.spec.cell_id(), state, describe(&c.spec))?;
     }
     let max_note = if cells.iter().any(|(c, d)| !d && c.batch == BatchSize::Max) {
         " (\"max\" cells add a search of a few short probes each)"
@@ -293,7 +411,9 @@ impl MaxSearch {
 /// Runs the sweep: every cell not done, each in a child, a row for each.
 pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) -> Result<Summary> {
     crate::files::ensure_writable_dir(&opts.out)?;
-    let cells = plan(file, opts)?;
+    let planned = plan_with_reasons(file, opts)?;
+    say_plan(file, &planned, log)?;
+    let cells: Vec<(PlannedCell, bool)> = planned.cells.into_iter().map(|(c, d, _)| (c, d)).collect();
     let mut summary = Summary {
         planned: cells.len(),
         ..Default::default()
@@ -757,10 +877,7 @@ impl Scheduler<'_> {
                 }
             };
             // Another sweep may have measured it since this one was planned.
-            if planned.is_some()
-                && !self.opts.force
-                && done_cells(&self.opts.out, self.opts.retry_oom)?.contains_key(&cell.cell_id())
-            {
+            if planned.is_some() && !self.opts.force && done_as_planned(&self.opts.out, &cell, self.opts.retry_oom)? {
                 drop((cell_claim, device_claim));
                 self.summary.claimed += 1;
                 self.finished += 1;
