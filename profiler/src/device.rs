@@ -73,6 +73,18 @@ pub struct DeviceInfo {
     pub emulation: Option<crate::mps::Emulation>,
 }
 
+impl DeviceInfo {
+    /// The memory the run may use, MiB: an emulated slice's limit, a MIG device's, a GPU's; `None`
+    /// on the CPU (the host's is read when asked: it changes).
+    pub fn memory_mib(&self) -> Option<u64> {
+        match (&self.emulation, &self.selected) {
+            (Some(e), Some(s)) => Some(e.share.memory_limit_mib.unwrap_or(s.gpu.memory_mib)),
+            (_, Some(s)) => Some(s.mig.as_ref().map_or(s.gpu.memory_mib, |m| m.memory_mib)),
+            _ => None,
+        }
+    }
+}
+
 /// An opened device and its identity.
 pub struct OpenDevice {
     pub device: Device,

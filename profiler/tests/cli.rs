@@ -165,6 +165,26 @@ fn an_unsupported_dtype_fails_before_any_run_and_keeps_the_folder() {
 }
 
 #[test]
+fn a_batch_beyond_the_host_s_memory_is_refused_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let o = run_tiny(dir.path(), &["--batch", "1000000000", "--iters", "2"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("batch 1000000000 needs about") && t.contains("the host (") && t.contains("has available"),
+        "{t}"
+    );
+    assert!(!t.contains("memory allocation of"), "refused, not aborted: {t}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!dir.path().join("runs").exists(), "no row, no part");
+}
+
+#[test]
 fn an_unusable_results_folder_is_refused_before_measuring() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("a-file");

@@ -160,6 +160,22 @@ fn bad_load_input_names_the_choices() {
         .output()
         .unwrap();
     assert!(!o.status.success() && text(&o).contains("token models"), "{}", text(&o));
+    // A rate far beyond what the model serves is refused once the closed loop is measured, in well
+    // under a second of serving and without drawing its schedule; nothing is written.
+    let started = std::time::Instant::now();
+    let o = load(dir.path(), &["--qps", "1e9", "--duration", "10"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("--qps 1000000000: more than 10×") && text(&o).contains("--allow-overload"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(read_table(dir.path(), Table::Load).unwrap().height(), 0);
 }
 
 #[test]

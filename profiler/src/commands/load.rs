@@ -60,6 +60,10 @@ pub struct LoadArgs {
     /// Seconds of arrivals at the start of each step that are served and not measured.
     #[arg(long, default_value_t = DEFAULTS.warmup_secs, value_parser = parse_non_negative)]
     pub warmup: f64,
+    /// Serve --qps rates beyond 10× the closed loop's rate (with a warning) instead of refusing them:
+    /// such a step measures a queue that only grows.
+    #[arg(long)]
+    pub allow_overload: bool,
     /// Seeds the arrivals, the weights and the inputs.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -176,6 +180,7 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
         spec: &spec,
         settings: &settings,
         rates: &rates,
+        allow_overload: args.allow_overload,
     };
     migprof::load::job::run(job, &device, &context, &identity, &args.out, log)?;
     writeln!(log, "{}", report_hint(&args.out))?;

@@ -62,7 +62,13 @@ pub struct Job<'a> {
     pub spec: &'a RunSpec,
     pub settings: &'a LoadSettings,
     pub rates: &'a Rates,
+    /// Serve rates beyond [`OVERLOAD`] times the closed loop's, with a warning, instead of refusing.
+    pub allow_overload: bool,
 }
+
+/// An offered rate above this many times what the model serves back to back measures only a queue
+/// that grows until the step ends, and draws its whole schedule first: refused unless allowed.
+pub const OVERLOAD: f64 = 10.0;
 
 pub fn run(
     job: Job,
@@ -72,7 +78,12 @@ pub fn run(
     out: &Path,
     log: &mut dyn Write,
 ) -> Result<JobOutcome> {
-    let Job { spec, settings, rates } = job;
+    let Job {
+        spec,
+        settings,
+        rates,
+        allow_overload,
+    } = job;
     anyhow::ensure!(spec.mode == Mode::Infer, "a load job serves inference");
     let pool_held_mib = crate::run::fingerprint::pool_held_mib(&device.device);
     let (workload, info) = spec.build_workload(&device.device)?;
@@ -95,6 +106,24 @@ pub fn run(
         settings.max_batch, settings.max_batch
     )?;
     crate::run::execute::warn_of_refused_graphs(server.workload.as_ref(), &spec.model);
+    if let Rates::Fixed(list) = rates {
+        let limit = closed_loop_qps * OVERLOAD;
+        let over: Vec<String> = list.iter().filter(|q| **q > limit).map(|q| q.to_string()).collect();
+        if !over.is_empty() && !allow_overload {
+            anyhow::bail!(
+                "--qps {}: more than {OVERLOAD}× the {closed_loop_qps:.1} requests/s the model serves back to back at batch {}; such a step measures a queue that only grows. Offer at most {limit:.0}/s, or pass --allow-overload",
+                over.join(","),
+                settings.max_batch
+            );
+        }
+        if !over.is_empty() {
+            writeln!(
+                log,
+                "warning: --qps {} is more than {OVERLOAD}× the closed loop's rate; served as asked",
+                over.join(",")
+            )?;
+        }
+    }
 
     let fingerprint = Fingerprint {
         pool_held_mib,

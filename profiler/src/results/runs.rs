@@ -214,11 +214,7 @@ pub(crate) fn device_columns(devices: &[&DeviceInfo]) -> Vec<Column> {
             "device_memory_mib".into(),
             devices
                 .iter()
-                .map(|d| match (&d.emulation, &d.selected) {
-                    (Some(e), Some(s)) => Some(e.share.memory_limit_mib.unwrap_or(s.gpu.memory_mib) as i64),
-                    (_, Some(s)) => Some(s.mig.as_ref().map_or(s.gpu.memory_mib, |m| m.memory_mib) as i64),
-                    _ => None,
-                })
+                .map(|d| d.memory_mib().map(|m| m as i64))
                 .collect::<Vec<Option<i64>>>(),
         ),
         Column::new(

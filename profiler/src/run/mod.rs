@@ -1,8 +1,10 @@
 //! Running: what to run ([`spec`]), checking that the device can run it ([`preflight`]), the measuring
-//! loop ([`measure`]) with the GPU sampler beside it, one run from start to end ([`execute`]), and the
+//! loop ([`measure`]) with the GPU sampler beside it, what it will need of the device's memory
+//! ([`estimate`]), one run from start to end ([`execute`]), and the
 //! record of a finished run ([`record`]) with its latency statistics ([`stats`], [`uncertainty`]), what
 //! the sampler saw ([`evidence`]) and the verdict ([`verdict`]).
 
+pub mod estimate;
 pub mod evidence;
 pub mod execute;
 pub mod fingerprint;

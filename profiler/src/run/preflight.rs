@@ -25,9 +25,47 @@ pub fn check_precision(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
 }
 
 /// Refuses what the device cannot run, before any time is spent: [`check_precision`], then each
-/// (family, mode, dtype, kernels) by one step of its tiny preset.
+/// (family, mode, dtype, kernels) by one step of its tiny preset, then each batch whose memory
+/// estimate (`estimate`) exceeds what the device has.
 pub fn check(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
     check_precision(specs, device)?;
+    check_kernels(specs, device)?;
+    check_memory(specs, device)
+}
+
+/// Each run's batch against the memory the device has, by one probe per model, mode, precision,
+/// sequence length and kernels.
+pub fn check_memory(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
+    let Some(limit) = crate::run::estimate::limit_mib(device)? else {
+        return Ok(());
+    };
+    let mut probed: Vec<(RunSpec, Option<crate::run::estimate::MemoryEstimate>)> = Vec::new();
+    for s in specs {
+        let same = |p: &RunSpec| {
+            (p.model.as_str(), p.mode, p.precision, p.seq_len, p.kernels)
+                == (s.model.as_str(), s.mode, s.precision, s.seq_len, s.kernels)
+        };
+        let estimate = match probed.iter().find(|(p, _)| same(p)) {
+            Some((_, e)) => *e,
+            None => {
+                let e = crate::run::estimate::probe(s, device)?;
+                probed.push((s.clone(), e));
+                e
+            }
+        };
+        if let Some(e) = estimate {
+            let memory = match device.info.memory_mib() {
+                Some(_) => format!("{} has", device.info.name),
+                None => format!("the host ({}) has available", device.info.name),
+            };
+            crate::run::estimate::check_fits(s, &e, limit, &memory)?;
+        }
+    }
+    Ok(())
+}
+
+/// Each (family, mode, dtype, kernels) by one step of its tiny preset.
+fn check_kernels(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
     let mut checked: Vec<(Family, Mode, DType, KernelOptions)> = Vec::new();
     for s in specs {
         let (_, info) = workloads::lookup(&s.model)?;

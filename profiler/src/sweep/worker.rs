@@ -58,6 +58,7 @@ pub fn run_cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: 
                 spec: &spec,
                 settings,
                 rates: &rates,
+                allow_overload: false,
             };
             let outcome = crate::load::job::run(job, &device, &context, &identity, out, &mut std::io::stderr())?;
             return Ok(match outcome.capacity.flatten() {

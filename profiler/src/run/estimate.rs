@@ -1,0 +1,226 @@
+//! What a run will need of the device's memory, before it allocates it: a short probe of the run's
+//! model, mode and precision at batch 1 and 2 measures the memory that does not grow with the batch
+//! (weights, optimizer state, workspaces) and what each sample adds (activations, inputs), and a batch
+//! whose estimate exceeds what the device (the GPU, the slice, or the host for the CPU) has is refused
+//! with both numbers. The same estimate says what fits a slice.
+
+use anyhow::{bail, Result};
+use candle_core::Device;
+
+use crate::device::OpenDevice;
+use crate::run::RunSpec;
+
+/// Memory a run needs, MiB: `fixed + per_sample × batch`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemoryEstimate {
+    pub fixed_mib: f64,
+    pub per_sample_mib: f64,
+}
+
+impl MemoryEstimate {
+    pub fn at(&self, batch: usize) -> f64 {
+        self.fixed_mib + self.per_sample_mib * batch as f64
+    }
+
+    /// The largest batch whose estimate fits `limit_mib`.
+    pub fn largest_batch(&self, limit_mib: f64) -> usize {
+        if self.per_sample_mib <= 0.0 {
+            return usize::MAX;
+        }
+        ((limit_mib - self.fixed_mib) / self.per_sample_mib).floor().max(0.0) as usize
+    }
+
+    /// From the peaks of one step at batch 1 and one at batch 2 (MiB above what was in use before).
+    pub fn from_peaks(at_1: f64, at_2: f64) -> MemoryEstimate {
+        let per_sample = (at_2 - at_1).max(0.0);
+        MemoryEstimate {
+            fixed_mib: (at_1 - per_sample).max(0.0),
+            per_sample_mib: per_sample,
+        }
+    }
+}
+
+/// Probes `spec`'s model, mode and precision on `device` at batch 1 and 2. `None` where this device
+/// cannot say how much memory a step takes.
+pub fn probe(spec: &RunSpec, device: &OpenDevice) -> Result<Option<MemoryEstimate>> {
+    let Some(mut peak) = Peak::of(&device.device)? else {
+        return Ok(None);
+    };
+    let probe_spec = RunSpec {
+        batch: 1,
+        ..spec.clone()
+    };
+    let (mut workload, _) = probe_spec.build_workload(&device.device)?;
+    let mut at = Vec::new();
+    for batch in [1, 2] {
+        let inputs = workload.synthetic_batch(batch, spec.seed)?;
+        peak.reset()?;
+        match spec.mode {
+            workloads::Mode::Infer => drop(workload.infer(&inputs)?),
+            workloads::Mode::Train => drop(workload.train_step(&inputs)?),
+        }
+        device.device.synchronize()?;
+        at.push(peak.read()?);
+    }
+    drop(workload);
+    Ok(Some(MemoryEstimate::from_peaks(at[0], at[1])))
+}
+
+/// Refuses `spec`'s batch when its estimate exceeds `limit_mib`, naming both, and what does fit;
+/// `has` says whose memory that is (`the host (…) has available`).
+pub fn check_fits(spec: &RunSpec, estimate: &MemoryEstimate, limit_mib: f64, has: &str) -> Result<()> {
+    let need = estimate.at(spec.batch);
+    if need > limit_mib {
+        bail!(
+            "{} {} {} batch {} needs about {:.0} MiB ({:.0} MiB fixed + {:.2} MiB a sample, measured at batch 1 and 2); {has} {:.0} MiB: the largest batch that fits is about {}",
+            spec.model,
+            spec.mode.as_str(),
+            spec.precision.as_str(),
+            spec.batch,
+            need,
+            estimate.fixed_mib,
+            estimate.per_sample_mib,
+            limit_mib,
+            estimate.largest_batch(limit_mib)
+        );
+    }
+    Ok(())
+}
+
+/// The memory a run may take on `device`, MiB: the device's (a GPU's, a slice's) less what is in use
+/// there now, or the host's available memory for the CPU.
+pub fn limit_mib(device: &OpenDevice) -> Result<Option<f64>> {
+    match device.info.memory_mib() {
+        Some(total) => {
+            let used = workloads::memory::ledger(&device.device)?.map_or(0.0, |l| mib(l.device_used));
+            // A slice's limit counts only this process's use; a whole GPU's, everyone's.
+            let used = if device.info.emulation.is_some() { 0.0 } else { used };
+            Ok(Some(total as f64 - used))
+        }
+        None => Ok(host_available_mib()),
+    }
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
+}
+
+/// The host's available memory (`MemAvailable` of /proc/meminfo), MiB.
+fn host_available_mib() -> Option<f64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: f64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+/// The most memory in use since a reset, above what was in use at the reset: the process's resident
+/// set on the CPU, the memory pool's high-water mark on a GPU.
+enum Peak {
+    Host { base: f64 },
+    Pool { device: Device, base: f64 },
+}
+
+impl Peak {
+    fn of(device: &Device) -> Result<Option<Peak>> {
+        Ok(match device {
+            Device::Cpu => resident_mib().map(|base| Peak::Host { base }),
+            other => workloads::memory::ledger(other)?.map(|l| Peak::Pool {
+                device: other.clone(),
+                base: mib(l.pool_used),
+            }),
+        })
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        match self {
+            // Writing 5 to clear_refs resets the peak resident set (VmHWM) to the current one.
+            Peak::Host { .. } => {
+                let _ = std::fs::write("/proc/self/clear_refs", "5");
+            }
+            // The pool's high-water mark starts again from what is in use (the weights): `base`, from
+            // before the model was built, stays.
+            Peak::Pool { device, .. } => workloads::memory::release_pooled(device)?,
+        }
+        Ok(())
+    }
+
+    fn read(&self) -> Result<f64> {
+        Ok(match self {
+            Peak::Host { base } => (peak_resident_mib().unwrap_or(*base) - base).max(0.0),
+            Peak::Pool { device, base } => {
+                workloads::memory::ledger(device)?.map_or(0.0, |l| (mib(l.pool_used_high) - base).max(0.0))
+            }
+        })
+    }
+}
+
+fn status_mib(key: &str) -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+fn resident_mib() -> Option<f64> {
+    status_mib("VmRSS:")
+}
+
+fn peak_resident_mib() -> Option<f64> {
+    status_mib("VmHWM:")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::DeviceSpec;
+    use crate::run::record::tests::spec;
+
+    #[test]
+    fn the_estimate_is_a_line_through_batch_1_and_2() {
+        let e = MemoryEstimate::from_peaks(110.0, 130.0);
+        assert_eq!(
+            e,
+            MemoryEstimate {
+                fixed_mib: 90.0,
+                per_sample_mib: 20.0
+            }
+        );
+        assert_eq!(e.at(100), 2090.0);
+        assert_eq!(e.largest_batch(1090.0), 50);
+        // Noise that makes batch 2 look smaller: nothing grows with the batch.
+        assert_eq!(MemoryEstimate::from_peaks(110.0, 100.0).per_sample_mib, 0.0);
+    }
+
+    #[test]
+    fn a_batch_beyond_the_host_is_refused_naming_both_numbers() -> Result<()> {
+        let device = DeviceSpec::Cpu.open()?;
+        let mut s = spec(1_000_000_000, 1);
+        let estimate = probe(&s, &device)?.expect("the CPU's resident set is readable");
+        assert!(estimate.per_sample_mib > 0.0, "{estimate:?}");
+        let limit = limit_mib(&device)?.expect("MemAvailable");
+        let e = check_fits(&s, &estimate, limit, "the host has available")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("batch 1000000000 needs about")
+                && e.contains("the host has available")
+                && e.contains("largest batch that fits"),
+            "{e}"
+        );
+        s.batch = 2;
+        check_fits(&s, &estimate, limit, "the host has available")?;
+        Ok(())
+    }
+}
