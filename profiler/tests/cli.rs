@@ -165,6 +165,26 @@ fn an_unsupported_dtype_fails_before_any_run_and_keeps_the_folder() {
 }
 
 #[test]
+fn a_run_that_fails_leaves_its_row_as_a_sweep_s_cell_does() {
+    let dir = tempfile::tempdir().unwrap();
+    // Passes the checks before the first run (the file exists), fails building the model.
+    let weights = dir.path().join("not-safetensors.safetensors");
+    std::fs::write(&weights, b"not a checkpoint").unwrap();
+    let o = run_tiny(dir.path(), &["--iters", "3", "--weights", weights.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let runs = read_table(dir.path(), Table::Runs).unwrap();
+    assert_eq!(runs.height(), 1, "{}", text(&o));
+    assert_eq!(strings(&runs, "status"), ["error"]);
+    assert!(
+        strings(&runs, "error")[0].contains("resnet_tiny"),
+        "{:?}",
+        strings(&runs, "error")
+    );
+    assert_eq!(numbers(&runs, "throughput"), [None]);
+    assert_eq!(strings(&runs, "cell_id")[0].len(), 16);
+}
+
+#[test]
 fn a_batch_beyond_the_host_s_memory_is_refused_before_allocating() {
     let dir = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();

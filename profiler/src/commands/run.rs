@@ -12,10 +12,11 @@ use clap::Args;
 use migprof::device::DeviceSpec;
 use migprof::provenance;
 use migprof::results::parts::{read_table, Table};
-use migprof::results::runs::write_run;
+use migprof::results::runs::{write_failure, write_run};
 use migprof::results::{plot, summary};
+use migprof::run::fingerprint::Fingerprint;
 use migprof::run::measure::{Stop, Warmup};
-use migprof::run::record::{CellIdentity, Status};
+use migprof::run::record::{CellIdentity, Failure, Status};
 use migprof::run::verdict::{Flag, Verdict};
 use migprof::run::{execute, Run, RunContext, RunSpec};
 use migprof::sweep::cell::CellSpec;
@@ -190,13 +191,18 @@ fn measure(args: &RunArgs, specs: &[RunSpec], device_spec: &DeviceSpec, log: &mu
             s.batch
         )?;
         log.flush()?;
-        let outcome = CellSpec::of_run(s, &device.info.name, &device_spec.to_string())
-            .map(|cell| CellIdentity {
+        let cell = CellSpec::of_run(s, &device.info.name, &device_spec.to_string())?;
+        let started = provenance::now();
+        let outcome = execute(
+            s,
+            &device,
+            context.clone(),
+            CellIdentity {
                 sweep: None,
                 ..cell.identity(Status::Ok)
-            })
-            .and_then(|identity| execute(s, &device, context.clone(), identity))
-            .and_then(|run| write_run(&args.out, &run).map(|_| run));
+            },
+        )
+        .and_then(|run| write_run(&args.out, &run).map(|_| run));
         match outcome {
             Ok(run) => {
                 writeln!(
@@ -220,6 +226,25 @@ fn measure(args: &RunArgs, specs: &[RunSpec], device_spec: &DeviceSpec, log: &mu
             }
             Err(e) => {
                 writeln!(log, "failed")?;
+                // Its row, as a sweep's failed cell has one: `oom` or `error`, and why.
+                let status = Status::of_error(&e);
+                let failure = Failure {
+                    run_id: provenance::run_id(started),
+                    invocation_id: context.invocation_id.clone(),
+                    host: context.host.clone(),
+                    started_at: started,
+                    finished_at: provenance::now(),
+                    workload: cell.workload(),
+                    identity: CellIdentity {
+                        sweep: None,
+                        ..cell.identity(status)
+                    },
+                    error: format!("{e:#}"),
+                    fingerprint: Fingerprint::collect(device.info.selected.as_ref()),
+                };
+                if let Err(w) = write_failure(&args.out, &failure) {
+                    writeln!(log, "warning: the failed run's row could not be written: {w:#}")?;
+                }
                 failed = Some((s.clone(), e));
                 break;
             }

@@ -46,8 +46,10 @@ pub fn probe(spec: &RunSpec, device: &OpenDevice) -> Result<Option<MemoryEstimat
     let Some(mut peak) = Peak::of(&device.device)? else {
         return Ok(None);
     };
+    // Seeded weights of the same shapes take the same memory; the checkpoint is the run's to read.
     let probe_spec = RunSpec {
         batch: 1,
+        weights: None,
         ..spec.clone()
     };
     let (mut workload, _) = probe_spec.build_workload(&device.device)?;

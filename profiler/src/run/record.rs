@@ -86,6 +86,26 @@ impl Status {
     pub fn parse(s: &str) -> Option<Status> {
         Status::ALL.into_iter().find(|st| st.as_str() == s)
     }
+
+    /// How a run that failed with `e` ended: `oom` for an allocation failure (CUDA's, cuBLAS's,
+    /// cuDNN's, candle's, the host's), `error` otherwise.
+    pub fn of_error(e: &anyhow::Error) -> Status {
+        let text = format!("{e:#}");
+        let oom = [
+            "CUDA_ERROR_OUT_OF_MEMORY",
+            "out of memory",
+            "CUBLAS_STATUS_ALLOC_FAILED",
+            "CUDNN_STATUS_ALLOC_FAILED",
+            "memory allocation of",
+        ]
+        .iter()
+        .any(|needle| text.contains(needle));
+        if oom {
+            Status::Oom
+        } else {
+            Status::Error
+        }
+    }
 }
 
 /// Which cell a row belongs to: its sweep (none for `migprof run`), target, id, and how it ended.

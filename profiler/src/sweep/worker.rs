@@ -89,7 +89,11 @@ pub fn run_cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: 
         }
         Err(e) => {
             eprintln!("error: {e:#}");
-            let code = if is_out_of_memory(&e) { EXIT_OOM } else { 1 };
+            let code = if Status::of_error(&e) == Status::Oom {
+                EXIT_OOM
+            } else {
+                1
+            };
             Ok(ExitCode::from(code as u8))
         }
     }
@@ -153,18 +157,4 @@ pub fn cell_ended(spec_path: &Path, out: &Path, invocation: &str, code: i32, log
     };
     let ending = classify(&exit, &output, false, std::time::Duration::ZERO);
     crate::sweep::schedule::record_failure(out, &cell, provenance::now(), &ending, invocation, &provenance::host())
-}
-
-/// Whether an error is an allocation failure: CUDA's, cuBLAS's, cuDNN's, candle's.
-fn is_out_of_memory(e: &anyhow::Error) -> bool {
-    let text = format!("{e:#}");
-    [
-        "CUDA_ERROR_OUT_OF_MEMORY",
-        "out of memory",
-        "CUBLAS_STATUS_ALLOC_FAILED",
-        "CUDNN_STATUS_ALLOC_FAILED",
-        "memory allocation of",
-    ]
-    .iter()
-    .any(|needle| text.contains(needle))
 }
