@@ -98,13 +98,14 @@ batches = [64]
     assert!(text(&again).contains("1 skipped"), "{}", text(&again));
 }
 
-#[test]
-fn a_killed_cell_is_crashed_and_says_so() {
-    let dir = tempfile::tempdir().unwrap();
+/// A sweep of one CPU cell that measures for a minute, started in the background, and the pid of its
+/// cell's process once it runs (the sweep's only child).
+fn sweep_with_a_long_cell(dir: &Path, name: &str) -> (std::process::Child, i32, std::path::PathBuf) {
     let file = write(
-        dir.path(),
-        r#"
-name = "killed"
+        dir,
+        &format!(
+            r#"
+name = "{name}"
 [defaults]
 warmup_secs = 0.1
 duration_secs = 60
@@ -115,10 +116,11 @@ device = "cpu"
 [[matrix]]
 models = ["resnet_tiny"]
 batches = [1]
-"#,
+"#
+        ),
     );
-    let out = dir.path().join("out");
-    let mut parent = migprof()
+    let out = dir.join("out");
+    let parent = migprof()
         .arg("sweep")
         .arg(&file)
         .arg("--out")
@@ -127,7 +129,6 @@ batches = [1]
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // The child is the parent's only child process: find it and kill it.
     let deadline = Instant::now() + Duration::from_secs(30);
     let child = loop {
         let children =
@@ -138,7 +139,15 @@ batches = [1]
         assert!(Instant::now() < deadline, "no child started");
         std::thread::sleep(Duration::from_millis(50));
     };
+    // Into its measurement.
     std::thread::sleep(Duration::from_millis(500));
+    (parent, child, out)
+}
+
+#[test]
+fn a_killed_cell_is_crashed_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut parent, child, out) = sweep_with_a_long_cell(dir.path(), "killed");
     // SAFETY: kill(2) on a process this test's sweep started.
     unsafe { libc::kill(child, libc::SIGKILL) };
     parent.wait().unwrap();
@@ -151,43 +160,7 @@ batches = [1]
 #[test]
 fn a_sweep_killed_mid_cell_leaves_no_cell_running_and_no_row() {
     let dir = tempfile::tempdir().unwrap();
-    let file = write(
-        dir.path(),
-        r#"
-name = "orphan"
-[defaults]
-warmup_secs = 0.1
-duration_secs = 60
-timeout_secs = 120
-[[targets]]
-label = "cpu"
-device = "cpu"
-[[matrix]]
-models = ["resnet_tiny"]
-batches = [1]
-"#,
-    );
-    let out = dir.path().join("out");
-    let mut parent = migprof()
-        .arg("sweep")
-        .arg(&file)
-        .arg("--out")
-        .arg(&out)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let child = loop {
-        let children =
-            std::fs::read_to_string(format!("/proc/{}/task/{}/children", parent.id(), parent.id())).unwrap_or_default();
-        if let Some(pid) = children.split_whitespace().next() {
-            break pid.parse::<i32>().unwrap();
-        }
-        assert!(Instant::now() < deadline, "no child started");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    std::thread::sleep(Duration::from_millis(500));
+    let (mut parent, child, out) = sweep_with_a_long_cell(dir.path(), "orphan");
     // The sweep itself is killed: no handler, no clean-up of its own.
     parent.kill().unwrap();
     parent.wait().unwrap();
