@@ -65,6 +65,8 @@ pub fn probe(spec: &RunSpec, device: &OpenDevice) -> Result<Option<MemoryEstimat
         at.push(peak.read()?);
     }
     drop(workload);
+    // What the probe's steps freed goes back to the driver: the run after it starts as without it.
+    workloads::memory::release_pooled(&device.device)?;
     Ok(Some(MemoryEstimate::from_peaks(at[0], at[1])))
 }
 
