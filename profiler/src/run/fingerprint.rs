@@ -65,7 +65,7 @@ impl Fingerprint {
     pub fn pool_warning(&self) -> Option<String> {
         let held = notable_pool_held(self.pool_held_mib)?;
         Some(format!(
-            "this process's memory pool held {held:.0} MiB that earlier runs left and it could not hand back; \
+            "this process's memory pool held {held:.0} MiB that earlier runs (or the memory probe before the first) left and it could not hand back; \
              this run's device memory readings (fb_used_*) may include up to that (column pool_held_mib_start). \
              `migprof sweep` runs each cell in a process of its own"
         ))
