@@ -28,22 +28,24 @@ impl Arrival {
 /// The arrival times of `count` requests at `rate` per second, as offsets from the schedule's start,
 /// ascending. The same seed gives the same schedule.
 pub fn schedule(arrival: Arrival, rate: f64, count: usize, seed: u64) -> Vec<Duration> {
+    arrivals(arrival, rate, seed).take(count).collect()
+}
+
+/// The arrival times at `rate` per second, drawn one at a time (a step need not hold its schedule):
+/// the same seed gives the same times as [`schedule`].
+pub fn arrivals(arrival: Arrival, rate: f64, seed: u64) -> impl Iterator<Item = Duration> {
     assert!(rate > 0.0 && rate.is_finite(), "a rate above zero");
-    match arrival {
-        Arrival::Constant => (0..count).map(|i| Duration::from_secs_f64(i as f64 / rate)).collect(),
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut t = 0.0f64;
+    (0u64..).map(move |i| match arrival {
+        Arrival::Constant => Duration::from_secs_f64(i as f64 / rate),
         Arrival::Poisson => {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            let mut t = 0.0f64;
-            (0..count)
-                .map(|_| {
-                    // 1 - U lies in (0, 1]: the gap is finite.
-                    let u: f64 = rng.random();
-                    t += -(1.0 - u).ln() / rate;
-                    Duration::from_secs_f64(t)
-                })
-                .collect()
+            // 1 - U lies in (0, 1]: the gap is finite.
+            let u: f64 = rng.random();
+            t += -(1.0 - u).ln() / rate;
+            Duration::from_secs_f64(t)
         }
-    }
+    })
 }
 
 #[cfg(test)]

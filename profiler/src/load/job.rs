@@ -10,10 +10,10 @@ use candle_core::Device;
 use workloads::{Batch, Mode, Workload};
 
 use crate::device::OpenDevice;
-use crate::load::arrival::schedule;
+use crate::load::arrival::arrivals;
 use crate::load::record::{self, Capacity, JobIdentity, SearchStep};
 use crate::load::search::{search, SearchPlan, StepRunner};
-use crate::load::serve::{drive, Batching, Objective, Server};
+use crate::load::serve::{drive, Batching, Objective, Schedule, Server};
 use crate::load::settings::LoadSettings;
 use crate::load::step::Step;
 use crate::provenance;
@@ -295,13 +295,14 @@ impl Stepper<'_> {
         let warmup_requests = (qps * s.warmup_secs).ceil() as usize;
         // Each step its own draw of the same process: a rate's schedule does not depend on the
         // steps before it.
-        let arrivals = schedule(
-            s.arrival,
-            qps,
-            warmup_requests + measured.max(1),
-            s.arrival_seed ^ qps.to_bits(),
-        );
-        let warmup = arrivals.get(warmup_requests).copied().unwrap_or_default();
+        let seed = s.arrival_seed ^ qps.to_bits();
+        let count = warmup_requests + measured.max(1);
+        // Drawn as the step goes (load::serve::Schedule), never held whole.
+        let mut arrivals = Schedule::new(arrivals(s.arrival, qps, seed), count);
+        let warmup = crate::load::arrival::arrivals(s.arrival, qps, seed)
+            .nth(warmup_requests)
+            .filter(|_| warmup_requests < count)
+            .unwrap_or_default();
         let batching = Batching {
             max_batch: s.max_batch,
             max_delay: Duration::from_secs_f64(s.max_delay_ms / 1e3),
@@ -314,7 +315,7 @@ impl Stepper<'_> {
         let served = drive(
             &mut self.server,
             &MonotonicClock::new(),
-            &arrivals,
+            &mut arrivals,
             warmup,
             batching,
             objective,

@@ -92,7 +92,7 @@ pub fn search(runner: &mut dyn StepRunner, plan: SearchPlan) -> Result<SearchOut
 mod tests {
     use super::*;
     use crate::load::serve::tests::FakeModel;
-    use crate::load::serve::{drive, Batching, Objective};
+    use crate::load::serve::{drive, Batching, Objective, Schedule};
     use crate::testing::clock::FakeClock;
 
     /// Passes at or below a known threshold.
@@ -149,7 +149,7 @@ mod tests {
             let s = drive(
                 &mut model,
                 &timer,
-                &arrivals,
+                &mut Schedule::new(arrivals.iter().copied(), arrivals.len()),
                 std::time::Duration::ZERO,
                 self.batching,
                 Some(self.objective),

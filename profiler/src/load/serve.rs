@@ -9,6 +9,7 @@
 //! It reads time and sleeps through [`Timer`] and serves through [`Server`], so tests run it on a fake
 //! clock and a model of known latency.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -121,12 +122,106 @@ pub struct Served {
     pub ending: Ending,
 }
 
-/// Runs one step: serves `arrivals` (offsets from now, ascending) through `server`; requests that
+/// A step's arrivals, drawn as the step reaches them and let go once served: a step holds the requests
+/// that have arrived and wait (and the next batch's worth), never its whole schedule.
+pub struct Schedule<'a> {
+    draw: Box<dyn Iterator<Item = Duration> + 'a>,
+    len: usize,
+    /// The index of `held[0]` in the schedule.
+    first: usize,
+    held: VecDeque<Duration>,
+    /// The most arrivals held at once.
+    most_held: usize,
+}
+
+impl<'a> Schedule<'a> {
+    /// The first `len` arrivals `draw` gives (offsets from the step's start, ascending).
+    pub fn new(draw: impl Iterator<Item = Duration> + 'a, len: usize) -> Schedule<'a> {
+        Schedule {
+            draw: Box::new(draw.take(len)),
+            len,
+            first: 0,
+            held: VecDeque::new(),
+            most_held: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Draws until arrival `i` is held (or the schedule ends).
+    fn draw_to(&mut self, i: usize) {
+        while self.first + self.held.len() <= i {
+            match self.draw.next() {
+                Some(a) => {
+                    self.held.push_back(a);
+                    self.most_held = self.most_held.max(self.held.len());
+                }
+                None => {
+                    self.len = self.first + self.held.len();
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Arrival `i`, which must not have been let go.
+    fn at(&mut self, i: usize) -> Duration {
+        self.draw_to(i);
+        self.held[i - self.first]
+    }
+
+    /// The index of the first arrival from `from` (up to `end`) later than `t`: as many have arrived
+    /// by `t`. Draws until an arrival later than `t` (or arrival `end`) is held.
+    fn arrived_by(&mut self, from: usize, end: usize, t: Duration) -> usize {
+        while self.first + self.held.len() < end.min(self.len) && self.held.back().is_none_or(|&b| b <= t) {
+            let before = self.held.len();
+            self.draw_to(self.first + before);
+            if self.held.len() == before {
+                break;
+            }
+        }
+        let held_end = self.first + self.held.len();
+        // Held arrivals ascend: those up to `t` are a prefix.
+        (self.first + self.held.partition_point(|&a| a <= t))
+            .min(end)
+            .min(held_end)
+            .max(from)
+    }
+
+    /// Arrivals `from..to`, copied.
+    fn range(&mut self, from: usize, to: usize) -> Vec<Duration> {
+        if to > from {
+            self.draw_to(to - 1);
+        }
+        (from..to).map(|i| self.held[i - self.first]).collect()
+    }
+
+    /// The most arrivals the schedule held at once: what a step's memory of its schedule came to.
+    pub fn most_held(&self) -> usize {
+        self.most_held
+    }
+
+    /// Lets go of the arrivals before `i`.
+    fn release_before(&mut self, i: usize) {
+        while self.first < i && !self.held.is_empty() {
+            self.held.pop_front();
+            self.first += 1;
+        }
+    }
+}
+
+/// Runs one step: serves the `arrivals` (offsets from now, ascending) through `server`; requests that
 /// arrive before `warmup` are served and not measured.
 pub fn drive(
     server: &mut dyn Server,
     timer: &dyn Timer,
-    arrivals: &[Duration],
+    arrivals: &mut Schedule,
     warmup: Duration,
     batching: Batching,
     objective: Option<Objective>,
@@ -134,7 +229,14 @@ pub fn drive(
     anyhow::ensure!(batching.max_batch >= 1, "the batcher needs a max batch of at least 1");
     let origin = timer.now();
     let at = |t: Duration| origin + t;
-    let first_measured = arrivals.partition_point(|&a| a < warmup);
+    // The warm-up's arrivals are those before `warmup`: drawn once here, let go as served.
+    let first_measured = {
+        let mut i = 0;
+        while i < arrivals.len() && arrivals.at(i) < warmup {
+            i += 1;
+        }
+        i
+    };
     let planned = arrivals.len() - first_measured;
     // Over the objective by more than this many requests, the step's p99 is over it whatever the
     // rest do (the p99 is the value of rank ⌈0.99 n⌉).
@@ -148,27 +250,33 @@ pub fn drive(
     let mut next_check = objective.map_or(usize::MAX, |o| o.min_requests.max(1));
     let mut ending = Ending::Schedule;
     let mut unfinished_ns = Vec::new();
+    // The last arrival sent, once the step has sent any.
+    let mut last_sent: Option<Duration> = None;
     while next < end {
         let now = timer.now() - origin;
-        let arrived = arrivals[..end].partition_point(|&a| a <= now);
+        let arrived = arrivals.arrived_by(next, end, now);
         if arrived == next {
-            timer.sleep_until(at(arrivals[next]));
+            timer.sleep_until(at(arrivals.at(next)));
             continue;
         }
-        let last = arrivals[end - 1];
-        if arrived == end && now > last + (last.saturating_sub(warmup)).max(Duration::from_secs(1)) {
-            unfinished_ns = ages(&arrivals[next..end], warmup, now);
-            ending = Ending::Backlog;
-            break;
+        if arrived == end {
+            let last = arrivals.at(end - 1);
+            if now > last + (last.saturating_sub(warmup)).max(Duration::from_secs(1)) {
+                unfinished_ns = ages(&arrivals.range(next, end), warmup, now);
+                last_sent = Some(last);
+                ending = Ending::Backlog;
+                break;
+            }
         }
         let queued = arrived - next;
-        let oldest = arrivals[next];
+        let oldest = arrivals.at(next);
         let ready = queued >= batching.max_batch || now >= oldest + batching.max_delay || arrived == end;
         if !ready {
             // Until the delay is over or the request that fills the batch arrives.
             let mut wake = oldest + batching.max_delay;
-            if let Some(&fill) = arrivals[..end].get(next + batching.max_batch - 1) {
-                wake = wake.min(fill);
+            let fill = next + batching.max_batch - 1;
+            if fill < end && fill < arrivals.len() {
+                wake = wake.min(arrivals.at(fill));
             }
             timer.sleep_until(at(wake));
             continue;
@@ -176,7 +284,7 @@ pub fn drive(
         let size = queued.min(batching.max_batch);
         server.serve(size)?;
         let done = timer.now() - origin;
-        for &a in &arrivals[next..next + size] {
+        for a in arrivals.range(next, next + size) {
             if a >= warmup {
                 let latency = done - a;
                 latencies_ns.push(nanos(latency));
@@ -185,6 +293,7 @@ pub fn drive(
                     over += 1;
                 }
             }
+            last_sent = Some(a);
         }
         batches.push(BatchRecord {
             dispatched: now,
@@ -193,9 +302,11 @@ pub fn drive(
             queued,
         });
         next += size;
+        arrivals.release_before(next);
         let Some(objective) = objective else { continue };
         // Requests still waiting that are already older than the objective count as over it.
-        let waiting = &arrivals[next..arrivals[..end].partition_point(|&a| a <= done)];
+        let waiting_end = arrivals.arrived_by(next, end, done);
+        let waiting = arrivals.range(next, waiting_end);
         let waiting_over = waiting
             .iter()
             .filter(|&&a| a >= warmup && a + objective.p99 < done)
@@ -206,9 +317,10 @@ pub fn drive(
                 over + waiting_over,
                 objective.p99.as_secs_f64() * 1e3
             ));
-            unfinished_ns = ages(waiting, warmup, done);
+            unfinished_ns = ages(&waiting, warmup, done);
             // Nothing after this was sent.
             end = next + waiting.len();
+            last_sent = waiting.last().copied().or(last_sent);
             break;
         }
         if latencies_ns.len() >= next_check && end == arrivals.len() {
@@ -230,18 +342,23 @@ pub fn drive(
                         i.high,
                         ms.len()
                     ));
-                    unfinished_ns = ages(waiting, warmup, done);
+                    unfinished_ns = ages(&waiting, warmup, done);
                     end = next + waiting.len();
+                    last_sent = waiting.last().copied().or(last_sent);
                     break;
                 }
             }
         }
     }
-    let sent = &arrivals[first_measured..end.max(first_measured)];
+    // The measured requests sent: the schedule's, up to where the step stopped sending.
+    let offered = end.max(first_measured) - first_measured;
     let last_done = batches.last().map_or(warmup, |b| b.done);
     Ok(Served {
-        offered: sent.len(),
-        offered_span: sent.last().map_or(Duration::ZERO, |&l| l.saturating_sub(warmup)),
+        offered,
+        offered_span: match (offered, last_sent) {
+            (0, _) | (_, None) => Duration::ZERO,
+            (_, Some(l)) => l.saturating_sub(warmup),
+        },
         window: last_done.saturating_sub(warmup),
         latencies_ns,
         arrivals: measured_arrivals,
@@ -314,7 +431,7 @@ pub(crate) mod tests {
     use crate::testing::clock::FakeClock;
 
     use super::*;
-    use crate::load::arrival::{schedule, Arrival};
+    use crate::load::arrival::{schedule, schedule as schedule_of, Arrival};
 
     /// A model whose batch of n takes `fixed + per_sample × n`, and stalls once for `stall` at the
     /// batch numbered `stall_at`.
@@ -365,7 +482,7 @@ pub(crate) mod tests {
         let s = drive(
             &mut model,
             &timer,
-            &arrivals,
+            &mut Schedule::new(arrivals.iter().copied(), arrivals.len()),
             ms(500.0),
             Batching {
                 max_batch: 8,
@@ -395,7 +512,14 @@ pub(crate) mod tests {
             max_batch: 16,
             max_delay: ms(3.0),
         };
-        let s = drive(&mut model, &timer, &arrivals, Duration::ZERO, batching, None)?;
+        let s = drive(
+            &mut model,
+            &timer,
+            &mut Schedule::new(arrivals.iter().copied(), arrivals.len()),
+            Duration::ZERO,
+            batching,
+            None,
+        )?;
         assert_eq!(s.latencies_ns.len(), 20_000, "every request served once");
         assert!(s
             .batches
@@ -442,7 +566,14 @@ pub(crate) mod tests {
             max_batch: 64,
             max_delay: Duration::ZERO,
         };
-        let s = drive(&mut model, &timer, &arrivals, Duration::ZERO, batching, None)?;
+        let s = drive(
+            &mut model,
+            &timer,
+            &mut Schedule::new(arrivals.iter().copied(), arrivals.len()),
+            Duration::ZERO,
+            batching,
+            None,
+        )?;
         assert_eq!(s.offered, 5000, "every scheduled request was offered");
         assert_eq!(s.latencies_ns.len(), 5000);
         assert!(
@@ -471,7 +602,7 @@ pub(crate) mod tests {
         let s = drive(
             &mut model,
             &timer,
-            &arrivals,
+            &mut Schedule::new(arrivals.iter().copied(), arrivals.len()),
             Duration::ZERO,
             Batching {
                 max_batch: 1,
@@ -493,7 +624,7 @@ pub(crate) mod tests {
         let s = drive(
             &mut model,
             &timer,
-            &arrivals,
+            &mut Schedule::new(arrivals.iter().copied(), arrivals.len()),
             Duration::ZERO,
             Batching {
                 max_batch: 1,
@@ -519,7 +650,7 @@ pub(crate) mod tests {
         let s = drive(
             &mut model,
             &timer,
-            &arrivals,
+            &mut Schedule::new(arrivals.iter().copied(), arrivals.len()),
             Duration::ZERO,
             Batching {
                 max_batch: 1,
@@ -530,6 +661,39 @@ pub(crate) mod tests {
         assert_eq!(s.ending, Ending::Backlog);
         assert_eq!(s.latencies_ns.len() + s.unfinished_ns.len(), 3000);
         assert!(s.unfinished_ns.iter().all(|&a| a > 0));
+        Ok(())
+    }
+
+    #[test]
+    fn a_step_holds_only_the_arrivals_that_wait() -> Result<()> {
+        // 20,000 requests at 1,000/s into a model that keeps up: a step of 20 s holds a handful.
+        let timer = FakeClock::default();
+        let mut model = FakeModel::new(&timer, 1.0, 0.01);
+        let mut schedule = Schedule::new(crate::load::arrival::arrivals(Arrival::Constant, 1000.0, 0), 20_000);
+        let batching = Batching {
+            max_batch: 8,
+            max_delay: Duration::from_millis(2),
+        };
+        let s = drive(&mut model, &timer, &mut schedule, Duration::ZERO, batching, None)?;
+        assert_eq!(s.latencies_ns.len(), 20_000);
+        assert!(
+            schedule.most_held() <= 16,
+            "held {} arrivals at once",
+            schedule.most_held()
+        );
+        // The same step from the schedule drawn whole: the same latencies.
+        let timer = FakeClock::default();
+        let mut model = FakeModel::new(&timer, 1.0, 0.01);
+        let whole = schedule_of(Arrival::Constant, 1000.0, 20_000, 0);
+        let again = drive(
+            &mut model,
+            &timer,
+            &mut Schedule::new(whole.into_iter(), 20_000),
+            Duration::ZERO,
+            batching,
+            None,
+        )?;
+        assert_eq!(again.latencies_ns, s.latencies_ns);
         Ok(())
     }
 }
