@@ -48,12 +48,7 @@ pub fn check(out: &Path) -> Result<Report> {
     }
     let run_ids = text(runs, "run_id");
     let statuses = text(runs, "status");
-    let iterations: Vec<Option<i64>> = runs
-        .column("iterations")
-        .ok()
-        .and_then(|c| c.cast(&DataType::Int64).ok())
-        .map(|c| c.i64().expect("cast").iter().collect())
-        .unwrap_or_else(|| vec![None; runs.height()]);
+    let iterations = ints(runs, "iterations");
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for id in run_ids.iter().flatten() {
         *seen.entry(id).or_default() += 1;
@@ -118,20 +113,9 @@ pub fn check(out: &Path) -> Result<Report> {
 /// time: two measurements that shared the device, each slower than alone. Members of a concurrent
 /// group overlap on purpose and are left out.
 fn overlapping_measurements(runs: &DataFrame, report: &mut Report) {
-    let micros = |name: &str| -> Vec<Option<i64>> {
-        runs.column(name)
-            .ok()
-            .and_then(|c| c.cast(&DataType::Int64).ok())
-            .map(|c| c.i64().expect("cast").iter().collect())
-            .unwrap_or_else(|| vec![None; runs.height()])
-    };
-    let measured_s: Vec<Option<f64>> = runs
-        .column("measured_s")
-        .ok()
-        .and_then(|c| c.cast(&DataType::Float64).ok())
-        .map(|c| c.f64().expect("cast").iter().collect())
-        .unwrap_or_else(|| vec![None; runs.height()]);
-    let finished = micros("finished_at");
+    let measured_s =
+        crate::results::parts::number_column(runs, "measured_s").unwrap_or_else(|_| vec![None; runs.height()]);
+    let finished = ints(runs, "finished_at");
     let (ids, hosts, groups) = (
         text(runs, "run_id"),
         text(runs, "host"),
@@ -248,6 +232,15 @@ fn narrow_parts(out: &Path, table: Table) -> Result<Vec<(PathBuf, usize)>> {
     Ok(narrow)
 }
 
+/// A column as whole numbers (a timestamp as its microseconds); all null when the table lacks it.
+fn ints(df: &DataFrame, name: &str) -> Vec<Option<i64>> {
+    df.column(name)
+        .ok()
+        .and_then(|c| c.cast(&DataType::Int64).ok())
+        .map(|c| c.i64().expect("cast").iter().collect())
+        .unwrap_or_else(|| vec![None; df.height()])
+}
+
 fn text(df: &DataFrame, name: &str) -> Vec<Option<String>> {
     df.column(name)
         .ok()
@@ -278,12 +271,7 @@ fn check_load(frames: &HashMap<&'static str, DataFrame>, report: &mut Report) {
         }
     }
     let capacity = &frames["capacity"];
-    let steps: Vec<Option<i64>> = capacity
-        .column("steps")
-        .ok()
-        .and_then(|c| c.cast(&DataType::Int64).ok())
-        .map(|c| c.i64().expect("cast").iter().collect())
-        .unwrap_or_else(|| vec![None; capacity.height()]);
+    let steps = ints(capacity, "steps");
     for (id, want) in text(capacity, "capacity_id").into_iter().zip(steps) {
         let Some(id) = id else { continue };
         let have = steps_of.get(&id).copied().unwrap_or(0);

@@ -111,16 +111,7 @@ fn mib(bytes: u64) -> f64 {
 
 /// The host's available memory (`MemAvailable` of /proc/meminfo), MiB.
 fn host_available_mib() -> Option<f64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: f64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib / 1024.0)
+    kib_field_mib("/proc/meminfo", "MemAvailable:")
 }
 
 /// The most memory in use since a reset, above what was in use at the reset: the process's resident
@@ -164,9 +155,10 @@ impl Peak {
     }
 }
 
-fn status_mib(key: &str) -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib: f64 = status
+/// A `key:  N kB` line of a /proc file, in MiB.
+fn kib_field_mib(path: &str, key: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let kib: f64 = text
         .lines()
         .find_map(|l| l.strip_prefix(key))?
         .trim()
@@ -178,11 +170,11 @@ fn status_mib(key: &str) -> Option<f64> {
 }
 
 fn resident_mib() -> Option<f64> {
-    status_mib("VmRSS:")
+    kib_field_mib("/proc/self/status", "VmRSS:")
 }
 
 fn peak_resident_mib() -> Option<f64> {
-    status_mib("VmHWM:")
+    kib_field_mib("/proc/self/status", "VmHWM:")
 }
 
 #[cfg(test)]
