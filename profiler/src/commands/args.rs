@@ -196,6 +196,19 @@ pub fn device_or_default(asked: Option<&DeviceSpec>, log: &mut dyn Write) -> Res
     })
 }
 
+/// For an emulated slice (`mps:…`) when this process is no MPS client yet: starts migprof's MPS daemon,
+/// runs this same command again as its client and returns that command's exit code. `None`: measure
+/// here.
+pub fn as_mps_client(device: &DeviceSpec, log: &mut dyn Write) -> Result<Option<std::process::ExitCode>> {
+    match device {
+        DeviceSpec::Mps(target) if !migprof::mps::client::is_client() => {
+            migprof::device::no_cuda_is_an_error(device)?;
+            migprof::mps::client::run_as_client(target, log).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
 /// The line that ends `run`, `load`, `sweep` and `merge`: how to see the folder as a report.
 pub fn report_hint(dir: &Path) -> String {
     format!("report: migprof report {}", dir.display())

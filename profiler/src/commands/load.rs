@@ -22,8 +22,8 @@ use migprof::sweep::cell::CellSpec;
 use workloads::{Mode, TrainConfig};
 
 use super::args::{
-    device_or_default, parse_max_batch, parse_non_negative, parse_percent, parse_positive, parse_rate, report_hint,
-    DTypeArg, KernelArgs,
+    as_mps_client, device_or_default, parse_max_batch, parse_non_negative, parse_percent, parse_positive, parse_rate,
+    report_hint, DTypeArg, KernelArgs,
 };
 
 #[derive(Debug, Clone, Args)]
@@ -145,11 +145,8 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
     // The folder before anything else, so that a bad --out fails before any time is spent.
     migprof::files::ensure_writable_dir(&args.out)?;
     let device_spec = device_or_default(args.device.as_ref(), log)?;
-    if let DeviceSpec::Mps(target) = &device_spec {
-        if !migprof::mps::client::is_client() {
-            migprof::device::no_cuda_is_an_error(&device_spec)?;
-            return migprof::mps::client::run_as_client(target, log);
-        }
+    if let Some(code) = as_mps_client(&device_spec, log)? {
+        return Ok(code);
     }
     let device = device_spec.open()?;
     migprof::run::preflight::check(std::slice::from_ref(&spec), &device)?;

@@ -23,8 +23,8 @@ use migprof::sweep::cell::CellSpec;
 use workloads::TrainConfig;
 
 use super::args::{
-    device_or_default, parse_batch, parse_non_negative, parse_percent, parse_positive, report_hint, DTypeArg,
-    KernelArgs, ModeArg, OptimizerArg,
+    as_mps_client, device_or_default, parse_batch, parse_non_negative, parse_percent, parse_positive, report_hint,
+    DTypeArg, KernelArgs, ModeArg, OptimizerArg,
 };
 
 /// The model of the default set: ResNet-18 inference at batch 1, 4 and 8, training at batch 4 and 8.
@@ -136,11 +136,8 @@ pub fn exec(args: RunArgs, stdout: &mut dyn Write, log: &mut dyn Write) -> Resul
     // The folder before anything else, so that a bad --out fails before any time is spent.
     migprof::files::ensure_writable_dir(&args.out)?;
     let device_spec = device_or_default(args.device.as_ref(), log)?;
-    if let DeviceSpec::Mps(target) = &device_spec {
-        if !migprof::mps::client::is_client() {
-            migprof::device::no_cuda_is_an_error(&device_spec)?;
-            return migprof::mps::client::run_as_client(target, log);
-        }
+    if let Some(code) = as_mps_client(&device_spec, log)? {
+        return Ok(code);
     }
     let outcome = measure(&args, &specs, &device_spec, log)?;
     finish(&args.out, &outcome, stdout)?;

@@ -91,8 +91,9 @@ pub fn search(runner: &mut dyn StepRunner, plan: SearchPlan) -> Result<SearchOut
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::load::serve::tests::whole;
     use crate::load::serve::tests::FakeModel;
-    use crate::load::serve::{drive, Batching, Objective, Schedule};
+    use crate::load::serve::{drive, Batching, Objective};
     use crate::testing::clock::FakeClock;
 
     /// Passes at or below a known threshold.
@@ -149,7 +150,7 @@ mod tests {
             let s = drive(
                 &mut model,
                 &timer,
-                &mut Schedule::new(arrivals.iter().copied(), arrivals.len()),
+                &mut whole(&arrivals),
                 std::time::Duration::ZERO,
                 self.batching,
                 Some(self.objective),

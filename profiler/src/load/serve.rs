@@ -431,7 +431,12 @@ pub(crate) mod tests {
     use crate::testing::clock::FakeClock;
 
     use super::*;
-    use crate::load::arrival::{schedule, schedule as schedule_of, Arrival};
+    use crate::load::arrival::{schedule, Arrival};
+
+    /// A schedule drawn whole beforehand, as the tests' arrivals are.
+    pub(crate) fn whole(arrivals: &[Duration]) -> Schedule<'_> {
+        Schedule::new(arrivals.iter().copied(), arrivals.len())
+    }
 
     /// A model whose batch of n takes `fixed + per_sample × n`, and stalls once for `stall` at the
     /// batch numbered `stall_at`.
@@ -482,7 +487,7 @@ pub(crate) mod tests {
         let s = drive(
             &mut model,
             &timer,
-            &mut Schedule::new(arrivals.iter().copied(), arrivals.len()),
+            &mut whole(&arrivals),
             ms(500.0),
             Batching {
                 max_batch: 8,
@@ -515,7 +520,7 @@ pub(crate) mod tests {
         let s = drive(
             &mut model,
             &timer,
-            &mut Schedule::new(arrivals.iter().copied(), arrivals.len()),
+            &mut whole(&arrivals),
             Duration::ZERO,
             batching,
             None,
@@ -569,7 +574,7 @@ pub(crate) mod tests {
         let s = drive(
             &mut model,
             &timer,
-            &mut Schedule::new(arrivals.iter().copied(), arrivals.len()),
+            &mut whole(&arrivals),
             Duration::ZERO,
             batching,
             None,
@@ -602,7 +607,7 @@ pub(crate) mod tests {
         let s = drive(
             &mut model,
             &timer,
-            &mut Schedule::new(arrivals.iter().copied(), arrivals.len()),
+            &mut whole(&arrivals),
             Duration::ZERO,
             Batching {
                 max_batch: 1,
@@ -624,7 +629,7 @@ pub(crate) mod tests {
         let s = drive(
             &mut model,
             &timer,
-            &mut Schedule::new(arrivals.iter().copied(), arrivals.len()),
+            &mut whole(&arrivals),
             Duration::ZERO,
             Batching {
                 max_batch: 1,
@@ -650,7 +655,7 @@ pub(crate) mod tests {
         let s = drive(
             &mut model,
             &timer,
-            &mut Schedule::new(arrivals.iter().copied(), arrivals.len()),
+            &mut whole(&arrivals),
             Duration::ZERO,
             Batching {
                 max_batch: 1,
@@ -669,30 +674,19 @@ pub(crate) mod tests {
         // 20,000 requests at 1,000/s into a model that keeps up: a step of 20 s holds a handful.
         let timer = FakeClock::default();
         let mut model = FakeModel::new(&timer, 1.0, 0.01);
-        let mut schedule = Schedule::new(crate::load::arrival::arrivals(Arrival::Constant, 1000.0, 0), 20_000);
+        let mut lazy = Schedule::new(crate::load::arrival::arrivals(Arrival::Constant, 1000.0, 0), 20_000);
         let batching = Batching {
             max_batch: 8,
             max_delay: Duration::from_millis(2),
         };
-        let s = drive(&mut model, &timer, &mut schedule, Duration::ZERO, batching, None)?;
+        let s = drive(&mut model, &timer, &mut lazy, Duration::ZERO, batching, None)?;
         assert_eq!(s.latencies_ns.len(), 20_000);
-        assert!(
-            schedule.most_held() <= 16,
-            "held {} arrivals at once",
-            schedule.most_held()
-        );
+        assert!(lazy.most_held() <= 16, "held {} arrivals at once", lazy.most_held());
         // The same step from the schedule drawn whole: the same latencies.
         let timer = FakeClock::default();
         let mut model = FakeModel::new(&timer, 1.0, 0.01);
-        let whole = schedule_of(Arrival::Constant, 1000.0, 20_000, 0);
-        let again = drive(
-            &mut model,
-            &timer,
-            &mut Schedule::new(whole.into_iter(), 20_000),
-            Duration::ZERO,
-            batching,
-            None,
-        )?;
+        let drawn = schedule(Arrival::Constant, 1000.0, 20_000, 0);
+        let again = drive(&mut model, &timer, &mut whole(&drawn), Duration::ZERO, batching, None)?;
         assert_eq!(again.latencies_ns, s.latencies_ns);
         Ok(())
     }

@@ -857,16 +857,7 @@ impl Scheduler<'_> {
                 }
                 Claimed::Theirs(h) if planned.is_some() => {
                     // Another sweep measures this very cell: its row will be there.
-                    self.summary.claimed += 1;
-                    self.finished += 1;
-                    self.progress.advance();
-                    self.progress.line(&format!(
-                        "[{}/{}] {}: measured by another sweep ({}); skipped here",
-                        self.finished,
-                        self.total,
-                        describe(&cell),
-                        h.describe()
-                    ))?;
+                    self.skipped_here(&cell, &format!("measured by another sweep ({})", h.describe()))?;
                     continue;
                 }
                 Claimed::Theirs(_) => {
@@ -879,15 +870,7 @@ impl Scheduler<'_> {
             // Another sweep may have measured it since this one was planned.
             if planned.is_some() && !self.opts.force && done_as_planned(&self.opts.out, &cell, self.opts.retry_oom)? {
                 drop((cell_claim, device_claim));
-                self.summary.claimed += 1;
-                self.finished += 1;
-                self.progress.advance();
-                self.progress.line(&format!(
-                    "[{}/{}] {}: measured by another sweep meanwhile; skipped here",
-                    self.finished,
-                    self.total,
-                    describe(&cell)
-                ))?;
+                self.skipped_here(&cell, "measured by another sweep meanwhile")?;
                 continue;
             }
             let env = mps_env(&cell, &device, self.daemons);
@@ -903,6 +886,19 @@ impl Scheduler<'_> {
             });
         }
         Ok(())
+    }
+
+    /// A cell another sweep measured or measures: counted as done there, and said.
+    fn skipped_here(&mut self, cell: &CellSpec, why: &str) -> Result<()> {
+        self.summary.claimed += 1;
+        self.finished += 1;
+        self.progress.advance();
+        self.progress.line(&format!(
+            "[{}/{}] {}: {why}; skipped here",
+            self.finished,
+            self.total,
+            describe(cell)
+        ))
     }
 
     /// The summary, once the progress bar is gone.
