@@ -47,13 +47,23 @@ def memory_table(ours, best, variants, markdown):
     print_table(head, out, markdown)
 
 
+def migprof_rows(folder):
+    """migprof's rows by (model, mode, dtype, batch), the latest run winning (parts are in time order).
+    bf16 and f16 training rows without f32 master weights (`master_weights` none) are left out: PyTorch
+    trains under autocast over f32 weights, and those rows are the cost of the masters, not the
+    comparison."""
+    ours = {}
+    for r in pq.read_table(f"{folder}/runs").to_pylist():
+        if r.get("master_weights") != "none":
+            ours[(r["model"], r["mode"], r["dtype"], r["batch"])] = r
+    return ours
+
+
 def main():
     folder, ref_file = sys.argv[1], sys.argv[2]
     markdown = "--markdown" in sys.argv
     peak = json.load(open(sys.argv[sys.argv.index("--peak") + 1])) if "--peak" in sys.argv else None
-    ours = {}
-    for r in pq.read_table(f"{folder}/runs").to_pylist():
-        ours[(r["model"], r["mode"], r["dtype"], r["batch"])] = r  # latest run wins: parts are in time order
+    ours = migprof_rows(folder)
     measured = [json.loads(line) for line in open(ref_file) if line.strip()]
     # The best variant per cell; every variant's throughput beside it.
     best, variants = {}, {}
@@ -95,7 +105,7 @@ def main():
         out.append(row)
     print_table(head, out, markdown)
     if rows:
-        print(f"\nPyTorch {rows[0]['torch']} on {rows[0]['gpu']}; precision: f32 TF32 off; tf32 TF32 on for matmuls and convolutions; bf16 autocast (PyTorch) / bf16 weights (migprof)")
+        print(f"\nPyTorch {rows[0]['torch']} on {rows[0]['gpu']}; precision: f32 TF32 off; tf32 TF32 on for matmuls and convolutions; bf16/f16 autocast or half weights in inference (PyTorch) / half weights (migprof); bf16/f16 training over f32 weights (PyTorch autocast) / f32 master weights (migprof)")
     if peak:
         tf32 = f", tf32 {peak['tf32_tflops']:.0f} TFLOP/s" if "tf32_tflops" in peak else ""
         print(f"measured peak: bf16 {peak['bf16_tflops']:.0f} TFLOP/s, f32 (no TF32) {peak['f32_tflops']:.1f} TFLOP/s{tf32}")

@@ -44,6 +44,12 @@
 #              (MIGPROF_MEMORY_LOG=1: pool, graphs, cuDNN workspaces) and, with AB_BIN, that build's,
 #              beside PyTorch's eager, bf16-weights and channels_last variants' (MODELS, BATCHES
 #              default 32, DTYPES default bf16, MODES default infer,train)
+#     mixed    mixed-precision training: the master-weight kernels against the CPU and every CUDA-graph
+#              test (STEP 1), the update error of bf16 and f16 steps against f64 beside PyTorch
+#              autocast's (benches/update_error.py with .dist/update_steps.gz; STEP 1), and (STEP 2, one
+#              round per call, ROUND names it) the training cells — MODELS, batch 32, DTYPES (default
+#              bf16,f16) over f32 masters and with none — against PyTorch's training variants, with
+#              device memory; rounds.py over the rounds found in $OUT
 #   MIGPROF_GZ names another build (the CPU build does everything but run models on the GPU).
 #   MODELS and BATCHES narrow the comparison (defaults: the four families, inference at 1,8,32,128).
 set -uo pipefail
@@ -230,6 +236,57 @@ log "the rounds together"
 python3 benches/rounds.py "${pairs[@]}" --peak "$out/peak.json" | tee "$out/rounds.txt"
 python3 benches/rounds.py "${pairs[@]}" --peak "$out/peak.json" --markdown > "$out/rounds.md"
 cp "$out"/pytorch-*.jsonl "$out"/compare-best-*.txt "$out"/rounds.txt "$out"/rounds.md "${OUT:-/tmp}/" 2>/dev/null
+exit 0
+fi
+
+if [ "$mode" = mixed ]; then
+models="${MODELS:-resnet50,vit_b_16,swin_t,bert_base}"; dtypes="${DTYPES:-bf16,f16}"; round="${ROUND:-1}"
+if [ "${STEP:-1}" = 1 ]; then
+    rc=0
+    log "GPU tests: the master-weight kernels (GRAPHS=1: and every CUDA-graph test)"
+    gunzip -c .dist/kernels-test.gz > /tmp/kernels-test && chmod +x /tmp/kernels-test
+    /tmp/kernels-test --include-ignored --nocapture --test-threads 1 master > "$out/kernels-masters.txt" 2>&1 || rc=1
+    grep -E "^test |panicked|masters|test result" "$out/kernels-masters.txt"
+    [ -n "${GRAPHS:-}" ] && { gpu_tests graphs || rc=1; }
+    log "update error against f64: PyTorch autocast and migprof, 1 and 3 SGD steps, one process per model"
+    gunzip -c .dist/update_steps.gz > /tmp/update_steps && chmod +x /tmp/update_steps
+    # The weights files (hundreds of MB a model) stay out of $out, which is archived at the end.
+    work=/tmp/update-error; rm -rf "$work"
+    for m in ${models//,/ }; do
+        (cd benches && python3 update_error.py --bin /tmp/update_steps --models "$m" --work "$work" > "$out/update-error-$m.log" 2>&1) &
+    done
+    wait
+    tail -n 3 "$out"/update-error-*.log
+    cp "$work"/*.jsonl "$out/"
+    (cd benches && python3 update_error.py --report --work "$work" --markdown) | tee "$out/update-error.md" || rc=1
+    cp "$out/update-error.md" "$work"/*.jsonl "$out/kernels-masters.txt" "${OUT:-/tmp}/" 2>/dev/null
+    log "MPS after"; mps_servers
+    exit $rc
+fi
+log "round $round: migprof training at batch 32, $dtypes, over f32 masters and with none"
+for masters in f32 none; do
+    "$bin" run --model "$models" --mode train --dtype "$dtypes" --batch 32 --master-weights "$masters" --device "$uuid" --warmup-secs 1 --duration 3 --out "$out/train-$round" > "$out/migprof-train-$round-$masters.log" 2>&1
+    tail -n 25 "$out/migprof-train-$round-$masters.log"
+done
+[ -n "${NO_PYTORCH:-}" ] && { tar czf "${OUT:-/tmp}/train-$round.tgz" -C "$out" "train-$round"; exit 0; }
+log "round $round: PyTorch training variants (compile time apart)"
+python3 benches/pytorch_reference.py --models "$models" --modes train --dtypes "$dtypes" --batches 32 --variants eager,fused,cl,compile --warmup 10 --iters 30 > "$out/pytorch-train-$round.jsonl"
+python3 benches/compare.py "$out/train-$round" "$out/pytorch-train-$round.jsonl" | tee "$out/compare-train-$round.txt"
+python3 benches/compare.py "$out/train-$round" "$out/pytorch-train-$round.jsonl" --memory | tee "$out/memory-train-$round.txt"
+log "round $round: the cost of the masters (f32 masters / none, throughput and sampled device memory)"
+python3 - "$out/train-$round" <<'PY' | tee "$out/masters-cost-$round.txt"
+import sys
+import pyarrow.parquet as pq
+rows = pq.read_table(f"{sys.argv[1]}/runs").to_pylist()
+by = {(r["model"], r["dtype"], r["master_weights"]): r for r in rows}
+for (model, dtype, m), r in sorted(by.items()):
+    if m == "f32" and (model, dtype, "none") in by:
+        n = by[(model, dtype, "none")]
+        print(f"{model:<10} {dtype:<5} masters {r['throughput']:9.1f}/s {r['fb_used_max_mib']:7.0f} MiB  none {n['throughput']:9.1f}/s {n['fb_used_max_mib']:7.0f} MiB"
+              f"  throughput masters/none {r['throughput'] / n['throughput']:.3f}  loss_scale {r['loss_scale']}  skipped {r['skipped_steps']}")
+PY
+tar czf "${OUT:-/tmp}/train-$round.tgz" -C "$out" "train-$round"
+cp "$out"/pytorch-train-$round.jsonl "$out"/compare-train-$round.txt "$out"/memory-train-$round.txt "$out"/masters-cost-$round.txt "${OUT:-/tmp}/" 2>/dev/null
 exit 0
 fi
 

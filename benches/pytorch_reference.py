@@ -5,23 +5,30 @@ iteration counts, measured the way migprof measures (each step synchronised befo
 
 Precision policy, stated in every output row: f32 runs with TF32 off for matmuls and convolutions
 (`allow_tf32 = False`), as migprof's f32; tf32 with it on for both, as migprof's `--dtype tf32`; bf16
-runs the model under autocast (bf16 matmuls and convolutions, f32 weights and reductions where autocast
-keeps them). cudnn.benchmark on throughout.
+and f16 run the model under autocast (half-precision matmuls and convolutions, f32 weights and
+reductions where autocast keeps them). Training in bf16 and f16 is always autocast over f32 weights, as
+users train (and as migprof trains by default, over f32 master weights); f16 training adds GradScaler's
+dynamic loss scale. cudnn.benchmark on throughout.
 
 Variants (`--variants`, each row says which), the ways a PyTorch user who wants speed runs a model:
-  eager     as above (autocast for bf16): the default, what the comparison always measured
-  bf16w     bf16 weights and inputs, no autocast (bf16 only)
-  cl        channels_last memory format for convolutional models (ResNet), with bf16 weights for bf16
+  eager     as above (autocast for bf16 and f16; training with torch.optim.AdamW's default
+            implementation): the default, what the comparison always measured
+  bf16w     inference only: bf16 weights and inputs, no autocast (bf16 only)
+  fused     training only: as eager, with AdamW(fused=True)
+  cl        channels_last memory format for convolutional models (ResNet): in inference with bf16
+            weights for bf16; in training over f32 weights under autocast with AdamW(fused=True)
   compile   torch.compile(mode="reduce-overhead": Inductor kernels and CUDA graphs) over the best eager
-            form (bf16 weights, channels_last for ResNet); the compile (the first warm-up steps) is
-            timed on its own as `compile_s`, never in the throughput. Inductor's cache goes to
-            TORCHINDUCTOR_CACHE_DIR (default /tmp/migprof-inductor), so a second call reuses it.
+            form: in inference bf16 weights, in training the model under autocast with AdamW(fused=True),
+            channels_last for ResNet in both. A fresh compile per cell (per shape); the compile (the
+            first warm-up steps) is timed on its own as `compile_s`, never in the throughput. Inductor's
+            cache goes to TORCHINDUCTOR_CACHE_DIR (default /tmp/migprof-inductor), so a second call
+            reuses it.
 
 Each row also says whether the GPU slowed its clocks while it was measured (`verdict`: throttled or ok,
 `slowdown_share`), judged as migprof judges its own runs, so that a comparison made on a hot GPU says so.
 
 usage: pytorch_reference.py --models resnet50,vit_b_16 --modes infer --dtypes f32,bf16 --batches 1,8
-       [--variants eager,bf16w,cl,compile] [--warmup 10] [--iters 50] [--seq-len 128] [--profile] > rows.jsonl
+       [--variants eager,bf16w,fused,cl,compile] [--warmup 10] [--iters 50] [--seq-len 128] [--profile] > rows.jsonl
 --profile brackets the measured iterations with cudaProfilerStart/Stop, as migprof does, for
 `ncu --profile-from-start off` (benches/kernel_profile.sh "pytorch MODEL MODE DTYPE BATCH").
 """
@@ -79,13 +86,14 @@ CONVOLUTIONAL = {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}
 
 
 def applies(variant, name, mode, dtype):
-    """Whether a variant means anything for the cell (bf16 weights only in bf16, channels_last only
-    for convolutional models, CUDA graphs only for inference)."""
+    """Whether a variant means anything for the cell (bf16 weights only in bf16 inference, a fused
+    optimizer only in training, channels_last only for convolutional models)."""
     return {
         "eager": True,
-        "bf16w": dtype == "bf16",
+        "bf16w": dtype == "bf16" and mode == "infer",
+        "fused": mode == "train",
         "cl": name in CONVOLUTIONAL,
-        "compile": mode == "infer",
+        "compile": True,
     }[variant]
 
 
@@ -131,35 +139,45 @@ def measure(name, mode, dtype, batch, args, variant="eager"):
     model, kind = build(name, args.seq_len)
     model = model.to(device)
     x, labels = inputs(kind, batch, args.seq_len, device, gen)
-    fast = variant in ("bf16w", "cl", "compile")
-    # The fast forms hold bf16 weights and inputs themselves; eager bf16 is autocast.
-    if fast and dtype == "bf16":
-        model = model.to(torch.bfloat16)
+    half = {"bf16": torch.bfloat16, "f16": torch.float16}.get(dtype)
+    # The fast inference forms hold half-precision weights and inputs themselves; eager is autocast,
+    # and training always is (f32 weights, as users train).
+    fast = mode == "infer" and variant in ("bf16w", "cl", "compile")
+    if fast and half is not None:
+        model = model.to(half)
         if kind == "image":
-            x = (x[0].to(torch.bfloat16),)
+            x = (x[0].to(half),)
     if variant in ("cl", "compile") and name in CONVOLUTIONAL:
         model = model.to(memory_format=torch.channels_last)
         x = (x[0].contiguous(memory_format=torch.channels_last),)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=(dtype == "bf16" and not fast))
+    autocast = torch.autocast("cuda", dtype=half or torch.float32, enabled=(half is not None and not fast))
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     torch.backends.cudnn.allow_tf32 = dtype == "tf32"
+    forward = torch.compile(model, mode="reduce-overhead") if variant == "compile" else model
     if mode == "infer":
         model.eval()
-        forward = torch.compile(model, mode="reduce-overhead") if variant == "compile" else model
 
         def step():
             with torch.inference_mode(), autocast:
                 logits_of(forward, kind, x)
     else:
         model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+        fused = variant in ("fused", "cl", "compile")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=fused)
+        # f16 trains with GradScaler's dynamic loss scale, as torch.amp documents it.
+        scaler = torch.amp.GradScaler("cuda", init_scale=65536.0) if dtype == "f16" else None
 
         def step():
             with autocast:
-                loss = F.cross_entropy(logits_of(model, kind, x).float(), labels)
+                loss = F.cross_entropy(logits_of(forward, kind, x).float(), labels)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            if scaler:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
 
     # The compile happens in the first steps: timed apart from the measurement.
     t0 = time.perf_counter()
@@ -188,7 +206,7 @@ def measure(name, mode, dtype, batch, args, variant="eager"):
         "framework": "pytorch", "model": name, "mode": mode, "dtype": dtype, "batch": batch,
         "seq_len": args.seq_len if kind == "tokens" else None, "iterations": len(lat),
         "mean_ms": mean, "p50_ms": statistics.median(lat), "throughput": 1000.0 / mean * batch,
-        "precision": {"f32": "f32, TF32 off", "tf32": "f32, TF32 on"}.get(dtype, "bf16 weights" if fast else "bf16 autocast"),
+        "precision": {"f32": "f32, TF32 off", "tf32": "f32, TF32 on"}.get(dtype, f"{dtype} weights" if fast else f"{dtype} autocast"),
         "variant": variant, "compile_s": warmup_s if variant == "compile" else None,
         "device_used_mib": (total - free) / 2**20,
         "slowdown_share": slowdown_share, "verdict": verdict,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The verdict over rounds of the comparison on one machine (`gpu_run.sh best` with ROUNDS=2): per cell,
 migprof's throughput over the best PyTorch variant's in each round, the median of those ratios, and
-whether the cell meets the performance goal — median at or above 1 and no round below 0.95. A cell
+whether the cell meets the performance goal — median at or above 1 and no round below 0.97. A cell
 where either side was measured on slowed clocks in some round (migprof's verdict `throttled`, or
 PyTorch's row's, read the same way) is not judged: its goal says `throttled`, and which side. With
 --peak (peak_flops.py's output), migprof's model FLOP utilisation at its median throughput.
@@ -12,14 +12,7 @@ import json
 import statistics
 import sys
 
-import pyarrow.parquet as pq
-
-from compare import print_table
-
-
-def ours(folder):
-    # The latest run wins: a results folder's parts are in time order.
-    return {(r["model"], r["mode"], r["dtype"], r["batch"]): r for r in pq.read_table(f"{folder}/runs").to_pylist()}
+from compare import migprof_rows, print_table
 
 
 def best_pytorch(path):
@@ -42,7 +35,7 @@ def main():
     args = [a for a in args if a != "--markdown"]
     if not args or len(args) % 2:
         sys.exit(__doc__)
-    rounds = [(ours(args[i]), best_pytorch(args[i + 1])) for i in range(0, len(args), 2)]
+    rounds = [(migprof_rows(args[i]), best_pytorch(args[i + 1])) for i in range(0, len(args), 2)]
     cells = sorted({k for _, theirs in rounds for k in theirs}, key=lambda k: (k[0], k[1], k[2], k[3]))
     head = ["model", "mode", "dtype", "batch"] + [f"round {i + 1}" for i in range(len(rounds))] + ["median", "migprof/s", "pytorch/s", "best variant"]
     head += ["MFU"] if peak else []
@@ -68,7 +61,7 @@ def main():
             short += 1
         else:
             median = statistics.median(ratios)
-            meets = median >= 1.0 and min(ratios) >= 0.95
+            meets = median >= 1.0 and min(ratios) >= 0.97
             row = list(map(str, key)) + cols + [f"{median:.2f}", f"{statistics.median(mine):.1f}", f"{statistics.median(theirs):.1f}", variant]
             if peak:
                 top = peak.get(f"{key[2]}_tflops", float("nan")) * 1e12
@@ -83,7 +76,7 @@ def main():
         out.append(row)
     print_table(head, out, markdown)
     met = len(cells) - short - unjudged
-    print(f"\n{met} of {len(cells)} cells meet the goal (median ratio >= 1, every round >= 0.95)"
+    print(f"\n{met} of {len(cells)} cells meet the goal (median ratio >= 1, every round >= 0.97)"
           + (f"; {unjudged} not judged: a side ran on slowed clocks (throttled) in some round" if unjudged else ""))
 
 

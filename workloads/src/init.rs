@@ -168,20 +168,28 @@ pub struct SeededInit {
     params: Params,
     seed: u64,
     checkpoint: Option<Arc<Checkpoint>>,
+    originals: Option<Originals>,
 }
+
+/// Every trainable parameter's value as drawn or read, in f32 on the host, before it was rounded to
+/// the model's dtype: what f32 master weights start from, as PyTorch's start from the f32 weights
+/// that autocast rounds for each step.
+pub type Originals = Arc<Mutex<HashMap<String, Tensor>>>;
 
 impl SeededInit {
     pub fn var_builder(params: Params, seed: u64, dtype: DType, device: &Device) -> VarBuilder<'static> {
-        Self::with_checkpoint(params, seed, None, dtype, device)
+        Self::with_checkpoint(params, seed, None, None, dtype, device)
     }
 
     /// As [`SeededInit::var_builder`], taking tensors from `checkpoint`. A tensor the checkpoint lacks or
     /// holds in another shape is recorded in [`Checkpoint::problems`] and initialised from the seed, so
-    /// that building goes on and every problem can be reported at once.
+    /// that building goes on and every problem can be reported at once. With `originals`, every
+    /// trainable parameter's value before rounding to `dtype` is kept there too.
     pub fn with_checkpoint(
         params: Params,
         seed: u64,
         checkpoint: Option<Arc<Checkpoint>>,
+        originals: Option<Originals>,
         dtype: DType,
         device: &Device,
     ) -> VarBuilder<'static> {
@@ -190,6 +198,7 @@ impl SeededInit {
                 params,
                 seed,
                 checkpoint,
+                originals,
             }),
             dtype,
             device.clone(),
@@ -232,9 +241,14 @@ impl SimpleBackend for SeededInit {
             }
             return Ok(t);
         }
-        let tensor = self.initial_value(&shape, name, init)?.to_dtype(dtype)?;
+        let original = self.initial_value(&shape, name, init)?;
+        let tensor = original.to_dtype(dtype)?;
         match &self.params {
             Params::Trainable(vm) => {
+                if let Some(originals) = &self.originals {
+                    let f32 = original.to_dtype(DType::F32)?;
+                    originals.lock().unwrap().insert(name.to_string(), f32);
+                }
                 let var = uploaded_var(&tensor, dev)?;
                 let t = var.as_tensor().clone();
                 vm.data().lock().unwrap().insert(name.to_string(), var);

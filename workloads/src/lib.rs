@@ -13,6 +13,6 @@ mod zoo;
 
 pub use graphs::GraphStats;
 pub use models::{is_buffer, Inputs};
-pub use optim::OptimizerKind;
+pub use optim::{MasterWeights, OptimizerKind, ScaleReading};
 pub use workload::{build, Batch, Mode, TrainConfig, Workload, WorkloadConfig};
 pub use zoo::{lookup, lookup_with, model_names, models, tiny_model, Arch, Family, InputShape, ModelInfo, ZooError};

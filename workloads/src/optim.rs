@@ -1,6 +1,8 @@
 //! Optimizers of the training workloads, with PyTorch's semantics: AdamW on our two-pass kernel
 //! (`kernels::adamw`), and SGD with momentum, which candle's SGD lacks and PyTorch users' ResNet
-//! recipes use.
+//! recipes use; in bf16 and f16, over f32 master weights by default (`mixed`).
+
+mod mixed;
 
 use std::sync::{Arc, Mutex};
 
@@ -8,6 +10,47 @@ use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 
 use crate::kernels::adamw::{adam_state, moments_dtype, AdamAdvance, AdamApply, AdamMoments, AdamStep};
+pub use crate::kernels::masters::ScaleReading;
+pub use mixed::{MixedOptimizer, GROWTH_INTERVAL, INITIAL_SCALE};
+
+/// Whether bf16 and f16 training keeps f32 master weights, as PyTorch's autocast, Megatron and
+/// DeepSpeed do (the default), or trains the half-precision weights themselves. f32 and f64 training
+/// has no separate masters: its weights are already the optimizer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum MasterWeights {
+    /// f32 masters updated by the optimizer, bf16/f16 working copies written from them; in f16 a
+    /// dynamic loss scale (`torch.amp.GradScaler`'s).
+    #[default]
+    F32,
+    /// The bf16/f16 weights updated in place (AdamW's moments still f32); no loss scale.
+    None,
+}
+
+impl MasterWeights {
+    pub const ALL: [MasterWeights; 2] = [MasterWeights::F32, MasterWeights::None];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MasterWeights::F32 => "f32",
+            MasterWeights::None => "none",
+        }
+    }
+
+    /// Whether training in `dtype` keeps separate masters with this choice.
+    pub fn kept_for(self, dtype: candle_core::DType) -> bool {
+        self == MasterWeights::F32 && matches!(dtype, candle_core::DType::BF16 | candle_core::DType::F16)
+    }
+}
+
+impl std::str::FromStr for MasterWeights {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Self::ALL.into_iter().find(|m| m.as_str() == s).ok_or_else(|| {
+            let names: Vec<&str> = Self::ALL.iter().map(|m| m.as_str()).collect();
+            format!("unknown master weights '{s}': choose one of {}", names.join(", "))
+        })
+    }
+}
 
 /// Which optimizer a training workload uses, with PyTorch's semantics.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -21,6 +64,8 @@ pub enum OptimizerKind {
 pub enum Optimizer {
     AdamW(AdamW),
     Sgd(SgdMomentum),
+    /// Over f32 master weights (bf16 and f16 training).
+    Mixed(MixedOptimizer),
 }
 
 impl Optimizer {
@@ -34,10 +79,21 @@ impl Optimizer {
     /// Back-propagates `loss` and updates every parameter, with the gradients that the backward
     /// pass recorded in `outside` added to the graph's.
     pub fn backward_step(&mut self, loss: &Tensor, outside: Option<&ParamGrads>) -> Result<()> {
-        let grads = gradients(loss, outside)?;
         match self {
-            Self::AdamW(o) => o.apply(&grads),
-            Self::Sgd(o) => o.apply(&grads),
+            Self::AdamW(o) => o.apply(&gradients(loss, outside)?),
+            Self::Sgd(o) => o.apply(&gradients(loss, outside)?),
+            Self::Mixed(o) => {
+                let grads = gradients(&o.scaled(loss)?, outside)?;
+                o.apply(&grads)
+            }
+        }
+    }
+
+    /// The loss scale and skipped steps of a mixed-precision optimizer; `None` for the others.
+    pub fn scale_reading(&self) -> Result<Option<ScaleReading>> {
+        match self {
+            Self::Mixed(o) => o.reading().map(Some),
+            _ => Ok(None),
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::init::{Checkpoint, Params, Rng, SeededInit};
 use crate::kernels::options::CudaGraphs;
 use crate::kernels::KernelOptions;
 use crate::models::{is_buffer, Classifier, Inputs};
-use crate::optim::{Optimizer, OptimizerKind};
+use crate::optim::{MasterWeights, MixedOptimizer, Optimizer, OptimizerKind, ScaleReading};
 use crate::zoo::{lookup_with, InputShape, ModelInfo};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,6 +38,8 @@ pub struct TrainConfig {
     pub optimizer: OptimizerKind,
     pub lr: f64,
     pub weight_decay: f64,
+    /// bf16 and f16 training over f32 master weights (the default) or on the half-precision weights.
+    pub master_weights: MasterWeights,
 }
 
 impl TrainConfig {
@@ -47,6 +49,7 @@ impl TrainConfig {
             optimizer: OptimizerKind::AdamW,
             lr: 1e-3,
             weight_decay: 0.01,
+            master_weights: MasterWeights::default(),
         }
     }
 
@@ -57,6 +60,7 @@ impl TrainConfig {
             optimizer: OptimizerKind::Sgd { momentum: 0.9 },
             lr: 0.01,
             weight_decay: 0.0,
+            master_weights: MasterWeights::default(),
         }
     }
 }
@@ -170,12 +174,20 @@ pub trait Workload {
     /// Every named tensor of the model (parameters and buffers), sorted by name: as trained so far,
     /// or for inference as built, on the host ([`crate::init::Params::tensors`]).
     fn tensors(&self) -> Vec<(String, Tensor)>;
+    /// The trainable weights as the optimizer holds them, by name: the f32 masters where training
+    /// keeps them, else the parameters themselves. Empty for inference.
+    fn weights(&self) -> Result<Vec<(String, Tensor)>>;
+    /// The loss scale and the steps skipped so far, where training keeps f32 masters (synchronises
+    /// with the device); `None` otherwise.
+    fn scale_reading(&self) -> Result<Option<ScaleReading>>;
 }
 
 /// Builds the named model as a workload.
 pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
     let (arch, info) = lookup_with(name, cfg.seq_len).map_err(candle_core::Error::wrap)?;
     let params = Params::new(cfg.mode == Mode::Train);
+    let masters = cfg.mode == Mode::Train && cfg.train.master_weights.kept_for(cfg.dtype);
+    let originals = masters.then(crate::init::Originals::default);
     let checkpoint = match &cfg.weights {
         Some(path) => Some(Checkpoint::new(
             candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| {
@@ -184,7 +196,14 @@ pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
         )),
         None => None,
     };
-    let vb = SeededInit::with_checkpoint(params.clone(), cfg.seed, checkpoint.clone(), cfg.dtype, &cfg.device);
+    let vb = SeededInit::with_checkpoint(
+        params.clone(),
+        cfg.seed,
+        checkpoint.clone(),
+        originals.clone(),
+        cfg.dtype,
+        &cfg.device,
+    );
     let model = arch.build(vb)?;
     if let Some(ckpt) = checkpoint {
         let problems = ckpt.problems();
@@ -197,22 +216,46 @@ pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
             )
         }
     }
-    let optimizer = match &params {
+    let (optimizer, trained) = match &params {
         Params::Trainable(vm) => {
-            let vars: Vec<Var> = {
+            let named: Vec<(String, Var)> = {
                 let data = vm.data().lock().unwrap();
-                let mut named: Vec<(&String, &Var)> = data.iter().filter(|(n, _)| !is_buffer(n)).collect();
-                named.sort_by(|a, b| a.0.cmp(b.0));
-                named.into_iter().map(|(_, v)| v.clone()).collect()
+                let mut named: Vec<(String, Var)> = data
+                    .iter()
+                    .filter(|(n, _)| !is_buffer(n))
+                    .map(|(n, v)| (n.clone(), v.clone()))
+                    .collect();
+                named.sort_by(|a, b| a.0.cmp(&b.0));
+                named
             };
-            Some(Optimizer::new(
-                cfg.train.optimizer,
-                vars,
-                cfg.train.lr,
-                cfg.train.weight_decay,
-            )?)
+            let names = named.iter().map(|(n, _)| n.clone()).collect();
+            let t = &cfg.train;
+            let optimizer = match originals {
+                Some(originals) => {
+                    // Taken out of the map as they are uploaded: the host copies go one by one.
+                    let mut originals = originals.lock().unwrap();
+                    let pairs = named
+                        .into_iter()
+                        .map(|(n, v)| {
+                            let original = originals.remove(&n).ok_or_else(|| {
+                                candle_core::Error::Msg(format!("{n}: no f32 value kept for its master"))
+                            })?;
+                            Ok((v, original))
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    let dynamic = cfg.dtype == DType::F16;
+                    Optimizer::Mixed(MixedOptimizer::new(t.optimizer, pairs, t.lr, t.weight_decay, dynamic)?)
+                }
+                None => Optimizer::new(
+                    t.optimizer,
+                    named.into_iter().map(|(_, v)| v).collect(),
+                    t.lr,
+                    t.weight_decay,
+                )?,
+            };
+            (Some(optimizer), names)
         }
-        Params::Frozen(_) => None,
+        Params::Frozen(_) => (None, Vec::new()),
     };
     // Beside the ledger before a step's capture (graphs.rs), this tells what the first step left
     // reserved in the pool from what the parameters and optimizer state hold.
@@ -230,6 +273,7 @@ pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
         mode: cfg.mode,
         kernels: cfg.kernels,
         optimizer,
+        trained,
         graphs: Mutex::new(StepGraphs::default()),
     }))
 }
@@ -244,6 +288,8 @@ struct Classification {
     mode: Mode,
     kernels: KernelOptions,
     optimizer: Option<Optimizer>,
+    /// The names of the parameters the optimizer updates, in its order.
+    trained: Vec<String>,
     /// Behind a lock because `infer` takes `&self`; one thread drives a workload, so it is never
     /// contended.
     graphs: Mutex<StepGraphs>,
@@ -388,5 +434,24 @@ impl Workload for Classification {
 
     fn tensors(&self) -> Vec<(String, Tensor)> {
         self.params.tensors()
+    }
+
+    fn weights(&self) -> Result<Vec<(String, Tensor)>> {
+        let tensors: Vec<Tensor> = match &self.optimizer {
+            Some(Optimizer::Mixed(o)) => o.masters()?,
+            Some(_) => {
+                let all: std::collections::HashMap<String, Tensor> = self.params.tensors().into_iter().collect();
+                self.trained.iter().map(|n| all[n].clone()).collect()
+            }
+            None => Vec::new(),
+        };
+        Ok(self.trained.iter().cloned().zip(tensors).collect())
+    }
+
+    fn scale_reading(&self) -> Result<Option<ScaleReading>> {
+        match &self.optimizer {
+            Some(o) => o.scale_reading(),
+            None => Ok(None),
+        }
     }
 }

@@ -23,6 +23,18 @@ fn random(shape: &[usize], seed: u64) -> Tensor {
     .unwrap()
 }
 
+/// A tensor's elements on the host, in f32.
+fn host_values(t: &Tensor) -> Vec<f32> {
+    t.to_device(&Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+}
+
 /// Largest |a - b| relative to the largest |b|.
 fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
     let a = a
@@ -306,16 +318,7 @@ fn matches_cpu(what: &str, f: &dyn Fn(&[&Tensor]) -> Tensor, inputs: &[Tensor], 
 fn bias_and_add_written_over_their_input_match_the_ops_that_make_a_new_tensor() {
     use workloads::kernels::{add, add_over, bias_act, bias_act_over, Act, BiasAxis};
     let gpu = gpu();
-    let host = |t: &Tensor| {
-        t.to_device(&Device::Cpu)
-            .unwrap()
-            .to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-    };
+    let host = host_values;
     // Planes of 35 (single elements, not words) and of 64 (16-byte words); a channel bias.
     for (shape, dtype) in [
         ([2, 8, 5, 7], DType::F32),
@@ -477,16 +480,8 @@ fn adamw_kernel_matches_the_cpu_over_three_steps() {
     // parameter, plus f32's relative error on the update itself (three steps of at most lr = 1e-2:
     // 1e-6 absolute is ~30x that), which is what remains for parameters near 0.
     for (dtype, mantissa) in [(DType::F32, 23), (DType::BF16, 7), (DType::F16, 10)] {
-        let values = |t: Tensor| {
-            t.to_device(&Device::Cpu)
-                .unwrap()
-                .to_dtype(DType::F32)
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap()
-        };
-        let (want, got) = (values(run(&Device::Cpu, dtype)), values(run(&gpu, dtype)));
-        let start = values(p0.to_dtype(dtype).unwrap());
+        let (want, got) = (host_values(&run(&Device::Cpu, dtype)), host_values(&run(&gpu, dtype)));
+        let start = host_values(&p0.to_dtype(dtype).unwrap());
         let moved = want.iter().zip(&start).filter(|(w, s)| w != s).count();
         let off = want
             .iter()
@@ -501,6 +496,69 @@ fn adamw_kernel_matches_the_cpu_over_three_steps() {
             moved > want.len() / 2 && off == 0,
             "adamw {dtype:?}: {off} elements differ by more than 3 ulp"
         );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn master_weight_kernels_match_the_cpu_over_four_steps_with_one_skipped() {
+    use workloads::optim::{MixedOptimizer, Optimizer, OptimizerKind, ParamGrads};
+    let gpu = gpu();
+    let p0 = random(&[3000], 180);
+    let grads: Vec<Tensor> = (0..4).map(|t| random(&[3000], 181 + t)).collect();
+    // Steps 0, 2 and 3 are taken; step 1 has an inf in one element of its gradient (f16 only: the
+    // dynamic scale and its check are f16's).
+    let run = |device: &Device, dtype: DType, kind: OptimizerKind| -> (Tensor, Tensor, String) {
+        let p = Var::from_tensor(&p0.to_device(device).unwrap().to_dtype(dtype).unwrap()).unwrap();
+        let dynamic = dtype == DType::F16;
+        let master = p0.to_device(device).unwrap();
+        let mut opt =
+            Optimizer::Mixed(MixedOptimizer::new(kind, vec![(p.clone(), master)], 1e-2, 0.01, dynamic).unwrap());
+        for (step, g) in grads.iter().enumerate() {
+            // loss = sum(p · g) / 1000 in f32: the gradient is g · scale / 1000 in the parameter's dtype.
+            let g = g.to_device(device).unwrap();
+            let loss = ((p.as_tensor().to_dtype(DType::F32).unwrap() * g)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                * 1e-3)
+                .unwrap();
+            let outside = ParamGrads::default();
+            if step == 1 && dynamic {
+                let mut bad = vec![0f32; 3000];
+                bad[1234] = f32::NAN;
+                let bad = Tensor::from_vec(bad, 3000, &Device::Cpu).unwrap();
+                outside.push(p.as_tensor(), bad.to_device(device).unwrap().to_dtype(dtype).unwrap());
+            }
+            opt.backward_step(&loss, Some(&outside)).unwrap();
+        }
+        let Optimizer::Mixed(mixed) = &opt else { unreachable!() };
+        let reading = format!("{:?}", opt.scale_reading().unwrap().unwrap());
+        (mixed.masters().unwrap()[0].clone(), p.as_tensor().clone(), reading)
+    };
+    let values = host_values;
+    for kind in [OptimizerKind::AdamW, OptimizerKind::Sgd { momentum: 0.9 }] {
+        for dtype in [DType::BF16, DType::F16] {
+            let (want_master, _, want_reading) = run(&Device::Cpu, dtype, kind);
+            let (got_master, got_copy, got_reading) = run(&gpu, dtype, kind);
+            // The CPU computes in f64 and the GPU in f32, both storing f32 masters: within a few f32
+            // ulps of the master (1e-6 absolute for masters near 0).
+            let (wm, gm) = (values(&want_master), values(&got_master));
+            let off = wm
+                .iter()
+                .zip(&gm)
+                .filter(|(w, g)| (*w - *g).abs() > 4.0 * w.abs() * f32::EPSILON + 1e-6)
+                .count();
+            let moved = wm.iter().zip(&values(&p0)).filter(|(w, s)| w != s).count();
+            // The working copy is the device's own master rounded to the dtype, element for element.
+            let rounded = values(&got_master.to_dtype(dtype).unwrap());
+            let copies_off = values(&got_copy).iter().zip(&rounded).filter(|(c, r)| c != r).count();
+            eprintln!(
+                "masters {kind:?} {dtype:?}: {moved} moved, {off} masters differ from the CPU's, {copies_off} copies from their masters; {got_reading}"
+            );
+            assert_eq!(want_reading, got_reading, "{kind:?} {dtype:?}");
+            assert!(moved > 2900 && off == 0 && copies_off == 0, "{kind:?} {dtype:?}");
+        }
     }
 }
 

@@ -37,6 +37,24 @@ pub enum OptimizerArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MasterWeightsArg {
+    /// f32 master weights the optimizer updates, bf16/f16 working copies written from them; in f16 a
+    /// dynamic loss scale (PyTorch's autocast with GradScaler).
+    F32,
+    /// The bf16/f16 weights updated themselves (AdamW's moments still f32), no loss scale.
+    None,
+}
+
+impl MasterWeightsArg {
+    pub fn choice(self) -> workloads::MasterWeights {
+        match self {
+            MasterWeightsArg::F32 => workloads::MasterWeights::F32,
+            MasterWeightsArg::None => workloads::MasterWeights::None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DTypeArg {
     F32,
     Bf16,

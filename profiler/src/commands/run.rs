@@ -24,7 +24,7 @@ use workloads::TrainConfig;
 
 use super::args::{
     as_mps_client, device_or_default, parse_batch, parse_non_negative, parse_percent, parse_positive, report_hint,
-    DTypeArg, KernelArgs, ModeArg, OptimizerArg,
+    DTypeArg, KernelArgs, MasterWeightsArg, ModeArg, OptimizerArg,
 };
 
 /// The model of the default set: ResNet-18 inference at batch 1, 4 and 8, training at batch 4 and 8.
@@ -65,6 +65,11 @@ pub struct RunArgs {
     /// Weight decay of training runs (default: the optimizer's).
     #[arg(long, value_parser = parse_non_negative)]
     pub weight_decay: Option<f64>,
+
+    /// bf16 and f16 training: over f32 master weights, as PyTorch's autocast trains (f16 with a dynamic
+    /// loss scale), or on the half-precision weights themselves. f32 training and inference ignore it.
+    #[arg(long, value_enum, default_value_t = MasterWeightsArg::F32)]
+    pub master_weights: MasterWeightsArg,
 
     /// Element types, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "f32")]
@@ -367,6 +372,7 @@ fn train_config(args: &RunArgs) -> TrainConfig {
     TrainConfig {
         lr: args.lr.unwrap_or(base.lr),
         weight_decay: args.weight_decay.unwrap_or(base.weight_decay),
+        master_weights: args.master_weights.choice(),
         ..base
     }
 }

@@ -35,7 +35,7 @@ impl Row {
     }
 }
 
-const TEXT: [&str; 32] = [
+const TEXT: [&str; 33] = [
     "run_id",
     "cell_id",
     "baseline",
@@ -53,6 +53,7 @@ const TEXT: [&str; 32] = [
     "emulation",
     "emulated_profile",
     "kernel_options",
+    "master_weights",
     "verdict",
     "concurrency_group",
     "neighbours",

@@ -558,7 +558,7 @@ fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Resu
         .iter()
         .filter(|r| r.is_alone() && r.n("sm_count").is_some())
         .collect();
-    let base: BTreeMap<(String, String, String, String, i64), &Row> = alone
+    let base: BTreeMap<CellKey, &Row> = alone
         .iter()
         .filter(|r| r.s("target") == baseline)
         .map(|r| (key(r), *r))
@@ -654,12 +654,18 @@ fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Resu
     }])
 }
 
-fn key(r: &Row) -> (String, String, String, String, i64) {
+/// A cell as the scaling chart pairs it across targets: model, mode, dtype, sequence length, master
+/// weights (bf16 and f16 training over f32 masters and without them are different cells) and batch.
+type CellKey = (String, String, String, String, String, i64);
+
+/// The [`CellKey`] of a row.
+fn key(r: &Row) -> CellKey {
     (
         r.s("model").into(),
         r.s("mode").into(),
         r.s("dtype").into(),
         r.s("seq_len").into(),
+        r.s("master_weights").into(),
         r.n("batch").unwrap_or(0.0) as i64,
     )
 }

@@ -28,7 +28,7 @@ use polars::prelude::*;
 use serde::Serialize;
 
 /// The workload fields two runs must share to be compared.
-const WORKLOAD: [&str; 9] = [
+const WORKLOAD: [&str; 10] = [
     "model",
     "mode",
     "dtype",
@@ -36,6 +36,7 @@ const WORKLOAD: [&str; 9] = [
     "seq_len",
     "kernel_options",
     "optimizer",
+    "master_weights",
     "weights",
     "concurrency_group",
 ];

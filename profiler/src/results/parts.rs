@@ -16,7 +16,7 @@ use polars::prelude::*;
 /// `concurrency_group`, `neighbours`, `baseline`. 4: the `load`, `load_batches` and `capacity` tables.
 /// 5: every row of a table has every column of it, a failed cell's row included, with nulls where
 /// nothing was measured; before, a failed cell's `runs` row had only its identity columns).
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// Every table, in the order a folder is read.
 pub const TABLES: [Table; 6] = [
@@ -141,6 +141,23 @@ pub fn read_part(path: &Path, table: Table) -> std::result::Result<DataFrame, St
             ));
         }
     }
+    if table == Table::Runs && df.column("master_weights").is_err() {
+        return with_master_weights_of_old_rows(df).map_err(|e| format!("reading it: {e}"));
+    }
+    Ok(df)
+}
+
+/// A runs part written before training kept f32 master weights (schema version 5 and older): its
+/// bf16 and f16 training trained the weights themselves, which the column says as `none`.
+fn with_master_weights_of_old_rows(mut df: DataFrame) -> Result<DataFrame> {
+    let modes = text_column(&df, "mode")?;
+    let dtypes = text_column(&df, "dtype")?;
+    let values: Vec<Option<&str>> = modes
+        .iter()
+        .zip(&dtypes)
+        .map(|(m, d)| (m.as_deref() == Some("train") && matches!(d.as_deref(), Some("bf16" | "f16"))).then_some("none"))
+        .collect();
+    df.with_column(Column::new("master_weights".into(), values))?;
     Ok(df)
 }
 

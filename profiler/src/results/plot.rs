@@ -257,6 +257,7 @@ mod tests {
                 seq_len: None,
                 seed: 0,
                 kernel_options: workloads::kernels::KernelOptions::default().canonical(),
+                master_weights: None,
             },
             error: "out of memory".into(),
             fingerprint: crate::run::fingerprint::Fingerprint::collect(None),

@@ -297,6 +297,22 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
                 .map(|r| r.optimizer.clone())
                 .collect::<Vec<Option<String>>>(),
         ),
+        Column::new(
+            "master_weights".into(),
+            runs.iter()
+                .map(|r| r.master_weights.map(str::to_string))
+                .collect::<Vec<Option<String>>>(),
+        ),
+        Column::new(
+            "loss_scale".into(),
+            runs.iter().map(|r| r.loss_scale).collect::<Vec<Option<f64>>>(),
+        ),
+        Column::new(
+            "skipped_steps".into(),
+            runs.iter()
+                .map(|r| r.measurement.skipped_steps.map(|n| n as i64))
+                .collect::<Vec<Option<i64>>>(),
+        ),
         col("kernel_options", s(|r| r.kernels.canonical())),
         col("warmup_iterations", i(|r| r.warmup_iterations as i64)),
         col("iterations", i(|r| r.stats.iterations as i64)),
@@ -454,6 +470,7 @@ pub fn write_failure(out: &Path, failure: &Failure) -> Result<PathBuf> {
         Column::new("seq_len".into(), vec![c.seq_len.map(|l| l as i64)]),
         Column::new("seed".into(), vec![c.seed]),
         col("kernel_options", vec![c.kernel_options.clone()]),
+        Column::new("master_weights".into(), vec![c.master_weights.clone()]),
         col("migprof_version", vec![provenance::VERSION.to_string()]),
         col("git_commit", vec![provenance::GIT_COMMIT.to_string()]),
     ];
@@ -694,6 +711,7 @@ mod tests {
                 seq_len: None,
                 seed: 0,
                 kernel_options: run.kernels.canonical(),
+                master_weights: None,
             },
             identity: crate::run::record::tests::identity_with(crate::run::record::Status::Error),
             error: "bf16 cannot run on cpu".into(),
@@ -753,6 +771,7 @@ mod tests {
                         seq_len: None,
                         seed: 0,
                         kernel_options: ok.kernels.canonical(),
+                        master_weights: None,
                     },
                     identity: crate::run::record::tests::identity_with(status),
                     error: format!("{} ended it", status.as_str()),
@@ -871,6 +890,27 @@ print("read whole:", t.num_rows, "rows,", t.num_columns, "columns")
         assert_eq!(versions, vec![1, SCHEMA_VERSION]);
         assert_eq!(runs.column("kernel_options")?.null_count(), 1);
         assert_eq!(runs.column("status")?.str()?.get(0), None);
+        Ok(())
+    }
+
+    #[test]
+    fn half_precision_training_written_before_master_weights_reads_as_none() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        fs::create_dir_all(dir.path().join("runs"))?;
+        // A schema-5 part: bf16 and f16 training then updated the half-precision weights themselves.
+        let mut old = DataFrame::new(
+            4,
+            vec![
+                Column::new("schema_version".into(), vec![5i32; 4]),
+                Column::new("run_id".into(), vec!["a", "b", "c", "d"]),
+                Column::new("mode".into(), vec!["train", "train", "train", "infer"]),
+                Column::new("dtype".into(), vec!["bf16", "f16", "f32", "bf16"]),
+            ],
+        )?;
+        ParquetWriter::new(File::create(dir.path().join("runs/part-0000-old.parquet"))?).finish(&mut old)?;
+        let runs = read_table(dir.path(), Table::Runs)?;
+        let masters: Vec<Option<&str>> = runs.column("master_weights")?.str()?.iter().collect();
+        assert_eq!(masters, vec![Some("none"), Some("none"), None, None]);
         Ok(())
     }
 

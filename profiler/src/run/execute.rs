@@ -46,6 +46,11 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
     if let Ok(m) = measured.as_mut() {
         m.graphs_refused = exec.workload.graph_refusals();
     }
+    // The loss scale the steps ended with (f16 over masters): how far the scale had to fall.
+    let loss_scale = match (&measured, exec.workload.dtype()) {
+        (Ok(_), DType::F16) => exec.workload.scale_reading().map(|r| r.map(|r| r.scale)),
+        _ => Ok(None),
+    };
     // A group's members on this device are expected there: neighbours on purpose.
     let mut context = context;
     if let (Some(g), Ok(_)) = (&beside.group, &measured) {
@@ -61,7 +66,8 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
     log_memory(&device.device, spec, " released");
     let measurement = measured?;
     released.context("releasing the run's GPU memory")?;
-    Run::new(
+    let loss_scale = loss_scale.context("reading the loss scale")?;
+    let mut run = Run::new(
         spec,
         info,
         context,
@@ -70,7 +76,9 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
         beside.metrics,
         cell,
         fingerprint,
-    )
+    )?;
+    run.loss_scale = loss_scale;
+    Ok(run)
 }
 
 /// `MIGPROF_MEMORY_LOG=1`: where the device's memory went at the end of the measured phase (pool,
@@ -211,6 +219,15 @@ impl Executor for WorkloadExecutor {
 
     fn steps_to_steady(&self) -> u64 {
         self.workload.steps_to_steady()
+    }
+
+    fn skipped_steps(&mut self) -> Result<Option<u64>> {
+        // Counted only where a dynamic loss scale checks the gradients (f16 over masters).
+        Ok(self
+            .workload
+            .scale_reading()?
+            .filter(|_| self.workload.dtype() == DType::F16)
+            .map(|r| r.skipped))
     }
 
     fn loss(&mut self) -> Result<Option<f32>> {

@@ -42,6 +42,12 @@ pub trait Executor {
     /// The loss of the most recent step when training. Reading it may copy from the device, so the
     /// loop reads it outside the timed section and only for the first and last measured steps.
     fn loss(&mut self) -> Result<Option<f32>>;
+    /// Training steps skipped so far, where the workload skips and counts them (mixed precision's
+    /// steps with an inf or a nan in their gradients). Reading it may copy from the device: the loop
+    /// reads it outside the timed section, before the first measured step and after the last.
+    fn skipped_steps(&mut self) -> Result<Option<u64>> {
+        Ok(None)
+    }
     /// Steps before the executor's steps are all alike (a CUDA graph is captured at the second): a
     /// warm-up by duration runs at least this many.
     fn steps_to_steady(&self) -> u64 {
@@ -144,6 +150,9 @@ pub struct Measurement {
     /// Why the workload's CUDA-graph captures were refused, one line per reason (empty when none
     /// was): the loop knows nothing of graphs, its caller fills this from the workload.
     pub graphs_refused: Vec<String>,
+    /// Measured steps the workload skipped (an inf or a nan in a mixed-precision step's gradients);
+    /// `None` where it neither skips nor counts.
+    pub skipped_steps: Option<u64>,
 }
 
 /// What runs beside the measured phase (the GPU sampler, a profiler's capture range): started once
@@ -204,6 +213,7 @@ fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Resu
     let mut loss_first = None;
     let start = clock.now();
     let mut stop_note = None;
+    let skipped_before = exec.skipped_steps()?;
     let loss_last = loop {
         let t0 = clock.now();
         exec.step()?;
@@ -222,6 +232,10 @@ fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Resu
         }
     };
     let elapsed = clock.now() - start;
+    let skipped_steps = match (skipped_before, exec.skipped_steps()?) {
+        (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+        _ => None,
+    };
     Ok(Measurement {
         warmup_iterations: 0,
         latencies_ns,
@@ -230,6 +244,7 @@ fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Resu
         loss_last,
         stop_note,
         graphs_refused: Vec::new(),
+        skipped_steps,
     })
 }
 
@@ -260,6 +275,33 @@ pub(crate) fn nanos(d: Duration) -> u64 {
 mod tests {
     use super::*;
     use crate::testing::clock::{FakeClock, FakeStep};
+
+    #[test]
+    fn skipped_steps_are_counted_over_the_measured_steps_alone() -> Result<()> {
+        let clock = FakeClock::default();
+        let mut step = FakeStep::new(&clock, &[1.0]);
+        step.skip_every = Some(4);
+        // Steps 1-5 warm up (step 4 skipped), 6-15 are measured (8 and 12 skipped).
+        let m = measure(
+            &mut step,
+            &clock,
+            Warmup::Iterations(5),
+            Stop::Iterations(10),
+            &mut Unobserved,
+        )?;
+        assert_eq!(m.skipped_steps, Some(2));
+        // An executor that counts nothing says nothing, not zero.
+        let mut plain = FakeStep::new(&clock, &[1.0]);
+        let m = measure(
+            &mut plain,
+            &clock,
+            Warmup::Iterations(1),
+            Stop::Iterations(3),
+            &mut Unobserved,
+        )?;
+        assert_eq!(m.skipped_steps, None);
+        Ok(())
+    }
 
     #[test]
     fn fixed_iterations_record_each_step_latency_in_order() -> Result<()> {

@@ -155,6 +155,8 @@ pub struct FailedWorkload {
     pub seed: u64,
     /// The canonical kernel options string.
     pub kernel_options: String,
+    /// `f32` or `none` for bf16 and f16 training (as the `master_weights` column); `None` otherwise.
+    pub master_weights: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -176,6 +178,11 @@ pub struct Run {
     pub weights: Option<String>,
     /// The optimizer and its settings for training runs, e.g. `adamw(lr=0.001, weight_decay=0.01)`.
     pub optimizer: Option<String>,
+    /// bf16 and f16 training: `f32` over f32 master weights, `none` on the weights themselves; `None`
+    /// for f32 training (no separate masters) and inference.
+    pub master_weights: Option<&'static str>,
+    /// f16 training over masters: the dynamic loss scale after the last measured step.
+    pub loss_scale: Option<f64>,
     pub kernels: KernelOptions,
     pub warmup_iterations: u64,
     pub measurement: Measurement,
@@ -239,6 +246,9 @@ impl Run {
             seed: spec.seed,
             weights: spec.weights.as_ref().map(|p| p.display().to_string()),
             optimizer: (spec.mode == Mode::Train).then(|| describe(&spec.train)),
+            master_weights: (spec.mode == Mode::Train && matches!(spec.precision, Precision::Bf16 | Precision::F16))
+                .then(|| spec.train.master_weights.as_str()),
+            loss_scale: None,
             kernels: spec.kernels,
             warmup_iterations: measurement.warmup_iterations,
             measurement,

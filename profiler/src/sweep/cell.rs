@@ -55,6 +55,10 @@ pub struct CellSpec {
     pub optimizer: String,
     pub lr: f64,
     pub weight_decay: f64,
+    /// `f32` or `none`: bf16 and f16 training over f32 master weights or on the weights themselves
+    /// (part of the id of bf16 and f16 training cells only).
+    #[serde(default = "default_master_weights")]
+    pub master_weights: String,
     /// The canonical kernel options string.
     pub kernel_options: String,
     pub warmup_secs: f64,
@@ -88,6 +92,10 @@ pub struct CellSpec {
     /// `cpu`), and the cell runs on the first device the scheduler made visible (not part of the id).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub scheduled: bool,
+}
+
+fn default_master_weights() -> String {
+    workloads::MasterWeights::default().as_str().to_string()
 }
 
 /// Why a cell runs.
@@ -131,6 +139,11 @@ impl CellSpec {
             ("lr/weight_decay", format!("{}/{}", self.lr, self.weight_decay)),
             ("kernel_options", self.kernel_options.clone()),
         ];
+        // Only where it changes what is computed (bf16 and f16 training), so that the ids of f32
+        // training and of inference stay as they were.
+        if self.keeps_masters_choice() {
+            fields.push(("master_weights", self.master_weights.clone()));
+        }
         // Only for load jobs and group members, so that the ids of other cells stay as they were.
         if let Some(l) = &self.load {
             fields.push(("load", l.identity()));
@@ -140,6 +153,11 @@ impl CellSpec {
             fields.push(("neighbours", self.neighbours.join(",")));
         }
         fields.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
+    }
+
+    /// Whether the master-weights choice changes this cell: bf16 and f16 training.
+    fn keeps_masters_choice(&self) -> bool {
+        self.mode == "train" && matches!(self.dtype.as_str(), "bf16" | "f16")
     }
 
     /// 16 hex digits of the SHA-256 of [`id_fields`](Self::id_fields).
@@ -186,6 +204,7 @@ impl CellSpec {
             seq_len: self.seq_len,
             seed: self.seed,
             kernel_options: self.kernel_options.clone(),
+            master_weights: self.keeps_masters_choice().then(|| self.master_weights.clone()),
         }
     }
 
@@ -236,6 +255,7 @@ impl CellSpec {
             optimizer: optimizer.to_string(),
             lr: spec.train.lr,
             weight_decay: spec.train.weight_decay,
+            master_weights: spec.train.master_weights.as_str().to_string(),
             kernel_options: spec.kernels.canonical(),
             warmup_secs: match spec.warmup {
                 Warmup::Duration { min, .. } => seconds(min),
@@ -281,6 +301,10 @@ impl CellSpec {
             "sgd" => workloads::OptimizerKind::Sgd { momentum: 0.9 },
             other => bail!("cell spec: optimizer `{other}`; valid optimizers: adamw, sgd"),
         };
+        let master_weights = self
+            .master_weights
+            .parse::<workloads::MasterWeights>()
+            .map_err(|e| anyhow::anyhow!("cell spec: {e}"))?;
         let kernels = self
             .kernel_options
             .parse::<KernelOptions>()
@@ -321,6 +345,7 @@ impl CellSpec {
                 optimizer,
                 lr: self.lr,
                 weight_decay: self.weight_decay,
+                master_weights,
             },
             kernels,
             warmup,
@@ -361,6 +386,7 @@ pub(crate) mod tests {
             optimizer: "adamw".into(),
             lr: 1e-3,
             weight_decay: 0.01,
+            master_weights: "f32".into(),
             kernel_options: workloads::kernels::KernelOptions::default().canonical(),
             warmup_secs: 0.1,
             duration_secs: 0.2,
@@ -466,6 +492,39 @@ pub(crate) mod tests {
             .cell_id(),
             max.cell_id()
         );
+    }
+
+    #[test]
+    fn master_weights_are_in_the_id_of_half_precision_training_alone() -> Result<()> {
+        let with = |mode: &str, dtype: &str, masters: &str| CellSpec {
+            mode: mode.into(),
+            dtype: dtype.into(),
+            master_weights: masters.into(),
+            ..cell()
+        };
+        for dtype in ["bf16", "f16"] {
+            assert_ne!(
+                with("train", dtype, "f32").cell_id(),
+                with("train", dtype, "none").cell_id(),
+                "{dtype}"
+            );
+            let run = with("train", dtype, "none").run_spec()?;
+            assert_eq!(run.train.master_weights, workloads::MasterWeights::None);
+            let back = CellSpec::of_run(&run, "cpu", "cpu")?;
+            assert_eq!(back.cell_id(), with("train", dtype, "none").cell_id());
+        }
+        // f32 training and every inference keep the ids they had before the choice existed.
+        for (mode, dtype) in [("train", "f32"), ("train", "tf32"), ("infer", "bf16"), ("infer", "f16")] {
+            assert_eq!(
+                with(mode, dtype, "f32").cell_id(),
+                with(mode, dtype, "none").cell_id(),
+                "{mode} {dtype}"
+            );
+        }
+        assert_eq!(with("train", "f32", "f32").cell_id(), "04afddf278c7f159");
+        let err = with("train", "bf16", "fp8").run_spec().unwrap_err().to_string();
+        assert!(err.contains("choose one of f32, none"), "{err}");
+        Ok(())
     }
 
     #[test]

@@ -207,6 +207,10 @@ pub struct Matrix {
     /// "nhwc" or "nchw": the layout ResNet's inference convolutions run in on a GPU (default nhwc).
     #[serde(default)]
     pub convs: Option<String>,
+    /// "f32" or "none": bf16 and f16 training over f32 master weights (default) or on the weights
+    /// themselves, as `--master-weights` takes it.
+    #[serde(default)]
+    pub master_weights: Option<String>,
 }
 
 fn infer() -> Vec<String> {
@@ -444,6 +448,7 @@ impl SweepFile {
                 bail!("{at}: seq_lens: a sequence holds at least one token");
             }
             m.kernel_options().with_context(|| at.clone())?;
+            m.master_weights().with_context(|| at.clone())?;
         }
         Ok(())
     }
@@ -453,6 +458,16 @@ impl SweepFile {
 pub const DTYPES: [&str; 4] = ["f32", "bf16", "f16", "tf32"];
 
 impl Matrix {
+    /// The matrix's `master_weights`, the default when it has none.
+    pub fn master_weights(&self) -> Result<workloads::MasterWeights> {
+        match &self.master_weights {
+            Some(m) => m
+                .parse::<workloads::MasterWeights>()
+                .map_err(|e| anyhow::anyhow!("master_weights: {e}")),
+            None => Ok(workloads::MasterWeights::default()),
+        }
+    }
+
     pub fn kernel_options(&self) -> Result<workloads::kernels::KernelOptions> {
         use workloads::kernels::options::{Attention, Convolutions, CudaGraphs, EncoderLayers, GemmAlgorithm};
         let mut k = workloads::kernels::KernelOptions::default();

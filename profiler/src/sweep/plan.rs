@@ -26,6 +26,7 @@ struct Work {
     seq_len: Option<usize>,
     repeat: u32,
     kernels: String,
+    master_weights: workloads::MasterWeights,
 }
 
 /// Every cell of the file, in order: each target's cells alone (targets with `alone = false` skip
@@ -91,6 +92,7 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
                         seq_len: b.seq_len,
                         repeat: w.repeat,
                         kernels: w.kernels.clone(),
+                        master_weights: w.master_weights,
                     },
                     _ => w.clone(),
                 })
@@ -133,8 +135,8 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
 
 impl Work {
     /// How a group member names this work on `target` among its neighbours:
-    /// `target:model/mode/dtype/batch`, then `/seq N` and the kernel options where they are not the
-    /// defaults, so that two instances never name their neighbours alike.
+    /// `target:model/mode/dtype/batch`, then `/seq N`, the kernel options and the master weights where
+    /// they are not the defaults, so that two instances never name their neighbours alike.
     fn describe(&self, target: &str) -> String {
         let mut d = format!("{target}:{}/{}/{}/{}", self.model, self.mode, self.dtype, self.batch);
         if let Some(l) = self.seq_len {
@@ -142,6 +144,9 @@ impl Work {
         }
         if self.kernels != workloads::kernels::KernelOptions::default().canonical() {
             d += &format!("/{}", self.kernels);
+        }
+        if self.mode == "train" && self.master_weights != workloads::MasterWeights::default() {
+            d += &format!("/masters {}", self.master_weights.as_str());
         }
         d
     }
@@ -153,6 +158,7 @@ fn matrix_work(file: &SweepFile) -> Result<Vec<Work>> {
     let mut out = Vec::new();
     for m in &file.matrix {
         let kernels = m.kernel_options()?.canonical();
+        let master_weights = m.master_weights()?;
         for model in &m.models {
             let (_, info) = workloads::lookup(model)?;
             // Image models have no sequence length: one cell, not one per listed length.
@@ -173,6 +179,7 @@ fn matrix_work(file: &SweepFile) -> Result<Vec<Work>> {
                                     seq_len,
                                     repeat,
                                     kernels: kernels.clone(),
+                                    master_weights,
                                 });
                             }
                         }
@@ -209,6 +216,7 @@ fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
         optimizer: "adamw".into(),
         lr: train.lr,
         weight_decay: train.weight_decay,
+        master_weights: w.master_weights.as_str().to_string(),
         kernel_options: w.kernels.clone(),
         warmup_secs: d.warmup_secs,
         duration_secs: d.duration_secs,
@@ -239,6 +247,7 @@ fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &super:
             .filter(|_| workloads::lookup(model).is_ok_and(|(_, i)| i.input.seq_len().is_some())),
         repeat: 0,
         kernels: workloads::kernels::KernelOptions::default().canonical(),
+        master_weights: workloads::MasterWeights::default(),
     };
     let settings = crate::load::settings::LoadSettings {
         arrival: search.arrival,

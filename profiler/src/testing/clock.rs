@@ -59,6 +59,9 @@ pub struct FakeStep {
     pub loss_reads: usize,
     /// What [`Executor::steps_to_steady`] answers (a workload replaying CUDA graphs: 2).
     pub steady_after: u64,
+    /// Every k-th step (1-based) counts as skipped, as a mixed-precision step with an inf in its
+    /// gradients; `None`: the executor counts no skipped steps.
+    pub skip_every: Option<usize>,
 }
 
 impl FakeStep {
@@ -74,6 +77,7 @@ impl FakeStep {
             train: false,
             loss_reads: 0,
             steady_after: 1,
+            skip_every: None,
         }
     }
 }
@@ -88,6 +92,10 @@ impl Executor for FakeStep {
     fn loss(&mut self) -> Result<Option<f32>> {
         self.loss_reads += 1;
         Ok(self.train.then(|| 0.5f32.powi(self.steps as i32)))
+    }
+
+    fn skipped_steps(&mut self) -> Result<Option<u64>> {
+        Ok(self.skip_every.map(|k| (self.steps / k) as u64))
     }
 
     fn steps_to_steady(&self) -> u64 {

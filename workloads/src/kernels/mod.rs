@@ -33,6 +33,7 @@ mod launch;
 pub mod layer_norm;
 pub mod linear;
 pub mod loss;
+pub mod masters;
 pub mod max_pool;
 #[cfg(feature = "cuda")]
 mod nvrtc;

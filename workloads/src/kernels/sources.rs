@@ -35,11 +35,12 @@ pub static EMBEDDING: Source = Source::new("migprof_embedding", include_str!("em
 pub static FUSED_ATTENTION: Source = Source::new("migprof_fused_attention", include_str!("fused_attention.cu"));
 pub static LAYER_NORM: Source = Source::new("migprof_layer_norm", include_str!("layer_norm.cu"));
 pub static LOSS: Source = Source::new("migprof_loss", include_str!("loss.cu"));
+pub static MASTERS: Source = Source::new("migprof_masters", include_str!("masters.cu"));
 pub static MAX_POOL: Source = Source::new("migprof_max_pool", include_str!("max_pool.cu"));
 pub static POSITIONS: Source = Source::new("migprof_positions", include_str!("positions.cu"));
 pub static WINDOWS: Source = Source::new("migprof_windows", include_str!("windows.cu"));
 
-pub static ALL: [&Source; 11] = [
+pub static ALL: [&Source; 12] = [
     &ADAMW,
     &ATTENTION,
     &BATCH_NORM,
@@ -48,6 +49,7 @@ pub static ALL: [&Source; 11] = [
     &FUSED_ATTENTION,
     &LAYER_NORM,
     &LOSS,
+    &MASTERS,
     &MAX_POOL,
     &POSITIONS,
     &WINDOWS,
