@@ -71,6 +71,9 @@ pub struct DeviceInfo {
     pub selected: Option<Selected>,
     /// The slice emulated, for a run as an MPS client.
     pub emulation: Option<crate::mps::Emulation>,
+    /// The DRAM bandwidth the process reached, measured on a slice (real or emulated); `None`
+    /// on a whole GPU and the CPU, or where the probe failed (it says so).
+    pub memory_system: Option<gpu::memory_system::MemorySystem>,
 }
 
 impl DeviceInfo {
@@ -82,6 +85,18 @@ impl DeviceInfo {
             (_, Some(s)) => Some(s.mig.as_ref().map_or(s.gpu.memory_mib, |m| m.memory_mib)),
             _ => None,
         }
+    }
+
+    /// Whose activity a GPM reading on this device is: `gpu_instance` on a MIG device (NVML samples
+    /// its GPU instance), `gpu` on a whole GPU and on an emulated slice, whose readings count every
+    /// process on the GPU; `None` on the CPU.
+    pub fn gpm_scope(&self) -> Option<&'static str> {
+        let selected = self.selected.as_ref()?;
+        Some(if selected.mig.is_some() && self.emulation.is_none() {
+            "gpu_instance"
+        } else {
+            "gpu"
+        })
     }
 }
 
@@ -108,10 +123,18 @@ impl DeviceSpec {
         let selected = gpu::select(&topology, &id)?;
         pin(&selected);
         let device = Device::new_cuda(0)?;
+        // A slice's share of the memory system, before the pool: the probe's buffers go back.
+        let memory_system = match &selected.mig {
+            Some(m) => probe_memory_system(&device, m.sm_count),
+            None => None,
+        };
         workloads::memory::pool_allocations(&device)?;
         Ok(OpenDevice {
             device,
-            info: describe(selected),
+            info: DeviceInfo {
+                memory_system,
+                ..describe(selected)
+            },
         })
     }
 
@@ -166,6 +189,8 @@ fn open_mps_client(target: &crate::mps::MpsTarget) -> Result<OpenDevice> {
     let device = Device::new_cuda(0)?;
     // Before the pool: the probe's memory must go back to the driver.
     let reach = reach(&device, selected.gpu.sm_count.unwrap_or(0), share.memory_limit_mib);
+    let sms = reach.as_ref().map_or(share.profile_sms, |r| r.sms);
+    let memory_system = probe_memory_system(&device, sms);
     workloads::memory::pool_allocations(&device)?;
     let emulation = crate::mps::Emulation {
         share,
@@ -186,6 +211,7 @@ fn open_mps_client(target: &crate::mps::MpsTarget) -> Result<OpenDevice> {
             name,
             selected: Some(selected),
             emulation: Some(emulation),
+            memory_system,
         },
     })
 }
@@ -198,6 +224,21 @@ fn reach(device: &Device, device_sms: u32, memory_limit_mib: Option<u64>) -> Res
 #[cfg(not(feature = "cuda"))]
 fn reach(_: &Device, _: u32, _: Option<u64>) -> Result<gpu::reach::Reach> {
     bail!("this migprof was built without CUDA support")
+}
+
+/// The memory system a slice's process reaches ([`gpu::memory_system`]); a failed probe is said and
+/// leaves the row's columns empty rather than ending the run.
+fn probe_memory_system(device: &Device, sms: u32) -> Option<gpu::memory_system::MemorySystem> {
+    #[cfg(feature = "cuda")]
+    let measured = gpu::memory_system::measure(device, sms);
+    #[cfg(not(feature = "cuda"))]
+    let measured: Result<gpu::memory_system::MemorySystem> = {
+        let _ = (device, sms);
+        Err(anyhow!("this migprof was built without CUDA support"))
+    };
+    measured
+        .map_err(|e| eprintln!("warning: could not measure the slice's memory bandwidth: {e:#}"))
+        .ok()
 }
 
 /// CUDA_VISIBLE_DEVICES's first entry when the user set one, else the first GPU.
@@ -225,6 +266,7 @@ fn describe(selected: Selected) -> DeviceInfo {
         name,
         selected: Some(selected),
         emulation: None,
+        memory_system: None,
     }
 }
 
@@ -236,6 +278,7 @@ fn cpu() -> OpenDevice {
             name: cpu_name(),
             selected: None,
             emulation: None,
+            memory_system: None,
         },
     }
 }
@@ -255,8 +298,50 @@ fn cpu_name() -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// The recorded H100 with a 3g, a 2g and two 1g slices: its GPU, and its 3g slice.
+    pub(crate) fn recorded_gpu_and_slice() -> (Selected, Selected) {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/topologies/h100_3g_2g_1g_1g.json"
+        ))
+        .unwrap();
+        let topology: Topology = serde_json::from_str(&text).unwrap();
+        let slice = gpu::select(&topology, "3g.40gb").unwrap();
+        let whole = Selected {
+            mig: None,
+            ..slice.clone()
+        };
+        (whole, slice)
+    }
+
+    #[test]
+    fn gpm_readings_are_the_slice_s_only_on_a_real_slice() {
+        let (whole, slice) = recorded_gpu_and_slice();
+        let info = |kind, selected: Option<Selected>, emulation| DeviceInfo {
+            kind,
+            name: String::new(),
+            selected,
+            emulation,
+            memory_system: None,
+        };
+        assert_eq!(info("cpu", None, None).gpm_scope(), None);
+        assert_eq!(info("cuda", Some(whole.clone()), None).gpm_scope(), Some("gpu"));
+        assert_eq!(info("mig", Some(slice), None).gpm_scope(), Some("gpu_instance"));
+        let emulated = crate::mps::Emulation {
+            share: crate::mps::Share {
+                profile: Some("1g.10gb".into()),
+                percent: 13,
+                profile_sms: 16,
+                memory_limit_mib: Some(9856),
+            },
+            measured_sms: Some(16),
+            measured_memory_mib: None,
+        };
+        assert_eq!(info("mps", Some(whole), Some(emulated)).gpm_scope(), Some("gpu"));
+    }
 
     #[test]
     fn parses_every_form() {

@@ -3,6 +3,7 @@
 //! ([`select`]), and the sampler that reads its counters while a run measures ([`sampler`], its NVML
 //! and GPM readings in [`metrics`]).
 
+pub mod memory_system;
 pub mod metrics;
 pub mod mig_control;
 pub mod nvml;

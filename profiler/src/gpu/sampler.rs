@@ -138,6 +138,15 @@ pub struct MetricSummary {
     pub j_per_sample: Option<f64>,
 }
 
+impl MetricSummary {
+    /// Whether any reading had a GPM value.
+    pub fn has_gpm(&self) -> bool {
+        [self.gract_mean, self.sm_util_mean, self.tensor_mean, self.dram_mean]
+            .iter()
+            .any(Option::is_some)
+    }
+}
+
 pub fn summarize(samples: &[Sample], samples_processed: u64) -> MetricSummary {
     let values = |f: &dyn Fn(&Sample) -> Option<f64>| samples.iter().filter_map(f).collect::<Vec<f64>>();
     let fb = values(&|s| s.fb_used_mib);

@@ -198,6 +198,10 @@ pub fn write_step(
         col("metric_samples", vec![step.metrics.samples as i64]),
         Column::new("fb_used_max_mib".into(), vec![step.metrics.fb_used_max_mib]),
         Column::new("gract_mean".into(), vec![step.metrics.gract_mean]),
+        Column::new(
+            "gpm_scope".into(),
+            vec![step.metrics.has_gpm().then(|| id.device.gpm_scope()).flatten()],
+        ),
         Column::new("gpu_power_mean_w".into(), vec![step.metrics.gpu_power_mean_w]),
         Column::new("j_per_sample".into(), vec![step.metrics.j_per_sample]),
         Column::new("note".into(), vec![step.note.clone()]),

@@ -9,6 +9,7 @@ pub mod control;
 pub mod mode;
 pub mod plan;
 pub mod profile;
+pub mod reference;
 
 pub use mode::MigMode;
 pub use plan::{maximal_layouts, plan, GpuInstance, Placement, Plan};

@@ -165,18 +165,41 @@ fn what_ran(rows: &[Row], everyone: &[Row], sources: &[String], targets: &[Strin
     }
 }
 
-/// A workload as sections group runs: model, mode, dtype, sequence length.
+/// A workload as sections group runs: model, mode, precision, sequence length.
 type Workload = (String, String, String, String);
 
-/// The workload of a row.
+/// The workload of a row. Its precision is the dtype, and for bf16 and f16 training on the
+/// half-precision weights themselves (`master_weights` none) says so: another workload than the
+/// default training over f32 masters.
 fn workload(r: &Row) -> Workload {
+    let precision = match r.s("master_weights") {
+        "none" => format!("{} without master weights", r.s("dtype")),
+        _ => r.s("dtype").to_string(),
+    };
     (
         r.s("model").into(),
         r.s("mode").into(),
-        r.s("dtype").into(),
+        precision,
         r.s("seq_len").into(),
     )
 }
+
+/// Whether `reading` of run `r` is the whole GPU's while the run had a part of it: power on any
+/// slice (NVML reads it for the GPU only), and on an emulated slice also the GPM activity and the
+/// device memory, which count every process on the GPU (`gpm_scope` gpu).
+fn whole_gpu_reading(r: &Row, reading: &str) -> bool {
+    match r.s("device_kind") {
+        "mig" => reading == "gpu_power_w",
+        "mps" => matches!(
+            reading,
+            "gract" | "sm_occupancy" | "tensor_util" | "fb_used_mib" | "gpu_power_w"
+        ),
+        _ => false,
+    }
+}
+
+/// What a chart says under a series marked `(whole GPU)`.
+const WHOLE_GPU_NOTE: &str = "(whole GPU): the reading is the whole GPU's, not the slice's: NVML reads power for the GPU only, and an emulated slice's GPM activity and device memory count every process on the GPU (gpm_scope gpu), so a 1g client that fills its 16 SMs shows a few per cent.";
 
 /// A quantity drawn against batch, per target.
 struct Metric {
@@ -185,6 +208,8 @@ struct Metric {
     unit: &'static str,
     value: fn(&Row) -> Option<f64>,
     whisker: fn(&Row) -> Option<(f64, f64)>,
+    /// The sampler's reading it summarises, where it is one (see [`whole_gpu_reading`]).
+    reading: Option<&'static str>,
 }
 
 const METRICS: [Metric; 4] = [
@@ -194,6 +219,7 @@ const METRICS: [Metric; 4] = [
         unit: "samples/s",
         value: |r| r.n("throughput"),
         whisker: |r| r.n("throughput_ci_low").zip(r.n("throughput_ci_high")),
+        reading: None,
     },
     Metric {
         id: "latency",
@@ -201,6 +227,7 @@ const METRICS: [Metric; 4] = [
         unit: "ms",
         value: |r| r.n("p50_ms"),
         whisker: |r| r.n("p90_ms").zip(r.n("p99_ms")),
+        reading: None,
     },
     Metric {
         id: "memory",
@@ -208,6 +235,7 @@ const METRICS: [Metric; 4] = [
         unit: "MiB",
         value: |r| r.n("fb_used_max_mib"),
         whisker: |_| None,
+        reading: Some("fb_used_mib"),
     },
     Metric {
         id: "gract",
@@ -215,6 +243,7 @@ const METRICS: [Metric; 4] = [
         unit: "%",
         value: |r| r.n("gract_mean"),
         whisker: |_| None,
+        reading: Some("gract"),
     },
 ];
 
@@ -324,8 +353,9 @@ fn at_largest_batch(
             .filter_map(|(t, r)| {
                 let pts = detail.series.get(&(r.s("run_id").to_string(), name))?;
                 let t0 = pts.first()?.0;
+                let whole = if whole_gpu_reading(r, name) { ", whole GPU" } else { "" };
                 Some(Series {
-                    name: format!("{t} (batch {})", r.s("batch")),
+                    name: format!("{t} (batch {}{whole})", r.s("batch")),
                     colour: colour(t),
                     points: pts
                         .iter()
@@ -340,6 +370,9 @@ fn at_largest_batch(
             .collect();
         if series.is_empty() {
             continue;
+        }
+        if series.iter().any(|s| s.name.ends_with(", whole GPU)")) {
+            blocks.push(Block::Text(WHOLE_GPU_NOTE.replace("(whole GPU)", "(…, whole GPU)")));
         }
         let title = format!("{label}: {name} during the measured phase, {which}");
         let y_label = format!("{name} ({unit})");
@@ -420,7 +453,7 @@ fn per_model(
                 "{}-{}-{}{}",
                 slug(&model),
                 mode,
-                dtype,
+                slug(&dtype),
                 if seq.is_empty() {
                     String::new()
                 } else {
@@ -439,10 +472,18 @@ fn per_model(
             let batches: BTreeSet<i64> = latest.keys().map(|k| k.1).collect();
             let targets: BTreeSet<&str> = latest.keys().map(|k| k.0.as_str()).collect();
             for m in &METRICS {
+                let whole = |t: &str| {
+                    m.reading
+                        .is_some_and(|reading| latest.iter().any(|(k, r)| k.0 == t && whole_gpu_reading(r, reading)))
+                };
                 let series: Vec<Series> = targets
                     .iter()
                     .map(|t| Series {
-                        name: t.to_string(),
+                        name: if whole(t) {
+                            format!("{t} (whole GPU)")
+                        } else {
+                            t.to_string()
+                        },
                         colour: colour(t),
                         points: latest
                             .iter()
@@ -508,6 +549,9 @@ fn per_model(
                     })
                     .collect();
                 blocks.push(Block::Table { head, rows });
+                if series.iter().any(|s| s.name.ends_with("(whole GPU)")) {
+                    blocks.push(Block::Text(WHOLE_GPU_NOTE.into()));
+                }
                 if m.id == "memory" {
                     blocks.extend(held_memory_note(&latest).map(Block::Text));
                 }
@@ -583,9 +627,10 @@ fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Resu
             ));
         }
     }
+    let published = crate::mig::reference::points()?;
     for (model, points) in by_model {
         let targets: BTreeSet<&str> = points.iter().map(|(r, _, _)| r.s("target")).collect();
-        let series: Vec<Series> = targets
+        let mut series: Vec<Series> = targets
             .iter()
             .map(|t| Series {
                 name: t.to_string(),
@@ -601,6 +646,30 @@ fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Resu
                     .collect(),
             })
             .collect();
+        // Real slices of another GPU, as published, where the same model and mode were measured here.
+        let modes: BTreeSet<&str> = points.iter().map(|(r, _, _)| r.s("mode")).collect();
+        let theirs: Vec<&crate::mig::reference::ReferencePoint> = published
+            .iter()
+            .filter(|p| p.model == model && modes.contains(p.mode.as_str()))
+            .collect();
+        for p in &theirs {
+            let name = format!(
+                "published, another GPU: {} {} against {}{}",
+                p.product,
+                p.profile,
+                p.baseline,
+                p.batch.map_or(String::new(), |b| format!(", batch {b}"))
+            );
+            series.push(Series {
+                colour: colour(&name),
+                name,
+                points: vec![Point {
+                    x: p.sm_share,
+                    y: p.relative_throughput,
+                    whisker: None,
+                }],
+            });
+        }
         let title = format!("{model}: throughput against share of SMs (relative to {baseline})");
         let chart = Chart {
             title: &title,
@@ -645,6 +714,12 @@ fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Resu
             ],
             rows,
         ));
+        for p in &theirs {
+            blocks.push(Block::Text(format!(
+                "Published, not measured here: {} {} at {:.3} of the SMs of {} ran {} {} at {:.3} of its throughput ({}). Source: {}.",
+                p.product, p.profile, p.sm_share, p.baseline, model, p.mode, p.relative_throughput, p.setting, p.source
+            )));
+        }
     }
     Ok(vec![Section {
         id: "scaling".into(),
@@ -849,5 +924,139 @@ mod tests {
         let note = held_memory_note(&latest).expect("576 MiB held");
         assert!(note.contains("H100 at batch 32 (576 MiB)"), "{note}");
         assert!(!note.contains("batch 8") && !note.contains("cpu"), "{note}");
+    }
+
+    /// An alone run of resnet50 bf16 training at batch 32 on `target`, a `kind` of device.
+    fn training(target: &str, kind: &str, masters: &str, run_id: &str) -> Row {
+        let text = [
+            ("run_id", run_id),
+            ("status", "ok"),
+            ("target", target),
+            ("device_kind", kind),
+            ("model", "resnet50"),
+            ("mode", "train"),
+            ("dtype", "bf16"),
+            ("master_weights", masters),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k, v.to_string()))
+        .collect();
+        let num = [
+            ("batch", 32.0),
+            ("throughput", 100.0),
+            ("p50_ms", 300.0),
+            ("fb_used_max_mib", 9000.0),
+            ("gract_mean", 5.0),
+        ]
+        .into_iter()
+        .collect();
+        Row { text, num }
+    }
+
+    fn legends(sections: &[Section]) -> Vec<String> {
+        sections
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .filter_map(|b| match b {
+                Block::Chart { legend, .. } => Some(legend.iter().map(|(n, _)| n.clone())),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    #[test]
+    fn an_emulated_slice_s_whole_gpu_readings_say_so_and_masters_or_none_are_two_workloads() -> Result<()> {
+        let rows = vec![
+            training("full", "cuda", "f32", "a"),
+            training("1g", "mps", "f32", "b"),
+            training("3g", "mig", "f32", "c"),
+            training("full", "cuda", "none", "d"),
+        ];
+        let sections = per_model(&rows, &data::Detail::default(), &|_| 0, None)?;
+        let titles: Vec<&str> = sections.iter().map(|s| s.title.as_str()).collect();
+        assert_eq!(
+            titles,
+            [
+                "resnet50",
+                "resnet50, train, bf16",
+                "resnet50, train, bf16 without master weights"
+            ]
+        );
+        let legends = legends(&sections[1..2]);
+        // GR activity and memory: the emulated slice's are the whole GPU's; a real slice's its own.
+        assert_eq!(
+            legends.iter().filter(|n| *n == "1g (whole GPU)").count(),
+            2,
+            "{legends:?}"
+        );
+        assert!(legends.iter().any(|n| n == "3g") && !legends.iter().any(|n| n == "3g (whole GPU)"));
+        let notes = sections[1]
+            .blocks
+            .iter()
+            .filter(|b| matches!(b, Block::Text(t) if t == WHOLE_GPU_NOTE))
+            .count();
+        assert_eq!(notes, 2);
+        assert!(!legends.iter().any(|n| n == "full (whole GPU)"));
+        Ok(())
+    }
+
+    #[test]
+    fn power_is_the_whole_gpu_s_on_every_slice_and_gpm_on_emulated_ones() {
+        let on = |kind| training("t", kind, "f32", "x");
+        for reading in data::READINGS.map(|(name, _)| name) {
+            assert!(!whole_gpu_reading(&on("cuda"), reading), "{reading}");
+            assert!(whole_gpu_reading(&on("mps"), reading), "{reading}");
+            assert_eq!(
+                whole_gpu_reading(&on("mig"), reading),
+                reading == "gpu_power_w",
+                "{reading}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_scaling_chart_draws_published_real_slices_of_another_gpu_beside_the_measured() -> Result<()> {
+        let inference = |model: &str, target: &str, sms: f64, throughput: f64| {
+            let mut r = training(target, "mps", "", target);
+            r.text.insert("model", model.into());
+            r.text.insert("mode", "infer".into());
+            r.num.insert("sm_count", sms);
+            r.num.insert("throughput", throughput);
+            r
+        };
+        let rows = vec![
+            inference("resnet50", "full", 132.0, 1000.0),
+            inference("resnet50", "1g", 16.0, 190.0),
+            inference("bert_base", "full", 132.0, 1000.0),
+            inference("bert_base", "1g", 16.0, 185.0),
+        ];
+        let sections = scaling(&rows, "full", &|_| 0)?;
+        let legends = legends(&sections);
+        let published: Vec<&String> = legends.iter().filter(|n| n.starts_with("published")).collect();
+        // ResNet-50's two published points; MLPerf's BERT is BERT-Large, not the BERT-base measured.
+        assert_eq!(
+            published,
+            [
+                "published, another GPU: NVIDIA A100-SXM4-80GB 1g.10gb against the whole GPU",
+                "published, another GPU: NVIDIA A100-SXM4-80GB 1g.10gb against 7g.80gb, batch 32"
+            ],
+            "{legends:?}"
+        );
+        let sources: Vec<&String> = sections[0]
+            .blocks
+            .iter()
+            .filter_map(|b| match b {
+                Block::Text(t) if t.starts_with("Published, not measured here") => Some(t),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(sources.len(), 2);
+        assert!(
+            sources[0].contains("MLPerf Inference v2.1") && sources[0].contains("0.133"),
+            "{}",
+            sources[0]
+        );
+        Ok(())
     }
 }

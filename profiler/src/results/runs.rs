@@ -245,6 +245,13 @@ pub(crate) fn device_columns(devices: &[&DeviceInfo]) -> Vec<Column> {
             "measured_memory_mib".into(),
             emulation(&|e| e.measured_memory_mib.map(|m| m as i64)),
         ),
+        Column::new(
+            "measured_bandwidth_gbps".into(),
+            devices
+                .iter()
+                .map(|d| d.memory_system.map(|m| m.bandwidth_gbps))
+                .collect::<Vec<Option<f64>>>(),
+        ),
     ]
 }
 
@@ -369,6 +376,18 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         Column::new("sm_util_mean".into(), summary(runs, |m| m.sm_util_mean)),
         Column::new("tensor_mean".into(), summary(runs, |m| m.tensor_mean)),
         Column::new("dram_mean".into(), summary(runs, |m| m.dram_mean)),
+        Column::new(
+            "gpm_scope".into(),
+            runs.iter()
+                .map(|r| {
+                    r.metric_summary
+                        .has_gpm()
+                        .then(|| r.context.device.gpm_scope())
+                        .flatten()
+                        .map(str::to_string)
+                })
+                .collect::<Vec<Option<String>>>(),
+        ),
         Column::new("gpu_power_mean_w".into(), summary(runs, |m| m.gpu_power_mean_w)),
         Column::new("gpu_energy_j".into(), summary(runs, |m| m.gpu_energy_j)),
         Column::new("j_per_sample".into(), summary(runs, |m| m.j_per_sample)),
@@ -890,6 +909,38 @@ print("read whole:", t.num_rows, "rows,", t.num_columns, "columns")
         assert_eq!(versions, vec![1, SCHEMA_VERSION]);
         assert_eq!(runs.column("kernel_options")?.null_count(), 1);
         assert_eq!(runs.column("status")?.str()?.get(0), None);
+        Ok(())
+    }
+
+    #[test]
+    fn gpm_scope_and_the_measured_bandwidth_say_what_the_slice_had() -> Result<()> {
+        use crate::gpu::Selected;
+        let (whole, slice) = crate::device::tests::recorded_gpu_and_slice();
+        let on = |kind, selected: Selected, gpm: bool| {
+            let mut r = fake_run(2, 10, Duration::ZERO);
+            r.context.device = crate::device::DeviceInfo {
+                kind,
+                name: String::new(),
+                emulation: None,
+                memory_system: (kind == "mig")
+                    .then_some(crate::gpu::memory_system::MemorySystem { bandwidth_gbps: 373.0 }),
+                selected: Some(selected),
+            };
+            r.metric_summary.gract_mean = gpm.then_some(40.0);
+            r
+        };
+        let runs = [
+            fake_run(2, 10, Duration::ZERO),
+            on("mig", slice, true),
+            on("cuda", whole.clone(), true),
+            on("cuda", whole, false),
+        ];
+        let df = runs_frame(&runs)?;
+        let scope: Vec<Option<&str>> = df.column("gpm_scope")?.str()?.iter().collect();
+        // The CPU and a GPU without GPM readings say nothing.
+        assert_eq!(scope, [None, Some("gpu_instance"), Some("gpu"), None]);
+        let bandwidth: Vec<Option<f64>> = df.column("measured_bandwidth_gbps")?.f64()?.iter().collect();
+        assert_eq!(bandwidth, [None, Some(373.0), None, None]);
         Ok(())
     }
 

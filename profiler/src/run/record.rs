@@ -318,6 +318,7 @@ pub(crate) mod tests {
                 name: "Test CPU (2 threads)".into(),
                 selected: None,
                 emulation: None,
+                memory_system: None,
             },
             expected: Expected::this_process(),
             group: None,
