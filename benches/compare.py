@@ -54,7 +54,11 @@ def migprof_rows(folder):
     comparison."""
     ours = {}
     for r in pq.read_table(f"{folder}/runs").to_pylist():
-        if r.get("master_weights") != "none":
+        masters = r.get("master_weights")
+        # A bf16/f16 training row without the column was written before masters existed: `none`.
+        if masters is None and r["mode"] == "train" and r["dtype"] in ("bf16", "f16"):
+            masters = "none"
+        if masters != "none":
             ours[(r["model"], r["mode"], r["dtype"], r["batch"])] = r
     return ours
 

@@ -312,7 +312,9 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         ),
         Column::new(
             "loss_scale".into(),
-            runs.iter().map(|r| r.loss_scale).collect::<Vec<Option<f64>>>(),
+            runs.iter()
+                .map(|r| r.measurement.loss_scale)
+                .collect::<Vec<Option<f64>>>(),
         ),
         Column::new(
             "skipped_steps".into(),

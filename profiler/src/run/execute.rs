@@ -46,11 +46,7 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
     if let Ok(m) = measured.as_mut() {
         m.graphs_refused = exec.workload.graph_refusals();
     }
-    // The loss scale the steps ended with (f16 over masters): how far the scale had to fall.
-    let loss_scale = match (&measured, exec.workload.dtype()) {
-        (Ok(_), DType::F16) => exec.workload.scale_reading().map(|r| r.map(|r| r.scale)),
-        _ => Ok(None),
-    };
+
     // A group's members on this device are expected there: neighbours on purpose.
     let mut context = context;
     if let (Some(g), Ok(_)) = (&beside.group, &measured) {
@@ -66,8 +62,8 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
     log_memory(&device.device, spec, " released");
     let measurement = measured?;
     released.context("releasing the run's GPU memory")?;
-    let loss_scale = loss_scale.context("reading the loss scale")?;
-    let mut run = Run::new(
+
+    Run::new(
         spec,
         info,
         context,
@@ -76,9 +72,7 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
         beside.metrics,
         cell,
         fingerprint,
-    )?;
-    run.loss_scale = loss_scale;
-    Ok(run)
+    )
 }
 
 /// `MIGPROF_MEMORY_LOG=1`: where the device's memory went at the end of the measured phase (pool,
@@ -200,6 +194,17 @@ struct WorkloadExecutor {
     loss: Option<Tensor>,
 }
 
+impl WorkloadExecutor {
+    /// The dynamic loss scale's reading, where one checks the gradients (f16 over f32 masters); read
+    /// only then, since reading synchronises with the device.
+    fn dynamic_scale(&self) -> Result<Option<workloads::ScaleReading>> {
+        if self.workload.dtype() != DType::F16 {
+            return Ok(None);
+        }
+        Ok(self.workload.scale_reading()?)
+    }
+}
+
 impl Executor for WorkloadExecutor {
     fn step(&mut self) -> Result<()> {
         match self.workload.mode() {
@@ -222,12 +227,11 @@ impl Executor for WorkloadExecutor {
     }
 
     fn skipped_steps(&mut self) -> Result<Option<u64>> {
-        // Counted only where a dynamic loss scale checks the gradients (f16 over masters).
-        Ok(self
-            .workload
-            .scale_reading()?
-            .filter(|_| self.workload.dtype() == DType::F16)
-            .map(|r| r.skipped))
+        Ok(self.dynamic_scale()?.map(|r| r.skipped))
+    }
+
+    fn loss_scale(&mut self) -> Result<Option<f64>> {
+        Ok(self.dynamic_scale()?.map(|r| r.scale))
     }
 
     fn loss(&mut self) -> Result<Option<f32>> {

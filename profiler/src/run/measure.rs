@@ -48,6 +48,11 @@ pub trait Executor {
     fn skipped_steps(&mut self) -> Result<Option<u64>> {
         Ok(None)
     }
+    /// The loss scale of a mixed-precision training step with a dynamic scale; read, as the skipped
+    /// steps are, after the last measured step.
+    fn loss_scale(&mut self) -> Result<Option<f64>> {
+        Ok(None)
+    }
     /// Steps before the executor's steps are all alike (a CUDA graph is captured at the second): a
     /// warm-up by duration runs at least this many.
     fn steps_to_steady(&self) -> u64 {
@@ -153,6 +158,8 @@ pub struct Measurement {
     /// Measured steps the workload skipped (an inf or a nan in a mixed-precision step's gradients);
     /// `None` where it neither skips nor counts.
     pub skipped_steps: Option<u64>,
+    /// The dynamic loss scale after the last measured step; `None` without one.
+    pub loss_scale: Option<f64>,
 }
 
 /// What runs beside the measured phase (the GPU sampler, a profiler's capture range): started once
@@ -211,9 +218,10 @@ pub fn measure(
 fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Result<Measurement> {
     let mut latencies_ns = Vec::new();
     let mut loss_first = None;
+    // Read before the clock starts: it may synchronise with the device.
+    let skipped_before = exec.skipped_steps()?;
     let start = clock.now();
     let mut stop_note = None;
-    let skipped_before = exec.skipped_steps()?;
     let loss_last = loop {
         let t0 = clock.now();
         exec.step()?;
@@ -236,6 +244,7 @@ fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Resu
         (Some(before), Some(after)) => Some(after.saturating_sub(before)),
         _ => None,
     };
+    let loss_scale = exec.loss_scale()?;
     Ok(Measurement {
         warmup_iterations: 0,
         latencies_ns,
@@ -245,6 +254,7 @@ fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Resu
         stop_note,
         graphs_refused: Vec::new(),
         skipped_steps,
+        loss_scale,
     })
 }
 
@@ -290,6 +300,8 @@ mod tests {
             &mut Unobserved,
         )?;
         assert_eq!(m.skipped_steps, Some(2));
+        // The scale after the last measured step (15: three skips in all), not after any later one.
+        assert_eq!(m.loss_scale, Some(65536.0 / 8.0));
         // An executor that counts nothing says nothing, not zero.
         let mut plain = FakeStep::new(&clock, &[1.0]);
         let m = measure(
@@ -299,7 +311,7 @@ mod tests {
             Stop::Iterations(3),
             &mut Unobserved,
         )?;
-        assert_eq!(m.skipped_steps, None);
+        assert_eq!((m.skipped_steps, m.loss_scale), (None, None));
         Ok(())
     }
 

@@ -181,8 +181,6 @@ pub struct Run {
     /// bf16 and f16 training: `f32` over f32 master weights, `none` on the weights themselves; `None`
     /// for f32 training (no separate masters) and inference.
     pub master_weights: Option<&'static str>,
-    /// f16 training over masters: the dynamic loss scale after the last measured step.
-    pub loss_scale: Option<f64>,
     pub kernels: KernelOptions,
     pub warmup_iterations: u64,
     pub measurement: Measurement,
@@ -248,7 +246,6 @@ impl Run {
             optimizer: (spec.mode == Mode::Train).then(|| describe(&spec.train)),
             master_weights: (spec.mode == Mode::Train && matches!(spec.precision, Precision::Bf16 | Precision::F16))
                 .then(|| spec.train.master_weights.as_str()),
-            loss_scale: None,
             kernels: spec.kernels,
             warmup_iterations: measurement.warmup_iterations,
             measurement,

@@ -145,7 +145,8 @@ impl Work {
         if self.kernels != workloads::kernels::KernelOptions::default().canonical() {
             d += &format!("/{}", self.kernels);
         }
-        if self.mode == "train" && self.master_weights != workloads::MasterWeights::default() {
+        let half = matches!(self.dtype.as_str(), "bf16" | "f16");
+        if self.mode == "train" && half && self.master_weights != workloads::MasterWeights::default() {
             d += &format!("/masters {}", self.master_weights.as_str());
         }
         d
@@ -334,6 +335,27 @@ seq_lens = [16, 32]
 models = ["resnet_tiny"]
 batches = [1]
 "#;
+
+    #[test]
+    fn a_neighbour_says_master_weights_only_where_they_change_the_training() {
+        let work = |dtype: &str, masters| Work {
+            model: "resnet50".into(),
+            mode: "train".into(),
+            dtype: dtype.into(),
+            batch: BatchSize::Fixed(32),
+            seq_len: None,
+            repeat: 0,
+            kernels: workloads::kernels::KernelOptions::default().canonical(),
+            master_weights: masters,
+        };
+        use workloads::MasterWeights::{None as Halves, F32};
+        assert_eq!(
+            work("bf16", Halves).describe("1g"),
+            "1g:resnet50/train/bf16/32/masters none"
+        );
+        assert_eq!(work("bf16", F32).describe("1g"), "1g:resnet50/train/bf16/32");
+        assert_eq!(work("f32", Halves).describe("1g"), "1g:resnet50/train/f32/32");
+    }
 
     #[test]
     fn the_cross_product_in_order_with_duplicates_once() -> Result<()> {

@@ -98,6 +98,11 @@ impl Executor for FakeStep {
         Ok(self.skip_every.map(|k| (self.steps / k) as u64))
     }
 
+    /// 2¹⁶ halved at each skipped step, as a dynamic loss scale that never grows back.
+    fn loss_scale(&mut self) -> Result<Option<f64>> {
+        Ok(self.skip_every.map(|k| 65536.0 / 2f64.powi((self.steps / k) as i32)))
+    }
+
     fn steps_to_steady(&self) -> u64 {
         self.steady_after
     }
