@@ -6,10 +6,13 @@
 //! passes `--include-ignored`): every test is `#[ignore]`d and fails without a CUDA device.
 #![cfg(feature = "cudnn")]
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use workloads::kernels::options::CudaGraphs;
 use workloads::kernels::KernelOptions;
 use workloads::{build, Batch, GraphStats, Mode, TrainConfig, Workload, WorkloadConfig};
+
+mod common;
+use common::host_values;
 
 /// The GPU, opened as the profiler opens it (one stream, pooled memory, no per-allocation events).
 fn gpu() -> Device {
@@ -51,17 +54,6 @@ fn workload(
     build(name, &cfg).unwrap()
 }
 
-fn host(t: &Tensor) -> Vec<f32> {
-    t.to_device(&Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-}
-
 /// Largest |a - b| relative to the largest |b|.
 fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
@@ -99,8 +91,8 @@ fn replayed_inference_gives_the_logits_of_steps_launched_kernel_by_kernel() {
                 CudaGraphs::Infer,
             );
             for (i, batch) in batches(eager.as_ref()).iter().enumerate() {
-                let want = host(&eager.infer(batch).unwrap());
-                let got = host(&graphed.infer(batch).unwrap());
+                let want = host_values(&eager.infer(batch).unwrap());
+                let got = host_values(&graphed.infer(batch).unwrap());
                 let err = rel_err(&got, &want);
                 eprintln!(
                     "{name} {dtype:?} step {i} (batch {}): relative error {err:.2e}",
@@ -143,7 +135,7 @@ fn worst_tensor(a: &dyn Workload, b: &dyn Workload) -> (f32, String) {
     assert_eq!(want.len(), got.len());
     let mut worst = (0f32, String::new());
     for ((n, w), (_, g)) in want.iter().zip(&got) {
-        let err = rel_err(&host(g), &host(w));
+        let err = rel_err(&host_values(g), &host_values(w));
         if err > worst.0 {
             worst = (err, n.clone());
         }
@@ -173,9 +165,9 @@ fn replayed_training_steps_move_the_model_as_steps_launched_kernel_by_kernel() {
             let mut graphed = workload(name, &gpu, dtype, Mode::Train, train, CudaGraphs::On);
             let case = format!("{name} {dtype:?} {:?}", train.optimizer);
             for (i, batch) in batches(eager.as_ref()).iter().enumerate() {
-                let want = host(&eager.train_step(batch).unwrap());
-                let noise = rel_err(&host(&control.train_step(batch).unwrap()), &want);
-                let got = host(&graphed.train_step(batch).unwrap());
+                let want = host_values(&eager.train_step(batch).unwrap());
+                let noise = rel_err(&host_values(&control.train_step(batch).unwrap()), &want);
+                let got = host_values(&graphed.train_step(batch).unwrap());
                 let err = rel_err(&got, &want);
                 eprintln!("{case} step {i} (batch {}): loss {} against {}, relative error {err:.2e} (without graphs, run to run: {noise:.2e})", batch.size, got[0], want[0]);
                 let bound = (10.0 * noise).max(1e-4);

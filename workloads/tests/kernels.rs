@@ -6,6 +6,9 @@
 use candle_core::{DType, Device, Tensor, Var};
 use workloads::init::Rng;
 
+mod common;
+use common::host_values;
+
 /// The GPU these tests need. They are `#[ignore]`d so that a plain `cargo test` skips them, and
 /// fail, never pass, when run without one (`--include-ignored` on the GPU machine).
 fn gpu() -> Device {
@@ -23,38 +26,9 @@ fn random(shape: &[usize], seed: u64) -> Tensor {
     .unwrap()
 }
 
-/// A tensor's elements on the host, in f32.
-fn host_values(t: &Tensor) -> Vec<f32> {
-    t.to_device(&Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-}
-
 /// Largest |a - b| relative to the largest |b|.
 fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    let a = a
-        .to_device(&Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
-    let b = b
-        .to_device(&Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
+    let (a, b) = (host_values(a), host_values(b));
     let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
     a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
@@ -318,7 +292,6 @@ fn matches_cpu(what: &str, f: &dyn Fn(&[&Tensor]) -> Tensor, inputs: &[Tensor], 
 fn bias_and_add_written_over_their_input_match_the_ops_that_make_a_new_tensor() {
     use workloads::kernels::{add, add_over, bias_act, bias_act_over, Act, BiasAxis};
     let gpu = gpu();
-    let host = host_values;
     // Planes of 35 (single elements, not words) and of 64 (16-byte words); a channel bias.
     for (shape, dtype) in [
         ([2, 8, 5, 7], DType::F32),
@@ -328,29 +301,29 @@ fn bias_and_add_written_over_their_input_match_the_ops_that_make_a_new_tensor() 
         let on_gpu = |seed: u64, dims: &[usize]| random(dims, seed).to_device(&gpu).unwrap().to_dtype(dtype).unwrap();
         let (x, z, b) = (on_gpu(900, &shape), on_gpu(901, &shape), on_gpu(902, &[8]));
         for act in [Act::None, Act::Relu] {
-            let want = host(&bias_act(&x, &b, BiasAxis::Channels, act).unwrap());
+            let want = host_values(&bias_act(&x, &b, BiasAxis::Channels, act).unwrap());
             // A copy of x of its own, and a second handle on its storage: written over, both read
             // the result.
             let fresh = x.copy().unwrap();
             let handle = fresh.clone();
             let got = bias_act_over(fresh, &b, BiasAxis::Channels, act).unwrap();
-            assert_eq!(host(&got), want, "{shape:?} {dtype:?} {act:?}: bias over x");
+            assert_eq!(host_values(&got), want, "{shape:?} {dtype:?} {act:?}: bias over x");
             assert_eq!(
-                host(&handle),
+                host_values(&handle),
                 want,
                 "{shape:?} {dtype:?} {act:?}: the bias was not written over x"
             );
             let relu = act == Act::Relu;
-            let want = host(&add(&x, &z, relu).unwrap());
+            let want = host_values(&add(&x, &z, relu).unwrap());
             let fresh = x.copy().unwrap();
             let handle = fresh.clone();
             assert_eq!(
-                host(&add_over(fresh, &z, relu).unwrap()),
+                host_values(&add_over(fresh, &z, relu).unwrap()),
                 want,
                 "{shape:?} {dtype:?} relu {relu}: add over x"
             );
             assert_eq!(
-                host(&handle),
+                host_values(&handle),
                 want,
                 "{shape:?} {dtype:?} relu {relu}: the sum was not written over x"
             );
@@ -536,23 +509,26 @@ fn master_weight_kernels_match_the_cpu_over_four_steps_with_one_skipped() {
         let reading = format!("{:?}", opt.scale_reading().unwrap().unwrap());
         (mixed.masters().unwrap()[0].clone(), p.as_tensor().clone(), reading)
     };
-    let values = host_values;
     for kind in [OptimizerKind::AdamW, OptimizerKind::Sgd { momentum: 0.9 }] {
         for dtype in [DType::BF16, DType::F16] {
             let (want_master, _, want_reading) = run(&Device::Cpu, dtype, kind);
             let (got_master, got_copy, got_reading) = run(&gpu, dtype, kind);
             // The CPU computes in f64 and the GPU in f32, both storing f32 masters: within a few f32
             // ulps of the master (1e-6 absolute for masters near 0).
-            let (wm, gm) = (values(&want_master), values(&got_master));
+            let (wm, gm) = (host_values(&want_master), host_values(&got_master));
             let off = wm
                 .iter()
                 .zip(&gm)
                 .filter(|(w, g)| (*w - *g).abs() > 4.0 * w.abs() * f32::EPSILON + 1e-6)
                 .count();
-            let moved = wm.iter().zip(&values(&p0)).filter(|(w, s)| w != s).count();
+            let moved = wm.iter().zip(&host_values(&p0)).filter(|(w, s)| w != s).count();
             // The working copy is the device's own master rounded to the dtype, element for element.
-            let rounded = values(&got_master.to_dtype(dtype).unwrap());
-            let copies_off = values(&got_copy).iter().zip(&rounded).filter(|(c, r)| c != r).count();
+            let rounded = host_values(&got_master.to_dtype(dtype).unwrap());
+            let copies_off = host_values(&got_copy)
+                .iter()
+                .zip(&rounded)
+                .filter(|(c, r)| c != r)
+                .count();
             eprintln!(
                 "masters {kind:?} {dtype:?}: {moved} moved, {off} masters differ from the CPU's, {copies_off} copies from their masters; {got_reading}"
             );

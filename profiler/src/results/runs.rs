@@ -261,6 +261,10 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
     let i = |f: fn(&Run) -> i64| runs.iter().map(f).collect::<Vec<i64>>();
     let ms = |f: fn(&Run) -> u64| runs.iter().map(|r| ns_to_ms(f(r))).collect::<Vec<f64>>();
     let x = |f: fn(&Run) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
+    // The columns a run may have no value for: null there.
+    let maybe_s = |f: fn(&Run) -> Option<String>| runs.iter().map(f).collect::<Vec<Option<String>>>();
+    let maybe_i = |f: fn(&Run) -> Option<i64>| runs.iter().map(f).collect::<Vec<Option<i64>>>();
+    let maybe_x = |f: fn(&Run) -> Option<f64>| runs.iter().map(f).collect::<Vec<Option<f64>>>();
     let histograms = runs
         .iter()
         .map(|r| r.stats.histogram_v2_deflate())
@@ -282,55 +286,27 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         col("mode", s(|r| r.mode.as_str().to_string())),
         col("dtype", s(|r| r.precision().to_string())),
         col("batch", i(|r| r.batch as i64)),
-        Column::new(
-            "seq_len".into(),
-            runs.iter()
-                .map(|r| r.model.input.seq_len().map(|l| l as i64))
-                .collect::<Vec<_>>(),
-        ),
+        col("seq_len", maybe_i(|r| r.model.input.seq_len().map(|l| l as i64))),
     ])
     .chain(device_columns(
         &runs.iter().map(|r| &r.context.device).collect::<Vec<_>>(),
     ))
     .chain([
         Column::new("seed".into(), runs.iter().map(|r| r.seed).collect::<Vec<u64>>()),
-        Column::new(
-            "weights".into(),
-            runs.iter().map(|r| r.weights.clone()).collect::<Vec<Option<String>>>(),
-        ),
-        Column::new(
-            "optimizer".into(),
-            runs.iter()
-                .map(|r| r.optimizer.clone())
-                .collect::<Vec<Option<String>>>(),
-        ),
-        Column::new(
-            "master_weights".into(),
-            runs.iter()
-                .map(|r| r.master_weights.map(str::to_string))
-                .collect::<Vec<Option<String>>>(),
-        ),
-        Column::new(
-            "loss_scale".into(),
-            runs.iter()
-                .map(|r| r.measurement.loss_scale)
-                .collect::<Vec<Option<f64>>>(),
-        ),
-        Column::new(
-            "skipped_steps".into(),
-            runs.iter()
-                .map(|r| r.measurement.skipped_steps.map(|n| n as i64))
-                .collect::<Vec<Option<i64>>>(),
+        col("weights", maybe_s(|r| r.weights.clone())),
+        col("optimizer", maybe_s(|r| r.optimizer.clone())),
+        col("master_weights", maybe_s(|r| r.master_weights.map(str::to_string))),
+        col("loss_scale", maybe_x(|r| r.measurement.loss_scale)),
+        col(
+            "skipped_steps",
+            maybe_i(|r| r.measurement.skipped_steps.map(|n| n as i64)),
         ),
         col("kernel_options", s(|r| r.kernels.canonical())),
         col("warmup_iterations", i(|r| r.warmup_iterations as i64)),
         col("iterations", i(|r| r.stats.iterations as i64)),
         col("measured_s", x(|r| r.measurement.elapsed.as_secs_f64())),
         col("mean_ms", x(|r| r.stats.mean_ms())),
-        Column::new(
-            "std_ms".into(),
-            runs.iter().map(|r| r.stats.std_ns.map(|s| s / 1e6)).collect::<Vec<_>>(),
-        ),
+        col("std_ms", maybe_x(|r| r.stats.std_ns.map(|s| s / 1e6))),
         col("min_ms", ms(|r| r.stats.min_ns)),
         col("max_ms", ms(|r| r.stats.max_ns)),
         col("p50_ms", ms(|r| r.stats.p50_ns)),
@@ -347,12 +323,7 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         interval("p50_ms_ci_high", runs, |u| &u.p50_ms, true),
         interval("p99_ms_ci_low", runs, |u| &u.p99_ms, false),
         interval("p99_ms_ci_high", runs, |u| &u.p99_ms, true),
-        Column::new(
-            "ci_note".into(),
-            runs.iter()
-                .map(|r| r.uncertainty.note())
-                .collect::<Vec<Option<String>>>(),
-        ),
+        col("ci_note", maybe_s(|r| r.uncertainty.note())),
         col("wall_throughput", x(Run::wall_throughput)),
         Column::new(
             "loss_first".into(),
@@ -364,12 +335,7 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         ),
         col("params", i(|r| r.model.params as i64)),
         col("flops_per_sample", i(|r| r.flops_per_sample() as i64)),
-        Column::new(
-            "sample_interval_ms".into(),
-            runs.iter()
-                .map(|r| r.sample_interval_ms())
-                .collect::<Vec<Option<i64>>>(),
-        ),
+        col("sample_interval_ms", maybe_i(|r| r.sample_interval_ms())),
         col("metric_samples", i(|r| r.metric_summary.samples as i64)),
         Column::new("fb_used_mean_mib".into(), summary(runs, |m| m.fb_used_mean_mib)),
         Column::new("fb_used_max_mib".into(), summary(runs, |m| m.fb_used_max_mib)),
@@ -378,50 +344,28 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         Column::new("sm_util_mean".into(), summary(runs, |m| m.sm_util_mean)),
         Column::new("tensor_mean".into(), summary(runs, |m| m.tensor_mean)),
         Column::new("dram_mean".into(), summary(runs, |m| m.dram_mean)),
-        Column::new(
-            "gpm_scope".into(),
-            runs.iter()
-                .map(|r| {
-                    r.metric_summary
-                        .has_gpm()
-                        .then(|| r.context.device.gpm_scope())
-                        .flatten()
-                        .map(str::to_string)
-                })
-                .collect::<Vec<Option<String>>>(),
+        col(
+            "gpm_scope",
+            maybe_s(|r| {
+                r.metric_summary
+                    .has_gpm()
+                    .then(|| r.context.device.gpm_scope())
+                    .flatten()
+                    .map(str::to_string)
+            }),
         ),
         Column::new("gpu_power_mean_w".into(), summary(runs, |m| m.gpu_power_mean_w)),
         Column::new("gpu_energy_j".into(), summary(runs, |m| m.gpu_energy_j)),
         Column::new("j_per_sample".into(), summary(runs, |m| m.j_per_sample)),
-        Column::new(
-            "sampler_error".into(),
-            runs.iter()
-                .map(|r| r.sampler_error.clone())
-                .collect::<Vec<Option<String>>>(),
-        ),
+        col("sampler_error", maybe_s(|r| r.sampler_error.clone())),
         col("verdict", s(|r| r.assessment.verdict.as_str().to_string())),
         col("verdict_reason", s(|r| r.assessment.reason.clone())),
         col("outliers", i(|r| r.assessment.outliers as i64)),
         col("outlier_mean_shift", x(|r| r.assessment.outlier_mean_shift)),
         flags_column(runs),
-        Column::new(
-            "throttle_share".into(),
-            runs.iter()
-                .map(|r| r.evidence.throttle_share)
-                .collect::<Vec<Option<f64>>>(),
-        ),
-        Column::new(
-            "power_cap_share".into(),
-            runs.iter()
-                .map(|r| r.evidence.power_cap_share)
-                .collect::<Vec<Option<f64>>>(),
-        ),
-        Column::new(
-            "other_processes".into(),
-            runs.iter()
-                .map(|r| r.evidence.others_text())
-                .collect::<Vec<Option<String>>>(),
-        ),
+        col("throttle_share", maybe_x(|r| r.evidence.throttle_share)),
+        col("power_cap_share", maybe_x(|r| r.evidence.power_cap_share)),
+        col("other_processes", maybe_s(|r| r.evidence.others_text())),
         Column::new("histogram".into(), histogram_refs),
         col("migprof_version", s(|_| provenance::VERSION.to_string())),
         col("git_commit", s(|_| provenance::GIT_COMMIT.to_string())),

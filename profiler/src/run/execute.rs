@@ -10,7 +10,7 @@ use crate::gpu::sampler::{Sample, Sampler};
 use crate::provenance;
 use crate::run::fingerprint::{self, Fingerprint};
 use crate::run::group::GroupMember;
-use crate::run::measure::{measure, Executor, MonotonicClock, Observer};
+use crate::run::measure::{measure, Executor, LossScale, MonotonicClock, Observer};
 use crate::run::record::{CellIdentity, Run, RunContext};
 use crate::run::spec::RunSpec;
 
@@ -194,17 +194,6 @@ struct WorkloadExecutor {
     loss: Option<Tensor>,
 }
 
-impl WorkloadExecutor {
-    /// The dynamic loss scale's reading, where one checks the gradients (f16 over f32 masters); read
-    /// only then, since reading synchronises with the device.
-    fn dynamic_scale(&self) -> Result<Option<workloads::ScaleReading>> {
-        if self.workload.dtype() != DType::F16 {
-            return Ok(None);
-        }
-        Ok(self.workload.scale_reading()?)
-    }
-}
-
 impl Executor for WorkloadExecutor {
     fn step(&mut self) -> Result<()> {
         match self.workload.mode() {
@@ -226,12 +215,16 @@ impl Executor for WorkloadExecutor {
         self.workload.steps_to_steady()
     }
 
-    fn skipped_steps(&mut self) -> Result<Option<u64>> {
-        Ok(self.dynamic_scale()?.map(|r| r.skipped))
-    }
-
-    fn loss_scale(&mut self) -> Result<Option<f64>> {
-        Ok(self.dynamic_scale()?.map(|r| r.scale))
+    /// Only where a dynamic scale checks the gradients (f16 over f32 masters): reading it
+    /// synchronises with the device.
+    fn loss_scale(&mut self) -> Result<Option<LossScale>> {
+        if self.workload.dtype() != DType::F16 {
+            return Ok(None);
+        }
+        Ok(self.workload.scale_reading()?.map(|r| LossScale {
+            scale: r.scale,
+            skipped: r.skipped,
+        }))
     }
 
     fn loss(&mut self) -> Result<Option<f32>> {

@@ -42,15 +42,11 @@ pub trait Executor {
     /// The loss of the most recent step when training. Reading it may copy from the device, so the
     /// loop reads it outside the timed section and only for the first and last measured steps.
     fn loss(&mut self) -> Result<Option<f32>>;
-    /// Training steps skipped so far, where the workload skips and counts them (mixed precision's
-    /// steps with an inf or a nan in their gradients). Reading it may copy from the device: the loop
-    /// reads it outside the timed section, before the first measured step and after the last.
-    fn skipped_steps(&mut self) -> Result<Option<u64>> {
-        Ok(None)
-    }
-    /// The loss scale of a mixed-precision training step with a dynamic scale; read, as the skipped
-    /// steps are, after the last measured step.
-    fn loss_scale(&mut self) -> Result<Option<f64>> {
+    /// Where the workload trains with a dynamic loss scale (mixed precision): the scale now and the
+    /// steps skipped so far (an inf or a nan in their gradients). Reading it may copy from the
+    /// device: the loop reads it outside the timed section, before the first measured step and
+    /// after the last.
+    fn loss_scale(&mut self) -> Result<Option<LossScale>> {
         Ok(None)
     }
     /// Steps before the executor's steps are all alike (a CUDA graph is captured at the second): a
@@ -58,6 +54,14 @@ pub trait Executor {
     fn steps_to_steady(&self) -> u64 {
         1
     }
+}
+
+/// A dynamic loss scale as the loop reads it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossScale {
+    pub scale: f64,
+    /// Steps skipped so far.
+    pub skipped: u64,
 }
 
 /// How long to run before measuring.
@@ -219,7 +223,7 @@ fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Resu
     let mut latencies_ns = Vec::new();
     let mut loss_first = None;
     // Read before the clock starts: it may synchronise with the device.
-    let skipped_before = exec.skipped_steps()?;
+    let scale_before = exec.loss_scale()?;
     let start = clock.now();
     let mut stop_note = None;
     let loss_last = loop {
@@ -240,11 +244,12 @@ fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Resu
         }
     };
     let elapsed = clock.now() - start;
-    let skipped_steps = match (skipped_before, exec.skipped_steps()?) {
-        (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+    let scale_after = exec.loss_scale()?;
+    let skipped_steps = match (scale_before, scale_after) {
+        (Some(before), Some(after)) => Some(after.skipped.saturating_sub(before.skipped)),
         _ => None,
     };
-    let loss_scale = exec.loss_scale()?;
+    let loss_scale = scale_after.map(|s| s.scale);
     Ok(Measurement {
         warmup_iterations: 0,
         latencies_ns,

@@ -94,6 +94,12 @@ pub struct CellSpec {
     pub scheduled: bool,
 }
 
+/// Whether master weights change what a cell of `mode` and `dtype` (as a sweep spells them) computes:
+/// bf16 and f16 training.
+pub(crate) fn masters_apply(mode: &str, dtype: &str) -> bool {
+    mode == "train" && matches!(dtype, "bf16" | "f16")
+}
+
 fn default_master_weights() -> String {
     workloads::MasterWeights::default().as_str().to_string()
 }
@@ -157,7 +163,7 @@ impl CellSpec {
 
     /// Whether the master-weights choice changes this cell: bf16 and f16 training.
     fn keeps_masters_choice(&self) -> bool {
-        self.mode == "train" && matches!(self.dtype.as_str(), "bf16" | "f16")
+        masters_apply(&self.mode, &self.dtype)
     }
 
     /// 16 hex digits of the SHA-256 of [`id_fields`](Self::id_fields).

@@ -145,8 +145,9 @@ impl Work {
         if self.kernels != workloads::kernels::KernelOptions::default().canonical() {
             d += &format!("/{}", self.kernels);
         }
-        let half = matches!(self.dtype.as_str(), "bf16" | "f16");
-        if self.mode == "train" && half && self.master_weights != workloads::MasterWeights::default() {
+        if super::cell::masters_apply(&self.mode, &self.dtype)
+            && self.master_weights != workloads::MasterWeights::default()
+        {
             d += &format!("/masters {}", self.master_weights.as_str());
         }
         d

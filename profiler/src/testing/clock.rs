@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::run::measure::{Clock, Executor};
+use crate::run::measure::{Clock, Executor, LossScale};
 
 #[derive(Clone, Default)]
 pub struct FakeClock {
@@ -94,13 +94,15 @@ impl Executor for FakeStep {
         Ok(self.train.then(|| 0.5f32.powi(self.steps as i32)))
     }
 
-    fn skipped_steps(&mut self) -> Result<Option<u64>> {
-        Ok(self.skip_every.map(|k| (self.steps / k) as u64))
-    }
-
     /// 2¹⁶ halved at each skipped step, as a dynamic loss scale that never grows back.
-    fn loss_scale(&mut self) -> Result<Option<f64>> {
-        Ok(self.skip_every.map(|k| 65536.0 / 2f64.powi((self.steps / k) as i32)))
+    fn loss_scale(&mut self) -> Result<Option<LossScale>> {
+        Ok(self.skip_every.map(|k| {
+            let skipped = (self.steps / k) as u64;
+            LossScale {
+                scale: 65536.0 / 2f64.powi(skipped as i32),
+                skipped,
+            }
+        }))
     }
 
     fn steps_to_steady(&self) -> u64 {

@@ -178,15 +178,14 @@ mod cuda {
 
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-    use candle_core::{bail, CudaStorage, Layout, Result};
+    use candle_core::{CudaStorage, Layout, Result};
 
     use super::AdamStep;
-    use crate::kernels::launch::{by_dtype, name, view, Kernel};
+    use crate::kernels::launch::{by_dtype, contiguous_range, grid_stride, name, view, Kernel, ONE_THREAD};
 
     /// The contiguous element range of an in-place destination.
     fn range(l: &Layout) -> Result<(usize, usize)> {
-        l.contiguous_offsets()
-            .ok_or_else(|| candle_core::Error::Msg("AdamW updates contiguous tensors".into()))
+        contiguous_range(l, "AdamW")
     }
 
     /// The kernel's scalar arguments, in its order (the corrections come from the step state).
@@ -201,25 +200,12 @@ mod cuda {
         let mut sv = state.as_cuda_slice_mut::<f64>()?.slice_mut(start..end);
         let mut b = func.builder();
         b.arg(&mut sv).arg(&s.beta1).arg(&s.beta2);
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
         // SAFETY: argument types and order match the kernel; the state holds three f64.
-        unsafe { func.launch(&mut b, cfg) }
+        unsafe { func.launch(&mut b, ONE_THREAD) }
     }
 
     fn config(n: usize) -> Result<(LaunchConfig, u32)> {
-        if n > u32::MAX as usize {
-            bail!("AdamW over {n} elements is more than this kernel indexes")
-        }
-        let cfg = LaunchConfig {
-            grid_dim: ((n as u32).div_ceil(256).clamp(1, 65535 * 4), 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        Ok((cfg, n as u32))
+        grid_stride(n, u32::MAX as usize, "AdamW")
     }
 
     pub(super) fn moments(

@@ -138,6 +138,33 @@ pub(crate) fn median_ms(stream: &Arc<CudaStream>, launch: &dyn Fn() -> Result<()
     Ok(times[1])
 }
 
+/// The contiguous element range of an in-place destination of `what` (an op's name).
+pub(crate) fn contiguous_range(l: &Layout, what: &str) -> Result<(usize, usize)> {
+    l.contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg(format!("{what} updates contiguous tensors")))
+}
+
+/// A grid-stride launch over `n` elements (256 threads a block, at most 65535 × 4 blocks) and `n`
+/// as the kernel's u32 count; `max` is the most elements `what`'s kernel indexes.
+pub(crate) fn grid_stride(n: usize, max: usize, what: &str) -> Result<(LaunchConfig, u32)> {
+    if n > max {
+        bail!("{what} over {n} elements is more than this kernel indexes")
+    }
+    let cfg = LaunchConfig {
+        grid_dim: ((n as u32).div_ceil(256).clamp(1, 65535 * 4), 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Ok((cfg, n as u32))
+}
+
+/// One thread: the kernels that move a step's scalars on (an optimizer's step count, a loss scale).
+pub(crate) const ONE_THREAD: LaunchConfig = LaunchConfig {
+    grid_dim: (1, 1, 1),
+    block_dim: (1, 1, 1),
+    shared_mem_bytes: 0,
+};
+
 /// The elements of a contiguous tensor on the device, from its first one.
 pub(crate) fn view<'a, T: CudaDType + DeviceRepr>(
     s: &'a CudaStorage,

@@ -363,31 +363,16 @@ mod cuda {
     use candle_core::{bail, CudaStorage, Layout, Result};
 
     use super::{Begin, End};
-    use crate::kernels::launch::{by_dtype, name, view, Kernel};
+    use crate::kernels::launch::{by_dtype, contiguous_range, grid_stride, name, view, Kernel, ONE_THREAD};
     use crate::kernels::sources::MASTERS;
 
     fn range(l: &Layout) -> Result<(usize, usize)> {
-        l.contiguous_offsets()
-            .ok_or_else(|| candle_core::Error::Msg("mixed precision updates contiguous tensors".into()))
+        contiguous_range(l, "mixed precision")
     }
 
     fn config(n: usize) -> Result<(LaunchConfig, u32)> {
-        if n > u32::MAX as usize / 3 {
-            bail!("a parameter of {n} elements is more than the mixed-precision kernels index")
-        }
-        let cfg = LaunchConfig {
-            grid_dim: ((n as u32).div_ceil(256).clamp(1, 65535 * 4), 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        Ok((cfg, n as u32))
+        grid_stride(n, u32::MAX as usize / 3, "mixed precision")
     }
-
-    const ONE: LaunchConfig = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (1, 1, 1),
-        shared_mem_bytes: 0,
-    };
 
     pub(super) fn nonfinite(state: &mut CudaStorage, l: &Layout, g: &CudaStorage, gl: &Layout) -> Result<()> {
         let dev = g.device().clone();
@@ -413,7 +398,7 @@ mod cuda {
         let mut b = func.builder();
         b.arg(&mut sv).arg(&s.beta1).arg(&s.beta2);
         // SAFETY: argument types and order match the kernel; the state holds eight f64.
-        unsafe { func.launch(&mut b, ONE) }
+        unsafe { func.launch(&mut b, ONE_THREAD) }
     }
 
     pub(super) fn end(state: &mut CudaStorage, l: &Layout, s: &End) -> Result<()> {
@@ -425,7 +410,7 @@ mod cuda {
         let mut b = func.builder();
         b.arg(&mut sv).arg(&dynamic).arg(&interval);
         // SAFETY: argument types and order match the kernel; the state holds eight f64.
-        unsafe { func.launch(&mut b, ONE) }
+        unsafe { func.launch(&mut b, ONE_THREAD) }
     }
 
     /// One optimizer's pass: `kernel` over the f32 state `buf` from the gradient `g` and the step
