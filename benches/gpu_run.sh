@@ -50,6 +50,12 @@
 #              round per call, ROUND names it) the training cells — MODELS, batch 32, DTYPES (default
 #              bf16,f16) over f32 masters and with none — against PyTorch's training variants, with
 #              device memory; rounds.py over the rounds found in $OUT
+#     fidelity emulated slices both ways, alone (mps:) and memory-partitioned (mps-mem:): STEP=probe
+#              runs ResNet-50 on mps:1g and mps-mem: 1g..7g and prints what each partition measured;
+#              STEP=sweep (the default) runs benches/slice_fidelity.toml for FID_SECS (resuming from
+#              .dist/fidelity-results when carried) and benches/slice_fidelity.py over it;
+#              STEP=capacity searches ResNet-50's capacity at p99 <= 50 ms on mps:1g.10gb and
+#              mps-mem:1g.10gb and plans 5,000 requests/s from both (the default, then --memory-emulation alone)
 #   MIGPROF_GZ names another build (the CPU build does everything but run models on the GPU).
 #   MODELS and BATCHES narrow the comparison (defaults: the four families, inference at 1,8,32,128).
 set -uo pipefail
@@ -214,6 +220,45 @@ for r in sorted(rows, key=lambda r: (r["model"], r["mode"], r["batch"], r["sm_co
 PY
 tar czf "${OUT:-/tmp}/mps-results.tgz" -C "$out" mps-sweep mps-run shared busy 2>/dev/null
 cp "$out/mps.txt" "${OUT:-/tmp}/" 2>/dev/null
+exit 0
+fi
+
+if [ "$mode" = fidelity ]; then
+log "MPS before: servers on the GPU and MPS processes"; mps_servers
+export MIGPROF_CACHE_DIR="$out/cache"
+if [ "${STEP:-sweep}" = capacity ]; then
+    for dev in mps:1g.10gb mps-mem:1g.10gb; do
+        log "load --search on $dev"
+        "$bin" load --model resnet50 --dtype bf16 --device "$dev" --search --slo-p99-ms 50 --max-batch 32 --out "$out/capacity" 2>&1 | grep -E "MPS|capacity|warning|error" | tail -8
+        log "MPS processes right after: $(mps_servers | tr '\n' ' ')"
+    done
+    log "capacity, default"
+    "$bin" capacity --gpu h100-80gb --from "$out/capacity" --demand resnet50=5000 --slo-p99-ms 50 2>&1 | tee "$out/capacity-plan.txt"
+    log "capacity, --memory-emulation alone"
+    "$bin" capacity --gpu h100-80gb --from "$out/capacity" --demand resnet50=5000 --slo-p99-ms 50 --memory-emulation alone 2>&1 | tee -a "$out/capacity-plan.txt"
+    log "MPS after: servers on the GPU and MPS processes"; mps_servers
+    cp "$out/capacity-plan.txt" "${OUT:-/tmp}/" 2>/dev/null
+    tar czf "${OUT:-/tmp}/capacity-results.tgz" -C "$out" capacity 2>/dev/null
+    exit 0
+fi
+if [ "${STEP:-sweep}" = probe ]; then
+    for dev in mps:1g.10gb mps-mem:1g.10gb mps-mem:2g.20gb mps-mem:3g.40gb mps-mem:4g.40gb mps-mem:7g.80gb mps-mem:1g.10gb; do
+        log "run --device $dev"
+        "$bin" run --model resnet50 --dtype bf16 --batch 32 --warmup-secs 1 --duration 2 --device "$dev" --out "$out/probe" 2>&1 | grep -E "MPS|^\[|warning|error"
+        log "MPS processes right after: $(mps_servers | tr '\n' ' ')"
+    done
+    cat "$out/cache/memory-calibration.json"
+else
+    mkdir -p "$out/fidelity"
+    [ -d .dist/fidelity-results ] && cp -r .dist/fidelity-results/. "$out/fidelity/"
+    ( cd "$out" && timeout "${FID_SECS:-480}" "$bin" sweep "$OLDPWD/benches/slice_fidelity.toml" --out "$out/fidelity" 2>&1 | grep -vE "^\s*$" | tail -30 )
+    cp "$out/cache/memory-calibration.json" "$out/fidelity/" 2>/dev/null
+fi
+log "MPS after: servers on the GPU and MPS processes"; mps_servers
+if [ "${STEP:-sweep}" = probe ]; then dir="$out/probe"; else dir="$out/fidelity"; fi
+python3 benches/slice_fidelity.py "$dir" 2>&1 | tee "$out/fidelity.txt"
+tar czf "${OUT:-/tmp}/fidelity-results.tgz" -C "$out" fidelity probe cache 2>/dev/null
+cp "$out/fidelity.txt" "${OUT:-/tmp}/" 2>/dev/null
 exit 0
 fi
 

@@ -13,7 +13,8 @@ use crate::gpu::{self, Selected, Topology};
 /// The valid spellings of `--device`, for error messages.
 pub const VALID_DEVICES: &str = "cpu, cuda (the first GPU), a GPU index (0, 1, ... as nvidia-smi numbers them; cuda:N is the same), \
      GPU-<uuid>, MIG-<uuid>, a MIG profile such as 3g.40gb (when exactly one MIG device has it), \
-     mps:<profile> or mps:<percent>% (a slice emulated with MPS on a GPU with MIG off, e.g. mps:3g.40gb, mps:45%; @<index> picks the GPU)";
+     mps:<profile> or mps:<percent>% (a slice emulated with MPS on a GPU with MIG off, e.g. mps:3g.40gb, mps:45%; @<index> picks the GPU), \
+     mps-mem:<profile> or mps-mem:<percent>% (the same with the slice's share of memory bandwidth: a neighbour streams on the other SMs)";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceSpec {
@@ -31,8 +32,8 @@ impl FromStr for DeviceSpec {
 
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
-        if let Some(rest) = s.strip_prefix("mps:") {
-            return Ok(Self::Mps(crate::mps::MpsTarget::parse(rest)?));
+        if let Some(target) = crate::mps::MpsTarget::parse_device(s) {
+            return Ok(Self::Mps(target?));
         }
         match s {
             "cpu" => return Ok(Self::Cpu),
@@ -104,6 +105,8 @@ impl DeviceInfo {
 pub struct OpenDevice {
     pub device: Device,
     pub info: DeviceInfo,
+    /// The memory-system neighbour of an `mps-mem:` slice: it streams until this is dropped.
+    pub neighbour: Option<crate::mps::neighbour::NeighbourProcess>,
 }
 
 impl DeviceSpec {
@@ -135,6 +138,7 @@ impl DeviceSpec {
                 memory_system,
                 ..describe(selected)
             },
+            neighbour: None,
         })
     }
 
@@ -187,15 +191,24 @@ fn open_mps_client(target: &crate::mps::MpsTarget) -> Result<OpenDevice> {
         std::env::set_var(k, v);
     }
     let device = Device::new_cuda(0)?;
-    // Before the pool: the probe's memory must go back to the driver.
+    // Before the pool: the probes' memory must go back to the driver.
     let reach = reach(&device, selected.gpu.sm_count.unwrap_or(0), share.memory_limit_mib);
     let sms = reach.as_ref().map_or(share.profile_sms, |r| r.sms);
-    let memory_system = probe_memory_system(&device, sms);
+    let (memory_system, partition, neighbour) = match target.memory {
+        crate::mps::MemoryEmulation::Alone => (probe_memory_system(&device, sms), None, None),
+        crate::mps::MemoryEmulation::Partitioned => {
+            let driver = topology.driver_version.clone().unwrap_or_default();
+            let (system, partition, neighbour) =
+                partition_memory(&device, &selected, &share, sms, std::path::Path::new(&pipe), driver)?;
+            (Some(system), Some(partition), neighbour)
+        }
+    };
     workloads::memory::pool_allocations(&device)?;
     let emulation = crate::mps::Emulation {
         share,
         measured_sms: reach.as_ref().ok().map(|r| r.sms),
         measured_memory_mib: reach.as_ref().ok().and_then(|r| r.memory_mib),
+        partition,
     };
     if let Err(e) = &reach {
         eprintln!("warning: could not measure what the MPS client got: {e:#}");
@@ -203,7 +216,16 @@ fn open_mps_client(target: &crate::mps::MpsTarget) -> Result<OpenDevice> {
     if let Some(why) = emulation.mismatch() {
         eprintln!("warning: {why}");
     }
-    let name = format!("{} MPS-emulated {}", selected.gpu.name, emulation.share.describe());
+    let name = format!(
+        "{} MPS-emulated {}{}",
+        selected.gpu.name,
+        emulation.share.describe(),
+        if emulation.partition.is_some() {
+            ", memory partitioned"
+        } else {
+            ""
+        }
+    );
     Ok(OpenDevice {
         device,
         info: DeviceInfo {
@@ -213,7 +235,129 @@ fn open_mps_client(target: &crate::mps::MpsTarget) -> Result<OpenDevice> {
             emulation: Some(emulation),
             memory_system,
         },
+        neighbour,
     })
+}
+
+/// Partitions the memory system of an `mps-mem:` client ([`crate::mps::partition`]): the neighbour
+/// started, set and checked, and what the client's memory system then is. A partition that cannot be
+/// made is an error (the row would not be what it says); one that misses its share is a warning and
+/// recorded.
+#[cfg(feature = "cuda")]
+fn partition_memory(
+    device: &Device,
+    selected: &Selected,
+    share: &crate::mps::Share,
+    sms: u32,
+    pipe: &std::path::Path,
+    driver: String,
+) -> Result<(
+    gpu::memory_system::MemorySystem,
+    crate::mps::partition::Partition,
+    Option<crate::mps::neighbour::NeighbourProcess>,
+)> {
+    use crate::mps::calibration::{self, Cache, Key};
+    use crate::mps::partition::{partition, Calibrations};
+
+    let device_sms = selected.gpu.sm_count.unwrap_or(sms);
+    let mut probe = ClientSide {
+        probe: gpu::memory_system::Probe::new(device, sms)?,
+        device: device.clone(),
+        device_sms,
+    };
+    let mut spawner = crate::mps::neighbour::Spawner {
+        exe: std::env::current_exe().map_err(|e| anyhow!("finding this migprof to start its neighbour: {e}"))?,
+        gpu_uuid: selected.gpu.uuid.clone(),
+        gpu_sms: device_sms,
+        pipe_dir: pipe.to_path_buf(),
+    };
+    let cache = Cache::default_location();
+    let calibrations = Calibrations {
+        cache: &cache,
+        key: Key {
+            gpu_uuid: selected.gpu.uuid.clone(),
+            driver,
+            share: share.profile.clone().unwrap_or_else(|| format!("{}%", share.percent)),
+        },
+        recalibrate: calibration::recalibrate_token(),
+    };
+    let (partition, neighbour) = partition(
+        share.percent,
+        share.memory_fraction,
+        &mut probe,
+        &mut spawner,
+        &calibrations,
+        &mut || gpu::metrics::clocks_now(selected),
+        &mut |line| eprintln!("MPS: {line}"),
+    )
+    .map_err(|e| anyhow!("partitioning the memory system of {}: {e:#}", share.describe()))?;
+    if partition.outcome == calibration::Outcome::NoSpareSms {
+        eprintln!(
+            "MPS: {} holds every SM: there is nowhere for a memory-system neighbour, so the partitioned slice equals the one alone",
+            share.describe()
+        );
+    }
+    let bandwidth_gbps = partition.bandwidth_gbps;
+    for w in partition.warnings(bandwidth_gbps) {
+        eprintln!("warning: {w}");
+    }
+    let l2_mib = probe.probe.l2_mib_or_warn();
+    drop(probe);
+    device.synchronize()?;
+    Ok((
+        gpu::memory_system::MemorySystem { bandwidth_gbps, l2_mib },
+        partition,
+        neighbour,
+    ))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn partition_memory(
+    _: &Device,
+    _: &Selected,
+    _: &crate::mps::Share,
+    _: u32,
+    _: &std::path::Path,
+    _: String,
+) -> Result<(
+    gpu::memory_system::MemorySystem,
+    crate::mps::partition::Partition,
+    Option<crate::mps::neighbour::NeighbourProcess>,
+)> {
+    bail!("this migprof was built without CUDA support")
+}
+
+/// The client's probes of itself on a GPU.
+#[cfg(feature = "cuda")]
+struct ClientSide {
+    probe: gpu::memory_system::Probe,
+    device: Device,
+    device_sms: u32,
+}
+
+#[cfg(feature = "cuda")]
+impl crate::mps::calibration::BandwidthProbe for ClientSide {
+    /// The median of three probes: beside a neighbour whose blocks MPS places anew at each launch, one
+    /// probe varies more than alone.
+    fn bandwidth_gbps(&mut self) -> Result<f64> {
+        let mut reads = [
+            self.probe.bandwidth_gbps()?,
+            self.probe.bandwidth_gbps()?,
+            self.probe.bandwidth_gbps()?,
+        ];
+        reads.sort_by(f64::total_cmp);
+        Ok(reads[1])
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl crate::mps::partition::ClientProbe for ClientSide {
+    fn compute_ms(&mut self) -> Result<f64> {
+        self.probe.compute_ms()
+    }
+    fn sms(&mut self) -> Result<std::collections::BTreeSet<u32>> {
+        gpu::reach::sm_ids(&self.device, self.device_sms)
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -280,6 +424,7 @@ fn cpu() -> OpenDevice {
             emulation: None,
             memory_system: None,
         },
+        neighbour: None,
     }
 }
 
@@ -330,17 +475,26 @@ pub(crate) mod tests {
         assert_eq!(info("cpu", None, None).gpm_scope(), None);
         assert_eq!(info("cuda", Some(whole.clone()), None).gpm_scope(), Some("gpu"));
         assert_eq!(info("mig", Some(slice), None).gpm_scope(), Some("gpu_instance"));
-        let emulated = crate::mps::Emulation {
+        assert_eq!(
+            info("mps", Some(whole), Some(emulated_1g(None))).gpm_scope(),
+            Some("gpu")
+        );
+    }
+
+    /// An H100's 1g.10gb emulated on 16 SMs, with its memory partitioned when `partition` is given.
+    pub(crate) fn emulated_1g(partition: Option<crate::mps::partition::Partition>) -> crate::mps::Emulation {
+        crate::mps::Emulation {
             share: crate::mps::Share {
                 profile: Some("1g.10gb".into()),
                 percent: 13,
                 profile_sms: 16,
                 memory_limit_mib: Some(9856),
+                memory_fraction: 0.125,
             },
             measured_sms: Some(16),
             measured_memory_mib: None,
-        };
-        assert_eq!(info("mps", Some(whole), Some(emulated)).gpm_scope(), Some("gpu"));
+            partition,
+        }
     }
 
     #[test]

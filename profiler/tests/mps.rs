@@ -71,6 +71,7 @@ fn the_daemon_life_cycle_against_a_fake_control_program() {
         percent: 13,
         profile_sms: 16,
         memory_limit_mib: Some(9984),
+        memory_fraction: 0.125,
     };
     let client: Vec<String> = client_env(&pipe, &share)
         .into_iter()

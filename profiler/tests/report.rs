@@ -55,7 +55,7 @@ fn the_report_of_gpu_rows_is_strict_html_with_every_section_the_same_bytes_every
         "<h2 id=\"against-baseline\">Each target against full</h2>",
         "<h2 id=\"energy\">Energy per sample</h2>",
         "1g.10gb emulated (MPS, 13% of SMs)",
-        "Emulated slices (MPS) share the L2 cache",
+        "Emulated slices alone (mps:) share the L2 cache",
         "(whole GPU&#39;s energy)",
         "latency distribution at each target&apos;s largest batch",
         "gract during the measured phase, each target&apos;s largest batch",

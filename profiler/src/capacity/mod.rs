@@ -229,10 +229,16 @@ pub fn plan(
     let fleet = solve::solve(&problem)?;
     let emulated = used.iter().any(|c| c.source.emulated());
     if emulated {
-        notes.push(
+        let partitioned = used
+            .iter()
+            .any(|c| matches!(c.source, source::Source::Measured { partitioned: true, .. }));
+        notes.push(if partitioned {
+            "some capacities come from MPS-emulated slices: memory-partitioned ones (mps-mem:) are the lower bound of the real slice (its share of the bandwidth, less than its L2), those alone (mps:) the upper bound; confirm on real MIG before buying"
+                .into()
+        } else {
             "some capacities come from MPS-emulated slices: MPS caps SMs and memory but shares L2 and memory bandwidth, so small slices look faster than real MIG slices; confirm on real MIG before buying"
-                .into(),
-        );
+                .into()
+        });
     }
     if used
         .iter()
@@ -497,7 +503,10 @@ mod tests {
             model: model.into(),
             profile: profile.into(),
             qps,
-            source: Source::Measured { emulated },
+            source: Source::Measured {
+                emulated,
+                partitioned: false,
+            },
             gpu: None,
         }
     }

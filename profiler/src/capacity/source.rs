@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::mig::profile::ProfileTable;
 use anyhow::{bail, Context, Result};
 
+use crate::mps::MemoryEmulation;
 use crate::results::parts::{number_column, read_table, text_column, Table};
 
 /// One model's capacity on one profile, requests/s within the objective.
@@ -23,9 +24,11 @@ pub struct Capacity {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Source {
-    /// A capacity search; `emulated`: on an MPS-emulated slice.
+    /// A capacity search; `emulated`: on an MPS-emulated slice, `partitioned`: one whose memory
+    /// bandwidth was partitioned (`mps-mem:`).
     Measured {
         emulated: bool,
+        partitioned: bool,
     },
     Csv,
     /// The highest closed-loop throughput of a batch whose p99, doubled, is within the objective.
@@ -39,13 +42,20 @@ impl Source {
     pub fn emulated(&self) -> bool {
         matches!(
             self,
-            Source::Measured { emulated: true } | Source::ClosedLoop { emulated: true, .. }
+            Source::Measured { emulated: true, .. } | Source::ClosedLoop { emulated: true, .. }
         )
     }
 
     pub fn describe(&self) -> String {
         match self {
-            Source::Measured { emulated } => format!("measured{}", if *emulated { " (MPS-emulated)" } else { "" }),
+            Source::Measured { emulated, partitioned } => format!(
+                "measured{}",
+                match (emulated, partitioned) {
+                    (true, true) => " (MPS-emulated, memory partitioned)",
+                    (true, false) => " (MPS-emulated)",
+                    _ => "",
+                }
+            ),
             Source::Csv => "CSV".into(),
             Source::ClosedLoop { emulated, batch } => {
                 format!(
@@ -143,17 +153,23 @@ pub fn from_csv(path: &Path, table: &ProfileTable) -> Result<Gathered> {
 /// The capacity rows of `dirs` measured for `slo_ms` (and `dtype`, when given) on the GPU `product`
 /// (profile names are shared between GPUs: an A100's 3g.40gb is not an H100's); with `closed_loop`,
 /// estimates from their runs where no search measured a model on a profile.
+///
+/// An emulated slice may have been searched both alone (`mps:`) and memory-partitioned (`mps-mem:`):
+/// `memory` picks which to plan from; without it, the partitioned capacity where both exist (the
+/// lower bound: a real slice owns only its share of the bandwidth), said in a note.
 pub fn from_folders(
     dirs: &[PathBuf],
     slo_ms: f64,
     dtype: Option<&str>,
     product: &str,
     closed_loop: bool,
+    memory: Option<MemoryEmulation>,
 ) -> Result<Gathered> {
     let mut g = Gathered::default();
-    // (model, profile, dtype) -> server settings (max batch, max delay) -> capacities found.
+    // (model, profile, dtype, memory emulation) -> server settings (max batch, max delay) ->
+    // capacities found.
     type Found = BTreeMap<String, Vec<(f64, bool, Option<String>)>>;
-    let mut found: BTreeMap<(String, String, String), Found> = BTreeMap::new();
+    let mut found: BTreeMap<(String, String, String, String), Found> = BTreeMap::new();
     let mut other_slos = std::collections::BTreeSet::new();
     let mut other_gpus = std::collections::BTreeSet::new();
     for dir in dirs {
@@ -174,6 +190,7 @@ pub fn from_folders(
         let (max_batch, max_delay) = (number_column(&df, "max_batch")?, number_column(&df, "max_delay_ms")?);
         let verdict = text_column(&df, "verdict")?;
         let arrival = text_column(&df, "arrival")?;
+        let memory_of = text_column(&df, "memory_emulation")?;
         for i in 0..df.height() {
             if status[i].as_deref() != Some("ok") {
                 continue;
@@ -195,6 +212,7 @@ pub fn from_folders(
                 model[i].clone().unwrap_or_default(),
                 profile[i].clone().unwrap_or_default(),
                 d,
+                memory_key(memory_of[i].as_deref(), emulated[i].as_deref() == Some("true")),
             );
             let settings = format!(
                 "{} arrivals, max batch {}, max delay {} ms",
@@ -216,9 +234,10 @@ pub fn from_folders(
             ));
         }
     }
+    let found = pick_memory_emulation(found, memory, &mut g.notes);
     // A model measured at several dtypes needs --dtype to say which: a plan serves it at one.
     let mut dtypes_of: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
-    for (m, _, d) in found.keys() {
+    for (m, _, d, _) in found.keys() {
         dtypes_of.entry(m.clone()).or_default().insert(d.clone());
     }
     if let Some((m, ds)) = dtypes_of.iter().find(|(_, ds)| ds.len() > 1) {
@@ -233,7 +252,7 @@ pub fn from_folders(
             other_gpus.iter().cloned().collect::<Vec<_>>().join(", ")
         ));
     }
-    for ((model, profile, _), by_settings) in found {
+    for ((model, profile, _, mem), by_settings) in found {
         // Searches of the same settings are repeats: the lowest is what the settings can promise.
         // Different settings are different servers: a deployment picks the best.
         let mut best: Option<(String, f64, bool, Option<String>)> = None;
@@ -262,12 +281,15 @@ pub fn from_folders(
             model,
             profile,
             qps,
-            source: Source::Measured { emulated },
+            source: Source::Measured {
+                emulated,
+                partitioned: mem == MemoryEmulation::Partitioned.as_str(),
+            },
             gpu,
         });
     }
     if closed_loop {
-        for c in closed_loop_estimates(dirs, slo_ms, dtype)?
+        for c in closed_loop_estimates(dirs, slo_ms, dtype, memory, &mut g.notes)?
             .into_iter()
             .filter(|c| c.gpu.as_deref().is_none_or(|g| g == product))
         {
@@ -307,6 +329,62 @@ pub fn from_folders(
     Ok(g)
 }
 
+/// Keeps, per model, profile and dtype, the capacities of one memory emulation: `asked`, else the
+/// partitioned one where both were searched. Rows of real slices and whole GPUs (no emulation) stay.
+fn pick_memory_emulation<V>(
+    found: BTreeMap<(String, String, String, String), V>,
+    asked: Option<MemoryEmulation>,
+    notes: &mut Vec<String>,
+) -> BTreeMap<(String, String, String, String), V> {
+    let (alone, partitioned) = (MemoryEmulation::Alone.as_str(), MemoryEmulation::Partitioned.as_str());
+    let has = |m: &str, p: &str, d: &str, e: &str| found.contains_key(&(m.into(), p.into(), d.into(), e.into()));
+    let mut both = Vec::new();
+    let keep: Vec<bool> = found
+        .keys()
+        .map(|(m, p, d, e)| {
+            let other = if e == alone { partitioned } else { alone };
+            match (asked, e.as_str()) {
+                (_, "") => true,
+                (Some(want), e) => e == want.as_str() || !has(m, p, d, want.as_str()),
+                (None, e) if has(m, p, d, other) => {
+                    if e == partitioned {
+                        both.push(format!("{m} on {p}"));
+                    }
+                    e == partitioned
+                }
+                (None, _) => true,
+            }
+        })
+        .collect();
+    if !both.is_empty() {
+        notes.push(format!(
+            "{} searched both alone and memory-partitioned: planning from the memory-partitioned capacities (the lower bound: a real slice owns only its share of the memory bandwidth; --memory-emulation alone plans from the others)",
+            both.join(", ")
+        ));
+    }
+    if let Some(want) = asked {
+        let other: Vec<String> = found
+            .keys()
+            .zip(&keep)
+            .filter(|((_, _, _, e), k)| !e.is_empty() && e != want.as_str() && **k)
+            .map(|((m, p, _, e), _)| format!("{m} on {p} ({e})"))
+            .collect();
+        if !other.is_empty() {
+            notes.push(format!(
+                "no {} capacity for {}: planning from the one measured",
+                want.as_str(),
+                other.join(", ")
+            ));
+        }
+    }
+    found
+        .into_iter()
+        .zip(keep)
+        .filter(|(_, k)| *k)
+        .map(|(kv, _)| kv)
+        .collect()
+}
+
 /// The profile a runs row ran on, as the capacity table names it.
 fn profile_of_row(emulated: Option<&str>, mig: Option<&str>, gpu: Option<&str>, mps_pct: Option<f64>) -> String {
     match (emulated, mig, gpu) {
@@ -320,9 +398,15 @@ fn profile_of_row(emulated: Option<&str>, mig: Option<&str>, gpu: Option<&str>, 
 
 /// Per model and profile: the highest throughput among inference runs whose p99 doubled (a request
 /// waits up to one batch in the queue, then its own) is within the objective.
-fn closed_loop_estimates(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>) -> Result<Vec<Capacity>> {
-    /// Per (model, profile): throughput, batch, emulated, GPU.
-    type Best = BTreeMap<(String, String), (f64, i64, bool, Option<String>)>;
+fn closed_loop_estimates(
+    dirs: &[PathBuf],
+    slo_ms: f64,
+    dtype: Option<&str>,
+    memory: Option<MemoryEmulation>,
+    notes: &mut Vec<String>,
+) -> Result<Vec<Capacity>> {
+    /// Per (model, profile, "", memory emulation): throughput, batch, emulated, GPU.
+    type Best = BTreeMap<(String, String, String, String), (f64, i64, bool, Option<String>)>;
     let mut best: Best = BTreeMap::new();
     for dir in dirs {
         let df = read_table(dir, Table::Runs)?;
@@ -334,6 +418,7 @@ fn closed_loop_estimates(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>) -> 
             t("gpu_name")?,
             t("concurrency_group")?,
         );
+        let memory_of = t("memory_emulation")?;
         let (p99, throughput, batch, pct) = (
             number_column(&df, "p99_ms")?,
             number_column(&df, "throughput")?,
@@ -354,15 +439,18 @@ fn closed_loop_estimates(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>) -> 
                 continue;
             }
             let profile = profile_of_row(emulated[i].as_deref(), mig[i].as_deref(), gpu[i].as_deref(), pct[i]);
-            let entry = best.entry((m, profile)).or_insert((0.0, 0, false, None));
+            let mem = memory_key(memory_of[i].as_deref(), pct[i].is_some());
+            let entry = best
+                .entry((m, profile, String::new(), mem))
+                .or_insert((0.0, 0, false, None));
             if x > entry.0 {
                 *entry = (x, batch[i].unwrap_or(0.0) as i64, pct[i].is_some(), gpu[i].clone());
             }
         }
     }
-    Ok(best
+    Ok(pick_memory_emulation(best, memory, notes)
         .into_iter()
-        .map(|((model, profile), (qps, batch, emulated, gpu))| Capacity {
+        .map(|((model, profile, _, _), (qps, batch, emulated, gpu))| Capacity {
             model,
             profile,
             qps,
@@ -370,6 +458,16 @@ fn closed_loop_estimates(dirs: &[PathBuf], slo_ms: f64, dtype: Option<&str>) -> 
             gpu,
         })
         .collect())
+}
+
+/// A row's memory emulation as the capacities are keyed by it: an emulated slice written before the
+/// column existed (schema 7 or older) ran alone; empty for real slices and whole GPUs.
+fn memory_key(column: Option<&str>, emulated: bool) -> String {
+    match column {
+        Some(m) => m.to_string(),
+        None if emulated => MemoryEmulation::Alone.as_str().to_string(),
+        None => String::new(),
+    }
 }
 
 #[cfg(test)]
@@ -427,12 +525,14 @@ mod tests {
         crate::results::runs::write_run(dir.path(), &fake_run(8, 30, Duration::ZERO))?;
         crate::results::runs::write_run(dir.path(), &fake_run(1, 30, Duration::ZERO))?;
         let dirs = [dir.path().to_path_buf()];
-        let e = from_folders(&dirs, 10.0, None, "cpu", false).unwrap_err().to_string();
+        let e = from_folders(&dirs, 10.0, None, "cpu", false, None)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("--closed-loop-estimates") && e.contains("migprof load"),
             "{e}"
         );
-        let g = from_folders(&dirs, 10.0, None, "cpu", true)?;
+        let g = from_folders(&dirs, 10.0, None, "cpu", true, None)?;
         assert_eq!(g.capacities.len(), 1);
         let c = &g.capacities[0];
         assert_eq!(
@@ -448,7 +548,62 @@ mod tests {
         );
         assert!(c.source.describe().contains("closed-loop estimate at batch 8"));
         // Doubled, a p99 of 3 ms does not fit 5 ms: no estimate.
-        assert!(from_folders(&dirs, 5.0, None, "cpu", true).is_err());
+        assert!(from_folders(&dirs, 5.0, None, "cpu", true, None).is_err());
         Ok(())
+    }
+
+    #[test]
+    fn the_plan_takes_the_memory_partitioned_capacity_by_default_and_the_other_when_asked() {
+        let key = |p: &str, e: &str| ("resnet50".to_string(), p.to_string(), "bf16".to_string(), e.to_string());
+        let found: BTreeMap<_, f64> = [
+            (key("1g.10gb", "alone"), 900.0),
+            (key("1g.10gb", "partitioned"), 520.0),
+            (key("3g.40gb", "alone"), 2600.0),
+            (key("full", ""), 6000.0),
+        ]
+        .into_iter()
+        .collect();
+        let picked = |asked| {
+            let mut notes = Vec::new();
+            let kept: Vec<(String, String)> = pick_memory_emulation(found.clone(), asked, &mut notes)
+                .into_keys()
+                .map(|(_, p, _, e)| (p, e))
+                .collect();
+            (kept, notes)
+        };
+        let pair = |p: &str, e: &str| (p.to_string(), e.to_string());
+        // By default, and when asked for: the 1g's partitioned capacity, the others as measured.
+        let partitioned = [
+            pair("1g.10gb", "partitioned"),
+            pair("3g.40gb", "alone"),
+            pair("full", ""),
+        ];
+        let (kept, notes) = picked(None);
+        assert_eq!(kept, partitioned);
+        assert!(
+            notes.len() == 1
+                && notes[0].contains("resnet50 on 1g.10gb")
+                && notes[0].contains("--memory-emulation alone"),
+            "{notes:?}"
+        );
+        let (kept, notes) = picked(Some(MemoryEmulation::Alone));
+        assert_eq!(
+            kept,
+            [pair("1g.10gb", "alone"), pair("3g.40gb", "alone"), pair("full", "")]
+        );
+        assert!(notes.is_empty(), "{notes:?}");
+        // Asked for partitioned: the 3g has only its alone capacity, which stands and is said.
+        let (kept, notes) = picked(Some(MemoryEmulation::Partitioned));
+        assert_eq!(kept, partitioned);
+        assert!(
+            notes[0].contains("no partitioned capacity for resnet50 on 3g.40gb (alone)"),
+            "{notes:?}"
+        );
+        // The source says which it was.
+        let s = Source::Measured {
+            emulated: true,
+            partitioned: true,
+        };
+        assert_eq!(s.describe(), "measured (MPS-emulated, memory partitioned)");
     }
 }

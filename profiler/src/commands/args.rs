@@ -65,6 +65,38 @@ pub enum DTypeArg {
     Tf32,
 }
 
+/// Which capacities of an emulated slice to plan from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MemoryEmulationArg {
+    /// The client alone (`mps:`): all of the GPU's memory bandwidth, the upper bound.
+    Alone,
+    /// Its memory bandwidth partitioned (`mps-mem:`): the profile's share, the lower bound.
+    Partitioned,
+}
+
+impl From<MemoryEmulationArg> for migprof::mps::MemoryEmulation {
+    fn from(m: MemoryEmulationArg) -> Self {
+        match m {
+            MemoryEmulationArg::Alone => migprof::mps::MemoryEmulation::Alone,
+            MemoryEmulationArg::Partitioned => migprof::mps::MemoryEmulation::Partitioned,
+        }
+    }
+}
+
+/// `--recalibrate`: this command and the processes it starts (the MPS client that re-runs it, a
+/// sweep's cells) calibrate memory-partitioned slices afresh instead of trusting the cache. The token
+/// marks the settings this command makes, so that its later cells reuse them; the MPS client keeps
+/// the token of the command that started it.
+pub fn ask_recalibration(asked: bool) {
+    use migprof::mps::calibration::RECALIBRATE_ENV;
+    if asked && std::env::var_os(RECALIBRATE_ENV).is_none() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        std::env::set_var(RECALIBRATE_ENV, format!("{}-{nanos}", std::process::id()));
+    }
+}
+
 impl From<DTypeArg> for Precision {
     fn from(d: DTypeArg) -> Self {
         match d {

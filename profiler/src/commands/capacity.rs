@@ -10,7 +10,7 @@ use clap::Args;
 use migprof::provenance;
 use migprof::run::spec::Precision;
 
-use super::args::{parse_positive, parse_share, DTypeArg};
+use super::args::{parse_positive, parse_share, DTypeArg, MemoryEmulationArg};
 
 #[derive(Debug, Clone, Args)]
 pub struct CapacityArgs {
@@ -41,6 +41,11 @@ pub struct CapacityArgs {
     /// Plan each instance to at most this share of its capacity.
     #[arg(long, default_value_t = 0.8, value_parser = parse_share)]
     pub headroom: f64,
+    /// Which capacities of emulated slices to plan from where a folder has both: `partitioned`
+    /// (mps-mem:, the slice's share of the memory bandwidth: the lower bound) or `alone` (mps:, all of
+    /// the GPU's: the upper bound). Default: partitioned where both were searched, and said.
+    #[arg(long, value_enum)]
+    pub memory_emulation: Option<MemoryEmulationArg>,
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
@@ -63,7 +68,14 @@ pub fn exec(args: CapacityArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
     );
     let gathered = match (&args.capacities, args.from.is_empty()) {
         (Some(csv), _) => migprof::capacity::source::from_csv(csv, &table)?,
-        (None, false) => migprof::capacity::source::from_folders(&args.from, args.slo_p99_ms, dtype, &table.product, args.closed_loop_estimates)?,
+        (None, false) => migprof::capacity::source::from_folders(
+            &args.from,
+            args.slo_p99_ms,
+            dtype,
+            &table.product,
+            args.closed_loop_estimates,
+            args.memory_emulation.map(MemoryEmulationArg::into),
+        )?,
         (None, true) => anyhow::bail!("where do the capacities come from? give --from DIR (results of `migprof load --search`) or --capacities FILE.csv"),
     };
     migprof::capacity::check_demand(&args.demand, &gathered)?;

@@ -31,9 +31,14 @@ pub struct LoadArgs {
     /// The model served (see `migprof models`).
     #[arg(long, value_parser = PossibleValuesParser::new(workloads::model_names()))]
     pub model: String,
-    /// As `migprof run --device`: cpu, cuda, an index, GPU-/MIG-<uuid>, a MIG profile, mps:<profile>.
+    /// As `migprof run --device`: cpu, cuda, an index, GPU-/MIG-<uuid>, a MIG profile, mps:<profile>,
+    /// mps-mem:<profile>.
     #[arg(long)]
     pub device: Option<DeviceSpec>,
+    /// Calibrate the memory-system neighbour of memory-partitioned slices (mps-mem:) afresh instead
+    /// of using the setting cached for this GPU, driver and profile.
+    #[arg(long)]
+    pub recalibrate: bool,
     #[arg(long, value_enum, default_value_t = DTypeArg::F32)]
     pub dtype: DTypeArg,
     /// Tokens per sequence for token models (default 128).
@@ -145,6 +150,7 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
     // The folder before anything else, so that a bad --out fails before any time is spent.
     migprof::files::ensure_writable_dir(&args.out)?;
     let device_spec = device_or_default(args.device.as_ref(), log)?;
+    super::args::ask_recalibration(args.recalibrate);
     if let Some(code) = as_mps_client(&device_spec, log)? {
         return Ok(code);
     }
@@ -170,8 +176,10 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
         settings.max_delay_ms,
         args.out.join(Table::Load.dir_name()).display()
     )?;
-    if device.info.emulation.is_some() {
-        writeln!(log, "note: an MPS-emulated slice: it shares L2 and memory bandwidth with the whole GPU, so it serves more than a real MIG slice would")?;
+    match device.info.emulation.as_ref().map(|e| e.memory()) {
+        Some(migprof::mps::MemoryEmulation::Alone) => writeln!(log, "note: an MPS-emulated slice alone: it shares L2 and memory bandwidth with the whole GPU, so it serves more than a real MIG slice would (mps-mem: gives the lower bound)")?,
+        Some(migprof::mps::MemoryEmulation::Partitioned) => writeln!(log, "note: a memory-partitioned emulated slice: held to its share of the bandwidth, with less than its L2, it serves less than a real MIG slice would (mps: gives the upper bound)")?,
+        None => {}
     }
     let job = Job {
         spec: &spec,

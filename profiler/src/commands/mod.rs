@@ -49,6 +49,14 @@ pub enum Command {
     /// Run one cell of a sweep from its spec (what `sweep` starts as a child process).
     #[command(hide = true)]
     Cell(cell::CellArgs),
+    /// Stream through memory beside a memory-partitioned emulated slice, as its client asks on stdin
+    /// (what an `mps-mem:` client starts on the SMs it does not have).
+    #[command(hide = true)]
+    MemoryNeighbour {
+        /// SMs of its share: its grid is sized by them.
+        #[arg(long)]
+        sms: u32,
+    },
     /// Write the row of a cell whose `migprof cell` failed on a cluster, as a local sweep would
     /// (what a Slurm task or a Kubernetes pod runs after a failed cell).
     #[command(hide = true)]
@@ -94,6 +102,7 @@ pub fn exec(cli: Cli) -> Result<ExitCode> {
         Command::Sweep(args) => sweep::exec(args, &mut stderr),
         Command::Cell(args) => cell::exec(args, &mut stdout),
         Command::CellEnded(args) => cell::exec_ended(args),
+        Command::MemoryNeighbour { sms } => memory_neighbour(sms, &mut stdout),
         Command::Merge(args) => results::merge(args, &mut stdout),
         Command::Check(args) => results::check(args, &mut stdout),
         Command::Compare(args) => results::compare(args, &mut stdout),
@@ -104,6 +113,22 @@ pub fn exec(cli: Cli) -> Result<ExitCode> {
         Command::Plan(args) => catalogue::plan(args, &mut stdout),
         Command::Mig(cmd) => mig::exec(cmd, &mut stdout, &mut stderr),
     }
+}
+
+/// `migprof memory-neighbour`: the GPU first (its error goes to the client as an answer), then the
+/// client's requests until it quits.
+fn memory_neighbour(sms: u32, out: &mut dyn std::io::Write) -> Result<ExitCode> {
+    use migprof::mps::neighbour;
+    let mut streamer = match neighbour::gpu_streamer(sms) {
+        Ok(s) => s,
+        Err(e) => {
+            writeln!(out, "error {e:#}")?;
+            return Err(e);
+        }
+    };
+    let input = std::io::BufReader::new(std::io::stdin());
+    neighbour::serve(input, out, streamer.as_mut())?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `Ok(true)` is success, `Ok(false)` a command that ran but did not get all it was asked.

@@ -78,10 +78,15 @@ pub struct RunArgs {
     /// cpu, cuda (the first GPU), a GPU index (nvidia-smi's), GPU-<uuid>, MIG-<uuid> or a MIG profile
     /// name such as 3g.40gb (when exactly one MIG device has it); migprof pins
     /// itself to it with CUDA_VISIBLE_DEVICES. mps:<profile> or mps:<percent>% emulates a slice as an
-    /// MPS client of migprof's own daemon on a GPU with MIG off (mps:3g.40gb@1 on GPU 1). Default:
-    /// the first GPU in a CUDA build that finds one, else cpu.
+    /// MPS client of migprof's own daemon on a GPU with MIG off (mps:3g.40gb@1 on GPU 1);
+    /// mps-mem:<profile> the same with its share of the memory bandwidth (a neighbour streams on the
+    /// other SMs). Default: the first GPU in a CUDA build that finds one, else cpu.
     #[arg(long)]
     pub device: Option<DeviceSpec>,
+    /// Calibrate the memory-system neighbour of memory-partitioned slices (mps-mem:) afresh instead
+    /// of using the setting cached for this GPU, driver and profile.
+    #[arg(long)]
+    pub recalibrate: bool,
 
     /// Warm-up iterations before measuring.
     #[arg(long, conflicts_with = "warmup_secs")]
@@ -141,6 +146,7 @@ pub fn exec(args: RunArgs, stdout: &mut dyn Write, log: &mut dyn Write) -> Resul
     // The folder before anything else, so that a bad --out fails before any time is spent.
     migprof::files::ensure_writable_dir(&args.out)?;
     let device_spec = device_or_default(args.device.as_ref(), log)?;
+    super::args::ask_recalibration(args.recalibrate);
     if let Some(code) = as_mps_client(&device_spec, log)? {
         return Ok(code);
     }

@@ -30,6 +30,10 @@ pub struct SweepArgs {
     /// Run again the cells whose row says `oom`.
     #[arg(long)]
     pub retry_oom: bool,
+    /// Calibrate the memory-system neighbour of memory-partitioned slices (mps-mem:) afresh instead
+    /// of using the setting cached for this GPU, driver and profile.
+    #[arg(long)]
+    pub recalibrate: bool,
     /// Only the cells that match every key=value, comma-separated (keys: target, device, model, mode,
     /// dtype, batch, seq_len, repeat), e.g. --only model=resnet50,target=3g.
     #[arg(long, default_value = "")]
@@ -89,6 +93,7 @@ pub enum Backend {
 /// `migprof sweep`: the dry run, or the sweep with its summary. `Ok(false)` when a cell failed or the
 /// sweep was interrupted.
 pub fn exec(args: SweepArgs, log: &mut dyn Write) -> Result<ExitCode> {
+    super::args::ask_recalibration(args.recalibrate);
     run(&args, log).map(super::exit_code)
 }
 

@@ -41,7 +41,7 @@ impl Request {
                 }
                 Ok(Request::Mig { profile: d.to_string(), product })
             }
-            _ if d.starts_with("mps:") => bail!("{at}: on a cluster, emulated slices are not scheduled resources; ask for a MIG profile (\"3g.40gb\") or a whole GPU (\"cuda\")"),
+            _ if crate::mps::is_emulated(d) => bail!("{at}: on a cluster, emulated slices are not scheduled resources; ask for a MIG profile (\"3g.40gb\") or a whole GPU (\"cuda\")"),
             _ => bail!(
                 "{at}: on a cluster the scheduler picks the device, and a cell runs on the one it assigned; name what to ask for instead: a MIG profile (\"3g.40gb\"), a whole GPU (\"cuda\", with product = \"NVIDIA-H100-80GB-HBM3\" to pick the GPU model) or \"cpu\""
             ),

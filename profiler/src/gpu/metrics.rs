@@ -167,3 +167,16 @@ fn process_name(nvml: &Nvml, pid: u32) -> Option<String> {
                 .map(|s| s.trim().to_string())
         })
 }
+
+/// The SM clock and throttle reasons of `selected`'s GPU now, as one reading; `None`s where NVML
+/// cannot say.
+pub fn clocks_now(selected: &Selected) -> (Option<u32>, Option<u64>) {
+    let Ok(nvml) = Nvml::init() else {
+        return (None, None);
+    };
+    let reading = match NvmlMetrics::open(&nvml, selected) {
+        Ok(mut m) => m.read(),
+        Err(_) => return (None, None),
+    };
+    (reading.gpu_sm_clock_mhz, reading.gpu_throttle_reasons)
+}

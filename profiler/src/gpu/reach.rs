@@ -37,11 +37,9 @@ extern "C" __global__ void migprof_smid(unsigned int *sm_of_block, long long spi
 }
 "#;
 
-/// Measures the reach of this process on `device`, a GPU with `device_sms` SMs; with
-/// `memory_limit_mib`, also how much of the device's memory it can allocate. Run it before the
-/// allocation pool is set up: the probe's memory goes back to the driver when it returns.
+/// The SMs this process's kernels run on, on `device`, a GPU with `device_sms` SMs.
 #[cfg(feature = "cuda")]
-pub fn measure(device: &candle_core::Device, device_sms: u32, memory_limit_mib: Option<u64>) -> anyhow::Result<Reach> {
+pub fn sm_ids(device: &candle_core::Device, device_sms: u32) -> anyhow::Result<std::collections::BTreeSet<u32>> {
     use candle_core::cuda_backend::cudarc;
     use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -62,8 +60,16 @@ pub fn measure(device: &candle_core::Device, device_sms: u32, memory_limit_mib: 
     // SAFETY: the kernel takes (unsigned int*, long long) and writes one entry per block of `out`,
     // which holds `blocks` entries.
     unsafe { args.launch(cfg) }.map_err(|e| anyhow::anyhow!("launching the SM probe: {e:?}"))?;
-    let ids = cuda.clone_dtoh(&out)?;
-    let sms = ids.iter().collect::<std::collections::BTreeSet<_>>().len() as u32;
+    Ok(cuda.clone_dtoh(&out)?.into_iter().collect())
+}
+
+/// Measures the reach of this process on `device`, a GPU with `device_sms` SMs; with
+/// `memory_limit_mib`, also how much of the device's memory it can allocate. Run it before the
+/// allocation pool is set up: the probe's memory goes back to the driver when it returns.
+#[cfg(feature = "cuda")]
+pub fn measure(device: &candle_core::Device, device_sms: u32, memory_limit_mib: Option<u64>) -> anyhow::Result<Reach> {
+    let cuda = device.as_cuda_device()?;
+    let sms = sm_ids(device, device_sms)?.len() as u32;
     let memory_mib = memory_limit_mib.map(|limit| {
         let mut held = Vec::new();
         while (held.len() as u64) * PROBE_CHUNK_MIB < limit + 1024 {

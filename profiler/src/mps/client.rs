@@ -33,9 +33,17 @@ pub fn run_as_client(target: &MpsTarget, log: &mut dyn Write) -> Result<ExitCode
         );
     }
     let (selected, share, daemon) = super::start_daemon(target)?;
+    let memory = match target.memory {
+        super::MemoryEmulation::Alone => {
+            "MPS shares neither L2 nor memory bandwidth: an emulated slice alone is faster than a real one"
+        }
+        super::MemoryEmulation::Partitioned => {
+            "a memory-system neighbour on the other SMs holds its bandwidth to the profile's share"
+        }
+    };
     writeln!(
         log,
-        "MPS: migprof's control daemon (pid {}) serves {}; the runs are its client with {} (MPS shares neither L2 nor memory bandwidth: an emulated slice is faster than a real one)",
+        "MPS: migprof's control daemon (pid {}) serves {}; the runs are its client with {} ({memory})",
         daemon.pid().unwrap_or(0),
         selected.gpu.name,
         share.describe()

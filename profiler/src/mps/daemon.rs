@@ -405,6 +405,7 @@ mod tests {
             percent: 46,
             profile_sms: 60,
             memory_limit_mib: Some(40448),
+            memory_fraction: 0.125,
         };
         let env = client_env(Path::new("/tmp/m/pipe"), &share);
         assert_eq!(

@@ -6,8 +6,11 @@
 //! plots say `mps` wherever an emulated slice appears, and emulation is never mixed with MIG
 //! silently.
 
+pub mod calibration;
 pub mod client;
 pub mod daemon;
+pub mod neighbour;
+pub mod partition;
 pub mod processes;
 pub mod share;
 
@@ -19,16 +22,66 @@ use crate::gpu::{Gpu, Selected, Topology};
 use crate::mig::ProfileTable;
 pub use share::{Share, ShareSpec};
 
-/// An MPS target as `--device` names it: `mps:<profile or percent>`, optionally `@<GPU>` (an index or
-/// `GPU-<uuid>`; the first GPU otherwise).
+/// Which bound of an emulated slice to plan with, and why: said by `compare`, the report and
+/// `capacity` wherever both bounds appear.
+pub const PLAN_WITH: &str = "An emulated slice is a range. Alone (mps:) it reaches all of the GPU's memory bandwidth and L2, more than a real slice owns: the upper bound. Memory-partitioned (mps-mem:) a neighbour holds its bandwidth to the profile's share but also evicts the L2 a real slice keeps to itself: the lower bound. The real slice lies between: plan with the memory-partitioned bound, since a plan from the upper bound under-provisions.";
+
+/// Whether an emulated slice has the GPU's memory system to itself or a partitioned share of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MemoryEmulation {
+    /// `mps:`: the client alone on the GPU, reaching all of its L2 and bandwidth (the upper bound of
+    /// the real slice).
+    Alone,
+    /// `mps-mem:`: beside the client, a streaming neighbour on the SMs it does not have holds its
+    /// bandwidth to the profile's share ([`partition`]; the lower bound).
+    Partitioned,
+}
+
+impl MemoryEmulation {
+    /// As rows and `--memory-emulation` name them.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemoryEmulation::Alone => "alone",
+            MemoryEmulation::Partitioned => "partitioned",
+        }
+    }
+
+    /// The device prefix of the mode: `mps:` or `mps-mem:`.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            MemoryEmulation::Alone => "mps:",
+            MemoryEmulation::Partitioned => "mps-mem:",
+        }
+    }
+}
+
+/// An MPS target as `--device` names it: `mps:<profile or percent>` (the client alone) or
+/// `mps-mem:<profile or percent>` (its memory bandwidth partitioned), optionally `@<GPU>` (an index
+/// or `GPU-<uuid>`; the first GPU otherwise).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpsTarget {
     pub share: ShareSpec,
     pub gpu: Option<String>,
+    pub memory: MemoryEmulation,
+}
+
+/// Whether a device string names an emulated slice (`mps:` or `mps-mem:`).
+pub fn is_emulated(device: &str) -> bool {
+    device.starts_with("mps:") || device.starts_with("mps-mem:")
 }
 
 impl MpsTarget {
-    /// What follows `mps:`.
+    /// A device string that starts with `mps:` or `mps-mem:`; `None` for any other.
+    pub fn parse_device(s: &str) -> Option<Result<MpsTarget>> {
+        let (memory, rest) = if let Some(rest) = s.strip_prefix("mps-mem:") {
+            (MemoryEmulation::Partitioned, rest)
+        } else {
+            (MemoryEmulation::Alone, s.strip_prefix("mps:")?)
+        };
+        Some(MpsTarget::parse(rest).map(|t| MpsTarget { memory, ..t }))
+    }
+
+    /// What follows `mps:` (the client alone; [`parse_device`](Self::parse_device) reads the prefix).
     pub fn parse(rest: &str) -> Result<MpsTarget> {
         let (share, gpu) = match rest.split_once('@') {
             Some((s, g)) if !g.is_empty() => (s, Some(g.to_string())),
@@ -43,13 +96,14 @@ impl MpsTarget {
         Ok(MpsTarget {
             share: ShareSpec::parse(share)?,
             gpu,
+            memory: MemoryEmulation::Alone,
         })
     }
 }
 
 impl fmt::Display for MpsTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "mps:{}", self.share)?;
+        write!(f, "{}{}", self.memory.prefix(), self.share)?;
         if let Some(g) = &self.gpu {
             write!(f, "@{g}")?;
         }
@@ -65,9 +119,19 @@ pub struct Emulation {
     pub measured_sms: Option<u32>,
     /// Device memory the client could allocate under its limit, MiB (in 256 MiB steps).
     pub measured_memory_mib: Option<u64>,
+    /// The memory-system neighbour and its calibration, for `mps-mem:`; `None` for `mps:`.
+    pub partition: Option<partition::Partition>,
 }
 
 impl Emulation {
+    pub fn memory(&self) -> MemoryEmulation {
+        if self.partition.is_some() {
+            MemoryEmulation::Partitioned
+        } else {
+            MemoryEmulation::Alone
+        }
+    }
+
     /// Why the client's measured reach does not match the profile, if it does not: fewer SMs than the
     /// profile, or more than one TPC (2 SMs) beyond it; more memory allocated than the limit.
     pub fn mismatch(&self) -> Option<String> {
@@ -206,12 +270,14 @@ mod tests {
             percent: 46,
             profile_sms: 60,
             memory_limit_mib: Some(40448),
+            memory_fraction: 0.125,
         };
         let at = |sms| {
             Emulation {
                 share: share.clone(),
                 measured_sms: Some(sms),
                 measured_memory_mib: None,
+                partition: None,
             }
             .mismatch()
         };
@@ -223,6 +289,7 @@ mod tests {
                 share: share.clone(),
                 measured_sms: Some(60),
                 measured_memory_mib: Some(mib),
+                partition: None,
             }
             .mismatch()
         };
@@ -238,7 +305,8 @@ mod tests {
             Emulation {
                 share: share.clone(),
                 measured_sms: None,
-                measured_memory_mib: None
+                measured_memory_mib: None,
+                partition: None,
             }
             .mismatch(),
             None
@@ -249,12 +317,14 @@ mod tests {
             percent: 45,
             profile_sms: 60,
             memory_limit_mib: None,
+            memory_fraction: 0.125,
         };
         assert_eq!(
             Emulation {
                 share: bare,
                 measured_sms: Some(58),
-                measured_memory_mib: None
+                measured_memory_mib: None,
+                partition: None,
             }
             .mismatch(),
             None

@@ -61,6 +61,9 @@ pub struct Share {
     pub profile_sms: u32,
     /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` in MiB: the profile's memory; `None` for a percentage.
     pub memory_limit_mib: Option<u64>,
+    /// The share of the memory system a real slice owns: the profile's memory slices over the GPU's
+    /// (1g.10gb of an H100: 1/8); a bare percentage's share of the SMs.
+    pub memory_fraction: f64,
 }
 
 impl Share {
@@ -75,6 +78,7 @@ impl Share {
                 percent: *p,
                 profile_sms: (total_sms * p).div_ceil(100),
                 memory_limit_mib: None,
+                memory_fraction: f64::from(*p) / 100.0,
             }),
             ShareSpec::Profile(name) => {
                 let profile = table.profile(name)?;
@@ -86,6 +90,7 @@ impl Share {
                     percent: (100 * profile.sm_count).div_ceil(total_sms),
                     profile_sms: profile.sm_count,
                     memory_limit_mib: Some((profile.memory_gib * 1024.0).round() as u64),
+                    memory_fraction: f64::from(profile.memory_slices) / f64::from(table.memory_slices.max(1)),
                 })
             }
         }

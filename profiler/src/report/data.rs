@@ -35,7 +35,7 @@ impl Row {
     }
 }
 
-const TEXT: [&str; 33] = [
+const TEXT: [&str; 35] = [
     "run_id",
     "cell_id",
     "baseline",
@@ -52,6 +52,8 @@ const TEXT: [&str; 33] = [
     "mig_profile",
     "emulation",
     "emulated_profile",
+    "memory_emulation",
+    "calibration",
     "kernel_options",
     "master_weights",
     "verdict",
@@ -71,7 +73,7 @@ const TEXT: [&str; 33] = [
     "batch",
 ];
 
-const NUM: [&str; 20] = [
+const NUM: [&str; 23] = [
     "batch",
     "seq_len",
     "sm_count",
@@ -92,6 +94,9 @@ const NUM: [&str; 20] = [
     "measured_sms",
     "power_limit_w",
     "iterations",
+    "memory_share_gbps",
+    "gpu_bandwidth_gbps",
+    "measured_bandwidth_gbps",
 ];
 
 /// Every row of the folders' runs tables, in the order of the folders and their parts (none when

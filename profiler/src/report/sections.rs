@@ -30,8 +30,73 @@ pub fn of_runs(
         out.extend(scaling(rows, b, colour)?);
         out.extend(against_baseline(rows, b)?);
     }
+    out.extend(emulation_error(rows));
     out.extend(energy(rows));
     Ok(out)
+}
+
+/// Where a folder has real MIG slices and their emulated twins (the same profile of the same GPU,
+/// the same cell): each emulated bound's error against the real slice, per profile.
+fn emulation_error(rows: &[Row]) -> Option<Section> {
+    // (GPU, profile, cell) -> real, alone, partitioned: the sum of the repeats' throughputs and
+    // their count.
+    type Found = BTreeMap<(String, String, String), [(f64, u32); 3]>;
+    let mut found: Found = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.is_alone()) {
+        let Some(tp) = r.n("throughput") else { continue };
+        let (slot, profile) = match (r.s("mig_profile"), r.s("emulated_profile"), r.s("memory_emulation")) {
+            (p, _, _) if !p.is_empty() => (0, p),
+            (_, p, "partitioned") if !p.is_empty() => (2, p),
+            (_, p, _) if !p.is_empty() && r.s("emulation") == "mps" => (1, p),
+            _ => continue,
+        };
+        let mut cell = format!("{} {} {} {}", r.s("model"), r.s("mode"), r.s("dtype"), r.s("batch"));
+        for extra in [r.s("seq_len"), r.s("kernel_options")]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+        {
+            cell = format!("{cell} {extra}");
+        }
+        let sum = &mut found
+            .entry((r.s("gpu_name").to_string(), profile.to_string(), cell))
+            .or_default()[slot];
+        *sum = (sum.0 + tp, sum.1 + 1);
+    }
+    let mean = |(sum, n): (f64, u32)| (n > 0).then(|| sum / f64::from(n));
+    let error = |emulated: Option<f64>, real: f64| {
+        emulated.map_or("-".to_string(), |e| format!("{:+.1}%", (e / real - 1.0) * 100.0))
+    };
+    let lines: Vec<Vec<String>> = found
+        .into_iter()
+        .filter_map(|((gpu, profile, cell), [real, alone, partitioned])| {
+            let (real, alone, partitioned) = (mean(real)?, mean(alone), mean(partitioned));
+            (alone.is_some() || partitioned.is_some()).then(|| {
+                vec![
+                    gpu,
+                    profile,
+                    cell,
+                    format!("{real:.1}"),
+                    error(alone, real),
+                    error(partitioned, real),
+                ]
+            })
+        })
+        .collect();
+    if lines.is_empty() {
+        return None;
+    }
+    Some(Section {
+        id: "emulation-error".into(),
+        title: "Emulated slices against real ones".into(),
+        level: 2,
+        blocks: vec![
+            Block::Text("The same cells on real MIG slices and on their emulated twins of the same GPU: each emulated bound's throughput against the real slice's. A right emulation has the real slice between its bounds: alone above it (positive), memory-partitioned below (negative).".into()),
+            table(
+                &["GPU", "profile", "model mode dtype batch", "real /s", "alone (mps:)", "memory-partitioned (mps-mem:)"],
+                lines,
+            ),
+        ],
+    })
 }
 
 /// What a target is, as a row says.
@@ -79,9 +144,17 @@ fn what_ran(rows: &[Row], everyone: &[Row], sources: &[String], targets: &[Strin
         &["target", "device", "kind", "slice", "SMs", "memory MiB"],
         per_target,
     ));
-    if everyone.iter().any(|r| r.s("emulation") == "mps") {
+    if everyone
+        .iter()
+        .any(|r| r.s("emulation") == "mps" && r.s("memory_emulation") != "partitioned")
+    {
         blocks.push(Block::Text(
-            "Emulated slices (MPS) share the L2 cache and memory bandwidth with the whole GPU: they run faster than real MIG slices of the same size, most for small slices.".into(),
+            "Emulated slices alone (mps:) share the L2 cache and memory bandwidth with the whole GPU: they run faster than real MIG slices of the same size, most for small slices.".into(),
+        ));
+    }
+    if everyone.iter().any(|r| r.s("memory_emulation") == "partitioned") {
+        blocks.push(Block::Text(
+            "Memory-partitioned emulated slices (mps-mem:) ran beside a neighbour streaming on the SMs they do not have, set so that the slice read its profile's share of the memory bandwidth (calibration and measured_bandwidth_gbps in the rows); the neighbour also evicts L2 a real slice would keep, so they run below the real slice.".into(),
         ));
     }
     if let Some(b) = baseline {
@@ -199,7 +272,7 @@ fn whole_gpu_reading(r: &Row, reading: &str) -> bool {
 }
 
 /// What a chart says under a series marked `(whole GPU)`.
-const WHOLE_GPU_NOTE: &str = "(whole GPU): the reading is the whole GPU's, not the slice's: NVML reads power for the GPU only, and an emulated slice's GPM activity and device memory count every process on the GPU (gpm_scope gpu), so a 1g client that fills its 16 SMs shows a few per cent.";
+const WHOLE_GPU_NOTE: &str = "(whole GPU): the reading is the whole GPU's, not the slice's: NVML reads power for the GPU only, and an emulated slice's GPM activity and device memory count every process on the GPU (gpm_scope gpu), so a 1g client that fills its 16 SMs shows a few per cent; beside a memory-partitioned slice (mps-mem:) they also count its neighbour's streaming.";
 
 /// A quantity drawn against batch, per target.
 struct Metric {
@@ -714,6 +787,11 @@ fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Resu
             ],
             rows,
         ));
+        if let Some(ranges) = emulated_ranges(&points) {
+            blocks.push(Block::Text(format!("{model}, emulated slices as ranges:")));
+            blocks.push(ranges);
+            blocks.push(Block::Text(crate::mps::PLAN_WITH.into()));
+        }
         for p in &theirs {
             blocks.push(Block::Text(format!(
                 "Published, not measured here: {} {} at {:.3} of the SMs of {} ran {} {} at {:.3} of its throughput ({}). Source: {}.",
@@ -727,6 +805,59 @@ fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Resu
         level: 2,
         blocks,
     }])
+}
+
+/// The emulated profiles measured both alone and memory-partitioned, cell by cell: each bound's
+/// throughput relative to the baseline beside the profile's shares; `None` when no profile has both.
+fn emulated_ranges(points: &[(&Row, f64, f64)]) -> Option<Block> {
+    type Bounds = (Option<f64>, Option<f64>, f64, Option<f64>);
+    let mut by_cell: BTreeMap<(String, String), Bounds> = BTreeMap::new();
+    for (r, share, rel) in points {
+        let profile = r.s("emulated_profile");
+        if profile.is_empty() {
+            continue;
+        }
+        let cell = format!("{} {} {}", r.s("mode"), r.s("dtype"), r.s("batch"));
+        let e = by_cell
+            .entry((profile.to_string(), cell))
+            .or_insert((None, None, *share, None));
+        match r.s("memory_emulation") {
+            "partitioned" => {
+                e.1 = Some(*rel);
+                e.3 = r
+                    .n("memory_share_gbps")
+                    .zip(r.n("gpu_bandwidth_gbps"))
+                    .map(|(s, g)| s / g);
+            }
+            _ => e.0 = Some(*rel),
+        }
+    }
+    let rows: Vec<Vec<String>> = by_cell
+        .into_iter()
+        .filter_map(|((profile, cell), (alone, partitioned, sm_share, memory_share))| {
+            Some(vec![
+                profile,
+                cell,
+                format!("{sm_share:.3}"),
+                memory_share.map_or("?".into(), |m| format!("{m:.3}")),
+                format!("{:.3}", alone?),
+                format!("{:.3}", partitioned?),
+            ])
+        })
+        .collect();
+    (!rows.is_empty()).then(|| {
+        table(
+            &[
+                "profile",
+                "mode dtype batch",
+                "SM share",
+                "memory share",
+                "alone (upper bound)",
+                "memory-partitioned (lower bound)",
+            ],
+            rows,
+        )
+    })
 }
 
 /// A cell as the scaling chart pairs it across targets: model, mode, dtype, sequence length, master
@@ -1013,6 +1144,95 @@ mod tests {
                 "{reading}"
             );
         }
+    }
+
+    #[test]
+    fn an_emulated_slice_measured_both_ways_is_a_range_with_the_bound_to_plan_with() -> Result<()> {
+        let slice = |target: &str, memory: &str, throughput: f64| {
+            let mut r = training(target, "mps", "", target);
+            r.text.insert("mode", "infer".into());
+            r.text.insert("batch", "32".into());
+            r.num.insert("sm_count", 16.0);
+            r.num.insert("throughput", throughput);
+            if !memory.is_empty() {
+                r.text.insert("emulated_profile", "1g.10gb".into());
+                r.text.insert("emulation", "mps".into());
+                r.text.insert("memory_emulation", memory.into());
+            }
+            if memory == "partitioned" {
+                r.num.insert("memory_share_gbps", 373.0);
+                r.num.insert("gpu_bandwidth_gbps", 2984.0);
+            }
+            r
+        };
+        let mut full = slice("full", "", 1000.0);
+        full.num.insert("sm_count", 132.0);
+        let rows = vec![full, slice("1g", "alone", 190.0), slice("1g-mem", "partitioned", 110.0)];
+        let sections = scaling(&rows, "full", &|_| 0)?;
+        let tables: Vec<&Vec<Vec<String>>> = sections[0]
+            .blocks
+            .iter()
+            .filter_map(|b| match b {
+                Block::Table { head, rows } if head.contains(&"alone (upper bound)".to_string()) => Some(rows),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(tables.len(), 1);
+        assert_eq!(
+            tables[0][0],
+            ["1g.10gb", "infer bf16 32", "0.121", "0.125", "0.190", "0.110"].map(String::from)
+        );
+        assert!(sections[0]
+            .blocks
+            .iter()
+            .any(|b| matches!(b, Block::Text(t) if t == crate::mps::PLAN_WITH)));
+        // One way only: no range.
+        let sections = scaling(&rows[..2], "full", &|_| 0)?;
+        assert!(!sections[0]
+            .blocks
+            .iter()
+            .any(|b| matches!(b, Block::Text(t) if t == crate::mps::PLAN_WITH)));
+        Ok(())
+    }
+
+    #[test]
+    fn real_slices_and_their_emulated_twins_give_the_emulation_s_error_per_profile() {
+        // A recorded H100 with real 1g and 3g slices, and the same cells emulated on a GPU with MIG off.
+        let row = |mig: &str, emulated: &str, memory: &str, throughput: f64| {
+            let mut r = training("t", if mig.is_empty() { "mps" } else { "mig" }, "", "r");
+            r.text.insert("mode", "infer".into());
+            r.text.insert("batch", "32".into());
+            r.text.insert("gpu_name", "NVIDIA H100 80GB HBM3".into());
+            r.text.insert("mig_profile", mig.into());
+            r.text.insert("emulated_profile", emulated.into());
+            if !emulated.is_empty() {
+                r.text.insert("emulation", "mps".into());
+                r.text.insert("memory_emulation", memory.into());
+            }
+            r.num.insert("throughput", throughput);
+            r
+        };
+        let rows = vec![
+            row("1g.10gb", "", "", 1400.0),
+            row("", "1g.10gb", "alone", 2100.0),
+            row("", "1g.10gb", "partitioned", 1260.0),
+            row("3g.40gb", "", "", 6000.0),
+            row("", "3g.40gb", "alone", 6300.0),
+            // A profile emulated but never measured for real: no error to give.
+            row("", "2g.20gb", "alone", 3000.0),
+        ];
+        let section = emulation_error(&rows).unwrap();
+        let Block::Table { rows: lines, .. } = &section.blocks[1] else {
+            panic!("a table")
+        };
+        assert_eq!(lines.len(), 2);
+        assert_eq!(
+            lines[0][1..],
+            ["1g.10gb", "resnet50 infer bf16 32", "1400.0", "+50.0%", "-10.0%"].map(String::from)
+        );
+        assert_eq!(lines[1][4..], ["+5.0%", "-"].map(String::from));
+        // Emulated slices alone (no real ones here) make no section.
+        assert!(emulation_error(&rows[1..3]).is_none());
     }
 
     #[test]

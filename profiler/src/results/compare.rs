@@ -41,7 +41,7 @@ const WORKLOAD: [&str; 10] = [
     "concurrency_group",
 ];
 /// The fields that say where a run ran.
-const DEVICE: [&str; 13] = [
+const DEVICE: [&str; 16] = [
     "target",
     "device_name",
     "device_kind",
@@ -55,6 +55,9 @@ const DEVICE: [&str; 13] = [
     "sm_count",
     "profile_sms",
     "measured_sms",
+    "memory_emulation",
+    "memory_share_gbps",
+    "gpu_bandwidth_gbps",
 ];
 /// z for a two-sided 95% interval.
 const Z95: f64 = 1.959964;
@@ -118,6 +121,24 @@ pub struct Compared {
     pub ratio_ci_high: Option<f64>,
     /// The ratio's interval excludes 1: a difference the runs' own noise does not explain.
     pub beyond_noise: Option<bool>,
+    /// An emulated target's range: the same cell emulated alone and memory-partitioned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub range: Option<EmulatedRange>,
+}
+
+/// An emulated slice as a range, each bound's throughput relative to the baseline, beside the
+/// profile's share of the SMs and of the memory ([`crate::mps::PLAN_WITH`] says which to plan with).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EmulatedRange {
+    pub profile: String,
+    /// `mps:`: all of the GPU's memory system, the upper bound.
+    pub alone: Option<f64>,
+    /// `mps-mem:`: its share of the bandwidth, and less than its share of the L2: the lower bound.
+    pub partitioned: Option<f64>,
+    /// The profile's SMs over the baseline's (when the baseline is a whole GPU).
+    pub sm_share: Option<f64>,
+    /// The bandwidth share the partitioned client was held to, over the GPU's.
+    pub memory_share: Option<f64>,
 }
 
 /// What a comparison found.
@@ -224,9 +245,11 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
             values.into_iter().collect::<Vec<_>>().join(", ")
         )
     }
+    let latest = latest_per_cell(&rows);
     let mut out = Vec::new();
     for (key, b) in &base {
         let Some(t) = tgt.get(key) else { continue };
+        let range = emulated_range(&latest, b, t);
         let (b, t) = (pool(b), pool(t));
         let ratio = t.throughput / b.throughput;
         let se = match (b.throughput_se, t.throughput_se) {
@@ -255,6 +278,7 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
             ratio_ci_low: low,
             ratio_ci_high: high,
             beyond_noise: low.zip(high).map(|(l, h)| l > 1.0 || h < 1.0),
+            range,
         });
     }
     Ok(Comparison {
@@ -263,6 +287,76 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
         baseline_only: base.keys().filter(|k| !tgt.contains_key(*k)).count(),
         target_only: tgt.keys().filter(|k| !base.contains_key(*k)).count(),
         rows: out,
+    })
+}
+
+/// Every row that is its cell's latest (reruns replaced).
+fn latest_per_cell(rows: &[Row]) -> Vec<&Row> {
+    let mut latest: BTreeMap<&str, &Row> = BTreeMap::new();
+    for row in rows {
+        if latest
+            .get(row.cell_id.as_str())
+            .is_none_or(|old| old.run_id < row.run_id)
+        {
+            latest.insert(&row.cell_id, row);
+        }
+    }
+    latest.into_values().collect()
+}
+
+/// Where the target rows are an emulated slice: its range, the same workload emulated the other way
+/// found among `all`, both relative to the baseline rows.
+fn emulated_range(all: &[&Row], base: &[&Row], target: &[&Row]) -> Option<EmulatedRange> {
+    let first = target.first()?;
+    let field = |r: &Row, f: &str| r.fields.get(f).cloned().unwrap_or_default();
+    // Emulated rows written before `memory_emulation` existed (schema 7) ran alone.
+    let memory_of = |r: &Row| match field(r, "memory_emulation") {
+        m if m.is_empty() && field(r, "emulation") == "mps" => crate::mps::MemoryEmulation::Alone.as_str().to_string(),
+        m => m,
+    };
+    let profile = field(first, "emulated_profile");
+    let memory = memory_of(first);
+    if profile.is_empty() || memory.is_empty() {
+        return None;
+    }
+    let twin_memory = if memory == crate::mps::MemoryEmulation::Alone.as_str() {
+        crate::mps::MemoryEmulation::Partitioned.as_str()
+    } else {
+        crate::mps::MemoryEmulation::Alone.as_str()
+    };
+    let same_work = |r: &Row| WORKLOAD.iter().all(|f| field(r, f) == field(first, f));
+    let twins: Vec<&Row> = all
+        .iter()
+        .copied()
+        .filter(|r| {
+            same_work(r) && field(r, "emulated_profile") == profile && field(r, "memory_emulation") == twin_memory
+        })
+        .collect();
+    let base_tp = pool(base).throughput;
+    let ratio = |rows: &[&Row]| (!rows.is_empty()).then(|| pool(rows).throughput / base_tp);
+    let (mine, theirs) = (ratio(target), ratio(&twins));
+    let (alone, partitioned) = if memory == crate::mps::MemoryEmulation::Alone.as_str() {
+        (mine, theirs)
+    } else {
+        (theirs, mine)
+    };
+    let number = |r: &Row, f: &str| r.fields.get(f).and_then(|v| v.parse::<f64>().ok());
+    let whole_sms = base
+        .first()
+        .filter(|r| field(r, "device_kind") == "cuda")
+        .and_then(|r| number(r, "sm_count"));
+    let sm_share = number(first, "profile_sms").zip(whole_sms).map(|(p, w)| p / w);
+    let memory_share = target
+        .iter()
+        .chain(&twins)
+        .find_map(|r| number(r, "memory_share_gbps").zip(number(r, "gpu_bandwidth_gbps")))
+        .map(|(s, g)| s / g);
+    Some(EmulatedRange {
+        profile,
+        alone,
+        partitioned,
+        sm_share,
+        memory_share,
     })
 }
 
@@ -371,29 +465,8 @@ impl Comparison {
             "runs b/t",
             "verdicts b/t",
         ];
-        // Fields equal in every matched cell are said once above the table; rows show the rest.
-        let same: Vec<(String, String)> = match self.rows.first() {
-            Some(first) => first
-                .ordered
-                .iter()
-                .filter(|kv| !kv.1.is_empty() && self.rows.iter().all(|r| r.ordered.contains(kv)))
-                .cloned()
-                .collect(),
-            None => Vec::new(),
-        };
-        let label = |r: &Compared| -> String {
-            let varying: Vec<&str> = r
-                .ordered
-                .iter()
-                .filter(|kv| !kv.1.is_empty() && !same.contains(kv))
-                .map(|(_, v)| v.as_str())
-                .collect();
-            if varying.is_empty() {
-                "(the one cell)".to_string()
-            } else {
-                varying.join(" ")
-            }
-        };
+        let same = self.same_fields();
+        let label = |r: &Compared| self.label(r, &same);
         let verdicts = |s: &Side| {
             if s.caveats.is_empty() {
                 "ok".to_string()
@@ -446,6 +519,7 @@ impl Comparison {
             for l in &lines {
                 out += &format!("| {} |\n", l.join(" | "));
             }
+            out += &self.ranges();
             return Ok(out);
         }
         let mut widths = header.map(|h| h.chars().count());
@@ -470,7 +544,68 @@ impl Comparison {
             out += &line(l);
             out.push('\n');
         }
+        out += &self.ranges();
         Ok(out)
+    }
+
+    /// The key fields equal in every matched cell: said once above the table; rows show the rest.
+    fn same_fields(&self) -> Vec<(String, String)> {
+        match self.rows.first() {
+            Some(first) => first
+                .ordered
+                .iter()
+                .filter(|kv| !kv.1.is_empty() && self.rows.iter().all(|r| r.ordered.contains(kv)))
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// A cell as a row names it: the key fields that are not the same in every cell.
+    fn label(&self, r: &Compared, same: &[(String, String)]) -> String {
+        let varying: Vec<&str> = r
+            .ordered
+            .iter()
+            .filter(|kv| !kv.1.is_empty() && !same.contains(kv))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        if varying.is_empty() {
+            "(the one cell)".to_string()
+        } else {
+            varying.join(" ")
+        }
+    }
+
+    /// The emulated targets as ranges, one line per cell, and which bound to plan with; empty when no
+    /// target is emulated.
+    fn ranges(&self) -> String {
+        let with: Vec<(&Compared, &EmulatedRange)> = self
+            .rows
+            .iter()
+            .filter_map(|r| r.range.as_ref().map(|g| (r, g)))
+            .collect();
+        if with.is_empty() {
+            return String::new();
+        }
+        let share = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:.3}"));
+        let mut out = "\nemulated slices as ranges (throughput relative to the baseline):\n".to_string();
+        let same = self.same_fields();
+        for (r, g) in &with {
+            out += &format!(
+                "  {} {}: alone {} .. memory-partitioned {}; share of SMs {}, of memory {}\n",
+                g.profile,
+                self.label(r, &same),
+                share(g.alone),
+                share(g.partitioned),
+                share(g.sm_share),
+                share(g.memory_share)
+            );
+        }
+        out += &format!("{}\n", crate::mps::PLAN_WITH);
+        if with.iter().any(|(_, g)| g.partitioned.is_none()) {
+            out += "(a cell without its memory-partitioned twin has no lower bound: run it on mps-mem:<profile> too)\n";
+        }
+        out
     }
 }
 
@@ -599,6 +734,82 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("several targets (1g, 3g)"), "{e}");
+    }
+
+    #[test]
+    fn an_emulated_slice_is_shown_as_its_range_with_the_bound_to_plan_with() {
+        // The whole GPU, a 1g emulated alone and memory-partitioned, at batch 32; a 3g alone only.
+        let rows: [(&str, &str, &str, &str, &str, f64); 4] = [
+            ("f", "0", "cuda", "", "", 1000.0),
+            ("a", "1", "mps", "1g.10gb", "alone", 190.0),
+            ("p", "2", "mps", "1g.10gb", "partitioned", 110.0),
+            ("t", "3", "mps", "3g.40gb", "alone", 530.0),
+        ];
+        let target = ["full", "1g", "1g-mem", "3g"];
+        type Made = (
+            &'static str,
+            &'static str,
+            &'static str,
+            &'static str,
+            &'static str,
+            f64,
+        );
+        let text = |f: fn(&Made) -> &'static str| {
+            rows.iter()
+                .map(|r| Some(f(r)).filter(|v| !v.is_empty()).map(str::to_string))
+                .collect::<Vec<Option<String>>>()
+        };
+        let number = |v: [Option<f64>; 4]| v.to_vec();
+        let runs = df!(
+            "status" => vec!["ok"; 4],
+            "cell_id" => text(|r| r.0),
+            "run_id" => text(|r| r.1),
+            "target" => target.to_vec(),
+            "device_kind" => text(|r| r.2),
+            "emulated_profile" => text(|r| r.3),
+            "memory_emulation" => text(|r| r.4),
+            "model" => vec!["resnet50"; 4],
+            "mode" => vec!["infer"; 4],
+            "dtype" => vec!["bf16"; 4],
+            "batch" => vec![32i64; 4],
+            "sm_count" => number([Some(132.0), Some(16.0), Some(16.0), Some(60.0)]),
+            "profile_sms" => number([None, Some(16.0), Some(16.0), Some(60.0)]),
+            "memory_share_gbps" => number([None, None, Some(373.0), None]),
+            "gpu_bandwidth_gbps" => number([None, None, Some(2984.0), None]),
+            "throughput" => rows.iter().map(|r| r.5).collect::<Vec<f64>>(),
+            "p50_ms" => vec![1.0; 4],
+            "p99_ms" => vec![2.0; 4],
+        )
+        .unwrap();
+        let sel = |s: &str| s.parse::<Selector>().unwrap();
+        for t in ["1g", "1g-mem"] {
+            let c = compare(&runs, &sel("target=full"), &sel(&format!("target={t}"))).unwrap();
+            let g = c.rows[0].range.as_ref().unwrap();
+            assert_eq!(g.profile, "1g.10gb");
+            assert!(
+                (g.alone.unwrap() - 0.19).abs() < 1e-9 && (g.partitioned.unwrap() - 0.11).abs() < 1e-9,
+                "{g:?}"
+            );
+            assert!((g.sm_share.unwrap() - 16.0 / 132.0).abs() < 1e-9);
+            assert!((g.memory_share.unwrap() - 0.125).abs() < 1e-3);
+            let out = c.render(Format::Text).unwrap();
+            assert!(
+                out.contains("1g.10gb") && out.contains("alone 0.190 .. memory-partitioned 0.110"),
+                "{out}"
+            );
+            assert!(out.contains("plan with the memory-partitioned bound"), "{out}");
+        }
+        // Without its twin the range has one bound, and says how to get the other.
+        let c = compare(&runs, &sel("target=full"), &sel("target=3g")).unwrap();
+        let g = c.rows[0].range.as_ref().unwrap();
+        assert_eq!((g.partitioned, g.memory_share), (None, None));
+        assert!(c
+            .render(Format::Md)
+            .unwrap()
+            .contains("run it on mps-mem:<profile> too"));
+        // A whole GPU has no range.
+        let c = compare(&runs, &sel("target=1g"), &sel("target=full")).unwrap();
+        assert!(c.rows[0].range.is_none());
     }
 
     #[test]

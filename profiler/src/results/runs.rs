@@ -174,6 +174,23 @@ pub(crate) fn device_columns(devices: &[&DeviceInfo]) -> Vec<Column> {
             .map(|d| d.emulation.as_ref().and_then(f))
             .collect::<Vec<Option<i64>>>()
     };
+    let memory_system = |f: &dyn Fn(&crate::gpu::memory_system::MemorySystem) -> Option<f64>| {
+        devices
+            .iter()
+            .map(|d| d.memory_system.as_ref().and_then(f))
+            .collect::<Vec<Option<f64>>>()
+    };
+    // A memory-partitioned slice's neighbour and its calibration, per row.
+    let partitions: Vec<Option<&crate::mps::partition::Partition>> = devices
+        .iter()
+        .map(|d| d.emulation.as_ref().and_then(|e| e.partition.as_ref()))
+        .collect();
+    let partition = |f: &dyn Fn(&crate::mps::partition::Partition) -> Option<f64>| {
+        partitions.iter().map(|p| p.and_then(f)).collect::<Vec<Option<f64>>>()
+    };
+    let partition_int = |f: &dyn Fn(&crate::mps::partition::Partition) -> Option<i64>| {
+        partitions.iter().map(|p| p.and_then(f)).collect::<Vec<Option<i64>>>()
+    };
     vec![
         col(
             "device_kind",
@@ -247,10 +264,54 @@ pub(crate) fn device_columns(devices: &[&DeviceInfo]) -> Vec<Column> {
         ),
         Column::new(
             "measured_bandwidth_gbps".into(),
+            memory_system(&|m| Some(m.bandwidth_gbps)),
+        ),
+        Column::new("measured_l2_mib".into(), memory_system(&|m| m.l2_mib)),
+        // A memory-partitioned emulated slice: its neighbour and what it was set to.
+        Column::new(
+            "memory_emulation".into(),
             devices
                 .iter()
-                .map(|d| d.memory_system.map(|m| m.bandwidth_gbps))
-                .collect::<Vec<Option<f64>>>(),
+                .map(|d| d.emulation.as_ref().map(|e| e.memory().as_str().to_string()))
+                .collect::<Vec<Option<String>>>(),
+        ),
+        Column::new("gpu_bandwidth_gbps".into(), partition(&|p| Some(p.gpu_bandwidth_gbps))),
+        Column::new("memory_share_gbps".into(), partition(&|p| Some(p.share_gbps))),
+        Column::new(
+            "alone_bandwidth_gbps".into(),
+            partition(&|p| Some(p.alone_bandwidth_gbps)),
+        ),
+        Column::new(
+            "calibration".into(),
+            partitions
+                .iter()
+                .map(|p| p.map(|p| p.outcome.as_str().to_string()))
+                .collect::<Vec<Option<String>>>(),
+        ),
+        Column::new(
+            "calibration_cached".into(),
+            partitions
+                .iter()
+                .map(|p| p.map(|p| p.cached))
+                .collect::<Vec<Option<bool>>>(),
+        ),
+        Column::new(
+            "neighbour_pause_ns".into(),
+            partition_int(&|p| p.pause_ns.map(i64::from)),
+        ),
+        Column::new(
+            "neighbour_sms".into(),
+            partition_int(&|p| p.neighbour_sms.map(i64::from)),
+        ),
+        Column::new("shared_sms".into(), partition_int(&|p| p.shared_sms.map(i64::from))),
+        Column::new("compute_slowdown_pct".into(), partition(&|p| p.compute_slowdown_pct)),
+        Column::new(
+            "calibration_sm_clock_mhz".into(),
+            partition_int(&|p| p.sm_clock_mhz.map(i64::from)),
+        ),
+        Column::new(
+            "calibration_throttle_reasons".into(),
+            partition_int(&|p| p.throttle_reasons.map(|r| r as i64)),
         ),
     ]
 }
@@ -868,8 +929,10 @@ print("read whole:", t.num_rows, "rows,", t.num_columns, "columns")
                 kind,
                 name: String::new(),
                 emulation: None,
-                memory_system: (kind == "mig")
-                    .then_some(crate::gpu::memory_system::MemorySystem { bandwidth_gbps: 373.0 }),
+                memory_system: (kind == "mig").then_some(crate::gpu::memory_system::MemorySystem {
+                    bandwidth_gbps: 373.0,
+                    l2_mib: Some(6.0),
+                }),
                 selected: Some(selected),
             };
             r.metric_summary.gract_mean = gpm.then_some(40.0);
@@ -887,6 +950,72 @@ print("read whole:", t.num_rows, "rows,", t.num_columns, "columns")
         assert_eq!(scope, [None, Some("gpu_instance"), Some("gpu"), None]);
         let bandwidth: Vec<Option<f64>> = df.column("measured_bandwidth_gbps")?.f64()?.iter().collect();
         assert_eq!(bandwidth, [None, Some(373.0), None, None]);
+        Ok(())
+    }
+
+    #[test]
+    fn an_emulated_slice_s_rows_say_how_its_memory_was_emulated_and_what_the_neighbour_was_set_to() -> Result<()> {
+        use crate::mps::calibration::Outcome;
+        let (whole, _) = crate::device::tests::recorded_gpu_and_slice();
+        let emulated = |partition: Option<crate::mps::partition::Partition>| {
+            let mut r = fake_run(2, 10, Duration::ZERO);
+            r.context.device = crate::device::DeviceInfo {
+                kind: "mps",
+                name: String::new(),
+                emulation: Some(crate::device::tests::emulated_1g(partition)),
+                memory_system: Some(crate::gpu::memory_system::MemorySystem {
+                    bandwidth_gbps: 361.0,
+                    l2_mib: None,
+                }),
+                selected: Some(whole.clone()),
+            };
+            r
+        };
+        let partition = crate::mps::partition::Partition {
+            gpu_bandwidth_gbps: 2984.0,
+            share_gbps: 373.0,
+            alone_bandwidth_gbps: 1290.0,
+            bandwidth_gbps: 361.0,
+            pause_ns: Some(76),
+            outcome: Outcome::Reached,
+            cached: true,
+            neighbour_sms: Some(114),
+            shared_sms: Some(16),
+            compute_slowdown_pct: Some(0.9),
+            sm_clock_mhz: Some(1980),
+            throttle_reasons: Some(0),
+            neighbour_pid: Some(4242),
+        };
+        let runs = [
+            fake_run(2, 10, Duration::ZERO),
+            emulated(None),
+            emulated(Some(partition)),
+        ];
+        let df = runs_frame(&runs)?;
+        let text = |c: &str| -> Result<Vec<Option<String>>> {
+            Ok(df.column(c)?.str()?.iter().map(|v| v.map(str::to_string)).collect())
+        };
+        let number = |c: &str| -> Result<Vec<Option<f64>>> {
+            Ok(df.column(c)?.cast(&DataType::Float64)?.f64()?.iter().collect())
+        };
+        assert_eq!(
+            text("memory_emulation")?,
+            [None, Some("alone".into()), Some("partitioned".into())]
+        );
+        assert_eq!(text("calibration")?, [None, None, Some("reached".into())]);
+        assert_eq!(number("memory_share_gbps")?, [None, None, Some(373.0)]);
+        assert_eq!(number("gpu_bandwidth_gbps")?, [None, None, Some(2984.0)]);
+        assert_eq!(number("alone_bandwidth_gbps")?, [None, None, Some(1290.0)]);
+        assert_eq!(number("neighbour_pause_ns")?, [None, None, Some(76.0)]);
+        assert_eq!(number("neighbour_sms")?, [None, None, Some(114.0)]);
+        assert_eq!(number("shared_sms")?, [None, None, Some(16.0)]);
+        assert_eq!(number("compute_slowdown_pct")?, [None, None, Some(0.9)]);
+        assert_eq!(number("calibration_sm_clock_mhz")?, [None, None, Some(1980.0)]);
+        assert_eq!(number("calibration_throttle_reasons")?, [None, None, Some(0.0)]);
+        assert_eq!(number("measured_bandwidth_gbps")?, [None, Some(361.0), Some(361.0)]);
+        assert_eq!(number("measured_l2_mib")?, [None, None, None]);
+        let cached: Vec<Option<bool>> = df.column("calibration_cached")?.bool()?.iter().collect();
+        assert_eq!(cached, [None, None, Some(true)]);
         Ok(())
     }
 

@@ -14,7 +14,8 @@
 //!
 //! Other processes. NVML lists every process with a compute context on the device (on a MIG
 //! device, on that slice). Expected there: this process, the neighbours a concurrent group started
-//! on purpose, and migprof's own MPS server when the run is an MPS client. Anyone else shares the
+//! on purpose, migprof's own MPS server when the run is an MPS client, and the memory-system
+//! neighbour of a memory-partitioned emulated slice. Anyone else shares the
 //! device: `shared`. NVML's pids are the host's; in a container with its own PID namespace this
 //! process's pid never appears in the list, and then the pids cannot be told apart: a reading with
 //! more processes than expected counts as shared, and the flag `processes_unattributed` says the
@@ -66,12 +67,20 @@ impl Expected {
     }
 
     /// This process on `device`: with migprof's MPS server beside it when it is an MPS client, or
-    /// when the sweep that started it runs an MPS daemon on the same GPU.
+    /// when the sweep that started it runs an MPS daemon on the same GPU, and with its own
+    /// memory-system neighbour on a memory-partitioned slice.
     pub fn on(device: &crate::device::DeviceInfo) -> Self {
         let beside = std::env::var_os(crate::mps::daemon::BESIDE_ENV).is_some();
+        let neighbour = device
+            .emulation
+            .as_ref()
+            .and_then(|e| e.partition.as_ref())
+            .and_then(|p| p.neighbour_pid);
+        let mut expected = Self::this_process();
+        expected.pids.extend(neighbour);
         Self {
             mps_server: device.emulation.is_some() || beside,
-            ..Self::this_process()
+            ..expected
         }
     }
 }

@@ -345,6 +345,13 @@ impl SweepFile {
                 if !seen.insert(t.as_str()) {
                     bail!("{at}: targets: `{t}` twice; a target is one device and runs one member");
                 }
+                let device = self.targets.iter().find(|x| &x.label == t).map(|x| x.device.as_str());
+                if device.is_some_and(|d| d.starts_with("mps-mem:")) {
+                    bail!(
+                        "{at}: target `{t}` is memory-partitioned ({}): its neighbour streams on every SM the slice does not have, so it cannot share the GPU with other members; use mps: in a group",
+                        device.unwrap_or_default()
+                    );
+                }
             }
             if let Some(b) = &g.busy {
                 if !workloads::model_names().contains(&b.model.as_str()) {

@@ -563,7 +563,7 @@ impl Work {
 fn start_daemons(work: &Work, log: &mut dyn Write) -> Result<HashMap<String, crate::mps::daemon::Daemon>> {
     let mut daemons = HashMap::new();
     for c in work.specs() {
-        if c.device.starts_with("mps:") {
+        if crate::mps::is_emulated(&c.device) {
             if let std::collections::hash_map::Entry::Vacant(slot) = daemons.entry(device_key(&c.device)) {
                 let daemon = start_mps_daemon(&c.device)?;
                 writeln!(
@@ -916,7 +916,7 @@ fn mps_env(
     daemons: &HashMap<String, crate::mps::daemon::Daemon>,
 ) -> Vec<(&'static str, PathBuf)> {
     match daemons.get(device_key) {
-        Some(d) if cell.device.starts_with("mps:") => vec![(crate::mps::daemon::CLIENT_PIPE_ENV, d.pipe_dir())],
+        Some(d) if crate::mps::is_emulated(&cell.device) => vec![(crate::mps::daemon::CLIENT_PIPE_ENV, d.pipe_dir())],
         Some(_) => vec![(crate::mps::daemon::BESIDE_ENV, PathBuf::from("1"))],
         None => Vec::new(),
     }
