@@ -78,7 +78,12 @@ impl MpsTarget {
         } else {
             (MemoryEmulation::Alone, s.strip_prefix("mps:")?)
         };
-        Some(MpsTarget::parse(rest).map(|t| MpsTarget { memory, ..t }))
+        // The share's errors name the `mps:` form; they name the one the user wrote.
+        Some(
+            MpsTarget::parse(rest)
+                .map(|t| MpsTarget { memory, ..t })
+                .map_err(|e| anyhow::anyhow!("{}", format!("{e:#}").replace("mps:", memory.prefix()))),
+        )
     }
 
     /// What follows `mps:` (the client alone; [`parse_device`](Self::parse_device) reads the prefix).
@@ -242,6 +247,17 @@ mod tests {
         for s in ["3g.40gb", "45%", "1g.10gb@1", "7g.80gb@GPU-ab12"] {
             assert_eq!(MpsTarget::parse(s).unwrap().to_string(), format!("mps:{s}"));
         }
+        let mem = MpsTarget::parse_device("mps-mem:1g.10gb@1").unwrap().unwrap();
+        assert_eq!(
+            (mem.memory, mem.to_string().as_str()),
+            (MemoryEmulation::Partitioned, "mps-mem:1g.10gb@1")
+        );
+        assert!(MpsTarget::parse_device("cuda").is_none());
+        let e = MpsTarget::parse_device("mps-mem:lots")
+            .unwrap()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`mps-mem:lots`") && e.contains("after `mps-mem:`"), "{e}");
         for (bad, says) in [
             ("3g.40gb@", "name a GPU"),
             ("3g.40gb@MIG-1", "runs on a whole GPU"),
