@@ -239,6 +239,14 @@ fn open_mps_client(target: &crate::mps::MpsTarget) -> Result<OpenDevice> {
     })
 }
 
+/// What partitioning a client's memory system gives: the memory system it then reaches, the record
+/// of the partition, and the neighbour, which streams until dropped.
+type Partitioned = (
+    gpu::memory_system::MemorySystem,
+    crate::mps::partition::Partition,
+    Option<crate::mps::neighbour::NeighbourProcess>,
+);
+
 /// Partitions the memory system of an `mps-mem:` client ([`crate::mps::partition`]): the neighbour
 /// started, set and checked, and what the client's memory system then is. A partition that cannot be
 /// made is an error (the row would not be what it says); one that misses its share is a warning and
@@ -251,11 +259,7 @@ fn partition_memory(
     sms: u32,
     pipe: &std::path::Path,
     driver: String,
-) -> Result<(
-    gpu::memory_system::MemorySystem,
-    crate::mps::partition::Partition,
-    Option<crate::mps::neighbour::NeighbourProcess>,
-)> {
+) -> Result<Partitioned> {
     use crate::mps::calibration::{self, Cache, Key};
     use crate::mps::partition::{partition, Calibrations};
 
@@ -297,18 +301,17 @@ fn partition_memory(
             share.describe()
         );
     }
-    let bandwidth_gbps = partition.bandwidth_gbps;
-    for w in partition.warnings(bandwidth_gbps) {
+    for w in partition.warnings() {
         eprintln!("warning: {w}");
     }
     let l2_mib = probe.probe.l2_mib_or_warn();
     drop(probe);
     device.synchronize()?;
-    Ok((
-        gpu::memory_system::MemorySystem { bandwidth_gbps, l2_mib },
-        partition,
-        neighbour,
-    ))
+    let system = gpu::memory_system::MemorySystem {
+        bandwidth_gbps: partition.bandwidth_gbps,
+        l2_mib,
+    };
+    Ok((system, partition, neighbour))
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -319,11 +322,7 @@ fn partition_memory(
     _: u32,
     _: &std::path::Path,
     _: String,
-) -> Result<(
-    gpu::memory_system::MemorySystem,
-    crate::mps::partition::Partition,
-    Option<crate::mps::neighbour::NeighbourProcess>,
-)> {
+) -> Result<Partitioned> {
     bail!("this migprof was built without CUDA support")
 }
 
@@ -337,16 +336,9 @@ struct ClientSide {
 
 #[cfg(feature = "cuda")]
 impl crate::mps::calibration::BandwidthProbe for ClientSide {
-    /// The median of three probes: beside a neighbour whose blocks MPS places anew at each launch, one
-    /// probe varies more than alone.
+    /// The median of three copy probes ([`crate::mps::partition::median_of_three`]).
     fn bandwidth_gbps(&mut self) -> Result<f64> {
-        let mut reads = [
-            self.probe.bandwidth_gbps()?,
-            self.probe.bandwidth_gbps()?,
-            self.probe.bandwidth_gbps()?,
-        ];
-        reads.sort_by(f64::total_cmp);
-        Ok(reads[1])
+        crate::mps::partition::median_of_three(|| self.probe.bandwidth_gbps())
     }
 }
 

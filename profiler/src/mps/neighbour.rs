@@ -71,15 +71,7 @@ impl NeighbourProcess {
         let mut child = cmd
             .spawn()
             .with_context(|| format!("starting the memory-system neighbour ({})", exe.display()))?;
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = lines_of(BufReader::new(child.stdout.take().expect("piped")));
         let mut neighbour = NeighbourProcess {
             stdin: child.stdin.take(),
             child,
@@ -217,6 +209,20 @@ impl Drop for NeighbourProcess {
     }
 }
 
+/// The lines of `input`, read on a thread of their own so that neither end of the pipes blocks on
+/// the other: the channel closes when the input does.
+fn lines_of(input: impl BufRead + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in input.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}
+
 /// A request to the neighbour.
 #[derive(Debug, Clone, PartialEq)]
 enum Request {
@@ -250,14 +256,7 @@ pub trait Streamer {
 /// `migprof memory-neighbour`: serves requests from `input` until it closes or says `quit`,
 /// streaming between them once paused; answers on `out`.
 pub fn serve(input: impl BufRead + Send + 'static, out: &mut dyn Write, streamer: &mut dyn Streamer) -> Result<()> {
-    let (tx, requests) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in input.lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let requests = lines_of(input);
     writeln!(out, "ready")?;
     out.flush()?;
     let mut pause: Option<u32> = None;

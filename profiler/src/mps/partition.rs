@@ -56,8 +56,12 @@ pub struct Partition {
 
 impl Partition {
     /// What the user must know about this slice's partitioning; empty when it is as asked.
-    pub fn warnings(&self, client_gbps: f64) -> Vec<String> {
-        let mut w: Vec<String> = self.outcome.warning(client_gbps, self.share_gbps).into_iter().collect();
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w: Vec<String> = self
+            .outcome
+            .warning(self.bandwidth_gbps, self.share_gbps)
+            .into_iter()
+            .collect();
         if let Some(pct) = self.compute_slowdown_pct.filter(|p| *p > COMPUTE_TOLERANCE * 100.0) {
             w.push(format!(
                 "the client's compute-bound probe ran {pct:.1}% slower beside the memory-system neighbour (more than {:.0}%): the neighbour competes for the client's SMs{}",
@@ -213,9 +217,15 @@ pub fn partition<N: Neighbours>(
 /// The median of three compute probes: one alone and one beside the neighbour are compared, and a
 /// single launch set varies by more than the 3 % that matters.
 fn compute_ms(probe: &mut dyn ClientProbe) -> Result<f64> {
-    let mut ms = [probe.compute_ms()?, probe.compute_ms()?, probe.compute_ms()?];
-    ms.sort_by(f64::total_cmp);
-    Ok(ms[1])
+    median_of_three(|| probe.compute_ms())
+}
+
+/// The median of three readings: beside a neighbour whose blocks MPS places anew at each of its
+/// launches, one reading varies more than alone.
+pub fn median_of_three(mut read: impl FnMut() -> Result<f64>) -> Result<f64> {
+    let mut reads = [read()?, read()?, read()?];
+    reads.sort_by(f64::total_cmp);
+    Ok(reads[1])
 }
 
 /// The cached setting, checked by one probe: it stands when it still gives what it gave (within the
@@ -417,7 +427,7 @@ mod tests {
             (Some(1980), Some(0x4), Some(4242))
         );
         assert!(said[0].contains("the client reads"), "{said:?}");
-        assert!(p.warnings(373.0).is_empty());
+        assert!(p.warnings().is_empty());
         let entry = cache.get(&key("13")).unwrap();
         assert_eq!(entry.pause_ns, p.pause_ns.unwrap());
 
@@ -507,7 +517,7 @@ mod tests {
         let g = gpu(1300.0, 1100.0);
         g.borrow_mut().overlap_slowdown = 0.08;
         let (p, _) = run(&g, 13, 1.0 / 8.0, &cache, None);
-        let w = p.warnings(373.0);
+        let w = p.warnings();
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].contains("8.0% slower") && w[0].contains("2 SMs ran both"), "{w:?}");
     }
@@ -519,7 +529,7 @@ mod tests {
         // The neighbour at full rate takes only 300 of a client's 1,300: its share stays far off.
         let (p, _) = run(&gpu(1300.0, 300.0), 13, 1.0 / 8.0, &cache, None);
         assert_eq!(p.outcome, Outcome::NeighbourTooWeak);
-        assert!(p.warnings(1000.0)[0].contains("cannot hold the client to its share"));
+        assert!(p.warnings()[0].contains("cannot hold the client to its share"));
         // Cached too: the next client does not search again, and is told again.
         let (again, _) = run(&gpu(1300.0, 300.0), 13, 1.0 / 8.0, &cache, None);
         assert!(again.cached && again.outcome == Outcome::NeighbourTooWeak);

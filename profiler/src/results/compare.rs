@@ -188,24 +188,12 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
         key_fields.push("target");
     }
     let side = |sel: &Selector| -> BTreeMap<Vec<String>, Vec<&Row>> {
-        // Reruns of a cell: the latest row.
-        let mut latest: BTreeMap<&str, &Row> = BTreeMap::new();
-        for row in &rows {
-            let picked = match &row.selected {
-                Some(v) => *v == sel.value,
-                None => sel.value.is_empty(),
-            };
-            if picked {
-                let keep = latest
-                    .get(row.cell_id.as_str())
-                    .is_none_or(|old| old.run_id < row.run_id);
-                if keep {
-                    latest.insert(&row.cell_id, row);
-                }
-            }
-        }
+        let picked = rows.iter().filter(|row| match &row.selected {
+            Some(v) => *v == sel.value,
+            None => sel.value.is_empty(),
+        });
         let mut by_key: BTreeMap<Vec<String>, Vec<&Row>> = BTreeMap::new();
-        for row in latest.into_values() {
+        for row in latest_per_cell(picked) {
             by_key
                 .entry(
                     key_fields
@@ -245,7 +233,7 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
             values.into_iter().collect::<Vec<_>>().join(", ")
         )
     }
-    let latest = latest_per_cell(&rows);
+    let latest = latest_per_cell(rows.iter());
     let mut out = Vec::new();
     for (key, b) in &base {
         let Some(t) = tgt.get(key) else { continue };
@@ -290,8 +278,8 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
     })
 }
 
-/// Every row that is its cell's latest (reruns replaced).
-fn latest_per_cell(rows: &[Row]) -> Vec<&Row> {
+/// Of `rows`, each cell's latest (reruns replaced).
+fn latest_per_cell<'a>(rows: impl Iterator<Item = &'a Row>) -> Vec<&'a Row> {
     let mut latest: BTreeMap<&str, &Row> = BTreeMap::new();
     for row in rows {
         if latest
