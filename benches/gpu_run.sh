@@ -52,8 +52,10 @@
 #              device memory; rounds.py over the rounds found in $OUT
 #     fidelity emulated slices both ways, alone (mps:) and memory-partitioned (mps-mem:): STEP=probe
 #              runs ResNet-50 on mps:1g and mps-mem: 1g..7g and prints what each partition measured;
-#              STEP=sweep (the default) runs benches/slice_fidelity.toml for FID_SECS (resuming from
+#              STEP=sweep (the default) runs FID_TOML (benches/slice_fidelity.toml; on two GPUs
+#              benches/slice_fidelity_2gpu.toml with FID_JOBS=2) for FID_SECS (resuming from
 #              .dist/fidelity-results when carried) and benches/slice_fidelity.py over it;
+#              STEP=groups runs benches/mps_mem_groups.toml (mps-mem: members sharing a neighbour);
 #              STEP=capacity searches ResNet-50's capacity at p99 <= 50 ms on mps:1g.10gb and
 #              mps-mem:1g.10gb and plans 5,000 requests/s from both (the default, then --memory-emulation alone)
 #   MIGPROF_GZ names another build (the CPU build does everything but run models on the GPU).
@@ -241,17 +243,29 @@ if [ "${STEP:-sweep}" = capacity ]; then
     tar czf "${OUT:-/tmp}/capacity-results.tgz" -C "$out" capacity 2>/dev/null
     exit 0
 fi
+if [ "${STEP:-sweep}" = groups ]; then
+    ( cd "$out" && timeout "${FID_SECS:-300}" "$bin" sweep "$OLDPWD/benches/mps_mem_groups.toml" --out "$out/groups" 2>&1 | grep -vE "^\s*$" | tail -30 )
+    log "MPS after: servers on the GPU and MPS processes"; mps_servers
+    python3 - "$out/groups" <<'PY'
+import sys, pyarrow.parquet as pq
+for r in sorted(pq.read_table(f"{sys.argv[1]}/runs").to_pylist(), key=lambda r: r["started_at"]):
+    print(r["target"], r["concurrency_group"], r["status"], r["calibration"], r["memory_share_gbps"], r["measured_bandwidth_gbps"],
+          r["alone_bandwidth_gbps"], r["neighbour_blocks"], r["neighbour_pause_ns"], r["neighbour_sms"], r["throughput"], r["verdict"])
+PY
+    tar czf "${OUT:-/tmp}/groups-results.tgz" -C "$out" groups cache 2>/dev/null
+    exit 0
+fi
 if [ "${STEP:-sweep}" = probe ]; then
     for dev in mps:1g.10gb mps-mem:1g.10gb mps-mem:2g.20gb mps-mem:3g.40gb mps-mem:4g.40gb mps-mem:7g.80gb mps-mem:1g.10gb; do
         log "run --device $dev"
-        "$bin" run --model resnet50 --dtype bf16 --batch 32 --warmup-secs 1 --duration 2 --device "$dev" --out "$out/probe" 2>&1 | grep -E "MPS|^\[|warning|error"
+        "$bin" run --model resnet50 --dtype bf16 --batch 32 --warmup-secs 1 --duration 2 --device "$dev" --out "$out/probe" 2>&1 | grep -E "MPS|neighbour|calibrat|^\[|warning|error"
         log "MPS processes right after: $(mps_servers | tr '\n' ' ')"
     done
     cat "$out/cache/memory-calibration.json"
 else
     mkdir -p "$out/fidelity"
     [ -d .dist/fidelity-results ] && cp -r .dist/fidelity-results/. "$out/fidelity/"
-    ( cd "$out" && timeout "${FID_SECS:-480}" "$bin" sweep "$OLDPWD/benches/slice_fidelity.toml" --out "$out/fidelity" 2>&1 | grep -vE "^\s*$" | tail -30 )
+    ( cd "$out" && timeout "${FID_SECS:-480}" "$bin" sweep "$OLDPWD/${FID_TOML:-benches/slice_fidelity.toml}" --jobs "${FID_JOBS:-1}" --out "$out/fidelity" 2>&1 | grep -vE "^\s*$" | tee "$out/fidelity-sweep.log" | tail -30 )
     cp "$out/cache/memory-calibration.json" "$out/fidelity/" 2>/dev/null
 fi
 log "MPS after: servers on the GPU and MPS processes"; mps_servers

@@ -196,12 +196,19 @@ fn open_mps_client(target: &crate::mps::MpsTarget) -> Result<OpenDevice> {
     let sms = reach.as_ref().map_or(share.profile_sms, |r| r.sms);
     let (memory_system, partition, neighbour) = match target.memory {
         crate::mps::MemoryEmulation::Alone => (probe_memory_system(&device, sms), None, None),
-        crate::mps::MemoryEmulation::Partitioned => {
-            let driver = topology.driver_version.clone().unwrap_or_default();
-            let (system, partition, neighbour) =
-                partition_memory(&device, &selected, &share, sms, std::path::Path::new(&pipe), driver)?;
-            (Some(system), Some(partition), neighbour)
-        }
+        crate::mps::MemoryEmulation::Partitioned => match std::env::var_os(crate::mps::group::ENV) {
+            // A member of a concurrent group: the sweep runs the group's one neighbour.
+            Some(group) => {
+                let (system, partition) = join_group_partition(&device, &selected, &share, sms, group.as_ref())?;
+                (Some(system), Some(partition), None)
+            }
+            None => {
+                let driver = topology.driver_version.clone().unwrap_or_default();
+                let (system, partition, neighbour) =
+                    partition_memory(&device, &selected, &share, sms, std::path::Path::new(&pipe), driver)?;
+                (Some(system), Some(partition), neighbour)
+            }
+        },
     };
     workloads::memory::pool_allocations(&device)?;
     let emulation = crate::mps::Emulation {
@@ -326,6 +333,54 @@ fn partition_memory(
     bail!("this migprof was built without CUDA support")
 }
 
+/// A member of a memory-partitioned group ([`crate::mps::group`]): the neighbour the sweep set for
+/// the group already streams; the member measures its own bandwidth and L2 beside it.
+#[cfg(feature = "cuda")]
+fn join_group_partition(
+    device: &Device,
+    selected: &Selected,
+    share: &crate::mps::Share,
+    sms: u32,
+    record: &std::path::Path,
+) -> Result<(gpu::memory_system::MemorySystem, crate::mps::partition::Partition)> {
+    let group = crate::mps::group::GroupPartition::read(record)?;
+    let mut probe = gpu::memory_system::Probe::new(device, sms)?;
+    let bandwidth_gbps =
+        crate::mps::partition::median_of_three(|| probe.bandwidth_over_gbps(crate::mps::partition::PROBE_WINDOW_MS))?;
+    let partition = group.member(
+        share.memory_fraction,
+        bandwidth_gbps,
+        None,
+        gpu::metrics::clocks_now(selected),
+    );
+    eprintln!(
+        "MPS: {} in a memory-partitioned group: the group's neighbour holds the members' SMs to {:.0} of their {:.0} GB/s share together ({}); this member reads {bandwidth_gbps:.0} GB/s of its {:.0} GB/s share",
+        share.describe(),
+        group.bandwidth_gbps,
+        group.share_gbps(),
+        group.outcome.as_str(),
+        partition.share_gbps
+    );
+    if let Some(w) = group.outcome.warning(group.bandwidth_gbps, group.share_gbps()) {
+        eprintln!("warning: the group's {w}");
+    }
+    let l2_mib = probe.l2_mib_or_warn();
+    drop(probe);
+    device.synchronize()?;
+    Ok((gpu::memory_system::MemorySystem { bandwidth_gbps, l2_mib }, partition))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn join_group_partition(
+    _: &Device,
+    _: &Selected,
+    _: &crate::mps::Share,
+    _: u32,
+    _: &std::path::Path,
+) -> Result<(gpu::memory_system::MemorySystem, crate::mps::partition::Partition)> {
+    bail!("this migprof was built without CUDA support")
+}
+
 /// The client's probes of itself on a GPU.
 #[cfg(feature = "cuda")]
 struct ClientSide {
@@ -336,9 +391,12 @@ struct ClientSide {
 
 #[cfg(feature = "cuda")]
 impl crate::mps::calibration::BandwidthProbe for ClientSide {
-    /// The median of three copy probes ([`crate::mps::partition::median_of_three`]).
+    /// The median of three copy probes ([`crate::mps::partition::median_of_three`]), each over
+    /// [`crate::mps::partition::PROBE_WINDOW_MS`].
     fn bandwidth_gbps(&mut self) -> Result<f64> {
-        crate::mps::partition::median_of_three(|| self.probe.bandwidth_gbps())
+        crate::mps::partition::median_of_three(|| {
+            self.probe.bandwidth_over_gbps(crate::mps::partition::PROBE_WINDOW_MS)
+        })
     }
 }
 

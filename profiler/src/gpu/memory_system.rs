@@ -196,6 +196,29 @@ extern "C" __global__ void migprof_fma(float* sink, unsigned int iters) {
             Ok(2.0 * COPY_BYTES as f64 / (ms * 1e-3) / 1e9)
         }
 
+        /// DRAM bandwidth of back-to-back streaming copies over at least `window_ms`, GB/s: beside a
+        /// neighbour whose blocks are placed anew at each of its launches (every few milliseconds),
+        /// one copy of a millisecond reads whichever placement it met, and on an H100 readings of
+        /// one setting moved by ±15 %; a window of many launches reads their mean.
+        pub fn bandwidth_over_gbps(&mut self, window_ms: f64) -> Result<f64> {
+            let n = COPY_BYTES / 16;
+            let cfg = grid(self.sms * 8, 256);
+            let once_gbps = self.bandwidth_gbps()?;
+            let once_ms = 2.0 * COPY_BYTES as f64 / (once_gbps * 1e9) * 1e3;
+            let copies = (window_ms / once_ms).ceil().clamp(1.0, 10_000.0) as u32;
+            let (stream, copy, src, dst) = (&self.stream, &self.copy, &self.src, &mut self.dst);
+            let ms = timed_ms(&self.cuda, &mut || {
+                for _ in 0..copies {
+                    let mut args = stream.launch_builder(copy);
+                    args.arg(src).arg(&mut *dst).arg(&n);
+                    // SAFETY: (const float4*, float4*, n): both buffers hold n float4.
+                    unsafe { args.launch(cfg) }.map_err(|e| anyhow!("launching the copy probe: {e:?}"))?;
+                }
+                Ok(())
+            })?;
+            Ok(f64::from(copies) * 2.0 * COPY_BYTES as f64 / (ms * 1e-3) / 1e9)
+        }
+
         /// The L2 the process effectively has, MiB ([`l2_from_chase`]); `None` where it found no step.
         pub fn l2_mib(&mut self) -> Result<Option<f64>> {
             let mut times = Vec::new();
@@ -266,8 +289,8 @@ extern "C" __global__ void migprof_fma(float* sink, unsigned int iters) {
         }
     }
 
-    /// The median of five timed launches after an untimed one, ms.
-    fn median_ms(cuda: &CudaDevice, launch: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+    /// The time of one call of `launch`, ms, between two events.
+    fn timed_ms(cuda: &CudaDevice, launch: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
         let stream = cuda.cuda_stream();
         let event = || {
             stream
@@ -275,14 +298,19 @@ extern "C" __global__ void migprof_fma(float* sink, unsigned int iters) {
                 .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(|e| anyhow!("a CUDA event: {e:?}"))
         };
+        let (start, end) = (event()?, event()?);
+        start.record(&stream).map_err(|e| anyhow!("{e:?}"))?;
+        launch()?;
+        end.record(&stream).map_err(|e| anyhow!("{e:?}"))?;
+        Ok(f64::from(start.elapsed_ms(&end).map_err(|e| anyhow!("{e:?}"))?))
+    }
+
+    /// The median of five timed launches after an untimed one, ms.
+    fn median_ms(cuda: &CudaDevice, launch: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
         launch()?;
         let mut times = Vec::new();
         for _ in 0..5 {
-            let (start, end) = (event()?, event()?);
-            start.record(&stream).map_err(|e| anyhow!("{e:?}"))?;
-            launch()?;
-            end.record(&stream).map_err(|e| anyhow!("{e:?}"))?;
-            times.push(f64::from(start.elapsed_ms(&end).map_err(|e| anyhow!("{e:?}"))?));
+            times.push(timed_ms(cuda, launch)?);
         }
         times.sort_by(f64::total_cmp);
         Ok(times[2])

@@ -1,13 +1,17 @@
 //! Setting the memory-system neighbour so that an emulated slice reads its share of the GPU's
 //! bandwidth, and remembering the setting.
 //!
-//! The neighbour streams through memory on the SMs the client does not have, pausing a set number of
-//! nanoseconds between bursts: no pause takes all the bandwidth it can, a long pause almost none. The
-//! client's copy probe reads more the longer the pause, so the pause is found by bisection (on a log
-//! scale: the bandwidth moves most at short pauses) until the probe reads the share within half of
-//! [`TOLERANCE`], or as close as it gets within [`TOLERANCE`]. Two bounds end it early and are said: a neighbour that even without pausing leaves
-//! the client above its share (too few spare SMs to take the rest), and a client that is below its
-//! share even beside a neighbour that hardly runs.
+//! The neighbour streams through memory on the SMs the client does not have. Two knobs set how hard
+//! ([`Load`]): how many blocks of its grid stream, and a pause in nanoseconds between each block's
+//! bursts. The client's copy probe reads more the fewer the blocks and the longer the pause, so the
+//! setting is found by bisection: first on the blocks without pausing (steady traffic, a coarse
+//! step: one block of an H100 moves a few per cent of a 3g's share), then, when no block count lands
+//! within half of [`TOLERANCE`], on the pause of the weakest count that still takes too much (a fine
+//! step between two counts; both on a log scale, where the bandwidth moves most). Pausing alone
+//! was measured too steep to settle for the large slices: a 3g's client moved across its whole band
+//! between pauses of 1 and 8 µs. Two bounds end it early and are said: a neighbour that at full
+//! strength leaves the client above its share (too few spare SMs to take the rest), and a client
+//! that is below its share even beside the quietest neighbour.
 //!
 //! The setting is kept per GPU, driver and share in a small JSON file ([`Cache`]); a later client
 //! checks it with one probe and calibrates again when it no longer holds, or when asked to
@@ -24,8 +28,8 @@ pub const TOLERANCE: f64 = 0.10;
 pub const MAX_PAUSE_NS: u32 = 65_536;
 /// The shortest pause bisection tries, ns; below it the neighbour runs as without pausing.
 const MIN_PAUSE_NS: u32 = 8;
-/// Bisection steps after the two bounds.
-const STEPS: usize = 12;
+/// Bisection steps on the pause.
+const PAUSE_STEPS: usize = 12;
 
 /// Set by `--recalibrate` for this command and the processes it starts: calibrate again rather than
 /// trust a cached setting (a setting this same command calibrated, whose token matches, is kept).
@@ -33,10 +37,37 @@ pub const RECALIBRATE_ENV: &str = "MIGPROF_RECALIBRATE";
 /// Names the folder of migprof's cache instead of `$XDG_CACHE_HOME/migprof` or `~/.cache/migprof`.
 pub const CACHE_DIR_ENV: &str = "MIGPROF_CACHE_DIR";
 
+/// How hard the neighbour streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Load {
+    /// Blocks of its grid that stream, at least one and at most [`Neighbour::max_blocks`].
+    pub blocks: u32,
+    /// Pause between each block's bursts, ns (0: none).
+    pub pause_ns: u32,
+}
+
+impl Load {
+    /// Every block, without pausing: the most the neighbour takes.
+    pub fn full(max_blocks: u32) -> Load {
+        Load {
+            blocks: max_blocks.max(1),
+            pause_ns: 0,
+        }
+    }
+}
+
+impl std::fmt::Display for Load {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} blocks, pause {} ns", self.blocks, self.pause_ns)
+    }
+}
+
 /// A memory-system neighbour whose traffic can be set.
 pub trait Neighbour {
-    /// Streams with `pause_ns` between bursts (0: without pausing), from its next launch on.
-    fn set_pause(&mut self, pause_ns: u32) -> Result<()>;
+    /// The most blocks it streams with: every warp slot of its SMs.
+    fn max_blocks(&self) -> u32;
+    /// Streams at `load` from its next launch on.
+    fn set_load(&mut self, load: Load) -> Result<()>;
 }
 
 /// The client's measurement of the bandwidth it reaches.
@@ -50,9 +81,9 @@ pub trait BandwidthProbe {
 pub enum Outcome {
     /// The client reads its share within the tolerance.
     Reached,
-    /// Without pausing, the neighbour still leaves the client above its share.
+    /// Beside the neighbour at full strength, the client is still above its share.
     NeighbourTooWeak,
-    /// Beside the longest pause, the client is still below its share.
+    /// Beside the quietest neighbour (one block, the longest pause), the client is below its share.
     ClientBelowShare,
     /// Bisection ended between settings on either side of the band (a noisy probe): the closest kept.
     NotConverged,
@@ -77,7 +108,7 @@ impl Outcome {
         match self {
             Outcome::Reached => None,
             Outcome::NeighbourTooWeak => Some(format!(
-                "the memory-system neighbour cannot hold the client to its share: it reads {got} GB/s beside a neighbour that never pauses, above its share of {share} GB/s (±{:.0}%); this slice's rows still overstate a real slice's memory",
+                "the memory-system neighbour cannot hold the client to its share: it reads {got} GB/s beside a neighbour at full strength, above its share of {share} GB/s (±{:.0}%); this slice's rows still overstate a real slice's memory",
                 TOLERANCE * 100.0
             )),
             Outcome::ClientBelowShare => Some(format!(
@@ -96,7 +127,7 @@ impl Outcome {
 /// The neighbour's setting and what the client read beside it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Setting {
-    pub pause_ns: u32,
+    pub load: Load,
     pub bandwidth_gbps: f64,
     pub outcome: Outcome,
     /// Settings tried, the first included.
@@ -108,57 +139,71 @@ pub fn within(gbps: f64, share_gbps: f64) -> bool {
     (gbps - share_gbps).abs() <= TOLERANCE * share_gbps
 }
 
-/// Finds the neighbour's pause at which `probe` reads `share_gbps` within [`TOLERANCE`], or says why
+/// Finds the neighbour's load at which `probe` reads `share_gbps` within [`TOLERANCE`], or says why
 /// none does; the neighbour is left at the setting returned.
 pub fn calibrate(neighbour: &mut dyn Neighbour, probe: &mut dyn BandwidthProbe, share_gbps: f64) -> Result<Setting> {
     // The search aims at half the tolerance, so that a probe's noise (a few per cent beside a
     // neighbour) leaves the setting inside the band when it is read again before the run.
     let aimed = |gbps: f64| (gbps - share_gbps).abs() <= TOLERANCE / 2.0 * share_gbps;
+    let max_blocks = neighbour.max_blocks().max(1);
     let mut tries = 0;
-    let mut at = |pause_ns: u32| -> Result<f64> {
+    let mut best: Option<(Load, f64)> = None;
+    // Sets the load, reads the client, keeps the closest; true when it is close enough to stop.
+    let mut at = |load: Load| -> Result<(f64, bool)> {
         tries += 1;
-        neighbour.set_pause(pause_ns)?;
-        probe.bandwidth_gbps()
+        neighbour.set_load(load)?;
+        let got = probe.bandwidth_gbps()?;
+        if best.is_none_or(|(_, b)| (got - share_gbps).abs() < (b - share_gbps).abs()) {
+            best = Some((load, got));
+        }
+        Ok((got, aimed(got)))
     };
-    let full = at(0)?;
-    let mut best = (0, full);
     let outcome = 'search: {
-        if aimed(full) {
+        let (full, done) = at(Load::full(max_blocks))?;
+        if done {
             break 'search Outcome::Reached;
         }
         if full > share_gbps {
-            // Pausing only gives the client more: this is as close as it gets.
-            break 'search if within(full, share_gbps) {
-                Outcome::Reached
-            } else {
-                Outcome::NeighbourTooWeak
-            };
+            // A weaker neighbour only gives the client more: this is as close as it gets.
+            break 'search Outcome::NeighbourTooWeak;
         }
-        let quiet = at(MAX_PAUSE_NS)?;
+        let (quiet, done) = at(Load {
+            blocks: 1,
+            pause_ns: MAX_PAUSE_NS,
+        })?;
+        if done {
+            break 'search Outcome::Reached;
+        }
         if quiet < share_gbps {
-            if (share_gbps - quiet) < (share_gbps - full) {
-                best = (MAX_PAUSE_NS, quiet);
+            break 'search Outcome::ClientBelowShare;
+        }
+        // Coarse: blocks without pausing. The client reads too little beside `strong` blocks and
+        // too much beside `weak` ones (none at all reads as alone, above the share as `quiet` is).
+        let (mut weak, mut strong) = (0u32, max_blocks);
+        while strong - weak > 1 {
+            let mid = (f64::from(weak).max(0.5) * f64::from(strong)).sqrt().round() as u32;
+            let blocks = mid.clamp(weak + 1, strong - 1);
+            let (got, done) = at(Load { blocks, pause_ns: 0 })?;
+            if done {
+                break 'search Outcome::Reached;
             }
-            break 'search if within(best.1, share_gbps) {
-                Outcome::Reached
+            if got < share_gbps {
+                strong = blocks;
             } else {
-                Outcome::ClientBelowShare
-            };
-        }
-        if (quiet - share_gbps).abs() < (full - share_gbps).abs() {
-            best = (MAX_PAUSE_NS, quiet);
-        }
-        // The client reads too little at `lo` and too much at `hi`, pauses on a log2 scale.
-        let (mut lo, mut hi) = (f64::from(MIN_PAUSE_NS).log2(), f64::from(MAX_PAUSE_NS).log2());
-        for _ in 0..STEPS {
-            let mid = (lo + hi) / 2.0;
-            let pause = mid.exp2().round() as u32;
-            let got = at(pause)?;
-            if (got - share_gbps).abs() < (best.1 - share_gbps).abs() {
-                best = (pause, got);
+                weak = blocks;
             }
-            if aimed(got) {
-                break;
+        }
+        // Fine: `strong` blocks take too much without pausing; pause them, on a log2 scale.
+        let (mut lo, mut hi) = (f64::from(MIN_PAUSE_NS).log2(), f64::from(MAX_PAUSE_NS).log2());
+        for _ in 0..PAUSE_STEPS {
+            let mid = (lo + hi) / 2.0;
+            let pause_ns = mid.exp2().round() as u32;
+            let (got, done) = at(Load {
+                blocks: strong,
+                pause_ns,
+            })?;
+            if done {
+                break 'search Outcome::Reached;
             }
             if got < share_gbps {
                 lo = mid;
@@ -166,19 +211,25 @@ pub fn calibrate(neighbour: &mut dyn Neighbour, probe: &mut dyn BandwidthProbe, 
                 hi = mid;
             }
         }
-        if within(best.1, share_gbps) {
+        Outcome::NotConverged
+    };
+    let (load, bandwidth_gbps) = best.expect("one setting was tried");
+    let outcome = match outcome {
+        // Outside the aim but inside the band: as good as asked.
+        Outcome::NeighbourTooWeak | Outcome::ClientBelowShare | Outcome::NotConverged
+            if within(bandwidth_gbps, share_gbps) =>
+        {
             Outcome::Reached
-        } else {
-            Outcome::NotConverged
         }
+        o => o,
     };
     if tries > 1 {
         // Leave the neighbour where the result was read.
-        neighbour.set_pause(best.0)?;
+        neighbour.set_load(load)?;
     }
     Ok(Setting {
-        pause_ns: best.0,
-        bandwidth_gbps: best.1,
+        load,
+        bandwidth_gbps,
         outcome,
         tries,
     })
@@ -200,6 +251,10 @@ pub struct Entry {
     pub key: Key,
     /// The GPU's copy bandwidth with every SM, GB/s.
     pub gpu_bandwidth_gbps: f64,
+    /// The neighbour's streaming blocks; `None` in entries made before the blocks were a knob,
+    /// which streamed with every block.
+    #[serde(default)]
+    pub blocks: Option<u32>,
     pub pause_ns: u32,
     pub outcome: Outcome,
     pub bandwidth_gbps: f64,
@@ -207,6 +262,16 @@ pub struct Entry {
     /// The `--recalibrate` token of the command that calibrated it, if any.
     #[serde(default)]
     pub token: Option<String>,
+}
+
+impl Entry {
+    /// The neighbour's load this entry keeps, for a neighbour of `max_blocks`.
+    pub fn load(&self, max_blocks: u32) -> Load {
+        Load {
+            blocks: self.blocks.unwrap_or(max_blocks).clamp(1, max_blocks.max(1)),
+            pause_ns: self.pause_ns,
+        }
+    }
 }
 
 /// The calibrations kept on this machine: one JSON file.
@@ -296,57 +361,69 @@ pub fn recalibrate_token() -> Option<String> {
 mod tests {
     use super::*;
 
-    /// A neighbour and a probe in one: the client reads `curve(pause)` GB/s.
+    /// A neighbour and a probe in one: the client reads `curve(load)` GB/s.
     struct Fake {
-        curve: Box<dyn Fn(u32) -> f64>,
-        pause: u32,
+        curve: Box<dyn Fn(Load) -> f64>,
+        max_blocks: u32,
+        load: Load,
     }
 
-    /// An H100-like client: `alone` GB/s less what the neighbour takes, which falls with its pause as
-    /// `take / (1 + pause / 200 ns)`.
-    fn fake(alone: f64, take: f64) -> Fake {
+    /// An H100-like client beside a neighbour of `max_blocks`: `alone` GB/s less what the neighbour
+    /// takes, up to `take` with every block, each block taking an equal part until `saturate`
+    /// blocks and nothing more after, and a pause dividing it as `1 / (1 + pause / 200 ns)`.
+    fn fake(alone: f64, take: f64, max_blocks: u32, saturate: u32) -> Fake {
         Fake {
-            curve: Box::new(move |p| alone - take / (1.0 + f64::from(p) / 200.0)),
-            pause: 0,
+            curve: Box::new(move |l: Load| {
+                let part = f64::from(l.blocks.min(saturate)) / f64::from(saturate);
+                alone - take * part / (1.0 + f64::from(l.pause_ns) / 200.0)
+            }),
+            max_blocks,
+            load: Load::full(max_blocks),
         }
     }
 
     /// Calibrates against both roles of one fake, borrowed twice through a cell.
-    fn run(fake: Fake, share: f64) -> (Setting, u32) {
+    fn run(fake: Fake, share: f64) -> (Setting, Load) {
         let cell = std::cell::RefCell::new(fake);
         struct N<'a>(&'a std::cell::RefCell<Fake>);
         struct P<'a>(&'a std::cell::RefCell<Fake>);
         impl Neighbour for N<'_> {
-            fn set_pause(&mut self, ns: u32) -> Result<()> {
-                self.0.borrow_mut().pause = ns;
+            fn max_blocks(&self) -> u32 {
+                self.0.borrow().max_blocks
+            }
+            fn set_load(&mut self, load: Load) -> Result<()> {
+                assert!((1..=self.max_blocks()).contains(&load.blocks), "{load}");
+                self.0.borrow_mut().load = load;
                 Ok(())
             }
         }
         impl BandwidthProbe for P<'_> {
             fn bandwidth_gbps(&mut self) -> Result<f64> {
                 let f = self.0.borrow();
-                Ok((f.curve)(f.pause))
+                Ok((f.curve)(f.load))
             }
         }
         let setting = calibrate(&mut N(&cell), &mut P(&cell), share).unwrap();
-        let left_at = cell.borrow().pause;
+        let left_at = cell.borrow().load;
         (setting, left_at)
     }
 
     #[test]
-    fn converges_to_the_share_and_leaves_the_neighbour_there() {
-        // An emulated 1g of an H100: 1,300 GB/s alone, its share 373.
-        let (s, left_at) = run(fake(1300.0, 1100.0), 373.0);
+    fn converges_to_the_share_on_the_blocks_and_leaves_the_neighbour_there() {
+        // An emulated 3g of an H100 (share 1,491): every one of the neighbour's 560 blocks takes the
+        // client below its share, fewer take less.
+        let (s, left_at) = run(fake(2700.0, 1500.0, 560, 40), 1491.0);
         assert_eq!(s.outcome, Outcome::Reached);
-        assert!(within(s.bandwidth_gbps, 373.0), "{s:?}");
-        assert!(s.pause_ns > 0 && s.tries <= 2 + STEPS, "{s:?}");
-        assert_eq!(left_at, s.pause_ns, "left at the setting it reports");
-        // A 3g: the neighbour without pausing already leaves it within its share.
-        let (s, _) = run(fake(2700.0, 1250.0), 1491.0);
-        assert_eq!((s.outcome, s.pause_ns, s.tries), (Outcome::Reached, 0, 1));
-        // Within the band but near its edge without pausing (0.91 of the share): it searches on for
-        // a setting nearer the share, so that noise does not push it out.
-        let (s, _) = run(fake(1300.0, 960.0), 373.0);
+        assert!((s.bandwidth_gbps / 1491.0 - 1.0).abs() <= TOLERANCE / 2.0, "{s:?}");
+        assert!(s.load.blocks < 560 && s.load.pause_ns == 0, "{s:?}");
+        assert!(s.tries <= 2 + 10, "a bisection over 560 blocks: {s:?}");
+        assert_eq!(left_at, s.load, "left at the setting it reports");
+        // A 1g: the neighbour at full strength already leaves it near its share.
+        let (s, _) = run(fake(1300.0, 940.0, 912, 40), 373.0);
+        assert_eq!((s.outcome, s.load, s.tries), (Outcome::Reached, Load::full(912), 1));
+        // Within the band but near its edge at full strength (0.91 of the share): it searches on
+        // for a setting nearer the share, so that noise does not push it out.
+        let (s, _) = run(fake(1300.0, 960.0, 912, 40), 373.0);
         assert_eq!(s.outcome, Outcome::Reached);
         assert!(
             s.tries > 1 && (s.bandwidth_gbps / 373.0 - 1.0).abs() <= TOLERANCE / 2.0,
@@ -355,20 +432,37 @@ mod tests {
     }
 
     #[test]
+    fn blocks_too_coarse_for_the_band_are_paused() {
+        // Four blocks, each taking a quarter: between two counts the client jumps across the band,
+        // and pausing the stronger count finds the share.
+        // One block leaves the client at 1,300, two at 1,000: both 13 % from a share of 1,150.
+        let (s, left_at) = run(fake(1600.0, 1200.0, 4, 4), 1150.0);
+        assert_eq!(s.outcome, Outcome::Reached);
+        assert!((s.bandwidth_gbps / 1150.0 - 1.0).abs() <= TOLERANCE / 2.0, "{s:?}");
+        assert_eq!(s.load.blocks, 2, "{s:?}");
+        assert!(s.load.pause_ns > 0, "{s:?}");
+        assert_eq!(left_at, s.load);
+    }
+
+    #[test]
     fn stops_at_a_bound_and_says_it_cannot_reach_the_share() {
-        // A neighbour too weak: the client reads 900 beside it at full rate, its share is 373.
-        let (s, left_at) = run(fake(1300.0, 400.0), 373.0);
+        // A neighbour too weak: the client reads 900 beside it at full strength, its share is 373.
+        let (s, left_at) = run(fake(1300.0, 400.0, 912, 40), 373.0);
         assert_eq!(
-            (s.outcome, s.pause_ns, s.tries, left_at),
-            (Outcome::NeighbourTooWeak, 0, 1, 0)
+            (s.outcome, s.load, s.tries, left_at),
+            (Outcome::NeighbourTooWeak, Load::full(912), 1, Load::full(912))
         );
         let w = s.outcome.warning(s.bandwidth_gbps, 373.0).unwrap();
         assert!(w.contains("900 GB/s") && w.contains("373 GB/s"), "{w}");
         // A client below its share even beside the quietest neighbour.
-        let (s, left_at) = run(fake(300.0, 250.0), 373.0);
+        let (s, left_at) = run(fake(300.0, 250.0, 912, 40), 373.0);
+        let quietest = Load {
+            blocks: 1,
+            pause_ns: MAX_PAUSE_NS,
+        };
         assert_eq!(
-            (s.outcome, s.pause_ns, left_at),
-            (Outcome::ClientBelowShare, MAX_PAUSE_NS, MAX_PAUSE_NS)
+            (s.outcome, s.load, left_at),
+            (Outcome::ClientBelowShare, quietest, quietest)
         );
         assert!(s
             .outcome
@@ -380,20 +474,29 @@ mod tests {
 
     #[test]
     fn a_probe_too_coarse_for_the_band_ends_not_converged_at_the_closest_setting() {
-        // The bandwidth jumps from far below the share to far above it between two pauses.
+        // The bandwidth jumps from far below the share to far above it, on either knob.
         let step = Fake {
-            curve: Box::new(|p| if p < 1000 { 100.0 } else { 900.0 }),
-            pause: 0,
+            curve: Box::new(|l: Load| {
+                if l.blocks > 8 && l.pause_ns < 1000 {
+                    100.0
+                } else {
+                    900.0
+                }
+            }),
+            max_blocks: 64,
+            load: Load::full(64),
         };
         let (s, left_at) = run(step, 500.0);
         assert_eq!(s.outcome, Outcome::NotConverged);
-        assert_eq!(s.tries, 2 + STEPS);
+        // Both bounds; blocks 6, 20, 11, 8 and 9 (between 0 and 64 on a log scale); every pause.
+        assert_eq!(s.tries, 2 + 5 + PAUSE_STEPS, "{s:?}");
+        assert_eq!(s.load.blocks, 64, "the closest reading was the first: {s:?}");
         assert!(s
             .outcome
             .warning(s.bandwidth_gbps, 500.0)
             .unwrap()
             .contains("did not settle"));
-        assert_eq!(left_at, s.pause_ns);
+        assert_eq!(left_at, s.load);
     }
 
     #[test]
@@ -409,6 +512,7 @@ mod tests {
         let entry = |pause, token: Option<&str>| Entry {
             key: key.clone(),
             gpu_bandwidth_gbps: 2983.0,
+            blocks: Some(40),
             pause_ns: pause,
             outcome: Outcome::Reached,
             bandwidth_gbps: 370.0,
@@ -430,6 +534,17 @@ mod tests {
         assert_eq!(cache.entries().len(), 2);
         let got = cache.get(&key).unwrap();
         assert_eq!(got.pause_ns, 120);
+        assert_eq!(
+            got.load(560),
+            Load {
+                blocks: 40,
+                pause_ns: 120
+            }
+        );
+        // An entry from before the blocks were a knob streamed with every block.
+        let old = r#"[{"gpu_uuid":"GPU-1","driver":"d","share":"1g.10gb","gpu_bandwidth_gbps":2983.0,"pause_ns":0,"outcome":"reached","bandwidth_gbps":370.0,"calibrated_at":"x"}]"#;
+        let old: Vec<Entry> = serde_json::from_str(old).unwrap();
+        assert_eq!(old[0].load(912), Load::full(912));
         assert_eq!(cache.gpu_bandwidth("GPU-1", "580.159.04", None), Some(2983.0));
         assert_eq!(cache.gpu_bandwidth("GPU-1", "590.0", None), None);
         // Under --recalibrate only this command's own entries stand.

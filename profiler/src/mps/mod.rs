@@ -9,6 +9,7 @@
 pub mod calibration;
 pub mod client;
 pub mod daemon;
+pub mod group;
 pub mod neighbour;
 pub mod partition;
 pub mod processes;
@@ -24,7 +25,7 @@ pub use share::{Share, ShareSpec};
 
 /// Which bound of an emulated slice to plan with, and why: said by `compare`, the report and
 /// `capacity` wherever both bounds appear.
-pub const PLAN_WITH: &str = "An emulated slice is a range. Alone (mps:) it reaches all of the GPU's memory bandwidth and L2, more than a real slice owns: the upper bound. Memory-partitioned (mps-mem:) a neighbour holds its bandwidth to the profile's share but also evicts the L2 a real slice keeps to itself: the lower bound. The real slice lies between: plan with the memory-partitioned bound, since a plan from the upper bound under-provisions.";
+pub const PLAN_WITH: &str = "An emulated slice is a range. Alone (mps:) it reaches all of the GPU's memory bandwidth and L2, more than a real slice owns: the upper bound. Memory-partitioned (mps-mem:) a neighbour on the other SMs takes the bandwidth the profile does not own, as far as it can (where it cannot, the rows say how far the client stayed above its share), and also evicts the L2 a real slice keeps to itself: the lower bound. The real slice lies between: plan with the memory-partitioned bound, since a plan from the upper bound under-provisions.";
 
 /// Whether an emulated slice has the GPU's memory system to itself or a partitioned share of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -7,8 +7,9 @@
 //!
 //! | asked | answered |
 //! |---|---|
-//! | (at start) | `ready` |
-//! | `pause <ns>` | `ok`: from its next launch on it streams with that pause between bursts |
+//! | (at start) | `ready <blocks>`: the most blocks it streams with |
+//! | `load <blocks> <ns>` | `ok`: from its next launch on it streams with that many blocks, each pausing that long between bursts |
+//! | `avoid <id>,<id>,…` | `ok <blocks>`: from its next launch on, its blocks that land on those SMs end at once, and it streams with at most that many blocks (eight per SM left to it) |
 //! | `sms` | `sms <id>,<id>,…`: the SMs its last launch ran on |
 //! | `bandwidth` | `bandwidth <GB/s>`: a copy probe on its own SMs (the GPU's, when it holds them all) |
 //! | `quit`, or its stdin closing | it exits |
@@ -25,6 +26,8 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use super::calibration::Load;
+
 /// How long the neighbour may take to start (a CUDA context under MPS, NVRTC) and to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -34,12 +37,13 @@ pub struct NeighbourProcess {
     child: Child,
     stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<String>,
+    max_blocks: u32,
 }
 
 impl NeighbourProcess {
-    /// Starts `exe memory-neighbour` as a client of the daemon at `pipe_dir` on `gpu_uuid`, with
-    /// `percent` of the GPU's SMs (`sms` of them: its grid is sized by them), and waits until it is
-    /// ready.
+    /// Starts `exe memory-neighbour` as a client of the daemon at `pipe_dir` on `gpu_uuid`, held by
+    /// MPS to `percent` of the GPU's SMs (100: any of them), its grid sized for `sms` SMs, and waits
+    /// until it is ready.
     pub fn start(exe: &Path, gpu_uuid: &str, pipe_dir: &Path, percent: u32, sms: u32) -> Result<NeighbourProcess> {
         let mut cmd = Command::new(exe);
         cmd.arg("memory-neighbour")
@@ -76,11 +80,14 @@ impl NeighbourProcess {
             stdin: child.stdin.take(),
             child,
             lines,
+            max_blocks: 0,
         };
         let first = neighbour.answer(START_TIMEOUT)?;
-        if first != "ready" {
-            bail!("the memory-system neighbour did not start: {first}")
-        }
+        neighbour.max_blocks = first
+            .strip_prefix("ready ")
+            .and_then(|b| b.trim().parse().ok())
+            .filter(|&b| b > 0)
+            .ok_or_else(|| anyhow!("the memory-system neighbour did not start: {first}"))?;
         Ok(neighbour)
     }
 
@@ -163,9 +170,27 @@ impl NeighbourProcess {
     }
 }
 
+impl NeighbourProcess {
+    /// Keeps its streaming off `sms`: the client's.
+    pub fn avoid(&mut self, sms: &std::collections::BTreeSet<u32>) -> Result<()> {
+        let list: Vec<String> = sms.iter().map(u32::to_string).collect();
+        let blocks = self.ask(&format!("avoid {}", list.join(",")), "ok")?;
+        self.max_blocks = blocks
+            .parse()
+            .ok()
+            .filter(|&b| b > 0)
+            .ok_or_else(|| anyhow!("the memory-system neighbour answered `ok {blocks}` to avoid"))?;
+        Ok(())
+    }
+}
+
 impl super::calibration::Neighbour for NeighbourProcess {
-    fn set_pause(&mut self, pause_ns: u32) -> Result<()> {
-        self.ask(&format!("pause {pause_ns}"), "ok").map(|_| ())
+    fn max_blocks(&self) -> u32 {
+        self.max_blocks
+    }
+    fn set_load(&mut self, load: Load) -> Result<()> {
+        self.ask(&format!("load {} {}", load.blocks, load.pause_ns), "ok")
+            .map(|_| ())
     }
 }
 
@@ -175,6 +200,15 @@ impl super::partition::PartitionNeighbour for NeighbourProcess {
     }
     fn pid(&self) -> Option<u32> {
         Some(NeighbourProcess::pid(self))
+    }
+    fn copy_gbps(&mut self) -> Result<f64> {
+        self.bandwidth_gbps()
+    }
+    fn avoid(&mut self, sms: &std::collections::BTreeSet<u32>) -> Result<()> {
+        NeighbourProcess::avoid(self, sms)
+    }
+    fn stop(self) -> Result<()> {
+        NeighbourProcess::stop(self)
     }
 }
 
@@ -190,13 +224,21 @@ pub struct Spawner {
 impl super::partition::Neighbours for Spawner {
     type Running = NeighbourProcess;
 
-    fn start(&mut self, percent: u32) -> Result<NeighbourProcess> {
+    fn start(&mut self) -> Result<NeighbourProcess> {
+        // Under no MPS limit: a limited client's SMs overlap the other client's (measured on an
+        // H100: a 54 % neighbour of a 3g ran on 70 SMs, 60 of them the client's), and keeping off
+        // the client's left it 2 to 10 SMs to stream on. Its grid has blocks for every SM, so that
+        // the SMs it keeps get their full count when those on the client's SMs end.
+        NeighbourProcess::start(&self.exe, &self.gpu_uuid, &self.pipe_dir, 100, self.gpu_sms)
+    }
+
+    fn start_confined(&mut self, percent: u32) -> Result<NeighbourProcess> {
         let sms = self.gpu_sms * percent / 100;
         NeighbourProcess::start(&self.exe, &self.gpu_uuid, &self.pipe_dir, percent, sms)
     }
 
     fn gpu_bandwidth_gbps(&mut self) -> Result<f64> {
-        let mut whole = self.start(100)?;
+        let mut whole = self.start_confined(100)?;
         let gbps = whole.bandwidth_gbps()?;
         whole.stop()?;
         Ok(gbps)
@@ -226,7 +268,8 @@ fn lines_of(input: impl BufRead + Send + 'static) -> mpsc::Receiver<String> {
 /// A request to the neighbour.
 #[derive(Debug, Clone, PartialEq)]
 enum Request {
-    Pause(u32),
+    Load(Load),
+    Avoid(Vec<u32>),
     Sms,
     Bandwidth,
     Quit,
@@ -235,20 +278,39 @@ enum Request {
 impl Request {
     fn parse(line: &str) -> Result<Request> {
         let mut words = line.split_whitespace();
-        Ok(match (words.next(), words.next()) {
-            (Some("pause"), Some(ns)) => Request::Pause(ns.parse().map_err(|_| anyhow!("`{line}`: pause in ns"))?),
-            (Some("sms"), None) => Request::Sms,
-            (Some("bandwidth"), None) => Request::Bandwidth,
-            (Some("quit"), None) => Request::Quit,
-            _ => bail!("`{line}`: expected pause <ns>, sms, bandwidth or quit"),
+        let number = |w: Option<&str>, what: &str| -> Result<u32> {
+            w.and_then(|w| w.parse().ok())
+                .ok_or_else(|| anyhow!("`{line}`: expected load <blocks> <pause ns>, {what} a whole number"))
+        };
+        Ok(match (words.next(), words.next(), words.next(), words.next()) {
+            (Some("load"), blocks, ns, None) => Request::Load(Load {
+                blocks: number(blocks, "blocks")?,
+                pause_ns: number(ns, "pause")?,
+            }),
+            (Some("avoid"), ids, None, ..) => Request::Avoid(
+                ids.unwrap_or("")
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s.parse().map_err(|_| anyhow!("`{line}`: expected avoid <id>,<id>,…")))
+                    .collect::<Result<_>>()?,
+            ),
+            (Some("sms"), None, ..) => Request::Sms,
+            (Some("bandwidth"), None, ..) => Request::Bandwidth,
+            (Some("quit"), None, ..) => Request::Quit,
+            _ => bail!("`{line}`: expected load <blocks> <pause ns>, avoid <id>,<id>,…, sms, bandwidth or quit"),
         })
     }
 }
 
 /// What the neighbour does on its GPU, behind a trait so that the protocol is tested without one.
 pub trait Streamer {
-    /// Launches one round of streaming with `pause_ns` between bursts and waits for it.
-    fn stream(&mut self, pause_ns: u32) -> Result<()>;
+    /// The most blocks it streams with.
+    fn max_blocks(&self) -> u32;
+    /// Launches one round of streaming at `load` and waits for it.
+    fn stream(&mut self, load: Load) -> Result<()>;
+    /// Keeps its streaming off the SMs `ids` from its next launch on; [`Streamer::max_blocks`] then
+    /// counts only the SMs left to it.
+    fn avoid(&mut self, ids: &[u32]) -> Result<()>;
     fn sms(&mut self) -> Result<Vec<u32>>;
     fn bandwidth_gbps(&mut self) -> Result<f64>;
 }
@@ -257,11 +319,11 @@ pub trait Streamer {
 /// streaming between them once paused; answers on `out`.
 pub fn serve(input: impl BufRead + Send + 'static, out: &mut dyn Write, streamer: &mut dyn Streamer) -> Result<()> {
     let requests = lines_of(input);
-    writeln!(out, "ready")?;
+    writeln!(out, "ready {}", streamer.max_blocks())?;
     out.flush()?;
-    let mut pause: Option<u32> = None;
+    let mut load: Option<Load> = None;
     loop {
-        let line = match pause {
+        let line = match load {
             Some(_) => match requests.try_recv() {
                 Ok(line) => Some(line),
                 Err(mpsc::TryRecvError::Empty) => None,
@@ -275,12 +337,18 @@ pub fn serve(input: impl BufRead + Send + 'static, out: &mut dyn Write, streamer
         if let Some(line) = line {
             let answer = match Request::parse(&line) {
                 Ok(Request::Quit) => return Ok(()),
-                Ok(Request::Pause(ns)) => {
-                    pause = Some(ns);
+                Ok(Request::Load(l)) if !(1..=streamer.max_blocks()).contains(&l.blocks) => Err(anyhow!(
+                    "`{line}`: {} blocks, where it streams with 1 to {}",
+                    l.blocks,
+                    streamer.max_blocks()
+                )),
+                Ok(Request::Load(l)) => {
+                    load = Some(l);
                     // One launch at the new setting has run when the client hears `ok`, and the
                     // next follows at once.
-                    streamer.stream(ns).map(|_| "ok".to_string())
+                    streamer.stream(l).map(|_| "ok".to_string())
                 }
+                Ok(Request::Avoid(ids)) => streamer.avoid(&ids).map(|_| format!("ok {}", streamer.max_blocks())),
                 Ok(Request::Sms) => streamer
                     .sms()
                     .map(|ids| format!("sms {}", ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))),
@@ -294,8 +362,8 @@ pub fn serve(input: impl BufRead + Send + 'static, out: &mut dyn Write, streamer
             out.flush()?;
             continue;
         }
-        if let Some(ns) = pause {
-            if let Err(e) = streamer.stream(ns) {
+        if let Some(l) = load {
+            if let Err(e) = streamer.stream(l) {
                 writeln!(out, "error {e:#}")?;
                 return Err(e);
             }
@@ -322,27 +390,30 @@ mod gpu {
     use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
     const SOURCE: &str = r#"
-// Streams `passes` times through `src` into `dst` with evict-first loads and stores, eight loads in
-// flight per thread, pausing `pause_ns` after each burst; each block first notes the SM it runs on.
+// Each block streams `bursts` chunks of 8 x 256 float4 (32 KiB) from `src` into `dst`, with
+// evict-first loads and stores, eight loads in flight per thread, pausing `pause_ns` after each
+// chunk. Chunks follow on from `first` round the buffer of `chunks`, so that a launch of few blocks
+// moves on rather than reading what an earlier one left in the L2. Each block first notes its SM;
+// one that lands on an SM `avoid` marks (the client's) ends at once, leaving the SM to the client.
 extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, float4* __restrict__ dst,
-                                             unsigned long long n, unsigned int passes, unsigned int pause_ns,
-                                             unsigned int* sm_of_block) {
-    if (threadIdx.x == 0) {
-        unsigned int smid;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-        sm_of_block[blockIdx.x] = smid;
-    }
-    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    for (unsigned int p = 0; p < passes; p++) {
-        unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
-        for (; i + 7 * stride < n; i += 8 * stride) {
-            float4 v[8];
-            #pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = __ldcs(src + i + k * stride);
-            #pragma unroll
-            for (int k = 0; k < 8; k++) __stcs(dst + i + k * stride, v[k]);
-            if (pause_ns) __nanosleep(pause_ns);
-        }
+                                             unsigned long long chunks, unsigned long long first,
+                                             unsigned int bursts, unsigned int pause_ns,
+                                             unsigned int* sm_of_block, const unsigned char* __restrict__ avoid) {
+    unsigned int smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    bool away = avoid[smid & 255];
+    if (threadIdx.x == 0) sm_of_block[blockIdx.x] = away ? 0xffffffffu : smid;
+    if (away) return;
+    for (unsigned int b = 0; b < bursts; b++) {
+        unsigned long long chunk = (first + (unsigned long long)b * gridDim.x + blockIdx.x) % chunks;
+        const float4* from = src + chunk * 2048 + threadIdx.x;
+        float4* to = dst + chunk * 2048 + threadIdx.x;
+        float4 v[8];
+        #pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = __ldcs(from + k * 256);
+        #pragma unroll
+        for (int k = 0; k < 8; k++) __stcs(to + k * 256, v[k]);
+        if (pause_ns) __nanosleep(pause_ns);
     }
 }
 "#;
@@ -350,14 +421,18 @@ extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, flo
     const MIB: usize = 1 << 20;
     /// Each way: far past any L2.
     const BYTES: usize = 256 * MIB;
-    /// Passes per launch: a couple of milliseconds at full rate, so that the gaps between launches
-    /// (when requests are read) are a per cent of the time.
-    const PASSES: u32 = 8;
+    /// A chunk: eight float4 for each of a block's threads.
+    const CHUNK_BYTES: usize = 8 * THREADS as usize * 16;
+    /// Chunks each block streams per launch: about 3 ms with every block at full rate on an H100,
+    /// 8 ms for one block at the longest pause, so that the gaps between launches (when requests
+    /// are read) are a per cent of the time and a request waits a few milliseconds at most.
+    const BURSTS: u32 = 128;
     /// Eight blocks of 256 threads per SM of its share (every warp slot), eight loads in flight each:
     /// twice the loads per SM of the client's copy probe. Measured on an H100 with four blocks per SM
     /// and four loads: the client of a 2g kept 1.0–1.6 times its share beside a neighbour that never
     /// paused, a 1g up to 1.17 times; with eight blocks and four loads the 2g reached its share and
     /// the 1g still read up to 1.19 times it; fewer, larger blocks left the neighbour weaker still.
+    /// The calibration streams with fewer blocks where the share asks for less.
     const BLOCKS_PER_SM: u32 = 8;
     const THREADS: u32 = 256;
 
@@ -368,7 +443,15 @@ extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, flo
         src: CudaSlice<u8>,
         dst: CudaSlice<u8>,
         sm_of_block: CudaSlice<u32>,
-        blocks: u32,
+        /// One byte per SM id: 1 where its blocks end at once.
+        avoid: CudaSlice<u8>,
+        /// The SMs it was sized for, and how many of them it keeps off.
+        sms: u32,
+        avoided: u32,
+        /// Blocks of the last launch: the SMs noted by the first that many.
+        launched: u32,
+        /// The chunk the next launch starts at.
+        next_chunk: u64,
     }
 
     impl GpuStreamer {
@@ -387,12 +470,16 @@ extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, flo
                 .into_cuda_function();
             // Sized by the client's count of the neighbour's SMs: what CUDA reports under an MPS share
             // is not the count to trust.
-            let blocks = sms.max(1) * BLOCKS_PER_SM;
+            let max_blocks = sms.max(1) * BLOCKS_PER_SM;
             Ok(GpuStreamer {
                 src: cuda.alloc_zeros::<u8>(BYTES)?,
                 dst: cuda.alloc_zeros::<u8>(BYTES)?,
-                sm_of_block: cuda.alloc_zeros::<u32>(blocks as usize)?,
-                blocks,
+                sm_of_block: cuda.alloc_zeros::<u32>(max_blocks as usize)?,
+                avoid: cuda.alloc_zeros::<u8>(256)?,
+                sms: sms.max(1),
+                avoided: 0,
+                launched: 0,
+                next_chunk: 0,
                 func,
                 stream: cuda.cuda_stream(),
                 device,
@@ -401,36 +488,64 @@ extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, flo
     }
 
     impl super::Streamer for GpuStreamer {
-        fn stream(&mut self, pause_ns: u32) -> Result<()> {
-            let n = (BYTES / 16) as u64;
+        /// Eight per SM left to it: a grid larger than fits at once on those SMs runs a second
+        /// wave of a few blocks, streaming weakly for as long as the first.
+        fn max_blocks(&self) -> u32 {
+            self.sms.saturating_sub(self.avoided).max(1) * BLOCKS_PER_SM
+        }
+
+        fn stream(&mut self, load: super::Load) -> Result<()> {
+            let blocks = load.blocks.clamp(1, self.max_blocks());
+            let chunks = (BYTES / CHUNK_BYTES) as u64;
+            let first = self.next_chunk;
             let mut args = self.stream.launch_builder(&self.func);
             args.arg(&self.src)
                 .arg(&mut self.dst)
-                .arg(&n)
-                .arg(&PASSES)
-                .arg(&pause_ns)
-                .arg(&mut self.sm_of_block);
+                .arg(&chunks)
+                .arg(&first)
+                .arg(&BURSTS)
+                .arg(&load.pause_ns)
+                .arg(&mut self.sm_of_block)
+                .arg(&self.avoid);
             let cfg = LaunchConfig {
-                grid_dim: (self.blocks, 1, 1),
+                grid_dim: (blocks, 1, 1),
                 block_dim: (THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: (const float4*, float4*, n, passes, pause, unsigned int*): both buffers hold n
-            // float4 and sm_of_block one entry per block.
+            // SAFETY: (const float4*, float4*, chunks, first, bursts, pause, unsigned int*, const
+            // unsigned char*): both buffers hold `chunks` chunks of 2,048 float4 (indices are taken
+            // modulo `chunks`), sm_of_block one entry for each of at most max_blocks blocks, and
+            // avoid 256 bytes (read at an SM id masked to 0..255).
             unsafe { args.launch(cfg) }.map_err(|e| anyhow!("launching the neighbour: {e:?}"))?;
             self.device.synchronize()?;
+            self.launched = blocks;
+            self.next_chunk = (first + u64::from(blocks) * u64::from(BURSTS)) % chunks;
+            Ok(())
+        }
+
+        fn avoid(&mut self, ids: &[u32]) -> Result<()> {
+            let mut mask = vec![0u8; 256];
+            for &id in ids {
+                mask[(id & 255) as usize] = 1;
+            }
+            self.device.as_cuda_device()?.memcpy_htod(&mask, &mut self.avoid)?;
+            self.avoided = mask.iter().map(|&m| u32::from(m)).sum();
             Ok(())
         }
 
         fn sms(&mut self) -> Result<Vec<u32>> {
             let ids = self.device.as_cuda_device()?.clone_dtoh(&self.sm_of_block)?;
-            let set: std::collections::BTreeSet<u32> = ids.into_iter().collect();
+            let set: std::collections::BTreeSet<u32> = ids
+                .into_iter()
+                .take(self.launched as usize)
+                .filter(|&id| id != u32::MAX)
+                .collect();
             Ok(set.into_iter().collect())
         }
 
         fn bandwidth_gbps(&mut self) -> Result<f64> {
-            let mut probe = crate::gpu::memory_system::Probe::new(&self.device, self.blocks / BLOCKS_PER_SM)?;
-            probe.bandwidth_gbps()
+            let mut probe = crate::gpu::memory_system::Probe::new(&self.device, self.sms)?;
+            probe.bandwidth_over_gbps(crate::mps::partition::PROBE_WINDOW_MS)
         }
     }
 }
@@ -439,15 +554,23 @@ extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, flo
 mod tests {
     use super::*;
 
-    /// A streamer that records what it was asked.
+    /// A streamer of 912 blocks that records what it was asked.
     #[derive(Default)]
     struct Recording {
-        streamed: Vec<u32>,
+        streamed: Vec<Load>,
+        avoided: Vec<u32>,
     }
 
     impl Streamer for Recording {
-        fn stream(&mut self, pause_ns: u32) -> Result<()> {
-            self.streamed.push(pause_ns);
+        fn max_blocks(&self) -> u32 {
+            912
+        }
+        fn stream(&mut self, load: Load) -> Result<()> {
+            self.streamed.push(load);
+            Ok(())
+        }
+        fn avoid(&mut self, ids: &[u32]) -> Result<()> {
+            self.avoided = ids.to_vec();
             Ok(())
         }
         fn sms(&mut self) -> Result<Vec<u32>> {
@@ -459,25 +582,47 @@ mod tests {
     }
 
     #[test]
-    fn serves_the_protocol_and_streams_only_once_paused() {
-        let input = std::io::Cursor::new("bandwidth\npause 400\nsms\nnonsense\npause x\nquit\npause 1\n");
+    fn serves_the_protocol_and_streams_only_once_set() {
+        let input = std::io::Cursor::new(
+            "bandwidth\nload 40 400\nsms\nnonsense\nload 40 x\nload 913 0\nload 0 0\navoid 0,1,17\navoid x\nquit\nload 1 1\n",
+        );
         let mut out = Vec::new();
         let mut s = Recording::default();
         serve(input, &mut out, &mut s).unwrap();
         let text = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines[..4], ["ready", "bandwidth 2983.0", "ok", "sms 16,17,131"]);
-        assert!(lines[4].starts_with("error `nonsense`: expected pause"), "{}", lines[4]);
-        assert!(lines[5].contains("pause in ns"), "{}", lines[5]);
-        assert_eq!(lines.len(), 6, "nothing after quit: {text}");
-        assert_eq!(s.streamed.first(), Some(&400));
-        assert!(s.streamed.iter().all(|&p| p == 400), "never the request after quit");
+        assert_eq!(lines[..4], ["ready 912", "bandwidth 2983.0", "ok", "sms 16,17,131"]);
+        assert!(
+            lines[4].starts_with("error `nonsense`: expected load <blocks> <pause ns>"),
+            "{}",
+            lines[4]
+        );
+        assert!(lines[5].contains("pause a whole number"), "{}", lines[5]);
+        assert!(
+            lines[6].contains("913 blocks, where it streams with 1 to 912"),
+            "{}",
+            lines[6]
+        );
+        assert!(lines[7].contains("0 blocks"), "{}", lines[7]);
+        assert_eq!(lines[8], "ok 912");
+        assert!(lines[9].contains("expected avoid <id>,<id>"), "{}", lines[9]);
+        assert_eq!(lines.len(), 10, "nothing after quit: {text}");
+        assert_eq!(s.avoided, [0, 1, 17]);
+        let asked = Load {
+            blocks: 40,
+            pause_ns: 400,
+        };
+        assert_eq!(s.streamed.first(), Some(&asked));
+        assert!(
+            s.streamed.iter().all(|&l| l == asked),
+            "never a refused load, nor one after quit"
+        );
     }
 
     #[test]
     fn a_closed_input_ends_it() {
         let mut out = Vec::new();
         serve(std::io::Cursor::new(""), &mut out, &mut Recording::default()).unwrap();
-        assert_eq!(String::from_utf8(out).unwrap(), "ready\n");
+        assert_eq!(String::from_utf8(out).unwrap(), "ready 912\n");
     }
 }

@@ -20,10 +20,13 @@ use std::collections::BTreeSet;
 
 use anyhow::Result;
 
-use super::calibration::{self, BandwidthProbe, Cache, Entry, Key, Neighbour, Outcome};
+use super::calibration::{self, BandwidthProbe, Cache, Entry, Key, Load, Neighbour, Outcome};
 
 /// The compute probe may slow by at most this share beside the neighbour.
 pub const COMPUTE_TOLERANCE: f64 = 0.03;
+/// How long each of a client's bandwidth readings beside a neighbour lasts, ms: many of the
+/// neighbour's launches, each of which MPS places on the SMs anew.
+pub const PROBE_WINDOW_MS: f64 = 40.0;
 
 /// What a row records of a memory-partitioned slice.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,13 +35,14 @@ pub struct Partition {
     pub gpu_bandwidth_gbps: f64,
     /// The bandwidth the slice should read: its memory fraction of the GPU's, GB/s.
     pub share_gbps: f64,
-    /// The client's copy bandwidth alone, before the neighbour started, GB/s.
-    pub alone_bandwidth_gbps: f64,
+    /// The client's copy bandwidth alone, before the neighbour started, GB/s; `None` for a member
+    /// of a group, whose neighbour was streaming before it started.
+    pub alone_bandwidth_gbps: Option<f64>,
     /// The client's copy bandwidth beside the neighbour once everything else was measured, GB/s
     /// (alone where there is no neighbour).
     pub bandwidth_gbps: f64,
-    /// The neighbour's pause between bursts, ns; `None` without a neighbour.
-    pub pause_ns: Option<u32>,
+    /// How hard the neighbour streams; `None` without a neighbour.
+    pub load: Option<Load>,
     pub outcome: Outcome,
     /// The setting came from the cache (and was checked by one probe).
     pub cached: bool,
@@ -84,16 +88,29 @@ pub trait ClientProbe: BandwidthProbe {
     fn sms(&mut self) -> Result<BTreeSet<u32>>;
 }
 
-/// A neighbour as the partition needs it: settable, and able to say where it ran.
+/// A neighbour as the partition needs it: settable, able to say where it ran and to probe the
+/// bandwidth of its own SMs (a group's stand-in for its members is a neighbour asked only that).
 pub trait PartitionNeighbour: Neighbour {
     fn sms(&mut self) -> Result<BTreeSet<u32>>;
     fn pid(&self) -> Option<u32>;
+    /// A copy probe on its SMs, GB/s.
+    fn copy_gbps(&mut self) -> Result<f64>;
+    /// Keeps its streaming off `sms` (the client's).
+    fn avoid(&mut self, sms: &BTreeSet<u32>) -> Result<()>;
+    /// Stops it and waits for it to go.
+    fn stop(self) -> Result<()>
+    where
+        Self: Sized;
 }
 
 /// Starts neighbours: with a share of the SMs for streaming, or with every SM to measure the GPU.
 pub trait Neighbours {
     type Running: PartitionNeighbour;
-    fn start(&mut self, percent: u32) -> Result<Self::Running>;
+    /// A neighbour whose blocks MPS may place on any SM: it keeps off the client's SMs itself
+    /// ([`PartitionNeighbour::avoid`]).
+    fn start(&mut self) -> Result<Self::Running>;
+    /// A process held to `percent` of the SMs by MPS, as a client is.
+    fn start_confined(&mut self, percent: u32) -> Result<Self::Running>;
     /// The GPU's copy bandwidth with every SM, GB/s.
     fn gpu_bandwidth_gbps(&mut self) -> Result<f64>;
 }
@@ -104,6 +121,28 @@ pub struct Calibrations<'a> {
     pub key: Key,
     /// `--recalibrate`'s token, if asked.
     pub recalibrate: Option<String>,
+}
+
+impl Calibrations<'_> {
+    /// The cached setting of this key that `--recalibrate` lets stand, if any, and the GPU's copy
+    /// bandwidth: that entry's, else another share's on the same GPU and driver, else measured by a
+    /// neighbour given every SM.
+    pub fn cached<N: Neighbours>(&self, neighbours: &mut N) -> Result<(Option<Entry>, f64)> {
+        let recalibrate = self.recalibrate.as_deref();
+        let own = self
+            .cache
+            .get(&self.key)
+            .filter(|e| calibration::trusted(e, recalibrate));
+        let known = own.as_ref().map(|e| e.gpu_bandwidth_gbps).or_else(|| {
+            self.cache
+                .gpu_bandwidth(&self.key.gpu_uuid, &self.key.driver, recalibrate)
+        });
+        let gpu_bandwidth_gbps = match known {
+            Some(b) => b,
+            None => neighbours.gpu_bandwidth_gbps()?,
+        };
+        Ok((own, gpu_bandwidth_gbps))
+    }
 }
 
 /// Partitions the memory system of a client holding `percent` of the SMs and `memory_fraction` of
@@ -120,18 +159,10 @@ pub fn partition<N: Neighbours>(
 ) -> Result<(Partition, Option<N::Running>)> {
     let compute_alone = compute_ms(probe)?;
     let alone_bandwidth_gbps = probe.bandwidth_gbps()?;
-    let recalibrate = calibrations.recalibrate.as_deref();
-    let own = calibrations
-        .cache
-        .get(&calibrations.key)
-        .filter(|e| calibration::trusted(e, recalibrate));
-    let gpu_bandwidth_gbps = match own.as_ref().map(|e| e.gpu_bandwidth_gbps).or_else(|| {
-        let k = &calibrations.key;
-        calibrations.cache.gpu_bandwidth(&k.gpu_uuid, &k.driver, recalibrate)
-    }) {
-        Some(b) => b,
-        None => neighbours.gpu_bandwidth_gbps()?,
-    };
+    // MPS places either process's blocks on any SM; the neighbour's blocks that land on the SMs the
+    // client ran on alone end at once, so that the client finds them free.
+    let client_alone_sms = probe.sms()?;
+    let (own, gpu_bandwidth_gbps) = calibrations.cached(neighbours)?;
     let share_gbps = memory_fraction * gpu_bandwidth_gbps;
     if percent >= 100 {
         let (sm_clock_mhz, throttle_reasons) = clocks();
@@ -139,9 +170,9 @@ pub fn partition<N: Neighbours>(
             Partition {
                 gpu_bandwidth_gbps,
                 share_gbps,
-                alone_bandwidth_gbps,
+                alone_bandwidth_gbps: Some(alone_bandwidth_gbps),
                 bandwidth_gbps: alone_bandwidth_gbps,
-                pause_ns: None,
+                load: None,
                 outcome: Outcome::NoSpareSms,
                 cached: false,
                 neighbour_sms: None,
@@ -154,7 +185,8 @@ pub fn partition<N: Neighbours>(
             None,
         ));
     }
-    let mut neighbour = neighbours.start(100 - percent)?;
+    let mut neighbour = neighbours.start()?;
+    neighbour.avoid(&client_alone_sms)?;
     let mut setting = match &own {
         Some(entry) => still_holds(entry, &mut neighbour, probe, share_gbps, log)?,
         None => None,
@@ -168,9 +200,8 @@ pub fn partition<N: Neighbours>(
             None => {
                 let s = calibration::calibrate(&mut neighbour, probe, share_gbps)?;
                 log(format!(
-                    "memory-system neighbour on {}% of the SMs: pause {} ns, the client reads {:.0} GB/s of a {share_gbps:.0} GB/s share ({}, {} settings tried)",
-                    100 - percent,
-                    s.pause_ns,
+                    "memory-system neighbour on the SMs the client lacks: {}, the client reads {:.0} GB/s of a {share_gbps:.0} GB/s share ({}, {} settings tried)",
+                    s.load,
                     s.bandwidth_gbps,
                     s.outcome.as_str(),
                     s.tries
@@ -197,9 +228,9 @@ pub fn partition<N: Neighbours>(
         let partition = Partition {
             gpu_bandwidth_gbps,
             share_gbps,
-            alone_bandwidth_gbps,
+            alone_bandwidth_gbps: Some(alone_bandwidth_gbps),
             bandwidth_gbps,
-            pause_ns: Some(s.pause_ns),
+            load: Some(s.load),
             outcome: if drifted { Outcome::NotConverged } else { s.outcome },
             cached: cached && attempt == 0,
             neighbour_sms: Some(neighbour_sms.len() as u32),
@@ -230,14 +261,15 @@ pub fn median_of_three(mut read: impl FnMut() -> Result<f64>) -> Result<f64> {
 
 /// The cached setting, checked by one probe: it stands when it still gives what it gave (within the
 /// band, or on the same side of it when the share was out of reach); `None` when it does not.
-fn still_holds(
+pub(super) fn still_holds(
     entry: &Entry,
-    neighbour: &mut dyn PartitionNeighbour,
-    probe: &mut dyn ClientProbe,
+    neighbour: &mut dyn Neighbour,
+    probe: &mut dyn BandwidthProbe,
     share_gbps: f64,
     log: &mut dyn FnMut(String),
 ) -> Result<Option<calibration::Setting>> {
-    neighbour.set_pause(entry.pause_ns)?;
+    let load = entry.load(neighbour.max_blocks());
+    neighbour.set_load(load)?;
     let got = probe.bandwidth_gbps()?;
     let band = (
         share_gbps * (1.0 - calibration::TOLERANCE),
@@ -251,13 +283,12 @@ fn still_holds(
     };
     if !holds {
         log(format!(
-            "the cached memory-system setting ({} ns) gave {got:.0} GB/s against a share of {share_gbps:.0} GB/s; calibrating again",
-            entry.pause_ns
+            "the cached memory-system setting ({load}) gave {got:.0} GB/s against a share of {share_gbps:.0} GB/s; calibrating again"
         ));
         return Ok(None);
     }
     Ok(Some(calibration::Setting {
-        pause_ns: entry.pause_ns,
+        load,
         bandwidth_gbps: got,
         outcome: if entry.outcome == Outcome::NotConverged {
             Outcome::Reached
@@ -269,12 +300,18 @@ fn still_holds(
 }
 
 /// Keeps a calibration in the cache; a cache that cannot be written is said, never fatal.
-fn keep(calibrations: &Calibrations, gpu_bandwidth_gbps: f64, s: &calibration::Setting, log: &mut dyn FnMut(String)) {
+pub(super) fn keep(
+    calibrations: &Calibrations,
+    gpu_bandwidth_gbps: f64,
+    s: &calibration::Setting,
+    log: &mut dyn FnMut(String),
+) {
     let cache = calibrations.cache;
     if let Err(e) = cache.put(Entry {
         key: calibrations.key.clone(),
         gpu_bandwidth_gbps,
-        pause_ns: s.pause_ns,
+        blocks: Some(s.load.blocks),
+        pause_ns: s.load.pause_ns,
         outcome: s.outcome,
         bandwidth_gbps: s.bandwidth_gbps,
         calibrated_at: crate::provenance::now().to_rfc3339(),
@@ -294,13 +331,14 @@ mod tests {
     use std::rc::Rc;
 
     /// One GPU shared by the fake client and neighbours: the client reads `alone` less what a
-    /// streaming neighbour takes (`take / (1 + pause / 200 ns)`); its compute probe slows by
-    /// `overlap_slowdown` when both run.
+    /// streaming neighbour of 696 blocks takes (`take` with 64 blocks or more, in proportion below,
+    /// divided by `1 + pause / 200 ns`); its compute probe slows by `overlap_slowdown` when both run.
     struct Gpu {
         alone: f64,
         take: f64,
-        pause: Option<u32>,
-        started: Vec<u32>,
+        load: Option<Load>,
+        started: usize,
+        avoided: BTreeSet<u32>,
         gpu_probes: usize,
         overlap_slowdown: f64,
     }
@@ -314,8 +352,10 @@ mod tests {
     impl BandwidthProbe for Client {
         fn bandwidth_gbps(&mut self) -> Result<f64> {
             let g = self.0.borrow();
-            Ok(match g.pause {
-                Some(p) => g.alone - g.take / (1.0 + f64::from(p) / 200.0),
+            Ok(match g.load {
+                Some(l) => {
+                    g.alone - g.take * f64::from(l.blocks.min(64)) / 64.0 / (1.0 + f64::from(l.pause_ns) / 200.0)
+                }
                 None => g.alone,
             })
         }
@@ -324,7 +364,7 @@ mod tests {
     impl ClientProbe for Client {
         fn compute_ms(&mut self) -> Result<f64> {
             let g = self.0.borrow();
-            Ok(if g.pause.is_some() {
+            Ok(if g.load.is_some() {
                 2.0 * (1.0 + g.overlap_slowdown)
             } else {
                 2.0
@@ -336,8 +376,11 @@ mod tests {
     }
 
     impl Neighbour for FakeNeighbour {
-        fn set_pause(&mut self, ns: u32) -> Result<()> {
-            self.0.borrow_mut().pause = Some(ns);
+        fn max_blocks(&self) -> u32 {
+            696
+        }
+        fn set_load(&mut self, load: Load) -> Result<()> {
+            self.0.borrow_mut().load = Some(load);
             Ok(())
         }
     }
@@ -349,13 +392,26 @@ mod tests {
         fn pid(&self) -> Option<u32> {
             Some(4242)
         }
+        fn copy_gbps(&mut self) -> Result<f64> {
+            Ok(2400.0)
+        }
+        fn avoid(&mut self, sms: &BTreeSet<u32>) -> Result<()> {
+            self.0.borrow_mut().avoided = sms.clone();
+            Ok(())
+        }
+        fn stop(self) -> Result<()> {
+            Ok(())
+        }
     }
 
     impl Neighbours for Starter {
         type Running = FakeNeighbour;
-        fn start(&mut self, percent: u32) -> Result<FakeNeighbour> {
-            self.0.borrow_mut().started.push(percent);
+        fn start(&mut self) -> Result<FakeNeighbour> {
+            self.0.borrow_mut().started += 1;
             Ok(FakeNeighbour(self.0.clone()))
+        }
+        fn start_confined(&mut self, _: u32) -> Result<FakeNeighbour> {
+            unreachable!("a lone client's neighbour keeps off its SMs itself")
         }
         fn gpu_bandwidth_gbps(&mut self) -> Result<f64> {
             self.0.borrow_mut().gpu_probes += 1;
@@ -367,8 +423,9 @@ mod tests {
         Rc::new(RefCell::new(Gpu {
             alone,
             take,
-            pause: None,
-            started: Vec::new(),
+            load: None,
+            started: 0,
+            avoided: BTreeSet::new(),
             gpu_probes: 0,
             overlap_slowdown: 0.01,
         }))
@@ -415,11 +472,16 @@ mod tests {
         let cache = Cache::at(dir.path().join("c.json"));
         let g = gpu(1300.0, 1100.0);
         let (p, said) = run(&g, 13, 1.0 / 8.0, &cache, None);
-        assert_eq!(g.borrow().started, [87], "the neighbour gets the SMs the client lacks");
+        assert_eq!(g.borrow().started, 1);
+        assert_eq!(
+            g.borrow().avoided,
+            (0..16).collect(),
+            "the neighbour keeps off the client's SMs"
+        );
         assert_eq!(p.outcome, Outcome::Reached);
         assert!(!p.cached);
         assert!((p.share_gbps - 373.0).abs() < 1e-9);
-        assert_eq!(p.alone_bandwidth_gbps, 1300.0);
+        assert_eq!(p.alone_bandwidth_gbps, Some(1300.0));
         assert_eq!((p.neighbour_sms, p.shared_sms), (Some(118), Some(2)));
         assert!((p.compute_slowdown_pct.unwrap() - 1.0).abs() < 1e-9);
         assert_eq!(
@@ -429,13 +491,13 @@ mod tests {
         assert!(said[0].contains("the client reads"), "{said:?}");
         assert!(p.warnings().is_empty());
         let entry = cache.get(&key("13")).unwrap();
-        assert_eq!(entry.pause_ns, p.pause_ns.unwrap());
+        assert_eq!(Some(entry.load(696)), p.load);
 
         // The next client takes the cached setting after one probe, and the GPU's bandwidth too.
         let g2 = gpu(1300.0, 1100.0);
         let (again, said) = run(&g2, 13, 1.0 / 8.0, &cache, None);
         assert!(again.cached && said.is_empty(), "{said:?}");
-        assert_eq!((again.pause_ns, g2.borrow().gpu_probes), (p.pause_ns, 0));
+        assert_eq!((again.load, g2.borrow().gpu_probes), (p.load, 0));
 
         // A setting that no longer holds (the GPU changed under it) is calibrated again.
         let g3 = gpu(1300.0, 600.0);
@@ -466,7 +528,7 @@ mod tests {
         impl ClientProbe for Drifting {
             fn compute_ms(&mut self) -> Result<f64> {
                 // The probes after calibration: by now the neighbour takes less.
-                if self.0.borrow().pause.is_some() {
+                if self.0.borrow().load.is_some() {
                     self.0.borrow_mut().take = 900.0;
                 }
                 Client(self.0.clone()).compute_ms()
@@ -502,12 +564,9 @@ mod tests {
         let cache = Cache::at(dir.path().join("c.json"));
         let g = gpu(2450.0, 0.0);
         let (p, _) = run(&g, 100, 1.0, &cache, None);
-        assert_eq!(
-            (p.outcome, p.pause_ns, p.neighbour_pid),
-            (Outcome::NoSpareSms, None, None)
-        );
+        assert_eq!((p.outcome, p.load, p.neighbour_pid), (Outcome::NoSpareSms, None, None));
         assert_eq!(p.bandwidth_gbps, 2450.0);
-        assert!(g.borrow().started.is_empty());
+        assert_eq!(g.borrow().started, 0);
     }
 
     #[test]

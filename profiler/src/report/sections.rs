@@ -154,7 +154,7 @@ fn what_ran(rows: &[Row], everyone: &[Row], sources: &[String], targets: &[Strin
     }
     if everyone.iter().any(|r| r.s("memory_emulation") == "partitioned") {
         blocks.push(Block::Text(
-            "Memory-partitioned emulated slices (mps-mem:) ran beside a neighbour streaming on the SMs they do not have, set so that the slice read its profile's share of the memory bandwidth (calibration and measured_bandwidth_gbps in the rows); the neighbour also evicts L2 a real slice would keep, so they run below the real slice.".into(),
+            "Memory-partitioned emulated slices (mps-mem:) ran beside a neighbour streaming on the SMs they do not have, set so that the slice read its profile's share of the memory bandwidth where it could (calibration and measured_bandwidth_gbps in the rows say how close it came); the neighbour also evicts L2 a real slice would keep, so they run below the real slice.".into(),
         ));
     }
     if let Some(b) = baseline {
@@ -810,7 +810,7 @@ fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usize) -> Resu
 /// The emulated profiles measured both alone and memory-partitioned, cell by cell: each bound's
 /// throughput relative to the baseline beside the profile's shares; `None` when no profile has both.
 fn emulated_ranges(points: &[(&Row, f64, f64)]) -> Option<Block> {
-    type Bounds = (Option<f64>, Option<f64>, f64, Option<f64>);
+    type Bounds = (Option<f64>, Option<f64>, f64, Option<f64>, String);
     let mut by_cell: BTreeMap<(String, String), Bounds> = BTreeMap::new();
     for (r, share, rel) in points {
         let profile = r.s("emulated_profile");
@@ -820,7 +820,7 @@ fn emulated_ranges(points: &[(&Row, f64, f64)]) -> Option<Block> {
         let cell = format!("{} {} {}", r.s("mode"), r.s("dtype"), r.s("batch"));
         let e = by_cell
             .entry((profile.to_string(), cell))
-            .or_insert((None, None, *share, None));
+            .or_insert((None, None, *share, None, String::new()));
         match r.s("memory_emulation") {
             "partitioned" => {
                 e.1 = Some(*rel);
@@ -828,22 +828,34 @@ fn emulated_ranges(points: &[(&Row, f64, f64)]) -> Option<Block> {
                     .n("memory_share_gbps")
                     .zip(r.n("gpu_bandwidth_gbps"))
                     .map(|(s, g)| s / g);
+                // How close the neighbour held the client to its share, and the outcome where not.
+                e.4 = r
+                    .n("measured_bandwidth_gbps")
+                    .zip(r.n("memory_share_gbps"))
+                    .map(|(b, s)| match r.s("calibration") {
+                        "" | "reached" | "no_spare_sms" => format!("{:.2}", b / s),
+                        missed => format!("{:.2} ({missed})", b / s),
+                    })
+                    .unwrap_or_default();
             }
             _ => e.0 = Some(*rel),
         }
     }
     let rows: Vec<Vec<String>> = by_cell
         .into_iter()
-        .filter_map(|((profile, cell), (alone, partitioned, sm_share, memory_share))| {
-            Some(vec![
-                profile,
-                cell,
-                format!("{sm_share:.3}"),
-                memory_share.map_or("?".into(), |m| format!("{m:.3}")),
-                format!("{:.3}", alone?),
-                format!("{:.3}", partitioned?),
-            ])
-        })
+        .filter_map(
+            |((profile, cell), (alone, partitioned, sm_share, memory_share, held))| {
+                Some(vec![
+                    profile,
+                    cell,
+                    format!("{sm_share:.3}"),
+                    memory_share.map_or("?".into(), |m| format!("{m:.3}")),
+                    format!("{:.3}", alone?),
+                    format!("{:.3}", partitioned?),
+                    held,
+                ])
+            },
+        )
         .collect();
     (!rows.is_empty()).then(|| {
         table(
@@ -854,6 +866,7 @@ fn emulated_ranges(points: &[(&Row, f64, f64)]) -> Option<Block> {
                 "memory share",
                 "alone (upper bound)",
                 "memory-partitioned (lower bound)",
+                "partitioned client's bandwidth ÷ its share",
             ],
             rows,
         )
@@ -1162,6 +1175,8 @@ mod tests {
             if memory == "partitioned" {
                 r.num.insert("memory_share_gbps", 373.0);
                 r.num.insert("gpu_bandwidth_gbps", 2984.0);
+                r.num.insert("measured_bandwidth_gbps", 429.0);
+                r.text.insert("calibration", "neighbour_too_weak".into());
             }
             r
         };
@@ -1180,7 +1195,16 @@ mod tests {
         assert_eq!(tables.len(), 1);
         assert_eq!(
             tables[0][0],
-            ["1g.10gb", "infer bf16 32", "0.121", "0.125", "0.190", "0.110"].map(String::from)
+            [
+                "1g.10gb",
+                "infer bf16 32",
+                "0.121",
+                "0.125",
+                "0.190",
+                "0.110",
+                "1.15 (neighbour_too_weak)"
+            ]
+            .map(String::from)
         );
         assert!(sections[0]
             .blocks

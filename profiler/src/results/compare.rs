@@ -59,6 +59,8 @@ const DEVICE: [&str; 16] = [
     "memory_share_gbps",
     "gpu_bandwidth_gbps",
 ];
+/// What a memory-partitioned row says of its neighbour: whether it held the client to its share.
+const PARTITION: [&str; 2] = ["calibration", "measured_bandwidth_gbps"];
 /// z for a two-sided 95% interval.
 const Z95: f64 = 1.959964;
 
@@ -139,6 +141,9 @@ pub struct EmulatedRange {
     pub sm_share: Option<f64>,
     /// The bandwidth share the partitioned client was held to, over the GPU's.
     pub memory_share: Option<f64>,
+    /// Where the neighbour did not hold the partitioned client to its share: the client's bandwidth
+    /// over its share, and the calibration's outcome.
+    pub share_missed: Option<(f64, String)>,
 }
 
 /// What a comparison found.
@@ -339,12 +344,19 @@ fn emulated_range(all: &[&Row], base: &[&Row], target: &[&Row]) -> Option<Emulat
         .chain(&twins)
         .find_map(|r| number(r, "memory_share_gbps").zip(number(r, "gpu_bandwidth_gbps")))
         .map(|(s, g)| s / g);
+    let share_missed = target.iter().chain(&twins).find_map(|r| {
+        let outcome = field(r, "calibration");
+        let missed = !["", "reached", "no_spare_sms"].contains(&outcome.as_str());
+        let ratio = number(r, "measured_bandwidth_gbps").zip(number(r, "memory_share_gbps"));
+        missed.then_some(()).and(ratio).map(|(b, s)| (b / s, outcome))
+    });
     Some(EmulatedRange {
         profile,
         alone,
         partitioned,
         sm_share,
         memory_share,
+        share_missed,
     })
 }
 
@@ -393,6 +405,7 @@ fn read_rows(runs: &DataFrame, column: &str) -> Result<Vec<Row>> {
     let fields: Vec<(&'static str, Vec<Option<String>>)> = WORKLOAD
         .iter()
         .chain(DEVICE.iter())
+        .chain(PARTITION.iter())
         .map(|f| Ok((*f, text_column(runs, f)?)))
         .collect::<Result<_>>()?;
     let (tp, low, high, p50, p99) = (
@@ -580,13 +593,19 @@ impl Comparison {
         let same = self.same_fields();
         for (r, g) in &with {
             out += &format!(
-                "  {} {}: alone {} .. memory-partitioned {}; share of SMs {}, of memory {}\n",
+                "  {} {}: alone {} .. memory-partitioned {}; share of SMs {}, of memory {}{}\n",
                 g.profile,
                 self.label(r, &same),
                 share(g.alone),
                 share(g.partitioned),
                 share(g.sm_share),
-                share(g.memory_share)
+                share(g.memory_share),
+                g.share_missed
+                    .as_ref()
+                    .map(|(ratio, outcome)| format!(
+                        " (its memory-partitioned client read {ratio:.2} times its bandwidth share: {outcome})"
+                    ))
+                    .unwrap_or_default()
             );
         }
         out += &format!("{}\n", crate::mps::PLAN_WITH);
@@ -764,6 +783,8 @@ mod tests {
             "profile_sms" => number([None, Some(16.0), Some(16.0), Some(60.0)]),
             "memory_share_gbps" => number([None, None, Some(373.0), None]),
             "gpu_bandwidth_gbps" => number([None, None, Some(2984.0), None]),
+            "calibration" => [None, None, Some("neighbour_too_weak"), None].to_vec(),
+            "measured_bandwidth_gbps" => number([None, Some(1240.0), Some(429.0), None]),
             "throughput" => rows.iter().map(|r| r.5).collect::<Vec<f64>>(),
             "p50_ms" => vec![1.0; 4],
             "p99_ms" => vec![2.0; 4],
@@ -786,6 +807,11 @@ mod tests {
                 "{out}"
             );
             assert!(out.contains("plan with the memory-partitioned bound"), "{out}");
+            // A neighbour that could not hold the client to its share is said beside the range.
+            assert!(
+                out.contains("(its memory-partitioned client read 1.15 times its bandwidth share: neighbour_too_weak)"),
+                "{out}"
+            );
         }
         // Without its twin the range has one bound, and says how to get the other.
         let c = compare(&runs, &sel("target=full"), &sel("target=3g")).unwrap();

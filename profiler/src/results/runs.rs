@@ -277,10 +277,7 @@ pub(crate) fn device_columns(devices: &[&DeviceInfo]) -> Vec<Column> {
         ),
         Column::new("gpu_bandwidth_gbps".into(), partition(&|p| Some(p.gpu_bandwidth_gbps))),
         Column::new("memory_share_gbps".into(), partition(&|p| Some(p.share_gbps))),
-        Column::new(
-            "alone_bandwidth_gbps".into(),
-            partition(&|p| Some(p.alone_bandwidth_gbps)),
-        ),
+        Column::new("alone_bandwidth_gbps".into(), partition(&|p| p.alone_bandwidth_gbps)),
         Column::new(
             "calibration".into(),
             partitions
@@ -296,8 +293,12 @@ pub(crate) fn device_columns(devices: &[&DeviceInfo]) -> Vec<Column> {
                 .collect::<Vec<Option<bool>>>(),
         ),
         Column::new(
+            "neighbour_blocks".into(),
+            partition_int(&|p| p.load.map(|l| i64::from(l.blocks))),
+        ),
+        Column::new(
             "neighbour_pause_ns".into(),
-            partition_int(&|p| p.pause_ns.map(i64::from)),
+            partition_int(&|p| p.load.map(|l| i64::from(l.pause_ns))),
         ),
         Column::new(
             "neighbour_sms".into(),
@@ -974,9 +975,12 @@ print("read whole:", t.num_rows, "rows,", t.num_columns, "columns")
         let partition = crate::mps::partition::Partition {
             gpu_bandwidth_gbps: 2984.0,
             share_gbps: 373.0,
-            alone_bandwidth_gbps: 1290.0,
+            alone_bandwidth_gbps: Some(1290.0),
             bandwidth_gbps: 361.0,
-            pause_ns: Some(76),
+            load: Some(crate::mps::calibration::Load {
+                blocks: 40,
+                pause_ns: 76,
+            }),
             outcome: Outcome::Reached,
             cached: true,
             neighbour_sms: Some(114),
@@ -1006,6 +1010,7 @@ print("read whole:", t.num_rows, "rows,", t.num_columns, "columns")
         assert_eq!(number("memory_share_gbps")?, [None, None, Some(373.0)]);
         assert_eq!(number("gpu_bandwidth_gbps")?, [None, None, Some(2984.0)]);
         assert_eq!(number("alone_bandwidth_gbps")?, [None, None, Some(1290.0)]);
+        assert_eq!(number("neighbour_blocks")?, [None, None, Some(40.0)]);
         assert_eq!(number("neighbour_pause_ns")?, [None, None, Some(76.0)]);
         assert_eq!(number("neighbour_sms")?, [None, None, Some(114.0)]);
         assert_eq!(number("shared_sms")?, [None, None, Some(16.0)]);

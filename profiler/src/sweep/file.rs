@@ -345,12 +345,29 @@ impl SweepFile {
                 if !seen.insert(t.as_str()) {
                     bail!("{at}: targets: `{t}` twice; a target is one device and runs one member");
                 }
-                let device = self.targets.iter().find(|x| &x.label == t).map(|x| x.device.as_str());
-                if device.is_some_and(|d| d.starts_with("mps-mem:")) {
-                    bail!(
-                        "{at}: target `{t}` is memory-partitioned ({}): its neighbour streams on every SM the slice does not have, so it cannot share the GPU with other members; use mps: in a group",
-                        device.unwrap_or_default()
-                    );
+            }
+            // The mps-mem: members of a GPU share one memory-system neighbour on the SMs none of
+            // them has; an mps: member beside them would run on those SMs too.
+            let mut ways: std::collections::HashMap<String, (crate::mps::MemoryEmulation, &str)> =
+                std::collections::HashMap::new();
+            for t in &g.targets {
+                let device = self
+                    .targets
+                    .iter()
+                    .find(|x| &x.label == t)
+                    .map_or("", |x| x.device.as_str());
+                let Some(Ok(target)) = crate::mps::MpsTarget::parse_device(device) else {
+                    continue;
+                };
+                let gpu = target.gpu.clone().unwrap_or_else(|| "0".into());
+                match ways.get(&gpu) {
+                    Some((way, other)) if *way != target.memory => bail!(
+                        "{at}: targets `{other}` and `{t}` emulate slices of one GPU, one alone (mps:) and one memory-partitioned (mps-mem:); a group's emulated members on a GPU are all mps: or all mps-mem: (the mps-mem: members share one memory-system neighbour on the SMs none of them has)"
+                    ),
+                    Some(_) => {}
+                    None => {
+                        ways.insert(gpu, (target.memory, t.as_str()));
+                    }
                 }
             }
             if let Some(b) = &g.busy {
@@ -602,6 +619,26 @@ seq_lens = [128]
         assert!(e.contains("busy: unknown model `resnet51`"), "{e}");
         let e = err("label = \"g\"\nconcurrent = true\ntargets = [\"full\", \"3g\"]\nbusy = { model = \"resnet50\", batch = 128, speed = 1 }");
         assert!(e.contains("speed"), "{e}");
+        // Memory-partitioned members of a GPU share its neighbour; beside an mps: member they cannot.
+        let emulated = |devices: [&str; 3], group: &str| {
+            let targets: String = devices
+                .iter()
+                .enumerate()
+                .map(|(i, d)| format!("[[targets]]\nlabel = \"e{i}\"\ndevice = \"{d}\"\n"))
+                .collect();
+            SweepFile::parse(&format!(
+                "{EXAMPLE}{targets}[[groups]]\nlabel = \"g\"\nconcurrent = true\ntargets = {group}\n"
+            ))
+        };
+        let mem = ["mps-mem:1g.10gb", "mps-mem:2g.20gb", "mps:3g.40gb@1"];
+        assert!(emulated(mem, r#"["e0", "e1", "e2"]"#).is_ok());
+        let mixed = ["mps-mem:1g.10gb", "mps:2g.20gb", "mps:3g.40gb@1"];
+        let e = format!("{:#}", emulated(mixed, r#"["e0", "e1"]"#).unwrap_err());
+        assert!(
+            e.contains("targets `e0` and `e1` emulate slices of one GPU") && e.contains("all mps: or all mps-mem:"),
+            "{e}"
+        );
+        assert!(emulated(mixed, r#"["e0", "e2"]"#).is_ok(), "another GPU");
         let two = EXAMPLE
             .replace("device = \"0\"", "device = \"0\"\nbaseline = true")
             .replace("device = \"3g.40gb\"", "device = \"3g.40gb\"\nbaseline = true");

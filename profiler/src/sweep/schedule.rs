@@ -448,6 +448,7 @@ pub fn run(file: &SweepFile, opts: &Options, exe: &Path, log: &mut dyn Write) ->
         active: Vec::new(),
         daemons: &daemons,
         waiting_for: HashSet::new(),
+        group_neighbours: Vec::new(),
     };
     loop {
         if INTERRUPTED.load(Ordering::SeqCst) {
@@ -599,11 +600,15 @@ struct Scheduler<'a> {
     daemons: &'a HashMap<String, crate::mps::daemon::Daemon>,
     /// Devices another sweep holds, said once each.
     waiting_for: HashSet<String>,
+    /// The memory-system neighbours of the running group's `mps-mem:` members: stopped once the
+    /// group has ended.
+    group_neighbours: Vec<crate::mps::neighbour::NeighbourProcess>,
 }
 
 impl Scheduler<'_> {
     /// Ctrl-C: every running cell stopped without a row; it runs again on resume.
     fn interrupt(&mut self) -> Result<()> {
+        self.stop_group_neighbours();
         for a in self.active.drain(..) {
             self.progress.line(&format!(
                 "interrupted: {} (no row; it runs again on resume)",
@@ -641,7 +646,21 @@ impl Scheduler<'_> {
                 Some(s) => self.probe_ended(work, s, &a.cell, &ending)?,
             }
         }
+        if !self.active.iter().any(|a| a.grouped) {
+            self.stop_group_neighbours();
+        }
         Ok(())
+    }
+
+    /// Stops the neighbours of a group that has ended; one that will not stop is said.
+    fn stop_group_neighbours(&mut self) {
+        for n in self.group_neighbours.drain(..) {
+            if let Err(e) = n.stop() {
+                let _ = self
+                    .progress
+                    .line(&format!("warning: the group's memory-system neighbour: {e:#}"));
+            }
+        }
     }
 
     /// A cell of the matrix ended: counted, and its line printed.
@@ -772,6 +791,7 @@ impl Scheduler<'_> {
             return Ok(());
         }
         if let Some(members) = work.groups.pop_front() {
+            let mut said = Vec::new();
             let started = start_group(
                 self.exe,
                 &self.opts.out,
@@ -780,7 +800,13 @@ impl Scheduler<'_> {
                 &self.invocation_id,
                 self.daemons,
                 &mut self.keys,
-            )?;
+                &mut self.group_neighbours,
+                &mut |line| said.push(line),
+            );
+            for line in said {
+                self.progress.line(&format!("MPS: {line}"))?;
+            }
+            let started = started?;
             self.progress.line(&format!(
                 "group {}: {} members started together",
                 members[0].spec.concurrency_group.as_deref().unwrap_or(""),
@@ -923,7 +949,10 @@ fn mps_env(
 }
 
 /// Starts every member of a concurrent group instance at once, in a fresh meeting folder, and then
-/// tells them who the members are (their pids: the neighbours each expects on its device).
+/// tells them who the members are (their pids: the neighbours each expects on its device). The
+/// `mps-mem:` members of each GPU first get their one memory-system neighbour, kept in
+/// `neighbours` ([`crate::mps::group`]).
+#[allow(clippy::too_many_arguments)]
 fn start_group(
     exe: &Path,
     out: &Path,
@@ -932,6 +961,8 @@ fn start_group(
     invocation_id: &str,
     daemons: &HashMap<String, crate::mps::daemon::Daemon>,
     keys: &mut HashMap<String, String>,
+    neighbours: &mut Vec<crate::mps::neighbour::NeighbourProcess>,
+    log: &mut dyn FnMut(String),
 ) -> Result<Vec<Active>> {
     let key = members[0].group.as_deref().expect("a group's member");
     let digest = sha2::Digest::finalize(sha2::Digest::chain_update(
@@ -943,6 +974,7 @@ fn start_group(
         .join(digest.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>());
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| crate::files::io_error(e, &dir))?;
+    let records = start_memory_neighbours(exe, members, &dir, daemons, keys, neighbours, log)?;
     let mut started = Vec::new();
     for m in members {
         let device = keys
@@ -951,6 +983,9 @@ fn start_group(
             .clone();
         let mut env = mps_env(&m.spec, &device, daemons);
         env.push((crate::run::group::GROUP_DIR_ENV, dir.clone()));
+        if let Some(record) = records.get(&device).filter(|_| m.spec.device.starts_with("mps-mem:")) {
+            env.push((crate::mps::group::ENV, record.clone()));
+        }
         // Holding ends well inside the cell's timeout, so that a member beside an overrunning one
         // still writes its row.
         let hold_for = timeout.saturating_sub(Duration::from_secs(10).min(timeout / 10));
@@ -987,6 +1022,42 @@ fn start_group(
         .collect();
     crate::run::group::write_members(&dir, &list)?;
     Ok(started)
+}
+
+/// Starts one memory-system neighbour per GPU for a group's `mps-mem:` members there: the path of
+/// the record its members read, by device key.
+fn start_memory_neighbours(
+    exe: &Path,
+    members: &[PlannedCell],
+    dir: &Path,
+    daemons: &HashMap<String, crate::mps::daemon::Daemon>,
+    keys: &mut HashMap<String, String>,
+    neighbours: &mut Vec<crate::mps::neighbour::NeighbourProcess>,
+    log: &mut dyn FnMut(String),
+) -> Result<HashMap<String, PathBuf>> {
+    let mut by_gpu: HashMap<String, Vec<crate::mps::MpsTarget>> = HashMap::new();
+    for m in members.iter().filter(|m| m.spec.device.starts_with("mps-mem:")) {
+        let Ok(crate::device::DeviceSpec::Mps(target)) = m.spec.device.parse::<crate::device::DeviceSpec>() else {
+            anyhow::bail!("`{}` is not an MPS target", m.spec.device)
+        };
+        let key = keys
+            .entry(m.spec.device.clone())
+            .or_insert_with(|| device_key(&m.spec.device))
+            .clone();
+        by_gpu.entry(key).or_default().push(target);
+    }
+    let mut records = HashMap::new();
+    for (key, targets) in by_gpu {
+        let daemon = daemons
+            .get(&key)
+            .ok_or_else(|| anyhow::anyhow!("no MPS daemon runs for the GPU of {}", targets[0]))?;
+        let gpu_dir = dir.join(format!("gpu-{}", records.len()));
+        std::fs::create_dir_all(&gpu_dir).map_err(|e| crate::files::io_error(e, &gpu_dir))?;
+        let (record, neighbour) = crate::mps::group::start_shared(&targets, exe, &daemon.pipe_dir(), &gpu_dir, log)?;
+        neighbours.extend(neighbour);
+        records.insert(key, record);
+    }
+    Ok(records)
 }
 
 /// Starts migprof's MPS daemon for the GPU of an `mps:` device, checking the share first.
