@@ -66,7 +66,8 @@ def main(folders):
     shares = []
     for p in ORDER:
         sms = next((r["profile_sms"] for r in rows if r["emulated_profile"] == p), None)
-        shares.append(f"{(sms or 0) / gpu_sms:.3f} / {MEMORY_SLICES[p] / 8:.3f}")
+        sm = "  -  " if sms is None else f"{sms / gpu_sms:.3f}"
+        shares.append(f"{sm} / {MEMORY_SLICES[p] / 8:.3f}")
     print(f"{'SMs / memory':<27}  " + "  ".join(f"{s:>15}" for s in shares))
     gpus = sorted({r["gpu_uuid"] for r in rows if r["gpu_uuid"]})
     if len(gpus) > 1:

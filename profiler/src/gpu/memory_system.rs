@@ -198,8 +198,8 @@ extern "C" __global__ void migprof_fma(float* sink, unsigned int iters) {
 
         /// DRAM bandwidth of back-to-back streaming copies over at least `window_ms`, GB/s: beside a
         /// neighbour whose blocks are placed anew at each of its launches (every few milliseconds),
-        /// one copy of a millisecond reads whichever placement it met, and on an H100 readings of
-        /// one setting moved by ±15 %; a window of many launches reads their mean.
+        /// one copy of a millisecond reads whichever placement it met; a window of many launches
+        /// reads their mean (the readings are in benches/results/*-slice-fidelity.md).
         pub fn bandwidth_over_gbps(&mut self, window_ms: f64) -> Result<f64> {
             let n = COPY_BYTES / 16;
             let cfg = grid(self.sms * 8, 256);

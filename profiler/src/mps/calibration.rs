@@ -5,11 +5,11 @@
 //! ([`Load`]): how many blocks of its grid stream, and a pause in nanoseconds between each block's
 //! bursts. The client's copy probe reads more the fewer the blocks and the longer the pause, so the
 //! setting is found by bisection: first on the blocks without pausing (steady traffic, a coarse
-//! step: one block of an H100 moves a few per cent of a 3g's share), then, when no block count lands
+//! step: one block moves a few per cent of a large slice's share), then, when no block count lands
 //! within half of [`TOLERANCE`], on the pause of the weakest count that still takes too much (a fine
-//! step between two counts; both on a log scale, where the bandwidth moves most). Pausing alone
-//! was measured too steep to settle for the large slices: a 3g's client moved across its whole band
-//! between pauses of 1 and 8 µs. Two bounds end it early and are said: a neighbour that at full
+//! step between two counts; both on a log scale, where the bandwidth moves most). Pausing every
+//! block alone was too steep to settle for the large slices (benches/results/*-slice-fidelity.md).
+//! Two bounds end it early and are said: a neighbour that at full
 //! strength leaves the client above its share (too few spare SMs to take the rest), and a client
 //! that is below its share even beside the quietest neighbour.
 //!

@@ -12,8 +12,8 @@
 //! The members find the setting in [`FILE`] in the group's folder, named to them in [`ENV`]: each
 //! then measures its own bandwidth beside the neighbour (it cannot measure itself alone: the
 //! neighbour already streams) and records the group's calibration. Unlike a lone client's, the
-//! group's neighbour cannot keep off its members' SMs (they start after it): MPS holds it to its
-//! share of them instead, which on the lent H100 overlaps the members' SMs.
+//! group's neighbour cannot keep off its members' SMs (they start after it): MPS holds it to the
+//! share of the SMs they lack instead, which can overlap theirs.
 
 use std::path::Path;
 

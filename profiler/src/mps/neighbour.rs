@@ -225,10 +225,10 @@ impl super::partition::Neighbours for Spawner {
     type Running = NeighbourProcess;
 
     fn start(&mut self) -> Result<NeighbourProcess> {
-        // Under no MPS limit: a limited client's SMs overlap the other client's (measured on an
-        // H100: a 54 % neighbour of a 3g ran on 70 SMs, 60 of them the client's), and keeping off
-        // the client's left it 2 to 10 SMs to stream on. Its grid has blocks for every SM, so that
-        // the SMs it keeps get their full count when those on the client's SMs end.
+        // Under no MPS limit: a client held to a share of the SMs lands on SMs that overlap the
+        // other client's, so a held neighbour that keeps off the client's is left few SMs to
+        // stream on (benches/results/*-slice-fidelity.md). Its grid has blocks for every SM, so
+        // that the SMs it keeps get their full count when those on the client's SMs end.
         NeighbourProcess::start(&self.exe, &self.gpu_uuid, &self.pipe_dir, 100, self.gpu_sms)
     }
 
@@ -390,30 +390,48 @@ mod gpu {
     use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
     const SOURCE: &str = r#"
-// Each block streams `bursts` chunks of 8 x 256 float4 (32 KiB) from `src` into `dst`, with
-// evict-first loads and stores, eight loads in flight per thread, pausing `pause_ns` after each
-// chunk. Chunks follow on from `first` round the buffer of `chunks`, so that a launch of few blocks
-// moves on rather than reading what an earlier one left in the L2. Each block first notes its SM;
-// one that lands on an SM `avoid` marks (the client's) ends at once, leaving the SM to the client.
+// Streams chunks of 8 x 256 float4 (32 KiB) from `src` into `dst` with evict-first loads and
+// stores, eight loads in flight per thread, pausing `pause_ns` after each chunk. The grid has
+// blocks for every SM, and the block scheduler deals them out over all of them: a block that lands
+// on an SM `avoid` marks (the client's) ends at once, and of the others the first `active` stream.
+// They take chunks from a shared count until `quota` are done, so that however they were dealt
+// out the launch's work is done by the streaming blocks together, none left to a weak second wave.
+// Chunks follow on from `first` round the buffer of `chunks`, so that a launch moves on rather
+// than reading what an earlier one left in the L2. `counters` (blocks ranked, chunks taken) start
+// at zero; each streaming block notes its SM.
 extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, float4* __restrict__ dst,
                                              unsigned long long chunks, unsigned long long first,
-                                             unsigned int bursts, unsigned int pause_ns,
-                                             unsigned int* sm_of_block, const unsigned char* __restrict__ avoid) {
-    unsigned int smid;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    bool away = avoid[smid & 255];
-    if (threadIdx.x == 0) sm_of_block[blockIdx.x] = away ? 0xffffffffu : smid;
-    if (away) return;
-    for (unsigned int b = 0; b < bursts; b++) {
-        unsigned long long chunk = (first + (unsigned long long)b * gridDim.x + blockIdx.x) % chunks;
-        const float4* from = src + chunk * 2048 + threadIdx.x;
-        float4* to = dst + chunk * 2048 + threadIdx.x;
-        float4 v[8];
-        #pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = __ldcs(from + k * 256);
-        #pragma unroll
-        for (int k = 0; k < 8; k++) __stcs(to + k * 256, v[k]);
-        if (pause_ns) __nanosleep(pause_ns);
+                                             unsigned int active, unsigned long long quota,
+                                             unsigned int pause_ns, unsigned int* sm_of_block,
+                                             const unsigned char* __restrict__ avoid,
+                                             unsigned long long* counters) {
+    __shared__ int go;
+    __shared__ unsigned long long taken;
+    if (threadIdx.x == 0) {
+        unsigned int smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        go = !avoid[smid & 255] && atomicAdd(&counters[0], 1ull) < active;
+        sm_of_block[blockIdx.x] = go ? smid : 0xffffffffu;
+    }
+    __syncthreads();
+    if (!go) return;
+    for (;;) {
+        if (threadIdx.x == 0) taken = atomicAdd(&counters[1], 4ull);
+        __syncthreads();
+        unsigned long long c0 = taken;
+        __syncthreads();
+        if (c0 >= quota) return;
+        for (unsigned long long c = c0; c < c0 + 4 && c < quota; c++) {
+            unsigned long long chunk = (first + c) % chunks;
+            const float4* from = src + chunk * 2048 + threadIdx.x;
+            float4* to = dst + chunk * 2048 + threadIdx.x;
+            float4 v[8];
+            #pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = __ldcs(from + k * 256);
+            #pragma unroll
+            for (int k = 0; k < 8; k++) __stcs(to + k * 256, v[k]);
+            if (pause_ns) __nanosleep(pause_ns);
+        }
     }
 }
 "#;
@@ -423,16 +441,14 @@ extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, flo
     const BYTES: usize = 256 * MIB;
     /// A chunk: eight float4 for each of a block's threads.
     const CHUNK_BYTES: usize = 8 * THREADS as usize * 16;
-    /// Chunks each block streams per launch: about 3 ms with every block at full rate on an H100,
+    /// Chunks per streaming block per launch: about 3 ms with every block at full rate on an H100,
     /// 8 ms for one block at the longest pause, so that the gaps between launches (when requests
     /// are read) are a per cent of the time and a request waits a few milliseconds at most.
     const BURSTS: u32 = 128;
-    /// Eight blocks of 256 threads per SM of its share (every warp slot), eight loads in flight each:
-    /// twice the loads per SM of the client's copy probe. Measured on an H100 with four blocks per SM
-    /// and four loads: the client of a 2g kept 1.0–1.6 times its share beside a neighbour that never
-    /// paused, a 1g up to 1.17 times; with eight blocks and four loads the 2g reached its share and
-    /// the 1g still read up to 1.19 times it; fewer, larger blocks left the neighbour weaker still.
-    /// The calibration streams with fewer blocks where the share asks for less.
+    /// Eight blocks of 256 threads per SM (every warp slot), eight loads in flight each: twice the
+    /// loads per SM of the client's copy probe. Fewer blocks or loads per SM left the neighbour too
+    /// weak for the small slices (benches/results/*-slice-fidelity.md); the calibration streams with
+    /// fewer blocks where the share asks for less.
     const BLOCKS_PER_SM: u32 = 8;
     const THREADS: u32 = 256;
 
@@ -443,6 +459,8 @@ extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, flo
         src: CudaSlice<u8>,
         dst: CudaSlice<u8>,
         sm_of_block: CudaSlice<u32>,
+        /// Blocks ranked and chunks taken in the current launch.
+        counters: CudaSlice<u64>,
         /// One byte per SM id: 1 where its blocks end at once.
         avoid: CudaSlice<u8>,
         /// The SMs it was sized for, and how many of them it keeps off.
@@ -475,6 +493,7 @@ extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, flo
                 src: cuda.alloc_zeros::<u8>(BYTES)?,
                 dst: cuda.alloc_zeros::<u8>(BYTES)?,
                 sm_of_block: cuda.alloc_zeros::<u32>(max_blocks as usize)?,
+                counters: cuda.alloc_zeros::<u64>(2)?,
                 avoid: cuda.alloc_zeros::<u8>(256)?,
                 sms: sms.max(1),
                 avoided: 0,
@@ -495,31 +514,38 @@ extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, flo
         }
 
         fn stream(&mut self, load: super::Load) -> Result<()> {
-            let blocks = load.blocks.clamp(1, self.max_blocks());
+            let active = load.blocks.clamp(1, self.max_blocks());
+            let grid = self.sms * BLOCKS_PER_SM;
             let chunks = (BYTES / CHUNK_BYTES) as u64;
             let first = self.next_chunk;
+            let quota = u64::from(active) * u64::from(BURSTS);
+            self.stream
+                .memset_zeros(&mut self.counters)
+                .map_err(|e| anyhow!("clearing the neighbour's counters: {e:?}"))?;
             let mut args = self.stream.launch_builder(&self.func);
             args.arg(&self.src)
                 .arg(&mut self.dst)
                 .arg(&chunks)
                 .arg(&first)
-                .arg(&BURSTS)
+                .arg(&active)
+                .arg(&quota)
                 .arg(&load.pause_ns)
                 .arg(&mut self.sm_of_block)
-                .arg(&self.avoid);
+                .arg(&self.avoid)
+                .arg(&mut self.counters);
             let cfg = LaunchConfig {
-                grid_dim: (blocks, 1, 1),
+                grid_dim: (grid, 1, 1),
                 block_dim: (THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: (const float4*, float4*, chunks, first, bursts, pause, unsigned int*, const
-            // unsigned char*): both buffers hold `chunks` chunks of 2,048 float4 (indices are taken
-            // modulo `chunks`), sm_of_block one entry for each of at most max_blocks blocks, and
-            // avoid 256 bytes (read at an SM id masked to 0..255).
+            // SAFETY: (const float4*, float4*, chunks, first, active, quota, pause, unsigned int*,
+            // const unsigned char*, unsigned long long*): both buffers hold `chunks` chunks of 2,048
+            // float4 (indices are taken modulo `chunks`), sm_of_block one entry for each of the
+            // grid's blocks, avoid 256 bytes (read at an SM id masked to 0..255), counters two.
             unsafe { args.launch(cfg) }.map_err(|e| anyhow!("launching the neighbour: {e:?}"))?;
             self.device.synchronize()?;
-            self.launched = blocks;
-            self.next_chunk = (first + u64::from(blocks) * u64::from(BURSTS)) % chunks;
+            self.launched = grid;
+            self.next_chunk = (first + quota) % chunks;
             Ok(())
         }
 
