@@ -2,6 +2,7 @@
 //! presets, and modules whose parameter names mirror the reference implementation.
 
 pub mod bert;
+pub mod decoder;
 #[cfg(feature = "cuda")]
 pub mod encoder;
 pub mod layers;

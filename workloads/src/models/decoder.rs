@@ -1,0 +1,631 @@
+//! Decoder-only language models with the architecture and parameter names of Hugging Face's
+//! `LlamaForCausalLM` and `Qwen2ForCausalLM`: token embeddings, layers of RMSNorm, grouped-query
+//! attention with rotary position embeddings (Llama 3's frequency scaling or none) and a SwiGLU MLP,
+//! a final RMSNorm and the output head (tied to the embeddings or its own). Qwen2 differs only in
+//! the biases of its q, k and v projections.
+//!
+//! A model is described by its `config.json`, so a user's own checkpoint of a supported architecture
+//! needs no preset; the presets' files are kept in `workloads/configs/`. The forward pass takes a
+//! [`KvCache`]: a prompt is prefilled at position 0, and each decoded token runs at the cache's
+//! length, attending to everything before it.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder};
+use serde::Deserialize;
+
+/// The architectures migprof runs, as `config.json`'s `architectures` names them.
+pub const ARCHITECTURES: [&str; 2] = ["LlamaForCausalLM", "Qwen2ForCausalLM"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Qwen2,
+}
+
+impl Architecture {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Architecture::Llama => ARCHITECTURES[0],
+            Architecture::Qwen2 => ARCHITECTURES[1],
+        }
+    }
+}
+
+/// Why a `config.json` cannot be run.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    #[error("config.json: {0}")]
+    Json(String),
+    #[error("architecture `{found}` is not supported; supported: {}", ARCHITECTURES.join(", "))]
+    Architecture { found: String },
+    #[error("rope_scaling of type `{found}` is not supported; supported: llama3, or none")]
+    RopeScaling { found: String },
+    #[error("hidden_act `{found}` is not supported; supported: silu")]
+    Activation { found: String },
+    #[error("{0}")]
+    Shape(String),
+}
+
+/// `config.json` as Hugging Face writes it, the fields migprof reads.
+#[derive(Debug, Clone, Deserialize)]
+struct RawConfig {
+    #[serde(default)]
+    architectures: Vec<String>,
+    #[serde(default)]
+    model_type: Option<String>,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    #[serde(default)]
+    num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    head_dim: Option<usize>,
+    vocab_size: usize,
+    rms_norm_eps: f64,
+    #[serde(default = "default_rope_theta")]
+    rope_theta: f64,
+    max_position_embeddings: usize,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    rope_scaling: Option<serde_json::Value>,
+    #[serde(default)]
+    attention_bias: Option<bool>,
+    #[serde(default)]
+    hidden_act: Option<String>,
+}
+
+fn default_rope_theta() -> f64 {
+    10_000.0
+}
+
+/// Llama 3's scaling of the rotary frequencies for long contexts.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+pub struct Llama3Scaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: usize,
+}
+
+/// A decoder's shape, as read from its `config.json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub architecture: Architecture,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: Option<Llama3Scaling>,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// Biases on the q, k and v projections (Qwen2; Llama's `attention_bias`).
+    pub qkv_bias: bool,
+}
+
+impl Config {
+    /// Reads a `config.json`; an architecture, rope scaling or activation migprof does not run is
+    /// refused, naming what it found and what it supports.
+    pub fn from_json(text: &str) -> std::result::Result<Config, ConfigError> {
+        let raw: RawConfig = serde_json::from_str(text).map_err(|e| ConfigError::Json(e.to_string()))?;
+        let named = raw
+            .architectures
+            .first()
+            .cloned()
+            .or_else(|| raw.model_type.clone())
+            .unwrap_or_default();
+        let architecture = match named.as_str() {
+            "LlamaForCausalLM" | "llama" => Architecture::Llama,
+            "Qwen2ForCausalLM" | "qwen2" => Architecture::Qwen2,
+            _ => return Err(ConfigError::Architecture { found: named }),
+        };
+        if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "silu") {
+            return Err(ConfigError::Activation { found: act.to_string() });
+        }
+        let rope_scaling = match raw.rope_scaling {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => {
+                let kind = v
+                    .get("rope_type")
+                    .or_else(|| v.get("type"))
+                    .and_then(|t| t.as_str())
+                    .unwrap_or("")
+                    .to_string();
+                match kind.as_str() {
+                    "default" => None,
+                    "llama3" => {
+                        Some(serde_json::from_value(v).map_err(|e| ConfigError::Json(format!("rope_scaling: {e}")))?)
+                    }
+                    _ => return Err(ConfigError::RopeScaling { found: kind }),
+                }
+            }
+        };
+        let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
+        if raw.num_attention_heads == 0 || num_kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
+            return Err(ConfigError::Shape(format!(
+                "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({num_kv_heads})",
+                raw.num_attention_heads
+            )));
+        }
+        let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / raw.num_attention_heads);
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(ConfigError::Shape(format!(
+                "head_dim {head_dim} must be even and positive"
+            )));
+        }
+        Ok(Config {
+            architecture,
+            hidden_size: raw.hidden_size,
+            intermediate_size: raw.intermediate_size,
+            num_layers: raw.num_hidden_layers,
+            num_heads: raw.num_attention_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size: raw.vocab_size,
+            rms_norm_eps: raw.rms_norm_eps,
+            rope_theta: raw.rope_theta,
+            rope_scaling,
+            max_position_embeddings: raw.max_position_embeddings,
+            tie_word_embeddings: raw.tie_word_embeddings,
+            qkv_bias: architecture == Architecture::Qwen2 || raw.attention_bias.unwrap_or(false),
+        })
+    }
+
+    /// Weights a token multiplies by in one layer: the four attention projections and the MLP.
+    fn layer_matmul_weights(&self) -> u64 {
+        let (h, q, kv) = (
+            self.hidden_size as u64,
+            (self.num_heads * self.head_dim) as u64,
+            (self.num_kv_heads * self.head_dim) as u64,
+        );
+        h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size as u64
+    }
+
+    /// Parameters, as transformers' `num_parameters()` counts them (a tied head once).
+    pub fn params(&self) -> u64 {
+        let h = self.hidden_size as u64;
+        let bias = if self.qkv_bias {
+            ((self.num_heads + 2 * self.num_kv_heads) * self.head_dim) as u64
+        } else {
+            0
+        };
+        let layer = self.layer_matmul_weights() + bias + 2 * h;
+        let embed = self.vocab_size as u64 * h;
+        let head = if self.tie_word_embeddings { 0 } else { embed };
+        embed + self.num_layers as u64 * layer + h + head
+    }
+
+    /// FLOPs of one token attending to `context` tokens (itself included): 2 × the weights it
+    /// multiplies by (every projection and the output head, not the embedding lookup) plus
+    /// attention's 4 × layers × context × (heads × head_dim) (its scores and its weighted sum).
+    pub fn flops_per_token(&self, context: usize) -> u64 {
+        let head = self.vocab_size as u64 * self.hidden_size as u64;
+        let weights = self.num_layers as u64 * self.layer_matmul_weights() + head;
+        let attention = 4 * (self.num_layers * context * self.num_heads * self.head_dim) as u64;
+        2 * weights + attention
+    }
+
+    /// Bytes of the key-value cache per token of a sequence, at `dtype`.
+    pub fn kv_bytes_per_token(&self, dtype: DType) -> u64 {
+        (2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype.size_in_bytes()) as u64
+    }
+
+    /// The rotary frequencies of a head's dimension pairs, Llama 3's scaling applied.
+    fn inv_freq(&self) -> Vec<f64> {
+        let d = self.head_dim;
+        let base: Vec<f64> = (0..d / 2)
+            .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f64 / d as f64))
+            .collect();
+        let Some(s) = self.rope_scaling else {
+            return base;
+        };
+        let original = s.original_max_position_embeddings as f64;
+        let (low_wavelen, high_wavelen) = (original / s.low_freq_factor, original / s.high_freq_factor);
+        base.into_iter()
+            .map(|f| {
+                let wavelen = 2.0 * std::f64::consts::PI / f;
+                if wavelen < high_wavelen {
+                    f
+                } else if wavelen > low_wavelen {
+                    f / s.factor
+                } else {
+                    let smooth = (original / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+                    (1.0 - smooth) * f / s.factor + smooth * f
+                }
+            })
+            .collect()
+    }
+}
+
+/// The presets: name, `config.json`.
+pub const PRESETS: [(&str, &str); 7] = [
+    ("llama_3_2_1b", include_str!("../../configs/llama_3_2_1b.json")),
+    ("llama_3_2_3b", include_str!("../../configs/llama_3_2_3b.json")),
+    ("llama_3_1_8b", include_str!("../../configs/llama_3_1_8b.json")),
+    ("qwen2_5_0_5b", include_str!("../../configs/qwen2_5_0_5b.json")),
+    ("qwen2_5_1_5b", include_str!("../../configs/qwen2_5_1_5b.json")),
+    ("llama_tiny", include_str!("../../configs/llama_tiny.json")),
+    ("qwen2_tiny", include_str!("../../configs/qwen2_tiny.json")),
+];
+
+/// A preset's config by name; `None` for a name that is not one.
+pub fn preset(name: &str) -> Option<Config> {
+    PRESETS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, json)| Config::from_json(json).expect("the presets' config.json files read"))
+}
+
+/// The keys and values of every layer, appended to as tokens are processed.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    /// Per layer: keys and values, [batch, kv heads, tokens, head_dim].
+    layers: Vec<Option<(Tensor, Tensor)>>,
+}
+
+impl KvCache {
+    pub fn new(cfg: &Config) -> KvCache {
+        KvCache {
+            layers: vec![None; cfg.num_layers],
+        }
+    }
+
+    /// Tokens held.
+    pub fn len(&self) -> usize {
+        self.layers
+            .first()
+            .and_then(|l| l.as_ref())
+            .map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes held, every layer's keys and values.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes())
+            .sum()
+    }
+
+    fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let kv = match &self.layers[layer] {
+            None => (k.clone(), v.clone()),
+            Some((pk, pv)) => (Tensor::cat(&[pk, k], 2)?, Tensor::cat(&[pv, v], 2)?),
+        };
+        self.layers[layer] = Some(kv.clone());
+        Ok(kv)
+    }
+}
+
+fn linear(in_dim: usize, out_dim: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
+    if bias {
+        candle_nn::linear(in_dim, out_dim, vb)
+    } else {
+        candle_nn::linear_no_bias(in_dim, out_dim, vb)
+    }
+}
+
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    fn new(cfg: &Config, vb: VarBuilder) -> Result<Attention> {
+        let (h, q, kv) = (
+            cfg.hidden_size,
+            cfg.num_heads * cfg.head_dim,
+            cfg.num_kv_heads * cfg.head_dim,
+        );
+        Ok(Attention {
+            q_proj: linear(h, q, cfg.qkv_bias, vb.pp("q_proj"))?,
+            k_proj: linear(h, kv, cfg.qkv_bias, vb.pp("k_proj"))?,
+            v_proj: linear(h, kv, cfg.qkv_bias, vb.pp("v_proj"))?,
+            o_proj: linear(q, h, false, vb.pp("o_proj"))?,
+            num_heads: cfg.num_heads,
+            num_kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+        })
+    }
+
+    /// `x` [batch, tokens, hidden] at positions `offset..`, with `cos`/`sin` of those positions.
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: Option<&Tensor>,
+        cache: &mut KvCache,
+        layer: usize,
+    ) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let heads = |y: Tensor, n: usize| y.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?.contiguous();
+        let q = heads(self.q_proj.forward(x)?, self.num_heads)?;
+        let k = heads(self.k_proj.forward(x)?, self.num_kv_heads)?;
+        let v = heads(self.v_proj.forward(x)?, self.num_kv_heads)?;
+        let q = candle_nn::rotary_emb::rope(&q, cos, sin)?;
+        let k = candle_nn::rotary_emb::rope(&k, cos, sin)?;
+        let (k, v) = cache.append(layer, &k, &v)?;
+        // Grouped-query attention: each key-value head serves `group` query heads.
+        let group = self.num_heads / self.num_kv_heads;
+        let (k, v) = (repeat_kv(&k, group)?, repeat_kv(&v, group)?);
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let mut scores = (q.matmul(&k.t()?)? * scale)?;
+        if let Some(m) = mask {
+            scores = scores.broadcast_add(m)?;
+        }
+        let probs = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?.to_dtype(q.dtype())?;
+        let y = probs
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .reshape((b, t, self.num_heads * self.head_dim))?;
+        self.o_proj.forward(&y)
+    }
+}
+
+/// [batch, kv heads, tokens, d] to [batch, kv heads × `group`, tokens, d], each head repeated in place.
+fn repeat_kv(x: &Tensor, group: usize) -> Result<Tensor> {
+    if group == 1 {
+        return Ok(x.clone());
+    }
+    let (b, n, t, d) = x.dims4()?;
+    x.unsqueeze(2)?
+        .expand((b, n, group, t, d))?
+        .reshape((b, n * group, t, d))
+}
+
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    fn new(cfg: &Config, vb: VarBuilder) -> Result<Mlp> {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        Ok(Mlp {
+            gate_proj: linear(h, i, false, vb.pp("gate_proj"))?,
+            up_proj: linear(h, i, false, vb.pp("up_proj"))?,
+            down_proj: linear(i, h, false, vb.pp("down_proj"))?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gate = candle_nn::ops::silu(&self.gate_proj.forward(x)?)?;
+        self.down_proj.forward(&(gate * self.up_proj.forward(x)?)?)
+    }
+}
+
+struct Layer {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+/// A decoder-only language model.
+pub struct Decoder {
+    cfg: Config,
+    embed_tokens: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    /// Rotary cos and sin of every position, [max positions, head_dim / 2], in the weights' dtype.
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Decoder {
+    /// The model of `cfg` with the tensors of `vb`, named as Hugging Face names them.
+    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Decoder> {
+        let h = cfg.hidden_size;
+        let m = vb.pp("model");
+        let embed_tokens = candle_nn::embedding(cfg.vocab_size, h, m.pp("embed_tokens"))?;
+        let layers = (0..cfg.num_layers)
+            .map(|i| {
+                let l = m.pp(format!("layers.{i}"));
+                Ok(Layer {
+                    input_layernorm: candle_nn::rms_norm(h, cfg.rms_norm_eps, l.pp("input_layernorm"))?,
+                    self_attn: Attention::new(cfg, l.pp("self_attn"))?,
+                    post_attention_layernorm: candle_nn::rms_norm(
+                        h,
+                        cfg.rms_norm_eps,
+                        l.pp("post_attention_layernorm"),
+                    )?,
+                    mlp: Mlp::new(cfg, l.pp("mlp"))?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let norm = candle_nn::rms_norm(h, cfg.rms_norm_eps, m.pp("norm"))?;
+        let lm_head = if cfg.tie_word_embeddings {
+            Linear::new(embed_tokens.embeddings().clone(), None)
+        } else {
+            candle_nn::linear_no_bias(h, cfg.vocab_size, vb.pp("lm_head"))?
+        };
+        let (cos, sin) = rotary_tables(cfg, vb.device(), vb.dtype())?;
+        Ok(Decoder {
+            cfg: cfg.clone(),
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            cos,
+            sin,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Logits [batch, tokens, vocab] of `ids` [batch, tokens], placed after the tokens `cache`
+    /// holds (none: a prefill), which it then holds too.
+    pub fn forward(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let (_, t) = ids.dims2()?;
+        let offset = cache.len();
+        if offset + t > self.cfg.max_position_embeddings {
+            candle_core::bail!(
+                "{} tokens after {offset} exceed the model's {} positions",
+                t,
+                self.cfg.max_position_embeddings
+            )
+        }
+        let cos = self.cos.narrow(0, offset, t)?;
+        let sin = self.sin.narrow(0, offset, t)?;
+        let mask = (t > 1)
+            .then(|| causal_mask(t, offset, ids.device(), self.cos.dtype()))
+            .transpose()?;
+        let mut x = self.embed_tokens.forward(ids)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let a =
+                layer
+                    .self_attn
+                    .forward(&layer.input_layernorm.forward(&x)?, &cos, &sin, mask.as_ref(), cache, i)?;
+            x = (x + a)?;
+            x = (&x + layer.mlp.forward(&layer.post_attention_layernorm.forward(&x)?)?)?;
+        }
+        self.lm_head.forward(&self.norm.forward(&x)?)
+    }
+}
+
+/// cos and sin of each position's angle for each dimension pair.
+fn rotary_tables(cfg: &Config, device: &Device, dtype: DType) -> Result<(Tensor, Tensor)> {
+    let inv_freq: Vec<f32> = cfg.inv_freq().into_iter().map(|f| f as f32).collect();
+    let pairs = inv_freq.len();
+    let positions = cfg.max_position_embeddings;
+    let inv_freq = Tensor::from_vec(inv_freq, (1, pairs), device)?;
+    let t = Tensor::arange(0u32, positions as u32, device)?
+        .to_dtype(DType::F32)?
+        .reshape((positions, 1))?;
+    let angles = t.broadcast_mul(&inv_freq)?;
+    Ok((angles.cos()?.to_dtype(dtype)?, angles.sin()?.to_dtype(dtype)?))
+}
+
+/// [tokens, offset + tokens]: 0 where token i (at position offset + i) may attend, -inf after it.
+fn causal_mask(t: usize, offset: usize, device: &Device, dtype: DType) -> Result<Tensor> {
+    let cells: Vec<f32> = (0..t)
+        .flat_map(|i| (0..offset + t).map(move |j| if j > offset + i { f32::NEG_INFINITY } else { 0.0 }))
+        .collect();
+    Tensor::from_vec(cells, (t, offset + t), device)?.to_dtype(dtype)
+}
+
+/// Seeded random weights for `cfg`, named as Hugging Face names them: normal(0, 0.02) for
+/// matrices and embeddings, ones for the norms, zeros for the biases, as transformers initialises.
+pub fn random_weights(cfg: &Config, seed: u64, device: &Device, dtype: DType) -> Result<HashMap<String, Tensor>> {
+    let mut w = HashMap::new();
+    // Each tensor from its own stream, seeded by its name: independent of the order they are made.
+    let mut normal = |name: String, shape: (usize, usize)| -> Result<()> {
+        let values = crate::init::Rng::for_name(seed, &name).normal_vec(shape.0 * shape.1, 0.0, 0.02);
+        w.insert(name, Tensor::from_vec(values, shape, device)?.to_dtype(dtype)?);
+        Ok(())
+    };
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let (q, kv) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
+    normal("model.embed_tokens.weight".into(), (cfg.vocab_size, h))?;
+    if !cfg.tie_word_embeddings {
+        normal("lm_head.weight".into(), (cfg.vocab_size, h))?;
+    }
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}");
+        for (name, shape) in [
+            ("self_attn.q_proj", (q, h)),
+            ("self_attn.k_proj", (kv, h)),
+            ("self_attn.v_proj", (kv, h)),
+            ("self_attn.o_proj", (h, q)),
+            ("mlp.gate_proj", (i, h)),
+            ("mlp.up_proj", (i, h)),
+            ("mlp.down_proj", (h, i)),
+        ] {
+            normal(format!("{p}.{name}.weight"), shape)?;
+        }
+    }
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}");
+        for norm in ["input_layernorm", "post_attention_layernorm"] {
+            w.insert(format!("{p}.{norm}.weight"), Tensor::ones(h, dtype, device)?);
+        }
+        if cfg.qkv_bias {
+            for (name, n) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+                w.insert(format!("{p}.self_attn.{name}.bias"), Tensor::zeros(n, dtype, device)?);
+            }
+        }
+    }
+    w.insert("model.norm.weight".into(), Tensor::ones(h, dtype, device)?);
+    Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_counts_match_transformers() {
+        // transformers' num_parameters() of each preset's config (a tied head counted once).
+        for (name, params) in [
+            ("llama_3_2_1b", 1_235_814_400u64),
+            ("llama_3_2_3b", 3_212_749_824),
+            ("llama_3_1_8b", 8_030_261_248),
+            ("qwen2_5_0_5b", 494_032_768),
+            ("qwen2_5_1_5b", 1_543_714_304),
+        ] {
+            assert_eq!(preset(name).unwrap().params(), params, "{name}");
+        }
+    }
+
+    #[test]
+    fn flops_per_token_follow_the_stated_formula() {
+        let c = preset("llama_3_2_1b").unwrap();
+        // 16 layers of 2 × (4·2048² / 4 … ): the projections and MLP, then the head (tied, still
+        // multiplied by), then attention over 512 tokens.
+        let layer = 2048 * 2048 + 2 * 2048 * 512 + 2048 * 2048 + 3 * 2048 * 8192;
+        let head = 128_256 * 2048;
+        assert_eq!(c.flops_per_token(512), 2 * (16 * layer + head) + 4 * 16 * 512 * 2048);
+        assert_eq!(c.kv_bytes_per_token(DType::BF16), 2 * 16 * 8 * 64 * 2);
+    }
+
+    #[test]
+    fn unsupported_configs_are_refused_naming_what_is_supported() {
+        let base = PRESETS[5].1;
+        let with = |key: &str, value: &str| {
+            let mut v: serde_json::Value = serde_json::from_str(base).unwrap();
+            v[key] = serde_json::from_str(value).unwrap();
+            Config::from_json(&v.to_string()).unwrap_err().to_string()
+        };
+        let e = with("architectures", r#"["MistralForCausalLM"]"#);
+        assert_eq!(
+            e,
+            "architecture `MistralForCausalLM` is not supported; supported: LlamaForCausalLM, Qwen2ForCausalLM"
+        );
+        let e = with("rope_scaling", r#"{"rope_type": "yarn", "factor": 4.0}"#);
+        assert_eq!(
+            e,
+            "rope_scaling of type `yarn` is not supported; supported: llama3, or none"
+        );
+        assert!(with("hidden_act", r#""gelu""#).contains("supported: silu"));
+        assert!(with("num_key_value_heads", "3").contains("multiple of num_key_value_heads (3)"));
+        let c = Config::from_json(&{
+            let mut v: serde_json::Value = serde_json::from_str(base).unwrap();
+            v["rope_scaling"] = serde_json::Value::Null;
+            v.to_string()
+        })
+        .unwrap();
+        assert_eq!(c.rope_scaling, None);
+    }
+}

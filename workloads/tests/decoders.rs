@@ -1,0 +1,149 @@
+//! The decoder family against candle-transformers' Llama and Qwen2, an independent implementation,
+//! from the same tensors on the CPU in f32: the prefill's logits, every greedy decode step's logits
+//! and the tokens chosen; and a sequence decoded a token at a time against the same sequence
+//! prefilled whole.
+
+use candle_core::{DType, Device, IndexOp, Tensor, D};
+use candle_nn::VarBuilder;
+use workloads::models::decoder::{self, Config, Decoder, KvCache};
+
+const TOLERANCE: f32 = 1e-4;
+const PROMPT: [[u32; 7]; 2] = [[1, 17, 250, 3, 99, 42, 7], [5, 5, 300, 12, 0, 64, 211]];
+const STEPS: usize = 6;
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+fn argmax_last(logits: &Tensor) -> Tensor {
+    // [batch, vocab] -> [batch, 1]
+    logits.argmax(D::Minus1).unwrap().unsqueeze(1).unwrap()
+}
+
+/// The tiny preset's weights, as a VarBuilder both implementations read.
+fn weights(cfg: &Config) -> VarBuilder<'static> {
+    let w = decoder::random_weights(cfg, 11, &Device::Cpu, DType::F32).unwrap();
+    VarBuilder::from_tensors(w, DType::F32, &Device::Cpu)
+}
+
+/// Runs both implementations greedily: `reference(ids, offset)` gives the oracle's logits of the
+/// last position, [batch, vocab]. Returns every position's logits of ours, prefill and steps
+/// concatenated along the tokens, and the tokens chosen.
+fn greedy_against(
+    model: &Decoder,
+    mut reference: impl FnMut(&Tensor, usize) -> Tensor,
+    name: &str,
+) -> (Tensor, Tensor) {
+    let prompt = Tensor::new(&PROMPT, &Device::Cpu).unwrap();
+    let mut cache = KvCache::new(model.config());
+    let prefill = model.forward(&prompt, &mut cache).unwrap();
+    let ours_last = prefill.i((.., PROMPT[0].len() - 1, ..)).unwrap();
+    let theirs = reference(&prompt, 0);
+    let d = max_diff(&ours_last, &theirs);
+    assert!(d <= TOLERANCE, "{name}: prefill logits differ by {d}");
+    let mut logits = vec![prefill];
+    let mut tokens = vec![prompt.clone()];
+    let mut next = argmax_last(&ours_last);
+    assert_eq!(
+        next.to_vec2::<u32>().unwrap(),
+        argmax_last(&theirs).to_vec2::<u32>().unwrap(),
+        "{name}: the first token"
+    );
+    for step in 0..STEPS {
+        let offset = cache.len();
+        let ours = model.forward(&next, &mut cache).unwrap();
+        let theirs = reference(&next, offset);
+        let ours_last = ours.i((.., 0, ..)).unwrap();
+        let d = max_diff(&ours_last, &theirs);
+        assert!(d <= TOLERANCE, "{name}: decode step {step} logits differ by {d}");
+        tokens.push(next.clone());
+        logits.push(ours);
+        let (a, b) = (argmax_last(&ours_last), argmax_last(&theirs));
+        assert_eq!(
+            a.to_vec2::<u32>().unwrap(),
+            b.to_vec2::<u32>().unwrap(),
+            "{name}: token of step {step}"
+        );
+        next = a;
+    }
+    assert_eq!(cache.len(), PROMPT[0].len() + STEPS);
+    (Tensor::cat(&logits, 1).unwrap(), Tensor::cat(&tokens, 1).unwrap())
+}
+
+/// The same tokens prefilled at once give the logits they got a token at a time.
+fn prefilled_whole_equals_decoded(model: &Decoder, logits: &Tensor, tokens: &Tensor, name: &str) {
+    let mut cache = KvCache::new(model.config());
+    let whole = model.forward(tokens, &mut cache).unwrap();
+    let d = max_diff(&whole, logits);
+    assert!(d <= TOLERANCE, "{name}: prefilled whole differs from decoded by {d}");
+    let cfg = model.config();
+    assert_eq!(
+        cache.bytes() as u64,
+        cfg.kv_bytes_per_token(DType::F32) * tokens.elem_count() as u64
+    );
+}
+
+#[test]
+fn llama_matches_candle_transformers_llama() {
+    use candle_transformers::models::llama;
+    let json = decoder::PRESETS.iter().find(|(n, _)| *n == "llama_tiny").unwrap().1;
+    let cfg = Config::from_json(json).unwrap();
+    assert!(cfg.rope_scaling.is_some() && cfg.num_kv_heads < cfg.num_heads && !cfg.tie_word_embeddings);
+    let vb = weights(&cfg);
+    let ours = Decoder::new(&cfg, vb.clone()).unwrap();
+    let theirs_cfg = serde_json::from_str::<llama::LlamaConfig>(json)
+        .unwrap()
+        .into_config(false);
+    let theirs = llama::Llama::load(vb, &theirs_cfg).unwrap();
+    let mut cache = llama::Cache::new(true, DType::F32, &theirs_cfg, &Device::Cpu).unwrap();
+    let (logits, tokens) = greedy_against(
+        &ours,
+        |ids, offset| theirs.forward(ids, offset, &mut cache).unwrap(),
+        "llama",
+    );
+    prefilled_whole_equals_decoded(&ours, &logits, &tokens, "llama");
+}
+
+#[test]
+fn qwen2_matches_candle_transformers_qwen2() {
+    use candle_transformers::models::qwen2;
+    let json = decoder::PRESETS.iter().find(|(n, _)| *n == "qwen2_tiny").unwrap().1;
+    let cfg = Config::from_json(json).unwrap();
+    assert!(cfg.qkv_bias && cfg.tie_word_embeddings);
+    // Biases of zero would leave them untested: give them values.
+    let mut w = decoder::random_weights(&cfg, 11, &Device::Cpu, DType::F32).unwrap();
+    for (name, t) in w.iter_mut() {
+        if name.ends_with(".bias") {
+            *t = Tensor::randn(0f32, 0.5, t.shape(), &Device::Cpu).unwrap();
+        }
+    }
+    let vb = VarBuilder::from_tensors(w, DType::F32, &Device::Cpu);
+    let ours = Decoder::new(&cfg, vb.clone()).unwrap();
+    let theirs_cfg: qwen2::Config = serde_json::from_str(json).unwrap();
+    let mut theirs = qwen2::ModelForCausalLM::new(&theirs_cfg, vb).unwrap();
+    let (logits, tokens) = greedy_against(
+        &ours,
+        |ids, offset| theirs.forward(ids, offset).unwrap().squeeze(1).unwrap(),
+        "qwen2",
+    );
+    prefilled_whole_equals_decoded(&ours, &logits, &tokens, "qwen2");
+}
+
+#[test]
+fn a_prompt_past_the_positions_is_an_error_not_a_wrong_answer() {
+    let json = decoder::PRESETS.iter().find(|(n, _)| *n == "llama_tiny").unwrap().1;
+    let cfg = Config::from_json(json).unwrap();
+    let model = Decoder::new(&cfg, weights(&cfg)).unwrap();
+    let ids = Tensor::zeros((1, cfg.max_position_embeddings + 1), DType::U32, &Device::Cpu).unwrap();
+    let e = model.forward(&ids, &mut KvCache::new(&cfg)).unwrap_err().to_string();
+    assert!(e.contains("exceed the model's 256 positions"), "{e}");
+}
