@@ -102,6 +102,28 @@ impl Outcome {
         }
     }
 
+    /// The outcome a row's `calibration` column names.
+    pub fn parse(name: &str) -> Option<Outcome> {
+        [
+            Outcome::Reached,
+            Outcome::NeighbourTooWeak,
+            Outcome::ClientBelowShare,
+            Outcome::NotConverged,
+            Outcome::NoSpareSms,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == name)
+    }
+
+    /// Whether a `calibration` column says the client was not held to its share (a neighbour that
+    /// could not, or a search that did not settle); not for a slice with no neighbour at all.
+    pub fn missed_share(name: &str) -> bool {
+        matches!(
+            Outcome::parse(name),
+            Some(Outcome::NeighbourTooWeak | Outcome::ClientBelowShare | Outcome::NotConverged)
+        )
+    }
+
     /// What the user must know when the share was not reached; `None` when it was.
     pub fn warning(self, got_gbps: f64, share_gbps: f64) -> Option<String> {
         let (got, share) = (got_gbps.round(), share_gbps.round());
@@ -311,14 +333,20 @@ impl Cache {
         self.entries().into_iter().find(|e| &e.key == key)
     }
 
-    /// The GPU's bandwidth from the newest entry of the same GPU and driver that `recalibrate` lets
-    /// stand ([`trusted`]).
-    pub fn gpu_bandwidth(&self, gpu_uuid: &str, driver: &str, recalibrate: Option<&str>) -> Option<f64> {
-        self.entries()
-            .into_iter()
-            .filter(|e| e.key.gpu_uuid == gpu_uuid && e.key.driver == driver && trusted(e, recalibrate))
-            .max_by(|a, b| a.calibrated_at.cmp(&b.calibrated_at))
-            .map(|e| e.gpu_bandwidth_gbps)
+    /// From one read of the file: the entry of `key` that `recalibrate` lets stand ([`trusted`]),
+    /// and the GPU's bandwidth: that entry's, else the newest standing entry's of the same GPU and
+    /// driver.
+    pub fn lookup(&self, key: &Key, recalibrate: Option<&str>) -> (Option<Entry>, Option<f64>) {
+        let standing: Vec<Entry> = self.entries().into_iter().filter(|e| trusted(e, recalibrate)).collect();
+        let own = standing.iter().find(|e| &e.key == key).cloned();
+        let gpu_bandwidth = own.as_ref().map(|e| e.gpu_bandwidth_gbps).or_else(|| {
+            standing
+                .iter()
+                .filter(|e| e.key.gpu_uuid == key.gpu_uuid && e.key.driver == key.driver)
+                .max_by(|a, b| a.calibrated_at.cmp(&b.calibrated_at))
+                .map(|e| e.gpu_bandwidth_gbps)
+        });
+        (own, gpu_bandwidth)
     }
 
     /// Keeps `entry`, replacing one of the same key; written to a temporary file and renamed, so
@@ -470,6 +498,9 @@ mod tests {
             .unwrap()
             .contains("below its share"));
         assert_eq!(Outcome::Reached.warning(373.0, 373.0), None);
+        assert!(Outcome::missed_share("neighbour_too_weak") && Outcome::missed_share("not_converged"));
+        assert!(!Outcome::missed_share("reached") && !Outcome::missed_share("no_spare_sms"));
+        assert!(!Outcome::missed_share("") && Outcome::parse("client_below_share").is_some());
     }
 
     #[test]
@@ -545,11 +576,25 @@ mod tests {
         let old = r#"[{"gpu_uuid":"GPU-1","driver":"d","share":"1g.10gb","gpu_bandwidth_gbps":2983.0,"pause_ns":0,"outcome":"reached","bandwidth_gbps":370.0,"calibrated_at":"x"}]"#;
         let old: Vec<Entry> = serde_json::from_str(old).unwrap();
         assert_eq!(old[0].load(912), Load::full(912));
-        assert_eq!(cache.gpu_bandwidth("GPU-1", "580.159.04", None), Some(2983.0));
-        assert_eq!(cache.gpu_bandwidth("GPU-1", "590.0", None), None);
+        let gpu = |driver: &str, recalibrate| {
+            let k = Key {
+                share: "2g.20gb".into(),
+                driver: driver.into(),
+                ..key.clone()
+            };
+            cache.lookup(&k, recalibrate).1
+        };
+        assert_eq!(
+            gpu("580.159.04", None),
+            Some(2983.0),
+            "another share's, same GPU and driver"
+        );
+        assert_eq!(gpu("590.0", None), None);
+        assert_eq!(cache.lookup(&key, None).0.map(|e| e.pause_ns), Some(120));
         // Under --recalibrate only this command's own entries stand.
-        assert_eq!(cache.gpu_bandwidth("GPU-1", "580.159.04", Some("t1")), Some(2983.0));
-        assert_eq!(cache.gpu_bandwidth("GPU-1", "580.159.04", Some("t2")), None);
+        assert_eq!(gpu("580.159.04", Some("t1")), Some(2983.0));
+        assert_eq!(gpu("580.159.04", Some("t2")), None);
+        assert_eq!(cache.lookup(&key, Some("t2")), (None, None));
         assert!(trusted(&got, None));
         assert!(trusted(&got, Some("t1")), "made by this same command");
         assert!(!trusted(&got, Some("t2")));

@@ -128,15 +128,7 @@ impl Calibrations<'_> {
     /// bandwidth: that entry's, else another share's on the same GPU and driver, else measured by a
     /// neighbour given every SM.
     pub fn cached<N: Neighbours>(&self, neighbours: &mut N) -> Result<(Option<Entry>, f64)> {
-        let recalibrate = self.recalibrate.as_deref();
-        let own = self
-            .cache
-            .get(&self.key)
-            .filter(|e| calibration::trusted(e, recalibrate));
-        let known = own.as_ref().map(|e| e.gpu_bandwidth_gbps).or_else(|| {
-            self.cache
-                .gpu_bandwidth(&self.key.gpu_uuid, &self.key.driver, recalibrate)
-        });
+        let (own, known) = self.cache.lookup(&self.key, self.recalibrate.as_deref());
         let gpu_bandwidth_gbps = match known {
             Some(b) => b,
             None => neighbours.gpu_bandwidth_gbps()?,

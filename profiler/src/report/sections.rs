@@ -833,8 +833,10 @@ fn emulated_ranges(points: &[(&Row, f64, f64)]) -> Option<Block> {
                     .n("measured_bandwidth_gbps")
                     .zip(r.n("memory_share_gbps"))
                     .map(|(b, s)| match r.s("calibration") {
-                        "" | "reached" | "no_spare_sms" => format!("{:.2}", b / s),
-                        missed => format!("{:.2} ({missed})", b / s),
+                        missed if crate::mps::calibration::Outcome::missed_share(missed) => {
+                            format!("{:.2} ({missed})", b / s)
+                        }
+                        _ => format!("{:.2}", b / s),
                     })
                     .unwrap_or_default();
             }

@@ -346,9 +346,11 @@ fn emulated_range(all: &[&Row], base: &[&Row], target: &[&Row]) -> Option<Emulat
         .map(|(s, g)| s / g);
     let share_missed = target.iter().chain(&twins).find_map(|r| {
         let outcome = field(r, "calibration");
-        let missed = !["", "reached", "no_spare_sms"].contains(&outcome.as_str());
         let ratio = number(r, "measured_bandwidth_gbps").zip(number(r, "memory_share_gbps"));
-        missed.then_some(()).and(ratio).map(|(b, s)| (b / s, outcome))
+        crate::mps::calibration::Outcome::missed_share(&outcome)
+            .then_some(())
+            .and(ratio)
+            .map(|(b, s)| (b / s, outcome))
     });
     Some(EmulatedRange {
         profile,
