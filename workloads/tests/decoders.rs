@@ -147,3 +147,38 @@ fn a_prompt_past_the_positions_is_an_error_not_a_wrong_answer() {
     let e = model.forward(&ids, &mut KvCache::new(&cfg)).unwrap_err().to_string();
     assert!(e.contains("exceed the model's 256 positions"), "{e}");
 }
+
+#[test]
+fn a_hugging_face_folder_runs_without_a_preset_and_a_bad_one_says_why() {
+    let json = decoder::PRESETS.iter().find(|(n, _)| *n == "qwen2_tiny").unwrap().1;
+    let cfg = Config::from_json(json).unwrap();
+    let tensors = decoder::random_weights(&cfg, 3, &Device::Cpu, DType::F32).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), json).unwrap();
+    candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
+    let from_folder = decoder::load_folder(dir.path(), &Device::Cpu, DType::F32).unwrap();
+    let in_memory = Decoder::new(&cfg, VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu)).unwrap();
+    let prompt = Tensor::new(&PROMPT, &Device::Cpu).unwrap();
+    let a = from_folder.forward(&prompt, &mut KvCache::new(&cfg)).unwrap();
+    let b = in_memory.forward(&prompt, &mut KvCache::new(&cfg)).unwrap();
+    assert_eq!(max_diff(&a, &b), 0.0);
+
+    // Another architecture, named with the supported ones.
+    let mut other: serde_json::Value = serde_json::from_str(json).unwrap();
+    other["architectures"] = serde_json::json!(["GemmaForCausalLM"]);
+    std::fs::write(dir.path().join("config.json"), other.to_string()).unwrap();
+    let e = decoder::read_folder(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.ends_with("config.json: architecture `GemmaForCausalLM` is not supported; supported: LlamaForCausalLM, Qwen2ForCausalLM"),
+        "{e}"
+    );
+    // No weights, no config.
+    std::fs::write(dir.path().join("config.json"), json).unwrap();
+    std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+    let e = decoder::read_folder(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("no *.safetensors weights"), "{e}");
+    let e = decoder::read_folder(&dir.path().join("missing"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no readable config.json"), "{e}");
+}

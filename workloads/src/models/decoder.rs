@@ -264,6 +264,54 @@ pub fn preset(name: &str) -> Option<Config> {
         .map(|(_, json)| Config::from_json(json).expect("the presets' config.json files read"))
 }
 
+/// Why a model folder cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FolderError {
+    #[error("{dir}: {why}")]
+    Folder { dir: String, why: String },
+    #[error("{dir}/config.json: {source}")]
+    Config { dir: String, source: ConfigError },
+}
+
+/// A Hugging Face model folder (`config.json` and its weights as `*.safetensors`, one file or
+/// shards): the config, and the weights' files in name order.
+pub fn read_folder(dir: &std::path::Path) -> std::result::Result<(Config, Vec<std::path::PathBuf>), FolderError> {
+    let shown = dir.display().to_string();
+    let folder = |why: String| FolderError::Folder {
+        dir: shown.clone(),
+        why,
+    };
+    let text = std::fs::read_to_string(dir.join("config.json")).map_err(|e| {
+        folder(format!(
+            "no readable config.json ({e}); a model folder holds config.json and its *.safetensors"
+        ))
+    })?;
+    let cfg = Config::from_json(&text).map_err(|source| FolderError::Config {
+        dir: shown.clone(),
+        source,
+    })?;
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| folder(e.to_string()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(folder(
+            "no *.safetensors weights beside config.json (migprof reads safetensors, not .bin or .pt)".into(),
+        ));
+    }
+    Ok((cfg, files))
+}
+
+/// The model of a Hugging Face folder ([`read_folder`]) on `device`, its weights at `dtype`.
+pub fn load_folder(dir: &std::path::Path, device: &Device, dtype: DType) -> Result<Decoder> {
+    let (cfg, files) = read_folder(dir).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    // SAFETY: the files are mapped read-only for the model's lifetime; migprof does not write them.
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device)? };
+    Decoder::new(&cfg, vb)
+}
+
 /// The keys and values of every layer, appended to as tokens are processed.
 #[derive(Debug, Clone)]
 pub struct KvCache {
