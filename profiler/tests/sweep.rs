@@ -571,6 +571,20 @@ busy = { model = "bert_tiny", mode = "train", dtype = "f32", batch = 2 }
     assert!(text(&again).contains("2 skipped"), "{}", text(&again));
 }
 
+/// `migprof sweep FILE --out OUT` on the recorded topology `topology`, with `env` set.
+fn sweep_on_recorded(file: &Path, out: &Path, topology: &Path, env: &[(&str, &Path)]) -> std::process::Output {
+    let mut cmd = migprof();
+    cmd.arg("sweep")
+        .arg(file)
+        .arg("--out")
+        .arg(out)
+        .env("MIGPROF_TOPOLOGY", topology);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
 #[test]
 fn a_group_of_real_mig_slices_starts_together_on_a_recorded_topology() {
     // Two MIG devices of a recorded H100 layout: distinct devices, started together as one instance.
@@ -603,14 +617,7 @@ targets = ["3g", "2g"]
 "#,
     );
     let out = dir.path().join("out");
-    let o = migprof()
-        .arg("sweep")
-        .arg(&file)
-        .arg("--out")
-        .arg(&out)
-        .env("MIGPROF_TOPOLOGY", &topology)
-        .output()
-        .unwrap();
+    let o = sweep_on_recorded(&file, &out, &topology, &[]);
     assert!(
         text(&o).contains("group 3g+2g: 2 members started together"),
         "{}",
@@ -625,5 +632,81 @@ targets = ["3g", "2g"]
             .iter()
             .all(|e| e.contains("built without CUDA support") || e.contains("MIG")),
         "{errors:?}"
+    );
+}
+
+#[test]
+fn a_memory_partitioned_group_whose_neighbour_cannot_start_leaves_failed_rows_and_the_sweep_goes_on() {
+    // Two mps-mem: members on a recorded H100 with MIG off, under the fake MPS control program: the
+    // sweep starts the group's memory-system neighbour, which in a CPU build cannot run. Each member
+    // gets a failed row naming why, the sweep goes on to its end, and nothing is left running.
+    let dir = tempfile::tempdir().unwrap();
+    let topology = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/topologies/no_mig.json");
+    let control = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-mps-control");
+    let file = write(
+        dir.path(),
+        r#"
+name = "mem-group"
+[defaults]
+warmup_secs = 0.1
+duration_secs = 0.2
+[[targets]]
+label = "1g-mem"
+device = "mps-mem:1g.10gb"
+alone = false
+[[targets]]
+label = "2g-mem"
+device = "mps-mem:2g.20gb"
+alone = false
+[[targets]]
+label = "cpu"
+device = "cpu"
+[[matrix]]
+models = ["resnet_tiny"]
+batches = [1]
+[[groups]]
+label = "1g+2g"
+concurrent = true
+targets = ["1g-mem", "2g-mem"]
+"#,
+    );
+    let out = dir.path().join("out");
+    let mps_dir = dir.path().join("mps");
+    let cache = dir.path().join("cache");
+    let o = sweep_on_recorded(
+        &file,
+        &out,
+        &topology,
+        &[
+            ("MIGPROF_MPS_CONTROL", &control),
+            ("MIGPROF_MPS_DIR", &mps_dir),
+            ("MIGPROF_CACHE_DIR", &cache),
+        ],
+    );
+    let said = text(&o);
+    assert!(
+        said.contains("3 run (1 ok, 2 error)"),
+        "the sweep went on to its end: {said}"
+    );
+    let runs = read_table(&out, Table::Runs).unwrap();
+    let by_target: std::collections::BTreeMap<String, (String, String)> = strings(&runs, "target")
+        .into_iter()
+        .zip(strings(&runs, "status").into_iter().zip(strings(&runs, "error")))
+        .collect();
+    assert_eq!(by_target.len(), 3, "{said}");
+    assert_eq!(by_target["cpu"].0, "ok", "{said}");
+    for member in ["1g-mem", "2g-mem"] {
+        let (status, error) = &by_target[member];
+        assert_eq!(status, "error", "{said}");
+        assert!(error.contains("the group's memory-system neighbour"), "{error}");
+    }
+    // No neighbour or fake MPS server is left behind.
+    let left = std::process::Command::new("ps").args(["-eo", "args"]).output().unwrap();
+    let left = String::from_utf8_lossy(&left.stdout);
+    assert!(
+        !left
+            .lines()
+            .any(|l| l.contains("memory-neighbour") || l.contains(mps_dir.to_str().unwrap())),
+        "{left}"
     );
 }

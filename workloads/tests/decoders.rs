@@ -29,9 +29,20 @@ fn argmax_last(logits: &Tensor) -> Tensor {
     logits.argmax(D::Minus1).unwrap().unsqueeze(1).unwrap()
 }
 
-/// The tiny preset's weights, as a VarBuilder both implementations read.
+/// The tiny preset's weights, as a VarBuilder both implementations read. The norms' weights and
+/// the biases, ones and zeros as initialised, get random values, so that a norm or a bias wired to
+/// the wrong place shows.
 fn weights(cfg: &Config) -> VarBuilder<'static> {
-    let w = decoder::random_weights(cfg, 11, &Device::Cpu, DType::F32).unwrap();
+    let mut w = decoder::random_weights(cfg, 11, &Device::Cpu, DType::F32).unwrap();
+    for (name, t) in w.iter_mut() {
+        let (mean, std) = match name {
+            n if n.ends_with("norm.weight") => (1.0, 0.2),
+            n if n.ends_with(".bias") => (0.0, 0.5),
+            _ => continue,
+        };
+        let values = workloads::init::Rng::for_name(5, name).normal_vec(t.elem_count(), mean, std);
+        *t = Tensor::from_vec(values, t.shape(), &Device::Cpu).unwrap();
+    }
     VarBuilder::from_tensors(w, DType::F32, &Device::Cpu)
 }
 
@@ -119,14 +130,7 @@ fn qwen2_matches_candle_transformers_qwen2() {
     let json = decoder::PRESETS.iter().find(|(n, _)| *n == "qwen2_tiny").unwrap().1;
     let cfg = Config::from_json(json).unwrap();
     assert!(cfg.qkv_bias && cfg.tie_word_embeddings);
-    // Biases of zero would leave them untested: give them values.
-    let mut w = decoder::random_weights(&cfg, 11, &Device::Cpu, DType::F32).unwrap();
-    for (name, t) in w.iter_mut() {
-        if name.ends_with(".bias") {
-            *t = Tensor::randn(0f32, 0.5, t.shape(), &Device::Cpu).unwrap();
-        }
-    }
-    let vb = VarBuilder::from_tensors(w, DType::F32, &Device::Cpu);
+    let vb = weights(&cfg);
     let ours = Decoder::new(&cfg, vb.clone()).unwrap();
     let theirs_cfg: qwen2::Config = serde_json::from_str(json).unwrap();
     let mut theirs = qwen2::ModelForCausalLM::new(&theirs_cfg, vb).unwrap();
@@ -139,13 +143,28 @@ fn qwen2_matches_candle_transformers_qwen2() {
 }
 
 #[test]
-fn a_prompt_past_the_positions_is_an_error_not_a_wrong_answer() {
+fn a_prompt_past_the_positions_or_a_failed_pass_is_an_error_not_a_wrong_answer() {
     let json = decoder::PRESETS.iter().find(|(n, _)| *n == "llama_tiny").unwrap().1;
     let cfg = Config::from_json(json).unwrap();
     let model = Decoder::new(&cfg, weights(&cfg)).unwrap();
     let ids = Tensor::zeros((1, cfg.max_position_embeddings + 1), DType::U32, &Device::Cpu).unwrap();
     let e = model.forward(&ids, &mut KvCache::new(&cfg)).unwrap_err().to_string();
     assert!(e.contains("exceed the model's 256 positions"), "{e}");
+    // A pass that fails leaves the cache as it was.
+    let mut cache = KvCache::new(&cfg);
+    model
+        .forward(&Tensor::new(&PROMPT, &Device::Cpu).unwrap(), &mut cache)
+        .unwrap();
+    let wrong = Tensor::zeros((3, 1), DType::U32, &Device::Cpu).unwrap();
+    assert!(
+        model.forward(&wrong, &mut cache).is_err(),
+        "a batch of 3 against a cache of 2"
+    );
+    assert_eq!(cache.len(), PROMPT[0].len());
+    model
+        .forward(&Tensor::zeros((2, 1), DType::U32, &Device::Cpu).unwrap(), &mut cache)
+        .unwrap();
+    assert_eq!(cache.len(), PROMPT[0].len() + 1);
 }
 
 #[test]

@@ -89,6 +89,9 @@ pub enum Outcome {
     NotConverged,
     /// The target holds every SM: there is nowhere for a neighbour to run, and partitioned equals alone.
     NoSpareSms,
+    /// A member of a concurrent group outside its own share: the group's neighbour holds the members
+    /// to their share together, which they divide among themselves as MPS clients do.
+    SharedInGroup,
 }
 
 impl Outcome {
@@ -99,6 +102,7 @@ impl Outcome {
             Outcome::ClientBelowShare => "client_below_share",
             Outcome::NotConverged => "not_converged",
             Outcome::NoSpareSms => "no_spare_sms",
+            Outcome::SharedInGroup => "shared_in_group",
         }
     }
 
@@ -110,6 +114,7 @@ impl Outcome {
             Outcome::ClientBelowShare,
             Outcome::NotConverged,
             Outcome::NoSpareSms,
+            Outcome::SharedInGroup,
         ]
         .into_iter()
         .find(|o| o.as_str() == name)
@@ -120,7 +125,9 @@ impl Outcome {
     pub fn missed_share(name: &str) -> bool {
         matches!(
             Outcome::parse(name),
-            Some(Outcome::NeighbourTooWeak | Outcome::ClientBelowShare | Outcome::NotConverged)
+            Some(
+                Outcome::NeighbourTooWeak | Outcome::ClientBelowShare | Outcome::NotConverged | Outcome::SharedInGroup
+            )
         )
     }
 
@@ -142,6 +149,9 @@ impl Outcome {
                 TOLERANCE * 100.0
             )),
             Outcome::NoSpareSms => None,
+            Outcome::SharedInGroup => Some(format!(
+                "this member of a concurrent group reads {got} GB/s against its share of {share} GB/s: the group's neighbour holds the members to their memory slices' share together, and they divide it as MPS clients do, not each its own as on MIG"
+            )),
         }
     }
 }

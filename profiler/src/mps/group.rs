@@ -75,8 +75,10 @@ impl GroupPartition {
     }
 
     /// A member's record: its own share and its own bandwidth beside the neighbour, with the
-    /// group's neighbour and calibration. Its bandwidth alone and its compute probe are not known
-    /// (the neighbour was streaming when it opened its device).
+    /// group's neighbour. Its outcome is its own where it is off its share: `reached` within it, the
+    /// group's where the group missed in the same direction, else `shared_in_group`. Its bandwidth
+    /// alone and its compute probe are not known (the neighbour was streaming when it opened its
+    /// device).
     pub fn member(
         &self,
         memory_fraction: f64,
@@ -84,13 +86,22 @@ impl GroupPartition {
         shared_sms: Option<u32>,
         clocks: (Option<u32>, Option<u64>),
     ) -> Partition {
+        let share_gbps = memory_fraction * self.gpu_bandwidth_gbps;
+        let outcome = if calibration::within(bandwidth_gbps, share_gbps) {
+            Outcome::Reached
+        } else {
+            match (self.outcome, bandwidth_gbps > share_gbps) {
+                (Outcome::NeighbourTooWeak, true) | (Outcome::ClientBelowShare, false) => self.outcome,
+                _ => Outcome::SharedInGroup,
+            }
+        };
         Partition {
             gpu_bandwidth_gbps: self.gpu_bandwidth_gbps,
-            share_gbps: memory_fraction * self.gpu_bandwidth_gbps,
+            share_gbps,
             alone_bandwidth_gbps: None,
             bandwidth_gbps,
             load: self.load(),
-            outcome: self.outcome,
+            outcome,
             cached: self.cached,
             neighbour_sms: self.neighbour_sms,
             shared_sms,
@@ -364,8 +375,16 @@ mod tests {
         assert_eq!(cache.get(&calibrations(&cache).key).unwrap().blocks, record.blocks);
         let path = record.write(dir.path()).unwrap();
         assert_eq!(GroupPartition::read(&path).unwrap(), record);
-        // A member's row: its own share and bandwidth, the group's neighbour.
+        // A member's row: its own share and bandwidth, the group's neighbour, its own outcome.
         let member = record.member(0.125, 330.0, Some(0), (Some(1980), Some(0)));
+        assert_eq!(member.outcome, Outcome::Reached);
+        let above = record.member(0.125, 405.0, None, (None, None));
+        assert_eq!(above.outcome, Outcome::SharedInGroup);
+        assert!(
+            above.warnings()[0].contains("405 GB/s against its share of 338 GB/s"),
+            "{:?}",
+            above.warnings()
+        );
         assert!((member.share_gbps - 337.5).abs() < 1e-9);
         assert_eq!((member.alone_bandwidth_gbps, member.compute_slowdown_pct), (None, None));
         assert_eq!((member.load, member.neighbour_pid), (record.load(), Some(962)));

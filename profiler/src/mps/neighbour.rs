@@ -57,6 +57,9 @@ impl NeighbourProcess {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        // Its own process group: a Ctrl-C at the terminal reaches the migprof that started it,
+        // which stops it, rather than killing it in the middle of a request.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         // SAFETY: between fork and exec, only prctl and getppid: the neighbour is killed when the
         // thread that started it ends, so that a client that dies cannot leave it streaming; one
         // whose client died before the prctl took effect does not start.
@@ -144,8 +147,13 @@ impl NeighbourProcess {
         v.parse().map_err(|_| anyhow!("the neighbour's bandwidth `{v}`"))
     }
 
-    /// Asks it to quit and waits for it; killed when it does not go within a few seconds.
+    /// Asks it to quit and waits for it; killed when it does not go within a few seconds. One that
+    /// had already ended is an error: the client measured beside no neighbour for some of its run.
     pub fn stop(mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            self.stdin = None;
+            bail!("the memory-system neighbour had ended before it was stopped ({status}); its error is above")
+        }
         self.quit()
     }
 

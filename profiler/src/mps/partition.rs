@@ -271,7 +271,7 @@ pub(super) fn still_holds(
         Outcome::Reached | Outcome::NotConverged => calibration::within(got, share_gbps),
         Outcome::NeighbourTooWeak => got > band.1,
         Outcome::ClientBelowShare => got < band.0,
-        Outcome::NoSpareSms => false,
+        Outcome::NoSpareSms | Outcome::SharedInGroup => false,
     };
     if !holds {
         log(format!(

@@ -652,6 +652,26 @@ impl Scheduler<'_> {
         Ok(())
     }
 
+    /// A group that could not start: a failed row for each member, counted and said.
+    fn group_failed(&mut self, members: &[PlannedCell], why: &str) -> Result<()> {
+        let ending = Ending {
+            status: Status::Error,
+            message: format!("the group's memory-system neighbour: {why}"),
+        };
+        for m in members {
+            record_failure(
+                &self.opts.out,
+                &m.spec,
+                provenance::now(),
+                &ending,
+                &self.invocation_id,
+                &self.host,
+            )?;
+            self.ended(&m.spec, ending.status, &ending.message)?;
+        }
+        Ok(())
+    }
+
     /// Stops the neighbours of a group that has ended; one that will not stop is said.
     fn stop_group_neighbours(&mut self) {
         for n in self.group_neighbours.drain(..) {
@@ -791,13 +811,12 @@ impl Scheduler<'_> {
             return Ok(());
         }
         if let Some(members) = work.groups.pop_front() {
+            let dir = group_dir(&self.opts.out, &members)?;
             let mut said = Vec::new();
-            let started = start_group(
+            let records = start_memory_neighbours(
                 self.exe,
-                &self.opts.out,
                 &members,
-                self.timeout,
-                &self.invocation_id,
+                &dir,
                 self.daemons,
                 &mut self.keys,
                 &mut self.group_neighbours,
@@ -806,7 +825,26 @@ impl Scheduler<'_> {
             for line in said {
                 self.progress.line(&format!("MPS: {line}"))?;
             }
-            let started = started?;
+            let records = match records {
+                Ok(r) => r,
+                Err(e) => {
+                    // The group cannot run as it says: each member gets a failed row, and the
+                    // sweep goes on.
+                    self.stop_group_neighbours();
+                    return self.group_failed(&members, &format!("{e:#}"));
+                }
+            };
+            let started = start_group(
+                self.exe,
+                &self.opts.out,
+                &dir,
+                &members,
+                self.timeout,
+                &self.invocation_id,
+                self.daemons,
+                &mut self.keys,
+                &records,
+            )?;
             self.progress.line(&format!(
                 "group {}: {} members started together",
                 members[0].spec.concurrency_group.as_deref().unwrap_or(""),
@@ -948,22 +986,8 @@ fn mps_env(
     }
 }
 
-/// Starts every member of a concurrent group instance at once, in a fresh meeting folder, and then
-/// tells them who the members are (their pids: the neighbours each expects on its device). The
-/// `mps-mem:` members of each GPU first get their one memory-system neighbour, kept in
-/// `neighbours` ([`crate::mps::group`]).
-#[allow(clippy::too_many_arguments)]
-fn start_group(
-    exe: &Path,
-    out: &Path,
-    members: &[PlannedCell],
-    timeout: Duration,
-    invocation_id: &str,
-    daemons: &HashMap<String, crate::mps::daemon::Daemon>,
-    keys: &mut HashMap<String, String>,
-    neighbours: &mut Vec<crate::mps::neighbour::NeighbourProcess>,
-    log: &mut dyn FnMut(String),
-) -> Result<Vec<Active>> {
+/// A fresh meeting folder for a group instance.
+fn group_dir(out: &Path, members: &[PlannedCell]) -> Result<PathBuf> {
     let key = members[0].group.as_deref().expect("a group's member");
     let digest = sha2::Digest::finalize(sha2::Digest::chain_update(
         <sha2::Sha256 as sha2::Digest>::new(),
@@ -974,7 +998,26 @@ fn start_group(
         .join(digest.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>());
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| crate::files::io_error(e, &dir))?;
-    let records = start_memory_neighbours(exe, members, &dir, daemons, keys, neighbours, log)?;
+    Ok(dir)
+}
+
+/// Starts every member of a concurrent group instance at once, in its meeting folder `dir`, and
+/// then tells them who the members are (their pids: the neighbours each expects on its device).
+/// `records` names, by device key, the memory-system neighbour record of the `mps-mem:` members
+/// there ([`start_memory_neighbours`]).
+#[allow(clippy::too_many_arguments)]
+fn start_group(
+    exe: &Path,
+    out: &Path,
+    dir: &Path,
+    members: &[PlannedCell],
+    timeout: Duration,
+    invocation_id: &str,
+    daemons: &HashMap<String, crate::mps::daemon::Daemon>,
+    keys: &mut HashMap<String, String>,
+    records: &HashMap<String, PathBuf>,
+) -> Result<Vec<Active>> {
+    let dir = dir.to_path_buf();
     let mut started = Vec::new();
     for m in members {
         let device = keys
@@ -1045,6 +1088,19 @@ fn start_memory_neighbours(
             .or_insert_with(|| device_key(&m.spec.device))
             .clone();
         by_gpu.entry(key).or_default().push(target);
+    }
+    // An mps: member beside them would run on the SMs their neighbour streams on.
+    for m in members.iter().filter(|m| m.spec.device.starts_with("mps:")) {
+        let key = keys
+            .entry(m.spec.device.clone())
+            .or_insert_with(|| device_key(&m.spec.device))
+            .clone();
+        if by_gpu.contains_key(&key) {
+            anyhow::bail!(
+                "`{}` is emulated alone (mps:) on the GPU of the group's memory-partitioned members; a group's emulated members on a GPU are all mps: or all mps-mem:",
+                m.spec.device
+            )
+        }
     }
     let mut records = HashMap::new();
     for (key, targets) in by_gpu {

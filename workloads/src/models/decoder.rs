@@ -44,6 +44,8 @@ pub enum ConfigError {
     RopeScaling { found: String },
     #[error("hidden_act `{found}` is not supported; supported: silu")]
     Activation { found: String },
+    #[error("{field}: true is not supported; supported: false ({why})")]
+    Unsupported { field: &'static str, why: &'static str },
     #[error("{0}")]
     Shape(String),
 }
@@ -74,6 +76,10 @@ struct RawConfig {
     rope_scaling: Option<serde_json::Value>,
     #[serde(default)]
     attention_bias: Option<bool>,
+    #[serde(default)]
+    mlp_bias: Option<bool>,
+    #[serde(default)]
+    use_sliding_window: Option<bool>,
     #[serde(default)]
     hidden_act: Option<String>,
 }
@@ -107,7 +113,7 @@ pub struct Config {
     pub rope_scaling: Option<Llama3Scaling>,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
-    /// Biases on the q, k and v projections (Qwen2; Llama's `attention_bias`).
+    /// Biases on the q, k and v projections (Qwen2).
     pub qkv_bias: bool,
 }
 
@@ -129,6 +135,25 @@ impl Config {
         };
         if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "silu") {
             return Err(ConfigError::Activation { found: act.to_string() });
+        }
+        // Refused rather than loaded without them: weights nobody asks for are ignored, and the
+        // logits would be silently wrong.
+        for (field, set, why) in [
+            (
+                "attention_bias",
+                raw.attention_bias,
+                "biases on every attention projection, o_proj's included",
+            ),
+            ("mlp_bias", raw.mlp_bias, "biases on the MLP's projections"),
+            (
+                "use_sliding_window",
+                raw.use_sliding_window,
+                "attention over a sliding window",
+            ),
+        ] {
+            if set == Some(true) {
+                return Err(ConfigError::Unsupported { field, why });
+            }
         }
         let rope_scaling = match raw.rope_scaling {
             None | Some(serde_json::Value::Null) => None,
@@ -175,7 +200,7 @@ impl Config {
             rope_scaling,
             max_position_embeddings: raw.max_position_embeddings,
             tie_word_embeddings: raw.tie_word_embeddings,
-            qkv_bias: architecture == Architecture::Qwen2 || raw.attention_bias.unwrap_or(false),
+            qkv_bias: architecture == Architecture::Qwen2,
         })
     }
 
@@ -347,13 +372,17 @@ impl KvCache {
             .sum()
     }
 
-    fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let kv = match &self.layers[layer] {
+    /// A layer's keys and values with `k` and `v` appended; the cache keeps them only once every
+    /// layer has run ([`KvCache::commit`]), so that a forward pass that fails leaves it as it was.
+    fn extended(&self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        Ok(match &self.layers[layer] {
             None => (k.clone(), v.clone()),
             Some((pk, pv)) => (Tensor::cat(&[pk, k], 2)?, Tensor::cat(&[pv, v], 2)?),
-        };
-        self.layers[layer] = Some(kv.clone());
-        Ok(kv)
+        })
+    }
+
+    fn commit(&mut self, layers: Vec<(Tensor, Tensor)>) {
+        self.layers = layers.into_iter().map(Some).collect();
     }
 }
 
@@ -393,16 +422,17 @@ impl Attention {
         })
     }
 
-    /// `x` [batch, tokens, hidden] at positions `offset..`, with `cos`/`sin` of those positions.
+    /// `x` [batch, tokens, hidden] at positions `offset..`, with `cos`/`sin` of those positions:
+    /// the output, and the layer's keys and values with this pass's appended.
     fn forward(
         &self,
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
         mask: Option<&Tensor>,
-        cache: &mut KvCache,
+        cache: &KvCache,
         layer: usize,
-    ) -> Result<Tensor> {
+    ) -> Result<(Tensor, (Tensor, Tensor))> {
         let (b, t, _) = x.dims3()?;
         let heads = |y: Tensor, n: usize| y.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?.contiguous();
         let q = heads(self.q_proj.forward(x)?, self.num_heads)?;
@@ -410,21 +440,21 @@ impl Attention {
         let v = heads(self.v_proj.forward(x)?, self.num_kv_heads)?;
         let q = candle_nn::rotary_emb::rope(&q, cos, sin)?;
         let k = candle_nn::rotary_emb::rope(&k, cos, sin)?;
-        let (k, v) = cache.append(layer, &k, &v)?;
+        let (k, v) = cache.extended(layer, &k, &v)?;
         // Grouped-query attention: each key-value head serves `group` query heads.
         let group = self.num_heads / self.num_kv_heads;
-        let (k, v) = (repeat_kv(&k, group)?, repeat_kv(&v, group)?);
+        let (kr, vr) = (repeat_kv(&k, group)?, repeat_kv(&v, group)?);
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let mut scores = (q.matmul(&k.t()?)? * scale)?;
+        let mut scores = (q.matmul(&kr.t()?)? * scale)?;
         if let Some(m) = mask {
             scores = scores.broadcast_add(m)?;
         }
         let probs = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?.to_dtype(q.dtype())?;
         let y = probs
-            .matmul(&v)?
+            .matmul(&vr)?
             .transpose(1, 2)?
             .reshape((b, t, self.num_heads * self.head_dim))?;
-        self.o_proj.forward(&y)
+        Ok((self.o_proj.forward(&y)?, (k, v)))
     }
 }
 
@@ -541,15 +571,17 @@ impl Decoder {
             .then(|| causal_mask(t, offset, ids.device(), self.cos.dtype()))
             .transpose()?;
         let mut x = self.embed_tokens.forward(ids)?;
+        let mut kvs = Vec::with_capacity(self.layers.len());
         for (i, layer) in self.layers.iter().enumerate() {
-            let a =
-                layer
-                    .self_attn
-                    .forward(&layer.input_layernorm.forward(&x)?, &cos, &sin, mask.as_ref(), cache, i)?;
+            let normed = layer.input_layernorm.forward(&x)?;
+            let (a, kv) = layer.self_attn.forward(&normed, &cos, &sin, mask.as_ref(), cache, i)?;
+            kvs.push(kv);
             x = (x + a)?;
             x = (&x + layer.mlp.forward(&layer.post_attention_layernorm.forward(&x)?)?)?;
         }
-        self.lm_head.forward(&self.norm.forward(&x)?)
+        let logits = self.lm_head.forward(&self.norm.forward(&x)?)?;
+        cache.commit(kvs);
+        Ok(logits)
     }
 }
 
@@ -667,6 +699,9 @@ mod tests {
             "rope_scaling of type `yarn` is not supported; supported: llama3, or none"
         );
         assert!(with("hidden_act", r#""gelu""#).contains("supported: silu"));
+        assert!(with("attention_bias", "true").starts_with("attention_bias: true is not supported"));
+        assert!(with("mlp_bias", "true").starts_with("mlp_bias: true is not supported"));
+        assert!(with("use_sliding_window", "true").contains("sliding window"));
         assert!(with("num_key_value_heads", "3").contains("multiple of num_key_value_heads (3)"));
         let c = Config::from_json(&{
             let mut v: serde_json::Value = serde_json::from_str(base).unwrap();
