@@ -106,7 +106,24 @@ pub struct OpenDevice {
     pub device: Device,
     pub info: DeviceInfo,
     /// The memory-system neighbour of an `mps-mem:` slice: it streams until this is dropped.
-    pub neighbour: Option<crate::mps::neighbour::NeighbourProcess>,
+    pub neighbour: Option<std::sync::Mutex<crate::mps::neighbour::NeighbourProcess>>,
+}
+
+impl OpenDevice {
+    /// An error when the slice's memory-system neighbour has ended: what was measured since ran
+    /// beside no neighbour, not the partition its rows describe.
+    pub fn neighbour_still_streams(&self) -> Result<()> {
+        let Some(n) = &self.neighbour else {
+            return Ok(());
+        };
+        let mut n = n.lock().unwrap_or_else(|e| e.into_inner());
+        match n.ended()? {
+            None => Ok(()),
+            Some(status) => bail!(
+                "the memory-system neighbour ended during the run ({status}; its error is above): the slice's memory was not partitioned for all of the measurement"
+            ),
+        }
+    }
 }
 
 impl DeviceSpec {
@@ -242,7 +259,7 @@ fn open_mps_client(target: &crate::mps::MpsTarget) -> Result<OpenDevice> {
             emulation: Some(emulation),
             memory_system,
         },
-        neighbour,
+        neighbour: neighbour.map(std::sync::Mutex::new),
     })
 }
 
@@ -495,6 +512,39 @@ fn cpu_name() -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn a_neighbour_that_ended_during_the_run_fails_it_and_its_stop() {
+        // A stand-in for `migprof memory-neighbour` that says it is ready and then ends.
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("neighbour");
+        std::fs::write(&exe, "#!/bin/sh\necho 'ready 8'\nexit 3\n").unwrap();
+        std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let start = || crate::mps::neighbour::NeighbourProcess::start(&exe, "GPU-test", dir.path(), 100, 1).unwrap();
+        let wait_until_ended = |n: &mut crate::mps::neighbour::NeighbourProcess| {
+            for _ in 0..200 {
+                if n.ended().unwrap().is_some() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            panic!("the stand-in did not end");
+        };
+        let mut n = start();
+        wait_until_ended(&mut n);
+        let mut device = cpu();
+        device.neighbour = Some(std::sync::Mutex::new(n));
+        let e = device.neighbour_still_streams().unwrap_err().to_string();
+        assert!(
+            e.contains("ended during the run") && e.contains("exit status: 3"),
+            "{e}"
+        );
+        assert!(cpu().neighbour_still_streams().is_ok(), "no neighbour, nothing to end");
+        let mut n = start();
+        wait_until_ended(&mut n);
+        let e = n.stop().unwrap_err().to_string();
+        assert!(e.contains("had ended before it was stopped"), "{e}");
+    }
 
     /// The recorded H100 with a 3g, a 2g and two 1g slices: its GPU, and its 3g slice.
     pub(crate) fn recorded_gpu_and_slice() -> (Selected, Selected) {

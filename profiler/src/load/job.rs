@@ -238,6 +238,7 @@ pub fn run(
     let steps_done = std::mem::take(&mut steps.steps);
     drop(steps);
     workloads::memory::release_pooled(&device.device).context("releasing the job's GPU memory")?;
+    device.neighbour_still_streams()?;
     Ok(JobOutcome {
         steps: steps_done,
         capacity,

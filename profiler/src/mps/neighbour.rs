@@ -98,6 +98,11 @@ impl NeighbourProcess {
         self.child.id()
     }
 
+    /// How it ended, if it has.
+    pub fn ended(&mut self) -> Result<Option<std::process::ExitStatus>> {
+        Ok(self.child.try_wait()?)
+    }
+
     fn answer(&mut self, timeout: Duration) -> Result<String> {
         match self.lines.recv_timeout(timeout) {
             Ok(line) => match line.strip_prefix("error ") {
@@ -150,7 +155,7 @@ impl NeighbourProcess {
     /// Asks it to quit and waits for it; killed when it does not go within a few seconds. One that
     /// had already ended is an error: the client measured beside no neighbour for some of its run.
     pub fn stop(mut self) -> Result<()> {
-        if let Some(status) = self.child.try_wait()? {
+        if let Some(status) = self.ended()? {
             self.stdin = None;
             bail!("the memory-system neighbour had ended before it was stopped ({status}); its error is above")
         }

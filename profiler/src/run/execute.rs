@@ -62,6 +62,7 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
     log_memory(&device.device, spec, " released");
     let measurement = measured?;
     released.context("releasing the run's GPU memory")?;
+    device.neighbour_still_streams()?;
 
     Run::new(
         spec,
