@@ -328,13 +328,7 @@ fn partition_memory(
     for w in partition.warnings() {
         eprintln!("warning: {w}");
     }
-    let l2_mib = probe.probe.l2_mib_or_warn();
-    drop(probe);
-    device.synchronize()?;
-    let system = gpu::memory_system::MemorySystem {
-        bandwidth_gbps: partition.bandwidth_gbps,
-        l2_mib,
-    };
+    let system = probe.memory_system(partition.bandwidth_gbps)?;
     Ok((system, partition, neighbour))
 }
 
@@ -360,10 +354,15 @@ fn join_group_partition(
     sms: u32,
     record: &std::path::Path,
 ) -> Result<(gpu::memory_system::MemorySystem, crate::mps::partition::Partition)> {
+    use crate::mps::calibration::BandwidthProbe;
+
     let group = crate::mps::group::GroupPartition::read(record)?;
-    let mut probe = gpu::memory_system::Probe::new(device, sms)?;
-    let bandwidth_gbps =
-        crate::mps::partition::median_of_three(|| probe.bandwidth_over_gbps(crate::mps::partition::PROBE_WINDOW_MS))?;
+    let mut probe = ClientSide {
+        probe: gpu::memory_system::Probe::new(device, sms)?,
+        device: device.clone(),
+        device_sms: selected.gpu.sm_count.unwrap_or(sms),
+    };
+    let bandwidth_gbps = probe.bandwidth_gbps()?;
     let partition = group.member(
         share.memory_fraction,
         bandwidth_gbps,
@@ -381,10 +380,7 @@ fn join_group_partition(
     if let Some(w) = group.outcome.warning(group.bandwidth_gbps, group.share_gbps()) {
         eprintln!("warning: the group's {w}");
     }
-    let l2_mib = probe.l2_mib_or_warn();
-    drop(probe);
-    device.synchronize()?;
-    Ok((gpu::memory_system::MemorySystem { bandwidth_gbps, l2_mib }, partition))
+    Ok((probe.memory_system(bandwidth_gbps)?, partition))
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -404,6 +400,19 @@ struct ClientSide {
     probe: gpu::memory_system::Probe,
     device: Device,
     device_sms: u32,
+}
+
+#[cfg(feature = "cuda")]
+impl ClientSide {
+    /// The memory system the client reached: `bandwidth_gbps` as it read it, and the L2 it has.
+    /// The probe's buffers go back to the driver, before the allocation pool is set up.
+    fn memory_system(mut self, bandwidth_gbps: f64) -> Result<gpu::memory_system::MemorySystem> {
+        let l2_mib = self.probe.l2_mib_or_warn();
+        let device = self.device.clone();
+        drop(self);
+        device.synchronize()?;
+        Ok(gpu::memory_system::MemorySystem { bandwidth_gbps, l2_mib })
+    }
 }
 
 #[cfg(feature = "cuda")]

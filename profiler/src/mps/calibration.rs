@@ -339,10 +339,6 @@ impl Cache {
             .unwrap_or_default()
     }
 
-    pub fn get(&self, key: &Key) -> Option<Entry> {
-        self.entries().into_iter().find(|e| &e.key == key)
-    }
-
     /// From one read of the file: the entry of `key` that `recalibrate` lets stand ([`trusted`]),
     /// and the GPU's bandwidth: that entry's, else the newest standing entry's of the same GPU and
     /// driver.
@@ -573,7 +569,7 @@ mod tests {
             })
             .unwrap();
         assert_eq!(cache.entries().len(), 2);
-        let got = cache.get(&key).unwrap();
+        let got = cache.lookup(&key, None).0.unwrap();
         assert_eq!(got.pause_ns, 120);
         assert_eq!(
             got.load(560),

@@ -372,7 +372,10 @@ mod tests {
         );
         assert!(neighbour.is_some());
         // Kept under the group's own key, and written for the members.
-        assert_eq!(cache.get(&calibrations(&cache).key).unwrap().blocks, record.blocks);
+        assert_eq!(
+            cache.lookup(&calibrations(&cache).key, None).0.unwrap().blocks,
+            record.blocks
+        );
         let path = record.write(dir.path()).unwrap();
         assert_eq!(GroupPartition::read(&path).unwrap(), record);
         // A member's row: its own share and bandwidth, the group's neighbour, its own outcome.

@@ -482,7 +482,7 @@ mod tests {
         );
         assert!(said[0].contains("the client reads"), "{said:?}");
         assert!(p.warnings().is_empty());
-        let entry = cache.get(&key("13")).unwrap();
+        let entry = cache.lookup(&key("13"), None).0.unwrap();
         assert_eq!(Some(entry.load(696)), p.load);
 
         // The next client takes the cached setting after one probe, and the GPU's bandwidth too.

@@ -800,10 +800,7 @@ impl Scheduler<'_> {
         let now = Instant::now();
         let (keys, free_at) = (&mut self.keys, &self.free_at);
         let mut cooled = |m: &PlannedCell| {
-            let key = keys
-                .entry(m.spec.device.clone())
-                .or_insert_with(|| device_key(&m.spec.device))
-                .clone();
+            let key = key_of(keys, &m.spec.device);
             free_at.get(&key).is_none_or(|t| *t <= now)
         };
         let group_ready = work.groups.front().is_some_and(|g| g.iter().all(&mut cooled));
@@ -863,10 +860,7 @@ impl Scheduler<'_> {
             let now = Instant::now();
             let (keys, free_at) = (&mut self.keys, &self.free_at);
             let mut ready = |device: &str| -> bool {
-                let key = keys
-                    .entry(device.to_string())
-                    .or_insert_with(|| device_key(device))
-                    .clone();
+                let key = key_of(keys, device);
                 !busy.contains(key.as_str()) && free_at.get(&key).is_none_or(|t| *t <= now)
             };
             let next = if let Some(p) = work.probes.iter().position(|(c, _)| ready(&c.device)) {
@@ -1020,10 +1014,7 @@ fn start_group(
     let dir = dir.to_path_buf();
     let mut started = Vec::new();
     for m in members {
-        let device = keys
-            .entry(m.spec.device.clone())
-            .or_insert_with(|| device_key(&m.spec.device))
-            .clone();
+        let device = key_of(keys, &m.spec.device);
         let mut env = mps_env(&m.spec, &device, daemons);
         env.push((crate::run::group::GROUP_DIR_ENV, dir.clone()));
         if let Some(record) = records.get(&device).filter(|_| m.spec.device.starts_with("mps-mem:")) {
@@ -1080,21 +1071,13 @@ fn start_memory_neighbours(
 ) -> Result<HashMap<String, PathBuf>> {
     let mut by_gpu: HashMap<String, Vec<crate::mps::MpsTarget>> = HashMap::new();
     for m in members.iter().filter(|m| m.spec.device.starts_with("mps-mem:")) {
-        let Ok(crate::device::DeviceSpec::Mps(target)) = m.spec.device.parse::<crate::device::DeviceSpec>() else {
-            anyhow::bail!("`{}` is not an MPS target", m.spec.device)
-        };
-        let key = keys
-            .entry(m.spec.device.clone())
-            .or_insert_with(|| device_key(&m.spec.device))
-            .clone();
+        let target = mps_target(&m.spec.device)?;
+        let key = key_of(keys, &m.spec.device);
         by_gpu.entry(key).or_default().push(target);
     }
     // An mps: member beside them would run on the SMs their neighbour streams on.
     for m in members.iter().filter(|m| m.spec.device.starts_with("mps:")) {
-        let key = keys
-            .entry(m.spec.device.clone())
-            .or_insert_with(|| device_key(&m.spec.device))
-            .clone();
+        let key = key_of(keys, &m.spec.device);
         if by_gpu.contains_key(&key) {
             anyhow::bail!(
                 "`{}` is emulated alone (mps:) on the GPU of the group's memory-partitioned members; a group's emulated members on a GPU are all mps: or all mps-mem:",
@@ -1116,12 +1099,24 @@ fn start_memory_neighbours(
     Ok(records)
 }
 
+/// The key a device string's cells are kept apart by (its GPU), worked out once per string.
+fn key_of(keys: &mut HashMap<String, String>, device: &str) -> String {
+    keys.entry(device.to_string())
+        .or_insert_with(|| device_key(device))
+        .clone()
+}
+
+/// The target of an `mps:` or `mps-mem:` device string.
+fn mps_target(device: &str) -> Result<crate::mps::MpsTarget> {
+    match device.parse::<crate::device::DeviceSpec>() {
+        Ok(crate::device::DeviceSpec::Mps(target)) => Ok(target),
+        _ => anyhow::bail!("`{device}` is not an MPS target"),
+    }
+}
+
 /// Starts migprof's MPS daemon for the GPU of an `mps:` device, checking the share first.
 fn start_mps_daemon(device: &str) -> Result<crate::mps::daemon::Daemon> {
-    let Ok(crate::device::DeviceSpec::Mps(target)) = device.parse::<crate::device::DeviceSpec>() else {
-        anyhow::bail!("`{device}` is not an MPS target")
-    };
-    Ok(crate::mps::start_daemon(&target)?.2)
+    Ok(crate::mps::start_daemon(&mps_target(device)?)?.2)
 }
 
 /// A probe of a `max` search at `batch`.
