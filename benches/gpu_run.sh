@@ -58,6 +58,12 @@
 #              STEP=groups runs benches/mps_mem_groups.toml (mps-mem: members sharing a neighbour);
 #              STEP=capacity searches ResNet-50's capacity at p99 <= 50 ms on mps:1g.10gb and
 #              mps-mem:1g.10gb and plans 5,000 requests/s from both (the default, then --memory-emulation alone)
+#     decoders the Llama and Qwen2 decoders against transformers from the same random weights (logits in
+#              f32 and bf16, greedy tokens; benches/decoder_truth.py with .dist/decode_logits.gz), generate
+#              runs of the presets and of the folder transformers wrote (hf:DIR), and Llama-3.1-8B bf16
+#              refused by the memory estimate on an emulated 1g.10gb; STEP=slices instead sweeps
+#              benches/decoder_slices.toml (the whole GPU, mps:3g, mps:1g, mps-mem:1g; DEC_SECS bounds it)
+#              and reports it
 #   MIGPROF_GZ names another build (the CPU build does everything but run models on the GPU).
 #   MODELS and BATCHES narrow the comparison (defaults: the four families, inference at 1,8,32,128).
 set -uo pipefail
@@ -103,6 +109,66 @@ gpu_tests() {
 
 if [ "$mode" = kernels ]; then
 gpu_tests kernels graphs; exit $?
+fi
+
+if [ "$mode" = decoders ] && [ "${STEP:-truth}" = slices ]; then
+rc=0
+log "MPS before"; mps_servers
+log "language models on the whole GPU and emulated slices (benches/decoder_slices.toml), at most ${DEC_SECS:-480} s"
+timeout "${DEC_SECS:-480}" "$bin" sweep benches/decoder_slices.toml --out "$out/slices" 2>&1 | grep -Ev "^plot:" || rc=1
+log "MPS after"; mps_servers
+"$bin" report "$out/slices" > "$out/report.txt" 2>&1 || rc=1; tail -2 "$out/report.txt"
+"$bin" compare "$out/slices" --baseline target=full --target target=1g 2>&1 | head -20
+python3 - "$out/slices" <<'PY' | tee "$out/slices.md"
+import sys, pyarrow.parquet as pq
+rows = pq.read_table(f"{sys.argv[1]}/runs").to_pylist()
+full = {(r["model"], r["batch"]): r["decode_tokens_per_s"] for r in rows if r["target"] == "full" and r["status"] == "ok"}
+print("| target | model | batch | TTFT p50 ms | decode step p50 ms | decode tokens/s | / full | measured bandwidth GB/s | verdict |")
+print("|---|---|---|---|---|---|---|---|---|")
+for r in sorted(rows, key=lambda r: (r["model"], r["batch"], r["target"])):
+    if r["status"] != "ok":
+        print(f"| {r['target']} | {r['model']} | {r['batch']} | | | | | | {r['status']}: {(r['error'] or '')[:300]} |"); continue
+    f = full.get((r["model"], r["batch"]))
+    bw = r["measured_bandwidth_gbps"]
+    print(f"| {r['target']} | {r['model']} | {r['batch']} | {r['ttft_p50_ms']:.2f} | {r['p50_ms']:.2f} | {r['decode_tokens_per_s']:.1f} | "
+          f"{(r['decode_tokens_per_s'] / f) if f else float('nan'):.2f} | {bw if bw is None else round(bw)} | {r['verdict']} |")
+PY
+exit $rc
+fi
+
+if [ "$mode" = decoders ]; then
+rc=0
+log "decoders against transformers: logits and greedy tokens, f32 and bf16 (benches/decoder_truth.py)"
+gunzip -c .dist/decode_logits.gz > /tmp/decode_logits && chmod +x /tmp/decode_logits
+python3 benches/decoder_truth.py --bin /tmp/decode_logits --work /tmp/decoder-truth 2>&1 | grep -v "^ *warnings.warn" | tee "$out/decoder-truth.txt" || rc=1
+log "generate: presets from seeded weights, prompt 512, 128 output tokens, batch 1 and 8, bf16"
+"$bin" run --model llama_3_2_1b,qwen2_5_1_5b --dtype bf16 --batch 1,8 --prompt-len 512 --output-len 128 \
+    --warmup 1 --iters 5 --device "$uuid" --out "$out/generate" 2>&1 | grep -Ev "^plot:" || rc=1
+log "generate: the folder transformers wrote, as a user's own checkpoint (hf:DIR)"
+"$bin" run --model hf:/tmp/decoder-truth/llama_3_2_1b --dtype bf16 --batch 1 --prompt-len 512 --output-len 128 \
+    --warmup 1 --iters 3 --device "$uuid" --out "$out/generate" 2>&1 | grep -Ev "^plot:" || rc=1
+log "generate: Llama-3.1-8B on the whole GPU, batch 1"
+"$bin" run --model llama_3_1_8b --dtype bf16 --batch 1 --prompt-len 512 --output-len 128 \
+    --warmup 1 --iters 3 --device "$uuid" --out "$out/generate" 2>&1 | grep -Ev "^plot:" || rc=1
+log "the memory estimate: Llama-3.1-8B bf16 on an emulated 1g.10gb must be refused before it builds"
+log "MPS before"; mps_servers
+if "$bin" run --model llama_3_1_8b --dtype bf16 --batch 1 --device mps:1g.10gb --out "$out/refused" > "$out/refused.txt" 2>&1; then
+    echo "NOT REFUSED"; rc=1
+fi
+cat "$out/refused.txt"
+log "MPS after"; mps_servers
+python3 - "$out/generate" <<'PY' | tee "$out/generate.md"
+import sys, pyarrow.parquet as pq
+rows = pq.read_table(f"{sys.argv[1]}/runs").to_pylist()
+print("| model | batch | prompt | output | TTFT p50 ms | decode step p50 ms | p99 ms | decode tokens/s | prefill tokens/s | KV cache MiB | device memory max MiB | verdict |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for r in rows:
+    if r["status"] not in (None, "ok"):
+        print(f"| {r['model']} | {r['batch']} | | | | | | | | | | {r['status']}: {r['error']} |"); continue
+    print(f"| {r['model']} | {r['batch']} | {r['prompt_len']} | {r['output_len']} | {r['ttft_p50_ms']:.2f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+          f"{r['decode_tokens_per_s']:.1f} | {r['prefill_tokens_per_s']:.0f} | {r['kv_cache_bytes'] / 2**20:.1f} | {r['fb_used_max_mib']} | {r['verdict']} |")
+PY
+exit $rc
 fi
 
 if [ "$mode" = graphs ]; then

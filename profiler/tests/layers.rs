@@ -35,7 +35,7 @@ const WORKLOADS: Layers = &[
     &["graphs"],
     &["models"],
     &["zoo"],
-    &["workload"],
+    &["workload", "generation"],
 ];
 
 /// What a source file imports: files relative to `src/`, each with the path as written.

@@ -1,6 +1,7 @@
 //! Deep-learning workloads on candle: the models migprof measures, their synthetic inputs, inference
 //! and training steps, and their parameter and FLOP counts. Knows nothing of profiling.
 
+pub mod generation;
 mod graphs;
 pub mod init;
 pub mod kernels;
@@ -11,8 +12,12 @@ pub mod precision;
 mod workload;
 mod zoo;
 
+pub use generation::{Generator, Lengths};
 pub use graphs::GraphStats;
 pub use models::{is_buffer, Inputs};
 pub use optim::{MasterWeights, OptimizerKind, ScaleReading};
 pub use workload::{build, Batch, Mode, TrainConfig, Workload, WorkloadConfig};
-pub use zoo::{lookup, lookup_with, model_names, models, tiny_model, Arch, Family, InputShape, ModelInfo, ZooError};
+pub use zoo::{
+    check_name, lookup, lookup_with, model_names, models, tiny_model, Arch, Family, InputShape, ModelInfo, ZooError,
+    FOLDER_PREFIX,
+};

@@ -21,13 +21,51 @@ pub enum Mode {
     Infer,
     /// Forward, cross-entropy, backward and an optimizer step (AdamW, or SGD with momentum).
     Train,
+    /// A language model's greedy generation: a batch of prompts prefilled, then tokens decoded one
+    /// at a time with a KV cache ([`crate::generation`]).
+    Generate,
 }
 
 impl Mode {
+    pub const ALL: [Mode; 3] = [Mode::Infer, Mode::Train, Mode::Generate];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Infer => "infer",
             Mode::Train => "train",
+            Mode::Generate => "generate",
+        }
+    }
+
+    /// The mode `--mode` spells `s`; the error names the valid ones.
+    pub fn parse(s: &str) -> std::result::Result<Mode, String> {
+        Mode::ALL.into_iter().find(|m| m.as_str() == s).ok_or_else(|| {
+            let names: Vec<&str> = Mode::ALL.iter().map(|m| m.as_str()).collect();
+            format!("mode `{s}`; valid modes: {}", names.join(", "))
+        })
+    }
+
+    /// Whether a model of `info` runs in this mode: language models generate, the image and
+    /// encoder models infer and train. The message says which models the mode does run.
+    pub fn check_model(self, info: &ModelInfo) -> std::result::Result<(), String> {
+        let decoder = info.family.is_decoder();
+        match (self, decoder) {
+            (Mode::Generate, false) => Err(format!(
+                "{} is not a language model: generate runs {}, or hf:DIR",
+                info.name,
+                crate::zoo::models()
+                    .iter()
+                    .filter(|m| m.family.is_decoder())
+                    .map(|m| m.name.clone())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            (Mode::Infer | Mode::Train, true) => Err(format!(
+                "{} is a language model: its mode is generate ({} runs the image and encoder models)",
+                info.name,
+                self.as_str()
+            )),
+            _ => Ok(()),
         }
     }
 }
@@ -185,6 +223,12 @@ pub trait Workload {
 /// Builds the named model as a workload.
 pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
     let (arch, info) = lookup_with(name, cfg.seq_len).map_err(candle_core::Error::wrap)?;
+    if cfg.mode == Mode::Generate || info.family.is_decoder() {
+        candle_core::bail!(
+            "{name} {}: a language model generates through workloads::Generator, not a Workload",
+            cfg.mode.as_str()
+        )
+    }
     let params = Params::new(cfg.mode == Mode::Train);
     let masters = cfg.mode == Mode::Train && cfg.train.master_weights.kept_for(cfg.dtype);
     let originals = masters.then(crate::init::Originals::default);
@@ -376,6 +420,7 @@ impl Workload for Classification {
                     attention_mask: Tensor::ones((size, seq_len), self.dtype, &host)?,
                 }
             }
+            InputShape::Prompt { .. } => unreachable!("build refuses language models"),
         };
         let labels: Vec<u32> = (0..size).map(|_| rng.below(self.info.num_classes as u32)).collect();
         let labels = Tensor::from_vec(labels, size, &host)?;

@@ -201,3 +201,61 @@ fn a_hugging_face_folder_runs_without_a_preset_and_a_bad_one_says_why() {
         .to_string();
     assert!(e.contains("no readable config.json"), "{e}");
 }
+
+#[test]
+fn the_generator_decodes_what_the_model_does_and_counts_its_cache() {
+    // The generator's seeded weights are `random_weights` of its seed: the same model by hand.
+    let cfg = decoder::preset("llama_tiny").unwrap();
+    let wc = workloads::WorkloadConfig {
+        device: Device::Cpu,
+        dtype: DType::F32,
+        mode: workloads::Mode::Generate,
+        seed: 3,
+        seq_len: None,
+        weights: None,
+        train: Default::default(),
+        kernels: Default::default(),
+    };
+    let mut generator = workloads::Generator::build("llama_tiny", &wc).unwrap();
+    let by_hand = Decoder::new(
+        &cfg,
+        VarBuilder::from_tensors(
+            decoder::random_weights(&cfg, 3, &Device::Cpu, DType::F32).unwrap(),
+            DType::F32,
+            &Device::Cpu,
+        ),
+    )
+    .unwrap();
+    let prompts = generator.prompts(2, 9, 4).unwrap();
+    assert_eq!(prompts.dims(), &[2, 9]);
+    assert_eq!(
+        prompts.to_vec2::<u32>().unwrap(),
+        generator.prompts(2, 9, 4).unwrap().to_vec2::<u32>().unwrap(),
+        "prompts follow their seed"
+    );
+    // Twice: a second generation starts from an empty cache, not after the first.
+    for _ in 0..2 {
+        let mut cache = KvCache::new(&cfg);
+        let mut expected = argmax_last(&by_hand.forward(&prompts, &mut cache).unwrap().i((.., 8, ..)).unwrap());
+        let mut got = generator.prefill(&prompts).unwrap();
+        for step in 0..5 {
+            assert_eq!(
+                got.to_vec2::<u32>().unwrap(),
+                expected.to_vec2::<u32>().unwrap(),
+                "token {step}"
+            );
+            let logits = by_hand.forward(&expected, &mut cache).unwrap();
+            expected = argmax_last(&logits.i((.., 0, ..)).unwrap());
+            got = generator.decode(&got).unwrap();
+        }
+        // 9 prompt tokens and 5 fed back, 2 sequences, at the preset's bytes a token.
+        assert_eq!(generator.cache_len(), 14);
+        assert_eq!(
+            generator.cache_bytes() as u64,
+            2 * 14 * cfg.kv_bytes_per_token(DType::F32)
+        );
+    }
+    // Infer and train are not a language model's modes.
+    let e = workloads::build("llama_tiny", &wc).err().unwrap().to_string();
+    assert!(e.contains("generates through workloads::Generator"), "{e}");
+}

@@ -22,10 +22,9 @@ fn gpu() -> Device {
 }
 
 fn tiny_presets() -> Vec<&'static str> {
-    workloads::models()
+    workloads::model_names()
         .into_iter()
-        .filter(|m| m.tiny)
-        .map(|m| m.name)
+        .filter(|n| workloads::lookup(n).is_ok_and(|(_, m)| m.tiny && !m.family.is_decoder()))
         .collect()
 }
 

@@ -17,6 +17,7 @@ use workloads::Mode;
 pub enum ModeArg {
     Infer,
     Train,
+    Generate,
 }
 
 impl From<ModeArg> for Mode {
@@ -24,8 +25,14 @@ impl From<ModeArg> for Mode {
         match m {
             ModeArg::Infer => Mode::Infer,
             ModeArg::Train => Mode::Train,
+            ModeArg::Generate => Mode::Generate,
         }
     }
+}
+
+/// A model as `--model` takes it: a catalogue name or `hf:DIR`; the error names the valid ones.
+pub fn parse_model(s: &str) -> Result<String, String> {
+    workloads::check_name(s).map(|()| s.to_string())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -148,15 +148,17 @@ fn plan_fits(args: &PlanArgs, stdout: &mut dyn Write) -> Result<bool> {
     }
 }
 
-/// The model catalogue as a table.
+/// The model catalogue as tables: the image and encoder models, then the language models with the
+/// memory their bf16 weights take.
 pub fn models(stdout: &mut dyn Write) -> Result<ExitCode> {
+    let (decoders, others): (Vec<_>, Vec<_>) = workloads::models().into_iter().partition(|m| m.family.is_decoder());
     let header = format!(
         "{:<12} {:<8} {:<14} {:>13} {:>14} {:>9}",
         "model", "family", "input", "params", "GFLOPs/sample", "preset"
     );
     writeln!(stdout, "{header}")?;
     writeln!(stdout, "{}", "-".repeat(header.len()))?;
-    for m in workloads::models() {
+    for m in &others {
         let input = match m.input {
             workloads::InputShape::Image {
                 channels,
@@ -164,6 +166,7 @@ pub fn models(stdout: &mut dyn Write) -> Result<ExitCode> {
                 width,
             } => format!("{channels}x{height}x{width}"),
             workloads::InputShape::Tokens { seq_len, .. } => format!("{seq_len} tokens"),
+            workloads::InputShape::Prompt { .. } => unreachable!("partitioned out"),
         };
         writeln!(
             stdout,
@@ -178,7 +181,47 @@ pub fn models(stdout: &mut dyn Write) -> Result<ExitCode> {
     }
     writeln!(stdout, "\nGFLOPs/sample: forward pass, a multiply-add counted as 2 FLOPs (torchvision counts it once); a training step counts 3x.")?;
     writeln!(stdout, "params include the classification head: 1000 classes for images; for BERT, Hugging Face's BertModel (with pooler) plus a 2-label head on the pooled output (bert_base: 109,482,240 + 1,538).")?;
+
+    let header = format!(
+        "{:<13} {:<6} {:>15} {:>15} {:>13} {:>13} {:>9}",
+        "model", "family", "params", "bf16 weights", "KV/token", "positions", "preset"
+    );
+    writeln!(
+        stdout,
+        "\nlanguage models (--mode generate; or hf:DIR, a Hugging Face folder of one):"
+    )?;
+    writeln!(stdout, "{header}")?;
+    writeln!(stdout, "{}", "-".repeat(header.len()))?;
+    for m in &decoders {
+        let cfg = m.decoder.as_ref().expect("a decoder's model has its config");
+        writeln!(
+            stdout,
+            "{:<13} {:<6} {:>15} {:>15} {:>13} {:>13} {:>9}",
+            m.name,
+            m.family.as_str(),
+            thousands(m.params),
+            bf16_size(m.params * 2),
+            format!(
+                "{} KiB",
+                cfg.kv_bytes_per_token(candle_core::DType::BF16) as f64 / 1024.0
+            ),
+            thousands(cfg.max_position_embeddings as u64),
+            if m.tiny { "tiny" } else { "published" }
+        )?;
+    }
+    writeln!(stdout, "\nparams: transformers' num_parameters() (a tied output head counted once). KV/token: keys and values of one token in bf16, every layer.")?;
+    writeln!(stdout, "FLOPs per token: 2 x (the projections' and output head's weights) + 4 x layers x context x heads x head_dim (docs/schema.md).")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Bytes in GiB, or MiB below one GiB (a tiny preset's weights are a fraction of a MiB).
+fn bf16_size(bytes: u64) -> String {
+    let gib = bytes as f64 / (1u64 << 30) as f64;
+    if gib >= 1.0 {
+        format!("{gib:.2} GiB")
+    } else {
+        format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
+    }
 }
 
 fn thousands(n: u64) -> String {
@@ -217,6 +260,20 @@ mod tests {
         assert!(
             text.lines()
                 .any(|l| l.starts_with("resnet50 ") && l.contains("25,557,032")),
+            "{text}"
+        );
+        // Language models with their bf16 weights: 1,235,814,400 × 2 bytes = 2.30 GiB.
+        assert!(
+            text.lines().any(|l| l.starts_with("llama_3_2_1b ")
+                && l.contains("1,235,814,400")
+                && l.contains("2.30 GiB")
+                && l.contains("32 KiB")
+                && l.contains("131,072")),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("qwen2_5_1_5b ") && l.contains("1,543,714,304") && l.contains("qwen2")),
             "{text}"
         );
         Ok(())

@@ -197,6 +197,12 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
 fn served(args: &LoadArgs) -> Result<RunSpec> {
     let seq_len = args.seq_len.map(|l| l as usize);
     let (_, info) = workloads::lookup_with(&args.model, seq_len)?;
+    if info.family.is_decoder() {
+        bail!(
+            "{} is a language model: load serves one forward pass per request, and a generation is measured with `migprof run --mode generate`",
+            args.model
+        );
+    }
     if seq_len.is_some() && info.input.seq_len().is_none() {
         bail!("--seq-len applies to token models (bert_*) only, not {}", args.model);
     }
@@ -209,6 +215,7 @@ fn served(args: &LoadArgs) -> Result<RunSpec> {
         precision: args.dtype.into(),
         batch: args.max_batch,
         seq_len: info.input.seq_len().and(seq_len),
+        lengths: None,
         weights: args.weights.clone(),
         train: TrainConfig::default(),
         kernels: args.kernels.options(),

@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Result};
-use clap::builder::PossibleValuesParser;
 use clap::Args;
 use migprof::device::DeviceSpec;
 use migprof::provenance;
@@ -20,11 +19,11 @@ use migprof::run::record::{CellIdentity, Failure, Status};
 use migprof::run::verdict::{Flag, Verdict};
 use migprof::run::{execute, Run, RunContext, RunSpec};
 use migprof::sweep::cell::CellSpec;
-use workloads::TrainConfig;
+use workloads::{Mode, TrainConfig};
 
 use super::args::{
-    as_mps_client, device_or_default, parse_batch, parse_non_negative, parse_percent, parse_positive, report_hint,
-    DTypeArg, KernelArgs, MasterWeightsArg, ModeArg, OptimizerArg,
+    as_mps_client, device_or_default, parse_batch, parse_model, parse_non_negative, parse_percent, parse_positive,
+    report_hint, DTypeArg, KernelArgs, MasterWeightsArg, ModeArg, OptimizerArg,
 };
 
 /// The model of the default set: ResNet-18 inference at batch 1, 4 and 8, training at batch 4 and 8.
@@ -32,13 +31,26 @@ const DEFAULT_MODEL: &str = "resnet18";
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    /// Models to run, comma-separated (see `migprof models`).
-    #[arg(long, value_delimiter = ',', value_parser = PossibleValuesParser::new(workloads::model_names()))]
+    /// Models to run, comma-separated (see `migprof models`), or hf:DIR: a Hugging Face folder
+    /// (config.json and *.safetensors) of a supported language model.
+    #[arg(long, value_delimiter = ',', value_parser = parse_model)]
     pub model: Vec<String>,
 
-    /// infer (forward only, no gradients) or train (forward, cross-entropy, backward, AdamW), comma-separated.
+    /// infer (forward only, no gradients) or train (forward, cross-entropy, backward, AdamW) for image
+    /// and encoder models; generate (prefill, then greedy decoding with a KV cache) for language
+    /// models, comma-separated. Each model runs in the modes that apply to it; default: infer, or
+    /// generate for a language model.
     #[arg(long, value_delimiter = ',')]
     pub mode: Vec<ModeArg>,
+
+    /// Generate runs: tokens of each prompt, prefilled at once. Default 128.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub prompt_len: Option<u64>,
+
+    /// Generate runs: tokens generated for each prompt, the first by the prefill, each other by a
+    /// decode step (at least 2). Default 128.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(2..))]
+    pub output_len: Option<u64>,
 
     /// Batch sizes, comma-separated: one run per value.
     #[arg(long, value_delimiter = ',', value_parser = parse_batch)]
@@ -213,14 +225,25 @@ fn measure(args: &RunArgs, specs: &[RunSpec], device_spec: &DeviceSpec, log: &mu
         .and_then(|run| write_run(&args.out, &run).map(|_| run));
         match outcome {
             Ok(run) => {
-                writeln!(
-                    log,
-                    "{} iterations, p50 {:.3} ms, {:.1} samples/s, {}",
-                    run.stats.iterations,
-                    run.stats.p50_ns as f64 / 1e6,
-                    run.throughput(),
-                    run.assessment.verdict
-                )?;
+                match &run.generation {
+                    Some(g) => writeln!(
+                        log,
+                        "{} generations, time to first token p50 {:.3} ms, decode step p50 {:.3} ms, {:.1} tokens/s, {}",
+                        g.count(),
+                        g.prefill.p50_ns as f64 / 1e6,
+                        run.stats.p50_ns as f64 / 1e6,
+                        run.throughput(),
+                        run.assessment.verdict
+                    )?,
+                    None => writeln!(
+                        log,
+                        "{} iterations, p50 {:.3} ms, {:.1} samples/s, {}",
+                        run.stats.iterations,
+                        run.stats.p50_ns as f64 / 1e6,
+                        run.throughput(),
+                        run.assessment.verdict
+                    )?,
+                }
                 if let Some(w) = run.assessment.outlier_warning() {
                     writeln!(log, "warning: {w}")?;
                 }
@@ -339,13 +362,20 @@ fn specs(args: &RunArgs) -> Result<Vec<RunSpec>> {
     }
     if let Some(w) = &args.weights {
         ensure!(w.is_file(), "--weights {}: no such file", w.display());
+        if let Some(m) = args.model.iter().find(|m| m.starts_with(workloads::FOLDER_PREFIX)) {
+            bail!("{m} carries its own weights; --weights applies to the presets");
+        }
     }
-    let specs = cross_product(args);
+    let specs = cross_product(args)?;
     for s in &specs {
-        workloads::lookup_with(&s.model, s.seq_len)?;
+        let (_, info) = workloads::lookup_with(&s.model, s.seq_len)?;
+        s.check_model(&info)?;
     }
     if args.seq_len.is_some() && specs.iter().all(|s| s.seq_len.is_none()) {
         bail!("--seq-len applies to token models (bert_*) only, and none was asked for");
+    }
+    if (args.prompt_len.is_some() || args.output_len.is_some()) && specs.iter().all(|s| s.lengths.is_none()) {
+        bail!("--prompt-len and --output-len apply to generate runs of language models only, and none was asked for");
     }
     Ok(specs)
 }
@@ -428,8 +458,9 @@ fn stop_rule(args: &RunArgs, defaults_only: bool) -> Stop {
 }
 
 /// Every run to make, in order: model, then mode, then dtype, then batch. Unset lists take the
-/// default set's values.
-fn cross_product(args: &RunArgs) -> Vec<RunSpec> {
+/// default set's values; each model runs in the modes that apply to it, and one that none applies to
+/// is refused.
+fn cross_product(args: &RunArgs) -> Result<Vec<RunSpec>> {
     let defaults_only = args.model.is_empty() && args.mode.is_empty() && args.batch.is_empty();
     let models = if args.model.is_empty() {
         vec![DEFAULT_MODEL.to_string()]
@@ -449,12 +480,34 @@ fn cross_product(args: &RunArgs) -> Vec<RunSpec> {
         match (args.batch.is_empty(), defaults_only, mode) {
             (false, _, _) => args.batch.clone(),
             (true, true, ModeArg::Train) => vec![4, 8],
-            (true, true, ModeArg::Infer) => vec![1, 4, 8],
+            (true, true, _) => vec![1, 4, 8],
             (true, false, _) => vec![1],
         }
     };
+    let lengths = workloads::Lengths {
+        prompt: args
+            .prompt_len
+            .map_or(workloads::generation::DEFAULT_PROMPT_LEN, |l| l as usize),
+        output: args
+            .output_len
+            .map_or(workloads::generation::DEFAULT_OUTPUT_LEN, |l| l as usize),
+    };
     let mut specs = Vec::new();
     for model in &models {
+        let (_, info) = workloads::lookup(model)?;
+        let modes: Vec<ModeArg> = if args.mode.is_empty() && info.family.is_decoder() {
+            vec![ModeArg::Generate]
+        } else {
+            let fitting: Vec<ModeArg> = modes
+                .iter()
+                .copied()
+                .filter(|&m| Mode::from(m).check_model(&info).is_ok())
+                .collect();
+            if fitting.is_empty() {
+                Mode::from(modes[0]).check_model(&info).map_err(anyhow::Error::msg)?;
+            }
+            fitting
+        };
         for &mode in &modes {
             for &dtype in &args.dtype {
                 for batch in batches_for(mode) {
@@ -464,6 +517,7 @@ fn cross_product(args: &RunArgs) -> Vec<RunSpec> {
                         precision: dtype.into(),
                         batch,
                         seq_len: args.seq_len.filter(|_| takes_tokens(model)).map(|l| l as usize),
+                        lengths: (mode == ModeArg::Generate).then_some(lengths),
                         weights: args.weights.clone(),
                         train: train_config(args),
                         kernels: args.kernels.options(),
@@ -477,7 +531,7 @@ fn cross_product(args: &RunArgs) -> Vec<RunSpec> {
             }
         }
     }
-    specs
+    Ok(specs)
 }
 
 #[cfg(test)]

@@ -29,14 +29,26 @@ impl Row {
         matches!(self.s("status"), "ok" | "")
     }
 
+    /// What a row's inputs were besides the batch: a token model's sequence length, or a
+    /// generation's prompt and output lengths (`prompt 512 output 128`); empty for images.
+    pub fn lengths(&self) -> String {
+        match (self.s("prompt_len"), self.s("output_len")) {
+            ("", _) | (_, "") => self.s("seq_len").to_string(),
+            (p, o) => format!("prompt {p} output {o}"),
+        }
+    }
+
     /// A measured cell alone (not a probe, not a group member).
     pub fn is_alone(&self) -> bool {
         self.is_ok() && self.s("concurrency_group").is_empty() && self.n("throughput").is_some()
     }
 }
 
-const TEXT: [&str; 35] = [
+const TEXT: [&str; 38] = [
     "run_id",
+    "prompt_len",
+    "output_len",
+    "kv_layout",
     "cell_id",
     "baseline",
     "sweep",
@@ -185,8 +197,13 @@ pub fn detail(dirs: &[PathBuf], wanted: &std::collections::BTreeSet<String>) -> 
         if samples.height() > 0 {
             let ids = samples.column("run_id")?.str()?.clone();
             let lat = samples.column("latency_ns")?.cast(&DataType::Float64)?;
-            for (id, ns) in ids.iter().zip(lat.f64()?.iter()) {
-                if let (Some(id), Some(ns)) = (id, ns) {
+            // A generation's prefills are not steps: their times are the row's ttft columns.
+            let prefill: Vec<bool> = match samples.column("phase") {
+                Ok(p) => p.str()?.iter().map(|p| p == Some("prefill")).collect(),
+                Err(_) => vec![false; samples.height()],
+            };
+            for ((id, ns), prefill) in ids.iter().zip(lat.f64()?.iter()).zip(prefill) {
+                if let (Some(id), Some(ns), false) = (id, ns, prefill) {
                     if wanted.contains(id) {
                         d.latencies_ms.entry(id.to_string()).or_default().push(ns / 1e6);
                     }

@@ -51,7 +51,7 @@ fn emulation_error(rows: &[Row]) -> Option<Section> {
             _ => continue,
         };
         let mut cell = format!("{} {} {} {}", r.s("model"), r.s("mode"), r.s("dtype"), r.s("batch"));
-        for extra in [r.s("seq_len"), r.s("kernel_options")]
+        for extra in [r.lengths(), r.s("kernel_options").to_string()]
             .into_iter()
             .filter(|s| !s.is_empty())
         {
@@ -249,12 +249,7 @@ fn workload(r: &Row) -> Workload {
         "none" => format!("{} without master weights", r.s("dtype")),
         _ => r.s("dtype").to_string(),
     };
-    (
-        r.s("model").into(),
-        r.s("mode").into(),
-        precision,
-        r.s("seq_len").into(),
-    )
+    (r.s("model").into(), r.s("mode").into(), precision, r.lengths())
 }
 
 /// Whether `reading` of run `r` is the whole GPU's while the run had a part of it: power on any
@@ -885,7 +880,7 @@ fn key(r: &Row) -> CellKey {
         r.s("model").into(),
         r.s("mode").into(),
         r.s("dtype").into(),
-        r.s("seq_len").into(),
+        r.lengths(),
         r.s("master_weights").into(),
         r.n("batch").unwrap_or(0.0) as i64,
     )
@@ -917,7 +912,7 @@ fn against_baseline(rows: &[Row], baseline: &str) -> Result<Vec<Section>> {
             .rows
             .iter()
             .map(|r| {
-                let cell = ["model", "mode", "dtype", "batch", "seq_len"]
+                let cell = ["model", "mode", "dtype", "batch", "seq_len", "prompt_len", "output_len"]
                     .iter()
                     .filter_map(|k| r.cell.get(*k).cloned())
                     .collect::<Vec<_>>()
@@ -981,6 +976,9 @@ fn frame_of(rows: &[Row]) -> Result<DataFrame> {
         "dtype",
         "batch",
         "seq_len",
+        "prompt_len",
+        "output_len",
+        "kv_layout",
         "kernel_options",
         "concurrency_group",
         "verdict",

@@ -28,12 +28,15 @@ use polars::prelude::*;
 use serde::Serialize;
 
 /// The workload fields two runs must share to be compared.
-const WORKLOAD: [&str; 10] = [
+const WORKLOAD: [&str; 13] = [
     "model",
     "mode",
     "dtype",
     "batch",
     "seq_len",
+    "prompt_len",
+    "output_len",
+    "kv_layout",
     "kernel_options",
     "optimizer",
     "master_weights",
@@ -647,6 +650,25 @@ mod tests {
 
     fn sel(s: &str) -> Selector {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn generations_of_other_lengths_are_other_cells() {
+        // The same model and batch on both targets, prompts of 128 and 512 tokens: two cells, each
+        // against its own twin, never a 128-token run against a 512-token one.
+        let mut runs = frame(&[
+            ("a1", "r1", "full", "bf16", 1, 200.0, 2.0),
+            ("a2", "r2", "full", "bf16", 1, 150.0, 2.0),
+            ("b1", "r3", "1g", "bf16", 1, 100.0, 1.0),
+            ("b2", "r4", "1g", "bf16", 1, 50.0, 1.0),
+        ]);
+        let prompts = Column::new("prompt_len".into(), vec![128i64, 512, 128, 512]);
+        runs.with_column(prompts).unwrap();
+        let c = compare(&runs, &sel("target=full"), &sel("target=1g")).unwrap();
+        assert_eq!(c.rows.len(), 2);
+        let at = |p: &str| c.rows.iter().find(|r| r.cell["prompt_len"] == p).unwrap();
+        assert!((at("128").ratio - 0.5).abs() < 1e-12);
+        assert!((at("512").ratio - 1.0 / 3.0).abs() < 1e-12);
     }
 
     #[test]

@@ -258,6 +258,8 @@ mod tests {
                 seed: 0,
                 kernel_options: workloads::kernels::KernelOptions::default().canonical(),
                 master_weights: None,
+                prompt_len: None,
+                output_len: None,
             },
             error: "out of memory".into(),
             fingerprint: crate::run::fingerprint::Fingerprint::collect(None),

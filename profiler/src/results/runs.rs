@@ -349,6 +349,18 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         col("dtype", s(|r| r.precision().to_string())),
         col("batch", i(|r| r.batch as i64)),
         col("seq_len", maybe_i(|r| r.model.input.seq_len().map(|l| l as i64))),
+        col(
+            "prompt_len",
+            maybe_i(|r| r.generation.as_ref().map(|g| g.lengths.prompt as i64)),
+        ),
+        col(
+            "output_len",
+            maybe_i(|r| r.generation.as_ref().map(|g| g.lengths.output as i64)),
+        ),
+        col(
+            "kv_layout",
+            maybe_s(|r| r.generation.as_ref().map(|g| g.kv_layout.to_string())),
+        ),
     ])
     .chain(device_columns(
         &runs.iter().map(|r| &r.context.device).collect::<Vec<_>>(),
@@ -387,6 +399,39 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         interval("p99_ms_ci_high", runs, |u| &u.p99_ms, true),
         col("ci_note", maybe_s(|r| r.uncertainty.note())),
         col("wall_throughput", x(Run::wall_throughput)),
+        col(
+            "generations",
+            maybe_i(|r| r.generation.as_ref().map(|g| g.count() as i64)),
+        ),
+        col(
+            "ttft_mean_ms",
+            maybe_x(|r| r.generation.as_ref().map(|g| g.prefill.mean_ms())),
+        ),
+        col(
+            "ttft_p50_ms",
+            maybe_x(|r| r.generation.as_ref().map(|g| ns_to_ms(g.prefill.p50_ns))),
+        ),
+        col(
+            "ttft_p99_ms",
+            maybe_x(|r| r.generation.as_ref().map(|g| ns_to_ms(g.prefill.p99_ns))),
+        ),
+        col("prefill_tokens_per_s", maybe_x(Run::prefill_tokens_per_s)),
+        col(
+            "decode_tokens_per_s",
+            maybe_x(|r| r.generation.as_ref().map(|_| r.throughput())),
+        ),
+        col(
+            "kv_cache_bytes",
+            maybe_i(|r| r.generation.as_ref().map(|g| g.kv_cache_bytes as i64)),
+        ),
+        col(
+            "kv_cache_bytes_per_seq",
+            maybe_i(|r| {
+                r.generation
+                    .as_ref()
+                    .map(|g| (g.kv_cache_bytes / r.batch.max(1) as u64) as i64)
+            }),
+        ),
         Column::new(
             "loss_first".into(),
             runs.iter().map(|r| r.measurement.loss_first).collect::<Vec<_>>(),
@@ -495,6 +540,12 @@ pub fn write_failure(out: &Path, failure: &Failure) -> Result<PathBuf> {
         col("dtype", vec![c.dtype.clone()]),
         col("batch", vec![c.batch as i64]),
         Column::new("seq_len".into(), vec![c.seq_len.map(|l| l as i64)]),
+        Column::new("prompt_len".into(), vec![c.prompt_len.map(|l| l as i64)]),
+        Column::new("output_len".into(), vec![c.output_len.map(|l| l as i64)]),
+        Column::new(
+            "kv_layout".into(),
+            vec![c.prompt_len.map(|_| workloads::generation::KV_LAYOUT.to_string())],
+        ),
         Column::new("seed".into(), vec![c.seed]),
         col("kernel_options", vec![c.kernel_options.clone()]),
         Column::new("master_weights".into(), vec![c.master_weights.clone()]),
@@ -562,15 +613,34 @@ pub(crate) fn fingerprint_columns(f: &[&Fingerprint]) -> Vec<Column> {
 }
 
 /// The `samples` table: every measured iteration of one run.
+/// A generation's rows are its decode steps (`phase` `decode`) and its prefills (`prefill`,
+/// `iteration` the generation's index); other runs' are their steps (`step`).
 fn samples_frame(run: &Run) -> Result<DataFrame> {
-    let lat = &run.measurement.latencies_ns;
+    let steps = &run.measurement.latencies_ns;
+    let prefills = &run.measurement.begin_ns;
+    let step_phase = if run.generation.is_some() { "decode" } else { "step" };
+    let n = steps.len() + prefills.len();
     let columns = vec![
-        Column::new("schema_version".into(), vec![SCHEMA_VERSION; lat.len()]),
-        Column::new("run_id".into(), vec![run.run_id.as_str(); lat.len()]),
-        Column::new("iteration".into(), (0..lat.len() as i64).collect::<Vec<i64>>()),
-        Column::new("latency_ns".into(), lat.iter().map(|&l| l as i64).collect::<Vec<i64>>()),
+        Column::new("schema_version".into(), vec![SCHEMA_VERSION; n]),
+        Column::new("run_id".into(), vec![run.run_id.as_str(); n]),
+        Column::new(
+            "iteration".into(),
+            (0..steps.len() as i64)
+                .chain(0..prefills.len() as i64)
+                .collect::<Vec<i64>>(),
+        ),
+        Column::new(
+            "latency_ns".into(),
+            steps.iter().chain(prefills).map(|&l| l as i64).collect::<Vec<i64>>(),
+        ),
+        Column::new(
+            "phase".into(),
+            std::iter::repeat_n(step_phase, steps.len())
+                .chain(std::iter::repeat_n("prefill", prefills.len()))
+                .collect::<Vec<&str>>(),
+        ),
     ];
-    Ok(DataFrame::new(lat.len(), columns)?)
+    Ok(DataFrame::new(n, columns)?)
 }
 
 #[cfg(test)]
@@ -739,6 +809,8 @@ mod tests {
                 seed: 0,
                 kernel_options: run.kernels.canonical(),
                 master_weights: None,
+                prompt_len: None,
+                output_len: None,
             },
             identity: crate::run::record::tests::identity_with(crate::run::record::Status::Error),
             error: "bf16 cannot run on cpu".into(),
@@ -799,6 +871,8 @@ mod tests {
                         seed: 0,
                         kernel_options: ok.kernels.canonical(),
                         master_weights: None,
+                        prompt_len: None,
+                        output_len: None,
                     },
                     identity: crate::run::record::tests::identity_with(status),
                     error: format!("{} ended it", status.as_str()),

@@ -3,8 +3,68 @@
 use crate::run::stats::ns_to_ms;
 use crate::run::Run;
 
-/// Renders one line per run, columns aligned: what a user reads first.
+/// Renders one line per run, columns aligned: what a user reads first. Generations have a table of
+/// their own, after the others: their time to first token, decode step and tokens per second.
 pub fn table(runs: &[Run]) -> String {
+    let (generations, steps): (Vec<&Run>, Vec<&Run>) = runs.iter().partition(|r| r.generation.is_some());
+    let mut out = Vec::new();
+    if !steps.is_empty() {
+        out.push(steps_table(&steps));
+    }
+    if !generations.is_empty() {
+        out.push(generations_table(&generations));
+    }
+    out.join("\n")
+}
+
+/// The throughput with its interval where there is one.
+fn with_interval(r: &Run) -> String {
+    match &r.uncertainty.throughput {
+        Ok(i) => format!(
+            "{:.1} ± {:.1}%",
+            r.throughput(),
+            100.0 * i.relative_half_width(r.throughput())
+        ),
+        Err(_) => format!("{:.1}", r.throughput()),
+    }
+}
+
+fn generations_table(runs: &[&Run]) -> String {
+    let header = [
+        "model",
+        "dtype",
+        "batch",
+        "prompt",
+        "output",
+        "TTFT p50 ms",
+        "step p50 ms",
+        "step p99 ms",
+        "decode tokens/s",
+        "verdict",
+    ];
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|r| {
+            let g = r.generation.as_ref().expect("partitioned on it");
+            vec![
+                r.model.name.to_string(),
+                r.precision().to_string(),
+                r.batch.to_string(),
+                g.lengths.prompt.to_string(),
+                g.lengths.output.to_string(),
+                format!("{:.3}", ns_to_ms(g.prefill.p50_ns)),
+                format!("{:.3}", ns_to_ms(r.stats.p50_ns)),
+                format!("{:.3}", ns_to_ms(r.stats.p99_ns)),
+                with_interval(r),
+                r.assessment.verdict.as_str().to_string(),
+            ]
+        })
+        .collect();
+    let numeric = [false, false, true, true, true, true, true, true, true, false];
+    render(&header, &numeric, &rows)
+}
+
+fn steps_table(runs: &[&Run]) -> String {
     let header = [
         "model",
         "mode",
@@ -15,37 +75,35 @@ pub fn table(runs: &[Run]) -> String {
         "samples/s",
         "verdict",
     ];
-    let rows: Vec<[String; 8]> = runs
+    let rows: Vec<Vec<String>> = runs
         .iter()
         .map(|r| {
-            [
+            vec![
                 r.model.name.to_string(),
                 r.mode.as_str().to_string(),
                 r.precision().to_string(),
                 r.batch.to_string(),
                 format!("{:.3}", ns_to_ms(r.stats.p50_ns)),
                 format!("{:.3}", ns_to_ms(r.stats.p99_ns)),
-                match &r.uncertainty.throughput {
-                    Ok(i) => format!(
-                        "{:.1} ± {:.1}%",
-                        r.throughput(),
-                        100.0 * i.relative_half_width(r.throughput())
-                    ),
-                    Err(_) => format!("{:.1}", r.throughput()),
-                },
+                with_interval(r),
                 r.assessment.verdict.as_str().to_string(),
             ]
         })
         .collect();
+    // Text columns align left, numbers right.
+    let numeric = [false, false, false, true, true, true, true, false];
+    render(&header, &numeric, &rows)
+}
+
+/// Columns aligned: text to the left, numbers (`numeric`) to the right.
+fn render(header: &[&str], numeric: &[bool], rows: &[Vec<String>]) -> String {
     // In characters, as `format!` pads: "±" is one character and two bytes.
-    let mut widths = header.map(|h| h.chars().count());
-    for row in &rows {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    // Text columns align left, numbers right.
-    let numeric = [false, false, false, true, true, true, true, false];
     let line = |cells: &[String]| -> String {
         let parts: Vec<String> = cells
             .iter()
@@ -60,7 +118,7 @@ pub fn table(runs: &[Run]) -> String {
             .collect();
         parts.join("  ").trim_end().to_string()
     };
-    let mut out = vec![line(&header.map(String::from))];
+    let mut out = vec![line(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>())];
     out.push(widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("  "));
     out.extend(rows.iter().map(|r| line(r)));
     out.join("\n") + "\n"

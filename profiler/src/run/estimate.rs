@@ -40,6 +40,86 @@ impl MemoryEstimate {
     }
 }
 
+/// What a language model's generation holds, computed from its shape (building a model that does
+/// not fit to probe it would fail the same way): the weights, and per sequence its KV cache at the
+/// generation's full context and the prefill's largest temporary.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GenerationMemory {
+    /// The weights and the rotary tables.
+    pub weights_mib: f64,
+    /// One sequence's keys and values at the full context.
+    pub kv_cache_mib_per_seq: f64,
+    /// One sequence's largest temporary of the prefill: the attention scores (f32, and the
+    /// probabilities beside them), the MLP's intermediate activations, or the logits of every
+    /// prompt position.
+    pub workspace_mib_per_seq: f64,
+}
+
+impl GenerationMemory {
+    pub fn of(
+        cfg: &workloads::models::decoder::Config,
+        dtype: candle_core::DType,
+        lengths: workloads::Lengths,
+    ) -> Self {
+        let size = dtype.size_in_bytes() as f64;
+        let t = lengths.prompt as f64;
+        let rotary = (cfg.max_position_embeddings * cfg.head_dim) as f64 * size;
+        let weights = cfg.params() as f64 * size + rotary;
+        let kv = (cfg.kv_bytes_per_token(dtype) * lengths.context() as u64) as f64;
+        let scores = cfg.num_heads as f64 * t * t * (2.0 * 4.0 + 2.0 * size);
+        let mlp = 3.0 * t * cfg.intermediate_size as f64 * size;
+        let logits = t * cfg.vocab_size as f64 * size;
+        GenerationMemory {
+            weights_mib: mib_f(weights),
+            kv_cache_mib_per_seq: mib_f(kv),
+            workspace_mib_per_seq: mib_f(scores.max(mlp).max(logits)),
+        }
+    }
+
+    /// As a line through the batch: the weights fixed, the cache and workspace per sequence.
+    pub fn estimate(&self) -> MemoryEstimate {
+        MemoryEstimate {
+            fixed_mib: self.weights_mib,
+            per_sample_mib: self.kv_cache_mib_per_seq + self.workspace_mib_per_seq,
+        }
+    }
+}
+
+/// Refuses a generation whose weights and cache for its batch exceed `limit_mib`, naming both
+/// numbers and the largest batch that fits (or that the weights alone do not).
+pub fn check_generation_fits(spec: &RunSpec, memory: &GenerationMemory, limit_mib: f64, has: &str) -> Result<()> {
+    let Some(lengths) = spec.lengths else {
+        return Ok(());
+    };
+    let estimate = memory.estimate();
+    let need = estimate.at(spec.batch);
+    if need <= limit_mib {
+        return Ok(());
+    }
+    let what = format!(
+        "{} generate {} batch {} at context {} ({} prompt + {} output tokens) needs about {need:.0} MiB: weights {:.0} MiB + KV cache {:.0} MiB ({:.1} MiB a sequence) + {:.0} MiB of prefill workspace; {has} {limit_mib:.0} MiB",
+        spec.model,
+        spec.precision.as_str(),
+        spec.batch,
+        lengths.context(),
+        lengths.prompt,
+        lengths.output,
+        memory.weights_mib,
+        memory.kv_cache_mib_per_seq * spec.batch as f64,
+        memory.kv_cache_mib_per_seq,
+        memory.workspace_mib_per_seq * spec.batch as f64,
+    );
+    match estimate.largest_batch(limit_mib) {
+        0 if memory.weights_mib >= limit_mib => bail!("{what}: the weights alone do not fit"),
+        0 => bail!("{what}: not even one sequence fits"),
+        n => bail!("{what}: the largest batch that fits is about {n}"),
+    }
+}
+
+fn mib_f(bytes: f64) -> f64 {
+    bytes / (1u64 << 20) as f64
+}
+
 /// Probes `spec`'s model, mode and precision on `device` at batch 1 and 2. `None` where this device
 /// cannot say how much memory a step takes.
 pub fn probe(spec: &RunSpec, device: &OpenDevice) -> Result<Option<MemoryEstimate>> {
@@ -60,6 +140,7 @@ pub fn probe(spec: &RunSpec, device: &OpenDevice) -> Result<Option<MemoryEstimat
         match spec.mode {
             workloads::Mode::Infer => drop(workload.infer(&inputs)?),
             workloads::Mode::Train => drop(workload.train_step(&inputs)?),
+            workloads::Mode::Generate => bail!("a generation's memory is computed (GenerationMemory), not probed"),
         }
         device.device.synchronize()?;
         at.push(peak.read()?);
@@ -197,6 +278,50 @@ mod tests {
         assert_eq!(e.largest_batch(1090.0), 50);
         // Noise that makes batch 2 look smaller: nothing grows with the batch.
         assert_eq!(MemoryEstimate::from_peaks(110.0, 100.0).per_sample_mib, 0.0);
+    }
+
+    #[test]
+    fn llama_3_1_8b_in_bf16_is_refused_on_a_1g_slice_naming_weights_and_cache() -> Result<()> {
+        let table = crate::mig::profile::table("h100-80gb")?;
+        let slice_mib = table.profile("1g.10gb")?.memory_gib * 1024.0;
+        let cfg = workloads::lookup("llama_3_1_8b")?.1.decoder.expect("a decoder");
+        let lengths = workloads::Lengths {
+            prompt: 512,
+            output: 128,
+        };
+        let memory = GenerationMemory::of(&cfg, candle_core::DType::BF16, lengths);
+        // 8,030,261,248 parameters × 2 bytes, plus the rotary tables (131,072 × 128 × 2 bytes).
+        assert!((memory.weights_mib - (8_030_261_248.0 * 2.0 + 131_072.0 * 256.0) / 1048576.0).abs() < 1e-6);
+        // 32 layers × 8 kv heads × 128 × 2 (k, v) × 2 bytes = 128 KiB a token, 639 tokens.
+        assert!((memory.kv_cache_mib_per_seq - 639.0 * 128.0 / 1024.0).abs() < 1e-9);
+        let mut s = spec(1, 1);
+        s.model = "llama_3_1_8b".into();
+        s.mode = workloads::Mode::Generate;
+        s.precision = crate::run::spec::Precision::Bf16;
+        s.lengths = Some(lengths);
+        let e = check_generation_fits(&s, &memory, slice_mib, "1g.10gb has")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("llama_3_1_8b generate bf16 batch 1 at context 639")
+                && e.contains("weights 15349 MiB + KV cache 80 MiB")
+                && e.contains("1g.10gb has 9984 MiB")
+                && e.ends_with("the weights alone do not fit"),
+            "{e}"
+        );
+        // The same model on a 4g.40gb: the weights fit, and the batch is bounded by the cache.
+        let four = table.profile("4g.40gb")?.memory_gib * 1024.0;
+        check_generation_fits(&s, &memory, four, "4g.40gb has")?;
+        s.batch = 1000;
+        let e = check_generation_fits(&s, &memory, four, "4g.40gb has")
+            .unwrap_err()
+            .to_string();
+        let largest = memory.estimate().largest_batch(four);
+        assert!(
+            largest > 1 && e.ends_with(&format!("the largest batch that fits is about {largest}")),
+            "{e}"
+        );
+        Ok(())
     }
 
     #[test]

@@ -3,30 +3,22 @@
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
-use workloads::{Batch, Mode, Workload};
+use workloads::{Batch, Generator, Mode, Workload};
 
 use crate::device::OpenDevice;
 use crate::gpu::sampler::{Sample, Sampler};
 use crate::provenance;
 use crate::run::fingerprint::{self, Fingerprint};
 use crate::run::group::GroupMember;
-use crate::run::measure::{measure, Executor, LossScale, MonotonicClock, Observer};
+use crate::run::measure::{measure, Executor, LossScale, MonotonicClock, Observer, Stop, Warmup};
 use crate::run::record::{CellIdentity, Run, RunContext};
 use crate::run::spec::RunSpec;
 
 /// Builds the workload, measures it and returns the run.
 pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: CellIdentity) -> Result<Run> {
     let pool_held_mib = fingerprint::pool_held_mib(&device.device);
-    let (workload, info) = spec.build_workload(&device.device)?;
-    let batch = workload
-        .synthetic_batch(spec.batch, spec.seed)
-        .context("making the synthetic batch")?;
-    let mut exec = WorkloadExecutor {
-        workload,
-        batch,
-        device: device.device.clone(),
-        loss: None,
-    };
+    let (mut exec, info) = Steps::build(spec, &device.device)?;
+    let (warmup, stop) = exec.rules(spec.warmup, spec.stop);
     let fingerprint = Fingerprint {
         pool_held_mib,
         ..Fingerprint::collect(device.info.selected.as_ref())
@@ -40,11 +32,20 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
         metrics: Ok(Vec::new()),
         group: context.group.clone(),
     };
-    let mut measured = measure(&mut exec, &MonotonicClock::new(), spec.warmup, spec.stop, &mut beside);
-    warn_of_refused_graphs(exec.workload.as_ref(), &spec.model);
-    // The row says so too: its `kernel_options` say what was asked, not what ran.
-    if let Ok(m) = measured.as_mut() {
-        m.graphs_refused = exec.workload.graph_refusals();
+    let mut measured = measure(exec.executor(), &MonotonicClock::new(), warmup, stop, &mut beside);
+    match &exec {
+        Steps::Workload(w) => {
+            warn_of_refused_graphs(w.workload.as_ref(), &spec.model);
+            // The row says so too: its `kernel_options` say what was asked, not what ran.
+            if let Ok(m) = measured.as_mut() {
+                m.graphs_refused = w.workload.graph_refusals();
+            }
+        }
+        Steps::Generation(g) => {
+            if let Ok(m) = measured.as_mut() {
+                m.kv_cache_bytes = g.kv_cache_bytes;
+            }
+        }
     }
 
     // A group's members on this device are expected there: neighbours on purpose.
@@ -187,6 +188,144 @@ pub(crate) fn start_nvml_sampler(selected: crate::gpu::Selected, interval: std::
     })
 }
 
+/// What a run's steps are: a workload's inference or training steps, or a language model's
+/// generations.
+enum Steps {
+    Workload(WorkloadExecutor),
+    Generation(Box<GenerationExecutor>),
+}
+
+impl Steps {
+    fn build(spec: &RunSpec, device: &Device) -> Result<(Steps, workloads::ModelInfo)> {
+        if let Some(lengths) = spec.lengths {
+            let generator = spec.build_generator(device)?;
+            let info = generator.info().clone();
+            let prompts = generator
+                .prompts(spec.batch, lengths.prompt, spec.seed)
+                .context("making the prompts")?;
+            let exec = GenerationExecutor {
+                generator,
+                prompts,
+                steps: lengths.decode_steps(),
+                at: None,
+                next: None,
+                kv_cache_bytes: None,
+                device: device.clone(),
+            };
+            return Ok((Steps::Generation(Box::new(exec)), info));
+        }
+        let (workload, info) = spec.build_workload(device)?;
+        let batch = workload
+            .synthetic_batch(spec.batch, spec.seed)
+            .context("making the synthetic batch")?;
+        let exec = WorkloadExecutor {
+            workload,
+            batch,
+            device: device.clone(),
+            loss: None,
+        };
+        Ok((Steps::Workload(exec), info))
+    }
+
+    fn executor(&mut self) -> &mut dyn Executor {
+        match self {
+            Steps::Workload(w) => w,
+            Steps::Generation(g) => g.as_mut(),
+        }
+    }
+
+    /// The warm-up and stop rules in steps: a generation's counts are of whole generations.
+    fn rules(&self, warmup: Warmup, stop: Stop) -> (Warmup, Stop) {
+        let Steps::Generation(g) = self else {
+            return (warmup, stop);
+        };
+        let steps = |n: u64| n.saturating_mul(g.steps as u64);
+        let warmup = match warmup {
+            Warmup::Iterations(n) => Warmup::Iterations(steps(n)),
+            Warmup::Duration { min, min_iterations } => Warmup::Duration {
+                min,
+                min_iterations: steps(min_iterations),
+            },
+        };
+        let stop = match stop {
+            Stop::Iterations(n) => Stop::Iterations(steps(n)),
+            Stop::Duration { min, min_iterations } => Stop::Duration {
+                min,
+                min_iterations: steps(min_iterations),
+            },
+            Stop::Precision {
+                target,
+                min,
+                max,
+                min_iterations,
+            } => Stop::Precision {
+                target,
+                min,
+                max,
+                min_iterations: steps(min_iterations),
+            },
+        };
+        (warmup, stop)
+    }
+}
+
+/// Drives a [`Generator`]: each generation begins with the prefill of the same prompts (timed
+/// apart), then each step decodes one token of every sequence, then a device sync.
+struct GenerationExecutor {
+    generator: Generator,
+    prompts: Tensor,
+    /// Decode steps of a generation.
+    steps: usize,
+    /// Decode steps run in the current generation; `None` between generations.
+    at: Option<usize>,
+    /// The tokens the next decode step feeds.
+    next: Option<Tensor>,
+    /// What the cache held at the end of the last whole generation.
+    kv_cache_bytes: Option<u64>,
+    device: Device,
+}
+
+impl Executor for GenerationExecutor {
+    fn step(&mut self) -> Result<()> {
+        let tokens = self
+            .next
+            .take()
+            .context("a decode step before its generation's prefill")?;
+        let next = self.generator.decode(&tokens)?;
+        self.device.synchronize()?;
+        self.next = Some(next);
+        let at = self.at.map_or(1, |a| a + 1);
+        if at >= self.steps {
+            self.kv_cache_bytes = Some(self.generator.cache_bytes() as u64);
+            self.at = None;
+        } else {
+            self.at = Some(at);
+        }
+        Ok(())
+    }
+
+    fn loss(&mut self) -> Result<Option<f32>> {
+        Ok(None)
+    }
+
+    fn begin(&mut self, clock: &dyn crate::run::measure::Clock) -> Result<Option<std::time::Duration>> {
+        if self.at.is_some() {
+            return Ok(None);
+        }
+        let t0 = clock.now();
+        let first = self.generator.prefill(&self.prompts)?;
+        self.device.synchronize()?;
+        let took = clock.now() - t0;
+        self.next = Some(first);
+        self.at = Some(0);
+        Ok(Some(took))
+    }
+
+    fn at_boundary(&self) -> bool {
+        self.at.is_none()
+    }
+}
+
 /// Drives a [`Workload`]: one inference or training step on a fixed batch, then a device sync.
 struct WorkloadExecutor {
     workload: Box<dyn Workload>,
@@ -208,6 +347,7 @@ impl Executor for WorkloadExecutor {
                 self.device.synchronize()?;
                 self.loss = Some(loss);
             }
+            Mode::Generate => unreachable!("a language model generates through GenerationExecutor"),
         }
         Ok(())
     }

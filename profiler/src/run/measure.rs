@@ -54,6 +54,18 @@ pub trait Executor {
     fn steps_to_steady(&self) -> u64 {
         1
     }
+    /// Work that starts a run of steps, done before a step outside its timed section: a language
+    /// model's prefill before its decode steps. Returns how long it took, by `clock`, where it did
+    /// any; the loop keeps those times apart from the steps'.
+    fn begin(&mut self, clock: &dyn Clock) -> Result<Option<Duration>> {
+        let _ = clock;
+        Ok(None)
+    }
+    /// Whether the loop may stop after the step just run: a generation is never cut short, so that
+    /// every measured one has its steps at every position.
+    fn at_boundary(&self) -> bool {
+        true
+    }
 }
 
 /// A dynamic loss scale as the loop reads it.
@@ -102,7 +114,9 @@ enum Reached {
 }
 
 impl Stop {
-    fn reached(&self, latencies_ns: &[u64], elapsed: Duration) -> Reached {
+    /// Whether to stop after `latencies_ns`; `sparse`: the loop asks only at the end of a run of
+    /// steps (a generation), so the interval is computed every time it asks.
+    fn reached(&self, latencies_ns: &[u64], elapsed: Duration, sparse: bool) -> Reached {
         let iterations = latencies_ns.len() as u64;
         let done = match *self {
             Stop::Iterations(n) => iterations >= n,
@@ -115,7 +129,7 @@ impl Stop {
             } => {
                 let ready = iterations >= min_iterations.max(1) && elapsed >= min;
                 // The interval costs a pass over the samples: checked about 20 times per doubling.
-                let check = ready && iterations.is_multiple_of((iterations / 20).max(1));
+                let check = ready && (sparse || iterations.is_multiple_of((iterations / 20).max(1)));
                 let precision = if check || elapsed >= max {
                     crate::run::uncertainty::throughput_precision(latencies_ns)
                 } else {
@@ -164,6 +178,12 @@ pub struct Measurement {
     pub skipped_steps: Option<u64>,
     /// The dynamic loss scale after the last measured step; `None` without one.
     pub loss_scale: Option<f64>,
+    /// What [`Executor::begin`] took before the measured steps it started (a language model's
+    /// prefill of each measured generation), in order, in nanoseconds; empty where it did nothing.
+    pub begin_ns: Vec<u64>,
+    /// Bytes a language model's KV cache held at the end of a generation, the whole batch's: the loop
+    /// knows nothing of caches, its caller fills this from the generator.
+    pub kv_cache_bytes: Option<u64>,
 }
 
 /// What runs beside the measured phase (the GPU sampler, a profiler's capture range): started once
@@ -208,7 +228,7 @@ pub fn measure(
     let measured = measured?;
     // Holding keeps the device busy for others; nothing it meets may cost this run its measurement.
     while observer.hold().unwrap_or(false) {
-        if exec.step().is_err() {
+        if exec.begin(clock).is_err() || exec.step().is_err() {
             break;
         }
     }
@@ -221,12 +241,18 @@ pub fn measure(
 /// The measured phase alone.
 fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Result<Measurement> {
     let mut latencies_ns = Vec::new();
+    let mut begin_ns = Vec::new();
     let mut loss_first = None;
+    // Set once a step ends inside a run of steps: the stop rule is then asked only at their ends.
+    let mut sparse = false;
     // Read before the clock starts: it may synchronise with the device.
     let scale_before = exec.loss_scale()?;
     let start = clock.now();
     let mut stop_note = None;
     let loss_last = loop {
+        if let Some(begun) = exec.begin(clock)? {
+            begin_ns.push(nanos(begun));
+        }
         let t0 = clock.now();
         exec.step()?;
         let t1 = clock.now();
@@ -234,7 +260,11 @@ fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Resu
         if latencies_ns.len() == 1 {
             loss_first = exec.loss()?;
         }
-        match stop.reached(&latencies_ns, clock.now() - start) {
+        if !exec.at_boundary() {
+            sparse = true;
+            continue;
+        }
+        match stop.reached(&latencies_ns, clock.now() - start, sparse) {
             Reached::No => {}
             Reached::Yes => break exec.loss()?,
             Reached::AtBound(note) => {
@@ -260,6 +290,8 @@ fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Resu
         graphs_refused: Vec::new(),
         skipped_steps,
         loss_scale,
+        begin_ns,
+        kv_cache_bytes: None,
     })
 }
 
@@ -274,9 +306,10 @@ fn warm_up(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup) -> Result
                 n >= min_iterations.max(exec.steps_to_steady()).max(1) && clock.now() - start >= min
             }
         };
-        if done {
+        if done && exec.at_boundary() {
             return Ok(n);
         }
+        exec.begin(clock)?;
         exec.step()?;
         n += 1;
     }
@@ -404,6 +437,79 @@ mod tests {
             &mut Unobserved,
         )?;
         assert_eq!(m.warmup_iterations, 1);
+        Ok(())
+    }
+
+    /// A generation on the fake clock: a 5 ms prefill begins every run of `steps` 1 ms decode steps.
+    struct FakeGeneration {
+        clock: FakeClock,
+        steps: usize,
+        done: usize,
+        prefills: usize,
+    }
+
+    impl Executor for FakeGeneration {
+        fn step(&mut self) -> Result<()> {
+            self.clock.advance(Duration::from_millis(1));
+            self.done += 1;
+            Ok(())
+        }
+
+        fn loss(&mut self) -> Result<Option<f32>> {
+            Ok(None)
+        }
+
+        fn begin(&mut self, clock: &dyn Clock) -> Result<Option<Duration>> {
+            if !self.done.is_multiple_of(self.steps) {
+                return Ok(None);
+            }
+            let t0 = clock.now();
+            self.clock.advance(Duration::from_millis(5));
+            self.prefills += 1;
+            Ok(Some(clock.now() - t0))
+        }
+
+        fn at_boundary(&self) -> bool {
+            self.done.is_multiple_of(self.steps)
+        }
+    }
+
+    #[test]
+    fn generations_are_measured_whole_with_their_prefills_kept_apart() -> Result<()> {
+        let clock = FakeClock::default();
+        let mut g = FakeGeneration {
+            clock: clock.clone(),
+            steps: 4,
+            done: 0,
+            prefills: 0,
+        };
+        // A warm-up of 3 steps and a stop at 6 both end at the end of a generation.
+        let m = measure(
+            &mut g,
+            &clock,
+            Warmup::Iterations(3),
+            Stop::Iterations(6),
+            &mut Unobserved,
+        )?;
+        assert_eq!(m.warmup_iterations, 4);
+        assert_eq!(m.latencies_ns, vec![1_000_000; 8]);
+        assert_eq!(
+            m.begin_ns,
+            vec![5_000_000; 2],
+            "one prefill per measured generation, none of warm-up's"
+        );
+        assert_eq!(g.prefills, 3);
+        // The wall time holds the prefills; the steps' latencies do not.
+        assert_eq!(m.elapsed, Duration::from_millis(18));
+        // A precision stop is asked at each generation's end, not at counts that never are one.
+        let stop = Stop::Precision {
+            target: 0.01,
+            min: Duration::ZERO,
+            max: Duration::from_secs(60),
+            min_iterations: 10,
+        };
+        let m = measure(&mut g, &clock, Warmup::Iterations(0), stop, &mut Unobserved)?;
+        assert_eq!(m.latencies_ns.len(), 12, "the first generation end at or past 10 steps");
         Ok(())
     }
 

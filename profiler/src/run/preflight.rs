@@ -2,7 +2,7 @@
 //! for, so that a combination the device's kernels cannot run fails in milliseconds, with the list
 //! of those that do run, instead of after an hour of earlier runs.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use workloads::kernels::KernelOptions;
 use workloads::{Family, Mode, TrainConfig, WorkloadConfig};
@@ -11,7 +11,14 @@ use crate::device::OpenDevice;
 use crate::run::RunSpec;
 
 const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
-const MODES: [Mode; 2] = [Mode::Infer, Mode::Train];
+/// The modes a family runs in: language models generate, the others infer and train.
+fn modes(family: Family) -> &'static [Mode] {
+    if family.is_decoder() {
+        &[Mode::Generate]
+    } else {
+        &[Mode::Infer, Mode::Train]
+    }
+}
 
 /// What the device decides without running anything: TF32 exists only on NVIDIA tensor cores.
 pub fn check_precision(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
@@ -40,7 +47,18 @@ pub fn check_memory(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
         return Ok(());
     };
     let mut probed: Vec<(RunSpec, Option<crate::run::estimate::MemoryEstimate>)> = Vec::new();
+    let memory = match device.info.memory_mib() {
+        Some(_) => format!("{} has", device.info.name),
+        None => format!("the host ({}) has available", device.info.name),
+    };
     for s in specs {
+        if let Some(lengths) = s.lengths {
+            let (_, info) = workloads::lookup(&s.model)?;
+            let cfg = info.decoder.context("generate runs a language model")?;
+            let needs = crate::run::estimate::GenerationMemory::of(&cfg, s.precision.dtype(), lengths);
+            crate::run::estimate::check_generation_fits(s, &needs, limit, &memory)?;
+            continue;
+        }
         let same = |p: &RunSpec| {
             (p.model.as_str(), p.mode, p.precision, p.seq_len, p.kernels)
                 == (s.model.as_str(), s.mode, s.precision, s.seq_len, s.kernels)
@@ -59,10 +77,6 @@ pub fn check_memory(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
             }
         };
         if let Some(e) = estimate {
-            let memory = match device.info.memory_mib() {
-                Some(_) => format!("{} has", device.info.name),
-                None => format!("the host ({}) has available", device.info.name),
-            };
             crate::run::estimate::check_fits(s, &e, limit, &memory)?;
         }
     }
@@ -80,7 +94,7 @@ fn check_kernels(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
         }
         checked.push(key);
         if let Err(e) = probe(info.family, s.mode, s.precision.dtype(), s.kernels, &device.device) {
-            let runnable: Vec<String> = MODES
+            let runnable: Vec<String> = modes(info.family)
                 .iter()
                 .flat_map(|&m| DTYPES.iter().map(move |&d| (m, d)))
                 .filter(|&(m, d)| probe(info.family, m, d, s.kernels, &device.device).is_ok())
@@ -118,11 +132,22 @@ fn probe(family: Family, mode: Mode, dtype: DType, kernels: KernelOptions, devic
         train: TrainConfig::default(),
         kernels,
     };
+    if mode == Mode::Generate {
+        // A prompt of 4 tokens, then 2 decode steps: the prefill's and the decode's kernels.
+        let mut g = workloads::Generator::build(workloads::tiny_model(family), &cfg)?;
+        let prompts = g.prompts(2, 4, 0)?;
+        let first = g.prefill(&prompts)?;
+        let next = g.decode(&first)?;
+        drop(g.decode(&next)?);
+        device.synchronize()?;
+        return Ok(());
+    }
     let mut w = workloads::build(workloads::tiny_model(family), &cfg)?;
     let batch = w.synthetic_batch(2, 0)?;
     match mode {
         Mode::Infer => drop(w.infer(&batch)?),
         Mode::Train => drop(w.train_step(&batch)?),
+        Mode::Generate => unreachable!("generation returned above"),
     }
     device.synchronize()?;
     Ok(())

@@ -17,7 +17,7 @@ use crate::run::measure::Measurement;
 use crate::run::spec::{Precision, RunSpec};
 use crate::run::stats::{wall_throughput, LatencyStats};
 use crate::run::uncertainty::Uncertainty;
-use crate::run::verdict::{assess, Assessment};
+use crate::run::verdict::{assess, assess_generations, Assessment};
 
 /// Identity of the run within its invocation and its surroundings.
 #[derive(Debug, Clone)]
@@ -157,6 +157,9 @@ pub struct FailedWorkload {
     pub kernel_options: String,
     /// `f32` or `none` for bf16 and f16 training (as the `master_weights` column); `None` otherwise.
     pub master_weights: Option<String>,
+    /// A generation's prompt and output lengths; `None` for other modes.
+    pub prompt_len: Option<usize>,
+    pub output_len: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -197,6 +200,27 @@ pub struct Run {
     pub sampler_error: Option<String>,
     /// The sampler's interval, when one ran.
     pub sample_interval: Option<std::time::Duration>,
+    /// A generate run's prefills and cache; `None` for inference and training.
+    pub generation: Option<Generation>,
+}
+
+/// What a generate run measured beside its decode steps (the run's latencies).
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub lengths: workloads::Lengths,
+    /// How the KV cache is laid out ([`workloads::generation::KV_LAYOUT`]).
+    pub kv_layout: &'static str,
+    /// The prefill of each measured generation: prompts in, first tokens out (time to first token).
+    pub prefill: LatencyStats,
+    /// Bytes the KV cache held at the end of a generation, the whole batch's.
+    pub kv_cache_bytes: u64,
+}
+
+impl Generation {
+    /// Generations measured.
+    pub fn count(&self) -> u64 {
+        self.prefill.iterations
+    }
 }
 
 impl Run {
@@ -214,6 +238,15 @@ impl Run {
     ) -> Result<Self> {
         let stats = LatencyStats::from_latencies(&measurement.latencies_ns)?;
         let uncertainty = Uncertainty::of(&measurement.latencies_ns, spec.batch);
+        let generation = match (spec.lengths, measurement.kv_cache_bytes) {
+            (Some(lengths), Some(kv_cache_bytes)) => Some(Generation {
+                lengths,
+                kv_layout: workloads::generation::KV_LAYOUT,
+                prefill: LatencyStats::from_latencies(&measurement.begin_ns)?,
+                kv_cache_bytes,
+            }),
+            _ => None,
+        };
         let (metrics, sampler_error) = match metrics {
             Ok(m) => (m, None),
             Err(e) => (Vec::new(), Some(format!("{e:#}"))),
@@ -224,10 +257,19 @@ impl Run {
             (Some(_), Some(_), Some(e)) => Evidence::none(Sampling::Failed(e.clone())),
             (Some(_), Some(_), None) => Evidence::from_samples(&metrics, &context.expected),
         };
-        let assessment = assess(&measurement.latencies_ns)
+        let judged = match spec.lengths {
+            Some(l) => assess_generations(&measurement.latencies_ns, l.decode_steps()),
+            None => assess(&measurement.latencies_ns),
+        };
+        let assessment = judged
             .with_evidence(&evidence, measurement.stop_note.as_deref())
             .with_refused_graphs(&measurement.graphs_refused);
-        let metric_summary = summarize(&metrics, stats.iterations * spec.batch as u64);
+        // Energy per sample: per generated token for a generation (its prefills' tokens included).
+        let samples = match &generation {
+            Some(g) => g.count() * (spec.batch * g.lengths.output) as u64,
+            None => stats.iterations * spec.batch as u64,
+        };
+        let metric_summary = summarize(&metrics, samples);
         let sample_interval = spec.sample_interval.filter(|_| context.device.selected.is_some());
         Ok(Self {
             run_id: provenance::run_id(started_at),
@@ -257,6 +299,7 @@ impl Run {
             metric_summary,
             sampler_error,
             sample_interval,
+            generation,
         })
     }
 
@@ -270,20 +313,42 @@ impl Run {
         self.stats.throughput(self.batch)
     }
 
-    /// Samples per second over the measured wall-clock time.
+    /// Samples per second over the measured wall-clock time; for a generation, generated tokens per
+    /// second, prefills included.
     pub fn wall_throughput(&self) -> f64 {
-        wall_throughput(self.stats.iterations, self.batch, self.measurement.elapsed)
+        match &self.generation {
+            Some(g) => wall_throughput(
+                g.count() * g.lengths.output as u64,
+                self.batch,
+                self.measurement.elapsed,
+            ),
+            None => wall_throughput(self.stats.iterations, self.batch, self.measurement.elapsed),
+        }
+    }
+
+    /// A generation's prompt tokens per second through the prefill (batch × prompt ÷ its mean time).
+    pub fn prefill_tokens_per_s(&self) -> Option<f64> {
+        self.generation
+            .as_ref()
+            .map(|g| g.prefill.throughput(self.batch * g.lengths.prompt))
     }
 
     pub fn sample_interval_ms(&self) -> Option<i64> {
         self.sample_interval.map(|d| d.as_millis() as i64)
     }
 
-    /// Forward FLOPs per sample for inference, 3x that for training.
+    /// Forward FLOPs per sample for inference, 3x that for training; for a generation, of a decoded
+    /// token, averaged over the positions its decode steps attend to.
     pub fn flops_per_sample(&self) -> u64 {
-        match self.mode {
-            Mode::Infer => self.model.flops_per_sample,
-            Mode::Train => self.model.train_flops_per_sample(),
+        match (self.mode, &self.generation, &self.model.decoder) {
+            (Mode::Generate, Some(g), Some(d)) => {
+                let steps = g.lengths.decode_steps();
+                // Step i feeds the token at position prompt + i, attending to prompt + i + 1 tokens.
+                let total: u64 = (0..steps).map(|i| d.flops_per_token(g.lengths.prompt + i + 1)).sum();
+                total / steps.max(1) as u64
+            }
+            (Mode::Train, _, _) => self.model.train_flops_per_sample(),
+            _ => self.model.flops_per_sample,
         }
     }
 }
@@ -346,6 +411,7 @@ pub(crate) mod tests {
             precision: Precision::F32,
             batch,
             seq_len: None,
+            lengths: None,
             weights: None,
             train: workloads::TrainConfig::default(),
             kernels: KernelOptions::default(),

@@ -87,6 +87,8 @@ pub struct RunSpec {
     pub batch: usize,
     /// Tokens per sequence for token models (their default when `None`); always `None` for images.
     pub seq_len: Option<usize>,
+    /// A generation's prompt and output lengths: `Some` exactly when `mode` is generate.
+    pub lengths: Option<workloads::Lengths>,
     /// A safetensors checkpoint to load instead of seeded random weights.
     pub weights: Option<std::path::PathBuf>,
     /// The optimizer of a training run (unused when inferring).
@@ -108,9 +110,24 @@ impl RunSpec {
         &self,
         device: &candle_core::Device,
     ) -> Result<(Box<dyn workloads::Workload>, workloads::ModelInfo)> {
-        workloads::precision::allow_tf32(self.precision.tf32());
         let (_, info) = workloads::lookup_with(&self.model, self.seq_len)?;
-        let cfg = workloads::WorkloadConfig {
+        let workload = workloads::build(&self.model, &self.workload_config(device))
+            .map_err(anyhow::Error::from)
+            .map_err(|e| e.context(format!("building {}", self.model)))?;
+        Ok((workload, info))
+    }
+
+    /// Builds the spec's language model on `device` to generate, TF32 set as for a workload.
+    pub fn build_generator(&self, device: &candle_core::Device) -> Result<workloads::Generator> {
+        workloads::Generator::build(&self.model, &self.workload_config(device))
+            .map_err(anyhow::Error::from)
+            .map_err(|e| e.context(format!("building {}", self.model)))
+    }
+
+    /// The workload's settings, after setting TF32 for the process as the spec says.
+    fn workload_config(&self, device: &candle_core::Device) -> workloads::WorkloadConfig {
+        workloads::precision::allow_tf32(self.precision.tf32());
+        workloads::WorkloadConfig {
             device: device.clone(),
             dtype: self.precision.dtype(),
             mode: self.mode,
@@ -119,11 +136,17 @@ impl RunSpec {
             weights: self.weights.clone(),
             train: self.train,
             kernels: self.kernels,
-        };
-        let workload = workloads::build(&self.model, &cfg)
-            .map_err(anyhow::Error::from)
-            .map_err(|e| e.context(format!("building {}", self.model)))?;
-        Ok((workload, info))
+        }
+    }
+
+    /// Whether the model, mode and lengths go together, before any work: a language model
+    /// generates, with lengths that fit its positions; the other models infer or train.
+    pub fn check_model(&self, info: &workloads::ModelInfo) -> Result<()> {
+        self.mode.check_model(info).map_err(anyhow::Error::msg)?;
+        if let (Some(l), workloads::InputShape::Prompt { max_positions, .. }) = (self.lengths, info.input) {
+            l.check(&self.model, max_positions).map_err(anyhow::Error::msg)?;
+        }
+        Ok(())
     }
 }
 

@@ -192,6 +192,40 @@ impl Assessment {
 
 pub fn assess(latencies_ns: &[u64]) -> Assessment {
     let n = latencies_ns.len();
+    let half = n / 2;
+    // With an odd count the middle step belongs to neither half.
+    judge(latencies_ns, &latencies_ns[..half], &latencies_ns[n - half..], "")
+}
+
+/// As [`assess`], for the decode steps of whole generations of `steps` each: drift is judged between
+/// the first and the last half of the generations, whose steps cover the same positions (a step's
+/// time grows with the context it attends to, so the two halves of one generation differ anyway).
+pub fn assess_generations(latencies_ns: &[u64], steps: usize) -> Assessment {
+    let generations = latencies_ns.len() / steps.max(1);
+    if generations < 2 {
+        let mut a = judge(latencies_ns, &[], &[], "");
+        if a.verdict == Verdict::Ok {
+            a.verdict = Verdict::TooFewIterations;
+            a.flags.push(Flag::TooFewIterations);
+            a.flags.sort();
+            a.reason =
+                format!("{generations} measured generation; at least 2 are needed to judge drift between generations");
+        }
+        return a;
+    }
+    let half = generations / 2;
+    judge(
+        latencies_ns,
+        &latencies_ns[..half * steps],
+        &latencies_ns[(generations - half) * steps..],
+        " of generations",
+    )
+}
+
+/// The verdict on `latencies_ns` from its outliers and the drift between `early` and `late` (the
+/// halves `halves` names in the reason).
+fn judge(latencies_ns: &[u64], early: &[u64], late: &[u64], halves: &str) -> Assessment {
+    let n = latencies_ns.len();
     let (outliers, outlier_mean_shift) = outliers(latencies_ns);
     let assessment = |verdict: Verdict, reason| {
         let mut flags: Vec<Flag> = match verdict {
@@ -219,14 +253,14 @@ pub fn assess(latencies_ns: &[u64]) -> Assessment {
             ),
         );
     }
-    let half = n / 2;
-    // With an odd count the middle step belongs to neither half.
-    let (early, late) = (&latencies_ns[..half], &latencies_ns[n - half..]);
+    if early.is_empty() || late.is_empty() {
+        return assessment(Verdict::Ok, String::new());
+    }
     let (m_early, m_late) = (median(early), median(late));
     let change = m_late / m_early - 1.0;
     let p = mann_whitney_p(early, late);
     let reason = format!(
-        "early/late half medians {:.3}/{:.3} ms ({:+.1}%, drift counts above {:.0}%), rank test p = {:.2e} (significant below {SIGNIFICANCE})",
+        "early/late half{halves} medians {:.3}/{:.3} ms ({:+.1}%, drift counts above {:.0}%), rank test p = {:.2e} (significant below {SIGNIFICANCE})",
         m_early / 1e6,
         m_late / 1e6,
         change * 100.0,
@@ -384,6 +418,29 @@ mod tests {
         assert_eq!(a.verdict, Verdict::TooFewIterations);
         assert!(a.reason.starts_with("9 measured iterations"), "{}", a.reason);
         assert_eq!(assess(&[MS; 10]).verdict, Verdict::Ok);
+    }
+
+    #[test]
+    fn generations_are_judged_against_each_other_not_their_first_steps_against_their_last() {
+        // Each generation's steps grow from 10 to 20 ms as the context grows; four alike generations
+        // are steady, where comparing the halves of all steps (assess) calls them unstable.
+        let one: Vec<u64> = (0..16).map(|i| (10 + 10 * i / 15) * MS).collect();
+        let first_and_second = one.repeat(2);
+        let four = one.repeat(4);
+        assert_eq!(assess(&one).verdict, Verdict::Unstable);
+        let a = assess_generations(&four, 16);
+        assert_eq!(a.verdict, Verdict::Ok, "{}", a.reason);
+        assert!(a.reason.contains("half of generations medians"), "{}", a.reason);
+        assert_eq!(assess_generations(&first_and_second, 16).verdict, Verdict::Ok);
+        // Four generations, the last two 50% slower throughout: a drift.
+        let slower: Vec<u64> = one.iter().map(|l| l * 3 / 2).collect();
+        let drifting = [one.clone(), one.clone(), slower.clone(), slower].concat();
+        assert_eq!(assess_generations(&drifting, 16).verdict, Verdict::Unstable);
+        // One generation cannot be judged against another.
+        let a = assess_generations(&one, 16);
+        assert_eq!(a.verdict, Verdict::TooFewIterations);
+        assert!(a.reason.starts_with("1 measured generation"), "{}", a.reason);
+        assert_eq!(a.flags, vec![Flag::TooFewIterations]);
     }
 
     #[test]

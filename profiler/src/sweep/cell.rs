@@ -3,8 +3,9 @@
 //! and the cell's identity.
 //!
 //! The `cell_id` hashes the cell as written — target label and device string, model, mode, dtype,
-//! batch as written (`max` stays `max`), sequence length, repeat, weights file hash, optimizer,
-//! kernel options, spec version, migprof version — and nothing resolved (UUIDs change when a MIG
+//! batch as written (`max` stays `max`), sequence length, repeat, weights file hash (or a model
+//! folder's), optimizer, kernel options, a generation's lengths and cache layout, spec version,
+//! migprof version — and nothing resolved (UUIDs change when a MIG
 //! layout is re-applied) or sweep-specific (the sweep's name, the results folder, timings).
 
 use std::path::PathBuf;
@@ -36,7 +37,7 @@ pub struct CellSpec {
     pub target: String,
     pub device: String,
     pub model: String,
-    /// `infer` or `train`.
+    /// `infer`, `train` or `generate`.
     pub mode: String,
     /// As `--dtype` spells it: f32, bf16, f16, tf32.
     pub dtype: String,
@@ -45,6 +46,11 @@ pub struct CellSpec {
     /// The batch as the sweep file wrote it: a number, or `max`.
     pub batch_as_written: String,
     pub seq_len: Option<usize>,
+    /// A generation's prompt and output lengths (generate cells only, and part of their id alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_len: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_len: Option<usize>,
     /// Which of the sweep's independent repetitions (0-based).
     pub repeat: u32,
     pub seed: u64,
@@ -150,6 +156,13 @@ impl CellSpec {
         if self.keeps_masters_choice() {
             fields.push(("master_weights", self.master_weights.clone()));
         }
+        // Only for generations, so that the ids of every other cell stay as they were.
+        if self.mode == Mode::Generate.as_str() {
+            let len = |l: Option<usize>| l.map_or("none".into(), |l| l.to_string());
+            fields.push(("prompt_len", len(self.prompt_len)));
+            fields.push(("output_len", len(self.output_len)));
+            fields.push(("kv_layout", workloads::generation::KV_LAYOUT.to_string()));
+        }
         // Only for load jobs and group members, so that the ids of other cells stay as they were.
         if let Some(l) = &self.load {
             fields.push(("load", l.identity()));
@@ -208,6 +221,8 @@ impl CellSpec {
             dtype: self.dtype.clone(),
             batch: self.batch,
             seq_len: self.seq_len,
+            prompt_len: self.prompt_len,
+            output_len: self.output_len,
             seed: self.seed,
             kernel_options: self.kernel_options.clone(),
             master_weights: self.keeps_masters_choice().then(|| self.master_weights.clone()),
@@ -254,10 +269,15 @@ impl CellSpec {
             batch: spec.batch,
             batch_as_written: spec.batch.to_string(),
             seq_len: spec.seq_len,
+            prompt_len: spec.lengths.map(|l| l.prompt),
+            output_len: spec.lengths.map(|l| l.output),
             repeat: 0,
             seed: spec.seed,
             weights: spec.weights.clone(),
-            weights_sha256: spec.weights.as_deref().map(file_sha256).transpose()?,
+            weights_sha256: match &spec.weights {
+                Some(path) => Some(file_sha256(path)?),
+                None => model_sha256(&spec.model)?,
+            },
             optimizer: optimizer.to_string(),
             lr: spec.train.lr,
             weight_decay: spec.train.weight_decay,
@@ -293,10 +313,12 @@ impl CellSpec {
     /// The run this cell makes. A probe of a `max` search runs one warm-up and one measured step:
     /// enough to know whether the batch fits.
     pub fn run_spec(&self) -> Result<RunSpec> {
-        let mode = match self.mode.as_str() {
-            "infer" => Mode::Infer,
-            "train" => Mode::Train,
-            other => bail!("cell spec: mode `{other}`; valid modes: infer, train"),
+        let mode = Mode::parse(&self.mode).map_err(|e| anyhow::anyhow!("cell spec: {e}"))?;
+        let lengths = match (mode, self.prompt_len, self.output_len) {
+            (Mode::Generate, Some(prompt), Some(output)) => Some(workloads::Lengths { prompt, output }),
+            (Mode::Generate, _, _) => bail!("cell spec: a generate cell needs prompt_len and output_len"),
+            (_, None, None) => None,
+            _ => bail!("cell spec: prompt_len and output_len apply to generate cells only"),
         };
         let precision = self
             .dtype
@@ -346,6 +368,7 @@ impl CellSpec {
             precision,
             batch: self.batch,
             seq_len: self.seq_len,
+            lengths,
             weights: self.weights.clone(),
             train: workloads::TrainConfig {
                 optimizer,
@@ -364,8 +387,46 @@ impl CellSpec {
 
 /// SHA-256 of a file's bytes, in hex.
 pub fn file_sha256(path: &std::path::Path) -> Result<String> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect())
+    let mut hasher = Sha256::new();
+    hash_file(&mut hasher, path)?;
+    Ok(hex(&hasher.finalize()))
+}
+
+/// For a model given as a Hugging Face folder (`hf:DIR`), SHA-256 of its `config.json` and weights
+/// files (each name, then its bytes, in name order), so that a cell's id changes when the folder's
+/// model does; `None` for a catalogue model. Read in chunks: a folder holds gigabytes.
+pub fn model_sha256(model: &str) -> Result<Option<String>> {
+    let Some(dir) = model.strip_prefix(workloads::FOLDER_PREFIX) else {
+        return Ok(None);
+    };
+    let dir = std::path::Path::new(dir);
+    let (_, weights) = workloads::models::decoder::read_folder(dir)?;
+    let mut hasher = Sha256::new();
+    for path in std::iter::once(dir.join("config.json")).chain(weights) {
+        hasher.update(path.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
+        hasher.update(b"\n");
+        hash_file(&mut hasher, &path)?;
+    }
+    Ok(Some(hex(&hasher.finalize())))
+}
+
+fn hash_file(hasher: &mut Sha256, path: &std::path::Path) -> Result<()> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = file
+            .read(&mut chunk)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            return Ok(());
+        }
+        hasher.update(&chunk[..n]);
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -385,6 +446,8 @@ pub(crate) mod tests {
             batch: 2,
             batch_as_written: "2".into(),
             seq_len: None,
+            prompt_len: None,
+            output_len: None,
             repeat: 0,
             seed: 0,
             weights: None,
@@ -498,6 +561,82 @@ pub(crate) mod tests {
             .cell_id(),
             max.cell_id()
         );
+    }
+
+    #[test]
+    fn a_generation_is_identified_by_its_lengths_and_other_cells_as_before() -> Result<()> {
+        // Every other mode's fields are as they were: nothing of generation among them.
+        for mode in ["infer", "train"] {
+            let c = CellSpec {
+                mode: mode.into(),
+                ..cell()
+            };
+            assert!(!c.id_fields().contains("prompt_len") && !c.id_fields().contains("kv_layout"));
+        }
+        let g = CellSpec {
+            model: "llama_tiny".into(),
+            mode: "generate".into(),
+            prompt_len: Some(16),
+            output_len: Some(8),
+            ..cell()
+        };
+        assert!(g
+            .id_fields()
+            .contains("prompt_len=16\noutput_len=8\nkv_layout=contiguous\n"));
+        let longer = CellSpec {
+            prompt_len: Some(32),
+            ..g.clone()
+        };
+        let more = CellSpec {
+            output_len: Some(9),
+            ..g.clone()
+        };
+        assert_ne!(g.cell_id(), longer.cell_id());
+        assert_ne!(g.cell_id(), more.cell_id());
+        let spec = g.run_spec()?;
+        assert_eq!(spec.lengths, Some(workloads::Lengths { prompt: 16, output: 8 }));
+        // A cell written by hand that mixes them up is refused.
+        let e = CellSpec {
+            prompt_len: None,
+            ..g.clone()
+        }
+        .run_spec()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("needs prompt_len and output_len"), "{e}");
+        let e = CellSpec {
+            prompt_len: Some(4),
+            output_len: Some(4),
+            ..cell()
+        }
+        .run_spec()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("apply to generate cells only"), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_model_folder_s_id_follows_its_files() -> Result<()> {
+        assert_eq!(model_sha256("llama_tiny")?, None);
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join("config.json"), workloads::models::decoder::PRESETS[5].1)?;
+        std::fs::write(dir.path().join("model.safetensors"), b"weights, version 1")?;
+        let name = format!("hf:{}", dir.path().display());
+        let first = model_sha256(&name)?.expect("a folder has a hash");
+        std::fs::write(dir.path().join("model.safetensors"), b"weights, version 2")?;
+        let second = model_sha256(&name)?.expect("a folder has a hash");
+        assert_ne!(first, second, "the fine-tune changed, so does the cell");
+        let c = |sha: String| CellSpec {
+            model: name.clone(),
+            mode: "generate".into(),
+            prompt_len: Some(4),
+            output_len: Some(2),
+            weights_sha256: Some(sha),
+            ..cell()
+        };
+        assert_ne!(c(first).cell_id(), c(second).cell_id());
+        Ok(())
     }
 
     #[test]

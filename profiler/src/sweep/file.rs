@@ -193,6 +193,12 @@ pub struct Matrix {
     /// Tokens per sequence for token models; image models ignore them. Default: the model's.
     #[serde(default)]
     pub seq_lens: Vec<usize>,
+    /// Generate cells: prompt and output lengths, one cell per pair. Default: `--prompt-len` and
+    /// `--output-len`'s defaults.
+    #[serde(default)]
+    pub prompt_lens: Vec<usize>,
+    #[serde(default)]
+    pub output_lens: Vec<usize>,
     /// Kernel options as `--attention` and friends take them; default: the defaults.
     #[serde(default)]
     pub attention: Option<String>,
@@ -409,6 +415,9 @@ impl SweepFile {
                         names.join(", ")
                     );
                 }
+                if workloads::lookup(model).is_ok_and(|(_, info)| info.family.is_decoder()) {
+                    bail!("{at}: models: `{model}` is a language model; a capacity search serves one forward pass per request, and generation is measured with mode generate in a [[matrix]]");
+                }
             }
             if !DTYPES.contains(&c.dtype.as_str()) {
                 bail!(
@@ -438,16 +447,31 @@ impl SweepFile {
         for (i, m) in self.matrix.iter().enumerate() {
             let at = format!("[[matrix]] #{}", i + 1);
             for model in &m.models {
-                if !names.contains(&model.as_str()) {
-                    bail!(
-                        "{at}: models: unknown model `{model}`; valid models: {}",
-                        names.join(", ")
-                    );
-                }
+                workloads::check_name(model).map_err(|e| anyhow::anyhow!("{at}: models: {e}"))?;
             }
-            for mode in &m.modes {
-                if !["infer", "train"].contains(&mode.as_str()) {
-                    bail!("{at}: modes: unknown mode `{mode}`; valid modes: infer, train");
+            let modes = m
+                .modes
+                .iter()
+                .map(|mode| workloads::Mode::parse(mode).map_err(|e| anyhow::anyhow!("{at}: modes: {e}")))
+                .collect::<Result<Vec<_>>>()?;
+            for model in &m.models {
+                let (_, info) = workloads::lookup(model).with_context(|| format!("{at}: models"))?;
+                let fitting: Vec<workloads::Mode> = modes
+                    .iter()
+                    .copied()
+                    .filter(|mode| mode.check_model(&info).is_ok())
+                    .collect();
+                if fitting.is_empty() {
+                    let why = modes[0].check_model(&info).expect_err("no mode fits");
+                    bail!("{at}: no mode of the matrix runs `{model}`: {why}");
+                }
+                if let (true, workloads::InputShape::Prompt { max_positions, .. }) =
+                    (fitting.contains(&workloads::Mode::Generate), info.input)
+                {
+                    for l in m.lengths() {
+                        l.check(model, max_positions)
+                            .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+                    }
                 }
             }
             for dtype in &m.dtypes {
@@ -482,6 +506,18 @@ impl SweepFile {
 pub const DTYPES: [&str; 4] = ["f32", "bf16", "f16", "tf32"];
 
 impl Matrix {
+    /// A generate cell's lengths: every pair of `prompt_lens` and `output_lens`, the defaults where
+    /// one is not given.
+    pub fn lengths(&self) -> Vec<workloads::Lengths> {
+        let or = |v: &[usize], d: usize| if v.is_empty() { vec![d] } else { v.to_vec() };
+        let prompts = or(&self.prompt_lens, workloads::generation::DEFAULT_PROMPT_LEN);
+        let outputs = or(&self.output_lens, workloads::generation::DEFAULT_OUTPUT_LEN);
+        prompts
+            .iter()
+            .flat_map(|&prompt| outputs.iter().map(move |&output| workloads::Lengths { prompt, output }))
+            .collect()
+    }
+
     /// The matrix's `master_weights`, the default when it has none.
     pub fn master_weights(&self) -> Result<workloads::MasterWeights> {
         match &self.master_weights {

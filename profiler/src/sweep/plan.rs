@@ -20,10 +20,14 @@ pub struct PlannedCell {
 #[derive(Debug, Clone, PartialEq)]
 struct Work {
     model: String,
+    /// A Hugging Face folder's hash ([`super::cell::model_sha256`]); `None` for a catalogue model.
+    model_sha256: Option<String>,
     mode: String,
     dtype: String,
     batch: BatchSize,
     seq_len: Option<usize>,
+    /// A generate cell's prompt and output lengths.
+    lengths: Option<workloads::Lengths>,
     repeat: u32,
     kernels: String,
     master_weights: workloads::MasterWeights,
@@ -86,10 +90,12 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
                 .map(|i| match (&g.busy, i) {
                     (Some(b), i) if i > 0 => Work {
                         model: b.model.clone(),
+                        model_sha256: None,
                         mode: b.mode.clone(),
                         dtype: b.dtype.clone(),
                         batch: BatchSize::Fixed(b.batch),
                         seq_len: b.seq_len,
+                        lengths: None,
                         repeat: w.repeat,
                         kernels: w.kernels.clone(),
                         master_weights: w.master_weights,
@@ -142,6 +148,9 @@ impl Work {
         if let Some(l) = self.seq_len {
             d += &format!("/seq {l}");
         }
+        if let Some(l) = self.lengths {
+            d += &format!("/prompt {}/output {}", l.prompt, l.output);
+        }
         if self.kernels != workloads::kernels::KernelOptions::default().canonical() {
             d += &format!("/{}", self.kernels);
         }
@@ -163,26 +172,42 @@ fn matrix_work(file: &SweepFile) -> Result<Vec<Work>> {
         let master_weights = m.master_weights()?;
         for model in &m.models {
             let (_, info) = workloads::lookup(model)?;
+            let model_sha256 = super::cell::model_sha256(model)?;
             // Image models have no sequence length: one cell, not one per listed length.
             let seq_lens: Vec<Option<usize>> = match (info.input.seq_len(), m.seq_lens.is_empty()) {
                 (Some(_), false) => m.seq_lens.iter().map(|&l| Some(l)).collect(),
                 _ => vec![None],
             };
-            for mode in &m.modes {
+            // A mixed matrix runs each model in the modes that apply to it (the file's check made
+            // sure one does).
+            let modes = m
+                .modes
+                .iter()
+                .filter(|mode| workloads::Mode::parse(mode).is_ok_and(|mode| mode.check_model(&info).is_ok()));
+            for mode in modes {
+                let lengths: Vec<Option<workloads::Lengths>> = if mode == workloads::Mode::Generate.as_str() {
+                    m.lengths().into_iter().map(Some).collect()
+                } else {
+                    vec![None]
+                };
                 for dtype in &m.dtypes {
                     for &batch in &m.batches {
                         for &seq_len in &seq_lens {
-                            for repeat in 0..file.defaults.repeats {
-                                out.push(Work {
-                                    model: model.clone(),
-                                    mode: mode.clone(),
-                                    dtype: dtype.clone(),
-                                    batch,
-                                    seq_len,
-                                    repeat,
-                                    kernels: kernels.clone(),
-                                    master_weights,
-                                });
+                            for &lengths in &lengths {
+                                for repeat in 0..file.defaults.repeats {
+                                    out.push(Work {
+                                        model: model.clone(),
+                                        model_sha256: model_sha256.clone(),
+                                        mode: mode.clone(),
+                                        dtype: dtype.clone(),
+                                        batch,
+                                        seq_len,
+                                        lengths,
+                                        repeat,
+                                        kernels: kernels.clone(),
+                                        master_weights,
+                                    });
+                                }
                             }
                         }
                     }
@@ -211,10 +236,12 @@ fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
         },
         batch_as_written: w.batch.to_string(),
         seq_len: w.seq_len,
+        prompt_len: w.lengths.map(|l| l.prompt),
+        output_len: w.lengths.map(|l| l.output),
         repeat: w.repeat,
         seed: d.seed,
         weights: None,
-        weights_sha256: None,
+        weights_sha256: w.model_sha256.clone(),
         optimizer: "adamw".into(),
         lr: train.lr,
         weight_decay: train.weight_decay,
@@ -240,6 +267,7 @@ fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
 fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &super::file::CapacitySearch) -> CellSpec {
     let work = Work {
         model: model.to_string(),
+        model_sha256: None,
         mode: "infer".into(),
         dtype: search.dtype.clone(),
         batch: BatchSize::Fixed(search.max_batch),
@@ -247,6 +275,7 @@ fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &super:
         seq_len: search
             .seq_len
             .filter(|_| workloads::lookup(model).is_ok_and(|(_, i)| i.input.seq_len().is_some())),
+        lengths: None,
         repeat: 0,
         kernels: workloads::kernels::KernelOptions::default().canonical(),
         master_weights: workloads::MasterWeights::default(),
@@ -340,11 +369,13 @@ batches = [1]
     #[test]
     fn a_neighbour_says_master_weights_only_where_they_change_the_training() {
         let work = |dtype: &str, masters| Work {
+            model_sha256: None,
             model: "resnet50".into(),
             mode: "train".into(),
             dtype: dtype.into(),
             batch: BatchSize::Fixed(32),
             seq_len: None,
+            lengths: None,
             repeat: 0,
             kernels: workloads::kernels::KernelOptions::default().canonical(),
             master_weights: masters,

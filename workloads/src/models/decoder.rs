@@ -67,13 +67,16 @@ struct RawConfig {
     head_dim: Option<usize>,
     vocab_size: usize,
     rms_norm_eps: f64,
-    #[serde(default = "default_rope_theta")]
-    rope_theta: f64,
+    #[serde(default)]
+    rope_theta: Option<f64>,
     max_position_embeddings: usize,
     #[serde(default)]
     tie_word_embeddings: bool,
     #[serde(default)]
     rope_scaling: Option<serde_json::Value>,
+    /// transformers 5 writes the rotary settings here: `rope_type`, `rope_theta` and the scaling's.
+    #[serde(default)]
+    rope_parameters: Option<serde_json::Value>,
     #[serde(default)]
     attention_bias: Option<bool>,
     #[serde(default)]
@@ -84,9 +87,8 @@ struct RawConfig {
     hidden_act: Option<String>,
 }
 
-fn default_rope_theta() -> f64 {
-    10_000.0
-}
+/// transformers' rotary base where a config gives none.
+const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 
 /// Llama 3's scaling of the rotary frequencies for long contexts.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
@@ -155,7 +157,14 @@ impl Config {
                 return Err(ConfigError::Unsupported { field, why });
             }
         }
-        let rope_scaling = match raw.rope_scaling {
+        // transformers 4 writes `rope_theta` and `rope_scaling`; transformers 5 one `rope_parameters`
+        // holding both (its `rope_type` "default" where nothing scales).
+        let parameters = raw.rope_parameters.filter(|v| !v.is_null());
+        let rope_theta = raw
+            .rope_theta
+            .or_else(|| parameters.as_ref()?.get("rope_theta")?.as_f64())
+            .unwrap_or(DEFAULT_ROPE_THETA);
+        let rope_scaling = match parameters.or(raw.rope_scaling) {
             None | Some(serde_json::Value::Null) => None,
             Some(v) => {
                 let kind = v
@@ -196,7 +205,7 @@ impl Config {
             head_dim,
             vocab_size: raw.vocab_size,
             rms_norm_eps: raw.rms_norm_eps,
-            rope_theta: raw.rope_theta,
+            rope_theta,
             rope_scaling,
             max_position_embeddings: raw.max_position_embeddings,
             tie_word_embeddings: raw.tie_word_embeddings,
@@ -710,5 +719,35 @@ mod tests {
         })
         .unwrap();
         assert_eq!(c.rope_scaling, None);
+    }
+
+    #[test]
+    fn transformers_5_rope_parameters_read_as_transformers_4_fields() {
+        // The same rotary settings, as transformers 4 and 5 write them.
+        let v4 = preset("llama_3_2_1b").unwrap();
+        let mut v: serde_json::Value = serde_json::from_str(PRESETS[0].1).unwrap();
+        let mut parameters = v["rope_scaling"].clone();
+        parameters["rope_theta"] = v["rope_theta"].clone();
+        let map = v.as_object_mut().unwrap();
+        map.remove("rope_scaling");
+        map.remove("rope_theta");
+        map.insert("rope_parameters".into(), parameters);
+        let v5 = Config::from_json(&v.to_string()).unwrap();
+        assert_eq!(v5, v4);
+        assert_eq!(v5.rope_theta, 500_000.0);
+        // No scaling: rope_type "default", the base inside.
+        let mut q: serde_json::Value = serde_json::from_str(PRESETS[4].1).unwrap();
+        let theta = q["rope_theta"].clone();
+        let map = q.as_object_mut().unwrap();
+        map.remove("rope_theta");
+        map.remove("rope_scaling");
+        map.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_type": "default", "rope_theta": theta}),
+        );
+        assert_eq!(
+            Config::from_json(&q.to_string()).unwrap(),
+            preset("qwen2_5_1_5b").unwrap()
+        );
     }
 }

@@ -1,0 +1,77 @@
+//! A language model's logits on given tokens, and its own greedy tokens: migprof's side of the
+//! comparison with transformers (`benches/decoder_truth.py`, which writes the model folder and the
+//! tokens and reads what this writes).
+//!
+//! usage: decode_logits DIR DTYPE TOKENS.safetensors OUT.safetensors
+//!   DIR a Hugging Face folder (config.json, *.safetensors) of a Llama or Qwen2 model; DTYPE f32, bf16
+//!   or f16. TOKENS holds `prompt` [batch, prompt tokens] and `forced` [batch, steps]: the tokens fed
+//!   to the decode steps one by one (the reference's own greedy tokens, so that both sides' logits
+//!   are of the same history). OUT gets `prefill_logits` [batch, prompt, vocab], `decode_logits`
+//!   [steps, batch, vocab] (f32), and `greedy` [batch, steps + 1]: the tokens this model generates
+//!   from the prompt alone. Runs on the first GPU of a CUDA build, else the CPU; TF32 off.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Result, Tensor, D};
+use workloads::models::decoder::{self, KvCache};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [dir, dtype, tokens, out] = &args[..] else {
+        candle_core::bail!("usage: decode_logits DIR DTYPE TOKENS.safetensors OUT.safetensors")
+    };
+    let dtype = match dtype.as_str() {
+        "f32" => DType::F32,
+        "bf16" => DType::BF16,
+        "f16" => DType::F16,
+        other => candle_core::bail!("dtype {other}: choose f32, bf16 or f16"),
+    };
+    workloads::precision::allow_tf32(false);
+    let device = Device::cuda_if_available(0)?;
+    let model = decoder::load_folder(std::path::Path::new(dir), &device, dtype)?;
+    let file = candle_core::safetensors::load(tokens, &Device::Cpu)?;
+    let ids = |name: &str| -> Result<Tensor> {
+        file.get(name)
+            .ok_or_else(|| candle_core::Error::Msg(format!("{tokens} has no `{name}`")))?
+            .to_dtype(DType::U32)?
+            .to_device(&device)
+    };
+    let (prompt, forced) = (ids("prompt")?, ids("forced")?);
+    let steps = forced.dim(1)?;
+    let f32_host = |t: &Tensor| t.to_dtype(DType::F32)?.to_device(&Device::Cpu);
+
+    // The reference's history: the prompt, then its tokens one at a time.
+    let mut cache = KvCache::new(model.config());
+    let prefill_logits = model.forward(&prompt, &mut cache)?;
+    let mut decode_logits = Vec::with_capacity(steps);
+    for i in 0..steps {
+        let logits = model.forward(&forced.narrow(1, i, 1)?, &mut cache)?;
+        decode_logits.push(f32_host(&logits.squeeze(1)?)?);
+    }
+
+    // Its own greedy tokens from the prompt alone.
+    let mut cache = KvCache::new(model.config());
+    let next = |logits: &Tensor| -> Result<Tensor> {
+        let t = logits.dim(1)?;
+        logits
+            .narrow(1, t - 1, 1)?
+            .argmax_keepdim(D::Minus1)?
+            .squeeze(D::Minus1)
+    };
+    let mut token = next(&model.forward(&prompt, &mut cache)?)?;
+    let mut greedy = vec![token.clone()];
+    for _ in 0..steps {
+        token = next(&model.forward(&token, &mut cache)?)?;
+        greedy.push(token.clone());
+    }
+
+    let mut saved: HashMap<String, Tensor> = HashMap::new();
+    saved.insert("prefill_logits".into(), f32_host(&prefill_logits)?);
+    saved.insert("decode_logits".into(), Tensor::stack(&decode_logits, 0)?);
+    saved.insert(
+        "greedy".into(),
+        Tensor::cat(&greedy, 1)?.to_dtype(DType::I64)?.to_device(&Device::Cpu)?,
+    );
+    candle_core::safetensors::save(&saved, out)?;
+    Ok(())
+}

@@ -1,0 +1,300 @@
+//! Generate runs of the tiny language models end to end on CPU: the row and its samples, a user's own
+//! Hugging Face folder, sweeps, and the errors that come before any work.
+
+use std::path::Path;
+
+use migprof::results::parts::{read_table, Table};
+
+mod common;
+use common::*;
+
+fn generate(out: &Path, extra: &[&str]) -> std::process::Output {
+    let out = out.to_str().unwrap();
+    let mut args = vec!["run", "--device", "cpu", "--out", out, "--warmup", "1"];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+#[test]
+fn a_generation_row_has_its_lengths_prefills_cache_and_decode_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("D");
+    // No --mode: a language model generates.
+    let o = generate(
+        &out,
+        &[
+            "--model",
+            "llama_tiny",
+            "--batch",
+            "2",
+            "--prompt-len",
+            "16",
+            "--output-len",
+            "5",
+            "--iters",
+            "3",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let log = text(&o);
+    assert!(log.contains("3 generations, time to first token p50"), "{log}");
+    assert!(log.contains("TTFT p50 ms") && log.contains("decode tokens/s"), "{log}");
+
+    let runs = read_table(&out, Table::Runs).unwrap();
+    assert_eq!(runs.height(), 1);
+    assert_eq!(strings(&runs, "mode"), vec!["generate"]);
+    assert_eq!(strings(&runs, "family"), vec!["llama"]);
+    assert_eq!(strings(&runs, "kv_layout"), vec!["contiguous"]);
+    assert_eq!(f64s(&runs, "prompt_len"), vec![16.0]);
+    assert_eq!(f64s(&runs, "output_len"), vec![5.0]);
+    assert_eq!(f64s(&runs, "generations"), vec![3.0]);
+    // Three whole generations of four decode steps each.
+    assert_eq!(f64s(&runs, "iterations"), vec![12.0]);
+    // llama_tiny: 2 layers × 2 kv heads × 16 dims × (k, v) × 4 bytes = 512 bytes a token, and a
+    // sequence holds its prompt and the 4 tokens fed back.
+    assert_eq!(f64s(&runs, "kv_cache_bytes_per_seq"), vec![512.0 * 20.0]);
+    assert_eq!(f64s(&runs, "kv_cache_bytes"), vec![2.0 * 512.0 * 20.0]);
+    let (tput, decode) = (f64s(&runs, "throughput"), f64s(&runs, "decode_tokens_per_s"));
+    assert_eq!(
+        tput, decode,
+        "a generation's throughput is its decode tokens per second"
+    );
+    assert!((decode[0] - 2.0 * 1000.0 / f64s(&runs, "mean_ms")[0]).abs() < 1e-9 * decode[0]);
+    let (ttft, prefill) = (f64s(&runs, "ttft_mean_ms")[0], f64s(&runs, "prefill_tokens_per_s")[0]);
+    assert!(
+        (prefill - 2.0 * 16.0 * 1000.0 / ttft).abs() < 1e-6 * prefill,
+        "{prefill} {ttft}"
+    );
+    assert!(f64s(&runs, "ttft_p50_ms")[0] <= f64s(&runs, "ttft_p99_ms")[0]);
+    // The FLOPs of a decoded token at its mean context (16 + 2.5 tokens attended).
+    let cfg = workloads::lookup("llama_tiny").unwrap().1.decoder.unwrap();
+    let mean: u64 = (1..=4).map(|i| cfg.flops_per_token(16 + i)).sum::<u64>() / 4;
+    assert_eq!(f64s(&runs, "flops_per_sample"), vec![mean as f64]);
+
+    // The samples: 12 decode steps and 3 prefills, told apart.
+    let samples = read_table(&out, Table::Samples).unwrap();
+    let phases = strings(&samples, "phase");
+    assert_eq!(phases.iter().filter(|p| *p == "decode").count(), 12);
+    assert_eq!(phases.iter().filter(|p| *p == "prefill").count(), 3);
+}
+
+#[test]
+fn a_hugging_face_folder_runs_without_a_preset_and_keeps_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("my-finetune");
+    std::fs::create_dir(&model).unwrap();
+    std::fs::write(
+        model.join("config.json"),
+        repo_file("workloads/configs/qwen2_tiny.json"),
+    )
+    .unwrap();
+    let cfg = workloads::models::decoder::preset("qwen2_tiny").unwrap();
+    let weights =
+        workloads::models::decoder::random_weights(&cfg, 9, &candle_core::Device::Cpu, candle_core::DType::F32)
+            .unwrap();
+    candle_core::safetensors::save(&weights, model.join("model.safetensors")).unwrap();
+    let name = format!("hf:{}", model.display());
+    let out = dir.path().join("D");
+    let o = generate(
+        &out,
+        &[
+            "--model",
+            &name,
+            "--prompt-len",
+            "8",
+            "--output-len",
+            "3",
+            "--iters",
+            "2",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let runs = read_table(&out, Table::Runs).unwrap();
+    assert_eq!(strings(&runs, "model"), vec![name.clone()]);
+    assert_eq!(strings(&runs, "family"), vec!["qwen2"]);
+    assert_eq!(f64s(&runs, "params"), vec![cfg.params() as f64]);
+
+    // A folder of an architecture migprof does not run is refused naming the supported ones.
+    let other = dir.path().join("mistral");
+    std::fs::create_dir(&other).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&repo_file("workloads/configs/llama_tiny.json")).unwrap();
+    json["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+    std::fs::write(other.join("config.json"), json.to_string()).unwrap();
+    let o = generate(&out, &["--model", &format!("hf:{}", other.display())]);
+    assert!(!o.status.success());
+    let e = text(&o);
+    assert!(
+        e.contains("architecture `MistralForCausalLM` is not supported; supported: LlamaForCausalLM, Qwen2ForCausalLM"),
+        "{e}"
+    );
+    // --weights belongs to the presets.
+    let o = generate(
+        &out,
+        &[
+            "--model",
+            &name,
+            "--weights",
+            model.join("model.safetensors").to_str().unwrap(),
+        ],
+    );
+    assert!(
+        !o.status.success() && text(&o).contains("carries its own weights"),
+        "{}",
+        text(&o)
+    );
+    // Nothing failed after the first run: it alone is in the folder.
+    assert_eq!(read_table(&out, Table::Runs).unwrap().height(), 1);
+}
+
+#[test]
+fn modes_models_and_lengths_that_do_not_go_together_are_refused_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("D");
+    let refused = |extra: &[&str], expected: &str| {
+        let o = generate(&out, extra);
+        assert!(!o.status.success(), "{extra:?} ran");
+        let e = text(&o);
+        assert!(e.contains(expected), "{extra:?}: {e}");
+    };
+    refused(
+        &["--model", "resnet_tiny", "--mode", "generate"],
+        "resnet_tiny is not a language model: generate runs llama_3_2_1b",
+    );
+    refused(
+        &["--model", "llama_tiny", "--mode", "infer"],
+        "llama_tiny is a language model: its mode is generate",
+    );
+    refused(
+        &["--model", "resnet_tiny", "--prompt-len", "8"],
+        "--prompt-len and --output-len apply to generate runs",
+    );
+    refused(
+        &["--model", "llama_tiny", "--prompt-len", "250", "--output-len", "10"],
+        "llama_tiny has 256 positions: --prompt-len 250 + --output-len 10 needs 259",
+    );
+    refused(&["--model", "llama_tiny", "--output-len", "1"], "--output-len");
+    refused(&["--model", "gpt2"], "valid models:");
+    refused(&["--model", "gpt2"], "or hf:DIR");
+    refused(&["--model", "hf:/no/such/folder"], "no readable config.json");
+    refused(
+        &["--model", "llama_tiny", "--seq-len", "8"],
+        "--seq-len applies to token models",
+    );
+    // A mixed list runs each model in the modes that apply to it.
+    let o = generate(
+        &out,
+        &[
+            "--model",
+            "resnet_tiny,llama_tiny",
+            "--mode",
+            "infer,generate",
+            "--prompt-len",
+            "4",
+            "--output-len",
+            "3",
+            "--iters",
+            "2",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let runs = read_table(&out, Table::Runs).unwrap();
+    let mut got: Vec<(String, String)> = strings(&runs, "model")
+        .into_iter()
+        .zip(strings(&runs, "mode"))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("llama_tiny".to_string(), "generate".to_string()),
+            ("resnet_tiny".to_string(), "infer".to_string())
+        ]
+    );
+}
+
+#[test]
+fn a_sweep_generates_each_pair_of_lengths_and_ids_other_cells_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.toml");
+    std::fs::write(
+        &file,
+        r#"name = "llm"
+[defaults]
+warmup_secs = 0
+duration_secs = 0.01
+
+[[targets]]
+label = "cpu"
+device = "cpu"
+
+[[matrix]]
+models = ["llama_tiny", "resnet_tiny"]
+modes = ["infer", "generate"]
+batches = [1]
+prompt_lens = [4, 8]
+output_lens = [3]
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("D");
+    let o = run(&["sweep", file.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let runs = read_table(&out, Table::Runs).unwrap();
+    let mut cells: Vec<(String, String, Option<f64>)> = strings(&runs, "model")
+        .into_iter()
+        .zip(strings(&runs, "mode"))
+        .zip(numbers(&runs, "prompt_len"))
+        .map(|((m, d), p)| (m, d, p))
+        .collect();
+    cells.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    assert_eq!(
+        cells,
+        vec![
+            ("llama_tiny".into(), "generate".into(), Some(4.0)),
+            ("llama_tiny".into(), "generate".into(), Some(8.0)),
+            ("resnet_tiny".into(), "infer".into(), None),
+        ]
+    );
+    let ids = strings(&runs, "cell_id");
+    assert_eq!(ids.iter().collect::<std::collections::HashSet<_>>().len(), 3);
+
+    // A matrix whose modes run none of a model is refused naming why.
+    std::fs::write(
+        &file,
+        "name = \"x\"\n[[targets]]\nlabel = \"cpu\"\ndevice = \"cpu\"\n[[matrix]]\nmodels = [\"llama_tiny\"]\nbatches = [1]\n",
+    )
+    .unwrap();
+    let o = run(&["sweep", file.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("no mode of the matrix runs `llama_tiny`: llama_tiny is a language model"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn a_sweep_cell_that_cannot_fit_is_an_oom_row_before_its_model_is_built() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.toml");
+    // Llama-3.1-8B's cache alone at batch 100,000 is terabytes: refused from its shape, in the time
+    // it takes to say so (building its 8 billion seeded weights on a CPU would take minutes).
+    std::fs::write(
+        &file,
+        "name = \"big\"\n[defaults]\ntimeout_secs = 60\n[[targets]]\nlabel = \"cpu\"\ndevice = \"cpu\"\n[[matrix]]\nmodels = [\"llama_3_1_8b\"]\nmodes = [\"generate\"]\nbatches = [100000]\n",
+    )
+    .unwrap();
+    let out = dir.path().join("D");
+    let started = std::time::Instant::now();
+    let o = run(&["sweep", file.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(started.elapsed() < std::time::Duration::from_secs(30), "{}", text(&o));
+    let runs = read_table(&out, Table::Runs).unwrap();
+    assert_eq!(strings(&runs, "status"), vec!["oom"], "{}", text(&o));
+    let error = strings(&runs, "error").remove(0);
+    assert!(
+        error.contains("out of memory before it starts") && error.contains("KV cache") && error.contains("weights"),
+        "{error}"
+    );
+    assert_eq!(f64s(&runs, "prompt_len"), vec![128.0]);
+    assert_eq!(strings(&runs, "kv_layout"), vec!["contiguous"]);
+}

@@ -1,0 +1,199 @@
+//! Greedy generation with a language model: a batch of prompts prefilled at once, then one token
+//! of every sequence decoded at a time against the KV cache. What the profiler's generate mode
+//! drives; the timing is the profiler's, the tokens are the model's.
+
+use candle_core::{DType, Device, Result, Tensor, D};
+use candle_nn::VarBuilder;
+
+use crate::init::Rng;
+use crate::kernels::KernelOptions;
+use crate::models::decoder::{self, Decoder, KvCache};
+use crate::workload::WorkloadConfig;
+use crate::zoo::{lookup_with, ModelInfo, FOLDER_PREFIX};
+
+/// How the KV cache is laid out, as rows record it: one tensor per layer for keys and one for
+/// values, each grown by appending a pass's tokens.
+pub const KV_LAYOUT: &str = "contiguous";
+
+/// A generation's default prompt and output lengths (`--prompt-len`, `--output-len`): short enough
+/// for the tiny presets' 256 positions.
+pub const DEFAULT_PROMPT_LEN: usize = 128;
+pub const DEFAULT_OUTPUT_LEN: usize = 128;
+
+/// The lengths of one generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Lengths {
+    /// Tokens of each prompt.
+    pub prompt: usize,
+    /// Tokens generated for each prompt, the first by the prefill and each other by a decode step.
+    pub output: usize,
+}
+
+impl Lengths {
+    /// Decode steps of one generation: every output token but the prefill's.
+    pub fn decode_steps(self) -> usize {
+        self.output.saturating_sub(1)
+    }
+
+    /// Positions a sequence takes: the prompt and every generated token fed back (the last is not).
+    pub fn context(self) -> usize {
+        self.prompt + self.decode_steps()
+    }
+
+    /// Whether these lengths fit a model of `max_positions` and make at least one decode step; the
+    /// message says what does.
+    pub fn check(self, model: &str, max_positions: usize) -> std::result::Result<(), String> {
+        if self.prompt == 0 {
+            return Err("--prompt-len: a prompt holds at least one token".into());
+        }
+        if self.output < 2 {
+            return Err(
+                "--output-len: at least 2 (the first token comes from the prefill, the others from decode steps)"
+                    .into(),
+            );
+        }
+        if self.context() > max_positions {
+            return Err(format!(
+                "{model} has {max_positions} positions: --prompt-len {} + --output-len {} needs {} (the last generated token is not fed back); at most {} output tokens after this prompt",
+                self.prompt,
+                self.output,
+                self.context(),
+                (max_positions + 1).saturating_sub(self.prompt)
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A language model ready to generate on a device, with its cache.
+pub struct Generator {
+    info: ModelInfo,
+    decoder: Decoder,
+    cache: KvCache,
+    device: Device,
+    dtype: DType,
+    kernels: KernelOptions,
+}
+
+impl Generator {
+    /// The named model (a preset, or `hf:DIR`) on `cfg`'s device and dtype: a folder's own weights,
+    /// the `cfg.weights` file with Hugging Face's names, or seeded random weights.
+    pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Generator> {
+        let (_, info) = lookup_with(name, None).map_err(candle_core::Error::wrap)?;
+        let Some(config) = info.decoder.clone() else {
+            candle_core::bail!("{name} is not a language model: only language models generate")
+        };
+        let decoder = match (name.strip_prefix(FOLDER_PREFIX), &cfg.weights) {
+            (Some(_), Some(w)) => candle_core::bail!(
+                "{name} carries its own weights; --weights ({}) applies to the presets",
+                w.display()
+            ),
+            (Some(dir), None) => decoder::load_folder(std::path::Path::new(dir), &cfg.device, cfg.dtype)?,
+            (None, Some(path)) => {
+                // SAFETY: mapped read-only for the model's lifetime; migprof does not write the file.
+                let vb =
+                    unsafe { VarBuilder::from_mmaped_safetensors(std::slice::from_ref(path), cfg.dtype, &cfg.device) }
+                        .map_err(|e| {
+                            candle_core::Error::Msg(format!("cannot read the weights file {}: {e}", path.display()))
+                        })?;
+                Decoder::new(&config, vb)
+                    .map_err(|e| candle_core::Error::Msg(format!("{} does not fit {name}: {e}", path.display())))?
+            }
+            (None, None) => {
+                let weights = decoder::random_weights(&config, cfg.seed, &cfg.device, cfg.dtype)?;
+                Decoder::new(&config, VarBuilder::from_tensors(weights, cfg.dtype, &cfg.device))?
+            }
+        };
+        Ok(Generator {
+            cache: KvCache::new(&config),
+            info,
+            decoder,
+            device: cfg.device.clone(),
+            dtype: cfg.dtype,
+            kernels: cfg.kernels,
+        })
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// `batch` prompts of `len` token ids drawn uniformly below the vocabulary from `seed`, on the
+    /// device.
+    pub fn prompts(&self, batch: usize, len: usize, seed: u64) -> Result<Tensor> {
+        let vocab = self.decoder.config().vocab_size as u32;
+        let mut rng = Rng::for_name(seed, "prompts");
+        let ids: Vec<u32> = (0..batch * len).map(|_| rng.below(vocab)).collect();
+        Tensor::from_vec(ids, (batch, len), &self.device)
+    }
+
+    /// Starts a generation: the cache emptied, `prompts` [batch, tokens] run through the model; the
+    /// first generated token of each sequence, [batch, 1] (u32, possibly still queued).
+    pub fn prefill(&mut self, prompts: &Tensor) -> Result<Tensor> {
+        let _kernels = self.kernels.enter();
+        self.cache = KvCache::new(self.decoder.config());
+        greedy(&self.decoder.forward(prompts, &mut self.cache)?)
+    }
+
+    /// One decode step: `tokens` [batch, 1] (the last ones generated) run at the cache's length; the
+    /// next token of each sequence, [batch, 1].
+    pub fn decode(&mut self, tokens: &Tensor) -> Result<Tensor> {
+        let _kernels = self.kernels.enter();
+        greedy(&self.decoder.forward(tokens, &mut self.cache)?)
+    }
+
+    /// Bytes the KV cache holds now, every sequence of the batch.
+    pub fn cache_bytes(&self) -> usize {
+        self.cache.bytes()
+    }
+
+    /// Tokens each sequence's cache holds now.
+    pub fn cache_len(&self) -> usize {
+        self.cache.len()
+    }
+}
+
+/// The most likely next token of each sequence: the last position's argmax, [batch, 1].
+fn greedy(logits: &Tensor) -> Result<Tensor> {
+    let t = logits.dim(1)?;
+    logits
+        .narrow(1, t - 1, 1)?
+        .argmax_keepdim(D::Minus1)?
+        .squeeze(D::Minus1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_that_do_not_fit_say_what_does() {
+        let l = Lengths {
+            prompt: 200,
+            output: 60,
+        };
+        assert_eq!(l.decode_steps(), 59);
+        assert_eq!(l.context(), 259);
+        let e = l.check("llama_tiny", 256).unwrap_err();
+        assert!(e.contains("needs 259") && e.contains("at most 57 output tokens"), "{e}");
+        Lengths {
+            prompt: 200,
+            output: 57,
+        }
+        .check("llama_tiny", 256)
+        .unwrap();
+        assert!(Lengths { prompt: 8, output: 1 }
+            .check("m", 256)
+            .unwrap_err()
+            .contains("at least 2"));
+        assert!(Lengths { prompt: 0, output: 4 }.check("m", 256).is_err());
+    }
+}
