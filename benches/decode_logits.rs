@@ -2,23 +2,35 @@
 //! comparison with transformers (`benches/decoder_truth.py`, which writes the model folder and the
 //! tokens and reads what this writes).
 //!
-//! usage: decode_logits DIR DTYPE TOKENS.safetensors OUT.safetensors
+//! usage: decode_logits DIR DTYPE TOKENS.safetensors OUT.safetensors [BLOCK_SIZE]
 //!   DIR a Hugging Face folder (config.json, *.safetensors) of a Llama or Qwen2 model; DTYPE f32, bf16
 //!   or f16. TOKENS holds `prompt` [batch, prompt tokens] and `forced` [batch, steps]: the tokens fed
 //!   to the decode steps one by one (the reference's own greedy tokens, so that both sides' logits
 //!   are of the same history). OUT gets `prefill_logits` [batch, prompt, vocab], `decode_logits`
 //!   [steps, batch, vocab] (f32), and `greedy` [batch, steps + 1]: the tokens this model generates
-//!   from the prompt alone. Runs on the first GPU of a CUDA build, else the CPU; TF32 off.
+//!   from the prompt alone. With BLOCK_SIZE the KV cache is paged in blocks of that many tokens,
+//!   else contiguous. Runs on the first GPU of a CUDA build, else the CPU; TF32 off.
 
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Result, Tensor, D};
-use workloads::models::decoder::{self, KvCache};
+use workloads::models::decoder::{self, KvCache, KvStore, PagedKvCache};
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [dir, dtype, tokens, out] = &args[..] else {
-        candle_core::bail!("usage: decode_logits DIR DTYPE TOKENS.safetensors OUT.safetensors")
+    let (dir, dtype, tokens, out, block_size) = match &args[..] {
+        [dir, dtype, tokens, out] => (dir, dtype, tokens, out, None),
+        [dir, dtype, tokens, out, b] => (
+            dir,
+            dtype,
+            tokens,
+            out,
+            Some(
+                b.parse::<usize>()
+                    .map_err(|e| candle_core::Error::Msg(format!("BLOCK_SIZE {b}: {e}")))?,
+            ),
+        ),
+        _ => candle_core::bail!("usage: decode_logits DIR DTYPE TOKENS.safetensors OUT.safetensors [BLOCK_SIZE]"),
     };
     let dtype = match dtype.as_str() {
         "f32" => DType::F32,
@@ -38,19 +50,33 @@ fn main() -> Result<()> {
     };
     let (prompt, forced) = (ids("prompt")?, ids("forced")?);
     let steps = forced.dim(1)?;
+    let (batch, room) = (prompt.dim(0)?, prompt.dim(1)? + steps);
+    let new_cache = || -> Result<Box<dyn KvStore>> {
+        Ok(match block_size {
+            None => Box::new(KvCache::new(model.config())),
+            Some(b) => Box::new(PagedKvCache::new(
+                model.config(),
+                batch,
+                PagedKvCache::blocks_for(batch, room, b),
+                b,
+                dtype,
+                &device,
+            )?),
+        })
+    };
     let f32_host = |t: &Tensor| t.to_dtype(DType::F32)?.to_device(&Device::Cpu);
 
     // The reference's history: the prompt, then its tokens one at a time.
-    let mut cache = KvCache::new(model.config());
-    let prefill_logits = model.forward(&prompt, &mut cache)?;
+    let mut cache = new_cache()?;
+    let prefill_logits = model.forward(&prompt, cache.as_mut())?;
     let mut decode_logits = Vec::with_capacity(steps);
     for i in 0..steps {
-        let logits = model.forward(&forced.narrow(1, i, 1)?, &mut cache)?;
+        let logits = model.forward(&forced.narrow(1, i, 1)?, cache.as_mut())?;
         decode_logits.push(f32_host(&logits.squeeze(1)?)?);
     }
 
     // Its own greedy tokens from the prompt alone.
-    let mut cache = KvCache::new(model.config());
+    let mut cache = new_cache()?;
     let next = |logits: &Tensor| -> Result<Tensor> {
         let t = logits.dim(1)?;
         logits
@@ -58,10 +84,10 @@ fn main() -> Result<()> {
             .argmax_keepdim(D::Minus1)?
             .squeeze(D::Minus1)
     };
-    let mut token = next(&model.forward(&prompt, &mut cache)?)?;
+    let mut token = next(&model.forward(&prompt, cache.as_mut())?)?;
     let mut greedy = vec![token.clone()];
     for _ in 0..steps {
-        token = next(&model.forward(&token, &mut cache)?)?;
+        token = next(&model.forward(&token, cache.as_mut())?)?;
         greedy.push(token.clone());
     }
 

@@ -137,17 +137,29 @@ def main():
                 "transformers_greedy_vs_f64": agreeing_prefix(ref[2], truth[2], truth[1]),
             }
             row["error_ratio"] = row["migprof_vs_f64"] / max(row["transformers_vs_f64"], 1e-300)
+            # The same with a paged cache (blocks of 16): the same logits, the same tokens.
+            paged_out = os.path.join(a.work, f"{name}-{dtype}-migprof-paged.safetensors")
+            ran = subprocess.run([a.bin, folder, dtype, tokens, paged_out, "16"])
+            if ran.returncode == 0:
+                paged = load_file(paged_out)
+                row["paged_vs_contiguous"] = max(
+                    err(paged["prefill_logits"], ours_pre), err(paged["decode_logits"], ours_dec)
+                )
+                row["paged_greedy_equal"] = bool((paged["greedy"] == ours_greedy).all())
+            else:
+                row["paged_vs_contiguous"], row["paged_greedy_equal"] = float("nan"), f"failed ({ran.returncode})"
             results.append(row)
             print(json.dumps(row), flush=True)
         del model
         torch.cuda.empty_cache()
-    print("\n| model | dtype | max |Δ| vs transformers, prefill | decode | migprof vs f64 | transformers vs f64 | ratio | greedy tokens equal (of n) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| model | dtype | max |Δ| vs transformers, prefill | decode | migprof vs f64 | transformers vs f64 | ratio | greedy tokens equal (of n) | paged − contiguous max |Δ| | paged tokens equal |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         agree = ", ".join(str(n) for n, _ in r["greedy_agree"])
         print(
             f"| {r['model']} | {r['dtype']} | {r['vs_transformers_prefill']:.2e} | {r['vs_transformers_decode']:.2e} | "
-            f"{r['migprof_vs_f64']:.2e} | {r['transformers_vs_f64']:.2e} | {r['error_ratio']:.2f} | {agree} (of {r['greedy_tokens']}) |"
+            f"{r['migprof_vs_f64']:.2e} | {r['transformers_vs_f64']:.2e} | {r['error_ratio']:.2f} | {agree} (of {r['greedy_tokens']}) | "
+            f"{r['paged_vs_contiguous']:.2e} | {r['paged_greedy_equal']} |"
         )
     return 0
 

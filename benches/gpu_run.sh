@@ -144,6 +144,9 @@ python3 benches/decoder_truth.py --bin /tmp/decode_logits --work /tmp/decoder-tr
 log "generate: presets from seeded weights, prompt 512, 128 output tokens, batch 1 and 8, bf16"
 "$bin" run --model llama_3_2_1b,qwen2_5_1_5b --dtype bf16 --batch 1,8 --prompt-len 512 --output-len 128 \
     --warmup 1 --iters 5 --device "$uuid" --out "$out/generate" 2>&1 | grep -Ev "^plot:" || rc=1
+log "generate: the same with a paged KV cache (blocks of 16)"
+"$bin" run --model llama_3_2_1b --dtype bf16 --batch 1,8 --prompt-len 512 --output-len 128 --kv-layout paged \
+    --warmup 1 --iters 5 --device "$uuid" --out "$out/generate" 2>&1 | grep -Ev "^plot:" || rc=1
 log "generate: the folder transformers wrote, as a user's own checkpoint (hf:DIR)"
 "$bin" run --model hf:/tmp/decoder-truth/llama_3_2_1b --dtype bf16 --batch 1 --prompt-len 512 --output-len 128 \
     --warmup 1 --iters 3 --device "$uuid" --out "$out/generate" 2>&1 | grep -Ev "^plot:" || rc=1
@@ -160,12 +163,12 @@ log "MPS after"; mps_servers
 python3 - "$out/generate" <<'PY' | tee "$out/generate.md"
 import sys, pyarrow.parquet as pq
 rows = pq.read_table(f"{sys.argv[1]}/runs").to_pylist()
-print("| model | batch | prompt | output | TTFT p50 ms | decode step p50 ms | p99 ms | decode tokens/s | prefill tokens/s | KV cache MiB | device memory max MiB | verdict |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| model | kv layout | batch | prompt | output | TTFT p50 ms | decode step p50 ms | p99 ms | decode tokens/s | prefill tokens/s | KV cache MiB | device memory max MiB | verdict |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     if r["status"] not in (None, "ok"):
-        print(f"| {r['model']} | {r['batch']} | | | | | | | | | | {r['status']}: {r['error']} |"); continue
-    print(f"| {r['model']} | {r['batch']} | {r['prompt_len']} | {r['output_len']} | {r['ttft_p50_ms']:.2f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+        print(f"| {r['model']} | {r['kv_layout']} | {r['batch']} | | | | | | | | | | {r['status']}: {r['error']} |"); continue
+    print(f"| {r['model']} | {r['kv_layout']} | {r['batch']} | {r['prompt_len']} | {r['output_len']} | {r['ttft_p50_ms']:.2f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
           f"{r['decode_tokens_per_s']:.1f} | {r['prefill_tokens_per_s']:.0f} | {r['kv_cache_bytes'] / 2**20:.1f} | {r['fb_used_max_mib']} | {r['verdict']} |")
 PY
 exit $rc

@@ -15,26 +15,26 @@ fn generate(out: &Path, extra: &[&str]) -> std::process::Output {
     run(&args)
 }
 
+/// llama_tiny at batch 2: 3 generations of a 16-token prompt and 5 output tokens. No --mode: a
+/// language model generates.
+const TINY_GENERATION: [&str; 10] = [
+    "--model",
+    "llama_tiny",
+    "--batch",
+    "2",
+    "--prompt-len",
+    "16",
+    "--output-len",
+    "5",
+    "--iters",
+    "3",
+];
+
 #[test]
 fn a_generation_row_has_its_lengths_prefills_cache_and_decode_steps() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("D");
-    // No --mode: a language model generates.
-    let o = generate(
-        &out,
-        &[
-            "--model",
-            "llama_tiny",
-            "--batch",
-            "2",
-            "--prompt-len",
-            "16",
-            "--output-len",
-            "5",
-            "--iters",
-            "3",
-        ],
-    );
+    let o = generate(&out, &TINY_GENERATION);
     assert!(o.status.success(), "{}", text(&o));
     let log = text(&o);
     assert!(log.contains("3 generations, time to first token p50"), "{log}");
@@ -76,6 +76,26 @@ fn a_generation_row_has_its_lengths_prefills_cache_and_decode_steps() {
     let phases = strings(&samples, "phase");
     assert_eq!(phases.iter().filter(|p| *p == "decode").count(), 12);
     assert_eq!(phases.iter().filter(|p| *p == "prefill").count(), 3);
+    // And the folder is sound as `check` reads it: steps against iterations, prefills against
+    // generations.
+    let o = run(&["check", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // The same run with a paged cache: blocks of 8 tokens, 20 a sequence take 3 blocks (24 slots).
+    let paged_args = [&TINY_GENERATION[..], &["--kv-layout", "paged", "--kv-block-size", "8"]].concat();
+    let o = generate(&out, &paged_args);
+    assert!(o.status.success(), "{}", text(&o));
+    let runs = read_table(&out, Table::Runs).unwrap();
+    let paged: Vec<usize> = (0..runs.height())
+        .filter(|&i| strings(&runs, "kv_layout")[i] == "paged")
+        .collect();
+    assert_eq!(paged.len(), 1);
+    assert_eq!(numbers(&runs, "kv_block_size")[paged[0]], Some(8.0));
+    assert_eq!(numbers(&runs, "kv_cache_bytes_per_seq")[paged[0]], Some(512.0 * 24.0));
+    let ids = strings(&runs, "cell_id");
+    assert_ne!(ids[0], ids[1], "the layout is part of the cell");
+    let o = run(&["check", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
 }
 
 #[test]
@@ -173,6 +193,11 @@ fn modes_models_and_lengths_that_do_not_go_together_are_refused_before_any_work(
         "llama_tiny has 256 positions: --prompt-len 250 + --output-len 10 needs 259",
     );
     refused(&["--model", "llama_tiny", "--output-len", "1"], "--output-len");
+    refused(
+        &["--model", "resnet_tiny", "--kv-layout", "paged"],
+        "--kv-layout applies to generate runs",
+    );
+    refused(&["--model", "llama_tiny", "--kv-layout", "ring"], "contiguous, paged");
     refused(&["--model", "gpt2"], "valid models:");
     refused(&["--model", "gpt2"], "or hf:DIR");
     refused(&["--model", "hf:/no/such/folder"], "no readable config.json");
@@ -233,6 +258,8 @@ modes = ["infer", "generate"]
 batches = [1]
 prompt_lens = [4, 8]
 output_lens = [3]
+kv_layouts = ["contiguous", "paged"]
+kv_block_size = 4
 "#,
     )
     .unwrap();
@@ -240,23 +267,37 @@ output_lens = [3]
     let o = run(&["sweep", file.to_str().unwrap(), "--out", out.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
     let runs = read_table(&out, Table::Runs).unwrap();
-    let mut cells: Vec<(String, String, Option<f64>)> = strings(&runs, "model")
+    let layouts: Vec<Option<String>> = (0..runs.height())
+        .map(|i| {
+            runs.column("kv_layout")
+                .unwrap()
+                .str()
+                .unwrap()
+                .get(i)
+                .map(str::to_string)
+        })
+        .collect();
+    let mut cells: Vec<(String, String, Option<f64>, Option<String>)> = strings(&runs, "model")
         .into_iter()
         .zip(strings(&runs, "mode"))
         .zip(numbers(&runs, "prompt_len"))
-        .map(|((m, d), p)| (m, d, p))
+        .zip(layouts)
+        .map(|(((m, d), p), l)| (m, d, p, l))
         .collect();
     cells.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let generate = |p: f64, l: &str| ("llama_tiny".into(), "generate".into(), Some(p), Some(l.to_string()));
     assert_eq!(
         cells,
         vec![
-            ("llama_tiny".into(), "generate".into(), Some(4.0)),
-            ("llama_tiny".into(), "generate".into(), Some(8.0)),
-            ("resnet_tiny".into(), "infer".into(), None),
+            generate(4.0, "contiguous"),
+            generate(4.0, "paged"),
+            generate(8.0, "contiguous"),
+            generate(8.0, "paged"),
+            ("resnet_tiny".into(), "infer".into(), None, None),
         ]
     );
     let ids = strings(&runs, "cell_id");
-    assert_eq!(ids.iter().collect::<std::collections::HashSet<_>>().len(), 3);
+    assert_eq!(ids.iter().collect::<std::collections::HashSet<_>>().len(), 5);
 
     // A matrix whose modes run none of a model is refused naming why.
     std::fs::write(
@@ -268,6 +309,19 @@ output_lens = [3]
     assert!(!o.status.success());
     assert!(
         text(&o).contains("no mode of the matrix runs `llama_tiny`: llama_tiny is a language model"),
+        "{}",
+        text(&o)
+    );
+    // Nor is a language model a group's busy neighbour.
+    std::fs::write(
+        &file,
+        "name = \"x\"\n[[targets]]\nlabel = \"a\"\ndevice = \"cpu\"\n[[targets]]\nlabel = \"b\"\ndevice = \"cpu\"\n[[groups]]\nlabel = \"g\"\nconcurrent = true\ntargets = [\"a\", \"b\"]\nbusy = { model = \"llama_tiny\", mode = \"infer\", dtype = \"f32\", batch = 1 }\n[[matrix]]\nmodels = [\"resnet_tiny\"]\nbatches = [1]\n",
+    )
+    .unwrap();
+    let o = run(&["sweep", file.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("busy: `llama_tiny` is a language model"),
         "{}",
         text(&o)
     );

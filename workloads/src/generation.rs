@@ -7,13 +7,54 @@ use candle_nn::VarBuilder;
 
 use crate::init::Rng;
 use crate::kernels::KernelOptions;
-use crate::models::decoder::{self, Decoder, KvCache};
+use crate::models::decoder::{self, Decoder, KvCache, KvStore, PagedKvCache};
 use crate::workload::WorkloadConfig;
 use crate::zoo::{lookup_with, ModelInfo, FOLDER_PREFIX};
 
-/// How the KV cache is laid out, as rows record it: one tensor per layer for keys and one for
-/// values, each grown by appending a pass's tokens.
-pub const KV_LAYOUT: &str = "contiguous";
+/// How the KV cache is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KvLayout {
+    /// One tensor per layer for keys and one for values, each grown by appending a pass's tokens.
+    #[default]
+    Contiguous,
+    /// Blocks of `block_size` tokens from a pool, a block table per sequence (as vLLM keeps them).
+    Paged { block_size: usize },
+}
+
+impl KvLayout {
+    pub const NAMES: [&'static str; 2] = ["contiguous", "paged"];
+    /// vLLM's block size.
+    pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
+    /// As rows record it (`kv_layout`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvLayout::Contiguous => "contiguous",
+            KvLayout::Paged { .. } => "paged",
+        }
+    }
+
+    pub fn block_size(self) -> Option<usize> {
+        match self {
+            KvLayout::Contiguous => None,
+            KvLayout::Paged { block_size } => Some(block_size),
+        }
+    }
+
+    /// The layout `name` names, paged with `block_size` tokens a block; the error names the valid
+    /// ones.
+    pub fn parse(name: &str, block_size: usize) -> std::result::Result<KvLayout, String> {
+        match name {
+            "contiguous" => Ok(KvLayout::Contiguous),
+            "paged" if block_size > 0 => Ok(KvLayout::Paged { block_size }),
+            "paged" => Err("a KV block holds at least one token".into()),
+            other => Err(format!(
+                "KV cache layout `{other}`; valid layouts: {}",
+                KvLayout::NAMES.join(", ")
+            )),
+        }
+    }
+}
 
 /// A generation's default prompt and output lengths (`--prompt-len`, `--output-len`): short enough
 /// for the tiny presets' 256 positions.
@@ -69,7 +110,8 @@ impl Lengths {
 pub struct Generator {
     info: ModelInfo,
     decoder: Decoder,
-    cache: KvCache,
+    layout: KvLayout,
+    cache: Box<dyn KvStore>,
     device: Device,
     dtype: DType,
     kernels: KernelOptions,
@@ -78,7 +120,7 @@ pub struct Generator {
 impl Generator {
     /// The named model (a preset, or `hf:DIR`) on `cfg`'s device and dtype: a folder's own weights,
     /// the `cfg.weights` file with Hugging Face's names, or seeded random weights.
-    pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Generator> {
+    pub fn build(name: &str, cfg: &WorkloadConfig, layout: KvLayout) -> Result<Generator> {
         let (_, info) = lookup_with(name, None).map_err(candle_core::Error::wrap)?;
         let Some(config) = info.decoder.clone() else {
             candle_core::bail!("{name} is not a language model: only language models generate")
@@ -105,7 +147,8 @@ impl Generator {
             }
         };
         Ok(Generator {
-            cache: KvCache::new(&config),
+            cache: Box::new(KvCache::new(&config)),
+            layout,
             info,
             decoder,
             device: cfg.device.clone(),
@@ -135,22 +178,43 @@ impl Generator {
         Tensor::from_vec(ids, (batch, len), &self.device)
     }
 
-    /// Starts a generation: the cache emptied, `prompts` [batch, tokens] run through the model; the
-    /// first generated token of each sequence, [batch, 1] (u32, possibly still queued).
-    pub fn prefill(&mut self, prompts: &Tensor) -> Result<Tensor> {
+    /// Starts a generation: a new cache with room for `room` tokens of each sequence (a paged
+    /// cache's pool holds that many; a contiguous one grows), then `prompts` [batch, tokens] run
+    /// through the model; the first generated token of each sequence, [batch, 1] (u32, possibly
+    /// still queued).
+    pub fn prefill(&mut self, prompts: &Tensor, room: usize) -> Result<Tensor> {
         let _kernels = self.kernels.enter();
-        self.cache = KvCache::new(self.decoder.config());
-        greedy(&self.decoder.forward(prompts, &mut self.cache)?)
+        let config = self.decoder.config();
+        self.cache = match self.layout {
+            KvLayout::Contiguous => Box::new(KvCache::new(config)),
+            KvLayout::Paged { block_size } => {
+                let batch = prompts.dim(0)?;
+                let blocks = PagedKvCache::blocks_for(batch, room.max(prompts.dim(1)?), block_size);
+                Box::new(PagedKvCache::new(
+                    config,
+                    batch,
+                    blocks,
+                    block_size,
+                    self.dtype,
+                    &self.device,
+                )?)
+            }
+        };
+        greedy(&self.decoder.forward(prompts, self.cache.as_mut())?)
     }
 
     /// One decode step: `tokens` [batch, 1] (the last ones generated) run at the cache's length; the
     /// next token of each sequence, [batch, 1].
     pub fn decode(&mut self, tokens: &Tensor) -> Result<Tensor> {
         let _kernels = self.kernels.enter();
-        greedy(&self.decoder.forward(tokens, &mut self.cache)?)
+        greedy(&self.decoder.forward(tokens, self.cache.as_mut())?)
     }
 
-    /// Bytes the KV cache holds now, every sequence of the batch.
+    pub fn layout(&self) -> KvLayout {
+        self.layout
+    }
+
+    /// Bytes the KV cache holds now, every sequence of the batch (a paged cache's blocks taken).
     pub fn cache_bytes(&self) -> usize {
         self.cache.bytes()
     }

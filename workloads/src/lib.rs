@@ -12,7 +12,7 @@ pub mod precision;
 mod workload;
 mod zoo;
 
-pub use generation::{Generator, Lengths};
+pub use generation::{Generator, KvLayout, Lengths};
 pub use graphs::GraphStats;
 pub use models::{is_buffer, Inputs};
 pub use optim::{MasterWeights, OptimizerKind, ScaleReading};

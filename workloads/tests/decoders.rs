@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Device, IndexOp, Tensor, D};
 use candle_nn::VarBuilder;
-use workloads::models::decoder::{self, Config, Decoder, KvCache};
+use workloads::models::decoder::{self, Config, Decoder, KvCache, KvStore, PagedKvCache};
 
 const TOLERANCE: f32 = 1e-4;
 const PROMPT: [[u32; 7]; 2] = [[1, 17, 250, 3, 99, 42, 7], [5, 5, 300, 12, 0, 64, 211]];
@@ -216,7 +216,7 @@ fn the_generator_decodes_what_the_model_does_and_counts_its_cache() {
         train: Default::default(),
         kernels: Default::default(),
     };
-    let mut generator = workloads::Generator::build("llama_tiny", &wc).unwrap();
+    let mut generator = workloads::Generator::build("llama_tiny", &wc, workloads::KvLayout::Contiguous).unwrap();
     let by_hand = Decoder::new(
         &cfg,
         VarBuilder::from_tensors(
@@ -237,7 +237,7 @@ fn the_generator_decodes_what_the_model_does_and_counts_its_cache() {
     for _ in 0..2 {
         let mut cache = KvCache::new(&cfg);
         let mut expected = argmax_last(&by_hand.forward(&prompts, &mut cache).unwrap().i((.., 8, ..)).unwrap());
-        let mut got = generator.prefill(&prompts).unwrap();
+        let mut got = generator.prefill(&prompts, 14).unwrap();
         for step in 0..5 {
             assert_eq!(
                 got.to_vec2::<u32>().unwrap(),
@@ -258,4 +258,95 @@ fn the_generator_decodes_what_the_model_does_and_counts_its_cache() {
     // Infer and train are not a language model's modes.
     let e = workloads::build("llama_tiny", &wc).err().unwrap().to_string();
     assert!(e.contains("generates through workloads::Generator"), "{e}");
+}
+
+#[test]
+fn paged_and_contiguous_caches_give_the_same_logits_and_tokens() {
+    // Blocks of 3 tokens: the prompt of 7 spans three blocks, and decode steps cross block ends.
+    // The pool has spare blocks, handed out in an order unlike the sequences' own.
+    let cfg = decoder::preset("qwen2_tiny").unwrap();
+    let model = Decoder::new(&cfg, weights(&cfg)).unwrap();
+    let prompt = Tensor::new(&PROMPT, &Device::Cpu).unwrap();
+    let mut contiguous = KvCache::new(&cfg);
+    let mut paged = PagedKvCache::new(&cfg, 2, 12, 3, DType::F32, &Device::Cpu).unwrap();
+    let a = model.forward(&prompt, &mut contiguous).unwrap();
+    let b = model.forward(&prompt, &mut paged).unwrap();
+    assert!(max_diff(&a, &b) < TOLERANCE, "prefill: {}", max_diff(&a, &b));
+    let (mut ta, mut tb) = (
+        argmax_last(&a.i((.., 6, ..)).unwrap()),
+        argmax_last(&b.i((.., 6, ..)).unwrap()),
+    );
+    for step in 0..STEPS {
+        assert_eq!(
+            ta.to_vec2::<u32>().unwrap(),
+            tb.to_vec2::<u32>().unwrap(),
+            "token {step}"
+        );
+        let a = model.forward(&ta, &mut contiguous).unwrap();
+        let b = model.forward(&tb, &mut paged).unwrap();
+        assert!(max_diff(&a, &b) < TOLERANCE, "step {step}: {}", max_diff(&a, &b));
+        ta = argmax_last(&a.i((.., 0, ..)).unwrap());
+        tb = argmax_last(&b.i((.., 0, ..)).unwrap());
+    }
+    // 13 tokens a sequence: 5 blocks of 3 each, 10 of the 12 taken, each sequence's its own.
+    assert_eq!(paged.len(), 13);
+    assert_eq!(paged.blocks_free(), 2);
+    let tables = paged.block_tables();
+    assert!(tables.iter().all(|t| t.len() == 5));
+    let mut all: Vec<u32> = tables.iter().flatten().copied().collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 10, "no block is held twice: {tables:?}");
+    // Whole blocks count: 15 slots a sequence, against the contiguous cache's 13 tokens.
+    assert_eq!(paged.bytes() * 13, contiguous.bytes() * 15);
+}
+
+#[test]
+fn a_full_pool_refuses_a_pass_and_keeps_what_it_held() {
+    let cfg = decoder::preset("llama_tiny").unwrap();
+    let model = Decoder::new(&cfg, weights(&cfg)).unwrap();
+    let prompt = Tensor::new(&PROMPT, &Device::Cpu).unwrap();
+    // 7 tokens in blocks of 4: 2 blocks a sequence, 4 in all; a pool of 5 cannot take the ninth
+    // token of both.
+    let mut paged = PagedKvCache::new(&cfg, 2, 5, 4, DType::F32, &Device::Cpu).unwrap();
+    let logits = model.forward(&prompt, &mut paged).unwrap();
+    let next = argmax_last(&logits.i((.., 6, ..)).unwrap());
+    model.forward(&next, &mut paged).unwrap();
+    assert_eq!((paged.len(), paged.blocks_free()), (8, 1));
+    let before = paged.block_tables().to_vec();
+    let e = model.forward(&next, &mut paged).unwrap_err().to_string();
+    assert!(e.contains("blocks of 4 tokens are all held"), "{e}");
+    // The block the first sequence took before the pool ran dry went back.
+    assert_eq!((paged.len(), paged.blocks_free()), (8, 1));
+    assert_eq!(paged.block_tables(), &before[..]);
+}
+
+#[test]
+fn the_generator_s_paged_cache_decodes_as_its_contiguous_one() {
+    let wc = workloads::WorkloadConfig {
+        device: Device::Cpu,
+        dtype: DType::F32,
+        mode: workloads::Mode::Generate,
+        seed: 5,
+        seq_len: None,
+        weights: None,
+        train: Default::default(),
+        kernels: Default::default(),
+    };
+    let tokens = |layout| {
+        let mut g = workloads::Generator::build("qwen2_tiny", &wc, layout).unwrap();
+        let prompts = g.prompts(3, 10, 1).unwrap();
+        let mut t = g.prefill(&prompts, 16).unwrap();
+        let mut out = vec![t.to_vec2::<u32>().unwrap()];
+        for _ in 0..6 {
+            t = g.decode(&t).unwrap();
+            out.push(t.to_vec2::<u32>().unwrap());
+        }
+        (out, g.cache_bytes())
+    };
+    let (contiguous, bytes) = tokens(workloads::KvLayout::Contiguous);
+    let (paged, paged_bytes) = tokens(workloads::KvLayout::Paged { block_size: 4 });
+    assert_eq!(contiguous, paged);
+    // 16 tokens a sequence: exactly 4 blocks of 4, so the paged cache holds no more.
+    assert_eq!(bytes, paged_bytes);
 }

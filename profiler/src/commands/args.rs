@@ -30,6 +30,23 @@ impl From<ModeArg> for Mode {
     }
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KvLayoutArg {
+    /// One tensor per layer for keys and one for values, grown by appending each pass's tokens.
+    Contiguous,
+    /// Blocks of --kv-block-size tokens from a pool, a block table per sequence.
+    Paged,
+}
+
+impl KvLayoutArg {
+    pub fn layout(self, block_size: usize) -> workloads::KvLayout {
+        match self {
+            KvLayoutArg::Contiguous => workloads::KvLayout::Contiguous,
+            KvLayoutArg::Paged => workloads::KvLayout::Paged { block_size },
+        }
+    }
+}
+
 /// A model as `--model` takes it: a catalogue name or `hf:DIR`; the error names the valid ones.
 pub fn parse_model(s: &str) -> Result<String, String> {
     workloads::check_name(s).map(|()| s.to_string())

@@ -216,6 +216,7 @@ fn served(args: &LoadArgs) -> Result<RunSpec> {
         batch: args.max_batch,
         seq_len: info.input.seq_len().and(seq_len),
         lengths: None,
+        kv_layout: workloads::KvLayout::default(),
         weights: args.weights.clone(),
         train: TrainConfig::default(),
         kernels: args.kernels.options(),

@@ -23,7 +23,7 @@ use workloads::{Mode, TrainConfig};
 
 use super::args::{
     as_mps_client, device_or_default, parse_batch, parse_model, parse_non_negative, parse_percent, parse_positive,
-    report_hint, DTypeArg, KernelArgs, MasterWeightsArg, ModeArg, OptimizerArg,
+    report_hint, DTypeArg, KernelArgs, KvLayoutArg, MasterWeightsArg, ModeArg, OptimizerArg,
 };
 
 /// The model of the default set: ResNet-18 inference at batch 1, 4 and 8, training at batch 4 and 8.
@@ -51,6 +51,16 @@ pub struct RunArgs {
     /// decode step (at least 2). Default 128.
     #[arg(long, value_parser = clap::value_parser!(u64).range(2..))]
     pub output_len: Option<u64>,
+
+    /// Generate runs: how the KV cache is kept. contiguous: one tensor per layer, grown by appending;
+    /// paged: blocks of --kv-block-size tokens from a pool, a block table per sequence, as serving
+    /// stacks keep them.
+    #[arg(long, value_enum, default_value_t = KvLayoutArg::Contiguous)]
+    pub kv_layout: KvLayoutArg,
+
+    /// With --kv-layout paged: tokens a block holds.
+    #[arg(long, default_value_t = workloads::KvLayout::DEFAULT_BLOCK_SIZE as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_block_size: u64,
 
     /// Batch sizes, comma-separated: one run per value.
     #[arg(long, value_delimiter = ',', value_parser = parse_batch)]
@@ -377,6 +387,9 @@ fn specs(args: &RunArgs) -> Result<Vec<RunSpec>> {
     if (args.prompt_len.is_some() || args.output_len.is_some()) && specs.iter().all(|s| s.lengths.is_none()) {
         bail!("--prompt-len and --output-len apply to generate runs of language models only, and none was asked for");
     }
+    if args.kv_layout != KvLayoutArg::Contiguous && specs.iter().all(|s| s.lengths.is_none()) {
+        bail!("--kv-layout applies to generate runs of language models only, and none was asked for");
+    }
     Ok(specs)
 }
 
@@ -518,6 +531,7 @@ fn cross_product(args: &RunArgs) -> Result<Vec<RunSpec>> {
                         batch,
                         seq_len: args.seq_len.filter(|_| takes_tokens(model)).map(|l| l as usize),
                         lengths: (mode == ModeArg::Generate).then_some(lengths),
+                        kv_layout: args.kv_layout.layout(args.kv_block_size as usize),
                         weights: args.weights.clone(),
                         train: train_config(args),
                         kernels: args.kernels.options(),

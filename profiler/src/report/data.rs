@@ -32,9 +32,10 @@ impl Row {
     /// What a row's inputs were besides the batch: a token model's sequence length, or a
     /// generation's prompt and output lengths (`prompt 512 output 128`); empty for images.
     pub fn lengths(&self) -> String {
-        match (self.s("prompt_len"), self.s("output_len")) {
-            ("", _) | (_, "") => self.s("seq_len").to_string(),
-            (p, o) => format!("prompt {p} output {o}"),
+        match (self.s("prompt_len"), self.s("output_len"), self.s("kv_block_size")) {
+            ("", _, _) | (_, "", _) => self.s("seq_len").to_string(),
+            (p, o, "") => format!("prompt {p} output {o}"),
+            (p, o, b) => format!("prompt {p} output {o} paged {b}"),
         }
     }
 
@@ -44,8 +45,9 @@ impl Row {
     }
 }
 
-const TEXT: [&str; 38] = [
+const TEXT: [&str; 39] = [
     "run_id",
+    "kv_block_size",
     "prompt_len",
     "output_len",
     "kv_layout",

@@ -525,7 +525,7 @@ fn per_model(
                 if seq.is_empty() {
                     String::new()
                 } else {
-                    format!("-{seq}")
+                    format!("-{}", slug(&seq))
                 }
             );
             let mut blocks = Vec::new();

@@ -49,6 +49,7 @@ pub fn check(out: &Path) -> Result<Report> {
     let run_ids = text(runs, "run_id");
     let statuses = text(runs, "status");
     let iterations = ints(runs, "iterations");
+    let generations = ints(runs, "generations");
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for id in run_ids.iter().flatten() {
         *seen.entry(id).or_default() += 1;
@@ -60,9 +61,17 @@ pub fn check(out: &Path) -> Result<Report> {
                 .push(format!("run {id}: {n} rows in runs/ (one is expected)"));
         }
     }
+    // Steps and a generation's prefills counted apart (`phase`; parts without it hold steps).
     let mut samples_per_run: HashMap<String, i64> = HashMap::new();
-    for id in text(&frames["samples"], "run_id").into_iter().flatten() {
-        *samples_per_run.entry(id).or_default() += 1;
+    let mut prefills_per_run: HashMap<String, i64> = HashMap::new();
+    let phases = text(&frames["samples"], "phase");
+    for (id, phase) in text(&frames["samples"], "run_id").into_iter().zip(phases) {
+        let Some(id) = id else { continue };
+        let count = match phase.as_deref() {
+            Some("prefill") => &mut prefills_per_run,
+            _ => &mut samples_per_run,
+        };
+        *count.entry(id).or_default() += 1;
     }
     for i in 0..runs.height() {
         let Some(id) = &run_ids[i] else {
@@ -79,6 +88,13 @@ pub fn check(out: &Path) -> Result<Report> {
                     report
                         .problems
                         .push(format!("run {id}: {have} samples for {:?} iterations", iterations[i]));
+                }
+                let prefills = prefills_per_run.get(id).copied().unwrap_or(0);
+                if prefills != generations[i].unwrap_or(0) {
+                    report.problems.push(format!(
+                        "run {id}: {prefills} prefill samples for {:?} generations",
+                        generations[i]
+                    ));
                 }
             }
             Some(_) => {

@@ -47,6 +47,11 @@ pub fn series(runs: &DataFrame) -> Result<BTreeMap<String, Vec<Point>>> {
         text("device_name")?,
         text("run_id")?,
     );
+    let (prompt_len, output_len, kv_layout) = (
+        crate::results::parts::text_column(runs, "prompt_len")?,
+        crate::results::parts::text_column(runs, "output_len")?,
+        crate::results::parts::text_column(runs, "kv_layout")?,
+    );
     let (batch, throughput, p50, p99) = (
         number("batch")?,
         number("throughput")?,
@@ -72,7 +77,15 @@ pub fn series(runs: &DataFrame) -> Result<BTreeMap<String, Vec<Point>>> {
         if throughput[i].is_nan() || status.as_ref().is_some_and(|s| s[i] != "ok") || grouped[i] {
             continue;
         }
-        let key = format!("{} {} {} · {}", model[i], mode[i], dtype[i], device[i]);
+        // A generation's lengths and cache layout are part of what a point is.
+        let lengths = match (&prompt_len[i], &output_len[i]) {
+            (Some(p), Some(o)) => format!(
+                " prompt {p} output {o}{}",
+                kv_layout[i].as_deref().map_or(String::new(), |l| format!(" {l}"))
+            ),
+            _ => String::new(),
+        };
+        let key = format!("{} {} {}{lengths} · {}", model[i], mode[i], dtype[i], device[i]);
         let p = Point {
             run_id: run_id[i].clone(),
             batch: batch[i],
@@ -260,6 +273,8 @@ mod tests {
                 master_weights: None,
                 prompt_len: None,
                 output_len: None,
+                kv_layout: None,
+                kv_block_size: None,
             },
             error: "out of memory".into(),
             fingerprint: crate::run::fingerprint::Fingerprint::collect(None),

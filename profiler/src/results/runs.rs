@@ -359,7 +359,16 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
         ),
         col(
             "kv_layout",
-            maybe_s(|r| r.generation.as_ref().map(|g| g.kv_layout.to_string())),
+            maybe_s(|r| r.generation.as_ref().map(|g| g.kv_layout.as_str().to_string())),
+        ),
+        col(
+            "kv_block_size",
+            maybe_i(|r| {
+                r.generation
+                    .as_ref()
+                    .and_then(|g| g.kv_layout.block_size())
+                    .map(|b| b as i64)
+            }),
         ),
     ])
     .chain(device_columns(
@@ -542,10 +551,8 @@ pub fn write_failure(out: &Path, failure: &Failure) -> Result<PathBuf> {
         Column::new("seq_len".into(), vec![c.seq_len.map(|l| l as i64)]),
         Column::new("prompt_len".into(), vec![c.prompt_len.map(|l| l as i64)]),
         Column::new("output_len".into(), vec![c.output_len.map(|l| l as i64)]),
-        Column::new(
-            "kv_layout".into(),
-            vec![c.prompt_len.map(|_| workloads::generation::KV_LAYOUT.to_string())],
-        ),
+        Column::new("kv_layout".into(), vec![c.kv_layout.clone()]),
+        Column::new("kv_block_size".into(), vec![c.kv_block_size.map(|b| b as i64)]),
         Column::new("seed".into(), vec![c.seed]),
         col("kernel_options", vec![c.kernel_options.clone()]),
         Column::new("master_weights".into(), vec![c.master_weights.clone()]),
@@ -811,6 +818,8 @@ mod tests {
                 master_weights: None,
                 prompt_len: None,
                 output_len: None,
+                kv_layout: None,
+                kv_block_size: None,
             },
             identity: crate::run::record::tests::identity_with(crate::run::record::Status::Error),
             error: "bf16 cannot run on cpu".into(),
@@ -873,6 +882,8 @@ mod tests {
                         master_weights: None,
                         prompt_len: None,
                         output_len: None,
+                        kv_layout: None,
+                        kv_block_size: None,
                     },
                     identity: crate::run::record::tests::identity_with(status),
                     error: format!("{} ended it", status.as_str()),

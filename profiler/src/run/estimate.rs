@@ -49,9 +49,11 @@ pub struct GenerationMemory {
     pub weights_mib: f64,
     /// One sequence's keys and values at the full context.
     pub kv_cache_mib_per_seq: f64,
-    /// One sequence's largest temporary of the prefill: the attention scores (f32, and the
-    /// probabilities beside them), the MLP's intermediate activations, or the logits of every
-    /// prompt position.
+    /// One sequence's largest temporary of a pass: the prefill's attention scores (f32, and the
+    /// probabilities beside them), its MLP's intermediate activations or the logits of every
+    /// prompt position, or a decode step's copy of the cache (a contiguous cache holds the old
+    /// and the new until the step's last layer); with one layer's keys and values repeated for
+    /// grouped-query attention.
     pub workspace_mib_per_seq: f64,
 }
 
@@ -60,19 +62,38 @@ impl GenerationMemory {
         cfg: &workloads::models::decoder::Config,
         dtype: candle_core::DType,
         lengths: workloads::Lengths,
+        layout: workloads::KvLayout,
     ) -> Self {
         let size = dtype.size_in_bytes() as f64;
         let t = lengths.prompt as f64;
         let rotary = (cfg.max_position_embeddings * cfg.head_dim) as f64 * size;
         let weights = cfg.params() as f64 * size + rotary;
-        let kv = (cfg.kv_bytes_per_token(dtype) * lengths.context() as u64) as f64;
+        let per_token = cfg.kv_bytes_per_token(dtype) as f64;
+        let context = lengths.context() as f64;
+        // A paged cache holds whole blocks.
+        let held = match layout.block_size() {
+            Some(b) => (lengths.context().div_ceil(b) * b) as f64 * per_token,
+            None => context * per_token,
+        };
+        // One layer's keys and values at the full context, and its copies for grouped-query
+        // attention (each key-value head repeated for its query heads).
+        let layer = context * per_token / cfg.num_layers as f64;
+        let group = (cfg.num_heads / cfg.num_kv_heads) as f64;
+        let repeated = if group > 1.0 { layer * group } else { 0.0 };
+        // A pass's keys and values beside the cache's: a contiguous cache grows by concatenation,
+        // so until a pass commits it holds the old cache and the new one (twice the cache); a paged
+        // one writes in place and gathers one layer at a time.
+        let copies = match layout {
+            workloads::KvLayout::Contiguous => held,
+            workloads::KvLayout::Paged { .. } => layer,
+        };
         let scores = cfg.num_heads as f64 * t * t * (2.0 * 4.0 + 2.0 * size);
         let mlp = 3.0 * t * cfg.intermediate_size as f64 * size;
         let logits = t * cfg.vocab_size as f64 * size;
         GenerationMemory {
             weights_mib: mib_f(weights),
-            kv_cache_mib_per_seq: mib_f(kv),
-            workspace_mib_per_seq: mib_f(scores.max(mlp).max(logits)),
+            kv_cache_mib_per_seq: mib_f(held),
+            workspace_mib_per_seq: mib_f(scores.max(mlp).max(logits).max(copies) + repeated),
         }
     }
 
@@ -97,7 +118,7 @@ pub fn check_generation_fits(spec: &RunSpec, memory: &GenerationMemory, limit_mi
         return Ok(());
     }
     let what = format!(
-        "{} generate {} batch {} at context {} ({} prompt + {} output tokens) needs about {need:.0} MiB: weights {:.0} MiB + KV cache {:.0} MiB ({:.1} MiB a sequence) + {:.0} MiB of prefill workspace; {has} {limit_mib:.0} MiB",
+        "{} generate {} batch {} at context {} ({} prompt + {} output tokens) needs about {need:.0} MiB: weights {:.0} MiB + KV cache {:.0} MiB ({:.1} MiB a sequence) + {:.0} MiB of workspace; {has} {limit_mib:.0} MiB",
         spec.model,
         spec.precision.as_str(),
         spec.batch,
@@ -109,12 +130,25 @@ pub fn check_generation_fits(spec: &RunSpec, memory: &GenerationMemory, limit_mi
         memory.kv_cache_mib_per_seq,
         memory.workspace_mib_per_seq * spec.batch as f64,
     );
-    match estimate.largest_batch(limit_mib) {
-        0 if memory.weights_mib >= limit_mib => bail!("{what}: the weights alone do not fit"),
-        0 => bail!("{what}: not even one sequence fits"),
-        n => bail!("{what}: the largest batch that fits is about {n}"),
+    let why = match estimate.largest_batch(limit_mib) {
+        0 if memory.weights_mib >= limit_mib => format!("{what}: the weights alone do not fit"),
+        0 => format!("{what}: not even one sequence fits"),
+        n => format!("{what}: the largest batch that fits is about {n}"),
+    };
+    Err(DoesNotFit(why).into())
+}
+
+/// A generation refused by its memory estimate (as opposed to one whose estimate could not be made).
+#[derive(Debug)]
+pub struct DoesNotFit(pub String);
+
+impl std::fmt::Display for DoesNotFit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
+
+impl std::error::Error for DoesNotFit {}
 
 fn mib_f(bytes: f64) -> f64 {
     bytes / (1u64 << 20) as f64
@@ -289,7 +323,30 @@ mod tests {
             prompt: 512,
             output: 128,
         };
-        let memory = GenerationMemory::of(&cfg, candle_core::DType::BF16, lengths);
+        let memory = GenerationMemory::of(&cfg, candle_core::DType::BF16, lengths, workloads::KvLayout::default());
+        // Paged in blocks of 16: 639 tokens take 40 blocks, 640 tokens, and no second copy.
+        let paged = GenerationMemory::of(
+            &cfg,
+            candle_core::DType::BF16,
+            lengths,
+            workloads::KvLayout::Paged { block_size: 16 },
+        );
+        assert!((paged.kv_cache_mib_per_seq - 640.0 * 128.0 / 1024.0).abs() < 1e-9);
+        // A long generation: the contiguous cache's second copy is the largest temporary; a paged
+        // cache has none.
+        let long = workloads::Lengths {
+            prompt: 128,
+            output: 4096,
+        };
+        let m = GenerationMemory::of(&cfg, candle_core::DType::BF16, long, workloads::KvLayout::default());
+        assert!(m.workspace_mib_per_seq >= m.kv_cache_mib_per_seq, "{m:?}");
+        let p = GenerationMemory::of(
+            &cfg,
+            candle_core::DType::BF16,
+            long,
+            workloads::KvLayout::Paged { block_size: 16 },
+        );
+        assert!(p.workspace_mib_per_seq < m.workspace_mib_per_seq / 2.0, "{p:?} {m:?}");
         // 8,030,261,248 parameters × 2 bytes, plus the rotary tables (131,072 × 128 × 2 bytes).
         assert!((memory.weights_mib - (8_030_261_248.0 * 2.0 + 131_072.0 * 256.0) / 1048576.0).abs() < 1e-6);
         // 32 layers × 8 kv heads × 128 × 2 (k, v) × 2 bytes = 128 KiB a token, 639 tokens.

@@ -207,6 +207,7 @@ impl Steps {
                 generator,
                 prompts,
                 steps: lengths.decode_steps(),
+                room: lengths.context(),
                 at: None,
                 next: None,
                 kv_cache_bytes: None,
@@ -276,6 +277,8 @@ struct GenerationExecutor {
     prompts: Tensor,
     /// Decode steps of a generation.
     steps: usize,
+    /// Tokens a sequence's cache holds by a generation's end.
+    room: usize,
     /// Decode steps run in the current generation; `None` between generations.
     at: Option<usize>,
     /// The tokens the next decode step feeds.
@@ -313,7 +316,7 @@ impl Executor for GenerationExecutor {
             return Ok(None);
         }
         let t0 = clock.now();
-        let first = self.generator.prefill(&self.prompts)?;
+        let first = self.generator.prefill(&self.prompts, self.room)?;
         self.device.synchronize()?;
         let took = clock.now() - t0;
         self.next = Some(first);
@@ -323,6 +326,10 @@ impl Executor for GenerationExecutor {
 
     fn at_boundary(&self) -> bool {
         self.at.is_none()
+    }
+
+    fn steps_per_run(&self) -> usize {
+        self.steps
     }
 }
 

@@ -66,6 +66,11 @@ pub trait Executor {
     fn at_boundary(&self) -> bool {
         true
     }
+    /// Steps of one run of alike steps between boundaries (a generation's decode steps), 1 for
+    /// steps alike: the stop rule's interval takes whole runs as its batches.
+    fn steps_per_run(&self) -> usize {
+        1
+    }
 }
 
 /// A dynamic loss scale as the loop reads it.
@@ -114,9 +119,10 @@ enum Reached {
 }
 
 impl Stop {
-    /// Whether to stop after `latencies_ns`; `sparse`: the loop asks only at the end of a run of
-    /// steps (a generation), so the interval is computed every time it asks.
-    fn reached(&self, latencies_ns: &[u64], elapsed: Duration, sparse: bool) -> Reached {
+    /// Whether to stop after `latencies_ns`, measured in runs of `unit` steps (1: steps alike). With
+    /// runs, the loop asks only at the end of one, so the interval is computed every time it asks.
+    fn reached(&self, latencies_ns: &[u64], elapsed: Duration, unit: usize) -> Reached {
+        let sparse = unit > 1;
         let iterations = latencies_ns.len() as u64;
         let done = match *self {
             Stop::Iterations(n) => iterations >= n,
@@ -131,7 +137,7 @@ impl Stop {
                 // The interval costs a pass over the samples: checked about 20 times per doubling.
                 let check = ready && (sparse || iterations.is_multiple_of((iterations / 20).max(1)));
                 let precision = if check || elapsed >= max {
-                    crate::run::uncertainty::throughput_precision(latencies_ns)
+                    crate::run::uncertainty::throughput_precision(latencies_ns, unit)
                 } else {
                     None
                 };
@@ -243,8 +249,7 @@ fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Resu
     let mut latencies_ns = Vec::new();
     let mut begin_ns = Vec::new();
     let mut loss_first = None;
-    // Set once a step ends inside a run of steps: the stop rule is then asked only at their ends.
-    let mut sparse = false;
+    let unit = exec.steps_per_run();
     // Read before the clock starts: it may synchronise with the device.
     let scale_before = exec.loss_scale()?;
     let start = clock.now();
@@ -261,10 +266,9 @@ fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Resu
             loss_first = exec.loss()?;
         }
         if !exec.at_boundary() {
-            sparse = true;
             continue;
         }
-        match stop.reached(&latencies_ns, clock.now() - start, sparse) {
+        match stop.reached(&latencies_ns, clock.now() - start, unit) {
             Reached::No => {}
             Reached::Yes => break exec.loss()?,
             Reached::AtBound(note) => {
@@ -472,6 +476,10 @@ mod tests {
         fn at_boundary(&self) -> bool {
             self.done.is_multiple_of(self.steps)
         }
+
+        fn steps_per_run(&self) -> usize {
+            self.steps
+        }
     }
 
     #[test]
@@ -622,7 +630,7 @@ mod tests {
         let m = measure(&mut step, &clock, Warmup::Iterations(0), stop, &mut Unobserved)?;
         let n = m.latencies_ns.len();
         assert!(
-            crate::run::uncertainty::throughput_precision(&m.latencies_ns).unwrap() <= 0.05,
+            crate::run::uncertainty::throughput_precision(&m.latencies_ns, 1).unwrap() <= 0.05,
             "{n}"
         );
         assert!((50..1000).contains(&n), "{n} steps");

@@ -5,7 +5,7 @@
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use workloads::kernels::KernelOptions;
-use workloads::{Family, Mode, TrainConfig, WorkloadConfig};
+use workloads::{Family, KvLayout, Mode, TrainConfig, WorkloadConfig};
 
 use crate::device::OpenDevice;
 use crate::run::RunSpec;
@@ -55,7 +55,7 @@ pub fn check_memory(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
         if let Some(lengths) = s.lengths {
             let (_, info) = workloads::lookup(&s.model)?;
             let cfg = info.decoder.context("generate runs a language model")?;
-            let needs = crate::run::estimate::GenerationMemory::of(&cfg, s.precision.dtype(), lengths);
+            let needs = crate::run::estimate::GenerationMemory::of(&cfg, s.precision.dtype(), lengths, s.kv_layout);
             crate::run::estimate::check_generation_fits(s, &needs, limit, &memory)?;
             continue;
         }
@@ -85,19 +85,19 @@ pub fn check_memory(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
 
 /// Each (family, mode, dtype, kernels) by one step of its tiny preset.
 fn check_kernels(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
-    let mut checked: Vec<(Family, Mode, DType, KernelOptions)> = Vec::new();
+    let mut checked: Vec<(Family, Mode, DType, KernelOptions, KvLayout)> = Vec::new();
     for s in specs {
         let (_, info) = workloads::lookup(&s.model)?;
-        let key = (info.family, s.mode, s.precision.dtype(), s.kernels);
+        let key = (info.family, s.mode, s.precision.dtype(), s.kernels, s.kv_layout);
         if checked.contains(&key) {
             continue;
         }
         checked.push(key);
-        if let Err(e) = probe(info.family, s.mode, s.precision.dtype(), s.kernels, &device.device) {
+        if let Err(e) = probe(key, &device.device) {
             let runnable: Vec<String> = modes(info.family)
                 .iter()
                 .flat_map(|&m| DTYPES.iter().map(move |&d| (m, d)))
-                .filter(|&(m, d)| probe(info.family, m, d, s.kernels, &device.device).is_ok())
+                .filter(|&(m, d)| probe((info.family, m, d, s.kernels, s.kv_layout), &device.device).is_ok())
                 .map(|(m, d)| format!("{} {}", m.as_str(), d.as_str()))
                 .collect();
             bail!(
@@ -121,7 +121,10 @@ fn check_kernels(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
 }
 
 /// One step of the family's tiny preset at batch 2 with the run's kernels, synchronised.
-fn probe(family: Family, mode: Mode, dtype: DType, kernels: KernelOptions, device: &Device) -> Result<()> {
+fn probe(
+    (family, mode, dtype, kernels, kv_layout): (Family, Mode, DType, KernelOptions, KvLayout),
+    device: &Device,
+) -> Result<()> {
     let cfg = WorkloadConfig {
         device: device.clone(),
         dtype,
@@ -133,10 +136,11 @@ fn probe(family: Family, mode: Mode, dtype: DType, kernels: KernelOptions, devic
         kernels,
     };
     if mode == Mode::Generate {
-        // A prompt of 4 tokens, then 2 decode steps: the prefill's and the decode's kernels.
-        let mut g = workloads::Generator::build(workloads::tiny_model(family), &cfg)?;
+        // A prompt of 4 tokens, then 2 decode steps: the prefill's and the decode's kernels, and the
+        // cache's.
+        let mut g = workloads::Generator::build(workloads::tiny_model(family), &cfg, kv_layout)?;
         let prompts = g.prompts(2, 4, 0)?;
-        let first = g.prefill(&prompts)?;
+        let first = g.prefill(&prompts, 6)?;
         let next = g.decode(&first)?;
         drop(g.decode(&next)?);
         device.synchronize()?;

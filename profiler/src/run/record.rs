@@ -157,9 +157,12 @@ pub struct FailedWorkload {
     pub kernel_options: String,
     /// `f32` or `none` for bf16 and f16 training (as the `master_weights` column); `None` otherwise.
     pub master_weights: Option<String>,
-    /// A generation's prompt and output lengths; `None` for other modes.
+    /// A generation's prompt and output lengths, and its cache's layout and block size; `None`
+    /// for other modes.
     pub prompt_len: Option<usize>,
     pub output_len: Option<usize>,
+    pub kv_layout: Option<String>,
+    pub kv_block_size: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -208,8 +211,8 @@ pub struct Run {
 #[derive(Debug, Clone)]
 pub struct Generation {
     pub lengths: workloads::Lengths,
-    /// How the KV cache is laid out ([`workloads::generation::KV_LAYOUT`]).
-    pub kv_layout: &'static str,
+    /// How the KV cache was laid out.
+    pub kv_layout: workloads::KvLayout,
     /// The prefill of each measured generation: prompts in, first tokens out (time to first token).
     pub prefill: LatencyStats,
     /// Bytes the KV cache held at the end of a generation, the whole batch's.
@@ -237,11 +240,14 @@ impl Run {
         fingerprint: Fingerprint,
     ) -> Result<Self> {
         let stats = LatencyStats::from_latencies(&measurement.latencies_ns)?;
-        let uncertainty = Uncertainty::of(&measurement.latencies_ns, spec.batch);
+        let uncertainty = match spec.lengths {
+            Some(l) => Uncertainty::of_runs(&measurement.latencies_ns, spec.batch, l.decode_steps()),
+            None => Uncertainty::of(&measurement.latencies_ns, spec.batch),
+        };
         let generation = match (spec.lengths, measurement.kv_cache_bytes) {
             (Some(lengths), Some(kv_cache_bytes)) => Some(Generation {
                 lengths,
-                kv_layout: workloads::generation::KV_LAYOUT,
+                kv_layout: spec.kv_layout,
                 prefill: LatencyStats::from_latencies(&measurement.begin_ns)?,
                 kv_cache_bytes,
             }),
@@ -412,6 +418,7 @@ pub(crate) mod tests {
             batch,
             seq_len: None,
             lengths: None,
+            kv_layout: workloads::KvLayout::default(),
             weights: None,
             train: workloads::TrainConfig::default(),
             kernels: KernelOptions::default(),

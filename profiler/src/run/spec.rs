@@ -89,6 +89,8 @@ pub struct RunSpec {
     pub seq_len: Option<usize>,
     /// A generation's prompt and output lengths: `Some` exactly when `mode` is generate.
     pub lengths: Option<workloads::Lengths>,
+    /// How a generation keeps its KV cache (unused by other modes).
+    pub kv_layout: workloads::KvLayout,
     /// A safetensors checkpoint to load instead of seeded random weights.
     pub weights: Option<std::path::PathBuf>,
     /// The optimizer of a training run (unused when inferring).
@@ -119,7 +121,7 @@ impl RunSpec {
 
     /// Builds the spec's language model on `device` to generate, TF32 set as for a workload.
     pub fn build_generator(&self, device: &candle_core::Device) -> Result<workloads::Generator> {
-        workloads::Generator::build(&self.model, &self.workload_config(device))
+        workloads::Generator::build(&self.model, &self.workload_config(device), self.kv_layout)
             .map_err(anyhow::Error::from)
             .map_err(|e| e.context(format!("building {}", self.model)))
     }

@@ -49,8 +49,15 @@ pub struct Uncertainty {
 
 impl Uncertainty {
     pub fn of(latencies_ns: &[u64], batch: usize) -> Uncertainty {
+        Uncertainty::of_runs(latencies_ns, batch, 1)
+    }
+
+    /// As [`Uncertainty::of`], for steps measured in runs of `unit` alike runs (a generation's decode
+    /// steps, whose time grows with the context): the mean's batches are whole runs, so that the
+    /// rise within a run is not taken for noise.
+    pub fn of_runs(latencies_ns: &[u64], batch: usize, unit: usize) -> Uncertainty {
         let ms: Vec<f64> = latencies_ns.iter().map(|&l| l as f64 / 1e6).collect();
-        let mean_ms = mean_interval(&ms);
+        let mean_ms = mean_interval_in_runs(&ms, unit);
         let throughput = mean_ms.clone().map(|m| throughput_of(m, batch));
         Uncertainty {
             mean_ms,
@@ -81,20 +88,34 @@ fn throughput_of(mean_ms: Interval, batch: usize) -> Interval {
 
 /// The throughput's 95% interval as a relative half-width (the larger side), when the steps give one:
 /// what `--target-precision` waits for. The batch size cancels out.
-pub fn throughput_precision(latencies_ns: &[u64]) -> Option<f64> {
+/// `unit`: the steps of one run of alike runs (1 for steps alike), as [`Uncertainty::of_runs`].
+pub fn throughput_precision(latencies_ns: &[u64], unit: usize) -> Option<f64> {
     let ms: Vec<f64> = latencies_ns.iter().map(|&l| l as f64 / 1e6).collect();
-    let mean = mean_interval(&ms).ok().filter(|i| i.low > 0.0)?;
+    let mean = mean_interval_in_runs(&ms, unit).ok().filter(|i| i.low > 0.0)?;
     let centre = 1000.0 / (ms.iter().sum::<f64>() / ms.len() as f64);
     Some(throughput_of(mean, 1).relative_half_width(centre))
 }
 
 /// The batch-means interval of the mean of `x` (in order of measurement).
 pub fn mean_interval(x: &[f64]) -> Estimate {
+    mean_interval_in_runs(x, 1)
+}
+
+/// As [`mean_interval`], each batch a whole number of runs of `unit` steps (the steps of one
+/// generation); with runs, at least two of them.
+fn mean_interval_in_runs(x: &[f64], unit: usize) -> Estimate {
     let n = x.len();
     if n < MIN_FOR_MEAN {
         return Err(format!("{n} steps; an interval needs at least {MIN_FOR_MEAN}"));
     }
-    let size = (n / BATCHES).max(1);
+    let unit = unit.max(1);
+    let runs = n / unit;
+    if unit > 1 && runs < 2 {
+        return Err(format!(
+            "{runs} generation; an interval needs at least 2, each a batch of its steps"
+        ));
+    }
+    let size = unit * (runs / BATCHES).max(1);
     let k = n / size;
     // The earliest steps are the ones left over: they are the likeliest to still be warming up.
     let used = &x[n - k * size..];
@@ -224,6 +245,25 @@ mod tests {
     fn near_95(c: f64, what: &str) {
         eprintln!("{what}: coverage {c:.3}");
         assert!((c - 0.95).abs() <= 0.025, "{what}: coverage {c:.3}");
+    }
+
+    #[test]
+    fn a_generation_s_rise_is_not_noise_when_batches_are_whole_generations() {
+        // Ten alike generations, each of 127 decode steps rising from 10 to 20 ms without noise: the
+        // mean is known exactly, so whole-generation batches give a zero-width interval, where
+        // batches cut across generations see the rise as noise.
+        let one: Vec<u64> = (0..127).map(|i| 10_000_000 + 10_000_000 * i / 126).collect();
+        let steps = one.repeat(10);
+        let cut = Uncertainty::of(&steps, 1).throughput.unwrap();
+        let whole = Uncertainty::of_runs(&steps, 1, 127).throughput.unwrap();
+        let centre = 1000.0 / (steps.iter().sum::<u64>() as f64 / steps.len() as f64 / 1e6);
+        assert!(cut.relative_half_width(centre) > 0.01, "{cut:?}");
+        assert!(whole.relative_half_width(centre) < 1e-9, "{whole:?}");
+        assert!(throughput_precision(&steps, 127).unwrap() < 1e-9);
+        assert!(throughput_precision(&steps, 1).unwrap() > 0.01);
+        // One generation gives no interval, and says why.
+        let e = Uncertainty::of_runs(&one, 1, 127).mean_ms.unwrap_err();
+        assert!(e.contains("1 generation; an interval needs at least 2"), "{e}");
     }
 
     #[test]

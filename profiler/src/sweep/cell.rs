@@ -51,6 +51,12 @@ pub struct CellSpec {
     pub prompt_len: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_len: Option<usize>,
+    /// A generation's KV cache layout (`contiguous` where none is given) and a paged one's block
+    /// size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_layout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_block_size: Option<usize>,
     /// Which of the sweep's independent repetitions (0-based).
     pub repeat: u32,
     pub seed: u64,
@@ -161,7 +167,17 @@ impl CellSpec {
             let len = |l: Option<usize>| l.map_or("none".into(), |l| l.to_string());
             fields.push(("prompt_len", len(self.prompt_len)));
             fields.push(("output_len", len(self.output_len)));
-            fields.push(("kv_layout", workloads::generation::KV_LAYOUT.to_string()));
+            let layout = self
+                .kv_layout
+                .as_deref()
+                .unwrap_or(workloads::KvLayout::Contiguous.as_str());
+            fields.push((
+                "kv_layout",
+                match self.kv_block_size {
+                    Some(b) => format!("{layout}/{b}"),
+                    None => layout.to_string(),
+                },
+            ));
         }
         // Only for load jobs and group members, so that the ids of other cells stay as they were.
         if let Some(l) = &self.load {
@@ -223,6 +239,12 @@ impl CellSpec {
             seq_len: self.seq_len,
             prompt_len: self.prompt_len,
             output_len: self.output_len,
+            kv_layout: (self.mode == Mode::Generate.as_str()).then(|| {
+                self.kv_layout
+                    .clone()
+                    .unwrap_or_else(|| workloads::KvLayout::Contiguous.as_str().to_string())
+            }),
+            kv_block_size: self.kv_block_size,
             seed: self.seed,
             kernel_options: self.kernel_options.clone(),
             master_weights: self.keeps_masters_choice().then(|| self.master_weights.clone()),
@@ -271,6 +293,8 @@ impl CellSpec {
             seq_len: spec.seq_len,
             prompt_len: spec.lengths.map(|l| l.prompt),
             output_len: spec.lengths.map(|l| l.output),
+            kv_layout: spec.lengths.map(|_| spec.kv_layout.as_str().to_string()),
+            kv_block_size: spec.lengths.and(spec.kv_layout.block_size()),
             repeat: 0,
             seed: spec.seed,
             weights: spec.weights.clone(),
@@ -320,6 +344,13 @@ impl CellSpec {
             (_, None, None) => None,
             _ => bail!("cell spec: prompt_len and output_len apply to generate cells only"),
         };
+        let kv_layout = workloads::KvLayout::parse(
+            self.kv_layout
+                .as_deref()
+                .unwrap_or(workloads::KvLayout::Contiguous.as_str()),
+            self.kv_block_size.unwrap_or(workloads::KvLayout::DEFAULT_BLOCK_SIZE),
+        )
+        .map_err(|e| anyhow::anyhow!("cell spec: {e}"))?;
         let precision = self
             .dtype
             .parse::<Precision>()
@@ -369,6 +400,7 @@ impl CellSpec {
             batch: self.batch,
             seq_len: self.seq_len,
             lengths,
+            kv_layout,
             weights: self.weights.clone(),
             train: workloads::TrainConfig {
                 optimizer,
@@ -448,6 +480,8 @@ pub(crate) mod tests {
             seq_len: None,
             prompt_len: None,
             output_len: None,
+            kv_layout: None,
+            kv_block_size: None,
             repeat: 0,
             seed: 0,
             weights: None,

@@ -199,6 +199,12 @@ pub struct Matrix {
     pub prompt_lens: Vec<usize>,
     #[serde(default)]
     pub output_lens: Vec<usize>,
+    /// Generate cells: the KV cache's layouts, one cell each (`contiguous`, `paged`; default
+    /// contiguous), and a paged cache's tokens a block (default 16).
+    #[serde(default)]
+    pub kv_layouts: Vec<String>,
+    #[serde(default)]
+    pub kv_block_size: Option<usize>,
     /// Kernel options as `--attention` and friends take them; default: the defaults.
     #[serde(default)]
     pub attention: Option<String>,
@@ -384,6 +390,9 @@ impl SweepFile {
                         workloads::model_names().join(", ")
                     );
                 }
+                if workloads::lookup(&b.model).is_ok_and(|(_, info)| info.family.is_decoder()) {
+                    bail!("{at}: busy: `{}` is a language model; a busy neighbour runs an image or encoder model (mode infer or train)", b.model);
+                }
                 if !["infer", "train"].contains(&b.mode.as_str()) || !DTYPES.contains(&b.dtype.as_str()) || b.batch == 0
                 {
                     bail!(
@@ -497,6 +506,7 @@ impl SweepFile {
             }
             m.kernel_options().with_context(|| at.clone())?;
             m.master_weights().with_context(|| at.clone())?;
+            m.kv_layouts().with_context(|| at.clone())?;
         }
         Ok(())
     }
@@ -515,6 +525,18 @@ impl Matrix {
         prompts
             .iter()
             .flat_map(|&prompt| outputs.iter().map(move |&output| workloads::Lengths { prompt, output }))
+            .collect()
+    }
+
+    /// A generate cell's KV cache layouts, contiguous where none is given.
+    pub fn kv_layouts(&self) -> Result<Vec<workloads::KvLayout>> {
+        let block = self.kv_block_size.unwrap_or(workloads::KvLayout::DEFAULT_BLOCK_SIZE);
+        if self.kv_layouts.is_empty() {
+            return Ok(vec![workloads::KvLayout::default()]);
+        }
+        self.kv_layouts
+            .iter()
+            .map(|l| workloads::KvLayout::parse(l, block).map_err(|e| anyhow::anyhow!("kv_layouts: {e}")))
             .collect()
     }
 

@@ -26,8 +26,9 @@ struct Work {
     dtype: String,
     batch: BatchSize,
     seq_len: Option<usize>,
-    /// A generate cell's prompt and output lengths.
+    /// A generate cell's prompt and output lengths and its cache's layout.
     lengths: Option<workloads::Lengths>,
+    kv_layout: workloads::KvLayout,
     repeat: u32,
     kernels: String,
     master_weights: workloads::MasterWeights,
@@ -96,6 +97,7 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
                         batch: BatchSize::Fixed(b.batch),
                         seq_len: b.seq_len,
                         lengths: None,
+                        kv_layout: workloads::KvLayout::default(),
                         repeat: w.repeat,
                         kernels: w.kernels.clone(),
                         master_weights: w.master_weights,
@@ -150,6 +152,9 @@ impl Work {
         }
         if let Some(l) = self.lengths {
             d += &format!("/prompt {}/output {}", l.prompt, l.output);
+            if let Some(b) = self.kv_layout.block_size() {
+                d += &format!("/paged {b}");
+            }
         }
         if self.kernels != workloads::kernels::KernelOptions::default().canonical() {
             d += &format!("/{}", self.kernels);
@@ -185,15 +190,23 @@ fn matrix_work(file: &SweepFile) -> Result<Vec<Work>> {
                 .iter()
                 .filter(|mode| workloads::Mode::parse(mode).is_ok_and(|mode| mode.check_model(&info).is_ok()));
             for mode in modes {
-                let lengths: Vec<Option<workloads::Lengths>> = if mode == workloads::Mode::Generate.as_str() {
+                let generate = mode == workloads::Mode::Generate.as_str();
+                let lengths: Vec<Option<workloads::Lengths>> = if generate {
                     m.lengths().into_iter().map(Some).collect()
                 } else {
                     vec![None]
                 };
+                let layouts = if generate {
+                    m.kv_layouts()?
+                } else {
+                    vec![workloads::KvLayout::default()]
+                };
                 for dtype in &m.dtypes {
                     for &batch in &m.batches {
                         for &seq_len in &seq_lens {
-                            for &lengths in &lengths {
+                            for (&lengths, &kv_layout) in
+                                lengths.iter().flat_map(|l| layouts.iter().map(move |k| (l, k)))
+                            {
                                 for repeat in 0..file.defaults.repeats {
                                     out.push(Work {
                                         model: model.clone(),
@@ -203,6 +216,7 @@ fn matrix_work(file: &SweepFile) -> Result<Vec<Work>> {
                                         batch,
                                         seq_len,
                                         lengths,
+                                        kv_layout,
                                         repeat,
                                         kernels: kernels.clone(),
                                         master_weights,
@@ -238,6 +252,8 @@ fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
         seq_len: w.seq_len,
         prompt_len: w.lengths.map(|l| l.prompt),
         output_len: w.lengths.map(|l| l.output),
+        kv_layout: w.lengths.map(|_| w.kv_layout.as_str().to_string()),
+        kv_block_size: w.lengths.and(w.kv_layout.block_size()),
         repeat: w.repeat,
         seed: d.seed,
         weights: None,
@@ -276,6 +292,7 @@ fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &super:
             .seq_len
             .filter(|_| workloads::lookup(model).is_ok_and(|(_, i)| i.input.seq_len().is_some())),
         lengths: None,
+        kv_layout: workloads::KvLayout::default(),
         repeat: 0,
         kernels: workloads::kernels::KernelOptions::default().canonical(),
         master_weights: workloads::MasterWeights::default(),
@@ -376,6 +393,7 @@ batches = [1]
             batch: BatchSize::Fixed(32),
             seq_len: None,
             lengths: None,
+            kv_layout: workloads::KvLayout::default(),
             repeat: 0,
             kernels: workloads::kernels::KernelOptions::default().canonical(),
             master_weights: masters,

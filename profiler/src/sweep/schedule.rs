@@ -506,10 +506,20 @@ impl Work {
                 continue;
             }
             if c.batch == BatchSize::Max {
-                // One search per target, model, mode, dtype, sequence length and kernels.
+                // One search per target, model, mode, dtype, sequence length (or a generation's
+                // lengths and cache layout) and kernels.
                 let key = format!(
-                    "{}|{}|{}|{}|{:?}|{}",
-                    c.spec.target, c.spec.model, c.spec.mode, c.spec.dtype, c.spec.seq_len, c.spec.kernel_options
+                    "{}|{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{}",
+                    c.spec.target,
+                    c.spec.model,
+                    c.spec.mode,
+                    c.spec.dtype,
+                    c.spec.seq_len,
+                    c.spec.prompt_len,
+                    c.spec.output_len,
+                    c.spec.kv_layout,
+                    c.spec.kv_block_size,
+                    c.spec.kernel_options
                 );
                 let searches = &mut work.searches;
                 let i = *search_of.entry(key).or_insert_with(|| {

@@ -76,8 +76,13 @@ pub fn run_cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: 
         // out-of-memory cell, instead of building gigabytes of weights to find out. (A `max`
         // search's probes find the limit by running.)
         if spec.lengths.is_some() && cell.purpose == Purpose::Measure {
-            crate::run::preflight::check_memory(std::slice::from_ref(&spec), &device)
-                .map_err(|e| e.context("out of memory before it starts, by the estimate from the model's shape"))?;
+            crate::run::preflight::check_memory(std::slice::from_ref(&spec), &device).map_err(|e| {
+                if e.is::<crate::run::estimate::DoesNotFit>() {
+                    e.context("out of memory before it starts, by the estimate from the model's shape")
+                } else {
+                    e
+                }
+            })?;
         }
         let run = execute(&spec, &device, context, identity)?;
         write_run(out, &run)?;

@@ -6,7 +6,7 @@
 //!
 //! A model is described by its `config.json`, so a user's own checkpoint of a supported architecture
 //! needs no preset; the presets' files are kept in `workloads/configs/`. The forward pass takes a
-//! [`KvCache`]: a prompt is prefilled at position 0, and each decoded token runs at the cache's
+//! [`KvStore`] (contiguous or paged): a prompt is prefilled at position 0, and each decoded token runs at the cache's
 //! length, attending to everything before it.
 
 use std::collections::HashMap;
@@ -14,6 +14,8 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder};
 use serde::Deserialize;
+
+pub use super::kv_cache::{KvCache, KvShape, KvStore, PagedKvCache};
 
 /// The architectures migprof runs, as `config.json`'s `architectures` names them.
 pub const ARCHITECTURES: [&str; 2] = ["LlamaForCausalLM", "Qwen2ForCausalLM"];
@@ -249,7 +251,7 @@ impl Config {
 
     /// Bytes of the key-value cache per token of a sequence, at `dtype`.
     pub fn kv_bytes_per_token(&self, dtype: DType) -> u64 {
-        (2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype.size_in_bytes()) as u64
+        KvShape::from(self).token_bytes(dtype) as u64
     }
 
     /// The rotary frequencies of a head's dimension pairs, Llama 3's scaling applied.
@@ -276,6 +278,16 @@ impl Config {
                 }
             })
             .collect()
+    }
+}
+
+impl From<&Config> for KvShape {
+    fn from(cfg: &Config) -> KvShape {
+        KvShape {
+            layers: cfg.num_layers,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+        }
     }
 }
 
@@ -346,55 +358,6 @@ pub fn load_folder(dir: &std::path::Path, device: &Device, dtype: DType) -> Resu
     Decoder::new(&cfg, vb)
 }
 
-/// The keys and values of every layer, appended to as tokens are processed.
-#[derive(Debug, Clone)]
-pub struct KvCache {
-    /// Per layer: keys and values, [batch, kv heads, tokens, head_dim].
-    layers: Vec<Option<(Tensor, Tensor)>>,
-}
-
-impl KvCache {
-    pub fn new(cfg: &Config) -> KvCache {
-        KvCache {
-            layers: vec![None; cfg.num_layers],
-        }
-    }
-
-    /// Tokens held.
-    pub fn len(&self) -> usize {
-        self.layers
-            .first()
-            .and_then(|l| l.as_ref())
-            .map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Bytes held, every layer's keys and values.
-    pub fn bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .flatten()
-            .map(|(k, v)| (k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes())
-            .sum()
-    }
-
-    /// A layer's keys and values with `k` and `v` appended; the cache keeps them only once every
-    /// layer has run ([`KvCache::commit`]), so that a forward pass that fails leaves it as it was.
-    fn extended(&self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        Ok(match &self.layers[layer] {
-            None => (k.clone(), v.clone()),
-            Some((pk, pv)) => (Tensor::cat(&[pk, k], 2)?, Tensor::cat(&[pv, v], 2)?),
-        })
-    }
-
-    fn commit(&mut self, layers: Vec<(Tensor, Tensor)>) {
-        self.layers = layers.into_iter().map(Some).collect();
-    }
-}
-
 fn linear(in_dim: usize, out_dim: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
     if bias {
         candle_nn::linear(in_dim, out_dim, vb)
@@ -432,16 +395,16 @@ impl Attention {
     }
 
     /// `x` [batch, tokens, hidden] at positions `offset..`, with `cos`/`sin` of those positions:
-    /// the output, and the layer's keys and values with this pass's appended.
+    /// the output; the layer's keys and values, with this pass's, written to `cache`.
     fn forward(
         &self,
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
         mask: Option<&Tensor>,
-        cache: &KvCache,
+        cache: &mut dyn KvStore,
         layer: usize,
-    ) -> Result<(Tensor, (Tensor, Tensor))> {
+    ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let heads = |y: Tensor, n: usize| y.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?.contiguous();
         let q = heads(self.q_proj.forward(x)?, self.num_heads)?;
@@ -463,7 +426,7 @@ impl Attention {
             .matmul(&vr)?
             .transpose(1, 2)?
             .reshape((b, t, self.num_heads * self.head_dim))?;
-        Ok((self.o_proj.forward(&y)?, (k, v)))
+        self.o_proj.forward(&y)
     }
 }
 
@@ -564,7 +527,7 @@ impl Decoder {
 
     /// Logits [batch, tokens, vocab] of `ids` [batch, tokens], placed after the tokens `cache`
     /// holds (none: a prefill), which it then holds too.
-    pub fn forward(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+    pub fn forward(&self, ids: &Tensor, cache: &mut dyn KvStore) -> Result<Tensor> {
         let (_, t) = ids.dims2()?;
         let offset = cache.len();
         if offset + t > self.cfg.max_position_embeddings {
@@ -579,18 +542,27 @@ impl Decoder {
         let mask = (t > 1)
             .then(|| causal_mask(t, offset, ids.device(), self.cos.dtype()))
             .transpose()?;
-        let mut x = self.embed_tokens.forward(ids)?;
-        let mut kvs = Vec::with_capacity(self.layers.len());
-        for (i, layer) in self.layers.iter().enumerate() {
-            let normed = layer.input_layernorm.forward(&x)?;
-            let (a, kv) = layer.self_attn.forward(&normed, &cos, &sin, mask.as_ref(), cache, i)?;
-            kvs.push(kv);
-            x = (x + a)?;
-            x = (&x + layer.mlp.forward(&layer.post_attention_layernorm.forward(&x)?)?)?;
+        let pass = |cache: &mut dyn KvStore| -> Result<Tensor> {
+            let mut x = self.embed_tokens.forward(ids)?;
+            for (i, layer) in self.layers.iter().enumerate() {
+                let normed = layer.input_layernorm.forward(&x)?;
+                let a = layer.self_attn.forward(&normed, &cos, &sin, mask.as_ref(), cache, i)?;
+                x = (x + a)?;
+                x = (&x + layer.mlp.forward(&layer.post_attention_layernorm.forward(&x)?)?)?;
+            }
+            self.lm_head.forward(&self.norm.forward(&x)?)
+        };
+        // The cache keeps the pass only once every layer has run: one that fails leaves it as it was.
+        match pass(cache) {
+            Ok(logits) => {
+                cache.commit();
+                Ok(logits)
+            }
+            Err(e) => {
+                cache.abandon();
+                Err(e)
+            }
         }
-        let logits = self.lm_head.forward(&self.norm.forward(&x)?)?;
-        cache.commit(kvs);
-        Ok(logits)
     }
 }
 

@@ -5,6 +5,7 @@ pub mod bert;
 pub mod decoder;
 #[cfg(feature = "cuda")]
 pub mod encoder;
+pub mod kv_cache;
 pub mod layers;
 mod relative_bias;
 #[cfg(feature = "cudnn")]

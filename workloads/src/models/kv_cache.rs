@@ -1,0 +1,270 @@
+//! The keys and values a decoder keeps of every token it has seen, in one of two layouts:
+//! contiguous (one tensor per layer, grown by appending each pass's tokens) or paged (fixed-size
+//! blocks taken from a pool, a block table per sequence, as serving stacks keep them so that
+//! sequences can come and go without moving the others' memory).
+//!
+//! A forward pass writes every layer through [`KvStore::extended`] and then either keeps what it
+//! wrote ([`KvStore::commit`]) or, when a layer failed, drops it ([`KvStore::abandon`]): a pass that
+//! fails leaves the cache as it was.
+
+use candle_core::{DType, Device, IndexOp, Result, Tensor};
+
+/// What a cache holds per token: layers × key-value heads × head_dim, for keys and for values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    pub layers: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvShape {
+    /// Bytes of one token's keys and values, every layer, at `dtype`.
+    pub fn token_bytes(&self, dtype: DType) -> usize {
+        2 * self.layers * self.kv_heads * self.head_dim * dtype.size_in_bytes()
+    }
+}
+
+/// A decoder's cache, whatever its layout. Every sequence of the batch holds as many tokens.
+pub trait KvStore {
+    /// Tokens each sequence holds.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Layer `layer`'s keys and values, `k` and `v` ([batch, kv heads, tokens, head_dim], this
+    /// pass's) after the ones held: what attention reads, [batch, kv heads, held + tokens, head_dim].
+    fn extended(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)>;
+    /// Keeps what the pass wrote: every layer ran.
+    fn commit(&mut self);
+    /// Drops what the pass wrote: a layer failed.
+    fn abandon(&mut self);
+    /// Bytes the sequences' keys and values take: the tensors held (contiguous), or the blocks taken
+    /// (paged: a partly filled block counts whole, as it is held).
+    fn bytes(&self) -> usize;
+}
+
+/// One tensor per layer for keys and one for values, [batch, kv heads, tokens, head_dim], grown by
+/// concatenation.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    /// This pass's layers, until it commits.
+    pending: Vec<Option<(Tensor, Tensor)>>,
+}
+
+impl KvCache {
+    pub fn new(shape: impl Into<KvShape>) -> KvCache {
+        let layers = shape.into().layers;
+        KvCache {
+            layers: vec![None; layers],
+            pending: vec![None; layers],
+        }
+    }
+}
+
+impl KvStore for KvCache {
+    fn len(&self) -> usize {
+        self.layers
+            .first()
+            .and_then(|l| l.as_ref())
+            .map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
+    }
+
+    fn extended(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let kv = match &self.layers[layer] {
+            None => (k.clone(), v.clone()),
+            Some((pk, pv)) => (Tensor::cat(&[pk, k], 2)?, Tensor::cat(&[pv, v], 2)?),
+        };
+        self.pending[layer] = Some(kv.clone());
+        Ok(kv)
+    }
+
+    fn commit(&mut self) {
+        let n = self.layers.len();
+        self.layers = std::mem::replace(&mut self.pending, vec![None; n]);
+    }
+
+    fn abandon(&mut self) {
+        self.pending.iter_mut().for_each(|p| *p = None);
+    }
+
+    fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes())
+            .sum()
+    }
+}
+
+/// Keys and values in blocks of `block_size` tokens taken from a pool shared by the sequences; a
+/// block table per sequence says which blocks hold its tokens, in order. A pass writes its tokens
+/// into their slots in place and attention reads each sequence's blocks gathered into one tensor.
+#[derive(Debug)]
+pub struct PagedKvCache {
+    block_size: usize,
+    /// Per layer: keys and values of every slot, [blocks × block_size, kv heads, head_dim].
+    pools: Vec<(Tensor, Tensor)>,
+    /// Blocks no sequence holds, taken from the end.
+    free: Vec<u32>,
+    /// Per sequence: its blocks in order.
+    tables: Vec<Vec<u32>>,
+    len: usize,
+    /// Tokens of the pass being written, and the blocks it took (given back if it is abandoned).
+    pending: Option<(usize, Vec<(usize, u32)>)>,
+    token_bytes: usize,
+}
+
+impl PagedKvCache {
+    /// A pool of `blocks` blocks of `block_size` tokens for `batch` sequences, zeroed, on `device`.
+    pub fn new(
+        shape: impl Into<KvShape>,
+        batch: usize,
+        blocks: usize,
+        block_size: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<PagedKvCache> {
+        if block_size == 0 {
+            candle_core::bail!("a KV block holds at least one token")
+        }
+        let kv: KvShape = shape.into();
+        let slots = (blocks * block_size, kv.kv_heads, kv.head_dim);
+        let pools = (0..kv.layers)
+            .map(|_| {
+                Ok((
+                    Tensor::zeros(slots, dtype, device)?,
+                    Tensor::zeros(slots, dtype, device)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(PagedKvCache {
+            block_size,
+            pools,
+            free: (0..blocks as u32).rev().collect(),
+            tables: vec![Vec::new(); batch],
+            len: 0,
+            pending: None,
+            token_bytes: kv.token_bytes(dtype),
+        })
+    }
+
+    /// Blocks enough for `batch` sequences of `tokens` each.
+    pub fn blocks_for(batch: usize, tokens: usize, block_size: usize) -> usize {
+        batch * tokens.div_ceil(block_size.max(1))
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks no sequence holds.
+    pub fn blocks_free(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Each sequence's blocks, in order.
+    pub fn block_tables(&self) -> &[Vec<u32>] {
+        &self.tables
+    }
+
+    /// The blocks `tokens` more tokens of every sequence need, taken now (once per pass, at its
+    /// first layer).
+    fn reserve(&mut self, tokens: usize) -> Result<()> {
+        let needed = (self.len + tokens).div_ceil(self.block_size);
+        let mut taken: Vec<(usize, u32)> = Vec::new();
+        for s in 0..self.tables.len() {
+            while self.tables[s].len() < needed {
+                let Some(block) = self.free.pop() else {
+                    // Give back what this pass took before saying so.
+                    for (s, block) in taken.into_iter().rev() {
+                        self.tables[s].pop();
+                        self.free.push(block);
+                    }
+                    let blocks = self.pools.first().map_or(0, |(k, _)| k.dim(0).unwrap_or(0)) / self.block_size;
+                    candle_core::bail!(
+                        "the KV cache's {blocks} blocks of {} tokens are all held: {tokens} more tokens of each of {} sequences do not fit",
+                        self.block_size,
+                        self.tables.len()
+                    )
+                };
+                self.tables[s].push(block);
+                taken.push((s, block));
+            }
+        }
+        self.pending = Some((tokens, taken));
+        Ok(())
+    }
+
+    /// The pool slot of each position `0..tokens` of every sequence, in sequence order.
+    fn slots(&self, tokens: usize) -> Vec<u32> {
+        let bs = self.block_size as u32;
+        self.tables
+            .iter()
+            .flat_map(|table| (0..tokens as u32).map(move |p| table[(p / bs) as usize] * bs + p % bs))
+            .collect()
+    }
+}
+
+impl KvStore for PagedKvCache {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn extended(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (b, heads, t, d) = k.dims4()?;
+        if b != self.tables.len() {
+            candle_core::bail!("a pass of {b} sequences on a KV cache of {}", self.tables.len())
+        }
+        if self.pending.is_none() {
+            self.reserve(t)?;
+        }
+        let (pool_k, pool_v) = &self.pools[layer];
+        // Each sequence's new tokens, [tokens, kv heads, head_dim], into their slots: a run of
+        // consecutive positions stays in one block up to the block's end.
+        let bs = self.block_size;
+        for s in 0..b {
+            let (new_k, new_v) = (
+                k.i(s)?.transpose(0, 1)?.contiguous()?,
+                v.i(s)?.transpose(0, 1)?.contiguous()?,
+            );
+            let mut p = 0;
+            while p < t {
+                let position = self.len + p;
+                let run = (bs - position % bs).min(t - p);
+                let slot = self.tables[s][position / bs] as usize * bs + position % bs;
+                pool_k.slice_set(&new_k.narrow(0, p, run)?.contiguous()?, 0, slot)?;
+                pool_v.slice_set(&new_v.narrow(0, p, run)?.contiguous()?, 0, slot)?;
+                p += run;
+            }
+        }
+        let total = self.len + t;
+        let slots = Tensor::from_vec(self.slots(total), b * total, k.device())?;
+        let gather = |pool: &Tensor| -> Result<Tensor> {
+            pool.index_select(&slots, 0)?
+                .reshape((b, total, heads, d))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        Ok((gather(pool_k)?, gather(pool_v)?))
+    }
+
+    fn commit(&mut self) {
+        if let Some((tokens, _)) = self.pending.take() {
+            self.len += tokens;
+        }
+    }
+
+    fn abandon(&mut self) {
+        if let Some((_, taken)) = self.pending.take() {
+            for (s, block) in taken.into_iter().rev() {
+                self.tables[s].pop();
+                self.free.push(block);
+            }
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.tables.iter().map(Vec::len).sum::<usize>() * self.block_size * self.token_bytes
+    }
+}
