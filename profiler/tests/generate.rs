@@ -198,6 +198,10 @@ fn modes_models_and_lengths_that_do_not_go_together_are_refused_before_any_work(
         "--kv-layout applies to generate runs",
     );
     refused(&["--model", "llama_tiny", "--kv-layout", "ring"], "contiguous, paged");
+    refused(
+        &["--model", "llama_tiny", "--kv-block-size", "8"],
+        "--kv-block-size applies to --kv-layout paged",
+    );
     refused(&["--model", "gpt2"], "valid models:");
     refused(&["--model", "gpt2"], "or hf:DIR");
     refused(&["--model", "hf:/no/such/folder"], "no readable config.json");
@@ -351,4 +355,82 @@ fn a_sweep_cell_that_cannot_fit_is_an_oom_row_before_its_model_is_built() {
     );
     assert_eq!(f64s(&runs, "prompt_len"), vec![128.0]);
     assert_eq!(strings(&runs, "kv_layout"), vec!["contiguous"]);
+}
+
+#[test]
+fn a_max_batch_search_generates_its_probes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.toml");
+    // The host holds far more than 4 sequences of llama_tiny: the search stops at its limit, each
+    // try one warm-up and one measured generation.
+    std::fs::write(
+        &file,
+        "name = \"max\"\n[defaults]\nmax_batch_limit = 4\nwarmup_secs = 0\nduration_secs = 0.01\n[[targets]]\nlabel = \"cpu\"\ndevice = \"cpu\"\n[[matrix]]\nmodels = [\"llama_tiny\"]\nmodes = [\"generate\"]\nbatches = [\"max\"]\nprompt_lens = [8]\noutput_lens = [3]\n",
+    )
+    .unwrap();
+    let out = dir.path().join("D");
+    let o = run(&["sweep", file.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let runs = read_table(&out, Table::Runs).unwrap();
+    let statuses = strings(&runs, "status");
+    let batches = f64s(&runs, "batch");
+    let measured: Vec<f64> = (0..runs.height())
+        .filter(|&i| statuses[i] == "ok")
+        .map(|i| batches[i])
+        .collect();
+    assert_eq!(measured, vec![4.0], "{}", text(&o));
+    assert!(statuses.iter().any(|s| s == "probe"));
+    // Every probe generated: one generation of two decode steps.
+    for i in (0..runs.height()).filter(|&i| statuses[i] == "probe") {
+        assert_eq!(numbers(&runs, "generations")[i], Some(1.0));
+        assert_eq!(numbers(&runs, "iterations")[i], Some(2.0));
+    }
+}
+
+#[test]
+fn the_report_draws_decode_throughput_and_time_to_first_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("D");
+    let o = generate(
+        &out,
+        &[
+            "--model",
+            "qwen2_tiny",
+            "--batch",
+            "1,2",
+            "--prompt-len",
+            "6",
+            "--output-len",
+            "3",
+            "--iters",
+            "2",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(&["report", out.to_str().unwrap(), "--format", "md"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("prompt 6 output 3") && md.contains("(tokens/s)"), "{md}");
+    let svg = |name: &str| {
+        let path = std::fs::read_dir(out.join("report_files"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.to_string_lossy().ends_with(name))
+            .unwrap_or_else(|| panic!("no {name} chart"));
+        std::fs::read_to_string(path).unwrap()
+    };
+    let throughput = svg("-throughput.svg");
+    assert!(
+        throughput.contains("Decode throughput (95% interval)") && throughput.contains("batch size (sequences)"),
+        "{throughput}"
+    );
+    assert!(svg("-latency.svg").contains("Latency per decode step"));
+    assert!(svg("-ttft.svg").contains("Time to first token"));
+    // Every image link resolves to a file whose name has no space in it.
+    for link in md.split("](").skip(1).filter_map(|s| s.split(')').next()) {
+        if link.ends_with(".svg") {
+            assert!(!link.contains(' '), "{link}");
+            assert!(out.join(link).is_file(), "{link} was not written");
+        }
+    }
 }

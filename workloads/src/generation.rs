@@ -112,6 +112,8 @@ pub struct Generator {
     decoder: Decoder,
     layout: KvLayout,
     cache: Box<dyn KvStore>,
+    /// A paged cache's pool: the sequences and blocks it was made for.
+    pool: Option<(usize, usize)>,
     device: Device,
     dtype: DType,
     kernels: KernelOptions,
@@ -148,6 +150,7 @@ impl Generator {
         };
         Ok(Generator {
             cache: Box::new(KvCache::new(&config)),
+            pool: None,
             layout,
             info,
             decoder,
@@ -185,21 +188,30 @@ impl Generator {
     pub fn prefill(&mut self, prompts: &Tensor, room: usize) -> Result<Tensor> {
         let _kernels = self.kernels.enter();
         let config = self.decoder.config();
-        self.cache = match self.layout {
-            KvLayout::Contiguous => Box::new(KvCache::new(config)),
+        match self.layout {
+            KvLayout::Contiguous => self.cache.reset(),
             KvLayout::Paged { block_size } => {
                 let batch = prompts.dim(0)?;
                 let blocks = PagedKvCache::blocks_for(batch, room.max(prompts.dim(1)?), block_size);
-                Box::new(PagedKvCache::new(
-                    config,
-                    batch,
-                    blocks,
-                    block_size,
-                    self.dtype,
-                    &self.device,
-                )?)
+                if self.pool == Some((batch, blocks)) {
+                    // The same pool serves each generation of the run, as a server's does.
+                    self.cache.reset();
+                } else {
+                    // The old pool goes before the new one is made: never two at once.
+                    self.cache = Box::new(KvCache::new(config));
+                    self.pool = None;
+                    self.cache = Box::new(PagedKvCache::new(
+                        config,
+                        batch,
+                        blocks,
+                        block_size,
+                        self.dtype,
+                        &self.device,
+                    )?);
+                    self.pool = Some((batch, blocks));
+                }
             }
-        };
+        }
         greedy(&self.decoder.forward(prompts, self.cache.as_mut())?)
     }
 

@@ -336,13 +336,19 @@ fn the_generator_s_paged_cache_decodes_as_its_contiguous_one() {
     let tokens = |layout| {
         let mut g = workloads::Generator::build("qwen2_tiny", &wc, layout).unwrap();
         let prompts = g.prompts(3, 10, 1).unwrap();
-        let mut t = g.prefill(&prompts, 16).unwrap();
-        let mut out = vec![t.to_vec2::<u32>().unwrap()];
-        for _ in 0..6 {
-            t = g.decode(&t).unwrap();
-            out.push(t.to_vec2::<u32>().unwrap());
+        // Twice: the second generation reuses the first one's pool, emptied.
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let mut t = g.prefill(&prompts, 16).unwrap();
+            let mut out = vec![t.to_vec2::<u32>().unwrap()];
+            for _ in 0..6 {
+                t = g.decode(&t).unwrap();
+                out.push(t.to_vec2::<u32>().unwrap());
+            }
+            runs.push(out);
         }
-        (out, g.cache_bytes())
+        assert_eq!(runs[0], runs[1], "{layout:?}: a second generation decodes as the first");
+        (runs.remove(0), g.cache_bytes())
     };
     let (contiguous, bytes) = tokens(workloads::KvLayout::Contiguous);
     let (paged, paged_bytes) = tokens(workloads::KvLayout::Paged { block_size: 4 });

@@ -58,9 +58,9 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = KvLayoutArg::Contiguous)]
     pub kv_layout: KvLayoutArg,
 
-    /// With --kv-layout paged: tokens a block holds.
-    #[arg(long, default_value_t = workloads::KvLayout::DEFAULT_BLOCK_SIZE as u64, value_parser = clap::value_parser!(u64).range(1..))]
-    pub kv_block_size: u64,
+    /// With --kv-layout paged: tokens a block holds. Default 16.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_block_size: Option<u64>,
 
     /// Batch sizes, comma-separated: one run per value.
     #[arg(long, value_delimiter = ',', value_parser = parse_batch)]
@@ -387,6 +387,9 @@ fn specs(args: &RunArgs) -> Result<Vec<RunSpec>> {
     if (args.prompt_len.is_some() || args.output_len.is_some()) && specs.iter().all(|s| s.lengths.is_none()) {
         bail!("--prompt-len and --output-len apply to generate runs of language models only, and none was asked for");
     }
+    if args.kv_block_size.is_some() && args.kv_layout != KvLayoutArg::Paged {
+        bail!("--kv-block-size applies to --kv-layout paged");
+    }
     if args.kv_layout != KvLayoutArg::Contiguous && specs.iter().all(|s| s.lengths.is_none()) {
         bail!("--kv-layout applies to generate runs of language models only, and none was asked for");
     }
@@ -531,7 +534,10 @@ fn cross_product(args: &RunArgs) -> Result<Vec<RunSpec>> {
                         batch,
                         seq_len: args.seq_len.filter(|_| takes_tokens(model)).map(|l| l as usize),
                         lengths: (mode == ModeArg::Generate).then_some(lengths),
-                        kv_layout: args.kv_layout.layout(args.kv_block_size as usize),
+                        kv_layout: args.kv_layout.layout(
+                            args.kv_block_size
+                                .map_or(workloads::KvLayout::DEFAULT_BLOCK_SIZE, |b| b as usize),
+                        ),
                         weights: args.weights.clone(),
                         train: train_config(args),
                         kernels: args.kernels.options(),

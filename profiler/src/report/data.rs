@@ -87,8 +87,10 @@ const TEXT: [&str; 39] = [
     "batch",
 ];
 
-const NUM: [&str; 23] = [
+const NUM: [&str; 25] = [
     "batch",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
     "seq_len",
     "sm_count",
     "device_memory_mib",

@@ -315,6 +315,26 @@ const METRICS: [Metric; 4] = [
     },
 ];
 
+/// A generation's time to first token, drawn beside its decode steps.
+const TTFT: Metric = Metric {
+    id: "ttft",
+    title: "Time to first token (the prefill), p50 (whisker p50 to p99)",
+    unit: "ms",
+    value: |r| r.n("ttft_p50_ms"),
+    whisker: |r| r.n("ttft_p50_ms").zip(r.n("ttft_p99_ms")),
+    reading: None,
+};
+
+/// How a generation's rows name what `m` draws: its throughput is decoded tokens per second and
+/// its step a decode step. Title and unit.
+fn generation_words(m: &Metric) -> (&'static str, &'static str) {
+    match m.id {
+        "throughput" => ("Decode throughput (95% interval)", "tokens/s"),
+        "latency" => ("Latency per decode step, p50 (whisker p90 to p99)", "ms"),
+        _ => (m.title, m.unit),
+    }
+}
+
 /// Each target's latest run at its largest batch (or at `batch`), per workload: the runs whose
 /// latency distribution and sampler readings the report draws.
 pub fn detailed_runs(rows: &[Row], batch: Option<usize>) -> BTreeSet<String> {
@@ -515,7 +535,12 @@ fn per_model(
             let seq_text = if seq.is_empty() {
                 String::new()
             } else {
-                format!(", {seq} tokens")
+                // A token model's length in tokens; a generation's lengths say their own.
+                if mode == "generate" {
+                    format!(", {seq}")
+                } else {
+                    format!(", {seq} tokens")
+                }
             };
             let id = format!(
                 "{}-{}-{}{}",
@@ -539,7 +564,13 @@ fn per_model(
             }
             let batches: BTreeSet<i64> = latest.keys().map(|k| k.1).collect();
             let targets: BTreeSet<&str> = latest.keys().map(|k| k.0.as_str()).collect();
-            for m in &METRICS {
+            let generate = mode == "generate";
+            for m in METRICS.iter().chain(generate.then_some(&TTFT)) {
+                let (m_title, m_unit) = if generate {
+                    generation_words(m)
+                } else {
+                    (m.title, m.unit)
+                };
                 let whole = |t: &str| {
                     m.reading
                         .is_some_and(|reading| latest.iter().any(|(k, r)| k.0 == t && whole_gpu_reading(r, reading)))
@@ -572,8 +603,8 @@ fn per_model(
                 }
                 let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.x));
                 let ys = series.iter().flat_map(|s| s.points.iter().map(|p| p.y));
-                let title = format!("{model} {mode} {dtype}{seq_text}: {}", m.title);
-                let y_label = format!("{} ({})", m.id, m.unit);
+                let title = format!("{model} {mode} {dtype}{seq_text}: {m_title}");
+                let y_label = format!("{} ({m_unit})", m.id);
                 let x_scale = if batches.len() > 1 {
                     scale_for(xs)
                 } else {
@@ -582,7 +613,11 @@ fn per_model(
                 let y_scale = if m.id == "gract" { Scale::Linear } else { scale_for(ys) };
                 let chart = Chart {
                     title: &title,
-                    x_label: "batch size (samples per step)",
+                    x_label: if generate {
+                        "batch size (sequences)"
+                    } else {
+                        "batch size (samples per step)"
+                    },
                     y_label: &y_label,
                     x_scale,
                     y_scale,
@@ -598,7 +633,7 @@ fn per_model(
                     legend: chart.legend(),
                 });
                 let mut head = vec!["batch".to_string()];
-                head.extend(targets.iter().map(|t| format!("{t} ({})", m.unit)));
+                head.extend(targets.iter().map(|t| format!("{t} ({m_unit})")));
                 let rows: Vec<Vec<String>> = batches
                     .iter()
                     .map(|b| {
@@ -607,6 +642,7 @@ fn per_model(
                             row.push(latest.get(&(t.to_string(), *b)).map_or("—".into(), |r| {
                                 let v = fmt((m.value)(r), if m.id == "latency" { 3 } else { 1 });
                                 match (m.id, (m.whisker)(r)) {
+                                    ("ttft", Some((_, p99))) => format!("{v} (p99 {p99:.1})"),
                                     ("throughput", Some((lo, hi))) => format!("{v} ({lo:.1}–{hi:.1})"),
                                     ("latency", Some((p90, p99))) => format!("{v} (p90 {p90:.3}, p99 {p99:.3})"),
                                     _ => v,
@@ -912,7 +948,7 @@ fn against_baseline(rows: &[Row], baseline: &str) -> Result<Vec<Section>> {
             .rows
             .iter()
             .map(|r| {
-                let cell = ["model", "mode", "dtype", "batch", "seq_len", "prompt_len", "output_len"]
+                let cell = CELL
                     .iter()
                     .filter_map(|k| r.cell.get(*k).cloned())
                     .collect::<Vec<_>>()
@@ -955,6 +991,20 @@ fn against_baseline(rows: &[Row], baseline: &str) -> Result<Vec<Section>> {
     }])
 }
 
+/// What names a cell in the report's comparisons: its workload and, for a generation, its lengths
+/// and cache.
+const CELL: [&str; 9] = [
+    "model",
+    "mode",
+    "dtype",
+    "batch",
+    "seq_len",
+    "prompt_len",
+    "output_len",
+    "kv_layout",
+    "kv_block_size",
+];
+
 /// The rows back as a runs frame, with the columns `compare` reads.
 fn frame_of(rows: &[Row]) -> Result<DataFrame> {
     let text = |k: &str| {
@@ -966,27 +1016,12 @@ fn frame_of(rows: &[Row]) -> Result<DataFrame> {
         )
     };
     let num = |k: &str| Column::new(k.into(), rows.iter().map(|r| r.n(k)).collect::<Vec<Option<f64>>>());
-    let mut cols: Vec<Column> = [
-        "status",
-        "run_id",
-        "cell_id",
-        "target",
-        "model",
-        "mode",
-        "dtype",
-        "batch",
-        "seq_len",
-        "prompt_len",
-        "output_len",
-        "kv_layout",
-        "kernel_options",
-        "concurrency_group",
-        "verdict",
-        "device_name",
-    ]
-    .iter()
-    .map(|k| text(k))
-    .collect();
+    let mut cols: Vec<Column> = ["status", "run_id", "cell_id", "target"]
+        .iter()
+        .chain(&CELL)
+        .chain(&["kernel_options", "concurrency_group", "verdict", "device_name"])
+        .map(|k| text(k))
+        .collect();
     cols.extend(
         [
             "throughput",

@@ -106,7 +106,8 @@ pub fn check(out: &Path) -> Result<Report> {
             }
         }
     }
-    for id in samples_per_run.keys() {
+    let sampled: std::collections::BTreeSet<&String> = samples_per_run.keys().chain(prefills_per_run.keys()).collect();
+    for id in sampled {
         if !seen.contains_key(id.as_str()) {
             report.problems.push(format!(
                 "samples of run {id}: no row in runs/ (a run whose row was never written; `migprof check --fix` removes them)"

@@ -28,7 +28,7 @@ use polars::prelude::*;
 use serde::Serialize;
 
 /// The workload fields two runs must share to be compared.
-const WORKLOAD: [&str; 13] = [
+const WORKLOAD: [&str; 14] = [
     "model",
     "mode",
     "dtype",
@@ -37,6 +37,7 @@ const WORKLOAD: [&str; 13] = [
     "prompt_len",
     "output_len",
     "kv_layout",
+    "kv_block_size",
     "kernel_options",
     "optimizer",
     "master_weights",

@@ -47,10 +47,11 @@ pub fn series(runs: &DataFrame) -> Result<BTreeMap<String, Vec<Point>>> {
         text("device_name")?,
         text("run_id")?,
     );
-    let (prompt_len, output_len, kv_layout) = (
+    let (prompt_len, output_len, kv_layout, kv_block_size) = (
         crate::results::parts::text_column(runs, "prompt_len")?,
         crate::results::parts::text_column(runs, "output_len")?,
         crate::results::parts::text_column(runs, "kv_layout")?,
+        crate::results::parts::text_column(runs, "kv_block_size")?,
     );
     let (batch, throughput, p50, p99) = (
         number("batch")?,
@@ -80,8 +81,9 @@ pub fn series(runs: &DataFrame) -> Result<BTreeMap<String, Vec<Point>>> {
         // A generation's lengths and cache layout are part of what a point is.
         let lengths = match (&prompt_len[i], &output_len[i]) {
             (Some(p), Some(o)) => format!(
-                " prompt {p} output {o}{}",
-                kv_layout[i].as_deref().map_or(String::new(), |l| format!(" {l}"))
+                " prompt {p} output {o}{}{}",
+                kv_layout[i].as_deref().map_or(String::new(), |l| format!(" {l}")),
+                kv_block_size[i].as_deref().map_or(String::new(), |b| format!(" {b}"))
             ),
             _ => String::new(),
         };

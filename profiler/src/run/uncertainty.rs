@@ -58,7 +58,17 @@ impl Uncertainty {
     pub fn of_runs(latencies_ns: &[u64], batch: usize, unit: usize) -> Uncertainty {
         let ms: Vec<f64> = latencies_ns.iter().map(|&l| l as f64 / 1e6).collect();
         let mean_ms = mean_interval_in_runs(&ms, unit);
-        let throughput = mean_ms.clone().map(|m| throughput_of(m, batch));
+        // Through 1000 / mean, an interval that reaches zero has no upper end: none is given.
+        let throughput = mean_ms.clone().and_then(|m| {
+            if m.low > 0.0 {
+                Ok(throughput_of(m, batch))
+            } else {
+                Err(format!(
+                    "the mean's interval reaches {:.3} ms: the steps are too spread for a throughput interval",
+                    m.low
+                ))
+            }
+        });
         Uncertainty {
             mean_ms,
             throughput,
@@ -69,10 +79,14 @@ impl Uncertainty {
 
     /// Why any interval is missing, joined; `None` when all are there.
     pub fn note(&self) -> Option<String> {
-        let reasons: Vec<String> = [("mean", &self.mean_ms), ("p50", &self.p50_ms), ("p99", &self.p99_ms)]
+        let mut reasons: Vec<String> = [("mean", &self.mean_ms), ("p50", &self.p50_ms), ("p99", &self.p99_ms)]
             .iter()
             .filter_map(|(what, e)| e.as_ref().err().map(|why| format!("{what}: {why}")))
             .collect();
+        // The throughput's own reason, where the mean has an interval and it still has none.
+        if let (Ok(_), Err(why)) = (&self.mean_ms, &self.throughput) {
+            reasons.push(format!("throughput: {why}"));
+        }
         (!reasons.is_empty()).then(|| reasons.join("; "))
     }
 }
@@ -334,6 +348,19 @@ mod tests {
             coverage(2000, 299, p99, iid(|r| normal(r).exp()), |x| quantile_interval(x, 0.99)),
             "p99 n=299",
         );
+    }
+
+    #[test]
+    fn a_mean_interval_that_reaches_zero_gives_no_throughput_interval() {
+        // Twenty 1 ms steps and one of 3 s: batch means so spread that the mean's interval goes
+        // below zero, where 1000 / mean has no upper end.
+        let mut steps = vec![1_000_000u64; 20];
+        steps[10] = 3_000_000_000;
+        let u = Uncertainty::of(&steps, 1);
+        assert!(u.mean_ms.as_ref().unwrap().low <= 0.0, "{u:?}");
+        let e = u.throughput.as_ref().unwrap_err();
+        assert!(e.contains("too spread for a throughput interval"), "{e}");
+        assert!(u.note().unwrap().contains("throughput: the mean's interval reaches"));
     }
 
     #[test]

@@ -167,15 +167,19 @@ impl CellSpec {
             let len = |l: Option<usize>| l.map_or("none".into(), |l| l.to_string());
             fields.push(("prompt_len", len(self.prompt_len)));
             fields.push(("output_len", len(self.output_len)));
-            let layout = self
+            // As the cell runs it: a paged cache with its block size (given or the default), a
+            // contiguous one without; a layout no run takes, as written.
+            let written = self
                 .kv_layout
                 .as_deref()
                 .unwrap_or(workloads::KvLayout::Contiguous.as_str());
+            let block = self.kv_block_size.unwrap_or(workloads::KvLayout::DEFAULT_BLOCK_SIZE);
             fields.push((
                 "kv_layout",
-                match self.kv_block_size {
-                    Some(b) => format!("{layout}/{b}"),
-                    None => layout.to_string(),
+                match workloads::KvLayout::parse(written, block) {
+                    Ok(workloads::KvLayout::Paged { block_size }) => format!("paged/{block_size}"),
+                    Ok(workloads::KvLayout::Contiguous) => "contiguous".to_string(),
+                    Err(_) => written.to_string(),
                 },
             ));
         }
@@ -627,6 +631,21 @@ pub(crate) mod tests {
         };
         assert_ne!(g.cell_id(), longer.cell_id());
         assert_ne!(g.cell_id(), more.cell_id());
+        // A paged cache is identified by the block size it runs with, given or the default; a
+        // block size does not change a contiguous cache.
+        let paged = |b: Option<usize>| CellSpec {
+            kv_layout: Some("paged".into()),
+            kv_block_size: b,
+            ..g.clone()
+        };
+        assert_eq!(paged(None).cell_id(), paged(Some(16)).cell_id());
+        assert_ne!(paged(Some(16)).cell_id(), paged(Some(32)).cell_id());
+        assert_ne!(paged(Some(16)).cell_id(), g.cell_id());
+        let sized = CellSpec {
+            kv_block_size: Some(8),
+            ..g.clone()
+        };
+        assert_eq!(sized.cell_id(), g.cell_id());
         let spec = g.run_spec()?;
         assert_eq!(spec.lengths, Some(workloads::Lengths { prompt: 16, output: 8 }));
         // A cell written by hand that mixes them up is refused.

@@ -531,6 +531,9 @@ impl Matrix {
     /// A generate cell's KV cache layouts, contiguous where none is given.
     pub fn kv_layouts(&self) -> Result<Vec<workloads::KvLayout>> {
         let block = self.kv_block_size.unwrap_or(workloads::KvLayout::DEFAULT_BLOCK_SIZE);
+        if self.kv_block_size.is_some() && !self.kv_layouts.iter().any(|l| l == "paged") {
+            anyhow::bail!("kv_block_size applies to a paged cache: add \"paged\" to kv_layouts");
+        }
         if self.kv_layouts.is_empty() {
             return Ok(vec![workloads::KvLayout::default()]);
         }

@@ -41,6 +41,8 @@ pub trait KvStore {
     /// Bytes the sequences' keys and values take: the tensors held (contiguous), or the blocks taken
     /// (paged: a partly filled block counts whole, as it is held).
     fn bytes(&self) -> usize;
+    /// Empties the cache for new sequences, keeping the memory it owns (a paged cache's pool).
+    fn reset(&mut self);
 }
 
 /// One tensor per layer for keys and one for values, [batch, kv heads, tokens, head_dim], grown by
@@ -88,6 +90,11 @@ impl KvStore for KvCache {
         self.pending.iter_mut().for_each(|p| *p = None);
     }
 
+    fn reset(&mut self) {
+        self.layers.iter_mut().for_each(|l| *l = None);
+        self.abandon();
+    }
+
     fn bytes(&self) -> usize {
         self.layers
             .iter()
@@ -110,9 +117,19 @@ pub struct PagedKvCache {
     /// Per sequence: its blocks in order.
     tables: Vec<Vec<u32>>,
     len: usize,
-    /// Tokens of the pass being written, and the blocks it took (given back if it is abandoned).
-    pending: Option<(usize, Vec<(usize, u32)>)>,
+    /// The pass being written, from its first layer until it commits or is abandoned.
+    pending: Option<Pass>,
     token_bytes: usize,
+}
+
+/// What a pass reserved at its first layer, for every layer.
+#[derive(Debug)]
+struct Pass {
+    tokens: usize,
+    /// The blocks it took, by sequence (given back if it is abandoned).
+    taken: Vec<(usize, u32)>,
+    /// Every sequence's slots after the pass, in order: what attention gathers.
+    slots: Tensor,
 }
 
 impl PagedKvCache {
@@ -168,9 +185,9 @@ impl PagedKvCache {
         &self.tables
     }
 
-    /// The blocks `tokens` more tokens of every sequence need, taken now (once per pass, at its
-    /// first layer).
-    fn reserve(&mut self, tokens: usize) -> Result<()> {
+    /// The blocks `tokens` more tokens of every sequence need, taken now, and the slots the pass's
+    /// layers gather, on `device` (once per pass, at its first layer).
+    fn reserve(&mut self, tokens: usize, device: &Device) -> Result<()> {
         let needed = (self.len + tokens).div_ceil(self.block_size);
         let mut taken: Vec<(usize, u32)> = Vec::new();
         for s in 0..self.tables.len() {
@@ -192,7 +209,18 @@ impl PagedKvCache {
                 taken.push((s, block));
             }
         }
-        self.pending = Some((tokens, taken));
+        let total = self.len + tokens;
+        let slots = match Tensor::from_vec(self.slots(total), self.tables.len() * total, device) {
+            Ok(slots) => slots,
+            Err(e) => {
+                for (s, block) in taken.into_iter().rev() {
+                    self.tables[s].pop();
+                    self.free.push(block);
+                }
+                return Err(e);
+            }
+        };
+        self.pending = Some(Pass { tokens, taken, slots });
         Ok(())
     }
 
@@ -217,17 +245,15 @@ impl KvStore for PagedKvCache {
             candle_core::bail!("a pass of {b} sequences on a KV cache of {}", self.tables.len())
         }
         if self.pending.is_none() {
-            self.reserve(t)?;
+            self.reserve(t, k.device())?;
         }
         let (pool_k, pool_v) = &self.pools[layer];
         // Each sequence's new tokens, [tokens, kv heads, head_dim], into their slots: a run of
         // consecutive positions stays in one block up to the block's end.
         let bs = self.block_size;
+        let (k_rows, v_rows) = (k.transpose(1, 2)?.contiguous()?, v.transpose(1, 2)?.contiguous()?);
         for s in 0..b {
-            let (new_k, new_v) = (
-                k.i(s)?.transpose(0, 1)?.contiguous()?,
-                v.i(s)?.transpose(0, 1)?.contiguous()?,
-            );
+            let (new_k, new_v) = (k_rows.i(s)?, v_rows.i(s)?);
             let mut p = 0;
             while p < t {
                 let position = self.len + p;
@@ -239,9 +265,9 @@ impl KvStore for PagedKvCache {
             }
         }
         let total = self.len + t;
-        let slots = Tensor::from_vec(self.slots(total), b * total, k.device())?;
+        let slots = &self.pending.as_ref().expect("reserved above").slots;
         let gather = |pool: &Tensor| -> Result<Tensor> {
-            pool.index_select(&slots, 0)?
+            pool.index_select(slots, 0)?
                 .reshape((b, total, heads, d))?
                 .transpose(1, 2)?
                 .contiguous()
@@ -250,18 +276,26 @@ impl KvStore for PagedKvCache {
     }
 
     fn commit(&mut self) {
-        if let Some((tokens, _)) = self.pending.take() {
-            self.len += tokens;
+        if let Some(pass) = self.pending.take() {
+            self.len += pass.tokens;
         }
     }
 
     fn abandon(&mut self) {
-        if let Some((_, taken)) = self.pending.take() {
-            for (s, block) in taken.into_iter().rev() {
+        if let Some(pass) = self.pending.take() {
+            for (s, block) in pass.taken.into_iter().rev() {
                 self.tables[s].pop();
                 self.free.push(block);
             }
         }
+    }
+
+    fn reset(&mut self) {
+        self.pending = None;
+        let blocks = self.free.len() + self.tables.iter().map(Vec::len).sum::<usize>();
+        self.free = (0..blocks as u32).rev().collect();
+        self.tables.iter_mut().for_each(Vec::clear);
+        self.len = 0;
     }
 
     fn bytes(&self) -> usize {
