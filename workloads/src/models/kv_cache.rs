@@ -7,7 +7,7 @@
 //! wrote ([`KvStore::commit`]) or, when a layer failed, drops it ([`KvStore::abandon`]): a pass that
 //! fails leaves the cache as it was.
 
-use candle_core::{DType, Device, IndexOp, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 
 /// What a cache holds per token: layers × key-value heads × head_dim, for keys and for values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +130,11 @@ struct Pass {
     taken: Vec<(usize, u32)>,
     /// Every sequence's slots after the pass, in order: what attention gathers.
     slots: Tensor,
+    /// A decode step's writes: the slot of each new token's every element, [batch, kv heads,
+    /// head_dim], for one scatter per layer. `None` for a longer pass, whose tokens are copied a
+    /// block's run at a time (candle's scatter spreads its work over a token's elements only, so a
+    /// prompt of hundreds of tokens would be written by a few hundred threads).
+    writes: Option<Tensor>,
 }
 
 impl PagedKvCache {
@@ -186,7 +191,7 @@ impl PagedKvCache {
     }
 
     /// The blocks `tokens` more tokens of every sequence need, taken now, and the slots the pass's
-    /// layers gather, on `device` (once per pass, at its first layer).
+    /// layers write and gather, on `device` (once per pass, at its first layer).
     fn reserve(&mut self, tokens: usize, device: &Device) -> Result<()> {
         let needed = (self.len + tokens).div_ceil(self.block_size);
         let mut taken: Vec<(usize, u32)> = Vec::new();
@@ -209,19 +214,43 @@ impl PagedKvCache {
                 taken.push((s, block));
             }
         }
-        let total = self.len + tokens;
-        let slots = match Tensor::from_vec(self.slots(total), self.tables.len() * total, device) {
-            Ok(slots) => slots,
+        match self.slot_tensors(tokens, device) {
+            Ok((slots, writes)) => {
+                self.pending = Some(Pass {
+                    tokens,
+                    taken,
+                    slots,
+                    writes,
+                });
+                Ok(())
+            }
             Err(e) => {
                 for (s, block) in taken.into_iter().rev() {
                     self.tables[s].pop();
                     self.free.push(block);
                 }
-                return Err(e);
+                Err(e)
             }
+        }
+    }
+
+    /// Every sequence's slots once `tokens` more are held, and the slots of the new ones spread over
+    /// each token's keys or values (what a scatter along the pool's first dimension takes).
+    fn slot_tensors(&self, tokens: usize, device: &Device) -> Result<(Tensor, Option<Tensor>)> {
+        let (b, total) = (self.tables.len(), self.len + tokens);
+        let all = self.slots(total);
+        let writes = if tokens == 1 {
+            let new: Vec<u32> = all.chunks(total).map(|sequence| sequence[self.len]).collect();
+            let (_, heads, d) = self.pools[0].0.dims3()?;
+            Some(
+                Tensor::from_vec(new, (b, 1, 1), device)?
+                    .broadcast_as((b, heads, d))?
+                    .contiguous()?,
+            )
+        } else {
+            None
         };
-        self.pending = Some(Pass { tokens, taken, slots });
-        Ok(())
+        Ok((Tensor::from_vec(all, b * total, device)?, writes))
     }
 
     /// The pool slot of each position `0..tokens` of every sequence, in sequence order.
@@ -248,24 +277,35 @@ impl KvStore for PagedKvCache {
             self.reserve(t, k.device())?;
         }
         let (pool_k, pool_v) = &self.pools[layer];
-        // Each sequence's new tokens, [tokens, kv heads, head_dim], into their slots: a run of
-        // consecutive positions stays in one block up to the block's end.
-        let bs = self.block_size;
-        let (k_rows, v_rows) = (k.transpose(1, 2)?.contiguous()?, v.transpose(1, 2)?.contiguous()?);
-        for s in 0..b {
-            let (new_k, new_v) = (k_rows.i(s)?, v_rows.i(s)?);
-            let mut p = 0;
-            while p < t {
-                let position = self.len + p;
-                let run = (bs - position % bs).min(t - p);
-                let slot = self.tables[s][position / bs] as usize * bs + position % bs;
-                pool_k.slice_set(&new_k.narrow(0, p, run)?.contiguous()?, 0, slot)?;
-                pool_v.slice_set(&new_v.narrow(0, p, run)?.contiguous()?, 0, slot)?;
-                p += run;
+        let pass = self.pending.as_ref().expect("reserved above");
+        // Every sequence's new tokens, [batch × tokens, kv heads, head_dim], into their slots.
+        let (k_rows, v_rows) = (
+            k.transpose(1, 2)?.contiguous()?.reshape((b * t, heads, d))?,
+            v.transpose(1, 2)?.contiguous()?.reshape((b * t, heads, d))?,
+        );
+        match &pass.writes {
+            Some(writes) => {
+                pool_k.scatter_set(writes, &k_rows, 0)?;
+                pool_v.scatter_set(writes, &v_rows, 0)?;
+            }
+            None => {
+                // A run of consecutive positions stays in one block up to the block's end.
+                let bs = self.block_size;
+                for s in 0..b {
+                    let mut p = 0;
+                    while p < t {
+                        let position = self.len + p;
+                        let run = (bs - position % bs).min(t - p);
+                        let slot = self.tables[s][position / bs] as usize * bs + position % bs;
+                        pool_k.slice_set(&k_rows.narrow(0, s * t + p, run)?, 0, slot)?;
+                        pool_v.slice_set(&v_rows.narrow(0, s * t + p, run)?, 0, slot)?;
+                        p += run;
+                    }
+                }
             }
         }
         let total = self.len + t;
-        let slots = &self.pending.as_ref().expect("reserved above").slots;
+        let slots = &pass.slots;
         let gather = |pool: &Tensor| -> Result<Tensor> {
             pool.index_select(slots, 0)?
                 .reshape((b, total, heads, d))?
