@@ -324,10 +324,6 @@ impl Executor for GenerationExecutor {
         Ok(Some(took))
     }
 
-    fn at_boundary(&self) -> bool {
-        self.at.is_none()
-    }
-
     fn steps_per_run(&self) -> usize {
         self.steps
     }

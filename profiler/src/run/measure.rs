@@ -61,13 +61,9 @@ pub trait Executor {
         let _ = clock;
         Ok(None)
     }
-    /// Whether the loop may stop after the step just run: a generation is never cut short, so that
-    /// every measured one has its steps at every position.
-    fn at_boundary(&self) -> bool {
-        true
-    }
-    /// Steps of one run of alike steps between boundaries (a generation's decode steps), 1 for
-    /// steps alike: the stop rule's interval takes whole runs as its batches.
+    /// Steps of one run that is never cut short (a generation's decode steps, so that every measured
+    /// one has its steps at every position), 1 for steps alike: warm-up and measuring end only
+    /// after a whole number of runs, and the stop rule's interval takes whole runs as its batches.
     fn steps_per_run(&self) -> usize {
         1
     }
@@ -265,7 +261,7 @@ fn measure_steps(exec: &mut dyn Executor, clock: &dyn Clock, stop: Stop) -> Resu
         if latencies_ns.len() == 1 {
             loss_first = exec.loss()?;
         }
-        if !exec.at_boundary() {
+        if !latencies_ns.len().is_multiple_of(unit) {
             continue;
         }
         match stop.reached(&latencies_ns, clock.now() - start, unit) {
@@ -310,7 +306,7 @@ fn warm_up(exec: &mut dyn Executor, clock: &dyn Clock, warmup: Warmup) -> Result
                 n >= min_iterations.max(exec.steps_to_steady()).max(1) && clock.now() - start >= min
             }
         };
-        if done && exec.at_boundary() {
+        if done && n.is_multiple_of(exec.steps_per_run() as u64) {
             return Ok(n);
         }
         exec.begin(clock)?;
@@ -471,10 +467,6 @@ mod tests {
             self.clock.advance(Duration::from_millis(5));
             self.prefills += 1;
             Ok(Some(clock.now() - t0))
-        }
-
-        fn at_boundary(&self) -> bool {
-            self.done.is_multiple_of(self.steps)
         }
 
         fn steps_per_run(&self) -> usize {
