@@ -13,7 +13,8 @@
 
 use std::collections::HashMap;
 
-use candle_core::{DType, Device, Result, Tensor, D};
+use candle_core::{DType, Device, Result, Tensor};
+use workloads::generation::greedy as next_tokens;
 use workloads::models::decoder::{self, KvCache, KvStore, PagedKvCache};
 
 fn main() -> Result<()> {
@@ -77,17 +78,10 @@ fn main() -> Result<()> {
 
     // Its own greedy tokens from the prompt alone.
     let mut cache = new_cache()?;
-    let next = |logits: &Tensor| -> Result<Tensor> {
-        let t = logits.dim(1)?;
-        logits
-            .narrow(1, t - 1, 1)?
-            .argmax_keepdim(D::Minus1)?
-            .squeeze(D::Minus1)
-    };
-    let mut token = next(&model.forward(&prompt, cache.as_mut())?)?;
+    let mut token = next_tokens(&model.forward(&prompt, cache.as_mut())?)?;
     let mut greedy = vec![token.clone()];
     for _ in 0..steps {
-        token = next(&model.forward(&token, cache.as_mut())?)?;
+        token = next_tokens(&model.forward(&token, cache.as_mut())?)?;
         greedy.push(token.clone());
     }
 

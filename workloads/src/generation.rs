@@ -237,8 +237,9 @@ impl Generator {
     }
 }
 
-/// The most likely next token of each sequence: the last position's argmax, [batch, 1].
-fn greedy(logits: &Tensor) -> Result<Tensor> {
+/// The most likely next token of each sequence from `logits` [batch, tokens, vocab]: the last
+/// position's argmax, [batch, 1].
+pub fn greedy(logits: &Tensor) -> Result<Tensor> {
     let t = logits.dim(1)?;
     logits
         .narrow(1, t - 1, 1)?

@@ -948,7 +948,7 @@ fn against_baseline(rows: &[Row], baseline: &str) -> Result<Vec<Section>> {
             .rows
             .iter()
             .map(|r| {
-                let cell = CELL
+                let cell = crate::results::compare::CELL
                     .iter()
                     .filter_map(|k| r.cell.get(*k).cloned())
                     .collect::<Vec<_>>()
@@ -991,20 +991,6 @@ fn against_baseline(rows: &[Row], baseline: &str) -> Result<Vec<Section>> {
     }])
 }
 
-/// What names a cell in the report's comparisons: its workload and, for a generation, its lengths
-/// and cache.
-const CELL: [&str; 9] = [
-    "model",
-    "mode",
-    "dtype",
-    "batch",
-    "seq_len",
-    "prompt_len",
-    "output_len",
-    "kv_layout",
-    "kv_block_size",
-];
-
 /// The rows back as a runs frame, with the columns `compare` reads.
 fn frame_of(rows: &[Row]) -> Result<DataFrame> {
     let text = |k: &str| {
@@ -1018,7 +1004,7 @@ fn frame_of(rows: &[Row]) -> Result<DataFrame> {
     let num = |k: &str| Column::new(k.into(), rows.iter().map(|r| r.n(k)).collect::<Vec<Option<f64>>>());
     let mut cols: Vec<Column> = ["status", "run_id", "cell_id", "target"]
         .iter()
-        .chain(&CELL)
+        .chain(&crate::results::compare::CELL)
         .chain(&["kernel_options", "concurrency_group", "verdict", "device_name"])
         .map(|k| text(k))
         .collect();

@@ -27,8 +27,9 @@ use anyhow::{bail, Result};
 use polars::prelude::*;
 use serde::Serialize;
 
-/// The workload fields two runs must share to be compared.
-const WORKLOAD: [&str; 14] = [
+/// What a cell's rows are named by: the workload's shape and, for a generation, its lengths and
+/// cache.
+pub const CELL: [&str; 9] = [
     "model",
     "mode",
     "dtype",
@@ -38,12 +39,29 @@ const WORKLOAD: [&str; 14] = [
     "output_len",
     "kv_layout",
     "kv_block_size",
-    "kernel_options",
-    "optimizer",
-    "master_weights",
-    "weights",
-    "concurrency_group",
 ];
+
+/// The workload fields two runs must share to be compared: the cell's name and its settings.
+const WORKLOAD: [&str; 14] = {
+    const SETTINGS: [&str; 5] = [
+        "kernel_options",
+        "optimizer",
+        "master_weights",
+        "weights",
+        "concurrency_group",
+    ];
+    let mut all = [""; 14];
+    let mut i = 0;
+    while i < CELL.len() {
+        all[i] = CELL[i];
+        i += 1;
+    }
+    while i < all.len() {
+        all[i] = SETTINGS[i - CELL.len()];
+        i += 1;
+    }
+    all
+};
 /// The fields that say where a run ran.
 const DEVICE: [&str; 16] = [
     "target",
