@@ -45,6 +45,16 @@ impl Mode {
         })
     }
 
+    /// Those of `modes` that run a model of `info`, in order; where none does, why the first
+    /// does not ([`Mode::check_model`]).
+    pub fn fitting(modes: &[Mode], info: &ModelInfo) -> std::result::Result<Vec<Mode>, String> {
+        let fitting: Vec<Mode> = modes.iter().copied().filter(|m| m.check_model(info).is_ok()).collect();
+        match (fitting.is_empty(), modes.first()) {
+            (true, Some(first)) => Err(first.check_model(info).expect_err("no mode fits")),
+            _ => Ok(fitting),
+        }
+    }
+
     /// Whether a model of `info` runs in this mode: language models generate, the image and
     /// encoder models infer and train. The message says which models the mode does run.
     pub fn check_model(self, info: &ModelInfo) -> std::result::Result<(), String> {

@@ -483,19 +483,19 @@ fn cross_product(args: &RunArgs) -> Result<Vec<RunSpec>> {
     } else {
         args.model.clone()
     };
-    let modes = if args.mode.is_empty() {
+    let modes: Vec<Mode> = if args.mode.is_empty() {
         if defaults_only {
-            vec![ModeArg::Infer, ModeArg::Train]
+            vec![Mode::Infer, Mode::Train]
         } else {
-            vec![ModeArg::Infer]
+            vec![Mode::Infer]
         }
     } else {
-        args.mode.clone()
+        args.mode.iter().map(|&m| m.into()).collect()
     };
-    let batches_for = |mode: ModeArg| -> Vec<usize> {
+    let batches_for = |mode: Mode| -> Vec<usize> {
         match (args.batch.is_empty(), defaults_only, mode) {
             (false, _, _) => args.batch.clone(),
-            (true, true, ModeArg::Train) => vec![4, 8],
+            (true, true, Mode::Train) => vec![4, 8],
             (true, true, _) => vec![1, 4, 8],
             (true, false, _) => vec![1],
         }
@@ -511,29 +511,21 @@ fn cross_product(args: &RunArgs) -> Result<Vec<RunSpec>> {
     let mut specs = Vec::new();
     for model in &models {
         let (_, info) = workloads::lookup(model)?;
-        let modes: Vec<ModeArg> = if args.mode.is_empty() && info.family.is_decoder() {
-            vec![ModeArg::Generate]
+        let modes: Vec<Mode> = if args.mode.is_empty() && info.family.is_decoder() {
+            vec![Mode::Generate]
         } else {
-            let fitting: Vec<ModeArg> = modes
-                .iter()
-                .copied()
-                .filter(|&m| Mode::from(m).check_model(&info).is_ok())
-                .collect();
-            if fitting.is_empty() {
-                Mode::from(modes[0]).check_model(&info).map_err(anyhow::Error::msg)?;
-            }
-            fitting
+            Mode::fitting(&modes, &info).map_err(anyhow::Error::msg)?
         };
         for &mode in &modes {
             for &dtype in &args.dtype {
                 for batch in batches_for(mode) {
                     specs.push(RunSpec {
                         model: model.clone(),
-                        mode: mode.into(),
+                        mode,
                         precision: dtype.into(),
                         batch,
                         seq_len: args.seq_len.filter(|_| takes_tokens(model)).map(|l| l as usize),
-                        lengths: (mode == ModeArg::Generate).then_some(lengths),
+                        lengths: (mode == Mode::Generate).then_some(lengths),
                         kv_layout: args.kv_layout.layout(
                             args.kv_block_size
                                 .map_or(workloads::KvLayout::DEFAULT_BLOCK_SIZE, |b| b as usize),

@@ -169,17 +169,12 @@ impl CellSpec {
             fields.push(("output_len", len(self.output_len)));
             // As the cell runs it: a paged cache with its block size (given or the default), a
             // contiguous one without; a layout no run takes, as written.
-            let written = self
-                .kv_layout
-                .as_deref()
-                .unwrap_or(workloads::KvLayout::Contiguous.as_str());
-            let block = self.kv_block_size.unwrap_or(workloads::KvLayout::DEFAULT_BLOCK_SIZE);
             fields.push((
                 "kv_layout",
-                match workloads::KvLayout::parse(written, block) {
+                match self.kv_layout() {
                     Ok(workloads::KvLayout::Paged { block_size }) => format!("paged/{block_size}"),
                     Ok(workloads::KvLayout::Contiguous) => "contiguous".to_string(),
-                    Err(_) => written.to_string(),
+                    Err(_) => self.kv_layout.clone().unwrap_or_default(),
                 },
             ));
         }
@@ -192,6 +187,17 @@ impl CellSpec {
             fields.push(("neighbours", self.neighbours.join(",")));
         }
         fields.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
+    }
+
+    /// The KV cache a generate cell runs with: contiguous where none is written, a paged one's
+    /// block size the default where none is written.
+    fn kv_layout(&self) -> std::result::Result<workloads::KvLayout, String> {
+        workloads::KvLayout::parse(
+            self.kv_layout
+                .as_deref()
+                .unwrap_or(workloads::KvLayout::Contiguous.as_str()),
+            self.kv_block_size.unwrap_or(workloads::KvLayout::DEFAULT_BLOCK_SIZE),
+        )
     }
 
     /// Whether the master-weights choice changes this cell: bf16 and f16 training.
@@ -348,13 +354,7 @@ impl CellSpec {
             (_, None, None) => None,
             _ => bail!("cell spec: prompt_len and output_len apply to generate cells only"),
         };
-        let kv_layout = workloads::KvLayout::parse(
-            self.kv_layout
-                .as_deref()
-                .unwrap_or(workloads::KvLayout::Contiguous.as_str()),
-            self.kv_block_size.unwrap_or(workloads::KvLayout::DEFAULT_BLOCK_SIZE),
-        )
-        .map_err(|e| anyhow::anyhow!("cell spec: {e}"))?;
+        let kv_layout = self.kv_layout().map_err(|e| anyhow::anyhow!("cell spec: {e}"))?;
         let precision = self
             .dtype
             .parse::<Precision>()

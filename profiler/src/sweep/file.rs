@@ -465,15 +465,8 @@ impl SweepFile {
                 .collect::<Result<Vec<_>>>()?;
             for model in &m.models {
                 let (_, info) = workloads::lookup(model).with_context(|| format!("{at}: models"))?;
-                let fitting: Vec<workloads::Mode> = modes
-                    .iter()
-                    .copied()
-                    .filter(|mode| mode.check_model(&info).is_ok())
-                    .collect();
-                if fitting.is_empty() {
-                    let why = modes[0].check_model(&info).expect_err("no mode fits");
-                    bail!("{at}: no mode of the matrix runs `{model}`: {why}");
-                }
+                let fitting = workloads::Mode::fitting(&modes, &info)
+                    .map_err(|why| anyhow::anyhow!("{at}: no mode of the matrix runs `{model}`: {why}"))?;
                 if let (true, workloads::InputShape::Prompt { max_positions, .. }) =
                     (fitting.contains(&workloads::Mode::Generate), info.input)
                 {

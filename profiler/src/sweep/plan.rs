@@ -188,9 +188,12 @@ fn matrix_work(file: &SweepFile) -> Result<Vec<Work>> {
             let modes = m
                 .modes
                 .iter()
-                .filter(|mode| workloads::Mode::parse(mode).is_ok_and(|mode| mode.check_model(&info).is_ok()));
+                .map(|mode| workloads::Mode::parse(mode))
+                .collect::<std::result::Result<Vec<_>, String>>()
+                .and_then(|modes| workloads::Mode::fitting(&modes, &info))
+                .map_err(anyhow::Error::msg)?;
             for mode in modes {
-                let generate = mode == workloads::Mode::Generate.as_str();
+                let generate = mode == workloads::Mode::Generate;
                 let lengths: Vec<Option<workloads::Lengths>> = if generate {
                     m.lengths().into_iter().map(Some).collect()
                 } else {
@@ -211,7 +214,7 @@ fn matrix_work(file: &SweepFile) -> Result<Vec<Work>> {
                                     out.push(Work {
                                         model: model.clone(),
                                         model_sha256: model_sha256.clone(),
-                                        mode: mode.clone(),
+                                        mode: mode.as_str().to_string(),
                                         dtype: dtype.clone(),
                                         batch,
                                         seq_len,
