@@ -411,6 +411,17 @@ fn the_report_draws_decode_throughput_and_time_to_first_token() {
     assert!(o.status.success(), "{}", text(&o));
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("prompt 6 output 3") && md.contains("(tokens/s)"), "{md}");
+    // Times to the microsecond: a tiny model's prefill takes about a millisecond.
+    let ttft_table = md.split("(ms) |").last().unwrap();
+    let three_places = |x: &str| x.split_once('.').is_some_and(|(_, f)| f.len() == 3);
+    let cells: Vec<&str> = ttft_table
+        .lines()
+        .filter_map(|l| l.split(" | ").nth(1))
+        .filter_map(|c| c.trim_end_matches(" |").split_once(" (p99 "))
+        .flat_map(|(p50, p99)| [p50, p99.trim_end_matches(')')])
+        .collect();
+    assert_eq!(cells.len(), 4, "{ttft_table}");
+    assert!(cells.iter().all(|c| three_places(c)), "{cells:?}");
     let svg = |name: &str| {
         let path = std::fs::read_dir(out.join("report_files"))
             .unwrap()

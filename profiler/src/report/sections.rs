@@ -640,9 +640,10 @@ fn per_model(
                         let mut row = vec![b.to_string()];
                         for t in &targets {
                             row.push(latest.get(&(t.to_string(), *b)).map_or("—".into(), |r| {
-                                let v = fmt((m.value)(r), if m.id == "latency" { 3 } else { 1 });
+                                // Times in ms to the microsecond: a small model's prefill or step is under one.
+                                let v = fmt((m.value)(r), if m.unit == "ms" { 3 } else { 1 });
                                 match (m.id, (m.whisker)(r)) {
-                                    ("ttft", Some((_, p99))) => format!("{v} (p99 {p99:.1})"),
+                                    ("ttft", Some((_, p99))) => format!("{v} (p99 {p99:.3})"),
                                     ("throughput", Some((lo, hi))) => format!("{v} ({lo:.1}–{hi:.1})"),
                                     ("latency", Some((p90, p99))) => format!("{v} (p90 {p90:.3}, p99 {p99:.3})"),
                                     _ => v,
