@@ -291,7 +291,6 @@ fn partition_memory(
     let mut probe = ClientSide {
         probe: gpu::memory_system::Probe::new(device, sms)?,
         device: device.clone(),
-        device_sms,
     };
     let mut spawner = crate::mps::neighbour::Spawner {
         exe: std::env::current_exe().map_err(|e| anyhow!("finding this migprof to start its neighbour: {e}"))?,
@@ -360,7 +359,6 @@ fn join_group_partition(
     let mut probe = ClientSide {
         probe: gpu::memory_system::Probe::new(device, sms)?,
         device: device.clone(),
-        device_sms: selected.gpu.sm_count.unwrap_or(sms),
     };
     let bandwidth_gbps = probe.bandwidth_gbps()?;
     let partition = group.member(
@@ -400,7 +398,6 @@ fn join_group_partition(
 struct ClientSide {
     probe: gpu::memory_system::Probe,
     device: Device,
-    device_sms: u32,
 }
 
 #[cfg(feature = "cuda")]
@@ -432,8 +429,11 @@ impl crate::mps::partition::ClientProbe for ClientSide {
     fn compute_ms(&mut self) -> Result<f64> {
         self.probe.compute_ms()
     }
-    fn sms(&mut self) -> Result<std::collections::BTreeSet<u32>> {
-        gpu::reach::sm_ids(&self.device, self.device_sms)
+    fn while_filling(
+        &mut self,
+        during: &mut dyn FnMut() -> Result<std::collections::BTreeSet<u32>>,
+    ) -> Result<std::collections::BTreeSet<u32>> {
+        self.probe.while_filling(during)
     }
 }
 

@@ -136,6 +136,10 @@ extern "C" __global__ void migprof_fma(float* sink, unsigned int iters) {
     const CHASE_STEPS: u32 = 2048;
     /// Multiply-add rounds of the compute probe: a few milliseconds on 16 SMs of an H100.
     const FMA_ITERS: u32 = 20_000;
+    /// Rounds of the kernel that fills the client's SMs while its neighbour looks for them: about
+    /// 50 ms on an H100 (a round takes as long on any number of SMs), far longer than the
+    /// neighbour needs to finish its launch and place its grid.
+    const FILL_ITERS: u32 = 750_000;
 
     /// The probe's kernels and buffers on one device, for measurements repeated while a neighbour's
     /// setting changes. Its memory goes back to the driver when it is dropped.
@@ -278,6 +282,23 @@ extern "C" __global__ void migprof_fma(float* sink, unsigned int iters) {
                 unsafe { args.launch(cfg) }.map_err(|e| anyhow!("launching the compute probe: {e:?}"))?;
                 Ok(())
             })
+        }
+    }
+
+    impl Probe {
+        /// Runs `during` while the compute probe's kernel, long enough to outlast it, fills every
+        /// thread slot of the SMs this process has; the kernel is waited for before returning.
+        pub fn while_filling<T>(&mut self, during: impl FnOnce() -> Result<T>) -> Result<T> {
+            let cfg = grid(self.sms * 8, 256);
+            let mut args = self.stream.launch_builder(&self.fma);
+            args.arg(&mut self.sink).arg(&FILL_ITERS);
+            // SAFETY: as in compute_ms.
+            unsafe { args.launch(cfg) }.map_err(|e| anyhow!("launching the kernel that fills the SMs: {e:?}"))?;
+            let found = during();
+            self.stream
+                .synchronize()
+                .map_err(|e| anyhow!("waiting for the kernel that fills the SMs: {e:?}"))?;
+            found
         }
     }
 

@@ -39,7 +39,7 @@ extern "C" __global__ void migprof_smid(unsigned int *sm_of_block, long long spi
 
 /// The SMs this process's kernels run on, on `device`, a GPU with `device_sms` SMs.
 #[cfg(feature = "cuda")]
-pub fn sm_ids(device: &candle_core::Device, device_sms: u32) -> anyhow::Result<std::collections::BTreeSet<u32>> {
+fn sm_ids(device: &candle_core::Device, device_sms: u32) -> anyhow::Result<std::collections::BTreeSet<u32>> {
     use candle_core::cuda_backend::cudarc;
     use cudarc::driver::{LaunchConfig, PushKernelArg};
 

@@ -313,6 +313,9 @@ mod tests {
         fn avoid(&mut self, _: &BTreeSet<u32>) -> Result<()> {
             unreachable!("a group's neighbour cannot know its members' SMs before they start")
         }
+        fn busy_sms(&mut self) -> Result<BTreeSet<u32>> {
+            unreachable!("a group's neighbour cannot know its members' SMs before they start")
+        }
     }
 
     struct Starter(Rc<RefCell<Gpu>>);

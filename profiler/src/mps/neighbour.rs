@@ -11,6 +11,7 @@
 //! | `load <blocks> <ns>` | `ok`: from its next launch on it streams with that many blocks, each pausing that long between bursts |
 //! | `avoid <id>,<id>,…` | `ok <blocks>`: from its next launch on, its blocks that land on those SMs end at once, and it streams with at most that many blocks (eight per SM left to it) |
 //! | `sms` | `sms <id>,<id>,…`: the SMs its last launch ran on |
+//! | `busy` | `busy <id>,<id>,…`: the SMs it cannot place blocks on now, in its own numbering (those the client fills while it asks) |
 //! | `bandwidth` | `bandwidth <GB/s>`: a copy probe on its own SMs (the GPU's, when it holds them all) |
 //! | `quit`, or its stdin closing | it exits |
 //!
@@ -136,12 +137,22 @@ impl NeighbourProcess {
 
     /// The SMs its last launch ran on.
     pub fn sms(&mut self) -> Result<std::collections::BTreeSet<u32>> {
-        let list = self.ask("sms", "sms")?;
+        self.ask_sms("sms")
+    }
+
+    /// The SMs, in its numbering, that it cannot place blocks on now: those another process fills.
+    pub fn busy_sms(&mut self) -> Result<std::collections::BTreeSet<u32>> {
+        self.ask_sms("busy")
+    }
+
+    /// The list of SM ids it answers to `request`, which its answer starts with.
+    fn ask_sms(&mut self, request: &str) -> Result<std::collections::BTreeSet<u32>> {
+        let list = self.ask(request, request)?;
         list.split(',')
             .filter(|s| !s.is_empty())
             .map(|s| {
                 s.parse::<u32>()
-                    .map_err(|_| anyhow!("the neighbour's SM list `{list}`"))
+                    .map_err(|_| anyhow!("the neighbour's SM list `{list}`, answering {request}"))
             })
             .collect()
     }
@@ -210,6 +221,9 @@ impl super::calibration::Neighbour for NeighbourProcess {
 impl super::partition::PartitionNeighbour for NeighbourProcess {
     fn sms(&mut self) -> Result<std::collections::BTreeSet<u32>> {
         NeighbourProcess::sms(self)
+    }
+    fn busy_sms(&mut self) -> Result<std::collections::BTreeSet<u32>> {
+        NeighbourProcess::busy_sms(self)
     }
     fn pid(&self) -> Option<u32> {
         Some(NeighbourProcess::pid(self))
@@ -284,6 +298,7 @@ enum Request {
     Load(Load),
     Avoid(Vec<u32>),
     Sms,
+    Busy,
     Bandwidth,
     Quit,
 }
@@ -308,9 +323,10 @@ impl Request {
                     .collect::<Result<_>>()?,
             ),
             (Some("sms"), None, ..) => Request::Sms,
+            (Some("busy"), None, ..) => Request::Busy,
             (Some("bandwidth"), None, ..) => Request::Bandwidth,
             (Some("quit"), None, ..) => Request::Quit,
-            _ => bail!("`{line}`: expected load <blocks> <pause ns>, avoid <id>,<id>,…, sms, bandwidth or quit"),
+            _ => bail!("`{line}`: expected load <blocks> <pause ns>, avoid <id>,<id>,…, sms, busy, bandwidth or quit"),
         })
     }
 }
@@ -325,6 +341,8 @@ pub trait Streamer {
     /// counts only the SMs left to it.
     fn avoid(&mut self, ids: &[u32]) -> Result<()>;
     fn sms(&mut self) -> Result<Vec<u32>>;
+    /// The SMs it cannot place blocks on now, in its numbering.
+    fn busy_sms(&mut self) -> Result<Vec<u32>>;
     fn bandwidth_gbps(&mut self) -> Result<f64>;
 }
 
@@ -362,9 +380,8 @@ pub fn serve(input: impl BufRead + Send + 'static, out: &mut dyn Write, streamer
                     streamer.stream(l).map(|_| "ok".to_string())
                 }
                 Ok(Request::Avoid(ids)) => streamer.avoid(&ids).map(|_| format!("ok {}", streamer.max_blocks())),
-                Ok(Request::Sms) => streamer
-                    .sms()
-                    .map(|ids| format!("sms {}", ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))),
+                Ok(Request::Sms) => streamer.sms().map(|ids| format!("sms {}", id_list(&ids))),
+                Ok(Request::Busy) => streamer.busy_sms().map(|ids| format!("busy {}", id_list(&ids))),
                 Ok(Request::Bandwidth) => streamer.bandwidth_gbps().map(|g| format!("bandwidth {g:.1}")),
                 Err(e) => Err(e),
             };
@@ -382,6 +399,24 @@ pub fn serve(input: impl BufRead + Send + 'static, out: &mut dyn Write, streamer
             }
         }
     }
+}
+
+fn id_list(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// The SMs another process fills, from how many of a grid's blocks landed on each SM (`hits`, by
+/// id) while it did: among the ids the neighbour can run on (`ids`), those that took fewer than half
+/// the median's blocks. A full SM takes none; one its client left partly free (MPS rounds a share
+/// up, and a grid's last blocks leave an SM short) takes a few, where a free SM takes them all.
+pub fn busy_from_hits(ids: &[u32], hits: &[u32]) -> Vec<u32> {
+    let count = |id: u32| hits.get(id as usize).copied().unwrap_or(0);
+    let mut counts: Vec<u32> = ids.iter().map(|&id| count(id)).collect();
+    counts.sort_unstable();
+    let Some(&median) = counts.get(counts.len() / 2) else {
+        return Vec::new();
+    };
+    ids.iter().copied().filter(|&id| 2 * count(id) < median).collect()
 }
 
 /// The neighbour on this process's GPU, on `sms` SMs (CUDA_VISIBLE_DEVICES and the MPS share are
@@ -447,6 +482,19 @@ extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, flo
         }
     }
 }
+
+// Each block counts itself on the SM it landed on, then holds the SM a few microseconds so that
+// the grid's blocks spread over every SM with room rather than reuse the first ones.
+extern "C" __global__ void migprof_where(unsigned int* hits) {
+    if (threadIdx.x == 0) {
+        unsigned int smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        atomicAdd(&hits[smid & 255], 1u);
+        unsigned long long t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < 5000);
+    }
+}
 "#;
 
     const MIB: usize = 1 << 20;
@@ -464,10 +512,16 @@ extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, flo
     /// fewer blocks where the share asks for less.
     const BLOCKS_PER_SM: u32 = 8;
     const THREADS: u32 = 256;
+    /// The placement grid: small blocks, many per SM, so that an SM with room for a few takes a few.
+    const WHERE_BLOCKS_PER_SM: u32 = 16;
+    const WHERE_THREADS: u32 = 32;
 
     pub struct GpuStreamer {
         device: candle_core::Device,
         func: CudaFunction,
+        place: CudaFunction,
+        /// The SMs its blocks land on with the GPU to itself, in its numbering.
+        all_sms: Vec<u32>,
         stream: std::sync::Arc<CudaStream>,
         src: CudaSlice<u8>,
         dst: CudaSlice<u8>,
@@ -496,13 +550,17 @@ extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, flo
             };
             let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts)
                 .map_err(|e| anyhow!("compiling the neighbour's kernel with NVRTC: {e:?}"))?;
+            let ptx = ptx.to_src();
             let func = cuda
-                .get_or_load_custom_func("migprof_neighbour", "migprof_neighbour", &ptx.to_src())?
+                .get_or_load_custom_func("migprof_neighbour", "migprof_neighbour", &ptx)?
+                .into_cuda_function();
+            let place = cuda
+                .get_or_load_custom_func("migprof_where", "migprof_neighbour", &ptx)?
                 .into_cuda_function();
             // Sized by the client's count of the neighbour's SMs: what CUDA reports under an MPS share
             // is not the count to trust.
             let max_blocks = sms.max(1) * BLOCKS_PER_SM;
-            Ok(GpuStreamer {
+            let mut streamer = GpuStreamer {
                 src: cuda.alloc_zeros::<u8>(BYTES)?,
                 dst: cuda.alloc_zeros::<u8>(BYTES)?,
                 sm_of_block: cuda.alloc_zeros::<u32>(max_blocks as usize)?,
@@ -513,9 +571,32 @@ extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, flo
                 launched: 0,
                 next_chunk: 0,
                 func,
+                place,
+                all_sms: Vec::new(),
                 stream: cuda.cuda_stream(),
                 device,
-            })
+            };
+            // Started before its client streams, it has the GPU to itself.
+            let hits = streamer.placement()?;
+            streamer.all_sms = (0..hits.len() as u32).filter(|&id| hits[id as usize] > 0).collect();
+            Ok(streamer)
+        }
+
+        /// Blocks of the placement grid that landed on each SM id (0..256).
+        fn placement(&mut self) -> Result<Vec<u32>> {
+            let cuda = self.device.as_cuda_device()?;
+            let mut hits = cuda.alloc_zeros::<u32>(256)?;
+            let mut args = self.stream.launch_builder(&self.place);
+            args.arg(&mut hits);
+            let cfg = LaunchConfig {
+                grid_dim: (self.sms * WHERE_BLOCKS_PER_SM, 1, 1),
+                block_dim: (WHERE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: (unsigned int*): 256 counters, indexed by an SM id masked to 0..255.
+            unsafe { args.launch(cfg) }.map_err(|e| anyhow!("launching the neighbour's placement grid: {e:?}"))?;
+            self.device.synchronize()?;
+            Ok(cuda.clone_dtoh(&hits)?)
         }
     }
 
@@ -582,6 +663,11 @@ extern "C" __global__ void migprof_neighbour(const float4* __restrict__ src, flo
             Ok(set.into_iter().collect())
         }
 
+        fn busy_sms(&mut self) -> Result<Vec<u32>> {
+            let hits = self.placement()?;
+            Ok(super::busy_from_hits(&self.all_sms, &hits))
+        }
+
         fn bandwidth_gbps(&mut self) -> Result<f64> {
             let mut probe = crate::gpu::memory_system::Probe::new(&self.device, self.sms)?;
             probe.bandwidth_over_gbps(crate::mps::partition::PROBE_WINDOW_MS)
@@ -615,6 +701,9 @@ mod tests {
         fn sms(&mut self) -> Result<Vec<u32>> {
             Ok(vec![16, 17, 131])
         }
+        fn busy_sms(&mut self) -> Result<Vec<u32>> {
+            Ok(vec![116, 117])
+        }
         fn bandwidth_gbps(&mut self) -> Result<f64> {
             Ok(2983.04)
         }
@@ -623,14 +712,18 @@ mod tests {
     #[test]
     fn serves_the_protocol_and_streams_only_once_set() {
         let input = std::io::Cursor::new(
-            "bandwidth\nload 40 400\nsms\nnonsense\nload 40 x\nload 913 0\nload 0 0\navoid 0,1,17\navoid x\nquit\nload 1 1\n",
+            "bandwidth\nload 40 400\nsms\nbusy\nnonsense\nload 40 x\nload 913 0\nload 0 0\navoid 0,1,17\navoid x\nquit\nload 1 1\n",
         );
         let mut out = Vec::new();
         let mut s = Recording::default();
         serve(input, &mut out, &mut s).unwrap();
         let text = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines[..4], ["ready 912", "bandwidth 2983.0", "ok", "sms 16,17,131"]);
+        assert_eq!(
+            lines[..5],
+            ["ready 912", "bandwidth 2983.0", "ok", "sms 16,17,131", "busy 116,117"]
+        );
+        let lines = [&lines[..4], &lines[5..]].concat();
         assert!(
             lines[4].starts_with("error `nonsense`: expected load <blocks> <pause ns>"),
             "{}",
@@ -656,6 +749,21 @@ mod tests {
             s.streamed.iter().all(|&l| l == asked),
             "never a refused load, nor one after quit"
         );
+    }
+
+    #[test]
+    fn busy_sms_are_those_that_took_under_half_the_median_s_blocks() {
+        // 132 SMs: a client filling 60 of them (three left a little room), and ids the neighbour
+        // never ran on (beyond 132) are not counted.
+        let ids: Vec<u32> = (0..132).collect();
+        let mut hits: Vec<u32> = (0..256u32).map(|id| if id < 72 { 26 + id % 3 } else { 0 }).collect();
+        hits[80] = 3;
+        hits[90] = 12;
+        hits[200] = 40;
+        assert_eq!(busy_from_hits(&ids, &hits), (72..132).collect::<Vec<u32>>());
+        // With the GPU to itself nothing is busy; with nothing to read, nothing either.
+        assert!(busy_from_hits(&ids, &vec![17; 256]).is_empty());
+        assert!(busy_from_hits(&[], &hits).is_empty());
     }
 
     #[test]

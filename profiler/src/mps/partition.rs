@@ -9,9 +9,12 @@
 //! 3. A neighbour starts on the SMs the client does not have (100 % less the client's share) and is
 //!    set so that the client's copy probe reads the share within ±10 %: the cached setting when it
 //!    still holds, else a calibration ([`calibration`](super::calibration)).
-//! 4. While both run: the SMs each ran on (`%smid`; MPS on the lent machines cannot pin SMs, so they
-//!    are measured, not assumed), the compute probe again (it must be within 3 % of alone, or the
-//!    neighbour is taking the client's SMs), the clocks and throttle reasons.
+//!    It keeps off the client's SMs: MPS on the lent machines cannot pin SMs, and each MPS client
+//!    numbers the SMs its own way (`%smid` 0..15 in a 1g client are other ids in its neighbour), so
+//!    the neighbour finds them as the SMs it cannot place blocks on while the client fills its own.
+//! 4. While both run: the client's SMs found that way again and the SMs the neighbour streamed on
+//!    (none may be both), the compute probe again (it must be within 3 % of alone, or the neighbour
+//!    is taking the client's SMs), the clocks and throttle reasons.
 //!
 //! A target with every SM (7g) has nowhere to put a neighbour: partitioned equals alone, and the row
 //! says so (`no_spare_sms`).
@@ -46,7 +49,8 @@ pub struct Partition {
     pub outcome: Outcome,
     /// The setting came from the cache (and was checked by one probe).
     pub cached: bool,
-    /// SMs the neighbour ran on, and how many of them the client's kernels also ran on.
+    /// SMs the neighbour ran on, and how many of them the client filled (both in the neighbour's
+    /// numbering of the SMs).
     pub neighbour_sms: Option<u32>,
     pub shared_sms: Option<u32>,
     /// How much slower the compute probe ran beside the neighbour than alone, per cent.
@@ -84,14 +88,18 @@ impl Partition {
 pub trait ClientProbe: BandwidthProbe {
     /// The time of a kernel bound by the SMs alone, ms.
     fn compute_ms(&mut self) -> Result<f64>;
-    /// The SMs the client's kernels run on.
-    fn sms(&mut self) -> Result<BTreeSet<u32>>;
+    /// Runs `during` while a kernel of the client's fills every SM it has (every thread slot), and
+    /// returns what `during` found.
+    fn while_filling(&mut self, during: &mut dyn FnMut() -> Result<BTreeSet<u32>>) -> Result<BTreeSet<u32>>;
 }
 
 /// A neighbour as the partition needs it: settable, able to say where it ran and to probe the
 /// bandwidth of its own SMs (a group's stand-in for its members is a neighbour asked only that).
 pub trait PartitionNeighbour: Neighbour {
+    /// The SMs its last launch streamed on, in its numbering.
     fn sms(&mut self) -> Result<BTreeSet<u32>>;
+    /// The SMs it cannot place blocks on now (another process fills them), in its numbering.
+    fn busy_sms(&mut self) -> Result<BTreeSet<u32>>;
     fn pid(&self) -> Option<u32>;
     /// A copy probe on its SMs, GB/s.
     fn copy_gbps(&mut self) -> Result<f64>;
@@ -151,9 +159,6 @@ pub fn partition<N: Neighbours>(
 ) -> Result<(Partition, Option<N::Running>)> {
     let compute_alone = compute_ms(probe)?;
     let alone_bandwidth_gbps = probe.bandwidth_gbps()?;
-    // MPS places either process's blocks on any SM; the neighbour's blocks that land on the SMs the
-    // client ran on alone end at once, so that the client finds them free.
-    let client_alone_sms = probe.sms()?;
     let (own, gpu_bandwidth_gbps) = calibrations.cached(neighbours)?;
     let share_gbps = memory_fraction * gpu_bandwidth_gbps;
     if percent >= 100 {
@@ -178,7 +183,10 @@ pub fn partition<N: Neighbours>(
         ));
     }
     let mut neighbour = neighbours.start()?;
-    neighbour.avoid(&client_alone_sms)?;
+    // MPS places either process's blocks on any SM; the neighbour's blocks that land on the
+    // client's SMs end at once, so that the client finds them free.
+    let client_sms = probe.while_filling(&mut || neighbour.busy_sms())?;
+    neighbour.avoid(&client_sms)?;
     let mut setting = match &own {
         Some(entry) => still_holds(entry, &mut neighbour, probe, share_gbps, log)?,
         None => None,
@@ -203,8 +211,8 @@ pub fn partition<N: Neighbours>(
             }
         };
         // While both run: where each computes, and whether the client still has its SMs to itself.
-        let client_sms = probe.sms()?;
         let neighbour_sms = neighbour.sms()?;
+        let client_sms = probe.while_filling(&mut || neighbour.busy_sms())?;
         let compute_beside = compute_ms(probe)?;
         let bandwidth_gbps = probe.bandwidth_gbps()?;
         let drifted = s.outcome == Outcome::Reached && !calibration::within(bandwidth_gbps, share_gbps);
@@ -333,6 +341,8 @@ mod tests {
         avoided: BTreeSet<u32>,
         gpu_probes: usize,
         overlap_slowdown: f64,
+        /// The client's kernel fills its SMs (116..132 in the neighbour's numbering).
+        filling: bool,
     }
 
     type Shared = Rc<RefCell<Gpu>>;
@@ -362,8 +372,11 @@ mod tests {
                 2.0
             })
         }
-        fn sms(&mut self) -> Result<BTreeSet<u32>> {
-            Ok((0..16).collect())
+        fn while_filling(&mut self, during: &mut dyn FnMut() -> Result<BTreeSet<u32>>) -> Result<BTreeSet<u32>> {
+            self.0.borrow_mut().filling = true;
+            let found = during();
+            self.0.borrow_mut().filling = false;
+            found
         }
     }
 
@@ -378,8 +391,16 @@ mod tests {
     }
 
     impl PartitionNeighbour for FakeNeighbour {
+        /// Two of the client's SMs among those it streamed on.
         fn sms(&mut self) -> Result<BTreeSet<u32>> {
-            Ok((14..132).collect())
+            Ok((0..118).collect())
+        }
+        fn busy_sms(&mut self) -> Result<BTreeSet<u32>> {
+            Ok(if self.0.borrow().filling {
+                (116..132).collect()
+            } else {
+                BTreeSet::new()
+            })
         }
         fn pid(&self) -> Option<u32> {
             Some(4242)
@@ -420,6 +441,7 @@ mod tests {
             avoided: BTreeSet::new(),
             gpu_probes: 0,
             overlap_slowdown: 0.01,
+            filling: false,
         }))
     }
 
@@ -467,8 +489,8 @@ mod tests {
         assert_eq!(g.borrow().started, 1);
         assert_eq!(
             g.borrow().avoided,
-            (0..16).collect(),
-            "the neighbour keeps off the client's SMs"
+            (116..132).collect(),
+            "the neighbour keeps off the SMs the client fills, as the neighbour numbers them"
         );
         assert_eq!(p.outcome, Outcome::Reached);
         assert!(!p.cached);
@@ -525,8 +547,8 @@ mod tests {
                 }
                 Client(self.0.clone()).compute_ms()
             }
-            fn sms(&mut self) -> Result<BTreeSet<u32>> {
-                Client(self.0.clone()).sms()
+            fn while_filling(&mut self, during: &mut dyn FnMut() -> Result<BTreeSet<u32>>) -> Result<BTreeSet<u32>> {
+                Client(self.0.clone()).while_filling(during)
             }
         }
         let g = gpu(1300.0, 1100.0);
