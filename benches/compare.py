@@ -6,6 +6,10 @@ PyTorch being the best of the variants measured for the cell (each variant's thr
 sample (migprof's count: 2 per multiply-add of convolutions, linears and attention matmuls; 3x the
 forward for a training step) over the GPU's measured matmul peak in that dtype.
 
+Generate rows (benches/decoder_reference.py: throughput is decoded tokens/s) also get a table of the
+time to first token and the decode step, migprof's against each variant's; a variant that could not
+run is named with its error.
+
 With --memory, a table of device memory instead: migprof's against each PyTorch variant's, and the
 ratios to the fastest variant's and to the leanest one's (at or below 1: migprof needs no more).
 
@@ -47,6 +51,32 @@ def memory_table(ours, best, variants, markdown):
     print_table(head, out, markdown)
 
 
+def generate_table(ours, variants, markdown):
+    """Per generate cell: migprof's time to first token and decode step (p50, ms) against each PyTorch
+    variant's, and the ratio of the best variant's decode step to migprof's (above 1: migprof faster)."""
+    head = ["model", "batch", "prompt", "output", "TTFT migprof", "TTFT pytorch", "step migprof", "step pytorch", "best step / migprof's"]
+    out = []
+    for key, each in variants.items():
+        if key[1] != "generate":
+            continue
+        m = ours.get(key)
+        ok = [v for v in each if "decode_step_p50_ms" in v]
+        ttft = " ".join(f"{v['variant']}={v['ttft_p50_ms']:.1f}" for v in ok)
+        step = " ".join(f"{v['variant']}={v['decode_step_p50_ms']:.2f}" for v in ok)
+        best = min((v["decode_step_p50_ms"] for v in ok), default=None)
+        row = [key[0], str(key[3]), str(ok[0]["prompt_len"] if ok else "-"), str(ok[0]["output_len"] if ok else "-"),
+               f"{m['ttft_p50_ms']:.1f}" if m else "-", ttft or "-", f"{m['p50_ms']:.2f}" if m else "-", step or "-",
+               f"{best / m['p50_ms']:.2f}" if m and best else "-"]
+        out.append(row)
+    if out:
+        print()
+        print_table(head, out, markdown)
+    for each in variants.values():
+        for v in each:
+            if "error" in v:
+                print(f"{v['model']} batch {v['batch']} {v['variant']}: not measured: {v['error']}")
+
+
 def migprof_rows(folder):
     """migprof's rows by (model, mode, dtype, batch), the latest run winning (parts are in time order).
     bf16 and f16 training rows without f32 master weights (`master_weights` none) are left out: PyTorch
@@ -69,11 +99,13 @@ def main():
     peak = json.load(open(sys.argv[sys.argv.index("--peak") + 1])) if "--peak" in sys.argv else None
     ours = migprof_rows(folder)
     measured = [json.loads(line) for line in open(ref_file) if line.strip()]
-    # The best variant per cell; every variant's throughput beside it.
+    # The best variant per cell; every variant's throughput beside it (a variant that failed has none).
     best, variants = {}, {}
     for p in measured:
         key = (p["model"], p["mode"], p["dtype"], p["batch"])
         variants.setdefault(key, []).append(p)
+        if "throughput" not in p:
+            continue
         if key not in best or p["throughput"] > best[key]["throughput"]:
             best[key] = p
     rows = list(best.values())
@@ -94,6 +126,7 @@ def main():
         each = " ".join(
             f"{v.get('variant', 'eager')}={v['throughput']:.0f}" + (f" (compile {v['compile_s']:.0f} s)" if v.get("compile_s") else "")
             for v in variants[key]
+            if "throughput" in v
         )
         m = ours.get(key)
         if m is None:
@@ -108,6 +141,7 @@ def main():
         row += [f"{mine:.0f}" if mine else "-", f"{theirs:.0f}" if theirs else "-", f"{mine / theirs:.2f}" if mine and theirs else "-"]
         out.append(row)
     print_table(head, out, markdown)
+    generate_table(ours, variants, markdown)
     if rows:
         print(f"\nPyTorch {rows[0]['torch']} on {rows[0]['gpu']}; precision: f32 TF32 off; tf32 TF32 on for matmuls and convolutions; bf16/f16 autocast or half weights in inference (PyTorch) / half weights (migprof); bf16/f16 training over f32 weights (PyTorch autocast) / f32 master weights (migprof)")
     if peak:
