@@ -65,8 +65,8 @@
 #              benches/decoder_slices.toml (the whole GPU, mps:3g, mps:1g, mps-mem:1g; DEC_SECS bounds it)
 #              and reports it; STEP=speed runs migprof's generate cells (MODELS, default llama_3_2_1b;
 #              BATCHES, default 1,8; prompt 512, 128 tokens, bf16) and PyTorch's decoders
-#              (benches/decoder_reference.py: VARIANTS, default eager,static,gptfast; REF_SECS bounds
-#              it), then compare.py over both
+#              (benches/decoder_reference.py: VARIANTS, default eager,static,gptfast, or none for
+#              migprof's alone; REF_SECS bounds it), then compare.py over both
 #   MIGPROF_GZ names another build (the CPU build does everything but run models on the GPU).
 #   MODELS and BATCHES narrow the comparison (defaults: the four families, inference at 1,8,32,128).
 set -uo pipefail
@@ -119,6 +119,7 @@ models="${MODELS:-llama_3_2_1b}"; batches="${BATCHES:-1,8}"
 log "migprof generate: $models, bf16, batch $batches, prompt 512, 128 tokens"
 "$bin" run --model "$models" --dtype bf16 --batch "$batches" --prompt-len 512 --output-len 128 \
     --warmup 1 --iters 3 --device "$uuid" --out "$out/speed" 2>&1 | grep -Ev "^plot:"
+[ "${VARIANTS:-}" = none ] && exit 0
 log "PyTorch's decoders (benches/decoder_reference.py), at most ${REF_SECS:-420} s"
 timeout "${REF_SECS:-420}" python3 benches/decoder_reference.py --models "$models" --batches "$batches" \
     --variants "${VARIANTS:-eager,static,gptfast}" > "$out/decoder-reference.jsonl" 2> "$out/decoder-reference.log"

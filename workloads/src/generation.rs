@@ -5,7 +5,9 @@
 use candle_core::{DType, Device, Result, Tensor, D};
 use candle_nn::VarBuilder;
 
+use crate::graphs::{GraphStats, StepGraphs};
 use crate::init::Rng;
+use crate::kernels::options::CudaGraphs;
 use crate::kernels::KernelOptions;
 use crate::models::decoder::{self, Decoder, KvCache, KvStore, PagedKvCache};
 use crate::workload::WorkloadConfig;
@@ -14,7 +16,8 @@ use crate::zoo::{lookup_with, ModelInfo, FOLDER_PREFIX};
 /// How the KV cache is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum KvLayout {
-    /// One tensor per layer for keys and one for values, each grown by appending a pass's tokens.
+    /// One buffer per layer for keys and one for values, reserved for the generation, each pass's
+    /// tokens written after those held.
     #[default]
     Contiguous,
     /// Blocks of `block_size` tokens from a pool, a block table per sequence (as vLLM keeps them).
@@ -111,12 +114,38 @@ pub struct Generator {
     info: ModelInfo,
     decoder: Decoder,
     layout: KvLayout,
-    cache: Box<dyn KvStore>,
+    cache: Cache,
     /// A paged cache's pool: the sequences and blocks it was made for.
     pool: Option<(usize, usize)>,
+    /// A contiguous cache's decode steps, replayed as CUDA graphs (one per batch size), and the
+    /// allocation of the cache's buffers they were captured over.
+    graphs: StepGraphs,
+    graphs_over: u64,
     device: Device,
     dtype: DType,
     kernels: KernelOptions,
+}
+
+/// The cache of a generation, in its layout.
+enum Cache {
+    Contiguous(KvCache),
+    Paged(PagedKvCache),
+}
+
+impl Cache {
+    fn store(&mut self) -> &mut dyn KvStore {
+        match self {
+            Cache::Contiguous(c) => c,
+            Cache::Paged(p) => p,
+        }
+    }
+
+    fn held(&self) -> &dyn KvStore {
+        match self {
+            Cache::Contiguous(c) => c,
+            Cache::Paged(p) => p,
+        }
+    }
 }
 
 impl Generator {
@@ -149,8 +178,10 @@ impl Generator {
             }
         };
         Ok(Generator {
-            cache: Box::new(KvCache::new(&config)),
+            cache: Cache::Contiguous(KvCache::new(&config)),
             pool: None,
+            graphs: StepGraphs::default(),
+            graphs_over: 0,
             layout,
             info,
             decoder,
@@ -181,26 +212,47 @@ impl Generator {
         Tensor::from_vec(ids, (batch, len), &self.device)
     }
 
-    /// Starts a generation: a new cache with room for `room` tokens of each sequence (a paged
-    /// cache's pool holds that many; a contiguous one grows), then `prompts` [batch, tokens] run
-    /// through the model; the first generated token of each sequence, [batch, 1] (u32, possibly
-    /// still queued).
+    /// Starts a generation: a cache with room for `room` tokens of each sequence (reserved: a
+    /// contiguous cache's buffers, a paged cache's pool), then `prompts` [batch, tokens] run through
+    /// the model; the first generated token of each sequence, [batch, 1] (u32, possibly still
+    /// queued).
     pub fn prefill(&mut self, prompts: &Tensor, room: usize) -> Result<Tensor> {
         let _kernels = self.kernels.enter();
         let config = self.decoder.config();
+        let (batch, tokens) = prompts.dims2()?;
         match self.layout {
-            KvLayout::Contiguous => self.cache.reset(),
+            KvLayout::Contiguous => {
+                if let Cache::Paged(_) = self.cache {
+                    self.cache = Cache::Contiguous(KvCache::new(config));
+                }
+                let Cache::Contiguous(cache) = &mut self.cache else {
+                    unreachable!("set above")
+                };
+                let room = room.max(tokens);
+                if room > config.max_position_embeddings {
+                    candle_core::bail!(
+                        "room for {room} tokens of each sequence: the model has {} positions",
+                        config.max_position_embeddings
+                    )
+                }
+                // A graph holds the addresses of the buffers it was captured over: it goes before
+                // new buffers are made (its memory with it), and with it what the graphs counted.
+                if cache.reserves_anew(batch, room, self.dtype, &self.device) {
+                    self.graphs = StepGraphs::default();
+                }
+                cache.reserve(batch, room, self.dtype, &self.device)?;
+                self.graphs_over = cache.allocations();
+            }
             KvLayout::Paged { block_size } => {
-                let batch = prompts.dim(0)?;
-                let blocks = PagedKvCache::blocks_for(batch, room.max(prompts.dim(1)?), block_size);
+                let blocks = PagedKvCache::blocks_for(batch, room.max(tokens), block_size);
                 if self.pool == Some((batch, blocks)) {
                     // The same pool serves each generation of the run, as a server's does.
-                    self.cache.reset();
+                    self.cache.store().reset();
                 } else {
-                    // The old pool goes before the new one is made: never two at once.
-                    self.cache = Box::new(KvCache::new(config));
+                    // The old pool (or buffers) go before the new pool is made: never two at once.
+                    self.cache = Cache::Contiguous(KvCache::new(config));
                     self.pool = None;
-                    self.cache = Box::new(PagedKvCache::new(
+                    self.cache = Cache::Paged(PagedKvCache::new(
                         config,
                         batch,
                         blocks,
@@ -212,28 +264,73 @@ impl Generator {
                 }
             }
         }
-        greedy(&self.decoder.forward(prompts, self.cache.as_mut())?)
+        greedy(&self.decoder.forward(prompts, self.cache.store())?)
     }
 
     /// One decode step: `tokens` [batch, 1] (the last ones generated) run at the cache's length; the
-    /// next token of each sequence, [batch, 1].
+    /// next token of each sequence, [batch, 1]. With a contiguous cache, a step of fixed shapes
+    /// ([`Decoder::decode_step`]), replayed as a CUDA graph where the kernel options ask for graphs
+    /// in inference on a CUDA device.
     pub fn decode(&mut self, tokens: &Tensor) -> Result<Tensor> {
         let _kernels = self.kernels.enter();
-        greedy(&self.decoder.forward(tokens, self.cache.as_mut())?)
+        let replays = self.replays_graphs();
+        let Cache::Contiguous(cache) = &mut self.cache else {
+            return greedy(&self.decoder.forward(tokens, self.cache.store())?);
+        };
+        // The step writes the slot at its position: one past the buffers would be out of bounds.
+        if cache.len() >= cache.capacity() {
+            candle_core::bail!(
+                "the KV cache has room for {} tokens of each sequence and holds them all: a generation decodes at most its room less the prompt",
+                cache.capacity()
+            )
+        }
+        if cache.allocations() != self.graphs_over {
+            // Buffers grown since the prefill (a caller's own passes): no graph of the old ones.
+            self.graphs = StepGraphs::default();
+            self.graphs_over = cache.allocations();
+        }
+        let pos = Tensor::new(&[cache.len() as u32], &self.device)?;
+        let decoder = &self.decoder;
+        let held: &KvCache = cache;
+        let logits = if replays {
+            self.graphs.run(&self.device, vec![tokens.clone(), pos], |t| {
+                decoder.decode_step(&t[0], &t[1], held)
+            })?
+        } else {
+            decoder.decode_step(tokens, &pos, held)?
+        };
+        cache.advance(1)?;
+        greedy(&logits)
+    }
+
+    fn replays_graphs(&self) -> bool {
+        !matches!(self.kernels.graphs, CudaGraphs::Off) && self.device.is_cuda()
+    }
+
+    /// The decode-step graphs captured, their replays, and the batch sizes whose capture was
+    /// refused (their steps ran op by op).
+    pub fn graph_stats(&self) -> GraphStats {
+        self.graphs.stats()
+    }
+
+    /// Why captures were refused, one line per distinct reason.
+    pub fn graph_refusals(&self) -> Vec<String> {
+        self.graphs.refusals()
     }
 
     pub fn layout(&self) -> KvLayout {
         self.layout
     }
 
-    /// Bytes the KV cache holds now, every sequence of the batch (a paged cache's blocks taken).
+    /// Bytes the KV cache holds now, every sequence of the batch (a contiguous cache's buffers, a
+    /// paged cache's blocks taken).
     pub fn cache_bytes(&self) -> usize {
-        self.cache.bytes()
+        self.cache.held().bytes()
     }
 
     /// Tokens each sequence's cache holds now.
     pub fn cache_len(&self) -> usize {
-        self.cache.len()
+        self.cache.held().len()
     }
 }
 

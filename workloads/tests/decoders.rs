@@ -254,6 +254,10 @@ fn the_generator_decodes_what_the_model_does_and_counts_its_cache() {
             generator.cache_bytes() as u64,
             2 * 14 * cfg.kv_bytes_per_token(DType::F32)
         );
+        // The room reserved is full: one more step is refused before it writes anything.
+        let e = generator.decode(&got).unwrap_err().to_string();
+        assert!(e.contains("room for 14 tokens"), "{e}");
+        assert_eq!(generator.cache_len(), 14);
     }
     // Infer and train are not a language model's modes.
     let e = workloads::build("llama_tiny", &wc).err().unwrap().to_string();
@@ -297,8 +301,51 @@ fn paged_and_contiguous_caches_give_the_same_logits_and_tokens() {
     all.sort();
     all.dedup();
     assert_eq!(all.len(), 10, "no block is held twice: {tables:?}");
-    // Whole blocks count: 15 slots a sequence, against the contiguous cache's 13 tokens.
-    assert_eq!(paged.bytes() * 13, contiguous.bytes() * 15);
+    // Whole blocks count: 15 slots a sequence. The contiguous cache, made without room reserved,
+    // grew from the prompt's 7 to 14 at the first decode step and holds 14.
+    assert_eq!((contiguous.len(), contiguous.capacity()), (13, 14));
+    assert_eq!(paged.bytes() * 14, contiguous.bytes() * 15);
+}
+
+#[test]
+fn a_decode_step_of_fixed_shapes_gives_the_logits_of_the_pass_it_replaces() {
+    // The step a CUDA graph replays (attention over every slot of a reserved cache, the later
+    // ones masked, the new keys and values scattered at the step's position) against the model's
+    // forward pass over a cache that holds only the tokens so far; Qwen2's biases and grouped
+    // heads, and Llama's, with room to spare after the last step.
+    for name in ["qwen2_tiny", "llama_tiny"] {
+        let cfg = decoder::preset(name).unwrap();
+        let model = Decoder::new(&cfg, weights(&cfg)).unwrap();
+        let prompt = Tensor::new(&PROMPT, &Device::Cpu).unwrap();
+        let mut pass = KvCache::new(&cfg);
+        let mut fixed = KvCache::new(&cfg);
+        fixed.reserve(2, 7 + STEPS + 3, DType::F32, &Device::Cpu).unwrap();
+        let a = model.forward(&prompt, &mut pass).unwrap();
+        let b = model.forward(&prompt, &mut fixed).unwrap();
+        assert!(max_diff(&a, &b) < TOLERANCE, "{name} prefill: {}", max_diff(&a, &b));
+        let mut tokens = argmax_last(&a.i((.., 6, ..)).unwrap());
+        for step in 0..STEPS {
+            let pos = Tensor::new(&[fixed.len() as u32], &Device::Cpu).unwrap();
+            let b = model.decode_step(&tokens, &pos, &fixed).unwrap();
+            fixed.advance(1).unwrap();
+            let a = model.forward(&tokens, &mut pass).unwrap();
+            assert!(max_diff(&a, &b) < TOLERANCE, "{name} step {step}: {}", max_diff(&a, &b));
+            tokens = argmax_last(&a.i((.., 0, ..)).unwrap());
+        }
+        assert_eq!(
+            (fixed.len(), fixed.capacity(), fixed.allocations()),
+            (7 + STEPS, 7 + STEPS + 3, 1)
+        );
+        // A step past the room it reserved is refused before it writes, the cache left as it was.
+        fixed.advance(3).unwrap();
+        assert!(fixed.advance(1).unwrap_err().to_string().contains("no room"));
+        let pos = Tensor::new(&[fixed.len() as u32], &Device::Cpu).unwrap();
+        let e = model.decode_step(&tokens, &pos, &fixed).unwrap_err().to_string();
+        assert!(e.contains("no room for a decode step"), "{e}");
+        assert_eq!(fixed.len(), 7 + STEPS + 3);
+        let e = model.decode_step(&prompt, &pos, &fixed).unwrap_err().to_string();
+        assert!(e.contains("one token of each"), "{e}");
+    }
 }
 
 #[test]

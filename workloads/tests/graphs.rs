@@ -200,3 +200,65 @@ fn replayed_training_steps_move_the_model_as_steps_launched_kernel_by_kernel() {
         failures.join("\n")
     );
 }
+
+/// The tokens of `generations` greedy generations of `name` (batch 3, prompt 9, 24 new tokens), and
+/// the generator's graph counts.
+fn generate(
+    name: &str,
+    device: &Device,
+    dtype: DType,
+    graphs: CudaGraphs,
+    generations: usize,
+) -> (Vec<Vec<u32>>, GraphStats) {
+    let cfg = WorkloadConfig {
+        device: device.clone(),
+        dtype,
+        mode: Mode::Generate,
+        seed: 7,
+        seq_len: None,
+        weights: None,
+        train: TrainConfig::default(),
+        kernels: KernelOptions {
+            graphs,
+            ..KernelOptions::default()
+        },
+    };
+    let mut g = workloads::Generator::build(name, &cfg, workloads::KvLayout::Contiguous).unwrap();
+    let prompts = g.prompts(3, 9, 11).unwrap();
+    let mut tokens = Vec::new();
+    for _ in 0..generations {
+        let mut next = g.prefill(&prompts, 9 + 23).unwrap();
+        let mut seq = vec![next.flatten_all().unwrap().to_vec1::<u32>().unwrap()];
+        for _ in 0..23 {
+            next = g.decode(&next).unwrap();
+            seq.push(next.flatten_all().unwrap().to_vec1::<u32>().unwrap());
+        }
+        tokens.push(seq.concat());
+    }
+    (tokens, g.graph_stats())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn replayed_decode_steps_give_the_tokens_of_steps_launched_op_by_op() {
+    // A decode step captured once and replayed at every later position (the cache's buffers and
+    // the step's shapes fixed, its position a device tensor) must decode what the same steps
+    // launched op by op do, generation after generation over the same buffers.
+    let gpu = gpu();
+    for name in ["llama_tiny", "qwen2_tiny"] {
+        for dtype in [DType::F32, DType::BF16] {
+            let (with, stats) = generate(name, &gpu, dtype, CudaGraphs::Infer, 2);
+            let (without, none) = generate(name, &gpu, dtype, CudaGraphs::Off, 2);
+            assert_eq!(with, without, "{name} {dtype:?}");
+            assert_eq!(
+                with[0], with[1],
+                "{name} {dtype:?}: the second generation replays the first"
+            );
+            assert_eq!((stats.captured, stats.refused), (1, 0), "{name} {dtype:?}: {stats:?}");
+            // 2 × 23 steps: the first runs op by op, the second is captured, the rest replay.
+            assert_eq!(stats.replays, 44, "{name} {dtype:?}: {stats:?}");
+            assert_eq!((none.captured, none.replays), (0, 0));
+            println!("{name} {dtype:?}: {} tokens equal, {stats:?}", with[0].len());
+        }
+    }
+}

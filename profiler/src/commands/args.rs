@@ -32,7 +32,7 @@ impl From<ModeArg> for Mode {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum KvLayoutArg {
-    /// One tensor per layer for keys and one for values, grown by appending each pass's tokens.
+    /// One buffer per layer for keys and one for values, reserved for the generation.
     Contiguous,
     /// Blocks of --kv-block-size tokens from a pool, a block table per sequence.
     Paged,

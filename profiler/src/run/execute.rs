@@ -42,8 +42,17 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
             }
         }
         Steps::Generation(g) => {
+            let refusals = g.generator.graph_refusals();
+            if !refusals.is_empty() {
+                eprintln!(
+                    "warning: {}: CUDA graphs refused for the decode step, which ran op by op: {}",
+                    spec.model,
+                    refusals.join("; ")
+                );
+            }
             if let Ok(m) = measured.as_mut() {
                 m.kv_cache_bytes = g.kv_cache_bytes;
+                m.graphs_refused = refusals;
             }
         }
     }

@@ -170,10 +170,12 @@ impl KernelOptions {
     /// and `layers` reach ResNet's training steps (a v3 row trained ResNet over NCHW with blocks
     /// built of ops, whatever the two said; its other steps ran as a v4 row's); 5: `layers` reaches
     /// Swin's training steps (a v4 row trained Swin with blocks built of ops, whatever `layers`
-    /// said; its other steps ran as a v5 row's).
-    pub const VERSION: u32 = 5;
+    /// said; its other steps ran as a v5 row's); 6: `graphs` reaches language models' decode steps
+    /// over a contiguous cache (a v5 row decoded op by op, whatever `graphs` said; its other steps
+    /// ran as a v6 row's).
+    pub const VERSION: u32 = 6;
 
-    /// `v5;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc`: the version, then every key
+    /// `v6;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc`: the version, then every key
     /// spelled out.
     pub fn canonical(&self) -> String {
         format!(
@@ -211,18 +213,18 @@ impl FromStr for KernelOptions {
     type Err = String;
 
     /// Parses a canonical string of this version or an earlier one, whose missing keys take what its
-    /// steps ran (v2 lacks `convs`: NCHW; v1 also lacks `graphs`: none; v3 and v4 have v5's keys):
+    /// steps ran (v2 lacks `convs`: NCHW; v1 also lacks `graphs`: none; v3 to v5 have v6's keys):
     /// every key of its version exactly once, in any order.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut parts = s.split(';');
         let version = parts.next().unwrap_or("");
         let keys: &[&str] = match version {
-            "v5" | "v4" | "v3" => &["attention", "layers", "gemm", "graphs", "convs"],
+            "v6" | "v5" | "v4" | "v3" => &["attention", "layers", "gemm", "graphs", "convs"],
             "v2" => &["attention", "layers", "gemm", "graphs"],
             "v1" => &["attention", "layers", "gemm"],
             _ => {
                 return Err(format!(
-                    "kernel options `{s}`: expected version v{} (or v4, v3, v2, v1) first, found `{version}`",
+                    "kernel options `{s}`: expected version v{} (or v5, v4, v3, v2, v1) first, found `{version}`",
                     Self::VERSION
                 ))
             }
@@ -289,7 +291,7 @@ mod tests {
     fn the_canonical_string_spells_every_key_and_parses_back() {
         assert_eq!(
             KernelOptions::default().canonical(),
-            "v5;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc"
+            "v6;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc"
         );
         let other = KernelOptions {
             attention: Attention::Composed,
@@ -300,13 +302,13 @@ mod tests {
         };
         assert_eq!(
             other.canonical(),
-            "v5;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
+            "v6;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
         );
         for o in [KernelOptions::default(), other] {
             assert_eq!(o.canonical().parse::<KernelOptions>(), Ok(o));
         }
         assert_eq!(
-            "v5;convs=nchw;graphs=off;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>(),
+            "v6;convs=nchw;graphs=off;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>(),
             Ok(other)
         );
     }
@@ -328,13 +330,13 @@ mod tests {
         };
         assert_eq!(
             composed.canonical(),
-            "v5;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc"
+            "v6;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc"
         );
     }
 
     #[test]
-    fn version_3_and_4_strings_have_the_keys_of_version_5() {
-        for v in ["v3", "v4"] {
+    fn version_3_to_5_strings_have_the_keys_of_version_6() {
+        for v in ["v3", "v4", "v5"] {
             let old = format!("{v};attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc")
                 .parse::<KernelOptions>()
                 .unwrap();
@@ -347,7 +349,7 @@ mod tests {
             );
             assert_eq!(
                 old.canonical(),
-                "v5;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc"
+                "v6;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc"
             );
         }
     }
@@ -382,7 +384,7 @@ mod tests {
         assert_eq!(v1.graphs, CudaGraphs::Off);
         assert_eq!(
             v1.canonical(),
-            "v5;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
+            "v6;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
         );
         let err = "v1;attention=fused;layers=op;gemm=timed;graphs=on"
             .parse::<KernelOptions>()
@@ -396,16 +398,16 @@ mod tests {
     #[test]
     fn malformed_strings_say_what_is_wrong() {
         let err = |s: &str| s.parse::<KernelOptions>().unwrap_err();
-        assert!(err("v6;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("expected version v5"));
-        assert!(err("v5;attention=fused;layers=op;gemm=timed;graphs=on").contains("every key"));
-        assert!(err("v5;attention=flash;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("fused, composed"));
-        assert!(err("v5;attention=fused;layers=op;gemm=timed;graphs=maybe;convs=nhwc").contains("infer, on, off"));
-        assert!(err("v5;attention=fused;layers=op;gemm=timed;graphs=on;convs=nwhc").contains("nhwc, nchw"));
+        assert!(err("v7;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("expected version v6"));
+        assert!(err("v6;attention=fused;layers=op;gemm=timed;graphs=on").contains("every key"));
+        assert!(err("v6;attention=flash;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("fused, composed"));
+        assert!(err("v6;attention=fused;layers=op;gemm=timed;graphs=maybe;convs=nhwc").contains("infer, on, off"));
+        assert!(err("v6;attention=fused;layers=op;gemm=timed;graphs=on;convs=nwhc").contains("nhwc, nchw"));
         assert!(
-            err("v5;attention=fused;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("given twice")
+            err("v6;attention=fused;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("given twice")
         );
         assert!(
-            err("v5;streams=2;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc")
+            err("v6;streams=2;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc")
                 .contains("unknown key `streams`")
         );
     }

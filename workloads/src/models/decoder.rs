@@ -430,10 +430,51 @@ impl Attention {
     }
 }
 
-/// [batch, kv heads, tokens, d] to [batch, kv heads × `group`, tokens, d], each head repeated in place.
+impl Attention {
+    /// One decode step's attention, `x` [batch, 1, hidden] at the position `pos` ([1] u32) whose
+    /// rotary angles `cos`/`sin` ([1, head_dim / 2]) are given: its key and value scattered into
+    /// slot `pos` of the layer's buffers (`at`: that slot for every element, [batch, kv heads, 1,
+    /// head_dim]), then every slot read, those after `pos` masked (`mask` [capacity], f32: 0, or
+    /// -1e30 after `pos`).
+    /// Each key-value head serves its `group` query heads in one product, with no copies of it.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_step(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        at: &Tensor,
+        mask: &Tensor,
+        (keys, values): &(Tensor, Tensor),
+    ) -> Result<Tensor> {
+        let (b, _, _) = x.dims3()?;
+        let d = self.head_dim;
+        // With one token, [batch, 1, heads × d] is [batch, heads, 1, d] as it lies.
+        let q = self.q_proj.forward(x)?.reshape((b, self.num_heads, 1, d))?;
+        let k = self.k_proj.forward(x)?.reshape((b, self.num_kv_heads, 1, d))?;
+        let v = self.v_proj.forward(x)?.reshape((b, self.num_kv_heads, 1, d))?;
+        let q = candle_nn::rotary_emb::rope(&q, cos, sin)?;
+        let k = candle_nn::rotary_emb::rope(&k, cos, sin)?;
+        keys.scatter_set(at, &k, 2)?;
+        values.scatter_set(at, &v.contiguous()?, 2)?;
+        let group = self.num_heads / self.num_kv_heads;
+        // Query head h reads key-value head h / group: [batch, kv heads, group, d].
+        let q = q.reshape((b, self.num_kv_heads, group, d))?;
+        let scale = 1.0 / (d as f64).sqrt();
+        let scores = (q.matmul(&keys.t()?)? * scale)?
+            .to_dtype(DType::F32)?
+            .broadcast_add(mask)?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(q.dtype())?;
+        let y = probs.matmul(values)?.reshape((b, 1, self.num_heads * d))?;
+        self.o_proj.forward(&y)
+    }
+}
+
+/// [batch, kv heads, tokens, d] to [batch, kv heads × `group`, tokens, d], each head repeated in place
+/// (and contiguous: a cache's keys are a view of the first tokens of its buffer).
 fn repeat_kv(x: &Tensor, group: usize) -> Result<Tensor> {
     if group == 1 {
-        return Ok(x.clone());
+        return x.contiguous();
     }
     let (b, n, t, d) = x.dims4()?;
     x.unsqueeze(2)?
@@ -563,6 +604,58 @@ impl Decoder {
                 Err(e)
             }
         }
+    }
+}
+
+impl Decoder {
+    /// One decode step of every sequence in `cache`, which holds `pos` tokens of each ([1] u32 on
+    /// the device: the step's position) and has a slot for this one: the logits [batch, 1, vocab] of
+    /// `ids` [batch, 1]. Nothing in the step depends on `pos` but through tensors: attention reads
+    /// every slot of the buffers with those after `pos` masked, and the new keys and values are
+    /// scattered at `pos`. So one capture of it as a CUDA graph replays at every position of a
+    /// generation. The caller advances the cache's length ([`KvCache::advance`]).
+    pub fn decode_step(&self, ids: &Tensor, pos: &Tensor, cache: &KvCache) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let (Some(positions), Some((k0, _))) = (cache.positions(), cache.buffers(0)) else {
+            candle_core::bail!("a decode step needs a cache with its room reserved")
+        };
+        if t != 1 || k0.dim(0)? != b {
+            candle_core::bail!(
+                "a decode step takes one token of each of the cache's {} sequences, not [{b}, {t}]",
+                k0.dim(0)?
+            )
+        }
+        // Checked on the host, where the position is known: a step past the buffers or the rotary
+        // tables would read and write out of bounds on the device.
+        if cache.len() >= cache.capacity() || cache.capacity() > self.cos.dim(0)? {
+            candle_core::bail!(
+                "the KV cache has room for {} tokens of each sequence and holds {}, of the model's {} positions: no room for a decode step",
+                cache.capacity(),
+                cache.len(),
+                self.cos.dim(0)?
+            )
+        }
+        let cos = self.cos.index_select(pos, 0)?;
+        let sin = self.sin.index_select(pos, 0)?;
+        let cfg = &self.cfg;
+        let at = pos
+            .reshape((1, 1, 1, 1))?
+            .broadcast_as((b, cfg.num_kv_heads, 1, cfg.head_dim))?
+            .contiguous()?;
+        // In f32, added to the scores once they are: -1e30 after the step's position (its exp is 0,
+        // and unlike -inf it stays finite when multiplied by the 0 of an open slot).
+        let mask = positions.broadcast_gt(pos)?.to_dtype(DType::F32)?.affine(-1e30, 0.0)?;
+        let mut x = self.embed_tokens.forward(ids)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let buffers = cache
+                .buffers(i)
+                .ok_or_else(|| candle_core::Error::Msg(format!("the KV cache has no layer {i}")))?;
+            let normed = layer.input_layernorm.forward(&x)?;
+            let a = layer.self_attn.decode_step(&normed, &cos, &sin, &at, &mask, buffers)?;
+            x = (x + a)?;
+            x = (&x + layer.mlp.forward(&layer.post_attention_layernorm.forward(&x)?)?)?;
+        }
+        self.lm_head.forward(&self.norm.forward(&x)?)
     }
 }
 

@@ -1,5 +1,5 @@
 //! The keys and values a decoder keeps of every token it has seen, in one of two layouts:
-//! contiguous (one tensor per layer, grown by appending each pass's tokens) or paged (fixed-size
+//! contiguous (one buffer per layer, each pass's tokens written after those held) or paged (fixed-size
 //! blocks taken from a pool, a block table per sequence, as serving stacks keep them so that
 //! sequences can come and go without moving the others' memory).
 //!
@@ -38,67 +38,175 @@ pub trait KvStore {
     fn commit(&mut self);
     /// Drops what the pass wrote: a layer failed.
     fn abandon(&mut self);
-    /// Bytes the sequences' keys and values take: the tensors held (contiguous), or the blocks taken
-    /// (paged: a partly filled block counts whole, as it is held).
+    /// Bytes the sequences' keys and values take: the buffers held, every slot counted (contiguous:
+    /// the room reserved, or grown to), or the blocks taken (paged: a partly filled block counts
+    /// whole, as it is held).
     fn bytes(&self) -> usize;
     /// Empties the cache for new sequences, keeping the memory it owns (a paged cache's pool).
     fn reset(&mut self);
 }
 
-/// One tensor per layer for keys and one for values, [batch, kv heads, tokens, head_dim], grown by
-/// concatenation.
-#[derive(Debug, Clone)]
+/// One buffer per layer for keys and one for values, [batch, kv heads, capacity, head_dim], the
+/// tokens held first. A pass writes its tokens in place after them (nothing held is copied), and a
+/// full buffer grows to twice its capacity. A generation that reserves its room up front
+/// ([`KvCache::reserve`]) keeps the buffers where they are, so that its decode steps
+/// ([`super::decoder::Decoder::decode_step`]) can be replayed as a CUDA graph.
+/// Not `Clone`: a copy would share the buffers that passes write in place.
+#[derive(Debug)]
 pub struct KvCache {
-    layers: Vec<Option<(Tensor, Tensor)>>,
-    /// This pass's layers, until it commits.
-    pending: Vec<Option<(Tensor, Tensor)>>,
+    shape: KvShape,
+    /// Per layer, keys and values; empty until the first pass or reservation.
+    buffers: Vec<(Tensor, Tensor)>,
+    capacity: usize,
+    len: usize,
+    /// Tokens of the pass being written, until it commits.
+    pending: usize,
+    /// Each slot's position, [capacity] u32: what a decode step compares its position with to mask
+    /// the slots after it.
+    positions: Option<Tensor>,
+    /// How many times the buffers were allocated: a graph captured over the old ones is stale.
+    allocations: u64,
 }
 
 impl KvCache {
     pub fn new(shape: impl Into<KvShape>) -> KvCache {
-        let layers = shape.into().layers;
         KvCache {
-            layers: vec![None; layers],
-            pending: vec![None; layers],
+            shape: shape.into(),
+            buffers: Vec::new(),
+            capacity: 0,
+            len: 0,
+            pending: 0,
+            positions: None,
+            allocations: 0,
         }
+    }
+
+    /// Buffers for `capacity` tokens of each of `batch` sequences at `dtype` on `device`, allocated
+    /// now unless the cache's are those already ([`KvCache::reserves_anew`]); the tokens held are
+    /// dropped.
+    pub fn reserve(&mut self, batch: usize, capacity: usize, dtype: DType, device: &Device) -> Result<()> {
+        self.reset();
+        if !self.reserves_anew(batch, capacity, dtype, device) {
+            return Ok(());
+        }
+        self.allocate(batch, capacity, dtype, device)
+    }
+
+    /// Whether [`KvCache::reserve`] with these would allocate new buffers.
+    pub fn reserves_anew(&self, batch: usize, capacity: usize, dtype: DType, device: &Device) -> bool {
+        let same = self
+            .buffers
+            .first()
+            .is_some_and(|(k, _)| k.dim(0).ok() == Some(batch) && k.dtype() == dtype && k.device().same_device(device));
+        !(same && self.capacity == capacity)
+    }
+
+    fn allocate(&mut self, batch: usize, capacity: usize, dtype: DType, device: &Device) -> Result<()> {
+        let dims = (batch, self.shape.kv_heads, capacity, self.shape.head_dim);
+        // The old buffers go before the new ones are made, unless what they hold moves over.
+        let old = std::mem::take(&mut self.buffers);
+        let held = if self.len + self.pending > 0 {
+            old
+        } else {
+            drop(old);
+            Vec::new()
+        };
+        let mut buffers = Vec::with_capacity(self.shape.layers);
+        for layer in 0..self.shape.layers {
+            let (k, v) = (Tensor::zeros(dims, dtype, device)?, Tensor::zeros(dims, dtype, device)?);
+            if let Some((ok, ov)) = held.get(layer) {
+                k.slice_set(&ok.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
+                v.slice_set(&ov.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
+            }
+            buffers.push((k, v));
+        }
+        self.buffers = buffers;
+        self.capacity = capacity;
+        self.positions = Some(Tensor::arange(0u32, capacity as u32, device)?);
+        self.allocations += 1;
+        Ok(())
+    }
+
+    /// Tokens each sequence has room for.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Layer `layer`'s key and value buffers, [batch, kv heads, capacity, head_dim].
+    pub fn buffers(&self, layer: usize) -> Option<&(Tensor, Tensor)> {
+        self.buffers.get(layer)
+    }
+
+    /// Each slot's position, [capacity] u32.
+    pub fn positions(&self) -> Option<&Tensor> {
+        self.positions.as_ref()
+    }
+
+    /// How many times the buffers were allocated.
+    pub fn allocations(&self) -> u64 {
+        self.allocations
+    }
+
+    /// Counts `tokens` more as held: a pass that wrote the buffers itself (a decode step).
+    pub fn advance(&mut self, tokens: usize) -> Result<()> {
+        if self.len + tokens > self.capacity {
+            candle_core::bail!(
+                "the KV cache holds {} of {} tokens: no room for {tokens} more",
+                self.len,
+                self.capacity
+            )
+        }
+        self.len += tokens;
+        Ok(())
     }
 }
 
 impl KvStore for KvCache {
     fn len(&self) -> usize {
-        self.layers
-            .first()
-            .and_then(|l| l.as_ref())
-            .map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
+        self.len
     }
 
     fn extended(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let kv = match &self.layers[layer] {
-            None => (k.clone(), v.clone()),
-            Some((pk, pv)) => (Tensor::cat(&[pk, k], 2)?, Tensor::cat(&[pv, v], 2)?),
-        };
-        self.pending[layer] = Some(kv.clone());
-        Ok(kv)
+        let (batch, _, t, _) = k.dims4()?;
+        if layer == 0 {
+            let fits = self.buffers.first().is_some_and(|(b, _)| b.dim(0).ok() == Some(batch));
+            if !fits && self.len > 0 {
+                candle_core::bail!("the KV cache holds sequences of another batch")
+            }
+            if !fits || self.len + t > self.capacity {
+                let capacity = if fits {
+                    (2 * self.capacity).max(self.len + t)
+                } else {
+                    self.capacity.max(t)
+                };
+                self.allocate(batch, capacity, k.dtype(), k.device())?;
+            }
+            self.pending = t;
+        }
+        let (bk, bv) = &self.buffers[layer];
+        bk.slice_set(&k.contiguous()?, 2, self.len)?;
+        bv.slice_set(&v.contiguous()?, 2, self.len)?;
+        Ok((bk.narrow(2, 0, self.len + t)?, bv.narrow(2, 0, self.len + t)?))
     }
 
     fn commit(&mut self) {
-        let n = self.layers.len();
-        self.layers = std::mem::replace(&mut self.pending, vec![None; n]);
+        self.len += self.pending;
+        self.pending = 0;
     }
 
     fn abandon(&mut self) {
-        self.pending.iter_mut().for_each(|p| *p = None);
+        // What the pass wrote lies past the length: the next pass writes over it.
+        self.pending = 0;
     }
 
     fn reset(&mut self) {
-        self.layers.iter_mut().for_each(|l| *l = None);
-        self.abandon();
+        self.len = 0;
+        self.pending = 0;
     }
 
     fn bytes(&self) -> usize {
-        self.layers
+        self.buffers
             .iter()
-            .flatten()
             .map(|(k, v)| (k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes())
             .sum()
     }
