@@ -385,6 +385,19 @@ fn a_max_batch_search_generates_its_probes() {
         assert_eq!(numbers(&runs, "generations")[i], Some(1.0));
         assert_eq!(numbers(&runs, "iterations")[i], Some(2.0));
     }
+    // The report says how many sequences the target held, and that the search's limit stopped it.
+    let o = run(&["report", out.to_str().unwrap(), "--format", "md"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    let section = md
+        .split("## Sequences each target holds")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no section: {md}"));
+    assert!(
+        section
+            .contains("| cpu | llama_tiny | f32 | prompt 8 output 3 | contiguous | at least 4 (the search's limit) |"),
+        "{section}"
+    );
 }
 
 #[test]

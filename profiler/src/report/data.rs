@@ -87,8 +87,9 @@ const TEXT: [&str; 39] = [
     "batch",
 ];
 
-const NUM: [&str; 25] = [
+const NUM: [&str; 26] = [
     "batch",
+    "kv_cache_bytes_per_seq",
     "ttft_p50_ms",
     "ttft_p99_ms",
     "seq_len",

@@ -31,8 +31,86 @@ pub fn of_runs(
         out.extend(against_baseline(rows, b)?);
     }
     out.extend(emulation_error(rows));
+    out.extend(sequences_held(rows));
     out.extend(energy(rows));
     Ok(out)
+}
+
+/// Where a `"max"` search ran for a language model: the most sequences each target held at the
+/// generation's lengths (its weights, and every sequence's KV cache and workspace, within the
+/// target's memory), and what they decoded. The search's tries are rows of status `probe` (they
+/// fit) and `oom` (they did not, or the memory estimate refused them); the run at the batch it found
+/// is the `ok` row at the largest try that fit. With no try refused, the search stopped at its
+/// limit, and the target holds at least that many.
+fn sequences_held(rows: &[Row]) -> Option<Section> {
+    type Key = (String, String, String, String, String);
+    let key = |r: &Row| -> Key {
+        (
+            r.s("target").into(),
+            r.s("model").into(),
+            r.s("dtype").into(),
+            r.lengths(),
+            r.s("kv_layout").into(),
+        )
+    };
+    let mut tries: BTreeMap<Key, (i64, Option<i64>)> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.s("mode") == "generate") {
+        let batch = r.n("batch").unwrap_or(0.0) as i64;
+        let (fit, refused) = match r.s("status") {
+            "probe" => (batch, None),
+            "oom" => (0, Some(batch)),
+            _ => continue,
+        };
+        let t = tries.entry(key(r)).or_insert((0, None));
+        t.0 = t.0.max(fit);
+        t.1 = match (t.1, refused) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    let held: Vec<Vec<String>> = tries
+        .iter()
+        .filter(|(_, (fit, _))| *fit > 0)
+        .map(|(k, &(fit, refused))| {
+            // The latest such run: rows are in the order they were written.
+            let run = rows
+                .iter()
+                .rev()
+                .find(|r| r.s("status") == "ok" && key(r) == *k && r.n("batch") == Some(fit as f64));
+            vec![
+                k.0.clone(),
+                k.1.clone(),
+                k.2.clone(),
+                k.3.clone(),
+                k.4.clone(),
+                match refused {
+                    Some(b) => format!("{fit} ({b} did not fit)"),
+                    None => format!("at least {fit} (the search's limit)"),
+                },
+                fmt(run.and_then(|r| r.n("throughput")), 1),
+                fmt(
+                    run.and_then(|r| r.n("kv_cache_bytes_per_seq"))
+                        .map(|b| b / (1024.0 * 1024.0)),
+                    1,
+                ),
+            ]
+        })
+        .collect();
+    if held.is_empty() {
+        return None;
+    }
+    Some(Section {
+        id: "sequences-held".into(),
+        title: "Sequences each target holds".into(),
+        level: 2,
+        blocks: vec![
+            Block::Text("The most sequences of a language model each target held at once, as a `\"max\"` batch search found them: the weights, and every sequence's KV cache and workspace at the generation's lengths, within the target's memory. Decode tokens/s are the run's at that batch.".into()),
+            table(
+                &["target", "model", "dtype", "lengths", "KV layout", "sequences", "decode tokens/s", "KV cache a sequence (MiB)"],
+                held,
+            ),
+        ],
+    })
 }
 
 /// Where a folder has real MIG slices and their emulated twins (the same profile of the same GPU,
@@ -1073,6 +1151,58 @@ mod tests {
             text: BTreeMap::new(),
             num,
         }
+    }
+
+    /// A generate row of llama_tiny on `target` at `batch` with `status`.
+    fn generation(target: &str, batch: f64, status: &str) -> Row {
+        let text = [
+            ("status", status),
+            ("target", target),
+            ("model", "llama_tiny"),
+            ("mode", "generate"),
+            ("dtype", "bf16"),
+            ("prompt_len", "512"),
+            ("output_len", "128"),
+            ("kv_layout", "contiguous"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k, v.to_string()))
+        .collect();
+        let num = [
+            ("batch", batch),
+            ("throughput", 100.0 * batch),
+            ("kv_cache_bytes_per_seq", 20.0 * 1024.0 * 1024.0),
+        ]
+        .into_iter()
+        .collect();
+        Row { text, num }
+    }
+
+    #[test]
+    fn the_sequences_a_target_holds_come_from_its_search_s_tries() {
+        // 1g: 1, 2, 4 fit, 8 did not, 6 fit, 7 did not: it holds 6. full: every try up to the limit
+        // of 16 fit. A fixed batch of 32 on 3g is no search.
+        let mut rows: Vec<Row> = [1.0, 2.0, 4.0, 6.0]
+            .into_iter()
+            .map(|b| generation("1g", b, "probe"))
+            .collect();
+        rows.extend([generation("1g", 8.0, "oom"), generation("1g", 7.0, "oom")]);
+        rows.push(generation("1g", 6.0, "ok"));
+        rows.extend([1.0, 2.0, 4.0, 8.0, 16.0].map(|b| generation("full", b, "probe")));
+        rows.push(generation("full", 16.0, "ok"));
+        rows.push(generation("3g", 32.0, "ok"));
+        let s = sequences_held(&rows).expect("two searches");
+        let Block::Table { rows: table, .. } = &s.blocks[1] else {
+            panic!("a table")
+        };
+        let by_target: BTreeMap<&str, &Vec<String>> = table.iter().map(|r| (r[0].as_str(), r)).collect();
+        assert_eq!(by_target.len(), 2, "{table:?}");
+        assert_eq!(by_target["1g"][5], "6 (7 did not fit)");
+        assert_eq!(by_target["1g"][6], "600.0");
+        assert_eq!(by_target["1g"][7], "20.0");
+        assert_eq!(by_target["full"][5], "at least 16 (the search's limit)");
+        assert_eq!(by_target["1g"][3], "prompt 512 output 128");
+        assert!(sequences_held(&[generation("3g", 32.0, "ok")]).is_none());
     }
 
     #[test]
