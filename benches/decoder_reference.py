@@ -144,7 +144,7 @@ class FastDecoder(torch.nn.Module):
         return F.linear(rms_norm(x, self.norm, self.eps), self.lm_head)
 
 
-def check_fast(model, name):
+def check_fast(model):
     """The gpt-fast decoder against transformers on one short prompt: the largest logit difference over
     the largest logit, prefill and 8 decode steps, and the greedy tokens that agree before the first
     that differs."""
@@ -180,7 +180,7 @@ def run_generate(model, ids, new_tokens, static):
         return (synced() - t0) * 1e3
 
 
-def measure_transformers(model, name, batch, args, variant):
+def measure_transformers(model, batch, args, variant):
     ids = prompts(model.config, batch, args.prompt)
     static = variant == "static"
     t0 = synced()
@@ -197,7 +197,7 @@ def measure_transformers(model, name, batch, args, variant):
     return ttft, step, step, warmup_s, slowdowns
 
 
-def measure_fast(model, name, batch, args):
+def measure_fast(model, batch, args):
     length = args.prompt + args.output - 1
     fast = FastDecoder(model, batch, length)
 
@@ -249,7 +249,7 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     for name in args.models.split(","):
         model = build(name)
-        check = check_fast(model, name) if "gptfast" in args.variants else {}
+        check = check_fast(model) if "gptfast" in args.variants else {}
         print(f"# {name}: gpt-fast decoder against transformers: {check}", file=sys.stderr, flush=True)
         for batch in map(int, args.batches.split(",")):
             for variant in args.variants.split(","):
@@ -257,10 +257,10 @@ def main():
                        "prompt_len": args.prompt, "output_len": args.output, "variant": variant}
                 try:
                     if variant == "gptfast":
-                        ttft, p50, mean, warmup_s, slowdowns = measure_fast(model, name, batch, args)
+                        ttft, p50, mean, warmup_s, slowdowns = measure_fast(model, batch, args)
                         row.update(check)
                     else:
-                        ttft, p50, mean, warmup_s, slowdowns = measure_transformers(model, name, batch, args, variant)
+                        ttft, p50, mean, warmup_s, slowdowns = measure_transformers(model, batch, args, variant)
                 except Exception as e:  # a variant this torch or transformers cannot run: said, not fatal
                     row["error"] = f"{type(e).__name__}: {e}"[:500]
                     print(json.dumps(row), flush=True)

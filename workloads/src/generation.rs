@@ -117,10 +117,9 @@ pub struct Generator {
     cache: Cache,
     /// A paged cache's pool: the sequences and blocks it was made for.
     pool: Option<(usize, usize)>,
-    /// A contiguous cache's decode steps, replayed as CUDA graphs (one per batch size), and the
-    /// allocation of the cache's buffers they were captured over.
+    /// A contiguous cache's decode steps, replayed as CUDA graphs (one per batch size), over the
+    /// buffers the prefill reserved (a generation never grows them).
     graphs: StepGraphs,
-    graphs_over: u64,
     device: Device,
     dtype: DType,
     kernels: KernelOptions,
@@ -181,7 +180,6 @@ impl Generator {
             cache: Cache::Contiguous(KvCache::new(&config)),
             pool: None,
             graphs: StepGraphs::default(),
-            graphs_over: 0,
             layout,
             info,
             decoder,
@@ -241,7 +239,6 @@ impl Generator {
                     self.graphs = StepGraphs::default();
                 }
                 cache.reserve(batch, room, self.dtype, &self.device)?;
-                self.graphs_over = cache.allocations();
             }
             KvLayout::Paged { block_size } => {
                 let blocks = PagedKvCache::blocks_for(batch, room.max(tokens), block_size);
@@ -283,11 +280,6 @@ impl Generator {
                 "the KV cache has room for {} tokens of each sequence and holds them all: a generation decodes at most its room less the prompt",
                 cache.capacity()
             )
-        }
-        if cache.allocations() != self.graphs_over {
-            // Buffers grown since the prefill (a caller's own passes): no graph of the old ones.
-            self.graphs = StepGraphs::default();
-            self.graphs_over = cache.allocations();
         }
         let pos = Tensor::new(&[cache.len() as u32], &self.device)?;
         let decoder = &self.decoder;

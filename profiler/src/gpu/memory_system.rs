@@ -272,34 +272,37 @@ extern "C" __global__ void migprof_fma(float* sink, unsigned int iters) {
         /// The time of a kernel bound by the SMs alone, ms: slower beside a neighbour only when the
         /// neighbour computes on the same SMs.
         pub fn compute_ms(&mut self) -> Result<f64> {
-            let (stream, fma, sink) = (&self.stream, &self.fma, &mut self.sink);
-            let cfg = grid(self.sms * 8, 256);
-            median_ms(&self.cuda, &mut || {
-                let mut args = stream.launch_builder(fma);
-                args.arg(&mut *sink).arg(&FMA_ITERS);
-                // SAFETY: (float*, iters): the sink holds one 4-byte word (a float's size) and is
-                // only written on a value the arithmetic never reaches.
-                unsafe { args.launch(cfg) }.map_err(|e| anyhow!("launching the compute probe: {e:?}"))?;
-                Ok(())
-            })
+            let (stream, fma, sink, sms) = (&self.stream, &self.fma, &mut self.sink, self.sms);
+            median_ms(&self.cuda, &mut || launch_fma(stream, fma, sink, sms, FMA_ITERS))
         }
-    }
 
-    impl Probe {
         /// Runs `during` while the compute probe's kernel, long enough to outlast it, fills every
         /// thread slot of the SMs this process has; the kernel is waited for before returning.
         pub fn while_filling<T>(&mut self, during: impl FnOnce() -> Result<T>) -> Result<T> {
-            let cfg = grid(self.sms * 8, 256);
-            let mut args = self.stream.launch_builder(&self.fma);
-            args.arg(&mut self.sink).arg(&FILL_ITERS);
-            // SAFETY: as in compute_ms.
-            unsafe { args.launch(cfg) }.map_err(|e| anyhow!("launching the kernel that fills the SMs: {e:?}"))?;
+            launch_fma(&self.stream, &self.fma, &mut self.sink, self.sms, FILL_ITERS)?;
             let found = during();
             self.stream
                 .synchronize()
                 .map_err(|e| anyhow!("waiting for the kernel that fills the SMs: {e:?}"))?;
             found
         }
+    }
+
+    /// The compute probe's kernel, `iters` rounds of multiply-adds in eight blocks of 256 threads
+    /// (every thread slot) on each of `sms` SMs, launched and not waited for.
+    fn launch_fma(
+        stream: &CudaStream,
+        fma: &CudaFunction,
+        sink: &mut CudaSlice<u32>,
+        sms: u32,
+        iters: u32,
+    ) -> Result<()> {
+        let mut args = stream.launch_builder(fma);
+        args.arg(sink).arg(&iters);
+        // SAFETY: (float*, iters): the sink holds one 4-byte word (a float's size) and is only
+        // written on a value the arithmetic never reaches.
+        unsafe { args.launch(grid(sms * 8, 256)) }.map_err(|e| anyhow!("launching the compute probe: {e:?}"))?;
+        Ok(())
     }
 
     fn grid(blocks: u32, threads: u32) -> LaunchConfig {

@@ -43,13 +43,7 @@ pub fn execute(spec: &RunSpec, device: &OpenDevice, context: RunContext, cell: C
         }
         Steps::Generation(g) => {
             let refusals = g.generator.graph_refusals();
-            if !refusals.is_empty() {
-                eprintln!(
-                    "warning: {}: CUDA graphs refused for the decode step, which ran op by op: {}",
-                    spec.model,
-                    refusals.join("; ")
-                );
-            }
+            say_refused_graphs(&spec.model, g.generator.graph_stats(), &refusals);
             if let Ok(m) = measured.as_mut() {
                 m.kv_cache_bytes = g.kv_cache_bytes;
                 m.graphs_refused = refusals;
@@ -110,12 +104,17 @@ fn log_memory(device: &Device, spec: &RunSpec, when: &str) {
 /// Says so when CUDA graphs were asked for and some shape's steps could not be captured: those steps
 /// ran kernel by kernel, and a reader comparing with graphs on should know.
 pub(crate) fn warn_of_refused_graphs(workload: &dyn Workload, model: &str) {
-    let graphs = workload.graph_stats();
+    say_refused_graphs(model, workload.graph_stats(), &workload.graph_refusals());
+}
+
+/// [`warn_of_refused_graphs`] from the counts and reasons themselves (a workload's, or a
+/// generator's decode steps').
+fn say_refused_graphs(model: &str, graphs: workloads::GraphStats, refusals: &[String]) {
     if graphs.refused > 0 {
         eprintln!(
             "warning: {model}: CUDA graphs refused for {} step shape(s), which ran kernel by kernel: {}",
             graphs.refused,
-            workload.graph_refusals().join("; ")
+            refusals.join("; ")
         );
     }
 }
