@@ -398,6 +398,9 @@ fn a_max_batch_search_generates_its_probes() {
             .contains("| cpu | llama_tiny | f32 | prompt 8 output 3 | contiguous | at least 4 (the search's limit) |"),
         "{section}"
     );
+    // llama_tiny's 10 tokens a sequence, keys and values: 2 × 2 layers × 2 KV heads × 16 × 4 bytes × 10
+    // = 5,120 bytes.
+    assert!(section.contains("| 0.005 |"), "{section}");
 }
 
 #[test]

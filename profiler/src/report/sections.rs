@@ -88,10 +88,11 @@ fn sequences_held(rows: &[Row]) -> Option<Section> {
                     None => format!("at least {fit} (the search's limit)"),
                 },
                 fmt(run.and_then(|r| r.n("throughput")), 1),
+                // To the KiB: a small model's sequence holds a few.
                 fmt(
                     run.and_then(|r| r.n("kv_cache_bytes_per_seq"))
                         .map(|b| b / (1024.0 * 1024.0)),
-                    1,
+                    3,
                 ),
             ]
         })
@@ -104,7 +105,7 @@ fn sequences_held(rows: &[Row]) -> Option<Section> {
         title: "Sequences each target holds".into(),
         level: 2,
         blocks: vec![
-            Block::Text("The most sequences of a language model each target held at once, as a `\"max\"` batch search found them: the weights, and every sequence's KV cache and workspace at the generation's lengths, within the target's memory. Decode tokens/s are the run's at that batch.".into()),
+            Block::Text("The most sequences of a language model each target held at once, as a \"max\" batch search found them: the weights, and every sequence's KV cache and workspace at the generation's lengths, within the target's memory. Decode tokens/s are the run's at that batch.".into()),
             table(
                 &["target", "model", "dtype", "lengths", "KV layout", "sequences", "decode tokens/s", "KV cache a sequence (MiB)"],
                 held,
@@ -1199,7 +1200,7 @@ mod tests {
         assert_eq!(by_target.len(), 2, "{table:?}");
         assert_eq!(by_target["1g"][5], "6 (7 did not fit)");
         assert_eq!(by_target["1g"][6], "600.0");
-        assert_eq!(by_target["1g"][7], "20.0");
+        assert_eq!(by_target["1g"][7], "20.000");
         assert_eq!(by_target["full"][5], "at least 16 (the search's limit)");
         assert_eq!(by_target["1g"][3], "prompt 512 output 128");
         assert!(sequences_held(&[generation("3g", 32.0, "ok")]).is_none());
