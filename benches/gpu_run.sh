@@ -62,11 +62,15 @@
 #              f32 and bf16, greedy tokens; benches/decoder_truth.py with .dist/decode_logits.gz), generate
 #              runs of the presets and of the folder transformers wrote (hf:DIR), and Llama-3.1-8B bf16
 #              refused by the memory estimate on an emulated 1g.10gb; STEP=slices instead sweeps
-#              benches/decoder_slices.toml (the whole GPU, mps:3g, mps:1g, mps-mem:1g; DEC_SECS bounds it)
+#              benches/decoder_slices.toml (the whole GPU and 1g to 4g in both emulation modes at context
+#              2,048; DEC_SECS bounds it, and a second call resumes it with the same folder)
 #              and reports it; STEP=speed runs migprof's generate cells (MODELS, default llama_3_2_1b;
 #              BATCHES, default 1,8; prompt 512, 128 tokens, bf16) and PyTorch's decoders
 #              (benches/decoder_reference.py: VARIANTS, default eager,static,gptfast, or none for
-#              migprof's alone; REF_SECS bounds it), then compare.py over both
+#              migprof's alone; REF_SECS bounds it), then compare.py over both; STEP=kernels the decode
+#              kernels' and CUDA-graph GPU tests (.dist/{decode_kernels,graphs}-test.gz); STEP=breakdown
+#              one decode step's kernels by Nsight Compute beside the graphed step (MODELS, BATCHES
+#              default 1; benches/decode_breakdown.py)
 #   MIGPROF_GZ names another build (the CPU build does everything but run models on the GPU).
 #   MODELS and BATCHES narrow the comparison (defaults: the four families, inference at 1,8,32,128).
 set -uo pipefail
@@ -112,6 +116,33 @@ gpu_tests() {
 
 if [ "$mode" = kernels ]; then
 gpu_tests kernels graphs; exit $?
+fi
+
+if [ "$mode" = decoders ] && [ "${STEP:-truth}" = kernels ]; then
+gpu_tests decode_kernels graphs; exit $?
+fi
+
+if [ "$mode" = decoders ] && [ "${STEP:-truth}" = breakdown ]; then
+# One decode step's kernels (ncu, each kernel alone) beside the graphed step's p50: MODELS (default
+# llama_3_2_1b), BATCHES (default 1), prompt 512.
+rc=0
+for model in $(echo "${MODELS:-llama_3_2_1b}" | tr , ' '); do
+  for batch in $(echo "${BATCHES:-1}" | tr , ' '); do
+    layers=$(python3 -c "import json; print(json.load(open('workloads/configs/$model.json'))['num_hidden_layers'])")
+    "$bin" run --model "$model" --dtype bf16 --batch "$batch" --prompt-len 512 --output-len 128 --warmup 1 --iters 3 \
+        --device "$uuid" --out "$out/breakdown-$model-$batch" 2>&1 | grep -E "result|decode|error" | head -5
+    step=$(python3 -c "import pyarrow.parquet as pq; r=pq.read_table('$out/breakdown-$model-$batch/runs').to_pylist()[-1]; print(r['p50_ms'])")
+    # Graphs off under ncu: a kernel's duration is the same, and ncu sees each launch.
+    timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+        --launch-skip "${NCU_SKIP:-2500}" --launch-count "${NCU_COUNT:-600}" \
+        "$bin" run --model "$model" --dtype bf16 --batch "$batch" --prompt-len 512 --output-len 128 --warmup 0 --iters 1 \
+        --cuda-graphs off --device "$uuid" --out "$out/ncu-$model-$batch" > "$out/ncu-$model-$batch.csv" 2> "$out/ncu-$model-$batch.log" || rc=1
+    log "$model batch $batch: one decode step's kernels (step p50 $step ms)"
+    python3 benches/decode_breakdown.py "$out/ncu-$model-$batch.csv" --layers "$layers" --step-ms "$step" | tee "$out/breakdown-$model-$batch.md" || { rc=1; tail -5 "$out/ncu-$model-$batch.log"; }
+    cp "$out/breakdown-$model-$batch.md" "${OUT:-/tmp}/" 2>/dev/null
+  done
+done
+exit $rc
 fi
 
 if [ "$mode" = decoders ] && [ "${STEP:-truth}" = speed ]; then

@@ -261,7 +261,7 @@ impl Generator {
                 }
             }
         }
-        greedy(&self.decoder.forward(prompts, self.cache.store())?)
+        greedy(&self.decoder.forward_last(prompts, self.cache.store())?)
     }
 
     /// One decode step: `tokens` [batch, 1] (the last ones generated) run at the cache's length; the
@@ -329,11 +329,12 @@ impl Generator {
 /// The most likely next token of each sequence from `logits` [batch, tokens, vocab]: the last
 /// position's argmax, [batch, 1].
 pub fn greedy(logits: &Tensor) -> Result<Tensor> {
-    let t = logits.dim(1)?;
-    logits
-        .narrow(1, t - 1, 1)?
-        .argmax_keepdim(D::Minus1)?
-        .squeeze(D::Minus1)
+    let (b, t, _) = logits.dims3()?;
+    let last = logits.narrow(1, t - 1, 1)?;
+    if logits.device().is_cuda() {
+        return crate::kernels::decode::argmax(&last.squeeze(1)?)?.reshape((b, 1));
+    }
+    last.argmax_keepdim(D::Minus1)?.squeeze(D::Minus1)
 }
 
 #[cfg(test)]

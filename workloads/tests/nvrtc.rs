@@ -121,6 +121,18 @@ fn expected(source: &Source) -> Vec<&'static str> {
     match source.module {
         "migprof_adamw" => vec!["adamw_f32", "adamw_bf16", "adamw_f16"],
         "migprof_elementwise" => vec!["elementwise_f32_v1", "elementwise_bf16_v8", "elementwise_f16_v8"],
+        // Every batch of the products and both head sizes of attention.
+        "migprof_decode" => vec![
+            "decode_gemv_bf16_b1",
+            "decode_gemv_f16_b8",
+            "decode_swiglu_bf16_b3",
+            "decode_qkv_bf16_b8",
+            "decode_qkv_f16_b1",
+            "decode_attention_bf16_d64",
+            "decode_attention_f16_d128",
+            "decode_attention_combine_bf16_d128",
+            "decode_attention_combine_f16_d64",
+        ],
         "migprof_embedding" => vec!["embedding_f32", "embedding_bf16"],
         // Every block size of the f32 kernels: each shape's first launch times them all.
         "migprof_fused_attention" => vec![

@@ -137,14 +137,17 @@ impl From<DTypeArg> for Precision {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Kernel options (recorded in every row as kernel_options)")]
 pub struct KernelArgs {
-    /// Attention's forward on a GPU: one fused kernel where the shape allows, or products, softmax and
-    /// head moves as separate kernels.
+    /// Attention's forward on a GPU: one fused kernel where the shape allows (a language model's
+    /// prefill one causal kernel, its decode steps' attention split over the cache), or products,
+    /// softmax and head moves as separate kernels.
     #[arg(long, default_value = "fused", hide_short_help = true, value_parser = choice::<Attention>(Attention::NAMES, Attention::ALIASES))]
     pub attention: Attention,
 
     /// ViT and BERT encoder layers, Swin blocks and ResNet's residual blocks, in training on a GPU:
     /// fused, one op each with a hand-written backward, or composed of their ops, each an edge of the
     /// gradient graph (`op` and `ops` are older names of the two; rows record them as layers=op|ops).
+    /// A language model's decode steps at up to 8 sequences: fused, its projections and MLP as the
+    /// decode kernels (rotary embedding, cache write, gate and residual inside), or candle's ops.
     #[arg(long, default_value = "fused", hide_short_help = true, value_parser = choice::<EncoderLayers>(EncoderLayers::NAMES, EncoderLayers::ALIASES))]
     pub encoder_layers: EncoderLayers,
 

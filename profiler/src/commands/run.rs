@@ -656,7 +656,7 @@ mod tests {
             .kernels;
         assert_eq!(
             k.canonical(),
-            "v6;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
+            "v7;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
         );
         let e = Cli::try_parse_from(["migprof", "run", "--attention", "flash"])
             .unwrap_err()
@@ -727,8 +727,8 @@ mod tests {
     #[test]
     fn encoder_layers_by_either_name_keep_the_cell_id() {
         // The id this cell has under `--encoder-layers ops`, the flag's value before it was named
-        // `composed` (as of kernel options v6, whose bump changed every id).
-        const PINNED: &str = "8a08e6de0b953d2d";
+        // `composed` (as of kernel options v7, whose bump changed every id).
+        const PINNED: &str = "bf1d41f3f36ab4fe";
         for name in ["composed", "ops"] {
             let spec = &runs(&format!(
                 "--model resnet_tiny --mode train --batch 4 --encoder-layers {name}"

@@ -57,11 +57,15 @@ pub struct GenerationMemory {
 }
 
 impl GenerationMemory {
+    /// `causal_kernel`: whether the prefill's attention runs as the causal kernel
+    /// (`workloads::kernels::causal_attention::applies`), which keeps no scores and no copies of the
+    /// key-value heads for their query groups.
     pub fn of(
         cfg: &workloads::models::decoder::Config,
         dtype: candle_core::DType,
         lengths: workloads::Lengths,
         layout: workloads::KvLayout,
+        causal_kernel: bool,
     ) -> Self {
         let size = dtype.size_in_bytes() as f64;
         let t = lengths.prompt as f64;
@@ -78,15 +82,26 @@ impl GenerationMemory {
         // attention (each key-value head repeated for its query heads).
         let layer = context * per_token / cfg.num_layers as f64;
         let group = (cfg.num_heads / cfg.num_kv_heads) as f64;
-        let repeated = if group > 1.0 { layer * group } else { 0.0 };
+        let repeated = if group > 1.0 && !causal_kernel {
+            layer * group
+        } else {
+            0.0
+        };
         // A pass's keys and values beside the cache's: both layouts write in place (a contiguous
         // cache into buffers reserved for the whole generation), and attention copies one layer's
         // at a time (a paged cache gathers its blocks; a contiguous one's view of its first tokens
         // is made contiguous).
         let copies = layer;
-        let scores = cfg.num_heads as f64 * t * t * (2.0 * 4.0 + 2.0 * size);
+        // Composed attention's scores (in the dtype, then f32 for the softmax, and the
+        // probabilities back in the dtype); the kernel's projections, once as made and once packed.
+        let heads = (cfg.num_heads + 2 * cfg.num_kv_heads) as f64 * cfg.head_dim as f64;
+        let scores = match causal_kernel {
+            true => 2.0 * t * heads * size,
+            false => cfg.num_heads as f64 * t * t * (2.0 * 4.0 + 2.0 * size),
+        };
         let mlp = 3.0 * t * cfg.intermediate_size as f64 * size;
-        let logits = t * cfg.vocab_size as f64 * size;
+        // The output head runs on the prompt's last token alone.
+        let logits = cfg.vocab_size as f64 * size;
         GenerationMemory {
             weights_mib: mib_f(weights),
             kv_cache_mib_per_seq: mib_f(held),
@@ -312,6 +327,41 @@ mod tests {
     }
 
     #[test]
+    fn the_causal_kernel_s_prefill_holds_no_scores() {
+        // Llama-3.2-1B, a prompt of 1,920: composed attention's scores (32 heads × 1,920² × 12
+        // bytes, 1.3 GiB a sequence) are the workspace; with the kernel the MLP's three [1,920,
+        // 8,192] tensors are.
+        let cfg = workloads::lookup("llama_3_2_1b").unwrap().1.decoder.expect("a decoder");
+        let lengths = workloads::Lengths {
+            prompt: 1920,
+            output: 128,
+        };
+        let of = |kernel| {
+            GenerationMemory::of(
+                &cfg,
+                candle_core::DType::BF16,
+                lengths,
+                workloads::KvLayout::default(),
+                kernel,
+            )
+        };
+        let (composed, kernel) = (of(false), of(true));
+        // The scores, and one layer's keys and values at the context (2,047 tokens × 2 KiB) repeated
+        // for the groups of four query heads.
+        let scores = 32.0 * 1920.0 * 1920.0 * 12.0 / 1048576.0;
+        let repeated = 2047.0 * 2.0 / 1024.0 * 4.0;
+        assert!(
+            (composed.workspace_mib_per_seq - scores - repeated).abs() < 1e-6,
+            "{composed:?}"
+        );
+        assert!(
+            (kernel.workspace_mib_per_seq - 3.0 * 1920.0 * 8192.0 * 2.0 / 1048576.0).abs() < 1e-9,
+            "{kernel:?}"
+        );
+        assert_eq!(kernel.kv_cache_mib_per_seq, composed.kv_cache_mib_per_seq);
+    }
+
+    #[test]
     fn llama_3_1_8b_in_bf16_is_refused_on_a_1g_slice_naming_weights_and_cache() -> Result<()> {
         let table = crate::mig::profile::table("h100-80gb")?;
         let slice_mib = table.profile("1g.10gb")?.memory_gib * 1024.0;
@@ -320,13 +370,20 @@ mod tests {
             prompt: 512,
             output: 128,
         };
-        let memory = GenerationMemory::of(&cfg, candle_core::DType::BF16, lengths, workloads::KvLayout::default());
+        let memory = GenerationMemory::of(
+            &cfg,
+            candle_core::DType::BF16,
+            lengths,
+            workloads::KvLayout::default(),
+            false,
+        );
         // Paged in blocks of 16: 639 tokens take 40 blocks, 640 tokens, and no second copy.
         let paged = GenerationMemory::of(
             &cfg,
             candle_core::DType::BF16,
             lengths,
             workloads::KvLayout::Paged { block_size: 16 },
+            false,
         );
         assert!((paged.kv_cache_mib_per_seq - 640.0 * 128.0 / 1024.0).abs() < 1e-9);
         // A long generation: neither layout holds a second copy of the cache, so its workspace is
@@ -335,13 +392,20 @@ mod tests {
             prompt: 128,
             output: 4096,
         };
-        let m = GenerationMemory::of(&cfg, candle_core::DType::BF16, long, workloads::KvLayout::default());
+        let m = GenerationMemory::of(
+            &cfg,
+            candle_core::DType::BF16,
+            long,
+            workloads::KvLayout::default(),
+            false,
+        );
         assert!(m.workspace_mib_per_seq < m.kv_cache_mib_per_seq / 4.0, "{m:?}");
         let p = GenerationMemory::of(
             &cfg,
             candle_core::DType::BF16,
             long,
             workloads::KvLayout::Paged { block_size: 16 },
+            false,
         );
         assert!(
             (p.workspace_mib_per_seq - m.workspace_mib_per_seq).abs() < 1.0,

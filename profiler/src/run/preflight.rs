@@ -55,7 +55,21 @@ pub fn check_memory(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
         if let Some(lengths) = s.lengths {
             let (_, info) = workloads::lookup(&s.model)?;
             let cfg = info.decoder.context("generate runs a language model")?;
-            let needs = crate::run::estimate::GenerationMemory::of(&cfg, s.precision.dtype(), lengths, s.kv_layout);
+            let causal_kernel = workloads::kernels::causal_attention::applies(
+                device.device.is_cuda(),
+                s.precision.dtype(),
+                cfg.num_heads,
+                cfg.num_kv_heads,
+                cfg.head_dim,
+                s.kernels.attention,
+            );
+            let needs = crate::run::estimate::GenerationMemory::of(
+                &cfg,
+                s.precision.dtype(),
+                lengths,
+                s.kv_layout,
+                causal_kernel,
+            );
             crate::run::estimate::check_generation_fits(s, &needs, limit, &memory)?;
             continue;
         }

@@ -540,15 +540,15 @@ pub(crate) mod tests {
                 ..a.clone()
             },
             CellSpec {
-                kernel_options: "v6;attention=composed;layers=op;gemm=timed;graphs=infer;convs=nhwc".into(),
+                kernel_options: "v7;attention=composed;layers=op;gemm=timed;graphs=infer;convs=nhwc".into(),
                 ..a.clone()
             },
             CellSpec {
-                kernel_options: "v6;attention=fused;layers=op;gemm=timed;graphs=off;convs=nhwc".into(),
+                kernel_options: "v7;attention=fused;layers=op;gemm=timed;graphs=off;convs=nhwc".into(),
                 ..a.clone()
             },
             CellSpec {
-                kernel_options: "v6;attention=fused;layers=op;gemm=timed;graphs=infer;convs=nchw".into(),
+                kernel_options: "v7;attention=fused;layers=op;gemm=timed;graphs=infer;convs=nchw".into(),
                 ..a.clone()
             },
             CellSpec {
@@ -584,9 +584,9 @@ pub(crate) mod tests {
         // An id of a cell run alone is what it was before groups existed; it changed since, on
         // purpose, each time the default kernel options changed what a step runs: CUDA graphs (v2),
         // ResNet's convolutions in NHWC (v3), ResNet's training over NHWC with blocks as ops (v4),
-        // Swin's training with blocks as ops (v5), then language models' decode steps as CUDA
-        // graphs (v6).
-        assert_eq!(a.cell_id(), "0a530db6d3d95aa9");
+        // Swin's training with blocks as ops (v5), language models' decode steps as CUDA graphs
+        // (v6), then their decode and prefill kernels (v7).
+        assert_eq!(a.cell_id(), "4f522c9bcc4904ab");
         // "max" keeps one id whatever batch the search found.
         let max = CellSpec {
             batch_as_written: "max".into(),
@@ -720,8 +720,8 @@ pub(crate) mod tests {
                 "{mode} {dtype}"
             );
         }
-        // Pinned as of kernel options v6 (a version bump changes every id).
-        assert_eq!(with("train", "f32", "f32").cell_id(), "f16927684f783bc9");
+        // Pinned as of kernel options v7 (a version bump changes every id).
+        assert_eq!(with("train", "f32", "f32").cell_id(), "9e956cfd8ca2d428");
         let err = with("train", "bf16", "fp8").run_spec().unwrap_err().to_string();
         assert!(err.contains("choose one of f32, none"), "{err}");
         Ok(())

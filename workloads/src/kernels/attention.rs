@@ -105,6 +105,7 @@ fn fused_shape(qkv: &Tensor, heads: usize) -> Result<(crate::kernels::fused_atte
         mode: 0,
         r: 1,
         scale: 1.0,
+        kv_heads: heads,
     };
     let start = if qkv.is_contiguous() {
         qkv.layout().start_offset()
@@ -449,6 +450,7 @@ mod cuda {
             mode: code,
             r,
             scale: kern.scale(),
+            kv_heads: h,
         };
         if fused.takes(kern.dtype, kern.dev, qkv.1.start_offset()) {
             let mut out = kern.alloc::<T>(b * t * h * d)?;

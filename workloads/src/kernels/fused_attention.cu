@@ -1,6 +1,8 @@
-// Attention's forward as one kernel from the packed [b, t, 3·h·d] projection: online softmax in f32.
-// bf16/f16 heads of 32, 64 or 128 on tensor cores (m16n8k16 mma.sync, 64 queries per block of four
-// warps, keys in shared-memory tiles of 64); f32 heads of 32 or 64 on the CUDA cores, a query's
+// Attention's forward as one kernel from the packed [b, t, 3·h·d] projection (an encoder's), or from a
+// decoder's prefill [b, t, (h + 2·kv)·d] with grouped-query heads and a causal mask: online softmax in
+// f32. bf16/f16 heads of 32, 64 or 128 on tensor cores (m16n8k16 mma.sync, 64 queries per block of four
+// warps, keys in shared-memory tiles of 64), every layout; f32 heads of 32 or 64 on the CUDA cores, an
+// encoder's packed heads alone, a query's
 // features and output in registers. Probabilities are rounded to the input dtype for P·V, as
 // FlashAttention does.
 
@@ -65,9 +67,12 @@ __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.com
 // Waits until at most N committed groups are still in flight.
 template <int N> __device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
 
-// softmax(scale · q kᵀ + bias) v for 64 queries of one (sequence, head) per block; qkv [b, t, 3c]
-// (q, k, v each c = h·D wide), out [b, t, c]. Bias modes as attention.rs's softmax: 1, a key mask
-// bias[bi, j]; 2, bias[bi % r, hi, i, j]. A one-dimensional grid of b·h·ceil(t / 64) blocks of 128
+// softmax(scale · q kᵀ + bias) v for 64 queries of one (sequence, head) per block; qkv [b, t, stride]
+// with the h query heads (c = h·D) first, a head's keys at kcol + (head / group)·D and its values vgap
+// after them (an encoder's packed [b, t, 3c]: stride 3c, kcol c, vgap c, group 1; a decoder's prefill
+// [q | k | v] with fewer key-value heads: kcol c, vgap their width), out [b, t, c]. Bias modes as
+// attention.rs's softmax: 1, a key mask bias[bi, j]; 2, bias[bi % r, hi, i, j]; 3, causal (query i
+// attends keys j <= i), no bias read. A one-dimensional grid of b·h·ceil(t / 64) blocks of 128
 // threads, the query blocks of one (sequence, head) side by side: they read the same keys and
 // values, which then come from L2 for all but the first (with the head's blocks a grid row apart,
 // ViT-B's 116 MB projection per layer left L2 between them and every block read its keys from
@@ -84,18 +89,23 @@ template <int N> __device__ __forceinline__ void copy_async_wait() { asm volatil
 // docs/kernels.md#fused-attention).
 template <typename E, int D>
 __device__ void attn_fused(const unsigned short* qkv, const unsigned short* bias, unsigned short* out,
-                           unsigned int t, unsigned int h, unsigned int r, int mode, float scale) {
+                           unsigned int t, unsigned int h, unsigned int r, int mode, float scale,
+                           unsigned int stride, unsigned int kcol, unsigned int vgap, unsigned int group) {
     constexpr int S = D + 8;  // shared rows padded by 16 bytes: the fragment loads hit 32 distinct banks
     constexpr int STAGES = D <= 64 ? 2 : 1;
     __shared__ __align__(16) unsigned short ks[STAGES][FA_K * S];
     __shared__ __align__(16) unsigned short vs[STAGES][FA_K * S];
     const float LOG2E = 1.4426950408889634f, NEG_INF = __int_as_float(0xff800000);
     unsigned int qblocks = (t + FA_Q - 1) / FA_Q, bh = blockIdx.x / qblocks, bi = bh / h, hi = bh % h;
-    unsigned int c = h * D, stride = 3 * c;
+    unsigned int c = h * D;
     unsigned int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
-    unsigned int q0 = (blockIdx.x % qblocks) * FA_Q + warp * 16, r0 = q0 + g, r1 = r0 + 8;
+    unsigned int qb0 = (blockIdx.x % qblocks) * FA_Q, q0 = qb0 + warp * 16, r0 = q0 + g, r1 = r0 + 8;
     const unsigned short* seq = qkv + (unsigned long long)bi * t * stride + hi * D;
+    // The head's keys (values vgap after them): query head hi reads key-value head hi / group.
+    const unsigned short* kseq = qkv + (unsigned long long)bi * t * stride + kcol + (hi / group) * D;
     unsigned int tiles = (t + FA_K - 1) / FA_K;
+    // Causal: no tile past the block's last query is read.
+    if (mode == 3) tiles = min(tiles, (qb0 + FA_Q + FA_K - 1) / FA_K);
 
     // Tiles of keys and values, rows [k0, k0 + 64), into shared memory by cp.async; rows past t are
     // zeros (masked in the scores). Thread x copies the same words of every tile: 16 bytes of row
@@ -104,7 +114,7 @@ __device__ void attn_fused(const unsigned short* qkv, const unsigned short* bias
     // as the two products' mma.
     constexpr int ROWS = 128 / (D / 8);
     const unsigned int lrow = threadIdx.x / (D / 8), lx = (threadIdx.x % (D / 8)) * 8;
-    const unsigned short* ksrc = seq + c + (unsigned long long)lrow * stride + lx;
+    const unsigned short* ksrc = kseq + (unsigned long long)lrow * stride + lx;
     const unsigned int kdst = shared_address(&ks[0][lrow * S + lx]), vdst = shared_address(&vs[0][lrow * S + lx]);
     auto load_tile = [&](unsigned int stage, unsigned int k0) {
 #pragma unroll
@@ -112,10 +122,10 @@ __device__ void attn_fused(const unsigned short* qkv, const unsigned short* bias
             bool in = k0 + lrow + p * ROWS < t;
             // A row past t still names an address inside the sequence (its first key); 0 bytes
             // are read from it.
-            const unsigned short* src = in ? ksrc + (unsigned long long)(k0 + p * ROWS) * stride : seq + c;
+            const unsigned short* src = in ? ksrc + (unsigned long long)(k0 + p * ROWS) * stride : kseq;
             unsigned int offset = (stage * FA_K * S + p * ROWS * S) * 2;
             copy_async16(kdst + offset, src, in ? 16u : 0u);
-            copy_async16(vdst + offset, src + c, in ? 16u : 0u);
+            copy_async16(vdst + offset, src + vgap, in ? 16u : 0u);
         }
         copy_async_commit();
     };
@@ -176,7 +186,8 @@ __device__ void attn_fused(const unsigned short* qkv, const unsigned short* bias
             // bias) is one term per column, shared by the lane's two rows: one FMA per score; a
             // full tile without a bias (every tile of ViT's but the last) is only scaled.
             float mx0 = m0, mx1 = m1;
-            if (mode == 0 && k0 + FA_K <= t) {
+            // Causal tiles wholly at or before the warp's first query mask nothing.
+            if ((mode == 0 || (mode == 3 && k0 + FA_K <= q0 + 1)) && k0 + FA_K <= t) {
 #pragma unroll
                 for (int n = 0; n < FA_K / 8; n++) {
 #pragma unroll
@@ -201,6 +212,12 @@ __device__ void attn_fused(const unsigned short* qkv, const unsigned short* bias
                         for (int e = 0; e < 4; e++) {
                             unsigned int i = e < 2 ? r0 : r1, j = j0 + (e & 1);
                             if (i < t && j < t) s[n][e] += LOG2E * E::get(bias, ((((unsigned long long)(bi % r) * h + hi) * t + i) * t) + j);
+                        }
+                    }
+                    if (mode == 3) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            if (j0 + (e & 1) > (e < 2 ? r0 : r1)) s[n][e] = NEG_INF;
                         }
                     }
                     mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
@@ -275,8 +292,8 @@ __device__ void attn_fused(const unsigned short* qkv, const unsigned short* bias
 #define FUSED(S, E, D)                                                                                   \
 extern "C" __global__ void __launch_bounds__(128, D <= 64 ? 4 : 1) attn_fused_##S##_d##D(const unsigned short* qkv, \
         const unsigned short* bias, unsigned short* out, unsigned int t, unsigned int h, unsigned int r, \
-        int mode, float scale) {                                                                          \
-    attn_fused<E, D>(qkv, bias, out, t, h, r, mode, scale);                                              \
+        int mode, float scale, unsigned int stride, unsigned int kcol, unsigned int vgap, unsigned int group) { \
+    attn_fused<E, D>(qkv, bias, out, t, h, r, mode, scale, stride, kcol, vgap, group);                    \
 }
 FUSED(bf16, BF16, 32)
 FUSED(bf16, BF16, 64)
@@ -291,7 +308,8 @@ FUSED(f16, F16, 128)
 // by every lane of the block at once (one broadcast word per load). A lane's four-float words are
 // interleaved with those of the other SPLIT - 1 lanes of its query (word w·SPLIT + part), so their
 // loads fall in distinct banks.
-// grid and operands as attn_fused's (b·h·ceil(t / queries per block) blocks of 128 threads).
+// grid and operands as attn_fused's for an encoder's packed [b, t, 3c] (no stride, kcol, vgap or group;
+// no causal mode), b·h·ceil(t / queries per block) blocks of 128 threads.
 __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
     return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
 }

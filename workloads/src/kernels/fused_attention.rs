@@ -79,7 +79,7 @@ pub(crate) fn with_simt_queries<R>(queries: usize, f: impl FnOnce() -> R) -> Res
 }
 
 /// The shape of one fused launch: b sequences of t tokens, h heads of d; the bias as attention.rs's
-/// softmax reads it (mode 0 none, 1 key mask, 2 repeating score bias of r windows).
+/// softmax reads it (mode 0 none, 1 key mask, 2 repeating score bias of r windows, 3 causal).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Fused {
     pub b: usize,
@@ -89,7 +89,13 @@ pub(crate) struct Fused {
     pub mode: i32,
     pub r: u32,
     pub scale: f32,
+    /// Key-value heads: h for an encoder's packed [b, t, 3·h·d]; fewer for a decoder's [q | k | v]
+    /// (grouped-query attention, tensor-core kernels only).
+    pub kv_heads: usize,
 }
+
+/// Mode 3: query i attends keys j <= i (a decoder's prefill from position 0).
+pub(crate) const CAUSAL: i32 = 3;
 
 impl Fused {
     /// Whether a fused kernel takes this shape: on a GPU of compute capability 8.0 or later (bf16
@@ -104,15 +110,17 @@ impl Fused {
             .context()
             .compute_capability()
             .is_ok_and(|(major, _)| major >= 8);
+        // The f32 kernels read an encoder's packed heads alone: no causal mask, no grouped heads.
         let head = match dtype {
             DType::BF16 | DType::F16 => matches!(self.d, 32 | 64 | 128),
-            DType::F32 => matches!(self.d, 32 | 64),
+            DType::F32 => matches!(self.d, 32 | 64) && self.mode != CAUSAL && self.kv_heads == self.h,
             _ => false,
         };
         !unfused && capable && head && (qkv_start * dtype.size_in_bytes()).is_multiple_of(16)
     }
 
-    /// Runs the kernel: `qkv` [b, t, 3·h·d], `bias` as the mode reads it, into `out` [b, t, h·d].
+    /// Runs the kernel: `qkv` [b, t, (h + 2·kv_heads)·d], `bias` as the mode reads it, into `out` [b,
+    /// t, h·d].
     pub(crate) fn launch<T: DeviceRepr>(
         &self,
         dev: &CudaDevice,
@@ -224,9 +232,17 @@ impl Fused {
             None => a.arg(&null),
         };
         a.arg(out).arg(&t).arg(&h).arg(&r).arg(&mode).arg(&scale);
-        // SAFETY: argument types and order match the kernel; qkv holds b·t·3c elements from a
-        // 16-byte boundary (`takes`), out b·t·c, the bias what its mode indexes (checked by
-        // `attention`), or null when not read.
+        // The tensor-core kernels read q, k and v at offsets of a row of any width.
+        let (kv, d) = (self.kv_heads as u32, self.d as u32);
+        let layout = [(h + 2 * kv) * d, h * d, kv * d, h / kv.max(1)];
+        if !kernel.starts_with("attn_fused_f32") {
+            for v in &layout {
+                a.arg(v);
+            }
+        }
+        // SAFETY: argument types and order match the kernel; qkv holds b·t·(h + 2·kv_heads)·d
+        // elements from a 16-byte boundary (`takes`), out b·t·h·d, the bias what its mode indexes
+        // (checked by `attention`), or null when not read.
         unsafe { func.launch(&mut a, cfg) }?;
         Ok(())
     }

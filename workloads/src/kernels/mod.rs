@@ -12,6 +12,7 @@
 pub mod adamw;
 pub mod attention;
 pub mod batch_norm;
+pub mod causal_attention;
 #[cfg(any(feature = "cudnn", test))]
 mod choice;
 #[cfg(feature = "cuda")]
@@ -22,6 +23,7 @@ pub mod conv_nhwc;
 mod cpu;
 #[cfg(feature = "cudnn")]
 mod cudnn_graph;
+pub mod decode;
 pub mod elementwise;
 pub mod embedding;
 #[cfg(feature = "cuda")]

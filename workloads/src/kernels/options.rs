@@ -172,10 +172,12 @@ impl KernelOptions {
     /// Swin's training steps (a v4 row trained Swin with blocks built of ops, whatever `layers`
     /// said; its other steps ran as a v5 row's); 6: `graphs` reaches language models' decode steps
     /// over a contiguous cache (a v5 row decoded op by op, whatever `graphs` said; its other steps
-    /// ran as a v6 row's).
-    pub const VERSION: u32 = 6;
+    /// ran as a v6 row's); 7: `attention` and `layers` reach language models (a v6 row ran a
+    /// decoder's prefill attention and its decode steps as candle's ops, whatever the two said; its
+    /// other steps ran as a v7 row's).
+    pub const VERSION: u32 = 7;
 
-    /// `v6;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc`: the version, then every key
+    /// `v7;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc`: the version, then every key
     /// spelled out.
     pub fn canonical(&self) -> String {
         format!(
@@ -213,18 +215,18 @@ impl FromStr for KernelOptions {
     type Err = String;
 
     /// Parses a canonical string of this version or an earlier one, whose missing keys take what its
-    /// steps ran (v2 lacks `convs`: NCHW; v1 also lacks `graphs`: none; v3 to v5 have v6's keys):
+    /// steps ran (v2 lacks `convs`: NCHW; v1 also lacks `graphs`: none; v3 to v6 have v7's keys):
     /// every key of its version exactly once, in any order.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut parts = s.split(';');
         let version = parts.next().unwrap_or("");
         let keys: &[&str] = match version {
-            "v6" | "v5" | "v4" | "v3" => &["attention", "layers", "gemm", "graphs", "convs"],
+            "v7" | "v6" | "v5" | "v4" | "v3" => &["attention", "layers", "gemm", "graphs", "convs"],
             "v2" => &["attention", "layers", "gemm", "graphs"],
             "v1" => &["attention", "layers", "gemm"],
             _ => {
                 return Err(format!(
-                    "kernel options `{s}`: expected version v{} (or v5, v4, v3, v2, v1) first, found `{version}`",
+                    "kernel options `{s}`: expected version v{} (or v6, v5, v4, v3, v2, v1) first, found `{version}`",
                     Self::VERSION
                 ))
             }
@@ -291,7 +293,7 @@ mod tests {
     fn the_canonical_string_spells_every_key_and_parses_back() {
         assert_eq!(
             KernelOptions::default().canonical(),
-            "v6;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc"
+            "v7;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc"
         );
         let other = KernelOptions {
             attention: Attention::Composed,
@@ -302,13 +304,13 @@ mod tests {
         };
         assert_eq!(
             other.canonical(),
-            "v6;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
+            "v7;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
         );
         for o in [KernelOptions::default(), other] {
             assert_eq!(o.canonical().parse::<KernelOptions>(), Ok(o));
         }
         assert_eq!(
-            "v6;convs=nchw;graphs=off;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>(),
+            "v7;convs=nchw;graphs=off;gemm=heuristic;layers=ops;attention=composed".parse::<KernelOptions>(),
             Ok(other)
         );
     }
@@ -330,13 +332,13 @@ mod tests {
         };
         assert_eq!(
             composed.canonical(),
-            "v6;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc"
+            "v7;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc"
         );
     }
 
     #[test]
-    fn version_3_to_5_strings_have_the_keys_of_version_6() {
-        for v in ["v3", "v4", "v5"] {
+    fn version_3_to_6_strings_have_the_keys_of_version_7() {
+        for v in ["v3", "v4", "v5", "v6"] {
             let old = format!("{v};attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc")
                 .parse::<KernelOptions>()
                 .unwrap();
@@ -349,7 +351,7 @@ mod tests {
             );
             assert_eq!(
                 old.canonical(),
-                "v6;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc"
+                "v7;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc"
             );
         }
     }
@@ -384,7 +386,7 @@ mod tests {
         assert_eq!(v1.graphs, CudaGraphs::Off);
         assert_eq!(
             v1.canonical(),
-            "v6;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
+            "v7;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
         );
         let err = "v1;attention=fused;layers=op;gemm=timed;graphs=on"
             .parse::<KernelOptions>()
@@ -398,13 +400,13 @@ mod tests {
     #[test]
     fn malformed_strings_say_what_is_wrong() {
         let err = |s: &str| s.parse::<KernelOptions>().unwrap_err();
-        assert!(err("v7;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("expected version v6"));
-        assert!(err("v6;attention=fused;layers=op;gemm=timed;graphs=on").contains("every key"));
-        assert!(err("v6;attention=flash;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("fused, composed"));
-        assert!(err("v6;attention=fused;layers=op;gemm=timed;graphs=maybe;convs=nhwc").contains("infer, on, off"));
-        assert!(err("v6;attention=fused;layers=op;gemm=timed;graphs=on;convs=nwhc").contains("nhwc, nchw"));
+        assert!(err("v8;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("expected version v7"));
+        assert!(err("v7;attention=fused;layers=op;gemm=timed;graphs=on").contains("every key"));
+        assert!(err("v7;attention=flash;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("fused, composed"));
+        assert!(err("v7;attention=fused;layers=op;gemm=timed;graphs=maybe;convs=nhwc").contains("infer, on, off"));
+        assert!(err("v7;attention=fused;layers=op;gemm=timed;graphs=on;convs=nwhc").contains("nhwc, nchw"));
         assert!(
-            err("v6;attention=fused;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("given twice")
+            err("v7;attention=fused;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("given twice")
         );
         assert!(
             err("v6;streams=2;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc")

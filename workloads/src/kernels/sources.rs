@@ -30,6 +30,7 @@ pub const PRELUDE: &str = include_str!("prelude.cuh");
 pub static ADAMW: Source = Source::new("migprof_adamw", include_str!("adamw.cu"));
 pub static ATTENTION: Source = Source::new("migprof_attention", include_str!("attention.cu"));
 pub static BATCH_NORM: Source = Source::new("migprof_batch_norm", include_str!("batch_norm.cu"));
+pub static DECODE: Source = Source::new("migprof_decode", include_str!("decode.cu"));
 pub static ELEMENTWISE: Source = Source::new("migprof_elementwise", include_str!("elementwise.cu"));
 pub static EMBEDDING: Source = Source::new("migprof_embedding", include_str!("embedding.cu"));
 pub static FUSED_ATTENTION: Source = Source::new("migprof_fused_attention", include_str!("fused_attention.cu"));
@@ -40,10 +41,11 @@ pub static MAX_POOL: Source = Source::new("migprof_max_pool", include_str!("max_
 pub static POSITIONS: Source = Source::new("migprof_positions", include_str!("positions.cu"));
 pub static WINDOWS: Source = Source::new("migprof_windows", include_str!("windows.cu"));
 
-pub static ALL: [&Source; 12] = [
+pub static ALL: [&Source; 13] = [
     &ADAMW,
     &ATTENTION,
     &BATCH_NORM,
+    &DECODE,
     &ELEMENTWISE,
     &EMBEDDING,
     &FUSED_ATTENTION,

@@ -13,6 +13,8 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder};
+
+use crate::kernels::{causal_attention, decode};
 use serde::Deserialize;
 
 pub use super::kv_cache::{KvCache, KvShape, KvStore, PagedKvCache};
@@ -395,7 +397,9 @@ impl Attention {
     }
 
     /// `x` [batch, tokens, hidden] at positions `offset..`, with `cos`/`sin` of those positions:
-    /// the output; the layer's keys and values, with this pass's, written to `cache`.
+    /// the output; the layer's keys and values, with this pass's, written to `cache`. `mask` is
+    /// the causal mask of composed attention; none with more than one token means a prefill from
+    /// position 0 by the causal kernel.
     fn forward(
         &self,
         x: &Tensor,
@@ -406,6 +410,9 @@ impl Attention {
         layer: usize,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
+        if t > 1 && mask.is_none() {
+            return self.prefill(x, cos, sin, cache, layer);
+        }
         let heads = |y: Tensor, n: usize| y.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?.contiguous();
         let q = heads(self.q_proj.forward(x)?, self.num_heads)?;
         let k = heads(self.k_proj.forward(x)?, self.num_kv_heads)?;
@@ -431,42 +438,94 @@ impl Attention {
 }
 
 impl Attention {
-    /// One decode step's attention, `x` [batch, 1, hidden] at the position `pos` ([1] u32) whose
-    /// rotary angles `cos`/`sin` ([1, head_dim / 2]) are given: its key and value scattered into
-    /// slot `pos` of the layer's buffers (`at`: that slot for every element, [batch, kv heads, 1,
-    /// head_dim]), then every slot read, those after `pos` masked (`mask` [capacity], f32: 0, or
-    /// -1e30 after `pos`).
+    /// A prompt from position 0 through the causal kernel (`kernels::causal_attention`): the
+    /// projections rotated where they lie, [batch, tokens, heads, d], and packed per token as the
+    /// kernel reads them; the keys and values moved head-major for the cache.
+    fn prefill(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, cache: &mut dyn KvStore, layer: usize) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let d = self.head_dim;
+        let heads = |p: &Linear, n: usize| p.forward(x)?.reshape((b, t, n, d));
+        let q = candle_nn::rotary_emb::rope_thd(&heads(&self.q_proj, self.num_heads)?, cos, sin)?;
+        let k = candle_nn::rotary_emb::rope_thd(&heads(&self.k_proj, self.num_kv_heads)?, cos, sin)?;
+        let v = heads(&self.v_proj, self.num_kv_heads)?;
+        let flat = |y: &Tensor, n: usize| y.reshape((b, t, n * d));
+        let packed = Tensor::cat(
+            &[
+                flat(&q, self.num_heads)?,
+                flat(&k, self.num_kv_heads)?,
+                flat(&v, self.num_kv_heads)?,
+            ],
+            2,
+        )?;
+        let head_major = |y: &Tensor| y.transpose(1, 2)?.contiguous();
+        cache.extended(layer, &head_major(&k)?, &head_major(&v)?)?;
+        let y = causal_attention::causal_attention(&packed, self.num_heads, self.num_kv_heads)?;
+        self.o_proj.forward(&y)
+    }
+
+    /// One decode step's attention for the residual stream `x` [batch, 1, hidden] and its norm
+    /// `normed`: `x` plus the attention's output. The new token's key and value go into slot `pos`
+    /// of the layer's buffers; attention then reads every slot, those after `pos` left out.
     /// Each key-value head serves its `group` query heads in one product, with no copies of it.
-    #[allow(clippy::too_many_arguments)]
     fn decode_step(
         &self,
         x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        at: &Tensor,
-        mask: &Tensor,
+        norm: &RmsNorm,
+        step: &StepInputs,
         (keys, values): &(Tensor, Tensor),
     ) -> Result<Tensor> {
         let (b, _, _) = x.dims3()?;
         let d = self.head_dim;
-        // With one token, [batch, 1, heads × d] is [batch, heads, 1, d] as it lies.
-        let q = self.q_proj.forward(x)?.reshape((b, self.num_heads, 1, d))?;
-        let k = self.k_proj.forward(x)?.reshape((b, self.num_kv_heads, 1, d))?;
-        let v = self.v_proj.forward(x)?.reshape((b, self.num_kv_heads, 1, d))?;
-        let q = candle_nn::rotary_emb::rope(&q, cos, sin)?;
-        let k = candle_nn::rotary_emb::rope(&k, cos, sin)?;
-        keys.scatter_set(at, &k, 2)?;
-        values.scatter_set(at, &v.contiguous()?, 2)?;
-        let group = self.num_heads / self.num_kv_heads;
-        // Query head h reads key-value head h / group: [batch, kv heads, group, d].
-        let q = q.reshape((b, self.num_kv_heads, group, d))?;
-        let scale = 1.0 / (d as f64).sqrt();
-        let scores = (q.matmul(&keys.t()?)? * scale)?
-            .to_dtype(DType::F32)?
-            .broadcast_add(mask)?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(q.dtype())?;
-        let y = probs.matmul(values)?.reshape((b, 1, self.num_heads * d))?;
-        self.o_proj.forward(&y)
+        let q = match &step.composed {
+            None => decode::qkv_rope(
+                x,
+                Some(decode::Norm {
+                    weight: norm.weight(),
+                    eps: norm.eps(),
+                }),
+                [self.q_proj.weight(), self.k_proj.weight(), self.v_proj.weight()],
+                [self.q_proj.bias(), self.k_proj.bias(), self.v_proj.bias()],
+                step.tables,
+                step.pos,
+                (keys, values),
+                decode::Heads {
+                    q: self.num_heads,
+                    kv: self.num_kv_heads,
+                    dim: d,
+                },
+            )?,
+            Some(c) => {
+                let normed = norm.forward(x)?;
+                let normed = &normed;
+                // With one token, [batch, 1, heads × d] is [batch, heads, 1, d] as it lies.
+                let q = self.q_proj.forward(normed)?.reshape((b, self.num_heads, 1, d))?;
+                let k = self.k_proj.forward(normed)?.reshape((b, self.num_kv_heads, 1, d))?;
+                let v = self.v_proj.forward(normed)?.reshape((b, self.num_kv_heads, 1, d))?;
+                let q = candle_nn::rotary_emb::rope(&q, &c.cos, &c.sin)?;
+                let k = candle_nn::rotary_emb::rope(&k, &c.cos, &c.sin)?;
+                keys.scatter_set(&c.at, &k, 2)?;
+                values.scatter_set(&c.at, &v.contiguous()?, 2)?;
+                q
+            }
+        };
+        let y = match &step.mask {
+            None => decode::attention(&q, keys, values, step.pos)?,
+            Some(mask) => {
+                let group = self.num_heads / self.num_kv_heads;
+                // Query head h reads key-value head h / group: [batch, kv heads, group, d].
+                let q = q.reshape((b, self.num_kv_heads, group, d))?;
+                let scale = 1.0 / (d as f64).sqrt();
+                let scores = (q.matmul(&keys.t()?)? * scale)?
+                    .to_dtype(DType::F32)?
+                    .broadcast_add(mask)?;
+                let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(q.dtype())?;
+                probs.matmul(values)?.reshape((b, 1, self.num_heads * d))?
+            }
+        };
+        match step.composed {
+            None => decode::gemv(&y, None, self.o_proj.weight(), Some(x)),
+            Some(_) => x + self.o_proj.forward(&y)?,
+        }
     }
 }
 
@@ -502,6 +561,42 @@ impl Mlp {
         let gate = candle_nn::ops::silu(&self.gate_proj.forward(x)?)?;
         self.down_proj.forward(&(gate * self.up_proj.forward(x)?)?)
     }
+
+    /// A decode step's MLP for the residual stream `x` and the norm before it: `x` plus the
+    /// output.
+    fn decode_step(&self, x: &Tensor, norm: &RmsNorm, products: bool) -> Result<Tensor> {
+        if products {
+            let norm = decode::Norm {
+                weight: norm.weight(),
+                eps: norm.eps(),
+            };
+            let gated = decode::swiglu(x, Some(norm), self.gate_proj.weight(), self.up_proj.weight())?;
+            return decode::gemv(&gated, None, self.down_proj.weight(), Some(x));
+        }
+        x + self.forward(&norm.forward(x)?)?
+    }
+}
+
+/// What every layer of one decode step reads, made once a step.
+struct StepInputs<'a> {
+    /// The step's position, [1] u32.
+    pos: &'a Tensor,
+    /// The rotary tables of every position, [positions, head_dim / 2].
+    tables: (&'a Tensor, &'a Tensor),
+    /// For projections run as candle's ops (the decode products do not take the step): the
+    /// position's cos and sin, and the index of its slot in the cache's buffers.
+    composed: Option<ComposedRope>,
+    /// For attention run as candle's ops: in f32, added to the scores, 0 up to the position and
+    /// -1e30 after it (its exp is 0, and unlike -inf it stays finite when multiplied by the 0 of an
+    /// open slot).
+    mask: Option<Tensor>,
+}
+
+struct ComposedRope {
+    cos: Tensor,
+    sin: Tensor,
+    /// The slot of every element of a step's keys, [batch, kv heads, 1, head_dim].
+    at: Tensor,
 }
 
 struct Layer {
@@ -569,6 +664,18 @@ impl Decoder {
     /// Logits [batch, tokens, vocab] of `ids` [batch, tokens], placed after the tokens `cache`
     /// holds (none: a prefill), which it then holds too.
     pub fn forward(&self, ids: &Tensor, cache: &mut dyn KvStore) -> Result<Tensor> {
+        self.pass(ids, cache, false)
+    }
+
+    /// As [`Decoder::forward`], the logits of each sequence's last token alone, [batch, 1, vocab]:
+    /// what a generation's prefill needs. The output head over every prompt token would cost a
+    /// product of the whole prompt by the vocabulary, and hold its result: at batch 32 and 512
+    /// tokens of a vocabulary of 128,256, 4 GiB in bf16.
+    pub fn forward_last(&self, ids: &Tensor, cache: &mut dyn KvStore) -> Result<Tensor> {
+        self.pass(ids, cache, true)
+    }
+
+    fn pass(&self, ids: &Tensor, cache: &mut dyn KvStore, last_only: bool) -> Result<Tensor> {
         let (_, t) = ids.dims2()?;
         let offset = cache.len();
         if offset + t > self.cfg.max_position_embeddings {
@@ -580,7 +687,18 @@ impl Decoder {
         }
         let cos = self.cos.narrow(0, offset, t)?;
         let sin = self.sin.narrow(0, offset, t)?;
-        let mask = (t > 1)
+        // A prompt from position 0 runs the causal kernel where it takes the heads; else (and for
+        // tokens after a cache's) candle's ops with the mask.
+        let cfg = &self.cfg;
+        let kernel = offset == 0
+            && causal_attention::takes(
+                ids.device(),
+                self.cos.dtype(),
+                cfg.num_heads,
+                cfg.num_kv_heads,
+                cfg.head_dim,
+            );
+        let mask = (t > 1 && !kernel)
             .then(|| causal_mask(t, offset, ids.device(), self.cos.dtype()))
             .transpose()?;
         let pass = |cache: &mut dyn KvStore| -> Result<Tensor> {
@@ -590,6 +708,9 @@ impl Decoder {
                 let a = layer.self_attn.forward(&normed, &cos, &sin, mask.as_ref(), cache, i)?;
                 x = (x + a)?;
                 x = (&x + layer.mlp.forward(&layer.post_attention_layernorm.forward(&x)?)?)?;
+            }
+            if last_only {
+                x = x.narrow(1, t - 1, 1)?;
             }
             self.lm_head.forward(&self.norm.forward(&x)?)
         };
@@ -635,27 +756,52 @@ impl Decoder {
                 self.cos.dim(0)?
             )
         }
-        let cos = self.cos.index_select(pos, 0)?;
-        let sin = self.sin.index_select(pos, 0)?;
         let cfg = &self.cfg;
-        let at = pos
-            .reshape((1, 1, 1, 1))?
-            .broadcast_as((b, cfg.num_kv_heads, 1, cfg.head_dim))?
-            .contiguous()?;
-        // In f32, added to the scores once they are: -1e30 after the step's position (its exp is 0,
-        // and unlike -inf it stays finite when multiplied by the 0 of an open slot).
-        let mask = positions.broadcast_gt(pos)?.to_dtype(DType::F32)?.affine(-1e30, 0.0)?;
+        let (device, dtype) = (ids.device(), self.cos.dtype());
+        let q_width = cfg.num_heads * cfg.head_dim;
+        let products = decode::products_take(device, dtype, b, &[cfg.hidden_size, q_width, cfg.intermediate_size]);
+        let composed = match products {
+            true => None,
+            false => Some(ComposedRope {
+                cos: self.cos.index_select(pos, 0)?,
+                sin: self.sin.index_select(pos, 0)?,
+                at: pos
+                    .reshape((1, 1, 1, 1))?
+                    .broadcast_as((b, cfg.num_kv_heads, 1, cfg.head_dim))?
+                    .contiguous()?,
+            }),
+        };
+        let group = cfg.num_heads / cfg.num_kv_heads;
+        let mask = match decode::attention_takes(device, dtype, cfg.head_dim, group) {
+            true => None,
+            false => Some(positions.broadcast_gt(pos)?.to_dtype(DType::F32)?.affine(-1e30, 0.0)?),
+        };
+        let step = StepInputs {
+            pos,
+            tables: (&self.cos, &self.sin),
+            composed,
+            mask,
+        };
         let mut x = self.embed_tokens.forward(ids)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let buffers = cache
                 .buffers(i)
                 .ok_or_else(|| candle_core::Error::Msg(format!("the KV cache has no layer {i}")))?;
-            let normed = layer.input_layernorm.forward(&x)?;
-            let a = layer.self_attn.decode_step(&normed, &cos, &sin, &at, &mask, buffers)?;
-            x = (x + a)?;
-            x = (&x + layer.mlp.forward(&layer.post_attention_layernorm.forward(&x)?)?)?;
+            x = layer
+                .self_attn
+                .decode_step(&x, &layer.input_layernorm, &step, buffers)?;
+            x = layer.mlp.decode_step(&x, &layer.post_attention_layernorm, products)?;
         }
-        self.lm_head.forward(&self.norm.forward(&x)?)
+        match products {
+            true => {
+                let norm = decode::Norm {
+                    weight: self.norm.weight(),
+                    eps: self.norm.eps(),
+                };
+                decode::gemv(&x, Some(norm), self.lm_head.weight(), None)
+            }
+            false => self.lm_head.forward(&self.norm.forward(&x)?),
+        }
     }
 }
 

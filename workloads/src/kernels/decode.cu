@@ -1,0 +1,462 @@
+// A language model's decode step at small batches, where the step is matrix-vector products: every
+// weight is read once per step and used by each of B ≤ 8 sequences, so the step's time is the time to
+// stream the weights. One warp per output row (or per pair of rows: a rotary pair, gate with up): its
+// 32 lanes read the rows in 16-byte words, several words in flight per lane, and keep B sums in f32;
+// the few activations (x, [B, k]) come from L1, or from shared memory where the block normalized them
+// itself (the RMSNorm before q/k/v, the MLP and the head). What follows a product in the model is done
+// where its sum is made: the bias, the rotary embedding and the write into the KV cache's slot (q, k
+// and v), SiLU times the up projection (the MLP's gate), the residual add (o and down). Each product's
+// output is rounded to the element type where PyTorch's is, and so is what is made of it; the rotary
+// embedding alone is computed in f32 and rounded once (PyTorch rounds its two products and their sum).
+//
+// Attention over the cache is flash-decoding's: one query token against up to the cache's capacity,
+// split into chunks of 16 to DA_CHUNK slots (the host picks them to fill the GPU), one block per
+// (sequence, key-value head, chunk) with every query
+// head of the group, each writing its partial softmax (max, sum, f32 output); a second kernel combines
+// the chunks. Both read the step's position from the device, so a captured step replays at any
+// position: chunks past it exit at once.
+
+#define DEC_WARPS 8    // warps per block of the product kernels
+#define DEC_UNROLL 8   // words of a weight row each lane has in flight (half that past 4 sequences)
+#define DA_CHUNK 64    // the most cache slots a block of the attention kernel takes
+#define DA_THREADS 128
+#define DA_MAX_GROUP 16  // query heads per key-value head
+#define NORM_MAX 24320   // elements of normalized activations a product's block keeps (47.5 KB, beside its sums)
+
+// A 16-byte word of a weight row, read once: not kept in L1, where the activations are.
+__device__ __forceinline__ uint4 load_once(const void* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+// The eight elements of a word as floats.
+template <typename E> __device__ __forceinline__ void unpack8(uint4 w, float* f);
+template <> __device__ __forceinline__ void unpack8<BF16>(uint4 w, float* f) {
+    const unsigned int u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(u[i] << 16);
+        f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+}
+template <> __device__ __forceinline__ void unpack8<F16>(uint4 w, float* f) {
+    const unsigned int u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        unsigned short lo = u[i] & 0xffffu, hi = u[i] >> 16;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f[2 * i]) : "h"(lo));
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f[2 * i + 1]) : "h"(hi));
+    }
+}
+
+// v rounded to the element type, as a float.
+template <typename E> __device__ __forceinline__ float rounded(float v) {
+    typename E::T h;
+    E::put(&h, 0, v);
+    return E::get(&h, 0);
+}
+
+// x [B, k] through Llama's RMSNorm with weight w, as transformers computes it: in f32, x / rms(x)
+// rounded to the element type, times w, rounded again; into shared memory, for the block's products
+// (NORM_MAX elements at most). Every thread of the block calls it: the norm costs the block a read of
+// x from L2 instead of a kernel of its own and a round trip of its output.
+template <typename E, int B>
+__device__ const typename E::T* rms_normalized(const typename E::T* x, const typename E::T* w, unsigned int k,
+                                               float eps) {
+    __shared__ __align__(16) typename E::T xs[NORM_MAX];
+    __shared__ float part[DEC_WARPS][B];
+    __shared__ float inv[B];
+    const unsigned int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float ss[B];
+#pragma unroll
+    for (int s = 0; s < B; ++s) ss[s] = 0.f;
+    for (unsigned int c = tid * 8; c < k; c += DEC_WARPS * 32 * 8) {
+#pragma unroll
+        for (int s = 0; s < B; ++s) {
+            float f[8];
+            unpack8<E>(__ldg((const uint4*)(x + (unsigned long long)s * k + c)), f);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) ss[s] = fmaf(f[e], f[e], ss[s]);
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < B; ++s) {
+        ss[s] = warp_sum(ss[s]);
+        if (lane == 0) part[warp][s] = ss[s];
+    }
+    __syncthreads();
+    if (tid < B) {
+        float t = 0.f;
+        for (int v = 0; v < DEC_WARPS; ++v) t += part[v][tid];
+        inv[tid] = rsqrtf(t / k + eps);
+    }
+    __syncthreads();
+    for (unsigned int c = tid * 8; c < k; c += DEC_WARPS * 32 * 8) {
+        float wf[8];
+        unpack8<E>(__ldg((const uint4*)(w + c)), wf);
+#pragma unroll
+        for (int s = 0; s < B; ++s) {
+            float f[8];
+            unpack8<E>(__ldg((const uint4*)(x + (unsigned long long)s * k + c)), f);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) E::put(xs, (unsigned long long)s * k + c + e, wf[e] * rounded<E>(f[e] * inv[s]));
+        }
+    }
+    __syncthreads();
+    return xs;
+}
+
+// acc[r][s] += w_r · x_s over this lane's words of R rows of k elements (k a multiple of 8, each row
+// and x from a 16-byte boundary), for the B sequences of x [B, k] (in global memory, or in shared
+// memory when SHARED).
+template <typename E, int B, int R, bool SHARED = false>
+__device__ __forceinline__ void rows_dot(const typename E::T* const* w, const typename E::T* x, unsigned int k,
+                                         float (*acc)[B]) {
+    // Every load of a group is issued before its arithmetic, the group's last words predicated: a
+    // row of 1,536 (six words a lane) is one round trip to memory, not a group and two single words
+    // after it, each waiting for the one before.
+    constexpr int U = B <= 4 ? DEC_UNROLL : DEC_UNROLL / 2;
+    const unsigned int lane = threadIdx.x & 31;
+    for (unsigned int c0 = lane * 8; c0 < k; c0 += 256 * U) {
+        uint4 ww[R][U];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const unsigned int c = c0 + 256 * u;
+                ww[r][u] = c < k ? load_once(w[r] + c) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const unsigned int c = c0 + 256 * u;
+            if (c >= k) break;
+#pragma unroll
+            for (int s = 0; s < B; ++s) {
+                float xf[8];
+                const uint4* xw = (const uint4*)(x + (unsigned long long)s * k + c);
+                unpack8<E>(SHARED ? *xw : __ldg(xw), xf);
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float wf[8];
+                    unpack8<E>(ww[r][u], wf);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[r][s] = fmaf(wf[e], xf[e], acc[r][s]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int s = 0; s < B; ++s) acc[r][s] = warp_sum(acc[r][s]);
+}
+
+// y[s, row] = x_s · w[row] for n rows of k, plus res[s, row] when res is given (the residual stream:
+// PyTorch adds the rounded product to it and rounds again).
+// With NORM, x is normalized first (rms_normalized, with norm_w and eps).
+template <typename E, int B, bool NORM>
+__device__ void gemv(const typename E::T* w, const typename E::T* x, const typename E::T* norm_w, float eps,
+                     const typename E::T* res, typename E::T* y, unsigned int n, unsigned int k) {
+    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps);
+    const unsigned int row = blockIdx.x * DEC_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n) return;
+    const typename E::T* rows[1] = {w + (unsigned long long)row * k};
+    float acc[1][B];
+#pragma unroll
+    for (int s = 0; s < B; ++s) acc[0][s] = 0.f;
+    rows_dot<E, B, 1, NORM>(rows, x, k, acc);
+#pragma unroll
+    for (int s = 0; s < B; ++s) {
+        if (lane != s) continue;
+        unsigned long long at = (unsigned long long)s * n + row;
+        float v = rounded<E>(acc[0][s]);
+        if (res) v += E::get(res, at);
+        E::put(y, at, v);
+    }
+}
+
+// The MLP's gated activation: y[s, row] = silu(x_s · gate[row]) · (x_s · up[row]), each product, the
+// activation and their product rounded as PyTorch rounds them.
+template <typename E, int B, bool NORM>
+__device__ void swiglu(const typename E::T* gate, const typename E::T* up, const typename E::T* x,
+                       const typename E::T* norm_w, float eps, typename E::T* y, unsigned int n, unsigned int k) {
+    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps);
+    const unsigned int row = blockIdx.x * DEC_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n) return;
+    const typename E::T* rows[2] = {gate + (unsigned long long)row * k, up + (unsigned long long)row * k};
+    float acc[2][B];
+#pragma unroll
+    for (int s = 0; s < B; ++s) acc[0][s] = acc[1][s] = 0.f;
+    rows_dot<E, B, 2, NORM>(rows, x, k, acc);
+#pragma unroll
+    for (int s = 0; s < B; ++s) {
+        if (lane != s) continue;
+        float g = rounded<E>(acc[0][s]), u = rounded<E>(acc[1][s]);
+        E::put(y, (unsigned long long)s * n + row, rounded<E>(g / (1.f + __expf(-g))) * u);
+    }
+}
+
+// The attention's projections of one token per sequence, its rotary embedding at the step's position
+// and its key and value written into the cache. Heads [0, hq) are queries, [hq, hq + hkv) keys, then
+// values; each warp takes the rows i and i + d/2 of one head (a rotary pair: rotate-half, as Llama and
+// Qwen2 rotate). q [B, hq, d]; keys and values [B, hkv, cap, d], slot *pos written; cos and sin
+// [positions, d/2]; biases may be null.
+template <typename E, int B, bool NORM>
+__device__ void qkv_rope(const typename E::T* wq, const typename E::T* wk, const typename E::T* wv,
+                         const typename E::T* bq, const typename E::T* bk, const typename E::T* bv,
+                         const typename E::T* cos, const typename E::T* sin, const unsigned int* pos,
+                         const typename E::T* x, const typename E::T* norm_w, float eps, typename E::T* q,
+                         typename E::T* keys, typename E::T* values, unsigned int hq, unsigned int hkv,
+                         unsigned int d, unsigned int k, unsigned int cap) {
+    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps);
+    const unsigned int half = d / 2, lane = threadIdx.x & 31;
+    const unsigned int task = blockIdx.x * DEC_WARPS + (threadIdx.x >> 5);
+    const unsigned int head = task / half, i = task - head * half;
+    if (head >= hq + 2 * hkv) return;
+    const typename E::T *w, *bias;
+    unsigned int hh;
+    int part;
+    if (head < hq) { part = 0; w = wq; bias = bq; hh = head; }
+    else if (head < hq + hkv) { part = 1; w = wk; bias = bk; hh = head - hq; }
+    else { part = 2; w = wv; bias = bv; hh = head - hq - hkv; }
+    const unsigned int r0 = hh * d + i, r1 = r0 + half;
+    const typename E::T* rows[2] = {w + (unsigned long long)r0 * k, w + (unsigned long long)r1 * k};
+    float acc[2][B];
+#pragma unroll
+    for (int s = 0; s < B; ++s) acc[0][s] = acc[1][s] = 0.f;
+    rows_dot<E, B, 2, NORM>(rows, x, k, acc);
+    const unsigned int p = *pos;
+#pragma unroll
+    for (int s = 0; s < B; ++s) {
+        if (lane != s) continue;
+        float a = acc[0][s], b = acc[1][s];
+        if (bias) { a += E::get(bias, r0); b += E::get(bias, r1); }
+        a = rounded<E>(a);
+        b = rounded<E>(b);
+        if (part < 2) {
+            float c = E::get(cos, (unsigned long long)p * half + i), sn = E::get(sin, (unsigned long long)p * half + i);
+            float ra = a * c - b * sn, rb = b * c + a * sn;
+            a = ra;
+            b = rb;
+        }
+        typename E::T* out;
+        unsigned long long at;
+        if (part == 0) { out = q; at = ((unsigned long long)s * hq + hh) * d; }
+        else { out = part == 1 ? keys : values; at = (((unsigned long long)s * hkv + hh) * cap + p) * d; }
+        E::put(out, at + i, a);
+        E::put(out, at + i + half, b);
+    }
+}
+
+// One chunk of `chunk` (at most DA_CHUNK) slots of the cache for one (sequence, key-value head) and the
+// query heads it serves: grid (chunks, B · hkv); the host picks smaller chunks where B · hkv blocks a
+// chunk would leave the GPU's multiprocessors idle. q [B, hq, D]; keys and values [B, hkv, cap, D],
+// slots 0..=*pos attended; writes
+// part_out [B, hq, chunks, D] and part_ml [B, hq, chunks, 2] (the chunk's max of the scores in log2
+// units and its sum of their exponentials). `scale` is 1/sqrt(D) · log2(e).
+//
+// The chunk's keys and values are copied into shared memory first, every word's load issued before
+// any is used: the cache comes from device memory (the step's weights have pushed it out of L2), and
+// loads made as the arithmetic reaches them were a chain of memory latencies (measured:
+// docs/kernels.md#decode).
+template <typename E, int D>
+__device__ void decode_attention(const typename E::T* q, const typename E::T* keys, const typename E::T* values,
+                                 const unsigned int* pos, float* part_out, float* part_ml, unsigned int hq,
+                                 unsigned int hkv, unsigned int cap, unsigned int chunk_len, float scale) {
+    typedef typename E::T T;
+    constexpr int S = D + 8;  // a row padded by 16 bytes: the words eight lanes read fall in distinct banks
+    constexpr int WORDS = DA_CHUNK * D / 8 / DA_THREADS;  // 16-byte words of keys (and of values) a thread copies
+    __shared__ __align__(16) T ks[DA_CHUNK * S];
+    __shared__ __align__(16) T vs[DA_CHUNK * S];
+    __shared__ float qs[DA_MAX_GROUP][D];
+    __shared__ float ps[DA_MAX_GROUP][DA_CHUNK];
+    const unsigned int chunk = blockIdx.x, chunks = gridDim.x, seq = blockIdx.y / hkv, kvh = blockIdx.y % hkv;
+    const unsigned int group = hq / hkv, start = chunk * chunk_len, p = *pos;
+    if (start > p) return;
+    const unsigned int n = min(chunk_len, p + 1 - start);
+    const unsigned int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const T* kb = keys + (((unsigned long long)seq * hkv + kvh) * cap + start) * D;
+    const T* vb = values + (((unsigned long long)seq * hkv + kvh) * cap + start) * D;
+    uint4 kw[WORDS], vw[WORDS];
+#pragma unroll
+    for (int u = 0; u < WORDS; ++u) {
+        const unsigned int w = tid + u * DA_THREADS, row = w / (D / 8), col = (w % (D / 8)) * 8;
+        if (row < n) {
+            kw[u] = __ldg((const uint4*)(kb + row * D + col));
+            vw[u] = __ldg((const uint4*)(vb + row * D + col));
+        }
+    }
+    const T* qh = q + ((unsigned long long)seq * hq + kvh * group) * D;
+    for (unsigned int e = tid; e < group * D; e += DA_THREADS) qs[e / D][e % D] = E::get(qh, e) * scale;
+#pragma unroll
+    for (int u = 0; u < WORDS; ++u) {
+        const unsigned int w = tid + u * DA_THREADS, row = w / (D / 8), col = (w % (D / 8)) * 8;
+        if (row < n) {
+            *(uint4*)(ks + row * S + col) = kw[u];
+            *(uint4*)(vs + row * S + col) = vw[u];
+        }
+    }
+    __syncthreads();
+    // Scores: one (key, head) per thread.
+    for (unsigned int e = tid; e < group * n; e += DA_THREADS) {
+        const unsigned int g = e / n, j = e - g * n;
+        float dot = 0.f;
+#pragma unroll
+        for (int c = 0; c < D; c += 8) {
+            float kf[8];
+            unpack8<E>(*(const uint4*)(ks + j * S + c), kf);
+#pragma unroll
+            for (int t = 0; t < 8; ++t) dot = fmaf(kf[t], qs[g][c + t], dot);
+        }
+        ps[g][j] = dot;
+    }
+    __syncthreads();
+    // Each head's max and sum over the chunk, one warp per head.
+    for (unsigned int g = warp; g < group; g += DA_THREADS / 32) {
+        float m = __int_as_float(0xff800000);  // -inf
+        for (unsigned int j = lane; j < n; j += 32) m = fmaxf(m, ps[g][j]);
+        m = warp_max(m);
+        float l = 0.f;
+        for (unsigned int j = lane; j < n; j += 32) {
+            float e = exp2f(ps[g][j] - m);
+            ps[g][j] = e;
+            l += e;
+        }
+        l = warp_sum(l);
+        if (lane == 0) {
+            unsigned long long at = (((unsigned long long)seq * hq + kvh * group + g) * chunks + chunk) * 2;
+            part_ml[at] = m;
+            part_ml[at + 1] = l;
+        }
+    }
+    __syncthreads();
+    // The chunk's weighted sum of values, one (head, feature) per thread.
+    for (unsigned int e = tid; e < group * D; e += DA_THREADS) {
+        const unsigned int g = e / D, f = e - g * D;
+        float acc = 0.f;
+        for (unsigned int j = 0; j < n; ++j) acc = fmaf(ps[g][j], E::get(vs, j * S + f), acc);
+        part_out[(((unsigned long long)seq * hq + kvh * group + g) * chunks + chunk) * D + f] = acc;
+    }
+}
+
+// The chunks' partial softmaxes combined: one block of D threads per (sequence, query head), out
+// [B, hq, D] (as [B, 1, hq · D]).
+template <typename E, int D>
+__device__ void decode_attention_combine(const float* part_out, const float* part_ml, const unsigned int* pos,
+                                         typename E::T* out, unsigned int chunks, unsigned int chunk_len) {
+    const unsigned int sh = blockIdx.x, f = threadIdx.x;
+    const unsigned int used = min(*pos / chunk_len + 1, chunks);
+    const float* ml = part_ml + (unsigned long long)sh * chunks * 2;
+    float m = __int_as_float(0xff800000);  // -inf
+    for (unsigned int c = 0; c < used; ++c) m = fmaxf(m, ml[2 * c]);
+    float l = 0.f, acc = 0.f;
+    for (unsigned int c = 0; c < used; ++c) {
+        float w = exp2f(ml[2 * c] - m);
+        l = fmaf(ml[2 * c + 1], w, l);
+        acc = fmaf(part_out[((unsigned long long)sh * chunks + c) * D + f], w, acc);
+    }
+    E::put(out, (unsigned long long)sh * D + f, acc / l);
+}
+
+// Each product in two forms: on x as given, and (`_norm`) on x through the RMSNorm before it.
+#define PRODUCT_FORMS(S, E, B, N, NORM)                                                                             \
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) decode_gemv##N##_##S##_b##B(const E::T* w,           \
+        const E::T* x, const E::T* norm_w, float eps, const E::T* res, E::T* y, unsigned int n, unsigned int k) {   \
+    gemv<E, B, NORM>(w, x, norm_w, eps, res, y, n, k);                                                              \
+}                                                                                                                   \
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) decode_swiglu##N##_##S##_b##B(const E::T* gate,      \
+        const E::T* up, const E::T* x, const E::T* norm_w, float eps, E::T* y, unsigned int n, unsigned int k) {    \
+    swiglu<E, B, NORM>(gate, up, x, norm_w, eps, y, n, k);                                                          \
+}                                                                                                                   \
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) decode_qkv##N##_##S##_b##B(const E::T* wq,           \
+        const E::T* wk, const E::T* wv, const E::T* bq, const E::T* bk, const E::T* bv, const E::T* cos,           \
+        const E::T* sin, const unsigned int* pos, const E::T* x, const E::T* norm_w, float eps, E::T* q,           \
+        E::T* keys, E::T* values, unsigned int hq, unsigned int hkv, unsigned int d, unsigned int k,                \
+        unsigned int cap) {                                                                                         \
+    qkv_rope<E, B, NORM>(wq, wk, wv, bq, bk, bv, cos, sin, pos, x, norm_w, eps, q, keys, values, hq, hkv, d, k, cap); \
+}
+#define PRODUCTS(S, E, B) PRODUCT_FORMS(S, E, B, , false) PRODUCT_FORMS(S, E, B, _norm, true)
+#define BATCHES(S, E) PRODUCTS(S, E, 1) PRODUCTS(S, E, 2) PRODUCTS(S, E, 3) PRODUCTS(S, E, 4) PRODUCTS(S, E, 5)    \
+    PRODUCTS(S, E, 6) PRODUCTS(S, E, 7) PRODUCTS(S, E, 8)
+BATCHES(bf16, BF16)
+BATCHES(f16, F16)
+
+#define ATTENTION(S, E, D)                                                                                          \
+extern "C" __global__ void __launch_bounds__(DA_THREADS) decode_attention_##S##_d##D(const E::T* q,               \
+        const E::T* keys, const E::T* values, const unsigned int* pos, float* part_out, float* part_ml,              \
+        unsigned int hq, unsigned int hkv, unsigned int cap, unsigned int chunk_len, float scale) {                  \
+    decode_attention<E, D>(q, keys, values, pos, part_out, part_ml, hq, hkv, cap, chunk_len, scale);                \
+}                                                                                                                   \
+extern "C" __global__ void decode_attention_combine_##S##_d##D(const float* part_out, const float* part_ml,        \
+        const unsigned int* pos, E::T* out, unsigned int chunks, unsigned int chunk_len) {                          \
+    decode_attention_combine<E, D>(part_out, part_ml, pos, out, chunks, chunk_len);                                 \
+}
+ATTENTION(bf16, BF16, 64)
+ATTENTION(bf16, BF16, 128)
+ATTENTION(f16, F16, 64)
+ATTENTION(f16, F16, 128)
+
+// Greedy decoding's choice: the index of each row's largest element, the first of equal ones (as
+// PyTorch's argmax). Candle's argmax scans a row in one block, a tenth of a small model's decode step
+// (measured: docs/kernels.md#decode). Here a row is split over many blocks whose bests one warp a row
+// then combines. x [rows, n]; best [rows, parts] (value, index); out [rows] u32.
+#define AM_THREADS 256
+__device__ __forceinline__ bool am_better(float v, unsigned int i, float bv, unsigned int bi) {
+    return v > bv || (v == bv && i < bi);
+}
+__device__ __forceinline__ void am_warp(float& v, unsigned int& i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        unsigned int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (am_better(ov, oi, v, i)) { v = ov; i = oi; }
+    }
+}
+template <typename E>
+__device__ void argmax_parts(const typename E::T* x, float2* best, unsigned int n) {
+    __shared__ float sv[AM_THREADS / 32];
+    __shared__ unsigned int si[AM_THREADS / 32];
+    const unsigned int part = blockIdx.x, parts = gridDim.x, row = blockIdx.y;
+    const unsigned int span = (n + parts - 1) / parts, start = part * span, end = min(n, start + span);
+    float v = __int_as_float(0xff800000);
+    unsigned int i = start < n ? start : n - 1;
+    const typename E::T* r = x + (unsigned long long)row * n;
+    for (unsigned int j = start + threadIdx.x; j < end; j += AM_THREADS) {
+        float e = E::get(r, j);
+        if (am_better(e, j, v, i)) { v = e; i = j; }
+    }
+    am_warp(v, i);
+    const unsigned int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { sv[warp] = v; si[warp] = i; }
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < AM_THREADS / 32 ? sv[lane] : __int_as_float(0xff800000);
+        i = lane < AM_THREADS / 32 ? si[lane] : 0xffffffffu;
+        am_warp(v, i);
+        if (lane == 0) best[(unsigned long long)row * parts + part] = make_float2(v, __uint_as_float(i));
+    }
+}
+// One warp a row over its parts' bests.
+__device__ void argmax_combine(const float2* best, unsigned int* out, unsigned int parts) {
+    const unsigned int row = blockIdx.x, lane = threadIdx.x;
+    float v = __int_as_float(0xff800000);
+    unsigned int i = 0xffffffffu;
+    for (unsigned int p = lane; p < parts; p += 32) {
+        float2 b = best[(unsigned long long)row * parts + p];
+        if (am_better(b.x, __float_as_uint(b.y), v, i)) { v = b.x; i = __float_as_uint(b.y); }
+    }
+    am_warp(v, i);
+    if (lane == 0) out[row] = i;
+}
+#define ARGMAX(S, E)                                                                                   \
+extern "C" __global__ void __launch_bounds__(AM_THREADS) argmax_parts_##S(const E::T* x, float2* best, \
+        unsigned int n) {                                                                              \
+    argmax_parts<E>(x, best, n);                                                                       \
+}
+ARGMAX(f32, F32)
+ARGMAX(bf16, BF16)
+ARGMAX(f16, F16)
+extern "C" __global__ void argmax_rows(const float2* best, unsigned int* out, unsigned int parts) {
+    argmax_combine(best, out, parts);
+}

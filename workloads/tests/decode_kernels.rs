@@ -1,0 +1,310 @@
+//! The decode kernels (`kernels::decode`: the products with their rotary embedding, cache write,
+//! gate and residual; attention split over the cache) against the same decode steps run as candle's
+//! ops, on the GPU: every step's logits, teacher-forced so that both read the same tokens, each
+//! kernel alone and all together, in bf16 and f16, at batch sizes the products take and one they
+//! do not, across a chunk of the attention's split.
+//! Built with the `cuda` feature and run on a GPU machine (`benches/gpu_run.sh kernels`, which passes
+//! `--include-ignored`): every test is `#[ignore]`d and fails without a CUDA device.
+#![cfg(feature = "cuda")]
+
+use candle_core::{DType, Device, IndexOp, Tensor, D};
+use candle_nn::VarBuilder;
+use workloads::kernels::decode;
+use workloads::kernels::options::{Attention, EncoderLayers};
+use workloads::kernels::KernelOptions;
+use workloads::models::decoder::{self, Config, Decoder, KvCache, KvStore};
+
+fn gpu() -> Device {
+    let gpu = Device::new_cuda(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU and found none: {e}"));
+    workloads::memory::pool_allocations(&gpu).unwrap();
+    gpu
+}
+
+/// A tiny preset reshaped to heads the attention kernel takes: `heads` query heads over `kv` of
+/// `dim` features, an MLP of `inter`, two layers.
+fn reshaped(preset: usize, hidden: usize, heads: usize, kv: usize, dim: usize, inter: usize) -> Config {
+    let mut v: serde_json::Value = serde_json::from_str(decoder::PRESETS[preset].1).unwrap();
+    for (key, value) in [
+        ("hidden_size", hidden),
+        ("num_attention_heads", heads),
+        ("num_key_value_heads", kv),
+        ("head_dim", dim),
+        ("intermediate_size", inter),
+        ("max_position_embeddings", 512),
+        ("vocab_size", 1000),
+    ] {
+        v[key] = value.into();
+    }
+    Config::from_json(&v.to_string()).unwrap()
+}
+
+/// Seeded weights with random norms and biases (a bias or a norm read from the wrong place shows).
+fn weights(cfg: &Config, device: &Device, dtype: DType) -> VarBuilder<'static> {
+    let mut w = decoder::random_weights(cfg, 3, &Device::Cpu, DType::F32).unwrap();
+    for (name, t) in w.iter_mut() {
+        let (mean, std) = match name {
+            n if n.ends_with("norm.weight") => (1.0, 0.2),
+            n if n.ends_with(".bias") => (0.0, 0.5),
+            _ => continue,
+        };
+        let values = workloads::init::Rng::for_name(9, name).normal_vec(t.elem_count(), mean, std);
+        *t = Tensor::from_vec(values, t.shape(), &Device::Cpu).unwrap();
+    }
+    let w = w
+        .into_iter()
+        .map(|(n, t)| (n, t.to_dtype(dtype).unwrap().to_device(device).unwrap()))
+        .collect();
+    VarBuilder::from_tensors(w, dtype, device)
+}
+
+/// Llama with heads of 64 in pairs (group 2); Qwen2 with biases, heads of 128, groups of 3 and a
+/// tied head.
+fn models() -> [(&'static str, Config); 2] {
+    [
+        ("llama d64", reshaped(5, 256, 4, 2, 64, 512)),
+        ("qwen2 d128", reshaped(6, 384, 6, 2, 128, 1024)),
+    ]
+}
+
+/// The largest logit error allowed, relative to the largest logit: rounding where PyTorch rounds,
+/// in another order, is a few of the element type's steps.
+fn bound(dtype: DType) -> f32 {
+    if dtype == DType::BF16 {
+        3e-2
+    } else {
+        5e-3
+    }
+}
+
+fn options(layers: EncoderLayers, attention: Attention) -> KernelOptions {
+    KernelOptions {
+        layers,
+        attention,
+        ..KernelOptions::default()
+    }
+}
+
+/// Largest |a - b| over the largest |b|, in f32.
+fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
+    let (a, b) = (a.to_dtype(DType::F32).unwrap(), b.to_dtype(DType::F32).unwrap());
+    let diff = (&a - &b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+    let scale = b.abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+    diff.to_scalar::<f32>().unwrap() / scale.to_scalar::<f32>().unwrap().max(1e-12)
+}
+
+const PROMPT: usize = 60;
+/// Decode steps: positions 60 to 79, across the attention's first chunk of 64 slots.
+const STEPS: usize = 20;
+
+/// Decodes `batch` sequences with `kernels` and with candle's ops, feeding both the ops' tokens:
+/// the worst step's relative logit error, and the share of (sequence, step) whose tokens agree.
+fn against_ops(model: &Decoder, gpu: &Device, dtype: DType, batch: usize, kernels: KernelOptions) -> (f32, f64) {
+    let ops = options(EncoderLayers::Composed, Attention::Composed);
+    let vocab = model.config().vocab_size as u32;
+    let ids: Vec<u32> = (0..batch * PROMPT).map(|i| (i as u32 * 7919 + 13) % vocab).collect();
+    let prompt = Tensor::from_vec(ids, (batch, PROMPT), gpu).unwrap();
+    let mut caches = [KvCache::new(model.config()), KvCache::new(model.config())];
+    let mut tokens = Tensor::zeros((batch, 1), DType::U32, gpu).unwrap();
+    for cache in caches.iter_mut() {
+        cache.reserve(batch, PROMPT + STEPS, dtype, gpu).unwrap();
+        let _ops = ops.enter();
+        let logits = model.forward(&prompt, cache).unwrap();
+        tokens = logits
+            .i((.., PROMPT - 1, ..))
+            .unwrap()
+            .argmax(D::Minus1)
+            .unwrap()
+            .unsqueeze(1)
+            .unwrap();
+    }
+    let (mut worst, mut agree) = (0f32, 0usize);
+    for _ in 0..STEPS {
+        let pos = Tensor::new(&[caches[0].len() as u32], gpu).unwrap();
+        let ours = {
+            let _k = kernels.enter();
+            model.decode_step(&tokens, &pos, &caches[0]).unwrap()
+        };
+        let reference = {
+            let _k = ops.enter();
+            model.decode_step(&tokens, &pos, &caches[1]).unwrap()
+        };
+        for cache in caches.iter_mut() {
+            cache.advance(1).unwrap();
+        }
+        worst = worst.max(rel_err(&ours, &reference));
+        let picked = |l: &Tensor| {
+            l.argmax(D::Minus1)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<u32>()
+                .unwrap()
+        };
+        let (a, b) = (picked(&ours), picked(&reference));
+        agree += a.iter().zip(&b).filter(|(x, y)| x == y).count();
+        tokens = Tensor::from_vec(b, (batch, 1), gpu).unwrap();
+    }
+    (worst, agree as f64 / (batch * STEPS) as f64)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn decode_kernels_give_the_logits_of_candles_ops() {
+    let gpu = gpu();
+    let mut failures = Vec::new();
+    for (label, cfg) in &models() {
+        for dtype in [DType::BF16, DType::F16] {
+            let model = Decoder::new(cfg, weights(cfg, &gpu, dtype)).unwrap();
+            let bound = bound(dtype);
+            for batch in [1, 3, 8, 9] {
+                let widths = [cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size];
+                let _all = options(EncoderLayers::Fused, Attention::Fused).enter();
+                let takes = (
+                    decode::products_take(&gpu, dtype, batch, &widths),
+                    decode::attention_takes(&gpu, dtype, cfg.head_dim, cfg.num_heads / cfg.num_kv_heads),
+                );
+                assert_eq!(takes, (batch <= decode::MAX_BATCH, true), "{label} batch {batch}");
+                drop(_all);
+                for (what, layers, attention) in [
+                    ("products", EncoderLayers::Fused, Attention::Composed),
+                    ("attention", EncoderLayers::Composed, Attention::Fused),
+                    ("both", EncoderLayers::Fused, Attention::Fused),
+                ] {
+                    let (err, agree) = against_ops(&model, &gpu, dtype, batch, options(layers, attention));
+                    println!("{label} {dtype:?} batch {batch} {what}: logits {err:.2e}, tokens {agree:.3}");
+                    if err > bound || agree < 0.9 {
+                        failures.push(format!("{label} {dtype:?} batch {batch} {what}: {err:.2e}, {agree:.3}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "beyond the bound:\n{}", failures.join("\n"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_decode_product_refuses_what_it_cannot_read() {
+    // Rows not whole 16-byte words, or more sequences than the kernel keeps, are errors that say
+    // so, not wrong numbers.
+    let gpu = gpu();
+    let x = Tensor::zeros((2, 1, 12), DType::BF16, &gpu).unwrap();
+    let w = Tensor::zeros((16, 12), DType::BF16, &gpu).unwrap();
+    let e = decode::gemv(&x, None, &w, None).unwrap_err().to_string();
+    assert!(e.contains("16-byte words"), "{e}");
+    let x = Tensor::zeros((9, 1, 16), DType::BF16, &gpu).unwrap();
+    let w = Tensor::zeros((16, 16), DType::BF16, &gpu).unwrap();
+    let e = decode::gemv(&x, None, &w, None).unwrap_err().to_string();
+    assert!(e.contains("9 sequences"), "{e}");
+    // What it takes it computes: ones times ones is k.
+    let x = Tensor::ones((3, 1, 24), DType::BF16, &gpu).unwrap();
+    let w = Tensor::ones((40, 24), DType::BF16, &gpu).unwrap();
+    let y = decode::gemv(
+        &x,
+        None,
+        &w,
+        Some(&Tensor::ones((3, 1, 40), DType::BF16, &gpu).unwrap()),
+    )
+    .unwrap();
+    assert_eq!(y.dims(), [3, 1, 40]);
+    let values = y
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert!(values.iter().all(|v| *v == 25.0), "{values:?}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_causal_prefill_kernel_gives_the_logits_and_cache_of_candles_ops() {
+    // Every position's logits of a prompt from position 0, through the causal kernel and through
+    // candle's ops with the mask; then one decode step from each cache, so that keys and values
+    // written in the wrong place show. Prompts of one partial tile, of several with a partial
+    // last one, and of whole tiles.
+    let gpu = gpu();
+    let mut failures = Vec::new();
+    for (label, cfg) in &models() {
+        for dtype in [DType::BF16, DType::F16] {
+            let model = Decoder::new(cfg, weights(cfg, &gpu, dtype)).unwrap();
+            let bound = bound(dtype);
+            for (batch, tokens) in [(1, 37), (3, 150), (2, 128)] {
+                let vocab = cfg.vocab_size as u32;
+                let ids: Vec<u32> = (0..batch * tokens).map(|i| (i as u32 * 104_729 + 5) % vocab).collect();
+                let prompt = Tensor::from_vec(ids, (batch, tokens), &gpu).unwrap();
+                let run = |attention: Attention| {
+                    let _k = options(EncoderLayers::Composed, attention).enter();
+                    let mut cache = KvCache::new(cfg);
+                    cache.reserve(batch, tokens + 1, dtype, &gpu).unwrap();
+                    let logits = model.forward(&prompt, &mut cache).unwrap();
+                    let next = logits
+                        .i((.., tokens - 1, ..))
+                        .unwrap()
+                        .argmax(D::Minus1)
+                        .unwrap()
+                        .unsqueeze(1)
+                        .unwrap();
+                    let pos = Tensor::new(&[tokens as u32], &gpu).unwrap();
+                    let step = model.decode_step(&next, &pos, &cache).unwrap();
+                    (logits, next, step)
+                };
+                let _all = options(EncoderLayers::Composed, Attention::Fused).enter();
+                assert!(
+                    workloads::kernels::causal_attention::takes(
+                        &gpu,
+                        dtype,
+                        cfg.num_heads,
+                        cfg.num_kv_heads,
+                        cfg.head_dim
+                    ),
+                    "{label}"
+                );
+                drop(_all);
+                let (kernel, kernel_next, kernel_step) = run(Attention::Fused);
+                let (ops, ops_next, ops_step) = run(Attention::Composed);
+                let (prefill, step) = (rel_err(&kernel, &ops), rel_err(&kernel_step, &ops_step));
+                let same_next = kernel_next.flatten_all().unwrap().to_vec1::<u32>().unwrap()
+                    == ops_next.flatten_all().unwrap().to_vec1::<u32>().unwrap();
+                println!("{label} {dtype:?} batch {batch} × {tokens}: prefill {prefill:.2e}, next step {step:.2e}, same next tokens {same_next}");
+                // The step's error counts only where both chose the same token to feed.
+                if prefill > bound || (same_next && step > bound) {
+                    failures.push(format!("{label} {dtype:?} {batch}×{tokens}: {prefill:.2e}, {step:.2e}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "beyond the bound:\n{}", failures.join("\n"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn argmax_picks_each_rows_first_largest_as_candle_does_on_the_cpu() {
+    // Rows of a vocabulary's length and shorter ones, in every dtype; bf16 rounds many logits to
+    // equal values, and a planted tie in row 0 must resolve to its first index.
+    let gpu = gpu();
+    for n in [128_256usize, 4_097, 7] {
+        let mut values = workloads::init::Rng::for_name(1, "argmax").normal_vec(5 * n, 0.0, 1.0);
+        values[n - 1] = 9.0;
+        values[n / 3] = 9.0;
+        values[2 * n..3 * n].fill(-1.0);
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let cpu = Tensor::from_vec(values.clone(), (5, n), &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let want = cpu.argmax(D::Minus1).unwrap().to_vec1::<u32>().unwrap();
+            let got = decode::argmax(&cpu.to_device(&gpu).unwrap())
+                .unwrap()
+                .to_vec1::<u32>()
+                .unwrap();
+            assert_eq!(got, want, "{n} {dtype:?}");
+            assert_eq!(
+                (got[0], got[2]),
+                ((n / 3) as u32, 0),
+                "{n} {dtype:?}: the first of equal ones"
+            );
+        }
+    }
+}
