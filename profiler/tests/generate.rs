@@ -362,10 +362,11 @@ fn a_max_batch_search_generates_its_probes() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("s.toml");
     // The host holds far more than 4 sequences of llama_tiny: the search stops at its limit, each
-    // try one warm-up and one measured generation.
+    // try one warm-up and one measured generation, of three decode steps where the cell's have
+    // seven.
     std::fs::write(
         &file,
-        "name = \"max\"\n[defaults]\nmax_batch_limit = 4\nwarmup_secs = 0\nduration_secs = 0.01\n[[targets]]\nlabel = \"cpu\"\ndevice = \"cpu\"\n[[matrix]]\nmodels = [\"llama_tiny\"]\nmodes = [\"generate\"]\nbatches = [\"max\"]\nprompt_lens = [8]\noutput_lens = [3]\n",
+        "name = \"max\"\n[defaults]\nmax_batch_limit = 4\nwarmup_secs = 0\nduration_secs = 0.01\n[[targets]]\nlabel = \"cpu\"\ndevice = \"cpu\"\n[[matrix]]\nmodels = [\"llama_tiny\"]\nmodes = [\"generate\"]\nbatches = [\"max\"]\nprompt_lens = [8]\noutput_lens = [8]\n",
     )
     .unwrap();
     let out = dir.path().join("D");
@@ -380,11 +381,16 @@ fn a_max_batch_search_generates_its_probes() {
         .collect();
     assert_eq!(measured, vec![4.0], "{}", text(&o));
     assert!(statuses.iter().any(|s| s == "probe"));
-    // Every probe generated: one generation of two decode steps.
+    // Every probe generated its prefill and three decode steps, over a cache reserved for the
+    // whole context (the 15 tokens of the measured cell's).
     for i in (0..runs.height()).filter(|&i| statuses[i] == "probe") {
         assert_eq!(numbers(&runs, "generations")[i], Some(1.0));
-        assert_eq!(numbers(&runs, "iterations")[i], Some(2.0));
+        assert_eq!(numbers(&runs, "iterations")[i], Some(3.0));
     }
+    let measured_steps = (0..runs.height())
+        .filter(|&i| statuses[i] == "ok")
+        .map(|i| numbers(&runs, "iterations")[i]);
+    assert!(measured_steps.into_iter().all(|n| n.is_some_and(|n| n >= 7.0)));
     // The report says how many sequences the target held, and that the search's limit stopped it.
     let o = run(&["report", out.to_str().unwrap(), "--format", "md"]);
     assert!(o.status.success(), "{}", text(&o));
@@ -395,12 +401,12 @@ fn a_max_batch_search_generates_its_probes() {
         .unwrap_or_else(|| panic!("no section: {md}"));
     assert!(
         section
-            .contains("| cpu | llama_tiny | f32 | prompt 8 output 3 | contiguous | at least 4 (the search's limit) |"),
+            .contains("| cpu | llama_tiny | f32 | prompt 8 output 8 | contiguous | at least 4 (the search's limit) |"),
         "{section}"
     );
-    // llama_tiny's 10 tokens a sequence, keys and values: 2 × 2 layers × 2 KV heads × 16 × 4 bytes × 10
-    // = 5,120 bytes.
-    assert!(section.contains("| 0.005 |"), "{section}");
+    // llama_tiny's 15 tokens a sequence, keys and values: 2 × 2 layers × 2 KV heads × 16 × 4 bytes × 15
+    // = 7,680 bytes.
+    assert!(section.contains("| 0.007 |"), "{section}");
 }
 
 #[test]

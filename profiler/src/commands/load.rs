@@ -224,5 +224,6 @@ fn served(args: &LoadArgs) -> Result<RunSpec> {
         stop: Stop::Iterations(1),
         seed: args.seed,
         sample_interval: (args.sample_interval_ms > 0).then(|| Duration::from_millis(args.sample_interval_ms)),
+        probe: false,
     })
 }

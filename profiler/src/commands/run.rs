@@ -538,6 +538,7 @@ fn cross_product(args: &RunArgs) -> Result<Vec<RunSpec>> {
                         seed: args.seed,
                         sample_interval: (args.sample_interval_ms > 0)
                             .then(|| Duration::from_millis(args.sample_interval_ms)),
+                        probe: false,
                     });
                 }
             }

@@ -211,10 +211,17 @@ impl Steps {
             let prompts = generator
                 .prompts(spec.batch, lengths.prompt, spec.seed)
                 .context("making the prompts")?;
+            // A probe needs the generation's peak, not its every step: the cache is reserved for
+            // the whole context at the prefill, and a decode step's memory does not grow with its
+            // position.
+            let steps = match spec.probe {
+                true => lengths.decode_steps().min(crate::run::spec::PROBE_DECODE_STEPS),
+                false => lengths.decode_steps(),
+            };
             let exec = GenerationExecutor {
                 generator,
                 prompts,
-                steps: lengths.decode_steps(),
+                steps,
                 room: lengths.context(),
                 at: None,
                 next: None,

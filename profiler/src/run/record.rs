@@ -426,6 +426,7 @@ pub(crate) mod tests {
             stop: Stop::Iterations(iters),
             seed: 1,
             sample_interval: None,
+            probe: false,
         }
     }
 

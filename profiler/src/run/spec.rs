@@ -102,7 +102,15 @@ pub struct RunSpec {
     pub seed: u64,
     /// How often the sampler reads the GPU's counters while measuring; `None`: no sampler.
     pub sample_interval: Option<std::time::Duration>,
+    /// A try of a `"max"` search, which only has to show that the batch fits: a generation's runs
+    /// its prefill and [`PROBE_DECODE_STEPS`] decode steps over a cache reserved for the whole
+    /// context, not every step of the output.
+    pub probe: bool,
 }
+
+/// Decode steps a generation's probe runs: the first launched op by op, the second captured as a
+/// CUDA graph, the third replayed, so that the graph's memory is in the probe's peak too.
+pub const PROBE_DECODE_STEPS: usize = 3;
 
 impl RunSpec {
     /// Builds the spec's workload on `device`, after setting TF32 for the process as the spec says

@@ -417,6 +417,7 @@ impl CellSpec {
             stop,
             seed: self.seed,
             sample_interval: (self.sample_interval_ms > 0).then(|| Duration::from_millis(self.sample_interval_ms)),
+            probe: self.purpose == Purpose::Probe,
         })
     }
 }
