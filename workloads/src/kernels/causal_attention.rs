@@ -36,11 +36,7 @@ pub fn takes(device: &Device, dtype: DType, heads: usize, kv_heads: usize, head_
 fn capable(device: &Device) -> bool {
     match device {
         #[cfg(feature = "cuda")]
-        Device::Cuda(d) => d
-            .cuda_stream()
-            .context()
-            .compute_capability()
-            .is_ok_and(|(major, _)| major >= 8),
+        Device::Cuda(d) => super::fused_attention::tensor_cores(d),
         _ => false,
     }
 }

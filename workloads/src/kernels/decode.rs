@@ -60,6 +60,15 @@ pub struct Norm<'a> {
     pub eps: f64,
 }
 
+impl<'a> From<&'a candle_nn::RmsNorm> for Norm<'a> {
+    fn from(norm: &'a candle_nn::RmsNorm) -> Norm<'a> {
+        Norm {
+            weight: norm.weight(),
+            eps: norm.eps(),
+        }
+    }
+}
+
 /// `x` and the norm for the product's kernel: the norm itself where the kernel keeps the
 /// normalized rows, else `x` normalized by candle's kernel first.
 #[cfg(feature = "cuda")]
@@ -310,6 +319,18 @@ mod cuda {
         Ok(Some((ws, wl, *eps)))
     }
 
+    /// The view of a locked norm weight ([`norm_weight`]) the kernel reads.
+    fn norm_view<
+        'a,
+        T: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
+    >(
+        norm: &'a Option<(impl std::ops::Deref<Target = candle_core::Storage>, &Layout, f32)>,
+    ) -> Result<Option<candle_core::cuda_backend::cudarc::driver::CudaView<'a, T>>> {
+        norm.as_ref()
+            .map(|(s, l, _)| view::<T>(cuda(s, "norm")?, l, "norm"))
+            .transpose()
+    }
+
     /// Pushes the norm's weight (or null) and epsilon.
     fn push_norm<
         'a,
@@ -367,11 +388,11 @@ mod cuda {
             let func = Kernel::load(&dev, &DECODE, &product_kernel("decode_gemv", &self.norm, x.dtype(), b))?;
             let (n32, k32) = (n as u32, k as u32);
             let null = 0u64;
-            let eps = norm.as_ref().map_or(0.0, |n| n.2);
+            let eps = norm.as_ref().map_or(0.0, |(_, _, eps)| *eps);
             let out = by_dtype!(x.dtype(), "the decode products", T => {
                 let xv = view::<T>(x, xl, "decode product")?;
                 let wv = view::<T>(ws, wl, "decode product's weights")?;
-                let nv = norm.as_ref().map(|(s, l, _)| cuda(s, "norm").and_then(|s| view::<T>(s, l, "norm"))).transpose()?;
+                let nv = norm_view::<T>(&norm)?;
                 // SAFETY: the kernel writes every element.
                 let out = unsafe { dev.alloc::<T>(b * n)? };
                 let mut a = func.builder();
@@ -429,10 +450,10 @@ mod cuda {
             )?;
             let (n32, k32) = (n as u32, k as u32);
             let null = 0u64;
-            let eps = norm.as_ref().map_or(0.0, |n| n.2);
+            let eps = norm.as_ref().map_or(0.0, |(_, _, eps)| *eps);
             let out = by_dtype!(x.dtype(), "the decode products", T => {
                 let (xv, gv, uv) = (view::<T>(x, xl, "decode MLP")?, view::<T>(gs, gl, "gate")?, view::<T>(us, ul, "up")?);
-                let nv = norm.as_ref().map(|(s, l, _)| cuda(s, "norm").and_then(|s| view::<T>(s, l, "norm"))).transpose()?;
+                let nv = norm_view::<T>(&norm)?;
                 // SAFETY: the kernel writes every element.
                 let out = unsafe { dev.alloc::<T>(b * n)? };
                 let mut a = func.builder();
@@ -527,7 +548,7 @@ mod cuda {
             let func = Kernel::load(&dev, &DECODE, &product_kernel("decode_qkv", &self.norm, x.dtype(), b))?;
             let dims = [hq, hkv, d, k, cap].map(|v| v as u32);
             let null = 0u64;
-            let eps = norm.as_ref().map_or(0.0, |n| n.2);
+            let eps = norm.as_ref().map_or(0.0, |(_, _, eps)| *eps);
             let out = by_dtype!(x.dtype(), "the decode products", T => {
                 let w = weights.each_ref().map(|(s, l)| cuda(s, what).and_then(|s| view::<T>(s, l, what)));
                 let [wq, wk, wv] = w;
@@ -541,7 +562,7 @@ mod cuda {
                 let kv = view::<T>(cuda(&keys.0, what)?, keys.1, "keys")?;
                 let vv = view::<T>(cuda(&values.0, what)?, values.1, "values")?;
                 let xv = view::<T>(x, xl, what)?;
-                let nv = norm.as_ref().map(|(s, l, _)| cuda(s, "norm").and_then(|s| view::<T>(s, l, "norm"))).transpose()?;
+                let nv = norm_view::<T>(&norm)?;
                 // SAFETY: the kernel writes every element.
                 let out = unsafe { dev.alloc::<T>(b * hq * d)? };
                 let mut a = func.builder();

@@ -97,6 +97,15 @@ pub(crate) struct Fused {
 /// Mode 3: query i attends keys j <= i (a decoder's prefill from position 0).
 pub(crate) const CAUSAL: i32 = 3;
 
+/// Whether `dev` has compute capability 8.0 or later: the bf16 tensor-core instructions of the
+/// fused kernels.
+pub(crate) fn tensor_cores(dev: &CudaDevice) -> bool {
+    dev.cuda_stream()
+        .context()
+        .compute_capability()
+        .is_ok_and(|(major, _)| major >= 8)
+}
+
 impl Fused {
     /// Whether a fused kernel takes this shape: on a GPU of compute capability 8.0 or later (bf16
     /// tensor-core instructions), bf16 or f16 heads of 32, 64 or 128, or f32 heads of 32 or 64 (the
@@ -105,11 +114,7 @@ impl Fused {
     /// kernel options ask for composed attention.
     pub(crate) fn takes(&self, dtype: DType, dev: &CudaDevice, qkv_start: usize) -> bool {
         let unfused = crate::kernels::KernelOptions::active().attention == crate::kernels::options::Attention::Composed;
-        let capable = dev
-            .cuda_stream()
-            .context()
-            .compute_capability()
-            .is_ok_and(|(major, _)| major >= 8);
+        let capable = tensor_cores(dev);
         // The f32 kernels read an encoder's packed heads alone: no causal mask, no grouped heads.
         let head = match dtype {
             DType::BF16 | DType::F16 => matches!(self.d, 32 | 64 | 128),

@@ -479,10 +479,7 @@ impl Attention {
         let q = match &step.composed {
             None => decode::qkv_rope(
                 x,
-                Some(decode::Norm {
-                    weight: norm.weight(),
-                    eps: norm.eps(),
-                }),
+                Some(norm.into()),
                 [self.q_proj.weight(), self.k_proj.weight(), self.v_proj.weight()],
                 [self.q_proj.bias(), self.k_proj.bias(), self.v_proj.bias()],
                 step.tables,
@@ -566,11 +563,7 @@ impl Mlp {
     /// output.
     fn decode_step(&self, x: &Tensor, norm: &RmsNorm, products: bool) -> Result<Tensor> {
         if products {
-            let norm = decode::Norm {
-                weight: norm.weight(),
-                eps: norm.eps(),
-            };
-            let gated = decode::swiglu(x, Some(norm), self.gate_proj.weight(), self.up_proj.weight())?;
+            let gated = decode::swiglu(x, Some(norm.into()), self.gate_proj.weight(), self.up_proj.weight())?;
             return decode::gemv(&gated, None, self.down_proj.weight(), Some(x));
         }
         x + self.forward(&norm.forward(x)?)?
@@ -793,13 +786,7 @@ impl Decoder {
             x = layer.mlp.decode_step(&x, &layer.post_attention_layernorm, products)?;
         }
         match products {
-            true => {
-                let norm = decode::Norm {
-                    weight: self.norm.weight(),
-                    eps: self.norm.eps(),
-                };
-                decode::gemv(&x, Some(norm), self.lm_head.weight(), None)
-            }
+            true => decode::gemv(&x, Some((&self.norm).into()), self.lm_head.weight(), None),
             false => self.lm_head.forward(&self.norm.forward(&x)?),
         }
     }
