@@ -173,7 +173,7 @@ impl Generator {
             }
             (None, None) => {
                 let weights = decoder::random_weights(&config, cfg.seed, &cfg.device, cfg.dtype)?;
-                Decoder::new(&config, VarBuilder::from_tensors(weights, cfg.dtype, &cfg.device))?
+                Decoder::from_tensors(&config, weights, &cfg.device, cfg.dtype)?
             }
         };
         Ok(Generator {

@@ -2,7 +2,8 @@
 //! gate and residual; attention split over the cache) against the same decode steps run as candle's
 //! ops, on the GPU: every step's logits, teacher-forced so that both read the same tokens, each
 //! kernel alone and all together, in bf16 and f16, at batch sizes the products take and one they
-//! do not, across a chunk of the attention's split.
+//! do not, across a chunk of the attention's split. The prefill's kernels (`kernels::prefill`, the
+//! projections through cuBLASLt with the residual added by the GEMM) against candle's ops on the CPU.
 //! Built with the `cuda` feature and run on a GPU machine (`benches/gpu_run.sh kernels`, which passes
 //! `--include-ignored`): every test is `#[ignore]`d and fails without a CUDA device.
 #![cfg(feature = "cuda")]
@@ -307,4 +308,85 @@ fn argmax_picks_each_rows_first_largest_as_candle_does_on_the_cpu() {
             );
         }
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_prefill_s_rotary_swiglu_and_products_give_candles_results() {
+    // Against candle's ops on the CPU in f32, from the same inputs rounded to the dtype: the
+    // packed rotary embedding (rows of 2 sequences × 19 tokens from position 5, heads of 64 and 128,
+    // the v heads copied), SwiGLU over rows of gate and up, and a product with its residual.
+    let gpu = gpu();
+    let cpu = Device::Cpu;
+    let normal = |name: &str, shape: &[usize]| {
+        let n = shape.iter().product();
+        Tensor::from_vec(
+            workloads::init::Rng::for_name(17, name).normal_vec(n, 0.0, 1.0),
+            shape,
+            &cpu,
+        )
+        .unwrap()
+    };
+    let mut failures = Vec::new();
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        // A step or two of the dtype, relative to the largest value.
+        let bound = match dtype {
+            DType::BF16 => 1.6e-2,
+            DType::F16 => 2e-3,
+            _ => 1e-5,
+        };
+        let rounded = |t: Tensor| t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap();
+        let on_gpu = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(&gpu).unwrap();
+        let mut check = |what: String, ours: Tensor, reference: Tensor| {
+            let e = rel_err(&ours.to_device(&cpu).unwrap(), &reference);
+            println!("{what} {dtype:?}: {e:.2e}");
+            if e > bound {
+                failures.push(format!("{what} {dtype:?}: {e:.2e}"));
+            }
+        };
+        for (q, kv, d) in [(4usize, 2usize, 64usize), (6, 2, 128)] {
+            let (b, t, offset, positions) = (2, 19, 5, 40);
+            let width = (q + 2 * kv) * d;
+            let packed = rounded(normal("packed", &[b * t, width]));
+            let angles = normal("angles", &[positions, d / 2]);
+            let (cos, sin) = (rounded(angles.cos().unwrap()), rounded(angles.sin().unwrap()));
+            let heads = decode::Heads { q, kv, dim: d };
+            let ours = workloads::kernels::prefill::rope_packed(
+                &on_gpu(&packed),
+                t,
+                offset,
+                heads,
+                (&on_gpu(&cos), &on_gpu(&sin)),
+            )
+            .unwrap();
+            // candle's rotary embedding of the q and k heads, [b, t, heads, d], at positions 5..24.
+            let split = packed.reshape((b, t, q + 2 * kv, d)).unwrap();
+            let turned = candle_nn::rotary_emb::rope_thd(
+                &split.narrow(2, 0, q + kv).unwrap().contiguous().unwrap(),
+                &cos.narrow(0, offset, t).unwrap(),
+                &sin.narrow(0, offset, t).unwrap(),
+            )
+            .unwrap();
+            let reference = Tensor::cat(&[turned, split.narrow(2, q + kv, kv).unwrap()], 2)
+                .unwrap()
+                .reshape((b * t, width))
+                .unwrap();
+            check(format!("rotary, heads of {d}"), ours, reference);
+        }
+        let gate_up = rounded(normal("gate_up", &[37, 2 * 96]));
+        let ours = workloads::kernels::prefill::swiglu(&on_gpu(&gate_up)).unwrap();
+        let gate = gate_up.narrow(1, 0, 96).unwrap();
+        let reference = (candle_nn::ops::silu(&gate).unwrap() * gate_up.narrow(1, 96, 96).unwrap()).unwrap();
+        check("swiglu".into(), ours, reference);
+        let (x, w, r) = (
+            rounded(normal("x", &[3, 37, 64])),
+            rounded(normal("w", &[48, 64])),
+            rounded(normal("r", &[3, 37, 48])),
+        );
+        let ours = workloads::kernels::product(&on_gpu(&x), &on_gpu(&w), Some(&on_gpu(&r))).unwrap();
+        assert_eq!(ours.dims(), [3, 37, 48]);
+        let reference = (x.broadcast_matmul(&w.t().unwrap()).unwrap() + &r).unwrap();
+        check("product with its residual".into(), ours, reference);
+    }
+    assert!(failures.is_empty(), "beyond the bound:\n{}", failures.join("\n"));
 }

@@ -403,3 +403,29 @@ fn the_generator_s_paged_cache_decodes_as_its_contiguous_one() {
     // 16 tokens a sequence: exactly 4 blocks of 4, so the paged cache holds no more.
     assert_eq!(bytes, paged_bytes);
 }
+
+#[test]
+fn a_pass_s_mlp_in_slices_of_rows_gives_the_logits_of_one_slice() {
+    // 2 sequences × 7 prompt tokens are 14 rows: slices of 4 make three whole slices and one of 2.
+    for preset in ["llama_tiny", "qwen2_tiny"] {
+        let cfg = decoder::preset(preset).unwrap();
+        let whole = Decoder::new(&cfg, weights(&cfg)).unwrap();
+        let sliced = Decoder::new(&cfg, weights(&cfg)).unwrap().with_mlp_rows(4);
+        let prompt = Tensor::new(&PROMPT, &Device::Cpu).unwrap();
+        let (mut a, mut b) = (KvCache::new(&cfg), KvCache::new(&cfg));
+        let (la, lb) = (
+            whole.forward(&prompt, &mut a).unwrap(),
+            sliced.forward(&prompt, &mut b).unwrap(),
+        );
+        assert_eq!(la.dims(), [2, 7, cfg.vocab_size]);
+        let d = max_diff(&la, &lb);
+        assert!(d < 1e-5, "{preset}: prefill logits differ by {d}");
+        // A step after it reads the caches both wrote.
+        let next = argmax_last(&la.i((.., 6, ..)).unwrap());
+        let d = max_diff(
+            &whole.forward(&next, &mut a).unwrap(),
+            &sliced.forward(&next, &mut b).unwrap(),
+        );
+        assert!(d < 1e-5, "{preset}: the next step's logits differ by {d}");
+    }
+}

@@ -132,8 +132,17 @@ fn expected(source: &Source) -> Vec<&'static str> {
             "decode_attention_f16_d128",
             "decode_attention_combine_bf16_d128",
             "decode_attention_combine_f16_d64",
+            "argmax_parts_bf16",
+            "argmax_parts_f32",
+            "argmax_rows",
         ],
         "migprof_embedding" => vec!["embedding_f32", "embedding_bf16"],
+        "migprof_prefill" => vec![
+            "rope_packed_f32",
+            "rope_packed_bf16",
+            "swiglu_rows_f16",
+            "swiglu_rows_bf16",
+        ],
         // Every block size of the f32 kernels: each shape's first launch times them all.
         "migprof_fused_attention" => vec![
             "attn_fused_bf16_d64",

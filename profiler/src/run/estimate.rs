@@ -41,19 +41,26 @@ impl MemoryEstimate {
 }
 
 /// What a language model's generation holds, computed from its shape (building a model that does
-/// not fit to probe it would fail the same way): the weights, and per sequence its KV cache at the
-/// generation's full context and the prefill's largest temporary.
+/// not fit to probe it would fail the same way): the weights; per sequence its KV cache at the
+/// generation's full context and its share of the prefill's temporaries; and the prefill's MLP,
+/// which grows with the sequences only up to the rows a pass runs at once
+/// (`workloads::models::decoder::MLP_ROWS`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GenerationMemory {
     /// The weights and the rotary tables.
     pub weights_mib: f64,
     /// One sequence's keys and values at the full context.
     pub kv_cache_mib_per_seq: f64,
-    /// One sequence's largest temporary of a pass: the prefill's attention scores (f32, and the
-    /// probabilities beside them), its MLP's intermediate activations, the logits of every prompt
-    /// position, or one layer's keys and values copied for attention; with one layer's keys and
-    /// values repeated for grouped-query attention.
+    /// One sequence's largest temporaries of a pass besides the MLP's intermediates: the residual
+    /// stream, its norm, the projections and attention's output (with composed attention its
+    /// scores, f32 and the probabilities beside them, and one layer's keys and values repeated for
+    /// grouped-query attention), or the logits of its last token, or one layer's keys and values
+    /// copied for attention.
     pub workspace_mib_per_seq: f64,
+    /// One sequence's MLP intermediates (its norm, gate and up, SwiGLU's output, down's output) over
+    /// the whole prompt, and the most of them a pass holds at once: one slice of rows.
+    pub mlp_mib_per_seq: f64,
+    pub mlp_cap_mib: f64,
 }
 
 impl GenerationMemory {
@@ -92,29 +99,63 @@ impl GenerationMemory {
         // at a time (a paged cache gathers its blocks; a contiguous one's view of its first tokens
         // is made contiguous).
         let copies = layer;
-        // Composed attention's scores (in the dtype, then f32 for the softmax, and the
-        // probabilities back in the dtype); the kernel's projections, once as made and once packed.
-        let heads = (cfg.num_heads + 2 * cfg.num_kv_heads) as f64 * cfg.head_dim as f64;
+        // Attention's part of a layer, a token's: the residual stream, its norm and the output
+        // beside the new stream (3 × hidden); q, k and v packed as made and rotated (2 × their
+        // width); the keys and values moved head-major for the cache, and attention's output.
+        // Composed attention adds its scores (in the dtype, then f32 for the softmax, and the
+        // probabilities back in the dtype).
+        let (h, d) = (cfg.hidden_size as f64, cfg.head_dim as f64);
+        let (q, kv) = (cfg.num_heads as f64 * d, cfg.num_kv_heads as f64 * d);
+        let streams = (3.0 * h + 2.0 * (q + 2.0 * kv) + 2.0 * kv + q) * t * size;
         let scores = match causal_kernel {
-            true => 2.0 * t * heads * size,
+            true => 0.0,
             false => cfg.num_heads as f64 * t * t * (2.0 * 4.0 + 2.0 * size),
         };
-        let mlp = 3.0 * t * cfg.intermediate_size as f64 * size;
+        // The MLP's part: the stream, its slices' outputs and their concatenation (3 × hidden a
+        // token), beside one slice's norm, gate and up, SwiGLU's output and down's output.
+        let mlp_streams = 3.0 * h * t * size;
+        let mlp_row = (3.0 * cfg.intermediate_size as f64 + 2.0 * h) * size;
         // The output head runs on the prompt's last token alone.
         let logits = cfg.vocab_size as f64 * size;
         GenerationMemory {
             weights_mib: mib_f(weights),
             kv_cache_mib_per_seq: mib_f(held),
-            workspace_mib_per_seq: mib_f(scores.max(mlp).max(logits).max(copies) + repeated),
+            workspace_mib_per_seq: mib_f((streams + scores).max(mlp_streams).max(logits).max(copies) + repeated),
+            mlp_mib_per_seq: mib_f(t * mlp_row),
+            mlp_cap_mib: mib_f(workloads::models::decoder::MLP_ROWS as f64 * mlp_row),
         }
     }
 
-    /// As a line through the batch: the weights fixed, the cache and workspace per sequence.
-    pub fn estimate(&self) -> MemoryEstimate {
-        MemoryEstimate {
-            fixed_mib: self.weights_mib,
-            per_sample_mib: self.kv_cache_mib_per_seq + self.workspace_mib_per_seq,
+    /// MiB that `batch` sequences need: the weights, their caches and temporaries, and the MLP's
+    /// intermediates up to one slice's. The MLP's are counted beside the rest of the pass's
+    /// temporaries, though attention's are freed before they are made: an estimate that errs by
+    /// holding a little more.
+    pub fn need_mib(&self, batch: usize) -> f64 {
+        let b = batch as f64;
+        self.weights_mib
+            + b * (self.kv_cache_mib_per_seq + self.workspace_mib_per_seq)
+            + (b * self.mlp_mib_per_seq).min(self.mlp_cap_mib)
+    }
+
+    /// The largest number of sequences whose need fits `limit_mib` (0 where not even one does).
+    pub fn largest_batch(&self, limit_mib: f64) -> usize {
+        if self.need_mib(1) > limit_mib {
+            return 0;
         }
+        // Doubling, then bisecting: the need grows with every sequence.
+        let mut fits = 1usize;
+        while fits < 1 << 30 && self.need_mib(fits * 2) <= limit_mib {
+            fits *= 2;
+        }
+        let mut over = fits * 2;
+        while over - fits > 1 {
+            let mid = fits + (over - fits) / 2;
+            match self.need_mib(mid) <= limit_mib {
+                true => fits = mid,
+                false => over = mid,
+            }
+        }
+        fits
     }
 }
 
@@ -124,11 +165,11 @@ pub fn check_generation_fits(spec: &RunSpec, memory: &GenerationMemory, limit_mi
     let Some(lengths) = spec.lengths else {
         return Ok(());
     };
-    let estimate = memory.estimate();
-    let need = estimate.at(spec.batch);
+    let need = memory.need_mib(spec.batch);
     if need <= limit_mib {
         return Ok(());
     }
+    let cache = memory.kv_cache_mib_per_seq * spec.batch as f64;
     let what = format!(
         "{} generate {} batch {} at context {} ({} prompt + {} output tokens) needs about {need:.0} MiB: weights {:.0} MiB + KV cache {:.0} MiB ({:.1} MiB a sequence) + {:.0} MiB of workspace; {has} {limit_mib:.0} MiB",
         spec.model,
@@ -138,11 +179,11 @@ pub fn check_generation_fits(spec: &RunSpec, memory: &GenerationMemory, limit_mi
         lengths.prompt,
         lengths.output,
         memory.weights_mib,
-        memory.kv_cache_mib_per_seq * spec.batch as f64,
+        cache,
         memory.kv_cache_mib_per_seq,
-        memory.workspace_mib_per_seq * spec.batch as f64,
+        need - memory.weights_mib - cache,
     );
-    let why = match estimate.largest_batch(limit_mib) {
+    let why = match memory.largest_batch(limit_mib) {
         0 if memory.weights_mib >= limit_mib => format!("{what}: the weights alone do not fit"),
         0 => format!("{what}: not even one sequence fits"),
         n => format!("{what}: the largest batch that fits is about {n}"),
@@ -327,10 +368,10 @@ mod tests {
     }
 
     #[test]
-    fn the_causal_kernel_s_prefill_holds_no_scores() {
+    fn the_causal_kernel_s_prefill_holds_no_scores_and_its_mlp_one_slice_of_rows() {
         // Llama-3.2-1B, a prompt of 1,920: composed attention's scores (32 heads × 1,920² × 12
-        // bytes, 1.3 GiB a sequence) are the workspace; with the kernel the MLP's three [1,920,
-        // 8,192] tensors are.
+        // bytes, 1.3 GiB a sequence) are most of the workspace; with the kernel, the rows of the
+        // stream, q/k/v and attention are.
         let cfg = workloads::lookup("llama_3_2_1b").unwrap().1.decoder.expect("a decoder");
         let lengths = workloads::Lengths {
             prompt: 1920,
@@ -346,19 +387,37 @@ mod tests {
             )
         };
         let (composed, kernel) = (of(false), of(true));
+        let mib = |bytes: f64| bytes / 1048576.0;
+        // A token's rows: 3 × hidden, q/k/v packed twice (2 × 3,072), k and v head-major (2 × 512)
+        // and attention's output (2,048), in bf16.
+        let streams = mib((3.0 * 2048.0 + 2.0 * 3072.0 + 2.0 * 512.0 + 2048.0) * 1920.0 * 2.0);
         // The scores, and one layer's keys and values at the context (2,047 tokens × 2 KiB) repeated
         // for the groups of four query heads.
-        let scores = 32.0 * 1920.0 * 1920.0 * 12.0 / 1048576.0;
+        let scores = mib(32.0 * 1920.0 * 1920.0 * 12.0);
         let repeated = 2047.0 * 2.0 / 1024.0 * 4.0;
         assert!(
-            (composed.workspace_mib_per_seq - scores - repeated).abs() < 1e-6,
+            (composed.workspace_mib_per_seq - streams - scores - repeated).abs() < 1e-6,
             "{composed:?}"
         );
-        assert!(
-            (kernel.workspace_mib_per_seq - 3.0 * 1920.0 * 8192.0 * 2.0 / 1048576.0).abs() < 1e-9,
-            "{kernel:?}"
-        );
+        assert!((kernel.workspace_mib_per_seq - streams).abs() < 1e-9, "{kernel:?}");
         assert_eq!(kernel.kv_cache_mib_per_seq, composed.kv_cache_mib_per_seq);
+        // The MLP: a token's norm, gate and up, SwiGLU's output and down's (3 × 8,192 + 2 × 2,048
+        // in bf16), for the prompt's 1,920 tokens, and at most for one slice's 8,192 rows.
+        let row = (3.0 * 8192.0 + 2.0 * 2048.0) * 2.0;
+        assert!((kernel.mlp_mib_per_seq - mib(1920.0 * row)).abs() < 1e-9, "{kernel:?}");
+        assert!((kernel.mlp_cap_mib - mib(8192.0 * row)).abs() < 1e-9, "{kernel:?}");
+        let per_seq = kernel.kv_cache_mib_per_seq + kernel.workspace_mib_per_seq;
+        assert!((kernel.need_mib(4) - kernel.weights_mib - 4.0 * per_seq - 4.0 * kernel.mlp_mib_per_seq).abs() < 1e-6);
+        assert!((kernel.need_mib(32) - kernel.weights_mib - 32.0 * per_seq - kernel.mlp_cap_mib).abs() < 1e-6);
+        // The largest batch is the last whose need fits, in both regimes of the MLP.
+        for limit in [kernel.need_mib(3) + 1.0, kernel.need_mib(40) - 1.0, kernel.need_mib(40)] {
+            let n = kernel.largest_batch(limit);
+            assert!(
+                kernel.need_mib(n) <= limit && kernel.need_mib(n + 1) > limit,
+                "{limit}: {n}"
+            );
+        }
+        assert_eq!(kernel.largest_batch(kernel.weights_mib), 0);
     }
 
     #[test]
@@ -437,7 +496,7 @@ mod tests {
         let e = check_generation_fits(&s, &memory, four, "4g.40gb has")
             .unwrap_err()
             .to_string();
-        let largest = memory.estimate().largest_batch(four);
+        let largest = memory.largest_batch(four);
         assert!(
             largest > 1 && e.ends_with(&format!("the largest batch that fits is about {largest}")),
             "{e}"

@@ -108,44 +108,69 @@ __device__ const typename E::T* rms_normalized(const typename E::T* x, const typ
     return xs;
 }
 
-// acc[r][s] += w_r · x_s over this lane's words of R rows of k elements (k a multiple of 8, each row
-// and x from a 16-byte boundary), for the B sequences of x [B, k] (in global memory, or in shared
-// memory when SHARED).
-template <typename E, int B, int R, bool SHARED = false>
-__device__ __forceinline__ void rows_dot(const typename E::T* const* w, const typename E::T* x, unsigned int k,
-                                         float (*acc)[B]) {
-    // Every load of a group is issued before its arithmetic, the group's last words predicated: a
-    // row of 1,536 (six words a lane) is one round trip to memory, not a group and two single words
-    // after it, each waiting for the one before.
-    constexpr int U = B <= 4 ? DEC_UNROLL : DEC_UNROLL / 2;
-    const unsigned int lane = threadIdx.x & 31;
-    for (unsigned int c0 = lane * 8; c0 < k; c0 += 256 * U) {
-        uint4 ww[R][U];
+// Words of a weight row each lane has in flight, at B sequences.
+template <int B> struct Group {
+    static constexpr int U = B <= 4 ? DEC_UNROLL : DEC_UNROLL / 2;
+};
+
+// Issues the loads of this lane's group of words from element c0 of R rows of k elements (zeros past
+// k; k = 0 loads nothing). Every load of a group is issued before its arithmetic, the group's last
+// words predicated: a row of 1,536 (six words a lane) is one round trip to memory, not a group and
+// two single words after it, each waiting for the one before.
+template <int R, int U, typename T>
+__device__ __forceinline__ void load_group(const T* const* w, unsigned int c0, unsigned int k, uint4 (&ww)[R][U]) {
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const unsigned int c = c0 + 256 * u;
-                ww[r][u] = c < k ? load_once(w[r] + c) : make_uint4(0u, 0u, 0u, 0u);
-            }
+    for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const unsigned int c = c0 + 256 * u;
-            if (c >= k) break;
+            ww[r][u] = c < k ? load_once(w[r] + c) : make_uint4(0u, 0u, 0u, 0u);
+        }
+}
+
+// acc[r][s] += a loaded group's words of row r · x_s, for the B sequences of x [B, k] (in global
+// memory, or in shared memory when SHARED).
+template <typename E, int B, int R, int U, bool SHARED>
+__device__ __forceinline__ void use_group(const uint4 (&ww)[R][U], const typename E::T* x, unsigned int c0,
+                                          unsigned int k, float (*acc)[B]) {
 #pragma unroll
-            for (int s = 0; s < B; ++s) {
-                float xf[8];
-                const uint4* xw = (const uint4*)(x + (unsigned long long)s * k + c);
-                unpack8<E>(SHARED ? *xw : __ldg(xw), xf);
+    for (int u = 0; u < U; ++u) {
+        const unsigned int c = c0 + 256 * u;
+        if (c >= k) break;
 #pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    float wf[8];
-                    unpack8<E>(ww[r][u], wf);
+        for (int s = 0; s < B; ++s) {
+            float xf[8];
+            const uint4* xw = (const uint4*)(x + (unsigned long long)s * k + c);
+            unpack8<E>(SHARED ? *xw : __ldg(xw), xf);
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[r][s] = fmaf(wf[e], xf[e], acc[r][s]);
-                }
+            for (int r = 0; r < R; ++r) {
+                float wf[8];
+                unpack8<E>(ww[r][u], wf);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[r][s] = fmaf(wf[e], xf[e], acc[r][s]);
             }
         }
+    }
+}
+
+// acc[r][s] = w_r · x_s over R rows of k elements (k a multiple of 8, each row and x from a 16-byte
+// boundary), summed over the warp, from this lane's first group of words already loaded (`first`,
+// load_group at lane · 8): a kernel issues those loads before it normalizes x, so that the weights
+// are on their way while the block computes the norm.
+template <typename E, int B, int R, bool SHARED>
+__device__ __forceinline__ void rows_dot(const typename E::T* const* w, const typename E::T* x, unsigned int k,
+                                         float (*acc)[B], const uint4 (&first)[R][Group<B>::U]) {
+    constexpr int U = Group<B>::U;
+    const unsigned int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int s = 0; s < B; ++s) acc[r][s] = 0.f;
+    use_group<E, B, R, U, SHARED>(first, x, lane * 8, k, acc);
+    for (unsigned int c0 = lane * 8 + 256 * U; c0 < k; c0 += 256 * U) {
+        uint4 ww[R][U];
+        load_group<R, U>(w, c0, k, ww);
+        use_group<E, B, R, U, SHARED>(ww, x, c0, k, acc);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -159,14 +184,16 @@ __device__ __forceinline__ void rows_dot(const typename E::T* const* w, const ty
 template <typename E, int B, bool NORM>
 __device__ void gemv(const typename E::T* w, const typename E::T* x, const typename E::T* norm_w, float eps,
                      const typename E::T* res, typename E::T* y, unsigned int n, unsigned int k) {
-    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps);
     const unsigned int row = blockIdx.x * DEC_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= n) return;
-    const typename E::T* rows[1] = {w + (unsigned long long)row * k};
+    // A warp past the last row loads nothing but still takes part in the block's norm.
+    const bool live = row < n;
+    const typename E::T* rows[1] = {w + (unsigned long long)(live ? row : 0) * k};
+    uint4 first[1][Group<B>::U];
+    load_group<1, Group<B>::U>(rows, lane * 8, live ? k : 0, first);
+    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps);
+    if (!live) return;
     float acc[1][B];
-#pragma unroll
-    for (int s = 0; s < B; ++s) acc[0][s] = 0.f;
-    rows_dot<E, B, 1, NORM>(rows, x, k, acc);
+    rows_dot<E, B, 1, NORM>(rows, x, k, acc, first);
 #pragma unroll
     for (int s = 0; s < B; ++s) {
         if (lane != s) continue;
@@ -182,14 +209,16 @@ __device__ void gemv(const typename E::T* w, const typename E::T* x, const typen
 template <typename E, int B, bool NORM>
 __device__ void swiglu(const typename E::T* gate, const typename E::T* up, const typename E::T* x,
                        const typename E::T* norm_w, float eps, typename E::T* y, unsigned int n, unsigned int k) {
-    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps);
     const unsigned int row = blockIdx.x * DEC_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= n) return;
-    const typename E::T* rows[2] = {gate + (unsigned long long)row * k, up + (unsigned long long)row * k};
+    const bool live = row < n;
+    const unsigned long long at = (unsigned long long)(live ? row : 0) * k;
+    const typename E::T* rows[2] = {gate + at, up + at};
+    uint4 first[2][Group<B>::U];
+    load_group<2, Group<B>::U>(rows, lane * 8, live ? k : 0, first);
+    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps);
+    if (!live) return;
     float acc[2][B];
-#pragma unroll
-    for (int s = 0; s < B; ++s) acc[0][s] = acc[1][s] = 0.f;
-    rows_dot<E, B, 2, NORM>(rows, x, k, acc);
+    rows_dot<E, B, 2, NORM>(rows, x, k, acc, first);
 #pragma unroll
     for (int s = 0; s < B; ++s) {
         if (lane != s) continue;
@@ -210,23 +239,25 @@ __device__ void qkv_rope(const typename E::T* wq, const typename E::T* wk, const
                          const typename E::T* x, const typename E::T* norm_w, float eps, typename E::T* q,
                          typename E::T* keys, typename E::T* values, unsigned int hq, unsigned int hkv,
                          unsigned int d, unsigned int k, unsigned int cap) {
-    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps);
     const unsigned int half = d / 2, lane = threadIdx.x & 31;
     const unsigned int task = blockIdx.x * DEC_WARPS + (threadIdx.x >> 5);
     const unsigned int head = task / half, i = task - head * half;
-    if (head >= hq + 2 * hkv) return;
+    const bool live = head < hq + 2 * hkv;
     const typename E::T *w, *bias;
     unsigned int hh;
     int part;
     if (head < hq) { part = 0; w = wq; bias = bq; hh = head; }
     else if (head < hq + hkv) { part = 1; w = wk; bias = bk; hh = head - hq; }
-    else { part = 2; w = wv; bias = bv; hh = head - hq - hkv; }
+    else if (live) { part = 2; w = wv; bias = bv; hh = head - hq - hkv; }
+    else { part = 2; w = wv; bias = bv; hh = 0; }
     const unsigned int r0 = hh * d + i, r1 = r0 + half;
     const typename E::T* rows[2] = {w + (unsigned long long)r0 * k, w + (unsigned long long)r1 * k};
+    uint4 first[2][Group<B>::U];
+    load_group<2, Group<B>::U>(rows, lane * 8, live ? k : 0, first);
+    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps);
+    if (!live) return;
     float acc[2][B];
-#pragma unroll
-    for (int s = 0; s < B; ++s) acc[0][s] = acc[1][s] = 0.f;
-    rows_dot<E, B, 2, NORM>(rows, x, k, acc);
+    rows_dot<E, B, 2, NORM>(rows, x, k, acc, first);
     const unsigned int p = *pos;
 #pragma unroll
     for (int s = 0; s < B; ++s) {
@@ -288,14 +319,32 @@ __device__ void decode_attention(const typename E::T* q, const typename E::T* ke
             vw[u] = __ldg((const uint4*)(vb + row * D + col));
         }
     }
+    // The group's queries in words too, loaded with the chunk: one at a time, element by element,
+    // they were a chain of round trips to L2 before any score.
+    constexpr int QWORDS = (DA_MAX_GROUP * D / 8 + DA_THREADS - 1) / DA_THREADS;
     const T* qh = q + ((unsigned long long)seq * hq + kvh * group) * D;
-    for (unsigned int e = tid; e < group * D; e += DA_THREADS) qs[e / D][e % D] = E::get(qh, e) * scale;
+    uint4 qw[QWORDS];
+#pragma unroll
+    for (int u = 0; u < QWORDS; ++u) {
+        const unsigned int w = tid + u * DA_THREADS;
+        if (w < group * D / 8) qw[u] = __ldg((const uint4*)qh + w);
+    }
 #pragma unroll
     for (int u = 0; u < WORDS; ++u) {
         const unsigned int w = tid + u * DA_THREADS, row = w / (D / 8), col = (w % (D / 8)) * 8;
         if (row < n) {
             *(uint4*)(ks + row * S + col) = kw[u];
             *(uint4*)(vs + row * S + col) = vw[u];
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < QWORDS; ++u) {
+        const unsigned int w = tid + u * DA_THREADS;
+        if (w < group * D / 8) {
+            float f[8];
+            unpack8<E>(qw[u], f);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) qs[w * 8 / D][w * 8 % D + e] = f[e] * scale;
         }
     }
     __syncthreads();
@@ -342,21 +391,36 @@ __device__ void decode_attention(const typename E::T* q, const typename E::T* ke
 }
 
 // The chunks' partial softmaxes combined: one block of D threads per (sequence, query head), out
-// [B, hq, D] (as [B, 1, hq · D]).
+// [B, hq, D] (as [B, 1, hq · D]). The chunks' maxima and sums are reduced across the block, and
+// each feature's sum over the chunks keeps several loads in flight: read one chunk after another,
+// a long cache's hundreds of chunks were as many round trips.
 template <typename E, int D>
 __device__ void decode_attention_combine(const float* part_out, const float* part_ml, const unsigned int* pos,
                                          typename E::T* out, unsigned int chunks, unsigned int chunk_len) {
-    const unsigned int sh = blockIdx.x, f = threadIdx.x;
+    __shared__ float red[D / 32];
+    const unsigned int sh = blockIdx.x, f = threadIdx.x, lane = f & 31, warp = f >> 5;
     const unsigned int used = min(*pos / chunk_len + 1, chunks);
     const float* ml = part_ml + (unsigned long long)sh * chunks * 2;
     float m = __int_as_float(0xff800000);  // -inf
-    for (unsigned int c = 0; c < used; ++c) m = fmaxf(m, ml[2 * c]);
-    float l = 0.f, acc = 0.f;
-    for (unsigned int c = 0; c < used; ++c) {
-        float w = exp2f(ml[2 * c] - m);
-        l = fmaf(ml[2 * c + 1], w, l);
-        acc = fmaf(part_out[((unsigned long long)sh * chunks + c) * D + f], w, acc);
-    }
+    for (unsigned int c = f; c < used; c += D) m = fmaxf(m, ml[2 * c]);
+    m = warp_max(m);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+#pragma unroll
+    for (int v = 0; v < D / 32; ++v) m = fmaxf(m, red[v]);
+    __syncthreads();  // every thread has read the maxima before the sums take their place
+    float l = 0.f;
+    for (unsigned int c = f; c < used; c += D) l = fmaf(ml[2 * c + 1], exp2f(ml[2 * c] - m), l);
+    l = warp_sum(l);
+    if (lane == 0) red[warp] = l;
+    __syncthreads();
+    l = 0.f;
+#pragma unroll
+    for (int v = 0; v < D / 32; ++v) l += red[v];
+    const float* po = part_out + (unsigned long long)sh * chunks * D + f;
+    float acc = 0.f;
+#pragma unroll 8
+    for (unsigned int c = 0; c < used; ++c) acc = fmaf(po[(unsigned long long)c * D], exp2f(ml[2 * c] - m), acc);
     E::put(out, (unsigned long long)sh * D + f, acc / l);
 }
 

@@ -70,6 +70,35 @@ pub fn linear_residual(x: &Tensor, w: &Tensor, b: &Tensor, residual: &Tensor) ->
     add(residual, &linear(x, w, Some(b), Act::None)?, false)
 }
 
+/// x wᵀ over the last dimension of x, plus `residual` (shaped as the output) where given, for
+/// inference: on CUDA devices one cuBLASLt GEMM over x seen as one [rows, features] matrix, the
+/// residual added by the GEMM itself (D = x wᵀ + C); elsewhere candle's matmul, then the add. A
+/// language model's projections have no bias (Qwen2's q, k and v take [`linear`]), and candle's
+/// matmul of [batch, tokens, features] is a batch of small products against one weight.
+pub fn product(x: &Tensor, w: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        let op = cuda::Projection {
+            residual: residual.map(|r| r.contiguous()).transpose()?,
+        };
+        return x.contiguous()?.apply_op2_no_bwd(&w.contiguous()?, &op);
+    }
+    let dims = x.dims();
+    let features = *dims
+        .last()
+        .ok_or_else(|| candle_core::Error::Msg("product: a scalar input".into()))?;
+    let mut out = dims.to_vec();
+    *out.last_mut().expect("rank >= 1") = w.dim(0)?;
+    let y = x
+        .reshape((x.elem_count() / features.max(1), features))?
+        .matmul(&w.t()?)?
+        .reshape(out)?;
+    match residual {
+        Some(r) => r + y,
+        None => Ok(y),
+    }
+}
+
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda {
     use candle_core::backend::BackendStorage;
@@ -276,6 +305,60 @@ pub(crate) mod cuda {
                 forward_gemm((x, xl), (w, wl), (b, bl), Some((rs, rl)), geometry, Epilogue::Bias)?,
                 shape,
             ))
+        }
+    }
+
+    /// x wᵀ (+ the residual) for [`super::product`]: x [.., in], w [out, in], the residual shaped as
+    /// the output. Held, not an argument, as in [`LinearResidual`].
+    #[derive(Debug, Clone)]
+    pub struct Projection {
+        pub residual: Option<Tensor>,
+    }
+
+    impl CustomOp2 for Projection {
+        fn name(&self) -> &'static str {
+            "product"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            bail!("the product op runs on CUDA devices only; on the CPU migprof uses candle's matmul and add")
+        }
+
+        fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, w: &CudaStorage, wl: &Layout) -> Result<(CudaStorage, Shape)> {
+            let in_f = *xl
+                .dims()
+                .last()
+                .ok_or_else(|| candle_core::Error::Msg("product: a scalar input".into()))?;
+            let (out_f, w_in) = wl.shape().dims2()?;
+            if w_in != in_f {
+                bail!("product: x {:?} and weight {:?} do not fit", xl.dims(), wl.dims())
+            }
+            let rows = xl.shape().elem_count() / in_f.max(1);
+            let shape = out_shape(xl, out_f);
+            let locked = self.residual.as_ref().map(|r| r.storage_and_layout());
+            let residual = match &locked {
+                Some((rs, rl)) => {
+                    if rl.dims() != shape.dims() {
+                        bail!(
+                            "product: a residual of shape {:?} for an output of {:?}",
+                            rl.dims(),
+                            shape.dims()
+                        )
+                    }
+                    let rs = crate::kernels::launch::cuda(rs, "product's residual")?;
+                    Some(operand(rs, rl, "product's residual")?)
+                }
+                None => None,
+            };
+            let y = gemm::gemm_plus(
+                operand(x, xl, "product")?,
+                operand(w, wl, "product")?,
+                None,
+                residual,
+                Product::single(rows, out_f, in_f, false, true),
+                Epilogue::None,
+            )?;
+            Ok((y, shape))
         }
     }
 

@@ -41,6 +41,7 @@ pub mod max_pool;
 mod nvrtc;
 pub mod options;
 pub mod positions;
+pub mod prefill;
 pub mod sources;
 pub mod windows;
 
@@ -53,7 +54,7 @@ pub use conv_nhwc::conv_nhwc;
 pub use elementwise::{add, add_over, add_repeating, bias_act, bias_act_over, Act, BiasAxis};
 pub use embedding::embedding;
 pub use layer_norm::layer_norm;
-pub use linear::{linear, linear_residual};
+pub use linear::{linear, linear_residual, product};
 pub use loss::cross_entropy;
 pub use max_pool::max_pool2d;
 pub use options::KernelOptions;

@@ -39,9 +39,10 @@ pub static LOSS: Source = Source::new("migprof_loss", include_str!("loss.cu"));
 pub static MASTERS: Source = Source::new("migprof_masters", include_str!("masters.cu"));
 pub static MAX_POOL: Source = Source::new("migprof_max_pool", include_str!("max_pool.cu"));
 pub static POSITIONS: Source = Source::new("migprof_positions", include_str!("positions.cu"));
+pub static PREFILL: Source = Source::new("migprof_prefill", include_str!("prefill.cu"));
 pub static WINDOWS: Source = Source::new("migprof_windows", include_str!("windows.cu"));
 
-pub static ALL: [&Source; 13] = [
+pub static ALL: [&Source; 14] = [
     &ADAMW,
     &ATTENTION,
     &BATCH_NORM,
@@ -54,6 +55,7 @@ pub static ALL: [&Source; 13] = [
     &MASTERS,
     &MAX_POOL,
     &POSITIONS,
+    &PREFILL,
     &WINDOWS,
 ];
 

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder};
 
-use crate::kernels::{causal_attention, decode};
+use crate::kernels::{self, causal_attention, decode, prefill};
 use serde::Deserialize;
 
 pub use super::kv_cache::{KvCache, KvShape, KvStore, PagedKvCache};
@@ -360,15 +360,84 @@ pub fn load_folder(dir: &std::path::Path, device: &Device, dtype: DType) -> Resu
     Decoder::new(&cfg, vb)
 }
 
-fn linear(in_dim: usize, out_dim: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
-    if bias {
-        candle_nn::linear(in_dim, out_dim, vb)
-    } else {
-        candle_nn::linear_no_bias(in_dim, out_dim, vb)
+/// Where a model's tensors come from, by their Hugging Face names: a checkpoint's files through a
+/// [`VarBuilder`], or a map of tensors handed over one at a time ([`Decoder::from_tensors`]), so that
+/// the map keeps no copy of the weights the model joins side by side.
+trait TensorSource {
+    fn take(&mut self, name: &str, shape: &[usize]) -> Result<Tensor>;
+}
+
+impl TensorSource for VarBuilder<'_> {
+    fn take(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.get(shape, name)
     }
 }
 
+/// A map of tensors, each removed as the model takes it.
+struct Owned {
+    tensors: HashMap<String, Tensor>,
+    device: Device,
+    dtype: DType,
+}
+
+impl TensorSource for Owned {
+    fn take(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = self
+            .tensors
+            .remove(name)
+            .ok_or_else(|| candle_core::Error::Msg(format!("no tensor {name} among the weights")))?;
+        if t.dims() != shape {
+            candle_core::bail!(
+                "{name}: a tensor of shape {:?}, where the config makes {shape:?}",
+                t.dims()
+            )
+        }
+        t.to_device(&self.device)?.to_dtype(self.dtype)
+    }
+}
+
+/// The weights named `{prefix}.{name}.weight` (and `.bias` where `bias`), each [rows, cols], stacked
+/// along their rows in order: one tensor that one product reads, and each part a view of it.
+fn stacked(
+    src: &mut dyn TensorSource,
+    prefix: &str,
+    parts: &[(&str, usize)],
+    cols: usize,
+    bias: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let weights = parts
+        .iter()
+        .map(|(name, rows)| src.take(&format!("{prefix}.{name}.weight"), &[*rows, cols]))
+        .collect::<Result<Vec<_>>>()?;
+    let biases = match bias {
+        true => Some(
+            parts
+                .iter()
+                .map(|(name, rows)| src.take(&format!("{prefix}.{name}.bias"), &[*rows]))
+                .collect::<Result<Vec<_>>>()?,
+        ),
+        false => None,
+    };
+    Ok((
+        Tensor::cat(&weights, 0)?,
+        biases.map(|b| Tensor::cat(&b, 0)).transpose()?,
+    ))
+}
+
+/// Rows `start..start + rows` of a stacked weight (and bias) as a layer of their own.
+fn part(weight: &Tensor, bias: Option<&Tensor>, start: usize, rows: usize) -> Result<Linear> {
+    Ok(Linear::new(
+        weight.narrow(0, start, rows)?,
+        bias.map(|b| b.narrow(0, start, rows)).transpose()?,
+    ))
+}
+
 struct Attention {
+    /// q_proj's, k_proj's and v_proj's weights stacked, [(heads + 2·kv heads)·head_dim, hidden], and
+    /// their biases (Qwen2): a pass over many tokens makes all three with one product.
+    qkv: Tensor,
+    qkv_bias: Option<Tensor>,
+    /// Views of `qkv`, for the decode step's kernel and for candle's ops.
     q_proj: Linear,
     k_proj: Linear,
     v_proj: Linear,
@@ -379,17 +448,27 @@ struct Attention {
 }
 
 impl Attention {
-    fn new(cfg: &Config, vb: VarBuilder) -> Result<Attention> {
+    fn new(cfg: &Config, src: &mut dyn TensorSource, prefix: &str) -> Result<Attention> {
         let (h, q, kv) = (
             cfg.hidden_size,
             cfg.num_heads * cfg.head_dim,
             cfg.num_kv_heads * cfg.head_dim,
         );
+        let (qkv, qkv_bias) = stacked(
+            src,
+            &format!("{prefix}.self_attn"),
+            &[("q_proj", q), ("k_proj", kv), ("v_proj", kv)],
+            h,
+            cfg.qkv_bias,
+        )?;
+        let o = src.take(&format!("{prefix}.self_attn.o_proj.weight"), &[h, q])?;
         Ok(Attention {
-            q_proj: linear(h, q, cfg.qkv_bias, vb.pp("q_proj"))?,
-            k_proj: linear(h, kv, cfg.qkv_bias, vb.pp("k_proj"))?,
-            v_proj: linear(h, kv, cfg.qkv_bias, vb.pp("v_proj"))?,
-            o_proj: linear(q, h, false, vb.pp("o_proj"))?,
+            q_proj: part(&qkv, qkv_bias.as_ref(), 0, q)?,
+            k_proj: part(&qkv, qkv_bias.as_ref(), q, kv)?,
+            v_proj: part(&qkv, qkv_bias.as_ref(), q + kv, kv)?,
+            qkv,
+            qkv_bias,
+            o_proj: Linear::new(o, None),
             num_heads: cfg.num_heads,
             num_kv_heads: cfg.num_kv_heads,
             head_dim: cfg.head_dim,
@@ -398,8 +477,8 @@ impl Attention {
 
     /// `x` [batch, tokens, hidden] at positions `offset..`, with `cos`/`sin` of those positions:
     /// the output; the layer's keys and values, with this pass's, written to `cache`. `mask` is
-    /// the causal mask of composed attention; none with more than one token means a prefill from
-    /// position 0 by the causal kernel.
+    /// the causal mask (none for one token). Candle's ops: the path of the CPU, and of any pass the
+    /// causal kernel does not take ([`Attention::prefill`]).
     fn forward(
         &self,
         x: &Tensor,
@@ -410,9 +489,6 @@ impl Attention {
         layer: usize,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
-        if t > 1 && mask.is_none() {
-            return self.prefill(x, cos, sin, cache, layer);
-        }
         let heads = |y: Tensor, n: usize| y.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?.contiguous();
         let q = heads(self.q_proj.forward(x)?, self.num_heads)?;
         let k = heads(self.k_proj.forward(x)?, self.num_kv_heads)?;
@@ -438,29 +514,44 @@ impl Attention {
 }
 
 impl Attention {
-    /// A prompt from position 0 through the causal kernel (`kernels::causal_attention`): the
-    /// projections rotated where they lie, [batch, tokens, heads, d], and packed per token as the
-    /// kernel reads them; the keys and values moved head-major for the cache.
-    fn prefill(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, cache: &mut dyn KvStore, layer: usize) -> Result<Tensor> {
-        let (b, t, _) = x.dims3()?;
-        let d = self.head_dim;
-        let heads = |p: &Linear, n: usize| p.forward(x)?.reshape((b, t, n, d));
-        let q = candle_nn::rotary_emb::rope_thd(&heads(&self.q_proj, self.num_heads)?, cos, sin)?;
-        let k = candle_nn::rotary_emb::rope_thd(&heads(&self.k_proj, self.num_kv_heads)?, cos, sin)?;
-        let v = heads(&self.v_proj, self.num_kv_heads)?;
-        let flat = |y: &Tensor, n: usize| y.reshape((b, t, n * d));
-        let packed = Tensor::cat(
-            &[
-                flat(&q, self.num_heads)?,
-                flat(&k, self.num_kv_heads)?,
-                flat(&v, self.num_kv_heads)?,
-            ],
-            2,
-        )?;
-        let head_major = |y: &Tensor| y.transpose(1, 2)?.contiguous();
-        cache.extended(layer, &head_major(&k)?, &head_major(&v)?)?;
-        let y = causal_attention::causal_attention(&packed, self.num_heads, self.num_kv_heads)?;
-        self.o_proj.forward(&y)
+    /// A prompt from position 0 through the causal kernel (`kernels::causal_attention`), for the
+    /// residual stream `x` [batch, tokens, hidden] and its norm `normed`: `x` plus the attention's
+    /// output. One product makes the rows of q, k and v side by side, as the kernel reads them;
+    /// one pass turns q and k by the rotary embedding where they lie (`tables`: every position's
+    /// cos and sin); the keys and values are moved head-major for the cache; o_proj's product adds
+    /// the residual itself.
+    fn prefill(
+        &self,
+        x: &Tensor,
+        normed: &Tensor,
+        tables: (&Tensor, &Tensor),
+        cache: &mut dyn KvStore,
+        layer: usize,
+    ) -> Result<Tensor> {
+        let (b, t, h) = x.dims3()?;
+        let (d, hq, hkv) = (self.head_dim, self.num_heads, self.num_kv_heads);
+        let rows = normed.reshape((b * t, h))?;
+        let packed = match &self.qkv_bias {
+            Some(bias) => kernels::linear(&rows, &self.qkv, Some(bias), kernels::Act::None)?,
+            None => kernels::product(&rows, &self.qkv, None)?,
+        };
+        let heads = decode::Heads { q: hq, kv: hkv, dim: d };
+        let packed = prefill::rope_packed(&packed, t, 0, heads, tables)?.reshape((b, t, (hq + 2 * hkv) * d))?;
+        let head_major = |start: usize| {
+            packed
+                .narrow(2, start * d, hkv * d)?
+                .reshape((b, t, hkv, d))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        cache.extended(layer, &head_major(hq)?, &head_major(hq + hkv)?)?;
+        let y = causal_attention::causal_attention(&packed, hq, hkv)?;
+        kernels::product(
+            &y.reshape((b * t, hq * d))?,
+            self.o_proj.weight(),
+            Some(&x.reshape((b * t, h))?),
+        )?
+        .reshape((b, t, h))
     }
 
     /// One decode step's attention for the residual stream `x` [batch, 1, hidden] and its norm
@@ -538,25 +629,65 @@ fn repeat_kv(x: &Tensor, group: usize) -> Result<Tensor> {
         .reshape((b, n * group, t, d))
 }
 
+/// Rows of tokens whose MLP a pass runs at once: a prompt's MLP over more runs in slices of this
+/// many, so that its intermediates ([rows, 3 × intermediate]: gate and up side by side, and SwiGLU's
+/// output) stay bounded by the slice rather than growing with the batch and the prompt. At 8,192 rows
+/// Llama-3.1-8B's are 0.7 GB (the whole of a batch of 32 prompts of 512 would be 2.8 GB); each slice's
+/// products are still thousands of rows, which keep the GPU busy.
+pub const MLP_ROWS: usize = 8192;
+
 struct Mlp {
+    /// gate_proj's and up_proj's weights stacked, [2 × intermediate, hidden]: one product makes
+    /// both.
+    gate_up: Tensor,
+    /// Views of `gate_up`, for the decode step's kernel.
     gate_proj: Linear,
     up_proj: Linear,
     down_proj: Linear,
 }
 
 impl Mlp {
-    fn new(cfg: &Config, vb: VarBuilder) -> Result<Mlp> {
+    fn new(cfg: &Config, src: &mut dyn TensorSource, prefix: &str) -> Result<Mlp> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let (gate_up, _) = stacked(
+            src,
+            &format!("{prefix}.mlp"),
+            &[("gate_proj", i), ("up_proj", i)],
+            h,
+            false,
+        )?;
+        let down = src.take(&format!("{prefix}.mlp.down_proj.weight"), &[h, i])?;
         Ok(Mlp {
-            gate_proj: linear(h, i, false, vb.pp("gate_proj"))?,
-            up_proj: linear(h, i, false, vb.pp("up_proj"))?,
-            down_proj: linear(i, h, false, vb.pp("down_proj"))?,
+            gate_proj: part(&gate_up, None, 0, i)?,
+            up_proj: part(&gate_up, None, i, i)?,
+            gate_up,
+            down_proj: Linear::new(down, None),
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gate = candle_nn::ops::silu(&self.gate_proj.forward(x)?)?;
-        self.down_proj.forward(&(gate * self.up_proj.forward(x)?)?)
+    /// The residual stream `x` [batch, tokens, hidden] plus the MLP of its norm, over at most
+    /// `rows` tokens at a time ([`MLP_ROWS`]): SwiGLU of one product by gate and up side by side,
+    /// then down's product, which adds the residual.
+    fn residual(&self, x: &Tensor, norm: &RmsNorm, rows: usize) -> Result<Tensor> {
+        let (b, t, h) = x.dims3()?;
+        let rows = rows.max(1);
+        let all = x.reshape((b * t, h))?;
+        let slice = |x: &Tensor| -> Result<Tensor> {
+            let gated = prefill::swiglu(&kernels::product(&norm.forward(x)?, &self.gate_up, None)?)?;
+            kernels::product(&gated, self.down_proj.weight(), Some(x))
+        };
+        let n = b * t;
+        let y = match n <= rows {
+            true => slice(&all)?,
+            false => {
+                let parts = (0..n)
+                    .step_by(rows)
+                    .map(|start| slice(&all.narrow(0, start, rows.min(n - start))?))
+                    .collect::<Result<Vec<_>>>()?;
+                Tensor::cat(&parts, 0)?
+            }
+        };
+        y.reshape((b, t, h))
     }
 
     /// A decode step's MLP for the residual stream `x` and the norm before it: `x` plus the
@@ -566,7 +697,7 @@ impl Mlp {
             let gated = decode::swiglu(x, Some(norm.into()), self.gate_proj.weight(), self.up_proj.weight())?;
             return decode::gemv(&gated, None, self.down_proj.weight(), Some(x));
         }
-        x + self.forward(&norm.forward(x)?)?
+        self.residual(x, norm, MLP_ROWS)
     }
 }
 
@@ -609,45 +740,75 @@ pub struct Decoder {
     /// Rotary cos and sin of every position, [max positions, head_dim / 2], in the weights' dtype.
     cos: Tensor,
     sin: Tensor,
+    /// Tokens whose MLP a pass runs at once ([`MLP_ROWS`]).
+    mlp_rows: usize,
 }
 
 impl Decoder {
     /// The model of `cfg` with the tensors of `vb`, named as Hugging Face names them.
-    pub fn new(cfg: &Config, vb: VarBuilder) -> Result<Decoder> {
+    pub fn new(cfg: &Config, mut vb: VarBuilder) -> Result<Decoder> {
+        let (device, dtype) = (vb.device().clone(), vb.dtype());
+        Decoder::build(cfg, &mut vb, &device, dtype)
+    }
+
+    /// The model of `cfg` with `tensors` (as [`random_weights`] makes them), moved to `device` and
+    /// `dtype` where they are not. Each is dropped once the model has taken it, so that building the
+    /// model holds no second copy of the weights it stacks.
+    pub fn from_tensors(
+        cfg: &Config,
+        tensors: HashMap<String, Tensor>,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Decoder> {
+        let mut src = Owned {
+            tensors,
+            device: device.clone(),
+            dtype,
+        };
+        Decoder::build(cfg, &mut src, device, dtype)
+    }
+
+    fn build(cfg: &Config, src: &mut dyn TensorSource, device: &Device, dtype: DType) -> Result<Decoder> {
         let h = cfg.hidden_size;
-        let m = vb.pp("model");
-        let embed_tokens = candle_nn::embedding(cfg.vocab_size, h, m.pp("embed_tokens"))?;
+        let eps = cfg.rms_norm_eps;
+        let embeddings = src.take("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
         let layers = (0..cfg.num_layers)
             .map(|i| {
-                let l = m.pp(format!("layers.{i}"));
+                let p = format!("model.layers.{i}");
+                let norm = |src: &mut dyn TensorSource, name: &str| -> Result<RmsNorm> {
+                    Ok(RmsNorm::new(src.take(&format!("{p}.{name}.weight"), &[h])?, eps))
+                };
                 Ok(Layer {
-                    input_layernorm: candle_nn::rms_norm(h, cfg.rms_norm_eps, l.pp("input_layernorm"))?,
-                    self_attn: Attention::new(cfg, l.pp("self_attn"))?,
-                    post_attention_layernorm: candle_nn::rms_norm(
-                        h,
-                        cfg.rms_norm_eps,
-                        l.pp("post_attention_layernorm"),
-                    )?,
-                    mlp: Mlp::new(cfg, l.pp("mlp"))?,
+                    input_layernorm: norm(src, "input_layernorm")?,
+                    self_attn: Attention::new(cfg, src, &p)?,
+                    post_attention_layernorm: norm(src, "post_attention_layernorm")?,
+                    mlp: Mlp::new(cfg, src, &p)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let norm = candle_nn::rms_norm(h, cfg.rms_norm_eps, m.pp("norm"))?;
-        let lm_head = if cfg.tie_word_embeddings {
-            Linear::new(embed_tokens.embeddings().clone(), None)
-        } else {
-            candle_nn::linear_no_bias(h, cfg.vocab_size, vb.pp("lm_head"))?
+        let norm = RmsNorm::new(src.take("model.norm.weight", &[h])?, eps);
+        let lm_head = match cfg.tie_word_embeddings {
+            true => Linear::new(embeddings.clone(), None),
+            false => Linear::new(src.take("lm_head.weight", &[cfg.vocab_size, h])?, None),
         };
-        let (cos, sin) = rotary_tables(cfg, vb.device(), vb.dtype())?;
+        let (cos, sin) = rotary_tables(cfg, device, dtype)?;
         Ok(Decoder {
             cfg: cfg.clone(),
-            embed_tokens,
+            embed_tokens: Embedding::new(embeddings, h),
             layers,
             norm,
             lm_head,
             cos,
             sin,
+            mlp_rows: MLP_ROWS,
         })
+    }
+
+    /// The model with its MLP run over at most `rows` tokens at a time instead of [`MLP_ROWS`]: the
+    /// same logits, to within the rounding of the products' shapes.
+    pub fn with_mlp_rows(mut self, rows: usize) -> Decoder {
+        self.mlp_rows = rows.max(1);
+        self
     }
 
     pub fn config(&self) -> &Config {
@@ -698,9 +859,11 @@ impl Decoder {
             let mut x = self.embed_tokens.forward(ids)?;
             for (i, layer) in self.layers.iter().enumerate() {
                 let normed = layer.input_layernorm.forward(&x)?;
-                let a = layer.self_attn.forward(&normed, &cos, &sin, mask.as_ref(), cache, i)?;
-                x = (x + a)?;
-                x = (&x + layer.mlp.forward(&layer.post_attention_layernorm.forward(&x)?)?)?;
+                x = match kernel {
+                    true => layer.self_attn.prefill(&x, &normed, (&self.cos, &self.sin), cache, i)?,
+                    false => (&x + layer.self_attn.forward(&normed, &cos, &sin, mask.as_ref(), cache, i)?)?,
+                };
+                x = layer.mlp.residual(&x, &layer.post_attention_layernorm, self.mlp_rows)?;
             }
             if last_only {
                 x = x.narrow(1, t - 1, 1)?;
