@@ -390,3 +390,38 @@ fn the_prefill_s_rotary_swiglu_and_products_give_candles_results() {
     }
     assert!(failures.is_empty(), "beyond the bound:\n{}", failures.join("\n"));
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_prefill_s_mlp_gives_candles_logits_in_slices_of_rows_or_in_one() {
+    // A prompt's logits with the MLP's products and SwiGLU (`--encoder-layers fused`) against
+    // candle's ops for it (composed), and in slices of 5 rows (whose products start at rows that
+    // are not a tile's, the residual a view from such a row) against one slice.
+    let gpu = gpu();
+    let mut failures = Vec::new();
+    for (label, cfg) in &models() {
+        for dtype in [DType::BF16, DType::F16] {
+            let bound = bound(dtype);
+            let (batch, tokens) = (3, 41);
+            let vocab = cfg.vocab_size as u32;
+            let ids: Vec<u32> = (0..batch * tokens).map(|i| (i as u32 * 7_919 + 3) % vocab).collect();
+            let prompt = Tensor::from_vec(ids, (batch, tokens), &gpu).unwrap();
+            let logits = |model: &Decoder, layers: EncoderLayers| {
+                let _k = options(layers, Attention::Fused).enter();
+                let mut cache = KvCache::new(cfg);
+                cache.reserve(batch, tokens, dtype, &gpu).unwrap();
+                model.forward(&prompt, &mut cache).unwrap()
+            };
+            let whole = Decoder::new(cfg, weights(cfg, &gpu, dtype)).unwrap();
+            let sliced = Decoder::new(cfg, weights(cfg, &gpu, dtype)).unwrap().with_mlp_rows(5);
+            let fused = logits(&whole, EncoderLayers::Fused);
+            let ops = rel_err(&fused, &logits(&whole, EncoderLayers::Composed));
+            let slices = rel_err(&logits(&sliced, EncoderLayers::Fused), &fused);
+            println!("{label} {dtype:?}: against candle's ops {ops:.2e}, in slices of 5 rows {slices:.2e}");
+            if ops > bound || slices > bound {
+                failures.push(format!("{label} {dtype:?}: {ops:.2e}, {slices:.2e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "beyond the bound:\n{}", failures.join("\n"));
+}

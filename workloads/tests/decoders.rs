@@ -429,3 +429,37 @@ fn a_pass_s_mlp_in_slices_of_rows_gives_the_logits_of_one_slice() {
         assert!(d < 1e-5, "{preset}: the next step's logits differ by {d}");
     }
 }
+
+#[test]
+fn a_model_from_owned_tensors_is_the_model_from_a_var_builder() {
+    // The generator builds its seeded models from the tensors themselves, dropping each as it is
+    // stacked; the model is the one a VarBuilder over the same tensors makes.
+    let cfg = decoder::preset("qwen2_tiny").unwrap();
+    let tensors = decoder::random_weights(&cfg, 5, &Device::Cpu, DType::F32).unwrap();
+    let built = Decoder::new(
+        &cfg,
+        VarBuilder::from_tensors(tensors.clone(), DType::F32, &Device::Cpu),
+    )
+    .unwrap();
+    let owned = Decoder::from_tensors(&cfg, tensors.clone(), &Device::Cpu, DType::F32).unwrap();
+    let prompt = Tensor::new(&PROMPT, &Device::Cpu).unwrap();
+    let (a, b) = (
+        built.forward(&prompt, &mut KvCache::new(&cfg)).unwrap(),
+        owned.forward(&prompt, &mut KvCache::new(&cfg)).unwrap(),
+    );
+    assert_eq!(max_diff(&a, &b), 0.0);
+    // A tensor of the wrong shape is named.
+    let mut wrong = tensors;
+    wrong.insert(
+        "model.layers.0.mlp.up_proj.weight".into(),
+        Tensor::zeros((3, 3), DType::F32, &Device::Cpu).unwrap(),
+    );
+    let e = Decoder::from_tensors(&cfg, wrong, &Device::Cpu, DType::F32)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("model.layers.0.mlp.up_proj.weight") && e.contains("[3, 3]"),
+        "{e}"
+    );
+}

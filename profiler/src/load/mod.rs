@@ -7,11 +7,20 @@
 //! against the objective, [`search`] finds the highest rate within it, [`job`] drives a real
 //! model through all that with its [`settings`], and [`record`] writes the `load`, `load_batches` and
 //! `capacity` tables.
+//!
+//! For a language model, what a slice serves is decided by a continuous batcher instead:
+//! [`lengths`] draws each request's prompt and output lengths, [`continuous`] schedules every
+//! iteration (decodes, prefill chunks, admission by free KV blocks, preemption by recompute), and
+//! [`tokens`] serves a schedule through it and measures TTFT, ITL, TPOT, E2E and goodput. `migprof
+//! load` does not drive them yet: it refuses language models.
 
 pub mod arrival;
+pub mod continuous;
 pub mod job;
+pub mod lengths;
 pub mod record;
 pub mod search;
 pub mod serve;
 pub mod settings;
 pub mod step;
+pub mod tokens;

@@ -112,15 +112,15 @@ impl GenerationMemory {
             false => cfg.num_heads as f64 * t * t * (2.0 * 4.0 + 2.0 * size),
         };
         // The MLP's part: the stream, its slices' outputs and their concatenation (3 × hidden a
-        // token), beside one slice's norm, gate and up, SwiGLU's output and down's output.
-        let mlp_streams = 3.0 * h * t * size;
+        // token, within `streams`), beside one slice's norm, gate and up, SwiGLU's output and
+        // down's output.
         let mlp_row = (3.0 * cfg.intermediate_size as f64 + 2.0 * h) * size;
         // The output head runs on the prompt's last token alone.
         let logits = cfg.vocab_size as f64 * size;
         GenerationMemory {
             weights_mib: mib_f(weights),
             kv_cache_mib_per_seq: mib_f(held),
-            workspace_mib_per_seq: mib_f((streams + scores).max(mlp_streams).max(logits).max(copies) + repeated),
+            workspace_mib_per_seq: mib_f((streams + scores).max(logits).max(copies) + repeated),
             mlp_mib_per_seq: mib_f(t * mlp_row),
             mlp_cap_mib: mib_f(workloads::models::decoder::MLP_ROWS as f64 * mlp_row),
         }

@@ -623,19 +623,21 @@ mod cuda {
                 bail!("{what}: queries {:?} for {b} sequences of heads of {d}", ql.dims())
             }
             let hq = per_seq / d;
-            // The kernel keeps MAX_GROUP query heads' scores in shared memory, reads heads of 64 or
-            // 128 in 16-byte words from the buffers' first element, and has a grid row per
+            // The kernel keeps MAX_GROUP query heads' scores in shared memory, reads queries and heads
+            // of 64 or 128 in 16-byte words from the tensors' first element, and has a grid row per
             // (sequence, key-value head).
             let words = |l: &Layout| l.contiguous_offsets().is_some_and(|(start, _)| start.is_multiple_of(8));
             if !super::HEAD_DIMS.contains(&d)
                 || hkv == 0
                 || hq / hkv > super::MAX_GROUP
                 || b * hkv > 65_535
+                || !words(ql)
                 || !words(keys.1)
                 || !words(values.1)
             {
                 bail!(
-                    "{what}: {hq} query heads over {hkv} of {d} for {b} sequences, buffers from elements {:?} and {:?}: the kernel takes heads of {:?}, at most {} query heads a key-value head, whole 16-byte words",
+                    "{what}: {hq} query heads over {hkv} of {d} for {b} sequences, queries from element {}, buffers from elements {:?} and {:?}: the kernel takes heads of {:?}, at most {} query heads a key-value head, whole 16-byte words",
+                    ql.start_offset(),
                     keys.1.start_offset(),
                     values.1.start_offset(),
                     super::HEAD_DIMS,

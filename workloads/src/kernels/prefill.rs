@@ -64,13 +64,20 @@ mod cuda {
     use crate::kernels::launch::{by_dtype, name, view, Kernel};
     use crate::kernels::sources::PREFILL;
 
-    /// A grid-stride launch over `total` elements, which the kernels count in 32 bits.
+    /// Threads of a launch: 2^16 blocks of 256, the grid's stride.
+    const STRIDE: usize = (1 << 16) * 256;
+
+    /// A grid-stride launch over `total` elements, which the kernels count in 32 bits: at most
+    /// 2^32 less one stride, so that an index one stride past the last never wraps below it.
     fn grid(total: usize, what: &str) -> Result<(LaunchConfig, u32)> {
-        if total == 0 || total > u32::MAX as usize {
-            bail!("{what} over {total} elements: the kernel takes 1 to 2^32 - 1")
+        if total == 0 || total > u32::MAX as usize - STRIDE {
+            bail!(
+                "{what} over {total} elements: the kernel takes 1 to {}",
+                u32::MAX as usize - STRIDE
+            )
         }
         let cfg = LaunchConfig {
-            grid_dim: ((total as u32).div_ceil(256).clamp(1, 1 << 16), 1, 1),
+            grid_dim: ((total as u32).div_ceil(256).clamp(1, (STRIDE / 256) as u32), 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };

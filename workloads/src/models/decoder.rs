@@ -632,7 +632,8 @@ fn repeat_kv(x: &Tensor, group: usize) -> Result<Tensor> {
 /// Rows of tokens whose MLP a pass runs at once: a prompt's MLP over more runs in slices of this
 /// many, so that its intermediates ([rows, 3 × intermediate]: gate and up side by side, and SwiGLU's
 /// output) stay bounded by the slice rather than growing with the batch and the prompt. At 8,192 rows
-/// Llama-3.1-8B's are 0.7 GB (the whole of a batch of 32 prompts of 512 would be 2.8 GB); each slice's
+/// Llama-3.1-8B's are 0.7 GB (the whole of a batch of 32 prompts of 512 would be 1.4 GB, of 32
+/// prompts of 1,921 5.3 GB); each slice's
 /// products are still thousands of rows, which keep the GPU busy.
 pub const MLP_ROWS: usize = 8192;
 
@@ -667,13 +668,20 @@ impl Mlp {
 
     /// The residual stream `x` [batch, tokens, hidden] plus the MLP of its norm, over at most
     /// `rows` tokens at a time ([`MLP_ROWS`]): SwiGLU of one product by gate and up side by side,
-    /// then down's product, which adds the residual.
+    /// then down's product, which adds the residual; with the kernel options' layers composed,
+    /// candle's ops (the gate's and up's products, SiLU, their product, down's, the add).
     fn residual(&self, x: &Tensor, norm: &RmsNorm, rows: usize) -> Result<Tensor> {
         let (b, t, h) = x.dims3()?;
         let rows = rows.max(1);
         let all = x.reshape((b * t, h))?;
+        let composed = kernels::KernelOptions::active().layers == kernels::options::EncoderLayers::Composed;
         let slice = |x: &Tensor| -> Result<Tensor> {
-            let gated = prefill::swiglu(&kernels::product(&norm.forward(x)?, &self.gate_up, None)?)?;
+            let normed = norm.forward(x)?;
+            if composed {
+                let gate = candle_nn::ops::silu(&self.gate_proj.forward(&normed)?)?;
+                return x + self.down_proj.forward(&(gate * self.up_proj.forward(&normed)?)?)?;
+            }
+            let gated = prefill::swiglu(&kernels::product(&normed, &self.gate_up, None)?)?;
             kernels::product(&gated, self.down_proj.weight(), Some(x))
         };
         let n = b * t;
@@ -845,6 +853,7 @@ impl Decoder {
         // tokens after a cache's) candle's ops with the mask.
         let cfg = &self.cfg;
         let kernel = offset == 0
+            && t > 1
             && causal_attention::takes(
                 ids.device(),
                 self.cos.dtype(),

@@ -1,0 +1,485 @@
+//! A language model served under open-loop load: requests arrive on a schedule fixed in advance,
+//! each with its prompt and output lengths, and a continuous batcher ([`super::continuous`]) hands
+//! one iteration at a time to the model. Every token's time is kept, so that each request's
+//! objectives are measured as vLLM's benchmark measures them:
+//!
+//! - **TTFT**, from the request's *scheduled* arrival to its first token (a slow server shows as a
+//!   longer wait, never as a lower offered rate);
+//! - **ITL**, each gap between two tokens of a request;
+//! - **TPOT** = (E2E − TTFT) ÷ (output tokens − 1), for requests of two tokens or more;
+//! - **E2E**, from the scheduled arrival to the last token;
+//! - **goodput**, the requests per second that met both objectives (TTFT and TPOT).
+//!
+//! The loop reads time and sleeps through [`Timer`] and runs iterations through [`Engine`], so that
+//! tests drive it on a fake clock with a model of known step time.
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+
+use super::continuous::{Iteration, Request, Scheduler};
+use super::serve::Timer;
+use crate::run::uncertainty::{quantile_interval, Estimate};
+
+/// One model instance behind the continuous batcher.
+pub trait Engine {
+    /// Runs one iteration (its prefill chunks and decodes) and returns once its tokens are out.
+    fn run(&mut self, it: &Iteration) -> Result<()>;
+}
+
+/// What a request saw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestRecord {
+    /// Its scheduled arrival, from the schedule's start.
+    pub arrival: Duration,
+    pub prompt: u32,
+    pub output: u32,
+    /// When each of its tokens came out, in order.
+    pub tokens: Vec<Duration>,
+}
+
+impl RequestRecord {
+    pub fn finished(&self) -> bool {
+        self.tokens.len() == self.output as usize
+    }
+
+    /// Time to the first token.
+    pub fn ttft(&self) -> Option<Duration> {
+        Some(self.tokens.first()?.saturating_sub(self.arrival))
+    }
+
+    /// Scheduled arrival to the last token, once finished.
+    pub fn e2e(&self) -> Option<Duration> {
+        match self.finished() {
+            true => Some(self.tokens.last()?.saturating_sub(self.arrival)),
+            false => None,
+        }
+    }
+
+    /// Time per output token after the first, once finished with two tokens or more.
+    pub fn tpot(&self) -> Option<Duration> {
+        let n = self.tokens.len();
+        if !self.finished() || n < 2 {
+            return None;
+        }
+        Some((self.tokens[n - 1] - self.tokens[0]) / (n as u32 - 1))
+    }
+
+    /// The gaps between its consecutive tokens.
+    pub fn itls(&self) -> impl Iterator<Item = Duration> + '_ {
+        self.tokens.windows(2).map(|w| w[1] - w[0])
+    }
+}
+
+/// One iteration as it ran.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IterationRecord {
+    pub start: Duration,
+    pub end: Duration,
+    /// Sequences in it, tokens it processed, and of those the prefills'.
+    pub batch: u32,
+    pub tokens: u32,
+    pub prefill_tokens: u32,
+    /// KV blocks in use once it ran, and requests waiting then.
+    pub blocks_used: u32,
+    pub waiting: u32,
+}
+
+/// A step's requests and iterations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationServed {
+    /// In order of arrival; the n-th request had id n.
+    pub requests: Vec<RequestRecord>,
+    pub iterations: Vec<IterationRecord>,
+    pub preemptions: u64,
+    /// The cache's blocks.
+    pub blocks: u32,
+    /// When the loop stopped.
+    pub end: Duration,
+}
+
+/// Serves `requests` (arrival, prompt tokens, output tokens; arrivals ascending) through
+/// `scheduler` on `engine` until every one is finished or `limit` passes (the rest stay
+/// unfinished in the record).
+pub fn drive(
+    timer: &impl Timer,
+    engine: &mut impl Engine,
+    mut scheduler: Scheduler,
+    requests: &[(Duration, u32, u32)],
+    limit: Duration,
+) -> Result<GenerationServed> {
+    if requests.windows(2).any(|w| w[1].0 < w[0].0) {
+        bail!("a schedule's arrivals are in order")
+    }
+    let mut records: Vec<RequestRecord> = Vec::with_capacity(requests.len());
+    let mut iterations = Vec::new();
+    loop {
+        let now = timer.now();
+        while let Some(&(arrival, prompt, output)) = requests.get(records.len()).filter(|r| r.0 <= now) {
+            let id = records.len();
+            scheduler.add(Request { id, prompt, output })?;
+            records.push(RequestRecord {
+                arrival,
+                prompt,
+                output,
+                tokens: Vec::with_capacity(output as usize),
+            });
+        }
+        if now >= limit {
+            break;
+        }
+        if scheduler.is_idle() {
+            match requests.get(records.len()) {
+                Some(&(next, ..)) => {
+                    timer.sleep_until(next.min(limit));
+                    continue;
+                }
+                None => break,
+            }
+        }
+        let it = scheduler.plan();
+        if it.is_empty() {
+            bail!(
+                "the continuous batcher planned nothing with {} waiting and {} running",
+                scheduler.waiting(),
+                scheduler.running()
+            )
+        }
+        let start = timer.now();
+        engine.run(&it)?;
+        let end = timer.now();
+        for t in scheduler.complete(&it) {
+            records[t.id].tokens.push(end);
+        }
+        iterations.push(IterationRecord {
+            start,
+            end,
+            batch: it.batch() as u32,
+            tokens: it.tokens(),
+            prefill_tokens: it.prefills.iter().map(|c| c.len).sum(),
+            blocks_used: scheduler.blocks_used(),
+            waiting: scheduler.waiting() as u32,
+        });
+    }
+    Ok(GenerationServed {
+        requests: records,
+        iterations,
+        preemptions: scheduler.preemptions(),
+        blocks: scheduler.budget().blocks,
+        end: timer.now(),
+    })
+}
+
+/// The two objectives a request must meet to count towards goodput.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slo {
+    pub ttft_p99: Duration,
+    pub tpot_p99: Duration,
+}
+
+/// A latency's percentiles in ms with their intervals.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Percentiles {
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub p99_interval: Estimate,
+}
+
+impl Percentiles {
+    fn of(mut ms: Vec<f64>) -> Option<Percentiles> {
+        if ms.is_empty() {
+            return None;
+        }
+        ms.sort_by(f64::total_cmp);
+        let at = |q: f64| ms[((q * ms.len() as f64).ceil() as usize).clamp(1, ms.len()) - 1];
+        Some(Percentiles {
+            p50_ms: at(0.5),
+            p90_ms: at(0.9),
+            p99_ms: at(0.99),
+            p99_interval: quantile_interval(&ms, 0.99),
+        })
+    }
+}
+
+/// What a step of generation load measured over the requests that arrived after `warmup`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationSummary {
+    /// Requests that arrived in the window, and of those the finished.
+    pub requests: usize,
+    pub finished: usize,
+    /// The window: from the warm-up's end to the last measured request's last token (or the loop's
+    /// end where one did not finish).
+    pub window: Duration,
+    pub ttft: Option<Percentiles>,
+    pub tpot: Option<Percentiles>,
+    pub itl: Option<Percentiles>,
+    pub e2e: Option<Percentiles>,
+    /// Finished requests and their output tokens per second of the window.
+    pub request_rate: f64,
+    pub output_token_rate: f64,
+    /// Finished requests per second that met both objectives (a request of one token meets the
+    /// TPOT objective).
+    pub goodput: Option<f64>,
+    /// The cache's share in use, averaged over the window's time, and its most.
+    pub kv_occupancy_mean: f64,
+    pub kv_occupancy_max: f64,
+    /// Sequences per iteration, averaged over iterations, and the most.
+    pub batch_mean: f64,
+    pub batch_max: u32,
+    pub preemptions: u64,
+}
+
+impl GenerationSummary {
+    pub fn of(served: &GenerationServed, warmup: Duration, slo: Option<Slo>) -> GenerationSummary {
+        let measured: Vec<&RequestRecord> = served.requests.iter().filter(|r| r.arrival >= warmup).collect();
+        let done: Vec<&RequestRecord> = measured.iter().copied().filter(|r| r.finished()).collect();
+        let end = match done.len() == measured.len() {
+            true => done
+                .iter()
+                .filter_map(|r| r.tokens.last().copied())
+                .max()
+                .unwrap_or(served.end),
+            false => served.end,
+        };
+        let window = end.saturating_sub(warmup);
+        let secs = window.as_secs_f64().max(f64::MIN_POSITIVE);
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let ttft = Percentiles::of(measured.iter().filter_map(|r| r.ttft()).map(ms).collect());
+        let tpot = Percentiles::of(done.iter().filter_map(|r| r.tpot()).map(ms).collect());
+        let itl = Percentiles::of(done.iter().flat_map(|r| r.itls()).map(ms).collect());
+        let e2e = Percentiles::of(done.iter().filter_map(|r| r.e2e()).map(ms).collect());
+        let goodput = slo.map(|s| {
+            let good = done
+                .iter()
+                .filter(|r| r.ttft().is_some_and(|t| t <= s.ttft_p99) && r.tpot().is_none_or(|t| t <= s.tpot_p99))
+                .count();
+            good as f64 / secs
+        });
+        // Occupancy weighted by each iteration's time within the window.
+        let (mut weighted, mut span, mut most) = (0.0, 0.0, 0f64);
+        let its: Vec<&IterationRecord> = served
+            .iterations
+            .iter()
+            .filter(|i| i.end > warmup && i.start < end)
+            .collect();
+        for i in &its {
+            let t = (i.end.min(end).saturating_sub(i.start.max(warmup))).as_secs_f64();
+            let share = i.blocks_used as f64 / served.blocks.max(1) as f64;
+            weighted += share * t;
+            span += t;
+            most = most.max(share);
+        }
+        GenerationSummary {
+            requests: measured.len(),
+            finished: done.len(),
+            window,
+            ttft,
+            tpot,
+            itl,
+            e2e,
+            request_rate: done.len() as f64 / secs,
+            output_token_rate: done.iter().map(|r| r.output as f64).sum::<f64>() / secs,
+            goodput,
+            kv_occupancy_mean: if span > 0.0 { weighted / span } else { 0.0 },
+            kv_occupancy_max: most,
+            batch_mean: match its.len() {
+                0 => 0.0,
+                n => its.iter().map(|i| i.batch as f64).sum::<f64>() / n as f64,
+            },
+            batch_max: its.iter().map(|i| i.batch).max().unwrap_or(0),
+            preemptions: served.preemptions,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::arrival::{schedule, Arrival};
+    use crate::load::continuous::Budget;
+    use crate::load::lengths::LengthDist;
+    use crate::testing::clock::FakeClock;
+
+    /// A model whose iteration takes `fixed + per_token × tokens`.
+    struct FakeEngine {
+        clock: FakeClock,
+        fixed: Duration,
+        per_token: Duration,
+    }
+
+    impl Engine for FakeEngine {
+        fn run(&mut self, it: &Iteration) -> Result<()> {
+            self.clock.advance(self.fixed + self.per_token * it.tokens());
+            Ok(())
+        }
+    }
+
+    fn engine(clock: &FakeClock, fixed_ms: f64, per_token_us: f64) -> FakeEngine {
+        FakeEngine {
+            clock: clock.clone(),
+            fixed: Duration::from_secs_f64(fixed_ms / 1e3),
+            per_token: Duration::from_secs_f64(per_token_us / 1e6),
+        }
+    }
+
+    /// Serves `requests` on a fresh fake clock through a cache of `blocks` blocks of 16, each
+    /// iteration `fixed_ms + per_token_us × tokens`, for at most `limit_s`.
+    fn serve(
+        requests: &[(Duration, u32, u32)],
+        blocks: u32,
+        (fixed_ms, per_token_us): (f64, f64),
+        limit_s: u64,
+    ) -> Result<GenerationServed> {
+        let clock = FakeClock::default();
+        drive(
+            &clock,
+            &mut engine(&clock, fixed_ms, per_token_us),
+            Scheduler::new(budget(blocks))?,
+            requests,
+            Duration::from_secs(limit_s),
+        )
+    }
+
+    fn budget(blocks: u32) -> Budget {
+        Budget {
+            block_size: 16,
+            blocks,
+            max_batched_tokens: 2048,
+            max_seqs: 256,
+            chunked_prefill: true,
+        }
+    }
+
+    /// `n` requests at `rate` a second (Poisson), lengths from the given distributions.
+    fn offered(rate: f64, n: usize, prompt: LengthDist, output: LengthDist) -> Vec<(Duration, u32, u32)> {
+        let (mut p, mut o) = (prompt.sampler(1), output.sampler(2));
+        schedule(Arrival::Poisson, rate, n, 3)
+            .into_iter()
+            .map(|t| (t, p.draw(), o.draw()))
+            .collect()
+    }
+
+    #[test]
+    fn the_objectives_are_measured_as_vllm_defines_them() {
+        let r = RequestRecord {
+            arrival: Duration::from_millis(100),
+            prompt: 10,
+            output: 4,
+            tokens: [130, 140, 160, 190].map(Duration::from_millis).to_vec(),
+        };
+        assert_eq!(r.ttft(), Some(Duration::from_millis(30)));
+        assert_eq!(r.e2e(), Some(Duration::from_millis(90)));
+        // (E2E − TTFT) ÷ (4 − 1) = 60 ÷ 3.
+        assert_eq!(r.tpot(), Some(Duration::from_millis(20)));
+        assert_eq!(r.itls().collect::<Vec<_>>(), [10, 20, 30].map(Duration::from_millis));
+        let unfinished = RequestRecord {
+            tokens: r.tokens[..2].to_vec(),
+            ..r.clone()
+        };
+        assert_eq!((unfinished.e2e(), unfinished.tpot()), (None, None));
+        let one = RequestRecord {
+            output: 1,
+            tokens: r.tokens[..1].to_vec(),
+            ..r
+        };
+        assert_eq!((one.e2e(), one.tpot()), (Some(Duration::from_millis(30)), None));
+    }
+
+    #[test]
+    fn a_light_load_is_served_at_the_model_s_speed_and_every_token_comes_out() {
+        // 2 requests a second of 200 + 50 tokens; an iteration takes 2 ms + 1 µs a token: each
+        // request prefills alone (2.2 ms) and decodes its 49 steps at about 2 ms.
+        let requests = offered(2.0, 40, LengthDist::Fixed(200), LengthDist::Fixed(50));
+        let served = serve(&requests, 1000, (2.0, 1.0), 1000).unwrap();
+        assert!(served.requests.iter().all(|r| r.finished() && r.tokens.len() == 50));
+        let s = GenerationSummary::of(&served, Duration::ZERO, None);
+        let (ttft, tpot) = (s.ttft.unwrap(), s.tpot.unwrap());
+        assert!((2.0..2.6).contains(&ttft.p50_ms), "{ttft:?}");
+        assert!((1.99..2.3).contains(&tpot.p50_ms), "{tpot:?}");
+        assert_eq!(s.preemptions, 0);
+        assert!(s.kv_occupancy_max > 0.0 && s.kv_occupancy_max <= 1.0);
+    }
+
+    #[test]
+    fn little_s_law_holds_between_the_rate_the_concurrency_and_the_latency() {
+        // L = λW: the time-average of requests in the system against the offered rate times the
+        // mean time a request spends in it, over a long step of lognormal lengths.
+        let rate = 20.0;
+        let requests = offered(
+            rate,
+            3000,
+            LengthDist::Lognormal {
+                mean: 300.0,
+                spread: 0.6,
+            },
+            LengthDist::Lognormal {
+                mean: 60.0,
+                spread: 0.5,
+            },
+        );
+        let served = serve(&requests, 4000, (3.0, 2.0), 100_000).unwrap();
+        assert!(served.requests.iter().all(|r| r.finished()));
+        let w: Vec<f64> = served.requests.iter().map(|r| r.e2e().unwrap().as_secs_f64()).collect();
+        let n = w.len() as f64;
+        let mean_w = w.iter().sum::<f64>() / n;
+        // The area under the number in the system is the sum of the times in it; over the span
+        // from the first arrival to the last token.
+        let span =
+            served.requests.iter().map(|r| *r.tokens.last().unwrap()).max().unwrap() - served.requests[0].arrival;
+        let l = w.iter().sum::<f64>() / span.as_secs_f64();
+        // 95 % interval of λW: the mean time's standard error, and the Poisson count's 1/√n in λ.
+        let sd_w = (w.iter().map(|x| (x - mean_w).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+        let rel = ((sd_w / mean_w).powi(2) / n + 1.0 / n).sqrt();
+        let expected = rate * mean_w;
+        assert!(
+            (l - expected).abs() <= 1.96 * rel * expected,
+            "L = {l:.3}, λW = {expected:.3} ± {:.3}",
+            1.96 * rel * expected
+        );
+        assert!(l > 0.3, "the step has requests in flight together: L = {l}");
+    }
+
+    #[test]
+    fn an_overloaded_cache_preempts_and_goodput_counts_only_requests_within_both_objectives() {
+        // A cache of 40 blocks (640 tokens) for requests of 200 + 100: at most three at once, and
+        // growing decodes preempt. A rate far above what the model serves makes waits grow.
+        let requests = offered(50.0, 200, LengthDist::Fixed(200), LengthDist::Fixed(100));
+        let served = serve(&requests, 40, (5.0, 2.0), 10_000).unwrap();
+        assert!(served.preemptions > 0);
+        assert!(
+            served.requests.iter().all(|r| r.finished()),
+            "a preempted request finishes"
+        );
+        let loose = Slo {
+            ttft_p99: Duration::from_secs(10_000),
+            tpot_p99: Duration::from_secs(10),
+        };
+        let tight = Slo {
+            ttft_p99: Duration::from_millis(500),
+            ..loose
+        };
+        let (all, some) = (
+            GenerationSummary::of(&served, Duration::ZERO, Some(loose)),
+            GenerationSummary::of(&served, Duration::ZERO, Some(tight)),
+        );
+        assert!((all.goodput.unwrap() - all.request_rate).abs() < 1e-9);
+        assert!(some.goodput.unwrap() < all.goodput.unwrap() / 2.0, "{some:?}");
+        assert!(all.kv_occupancy_max > 0.9, "{}", all.kv_occupancy_max);
+        assert!(all.ttft.unwrap().p99_ms > 1000.0);
+    }
+
+    #[test]
+    fn a_step_that_runs_past_its_limit_stops_and_keeps_what_was_unfinished() {
+        let requests = offered(100.0, 500, LengthDist::Fixed(100), LengthDist::Fixed(200));
+        let served = serve(&requests, 2000, (5.0, 1.0), 2).unwrap();
+        assert!(served.end >= Duration::from_secs(2) && served.end < Duration::from_secs(3));
+        assert!(served.requests.iter().any(|r| !r.finished()));
+        let s = GenerationSummary::of(&served, Duration::ZERO, None);
+        assert!(s.finished < s.requests);
+        // Arrivals out of order are refused.
+        let backwards = [(Duration::from_secs(2), 5, 5), (Duration::from_secs(1), 5, 5)];
+        let e = serve(&backwards, 10, (1.0, 1.0), 10).unwrap_err();
+        assert!(e.to_string().contains("in order"));
+    }
+}
