@@ -293,6 +293,57 @@ impl GenerationSummary {
     }
 }
 
+/// Steps of generation load for [`super::search::search`]: at each rate, `duration` of seeded
+/// arrivals with lengths drawn from `prompt` and `output`, served through a fresh batcher of
+/// `budget` (the cache empties between steps), given `drain` after the last arrival to finish. A
+/// step meets the objectives when every measured request finished and the p99s of TTFT and TPOT
+/// are within them.
+pub struct GenerationLoad<'a, T: Timer, E: Engine> {
+    pub timer: &'a T,
+    pub engine: &'a mut E,
+    pub budget: super::continuous::Budget,
+    pub arrival: super::arrival::Arrival,
+    pub prompt: super::lengths::LengthDist,
+    pub output: super::lengths::LengthDist,
+    /// Arrivals are offered for this long; those of the first `warmup` are not measured.
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub drain: Duration,
+    pub slo: Slo,
+    pub seed: u64,
+    /// Every step run: its rate and what it measured.
+    pub steps: Vec<(f64, GenerationSummary)>,
+}
+
+impl<T: Timer, E: Engine> GenerationLoad<'_, T, E> {
+    /// Whether a step's summary meets both objectives.
+    pub fn meets(&self, s: &GenerationSummary) -> bool {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        s.finished == s.requests
+            && s.requests > 0
+            && s.ttft.as_ref().is_some_and(|p| p.p99_ms <= ms(self.slo.ttft_p99))
+            && s.tpot.as_ref().is_none_or(|p| p.p99_ms <= ms(self.slo.tpot_p99))
+    }
+}
+
+impl<T: Timer, E: Engine> super::search::StepRunner for GenerationLoad<'_, T, E> {
+    fn run_step(&mut self, qps: f64) -> Result<bool> {
+        let count = (qps * self.duration.as_secs_f64()).ceil().max(1.0) as usize;
+        let start = self.timer.now();
+        let (mut prompt, mut output) = (self.prompt.sampler(self.seed ^ 1), self.output.sampler(self.seed ^ 2));
+        let requests: Vec<(Duration, u32, u32)> = super::arrival::schedule(self.arrival, qps, count, self.seed)
+            .into_iter()
+            .map(|t| (start + t, prompt.draw(), output.draw()))
+            .collect();
+        let limit = start + self.duration + self.drain;
+        let served = drive(self.timer, self.engine, Scheduler::new(self.budget)?, &requests, limit)?;
+        let summary = GenerationSummary::of(&served, start + self.warmup, Some(self.slo));
+        let met = self.meets(&summary);
+        self.steps.push((qps, summary));
+        Ok(met)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -467,6 +518,55 @@ mod tests {
         assert!(some.goodput.unwrap() < all.goodput.unwrap() / 2.0, "{some:?}");
         assert!(all.kv_occupancy_max > 0.9, "{}", all.kv_occupancy_max);
         assert!(all.ttft.unwrap().p99_ms > 1000.0);
+    }
+
+    #[test]
+    fn the_search_finds_the_highest_rate_within_both_objectives_of_a_model_of_known_step_time() {
+        // Every iteration takes 10 ms. A request of 200 + 50 tokens stays about 50 iterations
+        // (0.5 s), and at most 256 sequences run at once: at most 256 / 0.5 = 512 requests/s keep
+        // up (the 2,048 tokens an iteration would allow 822), and beyond that the queue, and the
+        // time to the first token, grow without bound. A decode runs every iteration: 10 ms a
+        // token, within 25.
+        let clock = FakeClock::default();
+        let mut engine = engine(&clock, 10.0, 0.0);
+        let slo = Slo {
+            ttft_p99: Duration::from_millis(300),
+            tpot_p99: Duration::from_millis(25),
+        };
+        let mut load = GenerationLoad {
+            timer: &clock,
+            engine: &mut engine,
+            budget: budget(100_000),
+            arrival: crate::load::arrival::Arrival::Poisson,
+            prompt: LengthDist::Fixed(200),
+            output: LengthDist::Fixed(50),
+            duration: Duration::from_secs(20),
+            warmup: Duration::from_secs(2),
+            drain: Duration::from_secs(20),
+            slo,
+            seed: 9,
+            steps: Vec::new(),
+        };
+        let plan = crate::load::search::SearchPlan {
+            start_qps: 100.0,
+            resolution: 0.05,
+            floor_qps: 1.0,
+            max_steps: 12,
+        };
+        let out = crate::load::search::search(&mut load, plan).unwrap();
+        let capacity = out.capacity_qps.unwrap();
+        assert!((0.85 * 512.0..=1.1 * 512.0).contains(&capacity), "{capacity} from {:?}", out.steps);
+        // The steps the search judged say why: the passing ones within both objectives, and the
+        // failing ones past the TTFT objective.
+        for (qps, s) in &load.steps {
+            let ttft = s.ttft.as_ref().unwrap().p99_ms;
+            assert_eq!(
+                *qps <= capacity,
+                ttft <= 300.0 && s.finished == s.requests,
+                "{qps}: {ttft}"
+            );
+            assert!(s.tpot.as_ref().unwrap().p99_ms <= 25.0);
+        }
     }
 
     #[test]
