@@ -177,7 +177,9 @@ impl Scheduler {
                 self.budget.block_size
             )
         }
-        // A recomputed sequence prefills its generated tokens too (all but the last): at most need.
+        // A recomputed sequence prefills its generated tokens too (all but the last): at most need,
+        // which without chunking must fit one iteration (vLLM asks the same of its budget against
+        // the model's whole length).
         if !self.budget.chunked_prefill && need > self.budget.max_batched_tokens as u64 {
             bail!(
                 "request {}: without chunked prefill a prompt (with what a preemption makes it recompute, up to {need} tokens) must fit one iteration's {} tokens",
@@ -262,6 +264,7 @@ impl Scheduler {
 
     fn plan_once(&mut self) -> Iteration {
         let budget = self.budget;
+        let preempted_before = self.preemptions;
         let mut it = Iteration::default();
         let mut left = budget.max_batched_tokens;
         // Decodes first, in order of admission; a block short preempts from the back.
@@ -296,7 +299,10 @@ impl Scheduler {
                 it.prefills.push(chunk);
             }
         }
-        while left > 0 && (self.running.len() as u32) < budget.max_seqs {
+        // No new prompts in an iteration that had to preempt, as vLLM's scheduler does: the
+        // sequence just sent back would be admitted again into the blocks it gave up, and preempted
+        // again at the next block a decode needs.
+        while left > 0 && (self.running.len() as u32) < budget.max_seqs && self.preemptions == preempted_before {
             let Some(seq) = self.waiting.front_mut() else { break };
             let Some(chunk) = Self::chunk(&mut self.free, &budget, seq, left) else {
                 break;
@@ -523,26 +529,84 @@ mod tests {
     }
 
     #[test]
-    fn prefills_that_fill_the_cache_between_them_do_not_stall() {
-        // 8 blocks of 16 = 128 slots; two prompts of 100 in chunks of 32 each take blocks until
-        // neither can go on: the later one is preempted and both finish.
+    fn a_preempted_sequence_is_not_admitted_again_in_the_iteration_that_preempted_it() {
+        // 6 blocks of 16 = 96 slots. Two sequences of 40 + 30 decode until the second's next block
+        // is not there: the later is preempted, and not admitted again in that iteration.
         let requests = [
             Request {
                 id: 0,
-                prompt: 100,
+                prompt: 40,
+                output: 30,
+            },
+            Request {
+                id: 1,
+                prompt: 40,
+                output: 30,
+            },
+        ];
+        let mut s = Scheduler::new(budget(6, 4096, true)).unwrap();
+        for r in &requests {
+            s.add(*r).unwrap();
+        }
+        let mut tokens: HashMap<usize, Vec<u32>> = HashMap::new();
+        let mut preempting = 0;
+        while !s.is_idle() {
+            let before = s.preemptions();
+            let it = s.plan();
+            if s.preemptions() > before {
+                preempting += 1;
+                assert!(
+                    it.prefills.is_empty(),
+                    "a preempting iteration admitted {:?}",
+                    it.prefills
+                );
+            }
+            for t in s.complete(&it) {
+                tokens.entry(t.id).or_default().push(t.index);
+            }
+        }
+        assert!(preempting > 0);
+        every_token_once_in_order(&tokens, &requests);
+    }
+
+    #[test]
+    fn admission_is_first_come_first_served_even_where_a_later_request_would_fit() {
+        // 4 blocks; the first request holds 3 once prefilled. The second needs 3 and waits; the
+        // third needs 1, which is free, and waits behind the second all the same.
+        let requests = [
+            Request {
+                id: 0,
+                prompt: 40,
                 output: 5,
             },
             Request {
                 id: 1,
-                prompt: 100,
+                prompt: 40,
+                output: 5,
+            },
+            Request {
+                id: 2,
+                prompt: 8,
                 output: 5,
             },
         ];
-        let b = Budget {
-            max_seqs: 2,
-            ..budget(8, 64, true)
-        };
-        let (tokens, _) = run(Scheduler::new(b).unwrap(), &requests);
+        let mut s = Scheduler::new(budget(4, 4096, false)).unwrap();
+        for r in &requests {
+            s.add(*r).unwrap();
+        }
+        let mut admitted = Vec::new();
+        let mut tokens: HashMap<usize, Vec<u32>> = HashMap::new();
+        while !s.is_idle() {
+            let it = s.plan();
+            admitted.extend(it.prefills.iter().map(|c| c.id));
+            if admitted == [0] {
+                assert!(s.blocks_used() < 4, "a block is free for the third request");
+            }
+            for t in s.complete(&it) {
+                tokens.entry(t.id).or_default().push(t.index);
+            }
+        }
+        assert_eq!(admitted, [0, 1, 2]);
         every_token_once_in_order(&tokens, &requests);
     }
 
@@ -577,32 +641,5 @@ mod tests {
             ..budget(4, 64, true)
         })
         .is_err());
-    }
-
-    #[test]
-    fn admission_waits_for_free_blocks_first_come_first_served() {
-        // Two blocks: the first request's prompt takes both; the second waits until it finishes.
-        let requests = [
-            Request {
-                id: 0,
-                prompt: 32,
-                output: 1,
-            },
-            Request {
-                id: 1,
-                prompt: 16,
-                output: 1,
-            },
-        ];
-        let mut s = Scheduler::new(budget(2, 4096, true)).unwrap();
-        for r in &requests {
-            s.add(*r).unwrap();
-        }
-        let first = s.plan();
-        assert_eq!(first.prefills.iter().map(|c| c.id).collect::<Vec<_>>(), [0]);
-        assert_eq!(s.waiting(), 1);
-        s.complete(&first);
-        let second = s.plan();
-        assert_eq!(second.prefills.iter().map(|c| c.id).collect::<Vec<_>>(), [1]);
     }
 }

@@ -36,6 +36,8 @@ pub struct RequestRecord {
     pub output: u32,
     /// When each of its tokens came out, in order.
     pub tokens: Vec<Duration>,
+    /// Why the batcher refused it (it could never fit the cache), if it did.
+    pub refused: Option<String>,
 }
 
 impl RequestRecord {
@@ -80,8 +82,10 @@ pub struct IterationRecord {
     pub batch: u32,
     pub tokens: u32,
     pub prefill_tokens: u32,
-    /// KV blocks in use once it ran, and requests waiting then.
+    /// KV blocks in use while it ran (those of sequences it finished included), and the requests
+    /// in the server then: admitted, and waiting.
     pub blocks_used: u32,
+    pub running: u32,
     pub waiting: u32,
 }
 
@@ -99,8 +103,9 @@ pub struct GenerationServed {
 }
 
 /// Serves `requests` (arrival, prompt tokens, output tokens; arrivals ascending) through
-/// `scheduler` on `engine` until every one is finished or `limit` passes (the rest stay
-/// unfinished in the record).
+/// `scheduler` on `engine` until every one is finished or `limit` passes. Every request is in the
+/// record: one the batcher refuses (it could never fit) with why, and those not done by the limit
+/// (arrived or not) unfinished.
 pub fn drive(
     timer: &impl Timer,
     engine: &mut impl Engine,
@@ -117,12 +122,16 @@ pub fn drive(
         let now = timer.now();
         while let Some(&(arrival, prompt, output)) = requests.get(records.len()).filter(|r| r.0 <= now) {
             let id = records.len();
-            scheduler.add(Request { id, prompt, output })?;
+            let refused = scheduler
+                .add(Request { id, prompt, output })
+                .err()
+                .map(|e| e.to_string());
             records.push(RequestRecord {
                 arrival,
                 prompt,
                 output,
                 tokens: Vec::with_capacity(output as usize),
+                refused,
             });
         }
         if now >= limit {
@@ -138,6 +147,11 @@ pub fn drive(
             }
         }
         let it = scheduler.plan();
+        let (blocks_used, running, waiting) = (
+            scheduler.blocks_used(),
+            scheduler.running() as u32,
+            scheduler.waiting() as u32,
+        );
         if it.is_empty() {
             bail!(
                 "the continuous batcher planned nothing with {} waiting and {} running",
@@ -157,8 +171,19 @@ pub fn drive(
             batch: it.batch() as u32,
             tokens: it.tokens(),
             prefill_tokens: it.prefills.iter().map(|c| c.len).sum(),
-            blocks_used: scheduler.blocks_used(),
-            waiting: scheduler.waiting() as u32,
+            blocks_used,
+            running,
+            waiting,
+        });
+    }
+    // What had not arrived by the limit is unfinished too.
+    for &(arrival, prompt, output) in &requests[records.len()..] {
+        records.push(RequestRecord {
+            arrival,
+            prompt,
+            output,
+            tokens: Vec::new(),
+            refused: None,
         });
     }
     Ok(GenerationServed {
@@ -192,7 +217,12 @@ impl Percentiles {
             return None;
         }
         ms.sort_by(f64::total_cmp);
-        let at = |q: f64| ms[((q * ms.len() as f64).ceil() as usize).clamp(1, ms.len()) - 1];
+        // Between the two nearest ranks, as numpy's percentile (vLLM's benchmark) interpolates.
+        let at = |q: f64| {
+            let rank = q * (ms.len() - 1) as f64;
+            let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+            ms[lo] + (ms[hi] - ms[lo]) * (rank - lo as f64)
+        };
         Some(Percentiles {
             p50_ms: at(0.5),
             p90_ms: at(0.9),
@@ -205,9 +235,11 @@ impl Percentiles {
 /// What a step of generation load measured over the requests that arrived after `warmup`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationSummary {
-    /// Requests that arrived in the window, and of those the finished.
+    /// Requests that arrived in the window, of those the finished and the refused (which could
+    /// never fit the cache).
     pub requests: usize,
     pub finished: usize,
+    pub refused: usize,
     /// The window: from the warm-up's end to the last measured request's last token (or the loop's
     /// end where one did not finish).
     pub window: Duration,
@@ -221,7 +253,8 @@ pub struct GenerationSummary {
     /// Finished requests per second that met both objectives (a request of one token meets the
     /// TPOT objective).
     pub goodput: Option<f64>,
-    /// The cache's share in use, averaged over the window's time, and its most.
+    /// The cache's share in use, averaged over the window's time (idle time counts as empty), and
+    /// its most.
     pub kv_occupancy_mean: f64,
     pub kv_occupancy_max: f64,
     /// Sequences per iteration, averaged over iterations, and the most.
@@ -245,7 +278,9 @@ impl GenerationSummary {
         let window = end.saturating_sub(warmup);
         let secs = window.as_secs_f64().max(f64::MIN_POSITIVE);
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let ttft = Percentiles::of(measured.iter().filter_map(|r| r.ttft()).map(ms).collect());
+        // Over the finished requests, as vLLM's benchmark counts them; a step with unfinished ones
+        // does not meet its objectives whatever its percentiles (`GenerationLoad::meets`).
+        let ttft = Percentiles::of(done.iter().filter_map(|r| r.ttft()).map(ms).collect());
         let tpot = Percentiles::of(done.iter().filter_map(|r| r.tpot()).map(ms).collect());
         let itl = Percentiles::of(done.iter().flat_map(|r| r.itls()).map(ms).collect());
         let e2e = Percentiles::of(done.iter().filter_map(|r| r.e2e()).map(ms).collect());
@@ -256,8 +291,9 @@ impl GenerationSummary {
                 .count();
             good as f64 / secs
         });
-        // Occupancy weighted by each iteration's time within the window.
-        let (mut weighted, mut span, mut most) = (0.0, 0.0, 0f64);
+        // Occupancy weighted by each iteration's time within the window; between iterations the
+        // server was idle, its cache empty.
+        let (mut weighted, mut most) = (0.0, 0f64);
         let its: Vec<&IterationRecord> = served
             .iterations
             .iter()
@@ -267,12 +303,12 @@ impl GenerationSummary {
             let t = (i.end.min(end).saturating_sub(i.start.max(warmup))).as_secs_f64();
             let share = i.blocks_used as f64 / served.blocks.max(1) as f64;
             weighted += share * t;
-            span += t;
             most = most.max(share);
         }
         GenerationSummary {
             requests: measured.len(),
             finished: done.len(),
+            refused: measured.iter().filter(|r| r.refused.is_some()).count(),
             window,
             ttft,
             tpot,
@@ -281,7 +317,7 @@ impl GenerationSummary {
             request_rate: done.len() as f64 / secs,
             output_token_rate: done.iter().map(|r| r.output as f64).sum::<f64>() / secs,
             goodput,
-            kv_occupancy_mean: if span > 0.0 { weighted / span } else { 0.0 },
+            kv_occupancy_mean: weighted / secs,
             kv_occupancy_max: most,
             batch_mean: match its.len() {
                 0 => 0.0,
@@ -328,6 +364,13 @@ impl<T: Timer, E: Engine> GenerationLoad<'_, T, E> {
 
 impl<T: Timer, E: Engine> super::search::StepRunner for GenerationLoad<'_, T, E> {
     fn run_step(&mut self, qps: f64) -> Result<bool> {
+        if self.warmup >= self.duration {
+            bail!(
+                "a step of {:.1} s with a warm-up of {:.1} s measures nothing: the warm-up is part of the step",
+                self.duration.as_secs_f64(),
+                self.warmup.as_secs_f64()
+            )
+        }
         let count = (qps * self.duration.as_secs_f64()).ceil().max(1.0) as usize;
         let start = self.timer.now();
         let (mut prompt, mut output) = (self.prompt.sampler(self.seed ^ 1), self.output.sampler(self.seed ^ 2));
@@ -338,6 +381,13 @@ impl<T: Timer, E: Engine> super::search::StepRunner for GenerationLoad<'_, T, E>
         let limit = start + self.duration + self.drain;
         let served = drive(self.timer, self.engine, Scheduler::new(self.budget)?, &requests, limit)?;
         let summary = GenerationSummary::of(&served, start + self.warmup, Some(self.slo));
+        if summary.requests == 0 {
+            bail!(
+                "{qps:.2} requests/s for {:.1} s brought no request after the {:.1} s warm-up: a step this slow needs to be longer",
+                self.duration.as_secs_f64(),
+                self.warmup.as_secs_f64()
+            )
+        }
         let met = self.meets(&summary);
         self.steps.push((qps, summary));
         Ok(met)
@@ -418,6 +468,7 @@ mod tests {
             prompt: 10,
             output: 4,
             tokens: [130, 140, 160, 190].map(Duration::from_millis).to_vec(),
+            refused: None,
         };
         assert_eq!(r.ttft(), Some(Duration::from_millis(30)));
         assert_eq!(r.e2e(), Some(Duration::from_millis(90)));
@@ -435,6 +486,12 @@ mod tests {
             ..r
         };
         assert_eq!((one.e2e(), one.tpot()), (Some(Duration::from_millis(30)), None));
+        // Percentiles between ranks, as numpy's: 1..=100 has its median at 50.5, its p99 at 99.01.
+        let p = Percentiles::of((1..=100).map(f64::from).collect()).unwrap();
+        assert!(
+            (p.p50_ms - 50.5).abs() < 1e-9 && (p.p99_ms - 99.01).abs() < 1e-9,
+            "{p:?}"
+        );
     }
 
     #[test]
@@ -474,11 +531,17 @@ mod tests {
         let w: Vec<f64> = served.requests.iter().map(|r| r.e2e().unwrap().as_secs_f64()).collect();
         let n = w.len() as f64;
         let mean_w = w.iter().sum::<f64>() / n;
-        // The area under the number in the system is the sum of the times in it; over the span
-        // from the first arrival to the last token.
-        let span =
-            served.requests.iter().map(|r| *r.tokens.last().unwrap()).max().unwrap() - served.requests[0].arrival;
-        let l = w.iter().sum::<f64>() / span.as_secs_f64();
+        // L as the server saw it: the requests admitted or waiting during each iteration, weighted
+        // by its time, over the step from the first arrival to the last token (idle time counts
+        // as empty). Requests that arrive during an iteration are counted from the next.
+        let first = served.requests[0].arrival;
+        let last = served.iterations.last().unwrap().end;
+        let area: f64 = served
+            .iterations
+            .iter()
+            .map(|i| (i.running + i.waiting) as f64 * (i.end - i.start).as_secs_f64())
+            .sum();
+        let l = area / (last - first).as_secs_f64();
         // 95 % interval of λW: the mean time's standard error, and the Poisson count's 1/√n in λ.
         let sd_w = (w.iter().map(|x| (x - mean_w).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
         let rel = ((sd_w / mean_w).powi(2) / n + 1.0 / n).sqrt();
@@ -555,7 +618,11 @@ mod tests {
         };
         let out = crate::load::search::search(&mut load, plan).unwrap();
         let capacity = out.capacity_qps.unwrap();
-        assert!((0.85 * 512.0..=1.1 * 512.0).contains(&capacity), "{capacity} from {:?}", out.steps);
+        assert!(
+            (0.85 * 512.0..=1.1 * 512.0).contains(&capacity),
+            "{capacity} from {:?}",
+            out.steps
+        );
         // The steps the search judged say why: the passing ones within both objectives, and the
         // failing ones past the TTFT objective.
         for (qps, s) in &load.steps {
@@ -577,6 +644,14 @@ mod tests {
         assert!(served.requests.iter().any(|r| !r.finished()));
         let s = GenerationSummary::of(&served, Duration::ZERO, None);
         assert!(s.finished < s.requests);
+        // A request that could never fit the cache is refused and kept; the rest are served.
+        let mut with_giant = offered(5.0, 10, LengthDist::Fixed(100), LengthDist::Fixed(20));
+        with_giant[3].1 = 1_000_000;
+        let served = serve(&with_giant, 100, (5.0, 1.0), 1000).unwrap();
+        let giant = &served.requests[3];
+        assert!(giant.refused.as_deref().is_some_and(|e| e.contains("cache slots")) && giant.tokens.is_empty());
+        assert_eq!(served.requests.iter().filter(|r| r.finished()).count(), 9);
+        assert_eq!(GenerationSummary::of(&served, Duration::ZERO, None).refused, 1);
         // Arrivals out of order are refused.
         let backwards = [(Duration::from_secs(2), 5, 5), (Duration::from_secs(1), 5, 5)];
         let e = serve(&backwards, 10, (1.0, 1.0), 10).unwrap_err();
