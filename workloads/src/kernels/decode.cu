@@ -51,13 +51,6 @@ template <> __device__ __forceinline__ void unpack8<F16>(uint4 w, float* f) {
     }
 }
 
-// v rounded to the element type, as a float.
-template <typename E> __device__ __forceinline__ float rounded(float v) {
-    typename E::T h;
-    E::put(&h, 0, v);
-    return E::get(&h, 0);
-}
-
 // x [B, k] through Llama's RMSNorm with weight w, as transformers computes it: in f32, x / rms(x)
 // rounded to the element type, times w, rounded again; into shared memory, for the block's products
 // (NORM_MAX elements at most). Every thread of the block calls it: the norm costs the block a read of

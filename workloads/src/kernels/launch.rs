@@ -144,6 +144,13 @@ pub(crate) fn contiguous_range(l: &Layout, what: &str) -> Result<(usize, usize)>
         .ok_or_else(|| candle_core::Error::Msg(format!("{what} updates contiguous tensors")))
 }
 
+/// The most blocks of a [`grid_stride`] launch.
+const GRID_STRIDE_BLOCKS: u32 = 65535 * 4;
+
+/// The most elements a kernel that keeps its grid-stride index in 32 bits takes: an index one
+/// stride of the largest grid past the last element must not wrap below it.
+pub(crate) const U32_STRIDE_ELEMENTS: usize = u32::MAX as usize - GRID_STRIDE_BLOCKS as usize * 256;
+
 /// A grid-stride launch over `n` elements (256 threads a block, at most 65535 × 4 blocks) and `n`
 /// as the kernel's u32 count; `max` is the most elements `what`'s kernel indexes.
 pub(crate) fn grid_stride(n: usize, max: usize, what: &str) -> Result<(LaunchConfig, u32)> {
@@ -151,7 +158,7 @@ pub(crate) fn grid_stride(n: usize, max: usize, what: &str) -> Result<(LaunchCon
         bail!("{what} over {n} elements is more than this kernel indexes")
     }
     let cfg = LaunchConfig {
-        grid_dim: ((n as u32).div_ceil(256).clamp(1, 65535 * 4), 1, 1),
+        grid_dim: ((n as u32).div_ceil(256).clamp(1, GRID_STRIDE_BLOCKS), 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };

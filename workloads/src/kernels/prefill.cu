@@ -4,13 +4,6 @@
 // gate and up side by side. Each is one pass over its rows; candle's ops would need copies of the
 // heads out of the packed rows, and SiLU and the product as two passes.
 
-// x rounded to the element type, as a float: where PyTorch rounds an intermediate, so do we.
-template <typename E> __device__ __forceinline__ float round_to(float v) {
-    typename E::T h;
-    E::put(&h, 0, v);
-    return E::get(&h, 0);
-}
-
 // y = x with the first `rotated` heads of every row turned by the rotary embedding. x and y are
 // [rows, heads · 2·half]: a token's q heads, then its k heads, then its v heads (the last heads −
 // rotated, copied). Row r is the token at position offset + r % tokens; cos and sin are [positions,
@@ -43,7 +36,7 @@ __device__ void swiglu_rows(const typename E::T* gate_up, typename E::T* y, unsi
     for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
         const unsigned long long row = i / n, at = row * 2 * n + i % n;
         const float g = E::get(gate_up, at), u = E::get(gate_up, at + n);
-        E::put(y, i, round_to<E>(g / (1.f + expf(-g))) * u);
+        E::put(y, i, rounded<E>(g / (1.f + expf(-g))) * u);
     }
 }
 

@@ -61,27 +61,15 @@ mod cuda {
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, CustomOp3, Layout, Result, Shape};
 
     use super::Heads;
-    use crate::kernels::launch::{by_dtype, name, view, Kernel};
+    use crate::kernels::launch::{by_dtype, grid_stride, name, view, Kernel, U32_STRIDE_ELEMENTS};
     use crate::kernels::sources::PREFILL;
 
-    /// Threads of a launch: 2^16 blocks of 256, the grid's stride.
-    const STRIDE: usize = (1 << 16) * 256;
-
-    /// A grid-stride launch over `total` elements, which the kernels count in 32 bits: at most
-    /// 2^32 less one stride, so that an index one stride past the last never wraps below it.
+    /// A grid-stride launch over `total` elements, which the kernels count in 32 bits.
     fn grid(total: usize, what: &str) -> Result<(LaunchConfig, u32)> {
-        if total == 0 || total > u32::MAX as usize - STRIDE {
-            bail!(
-                "{what} over {total} elements: the kernel takes 1 to {}",
-                u32::MAX as usize - STRIDE
-            )
+        if total == 0 {
+            bail!("{what} over no elements")
         }
-        let cfg = LaunchConfig {
-            grid_dim: ((total as u32).div_ceil(256).clamp(1, (STRIDE / 256) as u32), 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        Ok((cfg, total as u32))
+        grid_stride(total, U32_STRIDE_ELEMENTS, what)
     }
 
     fn on_cpu(what: &str) -> Result<(CpuStorage, Shape)> {

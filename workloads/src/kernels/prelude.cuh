@@ -24,6 +24,13 @@ struct F16 {
     }
 };
 
+// v rounded to the element type, as a float: where PyTorch rounds an intermediate, so do we.
+template <typename E> __device__ __forceinline__ float rounded(float v) {
+    typename E::T h;
+    E::put(&h, 0, v);
+    return E::get(&h, 0);
+}
+
 // V consecutive elements, loaded and stored as one word of up to 16 bytes.
 template <typename T, int V> struct alignas(sizeof(T) * V) Pack { T v[V]; };
 
