@@ -50,6 +50,8 @@
 #              round per call, ROUND names it) the training cells — MODELS, batch 32, DTYPES (default
 #              bf16,f16) over f32 masters and with none — against PyTorch's training variants, with
 #              device memory; rounds.py over the rounds found in $OUT
+#     serving  a language model served under open-loop load by the continuous batcher (STEP=rates or
+#              search; SERVE_DEVICES, SERVE_MODEL, SERVE_QPS, SLO_TTFT, SLO_TPOT: see the mode's block)
 #     fidelity emulated slices both ways, alone (mps:) and memory-partitioned (mps-mem:): STEP=probe
 #              runs ResNet-50 on mps:1g and mps-mem: 1g..7g and prints what each partition measured;
 #              STEP=sweep (the default) runs FID_TOML (benches/slice_fidelity.toml; on two GPUs
@@ -159,6 +161,51 @@ python3 benches/compare.py "$out/speed" "$out/decoder-reference.jsonl" | tee "$o
 python3 benches/compare.py "$out/speed" "$out/decoder-reference.jsonl" --markdown > "$out/decode-compare.md"
 cp "$out/decoder-reference.jsonl" "$out/decoder-reference.log" "$out/decode-compare.txt" "$out/decode-compare.md" "${OUT:-/tmp}/" 2>/dev/null
 exit 0
+fi
+
+if [ "$mode" = serving ]; then
+# A language model served under open-loop load (continuous batcher, paged KV cache): SERVE_MODEL
+# (default llama_3_2_1b, bf16), prompts and outputs SERVE_PROMPT / SERVE_OUTPUT (default
+# lognormal:512,0.5 and lognormal:128,0.5), on each of SERVE_DEVICES (default the whole GPU; e.g.
+# "0 mps-mem:1g.10gb mps-mem:3g.40gb"): STEP=rates serves SERVE_QPS (default 4,16); STEP=search
+# searches the highest rate within TTFT p99 <= SLO_TTFT (500) ms and TPOT p99 <= SLO_TPOT (50) ms,
+# steps of SERVE_SECS (default 8) s, at most SERVE_STEPS (8) rates. Rows in $out/serving, returned as
+# serving-results.tgz (carried back as .dist/serving-results.tgz, a later call adds to them).
+rc=0
+res="$out/serving"; mkdir -p "$out"; [ -f .dist/serving-results.tgz ] && tar xzf .dist/serving-results.tgz -C "$out"; mkdir -p "$res"
+log "MPS before"; mps_servers
+for dev in ${SERVE_DEVICES:-$uuid}; do
+  [ "$dev" = 0 ] && dev="$uuid"
+  common=(--model "${SERVE_MODEL:-llama_3_2_1b}" --dtype bf16 --device "$dev" --prompt-len "${SERVE_PROMPT:-lognormal:512,0.5}"
+          --output-len "${SERVE_OUTPUT:-lognormal:128,0.5}" --duration "${SERVE_SECS:-8}" --out "$res")
+  if [ "${STEP:-rates}" = search ]; then
+    log "serving $dev: search within TTFT p99 ${SLO_TTFT:-500} ms, TPOT p99 ${SLO_TPOT:-50} ms"
+    "$bin" load "${common[@]}" --search --slo-ttft-p99-ms "${SLO_TTFT:-500}" --slo-tpot-p99-ms "${SLO_TPOT:-50}" \
+        --max-steps "${SERVE_STEPS:-8}" --drain "${SERVE_DRAIN:-20}" ${SERVE_ARGS:-} 2>&1 || rc=1
+  else
+    log "serving $dev: ${SERVE_QPS:-4,16} requests/s"
+    "$bin" load "${common[@]}" --qps "${SERVE_QPS:-4,16}" --drain "${SERVE_DRAIN:-20}" ${SERVE_ARGS:-} 2>&1 || rc=1
+  fi
+done
+log "MPS after"; mps_servers
+"$bin" check "$res" 2>&1 | tail -3
+python3 - "$res" <<'PY' | tee "$out/serving.md"
+import sys, os, pyarrow.parquet as pq
+d = sys.argv[1]
+rows = pq.read_table(f"{d}/serve").to_pylist() if os.path.isdir(f"{d}/serve") else []
+print("| profile | kv blocks | offered/s | finished | achieved/s | out tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | batch mean/max | KV mean/max | preempt | meets | verdict |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"
+for r in sorted(rows, key=lambda r: (r["profile"], r["started_at"])):
+    print(f"| {r['profile']} | {r['kv_blocks']} | {r['offered_qps']:.2f} | {r['finished']}/{r['requests']} | {r['achieved_qps']:.2f} | {r['output_tokens_per_s']:.0f} | "
+          f"{f(r['ttft_p50_ms'])}/{f(r['ttft_p99_ms'])} | {f(r['tpot_p50_ms'],2)}/{f(r['tpot_p99_ms'],2)} | {r['batch_mean']:.1f}/{r['batch_max']} | "
+          f"{r['kv_occupancy_mean']:.2f}/{r['kv_occupancy_max']:.2f} | {r['preemptions']} | {r['meets_slo']} | {r['verdict']} |")
+if os.path.isdir(f"{d}/serve_capacity"):
+    for c in pq.read_table(f"{d}/serve_capacity").to_pylist():
+        print(f"capacity {c['profile']}: {c['capacity_qps']} requests/s ({c['steps']} steps; bracket {c['bracket_low_qps']}..{c['bracket_high_qps']}; {c['note']})")
+PY
+[ -n "${OUT:-}" ] && tar czf "$OUT/serving-results.tgz" -C "$out" serving
+exit $rc
 fi
 
 if [ "$mode" = decoders ] && [ "${STEP:-truth}" = slices ]; then

@@ -35,7 +35,7 @@ const WORKLOADS: Layers = &[
     &["graphs"],
     &["models"],
     &["zoo"],
-    &["workload", "generation"],
+    &["workload", "generation", "serving"],
 ];
 
 /// What a source file imports: files relative to `src/`, each with the path as written.

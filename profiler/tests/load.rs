@@ -435,7 +435,7 @@ fn check_reads_the_load_tables_and_names_a_step_without_batches() {
     }
     let c = migprof().arg("check").arg(dir.path()).output().unwrap();
     assert!(
-        !c.status.success() && text(&c).contains("no batches in load_batches/"),
+        !c.status.success() && text(&c).contains("no rows in load_batches/"),
         "{}",
         text(&c)
     );

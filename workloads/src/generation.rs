@@ -151,31 +151,8 @@ impl Generator {
     /// The named model (a preset, or `hf:DIR`) on `cfg`'s device and dtype: a folder's own weights,
     /// the `cfg.weights` file with Hugging Face's names, or seeded random weights.
     pub fn build(name: &str, cfg: &WorkloadConfig, layout: KvLayout) -> Result<Generator> {
-        let (_, info) = lookup_with(name, None).map_err(candle_core::Error::wrap)?;
-        let Some(config) = info.decoder.clone() else {
-            candle_core::bail!("{name} is not a language model: only language models generate")
-        };
-        let decoder = match (name.strip_prefix(FOLDER_PREFIX), &cfg.weights) {
-            (Some(_), Some(w)) => candle_core::bail!(
-                "{name} carries its own weights; --weights ({}) applies to the presets",
-                w.display()
-            ),
-            (Some(dir), None) => decoder::load_folder(std::path::Path::new(dir), &cfg.device, cfg.dtype)?,
-            (None, Some(path)) => {
-                // SAFETY: mapped read-only for the model's lifetime; migprof does not write the file.
-                let vb =
-                    unsafe { VarBuilder::from_mmaped_safetensors(std::slice::from_ref(path), cfg.dtype, &cfg.device) }
-                        .map_err(|e| {
-                            candle_core::Error::Msg(format!("cannot read the weights file {}: {e}", path.display()))
-                        })?;
-                Decoder::new(&config, vb)
-                    .map_err(|e| candle_core::Error::Msg(format!("{} does not fit {name}: {e}", path.display())))?
-            }
-            (None, None) => {
-                let weights = decoder::random_weights(&config, cfg.seed, &cfg.device, cfg.dtype)?;
-                Decoder::from_tensors(&config, weights, &cfg.device, cfg.dtype)?
-            }
-        };
+        let (info, decoder) = load(name, cfg)?;
+        let config = decoder.config().clone();
         Ok(Generator {
             cache: Cache::Contiguous(KvCache::new(&config)),
             pool: None,
@@ -324,6 +301,36 @@ impl Generator {
     pub fn cache_len(&self) -> usize {
         self.cache.held().len()
     }
+}
+
+/// The named language model (a preset, or `hf:DIR`) on `cfg`'s device and dtype: a folder's own
+/// weights, the `cfg.weights` file with Hugging Face's names, or seeded random weights.
+pub(crate) fn load(name: &str, cfg: &WorkloadConfig) -> Result<(ModelInfo, Decoder)> {
+    let (_, info) = lookup_with(name, None).map_err(candle_core::Error::wrap)?;
+    let Some(config) = info.decoder.clone() else {
+        candle_core::bail!("{name} is not a language model: only language models generate")
+    };
+    let decoder = match (name.strip_prefix(FOLDER_PREFIX), &cfg.weights) {
+        (Some(_), Some(w)) => candle_core::bail!(
+            "{name} carries its own weights; --weights ({}) applies to the presets",
+            w.display()
+        ),
+        (Some(dir), None) => decoder::load_folder(std::path::Path::new(dir), &cfg.device, cfg.dtype)?,
+        (None, Some(path)) => {
+            // SAFETY: mapped read-only for the model's lifetime; migprof does not write the file.
+            let vb = unsafe { VarBuilder::from_mmaped_safetensors(std::slice::from_ref(path), cfg.dtype, &cfg.device) }
+                .map_err(|e| {
+                    candle_core::Error::Msg(format!("cannot read the weights file {}: {e}", path.display()))
+                })?;
+            Decoder::new(&config, vb)
+                .map_err(|e| candle_core::Error::Msg(format!("{} does not fit {name}: {e}", path.display())))?
+        }
+        (None, None) => {
+            let weights = decoder::random_weights(&config, cfg.seed, &cfg.device, cfg.dtype)?;
+            Decoder::from_tensors(&config, weights, &cfg.device, cfg.dtype)?
+        }
+    };
+    Ok((info, decoder))
 }
 
 /// The most likely next token of each sequence from `logits` [batch, tokens, vocab]: the last

@@ -9,6 +9,7 @@ pub mod memory;
 pub mod models;
 pub mod optim;
 pub mod precision;
+pub mod serving;
 mod workload;
 mod zoo;
 

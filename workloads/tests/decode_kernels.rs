@@ -425,3 +425,98 @@ fn the_prefill_s_mlp_gives_candles_logits_in_slices_of_rows_or_in_one() {
     }
     assert!(failures.is_empty(), "beyond the bound:\n{}", failures.join("\n"));
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn paged_decode_kernels_give_the_logits_of_candles_ops_with_each_sequence_at_its_own_position() {
+    // A server's batch: sequences of prompts of 20, 29, 38, ... tokens in blocks of 16 taken in
+    // turns (no table in order), so that a chunk of the attention's split spans blocks. Three
+    // sequences run the products with the rotary embedding and the cache write; eleven run cuBLAS's
+    // products, the attention kernel still reading the pool through the tables.
+    use workloads::models::decoder::{KvPool, SequenceCache};
+    let gpu = gpu();
+    let ops = options(EncoderLayers::Composed, Attention::Composed);
+    let kernels = KernelOptions::default();
+    for dtype in [DType::BF16, DType::F16] {
+        for (name, cfg) in models() {
+            let model = Decoder::new(&cfg, weights(&cfg, &gpu, dtype)).unwrap();
+            let vocab = cfg.vocab_size as u32;
+            for n in [3, 11] {
+                let lens: Vec<usize> = (0..n).map(|i| 20 + 9 * i).collect();
+                let most = lens.iter().max().unwrap() + STEPS;
+                let mut pools: Vec<KvPool> = (0..2)
+                    .map(|_| KvPool::new(&cfg, 256, 16, dtype, &gpu).unwrap())
+                    .collect();
+                let mut tables = vec![vec![Vec::new(); n]; 2];
+                for blocks in 1..=most.div_ceil(16) {
+                    for s in 0..n {
+                        for (pool, t) in pools.iter_mut().zip(tables.iter_mut()) {
+                            pool.cover(&mut t[s], (lens[s] + STEPS).min(blocks * 16)).unwrap();
+                        }
+                    }
+                }
+                assert_eq!(tables[0], tables[1]);
+                for (pool, t) in pools.iter().zip(&tables) {
+                    let _ops = ops.enter();
+                    for s in 0..n {
+                        let ids: Vec<u32> = (0..lens[s])
+                            .map(|i| ((s * 131 + i) as u32 * 7919 + 13) % vocab)
+                            .collect();
+                        let ids = Tensor::from_vec(ids, (1, lens[s]), &gpu).unwrap();
+                        model
+                            .forward_last(&ids, &mut SequenceCache::new(pool, &t[s], 0))
+                            .unwrap();
+                    }
+                }
+                let table_refs: Vec<&[u32]> = tables[0].iter().map(Vec::as_slice).collect();
+                let mut tokens =
+                    Tensor::from_vec((0..n as u32).map(|i| i * 37 % vocab).collect::<Vec<_>>(), (n, 1), &gpu).unwrap();
+                let mut worst = 0f32;
+                for step in 0..STEPS {
+                    let positions: Vec<u32> = lens.iter().map(|l| (l + step) as u32).collect();
+                    let run = |pool: &KvPool, k: KernelOptions| {
+                        let _k = k.enter();
+                        let st = model.paged_step(&positions, &table_refs, pool, &gpu).unwrap();
+                        model.decode_paged(&tokens, &st, pool).unwrap()
+                    };
+                    let (ours, reference) = (run(&pools[0], kernels), run(&pools[1], ops));
+                    worst = worst.max(rel_err(&ours, &reference));
+                    tokens = reference.argmax(D::Minus1).unwrap().reshape((n, 1)).unwrap();
+                }
+                println!("{name} {dtype:?} paged, {n} sequences: worst logit error {worst:.2e}");
+                assert!(worst <= bound(dtype), "{name} {dtype:?} {n}: {worst}");
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn writing_rows_into_a_pool_puts_each_where_the_cpu_scatter_does() {
+    let gpu = gpu();
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        // 3,000 rows of 64 into a pool of 10,000, in a scrambled order.
+        let (n, width, rows) = (3000usize, 64usize, 10_000usize);
+        let src = Tensor::randn(0f32, 1.0, (n, width), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let at: Vec<u32> = (0..n as u32).map(|i| (i * 7919 + 11) % rows as u32).collect();
+        let at = Tensor::from_vec(at, n, &Device::Cpu).unwrap();
+        let cpu = Tensor::zeros((rows, width), dtype, &Device::Cpu).unwrap();
+        workloads::kernels::prefill::write_rows(&cpu, &at, &src).unwrap();
+        let dst = Tensor::zeros((rows, width), dtype, &gpu).unwrap();
+        workloads::kernels::prefill::write_rows(&dst, &at.to_device(&gpu).unwrap(), &src.to_device(&gpu).unwrap())
+            .unwrap();
+        let diff = (dst.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap()
+            - cpu.to_dtype(DType::F32).unwrap())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+        assert_eq!(diff, 0.0, "{dtype:?}");
+    }
+}

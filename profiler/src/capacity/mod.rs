@@ -67,11 +67,50 @@ pub struct HandModel {
     pub gpus: u32,
 }
 
+/// The objectives a plan's capacities were measured within: p99 latency for models served one
+/// forward pass per request, TTFT and TPOT p99 for language models.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Objectives {
+    pub p99_ms: Option<f64>,
+    pub serving: Option<source::ServingSlo>,
+}
+
+impl Objectives {
+    pub fn p99(ms: f64) -> Objectives {
+        Objectives {
+            p99_ms: Some(ms),
+            serving: None,
+        }
+    }
+
+    /// In words, for the plan's first line.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(ms) = self.p99_ms {
+            parts.push(format!("p99 {ms} ms"));
+        }
+        if let Some(s) = self.serving {
+            parts.push(format!(
+                "language models TTFT p99 {} ms and TPOT p99 {} ms",
+                s.ttft_p99_ms, s.tpot_p99_ms
+            ));
+        }
+        parts.join("; ")
+    }
+}
+
 /// Everything `migprof capacity` says.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     pub gpu: String,
-    pub slo_p99_ms: f64,
+    /// The p99 objective of the capacities of models served one forward pass per request; null
+    /// where the plan has none.
+    pub slo_p99_ms: Option<f64>,
+    /// The objectives of language models' capacities; null where the plan has none.
+    #[serde(default)]
+    pub slo_ttft_p99_ms: Option<f64>,
+    #[serde(default)]
+    pub slo_tpot_p99_ms: Option<f64>,
     pub headroom: f64,
     pub gpus: u32,
     pub layouts: Vec<LayoutCount>,
@@ -123,10 +162,30 @@ pub fn plan(
     table: &ProfileTable,
     gathered: &Gathered,
     demand: &[(String, f64)],
-    slo_p99_ms: f64,
+    objectives: Objectives,
     headroom: f64,
 ) -> Result<Report> {
     let mut notes = gathered.notes.clone();
+    // A language model whose weights and one request's cache exceed a profile's memory is not
+    // placed there, and the plan says so.
+    for (model, need) in gathered
+        .needs_mib
+        .iter()
+        .filter(|(m, _)| demand.iter().any(|(d, _)| d == *m))
+    {
+        let small: Vec<String> = table
+            .profiles
+            .iter()
+            .filter(|p| p.memory_gib * 1024.0 < *need)
+            .map(|p| format!("{} ({:.0} MiB)", p.name, p.memory_gib * 1024.0))
+            .collect();
+        if !small.is_empty() {
+            notes.push(format!(
+                "{model} needs {need:.0} MiB (its weights and the KV cache of one request of its mean lengths): not placed on {}",
+                small.join(", ")
+            ));
+        }
+    }
     let known: Vec<&str> = table.profiles.iter().map(|p| p.name.as_str()).collect();
     let mut usable: BTreeMap<(String, String), f64> = BTreeMap::new();
     let mut used: Vec<&Capacity> = Vec::new();
@@ -251,7 +310,9 @@ pub fn plan(
     }
     Ok(Report {
         gpu: table.gpu.clone(),
-        slo_p99_ms,
+        slo_p99_ms: objectives.p99_ms,
+        slo_ttft_p99_ms: objectives.serving.map(|s| s.ttft_p99_ms),
+        slo_tpot_p99_ms: objectives.serving.map(|s| s.tpot_p99_ms),
         headroom,
         gpus: fleet.gpus,
         layouts: fleet
@@ -390,13 +451,27 @@ fn homogeneous_count(table: &ProfileTable, profile: &str) -> u32 {
 }
 
 impl Report {
+    /// The objectives the plan's capacities were measured within.
+    pub fn objectives(&self) -> Objectives {
+        Objectives {
+            p99_ms: self.slo_p99_ms,
+            serving: self
+                .slo_ttft_p99_ms
+                .zip(self.slo_tpot_p99_ms)
+                .map(|(ttft_p99_ms, tpot_p99_ms)| source::ServingSlo {
+                    ttft_p99_ms,
+                    tpot_p99_ms,
+                }),
+        }
+    }
+
     pub fn to_text(&self) -> String {
         use std::fmt::Write as _;
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "Capacities within p99 {} ms (planned at {:.0}% of each):",
-            self.slo_p99_ms,
+            "Capacities within {} (planned at {:.0}% of each):",
+            self.objectives().describe(),
             self.headroom * 100.0
         );
         for c in &self.capacities {
@@ -512,6 +587,54 @@ mod tests {
     }
 
     #[test]
+    fn a_language_model_and_an_encoder_are_planned_together_and_small_profiles_left_out() -> Result<()> {
+        let table = crate::mig::profile::table("h100-80gb")?;
+        let gathered = Gathered {
+            capacities: vec![
+                measured("llama_3_1_8b", "3g.40gb", 12.0, true),
+                measured("llama_3_1_8b", "7g.80gb", 30.0, true),
+                measured("bert_base", "1g.10gb", 300.0, true),
+                measured("bert_base", "3g.40gb", 1000.0, true),
+            ],
+            notes: Vec::new(),
+            needs_mib: [("llama_3_1_8b".to_string(), 16_000.0)].into(),
+        };
+        let objectives = Objectives {
+            p99_ms: Some(50.0),
+            serving: Some(source::ServingSlo {
+                ttft_p99_ms: 500.0,
+                tpot_p99_ms: 50.0,
+            }),
+        };
+        let demand = [("llama_3_1_8b".to_string(), 20.0), ("bert_base".to_string(), 500.0)];
+        let r = plan(&table, &gathered, &demand, objectives, 0.8)?;
+        // One integer program for both: every model's demand served, on one fleet.
+        for s in &r.spare {
+            assert!(s.serves_qps >= s.demand_qps, "{s:?}");
+        }
+        assert!(r.instances.iter().any(|i| i.model == "llama_3_1_8b"));
+        assert!(r.instances.iter().any(|i| i.model == "bert_base"));
+        let note = r
+            .notes
+            .iter()
+            .find(|n| n.contains("llama_3_1_8b needs 16000 MiB"))
+            .expect("the note");
+        assert!(note.contains("1g.10gb") && !note.contains("3g.40gb"), "{note}");
+        assert_eq!(
+            (r.slo_p99_ms, r.slo_ttft_p99_ms, r.slo_tpot_p99_ms),
+            (Some(50.0), Some(500.0), Some(50.0))
+        );
+        assert!(r
+            .to_text()
+            .contains("p99 50 ms; language models TTFT p99 500 ms and TPOT p99 50 ms"));
+        // A plan kept before language models had objectives reads as it was.
+        let json = serde_json::to_string(&r)?.replace(",\"slo_ttft_p99_ms\":500.0,\"slo_tpot_p99_ms\":50.0", "");
+        let old: Report = serde_json::from_str(&json)?;
+        assert_eq!((old.slo_p99_ms, old.slo_ttft_p99_ms), (Some(50.0), None));
+        Ok(())
+    }
+
+    #[test]
     fn the_plan_beats_the_hand_plans_and_says_what_it_used() -> Result<()> {
         let table = crate::mig::profile::table("h100-80gb")?;
         // ResNet-50 scales sublinearly with the slice, BERT about linearly.
@@ -527,9 +650,10 @@ mod tests {
                 measured("resnet50", "1g.18gb", 10.0, true),
             ],
             notes: Vec::new(),
+            needs_mib: Default::default(),
         };
         let demand = vec![("resnet50".to_string(), 20_000.0), ("bert_base".to_string(), 3000.0)];
-        let r = plan(&table, &gathered, &demand, 50.0, 0.8)?;
+        let r = plan(&table, &gathered, &demand, Objectives::p99(50.0), 0.8)?;
         // resnet50: 720 per 1g at 80%: 28 1g instances = 4 GPUs of 7; bert: 3000 / 1920 = 2 7g... the
         // integer program finds the fewest; the hand plans take more.
         assert!(
@@ -575,6 +699,7 @@ mod tests {
         let none = Gathered {
             capacities: Vec::new(),
             notes: Vec::new(),
+            needs_mib: Default::default(),
         };
         let e = check_demand(&[("resnet49".into(), 1.0)], &none)
             .unwrap_err()
@@ -589,16 +714,24 @@ mod tests {
         let gathered = Gathered {
             capacities: vec![measured("resnet50", "1g.10gb", 900.0, false)],
             notes: Vec::new(),
+            needs_mib: Default::default(),
         };
-        let e = plan(&table, &gathered, &[("bert_base".into(), 10.0)], 50.0, 0.8)
-            .unwrap_err()
-            .to_string();
+        let e = plan(
+            &table,
+            &gathered,
+            &[("bert_base".into(), 10.0)],
+            Objectives::p99(50.0),
+            0.8,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("no capacity for bert_base") && e.contains("resnet50"), "{e}");
         let cpu = Gathered {
             capacities: vec![measured("resnet50", "cpu", 900.0, false)],
             notes: Vec::new(),
+            needs_mib: Default::default(),
         };
-        let e = plan(&table, &cpu, &[("resnet50".into(), 10.0)], 50.0, 0.8)
+        let e = plan(&table, &cpu, &[("resnet50".into(), 10.0)], Objectives::p99(50.0), 0.8)
             .unwrap_err()
             .to_string();
         assert!(
@@ -608,8 +741,9 @@ mod tests {
         let zero = Gathered {
             capacities: vec![measured("resnet50", "1g.10gb", 0.0, false)],
             notes: Vec::new(),
+            needs_mib: Default::default(),
         };
-        let e = plan(&table, &zero, &[("resnet50".into(), 10.0)], 50.0, 0.8)
+        let e = plan(&table, &zero, &[("resnet50".into(), 10.0)], Objectives::p99(50.0), 0.8)
             .unwrap_err()
             .to_string();
         assert!(e.contains("no rate met the objective"), "{e}");

@@ -72,6 +72,19 @@ impl Source {
 pub struct Gathered {
     pub capacities: Vec<Capacity>,
     pub notes: Vec<String>,
+    /// The least memory an instance of a language model needs, MiB, by model: its weights and the
+    /// KV cache of one request of its measured lengths' means (a profile with less cannot hold it).
+    pub needs_mib: BTreeMap<String, f64>,
+}
+
+impl Gathered {
+    /// These capacities and notes, then `other`'s.
+    pub fn and(mut self, other: Gathered) -> Gathered {
+        self.capacities.extend(other.capacities);
+        self.notes.extend(other.notes);
+        self.needs_mib.extend(other.needs_mib);
+        self
+    }
 }
 
 /// Reads a CSV with a header naming `model`, `profile` and `qps` (in any order), capacities measured
@@ -146,7 +159,7 @@ pub fn from_csv(path: &Path, table: &ProfileTable) -> Result<Gathered> {
     }
     Ok(Gathered {
         capacities,
-        notes: Vec::new(),
+        ..Gathered::default()
     })
 }
 
@@ -166,10 +179,7 @@ pub fn from_folders(
     memory: Option<MemoryEmulation>,
 ) -> Result<Gathered> {
     let mut g = Gathered::default();
-    // (model, profile, dtype, memory emulation) -> server settings (max batch, max delay) ->
-    // capacities found.
-    type Found = BTreeMap<String, Vec<(f64, bool, Option<String>)>>;
-    let mut found: BTreeMap<(String, String, String, String), Found> = BTreeMap::new();
+    let mut found: Found = BTreeMap::new();
     let mut other_slos = std::collections::BTreeSet::new();
     let mut other_gpus = std::collections::BTreeSet::new();
     for dir in dirs {
@@ -234,59 +244,12 @@ pub fn from_folders(
             ));
         }
     }
-    let found = pick_memory_emulation(found, memory, &mut g.notes);
-    // A model measured at several dtypes needs --dtype to say which: a plan serves it at one.
-    let mut dtypes_of: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
-    for (m, _, d, _) in found.keys() {
-        dtypes_of.entry(m.clone()).or_default().insert(d.clone());
-    }
-    if let Some((m, ds)) = dtypes_of.iter().find(|(_, ds)| ds.len() > 1) {
-        bail!(
-            "{m} has capacities at several dtypes ({}): choose one with --dtype",
-            ds.iter().cloned().collect::<Vec<_>>().join(", ")
-        );
-    }
+    g.capacities = settle(found, memory, &mut g.notes)?;
     if !other_gpus.is_empty() {
         g.notes.push(format!(
             "left out capacities measured on {} (the plan is for the {product})",
             other_gpus.iter().cloned().collect::<Vec<_>>().join(", ")
         ));
-    }
-    for ((model, profile, _, mem), by_settings) in found {
-        // Searches of the same settings are repeats: the lowest is what the settings can promise.
-        // Different settings are different servers: a deployment picks the best.
-        let mut best: Option<(String, f64, bool, Option<String>)> = None;
-        for (settings, list) in &by_settings {
-            let qps = list.iter().map(|x| x.0).fold(f64::INFINITY, f64::min);
-            if list.len() > 1 {
-                g.notes.push(format!(
-                    "{model} on {profile} ({settings}): {} searches; planning with the lowest, {qps:.1} requests/s",
-                    list.len()
-                ));
-            }
-            if best.as_ref().is_none_or(|b| qps > b.1) {
-                best = Some((
-                    settings.clone(),
-                    qps,
-                    list.iter().any(|x| x.1),
-                    list.iter().find_map(|x| x.2.clone()),
-                ));
-            }
-        }
-        let (settings, qps, emulated, gpu) = best.expect("at least one search");
-        if by_settings.len() > 1 {
-            g.notes.push(format!("{model} on {profile}: searched with {} server settings; planning with the best, {settings} ({qps:.1} requests/s)", by_settings.len()));
-        }
-        g.capacities.push(Capacity {
-            model,
-            profile,
-            qps,
-            source: Source::Measured {
-                emulated,
-                partitioned: mem == MemoryEmulation::Partitioned.as_str(),
-            },
-            gpu,
-        });
     }
     if closed_loop {
         for c in closed_loop_estimates(dirs, slo_ms, dtype, memory, &mut g.notes)?
@@ -331,6 +294,186 @@ pub fn from_folders(
 
 /// Keeps, per model, profile and dtype, the capacities of one memory emulation: `asked`, else the
 /// partitioned one where both were searched. Rows of real slices and whole GPUs (no emulation) stay.
+/// The objectives a language model's capacity was searched within: TTFT and TPOT p99, ms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ServingSlo {
+    pub ttft_p99_ms: f64,
+    pub tpot_p99_ms: f64,
+}
+
+/// The `serve_capacity` rows of `dirs` (language models' searches, `migprof load --search` with a
+/// language model) searched within `slo`, at `dtype` when given, on the GPU `product`. A model's
+/// requests' lengths, batcher and cache are its server's settings: of repeats the lowest capacity,
+/// of different settings the best, said in the notes. Where none matches, the notes say what the
+/// folders hold instead (no error: the plan may be of other models).
+pub fn serving_from_folders(
+    dirs: &[PathBuf],
+    slo: ServingSlo,
+    dtype: Option<&str>,
+    product: &str,
+    memory: Option<MemoryEmulation>,
+) -> Result<Gathered> {
+    let mut g = Gathered::default();
+    let mut found: Found = BTreeMap::new();
+    let mut other_slos = std::collections::BTreeSet::new();
+    for dir in dirs {
+        anyhow::ensure!(dir.is_dir(), "{}: no such results folder", dir.display());
+        let df = read_table(dir, Table::ServeCapacity)?;
+        let text = |c: &str| text_column(&df, c);
+        let (model, profile, dt, status, emulated, gpu, memory_of) = (
+            text("model")?,
+            text("profile")?,
+            text("dtype")?,
+            text("status")?,
+            text("emulated")?,
+            text("gpu_name")?,
+            text("memory_emulation")?,
+        );
+        let (prompt, output, chunked, arrival) = (
+            text("prompt_len")?,
+            text("output_len")?,
+            text("chunked_prefill")?,
+            text("arrival")?,
+        );
+        let number = |c: &str| number_column(&df, c);
+        let (ttft, tpot, qps, seqs, tokens) = (
+            number("slo_ttft_p99_ms")?,
+            number("slo_tpot_p99_ms")?,
+            number("capacity_qps")?,
+            number("max_seqs")?,
+            number("max_batched_tokens")?,
+        );
+        let (weights, cache, blocks, block, mean_in, mean_out) = (
+            number("weights_mib")?,
+            number("kv_cache_mib")?,
+            number("kv_blocks")?,
+            number("kv_block_size")?,
+            number("prompt_len_mean")?,
+            number("output_len_mean")?,
+        );
+        for i in 0..df.height() {
+            if status[i].as_deref() != Some("ok") {
+                continue;
+            }
+            let (Some(t), Some(p)) = (ttft[i], tpot[i]) else {
+                continue;
+            };
+            if (t - slo.ttft_p99_ms).abs() > 1e-9 || (p - slo.tpot_p99_ms).abs() > 1e-9 {
+                other_slos.insert(format!("TTFT p99 ≤ {t} ms and TPOT p99 ≤ {p} ms"));
+                continue;
+            }
+            let d = dt[i].clone().unwrap_or_default();
+            if dtype.is_some_and(|want| want != d) || gpu[i].as_deref().is_some_and(|g| g != product) {
+                continue;
+            }
+            let emulated = emulated[i].as_deref() == Some("true");
+            // One request of the mean lengths, in whole blocks, beside the weights.
+            if let (Some(w), Some(c), Some(b), Some(bs), Some(i_len), Some(o_len)) =
+                (weights[i], cache[i], blocks[i], block[i], mean_in[i], mean_out[i])
+            {
+                let per_block = c / b.max(1.0);
+                let need = w + ((i_len + o_len) / bs.max(1.0)).ceil() * per_block;
+                let entry = g.needs_mib.entry(model[i].clone().unwrap_or_default()).or_insert(0.0);
+                *entry = entry.max(need);
+            }
+            let key = (
+                model[i].clone().unwrap_or_default(),
+                profile[i].clone().unwrap_or_default(),
+                d,
+                memory_key(memory_of[i].as_deref(), emulated),
+            );
+            let settings = format!(
+                "{} arrivals, prompts {} and outputs {} tokens, {} sequences and {} tokens an iteration{}",
+                arrival[i].as_deref().unwrap_or("?"),
+                prompt[i].as_deref().unwrap_or("?"),
+                output[i].as_deref().unwrap_or("?"),
+                seqs[i].unwrap_or(0.0),
+                tokens[i].unwrap_or(0.0),
+                if chunked[i].as_deref() == Some("false") {
+                    ", prefill unchunked"
+                } else {
+                    ""
+                }
+            );
+            found.entry(key).or_default().entry(settings).or_default().push((
+                qps[i].unwrap_or(0.0),
+                emulated,
+                gpu[i].clone(),
+            ));
+        }
+    }
+    g.capacities = settle(found, memory, &mut g.notes)?;
+    if g.capacities.is_empty() && !other_slos.is_empty() {
+        g.notes.push(format!(
+            "no language model's capacity within TTFT p99 ≤ {} ms and TPOT p99 ≤ {} ms; the folders hold some within {}",
+            slo.ttft_p99_ms,
+            slo.tpot_p99_ms,
+            other_slos.into_iter().collect::<Vec<_>>().join("; ")
+        ));
+    }
+    Ok(g)
+}
+
+/// Capacities found by (model, profile, dtype, memory emulation), then by the server's settings
+/// (searches of the same settings are repeats).
+type Found = BTreeMap<(String, String, String, String), BTreeMap<String, Vec<(f64, bool, Option<String>)>>>;
+
+/// One capacity per model and profile from what the searches `found`: of repeats the lowest, of
+/// different server settings the best, each choice said in `notes`; an emulated slice's
+/// memory-partitioned or lone capacity as `memory` asks; one dtype per model.
+fn settle(found: Found, memory: Option<MemoryEmulation>, notes: &mut Vec<String>) -> Result<Vec<Capacity>> {
+    let mut capacities = Vec::new();
+    let found = pick_memory_emulation(found, memory, notes);
+    // A model measured at several dtypes needs --dtype to say which: a plan serves it at one.
+    let mut dtypes_of: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for (m, _, d, _) in found.keys() {
+        dtypes_of.entry(m.clone()).or_default().insert(d.clone());
+    }
+    if let Some((m, ds)) = dtypes_of.iter().find(|(_, ds)| ds.len() > 1) {
+        bail!(
+            "{m} has capacities at several dtypes ({}): choose one with --dtype",
+            ds.iter().cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
+    for ((model, profile, _, mem), by_settings) in found {
+        // Searches of the same settings are repeats: the lowest is what the settings can promise.
+        // Different settings are different servers: a deployment picks the best.
+        let mut best: Option<(String, f64, bool, Option<String>)> = None;
+        for (settings, list) in &by_settings {
+            let qps = list.iter().map(|x| x.0).fold(f64::INFINITY, f64::min);
+            if list.len() > 1 {
+                notes.push(format!(
+                    "{model} on {profile} ({settings}): {} searches; planning with the lowest, {qps:.1} requests/s",
+                    list.len()
+                ));
+            }
+            if best.as_ref().is_none_or(|b| qps > b.1) {
+                best = Some((
+                    settings.clone(),
+                    qps,
+                    list.iter().any(|x| x.1),
+                    list.iter().find_map(|x| x.2.clone()),
+                ));
+            }
+        }
+        let (settings, qps, emulated, gpu) = best.expect("at least one search");
+        if by_settings.len() > 1 {
+            notes.push(format!("{model} on {profile}: searched with {} server settings; planning with the best, {settings} ({qps:.1} requests/s)", by_settings.len()));
+        }
+        capacities.push(Capacity {
+            model,
+            profile,
+            qps,
+            source: Source::Measured {
+                emulated,
+                partitioned: mem == MemoryEmulation::Partitioned.as_str(),
+            },
+            gpu,
+        });
+    }
+    Ok(capacities)
+}
+
 fn pick_memory_emulation<V>(
     found: BTreeMap<(String, String, String, String), V>,
     asked: Option<MemoryEmulation>,
@@ -473,6 +616,92 @@ fn memory_key(column: Option<&str>, emulated: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A search's row: model, profile, capacity, (TTFT, TPOT) objectives, memory emulation.
+    type Searched<'a> = (&'a str, &'a str, f64, (f64, f64), &'a str);
+
+    /// A `serve_capacity` part as a language model's search writes one (the columns the planner
+    /// reads).
+    fn serve_capacity(dir: &Path, rows: &[Searched]) -> Result<()> {
+        use crate::results::parts::{col, write_part};
+        use polars::prelude::*;
+        let n = rows.len();
+        let texts = |f: &dyn Fn(&Searched) -> String| rows.iter().map(f).collect::<Vec<_>>();
+        let nums = |v: f64| vec![v; n];
+        let mut df = DataFrame::new(
+            n,
+            vec![
+                Column::new("schema_version".into(), vec![SCHEMA; n]),
+                col("capacity_id", texts(&|r| format!("c-{}-{}", r.0, r.1))),
+                col("model", texts(&|r| r.0.to_string())),
+                col("profile", texts(&|r| r.1.to_string())),
+                col("dtype", vec!["bf16"; n]),
+                col("status", vec!["ok"; n]),
+                col("emulated", vec![true; n]),
+                Column::new("gpu_name".into(), vec![None::<String>; n]),
+                col("memory_emulation", texts(&|r| r.4.to_string())),
+                col("prompt_len", vec!["lognormal:512,0.5"; n]),
+                col("output_len", vec!["lognormal:128,0.5"; n]),
+                col("chunked_prefill", vec![true; n]),
+                col("arrival", vec!["poisson"; n]),
+                col("slo_ttft_p99_ms", rows.iter().map(|r| r.3 .0).collect::<Vec<_>>()),
+                col("slo_tpot_p99_ms", rows.iter().map(|r| r.3 .1).collect::<Vec<_>>()),
+                col("capacity_qps", rows.iter().map(|r| r.2).collect::<Vec<_>>()),
+                col("max_seqs", nums(256.0)),
+                col("max_batched_tokens", nums(2048.0)),
+                col("weights_mib", nums(2357.0)),
+                col("kv_cache_mib", nums(6030.5)),
+                col("kv_blocks", nums(12061.0)),
+                col("kv_block_size", nums(16.0)),
+                col("prompt_len_mean", nums(512.0)),
+                col("output_len_mean", nums(128.0)),
+            ],
+        )?;
+        write_part(&dir.join(Table::ServeCapacity.dir_name()), "part-1.parquet", &mut df)?;
+        Ok(())
+    }
+
+    const SCHEMA: i32 = crate::results::parts::SCHEMA_VERSION;
+
+    #[test]
+    fn language_models_capacities_come_from_their_searches_within_both_objectives() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let slo = ServingSlo {
+            ttft_p99_ms: 500.0,
+            tpot_p99_ms: 50.0,
+        };
+        serve_capacity(
+            dir.path(),
+            &[
+                ("llama_3_2_1b", "1g.10gb", 9.65, (500.0, 50.0), "partitioned"),
+                ("llama_3_2_1b", "1g.10gb", 14.0, (500.0, 50.0), "alone"),
+                ("llama_3_2_1b", "3g.40gb", 34.4, (500.0, 50.0), "partitioned"),
+                ("llama_3_2_1b", "7g.80gb", 50.0, (300.0, 50.0), "partitioned"),
+            ],
+        )?;
+        let dirs = [dir.path().to_path_buf()];
+        let g = serving_from_folders(&dirs, slo, None, "H100-SXM5-80GB", None)?;
+        let got: Vec<(&str, f64)> = g.capacities.iter().map(|c| (c.profile.as_str(), c.qps)).collect();
+        // The memory-partitioned capacity where both were searched; the other objective's left out.
+        assert_eq!(got, [("1g.10gb", 9.65), ("3g.40gb", 34.4)]);
+        assert!(g.notes.iter().any(|n| n.contains("1g.10gb")), "{:?}", g.notes);
+        // Weights and one request of 512 + 128 tokens in blocks of 16: 2,357 + 40 × 0.5 MiB.
+        assert!((g.needs_mib["llama_3_2_1b"] - 2377.0).abs() < 0.1, "{:?}", g.needs_mib);
+        let alone = serving_from_folders(&dirs, slo, None, "H100-SXM5-80GB", Some(MemoryEmulation::Alone))?;
+        assert_eq!(alone.capacities[0].qps, 14.0);
+        let other = ServingSlo {
+            ttft_p99_ms: 200.0,
+            ..slo
+        };
+        let none = serving_from_folders(&dirs, other, None, "H100-SXM5-80GB", None)?;
+        assert!(none.capacities.is_empty());
+        assert!(
+            none.notes.iter().any(|n| n.contains("TTFT p99 ≤ 500 ms")),
+            "{:?}",
+            none.notes
+        );
+        Ok(())
+    }
 
     #[test]
     fn a_csv_reads_by_its_header_and_bad_lines_name_themselves() -> Result<()> {

@@ -152,9 +152,10 @@ pub struct KernelArgs {
     pub encoder_layers: EncoderLayers,
 
     /// cuBLASLt's algorithm per product shape: the fastest of its candidates, timed on first use, or
-    /// its heuristic's first guess (what PyTorch launches).
-    #[arg(long, default_value = "timed", hide_short_help = true, value_parser = choice::<GemmAlgorithm>(GemmAlgorithm::NAMES, GemmAlgorithm::ALIASES))]
-    pub gemm_algorithm: GemmAlgorithm,
+    /// its heuristic's first guess (what PyTorch launches). Default timed; for a language model
+    /// served by `load`, whose prompts make a new shape of nearly every product, heuristic.
+    #[arg(long, hide_short_help = true, value_parser = choice::<GemmAlgorithm>(GemmAlgorithm::NAMES, GemmAlgorithm::ALIASES))]
+    pub gemm_algorithm: Option<GemmAlgorithm>,
 
     /// Steps on a GPU replayed as CUDA graphs: each shape's second step captured, every later one
     /// replayed with one launch (as torch.compile's "reduce-overhead" does), so that small batches
@@ -175,9 +176,22 @@ impl KernelArgs {
         KernelOptions {
             attention: self.attention,
             layers: self.encoder_layers,
-            gemm: self.gemm_algorithm,
+            gemm: self.gemm_algorithm.unwrap_or(GemmAlgorithm::Timed),
             graphs: self.cuda_graphs,
             convs: self.convs,
+        }
+    }
+
+    /// The options of a language model served by a continuous batcher: as [`KernelArgs::options`],
+    /// but cuBLASLt's heuristic unless `--gemm-algorithm` says otherwise, and no CUDA graphs. Its
+    /// prefill pieces are of any length, and timing a product's algorithms at each new length (tens
+    /// of ms) would fall on requests' first tokens for as long as new lengths come; its iterations
+    /// change shape every time, and run kernel by kernel (the row says graphs=off).
+    pub fn serving_options(&self) -> KernelOptions {
+        KernelOptions {
+            gemm: self.gemm_algorithm.unwrap_or(GemmAlgorithm::Heuristic),
+            graphs: CudaGraphs::Off,
+            ..self.options()
         }
     }
 }

@@ -7,6 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
+use migprof::capacity::source::ServingSlo;
+use migprof::capacity::Objectives;
 use migprof::provenance;
 use migprof::run::spec::Precision;
 
@@ -21,10 +23,20 @@ pub struct CapacityArgs {
     /// The load to serve: model=requests/s, comma-separated (resnet50=20000,bert_base=3000).
     #[arg(long, value_delimiter = ',', required = true, value_parser = migprof::capacity::parse_demand)]
     pub demand: Vec<(String, f64)>,
-    /// The p99 objective the capacities were measured for, milliseconds.
+    /// The p99 objective the capacities of models served one forward pass per request were measured
+    /// for, milliseconds.
     #[arg(long, value_parser = parse_positive)]
-    pub slo_p99_ms: f64,
-    /// Results folders with `load --search` capacities (the capacity table).
+    pub slo_p99_ms: Option<f64>,
+    /// The TTFT p99 objective language models' capacities were searched within, milliseconds (with
+    /// --slo-tpot-p99-ms).
+    #[arg(long, value_parser = parse_positive, requires = "slo_tpot_p99_ms")]
+    pub slo_ttft_p99_ms: Option<f64>,
+    /// The TPOT p99 objective language models' capacities were searched within, milliseconds (with
+    /// --slo-ttft-p99-ms).
+    #[arg(long, value_parser = parse_positive, requires = "slo_ttft_p99_ms")]
+    pub slo_tpot_p99_ms: Option<f64>,
+    /// Results folders with `load --search` capacities (the capacity table, and language models'
+    /// serve_capacity table).
     #[arg(long = "from", conflicts_with = "capacities")]
     pub from: Vec<PathBuf>,
     /// A CSV with the columns model,profile,qps instead of measured capacities.
@@ -66,20 +78,47 @@ pub fn exec(args: CapacityArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
         args.capacities.is_none() || (dtype.is_none() && !args.closed_loop_estimates),
         "--dtype and --closed-loop-estimates choose among measured capacities (--from); a CSV's are taken as they are"
     );
+    let objectives = Objectives {
+        p99_ms: args.slo_p99_ms,
+        serving: args
+            .slo_ttft_p99_ms
+            .zip(args.slo_tpot_p99_ms)
+            .map(|(ttft_p99_ms, tpot_p99_ms)| ServingSlo {
+                ttft_p99_ms,
+                tpot_p99_ms,
+            }),
+    };
+    anyhow::ensure!(
+        objectives != Objectives::default(),
+        "which objective were the capacities measured for? give --slo-p99-ms, or for language models --slo-ttft-p99-ms and --slo-tpot-p99-ms (or all three)"
+    );
+    let memory = args.memory_emulation.map(MemoryEmulationArg::into);
     let gathered = match (&args.capacities, args.from.is_empty()) {
         (Some(csv), _) => migprof::capacity::source::from_csv(csv, &table)?,
-        (None, false) => migprof::capacity::source::from_folders(
-            &args.from,
-            args.slo_p99_ms,
-            dtype,
-            &table.product,
-            args.closed_loop_estimates,
-            args.memory_emulation.map(MemoryEmulationArg::into),
-        )?,
+        (None, false) => {
+            let served_per_request = match objectives.p99_ms {
+                Some(ms) => migprof::capacity::source::from_folders(
+                    &args.from,
+                    ms,
+                    dtype,
+                    &table.product,
+                    args.closed_loop_estimates,
+                    memory,
+                )?,
+                None => Default::default(),
+            };
+            let generating = match objectives.serving {
+                Some(slo) => {
+                    migprof::capacity::source::serving_from_folders(&args.from, slo, dtype, &table.product, memory)?
+                }
+                None => Default::default(),
+            };
+            served_per_request.and(generating)
+        }
         (None, true) => anyhow::bail!("where do the capacities come from? give --from DIR (results of `migprof load --search`) or --capacities FILE.csv"),
     };
     migprof::capacity::check_demand(&args.demand, &gathered)?;
-    let report = migprof::capacity::plan(&table, &gathered, &args.demand, args.slo_p99_ms, args.headroom)?;
+    let report = migprof::capacity::plan(&table, &gathered, &args.demand, objectives, args.headroom)?;
     if report.gpus > migprof::capacity::SANE_GPUS {
         eprintln!(
             "warning: the plan needs {} GPUs, more than {}: is a demand (requests/s) or a capacity off by a factor?",

@@ -11,8 +11,10 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use migprof::device::DeviceSpec;
 use migprof::load::arrival::Arrival;
+use migprof::load::generation::ServeJob;
 use migprof::load::job::{Job, Rates};
-use migprof::load::settings::{LoadSettings, DEFAULTS};
+use migprof::load::lengths::LengthDist;
+use migprof::load::settings::{LoadSettings, ServeSettings, DEFAULTS, SERVE_DEFAULTS};
 use migprof::provenance;
 use migprof::results::parts::Table;
 use migprof::run::measure::{Stop, Warmup};
@@ -41,24 +43,27 @@ pub struct LoadArgs {
     pub recalibrate: bool,
     #[arg(long, value_enum, default_value_t = DTypeArg::F32)]
     pub dtype: DTypeArg,
-    /// Tokens per sequence for token models (default 128).
+    /// Tokens per sequence for token models (default 128; not for language models, whose requests'
+    /// lengths --prompt-len and --output-len give).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub seq_len: Option<u64>,
     /// Weights from a safetensors file instead of seeded random ones.
     #[arg(long)]
     pub weights: Option<PathBuf>,
     /// Offered rates in requests per second, comma-separated: one step each, in order. With
-    /// --search: the first rate tried (default: half the closed loop's rate at --max-batch).
+    /// --search: the first rate tried (default: half the closed loop's rate at --max-batch; for a
+    /// language model, the rate of 16 requests of the mean lengths at once).
     #[arg(long, value_delimiter = ',', value_parser = parse_rate, required_unless_present = "search")]
     pub qps: Vec<f64>,
     #[arg(long, value_enum, default_value_t = ArrivalArg::from(DEFAULTS.arrival))]
     pub arrival: ArrivalArg,
-    /// The batcher's largest batch.
-    #[arg(long, default_value_t = DEFAULTS.max_batch, value_parser = parse_max_batch)]
-    pub max_batch: usize,
-    /// The longest a batch waits for more requests once its first has arrived (and the model is free).
-    #[arg(long, default_value_t = DEFAULTS.max_delay_ms, value_parser = parse_non_negative)]
-    pub max_delay_ms: f64,
+    /// The batcher's largest batch (default 32; not for language models: see --max-seqs).
+    #[arg(long, value_parser = parse_max_batch)]
+    pub max_batch: Option<usize>,
+    /// The longest a batch waits for more requests once its first has arrived (and the model is
+    /// free), ms (default 5; not for language models, whose batcher admits between iterations).
+    #[arg(long, value_parser = parse_non_negative)]
+    pub max_delay_ms: Option<f64>,
     /// Seconds of measured arrivals per step (without --search).
     #[arg(long, default_value_t = DEFAULTS.duration_secs, value_parser = parse_positive)]
     pub duration: f64,
@@ -66,26 +71,30 @@ pub struct LoadArgs {
     #[arg(long, default_value_t = DEFAULTS.warmup_secs, value_parser = parse_non_negative)]
     pub warmup: f64,
     /// Serve --qps rates beyond 10× the closed loop's rate (with a warning) instead of refusing them:
-    /// such a step measures a queue that only grows.
+    /// such a step measures a queue that only grows (not for language models).
     #[arg(long)]
     pub allow_overload: bool,
     /// Seeds the arrivals, the weights and the inputs.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// The latency objective on p99, milliseconds: judges each step (meets_slo); --search needs it.
+    /// The latency objective on p99, milliseconds: judges each step (meets_slo); --search needs it
+    /// (not for language models: see --slo-ttft-p99-ms and --slo-tpot-p99-ms).
     #[arg(long, value_parser = parse_positive)]
     pub slo_p99_ms: Option<f64>,
-    /// Search for the highest rate within --slo-p99-ms: doubling or halving to a bracket, then
-    /// bisection to --resolution; a step stops early once its p99 is certainly over the objective.
-    #[arg(long, requires = "slo_p99_ms")]
+    /// Search for the highest rate within the objective (--slo-p99-ms; for a language model both
+    /// --slo-ttft-p99-ms and --slo-tpot-p99-ms): doubling or halving to a bracket, then bisection to
+    /// --resolution; a step stops early once its p99 is certainly over the objective.
+    #[arg(long)]
     pub search: bool,
-    /// The search's resolution in percent of the rate.
-    #[arg(long, value_name = "PCT", default_value_t = DEFAULTS.resolution * 100.0, value_parser = parse_percent)]
-    pub resolution: f64,
-    /// Measured requests a search step needs before its p99's interval may decide it (fewer than
-    /// 10,000 make a p99 not worth much).
-    #[arg(long, default_value_t = DEFAULTS.min_requests, value_parser = clap::value_parser!(u64).range(100..).map(|v| v as usize))]
-    pub min_requests: usize,
+    /// The search's resolution in percent of the rate (default 2; for a language model 10).
+    #[arg(long, value_name = "PCT", value_parser = parse_percent)]
+    pub resolution: Option<f64>,
+    /// Measured requests a search step needs before its p99's interval may decide it (default
+    /// 10,000; fewer make a p99 not worth much; not for language models).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(100..).map(|v| v as usize))]
+    pub min_requests: Option<usize>,
+    #[command(flatten)]
+    pub serving: ServingArgs,
     /// Sampler interval in milliseconds on a GPU (clocks, throttling, other processes beside each
     /// step); 0 turns it off.
     #[arg(long, default_value_t = 100)]
@@ -95,6 +104,75 @@ pub struct LoadArgs {
     pub out: PathBuf,
     #[command(flatten)]
     pub kernels: KernelArgs,
+}
+
+/// How a language model is served: its requests' lengths, the continuous batcher, the paged KV
+/// cache and the two objectives (language models only).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Language models (served by a continuous batcher)")]
+pub struct ServingArgs {
+    /// Each request's prompt length in tokens: N, uniform:MIN-MAX or lognormal:MEAN,SPREAD (default
+    /// 512).
+    #[arg(long, value_name = "LEN")]
+    pub prompt_len: Option<LengthDist>,
+    /// Each request's output length in tokens, as --prompt-len (default 128).
+    #[arg(long, value_name = "LEN")]
+    pub output_len: Option<LengthDist>,
+    /// Tokens one iteration processes at most, prefill pieces and decodes together (default 2048).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_batched_tokens: Option<u32>,
+    /// Sequences running at once at most (default 256).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_seqs: Option<u32>,
+    /// Prefill each prompt in one iteration, waiting for one with room for all of it, instead of in
+    /// pieces across iterations.
+    #[arg(long)]
+    pub no_chunked_prefill: bool,
+    /// Tokens a KV block holds (default 16).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub kv_block_size: Option<u32>,
+    /// The share of the target's memory left after the weights and the workspace that the KV cache
+    /// takes (default 0.9).
+    #[arg(long, value_parser = parse_positive)]
+    pub kv_cache_fraction: Option<f64>,
+    /// The KV cache's blocks, instead of sizing it from the target's memory.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub kv_blocks: Option<u32>,
+    /// Seconds a step waits after its last arrival for its requests to finish (default 30).
+    #[arg(long, value_parser = parse_non_negative)]
+    pub drain: Option<f64>,
+    /// The objective on the time to the first token's p99, ms.
+    #[arg(long, value_parser = parse_positive)]
+    pub slo_ttft_p99_ms: Option<f64>,
+    /// The objective on the time per output token's p99, ms.
+    #[arg(long, value_parser = parse_positive)]
+    pub slo_tpot_p99_ms: Option<f64>,
+    /// The most rates a search measures (default 8).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    pub max_steps: Option<usize>,
+}
+
+impl ServingArgs {
+    /// The flags given, by name.
+    fn given(&self) -> Vec<&'static str> {
+        [
+            ("--prompt-len", self.prompt_len.is_some()),
+            ("--output-len", self.output_len.is_some()),
+            ("--max-batched-tokens", self.max_batched_tokens.is_some()),
+            ("--max-seqs", self.max_seqs.is_some()),
+            ("--no-chunked-prefill", self.no_chunked_prefill),
+            ("--kv-block-size", self.kv_block_size.is_some()),
+            ("--kv-cache-fraction", self.kv_cache_fraction.is_some()),
+            ("--kv-blocks", self.kv_blocks.is_some()),
+            ("--drain", self.drain.is_some()),
+            ("--slo-ttft-p99-ms", self.slo_ttft_p99_ms.is_some()),
+            ("--slo-tpot-p99-ms", self.slo_tpot_p99_ms.is_some()),
+            ("--max-steps", self.max_steps.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name))
+        .collect()
+    }
 }
 
 /// The arrival process of a load step.
@@ -128,66 +206,56 @@ impl From<Arrival> for ArrivalArg {
 /// A search that finds no rate within the objective has still measured: its row says so, and the
 /// command succeeds.
 pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
+    let (_, info) = workloads::lookup_with(&args.model, None)?;
+    if info.family.is_decoder() {
+        return exec_serving(args, log);
+    }
+    let given = args.serving.given();
+    if !given.is_empty() {
+        bail!(
+            "{} appl{} to language models, served by a continuous batcher; {} is served one forward pass per request (see --max-batch, --max-delay-ms, --slo-p99-ms)",
+            given.join(", "),
+            if given.len() == 1 { "ies" } else { "y" },
+            args.model
+        );
+    }
+    if args.search && args.slo_p99_ms.is_none() {
+        bail!("--search needs the objective it searches within: --slo-p99-ms");
+    }
     let spec = served(&args)?;
     let settings = LoadSettings {
         arrival: args.arrival.into(),
-        max_batch: args.max_batch,
-        max_delay_ms: args.max_delay_ms,
+        max_batch: args.max_batch.unwrap_or(DEFAULTS.max_batch),
+        max_delay_ms: args.max_delay_ms.unwrap_or(DEFAULTS.max_delay_ms),
         warmup_secs: args.warmup,
         duration_secs: args.duration,
         arrival_seed: args.seed,
         slo_p99_ms: args.slo_p99_ms,
-        resolution: args.resolution / 100.0,
-        min_requests: args.min_requests,
+        resolution: args.resolution.map_or(DEFAULTS.resolution, |r| r / 100.0),
+        min_requests: args.min_requests.unwrap_or(DEFAULTS.min_requests),
     };
-    let rates = if args.search {
-        Rates::Search {
-            start: args.qps.first().copied(),
-        }
-    } else {
-        Rates::Fixed(args.qps.clone())
+    let rates = rates(&args);
+    let target = match open_target(&args, log)? {
+        Ok(t) => t,
+        Err(code) => return Ok(code),
     };
-    // The folder before anything else, so that a bad --out fails before any time is spent.
-    migprof::files::ensure_writable_dir(&args.out)?;
-    let device_spec = device_or_default(args.device.as_ref(), log)?;
-    super::args::ask_recalibration(args.recalibrate);
-    if let Some(code) = as_mps_client(&device_spec, log)? {
-        return Ok(code);
-    }
-    let device = device_spec.open()?;
-    migprof::run::preflight::check(std::slice::from_ref(&spec), &device)?;
-    let context = RunContext::new_invocation(&device.info);
-    let mut cell = CellSpec::of_run(&spec, &device.info.name, &device_spec.to_string())?;
-    cell.load = Some(settings.clone());
-    let identity = CellIdentity {
-        sweep: None,
-        ..cell.identity(Status::Ok)
-    };
-    writeln!(
-        log,
-        "migprof {}: {} {} on {} [{}], {} arrivals, batches up to {} or {} ms; rows to {}",
-        provenance::VERSION,
-        spec.model,
-        spec.precision.as_str(),
-        device_spec,
-        device.info.name,
+    let device = &target.device;
+    migprof::run::preflight::check(std::slice::from_ref(&spec), device)?;
+    let identity = target.cell(&spec, |cell| cell.load = Some(settings.clone()))?;
+    let how = format!(
+        "{} arrivals, batches up to {} or {} ms",
         settings.arrival.as_str(),
         settings.max_batch,
-        settings.max_delay_ms,
-        args.out.join(Table::Load.dir_name()).display()
-    )?;
-    match device.info.emulation.as_ref().map(|e| e.memory()) {
-        Some(migprof::mps::MemoryEmulation::Alone) => writeln!(log, "note: an MPS-emulated slice alone: it shares L2 and memory bandwidth with the whole GPU, so it serves more than a real MIG slice would (mps-mem: gives the lower bound)")?,
-        Some(migprof::mps::MemoryEmulation::Partitioned) => writeln!(log, "note: a memory-partitioned emulated slice: held to its share of the bandwidth, with less than its L2, it serves less than a real MIG slice would (mps: gives the upper bound)")?,
-        None => {}
-    }
+        settings.max_delay_ms
+    );
+    target.announce(&spec, &how, &args.out.join(Table::Load.dir_name()), "", log)?;
     let job = Job {
         spec: &spec,
         settings: &settings,
         rates: &rates,
         allow_overload: args.allow_overload,
     };
-    migprof::load::job::run(job, &device, &context, &identity, &args.out, log)?;
+    migprof::load::job::run(job, device, &target.context, &identity, &args.out, log)?;
     writeln!(log, "{}", report_hint(&args.out))?;
     Ok(ExitCode::SUCCESS)
 }
@@ -197,12 +265,6 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
 fn served(args: &LoadArgs) -> Result<RunSpec> {
     let seq_len = args.seq_len.map(|l| l as usize);
     let (_, info) = workloads::lookup_with(&args.model, seq_len)?;
-    if info.family.is_decoder() {
-        bail!(
-            "{} is a language model: load serves one forward pass per request, and a generation is measured with `migprof run --mode generate`",
-            args.model
-        );
-    }
     if seq_len.is_some() && info.input.seq_len().is_none() {
         bail!("--seq-len applies to token models (bert_*) only, not {}", args.model);
     }
@@ -213,7 +275,7 @@ fn served(args: &LoadArgs) -> Result<RunSpec> {
         model: args.model.clone(),
         mode: Mode::Infer,
         precision: args.dtype.into(),
-        batch: args.max_batch,
+        batch: args.max_batch.unwrap_or(DEFAULTS.max_batch),
         seq_len: info.input.seq_len().and(seq_len),
         lengths: None,
         kv_layout: workloads::KvLayout::default(),
@@ -226,4 +288,171 @@ fn served(args: &LoadArgs) -> Result<RunSpec> {
         sample_interval: (args.sample_interval_ms > 0).then(|| Duration::from_millis(args.sample_interval_ms)),
         probe: false,
     })
+}
+
+/// `migprof load` for a language model: its requests served by a continuous batcher over a paged KV
+/// cache, at each rate or searched for the highest within both objectives.
+fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
+    let foreign: Vec<&str> = [
+        ("--seq-len", args.seq_len.is_some()),
+        ("--max-batch", args.max_batch.is_some()),
+        ("--max-delay-ms", args.max_delay_ms.is_some()),
+        ("--slo-p99-ms", args.slo_p99_ms.is_some()),
+        ("--min-requests", args.min_requests.is_some()),
+        ("--allow-overload", args.allow_overload),
+    ]
+    .into_iter()
+    .filter_map(|(name, given)| given.then_some(name))
+    .collect();
+    if !foreign.is_empty() {
+        bail!(
+            "{} appl{} to models served one forward pass per request; {} is a language model, served by a continuous batcher: its settings are --prompt-len, --output-len, --max-batched-tokens, --max-seqs, --no-chunked-prefill, --kv-block-size, --kv-cache-fraction, --kv-blocks, --drain, --slo-ttft-p99-ms, --slo-tpot-p99-ms and --max-steps",
+            foreign.join(", "),
+            if foreign.len() == 1 { "ies" } else { "y" },
+            args.model
+        );
+    }
+    let d = &SERVE_DEFAULTS;
+    let a = &args.serving;
+    let settings = ServeSettings {
+        prompt: a.prompt_len.unwrap_or(d.prompt),
+        output: a.output_len.unwrap_or(d.output),
+        max_batched_tokens: a.max_batched_tokens.unwrap_or(d.max_batched_tokens),
+        max_seqs: a.max_seqs.unwrap_or(d.max_seqs),
+        chunked_prefill: !a.no_chunked_prefill,
+        kv_block_size: a.kv_block_size.unwrap_or(d.kv_block_size),
+        kv_cache_fraction: a.kv_cache_fraction.unwrap_or(d.kv_cache_fraction),
+        kv_blocks: a.kv_blocks,
+        arrival: args.arrival.into(),
+        arrival_seed: args.seed,
+        warmup_secs: args.warmup,
+        duration_secs: args.duration,
+        drain_secs: a.drain.unwrap_or(d.drain_secs),
+        slo_ttft_p99_ms: a.slo_ttft_p99_ms,
+        slo_tpot_p99_ms: a.slo_tpot_p99_ms,
+        resolution: args.resolution.map_or(d.resolution, |r| r / 100.0),
+        max_steps: a.max_steps.unwrap_or(d.max_steps),
+    };
+    settings.check(args.search)?;
+    if let Some(w) = &args.weights {
+        ensure!(w.is_file(), "--weights {}: no such file", w.display());
+    }
+    let rates = rates(&args);
+    let spec = RunSpec {
+        model: args.model.clone(),
+        mode: Mode::Generate,
+        precision: args.dtype.into(),
+        batch: settings.max_seqs as usize,
+        seq_len: None,
+        lengths: None,
+        kv_layout: workloads::KvLayout::Paged {
+            block_size: settings.kv_block_size as usize,
+        },
+        weights: args.weights.clone(),
+        train: TrainConfig::default(),
+        kernels: args.kernels.serving_options(),
+        warmup: Warmup::Iterations(0),
+        stop: Stop::Iterations(1),
+        seed: args.seed,
+        sample_interval: (args.sample_interval_ms > 0).then(|| Duration::from_millis(args.sample_interval_ms)),
+        probe: false,
+    };
+    let target = match open_target(&args, log)? {
+        Ok(t) => t,
+        Err(code) => return Ok(code),
+    };
+    let device = &target.device;
+    migprof::run::preflight::check_precision(std::slice::from_ref(&spec), device)?;
+    let identity = target.cell(&spec, |cell| cell.serve = Some(settings.clone()))?;
+    let how = format!(
+        "{} arrivals, prompts {} and outputs {} tokens, iterations of up to {} tokens and {} sequences",
+        settings.arrival.as_str(),
+        settings.prompt,
+        settings.output,
+        settings.max_batched_tokens,
+        settings.max_seqs
+    );
+    let rows = args.out.join(Table::Serve.dir_name());
+    target.announce(&spec, &how, &rows, "; energy is the whole GPU's", log)?;
+    let job = ServeJob {
+        spec: &spec,
+        settings: &settings,
+        rates: &rates,
+    };
+    migprof::load::generation::run(job, device, &target.context, &identity, &args.out, log)?;
+    writeln!(log, "{}", report_hint(&args.out))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The rates a job offers: `--qps` in order, or with `--search` a search from its first value.
+fn rates(args: &LoadArgs) -> Rates {
+    match args.search {
+        true => Rates::Search {
+            start: args.qps.first().copied(),
+        },
+        false => Rates::Fixed(args.qps.clone()),
+    }
+}
+
+/// Where a job runs, opened: the device as written and as opened, and the invocation.
+struct Target {
+    spec: DeviceSpec,
+    device: migprof::device::OpenDevice,
+    context: RunContext,
+}
+
+impl Target {
+    /// The job's first lines: what is served where and `how`, where the rows go, and on an emulated
+    /// slice which bound its figures are (with `on_slices` said of them).
+    fn announce(
+        &self,
+        spec: &RunSpec,
+        how: &str,
+        rows: &std::path::Path,
+        on_slices: &str,
+        log: &mut dyn Write,
+    ) -> Result<()> {
+        writeln!(
+            log,
+            "migprof {}: {} {} on {} [{}], {how}; rows to {}",
+            provenance::VERSION,
+            spec.model,
+            spec.precision.as_str(),
+            self.spec,
+            self.device.info.name,
+            rows.display()
+        )?;
+        match self.device.info.emulation.as_ref().map(|e| e.memory()) {
+            Some(migprof::mps::MemoryEmulation::Alone) => writeln!(log, "note: an MPS-emulated slice alone: it shares L2 and memory bandwidth with the whole GPU, so it serves more than a real MIG slice would (mps-mem: gives the lower bound){on_slices}")?,
+            Some(migprof::mps::MemoryEmulation::Partitioned) => writeln!(log, "note: a memory-partitioned emulated slice: held to its share of the bandwidth, with less than its L2, it serves less than a real MIG slice would (mps: gives the upper bound){on_slices}")?,
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// The identity of the job's rows: the cell of `spec` on this target, with what `load_settings`
+    /// adds to it.
+    fn cell(&self, spec: &RunSpec, load_settings: impl FnOnce(&mut CellSpec)) -> Result<CellIdentity> {
+        let mut cell = CellSpec::of_run(spec, &self.device.info.name, &self.spec.to_string())?;
+        load_settings(&mut cell);
+        Ok(CellIdentity {
+            sweep: None,
+            ..cell.identity(Status::Ok)
+        })
+    }
+}
+
+/// Checks `--out`, then opens `--device`: the target, or the exit code of this command re-run as an
+/// MPS client of an emulated slice (which did the work).
+fn open_target(args: &LoadArgs, log: &mut dyn Write) -> Result<std::result::Result<Target, ExitCode>> {
+    // The folder before anything else, so that a bad --out fails before any time is spent.
+    migprof::files::ensure_writable_dir(&args.out)?;
+    let spec = device_or_default(args.device.as_ref(), log)?;
+    super::args::ask_recalibration(args.recalibrate);
+    if let Some(code) = as_mps_client(&spec, log)? {
+        return Ok(Err(code));
+    }
+    let device = spec.open()?;
+    let context = RunContext::new_invocation(&device.info);
+    Ok(Ok(Target { spec, device, context }))
 }

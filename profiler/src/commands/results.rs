@@ -118,7 +118,7 @@ pub fn check(args: CheckArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
     }
     writeln!(
         stdout,
-        "{}: {} run row(s), {} sample(s), {} metric reading(s), {} load step(s) with {} batch(es), {} capacity search(es); {}",
+        "{}: {} run row(s), {} sample(s), {} metric reading(s), {} load step(s) with {} batch(es), {} capacity search(es), {} serving step(s) with {} request(s), {} serving search(es); {}",
         dir.display(),
         report.rows["runs"],
         report.rows["samples"],
@@ -126,6 +126,9 @@ pub fn check(args: CheckArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
         report.rows["load"],
         report.rows["load_batches"],
         report.rows["capacity"],
+        report.rows["serve"],
+        report.rows["serve_requests"],
+        report.rows["serve_capacity"],
         if report.problems.is_empty() { "no problems".to_string() } else { format!("{} problem(s)", report.problems.len()) }
     )?;
     Ok(super::exit_code(report.problems.is_empty()))

@@ -37,6 +37,8 @@ pub struct Budget {
     pub max_seqs: u32,
     /// Whether a prompt may be prefilled over several iterations.
     pub chunked_prefill: bool,
+    /// The most tokens a sequence may hold: the model's positions.
+    pub max_model_len: u32,
 }
 
 impl Budget {
@@ -75,6 +77,9 @@ pub struct Iteration {
     pub prefills: Vec<Chunk>,
     /// Sequences that decode one token each.
     pub decodes: Vec<usize>,
+    /// Sequences preempted while this iteration was planned: their blocks are free before it runs
+    /// (the engine drops what it cached of them, and prefills them again when they are admitted).
+    pub preempted: Vec<usize>,
 }
 
 impl Iteration {
@@ -132,11 +137,18 @@ pub struct Scheduler {
     running: Vec<Seq>,
     free: u32,
     preemptions: u64,
+    /// Sequences preempted since the last plan was handed out.
+    preempted: Vec<usize>,
 }
 
 impl Scheduler {
     pub fn new(budget: Budget) -> Result<Scheduler> {
-        if budget.block_size == 0 || budget.blocks == 0 || budget.max_batched_tokens == 0 || budget.max_seqs == 0 {
+        if budget.block_size == 0
+            || budget.blocks == 0
+            || budget.max_batched_tokens == 0
+            || budget.max_seqs == 0
+            || budget.max_model_len == 0
+        {
             bail!("a continuous batcher needs blocks of at least one token, at least one block, a token budget and a batch above zero: {budget:?}")
         }
         // Every running sequence's decode fits one iteration, so none waits behind the others.
@@ -154,6 +166,7 @@ impl Scheduler {
             running: Vec::new(),
             free: budget.blocks,
             preemptions: 0,
+            preempted: Vec::new(),
         })
     }
 
@@ -166,6 +179,15 @@ impl Scheduler {
         }
         // Its last token is not fed back, so it needs no slot.
         let need = req.prompt as u64 + req.output as u64 - 1;
+        if need > self.budget.max_model_len as u64 {
+            bail!(
+                "request {}: {} prompt + {} output tokens need {need} positions; the model has {}",
+                req.id,
+                req.prompt,
+                req.output,
+                self.budget.max_model_len
+            )
+        }
         if need > self.budget.capacity() {
             bail!(
                 "request {}: {} prompt + {} output tokens need {need} cache slots; the cache holds {} ({} blocks of {})",
@@ -246,6 +268,7 @@ impl Scheduler {
         seq.cached = 0;
         seq.target = seq.req.prompt + seq.generated;
         self.preemptions += 1;
+        self.preempted.push(seq.req.id);
         self.waiting.push_front(seq);
     }
 
@@ -254,8 +277,9 @@ impl Scheduler {
     /// latest admitted is preempted until one can go on: the first admitted always fits alone.
     pub fn plan(&mut self) -> Iteration {
         loop {
-            let it = self.plan_once();
+            let mut it = self.plan_once();
             if !it.is_empty() || self.running.len() <= 1 {
+                it.preempted = std::mem::take(&mut self.preempted);
                 return it;
             }
             self.preempt_last();
@@ -392,6 +416,7 @@ mod tests {
             max_batched_tokens,
             max_seqs: 64,
             chunked_prefill,
+            max_model_len: 1 << 20,
         }
     }
 
@@ -422,6 +447,14 @@ mod tests {
                     "a cache without its blocks"
                 );
             }
+            // What the iteration says was preempted is back in the queue, holding nothing.
+            for id in &it.preempted {
+                assert!(s.running.iter().all(|q| q.req.id != *id));
+                assert!(s
+                    .waiting
+                    .iter()
+                    .any(|q| q.req.id == *id && q.blocks == 0 && q.cached == 0));
+            }
             for t in s.complete(&it) {
                 tokens.entry(t.id).or_default().push(t.index);
             }
@@ -429,6 +462,12 @@ mod tests {
             assert!(iterations.len() < 100_000);
         }
         assert_eq!(s.blocks_used(), 0, "finished sequences return their blocks");
+        let told: usize = iterations.iter().map(|it| it.preempted.len()).sum();
+        assert_eq!(
+            told as u64,
+            s.preemptions(),
+            "every preemption is told to the engine once"
+        );
         (tokens, iterations)
     }
 
@@ -641,5 +680,19 @@ mod tests {
             ..budget(4, 64, true)
         })
         .is_err());
+        // Past the model's positions, whatever the cache holds.
+        let mut s = Scheduler::new(Budget {
+            max_model_len: 50,
+            ..budget(4, 4096, true)
+        })
+        .unwrap();
+        let long = Request {
+            id: 3,
+            prompt: 40,
+            output: 12,
+        };
+        let e = s.add(long).unwrap_err().to_string();
+        assert!(e.contains("51 positions; the model has 50"), "{e}");
+        s.add(Request { output: 11, ..long }).unwrap();
     }
 }

@@ -11,7 +11,7 @@ use workloads::{Batch, Mode, Workload};
 
 use crate::device::OpenDevice;
 use crate::load::arrival::arrivals;
-use crate::load::record::{self, Capacity, JobIdentity, SearchStep};
+use crate::load::record::{self, Capacity, JobIdentity, RowHead, SearchStep};
 use crate::load::search::{search, SearchPlan, StepRunner};
 use crate::load::serve::{drive, Batching, Objective, Schedule, Server};
 use crate::load::settings::LoadSettings;
@@ -133,17 +133,8 @@ pub fn run(
         writeln!(log, "warning: {w}")?;
     }
     let id = JobIdentity {
-        invocation_id: &context.invocation_id,
-        host: &context.host,
-        cell,
-        device: &device.info,
-        fingerprint: &fingerprint,
-        model: &info,
-        precision: spec.precision.as_str(),
-        kernel_options: spec.kernels.canonical(),
-        seed: spec.seed,
+        head: RowHead::of(context, cell, &device.info, &fingerprint, &info, spec),
         settings,
-        sample_interval: spec.sample_interval,
     };
     let sampling = device.info.selected.clone().zip(spec.sample_interval);
     let mut steps = Stepper {
@@ -309,27 +300,22 @@ impl Stepper<'_> {
             max_delay: Duration::from_secs_f64(s.max_delay_ms / 1e3),
         };
         let started = provenance::now();
-        let sampler = self
-            .sampling
-            .clone()
-            .map(|(selected, interval)| crate::run::execute::start_nvml_sampler(selected, interval));
-        let served = drive(
-            &mut self.server,
-            &MonotonicClock::new(),
-            &mut arrivals,
-            warmup,
-            batching,
-            objective,
-        );
-        let readings = sampler.map(|s| s.stop());
-        let served = served?;
-        use crate::run::evidence::{Evidence, Sampling};
-        let (evidence, readings) = match readings {
-            None if self.id.device.selected.is_none() => (Evidence::none(Sampling::NotAGpu), Vec::new()),
-            None => (Evidence::none(Sampling::Off), Vec::new()),
-            Some(Err(e)) => (Evidence::none(Sampling::Failed(format!("{e:#}"))), Vec::new()),
-            Some(Ok(r)) => (Evidence::from_samples(&r, self.expected), r),
-        };
+        let server = &mut self.server;
+        let (served, evidence, readings) = crate::run::execute::beside_sampler(
+            self.sampling.clone(),
+            self.id.head.device.selected.is_some(),
+            self.expected,
+            || {
+                drive(
+                    server,
+                    &MonotonicClock::new(),
+                    &mut arrivals,
+                    warmup,
+                    batching,
+                    objective,
+                )
+            },
+        )?;
         let step = Step::with_evidence(
             qps,
             served,

@@ -11,11 +11,15 @@
 //! For a language model, what a slice serves is decided by a continuous batcher instead:
 //! [`lengths`] draws each request's prompt and output lengths, [`continuous`] schedules every
 //! iteration (decodes, prefill chunks, admission by free KV blocks, preemption by recompute), and
-//! [`tokens`] serves a schedule through it and measures TTFT, ITL, TPOT, E2E and goodput. `migprof
-//! load` does not drive them yet: it refuses language models.
+//! [`tokens`] serves a schedule through it and measures TTFT, ITL, TPOT, E2E and goodput;
+//! [`generation`] drives a real model over its paged KV cache through all that, and
+//! [`generation_record`] writes the `serve`, `serve_requests`, `serve_iterations` and
+//! `serve_capacity` tables.
 
 pub mod arrival;
 pub mod continuous;
+pub mod generation;
+pub mod generation_record;
 pub mod job;
 pub mod lengths;
 pub mod record;

@@ -20,8 +20,9 @@ use crate::run::fingerprint::Fingerprint;
 use crate::run::record::CellIdentity;
 use crate::run::stats::ns_to_ms;
 
-/// What every row of one load job shares.
-pub struct JobIdentity<'a> {
+/// What every row of a serving job (`load` or `serve`) shares: who measured, on what, which model
+/// with which kernels.
+pub struct RowHead<'a> {
     pub invocation_id: &'a str,
     pub host: &'a str,
     pub cell: &'a CellIdentity,
@@ -32,9 +33,88 @@ pub struct JobIdentity<'a> {
     pub precision: &'a str,
     pub kernel_options: String,
     pub seed: u64,
-    pub settings: &'a LoadSettings,
     /// The GPU sampler's interval beside each step; `None`: no sampler.
     pub sample_interval: Option<std::time::Duration>,
+}
+
+impl<'a> RowHead<'a> {
+    /// The head of the rows of a job of `spec` in the invocation `context`.
+    pub fn of(
+        context: &'a crate::run::record::RunContext,
+        cell: &'a CellIdentity,
+        device: &'a DeviceInfo,
+        fingerprint: &'a Fingerprint,
+        model: &'a workloads::ModelInfo,
+        spec: &'a crate::run::RunSpec,
+    ) -> RowHead<'a> {
+        RowHead {
+            invocation_id: &context.invocation_id,
+            host: &context.host,
+            cell,
+            device,
+            fingerprint,
+            model,
+            precision: spec.precision.as_str(),
+            kernel_options: spec.kernels.canonical(),
+            seed: spec.seed,
+            sample_interval: spec.sample_interval,
+        }
+    }
+}
+
+/// What every row of one load job shares.
+pub struct JobIdentity<'a> {
+    pub head: RowHead<'a>,
+    pub settings: &'a LoadSettings,
+}
+
+/// The columns a row of a serving job starts with: its id, when, where, the cell, the model
+/// (`after_dtype` right after its dtype), the device, the seed, the kernels and the sampler.
+pub(crate) fn head_columns(
+    h: &RowHead,
+    row_id: (&str, &str),
+    (started, finished): (DateTime<Utc>, DateTime<Utc>),
+    after_dtype: Vec<Column>,
+) -> Vec<Column> {
+    let mut columns = vec![
+        Column::new("schema_version".into(), vec![SCHEMA_VERSION]),
+        col(row_id.0, vec![row_id.1.to_string()]),
+        col("invocation_id", vec![h.invocation_id.to_string()]),
+        utc_micros("started_at", vec![started.timestamp_micros()]),
+        utc_micros("finished_at", vec![finished.timestamp_micros()]),
+        col("host", vec![h.host.to_string()]),
+    ];
+    columns.extend(cell_columns(&[h.cell]));
+    columns.extend([
+        col("model", vec![h.model.name.to_string()]),
+        col("family", vec![h.model.family.as_str().to_string()]),
+        col("dtype", vec![h.precision.to_string()]),
+    ]);
+    columns.extend(after_dtype);
+    columns.push(col("profile", vec![profile_of(h.device)]));
+    columns.extend(device_columns(&[h.device]));
+    columns.extend([
+        col("seed", vec![h.seed]),
+        col("kernel_options", vec![h.kernel_options.clone()]),
+        Column::new(
+            "sample_interval_ms".into(),
+            vec![h
+                .sample_interval
+                .filter(|_| h.device.selected.is_some())
+                .map(|d| d.as_millis() as i64)],
+        ),
+    ]);
+    columns
+}
+
+/// The columns a row of a serving job ends with: migprof's version and commit, the environment.
+pub(crate) fn closing_columns(f: &Fingerprint) -> Vec<Column> {
+    let mut columns = vec![
+        col("migprof_version", vec![provenance::VERSION.to_string()]),
+        col("git_commit", vec![provenance::GIT_COMMIT.to_string()]),
+    ];
+    columns.extend(fingerprint_columns(&[f]));
+    columns
 }
 
 /// The slice a row's capacity belongs to: the MIG profile, the emulated one (or `mps:<pct>%`), `full`
@@ -60,34 +140,11 @@ fn identity_columns(
     started: DateTime<Utc>,
     finished: DateTime<Utc>,
 ) -> Vec<Column> {
-    let mut columns = vec![
-        Column::new("schema_version".into(), vec![SCHEMA_VERSION]),
-        col(row_id.0, vec![row_id.1.to_string()]),
-        col("invocation_id", vec![id.invocation_id.to_string()]),
-        utc_micros("started_at", vec![started.timestamp_micros()]),
-        utc_micros("finished_at", vec![finished.timestamp_micros()]),
-        col("host", vec![id.host.to_string()]),
-    ];
-    columns.extend(cell_columns(&[id.cell]));
-    columns.extend([
-        col("model", vec![id.model.name.to_string()]),
-        col("family", vec![id.model.family.as_str().to_string()]),
-        col("dtype", vec![id.precision.to_string()]),
-        Column::new("seq_len".into(), vec![id.model.input.seq_len().map(|l| l as i64)]),
-        col("profile", vec![profile_of(id.device)]),
-    ]);
-    columns.extend(device_columns(&[id.device]));
+    let h = &id.head;
+    let seq_len = Column::new("seq_len".into(), vec![h.model.input.seq_len().map(|l| l as i64)]);
+    let mut columns = head_columns(h, row_id, (started, finished), vec![seq_len]);
     let s = id.settings;
     columns.extend([
-        col("seed", vec![id.seed]),
-        col("kernel_options", vec![id.kernel_options.clone()]),
-        Column::new(
-            "sample_interval_ms".into(),
-            vec![id
-                .sample_interval
-                .filter(|_| id.device.selected.is_some())
-                .map(|d| d.as_millis() as i64)],
-        ),
         col("arrival", vec![s.arrival.as_str().to_string()]),
         col("arrival_seed", vec![s.arrival_seed]),
         col("max_batch", vec![s.max_batch as i64]),
@@ -95,15 +152,6 @@ fn identity_columns(
         col("warmup_s", vec![s.warmup_secs]),
         Column::new("slo_p99_ms".into(), vec![s.slo_p99_ms]),
     ]);
-    columns
-}
-
-fn closing_columns(id: &JobIdentity) -> Vec<Column> {
-    let mut columns = vec![
-        col("migprof_version", vec![provenance::VERSION.to_string()]),
-        col("git_commit", vec![provenance::GIT_COMMIT.to_string()]),
-    ];
-    columns.extend(fingerprint_columns(&[id.fingerprint]));
     columns
 }
 
@@ -200,14 +248,14 @@ pub fn write_step(
         Column::new("gract_mean".into(), vec![step.metrics.gract_mean]),
         Column::new(
             "gpm_scope".into(),
-            vec![step.metrics.has_gpm().then(|| id.device.gpm_scope()).flatten()],
+            vec![step.metrics.has_gpm().then(|| id.head.device.gpm_scope()).flatten()],
         ),
         Column::new("gpu_power_mean_w".into(), vec![step.metrics.gpu_power_mean_w]),
         Column::new("j_per_sample".into(), vec![step.metrics.j_per_sample]),
         Column::new("note".into(), vec![step.note.clone()]),
         Column::new("histogram".into(), vec![st.histogram_v2_deflate()?.as_slice()]),
     ]);
-    columns.extend(closing_columns(id));
+    columns.extend(closing_columns(id.head.fingerprint));
     let mut df = DataFrame::new(1, columns)?;
     write_part(&out.join(Table::Load.dir_name()), &file, &mut df)?;
     Ok(())
@@ -248,11 +296,11 @@ pub fn write_capacity(out: &Path, id: &JobIdentity, c: &Capacity) -> Result<()> 
         col("steps", vec![o.steps.len() as i64]),
         Column::new("p99_at_capacity_ms".into(), vec![c.p99_at_capacity_ms]),
         col("closed_loop_qps", vec![c.closed_loop_qps]),
-        col("emulated", vec![id.device.emulation.is_some()]),
+        col("emulated", vec![id.head.device.emulation.is_some()]),
         col("verdict", vec![c.verdict.to_string()]),
         Column::new("note".into(), vec![o.note.clone()]),
     ]);
-    columns.extend(closing_columns(id));
+    columns.extend(closing_columns(id.head.fingerprint));
     let mut df = DataFrame::new(1, columns)?;
     write_part(
         &out.join(Table::Capacity.dir_name()),

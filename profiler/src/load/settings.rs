@@ -1,9 +1,15 @@
 //! How a load job offers requests and batches them ([`LoadSettings`]), and the defaults that
-//! `migprof load` and a sweep's `[[capacity]]` share.
+//! `migprof load` and a sweep's `[[capacity]]` share; how a language model's serving job does
+//! ([`ServeSettings`]).
 
+use std::time::Duration;
+
+use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::load::arrival::Arrival;
+use crate::load::lengths::LengthDist;
+use crate::load::tokens::Slo;
 
 /// The defaults of `migprof load` and of a sweep's `[[capacity]]`.
 pub const DEFAULTS: LoadSettings = LoadSettings {
@@ -54,5 +60,146 @@ impl LoadSettings {
             self.resolution,
             self.min_requests
         )
+    }
+}
+
+/// How a serving job offers requests and batches them; part of its cell's identity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeSettings {
+    /// Each request's prompt and output lengths, in tokens.
+    #[serde(with = "length_text")]
+    pub prompt: LengthDist,
+    #[serde(with = "length_text")]
+    pub output: LengthDist,
+    /// Tokens one iteration processes at most (prefill pieces and decodes together).
+    pub max_batched_tokens: u32,
+    /// Sequences running at once at most.
+    pub max_seqs: u32,
+    pub chunked_prefill: bool,
+    /// Tokens a KV block holds.
+    pub kv_block_size: u32,
+    /// The share of the memory left after the weights and the workspace that the cache takes.
+    pub kv_cache_fraction: f64,
+    /// The cache's blocks as given, instead of sized from the memory.
+    pub kv_blocks: Option<u32>,
+    pub arrival: Arrival,
+    pub arrival_seed: u64,
+    /// Arrivals in the first seconds of a step are served, not measured.
+    pub warmup_secs: f64,
+    /// Seconds of arrivals a step offers.
+    pub duration_secs: f64,
+    /// Seconds a step waits after its last arrival for the requests to finish.
+    pub drain_secs: f64,
+    /// The objectives, ms: judge each step; a search needs both.
+    pub slo_ttft_p99_ms: Option<f64>,
+    pub slo_tpot_p99_ms: Option<f64>,
+    /// A search stops once its bracket is within this (0.1: 10%), or after `max_steps` rates.
+    pub resolution: f64,
+    pub max_steps: usize,
+}
+
+/// The defaults of `migprof load` for language models.
+pub const SERVE_DEFAULTS: ServeSettings = ServeSettings {
+    prompt: LengthDist::Fixed(512),
+    output: LengthDist::Fixed(128),
+    max_batched_tokens: 2048,
+    max_seqs: 256,
+    chunked_prefill: true,
+    kv_block_size: 16,
+    kv_cache_fraction: 0.9,
+    kv_blocks: None,
+    arrival: Arrival::Poisson,
+    arrival_seed: 0,
+    warmup_secs: 1.0,
+    duration_secs: 10.0,
+    drain_secs: 30.0,
+    slo_ttft_p99_ms: None,
+    slo_tpot_p99_ms: None,
+    resolution: 0.1,
+    max_steps: 8,
+};
+
+mod length_text {
+    use super::LengthDist;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &LengthDist, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&d.to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<LengthDist, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl ServeSettings {
+    /// The fields that make a serving cell differ from another, for its id.
+    pub fn identity(&self) -> String {
+        let or_none = |v: Option<f64>| v.map_or("none".to_string(), |v| v.to_string());
+        format!(
+            "prompt {}/output {}/tokens {}/seqs {}/chunked {}/block {}/fraction {}/blocks {}/{}/seed {}/warmup {}s/{}s/drain {}s/ttft {}/tpot {}/res {}/steps {}",
+            self.prompt,
+            self.output,
+            self.max_batched_tokens,
+            self.max_seqs,
+            self.chunked_prefill,
+            self.kv_block_size,
+            self.kv_cache_fraction,
+            self.kv_blocks.map_or("sized".to_string(), |b| b.to_string()),
+            self.arrival.as_str(),
+            self.arrival_seed,
+            self.warmup_secs,
+            self.duration_secs,
+            self.drain_secs,
+            or_none(self.slo_ttft_p99_ms),
+            or_none(self.slo_tpot_p99_ms),
+            self.resolution,
+            self.max_steps
+        )
+    }
+
+    /// Both objectives, where both are given.
+    pub fn slo(&self) -> Option<Slo> {
+        let ms = |v: f64| Duration::from_secs_f64(v / 1e3);
+        Some(Slo {
+            ttft_p99: ms(self.slo_ttft_p99_ms?),
+            tpot_p99: ms(self.slo_tpot_p99_ms?),
+        })
+    }
+
+    /// Checks what no run could take, before any work: a bad setting names what it may be.
+    pub fn check(&self, search: bool) -> Result<()> {
+        if self.max_seqs == 0 || self.max_batched_tokens < self.max_seqs {
+            bail!(
+                "--max-batched-tokens {} must be at least --max-seqs {} (one decode of each running sequence), and --max-seqs at least 1",
+                self.max_batched_tokens,
+                self.max_seqs
+            )
+        }
+        if self.kv_block_size == 0 || !(self.kv_cache_fraction > 0.0 && self.kv_cache_fraction <= 1.0) {
+            bail!(
+                "--kv-block-size {} must be at least 1 and --kv-cache-fraction {} within (0, 1]",
+                self.kv_block_size,
+                self.kv_cache_fraction
+            )
+        }
+        if self.kv_blocks == Some(0) {
+            bail!("--kv-blocks must be at least 1")
+        }
+        if self.warmup_secs >= self.duration_secs {
+            bail!(
+                "--warmup {} s must be shorter than --duration {} s: the warm-up is part of each step",
+                self.warmup_secs,
+                self.duration_secs
+            )
+        }
+        if search && self.slo().is_none() {
+            bail!("--search for a language model needs both objectives: --slo-ttft-p99-ms and --slo-tpot-p99-ms")
+        }
+        if search && self.max_steps == 0 {
+            bail!("--max-steps must be at least 1")
+        }
+        Ok(())
     }
 }

@@ -23,8 +23,13 @@ use crate::run::uncertainty::{quantile_interval, Estimate};
 
 /// One model instance behind the continuous batcher.
 pub trait Engine {
-    /// Runs one iteration (its prefill chunks and decodes) and returns once its tokens are out.
+    /// Runs one iteration (its prefill chunks and decodes, after dropping what it held of the
+    /// sequences the iteration preempted) and returns once its tokens are out.
     fn run(&mut self, it: &Iteration) -> Result<()>;
+    /// Sequence `id` produced its last token: what the engine holds of it can go.
+    fn finished(&mut self, _id: usize) {}
+    /// Drops every sequence: a new schedule starts, its requests numbered from 0 again.
+    fn reset(&mut self) {}
 }
 
 /// What a request saw.
@@ -116,6 +121,7 @@ pub fn drive(
     if requests.windows(2).any(|w| w[1].0 < w[0].0) {
         bail!("a schedule's arrivals are in order")
     }
+    engine.reset();
     let mut records: Vec<RequestRecord> = Vec::with_capacity(requests.len());
     let mut iterations = Vec::new();
     loop {
@@ -164,6 +170,9 @@ pub fn drive(
         let end = timer.now();
         for t in scheduler.complete(&it) {
             records[t.id].tokens.push(end);
+            if t.last {
+                engine.finished(t.id);
+            }
         }
         iterations.push(IterationRecord {
             start,
@@ -329,14 +338,13 @@ impl GenerationSummary {
     }
 }
 
-/// Steps of generation load for [`super::search::search`]: at each rate, `duration` of seeded
-/// arrivals with lengths drawn from `prompt` and `output`, served through a fresh batcher of
-/// `budget` (the cache empties between steps), given `drain` after the last arrival to finish. A
-/// step meets the objectives when every measured request finished and the p99s of TTFT and TPOT
-/// are within them.
-pub struct GenerationLoad<'a, T: Timer, E: Engine> {
-    pub timer: &'a T,
-    pub engine: &'a mut E,
+/// What one step of generation load offers and how it is judged: seeded arrivals at a rate for
+/// `duration`, each request's lengths drawn from `prompt` and `output`, served through a fresh
+/// batcher of `budget` (the cache empties between steps), given `drain` after the last arrival to
+/// finish. A step meets the objectives when every measured request finished and the p99s of TTFT and
+/// TPOT are within them.
+#[derive(Debug, Clone)]
+pub struct StepPlan {
     pub budget: super::continuous::Budget,
     pub arrival: super::arrival::Arrival,
     pub prompt: super::lengths::LengthDist,
@@ -345,25 +353,43 @@ pub struct GenerationLoad<'a, T: Timer, E: Engine> {
     pub duration: Duration,
     pub warmup: Duration,
     pub drain: Duration,
-    pub slo: Slo,
+    /// The objectives a step is judged by (none: it is measured, not judged).
+    pub slo: Option<Slo>,
+    /// Seeds the arrivals and the lengths: every rate offers the same requests, sooner or later.
     pub seed: u64,
-    /// Every step run: its rate and what it measured.
-    pub steps: Vec<(f64, GenerationSummary)>,
 }
 
-impl<T: Timer, E: Engine> GenerationLoad<'_, T, E> {
-    /// Whether a step's summary meets both objectives.
-    pub fn meets(&self, s: &GenerationSummary) -> bool {
+impl StepPlan {
+    /// Whether a step's summary meets both objectives (none without objectives).
+    pub fn meets(&self, s: &GenerationSummary) -> Option<bool> {
+        let slo = self.slo?;
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        s.finished == s.requests
-            && s.requests > 0
-            && s.ttft.as_ref().is_some_and(|p| p.p99_ms <= ms(self.slo.ttft_p99))
-            && s.tpot.as_ref().is_none_or(|p| p.p99_ms <= ms(self.slo.tpot_p99))
+        Some(
+            s.finished == s.requests
+                && s.requests > 0
+                && s.ttft.as_ref().is_some_and(|p| p.p99_ms <= ms(slo.ttft_p99))
+                && s.tpot.as_ref().is_none_or(|p| p.p99_ms <= ms(slo.tpot_p99)),
+        )
     }
-}
 
-impl<T: Timer, E: Engine> super::search::StepRunner for GenerationLoad<'_, T, E> {
-    fn run_step(&mut self, qps: f64) -> Result<bool> {
+    /// The requests a step at `qps` offers (arrival from `start`, prompt tokens, output tokens).
+    pub fn requests(&self, qps: f64, start: Duration) -> Vec<(Duration, u32, u32)> {
+        let count = (qps * self.duration.as_secs_f64()).ceil().max(1.0) as usize;
+        let (mut prompt, mut output) = (self.prompt.sampler(self.seed ^ 1), self.output.sampler(self.seed ^ 2));
+        super::arrival::schedule(self.arrival, qps, count, self.seed)
+            .into_iter()
+            .map(|t| (start + t, prompt.draw(), output.draw()))
+            .collect()
+    }
+
+    /// Serves a step at `qps` on `engine`: what every request and iteration saw, and the summary
+    /// of the measured window (from `warmup` after the step's start).
+    pub fn serve(
+        &self,
+        timer: &impl Timer,
+        engine: &mut impl Engine,
+        qps: f64,
+    ) -> Result<(GenerationServed, GenerationSummary, Duration)> {
         if self.warmup >= self.duration {
             bail!(
                 "a step of {:.1} s with a warm-up of {:.1} s measures nothing: the warm-up is part of the step",
@@ -371,16 +397,11 @@ impl<T: Timer, E: Engine> super::search::StepRunner for GenerationLoad<'_, T, E>
                 self.warmup.as_secs_f64()
             )
         }
-        let count = (qps * self.duration.as_secs_f64()).ceil().max(1.0) as usize;
-        let start = self.timer.now();
-        let (mut prompt, mut output) = (self.prompt.sampler(self.seed ^ 1), self.output.sampler(self.seed ^ 2));
-        let requests: Vec<(Duration, u32, u32)> = super::arrival::schedule(self.arrival, qps, count, self.seed)
-            .into_iter()
-            .map(|t| (start + t, prompt.draw(), output.draw()))
-            .collect();
+        let start = timer.now();
+        let requests = self.requests(qps, start);
         let limit = start + self.duration + self.drain;
-        let served = drive(self.timer, self.engine, Scheduler::new(self.budget)?, &requests, limit)?;
-        let summary = GenerationSummary::of(&served, start + self.warmup, Some(self.slo));
+        let served = drive(timer, engine, Scheduler::new(self.budget)?, &requests, limit)?;
+        let summary = GenerationSummary::of(&served, start + self.warmup, self.slo);
         if summary.requests == 0 {
             bail!(
                 "{qps:.2} requests/s for {:.1} s brought no request after the {:.1} s warm-up: a step this slow needs to be longer",
@@ -388,7 +409,23 @@ impl<T: Timer, E: Engine> super::search::StepRunner for GenerationLoad<'_, T, E>
                 self.warmup.as_secs_f64()
             )
         }
-        let met = self.meets(&summary);
+        Ok((served, summary, start))
+    }
+}
+
+/// Steps of generation load for [`super::search::search`], each as its [`StepPlan`] says; every step
+/// run is kept with its rate and what it measured.
+pub struct GenerationLoad<'a, T: Timer, E: Engine> {
+    pub timer: &'a T,
+    pub engine: &'a mut E,
+    pub plan: StepPlan,
+    pub steps: Vec<(f64, GenerationSummary)>,
+}
+
+impl<T: Timer, E: Engine> super::search::StepRunner for GenerationLoad<'_, T, E> {
+    fn run_step(&mut self, qps: f64) -> Result<bool> {
+        let (_, summary, _) = self.plan.serve(self.timer, self.engine, qps)?;
+        let met = self.plan.meets(&summary).unwrap_or(false);
         self.steps.push((qps, summary));
         Ok(met)
     }
@@ -402,17 +439,33 @@ mod tests {
     use crate::load::lengths::LengthDist;
     use crate::testing::clock::FakeClock;
 
-    /// A model whose iteration takes `fixed + per_token × tokens`.
+    /// A model whose iteration takes `fixed + per_token × tokens`, and that checks it is told what a
+    /// real one needs: a sequence starts with a prefill from its first token, decodes only while it
+    /// holds a cache, and is dropped when preempted or finished.
     struct FakeEngine {
         clock: FakeClock,
         fixed: Duration,
         per_token: Duration,
+        held: std::collections::HashSet<usize>,
     }
 
     impl Engine for FakeEngine {
         fn run(&mut self, it: &Iteration) -> Result<()> {
+            for id in &it.preempted {
+                assert!(self.held.remove(id), "{id} preempted without a cache");
+            }
+            for c in &it.prefills {
+                assert_eq!(c.start == 0, self.held.insert(c.id), "{c:?}");
+            }
+            for id in &it.decodes {
+                assert!(self.held.contains(id), "{id} decodes without a cache");
+            }
             self.clock.advance(self.fixed + self.per_token * it.tokens());
             Ok(())
+        }
+
+        fn finished(&mut self, id: usize) {
+            assert!(self.held.remove(&id), "{id} finished without a cache");
         }
     }
 
@@ -421,6 +474,7 @@ mod tests {
             clock: clock.clone(),
             fixed: Duration::from_secs_f64(fixed_ms / 1e3),
             per_token: Duration::from_secs_f64(per_token_us / 1e6),
+            held: Default::default(),
         }
     }
 
@@ -449,6 +503,7 @@ mod tests {
             max_batched_tokens: 2048,
             max_seqs: 256,
             chunked_prefill: true,
+            max_model_len: 1 << 20,
         }
     }
 
@@ -599,15 +654,17 @@ mod tests {
         let mut load = GenerationLoad {
             timer: &clock,
             engine: &mut engine,
-            budget: budget(100_000),
-            arrival: crate::load::arrival::Arrival::Poisson,
-            prompt: LengthDist::Fixed(200),
-            output: LengthDist::Fixed(50),
-            duration: Duration::from_secs(20),
-            warmup: Duration::from_secs(2),
-            drain: Duration::from_secs(20),
-            slo,
-            seed: 9,
+            plan: StepPlan {
+                budget: budget(100_000),
+                arrival: crate::load::arrival::Arrival::Poisson,
+                prompt: LengthDist::Fixed(200),
+                output: LengthDist::Fixed(50),
+                duration: Duration::from_secs(20),
+                warmup: Duration::from_secs(2),
+                drain: Duration::from_secs(20),
+                slo: Some(slo),
+                seed: 9,
+            },
             steps: Vec::new(),
         };
         let plan = crate::load::search::SearchPlan {

@@ -259,12 +259,12 @@ impl Serving {
 
 fn plan_section(path: &std::path::Path, p: &crate::capacity::Report) -> Section {
     let mut blocks = vec![Block::Text(format!(
-        "From {}: {} GPU(s) of the {} serve {} within p99 {} ms, each instance planned at {:.0}% of its capacity (an integer program, solved exactly). By hand: a whole GPU per model takes {}, one profile per model {}.",
+        "From {}: {} GPU(s) of the {} serve {} within {}, each instance planned at {:.0}% of its capacity (an integer program, solved exactly). By hand: a whole GPU per model takes {}, one profile per model {}.",
         path.display(),
         p.gpus,
         p.gpu,
         p.spare.iter().map(|s| format!("{} {:.0} req/s", s.model, s.demand_qps)).collect::<Vec<_>>().join(" and "),
-        p.slo_p99_ms,
+        p.objectives().describe(),
         p.headroom * 100.0,
         p.whole_gpu_per_model.gpus,
         p.one_profile_per_model.gpus

@@ -41,7 +41,8 @@ pub fn check(out: &Path) -> Result<Report> {
         report.rows.insert(table.dir_name(), frame.height());
         frames.insert(table.dir_name(), frame);
     }
-    check_load(&frames, &mut report);
+    check_steps(&frames, &LOAD_STEPS, &mut report);
+    check_steps(&frames, &SERVE_STEPS, &mut report);
     let runs = &frames["runs"];
     if runs.height() == 0 {
         return Ok(report);
@@ -265,36 +266,64 @@ fn text(df: &DataFrame, name: &str) -> Vec<Option<String>> {
         .unwrap_or_else(|| vec![None; df.height()])
 }
 
-/// Each load step has its batches; each search has as many steps as its row says.
-fn check_load(frames: &HashMap<&'static str, DataFrame>, report: &mut Report) {
-    let mut batches: HashMap<String, usize> = HashMap::new();
-    for id in text(&frames["load_batches"], "load_id").into_iter().flatten() {
-        *batches.entry(id).or_default() += 1;
-    }
-    let load = &frames["load"];
+/// The tables of one kind of step: its rows, their id, the detail tables each step has rows in,
+/// and the searches over them.
+struct StepTables {
+    steps: &'static str,
+    id: &'static str,
+    details: &'static [&'static str],
+    searches: &'static str,
+    what: &'static str,
+}
+
+const LOAD_STEPS: StepTables = StepTables {
+    steps: "load",
+    id: "load_id",
+    details: &["load_batches"],
+    searches: "capacity",
+    what: "load step",
+};
+
+const SERVE_STEPS: StepTables = StepTables {
+    steps: "serve",
+    id: "serve_id",
+    details: &["serve_requests", "serve_iterations"],
+    searches: "serve_capacity",
+    what: "serving step",
+};
+
+/// Each step has its detail rows; each search has as many steps as its row says.
+fn check_steps(frames: &HashMap<&'static str, DataFrame>, t: &StepTables, report: &mut Report) {
+    let details: Vec<HashSet<String>> = t
+        .details
+        .iter()
+        .map(|d| text(&frames[d], t.id).into_iter().flatten().collect())
+        .collect();
+    let rows = &frames[t.steps];
     let mut steps_of: HashMap<String, i64> = HashMap::new();
-    for (id, capacity) in text(load, "load_id").into_iter().zip(text(load, "capacity_id")) {
+    for (id, capacity) in text(rows, t.id).into_iter().zip(text(rows, "capacity_id")) {
         let Some(id) = id else {
-            report.problems.push("a load row without load_id".into());
+            report.problems.push(format!("a {} row without {}", t.steps, t.id));
             continue;
         };
-        if !batches.contains_key(&id) {
-            report
-                .problems
-                .push(format!("load step {id}: no batches in load_batches/"));
+        for (name, ids) in t.details.iter().zip(&details) {
+            if !ids.contains(&id) {
+                report.problems.push(format!("{} {id}: no rows in {name}/", t.what));
+            }
         }
         if let Some(c) = capacity {
             *steps_of.entry(c).or_default() += 1;
         }
     }
-    let capacity = &frames["capacity"];
-    let steps = ints(capacity, "steps");
-    for (id, want) in text(capacity, "capacity_id").into_iter().zip(steps) {
+    let searches = &frames[t.searches];
+    let steps = ints(searches, "steps");
+    for (id, want) in text(searches, "capacity_id").into_iter().zip(steps) {
         let Some(id) = id else { continue };
         let have = steps_of.get(&id).copied().unwrap_or(0);
         if Some(have) != want {
             report.problems.push(format!(
-                "capacity search {id}: {have} load steps for {want:?} in its row"
+                "capacity search {id}: {have} {} rows for {want:?} in its row",
+                t.steps
             ));
         }
     }

@@ -16,16 +16,20 @@ use polars::prelude::*;
 /// `concurrency_group`, `neighbours`, `baseline`. 4: the `load`, `load_batches` and `capacity` tables.
 /// 5: every row of a table has every column of it, a failed cell's row included, with nulls where
 /// nothing was measured; before, a failed cell's `runs` row had only its identity columns).
-pub const SCHEMA_VERSION: i32 = 11;
+pub const SCHEMA_VERSION: i32 = 12;
 
 /// Every table, in the order a folder is read.
-pub const TABLES: [Table; 6] = [
+pub const TABLES: [Table; 10] = [
     Table::Runs,
     Table::Samples,
     Table::Metrics,
     Table::Load,
     Table::LoadBatches,
     Table::Capacity,
+    Table::Serve,
+    Table::ServeRequests,
+    Table::ServeIterations,
+    Table::ServeCapacity,
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +48,15 @@ pub enum Table {
     LoadBatches,
     /// One row per capacity search: the highest rate within the p99 objective.
     Capacity,
+    /// One row per step of a language model's serving load (an offered rate): TTFT, TPOT, ITL and
+    /// E2E percentiles, rates, goodput, the KV cache's occupancy, preemptions.
+    Serve,
+    /// One row per request of a serving step: its lengths and what it saw.
+    ServeRequests,
+    /// One row per iteration of a serving step's continuous batcher: the KV cache over time.
+    ServeIterations,
+    /// One row per serving search: the highest rate within both objectives.
+    ServeCapacity,
 }
 
 impl Table {
@@ -55,6 +68,10 @@ impl Table {
             Table::Load => "load",
             Table::LoadBatches => "load_batches",
             Table::Capacity => "capacity",
+            Table::Serve => "serve",
+            Table::ServeRequests => "serve_requests",
+            Table::ServeIterations => "serve_iterations",
+            Table::ServeCapacity => "serve_capacity",
         }
     }
 }
@@ -121,7 +138,8 @@ pub fn read_part(path: &Path, table: Table) -> std::result::Result<DataFrame, St
         Table::Samples | Table::Metrics => &["run_id"],
         Table::Load => &["schema_version", "load_id"],
         Table::LoadBatches => &["load_id"],
-        Table::Capacity => &["schema_version", "capacity_id"],
+        Table::Capacity | Table::ServeCapacity => &["schema_version", "capacity_id"],
+        Table::Serve | Table::ServeRequests | Table::ServeIterations => &["schema_version", "serve_id"],
     };
     let missing: Vec<&str> = required.iter().copied().filter(|c| df.column(c).is_err()).collect();
     if !missing.is_empty() {

@@ -196,6 +196,28 @@ pub(crate) fn start_nvml_sampler(selected: crate::gpu::Selected, interval: std::
     })
 }
 
+/// Runs `work` with the GPU sampler beside it (where `sampling` names a GPU and an interval): its
+/// result, the sampler's evidence (or why there is none: not a GPU, off, failed) and the readings.
+pub(crate) fn beside_sampler<T>(
+    sampling: Option<(crate::gpu::Selected, std::time::Duration)>,
+    on_gpu: bool,
+    expected: &crate::run::evidence::Expected,
+    work: impl FnOnce() -> Result<T>,
+) -> Result<(T, crate::run::evidence::Evidence, Vec<crate::gpu::sampler::Sample>)> {
+    use crate::run::evidence::{Evidence, Sampling};
+    let sampler = sampling.map(|(selected, interval)| start_nvml_sampler(selected, interval));
+    let out = work();
+    let readings = sampler.map(|s| s.stop());
+    let out = out?;
+    let (evidence, readings) = match readings {
+        None if !on_gpu => (Evidence::none(Sampling::NotAGpu), Vec::new()),
+        None => (Evidence::none(Sampling::Off), Vec::new()),
+        Some(Err(e)) => (Evidence::none(Sampling::Failed(format!("{e:#}"))), Vec::new()),
+        Some(Ok(r)) => (Evidence::from_samples(&r, expected), r),
+    };
+    Ok((out, evidence, readings))
+}
+
 /// What a run's steps are: a workload's inference or training steps, or a language model's
 /// generations.
 enum Steps {

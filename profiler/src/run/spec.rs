@@ -135,7 +135,7 @@ impl RunSpec {
     }
 
     /// The workload's settings, after setting TF32 for the process as the spec says.
-    fn workload_config(&self, device: &candle_core::Device) -> workloads::WorkloadConfig {
+    pub(crate) fn workload_config(&self, device: &candle_core::Device) -> workloads::WorkloadConfig {
         workloads::precision::allow_tf32(self.precision.tf32());
         workloads::WorkloadConfig {
             device: device.clone(),

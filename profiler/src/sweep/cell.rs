@@ -96,6 +96,9 @@ pub struct CellSpec {
     /// highest rate within the settings' p99 objective (`load` and `capacity` rows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load: Option<crate::load::settings::LoadSettings>,
+    /// A language model's serving job: the continuous batcher under open-loop load (`serve` rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve: Option<crate::load::settings::ServeSettings>,
     /// The sweep's `timeout_secs`: the cell ends itself a little after it, should its sweep be gone
     /// (not part of the id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -181,6 +184,9 @@ impl CellSpec {
         // Only for load jobs and group members, so that the ids of other cells stay as they were.
         if let Some(l) = &self.load {
             fields.push(("load", l.identity()));
+        }
+        if let Some(s) = &self.serve {
+            fields.push(("serve", s.identity()));
         }
         if let Some(g) = &self.concurrency_group {
             fields.push(("concurrency_group", g.clone()));
@@ -339,6 +345,7 @@ impl CellSpec {
             neighbours: Vec::new(),
             baseline: false,
             load: None,
+            serve: None,
             timeout_secs: None,
             scheduled: false,
         })
@@ -506,6 +513,7 @@ pub(crate) mod tests {
             neighbours: Vec::new(),
             baseline: false,
             load: None,
+            serve: None,
             timeout_secs: None,
             scheduled: false,
         }

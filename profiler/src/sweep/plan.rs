@@ -276,6 +276,7 @@ fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
         neighbours: Vec::new(),
         baseline: target.baseline,
         load: None,
+        serve: None,
         timeout_secs: Some(file.defaults.timeout_secs),
         scheduled: false,
     }

@@ -15,6 +15,11 @@
 // head of the group, each writing its partial softmax (max, sum, f32 output); a second kernel combines
 // the chunks. Both read the step's position from the device, so a captured step replays at any
 // position: chunks past it exit at once.
+//
+// The cache is either contiguous, [B, hkv, cap, d] (every sequence at the step's one position), or a
+// paged pool, [blocks, hkv, block, d] with a block table per sequence and each sequence at a position
+// of its own (a server's batch, whose sequences came at different times). Contiguous buffers are the
+// pool of one block of cap slots per sequence, so one addressing serves both (cache_row).
 
 #define DEC_WARPS 8    // warps per block of the product kernels
 #define DEC_UNROLL 8   // words of a weight row each lane has in flight (half that past 4 sequences)
@@ -220,10 +225,21 @@ __device__ void swiglu(const typename E::T* gate, const typename E::T* up, const
     }
 }
 
+// The row of a cache that holds position p of sequence s's key-value head h: with a block table, the
+// pool's block table[s · stride + p / block]; without (table null, block = cap), sequence s's own
+// buffer.
+__device__ __forceinline__ unsigned long long cache_row(const unsigned int* table, unsigned int stride,
+                                                        unsigned int block, unsigned int s, unsigned int hkv,
+                                                        unsigned int h, unsigned int p) {
+    const unsigned long long b = table ? table[(unsigned long long)s * stride + p / block] : s;
+    return (b * hkv + h) * block + p % block;
+}
+
 // The attention's projections of one token per sequence, its rotary embedding at the step's position
 // and its key and value written into the cache. Heads [0, hq) are queries, [hq, hq + hkv) keys, then
 // values; each warp takes the rows i and i + d/2 of one head (a rotary pair: rotate-half, as Llama and
-// Qwen2 rotate). q [B, hq, d]; keys and values [B, hkv, cap, d], slot *pos written; cos and sin
+// Qwen2 rotate). q [B, hq, d]; keys and values [B, hkv, cap, d] or a paged pool (cap: its block;
+// table, stride: the block tables), sequence s's slot pos[s · pos_stride] written; cos and sin
 // [positions, d/2]; biases may be null.
 template <typename E, int B, bool NORM>
 __device__ void qkv_rope(const typename E::T* wq, const typename E::T* wk, const typename E::T* wv,
@@ -231,7 +247,8 @@ __device__ void qkv_rope(const typename E::T* wq, const typename E::T* wk, const
                          const typename E::T* cos, const typename E::T* sin, const unsigned int* pos,
                          const typename E::T* x, const typename E::T* norm_w, float eps, typename E::T* q,
                          typename E::T* keys, typename E::T* values, unsigned int hq, unsigned int hkv,
-                         unsigned int d, unsigned int k, unsigned int cap) {
+                         unsigned int d, unsigned int k, unsigned int cap, const unsigned int* table,
+                         unsigned int stride, unsigned int pos_stride) {
     const unsigned int half = d / 2, lane = threadIdx.x & 31;
     const unsigned int task = blockIdx.x * DEC_WARPS + (threadIdx.x >> 5);
     const unsigned int head = task / half, i = task - head * half;
@@ -251,10 +268,10 @@ __device__ void qkv_rope(const typename E::T* wq, const typename E::T* wk, const
     if (!live) return;
     float acc[2][B];
     rows_dot<E, B, 2, NORM>(rows, x, k, acc, first);
-    const unsigned int p = *pos;
 #pragma unroll
     for (int s = 0; s < B; ++s) {
         if (lane != s) continue;
+        const unsigned int p = pos[s * pos_stride];
         float a = acc[0][s], b = acc[1][s];
         if (bias) { a += E::get(bias, r0); b += E::get(bias, r1); }
         a = rounded<E>(a);
@@ -268,7 +285,7 @@ __device__ void qkv_rope(const typename E::T* wq, const typename E::T* wk, const
         typename E::T* out;
         unsigned long long at;
         if (part == 0) { out = q; at = ((unsigned long long)s * hq + hh) * d; }
-        else { out = part == 1 ? keys : values; at = (((unsigned long long)s * hkv + hh) * cap + p) * d; }
+        else { out = part == 1 ? keys : values; at = cache_row(table, stride, cap, s, hkv, hh, p) * d; }
         E::put(out, at + i, a);
         E::put(out, at + i + half, b);
     }
@@ -276,8 +293,9 @@ __device__ void qkv_rope(const typename E::T* wq, const typename E::T* wk, const
 
 // One chunk of `chunk` (at most DA_CHUNK) slots of the cache for one (sequence, key-value head) and the
 // query heads it serves: grid (chunks, B · hkv); the host picks smaller chunks where B · hkv blocks a
-// chunk would leave the GPU's multiprocessors idle. q [B, hq, D]; keys and values [B, hkv, cap, D],
-// slots 0..=*pos attended; writes
+// chunk would leave the GPU's multiprocessors idle. q [B, hq, D]; keys and values [B, hkv, cap, D] or a
+// paged pool (cap: its block; table, stride: the block tables), sequence s's slots
+// 0..=pos[s · pos_stride] attended; writes
 // part_out [B, hq, chunks, D] and part_ml [B, hq, chunks, 2] (the chunk's max of the scores in log2
 // units and its sum of their exponentials). `scale` is 1/sqrt(D) · log2(e).
 //
@@ -288,7 +306,8 @@ __device__ void qkv_rope(const typename E::T* wq, const typename E::T* wk, const
 template <typename E, int D>
 __device__ void decode_attention(const typename E::T* q, const typename E::T* keys, const typename E::T* values,
                                  const unsigned int* pos, float* part_out, float* part_ml, unsigned int hq,
-                                 unsigned int hkv, unsigned int cap, unsigned int chunk_len, float scale) {
+                                 unsigned int hkv, unsigned int cap, unsigned int chunk_len, float scale,
+                                 const unsigned int* table, unsigned int stride, unsigned int pos_stride) {
     typedef typename E::T T;
     constexpr int S = D + 8;  // a row padded by 16 bytes: the words eight lanes read fall in distinct banks
     constexpr int WORDS = DA_CHUNK * D / 8 / DA_THREADS;  // 16-byte words of keys (and of values) a thread copies
@@ -297,7 +316,7 @@ __device__ void decode_attention(const typename E::T* q, const typename E::T* ke
     __shared__ float qs[DA_MAX_GROUP][D];
     __shared__ float ps[DA_MAX_GROUP][DA_CHUNK];
     const unsigned int chunk = blockIdx.x, chunks = gridDim.x, seq = blockIdx.y / hkv, kvh = blockIdx.y % hkv;
-    const unsigned int group = hq / hkv, start = chunk * chunk_len, p = *pos;
+    const unsigned int group = hq / hkv, start = chunk * chunk_len, p = pos[seq * pos_stride];
     if (start > p) return;
     const unsigned int n = min(chunk_len, p + 1 - start);
     const unsigned int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -307,9 +326,14 @@ __device__ void decode_attention(const typename E::T* q, const typename E::T* ke
 #pragma unroll
     for (int u = 0; u < WORDS; ++u) {
         const unsigned int w = tid + u * DA_THREADS, row = w / (D / 8), col = (w % (D / 8)) * 8;
-        if (row < n) {
+        if (row < n && !table) {
             kw[u] = __ldg((const uint4*)(kb + row * D + col));
             vw[u] = __ldg((const uint4*)(vb + row * D + col));
+        } else if (row < n) {
+            // A chunk may span blocks: each row from its own.
+            const unsigned long long at = cache_row(table, stride, cap, seq, hkv, kvh, start + row) * D + col;
+            kw[u] = __ldg((const uint4*)(keys + at));
+            vw[u] = __ldg((const uint4*)(values + at));
         }
     }
     // The group's queries in words too, loaded with the chunk: one at a time, element by element,
@@ -389,10 +413,11 @@ __device__ void decode_attention(const typename E::T* q, const typename E::T* ke
 // a long cache's hundreds of chunks were as many round trips.
 template <typename E, int D>
 __device__ void decode_attention_combine(const float* part_out, const float* part_ml, const unsigned int* pos,
-                                         typename E::T* out, unsigned int chunks, unsigned int chunk_len) {
+                                         typename E::T* out, unsigned int chunks, unsigned int chunk_len,
+                                         unsigned int hq, unsigned int pos_stride) {
     __shared__ float red[D / 32];
     const unsigned int sh = blockIdx.x, f = threadIdx.x, lane = f & 31, warp = f >> 5;
-    const unsigned int used = min(*pos / chunk_len + 1, chunks);
+    const unsigned int used = min(pos[sh / hq * pos_stride] / chunk_len + 1, chunks);
     const float* ml = part_ml + (unsigned long long)sh * chunks * 2;
     float m = __int_as_float(0xff800000);  // -inf
     for (unsigned int c = f; c < used; c += D) m = fmaxf(m, ml[2 * c]);
@@ -431,8 +456,9 @@ extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) decode_qkv##N##_##S
         const E::T* wk, const E::T* wv, const E::T* bq, const E::T* bk, const E::T* bv, const E::T* cos,           \
         const E::T* sin, const unsigned int* pos, const E::T* x, const E::T* norm_w, float eps, E::T* q,           \
         E::T* keys, E::T* values, unsigned int hq, unsigned int hkv, unsigned int d, unsigned int k,                \
-        unsigned int cap) {                                                                                         \
-    qkv_rope<E, B, NORM>(wq, wk, wv, bq, bk, bv, cos, sin, pos, x, norm_w, eps, q, keys, values, hq, hkv, d, k, cap); \
+        unsigned int cap, const unsigned int* table, unsigned int stride, unsigned int pos_stride) {                \
+    qkv_rope<E, B, NORM>(wq, wk, wv, bq, bk, bv, cos, sin, pos, x, norm_w, eps, q, keys, values, hq, hkv, d, k, cap, \
+                         table, stride, pos_stride);                                                                \
 }
 #define PRODUCTS(S, E, B) PRODUCT_FORMS(S, E, B, , false) PRODUCT_FORMS(S, E, B, _norm, true)
 #define BATCHES(S, E) PRODUCTS(S, E, 1) PRODUCTS(S, E, 2) PRODUCTS(S, E, 3) PRODUCTS(S, E, 4) PRODUCTS(S, E, 5)    \
@@ -443,12 +469,15 @@ BATCHES(f16, F16)
 #define ATTENTION(S, E, D)                                                                                          \
 extern "C" __global__ void __launch_bounds__(DA_THREADS) decode_attention_##S##_d##D(const E::T* q,               \
         const E::T* keys, const E::T* values, const unsigned int* pos, float* part_out, float* part_ml,              \
-        unsigned int hq, unsigned int hkv, unsigned int cap, unsigned int chunk_len, float scale) {                  \
-    decode_attention<E, D>(q, keys, values, pos, part_out, part_ml, hq, hkv, cap, chunk_len, scale);                \
+        unsigned int hq, unsigned int hkv, unsigned int cap, unsigned int chunk_len, float scale,                    \
+        const unsigned int* table, unsigned int stride, unsigned int pos_stride) {                                  \
+    decode_attention<E, D>(q, keys, values, pos, part_out, part_ml, hq, hkv, cap, chunk_len, scale, table, stride,  \
+                           pos_stride);                                                                             \
 }                                                                                                                   \
 extern "C" __global__ void decode_attention_combine_##S##_d##D(const float* part_out, const float* part_ml,        \
-        const unsigned int* pos, E::T* out, unsigned int chunks, unsigned int chunk_len) {                          \
-    decode_attention_combine<E, D>(part_out, part_ml, pos, out, chunks, chunk_len);                                 \
+        const unsigned int* pos, E::T* out, unsigned int chunks, unsigned int chunk_len, unsigned int hq,           \
+        unsigned int pos_stride) {                                                                                  \
+    decode_attention_combine<E, D>(part_out, part_ml, pos, out, chunks, chunk_len, hq, pos_stride);                 \
 }
 ATTENTION(bf16, BF16, 64)
 ATTENTION(bf16, BF16, 128)

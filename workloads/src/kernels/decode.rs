@@ -117,11 +117,33 @@ pub struct Heads {
     pub dim: usize,
 }
 
+/// Where a decode step's sequences stand in the cache, on the device.
+#[derive(Debug, Clone, Copy)]
+pub enum Slots<'a> {
+    /// Every sequence at one position, [1] u32, of buffers [batch, kv heads, capacity, dim]: a
+    /// generation's batch, which started together.
+    Shared(&'a Tensor),
+    /// Each sequence at its own position, `positions` [batch] u32, in a pool of blocks [blocks, kv
+    /// heads, block, dim], sequence s's blocks `tables[s]` ([batch, blocks a sequence may hold] u32;
+    /// entries past its position unread): a server's batch, whose sequences came at different times.
+    Paged { positions: &'a Tensor, tables: &'a Tensor },
+}
+
+impl Slots<'_> {
+    /// The positions (one, or one a sequence) and the block tables, as the ops hold them.
+    #[cfg(feature = "cuda")]
+    fn held(self) -> (Tensor, Option<Tensor>) {
+        match self {
+            Slots::Shared(pos) => (pos.clone(), None),
+            Slots::Paged { positions, tables } => (positions.clone(), Some(tables.clone())),
+        }
+    }
+}
+
 /// The q, k and v projections of `x` [batch, 1, hidden] (through `norm` first where given), their
-/// biases added, q and k rotated at
-/// the step's position `pos` ([1] u32) by the tables `cos` and `sin` [positions, dim / 2], k and v
-/// written into slot `pos` of `keys` and `values` [batch, kv heads, capacity, dim]: q [batch, q
-/// heads, dim].
+/// biases added, q and k rotated at each sequence's position (`slots`) by the tables `cos` and `sin`
+/// [positions, dim / 2], k and v written into that slot of `keys` and `values` (buffers or a pool, as
+/// `slots` says): q [batch, q heads, dim].
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_rope(
     x: &Tensor,
@@ -129,20 +151,22 @@ pub fn qkv_rope(
     weights: [&Tensor; 3],
     biases: [Option<&Tensor>; 3],
     (cos, sin): (&Tensor, &Tensor),
-    pos: &Tensor,
+    slots: Slots,
     (keys, values): (&Tensor, &Tensor),
     heads: Heads,
 ) -> candle_core::Result<Tensor> {
     #[cfg(feature = "cuda")]
     {
         let (x, norm) = normed(x, norm)?;
+        let (pos, tables) = slots.held();
         let op = cuda::QkvRope {
             norm,
             weights: weights.map(Tensor::clone),
             biases: biases.map(|b| b.cloned()),
             cos: cos.clone(),
             sin: sin.clone(),
-            pos: pos.clone(),
+            pos,
+            tables,
             keys: keys.clone(),
             values: values.clone(),
             heads,
@@ -151,7 +175,7 @@ pub fn qkv_rope(
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (x, norm, weights, biases, cos, sin, pos, keys, values, heads);
+        let _ = (x, norm, weights, biases, cos, sin, slots, keys, values, heads);
         candle_core::bail!("the decode kernels run on CUDA devices only")
     }
 }
@@ -197,21 +221,24 @@ pub fn swiglu(x: &Tensor, norm: Option<Norm>, gate: &Tensor, up: &Tensor) -> can
 }
 
 /// One query token per sequence, `q` [batch, q heads, dim] (any shape of those elements), against
-/// slots 0..=pos of `keys` and `values` [batch, kv heads, capacity, dim]: softmax(q kᵀ / √dim) v,
-/// [batch, 1, q heads · dim].
-pub fn attention(q: &Tensor, keys: &Tensor, values: &Tensor, pos: &Tensor) -> candle_core::Result<Tensor> {
+/// each sequence's slots up to its position (`slots`) of `keys` and `values` (buffers [batch, kv
+/// heads, capacity, dim] or a pool, as `slots` says): softmax(q kᵀ / √dim) v, [batch, 1, q heads ·
+/// dim].
+pub fn attention(q: &Tensor, keys: &Tensor, values: &Tensor, slots: Slots) -> candle_core::Result<Tensor> {
     #[cfg(feature = "cuda")]
     {
+        let (pos, tables) = slots.held();
         let op = cuda::DecodeAttention {
             keys: keys.clone(),
             values: values.clone(),
-            pos: pos.clone(),
+            pos,
+            tables,
         };
         q.apply_op1_no_bwd(&op)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (q, keys, values, pos);
+        let _ = (q, keys, values, slots);
         candle_core::bail!("the decode kernels run on CUDA devices only")
     }
 }
@@ -482,9 +509,50 @@ mod cuda {
         pub cos: Tensor,
         pub sin: Tensor,
         pub pos: Tensor,
+        pub tables: Option<Tensor>,
         pub keys: Tensor,
         pub values: Tensor,
         pub heads: Heads,
+    }
+
+    /// The cache's addressing, checked against `b` sequences of `hkv` key-value heads of `d`: the
+    /// block (buffers: their capacity), the block tables' row length (buffers: 0) and whether each
+    /// sequence has a position of its own (1) or all share one (0).
+    fn addressing(
+        keys: &Layout,
+        pos: &Layout,
+        tables: Option<&Layout>,
+        b: usize,
+        hkv: usize,
+        d: usize,
+        what: &str,
+    ) -> Result<(usize, usize, u32)> {
+        match tables {
+            None => {
+                let cap = match keys.dims() {
+                    [kb, kh, cap, kd] if (*kb, *kh, *kd) == (b, hkv, d) => *cap,
+                    other => bail!("{what}: cache buffers {other:?} for {b} sequences of {hkv} heads of {d}"),
+                };
+                if pos.dims() != [1] {
+                    bail!("{what}: one position for a batch in buffers, not {:?}", pos.dims())
+                }
+                Ok((cap, 0, 0))
+            }
+            Some(t) => {
+                let block = match keys.dims() {
+                    [_, kh, block, kd] if (*kh, *kd) == (hkv, d) && *block > 0 => *block,
+                    other => bail!("{what}: a KV pool {other:?} for heads of {hkv} of {d}"),
+                };
+                let stride = match t.dims() {
+                    [tb, stride] if *tb == b && t.contiguous_offsets().is_some() => *stride,
+                    other => bail!("{what}: block tables {other:?} for {b} sequences"),
+                };
+                if pos.dims() != [b] {
+                    bail!("{what}: positions {:?} for {b} sequences", pos.dims())
+                }
+                Ok((block, stride, 1))
+            }
+        }
     }
 
     impl CustomOp1 for QkvRope {
@@ -518,19 +586,16 @@ mod cuda {
             }
             let (cos, sin, pos) = (held(&self.cos), held(&self.sin), held(&self.pos));
             let positions = cos.1.dims().first().copied().unwrap_or(0);
-            if cos.1.dims() != [positions, d / 2] || sin.1.dims() != cos.1.dims() || pos.1.dims() != [1] {
+            if cos.1.dims() != [positions, d / 2] || sin.1.dims() != cos.1.dims() {
                 bail!(
-                    "{what}: rotary tables {:?} and {:?} for heads of {d}, a position {:?}",
+                    "{what}: rotary tables {:?} and {:?} for heads of {d}",
                     cos.1.dims(),
                     sin.1.dims(),
-                    pos.1.dims()
                 )
             }
             let (keys, values) = (held(&self.keys), held(&self.values));
-            let cap = match keys.1.dims() {
-                [kb, kh, cap, kd] if (*kb, *kh, *kd) == (b, hkv, d) => *cap,
-                other => bail!("{what}: cache buffers {other:?} for {b} sequences of {hkv} heads of {d}"),
-            };
+            let tables = self.tables.as_ref().map(held);
+            let (cap, stride, pos_stride) = addressing(keys.1, pos.1, tables.as_ref().map(|t| t.1), b, hkv, d, what)?;
             if values.1.dims() != keys.1.dims()
                 || keys.1.contiguous_offsets().is_none()
                 || values.1.contiguous_offsets().is_none()
@@ -541,12 +606,13 @@ mod cuda {
                     values.1.dims()
                 )
             }
-            // The position is checked on the host by the caller (the decoder's step): slot *pos < cap
-            // and < positions.
+            // The positions are checked on the host by the caller (the decoder's step): each below the
+            // rotary tables' rows and the slots its sequence holds, and its block in the pool.
             let norm = norm_weight(&self.norm, k, what)?;
             let dev = x.device().clone();
             let func = Kernel::load(&dev, &DECODE, &product_kernel("decode_qkv", &self.norm, x.dtype(), b))?;
             let dims = [hq, hkv, d, k, cap].map(|v| v as u32);
+            let stride32 = stride as u32;
             let null = 0u64;
             let eps = norm.as_ref().map_or(0.0, |(_, _, eps)| *eps);
             let out = by_dtype!(x.dtype(), "the decode products", T => {
@@ -561,6 +627,7 @@ mod cuda {
                 let pv = view::<u32>(cuda(&pos.0, what)?, pos.1, "position")?;
                 let kv = view::<T>(cuda(&keys.0, what)?, keys.1, "keys")?;
                 let vv = view::<T>(cuda(&values.0, what)?, values.1, "values")?;
+                let tv = tables.as_ref().map(|(s, l)| cuda(s, what).and_then(|s| view::<u32>(s, l, "block tables"))).transpose()?;
                 let xv = view::<T>(x, xl, what)?;
                 let nv = norm_view::<T>(&norm)?;
                 // SAFETY: the kernel writes every element.
@@ -579,9 +646,14 @@ mod cuda {
                 for v in &dims {
                     a.arg(v);
                 }
+                match &tv {
+                    Some(t) => a.arg(t),
+                    None => a.arg(&null),
+                };
+                a.arg(&stride32).arg(&pos_stride);
                 // SAFETY: argument types and order match the kernel; every weight, bias, table and
                 // buffer has the shape checked above, x b·k elements, out b·hq·d. The kernel writes
-                // the keys' and values' slot *pos through these views: the buffers belong to the
+                // the keys' and values' slot of each position through these views: the buffers belong to the
                 // cache, whose later readers are kernels on this same stream.
                 unsafe { func.launch(&mut a, product_cfg((hq + 2 * hkv) * d / 2)) }?;
                 CudaStorage::wrap_cuda_slice(out, dev.clone())
@@ -595,6 +667,7 @@ mod cuda {
         pub keys: Tensor,
         pub values: Tensor,
         pub pos: Tensor,
+        pub tables: Option<Tensor>,
     }
 
     impl CustomOp1 for DecodeAttention {
@@ -613,10 +686,15 @@ mod cuda {
                 self.values.storage_and_layout(),
                 self.pos.storage_and_layout(),
             );
-            let (b, hkv, cap, d) = match keys.1.dims() {
-                [b, h, c, d] => (*b, *h, *c, *d),
-                other => bail!("{what}: key buffers {other:?}, not [batch, heads, capacity, dim]"),
+            let tables = self.tables.as_ref().map(|t| t.storage_and_layout());
+            let (b, hkv, d) = match (keys.1.dims(), &tables) {
+                ([b, h, _, d], None) => (*b, *h, *d),
+                ([_, h, _, d], Some((_, tl))) => (tl.dims().first().copied().unwrap_or(0), *h, *d),
+                (other, _) => bail!("{what}: key buffers {other:?}, not [batch or blocks, heads, slots, dim]"),
             };
+            let (block, stride, pos_stride) = addressing(keys.1, pos.1, tables.as_ref().map(|t| t.1), b, hkv, d, what)?;
+            // The most slots a sequence holds: the chunks' grid covers them.
+            let cap = block * stride.max(1);
             let per_seq = ql.shape().elem_count() / b.max(1);
             if ql.shape().elem_count() != b * per_seq || !per_seq.is_multiple_of(d) || ql.contiguous_offsets().is_none()
             {
@@ -644,13 +722,12 @@ mod cuda {
                     super::MAX_GROUP
                 )
             }
-            if values.1.dims() != keys.1.dims() || pos.1.dims() != [1] || !hq.is_multiple_of(hkv) {
+            if values.1.dims() != keys.1.dims() || !hq.is_multiple_of(hkv) {
                 bail!(
-                    "{what}: queries {:?}, keys {:?}, values {:?}, position {:?}",
+                    "{what}: queries {:?}, keys {:?}, values {:?}",
                     ql.dims(),
                     keys.1.dims(),
                     values.1.dims(),
-                    pos.1.dims()
                 )
             }
             let chunk = super::attention_chunk(b, hkv, cap);
@@ -667,29 +744,44 @@ mod cuda {
             let part_out = unsafe { dev.alloc::<f32>(b * hq * chunks * d)? };
             let part_ml = unsafe { dev.alloc::<f32>(b * hq * chunks * 2)? };
             let scale = (1.0 / (d as f64).sqrt() * std::f64::consts::LOG2_E) as f32;
-            let (hq32, hkv32, cap32, chunks32, chunk32) =
-                (hq as u32, hkv as u32, cap as u32, chunks as u32, chunk as u32);
+            let (hq32, hkv32, block32, chunks32, chunk32, stride32) = (
+                hq as u32,
+                hkv as u32,
+                block as u32,
+                chunks as u32,
+                chunk as u32,
+                stride as u32,
+            );
+            let null = 0u64;
             let out = by_dtype!(q.dtype(), "decode attention", T => {
                 let qv = view::<T>(q, ql, what)?;
                 let kv = view::<T>(cuda(&keys.0, what)?, keys.1, "keys")?;
                 let vv = view::<T>(cuda(&values.0, what)?, values.1, "values")?;
                 let pv = view::<u32>(cuda(&pos.0, what)?, pos.1, "position")?;
+                let tv = tables.as_ref().map(|(s, l)| cuda(s, what).and_then(|s| view::<u32>(s, l, "block tables"))).transpose()?;
                 let mut a = attend.builder();
                 a.arg(&qv).arg(&kv).arg(&vv).arg(&pv).arg(&part_out).arg(&part_ml);
-                a.arg(&hq32).arg(&hkv32).arg(&cap32).arg(&chunk32).arg(&scale);
+                a.arg(&hq32).arg(&hkv32).arg(&block32).arg(&chunk32).arg(&scale);
+                match &tv {
+                    Some(t) => a.arg(t),
+                    None => a.arg(&null),
+                };
+                a.arg(&stride32).arg(&pos_stride);
                 let cfg = LaunchConfig {
                     grid_dim: (chunks32, (b * hkv) as u32, 1),
                     block_dim: (128, 1, 1),
                     shared_mem_bytes: 0,
                 };
                 // SAFETY: argument types and order match the kernel; q holds b·hq·d, keys and values
-                // b·hkv·cap·d, the parts b·hq·chunks·(d and 2); the position is below cap (the
-                // decoder's step checks it on the host).
+                // b·hkv·cap·d (or a pool whose blocks the tables name), the parts b·hq·chunks·(d and
+                // 2); each position is below the slots its sequence holds (the decoder's step checks
+                // it on the host).
                 unsafe { attend.launch(&mut a, cfg) }?;
                 // SAFETY: the combine writes every element.
                 let out = unsafe { dev.alloc::<T>(b * hq * d)? };
                 let mut a = combine.builder();
                 a.arg(&part_out).arg(&part_ml).arg(&pv).arg(&out).arg(&chunks32).arg(&chunk32);
+                a.arg(&hq32).arg(&pos_stride);
                 let cfg = LaunchConfig {
                     grid_dim: ((b * hq) as u32, 1, 1),
                     block_dim: (d as u32, 1, 1),

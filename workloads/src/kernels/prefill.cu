@@ -40,6 +40,18 @@ __device__ void swiglu_rows(const typename E::T* gate_up, typename E::T* y, unsi
     }
 }
 
+// dst row rows[r] = src row r, for r < n, rows of `width` elements: a pass's keys or values written
+// into their slots of a paged pool (candle's scatter spreads its work over a row's elements only, so
+// a prompt's thousands of rows were written by a few dozen threads).
+template <typename E>
+__device__ void write_rows(typename E::T* dst, const typename E::T* src, const unsigned int* rows, unsigned int total,
+                           unsigned int width) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        const unsigned int r = i / width;
+        dst[(unsigned long long)rows[r] * width + i % width] = src[i];
+    }
+}
+
 #define PREFILL(S, E)                                                                                               \
 extern "C" __global__ void rope_packed_##S(const E::T* x, const E::T* cos, const E::T* sin, E::T* y,               \
         unsigned int total, unsigned int tokens, unsigned int offset, unsigned int heads, unsigned int rotated,     \
@@ -48,6 +60,10 @@ extern "C" __global__ void rope_packed_##S(const E::T* x, const E::T* cos, const
 }                                                                                                                   \
 extern "C" __global__ void swiglu_rows_##S(const E::T* gate_up, E::T* y, unsigned int total, unsigned int n) {      \
     swiglu_rows<E>(gate_up, y, total, n);                                                                           \
+}                                                                                                                   \
+extern "C" __global__ void write_rows_##S(E::T* dst, const E::T* src, const unsigned int* rows, unsigned int total, \
+        unsigned int width) {                                                                                       \
+    write_rows<E>(dst, src, rows, total, width);                                                                    \
 }
 PREFILL(f32, F32)
 PREFILL(bf16, BF16)

@@ -54,6 +54,19 @@ pub fn swiglu(gate_up: &Tensor) -> Result<Tensor> {
     candle_nn::ops::silu(&gate_up.narrow(D::Minus1, 0, n)?)? * gate_up.narrow(D::Minus1, n, n)?
 }
 
+/// Row `rows[r]` of `dst` [R, width] becomes row r of `src` [n, width], in place, for `rows` [n]
+/// u32 (distinct, below R): a pass's keys or values written into their slots of a paged pool. On the
+/// CPU, candle's scatter.
+pub fn write_rows(dst: &Tensor, rows: &Tensor, src: &Tensor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if dst.device().is_cuda() {
+        return dst.inplace_op3(&src.contiguous()?, &rows.contiguous()?, &cuda::WriteRows);
+    }
+    let (n, width) = src.dims2()?;
+    let index = rows.reshape((n, 1))?.broadcast_as((n, width))?.contiguous()?;
+    dst.scatter_set(&index, src, 0)
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::backend::BackendStorage;
@@ -158,6 +171,74 @@ mod cuda {
                 CudaStorage::wrap_cuda_slice(y, dev.clone())
             });
             Ok((out, xl.shape().clone()))
+        }
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    pub(super) struct WriteRows;
+
+    impl candle_core::InplaceOp3 for WriteRows {
+        fn name(&self) -> &'static str {
+            "write-rows"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &mut CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<()> {
+            bail!("write-rows runs on CUDA devices only; on the CPU migprof uses candle's scatter")
+        }
+
+        fn cuda_fwd(
+            &self,
+            dst: &mut CudaStorage,
+            dl: &Layout,
+            src: &CudaStorage,
+            sl: &Layout,
+            rows: &CudaStorage,
+            rl: &Layout,
+        ) -> Result<()> {
+            let (Some((start, end)), [n, width]) = (dl.contiguous_offsets(), sl.dims()) else {
+                bail!(
+                    "write-rows: rows {:?} into a tensor {:?}, contiguous",
+                    sl.dims(),
+                    dl.dims()
+                )
+            };
+            let (n, width) = (*n, *width);
+            if rl.dims() != [n] || dl.dims().last() != Some(&width) || src.dtype() != dst.dtype() {
+                bail!(
+                    "write-rows: {:?} rows of {:?} into {:?} of {:?} at {:?}",
+                    sl.dims(),
+                    src.dtype(),
+                    dl.dims(),
+                    dst.dtype(),
+                    rl.dims()
+                )
+            }
+            if n == 0 {
+                return Ok(());
+            }
+            let (cfg, total) = grid(n * width, "write-rows")?;
+            let dev = dst.device().clone();
+            let func = Kernel::load(&dev, &PREFILL, &name("write_rows", dst.dtype()))?;
+            let width32 = width as u32;
+            let rv = view::<u32>(rows, rl, "rows")?;
+            by_dtype!(dst.dtype(), "write-rows", T => {
+                let sv = view::<T>(src, sl, "write-rows")?;
+                let mut dv = dst.as_cuda_slice_mut::<T>()?.slice_mut(start..end);
+                let mut b = func.builder();
+                b.arg(&mut dv).arg(&sv).arg(&rv).arg(&total).arg(&width32);
+                // SAFETY: argument types and order match the kernel; src holds n·width elements, rows
+                // n indices, each below dst's rows (the caller's slots of its pool).
+                unsafe { func.launch(&mut b, cfg) }?;
+            });
+            Ok(())
         }
     }
 

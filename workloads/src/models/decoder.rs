@@ -17,7 +17,7 @@ use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder};
 use crate::kernels::{self, causal_attention, decode, prefill};
 use serde::Deserialize;
 
-pub use super::kv_cache::{KvCache, KvShape, KvStore, PagedKvCache};
+pub use super::kv_cache::{KvCache, KvPool, KvShape, KvStore, PagedKvCache, SequenceCache};
 
 /// The architectures migprof runs, as `config.json`'s `architectures` names them.
 pub const ARCHITECTURES: [&str; 2] = ["LlamaForCausalLM", "Qwen2ForCausalLM"];
@@ -574,7 +574,7 @@ impl Attention {
                 [self.q_proj.weight(), self.k_proj.weight(), self.v_proj.weight()],
                 [self.q_proj.bias(), self.k_proj.bias(), self.v_proj.bias()],
                 step.tables,
-                step.pos,
+                decode::Slots::Shared(step.pos),
                 (keys, values),
                 decode::Heads {
                     q: self.num_heads,
@@ -597,7 +597,7 @@ impl Attention {
             }
         };
         let y = match &step.mask {
-            None => decode::attention(&q, keys, values, step.pos)?,
+            None => decode::attention(&q, keys, values, decode::Slots::Shared(step.pos))?,
             Some(mask) => {
                 let group = self.num_heads / self.num_kv_heads;
                 // Query head h reads key-value head h / group: [batch, kv heads, group, d].
@@ -608,6 +608,82 @@ impl Attention {
                     .broadcast_add(mask)?;
                 let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(q.dtype())?;
                 probs.matmul(values)?.reshape((b, 1, self.num_heads * d))?
+            }
+        };
+        match step.composed {
+            None => decode::gemv(&y, None, self.o_proj.weight(), Some(x)),
+            Some(_) => x + self.o_proj.forward(&y)?,
+        }
+    }
+}
+
+impl Attention {
+    /// One decode step's attention of a server's batch, each sequence at its own position in `pool`
+    /// (`step`), for the residual stream `x` [n, 1, hidden]: `x` plus the attention's output. As
+    /// [`Attention::decode_step`], but the new keys and values go to each sequence's slot in its
+    /// blocks, and attention reads each sequence's blocks up to its position.
+    fn decode_paged(
+        &self,
+        x: &Tensor,
+        norm: &RmsNorm,
+        step: &PagedStep,
+        (keys, values): &(Tensor, Tensor),
+    ) -> Result<Tensor> {
+        let (n, _, h) = x.dims3()?;
+        let (d, hq, hkv) = (self.head_dim, self.num_heads, self.num_kv_heads);
+        let slots = decode::Slots::Paged {
+            positions: &step.positions,
+            tables: &step.tables,
+        };
+        let q = match &step.composed {
+            None => decode::qkv_rope(
+                x,
+                Some(norm.into()),
+                [self.q_proj.weight(), self.k_proj.weight(), self.v_proj.weight()],
+                [self.q_proj.bias(), self.k_proj.bias(), self.v_proj.bias()],
+                step.rope,
+                slots,
+                (keys, values),
+                decode::Heads { q: hq, kv: hkv, dim: d },
+            )?,
+            Some(c) => {
+                let rows = norm.forward(x)?.reshape((n, h))?;
+                let packed = match &self.qkv_bias {
+                    Some(bias) => rows.matmul(&self.qkv.t()?)?.broadcast_add(bias)?,
+                    None => rows.matmul(&self.qkv.t()?)?,
+                };
+                let part = |start: usize, heads: usize| {
+                    packed
+                        .narrow(1, start * d, heads * d)?
+                        .reshape((n, heads, 1, d))?
+                        .contiguous()
+                };
+                let q = candle_nn::rotary_emb::rope(&part(0, hq)?, &c.cos, &c.sin)?;
+                let k = candle_nn::rotary_emb::rope(&part(hq, hkv)?, &c.cos, &c.sin)?;
+                let v = part(hq + hkv, hkv)?;
+                let rows = keys.elem_count() / d;
+                prefill::write_rows(&keys.reshape((rows, d))?, &c.writes, &k.reshape((n * hkv, d))?)?;
+                prefill::write_rows(&values.reshape((rows, d))?, &c.writes, &v.reshape((n * hkv, d))?)?;
+                q
+            }
+        };
+        let y = match &step.gathered {
+            None => decode::attention(&q, keys, values, slots)?,
+            Some(g) => {
+                let group = hq / hkv;
+                let rows = keys.elem_count() / d;
+                let read = |pool: &Tensor| {
+                    pool.reshape((rows, d))?
+                        .index_select(&g.reads, 0)?
+                        .reshape((n, hkv, g.len, d))
+                };
+                let q = q.reshape((n, hkv, group, d))?;
+                let scale = 1.0 / (d as f64).sqrt();
+                let scores = (q.matmul(&read(keys)?.t()?)? * scale)?
+                    .to_dtype(DType::F32)?
+                    .broadcast_add(&g.mask)?;
+                let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(q.dtype())?;
+                probs.matmul(&read(values)?)?.reshape((n, 1, hq * d))?
             }
         };
         match step.composed {
@@ -724,6 +800,40 @@ struct StepInputs<'a> {
     mask: Option<Tensor>,
 }
 
+/// A decode step of a server's batch: each sequence at a position of its own in a [`KvPool`], made
+/// once a step ([`Decoder::paged_step`]) for every layer to read.
+pub struct PagedStep<'a> {
+    /// Each sequence's position, [n] u32, and its blocks, [n, the most any holds] u32.
+    positions: Tensor,
+    tables: Tensor,
+    /// The rotary tables of every position.
+    rope: (&'a Tensor, &'a Tensor),
+    /// Whether the products take the step (else candle's ops with `composed`).
+    products: bool,
+    /// For projections run as candle's ops: each sequence's cos and sin, and the pool rows its new
+    /// keys and values go to.
+    composed: Option<PagedRope>,
+    /// For attention run as candle's ops: the rows every sequence reads and its mask.
+    gathered: Option<Gathered>,
+}
+
+struct PagedRope {
+    /// [n, 1, head_dim / 2].
+    cos: Tensor,
+    sin: Tensor,
+    /// The pool row of each (sequence, key-value head)'s new key and value, [n × kv heads] u32.
+    writes: Tensor,
+}
+
+struct Gathered {
+    /// The rows of each sequence's positions 0..len, every head, [n × kv heads × len]: those past a
+    /// sequence's position read its first slot and are masked.
+    reads: Tensor,
+    len: usize,
+    /// [n, 1, 1, len] f32: 0 up to each sequence's position, -1e30 after.
+    mask: Tensor,
+}
+
 struct ComposedRope {
     cos: Tensor,
     sin: Tensor,
@@ -821,6 +931,11 @@ impl Decoder {
 
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// The dtype of the weights and activations.
+    pub fn dtype(&self) -> DType {
+        self.cos.dtype()
     }
 
     /// Logits [batch, tokens, vocab] of `ids` [batch, tokens], placed after the tokens `cache`
@@ -958,6 +1073,118 @@ impl Decoder {
             x = layer.mlp.decode_step(&x, &layer.post_attention_layernorm, products)?;
         }
         match products {
+            true => decode::gemv(&x, Some((&self.norm).into()), self.lm_head.weight(), None),
+            false => self.lm_head.forward(&self.norm.forward(&x)?),
+        }
+    }
+}
+
+impl Decoder {
+    /// What every layer of a decode step reads for sequences at `positions` (the slot each new token
+    /// goes to), whose blocks in `pool` are `tables` (each covering its position): made on the host,
+    /// where the positions are known, and checked there, so that no kernel reads or writes past a
+    /// sequence's blocks or the rotary tables.
+    pub fn paged_step(
+        &self,
+        positions: &[u32],
+        tables: &[&[u32]],
+        pool: &KvPool,
+        device: &Device,
+    ) -> Result<PagedStep<'_>> {
+        let n = positions.len();
+        let cfg = &self.cfg;
+        let bs = pool.block_size();
+        if n == 0 || tables.len() != n {
+            candle_core::bail!("a paged decode step of {n} positions and {} block tables", tables.len())
+        }
+        for (s, (&p, table)) in positions.iter().zip(tables).enumerate() {
+            let p = p as usize;
+            if p >= self.cos.dim(0)? || p >= table.len() * bs || table.iter().any(|&b| b as usize >= pool.blocks()) {
+                candle_core::bail!(
+                    "sequence {s} of a decode step at position {p} in {} blocks of {bs} of a pool of {} (the model has {} positions)",
+                    table.len(),
+                    pool.blocks(),
+                    self.cos.dim(0)?
+                )
+            }
+        }
+        let stride = tables.iter().map(|t| t.len()).max().unwrap_or(0);
+        let flat: Vec<u32> = tables
+            .iter()
+            .flat_map(|t| t.iter().copied().chain(std::iter::repeat(0)).take(stride))
+            .collect();
+        let positions_t = Tensor::from_vec(positions.to_vec(), n, device)?;
+        let dtype = self.cos.dtype();
+        let q_width = cfg.num_heads * cfg.head_dim;
+        let products = decode::products_take(device, dtype, n, &[cfg.hidden_size, q_width, cfg.intermediate_size]);
+        let hkv = cfg.num_kv_heads;
+        let composed = match products {
+            true => None,
+            false => {
+                let rows: Vec<u32> = positions
+                    .iter()
+                    .zip(tables)
+                    .flat_map(|(&p, t)| (0..hkv).map(move |h| pool.row(t, h, p as usize)))
+                    .collect();
+                let half = cfg.head_dim / 2;
+                Some(PagedRope {
+                    cos: self.cos.index_select(&positions_t, 0)?.reshape((n, 1, half))?,
+                    sin: self.sin.index_select(&positions_t, 0)?.reshape((n, 1, half))?,
+                    writes: Tensor::from_vec(rows, n * hkv, device)?,
+                })
+            }
+        };
+        let group = cfg.num_heads / hkv;
+        let gathered = match decode::attention_takes(device, dtype, cfg.head_dim, group) {
+            true => None,
+            false => {
+                let len = *positions.iter().max().expect("n > 0") as usize + 1;
+                let mut reads = Vec::with_capacity(n * hkv * len);
+                let mut mask = Vec::with_capacity(n * len);
+                for (&p, t) in positions.iter().zip(tables) {
+                    let p = p as usize;
+                    for h in 0..hkv {
+                        reads.extend((0..len).map(|j| pool.row(t, h, j.min(p))));
+                    }
+                    mask.extend((0..len).map(|j| if j > p { -1e30f32 } else { 0.0 }));
+                }
+                Some(Gathered {
+                    reads: Tensor::from_vec(reads, n * hkv * len, device)?,
+                    len,
+                    mask: Tensor::from_vec(mask, (n, 1, 1, len), device)?,
+                })
+            }
+        };
+        Ok(PagedStep {
+            positions: positions_t,
+            tables: Tensor::from_vec(flat, (n, stride), device)?,
+            rope: (&self.cos, &self.sin),
+            products,
+            composed,
+            gathered,
+        })
+    }
+
+    /// One decode step of a server's batch: `ids` [n, 1], sequence i's token at its position of
+    /// `step`, its key and value written to its blocks of `pool`: the logits [n, 1, vocab].
+    pub fn decode_paged(&self, ids: &Tensor, step: &PagedStep, pool: &KvPool) -> Result<Tensor> {
+        let n = step.positions.dim(0)?;
+        if ids.dims() != [n, 1] {
+            candle_core::bail!(
+                "a decode step of {n} sequences takes [{n}, 1] tokens, not {:?}",
+                ids.dims()
+            )
+        }
+        let mut x = self.embed_tokens.forward(ids)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer
+                .self_attn
+                .decode_paged(&x, &layer.input_layernorm, step, pool.layer(i)?)?;
+            x = layer
+                .mlp
+                .decode_step(&x, &layer.post_attention_layernorm, step.products)?;
+        }
+        match step.products {
             true => decode::gemv(&x, Some((&self.norm).into()), self.lm_head.weight(), None),
             false => self.lm_head.forward(&self.norm.forward(&x)?),
         }

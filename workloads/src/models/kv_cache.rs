@@ -9,6 +9,8 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
+use crate::kernels::prefill::write_rows;
+
 /// What a cache holds per token: layers × key-value heads × head_dim, for keys and for values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvShape {
@@ -448,5 +450,195 @@ impl KvStore for PagedKvCache {
 
     fn bytes(&self) -> usize {
         self.tables.iter().map(Vec::len).sum::<usize>() * self.block_size * self.token_bytes
+    }
+}
+
+/// The keys and values of a server's sequences, each at a length of its own: per layer a pool of
+/// blocks [blocks, kv heads, block_size, head_dim] (each block's slots of one head side by side, as
+/// the decode kernels read a contiguous cache), and the blocks no sequence holds. Sequences take and
+/// give back blocks as they come and go; which blocks a sequence holds, in order, is its block table,
+/// kept by its owner ([`SequenceCache`], `crate::serving::PagedModel`).
+#[derive(Debug)]
+pub struct KvPool {
+    shape: KvShape,
+    block_size: usize,
+    layers: Vec<(Tensor, Tensor)>,
+    free: Vec<u32>,
+    dtype: DType,
+}
+
+impl KvPool {
+    /// `blocks` blocks of `block_size` tokens, zeroed, at `dtype` on `device`.
+    pub fn new(
+        shape: impl Into<KvShape>,
+        blocks: usize,
+        block_size: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<KvPool> {
+        let shape: KvShape = shape.into();
+        if block_size == 0 || blocks == 0 {
+            candle_core::bail!("a KV pool holds at least one block of at least one token, not {blocks} of {block_size}")
+        }
+        if blocks > u32::MAX as usize {
+            candle_core::bail!("a KV pool of {blocks} blocks: block tables hold 32-bit indices")
+        }
+        let dims = (blocks, shape.kv_heads, block_size, shape.head_dim);
+        let layers = (0..shape.layers)
+            .map(|_| Ok((Tensor::zeros(dims, dtype, device)?, Tensor::zeros(dims, dtype, device)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvPool {
+            shape,
+            block_size,
+            layers,
+            free: (0..blocks as u32).rev().collect(),
+            dtype,
+        })
+    }
+
+    pub fn shape(&self) -> KvShape {
+        self.shape
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks of the pool.
+    pub fn blocks(&self) -> usize {
+        self.layers.first().map_or(0, |(k, _)| k.dim(0).unwrap_or(0))
+    }
+
+    pub fn blocks_free(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Bytes the pool holds, every block counted.
+    pub fn bytes(&self) -> usize {
+        self.blocks() * self.block_size * self.shape.token_bytes(self.dtype)
+    }
+
+    /// Layer `layer`'s key and value pools, [blocks, kv heads, block_size, head_dim].
+    pub fn layer(&self, layer: usize) -> Result<&(Tensor, Tensor)> {
+        self.layers
+            .get(layer)
+            .ok_or_else(|| candle_core::Error::Msg(format!("the KV pool has no layer {layer}")))
+    }
+
+    /// Grows `table` to the blocks of `tokens` tokens, from the free ones; an error, and `table` as it
+    /// was, where too few are free.
+    pub fn cover(&mut self, table: &mut Vec<u32>, tokens: usize) -> Result<()> {
+        let need = tokens.div_ceil(self.block_size).saturating_sub(table.len());
+        if need > self.free.len() {
+            candle_core::bail!(
+                "the KV pool has {} of its {} blocks of {} tokens free: {tokens} tokens of a sequence holding {} need {need} more",
+                self.free.len(),
+                self.blocks(),
+                self.block_size,
+                table.len()
+            )
+        }
+        table.extend(self.free.drain(self.free.len() - need..).rev());
+        Ok(())
+    }
+
+    /// Takes back a sequence's blocks.
+    pub fn give_back(&mut self, table: &mut Vec<u32>) {
+        self.free.extend(table.drain(..).rev());
+    }
+
+    /// The row of the pool's [blocks × kv heads × block_size, head_dim] view that holds position `p`
+    /// of head `h` of the sequence whose blocks are `table`.
+    pub fn row(&self, table: &[u32], h: usize, p: usize) -> u32 {
+        let (bs, heads) = (self.block_size, self.shape.kv_heads);
+        ((table[p / bs] as usize * heads + h) * bs + p % bs) as u32
+    }
+
+    /// Rows of every head's positions `range` of a sequence, head by head: [heads × len(range)].
+    fn rows(&self, table: &[u32], range: std::ops::Range<usize>) -> Vec<u32> {
+        (0..self.shape.kv_heads)
+            .flat_map(|h| range.clone().map(move |p| (h, p)))
+            .map(|(h, p)| self.row(table, h, p))
+            .collect()
+    }
+}
+
+/// One sequence of a [`KvPool`], as a forward pass over that sequence alone reads and writes it: its
+/// blocks (`table`, covering every token the pass adds) and the tokens it holds. A pass's keys and
+/// values go into their slots of the pool, and attention reads the sequence's slots gathered.
+pub struct SequenceCache<'a> {
+    pool: &'a KvPool,
+    table: &'a [u32],
+    len: usize,
+    /// The pass being written: its tokens, the pool rows they go to ([heads × tokens] u32) and the
+    /// rows attention reads.
+    pending: Option<(usize, Tensor, Tensor)>,
+}
+
+impl<'a> SequenceCache<'a> {
+    /// The sequence holding `len` tokens in the blocks `table` of `pool`.
+    pub fn new(pool: &'a KvPool, table: &'a [u32], len: usize) -> SequenceCache<'a> {
+        SequenceCache {
+            pool,
+            table,
+            len,
+            pending: None,
+        }
+    }
+}
+
+impl KvStore for SequenceCache<'_> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn extended(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (b, heads, t, d) = k.dims4()?;
+        let shape = self.pool.shape;
+        if b != 1 || heads != shape.kv_heads || d != shape.head_dim {
+            candle_core::bail!("a pass of one sequence's {:?} keys on a pool of {shape:?}", k.dims())
+        }
+        let total = self.len + t;
+        if total > self.table.len() * self.pool.block_size {
+            candle_core::bail!(
+                "a sequence of {} blocks of {} holds no {total} tokens: its blocks are taken before the pass",
+                self.table.len(),
+                self.pool.block_size
+            )
+        }
+        if self.pending.is_none() {
+            let device = k.device();
+            let writes = Tensor::from_vec(self.pool.rows(self.table, self.len..total), heads * t, device)?;
+            let reads = Tensor::from_vec(self.pool.rows(self.table, 0..total), heads * total, device)?;
+            self.pending = Some((t, writes, reads));
+        }
+        let (_, writes, reads) = self.pending.as_ref().expect("made above");
+        let (pool_k, pool_v) = self.pool.layer(layer)?;
+        let rows = pool_k.elem_count() / d;
+        let (pool_k, pool_v) = (pool_k.reshape((rows, d))?, pool_v.reshape((rows, d))?);
+        write_rows(&pool_k, writes, &k.contiguous()?.reshape((heads * t, d))?)?;
+        write_rows(&pool_v, writes, &v.contiguous()?.reshape((heads * t, d))?)?;
+        let gather = |pool: &Tensor| pool.index_select(reads, 0)?.reshape((1, heads, total, d));
+        Ok((gather(&pool_k)?, gather(&pool_v)?))
+    }
+
+    fn commit(&mut self) {
+        if let Some((t, ..)) = self.pending.take() {
+            self.len += t;
+        }
+    }
+
+    fn abandon(&mut self) {
+        // What the pass wrote lies past the length: the next pass writes over it.
+        self.pending = None;
+    }
+
+    fn bytes(&self) -> usize {
+        self.table.len() * self.pool.block_size * self.pool.shape.token_bytes(self.pool.dtype)
+    }
+
+    fn reset(&mut self) {
+        self.pending = None;
+        self.len = 0;
     }
 }

@@ -1,0 +1,347 @@
+//! `migprof load` for language models end to end on the CPU with the tiny decoder: requests of
+//! drawn lengths served by the continuous batcher over a paged KV cache, at fixed rates and in a
+//! search within both objectives, started as a user starts them.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Output;
+
+use migprof::results::parts::{read_table, Table};
+
+mod common;
+use common::*;
+
+/// `migprof load` of the tiny decoder on the CPU into `out`, with `extra` (flags split on spaces).
+fn serve(out: &Path, extra: &str) -> Output {
+    migprof()
+        .args([
+            "load",
+            "--model",
+            "llama_tiny",
+            "--device",
+            "cpu",
+            "--warmup",
+            "0.3",
+            "--out",
+        ])
+        .arg(out)
+        .args(extra.split_whitespace())
+        .output()
+        .expect("migprof runs")
+}
+
+const SERVE_TABLES: [Table; 4] = [
+    Table::Serve,
+    Table::ServeRequests,
+    Table::ServeIterations,
+    Table::ServeCapacity,
+];
+
+#[test]
+fn fixed_rates_leave_a_row_each_with_every_request_and_iteration() {
+    let dir = tempfile::tempdir().unwrap();
+    // A cache of 24 blocks of 8 tokens (192) for requests of up to 40 + 12 tokens: a few at once.
+    let o = serve(
+        dir.path(),
+        "--qps 10,60 --duration 1.5 --prompt-len uniform:8-40 --output-len 12 --kv-blocks 24 --kv-block-size 8 --max-seqs 8 --max-batched-tokens 64 --slo-ttft-p99-ms 5000 --slo-tpot-p99-ms 1000",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = read_table(dir.path(), Table::Serve).unwrap();
+    assert_eq!(rows.height(), 2);
+    assert_eq!(numbers(&rows, "offered_qps"), vec![Some(10.0), Some(60.0)]);
+    assert_eq!(strings(&rows, "meets_slo"), vec!["true", "true"]);
+    assert_eq!(strings(&rows, "kv_sizing"), vec!["given", "given"]);
+    assert_eq!(strings(&rows, "prompt_len"), vec!["uniform:8-40", "uniform:8-40"]);
+    assert_eq!(numbers(&rows, "kv_blocks"), vec![Some(24.0), Some(24.0)]);
+    assert_eq!(strings(&rows, "profile"), vec!["cpu", "cpu"]);
+    assert_eq!(strings(&rows, "cell_id")[0].len(), 16);
+    // Iterations of changing shape: no graphs, and cuBLASLt's heuristic unless asked otherwise.
+    let options = strings(&rows, "kernel_options");
+    assert!(
+        options[0].contains("gemm=heuristic") && options[0].contains("graphs=off"),
+        "{options:?}"
+    );
+    for name in ["ttft_p99_ms", "tpot_p99_ms", "itl_p50_ms", "e2e_p90_ms", "goodput_qps"] {
+        assert!(
+            numbers(&rows, name).iter().all(|v| v.is_some_and(|v| v > 0.0)),
+            "{name}"
+        );
+    }
+    // The faster rate fills the small cache: sequences wait for blocks, some are preempted.
+    let most = numbers(&rows, "kv_occupancy_max");
+    assert!(
+        most[1].unwrap() > 0.5 && most.iter().all(|m| m.unwrap() <= 1.0),
+        "{most:?}"
+    );
+
+    // Every request of each step, its lengths as drawn, its tokens all out.
+    let requests = read_table(dir.path(), Table::ServeRequests).unwrap();
+    let ids = strings(&requests, "serve_id");
+    let (prompts, outputs, out, finished, measured) = (
+        numbers(&requests, "prompt_tokens"),
+        numbers(&requests, "output_tokens"),
+        numbers(&requests, "tokens_out"),
+        strings(&requests, "finished"),
+        strings(&requests, "measured"),
+    );
+    let mut measured_of: HashMap<String, f64> = HashMap::new();
+    for i in 0..requests.height() {
+        let p = prompts[i].unwrap();
+        assert!((8.0..=40.0).contains(&p) && outputs[i] == Some(12.0));
+        assert_eq!(finished[i], "true");
+        assert_eq!(out[i], Some(12.0));
+        if measured[i] == "true" {
+            *measured_of.entry(ids[i].clone()).or_default() += 1.0;
+        }
+    }
+    for (id, n) in strings(&rows, "serve_id").iter().zip(numbers(&rows, "requests")) {
+        assert_eq!(measured_of.get(id).copied(), n, "step {id}: its measured requests");
+    }
+    // Every iteration within the budget and the cache.
+    let its = read_table(dir.path(), Table::ServeIterations).unwrap();
+    assert!(numbers(&its, "tokens")
+        .iter()
+        .all(|t| (1.0..=64.0).contains(&t.unwrap())));
+    assert!(numbers(&its, "batch").iter().all(|b| (1.0..=8.0).contains(&b.unwrap())));
+    assert!(numbers(&its, "kv_blocks_used").iter().all(|b| b.unwrap() <= 24.0));
+    // Every column these tables write is in the schema reference.
+    let schema = repo_file("docs/schema.md");
+    for table in [Table::Serve, Table::ServeRequests, Table::ServeIterations] {
+        let names = columns(&read_table(dir.path(), table).unwrap());
+        let missing = undocumented(&schema, names.iter().map(String::as_str));
+        assert!(
+            missing.is_empty(),
+            "docs/schema.md lacks these {} columns: {missing:?}",
+            table.dir_name()
+        );
+    }
+    let check = migprof().args(["check"]).arg(dir.path()).output().unwrap();
+    assert!(
+        check.status.success() && text(&check).contains("2 serving step(s)"),
+        "{}",
+        text(&check)
+    );
+}
+
+#[test]
+fn a_search_finds_the_highest_rate_within_both_objectives_and_chunking_is_a_setting_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = serve(
+        dir.path(),
+        "--search --duration 1.5 --drain 5 --prompt-len 48 --output-len 16 --kv-blocks 64 --max-seqs 16 --max-batched-tokens 128 --slo-ttft-p99-ms 30 --slo-tpot-p99-ms 10 --max-steps 4",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let caps = read_table(dir.path(), Table::ServeCapacity).unwrap();
+    assert_eq!(caps.height(), 1, "{}", text(&o));
+    let steps = read_table(dir.path(), Table::Serve).unwrap();
+    assert_eq!(steps.height() as f64, numbers(&caps, "steps")[0].unwrap());
+    assert!(steps.height() <= 4);
+    // The first guess is the closed loop's rate.
+    let first = numbers(&steps, "offered_qps")[0].unwrap();
+    assert!((first - numbers(&steps, "closed_loop_qps")[0].unwrap()).abs() < 1e-6);
+    // The capacity is the highest rate that met both objectives, and every step says whether it did.
+    let (offered, meets) = (numbers(&steps, "offered_qps"), strings(&steps, "meets_slo"));
+    let passing: Vec<f64> = offered
+        .iter()
+        .zip(&meets)
+        .filter(|(_, m)| *m == "true")
+        .map(|(q, _)| q.unwrap())
+        .collect();
+    let capacity = numbers(&caps, "capacity_qps")[0];
+    assert_eq!(capacity, passing.iter().copied().reduce(f64::max), "{}", text(&o));
+    for (row_meets, (ttft, tpot)) in meets.iter().zip(
+        numbers(&steps, "ttft_p99_ms")
+            .into_iter()
+            .zip(numbers(&steps, "tpot_p99_ms")),
+    ) {
+        if row_meets == "true" {
+            assert!(ttft.unwrap() <= 30.0 && tpot.unwrap() <= 10.0);
+        }
+    }
+    let schema = repo_file("docs/schema.md");
+    let names = columns(&caps);
+    let missing = undocumented(&schema, names.iter().map(String::as_str));
+    assert!(
+        missing.is_empty(),
+        "docs/schema.md lacks these serve_capacity columns: {missing:?}"
+    );
+
+    // Without chunked prefill, another cell; every iteration's prefill is of whole prompts.
+    let other = tempfile::tempdir().unwrap();
+    let o = serve(
+        other.path(),
+        "--qps 20 --duration 1 --prompt-len 48 --output-len 16 --kv-blocks 64 --max-seqs 16 --max-batched-tokens 128 --no-chunked-prefill",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = read_table(other.path(), Table::Serve).unwrap();
+    assert_eq!(strings(&rows, "chunked_prefill"), vec!["false"]);
+    assert_eq!(strings(&rows, "meets_slo"), vec![""], "no objectives, no judgement");
+    assert_ne!(strings(&rows, "cell_id"), strings(&steps, "cell_id")[..1]);
+    let its = read_table(other.path(), Table::ServeIterations).unwrap();
+    assert!(numbers(&its, "prefill_tokens")
+        .iter()
+        .all(|t| (t.unwrap() as u32).is_multiple_of(48)));
+}
+
+#[test]
+fn settings_of_the_other_kind_of_load_are_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("results");
+    for (extra, says) in [
+        (
+            "--qps 1 --max-batch 4",
+            "--max-batch applies to models served one forward pass",
+        ),
+        ("--qps 1 --slo-p99-ms 50", "--slo-p99-ms applies"),
+        ("--search --slo-ttft-p99-ms 100", "needs both objectives"),
+        (
+            "--qps 1 --max-seqs 64 --max-batched-tokens 32",
+            "--max-batched-tokens 32 must be at least --max-seqs 64",
+        ),
+        ("--qps 1 --prompt-len uniform:9-3", "MIN is above MAX"),
+    ] {
+        let o = serve(&out, extra);
+        assert!(
+            !o.status.success() && text(&o).contains(says),
+            "{extra:?}: {}",
+            text(&o)
+        );
+    }
+    let o = migprof()
+        .args([
+            "load",
+            "--model",
+            "resnet_tiny",
+            "--device",
+            "cpu",
+            "--qps",
+            "1",
+            "--prompt-len",
+            "8",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && text(&o).contains("--prompt-len applies to language models"),
+        "{}",
+        text(&o)
+    );
+    for table in SERVE_TABLES {
+        assert_eq!(read_table(&out, table).unwrap().height(), 0);
+    }
+}
+
+/// Rewrites every part of `table` in `dir` as if measured on `profile`: this CPU is no MIG slice.
+fn as_if_on(dir: &Path, table: Table, profile: &str) {
+    use polars::prelude::*;
+    for entry in std::fs::read_dir(dir.join(table.dir_name())).unwrap() {
+        let path = entry.unwrap().path();
+        let mut df = ParquetReader::new(std::fs::File::open(&path).unwrap())
+            .finish()
+            .unwrap();
+        let n = df.height();
+        df.replace("profile", Column::new("profile".into(), vec![profile; n]))
+            .unwrap();
+        ParquetWriter::new(std::fs::File::create(&path).unwrap())
+            .finish(&mut df)
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_language_model_is_planned_beside_an_encoder_from_their_searches() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = serve(
+        dir.path(),
+        "--search --duration 1 --drain 5 --prompt-len 32 --output-len 8 --kv-blocks 64 --max-seqs 16 --max-batched-tokens 128 --slo-ttft-p99-ms 40 --slo-tpot-p99-ms 10 --max-steps 3",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = migprof()
+        .args([
+            "load",
+            "--model",
+            "resnet_tiny",
+            "--device",
+            "cpu",
+            "--max-batch",
+            "4",
+            "--warmup",
+            "0.2",
+        ])
+        .args([
+            "--search",
+            "--slo-p99-ms",
+            "200",
+            "--resolution",
+            "20",
+            "--min-requests",
+            "150",
+            "--out",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    as_if_on(dir.path(), Table::ServeCapacity, "3g.40gb");
+    as_if_on(dir.path(), Table::Capacity, "3g.40gb");
+    let llm = numbers(&read_table(dir.path(), Table::ServeCapacity).unwrap(), "capacity_qps")[0].unwrap();
+    let plan = |extra: &[&str]| {
+        migprof()
+            .args(["capacity", "--gpu", "h100-80gb", "--json", "--from"])
+            .arg(dir.path())
+            .args(["--demand", &format!("llama_tiny={},resnet_tiny=10", llm * 3.0)])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = plan(&[
+        "--slo-p99-ms",
+        "200",
+        "--slo-ttft-p99-ms",
+        "40",
+        "--slo-tpot-p99-ms",
+        "10",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let instances = report["instances"].as_array().unwrap();
+    let of = |m: &str| {
+        instances
+            .iter()
+            .filter(|i| i["model"] == m)
+            .map(|i| i["count"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    // Three times the language model's capacity at 80 % of each: at least four instances of it (a
+    // GPU's spare slot may hold a fifth); the encoder's beside them, in the one plan.
+    assert!(of("llama_tiny") >= 4, "{report}");
+    assert!(of("resnet_tiny") >= 1, "{report}");
+    for s in report["spare"].as_array().unwrap() {
+        assert!(s["serves_qps"].as_f64() >= s["demand_qps"].as_f64(), "{s}");
+    }
+    assert_eq!(report["slo_ttft_p99_ms"], 40.0);
+    // The language model's objectives are needed to plan it; other objectives find no capacity.
+    let o = plan(&["--slo-p99-ms", "200"]);
+    assert!(
+        !o.status.success() && text(&o).contains("no capacity for llama_tiny"),
+        "{}",
+        text(&o)
+    );
+    let o = plan(&[
+        "--slo-p99-ms",
+        "200",
+        "--slo-ttft-p99-ms",
+        "41",
+        "--slo-tpot-p99-ms",
+        "10",
+    ]);
+    assert!(!o.status.success(), "{}", text(&o));
+    let o = plan(&[]);
+    assert!(
+        !o.status.success() && text(&o).contains("which objective"),
+        "{}",
+        text(&o)
+    );
+}
