@@ -167,7 +167,9 @@ if [ "$mode" = serving ]; then
 # A language model served under open-loop load (continuous batcher, paged KV cache): SERVE_MODEL
 # (default llama_3_2_1b, bf16), prompts and outputs SERVE_PROMPT / SERVE_OUTPUT (default
 # lognormal:512,0.5 and lognormal:128,0.5), on each of SERVE_DEVICES (default the whole GPU; e.g.
-# "0 mps-mem:1g.10gb mps-mem:3g.40gb"): STEP=rates serves SERVE_QPS (default 4,16); STEP=search
+# "0 mps-mem:1g.10gb mps-mem:3g.40gb"): STEP=rates serves SERVE_QPS (default 4,16); STEP=plan
+# searches PLAN_MODEL's (bert_base) capacity within p99 <= SLO_P99 (50) ms on each and plans
+# PLAN_DEMAND beside the language model's capacities carried in, then the report; STEP=search
 # searches the highest rate within TTFT p99 <= SLO_TTFT (500) ms and TPOT p99 <= SLO_TPOT (50) ms,
 # steps of SERVE_SECS (default 8) s, at most SERVE_STEPS (8) rates. Rows in $out/serving, returned as
 # serving-results.tgz (carried back as .dist/serving-results.tgz, a later call adds to them).
@@ -178,7 +180,11 @@ for dev in ${SERVE_DEVICES:-$uuid}; do
   [ "$dev" = 0 ] && dev="$uuid"
   common=(--model "${SERVE_MODEL:-llama_3_2_1b}" --dtype bf16 --device "$dev" --prompt-len "${SERVE_PROMPT:-lognormal:512,0.5}"
           --output-len "${SERVE_OUTPUT:-lognormal:128,0.5}" --duration "${SERVE_SECS:-8}" --out "$res")
-  if [ "${STEP:-rates}" = search ]; then
+  if [ "${STEP:-rates}" = plan ]; then
+    log "capacity of ${PLAN_MODEL:-bert_base} on $dev within p99 ${SLO_P99:-50} ms, beside the language model's"
+    "$bin" load --model "${PLAN_MODEL:-bert_base}" --dtype bf16 --device "$dev" --search --slo-p99-ms "${SLO_P99:-50}" \
+        --min-requests "${PLAN_REQUESTS:-2000}" --resolution 10 --out "$res" 2>&1 | grep -E "^capacity|^note|error" || rc=1
+  elif [ "${STEP:-rates}" = search ]; then
     log "serving $dev: search within TTFT p99 ${SLO_TTFT:-500} ms, TPOT p99 ${SLO_TPOT:-50} ms"
     "$bin" load "${common[@]}" --search --slo-ttft-p99-ms "${SLO_TTFT:-500}" --slo-tpot-p99-ms "${SLO_TPOT:-50}" \
         --max-steps "${SERVE_STEPS:-8}" --drain "${SERVE_DRAIN:-20}" ${SERVE_ARGS:-} 2>&1 || rc=1
@@ -188,6 +194,12 @@ for dev in ${SERVE_DEVICES:-$uuid}; do
   fi
 done
 log "MPS after"; mps_servers
+if [ "${STEP:-rates}" = plan ]; then
+  log "a plan for ${PLAN_DEMAND:-llama_3_2_1b=100,bert_base=3000}"
+  "$bin" capacity --gpu h100-80gb --from "$res" --demand "${PLAN_DEMAND:-llama_3_2_1b=100,bert_base=3000}" \
+      --slo-p99-ms "${SLO_P99:-50}" --slo-ttft-p99-ms "${SLO_TTFT:-500}" --slo-tpot-p99-ms "${SLO_TPOT:-50}" 2>&1 || rc=1
+  "$bin" report "$res" --out "$res/report.html" 2>&1 | tail -1
+fi
 "$bin" check "$res" 2>&1 | tail -3
 python3 - "$res" <<'PY' | tee "$out/serving.md"
 import sys, os, pyarrow.parquet as pq

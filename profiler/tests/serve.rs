@@ -158,6 +158,28 @@ fn a_search_finds_the_highest_rate_within_both_objectives_and_chunking_is_a_sett
             assert!(ttft.unwrap() <= 30.0 && tpot.unwrap() <= 10.0);
         }
     }
+    // The report draws both objectives against the rate, the cache over a step, the capacity.
+    let page = dir.path().join("report.html");
+    let o = migprof()
+        .arg("report")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&page)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let html = std::fs::read_to_string(&page).unwrap();
+    for needle in [
+        "Serving language models",
+        "TTFT p99 against offered rate",
+        "TPOT p99 against offered rate",
+        "KV cache in use over a step",
+        "Capacities found",
+        "serving step(s) of language models",
+    ] {
+        assert!(html.contains(needle), "{needle}");
+    }
+    assert!(!html.contains("load step(s): see Serving capacity"));
     let schema = repo_file("docs/schema.md");
     let names = columns(&caps);
     let missing = undocumented(&schema, names.iter().map(String::as_str));
@@ -193,7 +215,8 @@ fn settings_of_the_other_kind_of_load_are_refused_before_anything_is_written() {
             "--max-batch applies to models served one forward pass",
         ),
         ("--qps 1 --slo-p99-ms 50", "--slo-p99-ms applies"),
-        ("--search --slo-ttft-p99-ms 100", "needs both objectives"),
+        ("--qps 1 --slo-ttft-p99-ms 100", "--slo-tpot-p99-ms"),
+        ("--search --qps 1", "needs both objectives"),
         (
             "--qps 1 --max-seqs 64 --max-batched-tokens 32",
             "--max-batched-tokens 32 must be at least --max-seqs 64",
@@ -325,7 +348,7 @@ fn a_language_model_is_planned_beside_an_encoder_from_their_searches() {
     // The language model's objectives are needed to plan it; other objectives find no capacity.
     let o = plan(&["--slo-p99-ms", "200"]);
     assert!(
-        !o.status.success() && text(&o).contains("no capacity for llama_tiny"),
+        !o.status.success() && text(&o).contains("llama_tiny is a language model"),
         "{}",
         text(&o)
     );

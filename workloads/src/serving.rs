@@ -126,7 +126,9 @@ impl PagedModel {
     /// begins it; every other piece and decode must continue where the sequence stands.
     pub fn run(&mut self, prefills: &[Prefill], decodes: &[usize]) -> Result<Vec<(usize, u32)>> {
         let _kernels = self.kernels.enter();
-        // Checked before anything runs, so that a plan the model cannot follow changes nothing.
+        // Checked before anything runs, so that a plan the model cannot follow changes nothing. (A
+        // failure while the model runs, out of memory say, ends the job: the sequences it ran
+        // may then be part-way.)
         for p in prefills {
             let cached = self.sequences.get(&p.id).map_or(0, |s| s.cached);
             if p.start != cached || p.len == 0 {
@@ -146,6 +148,11 @@ impl PagedModel {
             if prefills.iter().any(|p| p.id == *id) {
                 candle_core::bail!("sequence {id} both prefills and decodes in one iteration")
             }
+        }
+        // The decodes' blocks first: a pool too full for them fails before any prefill has run.
+        for id in decodes {
+            let seq = self.sequences.get_mut(id).expect("checked above");
+            self.pool.cover(&mut seq.table, seq.cached + 1)?;
         }
         let mut firsts = Vec::new();
         for p in prefills {
@@ -208,10 +215,6 @@ impl PagedModel {
 
     /// One decode step of `ids` together, each at its own position: their next tokens.
     fn decode(&mut self, ids: &[usize]) -> Result<Vec<u32>> {
-        for id in ids {
-            let seq = self.sequences.get_mut(id).expect("checked in run");
-            self.pool.cover(&mut seq.table, seq.cached + 1)?;
-        }
         let seqs: Vec<&Sequence> = ids.iter().map(|id| &self.sequences[id]).collect();
         let positions: Vec<u32> = seqs.iter().map(|s| s.cached as u32).collect();
         let tables: Vec<&[u32]> = seqs.iter().map(|s| s.table.as_slice()).collect();

@@ -166,25 +166,30 @@ pub fn plan(
     headroom: f64,
 ) -> Result<Report> {
     let mut notes = gathered.notes.clone();
-    // A language model whose weights and one request's cache exceed a profile's memory is not
-    // placed there, and the plan says so.
+    // A language model whose weights, workspace and one request's cache exceed a profile's memory
+    // is not placed there, whatever capacity was given for it, and the plan says so.
+    let mut too_small: std::collections::BTreeSet<(String, String)> = Default::default();
     for (model, need) in gathered
         .needs_mib
         .iter()
         .filter(|(m, _)| demand.iter().any(|(d, _)| d == *m))
     {
-        let small: Vec<String> = table
+        let small: Vec<&crate::mig::profile::MigProfile> = table
             .profiles
             .iter()
             .filter(|p| p.memory_gib * 1024.0 < *need)
-            .map(|p| format!("{} ({:.0} MiB)", p.name, p.memory_gib * 1024.0))
             .collect();
         if !small.is_empty() {
             notes.push(format!(
-                "{model} needs {need:.0} MiB (its weights and the KV cache of one request of its mean lengths): not placed on {}",
-                small.join(", ")
+                "{model} needs {need:.0} MiB (its weights, workspace and the KV cache of one request of its mean lengths): not placed on {}",
+                small
+                    .iter()
+                    .map(|p| format!("{} ({:.0} MiB)", p.name, p.memory_gib * 1024.0))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
+        too_small.extend(small.iter().map(|p| (model.clone(), p.name.clone())));
     }
     let known: Vec<&str> = table.profiles.iter().map(|p| p.name.as_str()).collect();
     let mut usable: BTreeMap<(String, String), f64> = BTreeMap::new();
@@ -198,7 +203,7 @@ pub fn plan(
             foreign.insert(c.profile.clone());
             continue;
         }
-        if c.qps > 0.0 {
+        if c.qps > 0.0 && !too_small.contains(&(c.model.clone(), c.profile.clone())) {
             usable.insert((c.model.clone(), c.profile.clone()), c.qps * headroom);
         }
         used.push(c);
@@ -591,6 +596,8 @@ mod tests {
         let table = crate::mig::profile::table("h100-80gb")?;
         let gathered = Gathered {
             capacities: vec![
+                // A capacity given where the model cannot fit is not planned with.
+                measured("llama_3_1_8b", "1g.10gb", 5.0, true),
                 measured("llama_3_1_8b", "3g.40gb", 12.0, true),
                 measured("llama_3_1_8b", "7g.80gb", 30.0, true),
                 measured("bert_base", "1g.10gb", 300.0, true),
@@ -613,6 +620,10 @@ mod tests {
             assert!(s.serves_qps >= s.demand_qps, "{s:?}");
         }
         assert!(r.instances.iter().any(|i| i.model == "llama_3_1_8b"));
+        assert!(!r
+            .instances
+            .iter()
+            .any(|i| i.model == "llama_3_1_8b" && i.profile == "1g.10gb"));
         assert!(r.instances.iter().any(|i| i.model == "bert_base"));
         let note = r
             .notes

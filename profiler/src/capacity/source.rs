@@ -72,8 +72,9 @@ impl Source {
 pub struct Gathered {
     pub capacities: Vec<Capacity>,
     pub notes: Vec<String>,
-    /// The least memory an instance of a language model needs, MiB, by model: its weights and the
-    /// KV cache of one request of its measured lengths' means (a profile with less cannot hold it).
+    /// The least memory an instance of a language model needs, MiB, by model: its weights, its
+    /// measured workspace and the KV cache of one request of its measured lengths' means (a profile
+    /// with less cannot hold it).
     pub needs_mib: BTreeMap<String, f64>,
 }
 
@@ -343,8 +344,9 @@ pub fn serving_from_folders(
             number("max_seqs")?,
             number("max_batched_tokens")?,
         );
-        let (weights, cache, blocks, block, mean_in, mean_out) = (
+        let (weights, workspace, cache, blocks, block, mean_in, mean_out) = (
             number("weights_mib")?,
+            number("workspace_mib")?,
             number("kv_cache_mib")?,
             number("kv_blocks")?,
             number("kv_block_size")?,
@@ -372,7 +374,7 @@ pub fn serving_from_folders(
                 (weights[i], cache[i], blocks[i], block[i], mean_in[i], mean_out[i])
             {
                 let per_block = c / b.max(1.0);
-                let need = w + ((i_len + o_len) / bs.max(1.0)).ceil() * per_block;
+                let need = w + workspace[i].unwrap_or(0.0) + ((i_len + o_len) / bs.max(1.0)).ceil() * per_block;
                 let entry = g.needs_mib.entry(model[i].clone().unwrap_or_default()).or_insert(0.0);
                 *entry = entry.max(need);
             }
@@ -383,17 +385,15 @@ pub fn serving_from_folders(
                 memory_key(memory_of[i].as_deref(), emulated),
             );
             let settings = format!(
-                "{} arrivals, prompts {} and outputs {} tokens, {} sequences and {} tokens an iteration{}",
+                "{} arrivals, prompts {} and outputs {} tokens, {} sequences and {} tokens an iteration{}, a KV cache of {} blocks of {}",
                 arrival[i].as_deref().unwrap_or("?"),
                 prompt[i].as_deref().unwrap_or("?"),
                 output[i].as_deref().unwrap_or("?"),
                 seqs[i].unwrap_or(0.0),
                 tokens[i].unwrap_or(0.0),
-                if chunked[i].as_deref() == Some("false") {
-                    ", prefill unchunked"
-                } else {
-                    ""
-                }
+                if chunked[i].as_deref() == Some("false") { ", prefill unchunked" } else { "" },
+                blocks[i].unwrap_or(0.0),
+                block[i].unwrap_or(0.0)
             );
             found.entry(key).or_default().entry(settings).or_default().push((
                 qps[i].unwrap_or(0.0),
@@ -685,7 +685,8 @@ mod tests {
         // The memory-partitioned capacity where both were searched; the other objective's left out.
         assert_eq!(got, [("1g.10gb", 9.65), ("3g.40gb", 34.4)]);
         assert!(g.notes.iter().any(|n| n.contains("1g.10gb")), "{:?}", g.notes);
-        // Weights and one request of 512 + 128 tokens in blocks of 16: 2,357 + 40 × 0.5 MiB.
+        // Weights and one request of 512 + 128 tokens in blocks of 16: 2,357 + 40 × 0.5 MiB (no
+        // workspace in these rows).
         assert!((g.needs_mib["llama_3_2_1b"] - 2377.0).abs() < 0.1, "{:?}", g.needs_mib);
         let alone = serving_from_folders(&dirs, slo, None, "H100-SXM5-80GB", Some(MemoryEmulation::Alone))?;
         assert_eq!(alone.capacities[0].qps, 14.0);

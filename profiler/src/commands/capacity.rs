@@ -117,6 +117,17 @@ pub fn exec(args: CapacityArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
         }
         (None, true) => anyhow::bail!("where do the capacities come from? give --from DIR (results of `migprof load --search`) or --capacities FILE.csv"),
     };
+    if objectives.serving.is_none() {
+        if let Some((m, _)) = args
+            .demand
+            .iter()
+            .find(|(m, _)| workloads::lookup(m).is_ok_and(|(_, info)| info.family.is_decoder()))
+        {
+            anyhow::bail!(
+                "{m} is a language model: its capacities are searched within a TTFT and a TPOT objective; give --slo-ttft-p99-ms and --slo-tpot-p99-ms"
+            );
+        }
+    }
     migprof::capacity::check_demand(&args.demand, &gathered)?;
     let report = migprof::capacity::plan(&table, &gathered, &args.demand, objectives, args.headroom)?;
     if report.gpus > migprof::capacity::SANE_GPUS {

@@ -141,11 +141,11 @@ pub struct ServingArgs {
     /// Seconds a step waits after its last arrival for its requests to finish (default 30).
     #[arg(long, value_parser = parse_non_negative)]
     pub drain: Option<f64>,
-    /// The objective on the time to the first token's p99, ms.
-    #[arg(long, value_parser = parse_positive)]
+    /// The objective on the time to the first token's p99, ms (with --slo-tpot-p99-ms).
+    #[arg(long, value_parser = parse_positive, requires = "slo_tpot_p99_ms")]
     pub slo_ttft_p99_ms: Option<f64>,
-    /// The objective on the time per output token's p99, ms.
-    #[arg(long, value_parser = parse_positive)]
+    /// The objective on the time per output token's p99, ms (with --slo-ttft-p99-ms).
+    #[arg(long, value_parser = parse_positive, requires = "slo_ttft_p99_ms")]
     pub slo_tpot_p99_ms: Option<f64>,
     /// The most rates a search measures (default 8).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]

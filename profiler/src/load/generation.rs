@@ -108,10 +108,11 @@ pub fn run(
     };
     let max_model_len = decoder_cfg.max_position_embeddings as u32;
     let bs = settings.kv_block_size as usize;
-    // The largest prompt piece an iteration runs: the memory sizing measures its workspace.
+    // The largest piece an iteration runs, from a prompt's start and after a first piece as long:
+    // the memory sizing measures their workspace.
     let profile_tokens = (settings.max_batched_tokens.min(max_model_len)) as usize;
     let before = workloads::memory::ledger(dev)?;
-    let mut model = PagedModel::build(&spec.model, &cfg, profile_tokens.div_ceil(bs), bs)
+    let mut model = PagedModel::build(&spec.model, &cfg, (2 * profile_tokens).div_ceil(bs), bs)
         .map_err(anyhow::Error::from)
         .with_context(|| format!("building {}", spec.model))?;
     let cache = size_cache(&mut model, device, settings, profile_tokens, before)?;
@@ -206,8 +207,9 @@ pub fn run(
 }
 
 /// Sizes the cache and makes its pool: `--kv-blocks` as given; on a GPU, the target's memory less
-/// the weights and the workspace (measured over a prefill of `profile_tokens`, the largest piece an
-/// iteration runs, on a pool just big enough for it), times the fraction; on the CPU, its rule.
+/// the weights and the workspace (measured over two prefill pieces of `profile_tokens`, the largest
+/// an iteration runs, the second after the first, on a pool just big enough for them), times the
+/// fraction; on the CPU, its rule.
 /// A pool that does not fit is made smaller, a tenth at a time, and the row says so.
 fn size_cache(
     model: &mut PagedModel,
@@ -221,20 +223,27 @@ fn size_cache(
     let weights_mib = mib(model.weight_bytes() as f64);
     let block_bytes = model.block_bytes();
     let profile_pool = model.pool().bytes() as u64;
-    // The largest piece an iteration runs, through the model once: its workspace, and every kernel
-    // it needs loaded before any step is timed.
+    // The largest piece an iteration runs, through the model from a prompt's start (the causal
+    // kernel) and, where the model's positions allow, after a first piece as long (a chunked
+    // prompt's later pieces attend to what came before through candle's ops, whose scores grow with
+    // it): the workspace, and every kernel loaded before any step is timed.
     workloads::memory::release_pooled(dev)?;
-    model.run(
-        &[Prefill {
-            id: 0,
-            start: 0,
-            len: profile_tokens,
-            last: true,
-        }],
-        &[],
-    )?;
+    let piece = |start: usize| Prefill {
+        id: 0,
+        start,
+        len: profile_tokens,
+        last: false,
+    };
+    model.run(&[piece(0)], &[])?;
+    if 2 * profile_tokens <= model.max_positions() {
+        model.run(&[piece(profile_tokens)], &[])?;
+    }
     model.clear();
     let after = workloads::memory::ledger(dev)?;
+    // What the pieces' activations left reserved in the allocator's pool goes back to the device
+    // before the cache takes most of it: held, it left the steps' allocations too little room to
+    // grow the pool, and a closed loop on an H100 ran at a fiftieth of its rate.
+    workloads::memory::release_pooled(dev)?;
     let (mut blocks, sizing, limit_mib, workspace_mib) = match (s.kv_blocks, after, device.info.memory_mib()) {
         (Some(b), ..) => (b as usize, "given", None, None),
         (None, Some(l), Some(limit)) => {
@@ -298,6 +307,7 @@ fn size_cache(
     })
 }
 
+/// Warms every kernel with short requests, then times the closed loop ([`ClosedLoop`]).
 fn closed_loop(
     clock: &MonotonicClock,
     engine: &mut ModelEngine,
@@ -308,6 +318,19 @@ fn closed_loop(
     let concurrency = (s.max_seqs as usize).min(16);
     let len = |d: LengthDist| (d.mean().round() as u32).max(1);
     let (prompt, output) = (len(s.prompt), len(s.output));
+    // Short requests first, untimed: every kernel the steps use is compiled on its first use (on a
+    // fresh machine, tens of seconds), which would otherwise fall on the closed loop and make the
+    // search's first guess a fiftieth of the rate.
+    let short: Vec<(Duration, u32, u32)> = (0..concurrency)
+        .map(|_| (clock.now(), prompt.min(16), output.min(4)))
+        .collect();
+    drive(
+        clock,
+        engine,
+        super::continuous::Scheduler::new(budget)?,
+        &short,
+        clock.now() + Duration::from_secs(600),
+    )?;
     let start = clock.now();
     let requests: Vec<(Duration, u32, u32)> = (0..concurrency).map(|_| (start, prompt, output)).collect();
     let t = Instant::now();
@@ -359,10 +382,21 @@ impl Stepper<'_> {
         let metrics = crate::gpu::sampler::summarize(&readings, finished);
         let meets = self.plan.meets(&summary);
         let mut notes = Vec::new();
-        if summary.finished < summary.requests {
+        if summary.refused > 0 {
+            let why = served
+                .requests
+                .iter()
+                .find_map(|r| r.refused.clone())
+                .unwrap_or_default();
             notes.push(format!(
-                "{} of {} measured requests did not finish within the step's {:.0} s and {:.0} s of drain",
-                summary.requests - summary.finished,
+                "{} of {} measured requests were refused, as every step will refuse them (the same lengths are drawn at every rate): {why}",
+                summary.refused, summary.requests
+            ));
+        }
+        let late = summary.requests - summary.finished - summary.refused;
+        if late > 0 {
+            notes.push(format!(
+                "{late} of {} measured requests did not finish within the step's {:.0} s and {:.0} s of drain",
                 summary.requests,
                 self.plan.duration.as_secs_f64(),
                 self.plan.drain.as_secs_f64()

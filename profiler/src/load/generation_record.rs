@@ -34,8 +34,9 @@ pub struct CacheSize {
     pub note: Option<String>,
 }
 
-/// The closed loop the job starts with: `concurrency` requests of the lengths' means all at once
-/// until they finish. It warms every kernel the steps use, and its rate is a search's first guess.
+/// The closed loop the job starts with (after short requests that warm every kernel):
+/// `concurrency` requests of the lengths' means all at once until they finish. Its rate is a
+/// search's first guess.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ClosedLoop {
     pub concurrency: usize,

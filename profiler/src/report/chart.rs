@@ -68,6 +68,24 @@ pub struct Chart<'a> {
     pub x_whole: bool,
 }
 
+impl<'a> Chart<'a> {
+    /// A time series: linear axes, dense lines without markers or reference lines.
+    pub fn time_series(title: &'a str, x_label: &'a str, y_label: &'a str, series: &'a [Series]) -> Chart<'a> {
+        Chart {
+            title,
+            x_label,
+            y_label,
+            x_scale: Scale::Linear,
+            y_scale: Scale::Linear,
+            series,
+            diagonal: false,
+            markers: false,
+            hline: None,
+            x_whole: false,
+        }
+    }
+}
+
 /// The distinct x values of the series, ascending: the ticks of a whole-numbered axis.
 fn whole_ticks<'a>(xs: impl Iterator<Item = &'a Point>) -> Vec<f64> {
     let distinct: std::collections::BTreeSet<i64> = xs.map(|p| p.x.round() as i64).collect();

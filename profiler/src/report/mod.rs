@@ -12,6 +12,7 @@ pub mod chart;
 pub mod data;
 pub mod page;
 mod sections;
+mod serving;
 
 use std::path::{Path, PathBuf};
 
@@ -31,15 +32,22 @@ pub enum Format {
 pub fn build(
     rows: &[data::Row],
     serving: &capacity::Serving,
+    generation: &serving::Generation,
     detail: &data::Detail,
     sources: &[String],
     detail_batch: Option<usize>,
 ) -> Result<Vec<Section>> {
     // Targets that only served load get colours too, after the others of their size.
-    let everyone: Vec<data::Row> = rows.iter().chain(&serving.steps).cloned().collect();
+    let everyone: Vec<data::Row> = rows
+        .iter()
+        .chain(&serving.steps)
+        .chain(&generation.steps)
+        .cloned()
+        .collect();
     let targets = data::targets(&everyone);
     let colour = |t: &str| targets.iter().position(|x| x == t).unwrap_or(0);
     let mut out = sections::of_runs(rows, &everyone, &targets, &colour, detail, sources, detail_batch)?;
+    out.extend(generation.sections(&colour)?);
     out.extend(serving.sections(&colour)?);
     Ok(out)
 }
@@ -49,9 +57,10 @@ pub fn build(
 pub fn write(dirs: &[PathBuf], out: &Path, format: Format, detail_batch: Option<usize>) -> Result<()> {
     let rows = data::read(dirs)?;
     let serving = capacity::Serving::read(dirs)?;
-    if rows.is_empty() && serving.is_empty() {
+    let generation = serving::Generation::read(dirs)?;
+    if rows.is_empty() && serving.is_empty() && generation.is_empty() {
         anyhow::bail!(
-            "no runs and no load steps in {}",
+            "no runs, no load steps and no serving steps in {}",
             dirs.iter()
                 .map(|d| d.display().to_string())
                 .collect::<Vec<_>>()
@@ -75,7 +84,7 @@ pub fn write(dirs: &[PathBuf], out: &Path, format: Format, detail_batch: Option<
     }
     let detail = data::detail(dirs, &sections::detailed_runs(&rows, detail_batch))?;
     let sources: Vec<String> = dirs.iter().map(|d| data::name(d)).collect();
-    let sections = build(&rows, &serving, &detail, &sources, detail_batch)?;
+    let sections = build(&rows, &serving, &generation, &detail, &sources, detail_batch)?;
     let text = match format {
         Format::Html => html(&sections),
         Format::Md => {

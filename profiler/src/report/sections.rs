@@ -282,9 +282,19 @@ fn what_ran(rows: &[Row], everyone: &[Row], sources: &[String], targets: &[Strin
                 .collect(),
         ));
     }
-    let steps = everyone.len() - rows.len();
-    if steps > 0 {
-        blocks.push(Block::Text(format!("{steps} load step(s): see Serving capacity.")));
+    // Past the runs come the load steps, then language models' serving steps (serve_id).
+    let served = &everyone[rows.len().min(everyone.len())..];
+    let generating = served.iter().filter(|r| !r.s("serve_id").is_empty()).count();
+    if served.len() > generating {
+        blocks.push(Block::Text(format!(
+            "{} load step(s): see Serving capacity.",
+            served.len() - generating
+        )));
+    }
+    if generating > 0 {
+        blocks.push(Block::Text(format!(
+            "{generating} serving step(s) of language models: see Serving language models."
+        )));
     }
     let failed: Vec<Vec<String>> = rows
         .iter()
@@ -543,18 +553,7 @@ fn at_largest_batch(
         }
         let title = format!("{label}: {name} during the measured phase, {which}");
         let y_label = format!("{name} ({unit})");
-        let chart = Chart {
-            title: &title,
-            x_label: "time since the first reading (s)",
-            y_label: &y_label,
-            x_scale: Scale::Linear,
-            y_scale: Scale::Linear,
-            series: &series,
-            diagonal: false,
-            markers: false,
-            hline: None,
-            x_whole: false,
-        };
+        let chart = Chart::time_series(&title, "time since the first reading (s)", &y_label, &series);
         blocks.push(Block::Chart {
             name: format!("{id}-{name}-series.svg"),
             svg: chart.svg()?,

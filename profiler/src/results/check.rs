@@ -287,7 +287,8 @@ const LOAD_STEPS: StepTables = StepTables {
 const SERVE_STEPS: StepTables = StepTables {
     steps: "serve",
     id: "serve_id",
-    details: &["serve_requests", "serve_iterations"],
+    // A step whose every request was refused ran no iteration: its iterations part has no rows.
+    details: &["serve_requests"],
     searches: "serve_capacity",
     what: "serving step",
 };

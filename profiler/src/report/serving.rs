@@ -1,0 +1,293 @@
+//! The report's section on language models served under load (`migprof load` with a language
+//! model): TTFT and TPOT p99 against the offered rate per target with the objectives' lines, the KV
+//! cache's occupancy over one rate's run, and the capacities each search found.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use super::chart::{scale_for, Chart, Point, Series};
+use super::data::{read_rows, Row};
+use super::page::{fmt, slug, table, Block, Section};
+use crate::results::parts::Table;
+
+const STEP_TEXT: [&str; 11] = [
+    "serve_id",
+    "target",
+    "status",
+    "model",
+    "dtype",
+    "profile",
+    "prompt_len",
+    "output_len",
+    "meets_slo",
+    "emulation",
+    "memory_emulation",
+];
+const STEP_NUM: [&str; 12] = [
+    "offered_qps",
+    "achieved_qps",
+    "goodput_qps",
+    "ttft_p99_ms",
+    "ttft_p99_ms_ci_low",
+    "ttft_p99_ms_ci_high",
+    "tpot_p99_ms",
+    "tpot_p99_ms_ci_low",
+    "tpot_p99_ms_ci_high",
+    "slo_ttft_p99_ms",
+    "slo_tpot_p99_ms",
+    "kv_occupancy_max",
+];
+const ITERATION_TEXT: [&str; 1] = ["serve_id"];
+const ITERATION_NUM: [&str; 2] = ["start_ms", "kv_occupancy"];
+const CAPACITY_TEXT: [&str; 8] = [
+    "target",
+    "status",
+    "model",
+    "dtype",
+    "profile",
+    "prompt_len",
+    "output_len",
+    "emulated",
+];
+const CAPACITY_NUM: [&str; 6] = [
+    "capacity_qps",
+    "bracket_high_qps",
+    "slo_ttft_p99_ms",
+    "slo_tpot_p99_ms",
+    "closed_loop_qps",
+    "steps",
+];
+
+/// The folders' serving steps, their iterations and the searches' capacities.
+pub struct Generation {
+    pub steps: Vec<Row>,
+    iterations: Vec<Row>,
+    capacities: Vec<Row>,
+}
+
+impl Generation {
+    pub fn read(dirs: &[PathBuf]) -> Result<Generation> {
+        Ok(Generation {
+            steps: read_rows(dirs, Table::Serve, &STEP_TEXT, &STEP_NUM)?,
+            iterations: read_rows(dirs, Table::ServeIterations, &ITERATION_TEXT, &ITERATION_NUM)?,
+            capacities: read_rows(dirs, Table::ServeCapacity, &CAPACITY_TEXT, &CAPACITY_NUM)?,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    pub fn sections(&self, colour: &dyn Fn(&str) -> usize) -> Result<Vec<Section>> {
+        if self.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut blocks = vec![Block::Text(
+            "Language models served under open-loop load (migprof load): requests of drawn prompt and output lengths arrive on a seeded schedule, and a continuous batcher schedules every iteration of the model over a paged KV cache. TTFT runs from a request's scheduled arrival to its first token, TPOT is the time per output token after it (as vLLM's benchmark defines them). Each point is one step: its p99 (with its 95% interval) against the offered rate; the grey line is the objective. A step meets the objectives when every measured request finished and both p99s are within them."
+                .into(),
+        )];
+        if self.steps.iter().any(|r| r.s("emulation") == "mps") {
+            blocks.push(Block::Text("Emulated slices are bounds, not real MIG slices: alone (mps:) they share L2 and memory bandwidth with the whole GPU and flatter small slices; memory-partitioned (mps-mem:) they are held to their share of the bandwidth with less than their L2, and serve less than a real slice would. Energy is the whole GPU's.".into()));
+        }
+        // One pair of charts per model, dtype and request lengths: a line per target.
+        let mut groups: BTreeMap<(String, String, String, String), Vec<&Row>> = BTreeMap::new();
+        for r in self.steps.iter().filter(|r| r.is_ok()) {
+            groups
+                .entry((
+                    r.s("model").into(),
+                    r.s("dtype").into(),
+                    r.s("prompt_len").into(),
+                    r.s("output_len").into(),
+                ))
+                .or_default()
+                .push(r);
+        }
+        for (i, ((model, dtype, prompt, output), steps)) in groups.iter().enumerate() {
+            blocks.push(Block::Text(format!(
+                "{model}, {dtype}, prompts {prompt} and outputs {output} tokens:"
+            )));
+            for (what, key, slo) in [
+                ("TTFT", "ttft_p99_ms", "slo_ttft_p99_ms"),
+                ("TPOT", "tpot_p99_ms", "slo_tpot_p99_ms"),
+            ] {
+                let objective = steps.iter().find_map(|r| r.n(slo));
+                let series = per_target(steps, colour, |r| {
+                    Some(Point {
+                        x: r.n("offered_qps")?,
+                        y: r.n(key)?,
+                        whisker: r.n(&format!("{key}_ci_low")).zip(r.n(&format!("{key}_ci_high"))),
+                    })
+                });
+                let title = format!("{model} {dtype}: {what} p99 against offered rate");
+                let y_label = format!("{what} p99 (ms)");
+                let chart = Chart {
+                    title: &title,
+                    x_label: "offered requests/s",
+                    y_label: &y_label,
+                    x_scale: scale_for(steps.iter().filter_map(|r| r.n("offered_qps"))),
+                    y_scale: scale_for(steps.iter().filter_map(|r| r.n(key)).chain(objective)),
+                    series: &series,
+                    diagonal: false,
+                    markers: true,
+                    hline: objective,
+                    x_whole: false,
+                };
+                blocks.push(Block::Chart {
+                    name: format!("serve-{}-{dtype}-{}-{}.svg", slug(model), i + 1, what.to_lowercase()),
+                    svg: chart.svg()?,
+                    legend: chart.legend(),
+                });
+            }
+            if let Some(b) = self.occupancy(model, dtype, steps, colour, i)? {
+                blocks.extend(b);
+            }
+        }
+        if let Some(b) = self.capacity_table() {
+            blocks.extend(b);
+        }
+        Ok(vec![Section {
+            id: "serving-language-models".into(),
+            title: "Serving language models".into(),
+            level: 2,
+            blocks,
+        }])
+    }
+
+    /// The KV cache's occupancy over the run of each target's highest rate that met both
+    /// objectives (or, where none did or none were given, its highest rate).
+    fn occupancy(
+        &self,
+        model: &str,
+        dtype: &str,
+        steps: &[&Row],
+        colour: &dyn Fn(&str) -> usize,
+        i: usize,
+    ) -> Result<Option<Vec<Block>>> {
+        let targets: BTreeSet<&str> = steps.iter().map(|r| r.s("target")).collect();
+        let mut series = Vec::new();
+        let mut which = Vec::new();
+        for t in targets {
+            let mine: Vec<&&Row> = steps.iter().filter(|r| r.s("target") == t).collect();
+            let rate = |r: &&&Row| r.n("offered_qps").unwrap_or(0.0);
+            let pick = mine
+                .iter()
+                .filter(|r| r.s("meets_slo") == "true")
+                .max_by(|a, b| rate(a).total_cmp(&rate(b)))
+                .or_else(|| mine.iter().max_by(|a, b| rate(a).total_cmp(&rate(b))));
+            let Some(step) = pick else { continue };
+            let points: Vec<Point> = self
+                .iterations
+                .iter()
+                .filter(|it| it.s("serve_id") == step.s("serve_id"))
+                .filter_map(|it| {
+                    Some(Point {
+                        x: it.n("start_ms")? / 1e3,
+                        y: it.n("kv_occupancy")? * 100.0,
+                        whisker: None,
+                    })
+                })
+                .collect();
+            if points.is_empty() {
+                continue;
+            }
+            which.push(format!("{t} at {} requests/s", fmt(step.n("offered_qps"), 2)));
+            series.push(Series {
+                name: t.to_string(),
+                colour: colour(t),
+                points,
+            });
+        }
+        if series.is_empty() {
+            return Ok(None);
+        }
+        let title = format!("{model} {dtype}: KV cache in use over a step");
+        let chart = Chart::time_series(
+            &title,
+            "seconds from the step's start",
+            "KV cache blocks in use (%)",
+            &series,
+        );
+        Ok(Some(vec![
+            Block::Text(format!(
+                "The KV cache's blocks in use, iteration by iteration, over one step of each target: its highest rate that met both objectives, or its highest rate ({}).",
+                which.join("; ")
+            )),
+            Block::Chart {
+                name: format!("serve-{}-{dtype}-{}-kv.svg", slug(model), i + 1),
+                svg: chart.svg()?,
+                legend: chart.legend(),
+            },
+        ]))
+    }
+
+    fn capacity_table(&self) -> Option<Vec<Block>> {
+        let mut rows: Vec<Vec<String>> = self
+            .capacities
+            .iter()
+            .filter(|r| r.is_ok())
+            .map(|r| {
+                vec![
+                    r.s("target").into(),
+                    r.s("profile").into(),
+                    format!("{} {}", r.s("model"), r.s("dtype")),
+                    format!("{} + {}", r.s("prompt_len"), r.s("output_len")),
+                    format!(
+                        "{} / {}",
+                        fmt(r.n("slo_ttft_p99_ms"), 0),
+                        fmt(r.n("slo_tpot_p99_ms"), 0)
+                    ),
+                    r.n("capacity_qps").map_or("none".into(), |c| format!("{c:.2}")),
+                    fmt(r.n("bracket_high_qps"), 2),
+                    fmt(r.n("closed_loop_qps"), 2),
+                    fmt(r.n("steps"), 0),
+                    if r.s("emulated") == "true" { "yes" } else { "no" }.into(),
+                ]
+            })
+            .collect();
+        if rows.is_empty() {
+            return None;
+        }
+        rows.sort();
+        Some(vec![
+            Block::Text("Capacities found: the highest rate that met both objectives, the lowest measured that did not, and the rate of the closed loop the job started with.".into()),
+            table(
+                &[
+                    "target",
+                    "profile",
+                    "model",
+                    "prompt + output tokens",
+                    "TTFT / TPOT p99 objectives ms",
+                    "capacity req/s",
+                    "failed at req/s",
+                    "closed loop req/s",
+                    "steps",
+                    "emulated",
+                ],
+                rows,
+            ),
+        ])
+    }
+}
+
+/// A line per target of `steps`, its points as `point` makes them, in order of offered rate.
+fn per_target(steps: &[&Row], colour: &dyn Fn(&str) -> usize, point: impl Fn(&Row) -> Option<Point>) -> Vec<Series> {
+    let targets: BTreeSet<&str> = steps.iter().map(|r| r.s("target")).collect();
+    targets
+        .into_iter()
+        .map(|t| {
+            let mut points: Vec<Point> = steps
+                .iter()
+                .filter(|r| r.s("target") == t)
+                .filter_map(|r| point(r))
+                .collect();
+            points.sort_by(|a, b| a.x.total_cmp(&b.x));
+            Series {
+                name: t.to_string(),
+                colour: colour(t),
+                points,
+            }
+        })
+        .collect()
+}
