@@ -123,13 +123,13 @@ fn fixed_rates_leave_a_row_each_with_every_request_and_iteration() {
     );
 }
 
+/// A search small enough for the CPU.
+const SEARCHED: &str = "--search --duration 1.5 --drain 5 --prompt-len 48 --output-len 16 --kv-blocks 64 --max-seqs 16 --max-batched-tokens 128 --slo-ttft-p99-ms 30 --slo-tpot-p99-ms 10 --max-steps 4";
+
 #[test]
 fn a_search_finds_the_highest_rate_within_both_objectives_and_chunking_is_a_setting_of_its_own() {
     let dir = tempfile::tempdir().unwrap();
-    let o = serve(
-        dir.path(),
-        "--search --duration 1.5 --drain 5 --prompt-len 48 --output-len 16 --kv-blocks 64 --max-seqs 16 --max-batched-tokens 128 --slo-ttft-p99-ms 30 --slo-tpot-p99-ms 10 --max-steps 4",
-    );
+    let o = serve(dir.path(), SEARCHED);
     assert!(o.status.success(), "{}", text(&o));
     let caps = read_table(dir.path(), Table::ServeCapacity).unwrap();
     assert_eq!(caps.height(), 1, "{}", text(&o));
@@ -158,6 +158,25 @@ fn a_search_finds_the_highest_rate_within_both_objectives_and_chunking_is_a_sett
             assert!(ttft.unwrap() <= 30.0 && tpot.unwrap() <= 10.0);
         }
     }
+    // A search cut off before its capacity row (here: the row removed) goes on where it was when
+    // run again: the rates it measured are not measured again, and its row comes with every step.
+    let id = strings(&caps, "capacity_id")[0].clone();
+    std::fs::remove_file(dir.path().join(format!("serve_capacity/part-{id}.parquet"))).unwrap();
+    let again = serve(dir.path(), SEARCHED);
+    assert!(again.status.success(), "{}", text(&again));
+    assert!(
+        text(&again).contains(&format!("resuming search {id}")),
+        "{}",
+        text(&again)
+    );
+    assert_eq!(
+        read_table(dir.path(), Table::Serve).unwrap().height(),
+        steps.height(),
+        "nothing measured again"
+    );
+    let resumed = read_table(dir.path(), Table::ServeCapacity).unwrap();
+    assert_eq!(strings(&resumed, "capacity_id"), vec![id]);
+    assert_eq!(numbers(&resumed, "capacity_qps"), numbers(&caps, "capacity_qps"));
     // The report draws both objectives against the rate, the cache over a step, the capacity.
     let page = dir.path().join("report.html");
     let o = migprof()

@@ -159,6 +159,7 @@ pub fn run(
         sampling: device.info.selected.clone().zip(spec.sample_interval),
         expected: &context.expected,
         search: None,
+        done: Vec::new(),
         steps: Vec::new(),
     };
     let capacity = match rates {
@@ -169,11 +170,26 @@ pub fn run(
             None
         }
         Rates::Search { start } => {
-            let capacity_id = crate::provenance::run_id(crate::provenance::now());
+            // A search of this cell that an earlier job left without its capacity row goes on: its
+            // rates are not measured again.
+            let resumed = unfinished_search(out, &cell.cell_id)?;
+            let (capacity_id, first) = match &resumed {
+                Some(r) => {
+                    writeln!(
+                        stepper.log,
+                        "resuming search {}: {} rate(s) measured before are not measured again",
+                        r.capacity_id,
+                        r.done.len()
+                    )?;
+                    (r.capacity_id.clone(), Some(r.first_qps))
+                }
+                None => (crate::provenance::run_id(crate::provenance::now()), None),
+            };
             let started = crate::provenance::now();
-            stepper.search = Some((capacity_id.clone(), 0));
+            stepper.search = Some((capacity_id.clone(), resumed.as_ref().map_or(0, |r| r.done.len())));
+            stepper.done = resumed.map(|r| r.done).unwrap_or_default();
             let plan = SearchPlan {
-                start_qps: start.unwrap_or(closed.request_rate).max(0.01),
+                start_qps: first.or(*start).unwrap_or(closed.request_rate).max(0.01),
                 resolution: settings.resolution,
                 floor_qps: (closed.request_rate / 1000.0).max(0.01),
                 max_steps: settings.max_steps,
@@ -365,6 +381,8 @@ struct Stepper<'a> {
     expected: &'a crate::run::evidence::Expected,
     /// A search's id and the index of its next step.
     search: Option<(String, usize)>,
+    /// Rates a resumed search measured before, and whether each met both objectives.
+    done: Vec<(f64, bool)>,
     steps: Vec<(f64, GenerationSummary)>,
 }
 
@@ -400,6 +418,15 @@ impl Stepper<'_> {
                 summary.requests,
                 self.plan.duration.as_secs_f64(),
                 self.plan.drain.as_secs_f64()
+            ));
+        }
+        let growth_ms = summary.ttft_growth_over_horizon_ms();
+        if growth_ms > 0.0 {
+            notes.push(format!(
+                "TTFT grew {:.2} ms per second of arrivals: at this rate the queue grows, and its p99 would be {:.0} ms higher after {} s",
+                summary.ttft_growth * 1e3,
+                growth_ms,
+                super::serve::GROWTH_HORIZON.as_secs()
             ));
         }
         if let Some(e) = evidence.describe() {
@@ -439,8 +466,69 @@ impl Stepper<'_> {
 
 impl StepRunner for Stepper<'_> {
     fn run_step(&mut self, qps: f64) -> Result<bool> {
+        // The same start and the same verdicts give the same rates: a rate measured before is taken
+        // as it was (its row is there).
+        if let Some(&(_, met)) = self.done.iter().find(|(q, _)| (q - qps).abs() <= 1e-9 * qps.max(1.0)) {
+            writeln!(
+                self.log,
+                "{qps:.2} requests/s: measured before ({})",
+                if met {
+                    "met both objectives"
+                } else {
+                    "missed an objective"
+                }
+            )?;
+            return Ok(met);
+        }
         self.step(qps)
     }
+}
+
+/// A search of a cell left without its capacity row: its id, its first rate, and the rates it
+/// measured with their verdicts.
+struct Unfinished {
+    capacity_id: String,
+    first_qps: f64,
+    done: Vec<(f64, bool)>,
+}
+
+/// The latest search of `cell_id` in `out` whose `serve_capacity` row was never written.
+fn unfinished_search(out: &Path, cell_id: &str) -> Result<Option<Unfinished>> {
+    use crate::results::parts::{number_column, read_table, text_column, Table};
+    let finished: std::collections::BTreeSet<String> =
+        text_column(&read_table(out, Table::ServeCapacity)?, "capacity_id")?
+            .into_iter()
+            .flatten()
+            .collect();
+    let steps = read_table(out, Table::Serve)?;
+    let (cells, ids, index, rate, meets) = (
+        text_column(&steps, "cell_id")?,
+        text_column(&steps, "capacity_id")?,
+        number_column(&steps, "search_step")?,
+        number_column(&steps, "offered_qps")?,
+        text_column(&steps, "meets_slo")?,
+    );
+    let mut searches: std::collections::BTreeMap<String, Vec<(f64, f64, bool)>> = Default::default();
+    for i in 0..steps.height() {
+        let (Some(c), Some(id), Some(k), Some(q)) = (&cells[i], &ids[i], index[i], rate[i]) else {
+            continue;
+        };
+        if c == cell_id && !finished.contains(id) {
+            searches
+                .entry(id.clone())
+                .or_default()
+                .push((k, q, meets[i].as_deref() == Some("true")));
+        }
+    }
+    // Ids sort by their start: the latest search goes on.
+    Ok(searches.into_iter().next_back().and_then(|(capacity_id, mut steps)| {
+        steps.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Some(Unfinished {
+            capacity_id,
+            first_qps: steps.first()?.1,
+            done: steps.into_iter().map(|(_, q, m)| (q, m)).collect(),
+        })
+    }))
 }
 
 /// One line for the log: the rate, what came back, the objectives' percentiles.

@@ -252,6 +252,7 @@ pub fn write_step(
         col("batch_mean", vec![s.batch_mean]),
         col("batch_max", vec![s.batch_max as i64]),
         col("preemptions", vec![s.preemptions as i64]),
+        col("ttft_growth_ms_per_s", vec![s.ttft_growth * 1e3]),
         Column::new("meets_slo".into(), vec![step.meets]),
         col("verdict", vec![verdict.to_string()]),
         Column::new("throttle_share".into(), vec![e.throttle_share]),
