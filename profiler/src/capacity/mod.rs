@@ -229,8 +229,13 @@ pub fn plan(
         let mine: Vec<&Capacity> = gathered.capacities.iter().filter(|c| c.model == *m).collect();
         if mine.is_empty() {
             let have: std::collections::BTreeSet<&str> = gathered.capacities.iter().map(|c| c.model.as_str()).collect();
+            // What the sources found instead (other objectives, other GPUs) says where to look.
+            let found = match gathered.notes.is_empty() {
+                true => String::new(),
+                false => format!(" ({})", gathered.notes.join("; ")),
+            };
             bail!(
-                "no capacity for {m}: the capacities given are for {}",
+                "no capacity for {m}: the capacities given are for {}{found}",
                 if have.is_empty() {
                     "no model".to_string()
                 } else {

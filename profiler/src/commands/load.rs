@@ -64,7 +64,8 @@ pub struct LoadArgs {
     /// free), ms (default 5; not for language models, whose batcher admits between iterations).
     #[arg(long, value_parser = parse_non_negative)]
     pub max_delay_ms: Option<f64>,
-    /// Seconds of measured arrivals per step (without --search).
+    /// Seconds of measured arrivals per step (without --search); for a language model, the
+    /// seconds of arrivals of every step, --warmup included (about qps × duration requests).
     #[arg(long, default_value_t = DEFAULTS.duration_secs, value_parser = parse_positive)]
     pub duration: f64,
     /// Seconds of arrivals at the start of each step that are served and not measured.

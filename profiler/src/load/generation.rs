@@ -129,7 +129,7 @@ pub fn run(
     let closed = closed_loop(&clock, &mut engine, settings, budget)?;
     writeln!(
         log,
-        "cache: {} blocks of {} tokens ({:.0} MiB, sized by {}); closed loop of {} requests at once: {:.2} requests/s, {:.0} output tokens/s",
+        "cache: {} blocks of {} tokens ({:.1} MiB, sized by {}); closed loop of {} requests at once: {:.2} requests/s, {:.0} output tokens/s",
         cache.blocks,
         bs,
         cache.blocks as f64 * engine.model.block_bytes() as f64 / (1u64 << 20) as f64,
@@ -281,6 +281,7 @@ fn size_cache(
             )
         }
         _ => {
+            // (--kv-cache-fraction applies to a target's memory: the CPU's rule does not use it.)
             let per_seq = model.max_positions().div_ceil(s.kv_block_size as usize);
             let blocks = (s.max_seqs as usize * per_seq).min(CPU_CACHE_BYTES / block_bytes.max(1));
             (blocks, "cpu", None, None)
@@ -404,6 +405,7 @@ impl Stepper<'_> {
             let why = served
                 .requests
                 .iter()
+                .filter(|r| r.arrival >= start + self.plan.warmup)
                 .find_map(|r| r.refused.clone())
                 .unwrap_or_default();
             notes.push(format!(
@@ -553,10 +555,12 @@ fn describe(step: &ServedStep) -> String {
         s.kv_occupancy_mean * 100.0,
         s.kv_occupancy_max * 100.0,
         s.preemptions,
-        match step.meets {
-            Some(true) => ", meets both objectives",
-            Some(false) => ", misses an objective",
-            None => "",
+        match (step.meets, s.refused) {
+            (Some(true), _) => ", meets both objectives".to_string(),
+            (Some(false), 0) => ", misses an objective".to_string(),
+            (Some(false), n) => format!(", fails: {n} measured request(s) refused"),
+            (None, 0) => String::new(),
+            (None, n) => format!(", {n} measured request(s) refused"),
         }
     )
 }

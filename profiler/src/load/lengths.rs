@@ -75,6 +75,12 @@ impl FromStr for LengthDist {
                 _ => Err(bad(&format!("`{v}` is not a whole number of tokens above 0"))),
             }
         };
+        if let Some((kind, _)) = s
+            .split_once(':')
+            .filter(|(k, _)| !matches!(*k, "uniform" | "lognormal"))
+        {
+            return Err(bad(&format!("`{kind}` is no distribution migprof draws")));
+        }
         if let Some(range) = s.strip_prefix("uniform:") {
             let (lo, hi) = range.split_once('-').ok_or_else(|| bad("a range is MIN-MAX"))?;
             let (min, max) = (tokens(lo)?, tokens(hi)?);
@@ -205,6 +211,8 @@ mod tests {
             let e = bad.parse::<LengthDist>().unwrap_err();
             assert!(e.contains(FORMS) && e.contains(bad), "{bad}: {e}");
         }
+        let e = "normal:64,5".parse::<LengthDist>().unwrap_err();
+        assert!(e.contains("`normal` is no distribution migprof draws"), "{e}");
     }
 
     #[test]
