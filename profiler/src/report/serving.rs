@@ -85,7 +85,7 @@ impl Generation {
             return Ok(Vec::new());
         }
         let mut blocks = vec![Block::Text(
-            "Language models served under open-loop load (migprof load): requests of drawn prompt and output lengths arrive on a seeded schedule, and a continuous batcher schedules every iteration of the model over a paged KV cache. TTFT runs from a request's scheduled arrival to its first token, TPOT is the time per output token after it (as vLLM's benchmark defines them). Each point is one step: its p99 (with its 95% interval) against the offered rate; the grey line is the objective. A step meets the objectives when every measured request finished and both p99s are within them."
+            "Language models served under open-loop load (migprof load): requests of drawn prompt and output lengths arrive on a seeded schedule, and a continuous batcher schedules every iteration of the model over a paged KV cache. TTFT runs from a request's scheduled arrival to its first token, TPOT is the time per output token after it (as vLLM's benchmark defines them). Each point is one step: its p99 against the offered rate, with its 95% interval where the step had 299 finished requests or more (fewer give none); the grey line is the objective. A step meets the objectives when every measured request finished and both p99s are within them."
                 .into(),
         )];
         if self.steps.iter().any(|r| r.s("emulation") == "mps") {
