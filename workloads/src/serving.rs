@@ -87,7 +87,7 @@ impl PagedModel {
 
     /// Bytes a block of the pool holds (every layer's keys and values).
     pub fn block_bytes(&self) -> usize {
-        self.pool.block_size() * self.pool.shape().token_bytes(self.dtype())
+        self.pool.block_bytes()
     }
 
     /// Bytes of the weights (parameters at the model's dtype).

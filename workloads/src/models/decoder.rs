@@ -598,17 +598,7 @@ impl Attention {
         };
         let y = match &step.mask {
             None => decode::attention(&q, keys, values, decode::Slots::Shared(step.pos))?,
-            Some(mask) => {
-                let group = self.num_heads / self.num_kv_heads;
-                // Query head h reads key-value head h / group: [batch, kv heads, group, d].
-                let q = q.reshape((b, self.num_kv_heads, group, d))?;
-                let scale = 1.0 / (d as f64).sqrt();
-                let scores = (q.matmul(&keys.t()?)? * scale)?
-                    .to_dtype(DType::F32)?
-                    .broadcast_add(mask)?;
-                let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(q.dtype())?;
-                probs.matmul(values)?.reshape((b, 1, self.num_heads * d))?
-            }
+            Some(mask) => self.one_token_attention(&q, keys, values, mask)?,
         };
         match step.composed {
             None => decode::gemv(&y, None, self.o_proj.weight(), Some(x)),
@@ -618,6 +608,23 @@ impl Attention {
 }
 
 impl Attention {
+    /// Candle's ops for one query token per sequence, `q` [batch, q heads, (1,) d], against `keys`
+    /// and `values` [batch, kv heads, slots, d] with `mask` added to the scores in f32 (0 where a
+    /// slot is read, -1e30 where not): [batch, 1, q heads · d]. Each key-value head serves its
+    /// `group` query heads in one product, with no copies of it.
+    fn one_token_attention(&self, q: &Tensor, keys: &Tensor, values: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let (b, d) = (keys.dim(0)?, self.head_dim);
+        let group = self.num_heads / self.num_kv_heads;
+        // Query head h reads key-value head h / group: [batch, kv heads, group, d].
+        let q = q.reshape((b, self.num_kv_heads, group, d))?;
+        let scale = 1.0 / (d as f64).sqrt();
+        let scores = (q.matmul(&keys.t()?)? * scale)?
+            .to_dtype(DType::F32)?
+            .broadcast_add(mask)?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(q.dtype())?;
+        probs.matmul(values)?.reshape((b, 1, self.num_heads * d))
+    }
+
     /// One decode step's attention of a server's batch, each sequence at its own position in `pool`
     /// (`step`), for the residual stream `x` [n, 1, hidden]: `x` plus the attention's output. As
     /// [`Attention::decode_step`], but the new keys and values go to each sequence's slot in its
@@ -670,20 +677,13 @@ impl Attention {
         let y = match &step.gathered {
             None => decode::attention(&q, keys, values, slots)?,
             Some(g) => {
-                let group = hq / hkv;
                 let rows = keys.elem_count() / d;
                 let read = |pool: &Tensor| {
                     pool.reshape((rows, d))?
                         .index_select(&g.reads, 0)?
                         .reshape((n, hkv, g.len, d))
                 };
-                let q = q.reshape((n, hkv, group, d))?;
-                let scale = 1.0 / (d as f64).sqrt();
-                let scores = (q.matmul(&read(keys)?.t()?)? * scale)?
-                    .to_dtype(DType::F32)?
-                    .broadcast_add(&g.mask)?;
-                let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(q.dtype())?;
-                probs.matmul(&read(values)?)?.reshape((n, 1, hq * d))?
+                self.one_token_attention(&q, &read(keys)?, &read(values)?, &g.mask)?
             }
         };
         match step.composed {

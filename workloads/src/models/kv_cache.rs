@@ -214,37 +214,30 @@ impl KvStore for KvCache {
     }
 }
 
-/// Keys and values in blocks of `block_size` tokens taken from a pool shared by the sequences; a
-/// block table per sequence says which blocks hold its tokens, in order. A pass writes its tokens
-/// into their slots in place and attention reads each sequence's blocks gathered into one tensor.
+/// Keys and values in blocks of `block_size` tokens taken from a pool ([`KvPool`]) shared by the
+/// batch's sequences, all of one length; a block table per sequence says which blocks hold its
+/// tokens, in order. A pass writes its tokens into their slots in place and attention reads each
+/// sequence's slots gathered.
 #[derive(Debug)]
 pub struct PagedKvCache {
-    block_size: usize,
-    /// Per layer: keys and values of every slot, [blocks × block_size, kv heads, head_dim].
-    pools: Vec<(Tensor, Tensor)>,
-    /// Blocks no sequence holds, taken from the end.
-    free: Vec<u32>,
+    pool: KvPool,
     /// Per sequence: its blocks in order.
     tables: Vec<Vec<u32>>,
     len: usize,
     /// The pass being written, from its first layer until it commits or is abandoned.
     pending: Option<Pass>,
-    token_bytes: usize,
 }
 
 /// What a pass reserved at its first layer, for every layer.
 #[derive(Debug)]
 struct Pass {
     tokens: usize,
-    /// The blocks it took, by sequence (given back if it is abandoned).
-    taken: Vec<(usize, u32)>,
-    /// Every sequence's slots after the pass, in order: what attention gathers.
-    slots: Tensor,
-    /// A decode step's writes: the slot of each new token's every element, [batch, kv heads,
-    /// head_dim], for one scatter per layer. `None` for a longer pass, whose tokens are copied a
-    /// block's run at a time (candle's scatter spreads its work over a token's elements only, so a
-    /// prompt of hundreds of tokens would be written by a few hundred threads).
-    writes: Option<Tensor>,
+    /// Each sequence's blocks before the pass: those after go back if it is abandoned.
+    held: Vec<usize>,
+    /// The pool rows of the pass's keys and values, and those attention reads: every sequence's
+    /// heads in turn, each head's positions in order ([`KvPool::rows`]).
+    writes: Tensor,
+    reads: Tensor,
 }
 
 impl PagedKvCache {
@@ -257,27 +250,11 @@ impl PagedKvCache {
         dtype: DType,
         device: &Device,
     ) -> Result<PagedKvCache> {
-        if block_size == 0 {
-            candle_core::bail!("a KV block holds at least one token")
-        }
-        let kv: KvShape = shape.into();
-        let slots = (blocks * block_size, kv.kv_heads, kv.head_dim);
-        let pools = (0..kv.layers)
-            .map(|_| {
-                Ok((
-                    Tensor::zeros(slots, dtype, device)?,
-                    Tensor::zeros(slots, dtype, device)?,
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
         Ok(PagedKvCache {
-            block_size,
-            pools,
-            free: (0..blocks as u32).rev().collect(),
+            pool: KvPool::new(shape, blocks, block_size, dtype, device)?,
             tables: vec![Vec::new(); batch],
             len: 0,
             pending: None,
-            token_bytes: kv.token_bytes(dtype),
         })
     }
 
@@ -287,12 +264,12 @@ impl PagedKvCache {
     }
 
     pub fn block_size(&self) -> usize {
-        self.block_size
+        self.pool.block_size()
     }
 
     /// Blocks no sequence holds.
     pub fn blocks_free(&self) -> usize {
-        self.free.len()
+        self.pool.blocks_free()
     }
 
     /// Each sequence's blocks, in order.
@@ -300,76 +277,60 @@ impl PagedKvCache {
         &self.tables
     }
 
-    /// The blocks `tokens` more tokens of every sequence need, taken now, and the slots the pass's
+    /// Gives back the blocks each sequence took after its first `held`.
+    fn give_back_after(&mut self, held: &[usize]) {
+        for (table, &n) in self.tables.iter_mut().zip(held).rev() {
+            let mut taken = table.split_off(n);
+            self.pool.give_back(&mut taken);
+        }
+    }
+
+    /// The blocks `tokens` more tokens of every sequence need, taken now, and the rows the pass's
     /// layers write and gather, on `device` (once per pass, at its first layer).
     fn reserve(&mut self, tokens: usize, device: &Device) -> Result<()> {
-        let needed = (self.len + tokens).div_ceil(self.block_size);
-        let mut taken: Vec<(usize, u32)> = Vec::new();
+        let held: Vec<usize> = self.tables.iter().map(Vec::len).collect();
+        let total = self.len + tokens;
         for s in 0..self.tables.len() {
-            while self.tables[s].len() < needed {
-                let Some(block) = self.free.pop() else {
-                    // Give back what this pass took before saying so.
-                    for (s, block) in taken.into_iter().rev() {
-                        self.tables[s].pop();
-                        self.free.push(block);
-                    }
-                    let blocks = self.pools.first().map_or(0, |(k, _)| k.dim(0).unwrap_or(0)) / self.block_size;
-                    candle_core::bail!(
-                        "the KV cache's {blocks} blocks of {} tokens are all held: {tokens} more tokens of each of {} sequences do not fit",
-                        self.block_size,
-                        self.tables.len()
-                    )
-                };
-                self.tables[s].push(block);
-                taken.push((s, block));
+            if self.pool.cover(&mut self.tables[s], total).is_err() {
+                // Give back what this pass took before saying so.
+                self.give_back_after(&held);
+                candle_core::bail!(
+                    "the KV cache's {} blocks of {} tokens are all held: {tokens} more tokens of each of {} sequences do not fit",
+                    self.pool.blocks(),
+                    self.pool.block_size(),
+                    self.tables.len()
+                )
             }
         }
-        match self.slot_tensors(tokens, device) {
-            Ok((slots, writes)) => {
+        let rows = |range: std::ops::Range<usize>| -> Vec<u32> {
+            self.tables
+                .iter()
+                .flat_map(|t| self.pool.rows(t, range.clone()))
+                .collect()
+        };
+        let (writes, reads) = (rows(self.len..total), rows(0..total));
+        let tensors = (|| {
+            let (nw, nr) = (writes.len(), reads.len());
+            Ok::<_, candle_core::Error>((
+                Tensor::from_vec(writes, nw, device)?,
+                Tensor::from_vec(reads, nr, device)?,
+            ))
+        })();
+        match tensors {
+            Ok((writes, reads)) => {
                 self.pending = Some(Pass {
                     tokens,
-                    taken,
-                    slots,
+                    held,
                     writes,
+                    reads,
                 });
                 Ok(())
             }
             Err(e) => {
-                for (s, block) in taken.into_iter().rev() {
-                    self.tables[s].pop();
-                    self.free.push(block);
-                }
+                self.give_back_after(&held);
                 Err(e)
             }
         }
-    }
-
-    /// Every sequence's slots once `tokens` more are held, and the slots of the new ones spread over
-    /// each token's keys or values (what a scatter along the pool's first dimension takes).
-    fn slot_tensors(&self, tokens: usize, device: &Device) -> Result<(Tensor, Option<Tensor>)> {
-        let (b, total) = (self.tables.len(), self.len + tokens);
-        let all = self.slots(total);
-        let writes = if tokens == 1 {
-            let new: Vec<u32> = all.chunks(total).map(|sequence| sequence[self.len]).collect();
-            let (_, heads, d) = self.pools[0].0.dims3()?;
-            Some(
-                Tensor::from_vec(new, (b, 1, 1), device)?
-                    .broadcast_as((b, heads, d))?
-                    .contiguous()?,
-            )
-        } else {
-            None
-        };
-        Ok((Tensor::from_vec(all, b * total, device)?, writes))
-    }
-
-    /// The pool slot of each position `0..tokens` of every sequence, in sequence order.
-    fn slots(&self, tokens: usize) -> Vec<u32> {
-        let bs = self.block_size as u32;
-        self.tables
-            .iter()
-            .flat_map(|table| (0..tokens as u32).map(move |p| table[(p / bs) as usize] * bs + p % bs))
-            .collect()
     }
 }
 
@@ -386,43 +347,10 @@ impl KvStore for PagedKvCache {
         if self.pending.is_none() {
             self.reserve(t, k.device())?;
         }
-        let (pool_k, pool_v) = &self.pools[layer];
         let pass = self.pending.as_ref().expect("reserved above");
-        // Every sequence's new tokens, [batch × tokens, kv heads, head_dim], into their slots.
-        let (k_rows, v_rows) = (
-            k.transpose(1, 2)?.contiguous()?.reshape((b * t, heads, d))?,
-            v.transpose(1, 2)?.contiguous()?.reshape((b * t, heads, d))?,
-        );
-        match &pass.writes {
-            Some(writes) => {
-                pool_k.scatter_set(writes, &k_rows, 0)?;
-                pool_v.scatter_set(writes, &v_rows, 0)?;
-            }
-            None => {
-                // A run of consecutive positions stays in one block up to the block's end.
-                let bs = self.block_size;
-                for s in 0..b {
-                    let mut p = 0;
-                    while p < t {
-                        let position = self.len + p;
-                        let run = (bs - position % bs).min(t - p);
-                        let slot = self.tables[s][position / bs] as usize * bs + position % bs;
-                        pool_k.slice_set(&k_rows.narrow(0, s * t + p, run)?, 0, slot)?;
-                        pool_v.slice_set(&v_rows.narrow(0, s * t + p, run)?, 0, slot)?;
-                        p += run;
-                    }
-                }
-            }
-        }
+        let (k, v) = self.pool.write_and_read(layer, &pass.writes, (k, v), &pass.reads)?;
         let total = self.len + t;
-        let slots = &pass.slots;
-        let gather = |pool: &Tensor| -> Result<Tensor> {
-            pool.index_select(slots, 0)?
-                .reshape((b, total, heads, d))?
-                .transpose(1, 2)?
-                .contiguous()
-        };
-        Ok((gather(pool_k)?, gather(pool_v)?))
+        Ok((k.reshape((b, heads, total, d))?, v.reshape((b, heads, total, d))?))
     }
 
     fn commit(&mut self) {
@@ -433,23 +361,20 @@ impl KvStore for PagedKvCache {
 
     fn abandon(&mut self) {
         if let Some(pass) = self.pending.take() {
-            for (s, block) in pass.taken.into_iter().rev() {
-                self.tables[s].pop();
-                self.free.push(block);
-            }
+            self.give_back_after(&pass.held);
         }
     }
 
     fn reset(&mut self) {
         self.pending = None;
-        let blocks = self.free.len() + self.tables.iter().map(Vec::len).sum::<usize>();
-        self.free = (0..blocks as u32).rev().collect();
-        self.tables.iter_mut().for_each(Vec::clear);
+        for table in self.tables.iter_mut() {
+            self.pool.give_back(table);
+        }
         self.len = 0;
     }
 
     fn bytes(&self) -> usize {
-        self.tables.iter().map(Vec::len).sum::<usize>() * self.block_size * self.token_bytes
+        self.tables.iter().map(Vec::len).sum::<usize>() * self.pool.block_bytes()
     }
 }
 
@@ -513,9 +438,14 @@ impl KvPool {
         self.free.len()
     }
 
+    /// Bytes a block holds: its tokens' keys and values, every layer.
+    pub fn block_bytes(&self) -> usize {
+        self.block_size * self.shape.token_bytes(self.dtype)
+    }
+
     /// Bytes the pool holds, every block counted.
     pub fn bytes(&self) -> usize {
-        self.blocks() * self.block_size * self.shape.token_bytes(self.dtype)
+        self.blocks() * self.block_bytes()
     }
 
     /// Layer `layer`'s key and value pools, [blocks, kv heads, block_size, head_dim].
@@ -552,6 +482,26 @@ impl KvPool {
     pub fn row(&self, table: &[u32], h: usize, p: usize) -> u32 {
         let (bs, heads) = (self.block_size, self.shape.kv_heads);
         ((table[p / bs] as usize * heads + h) * bs + p % bs) as u32
+    }
+
+    /// Layer `layer`'s keys `k` and values `v` (any shape of [rows, head_dim], in the order of
+    /// `writes`) written into the pool rows `writes`, then the rows `reads` of both gathered:
+    /// [reads, head_dim] each.
+    fn write_and_read(
+        &self,
+        layer: usize,
+        writes: &Tensor,
+        (k, v): (&Tensor, &Tensor),
+        reads: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let d = self.shape.head_dim;
+        let (pool_k, pool_v) = self.layer(layer)?;
+        let rows = pool_k.elem_count() / d;
+        let (pool_k, pool_v) = (pool_k.reshape((rows, d))?, pool_v.reshape((rows, d))?);
+        let n = k.elem_count() / d;
+        write_rows(&pool_k, writes, &k.contiguous()?.reshape((n, d))?)?;
+        write_rows(&pool_v, writes, &v.contiguous()?.reshape((n, d))?)?;
+        Ok((pool_k.index_select(reads, 0)?, pool_v.index_select(reads, 0)?))
     }
 
     /// Rows of every head's positions `range` of a sequence, head by head: [heads × len(range)].
@@ -613,13 +563,8 @@ impl KvStore for SequenceCache<'_> {
             self.pending = Some((t, writes, reads));
         }
         let (_, writes, reads) = self.pending.as_ref().expect("made above");
-        let (pool_k, pool_v) = self.pool.layer(layer)?;
-        let rows = pool_k.elem_count() / d;
-        let (pool_k, pool_v) = (pool_k.reshape((rows, d))?, pool_v.reshape((rows, d))?);
-        write_rows(&pool_k, writes, &k.contiguous()?.reshape((heads * t, d))?)?;
-        write_rows(&pool_v, writes, &v.contiguous()?.reshape((heads * t, d))?)?;
-        let gather = |pool: &Tensor| pool.index_select(reads, 0)?.reshape((1, heads, total, d));
-        Ok((gather(&pool_k)?, gather(&pool_v)?))
+        let (k, v) = self.pool.write_and_read(layer, writes, (k, v), reads)?;
+        Ok((k.reshape((1, heads, total, d))?, v.reshape((1, heads, total, d))?))
     }
 
     fn commit(&mut self) {
@@ -634,7 +579,7 @@ impl KvStore for SequenceCache<'_> {
     }
 
     fn bytes(&self) -> usize {
-        self.table.len() * self.pool.block_size * self.pool.shape.token_bytes(self.pool.dtype)
+        self.table.len() * self.pool.block_bytes()
     }
 
     fn reset(&mut self) {
