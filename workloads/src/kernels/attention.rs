@@ -595,7 +595,8 @@ mod cuda {
                         .reshape((b / repeat, repeat, h, tp, tp))?;
                     // dS is the gradient of the unscaled scores; the bias is added after the scale.
                     let sqrt_d = ((c3 / 3 / h) as f64).sqrt();
-                    Some((ds.narrow(3, 0, t)?.narrow(4, 0, t)?.sum(0)? * sqrt_d)?.to_dtype(bias.dtype())?)
+                    let per_window = crate::kernels::elementwise::sum_leading(&ds)?;
+                    Some((per_window.narrow(2, 0, t)?.narrow(3, 0, t)? * sqrt_d)?.to_dtype(bias.dtype())?)
                 }
                 _ => None,
             };

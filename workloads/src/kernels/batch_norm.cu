@@ -54,23 +54,40 @@ if (threadIdx.x == 0) {
 }
 
 // Per channel: the chunks' sums added; pass 0 makes them [mean; biased variance], pass 1 keeps them.
+// A block of 32 x FINISH_LY threads takes 32 channels: lane x a channel (neighbouring lanes read
+// neighbouring addresses), lane y every FINISH_LY-th chunk, then the lanes y add up in shared memory
+// in a fixed order (a step replays bit for bit). Why not a thread per channel looping over every
+// chunk: ResNet's NHWC layers have up to 512 chunks, and a few channels' threads reading them one
+// by one were the largest part of a training step (docs/kernels.md#batch-norm).
+#define FINISH_LY 16
 template <typename E>
 __device__ void channel_finish(const typename E::T* x, const float* partial, float* out, unsigned int chunks,
                            unsigned int n, unsigned int c, unsigned int hw, int pass) {
-for (unsigned int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < c; ch += blockDim.x * gridDim.x) {
-    float s = 0.f, q = 0.f;
-    for (unsigned int k = 0; k < chunks; k++) {
+__shared__ float sh[2][FINISH_LY][32];
+unsigned int ch = blockIdx.x * 32 + threadIdx.x;
+float s = 0.f, q = 0.f;
+if (ch < c)
+    for (unsigned int k = threadIdx.y; k < chunks; k += FINISH_LY) {
         s += partial[(2 * k) * c + ch];
         q += partial[(2 * k + 1) * c + ch];
     }
-    if (pass == 0) {
-        float count = (float)n * hw, m = s / count;
-        out[ch] = E::get(x, (unsigned long long)ch * hw) + m;
-        out[c + ch] = fmaxf(q / count - m * m, 0.f);
-    } else {
-        out[ch] = s;
-        out[c + ch] = q;
-    }
+sh[0][threadIdx.y][threadIdx.x] = s;
+sh[1][threadIdx.y][threadIdx.x] = q;
+__syncthreads();
+if (threadIdx.y != 0 || ch >= c) return;
+s = 0.f;
+q = 0.f;
+for (int t = 0; t < FINISH_LY; t++) {
+    s += sh[0][t][threadIdx.x];
+    q += sh[1][t][threadIdx.x];
+}
+if (pass == 0) {
+    float count = (float)n * hw, m = s / count;
+    out[ch] = E::get(x, (unsigned long long)ch * hw) + m;
+    out[c + ch] = fmaxf(q / count - m * m, 0.f);
+} else {
+    out[ch] = s;
+    out[c + ch] = q;
 }
 }
 

@@ -508,7 +508,8 @@ mod cuda {
             // word-aligned starts (v checked above), stats 2·c, partial 2·chunks·c; a rows block
             // has 256 threads.
             unsafe { partials_fn.launch(&mut b, cfg) }?;
-            let cfg = LaunchConfig { grid_dim: (c.div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // 32 channels a block, FINISH_LY (16) lanes down the chunks.
+            let cfg = LaunchConfig { grid_dim: (c.div_ceil(32), 1, 1), block_dim: (32, 16, 1), shared_mem_bytes: 0 };
             let mut b = finish_fn.builder();
             b.arg(&xv).arg(&partial).arg(&out).arg(&chunks).arg(&n).arg(&c).arg(&hw).arg(&pass);
             // SAFETY: argument types and order match the kernel (rows as its images of one element

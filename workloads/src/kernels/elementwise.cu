@@ -100,20 +100,50 @@ KERNEL(bf16, BF16, 8)
 KERNEL(f16, F16, 1)
 KERNEL(f16, F16, 8)
 
-// Column sums of x [rows, cols] by blocks of rows: partial[blockIdx.x * cols + j], f32. Threads of a
-// warp read neighbouring columns of a row.
-template <typename E>
+// Column sums of x seen as [rows, cols], into partial [gridDim.y, cols] (f32): a block of lx x ly
+// threads, lane x a word of V neighbouring columns (cols % V == 0), lane y every (gridDim.y · ly)-th
+// row; the lanes y then add up in shared memory in a fixed order. Why words and rows across a block:
+// a thread per column reading 2-byte elements one row after another held Swin-T's bias gradients
+// (rows of 96 to 768 columns) to a fraction of the memory's bandwidth (docs/kernels.md#elementwise).
+template <typename E, int V>
 __device__ void column_sums(const typename E::T* x, float* partial, unsigned int rows, unsigned int cols) {
-    for (unsigned int j = blockIdx.y * blockDim.x + threadIdx.x; j < cols; j += blockDim.x * gridDim.y) {
-        float s = 0.f;
-        for (unsigned int r = blockIdx.x; r < rows; r += gridDim.x) s += E::get(x, (unsigned long long)r * cols + j);
-        partial[(unsigned long long)blockIdx.x * cols + j] = s;
+    typedef Pack<typename E::T, V> P;
+    __shared__ float sh[256 * V];
+    unsigned int words = cols / V, word = blockIdx.x * blockDim.x + threadIdx.x;
+    float s[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) s[i] = 0.f;
+    if (word < words)
+        for (unsigned int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
+            P p = ((const P*)x)[(unsigned long long)r * words + word];
+#pragma unroll
+            for (int i = 0; i < V; i++) s[i] += E::get(p.v, i);
+        }
+    unsigned int lane = threadIdx.y * blockDim.x + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < V; i++) sh[lane * V + i] = s[i];
+    __syncthreads();
+    if (threadIdx.y != 0 || word >= words) return;
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        float t = 0.f;
+        for (unsigned int y = 0; y < blockDim.y; y++) t += sh[(y * blockDim.x + threadIdx.x) * V + i];
+        partial[(unsigned long long)blockIdx.y * cols + word * V + i] = t;
     }
 }
-#define SUM_KERNEL(NAME, E)                                                                            \
-extern "C" __global__ void NAME(const E::T* x, float* partial, unsigned int rows, unsigned int cols) { \
-    column_sums<E>(x, partial, rows, cols);                                                            \
+#define SUM_KERNEL(S, E, V)                                                                            \
+extern "C" __global__ void column_sums_##S##_v##V(const E::T* x, float* partial, unsigned int rows,     \
+                                                  unsigned int cols) {                                 \
+    column_sums<E, V>(x, partial, rows, cols);                                                         \
 }
-SUM_KERNEL(column_sums_f32, F32)
-SUM_KERNEL(column_sums_bf16, BF16)
-SUM_KERNEL(column_sums_f16, F16)
+SUM_KERNEL(f32, F32, 1)
+SUM_KERNEL(f32, F32, 2)
+SUM_KERNEL(f32, F32, 4)
+SUM_KERNEL(bf16, BF16, 1)
+SUM_KERNEL(bf16, BF16, 2)
+SUM_KERNEL(bf16, BF16, 4)
+SUM_KERNEL(bf16, BF16, 8)
+SUM_KERNEL(f16, F16, 1)
+SUM_KERNEL(f16, F16, 2)
+SUM_KERNEL(f16, F16, 4)
+SUM_KERNEL(f16, F16, 8)

@@ -122,6 +122,25 @@ pub fn add_repeating(scores: &Tensor, bias: &Tensor) -> Result<Tensor> {
     bias_act(&flat, &bias.flatten_all()?, BiasAxis::Last, Act::None)?.reshape(s)
 }
 
+/// x summed over its first axis, in f32 (bias gradients, per-block partial sums, a score bias's
+/// gradient over images): the column-sum kernel on CUDA devices, then once more over its block rows
+/// when it left more than one; candle's sum elsewhere. Why not candle's sum on the GPU: its
+/// reduction over a leading axis took a large share of BERT-base's and Swin-T's training steps
+/// (docs/kernels.md#elementwise).
+pub fn sum_leading(x: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && x.rank() >= 2 {
+        let rest = x.dims()[1..].to_vec();
+        let flat = x.contiguous()?.reshape((x.dim(0)?, rest.iter().product::<usize>()))?;
+        let mut partial = flat.apply_op1_no_bwd(&cuda::ColumnSums { whole: false })?;
+        if partial.dim(0)? > 1 {
+            partial = partial.apply_op1_no_bwd(&cuda::ColumnSums { whole: true })?;
+        }
+        return partial.reshape(rest);
+    }
+    x.to_dtype(candle_core::DType::F32)?.sum(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,13 +446,8 @@ pub(crate) mod cuda {
                 dv.reshape((n, c, dv.elem_count() / (n * c).max(1)))?.sum(2)?.sum(0)
             }
             BiasAxis::Last => {
-                let partial = dv.apply_op1_no_bwd(&ColumnSums)?;
-                let sums = if partial.dim(0)? == 1 {
-                    partial.squeeze(0)?
-                } else {
-                    partial.sum(0)?
-                };
-                sums.to_dtype(dv.dtype())
+                let cols = *dv.dims().last().unwrap_or(&1);
+                super::sum_leading(&dv.reshape((dv.elem_count() / cols.max(1), cols))?)?.to_dtype(dv.dtype())
             }
         }
     }
@@ -534,9 +548,12 @@ pub(crate) mod cuda {
         }
     }
 
-    /// Column sums of a tensor seen as [rows, last dimension], as f32 partial sums [blocks, cols].
+    /// Column sums of a tensor seen as [rows, last dimension], as f32 partial sums [blocks, cols];
+    /// `whole`: in one block row ([1, cols]), for rows few enough (partial sums themselves).
     #[derive(Debug, Clone, Copy)]
-    struct ColumnSums;
+    pub(super) struct ColumnSums {
+        pub whole: bool,
+    }
 
     impl CustomOp1 for ColumnSums {
         fn name(&self) -> &'static str {
@@ -553,26 +570,38 @@ pub(crate) mod cuda {
             if rows * cols > u32::MAX as usize || cols == 0 {
                 bail!("column sums of {rows} x {cols}: empty or more than the kernel indexes")
             }
-            // At least 32 rows per thread: a batch's worth of rows (a 1x1 convolution's per-image filter
-            // gradients, 32 of them) is summed in one block row, with no partial sums left to add.
-            let blocks = (rows / 32).clamp(1, 256);
+            // Words of v columns across a block's lanes x (up to 32), the rest of its 256 threads
+            // down the rows; a block row takes 16 rows a thread or more, so that a batch's worth of
+            // rows (a 1x1 convolution's per-image filter gradients, 32 of them) is summed in one
+            // block row, with no partial sums left to add.
+            let v = launch::word_elements(x.dtype().size_in_bytes(), &[cols, l.start_offset()]);
+            let words = (cols / v) as u32;
+            // A whole pass (partial sums: few rows) takes up to 8 lanes across and more rows at
+            // once, so that its few blocks each read few rows in turn.
+            let lx = words.next_power_of_two().min(if self.whole { 8 } else { 32 });
+            let ly = 256 / lx;
+            let blocks = if self.whole {
+                1
+            } else {
+                (rows / (ly as usize * 16)).clamp(1, 256)
+            };
             let dev = x.device().clone();
-            let kernel = launch::name("column_sums", x.dtype());
+            let kernel = format!("{}_v{v}", launch::name("column_sums", x.dtype()));
             let func = Kernel::load(&dev, &crate::kernels::sources::ELEMENTWISE, &kernel)?;
-            let threads = 256u32;
             let cfg = LaunchConfig {
-                grid_dim: (blocks as u32, (cols as u32).div_ceil(threads), 1),
-                block_dim: (threads, 1, 1),
+                grid_dim: (words.div_ceil(lx), blocks as u32, 1),
+                block_dim: (lx, ly, 1),
                 shared_mem_bytes: 0,
             };
             let (r, c) = (rows as u32, cols as u32);
-            // SAFETY: every (block, column) is written.
+            // SAFETY: every (block row, column) is written.
             let out = unsafe { dev.alloc::<f32>(blocks * cols)? };
             launch::by_dtype!(x.dtype(), "column sums", T => {
                 let xv = launch::view::<T>(x, l, "column sums")?;
                 let mut builder = func.builder();
                 builder.arg(&xv).arg(&out).arg(&r).arg(&c);
-                // SAFETY: argument types and order match the kernel; x holds rows x cols, out blocks x cols.
+                // SAFETY: argument types and order match the kernel; x holds rows x cols from a start
+                // on a word of v, out blocks x cols; a block has 256 threads.
                 unsafe { func.launch(&mut builder, cfg) }?;
             });
             Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((blocks, cols))))

@@ -118,16 +118,14 @@ impl CustomOp3 for LayerNorm {
             },
         )?;
         // [blocks, 2, cols] sums of g·x̂ and of g, one row pair per block of rows.
-        let partial = x
-            .apply_op3_no_bwd(
-                w,
-                &g,
-                &LayerNormGrad {
-                    eps: self.eps,
-                    params: true,
-                },
-            )?
-            .sum(0)?;
+        let partial = super::elementwise::sum_leading(&x.apply_op3_no_bwd(
+            w,
+            &g,
+            &LayerNormGrad {
+                eps: self.eps,
+                params: true,
+            },
+        )?)?;
         let dw = partial.get(0)?.to_dtype(w.dtype())?;
         let db = partial.get(1)?.to_dtype(w.dtype())?;
         Ok((Some(dx), Some(dw), Some(db)))
@@ -220,7 +218,7 @@ impl CustomOp3 for LayerNormGrad {
             eps: self.eps,
         };
         if self.params {
-            let blocks = cuda::param_blocks(rows);
+            let blocks = cuda::param_blocks(&args);
             Ok((
                 cuda::layer_norm(args, cuda::LnPass::ParamSums { blocks })?,
                 Shape::from((blocks, 2, cols)),
@@ -267,9 +265,13 @@ mod cuda {
     }
 
     /// Blocks of the parameter-gradient pass: enough to fill the GPU, few enough that adding up
-    /// their partial sums is cheap.
-    pub(super) fn param_blocks(rows: usize) -> usize {
-        rows.clamp(1, 512)
+    /// their partial sums is cheap. The warp-per-row kernel's blocks take eight rows at once, and
+    /// 64 rows or more each, so that its partial sums stay far smaller than the rows they sum.
+    pub(super) fn param_blocks(a: &LnArgs) -> usize {
+        match warp_words(a) {
+            Some(4) => a.rows.div_ceil(64).clamp(1, 256),
+            _ => a.rows.clamp(1, 512),
+        }
     }
 
     /// Words of 16 bytes each lane of the warp-per-row kernel keeps (4 or 8: its two builds), when
@@ -301,11 +303,14 @@ mod cuda {
         // Rows that fit a warp's registers take the warp-per-row kernel (the block-per-row one
         // spends two block barriers per row, which held BERT-base's bf16 rows of 768 to a low
         // bandwidth; measured: docs/kernels.md#layer-norm).
+        // The parameter sums have a warp-per-row kernel of their own for rows of up to 4 words a lane.
         let warp = match pass {
-            LnPass::ParamSums { .. } => None,
+            LnPass::ParamSums { .. } => warp_words(&a).filter(|&w| w == 4),
             _ => warp_words(&a),
         };
+        let sums = matches!(pass, LnPass::ParamSums { .. });
         let kernel = match warp {
+            Some(words) if sums => name(&format!("layer_norm_warp{words}_sums"), a.x.0.dtype()),
             Some(words) => name(&format!("layer_norm_warp{words}"), a.x.0.dtype()),
             None => name("layer_norm", a.x.0.dtype()),
         };
@@ -316,6 +321,12 @@ mod cuda {
         };
         let eps = a.eps as f32;
         let cfg = match warp {
+            // Each block's warps take every (blocks · 8)-th row and leave the block's sums.
+            Some(_) if sums => LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            },
             // Eight rows (warps) per block.
             Some(_) => LaunchConfig {
                 grid_dim: (rows.div_ceil(8).clamp(1, 1 << 20), 1, 1),
@@ -337,7 +348,11 @@ mod cuda {
                 ($out:expr) => {{
                     let out = $out;
                     let mut b = func.builder();
-                    b.arg(&x).arg(&w).arg(&third).arg(&out).arg(&rows).arg(&cols).arg(&eps).arg(&code);
+                    if sums && warp.is_some() {
+                        b.arg(&x).arg(&third).arg(&out).arg(&rows).arg(&cols).arg(&eps);
+                    } else {
+                        b.arg(&x).arg(&w).arg(&third).arg(&out).arg(&rows).arg(&cols).arg(&eps).arg(&code);
+                    }
                     // SAFETY: argument types and order match the kernel; x and the third hold rows x
                     // cols, w cols, and out what the pass writes.
                     unsafe { func.launch(&mut b, cfg) }?;

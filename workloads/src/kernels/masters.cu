@@ -19,76 +19,104 @@
 #define SKIPPED 6
 #define ATTEMPTED 7
 
-// state[FOUND] = 1 when any of g's n elements is not finite. Every writer writes the same value, so
-// the unordered writes need no atomics.
+// AdamW on element i of an f32 state [m; v; master] of 3n, from the unscaled gradient gi: the
+// state written, the new master returned.
+__device__ __forceinline__ float adamw_at(float gi, float* buf, unsigned int n, unsigned int i, float lr, float b1,
+                                          float b2, float eps, float wd, float c1, float c2) {
+    float *m = buf, *v = buf + n, *master = buf + 2 * (unsigned long long)n;
+    float mi = b1 * m[i] + (1.f - b1) * gi;
+    float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    float p = master[i] * (1.f - lr * wd);
+    p -= lr * (mi / c1) / (sqrtf(vi / c2) + eps);
+    master[i] = p;
+    return p;
+}
+
+// SGD with momentum on element i of an f32 state [b; master] of 2n: g' = g + wd master, b = momentum b
+// + g', master -= lr b (b starts at zero, so the first step's b is g', as PyTorch's). The new master
+// returned.
+__device__ __forceinline__ float sgd_at(float gi, float* buf, unsigned int n, unsigned int i, float lr, float momentum,
+                                        float wd) {
+    float *b = buf, *master = buf + n;
+    float p = master[i];
+    gi += wd * p;
+    float bi = momentum * b[i] + gi;
+    b[i] = bi;
+    p -= lr * bi;
+    master[i] = p;
+    return p;
+}
+
+// A group of up to GROUP parameters updated in one launch, given by value as the kernel's parameter
+// (3 KB, within the 4 KB every GPU takes), so that a captured step replays it with the addresses it
+// was captured with. Each parameter is cut into chunks of CHUNK elements, a block a chunk: first[i]
+// is parameter i's first block, first[count] the grid's size. Why: a launch per parameter and pass
+// (ResNet-50: 161 parameters, two passes) cost more than the updates' memory traffic
+// (docs/kernels.md#masters). The working copy is written in the update's pass.
+#define GROUP 96
+#define CHUNK 4096
+struct Group {
+    unsigned long long g[GROUP];      // the gradients (the working copies' type)
+    unsigned long long state[GROUP];  // the f32 states [buffers; master]
+    unsigned long long theta[GROUP];  // the working copies
+    unsigned int n[GROUP];
+    unsigned int first[GROUP + 1];
+    unsigned int count;
+};
+
+// This block's parameter and its chunk [*start, *end).
+__device__ __forceinline__ unsigned int group_member(const Group& grp, unsigned int* start, unsigned int* end) {
+    unsigned int k = 0;
+    while (k + 1 < grp.count && grp.first[k + 1] <= blockIdx.x) k++;
+    *start = (blockIdx.x - grp.first[k]) * CHUNK;
+    *end = min(grp.n[k], *start + CHUNK);
+    return k;
+}
+
 template <typename E>
-__device__ void nonfinite(const typename E::T* g, unsigned int n, double* state) {
+__device__ void nonfinite_group(const Group& grp, double* state) {
+    unsigned int start, end, k = group_member(grp, &start, &end);
+    const typename E::T* g = (const typename E::T*)grp.g[k];
     bool bad = false;
-    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        float v = E::get(g, i);
-        bad |= !isfinite(v);
-    }
+    for (unsigned int i = start + threadIdx.x; i < end; i += blockDim.x) bad |= !isfinite(E::get(g, i));
     if (__syncthreads_or(bad) && threadIdx.x == 0) state[FOUND] = 1.0;
 }
 
-// AdamW on an f32 state [m; v; master] of 3n, from the scaled gradient g: one pass reads g and the
-// state and writes the state. A skipped step leaves everything as it was.
 template <typename E>
-__device__ void adamw_master(const typename E::T* g, float* buf, unsigned int n, float lr, float b1, float b2,
-                             float eps, float wd, const double* state) {
+__device__ void adamw_group(const Group& grp, float lr, float b1, float b2, float eps, float wd, const double* state) {
     if (state[FOUND] != 0.0) return;
-    float inv = (float)(1.0 / state[SCALE]);
-    float c1 = (float)state[C1], c2 = (float)state[C2];
-    float *m = buf, *v = buf + n, *master = buf + 2 * (unsigned long long)n;
-    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        float gi = E::get(g, i) * inv;
-        float mi = b1 * m[i] + (1.f - b1) * gi;
-        float vi = b2 * v[i] + (1.f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        float p = master[i] * (1.f - lr * wd);
-        master[i] = p - lr * (mi / c1) / (sqrtf(vi / c2) + eps);
-    }
+    unsigned int start, end, k = group_member(grp, &start, &end);
+    const typename E::T* g = (const typename E::T*)grp.g[k];
+    typename E::T* theta = (typename E::T*)grp.theta[k];
+    float inv = (float)(1.0 / state[SCALE]), c1 = (float)state[C1], c2 = (float)state[C2];
+    for (unsigned int i = start + threadIdx.x; i < end; i += blockDim.x)
+        E::put(theta, i, adamw_at(E::get(g, i) * inv, (float*)grp.state[k], grp.n[k], i, lr, b1, b2, eps, wd, c1, c2));
 }
 
-// SGD with momentum on an f32 state [b; master] of 2n: g' = g / scale + wd master, b = momentum b + g',
-// master -= lr b (b starts at zero, so the first step's b is g', as PyTorch's).
 template <typename E>
-__device__ void sgd_master(const typename E::T* g, float* buf, unsigned int n, float lr, float momentum, float wd,
-                           const double* state) {
+__device__ void sgd_group(const Group& grp, float lr, float momentum, float wd, const double* state) {
     if (state[FOUND] != 0.0) return;
+    unsigned int start, end, k = group_member(grp, &start, &end);
+    const typename E::T* g = (const typename E::T*)grp.g[k];
+    typename E::T* theta = (typename E::T*)grp.theta[k];
     float inv = (float)(1.0 / state[SCALE]);
-    float *b = buf, *master = buf + n;
-    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        float p = master[i];
-        float gi = E::get(g, i) * inv + wd * p;
-        float bi = momentum * b[i] + gi;
-        b[i] = bi;
-        master[i] = p - lr * bi;
-    }
-}
-
-// The working copy the next step computes with: theta = master, rounded to theta's type.
-template <typename E>
-__device__ void working_copy(typename E::T* theta, const float* master, unsigned int n) {
-    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x)
-        E::put(theta, i, master[i]);
+    for (unsigned int i = start + threadIdx.x; i < end; i += blockDim.x)
+        E::put(theta, i, sgd_at(E::get(g, i) * inv, (float*)grp.state[k], grp.n[k], i, lr, momentum, wd));
 }
 
 #define KERNELS(S, E)                                                                                           \
-    extern "C" __global__ void masters_nonfinite_##S(const E::T* g, unsigned int n, double* state) {            \
-        nonfinite<E>(g, n, state);                                                                              \
+    extern "C" __global__ void masters_nonfinite_group_##S(const Group grp, double* state) {                    \
+        nonfinite_group<E>(grp, state);                                                                         \
     }                                                                                                           \
-    extern "C" __global__ void masters_adamw_##S(const E::T* g, float* buf, unsigned int n, float lr, float b1, \
-                                                 float b2, float eps, float wd, const double* state) {          \
-        adamw_master<E>(g, buf, n, lr, b1, b2, eps, wd, state);                                                 \
+    extern "C" __global__ void masters_adamw_group_##S(const Group grp, float lr, float b1, float b2, float eps, \
+                                                       float wd, const double* state) {                         \
+        adamw_group<E>(grp, lr, b1, b2, eps, wd, state);                                                        \
     }                                                                                                           \
-    extern "C" __global__ void masters_sgd_##S(const E::T* g, float* buf, unsigned int n, float lr,             \
-                                               float momentum, float wd, const double* state) {                 \
-        sgd_master<E>(g, buf, n, lr, momentum, wd, state);                                                      \
-    }                                                                                                           \
-    extern "C" __global__ void masters_copy_##S(E::T* theta, const float* master, unsigned int n) {             \
-        working_copy<E>(theta, master, n);                                                                      \
+    extern "C" __global__ void masters_sgd_group_##S(const Group grp, float lr, float momentum, float wd,       \
+                                                     const double* state) {                                     \
+        sgd_group<E>(grp, lr, momentum, wd, state);                                                             \
     }
 KERNELS(f32, F32)
 KERNELS(bf16, BF16)

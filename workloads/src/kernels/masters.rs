@@ -2,11 +2,12 @@
 //! half-precision gradients, the working copies written from them, and the dynamic loss scale.
 //!
 //! Why here and not in candle ops: each parameter's update is one pass over its gradient and its
-//! f32 state ([m; v; master] for AdamW, [b; master] for SGD) and one writing its working copy, where
-//! candle's elementwise ops would take a dozen; and whether a step is skipped (an inf or a nan in an
+//! f32 state ([m; v; master] for AdamW, [b; master] for SGD) that also writes its working copy,
+//! where candle's elementwise ops would take a dozen, and on CUDA the parameters go in groups of up
+//! to 96 a launch ([`update`], [`check_gradients`]); whether a step is skipped (an inf or a nan in an
 //! f16 gradient) is decided on the device from a step state in device memory ([`MixedState`]), so a
-//! training step still replays as one CUDA graph. The CPU loops are the reference the kernels are
-//! tested against.
+//! training step still replays as one CUDA graph. The CPU loops (ops applied per parameter) are the
+//! reference the kernels are tested against.
 
 use candle_core::{bail, CpuStorage, DType, InplaceOp1, InplaceOp2, InplaceOp3, Layout, Result, Tensor};
 
@@ -87,9 +88,10 @@ fn state_len(l: &Layout) -> Result<()> {
     Ok(())
 }
 
-/// state[found] = 1 when the gradient holds an inf or a nan; in place on the state, from the gradient.
+/// state[found] = 1 when the gradient holds an inf or a nan; in place on the state, from the gradient
+/// (the CPU's check, per parameter).
 #[derive(Debug, Clone, Copy)]
-pub struct NonFinite;
+struct NonFinite;
 
 /// AdamW's count moves on unless the step is skipped (after every [`NonFinite`] of the step).
 #[derive(Debug, Clone, Copy)]
@@ -103,7 +105,7 @@ pub struct Begin {
 pub trait Update: Copy + Send + Sync {
     /// f32 buffers of the parameter's size before the master: [m; v] or [b].
     const BUFFERS: usize;
-    /// The op's name and its kernel's base name.
+    /// The op's name and its grouped kernel's base name.
     const NAME: &'static str;
     const KERNEL: &'static str;
     /// The kernel's scalar arguments, in its order.
@@ -117,7 +119,7 @@ pub trait Update: Copy + Send + Sync {
 impl Update for AdamStep {
     const BUFFERS: usize = 2;
     const NAME: &'static str = "masters-adamw";
-    const KERNEL: &'static str = "masters_adamw";
+    const KERNEL: &'static str = "masters_adamw_group";
 
     fn scalars(&self) -> Vec<f32> {
         [self.lr, self.beta1, self.beta2, self.eps, self.weight_decay]
@@ -148,7 +150,7 @@ pub struct SgdStep {
 impl Update for SgdStep {
     const BUFFERS: usize = 1;
     const NAME: &'static str = "masters-sgd";
-    const KERNEL: &'static str = "masters_sgd";
+    const KERNEL: &'static str = "masters_sgd_group";
 
     fn scalars(&self) -> Vec<f32> {
         [self.lr, self.momentum, self.weight_decay].map(|v| v as f32).to_vec()
@@ -164,13 +166,50 @@ impl Update for SgdStep {
 }
 
 /// An [`Update`] as an op: in place on the f32 state, from the gradient and the [`MixedState`].
-/// Nothing changes on a skipped step.
+/// Nothing changes on a skipped step (the CPU's update, per parameter).
 #[derive(Debug, Clone, Copy)]
-pub struct Masters<U>(pub U);
+struct Masters<U>(U);
 
-/// The working copy = the master, rounded to its dtype; in place on the working copy, from the master.
+/// The working copy = the master, rounded to its dtype; in place on the working copy, from the master
+/// (the CPU's, per parameter).
 #[derive(Debug, Clone, Copy)]
-pub struct WorkingCopy;
+struct WorkingCopy;
+
+/// One parameter in a step: its f32 state (the optimizer's buffers, then the master), the gradient of
+/// the scaled loss and the working copy, all contiguous; the gradient and the copy of one dtype.
+pub struct Member<'a> {
+    pub state: &'a Tensor,
+    pub grad: &'a Tensor,
+    pub theta: &'a Tensor,
+}
+
+/// state[found] = 1 when any gradient holds an inf or a nan.
+pub fn check_gradients(grads: &[&Tensor], state: &MixedState) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if state.0.device().is_cuda() {
+        return cuda::check(grads, &state.0);
+    }
+    for g in grads {
+        state.0.inplace_op2(g, &NonFinite)?;
+    }
+    Ok(())
+}
+
+/// Every member's master updated by `u` and its working copy written from it, unless the step is
+/// skipped (state[found] set).
+pub fn update<U: Update>(u: U, members: &[Member], state: &MixedState) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if state.0.device().is_cuda() {
+        return cuda::update(u, members, &state.0);
+    }
+    for m in members {
+        m.state.inplace_op3(m.grad, &state.0, &Masters(u))?;
+        let n = m.theta.elem_count();
+        m.theta
+            .inplace_op2(&m.state.narrow(0, U::BUFFERS * n, n)?, &WorkingCopy)?;
+    }
+    Ok(())
+}
 
 /// The end of a step: skipped steps counted, and with `dynamic`, `torch.amp.GradScaler`'s rule (halve
 /// the scale on an inf or a nan, double it after `interval` good steps in a row).
@@ -194,18 +233,6 @@ impl InplaceOp2 for NonFinite {
             }
             s
         })
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        dst: &mut candle_core::CudaStorage,
-        l: &Layout,
-        gs: &candle_core::CudaStorage,
-        gl: &Layout,
-    ) -> Result<()> {
-        state_len(l)?;
-        cuda::nonfinite(dst, l, gs, gl)
     }
 }
 
@@ -309,21 +336,6 @@ impl<U: Update> InplaceOp3 for Masters<U> {
             state
         })
     }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        dst: &mut candle_core::CudaStorage,
-        l: &Layout,
-        gs: &candle_core::CudaStorage,
-        gl: &Layout,
-        ss: &candle_core::CudaStorage,
-        sl: &Layout,
-    ) -> Result<()> {
-        let n = per_part(l, gl, U::BUFFERS + 1)?;
-        state_len(sl)?;
-        cuda::update(U::KERNEL, dst, l, gs, gl, ss, sl, n, &self.0.scalars())
-    }
 }
 
 impl InplaceOp2 for WorkingCopy {
@@ -343,51 +355,20 @@ impl InplaceOp2 for WorkingCopy {
         // Through f32 first: the device rounds the f32 master once, and so must this reference.
         cpu::update(dst, l, |_| master.iter().map(|&m| m as f32 as f64).collect())
     }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        dst: &mut candle_core::CudaStorage,
-        l: &Layout,
-        ms: &candle_core::CudaStorage,
-        ml: &Layout,
-    ) -> Result<()> {
-        cuda::copy(dst, l, ms, ml)
-    }
 }
 
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-    use candle_core::{bail, CudaStorage, Layout, Result};
+    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+    use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Tensor};
 
-    use super::{Begin, End};
-    use crate::kernels::launch::{by_dtype, contiguous_range, grid_stride, name, view, Kernel, ONE_THREAD};
+    use super::{Begin, End, Member, Update};
+    use crate::kernels::launch::{by_dtype, contiguous_range, cuda as launch_cuda, name, view, Kernel, ONE_THREAD};
     use crate::kernels::sources::MASTERS;
 
     fn range(l: &Layout) -> Result<(usize, usize)> {
         contiguous_range(l, "mixed precision")
-    }
-
-    fn config(n: usize) -> Result<(LaunchConfig, u32)> {
-        grid_stride(n, u32::MAX as usize / 3, "mixed precision")
-    }
-
-    pub(super) fn nonfinite(state: &mut CudaStorage, l: &Layout, g: &CudaStorage, gl: &Layout) -> Result<()> {
-        let dev = g.device().clone();
-        let func = Kernel::load(&dev, &MASTERS, &name("masters_nonfinite", g.dtype()))?;
-        let (cfg, n) = config(gl.shape().elem_count())?;
-        let (start, end) = range(l)?;
-        by_dtype!(g.dtype(), "the gradient check", T => {
-            let gv = view::<T>(g, gl, "the gradient check")?;
-            let mut sv = state.as_cuda_slice_mut::<f64>()?.slice_mut(start..end);
-            let mut b = func.builder();
-            b.arg(&gv).arg(&n).arg(&mut sv);
-            // SAFETY: argument types and order match the kernel; g holds n elements, the state eight.
-            unsafe { func.launch(&mut b, cfg) }?;
-            Ok(())
-        })
     }
 
     pub(super) fn begin(state: &mut CudaStorage, l: &Layout, s: &Begin) -> Result<()> {
@@ -413,61 +394,163 @@ mod cuda {
         unsafe { func.launch(&mut b, ONE_THREAD) }
     }
 
-    /// One optimizer's pass: `kernel` over the f32 state `buf` from the gradient `g` and the step
-    /// state, with the optimizer's scalars in the kernel's order.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn update(
-        kernel: &str,
-        buf: &mut CudaStorage,
-        l: &Layout,
-        g: &CudaStorage,
-        gl: &Layout,
-        state: &CudaStorage,
-        sl: &Layout,
-        n: usize,
-        scalars: &[f32],
-    ) -> Result<()> {
-        let dev = g.device().clone();
-        let func = Kernel::load(&dev, &MASTERS, &name(kernel, g.dtype()))?;
-        let (cfg, n) = config(n)?;
-        let (start, end) = range(l)?;
-        let sv = view::<f64>(state, sl, "the step state")?;
-        by_dtype!(g.dtype(), "mixed precision", T => {
-            let gv = view::<T>(g, gl, "mixed precision")?;
-            let mut bv = buf.as_cuda_slice_mut::<f32>()?.slice_mut(start..end);
+    /// Parameters a launch takes, and elements a block takes (GROUP and CHUNK in `masters.cu`).
+    const GROUP: usize = 96;
+    const CHUNK: usize = 4096;
+
+    /// `masters.cu`'s `struct Group`: field for field, in its order and C layout.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Group {
+        g: [u64; GROUP],
+        state: [u64; GROUP],
+        theta: [u64; GROUP],
+        n: [u32; GROUP],
+        first: [u32; GROUP + 1],
+        count: u32,
+    }
+
+    // SAFETY: plain data of the same layout as the kernels' parameter, copied by value at launch.
+    unsafe impl DeviceRepr for Group {}
+
+    /// The device address of a contiguous CUDA tensor's first element, and its element count.
+    fn address(t: &Tensor, what: &str) -> Result<(u64, usize)> {
+        let (s, l) = t.storage_and_layout();
+        let cs = launch_cuda(&s, what)?;
+        let (start, end) = contiguous_range(l, what)?;
+        let stream = cs.device().cuda_stream();
+        let base = by_dtype!(t.dtype(), what, T => cs.as_cuda_slice::<T>()?.device_ptr(&stream).0);
+        Ok((base + (start * t.dtype().size_in_bytes()) as u64, end - start))
+    }
+
+    /// The members in groups of up to GROUP, with each group's grid. With `buffers` (an update),
+    /// `buffers` f32 buffers of a member's size come before its master in its state (checked);
+    /// without (the gradients' check), only the gradients are given. A group of members of no
+    /// elements is left out.
+    fn groups(members: &[Member], buffers: Option<usize>) -> Result<Vec<(Group, u32)>> {
+        let mut out = Vec::new();
+        for part in members.chunks(GROUP) {
+            let mut grp = Group {
+                g: [0; GROUP],
+                state: [0; GROUP],
+                theta: [0; GROUP],
+                n: [0; GROUP],
+                first: [0; GROUP + 1],
+                count: part.len() as u32,
+            };
+            let mut blocks = 0usize;
+            for (i, m) in part.iter().enumerate() {
+                let (g, n) = address(m.grad, "a gradient")?;
+                if let Some(buffers) = buffers {
+                    let (state, len) = address(m.state, "an optimizer state")?;
+                    let (theta, copies) = address(m.theta, "a working copy")?;
+                    if m.state.dtype() != DType::F32 || m.grad.dtype() != m.theta.dtype() {
+                        bail!(
+                            "mixed precision: an f32 state and a gradient of the working copy's dtype, not {:?}, {:?} and {:?}",
+                            m.state.dtype(),
+                            m.grad.dtype(),
+                            m.theta.dtype()
+                        )
+                    }
+                    if len != (buffers + 1) * n || copies != n || len > u32::MAX as usize {
+                        bail!("mixed precision: a state of {len} elements, a gradient of {n} and a working copy of {copies}")
+                    }
+                    grp.state[i] = state;
+                    grp.theta[i] = theta;
+                }
+                grp.g[i] = g;
+                grp.n[i] =
+                    u32::try_from(n).map_err(|_| candle_core::Error::Msg(format!("a gradient of {n} elements")))?;
+                grp.first[i] = blocks as u32;
+                blocks += n.div_ceil(CHUNK);
+            }
+            if blocks > i32::MAX as usize {
+                bail!("mixed precision: {blocks} blocks of parameters are more than one launch takes")
+            }
+            grp.first[part.len()] = blocks as u32;
+            if blocks > 0 {
+                out.push((grp, blocks as u32));
+            }
+        }
+        Ok(out)
+    }
+
+    fn config(blocks: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// The dtype every member's gradient has (the kernels are per dtype).
+    fn dtype(grads: impl Iterator<Item = DType>) -> Result<Option<DType>> {
+        let mut seen = None;
+        for d in grads {
+            match seen {
+                Some(s) if s != d => bail!("mixed precision: gradients of {s:?} and {d:?} in one step"),
+                _ => seen = Some(d),
+            }
+        }
+        Ok(seen)
+    }
+
+    fn device(state: &Tensor) -> Result<CudaDevice> {
+        match state.device() {
+            candle_core::Device::Cuda(d) => Ok(d.clone()),
+            _ => bail!("mixed precision: a step state off the GPU"),
+        }
+    }
+
+    pub(super) fn check(grads: &[&Tensor], state: &Tensor) -> Result<()> {
+        let Some(dt) = dtype(grads.iter().map(|g| g.dtype()))? else {
+            return Ok(());
+        };
+        // The check reads only the gradients (the state and copy are not given to the kernel).
+        let members: Vec<Member> = grads
+            .iter()
+            .map(|g| Member {
+                state: g,
+                grad: g,
+                theta: g,
+            })
+            .collect();
+        let (s, sl) = state.storage_and_layout();
+        let sv = view::<f64>(launch_cuda(&s, "the step state")?, sl, "the step state")?;
+        let func = Kernel::load(&device(state)?, &MASTERS, &name("masters_nonfinite_group", dt))?;
+        for (grp, blocks) in groups(&members, None)? {
             let mut b = func.builder();
-            b.arg(&gv).arg(&mut bv).arg(&n);
-            for v in scalars {
+            b.arg(&grp).arg(&sv);
+            // SAFETY: argument types and order match the kernel; every gradient's address holds its
+            // n elements of the group's dtype, the state eight f64; the kernel writes only the
+            // state's flag.
+            unsafe { func.launch(&mut b, config(blocks)) }?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn update<U: Update>(u: U, members: &[Member], state: &Tensor) -> Result<()> {
+        let Some(dt) = dtype(members.iter().map(|m| m.grad.dtype()))? else {
+            return Ok(());
+        };
+        let (s, sl) = state.storage_and_layout();
+        let sv = view::<f64>(launch_cuda(&s, "the step state")?, sl, "the step state")?;
+        let func = Kernel::load(&device(state)?, &MASTERS, &name(U::KERNEL, dt))?;
+        let scalars = u.scalars();
+        for (grp, blocks) in groups(members, Some(U::BUFFERS))? {
+            let mut b = func.builder();
+            b.arg(&grp);
+            for v in &scalars {
                 b.arg(v);
             }
             b.arg(&sv);
             // SAFETY: argument types and order match the kernel (the scalars are the optimizer's, in
-            // its order); g holds n elements, the state buffer its parts × n (checked).
-            unsafe { func.launch(&mut b, cfg) }?;
-            Ok(())
-        })
-    }
-
-    pub(super) fn copy(theta: &mut CudaStorage, l: &Layout, master: &CudaStorage, ml: &Layout) -> Result<()> {
-        let dev = master.device().clone();
-        let n = l.shape().elem_count();
-        if ml.shape().elem_count() != n {
-            bail!(
-                "mixed precision: a master of {} elements for a working copy of {n}",
-                ml.shape().elem_count()
-            )
+            // its order); every state holds its parts × n f32 and every gradient and working copy n
+            // elements of the group's dtype (checked in `groups`). The kernel writes the states and
+            // the working copies through their addresses: they belong to the optimizer, and nothing
+            // else on the stream touches them during its launches.
+            unsafe { func.launch(&mut b, config(blocks)) }?;
         }
-        let func = Kernel::load(&dev, &MASTERS, &name("masters_copy", theta.dtype()))?;
-        let (cfg, n) = config(n)?;
-        let (start, end) = range(l)?;
-        let mv = view::<f32>(master, ml, "the master weights")?;
-        by_dtype!(theta.dtype(), "the working copy", T => {
-            let mut tv = theta.as_cuda_slice_mut::<T>()?.slice_mut(start..end);
-            let mut b = func.builder();
-            b.arg(&mut tv).arg(&mv).arg(&n);
-            // SAFETY: argument types and order match the kernel; both hold n elements (checked).
-            unsafe { func.launch(&mut b, cfg) }?;
-            Ok(())
-        })
+        Ok(())
     }
 }

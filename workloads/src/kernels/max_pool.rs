@@ -172,7 +172,7 @@ pub(crate) mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
-    use crate::kernels::launch::{by_dtype, cuda as saved_storage, name, view, Kernel};
+    use crate::kernels::launch::{by_dtype, cuda as saved_storage, name, view, word_elements, Kernel};
 
     /// A k×k window moving by `stride`, the input padded by `padding` on every side.
     #[derive(Debug, Clone, Copy)]
@@ -207,18 +207,35 @@ pub(crate) mod cuda {
                 bail!("max pool over {planes} planes of {h}x{w} is more than this kernel indexes")
             }
             let dev = x.0.device().clone();
-            let kernel = name("max_pool", x.0.dtype());
+            let (images, channels, _, _) = self.dims(x.1)?;
+            // Over NHWC a thread takes a word of v channels: the widest that the channel count and
+            // every view's start divide into whole.
+            let v = if self.channels_last {
+                let counts = [Some(channels), Some(x.1.start_offset()), g.map(|g| g.1.start_offset())];
+                word_elements(
+                    x.0.dtype().size_in_bytes(),
+                    &counts.into_iter().flatten().collect::<Vec<_>>(),
+                )
+            } else {
+                1
+            };
+            let kernel = if self.channels_last {
+                format!("{}_v{v}", name("max_pool_nhwc", x.0.dtype()))
+            } else {
+                name("max_pool", x.0.dtype())
+            };
             let func = Kernel::load(&dev, &crate::kernels::sources::MAX_POOL, &kernel)?;
             let n = planes * if g.is_some() { h * w } else { oh * ow };
+            let threads = (n / v) as u32;
             let cfg = LaunchConfig {
-                grid_dim: ((n as u32).div_ceil(256).clamp(1, 1 << 20), 1, 1),
+                grid_dim: (threads.div_ceil(256).clamp(1, 1 << 20), 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let planes = planes as u32;
-            let channels = if self.channels_last { self.dims(x.1)?.1 } else { 0 };
             let [h, w, oh, ow, k, s, p, cl] =
                 [h, w, oh, ow, self.kernel, self.stride, self.padding, channels].map(|v| v as i32);
+            // NCHW counts planes, NHWC images (each of cl channels).
+            let count = if self.channels_last { images } else { planes } as u32;
             by_dtype!(x.0.dtype(), "max pool", T => {
                 let xv = view::<T>(x.0, x.1, "max pool")?;
                 let gv = match g { Some((gs, gl)) => Some(view::<T>(gs, gl, "max pool's gradient")?), None => None };
@@ -228,8 +245,12 @@ pub(crate) mod cuda {
                 let mut b = func.builder();
                 b.arg(&xv);
                 match &gv { Some(v) => b.arg(v), None => b.arg(&null) };
-                b.arg(&out).arg(&planes).arg(&h).arg(&w).arg(&oh).arg(&ow).arg(&k).arg(&s).arg(&p).arg(&cl);
-                // SAFETY: argument types and order match the kernel; x holds planes·h·w, g planes·oh·ow.
+                b.arg(&out).arg(&count).arg(&h).arg(&w).arg(&oh).arg(&ow).arg(&k).arg(&s).arg(&p);
+                if self.channels_last {
+                    b.arg(&cl);
+                }
+                // SAFETY: argument types and order match the kernel; x holds planes·h·w, g planes·oh·ow,
+                // each view starting on a word of v elements when over NHWC.
                 unsafe { func.launch(&mut b, cfg) }?;
                 Ok(CudaStorage::wrap_cuda_slice(out, dev))
             })

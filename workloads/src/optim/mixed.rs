@@ -11,7 +11,7 @@ use candle_core::{DType, Result, Tensor, Var};
 
 use super::OptimizerKind;
 use crate::kernels::adamw::AdamStep;
-use crate::kernels::masters::{Begin, End, Masters, MixedState, NonFinite, ScaleReading, SgdStep, Update, WorkingCopy};
+use crate::kernels::masters::{self, Begin, End, Member, MixedState, ScaleReading, SgdStep, Update};
 
 /// `torch.amp.GradScaler`'s defaults: the scale starts at 2¹⁶, halves on an inf or a nan (the step
 /// skipped) and doubles after 2,000 good steps in a row.
@@ -120,12 +120,16 @@ impl MixedOptimizer {
     /// One step from the gradients of the scaled loss: checked for an inf or a nan (with a dynamic
     /// scale), then every master updated and its working copy written, unless the check failed.
     pub(super) fn apply(&mut self, grads: &GradStore) -> Result<()> {
+        // A parameter the loss does not reach keeps its value and state, as in PyTorch.
+        let reached: Vec<(&Param, Tensor)> = self
+            .params
+            .iter()
+            .filter_map(|p| grads.get(p.var.as_tensor()).map(|g| (p, g)))
+            .map(|(p, g)| Ok((p, g.contiguous()?)))
+            .collect::<Result<_>>()?;
         if self.dynamic {
-            for p in &self.params {
-                if let Some(g) = grads.get(p.var.as_tensor()) {
-                    self.state.tensor().inplace_op2(&g.contiguous()?, &NonFinite)?;
-                }
-            }
+            let grads: Vec<&Tensor> = reached.iter().map(|(_, g)| g).collect();
+            masters::check_gradients(&grads, &self.state)?;
         }
         if let Kind::AdamW(s) = self.kind {
             self.state.tensor().inplace_op1(&Begin {
@@ -133,19 +137,17 @@ impl MixedOptimizer {
                 beta2: s.beta2,
             })?;
         }
-        for p in &self.params {
-            // A parameter the loss does not reach keeps its value and state, as in PyTorch.
-            let Some(g) = grads.get(p.var.as_tensor()) else {
-                continue;
-            };
-            let g = g.contiguous()?;
-            match self.kind {
-                Kind::AdamW(s) => p.state.inplace_op3(&g, self.state.tensor(), &Masters(s))?,
-                Kind::Sgd(s) => p.state.inplace_op3(&g, self.state.tensor(), &Masters(s))?,
-            }
-            let n = p.var.elem_count();
-            let master = p.state.narrow(0, self.kind.buffers() * n, n)?;
-            p.var.as_tensor().inplace_op2(&master, &WorkingCopy)?;
+        let members: Vec<Member> = reached
+            .iter()
+            .map(|(p, g)| Member {
+                state: &p.state,
+                grad: g,
+                theta: p.var.as_tensor(),
+            })
+            .collect();
+        match self.kind {
+            Kind::AdamW(s) => masters::update(s, &members, &self.state)?,
+            Kind::Sgd(s) => masters::update(s, &members, &self.state)?,
         }
         self.state.tensor().inplace_op1(&End {
             dynamic: self.dynamic,
