@@ -364,6 +364,23 @@ fn a_language_model_is_planned_beside_an_encoder_from_their_searches() {
         assert!(s["serves_qps"].as_f64() >= s["demand_qps"].as_f64(), "{s}");
     }
     assert_eq!(report["slo_ttft_p99_ms"], 40.0);
+    // The language model's capacity names the lengths it holds for; the encoder's names none.
+    let lengths_of = |m: &str| {
+        report["capacities"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["model"] == m)
+            .map(|c| c["lengths"].clone())
+            .unwrap()
+    };
+    assert!(
+        lengths_of("llama_tiny")
+            .as_str()
+            .is_some_and(|l| l.starts_with("prompts ") && l.ends_with(" tokens")),
+        "{report}"
+    );
+    assert!(lengths_of("resnet_tiny").is_null(), "{report}");
     // The language model's objectives are needed to plan it; other objectives find no capacity.
     let o = plan(&["--slo-p99-ms", "200"]);
     assert!(

@@ -155,6 +155,9 @@ pub struct CapacityLine {
     pub usable_qps: f64,
     pub source: String,
     pub emulated: bool,
+    /// A language model's requests' lengths the capacity holds for (plans made before say none).
+    #[serde(default)]
+    pub lengths: Option<String>,
 }
 
 /// The plan for `demand` on GPUs of `table`, each instance loaded to `headroom` of its capacity.
@@ -354,6 +357,7 @@ pub fn plan(
                 usable_qps: c.qps * headroom,
                 source: c.source.describe(),
                 emulated: c.source.emulated(),
+                lengths: c.lengths.clone(),
             })
             .collect(),
         emulated,
@@ -485,9 +489,10 @@ impl Report {
             self.headroom * 100.0
         );
         for c in &self.capacities {
+            let lengths = c.lengths.as_ref().map(|l| format!("; {l}")).unwrap_or_default();
             let _ = writeln!(
                 o,
-                "  {:<12} {:<12} {:>10.1} requests/s  ({})",
+                "  {:<12} {:<12} {:>10.1} requests/s  ({}{lengths})",
                 c.model, c.profile, c.qps, c.source
             );
         }
@@ -593,6 +598,7 @@ mod tests {
                 partitioned: false,
             },
             gpu: None,
+            lengths: None,
         }
     }
 

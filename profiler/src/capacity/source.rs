@@ -20,6 +20,9 @@ pub struct Capacity {
     pub source: Source,
     /// The GPU it was measured on, where known.
     pub gpu: Option<String>,
+    /// A language model's requests' lengths the capacity holds for ("prompts lognormal:512,0.5 and
+    /// outputs 128 tokens"), where known.
+    pub lengths: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -90,8 +93,12 @@ impl Gathered {
 
 /// Reads a CSV with a header naming `model`, `profile` and `qps` (in any order), capacities measured
 /// anywhere: a model may be any name (a user's own server or model), a profile must be one of
-/// `table`'s (or `full`).
-pub fn from_csv(path: &Path, table: &ProfileTable) -> Result<Gathered> {
+/// `table`'s (or `full`). Optional columns say what a row's capacity holds for: `slo_p99_ms` (a model
+/// served one forward pass per request), `slo_ttft_p99_ms` with `slo_tpot_p99_ms` (a language model),
+/// and `prompt_len` and `output_len` (its requests' lengths, as `load` takes them). A row whose
+/// objectives are not `objectives`' is left out, said in a note; a row without them is taken as
+/// measured within them.
+pub fn from_csv(path: &Path, table: &ProfileTable, objectives: &super::Objectives) -> Result<Gathered> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut lines = text
         .lines()
@@ -100,68 +107,170 @@ pub fn from_csv(path: &Path, table: &ProfileTable) -> Result<Gathered> {
     let Some((_, header)) = lines.next() else {
         bail!("{}: empty; expected a header model,profile,qps", path.display())
     };
-    let names: Vec<&str> = header.split(',').map(str::trim).collect();
-    let at = |name: &str| names.iter().position(|n| *n == name);
+    let names = csv_fields(header);
+    let at = |name: &str| names.iter().position(|n| n == name);
     let (Some(m), Some(p), Some(q)) = (at("model"), at("profile"), at("qps")) else {
         bail!(
             "{}: the header `{header}` must name the columns model, profile and qps",
             path.display()
         )
     };
+    let known = [
+        "model",
+        "profile",
+        "qps",
+        "slo_p99_ms",
+        "slo_ttft_p99_ms",
+        "slo_tpot_p99_ms",
+        "prompt_len",
+        "output_len",
+    ];
+    if let Some(other) = names.iter().find(|n| !known.contains(&n.as_str())) {
+        bail!(
+            "{}: the header names `{other}`, not a column of a capacity CSV; its columns: {}",
+            path.display(),
+            known.join(", ")
+        )
+    }
+    let (slo, ttft, tpot) = (at("slo_p99_ms"), at("slo_ttft_p99_ms"), at("slo_tpot_p99_ms"));
+    let (prompt, output) = (at("prompt_len"), at("output_len"));
     let mut capacities = Vec::new();
+    let mut elsewhere = std::collections::BTreeSet::new();
     for (i, line) in lines {
-        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-        let get = |k: usize| fields.get(k).copied().unwrap_or("");
-        let qps: f64 = get(q)
-            .parse()
-            .ok()
-            .filter(|v: &f64| v.is_finite() && *v >= 0.0)
-            .with_context(|| {
-                format!(
-                    "{} line {}: qps `{}` is not a non-negative number",
-                    path.display(),
-                    i + 1,
-                    get(q)
-                )
-            })?;
+        let fields = csv_fields(line);
+        let get = |k: usize| fields.get(k).map(String::as_str).unwrap_or("");
+        let line_no = i + 1;
+        let number = |col: Option<usize>, what: &str| -> Result<Option<f64>> {
+            let Some(v) = col.map(get).filter(|v| !v.is_empty()) else {
+                return Ok(None);
+            };
+            let n = v
+                .parse::<f64>()
+                .ok()
+                .filter(|n| n.is_finite() && *n >= 0.0)
+                .with_context(|| {
+                    format!(
+                        "{} line {line_no}: {what} `{v}` is not a non-negative number",
+                        path.display()
+                    )
+                })?;
+            Ok(Some(n))
+        };
+        let qps = number(Some(q), "qps")?
+            .with_context(|| format!("{} line {line_no}: no qps (requests/s)", path.display()))?;
         if get(m).is_empty() || get(p).is_empty() {
-            bail!("{} line {}: model and profile must not be empty", path.display(), i + 1);
+            bail!("{} line {line_no}: model and profile must not be empty", path.display());
         }
         if get(p) != super::solve::FULL && table.profile(get(p)).is_err() {
             let names: Vec<&str> = table.profiles.iter().map(|p| p.name.as_str()).collect();
             bail!(
-                "{} line {}: `{}` is not a MIG profile of the {}; its profiles: {}, and full (a whole GPU)",
+                "{} line {line_no}: `{}` is not a MIG profile of the {}; its profiles: {}, and full (a whole GPU)",
                 path.display(),
-                i + 1,
                 get(p),
                 table.product,
                 names.join(", ")
             );
+        }
+        // What the row's capacity holds for, checked against the plan's objectives.
+        let row_slo = number(slo, "slo_p99_ms")?;
+        let row_serving = match (number(ttft, "slo_ttft_p99_ms")?, number(tpot, "slo_tpot_p99_ms")?) {
+            (Some(t), Some(p)) => Some(ServingSlo {
+                ttft_p99_ms: t,
+                tpot_p99_ms: p,
+            }),
+            (None, None) => None,
+            _ => bail!(
+                "{} line {line_no}: a language model's capacity holds for both slo_ttft_p99_ms and slo_tpot_p99_ms; give both",
+                path.display()
+            ),
+        };
+        if row_slo.is_some() && row_serving.is_some() {
+            bail!(
+                "{} line {line_no}: a capacity is within slo_p99_ms (one forward pass per request) or within slo_ttft_p99_ms and slo_tpot_p99_ms (a language model), not both",
+                path.display()
+            );
+        }
+        let same = |a: f64, b: Option<f64>| b.is_some_and(|b| (a - b).abs() <= 1e-9);
+        if let Some(v) = row_slo.filter(|v| !same(*v, objectives.p99_ms)) {
+            elsewhere.insert(format!("p99 {v} ms"));
+            continue;
+        }
+        if let Some(r) = row_serving.filter(|r| {
+            !same(r.ttft_p99_ms, objectives.serving.map(|s| s.ttft_p99_ms))
+                || !same(r.tpot_p99_ms, objectives.serving.map(|s| s.tpot_p99_ms))
+        }) {
+            elsewhere.insert(format!(
+                "TTFT p99 {} ms and TPOT p99 {} ms",
+                r.ttft_p99_ms, r.tpot_p99_ms
+            ));
+            continue;
         }
         if capacities
             .iter()
             .any(|c: &Capacity| c.model == get(m) && c.profile == get(p))
         {
             bail!(
-                "{} line {}: a second row for {} on {}: give each model and profile once",
+                "{} line {line_no}: a second row for {} on {} within the plan's objectives: give each model and profile once",
                 path.display(),
-                i + 1,
                 get(m),
                 get(p)
             );
         }
+        // Lengths as `load` takes them (a lognormal's is quoted: "lognormal:512,0.5").
+        let length = |col: Option<usize>, what: &str| -> Result<Option<String>> {
+            let Some(v) = col.map(get).filter(|v| !v.is_empty()) else {
+                return Ok(None);
+            };
+            let dist: crate::load::lengths::LengthDist = v
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("{} line {line_no}: {what}: {e}", path.display()))?;
+            Ok(Some(dist.to_string()))
+        };
+        let (pl, ol) = (length(prompt, "prompt_len")?, length(output, "output_len")?);
+        let (pl, ol) = (pl.as_deref(), ol.as_deref());
         capacities.push(Capacity {
             model: get(m).into(),
             profile: get(p).into(),
             qps,
             source: Source::Csv,
             gpu: None,
+            lengths: (pl.is_some() || ol.is_some()).then(|| lengths(pl, ol)),
         });
+    }
+    let mut notes = Vec::new();
+    if !elsewhere.is_empty() {
+        notes.push(format!(
+            "{}: rows within other objectives than the plan's ({}) were left out: {}",
+            path.display(),
+            objectives.describe(),
+            elsewhere.into_iter().collect::<Vec<_>>().join("; ")
+        ));
     }
     Ok(Gathered {
         capacities,
+        notes,
         ..Gathered::default()
     })
+}
+
+/// A CSV line's fields, trimmed: split at commas outside double quotes, a field's quotes taken off
+/// ("" inside quotes is one quote).
+fn csv_fields(line: &str) -> Vec<String> {
+    let mut fields = vec![String::new()];
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                chars.next();
+                fields.last_mut().expect("one field at least").push('"');
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => fields.push(String::new()),
+            c => fields.last_mut().expect("one field at least").push(c),
+        }
+    }
+    fields.iter().map(|f| f.trim().to_string()).collect()
 }
 
 /// The capacity rows of `dirs` measured for `slo_ms` (and `dtype`, when given) on the GPU `product`
@@ -238,11 +347,8 @@ pub fn from_folders(
                     profile[i].as_deref().unwrap_or("?")
                 ));
             }
-            found.entry(key).or_default().entry(settings).or_default().push((
-                qps[i].unwrap_or(0.0),
-                emulated[i].as_deref() == Some("true"),
-                gpu[i].clone(),
-            ));
+            let emulated = emulated[i].as_deref() == Some("true");
+            Searched::add(&mut found, key, settings, qps[i], emulated, gpu[i].clone(), None);
         }
     }
     g.capacities = settle(found, memory, &mut g.notes)?;
@@ -395,11 +501,8 @@ pub fn serving_from_folders(
                 blocks[i].unwrap_or(0.0),
                 block[i].unwrap_or(0.0)
             );
-            found.entry(key).or_default().entry(settings).or_default().push((
-                qps[i].unwrap_or(0.0),
-                emulated,
-                gpu[i].clone(),
-            ));
+            let lengths = Some(lengths(prompt[i].as_deref(), output[i].as_deref()));
+            Searched::add(&mut found, key, settings, qps[i], emulated, gpu[i].clone(), lengths);
         }
     }
     g.capacities = settle(found, memory, &mut g.notes)?;
@@ -416,7 +519,51 @@ pub fn serving_from_folders(
 
 /// Capacities found by (model, profile, dtype, memory emulation), then by the server's settings
 /// (searches of the same settings are repeats).
-type Found = BTreeMap<(String, String, String, String), BTreeMap<String, Vec<(f64, bool, Option<String>)>>>;
+type Found = BTreeMap<(String, String, String, String), BTreeMap<String, Vec<Searched>>>;
+
+/// One search's capacity, requests/s: on an emulated slice or not, the GPU, and a language model's
+/// requests' lengths.
+struct Searched {
+    qps: f64,
+    emulated: bool,
+    gpu: Option<String>,
+    lengths: Option<String>,
+}
+
+impl Searched {
+    /// A search's row into `found`, under its key and its server's settings.
+    fn add(
+        found: &mut Found,
+        key: (String, String, String, String),
+        settings: String,
+        qps: Option<f64>,
+        emulated: bool,
+        gpu: Option<String>,
+        lengths: Option<String>,
+    ) {
+        let searched = Searched {
+            qps: qps.unwrap_or(0.0),
+            emulated,
+            gpu,
+            lengths,
+        };
+        found
+            .entry(key)
+            .or_default()
+            .entry(settings)
+            .or_default()
+            .push(searched);
+    }
+}
+
+/// How a language model's capacity line names its requests' lengths.
+fn lengths(prompt: Option<&str>, output: Option<&str>) -> String {
+    format!(
+        "prompts {} and outputs {} tokens",
+        prompt.unwrap_or("?"),
+        output.unwrap_or("?")
+    )
+}
 
 /// One capacity per model and profile from what the searches `found`: of repeats the lowest, of
 /// different server settings the best, each choice said in `notes`; an emulated slice's
@@ -438,25 +585,34 @@ fn settle(found: Found, memory: Option<MemoryEmulation>, notes: &mut Vec<String>
     for ((model, profile, _, mem), by_settings) in found {
         // Searches of the same settings are repeats: the lowest is what the settings can promise.
         // Different settings are different servers: a deployment picks the best.
-        let mut best: Option<(String, f64, bool, Option<String>)> = None;
+        let mut best: Option<(String, Searched)> = None;
         for (settings, list) in &by_settings {
-            let qps = list.iter().map(|x| x.0).fold(f64::INFINITY, f64::min);
+            let qps = list.iter().map(|x| x.qps).fold(f64::INFINITY, f64::min);
             if list.len() > 1 {
                 notes.push(format!(
                     "{model} on {profile} ({settings}): {} searches; planning with the lowest, {qps:.1} requests/s",
                     list.len()
                 ));
             }
-            if best.as_ref().is_none_or(|b| qps > b.1) {
-                best = Some((
-                    settings.clone(),
+            if best.as_ref().is_none_or(|b| qps > b.1.qps) {
+                let chosen = Searched {
                     qps,
-                    list.iter().any(|x| x.1),
-                    list.iter().find_map(|x| x.2.clone()),
-                ));
+                    emulated: list.iter().any(|x| x.emulated),
+                    gpu: list.iter().find_map(|x| x.gpu.clone()),
+                    lengths: list.iter().find_map(|x| x.lengths.clone()),
+                };
+                best = Some((settings.clone(), chosen));
             }
         }
-        let (settings, qps, emulated, gpu) = best.expect("at least one search");
+        let (
+            settings,
+            Searched {
+                qps,
+                emulated,
+                gpu,
+                lengths,
+            },
+        ) = best.expect("at least one search");
         if by_settings.len() > 1 {
             notes.push(format!("{model} on {profile}: searched with {} server settings; planning with the best, {settings} ({qps:.1} requests/s)", by_settings.len()));
         }
@@ -469,6 +625,7 @@ fn settle(found: Found, memory: Option<MemoryEmulation>, notes: &mut Vec<String>
                 partitioned: mem == MemoryEmulation::Partitioned.as_str(),
             },
             gpu,
+            lengths,
         });
     }
     Ok(capacities)
@@ -599,6 +756,7 @@ fn closed_loop_estimates(
             qps,
             source: Source::ClosedLoop { emulated, batch },
             gpu,
+            lengths: None,
         })
         .collect())
 }
@@ -713,7 +871,8 @@ mod tests {
             "# measured elsewhere\nprofile,model,qps\n1g.10gb,resnet50,812.5\n3g.40gb, resnet50 ,2400\n",
         )?;
         let h100 = crate::mig::profile::table("h100-80gb")?;
-        let g = from_csv(&path, &h100)?;
+        let any = super::super::Objectives::p99(50.0);
+        let g = from_csv(&path, &h100, &any)?;
         assert_eq!(g.capacities.len(), 2);
         assert_eq!(
             (
@@ -724,25 +883,94 @@ mod tests {
             ("resnet50", "3g.40gb", 2400.0)
         );
         std::fs::write(&path, "model,profile,qps\nresnet50,1g.10gb,fast\n")?;
-        let e = from_csv(&path, &h100).unwrap_err().to_string();
+        let e = from_csv(&path, &h100, &any).unwrap_err().to_string();
         assert!(e.contains("line 2") && e.contains("`fast`"), "{e}");
         // Any model, a user's own included; a profile the GPU does not have names its line.
         std::fs::write(
             &path,
             "model,profile,qps\nllama-8b,3g.40gb,12\nllama-8b,full,40\nllama-8b,3g.71gb,20\n",
         )?;
-        let e = from_csv(&path, &h100).unwrap_err().to_string();
+        let e = from_csv(&path, &h100, &any).unwrap_err().to_string();
         assert!(
             e.contains("line 4") && e.contains("`3g.71gb` is not a MIG profile of the") && e.contains("1g.10gb"),
             "{e}"
         );
         std::fs::write(&path, "model,profile,qps\nllama-8b,3g.40gb,12\nllama-8b,full,40\n")?;
-        assert_eq!(from_csv(&path, &h100)?.capacities[0].model, "llama-8b");
+        assert_eq!(from_csv(&path, &h100, &any)?.capacities[0].model, "llama-8b");
         std::fs::write(&path, "model,slice,qps\n")?;
-        assert!(from_csv(&path, &h100)
+        assert!(from_csv(&path, &h100, &any)
             .unwrap_err()
             .to_string()
             .contains("must name the columns model, profile and qps"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_csvs_rows_name_their_objectives_and_lengths_and_only_the_plans_are_taken() -> Result<()> {
+        use super::super::Objectives;
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("c.csv");
+        let h100 = crate::mig::profile::table("h100-80gb")?;
+        std::fs::write(
+            &path,
+            "model,profile,qps,slo_p99_ms,slo_ttft_p99_ms,slo_tpot_p99_ms,prompt_len,output_len\n\
+             bert_base,1g.10gb,900,50,,,,\n\
+             bert_base,1g.10gb,1200,100,,,,\n\
+             llama_3_2_1b,1g.10gb,9.2,,500,50,\"lognormal:512,0.5\",128\n\
+             llama_3_2_1b,1g.10gb,14,,1000,100,\"lognormal:512,0.5\",128\n\
+             own-model,full,40,,,,,\n",
+        )?;
+        let plan = Objectives {
+            p99_ms: Some(50.0),
+            serving: Some(ServingSlo {
+                ttft_p99_ms: 500.0,
+                tpot_p99_ms: 50.0,
+            }),
+        };
+        let g = from_csv(&path, &h100, &plan)?;
+        let got: Vec<(&str, f64, Option<&str>)> = g
+            .capacities
+            .iter()
+            .map(|c| (c.model.as_str(), c.qps, c.lengths.as_deref()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("bert_base", 900.0, None),
+                (
+                    "llama_3_2_1b",
+                    9.2,
+                    Some("prompts lognormal:512,0.5 and outputs 128 tokens")
+                ),
+                ("own-model", 40.0, None),
+            ]
+        );
+        assert!(
+            g.notes
+                .iter()
+                .any(|n| n.contains("p99 100 ms") && n.contains("TTFT p99 1000 ms and TPOT p99 100 ms")),
+            "{:?}",
+            g.notes
+        );
+        // Only the p99 objective planned: the language model's rows are all left out.
+        let g = from_csv(&path, &h100, &Objectives::p99(100.0))?;
+        assert_eq!(g.capacities.iter().map(|c| c.qps).collect::<Vec<_>>(), [1200.0, 40.0]);
+        for (row, says) in [
+            ("llama_3_2_1b,1g.10gb,9,,500,,,", "give both"),
+            ("llama_3_2_1b,1g.10gb,9,50,500,50,,", "not both"),
+            ("bert_base,1g.10gb,9,fast,,,,", "slo_p99_ms `fast`"),
+            ("llama_3_2_1b,1g.10gb,9,,500,50,lognormal:512,128", "prompt_len"),
+        ] {
+            std::fs::write(
+                &path,
+                format!("model,profile,qps,slo_p99_ms,slo_ttft_p99_ms,slo_tpot_p99_ms,prompt_len,output_len\n{row}\n"),
+            )?;
+            let e = from_csv(&path, &h100, &plan).unwrap_err().to_string();
+            assert!(e.contains("line 2") && e.contains(says), "{row}: {e}");
+        }
+        std::fs::write(&path, "model,profile,qps,slo\n")?;
+        let e = from_csv(&path, &h100, &plan).unwrap_err().to_string();
+        assert!(e.contains("`slo`") && e.contains("slo_tpot_p99_ms"), "{e}");
         Ok(())
     }
 
