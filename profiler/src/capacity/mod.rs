@@ -57,6 +57,28 @@ pub const SANE_GPUS: u32 = 10_000;
 pub struct HandPlan {
     pub gpus: u32,
     pub models: Vec<HandModel>,
+    /// Models this plan cannot be made for (a whole GPU per model: no capacity of a whole GPU or of
+    /// its largest profile was measured); `gpus` counts the others only.
+    #[serde(default)]
+    pub unknown: Vec<String>,
+}
+
+impl HandPlan {
+    /// The GPUs it takes, where it could be made for every model.
+    pub fn complete_gpus(&self) -> Option<u32> {
+        self.unknown.is_empty().then_some(self.gpus)
+    }
+
+    /// In words: the GPUs it takes, or which models it could not be made for.
+    pub fn describe_gpus(&self) -> String {
+        match self.complete_gpus() {
+            Some(g) => g.to_string(),
+            None => format!(
+                "an unknown number (no capacity of a whole GPU or of its largest profile for {})",
+                self.unknown.join(", ")
+            ),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -385,17 +407,27 @@ fn spare_lines(fleet: &FleetPlan, problem: &Problem) -> Vec<Spare> {
 /// instance per GPU of the largest profile it has a capacity on (a whole GPU where that is the 7g).
 fn whole_gpu(table: &ProfileTable, problem: &Problem) -> Result<HandPlan> {
     let mut models = Vec::new();
+    let mut unknown = Vec::new();
+    // Without MIG's capacity of a whole GPU, the profile that takes all of it stands in for it (7g
+    // on an H100); a smaller one alone on a GPU is no whole GPU.
+    let whole = table.profiles.iter().map(|p| p.compute_slices).max().unwrap_or(0);
     for (m, d) in &problem.demand {
         let usable = |p: &str| problem.usable.get(&(m.clone(), p.to_string())).copied();
+        if !problem.usable.keys().any(|(um, _)| um == m) {
+            bail!("no capacity for {m}");
+        }
         let largest = table
             .profiles
             .iter()
-            .filter(|p| usable(&p.name).is_some())
-            .max_by_key(|p| (p.compute_slices, p.memory_slices));
+            .filter(|p| p.compute_slices == whole && usable(&p.name).is_some())
+            .max_by_key(|p| p.memory_slices);
         let (profile, cap) = match (usable(FULL), largest) {
             (Some(c), _) => (FULL.to_string(), c),
             (None, Some(p)) => (p.name.clone(), usable(&p.name).expect("filtered")),
-            (None, None) => bail!("no capacity for {m}"),
+            (None, None) => {
+                unknown.push(m.clone());
+                continue;
+            }
         };
         let instances = (d / cap).ceil() as u32;
         models.push(HandModel {
@@ -408,6 +440,7 @@ fn whole_gpu(table: &ProfileTable, problem: &Problem) -> Result<HandPlan> {
     Ok(HandPlan {
         gpus: models.iter().map(|m| m.gpus).sum(),
         models,
+        unknown,
     })
 }
 
@@ -452,6 +485,7 @@ fn one_profile(table: &ProfileTable, problem: &Problem) -> Result<HandPlan> {
     Ok(HandPlan {
         gpus: models.iter().map(|m| m.gpus).sum(),
         models,
+        unknown: Vec::new(),
     })
 }
 
@@ -540,9 +574,20 @@ impl Report {
                     )
                 })
                 .collect();
-            let _ = writeln!(o, "  {name}: {} GPU(s) ({})", hand.gpus, detail.join("; "));
+            match hand.complete_gpus() {
+                Some(g) => {
+                    let _ = writeln!(o, "  {name}: {g} GPU(s) ({})", detail.join("; "));
+                }
+                None => {
+                    let _ = writeln!(o, "  {name}: {} GPU(s)", hand.describe_gpus());
+                }
+            }
         }
-        let best_hand = self.whole_gpu_per_model.gpus.min(self.one_profile_per_model.gpus);
+        let best_hand = [&self.whole_gpu_per_model, &self.one_profile_per_model]
+            .into_iter()
+            .filter_map(HandPlan::complete_gpus)
+            .min()
+            .unwrap_or(0);
         if best_hand > self.gpus {
             let _ = writeln!(
                 o,
@@ -653,6 +698,36 @@ mod tests {
         let json = serde_json::to_string(&r)?.replace(",\"slo_ttft_p99_ms\":500.0,\"slo_tpot_p99_ms\":50.0", "");
         let old: Report = serde_json::from_str(&json)?;
         assert_eq!((old.slo_p99_ms, old.slo_ttft_p99_ms), (Some(50.0), None));
+        Ok(())
+    }
+
+    #[test]
+    fn without_a_whole_gpus_capacity_the_whole_gpu_hand_plan_says_it_is_unknown() -> Result<()> {
+        let table = crate::mig::profile::table("h100-80gb")?;
+        let gathered = Gathered {
+            capacities: vec![
+                measured("bert_base", "1g.10gb", 300.0, true),
+                measured("bert_base", "3g.40gb", 1000.0, true),
+            ],
+            notes: Vec::new(),
+            needs_mib: Default::default(),
+        };
+        let demand = vec![("bert_base".to_string(), 3000.0)];
+        let r = plan(&table, &gathered, &demand, Objectives::p99(50.0), 0.8)?;
+        // A 3g alone on a GPU is no whole GPU: the hand plan of whole GPUs cannot be made.
+        assert_eq!(r.whole_gpu_per_model.unknown, ["bert_base"]);
+        assert_eq!(r.whole_gpu_per_model.complete_gpus(), None);
+        let text = r.to_text();
+        assert!(
+            text.contains("a whole GPU per model: an unknown number (no capacity of a whole GPU or of its largest profile for bert_base)"),
+            "{text}"
+        );
+        // With 7g measured, it stands in for the whole GPU.
+        let mut with_7g = gathered;
+        with_7g.capacities.push(measured("bert_base", "7g.80gb", 2400.0, true));
+        let r = plan(&table, &with_7g, &demand, Objectives::p99(50.0), 0.8)?;
+        assert_eq!(r.whole_gpu_per_model.complete_gpus(), Some(2));
+        assert_eq!(r.whole_gpu_per_model.models[0].profile, "7g.80gb");
         Ok(())
     }
 

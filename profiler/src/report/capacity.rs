@@ -266,8 +266,8 @@ fn plan_section(path: &std::path::Path, p: &crate::capacity::Report) -> Section 
         p.spare.iter().map(|s| format!("{} {:.0} req/s", s.model, s.demand_qps)).collect::<Vec<_>>().join(" and "),
         p.objectives().describe(),
         p.headroom * 100.0,
-        p.whole_gpu_per_model.gpus,
-        p.one_profile_per_model.gpus
+        p.whole_gpu_per_model.describe_gpus(),
+        p.one_profile_per_model.describe_gpus()
     ))];
     blocks.push(table(
         &["GPUs", "layout"],

@@ -117,9 +117,11 @@ fn axis(values: impl Iterator<Item = f64>, scale: Scale, from_zero: bool) -> (f6
         return (0.0, 1.0);
     }
     match scale {
+        // Out to the nearest 1, 2 or 5 times a power of ten on each side: the lowest and highest
+        // points then have a labelled tick below and above them.
         Scale::Log => {
             let lo = lo.max(f64::MIN_POSITIVE);
-            (lo / 1.25, hi * 1.25)
+            (nice_below(lo / 1.1), nice_above(hi * 1.1))
         }
         Scale::Linear if from_zero => {
             let lo = if lo >= 0.0 { 0.0 } else { lo * 1.05 };
@@ -137,6 +139,52 @@ fn axis(values: impl Iterator<Item = f64>, scale: Scale, from_zero: bool) -> (f6
     }
 }
 
+/// The mantissas of a log axis's ticks: 1, 2 and 5 times powers of ten.
+const NICE: [f64; 3] = [1.0, 2.0, 5.0];
+
+/// The 1-2-5 values from the decade below `lo` to the decade above `hi`, ascending.
+fn nice_values(lo: f64, hi: f64) -> Vec<f64> {
+    let (first, last) = (lo.log10().floor() as i32 - 1, hi.log10().ceil() as i32 + 1);
+    (first..=last).flat_map(|e| NICE.map(|m| m * 10f64.powi(e))).collect()
+}
+
+/// The largest 1-2-5 value at or below v (v > 0).
+fn nice_below(v: f64) -> f64 {
+    nice_values(v, v)
+        .into_iter()
+        .filter(|n| *n <= v * (1.0 + 1e-12))
+        .fold(v, |_, n| n)
+}
+
+/// The smallest 1-2-5 value at or above v (v > 0).
+fn nice_above(v: f64) -> f64 {
+    nice_values(v, v)
+        .into_iter()
+        .find(|n| *n >= v * (1.0 - 1e-12))
+        .unwrap_or(v)
+}
+
+/// A log axis's ticks over [lo, hi] (both 1-2-5 values, from `axis`): every 1-2-5 value where they
+/// are few, else powers of ten and the ends.
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let within = |v: &f64| *v >= lo * (1.0 - 1e-9) && *v <= hi * (1.0 + 1e-9);
+    let all: Vec<f64> = nice_values(lo, hi).into_iter().filter(within).collect();
+    if all.len() <= 10 {
+        return all;
+    }
+    let mut ticks: Vec<f64> = all
+        .into_iter()
+        .filter(|v| (v.log10() - v.log10().round()).abs() < 1e-9)
+        .collect();
+    for end in [lo, hi] {
+        if !ticks.iter().any(|t| (t / end - 1.0).abs() < 1e-9) {
+            ticks.push(end);
+        }
+    }
+    ticks.sort_by(f64::total_cmp);
+    ticks
+}
+
 /// Three significant digits for tick labels.
 pub fn significant(v: f64) -> String {
     if v == 0.0 || !v.is_finite() {
@@ -144,6 +192,16 @@ pub fn significant(v: f64) -> String {
     }
     let digits = (2 - v.abs().log10().floor() as i32).max(0) as usize;
     format!("{v:.digits$}")
+}
+
+/// A tick's label: three significant digits, without trailing zeros (a 1-2-5 tick reads 20, 0.5).
+fn tick_label(v: f64) -> String {
+    let s = significant(v);
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
 }
 
 impl Chart<'_> {
@@ -187,12 +245,16 @@ impl Chart<'_> {
                 if self.x_whole {
                     format!("{v:.0}")
                 } else {
-                    significant(*v)
+                    tick_label(*v)
                 }
             };
-            let ticks = self
-                .x_whole
-                .then(|| whole_ticks(self.series.iter().flat_map(|s| s.points.iter())));
+            // A log axis ticks at the batches drawn (whole numbers) or at 1-2-5 values.
+            let x_ticks = if self.x_whole {
+                whole_ticks(self.series.iter().flat_map(|s| s.points.iter()))
+            } else {
+                log_ticks(x0, x1)
+            };
+            let y_ticks = log_ticks(y0, y1);
             // plotters' default is 10 labels.
             let x_labels = if self.x_whole {
                 ((x1 - x0).floor() as usize).clamp(1, 10)
@@ -209,7 +271,7 @@ impl Chart<'_> {
                         .y_desc(self.y_label)
                         .x_labels(x_labels)
                         .x_label_formatter(&x_format)
-                        .y_label_formatter(&|v| significant(*v))
+                        .y_label_formatter(&|v| tick_label(*v))
                         .draw()?;
                     if self.diagonal {
                         ctx.draw_series(LineSeries::new(
@@ -243,17 +305,16 @@ impl Chart<'_> {
                     }
                 }};
             }
-            match (self.x_scale, self.y_scale, ticks) {
-                (Scale::Log, Scale::Log, None) => draw!((x0..x1).log_scale(), (y0..y1).log_scale()),
-                (Scale::Log, Scale::Linear, None) => draw!((x0..x1).log_scale(), y0..y1),
-                (Scale::Log, Scale::Log, Some(t)) => {
-                    draw!((x0..x1).log_scale().with_key_points(t), (y0..y1).log_scale())
-                }
-                (Scale::Log, Scale::Linear, Some(t)) => draw!((x0..x1).log_scale().with_key_points(t), y0..y1),
+            match (self.x_scale, self.y_scale) {
+                (Scale::Log, Scale::Log) => draw!(
+                    (x0..x1).log_scale().with_key_points(x_ticks),
+                    (y0..y1).log_scale().with_key_points(y_ticks)
+                ),
+                (Scale::Log, Scale::Linear) => draw!((x0..x1).log_scale().with_key_points(x_ticks), y0..y1),
                 // A linear axis cannot take key points here (plotters has no formatter for them); asked
                 // for at most one label per unit, its steps are whole numbers (1, 2, 5, 10, …).
-                (Scale::Linear, Scale::Log, _) => draw!(x0..x1, (y0..y1).log_scale()),
-                (Scale::Linear, Scale::Linear, _) => draw!(x0..x1, y0..y1),
+                (Scale::Linear, Scale::Log) => draw!(x0..x1, (y0..y1).log_scale().with_key_points(y_ticks)),
+                (Scale::Linear, Scale::Linear) => draw!(x0..x1, y0..y1),
             }
             root.present()?;
         }
@@ -352,6 +413,49 @@ mod tests {
     #[test]
     fn scales_follow_the_data() {
         assert_eq!(scale_for([1.0, 128.0].into_iter()), Scale::Log);
+    }
+
+    #[test]
+    fn a_log_axis_has_a_labelled_tick_below_its_lowest_point_and_above_its_highest() {
+        // TTFT p99 from 3.9 ms to 2.6 s against offered rates of 9 to 147 requests/s.
+        let s = [series(0, &[(9.0, 3.9), (36.8, 22.6), (147.1, 2603.6)])];
+        let chart = Chart {
+            title: "TTFT",
+            x_label: "offered requests/s",
+            y_label: "ms",
+            x_scale: Scale::Log,
+            y_scale: Scale::Log,
+            series: &s,
+            diagonal: false,
+            markers: true,
+            hline: Some(500.0),
+            x_whole: false,
+        };
+        let svg = chart.svg().unwrap();
+        let labels: Vec<f64> = svg
+            .split("<text")
+            .filter_map(|t| t.split('>').nth(1)?.split('<').next()?.trim().parse().ok())
+            .collect();
+        for (below, above) in [(3.9, 2603.6), (9.0, 147.1)] {
+            assert!(
+                labels.iter().any(|l| *l <= below),
+                "no tick at or below {below}: {labels:?}"
+            );
+            assert!(
+                labels.iter().any(|l| *l >= above),
+                "no tick at or above {above}: {labels:?}"
+            );
+        }
+        // 1-2-5 ticks read as such.
+        assert!(labels.contains(&5.0) && labels.contains(&1000.0), "{labels:?}");
+        assert_eq!(
+            (tick_label(20.0), tick_label(0.5), tick_label(5000.0)),
+            ("20".into(), "0.5".into(), "5000".into())
+        );
+        assert_eq!(
+            (nice_below(3.5), nice_above(2864.0), nice_below(10.0)),
+            (2.0, 5000.0, 10.0)
+        );
         assert_eq!(scale_for([100.0, 900.0].into_iter()), Scale::Linear);
         // A linear axis of positive data starts at zero and ends just past the data.
         assert_eq!(axis([2.0, 10.0].into_iter(), Scale::Linear, true), (0.0, 10.5));
