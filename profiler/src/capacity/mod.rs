@@ -55,26 +55,30 @@ pub const SANE_GPUS: u32 = 10_000;
 /// A plan made by hand: each model on GPUs of its own, all cut (or not) one way.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HandPlan {
-    pub gpus: u32,
+    /// The GPUs it takes; null where it cannot be made for every model.
+    pub gpus: Option<u32>,
     pub models: Vec<HandModel>,
     /// Models this plan cannot be made for (a whole GPU per model: no capacity of a whole GPU or of
-    /// its largest profile was measured); `gpus` counts the others only.
+    /// the profile spanning it was measured).
     #[serde(default)]
     pub unknown: Vec<String>,
 }
 
 impl HandPlan {
-    /// The GPUs it takes, where it could be made for every model.
-    pub fn complete_gpus(&self) -> Option<u32> {
-        self.unknown.is_empty().then_some(self.gpus)
+    fn of(models: Vec<HandModel>, unknown: Vec<String>) -> HandPlan {
+        HandPlan {
+            gpus: unknown.is_empty().then(|| models.iter().map(|m| m.gpus).sum()),
+            models,
+            unknown,
+        }
     }
 
     /// In words: the GPUs it takes, or which models it could not be made for.
     pub fn describe_gpus(&self) -> String {
-        match self.complete_gpus() {
-            Some(g) => g.to_string(),
+        match self.gpus {
+            Some(g) => format!("{g} GPU(s)"),
             None => format!(
-                "an unknown number (no capacity of a whole GPU or of its largest profile for {})",
+                "cannot be made (no capacity of a whole GPU or of the profile spanning it for {})",
                 self.unknown.join(", ")
             ),
         }
@@ -404,7 +408,7 @@ fn spare_lines(fleet: &FleetPlan, problem: &Problem) -> Vec<Spare> {
 }
 
 /// Each model on whole GPUs of its own: MIG off where its whole-GPU capacity is known, else one
-/// instance per GPU of the largest profile it has a capacity on (a whole GPU where that is the 7g).
+/// instance per GPU of the profile spanning the GPU (7g); a model with neither cannot be planned so.
 fn whole_gpu(table: &ProfileTable, problem: &Problem) -> Result<HandPlan> {
     let mut models = Vec::new();
     let mut unknown = Vec::new();
@@ -437,11 +441,7 @@ fn whole_gpu(table: &ProfileTable, problem: &Problem) -> Result<HandPlan> {
             gpus: instances,
         });
     }
-    Ok(HandPlan {
-        gpus: models.iter().map(|m| m.gpus).sum(),
-        models,
-        unknown,
-    })
+    Ok(HandPlan::of(models, unknown))
 }
 
 /// Each model on GPUs of its own, all cut into as many instances of one profile as fit: the best
@@ -482,11 +482,7 @@ fn one_profile(table: &ProfileTable, problem: &Problem) -> Result<HandPlan> {
                 .ok_or_else(|| anyhow::anyhow!("no capacity for {m}"))?,
         );
     }
-    Ok(HandPlan {
-        gpus: models.iter().map(|m| m.gpus).sum(),
-        models,
-        unknown: Vec::new(),
-    })
+    Ok(HandPlan::of(models, Vec::new()))
 }
 
 /// How many instances of `profile` alone fit one GPU.
@@ -574,18 +570,16 @@ impl Report {
                     )
                 })
                 .collect();
-            match hand.complete_gpus() {
-                Some(g) => {
-                    let _ = writeln!(o, "  {name}: {g} GPU(s) ({})", detail.join("; "));
-                }
-                None => {
-                    let _ = writeln!(o, "  {name}: {} GPU(s)", hand.describe_gpus());
-                }
-            }
+            let detail = if hand.gpus.is_some() {
+                format!(" ({})", detail.join("; "))
+            } else {
+                String::new()
+            };
+            let _ = writeln!(o, "  {name}: {}{detail}", hand.describe_gpus());
         }
         let best_hand = [&self.whole_gpu_per_model, &self.one_profile_per_model]
             .into_iter()
-            .filter_map(HandPlan::complete_gpus)
+            .filter_map(|h| h.gpus)
             .min()
             .unwrap_or(0);
         if best_hand > self.gpus {
@@ -716,17 +710,22 @@ mod tests {
         let r = plan(&table, &gathered, &demand, Objectives::p99(50.0), 0.8)?;
         // A 3g alone on a GPU is no whole GPU: the hand plan of whole GPUs cannot be made.
         assert_eq!(r.whole_gpu_per_model.unknown, ["bert_base"]);
-        assert_eq!(r.whole_gpu_per_model.complete_gpus(), None);
+        assert_eq!(r.whole_gpu_per_model.gpus, None);
         let text = r.to_text();
         assert!(
-            text.contains("a whole GPU per model: an unknown number (no capacity of a whole GPU or of its largest profile for bert_base)"),
+            text.contains("a whole GPU per model: cannot be made (no capacity of a whole GPU or of the profile spanning it for bert_base)"),
             "{text}"
         );
+        assert!(text.contains("one profile per model: 2 GPU(s)"), "{text}");
+        // A plan kept before reads its hand plans' counts.
+        let json = serde_json::to_string(&r)?;
+        let back: Report = serde_json::from_str(&json)?;
+        assert_eq!(back.one_profile_per_model.gpus, Some(2));
         // With 7g measured, it stands in for the whole GPU.
         let mut with_7g = gathered;
         with_7g.capacities.push(measured("bert_base", "7g.80gb", 2400.0, true));
         let r = plan(&table, &with_7g, &demand, Objectives::p99(50.0), 0.8)?;
-        assert_eq!(r.whole_gpu_per_model.complete_gpus(), Some(2));
+        assert_eq!(r.whole_gpu_per_model.gpus, Some(2));
         assert_eq!(r.whole_gpu_per_model.models[0].profile, "7g.80gb");
         Ok(())
     }
@@ -754,7 +753,7 @@ mod tests {
         // resnet50: 720 per 1g at 80%: 28 1g instances = 4 GPUs of 7; bert: 3000 / 1920 = 2 7g... the
         // integer program finds the fewest; the hand plans take more.
         assert!(
-            r.gpus < r.whole_gpu_per_model.gpus && r.gpus <= r.one_profile_per_model.gpus,
+            r.gpus < r.whole_gpu_per_model.gpus.unwrap() && r.gpus <= r.one_profile_per_model.gpus.unwrap(),
             "{}",
             r.to_text()
         );
@@ -779,8 +778,8 @@ mod tests {
         assert_eq!(json["gpus"], r.gpus);
         assert!(json["layouts"][0]["profiles"].is_array() && json["instances"][0]["model"].is_string());
         // One profile per model: resnet50 on 1g (28 instances / 7 = 4 GPUs), bert on 7g (2 GPUs).
-        assert_eq!(r.one_profile_per_model.gpus, 6);
-        assert_eq!(r.whole_gpu_per_model.gpus, 7 + 2);
+        assert_eq!(r.one_profile_per_model.gpus, Some(6));
+        assert_eq!(r.whole_gpu_per_model.gpus, Some(7 + 2));
         Ok(())
     }
 

@@ -107,7 +107,15 @@ pub fn from_csv(path: &Path, table: &ProfileTable, objectives: &super::Objective
     let Some((_, header)) = lines.next() else {
         bail!("{}: empty; expected a header model,profile,qps", path.display())
     };
-    let names = csv_fields(header);
+    let names = csv_fields(header).with_context(|| format!("{}: the header leaves a quote open", path.display()))?;
+    if let Some(twice) = names
+        .iter()
+        .enumerate()
+        .find(|(i, n)| names[..*i].contains(n))
+        .map(|(_, n)| n)
+    {
+        bail!("{}: the header names `{twice}` twice", path.display())
+    }
     let at = |name: &str| names.iter().position(|n| n == name);
     let (Some(m), Some(p), Some(q)) = (at("model"), at("profile"), at("qps")) else {
         bail!(
@@ -137,9 +145,18 @@ pub fn from_csv(path: &Path, table: &ProfileTable, objectives: &super::Objective
     let mut capacities = Vec::new();
     let mut elsewhere = std::collections::BTreeSet::new();
     for (i, line) in lines {
-        let fields = csv_fields(line);
-        let get = |k: usize| fields.get(k).map(String::as_str).unwrap_or("");
         let line_no = i + 1;
+        let fields =
+            csv_fields(line).with_context(|| format!("{} line {line_no}: a quote is left open", path.display()))?;
+        if fields.len() != names.len() {
+            bail!(
+                "{} line {line_no}: {} fields for the header's {} (a field holding a comma, as a lognormal's length does, is quoted: \"lognormal:512,0.5\")",
+                path.display(),
+                fields.len(),
+                names.len()
+            );
+        }
+        let get = |k: usize| fields.get(k).map(String::as_str).unwrap_or("");
         let number = |col: Option<usize>, what: &str| -> Result<Option<f64>> {
             let Some(v) = col.map(get).filter(|v| !v.is_empty()) else {
                 return Ok(None);
@@ -171,6 +188,18 @@ pub fn from_csv(path: &Path, table: &ProfileTable, objectives: &super::Objective
                 names.join(", ")
             );
         }
+        // Lengths as `load` takes them (a lognormal's is quoted: "lognormal:512,0.5").
+        let length = |col: Option<usize>, what: &str| -> Result<Option<String>> {
+            let Some(v) = col.map(get).filter(|v| !v.is_empty()) else {
+                return Ok(None);
+            };
+            let dist: crate::load::lengths::LengthDist = v
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("{} line {line_no}: {what}: {e}", path.display()))?;
+            Ok(Some(dist.to_string()))
+        };
+        let (pl, ol) = (length(prompt, "prompt_len")?, length(output, "output_len")?);
+        let (pl, ol) = (pl.as_deref(), ol.as_deref());
         // What the row's capacity holds for, checked against the plan's objectives.
         let row_slo = number(slo, "slo_p99_ms")?;
         let row_serving = match (number(ttft, "slo_ttft_p99_ms")?, number(tpot, "slo_tpot_p99_ms")?) {
@@ -216,18 +245,6 @@ pub fn from_csv(path: &Path, table: &ProfileTable, objectives: &super::Objective
                 get(p)
             );
         }
-        // Lengths as `load` takes them (a lognormal's is quoted: "lognormal:512,0.5").
-        let length = |col: Option<usize>, what: &str| -> Result<Option<String>> {
-            let Some(v) = col.map(get).filter(|v| !v.is_empty()) else {
-                return Ok(None);
-            };
-            let dist: crate::load::lengths::LengthDist = v
-                .parse()
-                .map_err(|e: String| anyhow::anyhow!("{} line {line_no}: {what}: {e}", path.display()))?;
-            Ok(Some(dist.to_string()))
-        };
-        let (pl, ol) = (length(prompt, "prompt_len")?, length(output, "output_len")?);
-        let (pl, ol) = (pl.as_deref(), ol.as_deref());
         capacities.push(Capacity {
             model: get(m).into(),
             profile: get(p).into(),
@@ -254,8 +271,8 @@ pub fn from_csv(path: &Path, table: &ProfileTable, objectives: &super::Objective
 }
 
 /// A CSV line's fields, trimmed: split at commas outside double quotes, a field's quotes taken off
-/// ("" inside quotes is one quote).
-fn csv_fields(line: &str) -> Vec<String> {
+/// ("" inside quotes is one quote); none where a quote is left open.
+fn csv_fields(line: &str) -> Option<Vec<String>> {
     let mut fields = vec![String::new()];
     let mut quoted = false;
     let mut chars = line.chars().peekable();
@@ -270,7 +287,7 @@ fn csv_fields(line: &str) -> Vec<String> {
             c => fields.last_mut().expect("one field at least").push(c),
         }
     }
-    fields.iter().map(|f| f.trim().to_string()).collect()
+    (!quoted).then(|| fields.iter().map(|f| f.trim().to_string()).collect())
 }
 
 /// The capacity rows of `dirs` measured for `slo_ms` (and `dtype`, when given) on the GPU `product`
@@ -959,7 +976,16 @@ mod tests {
             ("llama_3_2_1b,1g.10gb,9,,500,,,", "give both"),
             ("llama_3_2_1b,1g.10gb,9,50,500,50,,", "not both"),
             ("bert_base,1g.10gb,9,fast,,,,", "slo_p99_ms `fast`"),
-            ("llama_3_2_1b,1g.10gb,9,,500,50,lognormal:512,128", "prompt_len"),
+            (
+                "llama_3_2_1b,1g.10gb,9,,500,50,lognormal:512,0.5,128",
+                "9 fields for the header's 8",
+            ),
+            ("llama_3_2_1b,1g.10gb,9,,500,50,\"lognormal:512\",128", "prompt_len"),
+            (
+                "llama_3_2_1b,1g.10gb,9,,500,50,\"lognormal:512,0.5,128",
+                "a quote is left open",
+            ),
+            ("llama_3_2_1b,1g.10gb,9,,900,90,\"lognormal:512\",128", "prompt_len"),
         ] {
             std::fs::write(
                 &path,
@@ -968,6 +994,9 @@ mod tests {
             let e = from_csv(&path, &h100, &plan).unwrap_err().to_string();
             assert!(e.contains("line 2") && e.contains(says), "{row}: {e}");
         }
+        std::fs::write(&path, "model,profile,qps,qps\n")?;
+        let e = from_csv(&path, &h100, &plan).unwrap_err().to_string();
+        assert!(e.contains("`qps` twice"), "{e}");
         std::fs::write(&path, "model,profile,qps,slo\n")?;
         let e = from_csv(&path, &h100, &plan).unwrap_err().to_string();
         assert!(e.contains("`slo`") && e.contains("slo_tpot_p99_ms"), "{e}");

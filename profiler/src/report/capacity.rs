@@ -259,7 +259,7 @@ impl Serving {
 
 fn plan_section(path: &std::path::Path, p: &crate::capacity::Report) -> Section {
     let mut blocks = vec![Block::Text(format!(
-        "From {}: {} GPU(s) of the {} serve {} within {}, each instance planned at {:.0}% of its capacity (an integer program, solved exactly). By hand: a whole GPU per model takes {}, one profile per model {}.",
+        "From {}: {} GPU(s) of the {} serve {} within {}, each instance planned at {:.0}% of its capacity (an integer program, solved exactly). By hand, a whole GPU per model: {}; one profile per model: {}.",
         path.display(),
         p.gpus,
         p.gpu,

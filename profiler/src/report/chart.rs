@@ -142,8 +142,12 @@ fn axis(values: impl Iterator<Item = f64>, scale: Scale, from_zero: bool) -> (f6
 /// The mantissas of a log axis's ticks: 1, 2 and 5 times powers of ten.
 const NICE: [f64; 3] = [1.0, 2.0, 5.0];
 
-/// The 1-2-5 values from the decade below `lo` to the decade above `hi`, ascending.
+/// The 1-2-5 values from the decade below `lo` to the decade above `hi`, ascending (none unless
+/// both are positive and finite).
 fn nice_values(lo: f64, hi: f64) -> Vec<f64> {
+    if !(lo > 0.0 && hi >= lo && hi.is_finite()) {
+        return Vec::new();
+    }
     let (first, last) = (lo.log10().floor() as i32 - 1, hi.log10().ceil() as i32 + 1);
     (first..=last).flat_map(|e| NICE.map(|m| m * 10f64.powi(e))).collect()
 }
@@ -249,12 +253,15 @@ impl Chart<'_> {
                 }
             };
             // A log axis ticks at the batches drawn (whole numbers) or at 1-2-5 values.
-            let x_ticks = if self.x_whole {
-                whole_ticks(self.series.iter().flat_map(|s| s.points.iter()))
-            } else {
-                log_ticks(x0, x1)
+            let x_ticks = match (self.x_whole, self.x_scale) {
+                (true, _) => whole_ticks(self.series.iter().flat_map(|s| s.points.iter())),
+                (false, Scale::Log) => log_ticks(x0, x1),
+                (false, Scale::Linear) => Vec::new(),
             };
-            let y_ticks = log_ticks(y0, y1);
+            let y_ticks = match self.y_scale {
+                Scale::Log => log_ticks(y0, y1),
+                Scale::Linear => Vec::new(),
+            };
             // plotters' default is 10 labels.
             let x_labels = if self.x_whole {
                 ((x1 - x0).floor() as usize).clamp(1, 10)

@@ -172,7 +172,9 @@ pub(crate) mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
-    use crate::kernels::launch::{by_dtype, cuda as saved_storage, name, view, word_elements, Kernel};
+    use crate::kernels::launch::{
+        by_dtype, cuda as saved_storage, name, view, word_elements, Kernel, U32_STRIDE_ELEMENTS,
+    };
 
     /// A k×k window moving by `stride`, the input padded by `padding` on every side.
     #[derive(Debug, Clone, Copy)]
@@ -203,7 +205,9 @@ pub(crate) mod cuda {
 
         fn launch(&self, x: (&CudaStorage, &Layout), g: Option<(&CudaStorage, &Layout)>) -> Result<CudaStorage> {
             let (planes, h, w, oh, ow) = self.geometry(x.1)?;
-            if planes * h * w > u32::MAX as usize {
+            // The NHWC kernel keeps its grid-stride index in 32 bits; the NCHW one indexes planes of
+            // h·w in 32 bits.
+            if planes * (h * w).max(oh * ow) > U32_STRIDE_ELEMENTS {
                 bail!("max pool over {planes} planes of {h}x{w} is more than this kernel indexes")
             }
             let dev = x.0.device().clone();
