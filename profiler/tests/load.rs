@@ -396,16 +396,7 @@ fn the_report_shows_the_knee_the_capacities_and_the_latest_plan() {
     assert!(plan.status.success(), "{}", text(&plan));
     std::fs::create_dir_all(dir.path().join("plans")).unwrap();
     std::fs::write(dir.path().join("plans/plan-1.json"), &plan.stdout).unwrap();
-    let out = dir.path().join("report.html");
-    let o = migprof()
-        .arg("report")
-        .arg(dir.path())
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let html = std::fs::read_to_string(&out).unwrap();
+    let html = report(&[dir.path()], &dir.path().join("report.html"), &[]);
     for needle in [
         "Serving capacity",
         "p99 against offered rate",

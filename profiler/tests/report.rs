@@ -16,16 +16,6 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/h100-mps")
 }
 
-fn report(dirs: &[&Path], out: &Path, extra: &[&str]) -> String {
-    let mut args = vec!["report".to_string()];
-    args.extend(dirs.iter().map(|d| d.display().to_string()));
-    args.extend(["--out".to_string(), out.display().to_string()]);
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let o = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    assert!(o.status.success(), "{}", text(&o));
-    std::fs::read_to_string(out).unwrap()
-}
-
 /// html5ever's parse errors of a page (none for strict HTML).
 fn parse_errors(html: &str) -> Vec<String> {
     let dom = html5ever::parse_document(markup5ever_rcdom::RcDom::default(), html5ever::ParseOpts::default())

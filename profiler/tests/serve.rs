@@ -178,16 +178,7 @@ fn a_search_finds_the_highest_rate_within_both_objectives_and_chunking_is_a_sett
     assert_eq!(strings(&resumed, "capacity_id"), vec![id]);
     assert_eq!(numbers(&resumed, "capacity_qps"), numbers(&caps, "capacity_qps"));
     // The report draws both objectives against the rate, the cache over a step, the capacity.
-    let page = dir.path().join("report.html");
-    let o = migprof()
-        .arg("report")
-        .arg(dir.path())
-        .arg("--out")
-        .arg(&page)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let html = std::fs::read_to_string(&page).unwrap();
+    let html = report(&[dir.path()], &dir.path().join("report.html"), &[]);
     for needle in [
         "Serving language models",
         "TTFT p99 against offered rate",

@@ -33,6 +33,17 @@ pub fn text(o: &Output) -> String {
     )
 }
 
+/// `migprof report` of `dirs` written to `out` (with `extra` arguments), which must succeed: the page.
+pub fn report(dirs: &[&std::path::Path], out: &std::path::Path, extra: &[&str]) -> String {
+    let mut args = vec!["report".to_string()];
+    args.extend(dirs.iter().map(|d| d.display().to_string()));
+    args.extend(["--out".to_string(), out.display().to_string()]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let o = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::read_to_string(out).unwrap()
+}
+
 /// A column as numbers, nulls as `None`.
 pub fn numbers(df: &DataFrame, name: &str) -> Vec<Option<f64>> {
     df.column(name)

@@ -268,10 +268,17 @@ mod cuda {
     /// their partial sums is cheap. The warp-per-row kernel's blocks take eight rows at once, and
     /// 64 rows or more each, so that its partial sums stay far smaller than the rows they sum.
     pub(super) fn param_blocks(a: &LnArgs) -> usize {
-        match warp_words(a) {
-            Some(4) => a.rows.div_ceil(64).clamp(1, 256),
-            _ => a.rows.clamp(1, 512),
+        if sums_by_warps(a) {
+            a.rows.div_ceil(64).clamp(1, 256)
+        } else {
+            a.rows.clamp(1, 512)
         }
+    }
+
+    /// Whether the parameter sums take their warp-per-row kernel (built for rows of up to 4 words a
+    /// lane), else the block-per-row one.
+    fn sums_by_warps(a: &LnArgs) -> bool {
+        warp_words(a) == Some(4)
     }
 
     /// Words of 16 bytes each lane of the warp-per-row kernel keeps (4 or 8: its two builds), when
@@ -303,9 +310,8 @@ mod cuda {
         // Rows that fit a warp's registers take the warp-per-row kernel (the block-per-row one
         // spends two block barriers per row, which held BERT-base's bf16 rows of 768 to a low
         // bandwidth; measured: docs/kernels.md#layer-norm).
-        // The parameter sums have a warp-per-row kernel of their own for rows of up to 4 words a lane.
         let warp = match pass {
-            LnPass::ParamSums { .. } => warp_words(&a).filter(|&w| w == 4),
+            LnPass::ParamSums { .. } => sums_by_warps(&a).then_some(4),
             _ => warp_words(&a),
         };
         let sums = matches!(pass, LnPass::ParamSums { .. });

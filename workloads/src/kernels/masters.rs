@@ -503,9 +503,6 @@ mod cuda {
     }
 
     pub(super) fn check(grads: &[&Tensor], state: &Tensor) -> Result<()> {
-        let Some(dt) = dtype(grads.iter().map(|g| g.dtype()))? else {
-            return Ok(());
-        };
         // The check reads only the gradients (the state and copy are not given to the kernel).
         let members: Vec<Member> = grads
             .iter()
@@ -515,40 +512,42 @@ mod cuda {
                 theta: g,
             })
             .collect();
-        let (s, sl) = state.storage_and_layout();
-        let sv = view::<f64>(launch_cuda(&s, "the step state")?, sl, "the step state")?;
-        let func = Kernel::load(&device(state)?, &MASTERS, &name("masters_nonfinite_group", dt))?;
-        for (grp, blocks) in groups(&members, None)? {
-            let mut b = func.builder();
-            b.arg(&grp).arg(&sv);
-            // SAFETY: argument types and order match the kernel; every gradient's address holds its
-            // n elements of the group's dtype, the state eight f64; the kernel writes only the
-            // state's flag.
-            unsafe { func.launch(&mut b, config(blocks)) }?;
-        }
-        Ok(())
+        launch_groups("masters_nonfinite_group", &members, None, &[], state)
     }
 
     pub(super) fn update<U: Update>(u: U, members: &[Member], state: &Tensor) -> Result<()> {
+        launch_groups(U::KERNEL, members, Some(U::BUFFERS), &u.scalars(), state)
+    }
+
+    /// `kernel` over the members in groups (see `groups`: `buffers` for an update, none for the
+    /// check), each launch given its group, the `scalars` and the step state, in the kernels' order.
+    fn launch_groups(
+        kernel: &str,
+        members: &[Member],
+        buffers: Option<usize>,
+        scalars: &[f32],
+        state: &Tensor,
+    ) -> Result<()> {
         let Some(dt) = dtype(members.iter().map(|m| m.grad.dtype()))? else {
             return Ok(());
         };
         let (s, sl) = state.storage_and_layout();
         let sv = view::<f64>(launch_cuda(&s, "the step state")?, sl, "the step state")?;
-        let func = Kernel::load(&device(state)?, &MASTERS, &name(U::KERNEL, dt))?;
-        let scalars = u.scalars();
-        for (grp, blocks) in groups(members, Some(U::BUFFERS))? {
+        let func = Kernel::load(&device(state)?, &MASTERS, &name(kernel, dt))?;
+        for (grp, blocks) in groups(members, buffers)? {
             let mut b = func.builder();
             b.arg(&grp);
-            for v in &scalars {
+            for v in scalars {
                 b.arg(v);
             }
             b.arg(&sv);
             // SAFETY: argument types and order match the kernel (the scalars are the optimizer's, in
-            // its order); every state holds its parts × n f32 and every gradient and working copy n
-            // elements of the group's dtype (checked in `groups`). The kernel writes the states and
-            // the working copies through their addresses: they belong to the optimizer, and nothing
-            // else on the stream touches them during its launches.
+            // its order; the check takes none); every gradient holds n elements of the group's dtype,
+            // and for an update every state its parts × n f32 and every working copy n elements
+            // (checked in `groups`); the step state holds eight f64. An update writes the states and
+            // the working copies through their addresses, the check only the state's flag: they
+            // belong to the optimizer, and nothing else on the stream touches them during its
+            // launches.
             unsafe { func.launch(&mut b, config(blocks)) }?;
         }
         Ok(())

@@ -214,19 +214,15 @@ pub(crate) mod cuda {
             let (images, channels, _, _) = self.dims(x.1)?;
             // Over NHWC a thread takes a word of v channels: the widest that the channel count and
             // every view's start divide into whole.
-            let v = if self.channels_last {
+            let (v, kernel) = if self.channels_last {
                 let counts = [Some(channels), Some(x.1.start_offset()), g.map(|g| g.1.start_offset())];
-                word_elements(
+                let v = word_elements(
                     x.0.dtype().size_in_bytes(),
                     &counts.into_iter().flatten().collect::<Vec<_>>(),
-                )
+                );
+                (v, format!("{}_v{v}", name("max_pool_nhwc", x.0.dtype())))
             } else {
-                1
-            };
-            let kernel = if self.channels_last {
-                format!("{}_v{v}", name("max_pool_nhwc", x.0.dtype()))
-            } else {
-                name("max_pool", x.0.dtype())
+                (1, name("max_pool", x.0.dtype()))
             };
             let func = Kernel::load(&dev, &crate::kernels::sources::MAX_POOL, &kernel)?;
             let n = planes * if g.is_some() { h * w } else { oh * ow };
