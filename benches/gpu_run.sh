@@ -171,20 +171,36 @@ if [ "$mode" = serving ]; then
 # searches PLAN_MODEL's (bert_base) capacity within p99 <= SLO_P99 (50) ms on each and plans
 # PLAN_DEMAND beside the language model's capacities carried in, then the report; STEP=search
 # searches the highest rate within TTFT p99 <= SLO_TTFT (500) ms and TPOT p99 <= SLO_TPOT (50) ms,
-# steps of SERVE_SECS (default 8) s, at most SERVE_STEPS (8) rates. Rows in $out/serving, returned as
-# serving-results.tgz (carried back as .dist/serving-results.tgz, a later call adds to them).
+# steps of SERVE_SECS (default 8) s, at most SERVE_STEPS (8) rates; STEP=chunking serves SERVE_QPS
+# with chunked prefill and again without; STEP=sweep runs benches/llm_serving.toml (capacity searches
+# on emulated slices) for at most SWEEP_SECS (330) s, resumed by the next call. STEP may list several,
+# run in order. Rows in $out/serving, returned as serving-results.tgz (carried back as
+# .dist/serving-results.tgz, a later call adds to them).
 rc=0
 res="$out/serving"; mkdir -p "$out"; [ -f .dist/serving-results.tgz ] && tar xzf .dist/serving-results.tgz -C "$out"; mkdir -p "$res"
 log "MPS before"; mps_servers
+for step in ${STEP:-rates}; do
+if [ "$step" = sweep ]; then
+  log "sweep benches/llm_serving.toml ${SWEEP_ARGS:-}"
+  timeout "${SWEEP_SECS:-330}" "$bin" sweep benches/llm_serving.toml --out "$res" ${SWEEP_ARGS:-} 2>&1 | grep -v "^\s*$" || rc=1
+  log "MPS after the sweep"; mps_servers
+  continue
+fi
 for dev in ${SERVE_DEVICES:-$uuid}; do
   [ "$dev" = 0 ] && dev="$uuid"
   common=(--model "${SERVE_MODEL:-llama_3_2_1b}" --dtype bf16 --device "$dev" --prompt-len "${SERVE_PROMPT:-lognormal:512,0.5}"
           --output-len "${SERVE_OUTPUT:-lognormal:128,0.5}" --duration "${SERVE_SECS:-8}" --out "$res")
-  if [ "${STEP:-rates}" = plan ]; then
+  if [ "$step" = chunking ]; then
+    for chunking in "" --no-chunked-prefill; do
+      log "serving $dev: ${SERVE_QPS:-4,16} requests/s ${chunking:-with chunked prefill}"
+      "$bin" load "${common[@]}" --qps "${SERVE_QPS:-4,16}" --drain "${SERVE_DRAIN:-20}" \
+          --slo-ttft-p99-ms "${SLO_TTFT:-500}" --slo-tpot-p99-ms "${SLO_TPOT:-50}" $chunking ${SERVE_ARGS:-} 2>&1 || rc=1
+    done
+  elif [ "$step" = plan ]; then
     log "capacity of ${PLAN_MODEL:-bert_base} on $dev within p99 ${SLO_P99:-50} ms, beside the language model's"
     "$bin" load --model "${PLAN_MODEL:-bert_base}" --dtype bf16 --device "$dev" --search --slo-p99-ms "${SLO_P99:-50}" \
         --min-requests "${PLAN_REQUESTS:-2000}" --resolution 10 --out "$res" 2>&1 | grep -E "^capacity|^note|error" || rc=1
-  elif [ "${STEP:-rates}" = search ]; then
+  elif [ "$step" = search ]; then
     log "serving $dev: search within TTFT p99 ${SLO_TTFT:-500} ms, TPOT p99 ${SLO_TPOT:-50} ms"
     "$bin" load "${common[@]}" --search --slo-ttft-p99-ms "${SLO_TTFT:-500}" --slo-tpot-p99-ms "${SLO_TPOT:-50}" \
         --max-steps "${SERVE_STEPS:-8}" --drain "${SERVE_DRAIN:-20}" ${SERVE_ARGS:-} 2>&1 || rc=1
@@ -193,8 +209,9 @@ for dev in ${SERVE_DEVICES:-$uuid}; do
     "$bin" load "${common[@]}" --qps "${SERVE_QPS:-4,16}" --drain "${SERVE_DRAIN:-20}" ${SERVE_ARGS:-} 2>&1 || rc=1
   fi
 done
+done
 log "MPS after"; mps_servers
-if [ "${STEP:-rates}" = plan ]; then
+if [[ " ${STEP:-rates} " == *" plan "* ]]; then
   log "a plan for ${PLAN_DEMAND:-llama_3_2_1b=100,bert_base=3000}"
   "$bin" capacity --gpu h100-80gb --from "$res" --demand "${PLAN_DEMAND:-llama_3_2_1b=100,bert_base=3000}" \
       --slo-p99-ms "${SLO_P99:-50}" --slo-ttft-p99-ms "${SLO_TTFT:-500}" --slo-tpot-p99-ms "${SLO_TPOT:-50}" 2>&1 || rc=1
@@ -205,16 +222,16 @@ python3 - "$res" <<'PY' | tee "$out/serving.md"
 import sys, os, pyarrow.parquet as pq
 d = sys.argv[1]
 rows = pq.read_table(f"{d}/serve").to_pylist() if os.path.isdir(f"{d}/serve") else []
-print("| profile | kv blocks | offered/s | finished | achieved/s | out tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | batch mean/max | KV mean/max | preempt | meets | verdict |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| target | chunked | kv blocks | offered/s | finished | achieved/s | out tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | batch mean/max | KV mean/max | preempt | meets | verdict |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"
-for r in sorted(rows, key=lambda r: (r["profile"], r["started_at"])):
-    print(f"| {r['profile']} | {r['kv_blocks']} | {r['offered_qps']:.2f} | {r['finished']}/{r['requests']} | {r['achieved_qps']:.2f} | {r['output_tokens_per_s']:.0f} | "
+for r in sorted(rows, key=lambda r: (r["target"], r["started_at"])):
+    print(f"| {r['target']} | {r['chunked_prefill']} | {r['kv_blocks']} | {r['offered_qps']:.2f} | {r['finished']}/{r['requests']} | {r['achieved_qps']:.2f} | {r['output_tokens_per_s']:.0f} | "
           f"{f(r['ttft_p50_ms'])}/{f(r['ttft_p99_ms'])} | {f(r['tpot_p50_ms'],2)}/{f(r['tpot_p99_ms'],2)} | {r['batch_mean']:.1f}/{r['batch_max']} | "
           f"{r['kv_occupancy_mean']:.2f}/{r['kv_occupancy_max']:.2f} | {r['preemptions']} | {r['meets_slo']} | {r['verdict']} |")
 if os.path.isdir(f"{d}/serve_capacity"):
     for c in pq.read_table(f"{d}/serve_capacity").to_pylist():
-        print(f"capacity {c['profile']}: {c['capacity_qps']} requests/s ({c['steps']} steps; bracket {c['bracket_low_qps']}..{c['bracket_high_qps']}; {c['note']})")
+        print(f"capacity {c['target']} ({c['sweep']}): {c['capacity_qps']} requests/s ({c['steps']} steps; bracket {c['bracket_low_qps']}..{c['bracket_high_qps']}; {c['note']})")
 PY
 [ -n "${OUT:-}" ] && tar czf "$OUT/serving-results.tgz" -C "$out" serving
 exit $rc

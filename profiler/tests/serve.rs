@@ -190,6 +190,10 @@ fn a_search_finds_the_highest_rate_within_both_objectives_and_chunking_is_a_sett
         assert!(html.contains(needle), "{needle}");
     }
     assert!(!html.contains("load step(s): see Serving capacity"));
+    // What ran names the served target's device and the environment, as it does for runs.
+    for needle in ["<td>migprof_version</td>", "<td>host</td>", "<td>cpu</td>"] {
+        assert!(html.contains(needle), "{needle}");
+    }
     let schema = repo_file("docs/schema.md");
     let names = columns(&caps);
     let missing = undocumented(&schema, names.iter().map(String::as_str));
@@ -391,6 +395,153 @@ fn a_language_model_is_planned_beside_an_encoder_from_their_searches() {
     let o = plan(&[]);
     assert!(
         !o.status.success() && text(&o).contains("which objective"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// A sweep file's capacity search of a language model and an encoder model: each kind's keys.
+const SWEPT: &str = r#"
+name = "serving"
+[defaults]
+timeout_secs = 300
+[[targets]]
+label = "cpu"
+device = "cpu"
+[[capacity]]
+models = ["llama_tiny", "resnet_tiny"]
+dtype = "f32"
+resolution_pct = 20
+warmup_secs = 0.3
+slo_p99_ms = 300
+max_batch = 4
+min_requests = 150
+slo_ttft_p99_ms = 40
+slo_tpot_p99_ms = 10
+prompt_len = 32
+output_len = "uniform:4-12"
+max_seqs = 16
+max_batched_tokens = 128
+kv_blocks = 64
+duration_secs = 1
+drain_secs = 5
+max_steps = 3
+"#;
+
+#[test]
+fn a_sweep_searches_a_language_models_capacity_beside_an_encoders_and_a_rerun_skips_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sweep.toml");
+    std::fs::write(&file, SWEPT).unwrap();
+    let out = dir.path().join("out");
+    let sweep = |extra: &[&str]| {
+        migprof()
+            .arg("sweep")
+            .arg(&file)
+            .arg("--out")
+            .arg(&out)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // The dry run names the serving cell by its sequences and objectives, and counts its search at
+    // its longest: 3 steps of 1 s and 5 s of drain.
+    let o = sweep(&["--dry-run"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains(
+            "cpu llama_tiny generate f32 up to 16 sequences #0 (capacity within TTFT p99 40 ms and TPOT p99 10 ms, prompts 32 and outputs uniform:4-12 tokens)"
+        ),
+        "{}",
+        text(&o)
+    );
+    assert!(text(&o).contains("counted at its longest"), "{}", text(&o));
+
+    let o = sweep(&[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let caps = read_table(&out, Table::ServeCapacity).unwrap();
+    assert_eq!(caps.height(), 1, "{}", text(&o));
+    assert_eq!(strings(&caps, "sweep"), vec!["serving"]);
+    assert_eq!(strings(&caps, "target"), vec!["cpu"]);
+    assert_eq!(strings(&caps, "model"), vec!["llama_tiny"]);
+    assert_eq!(numbers(&caps, "max_steps"), vec![Some(3.0)]);
+    // Every step with the file's settings, served as `migprof load` serves a language model.
+    let steps = read_table(&out, Table::Serve).unwrap();
+    assert!((1..=3).contains(&steps.height()), "{}", text(&o));
+    assert!(strings(&steps, "prompt_len").iter().all(|l| l == "32"));
+    assert!(strings(&steps, "output_len").iter().all(|l| l == "uniform:4-12"));
+    assert!(numbers(&steps, "kv_blocks").iter().all(|b| *b == Some(64.0)));
+    assert!(strings(&steps, "kernel_options")
+        .iter()
+        .all(|k| k.contains("gemm=heuristic") && k.contains("graphs=off")));
+    assert!(strings(&steps, "cell_id")
+        .iter()
+        .all(|id| *id == strings(&caps, "cell_id")[0]));
+    // The encoder's search beside it, within its own objective.
+    let encoder = read_table(&out, Table::Capacity).unwrap();
+    assert_eq!(strings(&encoder, "model"), vec!["resnet_tiny"]);
+    assert_eq!(numbers(&encoder, "slo_p99_ms"), vec![Some(300.0)]);
+
+    let o = sweep(&[]);
+    assert!(o.status.success() && text(&o).contains("2 skipped"), "{}", text(&o));
+    assert_eq!(read_table(&out, Table::ServeCapacity).unwrap().height(), 1);
+    assert_eq!(read_table(&out, Table::Serve).unwrap().height(), steps.height());
+
+    // The sweep's folder plans both models in one program, as the searches' own folders do.
+    as_if_on(&out, Table::ServeCapacity, "3g.40gb");
+    as_if_on(&out, Table::Capacity, "3g.40gb");
+    let o = migprof()
+        .args(["capacity", "--gpu", "h100-80gb", "--json", "--from"])
+        .arg(&out)
+        .args(["--demand", "llama_tiny=0.5,resnet_tiny=1"])
+        .args([
+            "--slo-p99-ms",
+            "300",
+            "--slo-ttft-p99-ms",
+            "40",
+            "--slo-tpot-p99-ms",
+            "10",
+        ])
+        .output()
+        .unwrap();
+    let llm_capacity = numbers(&caps, "capacity_qps")[0];
+    match llm_capacity {
+        // A capacity found: both models are placed.
+        Some(_) => {
+            assert!(o.status.success(), "{}", text(&o));
+            let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            let models: Vec<&str> = report["instances"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["model"].as_str().unwrap())
+                .collect();
+            assert!(
+                models.contains(&"llama_tiny") && models.contains(&"resnet_tiny"),
+                "{report}"
+            );
+        }
+        // No rate met both objectives on this machine: the plan says the model has no capacity.
+        None => assert!(!o.status.success() && text(&o).contains("llama_tiny"), "{}", text(&o)),
+    }
+}
+
+#[test]
+fn a_sweep_says_when_a_language_models_search_may_outlast_the_time_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sweep.toml");
+    std::fs::write(&file, SWEPT.replace("timeout_secs = 300", "timeout_secs = 10")).unwrap();
+    let o = migprof()
+        .arg("sweep")
+        .arg(&file)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .arg("--dry-run")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("may take up to 18 s (3 steps of 1 s of arrivals and up to 5 s of drain each), past [defaults] timeout_secs = 10"),
         "{}",
         text(&o)
     );

@@ -230,48 +230,152 @@ fn the_causal_prefill_kernel_gives_the_logits_and_cache_of_candles_ops() {
     for (label, cfg) in &models() {
         for dtype in [DType::BF16, DType::F16] {
             let model = Decoder::new(cfg, weights(cfg, &gpu, dtype)).unwrap();
-            let bound = bound(dtype);
+            assert_kernel_takes(label, cfg, dtype, &gpu);
             for (batch, tokens) in [(1, 37), (3, 150), (2, 128)] {
                 let vocab = cfg.vocab_size as u32;
                 let ids: Vec<u32> = (0..batch * tokens).map(|i| (i as u32 * 104_729 + 5) % vocab).collect();
                 let prompt = Tensor::from_vec(ids, (batch, tokens), &gpu).unwrap();
+                let run = |attention| prefill_then_step(&model, cfg, &prompt, &[tokens], attention);
+                let what = format!("{label} {dtype:?} batch {batch} × {tokens}");
+                judge_prefill(
+                    &what,
+                    bound(dtype),
+                    run(Attention::Fused),
+                    run(Attention::Composed),
+                    &mut failures,
+                );
+            }
+        }
+    }
+    assert!(failures.is_empty(), "beyond the bound:\n{}", failures.join("\n"));
+}
+
+/// Asserts that the causal kernel takes `cfg`'s heads in `dtype`: else a test comparing it with
+/// candle's ops would compare those with themselves.
+fn assert_kernel_takes(label: &str, cfg: &Config, dtype: DType, gpu: &Device) {
+    let _fused = options(EncoderLayers::Composed, Attention::Fused).enter();
+    assert!(
+        workloads::kernels::causal_attention::takes(gpu, dtype, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+        "{label} {dtype:?}: the causal kernel does not take these heads"
+    );
+}
+
+/// `prompt` [batch, tokens] prefilled in `pieces` (their lengths, in order) over a contiguous cache
+/// with `attention`, then one decode step from the cache: every position's logits, the token fed to
+/// the step, and the step's logits.
+fn prefill_then_step(
+    model: &Decoder,
+    cfg: &Config,
+    prompt: &Tensor,
+    pieces: &[usize],
+    attention: Attention,
+) -> (Tensor, Tensor, Tensor) {
+    let _k = options(EncoderLayers::Composed, attention).enter();
+    let (batch, tokens) = prompt.dims2().unwrap();
+    let gpu = prompt.device();
+    let mut cache = KvCache::new(cfg);
+    cache.reserve(batch, tokens + 1, model.dtype(), gpu).unwrap();
+    let mut start = 0;
+    let mut logits = Vec::new();
+    for &len in pieces {
+        logits.push(
+            model
+                .forward(&prompt.narrow(1, start, len).unwrap(), &mut cache)
+                .unwrap(),
+        );
+        start += len;
+    }
+    let logits = Tensor::cat(&logits, 1).unwrap();
+    let next = logits
+        .i((.., tokens - 1, ..))
+        .unwrap()
+        .argmax(D::Minus1)
+        .unwrap()
+        .unsqueeze(1)
+        .unwrap();
+    let pos = Tensor::new(&[tokens as u32], gpu).unwrap();
+    let step = model.decode_step(&next, &pos, &cache).unwrap();
+    (logits, next, step)
+}
+
+/// The kernel's prefill and next step against candle's ops: a failure where the prefill's logits
+/// are beyond `bound`, or the step's where both fed the same token (random weights leave near ties
+/// that rounding may break either way).
+fn judge_prefill(
+    what: &str,
+    bound: f32,
+    (kernel, kernel_next, kernel_step): (Tensor, Tensor, Tensor),
+    (ops, ops_next, ops_step): (Tensor, Tensor, Tensor),
+    failures: &mut Vec<String>,
+) {
+    let (prefill, step) = (rel_err(&kernel, &ops), rel_err(&kernel_step, &ops_step));
+    let same_next = kernel_next.flatten_all().unwrap().to_vec1::<u32>().unwrap()
+        == ops_next.flatten_all().unwrap().to_vec1::<u32>().unwrap();
+    println!("{what}: prefill {prefill:.2e}, next step {step:.2e}, same next tokens {same_next}");
+    if prefill > bound || (same_next && step > bound) {
+        failures.push(format!("{what}: {prefill:.2e}, {step:.2e}"));
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_prompt_continued_after_its_cache_runs_the_causal_kernel_as_candles_ops_do() {
+    // A prompt prefilled in pieces, as a chunked prefill runs it: every piece after the first attends
+    // the keys and values the earlier ones cached. Each piece's logits through the causal kernel and
+    // through candle's ops with the mask, then one decode step from each cache. Pieces end inside a
+    // tile and on one; the third case's last piece starts at 129, past two tiles.
+    use workloads::models::decoder::{KvPool, SequenceCache};
+    let gpu = gpu();
+    let mut failures = Vec::new();
+    for (label, cfg) in &models() {
+        for dtype in [DType::BF16, DType::F16] {
+            let model = Decoder::new(cfg, weights(cfg, &gpu, dtype)).unwrap();
+            let bound = bound(dtype);
+            assert_kernel_takes(label, cfg, dtype, &gpu);
+            for (batch, pieces) in [(1, vec![37, 90]), (2, vec![64, 64]), (3, vec![100, 29, 21])] {
+                let tokens: usize = pieces.iter().sum();
+                let vocab = cfg.vocab_size as u32;
+                let ids: Vec<u32> = (0..batch * tokens).map(|i| (i as u32 * 7_919 + 11) % vocab).collect();
+                let prompt = Tensor::from_vec(ids, (batch, tokens), &gpu).unwrap();
+                let run = |attention| prefill_then_step(&model, cfg, &prompt, &pieces, attention);
+                let what = format!("{label} {dtype:?} batch {batch} × {pieces:?}");
+                judge_prefill(
+                    &what,
+                    bound,
+                    run(Attention::Fused),
+                    run(Attention::Composed),
+                    &mut failures,
+                );
+            }
+            // The same pieces over a pool of blocks, as a served sequence holds them (its blocks
+            // after another sequence's): each piece's last logits.
+            for pieces in [vec![37, 90], vec![100, 29, 21]] {
+                let tokens: usize = pieces.iter().sum();
+                let vocab = cfg.vocab_size as u32;
+                let ids: Vec<u32> = (0..tokens).map(|i| (i as u32 * 7_919 + 11) % vocab).collect();
                 let run = |attention: Attention| {
                     let _k = options(EncoderLayers::Composed, attention).enter();
-                    let mut cache = KvCache::new(cfg);
-                    cache.reserve(batch, tokens + 1, dtype, &gpu).unwrap();
-                    let logits = model.forward(&prompt, &mut cache).unwrap();
-                    let next = logits
-                        .i((.., tokens - 1, ..))
-                        .unwrap()
-                        .argmax(D::Minus1)
-                        .unwrap()
-                        .unsqueeze(1)
-                        .unwrap();
-                    let pos = Tensor::new(&[tokens as u32], &gpu).unwrap();
-                    let step = model.decode_step(&next, &pos, &cache).unwrap();
-                    (logits, next, step)
+                    let mut pool = KvPool::new(cfg, 64, 16, dtype, &gpu).unwrap();
+                    let (mut other, mut table) = (Vec::new(), Vec::new());
+                    pool.cover(&mut other, 40).unwrap();
+                    pool.cover(&mut table, tokens).unwrap();
+                    let mut start = 0;
+                    let mut logits = Vec::new();
+                    for &len in &pieces {
+                        let piece = Tensor::from_vec(ids[start..start + len].to_vec(), (1, len), &gpu).unwrap();
+                        logits.push(
+                            model
+                                .forward_last(&piece, &mut SequenceCache::new(&pool, &table, start))
+                                .unwrap(),
+                        );
+                        start += len;
+                    }
+                    Tensor::cat(&logits, 1).unwrap()
                 };
-                let _all = options(EncoderLayers::Composed, Attention::Fused).enter();
-                assert!(
-                    workloads::kernels::causal_attention::takes(
-                        &gpu,
-                        dtype,
-                        cfg.num_heads,
-                        cfg.num_kv_heads,
-                        cfg.head_dim
-                    ),
-                    "{label}"
-                );
-                drop(_all);
-                let (kernel, kernel_next, kernel_step) = run(Attention::Fused);
-                let (ops, ops_next, ops_step) = run(Attention::Composed);
-                let (prefill, step) = (rel_err(&kernel, &ops), rel_err(&kernel_step, &ops_step));
-                let same_next = kernel_next.flatten_all().unwrap().to_vec1::<u32>().unwrap()
-                    == ops_next.flatten_all().unwrap().to_vec1::<u32>().unwrap();
-                println!("{label} {dtype:?} batch {batch} × {tokens}: prefill {prefill:.2e}, next step {step:.2e}, same next tokens {same_next}");
-                // The step's error counts only where both chose the same token to feed.
-                if prefill > bound || (same_next && step > bound) {
-                    failures.push(format!("{label} {dtype:?} {batch}×{tokens}: {prefill:.2e}, {step:.2e}"));
+                let err = rel_err(&run(Attention::Fused), &run(Attention::Composed));
+                println!("{label} {dtype:?} pooled × {pieces:?}: last logits {err:.2e}");
+                if err > bound {
+                    failures.push(format!("{label} {dtype:?} pooled {pieces:?}: {err:.2e}"));
                 }
             }
         }

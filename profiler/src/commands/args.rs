@@ -182,16 +182,14 @@ impl KernelArgs {
         }
     }
 
-    /// The options of a language model served by a continuous batcher: as [`KernelArgs::options`],
-    /// but cuBLASLt's heuristic unless `--gemm-algorithm` says otherwise, and no CUDA graphs. Its
-    /// prefill pieces are of any length, and timing a product's algorithms at each new length (tens
-    /// of ms) would fall on requests' first tokens for as long as new lengths come; its iterations
-    /// change shape every time, and run kernel by kernel (the row says graphs=off).
+    /// The options of a language model served by a continuous batcher
+    /// ([`KernelOptions::serving`]), with `--gemm-algorithm` where it is given (the row says
+    /// graphs=off).
     pub fn serving_options(&self) -> KernelOptions {
+        let served = self.options().serving();
         KernelOptions {
-            gemm: self.gemm_algorithm.unwrap_or(GemmAlgorithm::Heuristic),
-            graphs: CudaGraphs::Off,
-            ..self.options()
+            gemm: self.gemm_algorithm.unwrap_or(served.gemm),
+            ..served
         }
     }
 }

@@ -334,7 +334,7 @@ fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
         resolution: args.resolution.map_or(d.resolution, |r| r / 100.0),
         max_steps: a.max_steps.unwrap_or(d.max_steps),
     };
-    settings.check(args.search)?;
+    settings.check(args.search, migprof::load::settings::Keys::Flags)?;
     if let Some(w) = &args.weights {
         ensure!(w.is_file(), "--weights {}: no such file", w.display());
     }
@@ -364,7 +364,7 @@ fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
     };
     let device = &target.device;
     migprof::run::preflight::check_precision(std::slice::from_ref(&spec), device)?;
-    let identity = target.cell(&spec, |cell| cell.serve = Some(settings.clone()))?;
+    let identity = target.cell(&spec, |cell| cell.serve_with(settings.clone()))?;
     let how = format!(
         "{} arrivals, prompts {} and outputs {} tokens, iterations of up to {} tokens and {} sequences",
         settings.arrival.as_str(),

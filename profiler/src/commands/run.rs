@@ -657,7 +657,7 @@ mod tests {
             .kernels;
         assert_eq!(
             k.canonical(),
-            "v7;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
+            "v8;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
         );
         let e = Cli::try_parse_from(["migprof", "run", "--attention", "flash"])
             .unwrap_err()
@@ -728,8 +728,8 @@ mod tests {
     #[test]
     fn encoder_layers_by_either_name_keep_the_cell_id() {
         // The id this cell has under `--encoder-layers ops`, the flag's value before it was named
-        // `composed` (as of kernel options v7, whose bump changed every id).
-        const PINNED: &str = "bf1d41f3f36ab4fe";
+        // `composed` (as of kernel options v8, whose bump changed every id).
+        const PINNED: &str = "b3f59910c6add869";
         for name in ["composed", "ops"] {
             let spec = &runs(&format!(
                 "--model resnet_tiny --mode train --batch 4 --encoder-layers {name}"

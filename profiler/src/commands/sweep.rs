@@ -192,7 +192,11 @@ fn run(args: &SweepArgs, log: &mut dyn Write) -> Result<bool> {
         } else {
             ""
         },
-        args.out.join(Table::Runs.dir_name()).display()
+        tables_written(&file)
+            .iter()
+            .map(|t| args.out.join(t.dir_name()).display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     )?;
     writeln!(log, "{}", report_hint(&args.out))?;
     Ok(!summary.interrupted && summary.failed() == 0)
@@ -214,4 +218,23 @@ impl From<MigStrategyArg> for MigStrategy {
             MigStrategyArg::Single => MigStrategy::Single,
         }
     }
+}
+
+/// The tables a sweep's cells write their rows into: `runs` for its matrices (and any failed cell),
+/// `capacity` and `serve_capacity` for its searches of each kind of model (their steps beside them).
+fn tables_written(file: &migprof::sweep::file::SweepFile) -> Vec<Table> {
+    use migprof::sweep::file::Served;
+    let served: Vec<Served> = file
+        .capacity
+        .iter()
+        .flat_map(|c| c.models.iter().map(|m| Served::of(m)))
+        .collect();
+    let mut tables = vec![Table::Runs];
+    if served.contains(&Served::Passes) {
+        tables.push(Table::Capacity);
+    }
+    if served.contains(&Served::Generation) {
+        tables.push(Table::ServeCapacity);
+    }
+    tables
 }

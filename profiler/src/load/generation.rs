@@ -239,10 +239,11 @@ fn size_cache(
     let weights_mib = mib(model.weight_bytes() as f64);
     let block_bytes = model.block_bytes();
     let profile_pool = model.pool().bytes() as u64;
-    // The largest piece an iteration runs, through the model from a prompt's start (the causal
-    // kernel) and, where the model's positions allow, after a first piece as long (a chunked
-    // prompt's later pieces attend to what came before through candle's ops, whose scores grow with
-    // it): the workspace, and every kernel loaded before any step is timed.
+    // The largest piece an iteration runs, through the model from a prompt's start and, where the
+    // model's positions allow, after a first piece as long (a chunked prompt's later piece also
+    // holds the keys and values before it; on the CPU, and where the causal kernel does not take the
+    // heads, candle's scores over them): the workspace, and every kernel loaded before any step is
+    // timed.
     workloads::memory::release_pooled(dev)?;
     let piece = |start: usize| Prefill {
         id: 0,
@@ -567,14 +568,14 @@ fn describe(step: &ServedStep) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::settings::SERVE_DEFAULTS;
+    use super::super::settings::{Keys, SERVE_DEFAULTS};
     use super::*;
 
     #[test]
     fn settings_refuse_what_no_run_could_take_and_name_the_flags() {
         let ok = SERVE_DEFAULTS;
-        ok.check(false).unwrap();
-        let e = ok.check(true).unwrap_err().to_string();
+        ok.check(false, Keys::Flags).unwrap();
+        let e = ok.check(true, Keys::Flags).unwrap_err().to_string();
         assert!(
             e.contains("--slo-ttft-p99-ms") && e.contains("--slo-tpot-p99-ms"),
             "{e}"
@@ -583,7 +584,7 @@ mod tests {
             max_batched_tokens: 100,
             ..SERVE_DEFAULTS
         }
-        .check(false)
+        .check(false, Keys::Flags)
         .unwrap_err()
         .to_string();
         assert!(
@@ -595,16 +596,20 @@ mod tests {
                 kv_cache_fraction: bad,
                 ..SERVE_DEFAULTS
             };
-            assert!(s.check(false).unwrap_err().to_string().contains("--kv-cache-fraction"));
+            assert!(s
+                .check(false, Keys::Flags)
+                .unwrap_err()
+                .to_string()
+                .contains("--kv-cache-fraction"));
         }
         let e = ServeSettings {
             warmup_secs: 10.0,
             ..SERVE_DEFAULTS
         }
-        .check(false)
+        .check(false, Keys::Flags)
         .unwrap_err()
         .to_string();
-        assert!(e.contains("--warmup"), "{e}");
+        assert!(e.contains("--warmup 10 s must be shorter than --duration 10 s"), "{e}");
     }
 
     #[test]

@@ -168,38 +168,81 @@ impl ServeSettings {
         })
     }
 
-    /// Checks what no run could take, before any work: a bad setting names what it may be.
-    pub fn check(&self, search: bool) -> Result<()> {
+    /// Checks what no run could take, before any work: a bad setting names what it may be, as
+    /// `keys` spells it (a flag of `migprof load`, or a key of a sweep file's `[[capacity]]`).
+    pub fn check(&self, search: bool, keys: Keys) -> Result<()> {
+        let k = |key: &str| keys.name(key);
         if self.max_seqs == 0 || self.max_batched_tokens < self.max_seqs {
             bail!(
-                "--max-batched-tokens {} must be at least --max-seqs {} (one decode of each running sequence), and --max-seqs at least 1",
+                "{} {} must be at least {} {} (one decode of each running sequence), and {} at least 1",
+                k("max_batched_tokens"),
                 self.max_batched_tokens,
-                self.max_seqs
+                k("max_seqs"),
+                self.max_seqs,
+                k("max_seqs")
             )
         }
         if self.kv_block_size == 0 || !(self.kv_cache_fraction > 0.0 && self.kv_cache_fraction <= 1.0) {
             bail!(
-                "--kv-block-size {} must be at least 1 and --kv-cache-fraction {} within (0, 1]",
+                "{} {} must be at least 1 and {} {} within (0, 1]",
+                k("kv_block_size"),
                 self.kv_block_size,
+                k("kv_cache_fraction"),
                 self.kv_cache_fraction
             )
         }
         if self.kv_blocks == Some(0) {
-            bail!("--kv-blocks must be at least 1")
+            bail!("{} must be at least 1", k("kv_blocks"))
         }
-        if self.warmup_secs >= self.duration_secs {
+        // A day bounds every span: a search's longest time is worked out from them.
+        let seconds = |v: f64| v.is_finite() && (0.0..=86_400.0).contains(&v);
+        if !seconds(self.warmup_secs)
+            || !seconds(self.drain_secs)
+            || !seconds(self.duration_secs)
+            || self.warmup_secs >= self.duration_secs
+        {
             bail!(
-                "--warmup {} s must be shorter than --duration {} s: the warm-up is part of each step",
+                "{} {} s must be shorter than {} {} s (the warm-up is part of each step), and {} {} s non-negative (each at most a day)",
+                k("warmup_secs"),
                 self.warmup_secs,
-                self.duration_secs
+                k("duration_secs"),
+                self.duration_secs,
+                k("drain_secs"),
+                self.drain_secs
             )
         }
         if search && self.slo().is_none() {
-            bail!("--search for a language model needs both objectives: --slo-ttft-p99-ms and --slo-tpot-p99-ms")
+            bail!(
+                "a search for a language model needs both objectives: {} and {}",
+                k("slo_ttft_p99_ms"),
+                k("slo_tpot_p99_ms")
+            )
         }
         if search && self.max_steps == 0 {
-            bail!("--max-steps must be at least 1")
+            bail!("{} must be at least 1", k("max_steps"))
         }
         Ok(())
+    }
+}
+
+/// How a setting is named where it was given, for errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keys {
+    /// `migprof load`'s flags: `--max-seqs`.
+    Flags,
+    /// A sweep file's keys: `max_seqs`.
+    SweepFile,
+}
+
+impl Keys {
+    /// `key` as a sweep file writes it, named as `self` spells it.
+    pub fn name(self, key: &str) -> String {
+        match (self, key) {
+            (Keys::SweepFile, _) => key.to_string(),
+            (Keys::Flags, "warmup_secs") => "--warmup".to_string(),
+            (Keys::Flags, "duration_secs") => "--duration".to_string(),
+            (Keys::Flags, "drain_secs") => "--drain".to_string(),
+            (Keys::Flags, _) => format!("--{}", key.replace('_', "-")),
+        }
     }
 }

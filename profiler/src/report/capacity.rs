@@ -8,48 +8,29 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 
 use super::chart::{scale_for, Chart, Point, Series};
-use super::data::{read_rows, Row};
+use super::data::{read_rows, with_target, Row};
 use super::page::{fmt, slug, table, Block, Section};
 use crate::results::parts::Table;
 
-const STEP_TEXT: [&str; 26] = [
+const STEP_TEXT: [&str; 10] = [
     "target",
     "status",
     "model",
     "dtype",
     "seq_len",
     "profile",
-    "device_name",
-    "device_kind",
-    "mig_profile",
-    "emulated_profile",
     "emulation",
     "meets_slo",
     "ending",
     "capacity_id",
-    "sweep",
-    "host",
-    "migprof_version",
-    "git_commit",
-    "candle_version",
-    "build_features",
-    "gpu_name",
-    "driver_version",
-    "cuda_driver_version",
-    "cudnn_version",
-    "cublas_version",
-    "cpu_model",
 ];
-const STEP_NUM: [&str; 11] = [
+const STEP_NUM: [&str; 8] = [
     "offered_qps",
     "achieved_qps",
     "p99_ms",
     "p99_ms_ci_low",
     "p99_ms_ci_high",
     "slo_p99_ms",
-    "sm_count",
-    "device_memory_mib",
-    "mps_share_pct",
     "max_batch",
     "max_delay_ms",
 ];
@@ -76,7 +57,8 @@ pub struct Serving {
 
 impl Serving {
     pub fn read(dirs: &[PathBuf]) -> Result<Serving> {
-        let steps = read_rows(dirs, Table::Load, &STEP_TEXT, &STEP_NUM)?;
+        let (text, numbers) = with_target(&STEP_TEXT, &STEP_NUM);
+        let steps = read_rows(dirs, Table::Load, &text, &numbers)?;
         let capacities = read_rows(dirs, Table::Capacity, &CAPACITY_TEXT, &CAPACITY_NUM)?;
         let mut plans = Vec::new();
         for dir in dirs {

@@ -122,6 +122,48 @@ pub fn read(dirs: &[PathBuf]) -> Result<Vec<Row>> {
     read_rows(dirs, Table::Runs, &TEXT, &NUM)
 }
 
+/// The fingerprint fields the report's "What ran" section lists with every value they took.
+pub const ENVIRONMENT: [&str; 11] = [
+    "host",
+    "migprof_version",
+    "git_commit",
+    "candle_version",
+    "build_features",
+    "gpu_name",
+    "driver_version",
+    "cuda_driver_version",
+    "cudnn_version",
+    "cublas_version",
+    "cpu_model",
+];
+
+/// What "What ran" says of a target, read from a serving job's rows as from a run's: its text
+/// columns (with [`ENVIRONMENT`]) and its numbers.
+const TARGET_TEXT: [&str; 7] = [
+    "sweep",
+    "device_name",
+    "device_kind",
+    "mig_profile",
+    "emulated_profile",
+    "emulation",
+    "memory_emulation",
+];
+const TARGET_NUM: [&str; 3] = ["sm_count", "device_memory_mib", "mps_share_pct"];
+
+/// A serving job's `text` and `numbers` keys with those "What ran" reads of its target, each once.
+pub fn with_target(text: &[&'static str], numbers: &[&'static str]) -> (Vec<&'static str>, Vec<&'static str>) {
+    let join = |keys: &[&'static str], more: &[&[&'static str]]| {
+        let mut all = keys.to_vec();
+        for k in more.iter().flat_map(|m| m.iter()) {
+            if !all.contains(k) {
+                all.push(k);
+            }
+        }
+        all
+    };
+    (join(text, &[&TARGET_TEXT, &ENVIRONMENT]), join(numbers, &[&TARGET_NUM]))
+}
+
 /// The `keys` of every row of one table of the folders.
 pub fn read_rows(
     dirs: &[PathBuf],

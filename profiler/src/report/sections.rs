@@ -248,19 +248,7 @@ fn what_ran(rows: &[Row], everyone: &[Row], sources: &[String], targets: &[Strin
     }
     // The environment: each fingerprint field with every value it took.
     let mut env = Vec::new();
-    for k in [
-        "host",
-        "migprof_version",
-        "git_commit",
-        "candle_version",
-        "build_features",
-        "gpu_name",
-        "driver_version",
-        "cuda_driver_version",
-        "cudnn_version",
-        "cublas_version",
-        "cpu_model",
-    ] {
+    for k in super::data::ENVIRONMENT {
         let values: BTreeSet<&str> = everyone.iter().map(|r| r.s(k)).filter(|v| !v.is_empty()).collect();
         if !values.is_empty() {
             env.push(vec![k.to_string(), values.into_iter().collect::<Vec<_>>().join(", ")]);

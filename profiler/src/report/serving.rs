@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::chart::{scale_for, Chart, Point, Series};
-use super::data::{read_rows, Row};
+use super::data::{read_rows, with_target, Row};
 use super::page::{fmt, slug, table, Block, Section};
 use crate::results::parts::Table;
 
@@ -69,8 +69,9 @@ pub struct Generation {
 
 impl Generation {
     pub fn read(dirs: &[PathBuf]) -> Result<Generation> {
+        let (text, numbers) = with_target(&STEP_TEXT, &STEP_NUM);
         Ok(Generation {
-            steps: read_rows(dirs, Table::Serve, &STEP_TEXT, &STEP_NUM)?,
+            steps: read_rows(dirs, Table::Serve, &text, &numbers)?,
             iterations: read_rows(dirs, Table::ServeIterations, &ITERATION_TEXT, &ITERATION_NUM)?,
             capacities: read_rows(dirs, Table::ServeCapacity, &CAPACITY_TEXT, &CAPACITY_NUM)?,
         })

@@ -695,7 +695,7 @@ mod tests {
         );
         assert_eq!(
             runs.column("kernel_options")?.str()?.get(row_a),
-            Some("v7;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc")
+            Some("v8;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc")
         );
         assert_eq!(
             runs.column("candle_version")?.str()?.get(row_a),

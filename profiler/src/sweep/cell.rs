@@ -195,6 +195,17 @@ impl CellSpec {
         fields.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
     }
 
+    /// Makes this generate cell a language model's serving job with `settings`: its cache is paged,
+    /// in their blocks (its id and a failed cell's row say so).
+    pub fn serve_with(&mut self, settings: crate::load::settings::ServeSettings) {
+        let paged = workloads::KvLayout::Paged {
+            block_size: settings.kv_block_size as usize,
+        };
+        self.kv_layout = Some(paged.as_str().to_string());
+        self.kv_block_size = Some(settings.kv_block_size as usize);
+        self.serve = Some(settings);
+    }
+
     /// The KV cache a generate cell runs with: contiguous where none is written, a paged one's
     /// block size the default where none is written.
     fn kv_layout(&self) -> std::result::Result<workloads::KvLayout, String> {
@@ -234,6 +245,10 @@ impl CellSpec {
     /// What the cell's row measures with that is not in its id: `key=value;…` in a fixed order. A
     /// rerun whose settings differ from its latest row's runs the cell again.
     pub fn settings(&self) -> String {
+        // A serving job's steps are set by its own settings, which are part of its id.
+        if self.load.is_some() || self.serve.is_some() {
+            return format!("sample_interval_ms={}", self.sample_interval_ms);
+        }
         let or_none = |v: Option<f64>| v.map_or("none".to_string(), |v| v.to_string());
         format!(
             "warmup_secs={};duration_secs={};target_precision={};max_duration_secs={};sample_interval_ms={}",
@@ -357,11 +372,18 @@ impl CellSpec {
         let mode = Mode::parse(&self.mode).map_err(|e| anyhow::anyhow!("cell spec: {e}"))?;
         let lengths = match (mode, self.prompt_len, self.output_len) {
             (Mode::Generate, Some(prompt), Some(output)) => Some(workloads::Lengths { prompt, output }),
+            // A served language model draws each request's lengths.
+            (Mode::Generate, None, None) if self.serve.is_some() => None,
             (Mode::Generate, _, _) => bail!("cell spec: a generate cell needs prompt_len and output_len"),
             (_, None, None) => None,
             _ => bail!("cell spec: prompt_len and output_len apply to generate cells only"),
         };
-        let kv_layout = self.kv_layout().map_err(|e| anyhow::anyhow!("cell spec: {e}"))?;
+        let kv_layout = match &self.serve {
+            Some(s) => workloads::KvLayout::Paged {
+                block_size: s.kv_block_size as usize,
+            },
+            None => self.kv_layout().map_err(|e| anyhow::anyhow!("cell spec: {e}"))?,
+        };
         let precision = self
             .dtype
             .parse::<Precision>()
@@ -594,8 +616,9 @@ pub(crate) mod tests {
         // purpose, each time the default kernel options changed what a step runs: CUDA graphs (v2),
         // ResNet's convolutions in NHWC (v3), ResNet's training over NHWC with blocks as ops (v4),
         // Swin's training with blocks as ops (v5), language models' decode steps as CUDA graphs
-        // (v6), then their decode and prefill kernels (v7).
-        assert_eq!(a.cell_id(), "4f522c9bcc4904ab");
+        // (v6), then their decode and prefill kernels (v7), then a chunked prompt's later pieces on
+        // the causal kernel (v8).
+        assert_eq!(a.cell_id(), "9066f07b558bdbc4");
         // "max" keeps one id whatever batch the search found.
         let max = CellSpec {
             batch_as_written: "max".into(),
@@ -676,6 +699,28 @@ pub(crate) mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("apply to generate cells only"), "{e}");
+        // A served language model draws its lengths; its cache is paged in its settings' blocks,
+        // and its id, its run and a failed row say so.
+        let mut served = CellSpec {
+            prompt_len: None,
+            output_len: None,
+            ..g.clone()
+        };
+        served.serve_with(crate::load::settings::ServeSettings {
+            kv_block_size: 8,
+            ..crate::load::settings::SERVE_DEFAULTS
+        });
+        assert!(served
+            .id_fields()
+            .contains("prompt_len=none\noutput_len=none\nkv_layout=paged/8\n"));
+        let spec = served.run_spec()?;
+        assert_eq!(
+            (spec.lengths, spec.kv_layout),
+            (None, workloads::KvLayout::Paged { block_size: 8 })
+        );
+        let w = served.workload();
+        assert_eq!((w.kv_layout.as_deref(), w.kv_block_size), (Some("paged"), Some(8)));
+        assert_eq!(served.settings(), "sample_interval_ms=100");
         Ok(())
     }
 
@@ -729,8 +774,8 @@ pub(crate) mod tests {
                 "{mode} {dtype}"
             );
         }
-        // Pinned as of kernel options v7 (a version bump changes every id).
-        assert_eq!(with("train", "f32", "f32").cell_id(), "9e956cfd8ca2d428");
+        // Pinned as of kernel options v8 (a version bump changes every id).
+        assert_eq!(with("train", "f32", "f32").cell_id(), "835bccaefbf08a58");
         let err = with("train", "bf16", "fp8").run_spec().unwrap_err().to_string();
         assert!(err.contains("choose one of f32, none"), "{err}");
         Ok(())

@@ -8,6 +8,8 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
 use crate::device::DeviceSpec;
+use crate::load::lengths::LengthDist;
+use crate::load::settings::{LoadSettings, ServeSettings};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -27,9 +29,13 @@ pub struct SweepFile {
     pub capacity: Vec<CapacitySearch>,
 }
 
-/// A capacity search on every target that runs alone (a cell per target and model, `migprof load
-/// --search` in its child): the `capacity` table gets each target's highest rate within the objective.
-/// A search runs several load steps of at least `min_requests` each: give it a `timeout_secs` to match.
+/// A capacity search on every target that runs alone: a cell per target and model, `migprof load
+/// --search` in its child. A model served one forward pass per request is searched within
+/// `slo_p99_ms` (the `capacity` table); a language model, served by the continuous batcher, within
+/// `slo_ttft_p99_ms` and `slo_tpot_p99_ms` (the `serve_capacity` table). A key that applies to one
+/// kind is refused in a search that lists no model of that kind. A search runs several load steps:
+/// give it a `timeout_secs` to match (a language model's search cut off goes on from its measured
+/// steps when the sweep runs again; the other kind's starts over).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CapacitySearch {
@@ -37,43 +43,208 @@ pub struct CapacitySearch {
     #[serde(default = "bf16")]
     pub dtype: String,
     #[serde(default)]
-    pub seq_len: Option<usize>,
-    pub slo_p99_ms: f64,
-    #[serde(default = "load_defaults::max_batch")]
-    pub max_batch: usize,
-    #[serde(default = "load_defaults::max_delay_ms")]
-    pub max_delay_ms: f64,
-    #[serde(default = "load_defaults::arrival")]
-    pub arrival: crate::load::arrival::Arrival,
+    pub arrival: Option<crate::load::arrival::Arrival>,
     /// Percent: the search stops once its bracket is this narrow.
-    #[serde(default = "load_defaults::resolution_pct")]
-    pub resolution_pct: f64,
-    #[serde(default = "load_defaults::min_requests")]
-    pub min_requests: usize,
-    #[serde(default = "load_defaults::warmup_secs")]
-    pub warmup_secs: f64,
+    #[serde(default)]
+    pub resolution_pct: Option<f64>,
+    #[serde(default)]
+    pub warmup_secs: Option<f64>,
+    // Models served one forward pass per request.
+    #[serde(default)]
+    pub seq_len: Option<usize>,
+    #[serde(default)]
+    pub slo_p99_ms: Option<f64>,
+    #[serde(default)]
+    pub max_batch: Option<usize>,
+    #[serde(default)]
+    pub max_delay_ms: Option<f64>,
+    #[serde(default)]
+    pub min_requests: Option<usize>,
+    // Language models.
+    #[serde(default)]
+    pub slo_ttft_p99_ms: Option<f64>,
+    #[serde(default)]
+    pub slo_tpot_p99_ms: Option<f64>,
+    #[serde(default, deserialize_with = "length")]
+    pub prompt_len: Option<LengthDist>,
+    #[serde(default, deserialize_with = "length")]
+    pub output_len: Option<LengthDist>,
+    #[serde(default)]
+    pub max_batched_tokens: Option<u32>,
+    #[serde(default)]
+    pub max_seqs: Option<u32>,
+    #[serde(default)]
+    pub chunked_prefill: Option<bool>,
+    #[serde(default)]
+    pub kv_block_size: Option<u32>,
+    #[serde(default)]
+    pub kv_cache_fraction: Option<f64>,
+    #[serde(default)]
+    pub kv_blocks: Option<u32>,
+    #[serde(default)]
+    pub duration_secs: Option<f64>,
+    #[serde(default)]
+    pub drain_secs: Option<f64>,
+    #[serde(default)]
+    pub max_steps: Option<usize>,
 }
 
-/// The defaults of `migprof load`, for sweep files.
-mod load_defaults {
-    use crate::load::settings::DEFAULTS;
-    pub fn max_batch() -> usize {
-        DEFAULTS.max_batch
+/// A length as `--prompt-len` takes it: a number of tokens, or a distribution's text.
+fn length<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<LengthDist>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Number(i64),
+        Text(String),
     }
-    pub fn max_delay_ms() -> f64 {
-        DEFAULTS.max_delay_ms
+    let text = match Raw::deserialize(d)? {
+        Raw::Number(n) => n.to_string(),
+        Raw::Text(t) => t,
+    };
+    text.parse().map(Some).map_err(serde::de::Error::custom)
+}
+
+/// How a capacity search serves a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// One forward pass per request, behind the dynamic batcher.
+    Passes,
+    /// Generation, by the continuous batcher.
+    Generation,
+}
+
+impl Served {
+    pub fn of(model: &str) -> Served {
+        match workloads::lookup(model).is_ok_and(|(_, info)| info.family.is_decoder()) {
+            true => Served::Generation,
+            false => Served::Passes,
+        }
     }
-    pub fn arrival() -> crate::load::arrival::Arrival {
-        DEFAULTS.arrival
+
+    fn models(self) -> &'static str {
+        match self {
+            Served::Passes => "models served one forward pass per request (image and encoder models)",
+            Served::Generation => "language models",
+        }
     }
-    pub fn resolution_pct() -> f64 {
-        DEFAULTS.resolution * 100.0
+}
+
+impl CapacitySearch {
+    /// The keys given that apply to one kind of model only, with that kind.
+    fn kind_keys(&self) -> Vec<(&'static str, Served)> {
+        use Served::{Generation, Passes};
+        [
+            ("seq_len", self.seq_len.is_some(), Passes),
+            ("slo_p99_ms", self.slo_p99_ms.is_some(), Passes),
+            ("max_batch", self.max_batch.is_some(), Passes),
+            ("max_delay_ms", self.max_delay_ms.is_some(), Passes),
+            ("min_requests", self.min_requests.is_some(), Passes),
+            ("slo_ttft_p99_ms", self.slo_ttft_p99_ms.is_some(), Generation),
+            ("slo_tpot_p99_ms", self.slo_tpot_p99_ms.is_some(), Generation),
+            ("prompt_len", self.prompt_len.is_some(), Generation),
+            ("output_len", self.output_len.is_some(), Generation),
+            ("max_batched_tokens", self.max_batched_tokens.is_some(), Generation),
+            ("max_seqs", self.max_seqs.is_some(), Generation),
+            ("chunked_prefill", self.chunked_prefill.is_some(), Generation),
+            ("kv_block_size", self.kv_block_size.is_some(), Generation),
+            ("kv_cache_fraction", self.kv_cache_fraction.is_some(), Generation),
+            ("kv_blocks", self.kv_blocks.is_some(), Generation),
+            ("duration_secs", self.duration_secs.is_some(), Generation),
+            ("drain_secs", self.drain_secs.is_some(), Generation),
+            ("max_steps", self.max_steps.is_some(), Generation),
+        ]
+        .into_iter()
+        .filter_map(|(key, given, kind)| given.then_some((key, kind)))
+        .collect()
     }
-    pub fn min_requests() -> usize {
-        DEFAULTS.min_requests
+
+    /// The load settings of a model served one forward pass per request: `migprof load`'s defaults
+    /// where a key is not given.
+    pub fn load_settings(&self, seed: u64) -> LoadSettings {
+        let d = &crate::load::settings::DEFAULTS;
+        LoadSettings {
+            arrival: self.arrival.unwrap_or(d.arrival),
+            max_batch: self.max_batch.unwrap_or(d.max_batch),
+            max_delay_ms: self.max_delay_ms.unwrap_or(d.max_delay_ms),
+            warmup_secs: self.warmup_secs.unwrap_or(d.warmup_secs),
+            // A search's steps run until they hold `min_requests`.
+            duration_secs: 0.0,
+            arrival_seed: seed,
+            slo_p99_ms: self.slo_p99_ms,
+            resolution: self.resolution_pct.map_or(d.resolution, |r| r / 100.0),
+            min_requests: self.min_requests.unwrap_or(d.min_requests),
+        }
     }
-    pub fn warmup_secs() -> f64 {
-        DEFAULTS.warmup_secs
+
+    /// The serving settings of a language model: `migprof load`'s defaults where a key is not given.
+    pub fn serve_settings(&self, seed: u64) -> ServeSettings {
+        let d = &crate::load::settings::SERVE_DEFAULTS;
+        ServeSettings {
+            prompt: self.prompt_len.unwrap_or(d.prompt),
+            output: self.output_len.unwrap_or(d.output),
+            max_batched_tokens: self.max_batched_tokens.unwrap_or(d.max_batched_tokens),
+            max_seqs: self.max_seqs.unwrap_or(d.max_seqs),
+            chunked_prefill: self.chunked_prefill.unwrap_or(d.chunked_prefill),
+            kv_block_size: self.kv_block_size.unwrap_or(d.kv_block_size),
+            kv_cache_fraction: self.kv_cache_fraction.unwrap_or(d.kv_cache_fraction),
+            kv_blocks: self.kv_blocks,
+            arrival: self.arrival.unwrap_or(d.arrival),
+            arrival_seed: seed,
+            warmup_secs: self.warmup_secs.unwrap_or(d.warmup_secs),
+            duration_secs: self.duration_secs.unwrap_or(d.duration_secs),
+            drain_secs: self.drain_secs.unwrap_or(d.drain_secs),
+            slo_ttft_p99_ms: self.slo_ttft_p99_ms,
+            slo_tpot_p99_ms: self.slo_tpot_p99_ms,
+            resolution: self.resolution_pct.map_or(d.resolution, |r| r / 100.0),
+            max_steps: self.max_steps.unwrap_or(d.max_steps),
+        }
+    }
+
+    /// What a search's keys must hold, for the kinds of model it lists.
+    fn check(&self, at: &str, seed: u64) -> Result<()> {
+        let kinds: Vec<Served> = self.models.iter().map(|m| Served::of(m)).collect();
+        for (key, kind) in self.kind_keys() {
+            if !kinds.contains(&kind) {
+                bail!(
+                    "{at}: {key} applies to {}, and models lists none ({})",
+                    kind.models(),
+                    self.models.join(", ")
+                );
+            }
+        }
+        let positive = |v: Option<f64>| v.is_some_and(|v| v > 0.0 && v.is_finite());
+        if kinds.contains(&Served::Passes) && !positive(self.slo_p99_ms) {
+            bail!(
+                "{at}: slo_p99_ms: the p99 objective in milliseconds (above 0) is required for {}",
+                Served::Passes.models()
+            );
+        }
+        if kinds.contains(&Served::Generation) && !(positive(self.slo_ttft_p99_ms) && positive(self.slo_tpot_p99_ms)) {
+            bail!("{at}: slo_ttft_p99_ms and slo_tpot_p99_ms: both objectives in milliseconds (above 0) are required for language models");
+        }
+        if let Some(r) = self.resolution_pct.filter(|r| !(*r > 0.0 && *r < 100.0)) {
+            bail!("{at}: resolution_pct = {r}: expected a percentage above 0 and below 100");
+        }
+        if self.warmup_secs.is_some_and(|w| !(w.is_finite() && w >= 0.0)) {
+            bail!("{at}: warmup_secs: expected a non-negative number of seconds");
+        }
+        if kinds.contains(&Served::Passes) {
+            let l = self.load_settings(seed);
+            if l.max_batch == 0 || !(l.max_delay_ms.is_finite() && l.max_delay_ms >= 0.0) || l.min_requests < 100 {
+                bail!(
+                    "{at}: max_batch ≥ 1, max_delay_ms ≥ 0 and min_requests ≥ 100 (10,000 makes a p99 worth trusting)"
+                );
+            }
+            if self.seq_len == Some(0) {
+                bail!("{at}: seq_len: a sequence holds at least one token");
+            }
+        }
+        if kinds.contains(&Served::Generation) {
+            self.serve_settings(seed)
+                .check(true, crate::load::settings::Keys::SweepFile)
+                .map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
+        }
+        Ok(())
     }
 }
 
@@ -424,9 +595,6 @@ impl SweepFile {
                         names.join(", ")
                     );
                 }
-                if workloads::lookup(model).is_ok_and(|(_, info)| info.family.is_decoder()) {
-                    bail!("{at}: models: `{model}` is a language model; a capacity search serves one forward pass per request, and generation is measured with mode generate in a [[matrix]]");
-                }
             }
             if !DTYPES.contains(&c.dtype.as_str()) {
                 bail!(
@@ -435,23 +603,7 @@ impl SweepFile {
                     DTYPES.join(", ")
                 );
             }
-            if !(c.slo_p99_ms > 0.0 && c.slo_p99_ms.is_finite()) {
-                bail!("{at}: slo_p99_ms = {}: expected milliseconds above zero", c.slo_p99_ms);
-            }
-            let non_negative = |v: f64| v.is_finite() && v >= 0.0;
-            if c.max_batch == 0 || !non_negative(c.max_delay_ms) || !non_negative(c.warmup_secs) || c.min_requests < 100
-            {
-                bail!("{at}: max_batch ≥ 1, max_delay_ms ≥ 0, warmup_secs ≥ 0 and min_requests ≥ 100 (10,000 makes a p99 worth trusting)");
-            }
-            if !(c.resolution_pct > 0.0 && c.resolution_pct < 100.0) {
-                bail!(
-                    "{at}: resolution_pct = {}: expected a percentage above 0 and below 100",
-                    c.resolution_pct
-                );
-            }
-            if c.seq_len == Some(0) {
-                bail!("{at}: seq_len: a sequence holds at least one token");
-            }
+            c.check(&at, self.defaults.seed)?;
         }
         for (i, m) in self.matrix.iter().enumerate() {
             let at = format!("[[matrix]] #{}", i + 1);
@@ -649,6 +801,83 @@ seq_lens = [128]
         assert!(e.contains("used twice"), "{e}");
         let e = err(&EXAMPLE.replace("dtypes = [\"bf16\"]", "dtypes = [\"fp8\"]"));
         assert!(e.contains("fp8") && e.contains("f32, bf16, f16, tf32"), "{e}");
+    }
+
+    #[test]
+    fn capacity_searches_take_each_kinds_keys_and_refuse_the_others() {
+        let with = |search: &str| {
+            SweepFile::parse(&format!(
+                "name = \"c\"\n[[targets]]\nlabel = \"cpu\"\ndevice = \"cpu\"\n[[capacity]]\n{search}\n"
+            ))
+        };
+        let err = |search: &str| format!("{:#}", with(search).unwrap_err());
+        // A language model's search: `migprof load`'s defaults where a key is not given.
+        let f = with(
+            "models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nprompt_len = \"lognormal:512,0.5\"\noutput_len = 128\nmax_steps = 6",
+        )
+        .unwrap();
+        let s = f.capacity[0].serve_settings(7);
+        assert_eq!(
+            s.prompt,
+            LengthDist::Lognormal {
+                mean: 512.0,
+                spread: 0.5
+            }
+        );
+        assert_eq!(s.output, LengthDist::Fixed(128));
+        assert_eq!((s.max_steps, s.arrival_seed, s.slo_ttft_p99_ms), (6, 7, Some(500.0)));
+        let d = &crate::load::settings::SERVE_DEFAULTS;
+        assert_eq!(
+            (
+                s.max_seqs,
+                s.max_batched_tokens,
+                s.chunked_prefill,
+                s.duration_secs,
+                s.resolution
+            ),
+            (
+                d.max_seqs,
+                d.max_batched_tokens,
+                d.chunked_prefill,
+                d.duration_secs,
+                d.resolution
+            )
+        );
+        // Both kinds in one search, each with its objectives.
+        assert!(with(
+            "models = [\"llama_tiny\", \"bert_tiny\"]\nslo_p99_ms = 50\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50"
+        )
+        .is_ok());
+        let e = err("models = [\"llama_tiny\", \"bert_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50");
+        assert!(e.contains("slo_p99_ms") && e.contains("required"), "{e}");
+        let e = err("models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500");
+        assert!(e.contains("both objectives"), "{e}");
+        // A key of the other kind is refused, with the kind it applies to.
+        let e = err("models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nmax_batch = 8");
+        assert!(
+            e.contains("max_batch applies to models served one forward pass per request") && e.contains("(llama_tiny)"),
+            "{e}"
+        );
+        let e = err("models = [\"bert_tiny\"]\nslo_p99_ms = 50\nmax_seqs = 8");
+        assert!(e.contains("max_seqs applies to language models"), "{e}");
+        // Serving settings are checked as `migprof load` checks them, named as the file names them.
+        let e = err("models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nmax_seqs = 64\nmax_batched_tokens = 32");
+        assert!(e.contains("max_batched_tokens 32 must be at least max_seqs 64"), "{e}");
+        let e = err("models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nwarmup_secs = 5\nduration_secs = 5");
+        assert!(
+            e.contains("warmup_secs 5 s must be shorter than duration_secs 5 s"),
+            "{e}"
+        );
+        for span in ["duration_secs = nan", "duration_secs = inf", "drain_secs = 1e300"] {
+            let e = err(&format!(
+                "models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\n{span}"
+            ));
+            assert!(e.contains("at most a day"), "{span}: {e}");
+        }
+        let e = err("models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nprompt_len = \"zipf:3\"");
+        assert!(e.contains("prompt_len") && e.contains("lognormal:MEAN,SPREAD"), "{e}");
+        let e = err("models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nresolution_pct = 100");
+        assert!(e.contains("resolution_pct = 100"), "{e}");
     }
 
     #[test]

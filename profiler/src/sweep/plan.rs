@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 
 use super::cell::{CellSpec, Purpose, CELL_SPEC_VERSION};
-use super::file::{BatchSize, SweepFile, Target};
+use super::file::{BatchSize, CapacitySearch, Served, SweepFile, Target};
 use workloads::TrainConfig;
 
 /// One cell to run: its spec, the batch as the file wrote it (`max` is searched for first), and for a
@@ -59,8 +59,8 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
                 let spec = capacity_cell(file, target, model, search);
                 if alone.insert(spec.cell_id()) {
                     out.push(PlannedCell {
+                        batch: BatchSize::Fixed(spec.batch),
                         spec,
-                        batch: BatchSize::Fixed(search.max_batch),
                         group: None,
                     });
                 }
@@ -282,39 +282,52 @@ fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
     }
 }
 
-/// The cell of a capacity search of `model` on `target`: inference at the search's max batch, with
-/// its load settings.
-fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &super::file::CapacitySearch) -> CellSpec {
+/// The cell of a capacity search of `model` on `target`: a model served one forward pass per request
+/// runs inference at the search's max batch with its load settings; a language model generates, up
+/// to its `max_seqs` sequences at once, with its serving settings and the kernel options `migprof
+/// load` serves with.
+fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &CapacitySearch) -> CellSpec {
+    let seed = file.defaults.seed;
+    let (mode, batch, kernels) = match Served::of(model) {
+        Served::Passes => (
+            "infer",
+            search.load_settings(seed).max_batch,
+            workloads::kernels::KernelOptions::default(),
+        ),
+        Served::Generation => (
+            "generate",
+            search.serve_settings(seed).max_seqs as usize,
+            workloads::kernels::KernelOptions::default().serving(),
+        ),
+    };
     let work = Work {
         model: model.to_string(),
         model_sha256: None,
-        mode: "infer".into(),
+        mode: mode.into(),
         dtype: search.dtype.clone(),
-        batch: BatchSize::Fixed(search.max_batch),
-        // A token model's default length; image models take none.
-        seq_len: search
-            .seq_len
-            .filter(|_| workloads::lookup(model).is_ok_and(|(_, i)| i.input.seq_len().is_some())),
+        batch: BatchSize::Fixed(batch),
+        // A token model's default length; image models and language models take none.
+        seq_len: search.seq_len.filter(|_| {
+            Served::of(model) == Served::Passes
+                && workloads::lookup(model).is_ok_and(|(_, i)| i.input.seq_len().is_some())
+        }),
         lengths: None,
         kv_layout: workloads::KvLayout::default(),
         repeat: 0,
-        kernels: workloads::kernels::KernelOptions::default().canonical(),
+        kernels: kernels.canonical(),
         master_weights: workloads::MasterWeights::default(),
     };
-    let settings = crate::load::settings::LoadSettings {
-        arrival: search.arrival,
-        max_batch: search.max_batch,
-        max_delay_ms: search.max_delay_ms,
-        warmup_secs: search.warmup_secs,
-        duration_secs: 0.0,
-        arrival_seed: file.defaults.seed,
-        slo_p99_ms: Some(search.slo_p99_ms),
-        resolution: search.resolution_pct / 100.0,
-        min_requests: search.min_requests,
-    };
-    CellSpec {
-        load: Some(settings),
-        ..cell(file, target, &work)
+    let base = cell(file, target, &work);
+    match Served::of(model) {
+        Served::Passes => CellSpec {
+            load: Some(search.load_settings(seed)),
+            ..base
+        },
+        Served::Generation => {
+            let mut cell = base;
+            cell.serve_with(search.serve_settings(seed));
+            cell
+        }
     }
 }
 

@@ -98,10 +98,11 @@ struct CellRow {
 }
 
 /// Every row's cell id, status, settings and sweep in `runs` (a failed capacity cell's row is there
-/// too) and in `capacity` (a search's row), in the order of the parts: oldest first.
+/// too), in `capacity` and in `serve_capacity` (a search's row), in the order of the parts: oldest
+/// first.
 fn cell_rows(out: &Path) -> Result<Vec<CellRow>> {
     let mut all = Vec::new();
-    for table in [Table::Runs, Table::Capacity] {
+    for table in [Table::Runs, Table::Capacity, Table::ServeCapacity] {
         let rows = read_table(out, table)?;
         if rows.column("cell_id").is_err() || rows.column("status").is_err() {
             continue;
@@ -212,18 +213,29 @@ fn describe(c: &CellSpec) -> String {
         (true, b) => format!("max={b}"),
         (false, b) => b.to_string(),
     };
-    let what = match (&c.load, c.purpose) {
-        (Some(l), _) => format!(" (capacity within p99 {} ms)", l.slo_p99_ms.unwrap_or_default()),
-        (None, Purpose::Probe) => " (max search)".to_string(),
-        (None, Purpose::Measure) => String::new(),
+    let what = match (&c.load, &c.serve, c.purpose) {
+        (Some(l), _, _) => format!(" (capacity within p99 {} ms)", l.slo_p99_ms.unwrap_or_default()),
+        (None, Some(s), _) => format!(
+            " (capacity within TTFT p99 {} ms and TPOT p99 {} ms, prompts {} and outputs {} tokens)",
+            s.slo_ttft_p99_ms.unwrap_or_default(),
+            s.slo_tpot_p99_ms.unwrap_or_default(),
+            s.prompt,
+            s.output
+        ),
+        (None, None, Purpose::Probe) => " (max search)".to_string(),
+        (None, None, Purpose::Measure) => String::new(),
     };
     let group = c
         .concurrency_group
         .as_ref()
         .map(|g| format!(" [group {g}]"))
         .unwrap_or_default();
+    let size = match c.serve {
+        Some(_) => format!("up to {batch} sequences"),
+        None => format!("batch {batch}"),
+    };
     format!(
-        "{} {} {} {} batch {batch}{seq} #{}{what}{group}",
+        "{} {} {} {} {size}{seq} #{}{what}{group}",
         c.target, c.model, c.mode, c.dtype, c.repeat
     )
 }
@@ -325,6 +337,25 @@ fn say_plan(file: &SweepFile, plan: &Plan, log: &mut dyn Write) -> Result<()> {
             reruns[0].2.as_deref().unwrap_or_default()
         )?;
     }
+    // A language model's search runs fixed-length steps: how long it may take is known in advance.
+    if let Some((c, s)) = plan
+        .cells
+        .iter()
+        .filter(|(_, done, _)| !done)
+        .filter_map(|(c, _, _)| c.spec.serve.as_ref().map(|s| (c, s)))
+        .find(|(_, s)| longest_search(s) > file.defaults.timeout_secs)
+    {
+        writeln!(
+            log,
+            "note: {} may take up to {:.0} s ({} steps of {} s of arrivals and up to {} s of drain each), past [defaults] timeout_secs = {}; a search cut off goes on from its measured steps when the sweep runs again",
+            describe(&c.spec),
+            longest_search(s),
+            s.max_steps,
+            s.duration_secs,
+            s.drain_secs,
+            file.defaults.timeout_secs
+        )?;
+    }
     if !plan.other_names.is_empty() {
         writeln!(
             log,
@@ -336,6 +367,12 @@ fn say_plan(file: &SweepFile, plan: &Plan, log: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
+/// The longest a language model's capacity search may take, in seconds: each step's arrivals and
+/// drain (the model's build, warm-up and closed loop come before).
+fn longest_search(s: &crate::load::settings::ServeSettings) -> f64 {
+    s.max_steps as f64 * (s.duration_secs + s.drain_secs)
+}
+
 /// `--dry-run`: every cell with its id and whether it would run, and an estimate of the time.
 pub fn dry_run(file: &SweepFile, opts: &Options, log: &mut dyn Write) -> Result<()> {
     let planned = plan_with_reasons(file, opts)?;
@@ -345,6 +382,12 @@ pub fn dry_run(file: &SweepFile, opts: &Options, log: &mut dyn Write) -> Result<
     // 2-core CPU for the tiny presets; more for large models on a GPU).
     let per_cell = file.defaults.warmup_secs + file.defaults.duration_secs + 2.0 + file.defaults.cooldown_secs;
     let to_run = cells.iter().filter(|(_, done)| !done).count();
+    // A language model's search at most as long as its steps allow.
+    let secs: f64 = cells
+        .iter()
+        .filter(|(_, done)| !done)
+        .map(|(c, _)| c.spec.serve.as_ref().map_or(per_cell, |s| longest_search(s) + per_cell))
+        .sum();
     writeln!(log, "{:<16}  {:<6}  cell", "cell_id", "state")?;
     for (c, done, why) in &planned.cells {
         let state = match (done, why) {
@@ -359,12 +402,17 @@ pub fn dry_run(file: &SweepFile, opts: &Options, log: &mut dyn Write) -> Result<
     } else {
         ""
     };
+    let serve_note = if cells.iter().any(|(c, d)| !d && c.spec.serve.is_some()) {
+        " (a language model's capacity search counted at its longest)"
+    } else {
+        ""
+    };
     writeln!(
         log,
-        "{} cell(s), {} done, {to_run} to run: about {} at {per_cell:.0} s a cell on one device{max_note}",
+        "{} cell(s), {} done, {to_run} to run: about {} at {per_cell:.0} s a cell on one device{max_note}{serve_note}",
         cells.len(),
         cells.len() - to_run,
-        duration(Duration::from_secs_f64(per_cell * to_run as f64))
+        duration(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
     )?;
     Ok(())
 }

@@ -72,6 +72,27 @@ pub fn run_cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: 
                 ),
             });
         }
+        if let Some(settings) = &cell.serve {
+            // A language model's capacity search, as `migprof load` runs it (its cache is sized from
+            // the memory the weights and the workspace leave): its steps' progress goes to the
+            // cell's log.
+            let rates = crate::load::job::Rates::Search { start: None };
+            let job = crate::load::generation::ServeJob {
+                spec: &spec,
+                settings,
+                rates: &rates,
+            };
+            let outcome = crate::load::generation::run(job, &device, &context, &identity, out, &mut std::io::stderr())?;
+            let within = format!(
+                "within TTFT p99 {} ms and TPOT p99 {} ms",
+                settings.slo_ttft_p99_ms.unwrap_or_default(),
+                settings.slo_tpot_p99_ms.unwrap_or_default()
+            );
+            return Ok(match outcome.capacity.flatten() {
+                Some(c) => format!("ok capacity {c:.2}/s {within}"),
+                None => format!("ok capacity none {within}"),
+            });
+        }
         // A generation that cannot fit is known from the model's shape: its cell says so, as an
         // out-of-memory cell, instead of building gigabytes of weights to find out. (A `max`
         // search's probes find the limit by running.)

@@ -106,6 +106,7 @@ fn fused_shape(qkv: &Tensor, heads: usize) -> Result<(crate::kernels::fused_atte
         r: 1,
         scale: 1.0,
         kv_heads: heads,
+        q_start: 0,
     };
     let start = if qkv.is_contiguous() {
         qkv.layout().start_offset()
@@ -451,6 +452,7 @@ mod cuda {
             r,
             scale: kern.scale(),
             kv_heads: h,
+            q_start: 0,
         };
         if fused.takes(kern.dtype, kern.dev, qkv.1.start_offset()) {
             let mut out = kern.alloc::<T>(b * t * h * d)?;

@@ -54,13 +54,23 @@ pub fn applies(cuda: bool, dtype: DType, heads: usize, kv_heads: usize, head_dim
 /// softmax(q kᵀ / √d, causal) v of `packed` [b, t, (heads + 2·kv_heads)·d], each token's query heads
 /// then its key heads then its value heads, rotated already: [b, t, heads·d].
 pub fn causal_attention(packed: &Tensor, heads: usize, kv_heads: usize) -> Result<Tensor> {
+    causal_attention_from(packed, heads, kv_heads, 0)
+}
+
+/// As [`causal_attention`], the queries of tokens `from..t` alone: [b, t − from, heads·d]. A prompt
+/// continued after its first `from` tokens (a chunked prefill's later piece) attends their keys and
+/// values, which fill those rows' k and v; their q is not read. The scores of the rows before `from`
+/// are never made.
+pub fn causal_attention_from(packed: &Tensor, heads: usize, kv_heads: usize, from: usize) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     {
-        packed.contiguous()?.apply_op1_no_bwd(&cuda::Causal { heads, kv_heads })
+        packed
+            .contiguous()?
+            .apply_op1_no_bwd(&cuda::Causal { heads, kv_heads, from })
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (packed, heads, kv_heads);
+        let _ = (packed, heads, kv_heads, from);
         candle_core::bail!("causal attention runs on CUDA devices only")
     }
 }
@@ -77,6 +87,7 @@ mod cuda {
     pub(super) struct Causal {
         pub heads: usize,
         pub kv_heads: usize,
+        pub from: usize,
     }
 
     impl CustomOp1 for Causal {
@@ -95,6 +106,9 @@ mod cuda {
             if kv == 0 || !h.is_multiple_of(kv) || !width.is_multiple_of(per) {
                 bail!("causal attention: {width} features a token are not q, k and v of {h} query heads over {kv}")
             }
+            if self.from >= t {
+                bail!("causal attention: queries from token {} of {t}", self.from)
+            }
             let fused = Fused {
                 b,
                 t,
@@ -104,6 +118,7 @@ mod cuda {
                 r: 1,
                 scale: (1.0 / ((width / per) as f64).sqrt()) as f32,
                 kv_heads: kv,
+                q_start: self.from,
             };
             let dev = s.device().clone();
             if s.dtype() == candle_core::DType::F32 || !fused.takes(s.dtype(), &dev, l.start_offset()) {
@@ -114,12 +129,12 @@ mod cuda {
                 )
             }
             let out = by_dtype!(s.dtype(), "causal attention", T => {
-                // SAFETY: the kernel writes every element of every query row.
-                let mut out = unsafe { dev.alloc::<T>(b * t * h * fused.d)? };
+                // SAFETY: the kernel writes every element of every query row from `from` on.
+                let mut out = unsafe { dev.alloc::<T>(b * (t - self.from) * h * fused.d)? };
                 fused.launch(&dev, s.dtype(), &view::<T>(s, l, "causal attention")?, None, &mut out.slice_mut(0..))?;
                 CudaStorage::wrap_cuda_slice(out, dev.clone())
             });
-            Ok((out, Shape::from((b, t, h * fused.d))))
+            Ok((out, Shape::from((b, t - self.from, h * fused.d))))
         }
     }
 }

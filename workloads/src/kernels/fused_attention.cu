@@ -87,19 +87,23 @@ template <int N> __device__ __forceinline__ void copy_async_wait() { asm volatil
 // the tile's code, made the kernel slower (BERT-base's too, whose tiles are all full), and so did
 // 32 queries per warp (two row tiles sharing each K and V fragment) (measured:
 // docs/kernels.md#fused-attention).
+//
+// `qs`: the first query answered (0 but for a causal prompt continued after its cached part, whose
+// rows before qs carry that part's keys and values alone); out holds rows qs..t.
 template <typename E, int D>
 __device__ void attn_fused(const unsigned short* qkv, const unsigned short* bias, unsigned short* out,
                            unsigned int t, unsigned int h, unsigned int r, int mode, float scale,
-                           unsigned int stride, unsigned int kcol, unsigned int vgap, unsigned int group) {
+                           unsigned int stride, unsigned int kcol, unsigned int vgap, unsigned int group,
+                           unsigned int qs) {
     constexpr int S = D + 8;  // shared rows padded by 16 bytes: the fragment loads hit 32 distinct banks
     constexpr int STAGES = D <= 64 ? 2 : 1;
     __shared__ __align__(16) unsigned short ks[STAGES][FA_K * S];
     __shared__ __align__(16) unsigned short vs[STAGES][FA_K * S];
     const float LOG2E = 1.4426950408889634f, NEG_INF = __int_as_float(0xff800000);
-    unsigned int qblocks = (t + FA_Q - 1) / FA_Q, bh = blockIdx.x / qblocks, bi = bh / h, hi = bh % h;
+    unsigned int qblocks = (t - qs + FA_Q - 1) / FA_Q, bh = blockIdx.x / qblocks, bi = bh / h, hi = bh % h;
     unsigned int c = h * D;
     unsigned int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c2 = (lane & 3) * 2;
-    unsigned int qb0 = (blockIdx.x % qblocks) * FA_Q, q0 = qb0 + warp * 16, r0 = q0 + g, r1 = r0 + 8;
+    unsigned int qb0 = qs + (blockIdx.x % qblocks) * FA_Q, q0 = qb0 + warp * 16, r0 = q0 + g, r1 = r0 + 8;
     const unsigned short* seq = qkv + (unsigned long long)bi * t * stride + hi * D;
     // The head's keys (values vgap after them): query head hi reads key-value head hi / group.
     const unsigned short* kseq = qkv + (unsigned long long)bi * t * stride + kcol + (hi / group) * D;
@@ -278,11 +282,11 @@ __device__ void attn_fused(const unsigned short* qkv, const unsigned short* bias
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     // A row whose every key is masked with -inf has no weights: its output is 0.
     float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-    unsigned short* dst = out + (unsigned long long)bi * t * c + hi * D + c2;
+    unsigned short* dst = out + (unsigned long long)bi * (t - qs) * c + hi * D + c2;
 #pragma unroll
     for (int n = 0; n < D / 8; n++) {
-        if (r0 < t) *(unsigned int*)(dst + (unsigned long long)r0 * c + n * 8) = pack2<E>(o[n][0] * inv0, o[n][1] * inv0);
-        if (r1 < t) *(unsigned int*)(dst + (unsigned long long)r1 * c + n * 8) = pack2<E>(o[n][2] * inv1, o[n][3] * inv1);
+        if (r0 < t) *(unsigned int*)(dst + (unsigned long long)(r0 - qs) * c + n * 8) = pack2<E>(o[n][0] * inv0, o[n][1] * inv0);
+        if (r1 < t) *(unsigned int*)(dst + (unsigned long long)(r1 - qs) * c + n * 8) = pack2<E>(o[n][2] * inv1, o[n][3] * inv1);
     }
 }
 
@@ -292,8 +296,9 @@ __device__ void attn_fused(const unsigned short* qkv, const unsigned short* bias
 #define FUSED(S, E, D)                                                                                   \
 extern "C" __global__ void __launch_bounds__(128, D <= 64 ? 4 : 1) attn_fused_##S##_d##D(const unsigned short* qkv, \
         const unsigned short* bias, unsigned short* out, unsigned int t, unsigned int h, unsigned int r, \
-        int mode, float scale, unsigned int stride, unsigned int kcol, unsigned int vgap, unsigned int group) { \
-    attn_fused<E, D>(qkv, bias, out, t, h, r, mode, scale, stride, kcol, vgap, group);                    \
+        int mode, float scale, unsigned int stride, unsigned int kcol, unsigned int vgap, unsigned int group, \
+        unsigned int qs) {                                                                               \
+    attn_fused<E, D>(qkv, bias, out, t, h, r, mode, scale, stride, kcol, vgap, group, qs);                \
 }
 FUSED(bf16, BF16, 32)
 FUSED(bf16, BF16, 64)

@@ -92,9 +92,13 @@ pub(crate) struct Fused {
     /// Key-value heads: h for an encoder's packed [b, t, 3·h·d]; fewer for a decoder's [q | k | v]
     /// (grouped-query attention, tensor-core kernels only).
     pub kv_heads: usize,
+    /// The first query answered: 0 but for a causal prompt continued after its cached part, whose
+    /// first `q_start` rows carry that part's keys and values alone. The output holds the rows
+    /// from it on. The tensor-core kernels only.
+    pub q_start: usize,
 }
 
-/// Mode 3: query i attends keys j <= i (a decoder's prefill from position 0).
+/// Mode 3: query i attends keys j <= i (a decoder's prefill).
 pub(crate) const CAUSAL: i32 = 3;
 
 /// Whether `dev` has compute capability 8.0 or later: the bf16 tensor-core instructions of the
@@ -212,7 +216,15 @@ impl Fused {
         out: &mut CudaViewMut<T>,
     ) -> Result<()> {
         let func = Kernel::load(dev, &crate::kernels::sources::FUSED_ATTENTION, kernel)?;
-        let blocks = self.t.div_ceil(queries);
+        let simt = kernel.starts_with("attn_fused_f32");
+        if self.q_start >= self.t || (simt && self.q_start > 0) {
+            bail!(
+                "fused attention: queries from {} of {} tokens ({kernel})",
+                self.q_start,
+                self.t
+            );
+        }
+        let blocks = (self.t - self.q_start).div_ceil(queries);
         // One row of blocks, a (sequence, head)'s query blocks side by side: they share its keys
         // and values in L2.
         let grid = self.b * self.h * blocks;
@@ -239,14 +251,14 @@ impl Fused {
         a.arg(out).arg(&t).arg(&h).arg(&r).arg(&mode).arg(&scale);
         // The tensor-core kernels read q, k and v at offsets of a row of any width.
         let (kv, d) = (self.kv_heads as u32, self.d as u32);
-        let layout = [(h + 2 * kv) * d, h * d, kv * d, h / kv.max(1)];
-        if !kernel.starts_with("attn_fused_f32") {
+        let layout = [(h + 2 * kv) * d, h * d, kv * d, h / kv.max(1), self.q_start as u32];
+        if !simt {
             for v in &layout {
                 a.arg(v);
             }
         }
         // SAFETY: argument types and order match the kernel; qkv holds b·t·(h + 2·kv_heads)·d
-        // elements from a 16-byte boundary (`takes`), out b·t·h·d, the bias what its mode indexes
+        // elements from a 16-byte boundary (`takes`), out b·(t − q_start)·h·d, the bias what its mode indexes
         // (checked by `attention`), or null when not read.
         unsafe { func.launch(&mut a, cfg) }?;
         Ok(())

@@ -174,10 +174,12 @@ impl KernelOptions {
     /// over a contiguous cache (a v5 row decoded op by op, whatever `graphs` said; its other steps
     /// ran as a v6 row's); 7: `attention` and `layers` reach language models (a v6 row ran a
     /// decoder's prefill attention and its decode steps as candle's ops, whatever the two said; its
-    /// other steps ran as a v7 row's).
-    pub const VERSION: u32 = 7;
+    /// other steps ran as a v7 row's); 8: `attention` reaches a chunked prompt's later prefill
+    /// pieces (a v7 row ran them as candle's ops, whatever `attention` said; its other steps ran as
+    /// a v8 row's).
+    pub const VERSION: u32 = 8;
 
-    /// `v7;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc`: the version, then every key
+    /// `v8;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc`: the version, then every key
     /// spelled out.
     pub fn canonical(&self) -> String {
         format!(
@@ -189,6 +191,18 @@ impl KernelOptions {
             self.graphs.as_str(),
             self.convs.as_str()
         )
+    }
+
+    /// These options as a continuous batcher serves a language model with them: cuBLASLt's heuristic
+    /// and no CUDA graphs. Its prefill pieces are of any length, and timing a product's algorithms at
+    /// each new length (tens of ms) would fall on requests' first tokens for as long as new lengths
+    /// come; its iterations change shape every time, and run kernel by kernel.
+    pub fn serving(self) -> KernelOptions {
+        KernelOptions {
+            gemm: GemmAlgorithm::Heuristic,
+            graphs: CudaGraphs::Off,
+            ..self
+        }
     }
 
     /// Makes these the options of the ops run on this thread until the guard is dropped.
@@ -215,20 +229,20 @@ impl FromStr for KernelOptions {
     type Err = String;
 
     /// Parses a canonical string of this version or an earlier one, whose missing keys take what its
-    /// steps ran (v2 lacks `convs`: NCHW; v1 also lacks `graphs`: none; v3 to v6 have v7's keys):
+    /// steps ran (v2 lacks `convs`: NCHW; v1 also lacks `graphs`: none; v3 to v7 have v8's keys):
     /// every key of its version exactly once, in any order.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut parts = s.split(';');
         let version = parts.next().unwrap_or("");
         let keys: &[&str] = match version {
-            "v7" | "v6" | "v5" | "v4" | "v3" => &["attention", "layers", "gemm", "graphs", "convs"],
+            "v8" | "v7" | "v6" | "v5" | "v4" | "v3" => &["attention", "layers", "gemm", "graphs", "convs"],
             "v2" => &["attention", "layers", "gemm", "graphs"],
             "v1" => &["attention", "layers", "gemm"],
             _ => {
                 return Err(format!(
-                    "kernel options `{s}`: expected version v{} (or v6, v5, v4, v3, v2, v1) first, found `{version}`",
-                    Self::VERSION
-                ))
+                "kernel options `{s}`: expected version v{} (or v7, v6, v5, v4, v3, v2, v1) first, found `{version}`",
+                Self::VERSION
+            ))
             }
         };
         let (mut attention, mut layers, mut gemm, mut graphs, mut convs) = (None, None, None, None, None);
@@ -293,7 +307,7 @@ mod tests {
     fn the_canonical_string_spells_every_key_and_parses_back() {
         assert_eq!(
             KernelOptions::default().canonical(),
-            "v7;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc"
+            "v8;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc"
         );
         let other = KernelOptions {
             attention: Attention::Composed,
@@ -304,7 +318,7 @@ mod tests {
         };
         assert_eq!(
             other.canonical(),
-            "v7;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
+            "v8;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
         );
         for o in [KernelOptions::default(), other] {
             assert_eq!(o.canonical().parse::<KernelOptions>(), Ok(o));
@@ -332,13 +346,13 @@ mod tests {
         };
         assert_eq!(
             composed.canonical(),
-            "v7;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc"
+            "v8;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc"
         );
     }
 
     #[test]
-    fn version_3_to_6_strings_have_the_keys_of_version_7() {
-        for v in ["v3", "v4", "v5", "v6"] {
+    fn version_3_to_7_strings_have_the_keys_of_version_8() {
+        for v in ["v3", "v4", "v5", "v6", "v7"] {
             let old = format!("{v};attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc")
                 .parse::<KernelOptions>()
                 .unwrap();
@@ -351,7 +365,7 @@ mod tests {
             );
             assert_eq!(
                 old.canonical(),
-                "v7;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc"
+                "v8;attention=fused;layers=ops;gemm=timed;graphs=on;convs=nhwc"
             );
         }
     }
@@ -386,7 +400,7 @@ mod tests {
         assert_eq!(v1.graphs, CudaGraphs::Off);
         assert_eq!(
             v1.canonical(),
-            "v7;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
+            "v8;attention=composed;layers=ops;gemm=heuristic;graphs=off;convs=nchw"
         );
         let err = "v1;attention=fused;layers=op;gemm=timed;graphs=on"
             .parse::<KernelOptions>()
@@ -400,7 +414,7 @@ mod tests {
     #[test]
     fn malformed_strings_say_what_is_wrong() {
         let err = |s: &str| s.parse::<KernelOptions>().unwrap_err();
-        assert!(err("v8;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("expected version v7"));
+        assert!(err("v9;attention=fused;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("expected version v8"));
         assert!(err("v7;attention=fused;layers=op;gemm=timed;graphs=on").contains("every key"));
         assert!(err("v7;attention=flash;layers=op;gemm=timed;graphs=on;convs=nhwc").contains("fused, composed"));
         assert!(err("v7;attention=fused;layers=op;gemm=timed;graphs=maybe;convs=nhwc").contains("infer, on, off"));

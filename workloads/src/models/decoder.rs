@@ -514,12 +514,14 @@ impl Attention {
 }
 
 impl Attention {
-    /// A prompt from position 0 through the causal kernel (`kernels::causal_attention`), for the
-    /// residual stream `x` [batch, tokens, hidden] and its norm `normed`: `x` plus the attention's
-    /// output. One product makes the rows of q, k and v side by side, as the kernel reads them;
-    /// one pass turns q and k by the rotary embedding where they lie (`tables`: every position's
-    /// cos and sin); the keys and values are moved head-major for the cache; o_proj's product adds
-    /// the residual itself.
+    /// A prompt's tokens after the cache's through the causal kernel (`kernels::causal_attention`),
+    /// for the residual stream `x` [batch, tokens, hidden] and its norm `normed`: `x` plus the
+    /// attention's output. One product makes the rows of q, k and v side by side, as the kernel
+    /// reads them; one pass turns q and k by the rotary embedding where they lie (`tables`: every
+    /// position's cos and sin); the keys and values are moved head-major for the cache; o_proj's
+    /// product adds the residual itself. A prompt continued after its cached part (a chunked
+    /// prefill's later piece) puts that part's keys and values in rows before the piece's, whose
+    /// queries alone the kernel answers.
     fn prefill(
         &self,
         x: &Tensor,
@@ -536,7 +538,8 @@ impl Attention {
             None => kernels::product(&rows, &self.qkv, None)?,
         };
         let heads = decode::Heads { q: hq, kv: hkv, dim: d };
-        let packed = prefill::rope_packed(&packed, t, 0, heads, tables)?.reshape((b, t, (hq + 2 * hkv) * d))?;
+        let offset = cache.len();
+        let packed = prefill::rope_packed(&packed, t, offset, heads, tables)?.reshape((b, t, (hq + 2 * hkv) * d))?;
         let head_major = |start: usize| {
             packed
                 .narrow(2, start * d, hkv * d)?
@@ -544,8 +547,18 @@ impl Attention {
                 .transpose(1, 2)?
                 .contiguous()
         };
-        cache.extended(layer, &head_major(hq)?, &head_major(hq + hkv)?)?;
-        let y = causal_attention::causal_attention(&packed, hq, hkv)?;
+        let (keys, values) = cache.extended(layer, &head_major(hq)?, &head_major(hq + hkv)?)?;
+        let y = match offset {
+            0 => causal_attention::causal_attention(&packed, hq, hkv)?,
+            _ => {
+                // The cached keys and values, rotated when they were written, token-major; the
+                // rows' queries are not read (zeros).
+                let held = |kv: &Tensor| kv.narrow(2, 0, offset)?.transpose(1, 2)?.reshape((b, offset, hkv * d));
+                let queries = Tensor::zeros((b, offset, hq * d), packed.dtype(), packed.device())?;
+                let before = Tensor::cat(&[&queries, &held(&keys)?, &held(&values)?], 2)?;
+                causal_attention::causal_attention_from(&Tensor::cat(&[&before, &packed], 1)?, hq, hkv, offset)?
+            }
+        };
         kernels::product(
             &y.reshape((b * t, hq * d))?,
             self.o_proj.weight(),
@@ -964,11 +977,10 @@ impl Decoder {
         }
         let cos = self.cos.narrow(0, offset, t)?;
         let sin = self.sin.narrow(0, offset, t)?;
-        // A prompt from position 0 runs the causal kernel where it takes the heads; else (and for
-        // tokens after a cache's) candle's ops with the mask.
+        // A prompt's tokens, from position 0 or after the cache's, run the causal kernel where it
+        // takes the heads; else candle's ops with the mask.
         let cfg = &self.cfg;
-        let kernel = offset == 0
-            && t > 1
+        let kernel = t > 1
             && causal_attention::takes(
                 ids.device(),
                 self.cos.dtype(),
