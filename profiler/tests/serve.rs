@@ -459,6 +459,13 @@ fn a_sweep_searches_a_language_models_capacity_beside_an_encoders_and_a_rerun_sk
 
     let o = sweep(&[]);
     assert!(o.status.success(), "{}", text(&o));
+    // The done line names the tables the searches wrote, not a runs folder no cell made.
+    let done = text(&o);
+    assert!(
+        done.contains(&out.join("serve_capacity").display().to_string())
+            && !done.contains(&out.join("runs").display().to_string()),
+        "{done}"
+    );
     let caps = read_table(&out, Table::ServeCapacity).unwrap();
     assert_eq!(caps.height(), 1, "{}", text(&o));
     assert_eq!(strings(&caps, "sweep"), vec!["serving"]);

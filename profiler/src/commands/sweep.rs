@@ -192,11 +192,7 @@ fn run(args: &SweepArgs, log: &mut dyn Write) -> Result<bool> {
         } else {
             ""
         },
-        tables_written(&file)
-            .iter()
-            .map(|t| args.out.join(t.dir_name()).display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
+        rows_in(&file, &args.out)
     )?;
     writeln!(log, "{}", report_hint(&args.out))?;
     Ok(!summary.interrupted && summary.failed() == 0)
@@ -217,6 +213,21 @@ impl From<MigStrategyArg> for MigStrategy {
             MigStrategyArg::Mixed => MigStrategy::Mixed,
             MigStrategyArg::Single => MigStrategy::Single,
         }
+    }
+}
+
+/// Where the sweep's rows are: the folders of [`tables_written`] that exist (a sweep of capacity
+/// searches whose cells all measured has no `runs`), or the results folder.
+fn rows_in(file: &migprof::sweep::file::SweepFile, out: &std::path::Path) -> String {
+    let folders: Vec<String> = tables_written(file)
+        .iter()
+        .map(|t| out.join(t.dir_name()))
+        .filter(|d| d.is_dir())
+        .map(|d| d.display().to_string())
+        .collect();
+    match folders.is_empty() {
+        true => out.display().to_string(),
+        false => folders.join(", "),
     }
 }
 

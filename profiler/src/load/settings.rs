@@ -196,19 +196,22 @@ impl ServeSettings {
         }
         // A day bounds every span: a search's longest time is worked out from them.
         let seconds = |v: f64| v.is_finite() && (0.0..=86_400.0).contains(&v);
-        if !seconds(self.warmup_secs)
-            || !seconds(self.drain_secs)
-            || !seconds(self.duration_secs)
-            || self.warmup_secs >= self.duration_secs
-        {
+        for (key, v) in [
+            ("warmup_secs", self.warmup_secs),
+            ("duration_secs", self.duration_secs),
+            ("drain_secs", self.drain_secs),
+        ] {
+            if !seconds(v) {
+                bail!("{} {v}: expected seconds from 0 to a day (86400)", k(key))
+            }
+        }
+        if self.warmup_secs >= self.duration_secs {
             bail!(
-                "{} {} s must be shorter than {} {} s (the warm-up is part of each step), and {} {} s non-negative (each at most a day)",
+                "{} {} s must be shorter than {} {} s: the warm-up is part of each step",
                 k("warmup_secs"),
                 self.warmup_secs,
                 k("duration_secs"),
-                self.duration_secs,
-                k("drain_secs"),
-                self.drain_secs
+                self.duration_secs
             )
         }
         if search && self.slo().is_none() {

@@ -95,10 +95,13 @@ fn length<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<
     #[serde(untagged)]
     enum Raw {
         Number(i64),
+        Fraction(f64),
         Text(String),
     }
     let text = match Raw::deserialize(d)? {
         Raw::Number(n) => n.to_string(),
+        // Refused by the parse, which names the forms a length takes.
+        Raw::Fraction(x) => x.to_string(),
         Raw::Text(t) => t,
     };
     text.parse().map(Some).map_err(serde::de::Error::custom)
@@ -240,9 +243,24 @@ impl CapacitySearch {
             }
         }
         if kinds.contains(&Served::Generation) {
-            self.serve_settings(seed)
-                .check(true, crate::load::settings::Keys::SweepFile)
+            let s = self.serve_settings(seed);
+            s.check(true, crate::load::settings::Keys::SweepFile)
                 .map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
+            // A request of the lengths' means must fit the model, or every step refuses its requests.
+            let mean = s.prompt.mean() + s.output.mean();
+            for model in self.models.iter().filter(|m| Served::of(m) == Served::Generation) {
+                if let Ok((_, info)) = workloads::lookup(model) {
+                    if let workloads::InputShape::Prompt { max_positions, .. } = info.input {
+                        if mean > max_positions as f64 {
+                            bail!(
+                                "{at}: prompt_len {} and output_len {} make requests of {mean:.0} tokens on average; {model} holds {max_positions} positions",
+                                s.prompt,
+                                s.output
+                            );
+                        }
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -813,18 +831,18 @@ seq_lens = [128]
         let err = |search: &str| format!("{:#}", with(search).unwrap_err());
         // A language model's search: `migprof load`'s defaults where a key is not given.
         let f = with(
-            "models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nprompt_len = \"lognormal:512,0.5\"\noutput_len = 128\nmax_steps = 6",
+            "models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nprompt_len = \"lognormal:64,0.5\"\noutput_len = 32\nmax_steps = 6",
         )
         .unwrap();
         let s = f.capacity[0].serve_settings(7);
         assert_eq!(
             s.prompt,
             LengthDist::Lognormal {
-                mean: 512.0,
+                mean: 64.0,
                 spread: 0.5
             }
         );
-        assert_eq!(s.output, LengthDist::Fixed(128));
+        assert_eq!(s.output, LengthDist::Fixed(32));
         assert_eq!((s.max_steps, s.arrival_seed, s.slo_ttft_p99_ms), (6, 7, Some(500.0)));
         let d = &crate::load::settings::SERVE_DEFAULTS;
         assert_eq!(
@@ -845,7 +863,7 @@ seq_lens = [128]
         );
         // Both kinds in one search, each with its objectives.
         assert!(with(
-            "models = [\"llama_tiny\", \"bert_tiny\"]\nslo_p99_ms = 50\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50"
+            "models = [\"llama_tiny\", \"bert_tiny\"]\nslo_p99_ms = 50\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nprompt_len = 64\noutput_len = 32"
         )
         .is_ok());
         let e = err("models = [\"llama_tiny\", \"bert_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50");
@@ -872,8 +890,15 @@ seq_lens = [128]
             let e = err(&format!(
                 "models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\n{span}"
             ));
-            assert!(e.contains("at most a day"), "{span}: {e}");
+            assert!(e.contains("expected seconds from 0 to a day"), "{span}: {e}");
         }
+        let e = err("models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nprompt_len = 32.5");
+        assert!(e.contains("32.5") && e.contains("lognormal:MEAN,SPREAD"), "{e}");
+        let e = err("models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nprompt_len = 512");
+        assert!(
+            e.contains("640 tokens on average; llama_tiny holds 256 positions"),
+            "{e}"
+        );
         let e = err("models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nprompt_len = \"zipf:3\"");
         assert!(e.contains("prompt_len") && e.contains("lognormal:MEAN,SPREAD"), "{e}");
         let e = err("models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nresolution_pct = 100");
