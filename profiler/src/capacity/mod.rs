@@ -278,7 +278,7 @@ pub fn plan(
         let mut why = Vec::new();
         if !elsewhere.is_empty() {
             why.push(format!(
-                "its capacities on {} are for no profile of this GPU (its profiles: {})",
+                "its capacities on {} are for no profile of this GPU (its profiles: {}, and {FULL} for a whole GPU with MIG off)",
                 elsewhere
                     .iter()
                     .map(|c| c.profile.as_str())
@@ -831,7 +831,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("capacities on cpu are for no profile of this GPU") && e.contains("3g.40gb"),
+            e.contains("capacities on cpu are for no profile of this GPU")
+                && e.contains("3g.40gb")
+                && e.contains("and full for a whole GPU with MIG off"),
             "{e}"
         );
         let zero = Gathered {
