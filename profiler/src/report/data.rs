@@ -45,7 +45,7 @@ impl Row {
     }
 }
 
-const TEXT: [&str; 39] = [
+const TEXT: [&str; 29] = [
     "run_id",
     "kv_block_size",
     "prompt_len",
@@ -73,16 +73,6 @@ const TEXT: [&str; 39] = [
     "verdict",
     "concurrency_group",
     "neighbours",
-    "host",
-    "migprof_version",
-    "git_commit",
-    "candle_version",
-    "build_features",
-    "driver_version",
-    "cuda_driver_version",
-    "cudnn_version",
-    "cublas_version",
-    "cpu_model",
     "seq_len",
     "batch",
 ];
@@ -119,7 +109,7 @@ const NUM: [&str; 26] = [
 /// Every row of the folders' runs tables, in the order of the folders and their parts (none when
 /// the folders hold only load steps).
 pub fn read(dirs: &[PathBuf]) -> Result<Vec<Row>> {
-    read_rows(dirs, Table::Runs, &TEXT, &NUM)
+    read_rows(dirs, Table::Runs, &keys_with(&TEXT, &[&ENVIRONMENT]), &NUM)
 }
 
 /// The fingerprint fields the report's "What ran" section lists with every value they took.
@@ -152,16 +142,21 @@ const TARGET_NUM: [&str; 3] = ["sm_count", "device_memory_mib", "mps_share_pct"]
 
 /// A serving job's `text` and `numbers` keys with those "What ran" reads of its target, each once.
 pub fn with_target(text: &[&'static str], numbers: &[&'static str]) -> (Vec<&'static str>, Vec<&'static str>) {
-    let join = |keys: &[&'static str], more: &[&[&'static str]]| {
-        let mut all = keys.to_vec();
-        for k in more.iter().flat_map(|m| m.iter()) {
-            if !all.contains(k) {
-                all.push(k);
-            }
+    (
+        keys_with(text, &[&TARGET_TEXT, &ENVIRONMENT]),
+        keys_with(numbers, &[&TARGET_NUM]),
+    )
+}
+
+/// `keys`, then those of `more` it lacks.
+fn keys_with(keys: &[&'static str], more: &[&[&'static str]]) -> Vec<&'static str> {
+    let mut all = keys.to_vec();
+    for k in more.iter().flat_map(|m| m.iter()) {
+        if !all.contains(k) {
+            all.push(k);
         }
-        all
-    };
-    (join(text, &[&TARGET_TEXT, &ENVIRONMENT]), join(numbers, &[&TARGET_NUM]))
+    }
+    all
 }
 
 /// The `keys` of every row of one table of the folders.

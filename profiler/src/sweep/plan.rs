@@ -287,17 +287,14 @@ fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
 /// to its `max_seqs` sequences at once, with its serving settings and the kernel options `migprof
 /// load` serves with.
 fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &CapacitySearch) -> CellSpec {
-    let seed = file.defaults.seed;
-    let (mode, batch, kernels) = match Served::of(model) {
-        Served::Passes => (
-            "infer",
-            search.load_settings(seed).max_batch,
-            workloads::kernels::KernelOptions::default(),
-        ),
+    let (seed, served) = (file.defaults.seed, Served::of(model));
+    let defaults = workloads::kernels::KernelOptions::default();
+    let (mode, batch, kernels) = match served {
+        Served::Passes => ("infer", search.load_settings(seed).max_batch, defaults),
         Served::Generation => (
             "generate",
             search.serve_settings(seed).max_seqs as usize,
-            workloads::kernels::KernelOptions::default().serving(),
+            defaults.serving(),
         ),
     };
     let work = Work {
@@ -308,8 +305,7 @@ fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &Capaci
         batch: BatchSize::Fixed(batch),
         // A token model's default length; image models and language models take none.
         seq_len: search.seq_len.filter(|_| {
-            Served::of(model) == Served::Passes
-                && workloads::lookup(model).is_ok_and(|(_, i)| i.input.seq_len().is_some())
+            served == Served::Passes && workloads::lookup(model).is_ok_and(|(_, i)| i.input.seq_len().is_some())
         }),
         lengths: None,
         kv_layout: workloads::KvLayout::default(),
@@ -317,18 +313,12 @@ fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &Capaci
         kernels: kernels.canonical(),
         master_weights: workloads::MasterWeights::default(),
     };
-    let base = cell(file, target, &work);
-    match Served::of(model) {
-        Served::Passes => CellSpec {
-            load: Some(search.load_settings(seed)),
-            ..base
-        },
-        Served::Generation => {
-            let mut cell = base;
-            cell.serve_with(search.serve_settings(seed));
-            cell
-        }
+    let mut cell = cell(file, target, &work);
+    match served {
+        Served::Passes => cell.load = Some(search.load_settings(seed)),
+        Served::Generation => cell.serve_with(search.serve_settings(seed)),
     }
+    cell
 }
 
 /// `--only model=resnet50,target=3g`: every pair must match. Keys are cell fields.
