@@ -342,6 +342,9 @@ fn layer_norm_kernel_matches_the_cpu_forward_and_backward() {
     // Swin's first stage (96), ViT/BERT (768), a row needing several elements per thread (3000),
     // and rows with a large mean (the statistics must not cancel it away).
     // Many rows (5000 of 96, 4500 of 768): more than one a warp in the parameters' sums.
+    // Groups of 4, 8, 16 and 32 lanes a row (bf16 rows of 96, 192, 384, 768; f32 rows of 96 take 8),
+    // a warp of eight words (1536), row counts that leave a warp's last groups without a row (13,
+    // 1003, 77), a row of one word (8).
     for (i, (rows, cols)) in [
         (12usize, 96usize),
         (6, 768),
@@ -349,6 +352,10 @@ fn layer_norm_kernel_matches_the_cpu_forward_and_backward() {
         (5, 40),
         (5000, 96),
         (4500, 768),
+        (13, 192),
+        (1003, 384),
+        (77, 1536),
+        (1003, 8),
     ]
     .into_iter()
     .enumerate()
@@ -945,33 +952,180 @@ fn swin_window_kernels_match_the_cpu_forward_and_backward() {
             tols,
         );
     }
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn batch_norm_running_update_matches_the_cpu() {
-    use workloads::kernels::batch_norm::RunningUpdate;
-    let gpu = gpu();
-    let (running, stats) = (random(&[300], 270), random(&[2, 300], 271));
-    for row in [0, 1] {
-        let op = RunningUpdate {
-            row,
-            keep: 0.9,
-            take: 0.1 * 1.01,
-        };
-        let on_cpu = running.copy().unwrap();
-        on_cpu.inplace_op2(&stats, &op).unwrap();
-        let on_gpu = running.to_device(&gpu).unwrap();
-        on_gpu.inplace_op2(&stats.to_device(&gpu).unwrap(), &op).unwrap();
-        let e = rel_err(&on_gpu, &on_cpu);
-        assert!(e < 1e-6, "running update of row {row} differs by {e}");
-        assert!(rel_err(&on_cpu, &running) > 1e-2, "the update changed nothing");
+    // Patch merging's 2x2 gather (a strided copy and its scatter back), over even maps of 96 and 3
+    // channels.
+    for (i, shape) in [[2usize, 8, 8, 96], [1, 6, 4, 3]].into_iter().enumerate() {
+        matches_cpu(
+            &format!("patch merging gather {shape:?}"),
+            &|a| workloads::kernels::merge_neighbours(a[0]).unwrap(),
+            &[random(&shape, 265 + i as u64)],
+            [1e-7, 4e-3, 1e-3],
+        );
     }
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn an_encoder_layer_as_one_op_matches_the_layer_built_of_ops() {
+fn batch_statistics_move_the_running_ones_in_their_own_pass_as_the_cpu_does_in_two() {
+    use workloads::kernels::batch_norm::{BatchStats, BatchStatsUpdating, Running, RunningUpdate};
+    let gpu = gpu();
+    // NCHW planes and NHWC rows (a stem-sized map: 392 chunks for the finishing pass), f32 and bf16.
+    for (shape, channels_last, dtype) in [
+        ([4usize, 6, 7, 7], false, DType::F32),
+        ([2, 300, 3, 3], false, DType::BF16),
+        ([4, 56, 56, 64], true, DType::BF16),
+        ([3, 5, 2, 24], true, DType::F32),
+    ] {
+        let c = if channels_last { shape[3] } else { shape[1] };
+        let n = shape.iter().product::<usize>() / c;
+        let x = random(&shape, 270).to_dtype(dtype).unwrap();
+        let (mean, var) = (random(&[c], 271), random(&[c], 272).abs().unwrap());
+        let (keep, take_mean, take_var) = (0.9, 0.1, 0.1 * n as f64 / (n as f64 - 1.0));
+        // The CPU: the statistics, then each running statistic's update.
+        let stats_cpu = x.apply_op1_no_bwd(&BatchStats { channels_last }).unwrap();
+        let (mean_cpu, var_cpu) = (mean.copy().unwrap(), var.copy().unwrap());
+        mean_cpu
+            .inplace_op2(
+                &stats_cpu,
+                &RunningUpdate {
+                    row: 0,
+                    keep,
+                    take: take_mean,
+                },
+            )
+            .unwrap();
+        var_cpu
+            .inplace_op2(
+                &stats_cpu,
+                &RunningUpdate {
+                    row: 1,
+                    keep,
+                    take: take_var,
+                },
+            )
+            .unwrap();
+        // The GPU: one op, the running statistics updated in its finishing pass.
+        let (mean_gpu, var_gpu) = (mean.to_device(&gpu).unwrap(), var.to_device(&gpu).unwrap());
+        let op = BatchStatsUpdating {
+            channels_last,
+            running: Running {
+                mean: mean_gpu.clone(),
+                var: var_gpu.clone(),
+                keep,
+                take_mean,
+                take_var,
+            },
+        };
+        let stats_gpu = x.to_device(&gpu).unwrap().apply_op1_no_bwd(&op).unwrap();
+        let what = format!("{shape:?} {dtype:?} channels last {channels_last}");
+        for (name, got, want) in [
+            ("statistics", &stats_gpu, &stats_cpu),
+            ("running mean", &mean_gpu, &mean_cpu),
+            ("running variance", &var_gpu, &var_cpu),
+        ] {
+            let e = rel_err(got, want);
+            assert!(e < 1e-5, "{what}: the {name} differ from the CPU's by {e}");
+        }
+        assert!(
+            rel_err(&mean_cpu, &mean) > 1e-2 && rel_err(&var_cpu, &var) > 1e-2,
+            "{what}: the update changed nothing"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn batch_norm_with_its_weight_and_bias_apart_matches_the_op_over_them_stacked() {
+    use workloads::kernels::batch_norm::{BatchNorm, BatchStats};
+    let gpu = gpu();
+    // Planes of NCHW and rows of NHWC; the weight and bias as two tensors and as rows of one (the
+    // bias then starts c elements into its buffer).
+    for (shape, channels_last) in [([4usize, 8, 7, 7], false), ([2, 6, 6, 64], true)] {
+        let c = if channels_last { shape[3] } else { shape[1] };
+        for dtype in [DType::F32, DType::BF16] {
+            let on = |d: &Device, t: &Tensor| t.to_device(d).unwrap().to_dtype(dtype).unwrap();
+            let x = random(&shape, 280);
+            let w = random(&[c], 281).affine(0.5, 1.0).unwrap();
+            let b = random(&[c], 282);
+            let g = random(&shape, 283);
+            let z = random(&shape, 284);
+            // With a residual added before the ReLU (a block's last batch norm), forward only.
+            for (relu, residual) in [(false, false), (true, false), (true, true)] {
+                let op = BatchNorm {
+                    eps: 1e-5,
+                    relu,
+                    channels_last,
+                };
+                let run = |d: &Device, stacked: bool| {
+                    let (x, w, b, g, z) = (on(d, &x), on(d, &w), on(d, &b), on(d, &g), on(d, &z));
+                    let stats = x.apply_op1_no_bwd(&BatchStats { channels_last }).unwrap();
+                    let (w, b) = if stacked {
+                        let wb = Tensor::stack(&[&w, &b], 0).unwrap();
+                        (wb.get(0).unwrap(), wb.get(1).unwrap())
+                    } else {
+                        (w, b)
+                    };
+                    let y = op.forward_with(&x, &w, &b, &stats, residual.then_some(&z)).unwrap();
+                    if residual {
+                        return vec![y];
+                    }
+                    let (dx, dwb) = op.backward(&x, &w, &b, &stats, &y, &g).unwrap();
+                    vec![y, dx, dwb]
+                };
+                let cpu = run(&Device::Cpu, false);
+                for stacked in [false, true] {
+                    let got = run(&gpu, stacked);
+                    for (name, got, want) in ["output", "input gradient", "[dw; db]"]
+                        .iter()
+                        .zip(&got)
+                        .zip(&cpu)
+                        .map(|((n, a), b)| (n, a, b))
+                    {
+                        let e = rel_err(got, want);
+                        let tol = if dtype == DType::F32 { 1e-4 } else { 3e-2 };
+                        assert!(
+                            e < tol,
+                            "{shape:?} {dtype:?} relu {relu} residual {residual} stacked {stacked}: the {name} differs from the CPU's by {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_relu_gradient_of_two_branches_summed_in_one_pass_is_their_sum_where_the_output_is_positive() {
+    use workloads::kernels::elementwise::relu_grad_of_sum;
+    let gpu = gpu();
+    // Words of 8 bf16 / 4 f32 elements, and a length that takes single elements.
+    for (shape, dtype) in [
+        (&[2usize, 4, 4, 16][..], DType::BF16),
+        (&[3, 5, 7][..], DType::F32),
+        (&[2, 3, 5][..], DType::BF16),
+    ] {
+        let (a, b, y) = (
+            random(shape, 290),
+            random(shape, 291),
+            random(shape, 292).relu().unwrap(),
+        );
+        let want = ((&a + &b).unwrap() * y.gt(0.0).unwrap().to_dtype(DType::F32).unwrap()).unwrap();
+        let on = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(&gpu).unwrap();
+        let got = relu_grad_of_sum(&on(&a), &on(&b), &on(&y)).unwrap();
+        let e = rel_err(&got, &want);
+        let tol = if dtype == DType::F32 { 1e-6 } else { 1e-2 };
+        assert!(e < tol, "{shape:?} {dtype:?}: differs from (a + b)·[y > 0] by {e}");
+        // Exactly zero where the output is.
+        let cut = got.to_dtype(DType::F32).unwrap().to_device(&Device::Cpu).unwrap();
+        let kept = (cut * y.le(0.0).unwrap().to_dtype(DType::F32).unwrap()).unwrap();
+        assert_eq!(kept.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap(), 0.0);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn encoder_layers_as_one_op_match_the_layers_built_of_ops() {
     use candle_nn::{VarBuilder, VarMap};
     use workloads::kernels::{attention, Act, ScoreBias};
     use workloads::models::encoder::{self, Norms, Params};
@@ -1039,12 +1193,14 @@ fn an_encoder_layer_as_one_op_matches_the_layer_built_of_ops() {
             .unwrap()
             .to_dtype(dtype)
             .unwrap();
-        for norms in [Norms::Post, Norms::Pre] {
+        // One layer, and the same layer twice in a row (each parameter's gradient then the sum of
+        // its two uses, pushed by the op's backward pass once per layer).
+        for (norms, depth) in [(Norms::Post, 1), (Norms::Pre, 1), (Norms::Post, 2), (Norms::Pre, 2)] {
             let (qkv, bias): (Vec<&Linear>, _) = match norms {
                 Norms::Post => (vec![&q, &k, &v], ScoreBias::Keys(&mask)),
                 Norms::Pre => (vec![&packed], ScoreBias::None),
             };
-            let p = Params {
+            let params = || Params {
                 qkv: &qkv,
                 out: &out,
                 norm1: &norm1,
@@ -1052,6 +1208,7 @@ fn an_encoder_layer_as_one_op_matches_the_layer_built_of_ops() {
                 fc2: &fc2,
                 norm2: &norm2,
             };
+            let p = params();
             let x = var(&[b, t, c], 540, 1.0);
             assert!(
                 encoder::runs_as_one_op(x.as_tensor(), &p),
@@ -1097,12 +1254,13 @@ fn an_encoder_layer_as_one_op_matches_the_layer_built_of_ops() {
                 _ => None,
             };
             let recorded = ParamGrads::default();
-            let y = encoder::forward(x.as_tensor(), &p, heads, norms, mask_arg, &recorded).unwrap();
+            let layers: Vec<Params> = (0..depth).map(|_| params()).collect();
+            let y = encoder::forward(x.as_tensor(), &layers, heads, norms, mask_arg, &recorded).unwrap();
             let mut grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
             recorded.drain_into(&mut grads).unwrap();
-            let y_ref = composed(x.as_tensor());
+            let y_ref = (0..depth).fold(x.as_tensor().clone(), |h, _| composed(&h));
             let grads_ref = (&y_ref * &r).unwrap().sum_all().unwrap().backward().unwrap();
-            let tol = if dtype == DType::F32 { 1e-4 } else { 3e-2 };
+            let tol = if dtype == DType::F32 { 1e-4 } else { 3e-2 } * depth as f32;
             let e = rel_err(&y, &y_ref);
             let mut tensors: Vec<(String, &Tensor)> = vec![("x".into(), x.as_tensor())];
             for (name, l) in qkv.iter().enumerate().map(|(i, l)| (format!("qkv{i}"), *l)).chain([
@@ -1149,12 +1307,12 @@ fn an_encoder_layer_as_one_op_matches_the_layer_built_of_ops() {
                 .collect();
             let worst = errors.iter().fold(0f32, |m, (_, e)| m.max(*e));
             eprintln!(
-                "encoder layer {norms:?} {dtype:?}: y {e:.1e}, worst of {} gradients {worst:.1e}",
+                "encoder layers {norms:?} x{depth} {dtype:?}: y {e:.1e}, worst of {} gradients {worst:.1e}",
                 errors.len()
             );
             assert!(
                 e < tol && worst < tol,
-                "{norms:?} {dtype:?}: y {e}, gradients {errors:?}"
+                "{norms:?} x{depth} {dtype:?}: y {e}, gradients {errors:?}"
             );
         }
     }

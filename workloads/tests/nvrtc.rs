@@ -157,11 +157,23 @@ fn expected(source: &Source) -> Vec<&'static str> {
             "attn_fused_f32_d64_q16",
         ],
         "migprof_batch_norm" => vec![
-            "bn_running",
+            "bn_finish_bf16",
             "bn_rows_partials_bf16_v8",
             "bn_rows_f32_v4",
             "bn_rows_f16_v1",
         ],
+        // Every group width of the group-per-row kernels, and the block-per-row one.
+        "migprof_layer_norm" => vec![
+            "layer_norm_bf16",
+            "layer_norm_w4_g4_bf16",
+            "layer_norm_w4_g8_f16",
+            "layer_norm_w4_g16_f32",
+            "layer_norm_w4_g32_bf16",
+            "layer_norm_w8_g32_bf16",
+            "layer_norm_w4_g4_sums_bf16",
+            "layer_norm_w4_g32_sums_f32",
+        ],
+        "migprof_windows" => vec!["windows_w16", "windows_w2", "neighbours_w16", "neighbours_w4"],
         _ => vec![],
     }
 }

@@ -1,8 +1,8 @@
 // Batch normalisation over NCHW (+ReLU): per-channel sums split over chunks of images with a
-// finishing pass, the normalisation and its backward in the widest word a plane allows, and the
-// running statistics updated in place. Statistics are f32 whatever the activations' dtype.
+// finishing pass (which also moves the running statistics in a training step's forward), the
+// normalisation and its backward in the widest word a plane allows. Statistics are f32 whatever the activations' dtype.
 
-// x, g, y: NCHW seen as n x c planes of hw; stats: [mean; var] f32 [2, c]; wb: [w; b] [2, c].
+// x, g, y: NCHW seen as n x c planes of hw; stats: [mean; var] f32 [2, c]; w, b: the affine map's [c].
 
 // One element's terms of its channel's sums: pass 0 d = x - shift and d²; pass 1 g'·x̂ and g', where
 // g' is the gradient, zero where the ReLU cut the output y (when y is read). Planes and rows of
@@ -62,7 +62,8 @@ if (threadIdx.x == 0) {
 #define FINISH_LY 16
 template <typename E>
 __device__ void channel_finish(const typename E::T* x, const float* partial, float* out, unsigned int chunks,
-                           unsigned int n, unsigned int c, unsigned int hw, int pass) {
+                           unsigned int n, unsigned int c, unsigned int hw, int pass, float* run_mean,
+                           float* run_var, float keep, float take_mean, float take_var) {
 __shared__ float sh[2][FINISH_LY][32];
 unsigned int ch = blockIdx.x * 32 + threadIdx.x;
 float s = 0.f, q = 0.f;
@@ -83,34 +84,44 @@ for (int t = 0; t < FINISH_LY; t++) {
 }
 if (pass == 0) {
     float count = (float)n * hw, m = s / count;
-    out[ch] = E::get(x, (unsigned long long)ch * hw) + m;
-    out[c + ch] = fmaxf(q / count - m * m, 0.f);
+    float mean = E::get(x, (unsigned long long)ch * hw) + m, var = fmaxf(q / count - m * m, 0.f);
+    out[ch] = mean;
+    out[c + ch] = var;
+    // The running statistics in the same pass (a training step's forward): PyTorch's momentum
+    // update, the variance unbiased through take_var.
+    if (run_mean) {
+        run_mean[ch] = keep * run_mean[ch] + take_mean * mean;
+        run_var[ch] = keep * run_var[ch] + take_var * var;
+    }
 } else {
     out[ch] = s;
     out[c + ch] = q;
 }
 }
 
-// Per plane (image, channel). Forward (g == 0): out = x·a + s, ReLU when relu. Backward: out = dx
-// from g, y (for the ReLU; 0 without), and sums = [Σ g'·x̂; Σ g'].
+// Per plane (image, channel). Forward (g == 0): out = x·a + s (+ y, a residual added before the
+// ReLU, when y is not null), ReLU when relu. Backward: out = dx from g, y (the output, for the
+// ReLU; 0 without), and sums = [Σ g'·x̂; Σ g'].
 template <typename E, int V>
 __device__ void plane_pass(const typename E::T* x, const typename E::T* g, const typename E::T* y,
-                   const typename E::T* wb, const float* stats, const float* sums, typename E::T* out,
-                   unsigned int planes, unsigned int c, unsigned int hw, float eps, int relu) {
+                   const typename E::T* w, const typename E::T* b, const float* stats, const float* sums,
+                   typename E::T* out, unsigned int planes, unsigned int c, unsigned int hw, float eps, int relu) {
 // V elements per thread as one word (hw % V == 0, so a plane holds whole words).
 typedef Pack<typename E::T, V> P;
 float m = (float)(planes / c) * hw;
 for (unsigned int plane = blockIdx.y; plane < planes; plane += gridDim.y) {
     unsigned int ch = plane % c;
-    float mean = stats[ch], rstd = rsqrtf(stats[c + ch] + eps), w = E::get(wb, ch);
-    float a = w * rstd, s = E::get(wb, c + ch) - mean * a;
+    float mean = stats[ch], rstd = rsqrtf(stats[c + ch] + eps);
+    float a = E::get(w, ch) * rstd, s = E::get(b, ch) - mean * a;
     unsigned long long base = (unsigned long long)plane * (hw / V);
     for (unsigned int j = blockIdx.x * blockDim.x + threadIdx.x; j < hw / V; j += blockDim.x * gridDim.x) {
         P xv = ((const P*)x)[base + j], o;
         if (!g) {
+            P zv;
+            if (y) zv = ((const P*)y)[base + j];
 #pragma unroll
             for (int k = 0; k < V; k++) {
-                float v = E::get(xv.v, k) * a + s;
+                float v = E::get(xv.v, k) * a + s + (y ? E::get(zv.v, k) : 0.f);
                 E::put(o.v, k, relu && v < 0.f ? 0.f : v);
             }
         } else {
@@ -130,10 +141,10 @@ for (unsigned int plane = blockIdx.y; plane < planes; plane += gridDim.y) {
 }
 
 #define PLANES(S, E, V)                                                                                   \
-extern "C" __global__ void bn_planes_##S##_v##V(const E::T* x, const E::T* g, const E::T* y, const E::T* wb, \
-    const float* stats, const float* sums, E::T* out, unsigned int planes, unsigned int c,             \
+extern "C" __global__ void bn_planes_##S##_v##V(const E::T* x, const E::T* g, const E::T* y, const E::T* w, \
+    const E::T* b, const float* stats, const float* sums, E::T* out, unsigned int planes, unsigned int c, \
     unsigned int hw, float eps, int relu) {                                                           \
-plane_pass<E, V>(x, g, y, wb, stats, sums, out, planes, c, hw, eps, relu);                            \
+plane_pass<E, V>(x, g, y, w, b, stats, sums, out, planes, c, hw, eps, relu);                          \
 }
 #define PARTIALS(S, E, V)                                                                                 \
 extern "C" __global__ void bn_partials_##S##_v##V(const E::T* x, const E::T* g, const E::T* y,             \
@@ -143,8 +154,9 @@ channel_partials<E, V>(x, g, y, stats, partial, n, c, hw, eps, pass, per);      
 }
 #define KERNELS(S, E)                                                                                        \
 extern "C" __global__ void bn_finish_##S(const E::T* x, const float* partial, float* out,                  \
-    unsigned int chunks, unsigned int n, unsigned int c, unsigned int hw, int pass) {                 \
-channel_finish<E>(x, partial, out, chunks, n, c, hw, pass);                                           \
+    unsigned int chunks, unsigned int n, unsigned int c, unsigned int hw, int pass, float* run_mean,   \
+    float* run_var, float keep, float take_mean, float take_var) {                                   \
+channel_finish<E>(x, partial, out, chunks, n, c, hw, pass, run_mean, run_var, keep, take_mean, take_var); \
 }                                                                                                         \
 PARTIALS(S, E, 1)                                                                                         \
 PARTIALS(S, E, 2)                                                                                         \
@@ -221,8 +233,8 @@ if (threadIdx.y == 0 && live) {
 // map is read again only when ch0 changes.
 template <typename E, int V>
 __device__ void rows_pass(const typename E::T* x, const typename E::T* g, const typename E::T* y,
-                          const typename E::T* wb, const float* stats, const float* sums, typename E::T* out,
-                          unsigned int rows, unsigned int c, float eps, int relu) {
+                          const typename E::T* w, const typename E::T* b, const float* stats, const float* sums,
+                          typename E::T* out, unsigned int rows, unsigned int c, float eps, int relu) {
 typedef Pack<typename E::T, V> P;
 float m = (float)rows;
 unsigned long long words = (unsigned long long)rows * c / V;
@@ -238,17 +250,19 @@ for (unsigned long long j = blockIdx.x * (unsigned long long)blockDim.x + thread
             unsigned int ch = ch0 + k;
             mean[k] = stats[ch];
             rstd[k] = rsqrtf(stats[c + ch] + eps);
-            a[k] = E::get(wb, ch) * rstd[k];
-            sh[k] = E::get(wb, c + ch) - mean[k] * a[k];
+            a[k] = E::get(w, ch) * rstd[k];
+            sh[k] = E::get(b, ch) - mean[k] * a[k];
             sg[k] = sums ? sums[c + ch] / m : 0.f;
             sx[k] = sums ? sums[ch] / m : 0.f;
         }
     }
     P xv = ((const P*)x)[j], o;
     if (!g) {
+        P zv;
+        if (y) zv = ((const P*)y)[j];
 #pragma unroll
         for (int k = 0; k < V; k++) {
-            float v = E::get(xv.v, k) * a[k] + sh[k];
+            float v = E::get(xv.v, k) * a[k] + sh[k] + (y ? E::get(zv.v, k) : 0.f);
             E::put(o.v, k, relu && v < 0.f ? 0.f : v);
         }
     } else {
@@ -272,10 +286,10 @@ extern "C" __global__ void bn_rows_partials_##S##_v##V(const E::T* x, const E::T
     unsigned int per) {                                                                               \
 rows_partials<E, V>(x, g, y, stats, partial, rows, c, eps, pass, per);                                \
 }                                                                                                         \
-extern "C" __global__ void bn_rows_##S##_v##V(const E::T* x, const E::T* g, const E::T* y, const E::T* wb, \
-    const float* stats, const float* sums, E::T* out, unsigned int rows, unsigned int c, float eps,    \
-    int relu) {                                                                                       \
-rows_pass<E, V>(x, g, y, wb, stats, sums, out, rows, c, eps, relu);                                   \
+extern "C" __global__ void bn_rows_##S##_v##V(const E::T* x, const E::T* g, const E::T* y, const E::T* w, \
+    const E::T* b, const float* stats, const float* sums, E::T* out, unsigned int rows, unsigned int c, \
+    float eps, int relu) {                                                                            \
+rows_pass<E, V>(x, g, y, w, b, stats, sums, out, rows, c, eps, relu);                                 \
 }
 ROWS(f32, F32, 1)
 ROWS(f32, F32, 2)
@@ -288,9 +302,3 @@ ROWS(f16, F16, 1)
 ROWS(f16, F16, 2)
 ROWS(f16, F16, 4)
 ROWS(f16, F16, 8)
-
-// running[i] = keep * running[i] + take * stat[i], f32.
-extern "C" __global__ void bn_running(float* running, const float* stat, unsigned int c, float keep, float take) {
-for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < c; i += blockDim.x * gridDim.x)
-    running[i] = keep * running[i] + take * stat[i];
-}

@@ -70,6 +70,48 @@ impl CustomOp1 for BatchStats {
     }
 }
 
+/// The running statistics a training step's [`BatchStatsUpdating`] moves towards the batch's:
+/// mean ← keep · mean + take_mean · batch mean, var ← keep · var + take_var · batch variance
+/// (f32 tensors of [c], updated in place).
+#[derive(Debug, Clone)]
+pub struct Running {
+    pub mean: Tensor,
+    pub var: Tensor,
+    pub keep: f64,
+    pub take_mean: f64,
+    pub take_var: f64,
+}
+
+/// [`BatchStats`] with the running statistics updated in the same finishing pass, on CUDA devices
+/// (the CPU takes [`BatchStats`] then [`RunningUpdate`], the reference for both).
+///
+/// Why: a launch per running statistic, two for every batch norm of a training step, was a visible
+/// part of ResNet-50's step (measured: docs/kernels.md#batch-norm).
+#[derive(Debug, Clone)]
+pub struct BatchStatsUpdating {
+    pub channels_last: bool,
+    pub running: Running,
+}
+
+impl CustomOp1 for BatchStatsUpdating {
+    fn name(&self) -> &'static str {
+        "batch-stats-updating"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        bail!("the batch statistics that update the running ones in one pass run on CUDA devices only")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (n, c, hw) = nchw(l, self.channels_last)?;
+        Ok((
+            cuda::stats_updating(s, l, (n, c, hw), &self.running)?,
+            Shape::from((2, c)),
+        ))
+    }
+}
+
 /// y = (x - mean) / sqrt(var + eps) · w + b per channel (then ReLU), on (x, [w; b] as [2, c],
 /// [mean; var] as [2, c] from [`BatchStats`] of this x).
 #[derive(Debug, Clone, Copy)]
@@ -133,11 +175,14 @@ impl CustomOp3 for BatchNorm {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (n, c, hw) = nchw(xl, self.channels_last)?;
         check(c, wbl, sl)?;
+        let (wl, bl) = (wbl.narrow(0, 0, 1)?, wbl.narrow(0, 1, 1)?);
         let saved = cuda::Saved {
             x: (xs, xl),
-            wb: (wbs, wbl),
+            w: (wbs, &wl),
+            b: (wbs, &bl),
             stats: (ss, sl),
             res: None,
+            residual: None,
             sums: None,
         };
         Ok((
@@ -154,6 +199,49 @@ impl CustomOp3 for BatchNorm {
         y: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dx, dwb) = self.backward(x, &wb.get(0)?, &wb.get(1)?, stats, y, grad)?;
+        Ok((Some(dx), Some(dwb), None))
+    }
+}
+
+impl BatchNorm {
+    /// The forward pass over x with the weight w and bias b ([c] each) as two tensors, and
+    /// `residual` (of x's shape) added before the ReLU: what a caller that runs batch norm outside
+    /// candle's graph (residual blocks as one op) calls, with no [weight; bias] stacked every step
+    /// and no pass of its own for the shortcut's add.
+    pub fn forward_with(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        stats: &Tensor,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        x.apply_op1_no_bwd(&self.normalize(w, b, stats, residual))
+    }
+
+    /// [`Self::forward_with`] as an op over x, for a caller that runs it into a storage of its
+    /// own (the storage a custom op hands candle).
+    pub fn normalize(&self, w: &Tensor, b: &Tensor, stats: &Tensor, residual: Option<&Tensor>) -> Normalize {
+        Normalize {
+            op: *self,
+            w: w.clone(),
+            b: b.clone(),
+            stats: stats.clone(),
+            residual: residual.cloned(),
+        }
+    }
+
+    /// The backward pass from the output's gradient: (dx, [dw; db] as [2, c] in w's dtype).
+    pub fn backward(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        stats: &Tensor,
+        y: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
         let grad = grad.contiguous()?;
         let saved = BatchNormGrad {
             eps: self.eps,
@@ -161,7 +249,8 @@ impl CustomOp3 for BatchNorm {
             channels_last: self.channels_last,
             x: x.clone(),
             y: y.clone(),
-            wb: wb.clone(),
+            w: w.clone(),
+            b: b.clone(),
             stats: stats.clone(),
             sums: None,
         };
@@ -172,14 +261,90 @@ impl CustomOp3 for BatchNorm {
             sums: Some(sums.clone()),
             ..saved
         })?;
-        Ok((Some(dx), Some(sums.to_dtype(wb.dtype())?), None))
+        Ok((dx, sums.to_dtype(w.dtype())?))
+    }
+}
+
+/// [`BatchNorm`]'s forward pass over x, holding w, b, the statistics and the residual (see
+/// [`BatchNorm::forward_with`]).
+#[derive(Debug, Clone)]
+pub struct Normalize {
+    op: BatchNorm,
+    w: Tensor,
+    b: Tensor,
+    stats: Tensor,
+    residual: Option<Tensor>,
+}
+
+impl CustomOp1 for Normalize {
+    fn name(&self) -> &'static str {
+        "batch-norm-with"
+    }
+
+    fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout) -> Result<(CpuStorage, Shape)> {
+        let wb = Tensor::stack(&[&self.w, &self.b], 0)?;
+        let (wbs, wbl) = wb.storage_and_layout();
+        let (ss, sl) = self.stats.storage_and_layout();
+        let (candle_core::Storage::Cpu(wbs), candle_core::Storage::Cpu(ss)) = (&*wbs, &*ss) else {
+            bail!("batch norm: x is on the CPU, its parameters or statistics are not")
+        };
+        let Some(z) = &self.residual else {
+            return self.op.cpu_fwd(xs, xl, wbs, wbl, ss, sl);
+        };
+        // Normalised without the ReLU, the residual added, then the ReLU.
+        let plain = BatchNorm { relu: false, ..self.op };
+        let (y, shape) = plain.cpu_fwd(xs, xl, wbs, wbl, ss, sl)?;
+        let (zs, zl) = z.storage_and_layout();
+        let candle_core::Storage::Cpu(zs) = &*zs else {
+            bail!("batch norm: x is on the CPU, the residual is not")
+        };
+        if zl.shape() != &shape {
+            bail!("batch norm: a residual of shape {:?} for {:?}", zl.dims(), shape.dims())
+        }
+        let sum = cpu::values(&y, &Layout::contiguous(shape.clone()))?
+            .into_iter()
+            .zip(cpu::values(zs, zl)?)
+            .map(|(v, z)| if self.op.relu { (v + z).max(0.0) } else { v + z })
+            .collect();
+        Ok((cpu::storage(sum, xs.dtype())?, shape))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, xs: &candle_core::CudaStorage, xl: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::launch::cuda as storage;
+        let what = "batch norm";
+        let (n, c, hw) = nchw(xl, self.op.channels_last)?;
+        let (w, wl) = self.w.storage_and_layout();
+        let (b, bl) = self.b.storage_and_layout();
+        let (st, stl) = self.stats.storage_and_layout();
+        check_parts(c, wl, bl, stl)?;
+        let z = self.residual.as_ref().map(|z| z.storage_and_layout());
+        let residual = match &z {
+            Some((_, zl)) if zl.shape() != xl.shape() => {
+                bail!("batch norm: a residual of shape {:?} for {:?}", zl.dims(), xl.dims())
+            }
+            Some((zs, zl)) => Some((storage(zs, what)?, *zl)),
+            None => None,
+        };
+        let saved = cuda::Saved {
+            x: (xs, xl),
+            w: (storage(&w, what)?, wl),
+            b: (storage(&b, what)?, bl),
+            stats: (storage(&st, what)?, stl),
+            res: None,
+            residual,
+            sums: None,
+        };
+        Ok((
+            cuda::planes(&saved, None, (n, c, hw), self.op.eps, self.op.relu)?,
+            xl.shape().clone(),
+        ))
     }
 }
 
 /// running ← keep · running + take · stats[row], in place on one running statistic ([c], f32) from
-/// the batch's [mean; variance] ([2, c]): PyTorch's momentum update in one launch (as candle ops it
-/// was four kernels and a copy per statistic, for every batch norm of the model; counted:
-/// docs/kernels.md#batch-norm).
+/// the batch's [mean; variance] ([2, c]): PyTorch's momentum update, on the CPU (CUDA devices update
+/// both statistics in [`BatchStatsUpdating`]'s pass).
 #[derive(Debug, Clone, Copy)]
 pub struct RunningUpdate {
     pub row: usize,
@@ -213,18 +378,20 @@ impl InplaceOp2 for RunningUpdate {
             r.iter().zip(stat).map(|(r, s)| self.keep * r + self.take * s).collect()
         })
     }
+}
 
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        dst: &mut candle_core::CudaStorage,
-        l: &Layout,
-        ss: &candle_core::CudaStorage,
-        sl: &Layout,
-    ) -> Result<()> {
-        let c = self.channels(l, sl)?;
-        cuda::running_update(dst, l, (ss, sl), c, self)
+/// w and b of c elements each, statistics [2, c].
+#[cfg(feature = "cuda")]
+fn check_parts(c: usize, wl: &Layout, bl: &Layout, sl: &Layout) -> Result<()> {
+    if wl.shape().elem_count() != c || bl.shape().elem_count() != c || sl.dims() != [2, c] {
+        bail!(
+            "batch norm over {c} channels with a weight of shape {:?}, a bias of {:?} and statistics of {:?}",
+            wl.dims(),
+            bl.dims(),
+            sl.dims()
+        )
     }
+    Ok(())
 }
 
 fn check(c: usize, wbl: &Layout, sl: &Layout) -> Result<()> {
@@ -249,7 +416,8 @@ struct BatchNormGrad {
     channels_last: bool,
     x: Tensor,
     y: Tensor,
-    wb: Tensor,
+    w: Tensor,
+    b: Tensor,
     stats: Tensor,
     sums: Option<Tensor>,
 }
@@ -273,7 +441,8 @@ impl CustomOp1 for BatchNormGrad {
         let (n, c, hw) = nchw(gl, self.channels_last)?;
         let g = cpu::values(gs, gl)?;
         let (x, y) = (Self::cpu_values(&self.x)?, Self::cpu_values(&self.y)?);
-        let (wb, stats) = (Self::cpu_values(&self.wb)?, Self::cpu_values(&self.stats)?);
+        let wb = [Self::cpu_values(&self.w)?, Self::cpu_values(&self.b)?].concat();
+        let stats = Self::cpu_values(&self.stats)?;
         let ch = affine(&wb, &stats, c, self.eps);
         let gp = |i: usize| if self.relu && y[i] <= 0.0 { 0.0 } else { g[i] };
         let xhat = |i: usize, plane: usize| (x[i] - stats[plane % c]) * ch[plane % c].2;
@@ -304,14 +473,18 @@ impl CustomOp1 for BatchNormGrad {
         let (n, c, hw) = nchw(gl, self.channels_last)?;
         let (x, xl) = self.x.storage_and_layout();
         let (y, yl) = self.y.storage_and_layout();
-        let (wb, wbl) = self.wb.storage_and_layout();
+        let (w, wl) = self.w.storage_and_layout();
+        let (b, bl) = self.b.storage_and_layout();
         let (st, stl) = self.stats.storage_and_layout();
+        check_parts(c, wl, bl, stl)?;
         let sums = self.sums.as_ref().map(|t| t.storage_and_layout());
         let saved = cuda::Saved {
             x: (storage(&x, what)?, xl),
-            wb: (storage(&wb, what)?, wbl),
+            w: (storage(&w, what)?, wl),
+            b: (storage(&b, what)?, bl),
             stats: (storage(&st, what)?, stl),
             res: self.relu.then_some((storage(&y, what)?, yl)),
+            residual: None,
             sums: match &sums {
                 Some((s, l)) => Some((storage(s, what)?, *l)),
                 None => None,
@@ -334,48 +507,25 @@ impl CustomOp1 for BatchNormGrad {
 mod cuda {
 
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
     use candle_core::{bail, CudaStorage, Layout, Result};
 
     use crate::kernels::launch::{by_dtype, name, view, word_elements, Kernel};
-
-    /// One running statistic updated in place from row `u.row` of the batch's statistics.
-    pub(super) fn running_update(
-        dst: &mut CudaStorage,
-        l: &Layout,
-        stats: Arg,
-        c: usize,
-        u: &super::RunningUpdate,
-    ) -> Result<()> {
-        let dev = dst.device().clone();
-        let func = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, "bn_running")?;
-        let Some((start, end)) = l.contiguous_offsets() else {
-            bail!("running statistics must be contiguous")
-        };
-        let stat = f32_view(stats)?.slice(u.row * c..(u.row + 1) * c);
-        let mut running = dst.as_cuda_slice_mut::<f32>()?.slice_mut(start..end);
-        let (c32, keep, take) = (c as u32, u.keep as f32, u.take as f32);
-        let cfg = LaunchConfig {
-            grid_dim: ((c32.div_ceil(256)).max(1), 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = func.builder();
-        b.arg(&mut running).arg(&stat).arg(&c32).arg(&keep).arg(&take);
-        // SAFETY: argument types and order match the kernel; both views hold c f32 values.
-        unsafe { func.launch(&mut b, cfg) }?;
-        Ok(())
-    }
 
     type Arg<'a> = (&'a CudaStorage, &'a Layout);
 
     /// What the forward pass saw, for the kernels of both passes.
     pub(super) struct Saved<'a> {
         pub x: Arg<'a>,
-        pub wb: Arg<'a>,
+        /// The affine map's weight and bias, [c] each (rows of one [2, c] tensor, or two tensors).
+        pub w: Arg<'a>,
+        pub b: Arg<'a>,
         pub stats: Arg<'a>,
         /// The output, when a ReLU followed (its gradient passes where the output is > 0).
         pub res: Option<Arg<'a>>,
+        /// In the forward pass, a tensor of x's shape added before the ReLU (a residual block's
+        /// shortcut).
+        pub residual: Option<Arg<'a>>,
         pub sums: Option<Arg<'a>>,
     }
 
@@ -392,12 +542,54 @@ mod cuda {
 
     /// [mean; var] per channel.
     pub(super) fn stats(x: &CudaStorage, l: &Layout, (n, c, hw): (usize, usize, usize)) -> Result<CudaStorage> {
-        channel_sums(x, l, None, None, None, (n, c, hw), 0.0)
+        channel_sums((x, l), None, None, None, (n, c, hw), 0.0, None)
+    }
+
+    /// [mean; var] per channel, the running statistics moved towards them in the same pass.
+    pub(super) fn stats_updating(
+        x: &CudaStorage,
+        l: &Layout,
+        (n, c, hw): (usize, usize, usize),
+        running: &super::Running,
+    ) -> Result<CudaStorage> {
+        let what = "batch norm's running statistics";
+        let (mean, ml) = running.mean.storage_and_layout();
+        let (var, vl) = running.var.storage_and_layout();
+        for l in [ml, vl] {
+            if l.shape().elem_count() != c || !l.is_contiguous() {
+                bail!("{what}: {c} contiguous values expected, not a layout {l:?}")
+            }
+        }
+        let stream = x.device().cuda_stream();
+        let mean = f32_view((crate::kernels::launch::cuda(&mean, what)?, ml))?;
+        let var = f32_view((crate::kernels::launch::cuda(&var, what)?, vl))?;
+        // The addresses the finishing kernel writes, their guards held across its launch. Nothing
+        // else writes the running statistics: they are buffers of the model that only this op of
+        // the step's forward pass updates.
+        let (mean_ptr, _mean_guard) = mean.device_ptr(&stream);
+        let (var_ptr, _var_guard) = var.device_ptr(&stream);
+        let update = RunningPtrs {
+            mean: mean_ptr,
+            var: var_ptr,
+            keep: running.keep as f32,
+            take_mean: running.take_mean as f32,
+            take_var: running.take_var as f32,
+        };
+        channel_sums((x, l), None, None, None, (n, c, hw), 0.0, Some(update))
+    }
+
+    /// Where the forward pass's finishing kernel writes the running statistics, and their momentum.
+    struct RunningPtrs {
+        mean: u64,
+        var: u64,
+        keep: f32,
+        take_mean: f32,
+        take_var: f32,
     }
 
     /// [Σ g'·x̂; Σ g'] per channel.
     pub(super) fn grad_sums(s: &Saved, g: Arg, (n, c, hw): (usize, usize, usize), eps: f64) -> Result<CudaStorage> {
-        channel_sums(s.x.0, s.x.1, Some(g), s.res, Some(s.stats), (n, c, hw), eps)
+        channel_sums(s.x, Some(g), s.res, Some(s.stats), (n, c, hw), eps, None)
     }
 
     /// Elements per word for the plane-wise kernels: the widest word (up to 16 bytes) that a plane of
@@ -421,13 +613,13 @@ mod cuda {
     /// sums over chunks then one finishing pass: per plane of NCHW, or over rows of channels where
     /// the maps are 1x1 (channels-last tensors, one row a pixel).
     fn channel_sums(
-        x: &CudaStorage,
-        xl: &Layout,
+        (x, xl): Arg,
         g: Option<Arg>,
         y: Option<Arg>,
         stats: Option<Arg>,
         (n, c, hw): (usize, usize, usize),
         eps: f64,
+        running: Option<RunningPtrs>,
     ) -> Result<CudaStorage> {
         let dev = x.device().clone();
         let (n, c, hw) = dims(n, c, hw)?;
@@ -512,8 +704,11 @@ mod cuda {
             let cfg = LaunchConfig { grid_dim: (c.div_ceil(32), 1, 1), block_dim: (32, 16, 1), shared_mem_bytes: 0 };
             let mut b = finish_fn.builder();
             b.arg(&xv).arg(&partial).arg(&out).arg(&chunks).arg(&n).arg(&c).arg(&hw).arg(&pass);
+            let none = RunningPtrs { mean: 0, var: 0, keep: 0.0, take_mean: 0.0, take_var: 0.0 };
+            let r = running.as_ref().unwrap_or(&none);
+            b.arg(&r.mean).arg(&r.var).arg(&r.keep).arg(&r.take_mean).arg(&r.take_var);
             // SAFETY: argument types and order match the kernel (rows as its images of one element
-            // each); partial holds 2·chunks·c, out 2·c.
+            // each); partial holds 2·chunks·c, out 2·c, the running statistics c each or are null.
             unsafe { finish_fn.launch(&mut b, cfg) }?;
             Ok(CudaStorage::wrap_cuda_slice(out, dev))
         })
@@ -532,26 +727,24 @@ mod cuda {
         let dev = x.device().clone();
         let (n, c, hw) = dims(n, c, hw)?;
         let rows = hw == 1;
-        // Words of v elements along a plane, or across a row's channels (the planes kernel also
-        // reads [weight; bias] by words).
-        let v = if rows {
-            plane_word(x.dtype(), &[Some(s.x.1), g.map(|a| a.1), s.res.map(|a| a.1)], c)
-        } else {
-            plane_word(
-                x.dtype(),
-                &[Some(s.x.1), Some(s.wb.1), g.map(|a| a.1), s.res.map(|a| a.1)],
-                hw,
-            )
-        };
+        // Words of v elements along a plane, or across a row's channels.
+        // The forward pass reads the residual where the backward reads the output (the kernels'
+        // y), never both.
+        let y = if g.is_some() { s.res } else { s.residual };
+        let v = plane_word(
+            x.dtype(),
+            &[Some(s.x.1), g.map(|a| a.1), y.map(|a| a.1)],
+            if rows { c } else { hw },
+        );
         let kernel = format!("{}_v{v}", name(if rows { "bn_rows" } else { "bn_planes" }, x.dtype()));
         let func = Kernel::load(&dev, &crate::kernels::sources::BATCH_NORM, &kernel)?;
         let (eps, relu, planes) = (eps as f32, relu as i32, n * c);
         by_dtype!(x.dtype(), "batch norm", T => {
             let xv = view::<T>(x, s.x.1, "batch norm")?;
-            let wb = view::<T>(s.wb.0, s.wb.1, "batch norm")?;
+            let (w, bias) = (view::<T>(s.w.0, s.w.1, "batch norm")?, view::<T>(s.b.0, s.b.1, "batch norm")?);
             let stats = f32_view(s.stats)?;
             let gv = match g { Some((gs, gl)) => Some(view::<T>(gs, gl, "batch norm")?), None => None };
-            let yv = match s.res { Some((ys, yl)) => Some(view::<T>(ys, yl, "batch norm")?), None => None };
+            let yv = match y { Some((ys, yl)) => Some(view::<T>(ys, yl, "batch norm")?), None => None };
             let sums = match s.sums { Some(a) => Some(f32_view(a)?), None => None };
             let null = 0u64;
             // SAFETY: the kernel writes every element.
@@ -571,9 +764,10 @@ mod cuda {
             let mut b = func.builder();
             b.arg(&xv);
             match &gv { Some(v) => b.arg(v), None => b.arg(&null) };
-            // The output is read for the ReLU's gradient only when training through a ReLU.
-            match (&gv, &yv) { (Some(_), Some(v)) => b.arg(v), _ => b.arg(&null) };
-            b.arg(&wb).arg(&stats);
+            // The output is read for the ReLU's gradient only when training through a ReLU; the
+            // residual only in the forward pass.
+            match &yv { Some(v) => b.arg(v), None => b.arg(&null) };
+            b.arg(&w).arg(&bias).arg(&stats);
             match &sums { Some(v) => b.arg(v), None => b.arg(&null) };
             b.arg(&out);
             if rows {
@@ -583,7 +777,8 @@ mod cuda {
             }
             b.arg(&eps).arg(&relu);
             // SAFETY: argument types and order match the kernel (absent pointers are null and not
-            // read); x, g, y, out hold n·c·hw elements from word-aligned starts, wb, stats, sums 2·c.
+            // read); x, g, y, out hold n·c·hw elements from word-aligned starts, w and b c, stats
+            // and sums 2·c.
             unsafe { func.launch(&mut b, cfg) }?;
             Ok(CudaStorage::wrap_cuda_slice(out, dev))
         })
@@ -644,6 +839,36 @@ mod tests {
         let plain = train(&x, &wb, false)?.relu()?.flatten_all()?.to_vec1::<f32>()?;
         let fused = train(&x, &wb, true)?.flatten_all()?.to_vec1::<f32>()?;
         assert_eq!(plain, fused);
+        Ok(())
+    }
+
+    #[test]
+    fn a_residual_is_added_after_the_normalisation_and_before_the_relu() -> Result<()> {
+        let x = Tensor::from_vec(values(24, 12), (2, 3, 2, 2), &Device::Cpu)?;
+        let z = Tensor::from_vec(values(24, 13), (2, 3, 2, 2), &Device::Cpu)?;
+        let (w, b) = (
+            Tensor::from_vec(values(3, 14), 3, &Device::Cpu)?,
+            Tensor::from_vec(values(3, 15), 3, &Device::Cpu)?,
+        );
+        let stats = x.apply_op1_no_bwd(&BatchStats::NCHW)?;
+        let op = |relu| BatchNorm {
+            eps: 1e-5,
+            relu,
+            channels_last: false,
+        };
+        let composed = (op(false).forward_with(&x, &w, &b, &stats, None)? + &z)?.relu()?;
+        let fused = op(true).forward_with(&x, &w, &b, &stats, Some(&z))?;
+        let e = (composed - &fused)?.abs()?.max_all()?.to_scalar::<f64>()?;
+        assert!(e < 1e-12, "differs by {e}");
+        // Some sums are cut by the ReLU, some are not.
+        let kept = fused.gt(0.0)?.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+        assert!(kept > 0.0 && kept < 24.0, "{kept} of 24 kept");
+        let wrong = Tensor::zeros((2, 3, 2), DType::F64, &Device::Cpu)?;
+        let e = op(true)
+            .forward_with(&x, &w, &b, &stats, Some(&wrong))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("residual of shape"), "{e}");
         Ok(())
     }
 }

@@ -52,7 +52,7 @@ __device__ __forceinline__ float addend(const typename E::T* b, unsigned int e, 
 
 // Forward (g null): out = act(x + addend). Gradient: out = g · act'(x + addend), where ReLU's
 // derivative is read from the output y (> 0, as PyTorch's threshold_backward) and GELU's computed
-// from x + addend. n elements in planes of len; V elements per thread (len % V == 0 for mode 0).
+// from x + addend; for ReLU with b of x's shape (mode 3), b is a second gradient: (g + b) · act'. n elements in planes of len; V elements per thread (len % V == 0 for mode 0).
 template <typename E, int V>
 __device__ void elementwise(const typename E::T* x, const typename E::T* b, const typename E::T* y,
                             const typename E::T* g, typename E::T* out, unsigned int n, unsigned int len,
@@ -68,7 +68,13 @@ __device__ void elementwise(const typename E::T* x, const typename E::T* b, cons
             for (int k = 0; k < V; k++) E::put(o.v, k, activate<E>(E::get(xv.v, k) + addend<E>(b, e + k, j + k, plane, channels, mode, len, straddles), act));
         } else {
             P gv = ((const P*)g)[i];
-            if (act == 1) {
+            if (act == 1 && mode == 3) {
+                // Two gradients of one ReLU's output (a residual block's two branches), summed.
+                P yv = ((const P*)y)[i], zv = ((const P*)b)[i];
+#pragma unroll
+                for (int k = 0; k < V; k++)
+                    E::put(o.v, k, E::get(yv.v, k) > 0.f ? E::get(gv.v, k) + E::get(zv.v, k) : 0.f);
+            } else if (act == 1) {
                 P yv = ((const P*)y)[i];
 #pragma unroll
                 for (int k = 0; k < V; k++) E::put(o.v, k, E::get(yv.v, k) > 0.f ? E::get(gv.v, k) : 0.f);

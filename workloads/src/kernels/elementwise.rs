@@ -171,6 +171,10 @@ mod tests {
     }
 }
 
+/// The ReLU's gradient of two branches' gradients summed, in one pass (CUDA devices).
+#[cfg(feature = "cuda")]
+pub use cuda::relu_grad_of_sum;
+
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda {
     use candle_core::backend::BackendStorage;
@@ -431,6 +435,7 @@ pub(crate) mod cuda {
             _ => grad.apply_op1_no_bwd(&ActGrad {
                 act: op.act,
                 bias: Some((op, b.clone())),
+                sum: None,
                 x: x.clone(),
                 y: y.clone(),
             }),
@@ -488,6 +493,7 @@ pub(crate) mod cuda {
                 act => grad.apply_op1_no_bwd(&ActGrad {
                     act,
                     bias: None,
+                    sum: None,
                     x: x.clone(),
                     y: y.clone(),
                 })?,
@@ -501,6 +507,8 @@ pub(crate) mod cuda {
     struct ActGrad {
         act: Act,
         bias: Option<(BiasAct, Tensor)>,
+        /// A second gradient of the output's shape, added to the first (ReLU only).
+        sum: Option<Tensor>,
         x: Tensor,
         y: Tensor,
     }
@@ -518,7 +526,12 @@ pub(crate) mod cuda {
             let what = "the activation's backward";
             let (x, xl) = self.x.storage_and_layout();
             let (y, yl) = self.y.storage_and_layout();
-            let b = self.bias.as_ref().map(|(_, b)| b.storage_and_layout());
+            let b = match (&self.bias, &self.sum) {
+                (Some((_, b)), None) => Some(b.storage_and_layout()),
+                (None, Some(z)) if self.act == Act::Relu => Some(z.storage_and_layout()),
+                (None, None) => None,
+                _ => bail!("{what}: a bias and a second gradient, or a second gradient through no ReLU"),
+            };
             if xl.shape() != gl.shape() || yl.shape() != gl.shape() {
                 bail!(
                     "{what}: x {:?}, y {:?} and the gradient {:?} must agree",
@@ -529,6 +542,8 @@ pub(crate) mod cuda {
             }
             let (len, addend) = match (&self.bias, &b) {
                 (Some((op, _)), Some((_, bl))) => op.geometry(gl.dims(), bl.shape().elem_count())?,
+                (None, Some((_, zl))) if zl.shape() == gl.shape() => (*gl.dims().last().unwrap_or(&1), Addend::Same),
+                (None, Some((_, zl))) => bail!("{what}: a second gradient {:?} for {:?}", zl.dims(), gl.dims()),
                 _ => (*gl.dims().last().unwrap_or(&1), Addend::None),
             };
             let b = match &b {
@@ -674,6 +689,22 @@ pub(crate) mod cuda {
         }
     }
 
+    /// a + b where `res` > 0, else 0: the gradient of a ReLU whose output `res` fed two branches, from
+    /// the branches' gradients, in one pass (a residual block's input, the block below's output).
+    pub fn relu_grad_of_sum(a: &Tensor, b: &Tensor, res: &Tensor) -> Result<Tensor> {
+        if a.dims() != b.dims() || a.dtype() != b.dtype() {
+            bail!("the ReLU's gradient of a sum takes two gradients of one shape and dtype")
+        }
+        let res = res.contiguous()?;
+        a.contiguous()?.apply_op1_no_bwd(&ActGrad {
+            act: Act::Relu,
+            bias: None,
+            sum: Some(b.contiguous()?),
+            x: res.clone(),
+            y: res,
+        })
+    }
+
     /// grad where `res` > 0, else 0: the ReLU's gradient as PyTorch's `threshold_backward` takes it
     /// (0 where the input was exactly 0; candle's own ReLU passes the gradient there, which in bf16,
     /// where x + z cancels exactly fairly often, makes a visible difference).
@@ -683,6 +714,7 @@ pub(crate) mod cuda {
         grad.contiguous()?.apply_op1_no_bwd(&ActGrad {
             act: Act::Relu,
             bias: None,
+            sum: None,
             x: res.clone(),
             y: res,
         })

@@ -1,5 +1,5 @@
-// Layer normalisation over the last axis, forward and backward: a warp per row where the row fits
-// its registers in 16-byte words, else a block per row; statistics in f32.
+// Layer normalisation over the last axis, forward and backward: a group of lanes per row (up to a
+// warp) where the row fits their registers in 16-byte words, else a block per row; statistics in f32.
 
 // Layer norm, one block per row (blocks stride over rows); each thread keeps up to PER elements
 // of its row in registers (columns threadIdx.x + k * blockDim.x).
@@ -81,49 +81,72 @@ if (pass == 2) {
 }
 }
 
-// A row of up to 32 · WORDS words of V elements (16 bytes) held by one warp: lane l loads words l,
-// l + 32, ... whole into v as x - mean (0 past the row's end) and the row's rstd is returned; the
-// reductions are warp shuffles, with no block barrier. Needs cols % V == 0 and 16-byte aligned tensors.
-template <typename E, int V, int WORDS>
-__device__ __forceinline__ float warp_row(const Pack<typename E::T, V>* row, unsigned int lane, unsigned int words,
-                                          unsigned int cols, float eps, float (&v)[WORDS][V]) {
+// The sum of v over a group of G neighbouring lanes (a power of two up to 32), returned to each of
+// them. Every lane of the warp takes part.
+template <int G>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+return v;
+}
+
+// A row of up to G · WORDS words of V elements (16 bytes) held by a group of G lanes of a warp (32 / G
+// rows a warp at once): lane l of the group loads words l, l + G, ... whole into v as x - mean (0 past
+// the row's end, or everywhere when the row is not `live`) and the row's rstd is returned; the
+// reductions are shuffles within the group, with no block barrier. Needs cols % V == 0 and 16-byte
+// aligned tensors. Why groups narrower than a warp: Swin-T's rows of 96 and 192 bf16 channels are 12
+// and 24 words, and a warp per row left most of its lanes idle and too few rows in flight to keep the
+// memory busy (docs/kernels.md#layer-norm).
+template <typename E, int V, int WORDS, int G>
+__device__ __forceinline__ float group_row(const Pack<typename E::T, V>* row, unsigned int lane, unsigned int words,
+                                           unsigned int cols, float eps, bool live, float (&v)[WORDS][V]) {
 float s = 0.f;
 #pragma unroll
 for (int k = 0; k < WORDS; k++) {
-    unsigned int word = lane + 32 * k;
+    unsigned int word = lane + G * k;
+    bool in = live && word < words;
     Pack<typename E::T, V> p;
-    if (word < words) p = row[word];
+    if (in) p = row[word];
 #pragma unroll
-    for (int i = 0; i < V; i++) { v[k][i] = word < words ? E::get(p.v, i) : 0.f; s += v[k][i]; }
+    for (int i = 0; i < V; i++) { v[k][i] = in ? E::get(p.v, i) : 0.f; s += v[k][i]; }
 }
-float mean = warp_sum(s) / cols;
+float mean = group_sum<G>(s) / cols;
 float q = 0.f;
 #pragma unroll
 for (int k = 0; k < WORDS; k++)
 #pragma unroll
     for (int i = 0; i < V; i++) {
-        v[k][i] = lane + 32 * k < words ? v[k][i] - mean : 0.f;
+        v[k][i] = live && lane + G * k < words ? v[k][i] - mean : 0.f;
         q += v[k][i] * v[k][i];
     }
-return rsqrtf(warp_sum(q) / cols + eps);
+return rsqrtf(group_sum<G>(q) / cols + eps);
 }
 
-// Passes 0 and 1, one warp per row (see warp_row).
-template <typename E, int V, int WORDS>
-__device__ void layer_norm_warp(const typename E::T* x, const typename E::T* w, const typename E::T* third,
-                            typename E::T* out, unsigned int rows, unsigned int cols, float eps, int pass) {
+// The rows a warp's groups take together: every lane of a warp runs the same iterations (the
+// shuffles need all of them), a group past the last row runs them not `live`.
+#define GROUP_ROWS(G)                                                                                   \
+unsigned int lane = threadIdx.x & (G - 1), sub = (threadIdx.x & 31) / G, per_warp = 32 / G;           \
+unsigned int warps = (gridDim.x * blockDim.x) >> 5;                                                   \
+for (unsigned int r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * per_warp; r0 < rows;           \
+     r0 += warps * per_warp)
+
+// Passes 0 and 1, a group of G lanes per row (see group_row).
+template <typename E, int V, int WORDS, int G>
+__device__ void layer_norm_group(const typename E::T* x, const typename E::T* w, const typename E::T* third,
+                                 typename E::T* out, unsigned int rows, unsigned int cols, float eps, int pass) {
 typedef Pack<typename E::T, V> P;
-unsigned int lane = threadIdx.x & 31, words = cols / V;
-unsigned int warps = (gridDim.x * blockDim.x) >> 5;
-for (unsigned int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += warps) {
-    unsigned long long base = (unsigned long long)r * words;
+unsigned int words = cols / V;
+GROUP_ROWS(G) {
+    unsigned int r = r0 + sub;
+    bool live = r < rows;
+    unsigned long long base = (unsigned long long)(live ? r : 0) * words;
     float v[WORDS][V];  // x - mean
-    float rstd = warp_row<E, V, WORDS>((const P*)x + base, lane, words, cols, eps, v);
+    float rstd = group_row<E, V, WORDS, G>((const P*)x + base, lane, words, cols, eps, live, v);
     if (pass == 0) {
 #pragma unroll
         for (int k = 0; k < WORDS; k++) {
-            unsigned int word = lane + 32 * k;
-            if (word >= words) continue;
+            unsigned int word = lane + G * k;
+            if (!live || word >= words) continue;
             P wp = ((const P*)w)[word], bp = ((const P*)third)[word], o;
 #pragma unroll
             for (int i = 0; i < V; i++) E::put(o.v, i, v[k][i] * rstd * E::get(wp.v, i) + E::get(bp.v, i));
@@ -136,21 +159,22 @@ for (unsigned int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r 
     float a = 0.f, c = 0.f;
 #pragma unroll
     for (int k = 0; k < WORDS; k++) {
-        unsigned int word = lane + 32 * k;
+        unsigned int word = lane + G * k;
+        bool in = live && word < words;
         P gp, wp;
-        if (word < words) { gp = ((const P*)third)[base + word]; wp = ((const P*)w)[word]; }
+        if (in) { gp = ((const P*)third)[base + word]; wp = ((const P*)w)[word]; }
 #pragma unroll
         for (int i = 0; i < V; i++) {
-            h[k][i] = word < words ? E::get(gp.v, i) * E::get(wp.v, i) : 0.f;
+            h[k][i] = in ? E::get(gp.v, i) * E::get(wp.v, i) : 0.f;
             a += h[k][i];
             c += h[k][i] * v[k][i] * rstd;
         }
     }
-    float mean_h = warp_sum(a) / cols, mean_hx = warp_sum(c) / cols;
+    float mean_h = group_sum<G>(a) / cols, mean_hx = group_sum<G>(c) / cols;
 #pragma unroll
     for (int k = 0; k < WORDS; k++) {
-        unsigned int word = lane + 32 * k;
-        if (word >= words) continue;
+        unsigned int word = lane + G * k;
+        if (!live || word >= words) continue;
         P o;
 #pragma unroll
         for (int i = 0; i < V; i++) E::put(o.v, i, rstd * (h[k][i] - mean_h - v[k][i] * rstd * mean_hx));
@@ -159,32 +183,33 @@ for (unsigned int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r 
 }
 }
 
-// Pass 2 one warp per row (see warp_row): each lane adds its columns' g·x̂ and g over the warp's
-// rows in registers, then the block's warps add theirs in shared memory one warp after the other (a
-// fixed order: a step replays bit for bit) into this block's [2, cols] sums. Why not the
-// block-per-row kernel: its two barriers per row held Swin-T's many short rows back
-// (docs/kernels.md#layer-norm). A kernel of its own, so that its accumulators do not weigh on the
-// registers of passes 0 and 1.
-template <typename E, int V, int WORDS>
-__device__ void layer_norm_warp_sums(const typename E::T* x, const typename E::T* g, float* out, unsigned int rows,
-                                     unsigned int cols, float eps) {
+// Pass 2 a group of G lanes per row (see group_row): each lane adds its columns' g·x̂ and g over its
+// group's rows in registers; the warp's groups add theirs by shuffles, then the block's warps add
+// theirs in shared memory one warp after the other (a fixed order: a step replays bit for bit) into
+// this block's [2, cols] sums. Why not the block-per-row kernel: its two barriers per row held
+// Swin-T's many short rows back (docs/kernels.md#layer-norm). A kernel of its own, so that its
+// accumulators do not weigh on the registers of passes 0 and 1.
+template <typename E, int V, int WORDS, int G>
+__device__ void layer_norm_group_sums(const typename E::T* x, const typename E::T* g, float* out, unsigned int rows,
+                                      unsigned int cols, float eps) {
 typedef Pack<typename E::T, V> P;
-__shared__ float sh[2][32 * WORDS * V];
-unsigned int lane = threadIdx.x & 31, words = cols / V, warp = threadIdx.x >> 5;
-unsigned int warps = (gridDim.x * blockDim.x) >> 5;
+__shared__ float sh[2][G * WORDS * V];
+unsigned int words = cols / V, warp = threadIdx.x >> 5;
 float aw[WORDS][V], ab[WORDS][V];
 #pragma unroll
 for (int k = 0; k < WORDS; k++)
 #pragma unroll
     for (int i = 0; i < V; i++) { aw[k][i] = 0.f; ab[k][i] = 0.f; }
-for (unsigned int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += warps) {
-    unsigned long long base = (unsigned long long)r * words;
+GROUP_ROWS(G) {
+    unsigned int r = r0 + sub;
+    bool live = r < rows;
+    unsigned long long base = (unsigned long long)(live ? r : 0) * words;
     float v[WORDS][V];
-    float rstd = warp_row<E, V, WORDS>((const P*)x + base, lane, words, cols, eps, v);
+    float rstd = group_row<E, V, WORDS, G>((const P*)x + base, lane, words, cols, eps, live, v);
 #pragma unroll
     for (int k = 0; k < WORDS; k++) {
-        unsigned int word = lane + 32 * k;
-        if (word >= words) continue;
+        unsigned int word = lane + G * k;
+        if (!live || word >= words) continue;
         P gp = ((const P*)g)[base + word];
 #pragma unroll
         for (int i = 0; i < V; i++) {
@@ -194,11 +219,22 @@ for (unsigned int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r 
         }
     }
 }
+// The warp's groups hold sums of the same columns: added across groups, every group then holds them.
+#pragma unroll
+for (int k = 0; k < WORDS; k++)
+#pragma unroll
+    for (int i = 0; i < V; i++)
+#pragma unroll
+        for (int o = G; o < 32; o <<= 1) {
+            aw[k][i] += __shfl_xor_sync(0xffffffffu, aw[k][i], o);
+            ab[k][i] += __shfl_xor_sync(0xffffffffu, ab[k][i], o);
+        }
+unsigned int sub0 = (threadIdx.x & 31) < G;
 for (unsigned int t = 0; t < (blockDim.x >> 5); t++) {
-    if (warp == t) {
+    if (warp == t && sub0) {
 #pragma unroll
         for (int k = 0; k < WORDS; k++) {
-            unsigned int word = lane + 32 * k;
+            unsigned int word = lane + G * k;
             if (word >= words) continue;
 #pragma unroll
             for (int i = 0; i < V; i++) {
@@ -217,23 +253,30 @@ for (unsigned int j = threadIdx.x; j < cols; j += blockDim.x) {
 }
 }
 
+#define GROUP_KERNELS(S, E, V, WORDS, G)                                                                \
+extern "C" __global__ void layer_norm_w##WORDS##_g##G##_##S(const E::T* x, const E::T* w, const E::T* third, \
+                                            E::T* out, unsigned int rows, unsigned int cols, float eps, int pass) { \
+layer_norm_group<E, V, WORDS, G>(x, w, third, out, rows, cols, eps, pass);                              \
+}
+#define SUM_KERNELS(S, E, V, G)                                                                         \
+extern "C" __global__ void layer_norm_w4_g##G##_sums_##S(const E::T* x, const E::T* g, float* out,       \
+                                                 unsigned int rows, unsigned int cols, float eps) { \
+layer_norm_group_sums<E, V, 4, G>(x, g, out, rows, cols, eps);                                      \
+}
 #define KERNELS(S, E, V)                                                                                \
 extern "C" __global__ void layer_norm_##S(const E::T* x, const E::T* w, const E::T* third, void* out,     \
                                       unsigned int rows, unsigned int cols, float eps, int pass) {  \
 layer_norm<E>(x, w, third, out, rows, cols, eps, pass);                                             \
 }                                                                                                       \
-extern "C" __global__ void layer_norm_warp4_##S(const E::T* x, const E::T* w, const E::T* third, E::T* out, \
-                                            unsigned int rows, unsigned int cols, float eps, int pass) { \
-layer_norm_warp<E, V, 4>(x, w, third, out, rows, cols, eps, pass);                                  \
-}                                                                                                       \
-extern "C" __global__ void layer_norm_warp8_##S(const E::T* x, const E::T* w, const E::T* third, E::T* out, \
-                                            unsigned int rows, unsigned int cols, float eps, int pass) { \
-layer_norm_warp<E, V, 8>(x, w, third, out, rows, cols, eps, pass);                                  \
-}                                                                                                       \
-extern "C" __global__ void layer_norm_warp4_sums_##S(const E::T* x, const E::T* g, float* out,          \
-                                                 unsigned int rows, unsigned int cols, float eps) { \
-layer_norm_warp_sums<E, V, 4>(x, g, out, rows, cols, eps);                                          \
-}
+GROUP_KERNELS(S, E, V, 4, 4)                                                                            \
+GROUP_KERNELS(S, E, V, 4, 8)                                                                            \
+GROUP_KERNELS(S, E, V, 4, 16)                                                                           \
+GROUP_KERNELS(S, E, V, 4, 32)                                                                           \
+GROUP_KERNELS(S, E, V, 8, 32)                                                                           \
+SUM_KERNELS(S, E, V, 4)                                                                                 \
+SUM_KERNELS(S, E, V, 8)                                                                                 \
+SUM_KERNELS(S, E, V, 16)                                                                                \
+SUM_KERNELS(S, E, V, 32)
 KERNELS(f32, F32, 4)
 KERNELS(bf16, BF16, 8)
 KERNELS(f16, F16, 8)

@@ -229,6 +229,31 @@ impl CustomOp3 for LayerNormGrad {
     }
 }
 
+/// How the group-per-row kernels hold a row: `lanes` lanes (4 to 32) of `words` 16-byte words
+/// each (the builds: 4 words over 4, 8, 16 or 32 lanes; 8 over 32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct Group {
+    words: usize,
+    lanes: usize,
+}
+
+/// The group for rows of `cols` elements of `size` bytes: the fewest lanes (at least 4) whose
+/// four words each hold the row, else a warp of eight words each; None past 256 words.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn group_for(cols: usize, size: usize) -> Option<Group> {
+    let words = (cols * size).div_ceil(16);
+    match words {
+        0 => None,
+        1..=128 => Some(Group {
+            words: 4,
+            lanes: words.div_ceil(4).next_power_of_two().max(4),
+        }),
+        129..=256 => Some(Group { words: 8, lanes: 32 }),
+        _ => None,
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
 
@@ -236,6 +261,7 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::{bail, CudaStorage, Layout, Result};
 
+    use super::{group_for, Group};
     use crate::kernels::launch::{by_dtype, name, view, whole_words, Kernel};
 
     /// Elements of a row each layer-norm thread keeps (PER in the source).
@@ -265,25 +291,26 @@ mod cuda {
     }
 
     /// Blocks of the parameter-gradient pass: enough to fill the GPU, few enough that adding up
-    /// their partial sums is cheap. The warp-per-row kernel's blocks take eight rows at once, and
-    /// 64 rows or more each, so that its partial sums stay far smaller than the rows they sum.
+    /// their partial sums is cheap. The group-per-row kernel's blocks take eight warps' worth of
+    /// rows at once, and 64 rows or more each, so that its partial sums stay far smaller than the
+    /// rows they sum.
     pub(super) fn param_blocks(a: &LnArgs) -> usize {
-        if sums_by_warps(a) {
+        if sums_by_groups(a) {
             a.rows.div_ceil(64).clamp(1, 256)
         } else {
             a.rows.clamp(1, 512)
         }
     }
 
-    /// Whether the parameter sums take their warp-per-row kernel (built for rows of up to 4 words a
+    /// Whether the parameter sums take their group-per-row kernel (built for rows of up to 4 words a
     /// lane), else the block-per-row one.
-    fn sums_by_warps(a: &LnArgs) -> bool {
-        warp_words(a) == Some(4)
+    fn sums_by_groups(a: &LnArgs) -> bool {
+        matches!(row_group(a), Some(Group { words: 4, .. }))
     }
 
-    /// Words of 16 bytes each lane of the warp-per-row kernel keeps (4 or 8: its two builds), when
-    /// the rows and tensors suit it: whole words per row, every tensor starting on a word.
-    fn warp_words(a: &LnArgs) -> Option<usize> {
+    /// The group-per-row kernel's group, when the rows and tensors suit it: whole words per row,
+    /// every tensor starting on a word.
+    fn row_group(a: &LnArgs) -> Option<Group> {
         let size = a.x.0.dtype().size_in_bytes();
         let counts = [
             a.cols,
@@ -291,10 +318,7 @@ mod cuda {
             a.w.1.start_offset(),
             a.third.1.start_offset(),
         ];
-        let per_lane = (a.cols * size).div_ceil(16 * 32);
-        whole_words(size, &counts)
-            .then_some(per_lane)
-            .and_then(|n| [4, 8].into_iter().find(|&w| n <= w))
+        whole_words(size, &counts).then(|| group_for(a.cols, size)).flatten()
     }
 
     pub(super) fn layer_norm(a: LnArgs, pass: LnPass) -> Result<CudaStorage> {
@@ -307,17 +331,17 @@ mod cuda {
         };
         let dev = a.x.0.device().clone();
         let (rows, cols) = rows_u32(a.rows, a.cols)?;
-        // Rows that fit a warp's registers take the warp-per-row kernel (the block-per-row one
-        // spends two block barriers per row, which held BERT-base's bf16 rows of 768 to a low
-        // bandwidth; measured: docs/kernels.md#layer-norm).
-        let warp = match pass {
-            LnPass::ParamSums { .. } => sums_by_warps(&a).then_some(4),
-            _ => warp_words(&a),
-        };
+        // Rows that fit a group of lanes' registers take the group-per-row kernel (the
+        // block-per-row one spends two block barriers per row, which held BERT-base's bf16 rows
+        // of 768 to a low bandwidth; measured: docs/kernels.md#layer-norm).
         let sums = matches!(pass, LnPass::ParamSums { .. });
+        let warp = match pass {
+            LnPass::ParamSums { .. } => row_group(&a).filter(|_| sums_by_groups(&a)),
+            _ => row_group(&a),
+        };
         let kernel = match warp {
-            Some(words) if sums => name(&format!("layer_norm_warp{words}_sums"), a.x.0.dtype()),
-            Some(words) => name(&format!("layer_norm_warp{words}"), a.x.0.dtype()),
+            Some(g) if sums => name(&format!("layer_norm_w4_g{}_sums", g.lanes), a.x.0.dtype()),
+            Some(g) => name(&format!("layer_norm_w{}_g{}", g.words, g.lanes), a.x.0.dtype()),
             None => name("layer_norm", a.x.0.dtype()),
         };
         let (code, blocks) = match pass {
@@ -327,15 +351,15 @@ mod cuda {
         };
         let eps = a.eps as f32;
         let cfg = match warp {
-            // Each block's warps take every (blocks · 8)-th row and leave the block's sums.
+            // Each block's groups take their share of the rows and leave the block's sums.
             Some(_) if sums => LaunchConfig {
                 grid_dim: (blocks, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             },
-            // Eight rows (warps) per block.
-            Some(_) => LaunchConfig {
-                grid_dim: (rows.div_ceil(8).clamp(1, 1 << 20), 1, 1),
+            // Eight warps per block, 32 / lanes rows a warp.
+            Some(g) => LaunchConfig {
+                grid_dim: (rows.div_ceil(8 * (32 / g.lanes) as u32).clamp(1, 1 << 20), 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             },
@@ -405,6 +429,31 @@ mod tests {
         };
         check_gradient(|v| at(v, 0), &[cols], 4)?;
         check_gradient(|v| at(v, 1), &[cols], 5)
+    }
+
+    #[test]
+    fn rows_take_the_fewest_lanes_whose_four_words_hold_them() {
+        let g = |cols: usize, size: usize| group_for(cols, size).map(|g| (g.words, g.lanes));
+        // Swin-T's rows in bf16 (12, 24, 48 and 96 words), ViT's and BERT's 768, a merging's 1536.
+        assert_eq!(g(96, 2), Some((4, 4)));
+        assert_eq!(g(192, 2), Some((4, 8)));
+        assert_eq!(g(384, 2), Some((4, 16)));
+        assert_eq!(g(768, 2), Some((4, 32)));
+        assert_eq!(g(1536, 2), Some((8, 32)));
+        assert_eq!(g(96, 4), Some((4, 8)));
+        assert_eq!(g(8, 2), Some((4, 4)));
+        // Past a warp of eight words: the block-per-row kernel.
+        assert_eq!(g(2049, 8), None);
+        assert_eq!(g(0, 2), None);
+        for cols in (8..=2048).step_by(8) {
+            let Some(Group { words, lanes }) = group_for(cols, 2) else {
+                panic!("{cols}")
+            };
+            assert!(
+                words * lanes * 8 >= cols && (lanes == 4 || (lanes / 2) * words * 8 < cols),
+                "{cols}"
+            );
+        }
     }
 
     #[test]

@@ -59,4 +59,4 @@ pub use loss::cross_entropy;
 pub use max_pool::max_pool2d;
 pub use options::KernelOptions;
 pub use positions::{channels_first, channels_last, first_position, global_average_pool, mean_over_positions};
-pub use windows::{window_merge, window_partition};
+pub use windows::{merge_neighbours, window_merge, window_partition};

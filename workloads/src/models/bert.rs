@@ -148,23 +148,22 @@ impl Layer {
         Ok(packed)
     }
 
-    fn forward(&self, x: &Tensor, mask_bias: &Tensor, grads: &ParamGrads) -> Result<Tensor> {
-        #[cfg(feature = "cuda")]
-        {
-            use super::encoder::{self, Norms, Params};
-            let p = Params {
-                qkv: &[&self.query, &self.key, &self.value],
-                out: &self.attention_out,
-                norm1: &self.attention_norm,
-                fc1: &self.intermediate,
-                fc2: &self.output,
-                norm2: &self.output_norm,
-            };
-            if encoder::runs_as_one_op(x, &p) {
-                return encoder::forward(x, &p, self.heads, Norms::Post, Some(mask_bias), grads);
-            }
+    /// The layer's parameters for the encoder op, its q/k/v layers held in `qkv`.
+    #[cfg(feature = "cuda")]
+    fn params<'a>(&'a self, qkv: &'a [&'a Linear; 3]) -> super::encoder::Params<'a> {
+        super::encoder::Params {
+            qkv,
+            out: &self.attention_out,
+            norm1: &self.attention_norm,
+            fc1: &self.intermediate,
+            fc2: &self.output,
+            norm2: &self.output_norm,
         }
-        let _ = grads;
+    }
+
+    /// The layer built of ops (a training step on a GPU runs the layers as one op: see
+    /// [`Bert::encode`]).
+    fn forward(&self, x: &Tensor, mask_bias: &Tensor) -> Result<Tensor> {
         // One GEMM for q, k and v. The projection and the context are dropped once used: in inference
         // nothing else holds them, and kept to the end of the layer they were 4 of its 10 tokens'
         // widths alive beside the MLP.
@@ -226,7 +225,7 @@ impl Bert {
 
     /// `BertModel`'s sequence output, [batch, seq, hidden], before the pooler.
     pub fn encode(&self, input_ids: &Tensor, token_type_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
-        let mut x = self.embeddings_norm.forward(&self.embed(input_ids, token_type_ids)?)?;
+        let x = self.embeddings_norm.forward(&self.embed(input_ids, token_type_ids)?)?;
         // Masked keys get -10000 added to their scores, as the original BERT does (finite in f16).
         let (b, s) = attention_mask.dims2()?;
         // Per key [b, s], in the model's dtype; the attention op adds it to every head's scores.
@@ -234,10 +233,18 @@ impl Bert {
             .reshape((b, s))?
             .to_dtype(x.dtype())?
             .detach();
-        for layer in &self.layers {
-            x = layer.forward(&x, &mask_bias, &self.grads)?;
+        // Training on a GPU: the layers as one op (see `encoder::runs_as_one_op`).
+        #[cfg(feature = "cuda")]
+        {
+            use super::encoder::{self, Norms};
+            let qkv: Vec<[&Linear; 3]> = self.layers.iter().map(|l| [&l.query, &l.key, &l.value]).collect();
+            let params: Vec<_> = self.layers.iter().zip(&qkv).map(|(l, q)| l.params(q)).collect();
+            if params.first().is_some_and(|p| encoder::runs_as_one_op(&x, p)) {
+                let heads = self.layers[0].heads;
+                return encoder::forward(&x, &params, heads, Norms::Post, Some(&mask_bias), &self.grads);
+            }
         }
-        Ok(x)
+        self.layers.iter().try_fold(x, |x, l| l.forward(&x, &mask_bias))
     }
 }
 

@@ -1,15 +1,15 @@
-//! A transformer encoder layer (ViT's pre-norm, BERT's post-norm) as one edge of candle's graph, for
-//! training on CUDA devices.
+//! Transformer encoder layers (ViT's pre-norm, BERT's post-norm), a model's whole stack of them, as
+//! one edge of candle's graph, for training on CUDA devices.
 //!
 //! Why: candle's backward pass adds every edge's gradient into a freshly zeroed tensor, a memset and
 //! a read-read-write pass (`badd`) per edge, and our ops cannot change that (`Tensor::op` is private
 //! to candle). Built of our ops, a BERT-base layer is 29 edges, and a training step's `badd`s alone
 //! took longer than the gap between our step and PyTorch's, whose GEMMs took as long as ours. As one
-//! op a layer is one edge: its forward runs our kernels on detached tensors and keeps the activations
-//! its backward reads; the backward below calls the same ops' backward passes in order, adding only
-//! where two branches meet (the residual connections). Candle's custom ops take at most three inputs
-//! and a layer has sixteen parameters, so the op holds them and hands their gradients to the
-//! optimizer through [`ParamGrads`] rather than through the graph.
+//! op the layers are one edge: its forward runs our kernels on detached tensors and keeps the
+//! activations its backward reads; the backward below calls the same ops' backward passes in order,
+//! adding only where two branches meet (the residual connections). Candle's custom ops take at most
+//! three inputs and a layer has sixteen parameters, so the op holds them and hands their gradients to
+//! the optimizer through [`ParamGrads`] rather than through the graph.
 //! (measured: docs/kernels.md#encoder)
 //!
 //! The kernel option `layers=ops` builds the layers of our ops instead, to compare the two in one build.
@@ -60,28 +60,43 @@ pub fn runs_as_one_op(x: &Tensor, p: &Params) -> bool {
     x.device().is_cuda() && x.track_op() && trains && !ops
 }
 
-/// The layer over x [b, t, c] as one op, its parameters' gradients recorded in `grads` by the
-/// backward pass; `mask` a [b, t] key mask in x's dtype (BERT's padding). See [`runs_as_one_op`].
+/// Layers one after another over x [b, t, c] as one op, their parameters' gradients recorded in
+/// `grads` by the backward pass; `mask` a [b, t] key mask in x's dtype (BERT's padding). See
+/// [`runs_as_one_op`] (of the first layer's parameters: a model's layers all train or none do).
+///
+/// Why a chain rather than an op per layer: each op's input is one more edge (a memset and a `badd`
+/// over an activation) and each op's output one more copy into the storage candle records; between
+/// layers of one chain the gradient passes straight on (docs/kernels.md#encoder).
 pub fn forward(
     x: &Tensor,
-    p: &Params,
+    layers: &[Params],
     heads: usize,
     norms: Norms,
     mask: Option<&Tensor>,
     grads: &ParamGrads,
 ) -> Result<Tensor> {
+    if layers.is_empty() {
+        bail!("a chain of encoder layers needs at least one layer")
+    }
     let x = x.contiguous()?;
-    let bias = match mask {
-        Some(m) => Bias::Keys(m.detach().contiguous()?),
-        None => Bias::None,
-    };
-    let layer = Layer::new(p, heads, norms, bias)?;
-    let (out, saved) = layer.forward(&x.detach())?;
-    let op = EncoderLayer {
-        layer,
-        params: Originals::of(p),
+    let mut h = x.detach();
+    let mut ran = Vec::with_capacity(layers.len());
+    let mut saved = Vec::with_capacity(layers.len());
+    for p in layers {
+        let bias = match mask {
+            Some(m) => Bias::Keys(m.detach().contiguous()?),
+            None => Bias::None,
+        };
+        let layer = Layer::new(p, heads, norms, bias)?;
+        let (out, s) = layer.forward(&h)?;
+        saved.push(s);
+        ran.push((layer, Originals::of(p)));
+        h = out;
+    }
+    let op = EncoderStack {
+        layers: ran,
         grads: grads.clone(),
-        out: Handover::new(out),
+        out: Handover::new(h),
         saved: Handover::new(saved),
     };
     x.apply_op1(op)
@@ -323,14 +338,14 @@ pub(super) fn output_storage(out: &Tensor, what: &str) -> Result<(CudaStorage, S
     Ok((s.try_clone(layout)?, layout.shape().clone()))
 }
 
-struct EncoderLayer {
-    layer: Layer,
-    params: Originals,
+struct EncoderStack {
+    /// Each layer and its parameters as the model holds them.
+    layers: Vec<(Layer, Originals)>,
     grads: ParamGrads,
-    /// The output until candle's forward takes it.
+    /// The last layer's output until candle's forward takes it.
     out: Handover<Tensor>,
-    /// The activations until the backward pass takes them.
-    saved: Handover<Saved>,
+    /// Each layer's activations until the backward pass takes them.
+    saved: Handover<Vec<Saved>>,
 }
 
 /// (dx, dw, db) of a linear layer without activation whose input was x.
@@ -419,27 +434,34 @@ impl Layer {
     }
 }
 
-impl CustomOp1 for EncoderLayer {
+impl CustomOp1 for EncoderStack {
     fn name(&self) -> &'static str {
-        "encoder-layer"
+        "encoder-layers"
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        bail!("the fused encoder layer runs on CUDA devices only; on the CPU the layer is built of candle ops")
+        bail!("the fused encoder layers run on CUDA devices only; on the CPU each layer is built of candle ops")
     }
 
     /// The output computed by [`forward`], copied into the storage candle records.
     fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
         output_storage(
-            &self.out.take("the fused encoder layer's forward")?,
-            "the fused encoder layer",
+            &self.out.take("the fused encoder layers' forward")?,
+            "the fused encoder layers",
         )
     }
 
     fn bwd(&self, _x: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let saved = self.saved.take("the fused encoder layer's backward")?;
-        let (dx, grads, _) = self.layer.backward(&saved, &grad.contiguous()?)?;
-        self.params.record(grads, &self.grads)?;
-        Ok(Some(dx))
+        let mut saved = self.saved.take("the fused encoder layers' backward")?;
+        let mut g = grad.contiguous()?;
+        for (layer, params) in self.layers.iter().rev() {
+            let s = saved.pop().expect("each layer's activations were kept");
+            let (dx, grads, _) = layer.backward(&s, &g)?;
+            // Each layer's activations go as soon as its gradient is through them.
+            drop(s);
+            params.record(grads, &self.grads)?;
+            g = dx;
+        }
+        Ok(Some(g))
     }
 }

@@ -172,8 +172,16 @@ impl BatchNorm2d {
     /// statistics updated with them.
     pub(crate) fn batch_stats(&self, x: &Tensor, channels_last: bool) -> Result<Tensor> {
         let c = if channels_last { x.dim(x.rank() - 1)? } else { x.dim(1)? };
+        let n = x.elem_count() / c.max(1);
+        if x.device().is_cuda() {
+            let op = batch_norm::BatchStatsUpdating {
+                channels_last,
+                running: self.running(n),
+            };
+            return x.detach().apply_op1_no_bwd(&op);
+        }
         let stats = x.detach().apply_op1_no_bwd(&batch_norm::BatchStats { channels_last })?;
-        self.update_running(&stats, x.elem_count() / c)?;
+        self.update_running(&stats, n)?;
         Ok(stats)
     }
 
@@ -186,16 +194,26 @@ impl BatchNorm2d {
     /// running ← (1 - momentum)·running + momentum·batch, the variance unbiased (n / (n - 1)), as
     /// PyTorch does; `stats` is [mean; biased variance] over `n` values per channel.
     fn update_running(&self, stats: &Tensor, n: usize) -> Result<()> {
+        let r = self.running(n);
+        let update = |row: usize, take: f64| batch_norm::RunningUpdate {
+            row,
+            keep: r.keep,
+            take,
+        };
+        r.mean.inplace_op2(stats, &update(0, r.take_mean))?;
+        r.var.inplace_op2(stats, &update(1, r.take_var))
+    }
+
+    /// The running statistics and the momentum update of a batch of `n` values per channel.
+    fn running(&self, n: usize) -> batch_norm::Running {
         let n = n as f64;
-        let keep = 1.0 - self.momentum;
-        let unbiased = n / (n - 1.0).max(1.0);
-        let update = |row: usize, take: f64| batch_norm::RunningUpdate { row, keep, take };
-        self.running_mean
-            .as_tensor()
-            .inplace_op2(stats, &update(0, self.momentum))?;
-        self.running_var
-            .as_tensor()
-            .inplace_op2(stats, &update(1, self.momentum * unbiased))
+        batch_norm::Running {
+            mean: self.running_mean.as_tensor().clone(),
+            var: self.running_var.as_tensor().clone(),
+            keep: 1.0 - self.momentum,
+            take_mean: self.momentum,
+            take_var: self.momentum * n / (n - 1.0).max(1.0),
+        }
     }
 
     /// The inference-time affine map y = x * scale + shift per channel, in f32, each of shape [c], on

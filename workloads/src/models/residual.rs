@@ -1,6 +1,6 @@
-//! A ResNet residual block as one edge of candle's graph, for training on CUDA devices built with
-//! cuDNN, over NHWC (cuDNN's graph API, half types and TF32) or NCHW (its legacy calls and our 1x1
-//! GEMMs: f32 without TF32).
+//! ResNet's residual blocks, all of them in a row, as one edge of candle's graph, for training on
+//! CUDA devices built with cuDNN, over NHWC (cuDNN's graph API, half types and TF32) or NCHW (its
+//! legacy calls and our 1x1 GEMMs: f32 without TF32).
 //!
 //! Why: candle's backward pass adds every edge's gradient into a freshly zeroed tensor, a memset and
 //! a read-read-write pass per edge (see `models::encoder`). A bottleneck block built of our ops is
@@ -8,24 +8,24 @@
 //! filter's KRSC copy, each batch norm's input and [weight; bias], the shortcut's add), and ResNet-50
 //! has sixteen blocks: with the convolutions on cuDNN's NHWC engines, a step of blocks built of ops
 //! ran at three quarters of the rate of one with each block as one op (measured:
-//! docs/kernels.md#residual-block). As one op a block is one edge: its forward runs the units on
-//! detached tensors and keeps what the backward reads; the backward runs each unit's batch norm and
-//! convolution backward passes in reverse and adds once, where the main path and the shortcut meet.
-//! The block's parameters (up to four convolutions and four batch norms) reach the optimizer
-//! through [`ParamGrads`].
+//! docs/kernels.md#residual-block), and with each block an op of its own, each block's input was
+//! still one edge (see [`forward`]). As one op the blocks are one edge: the forward runs the units
+//! on detached tensors and keeps what the backward reads; the backward runs each unit's batch norm
+//! and convolution backward passes in reverse and adds once per block, where its main path and its
+//! shortcut meet. Forward, each block's last batch norm adds the shortcut and applies the ReLU in
+//! its own pass. The blocks' parameters (up to four convolutions and four batch norms a block)
+//! reach the optimizer through [`ParamGrads`].
 //!
 //! The kernel option `layers=ops` builds the blocks of our ops instead, to compare the two in one
 //! build.
 
-use candle_core::{
-    bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Storage, Tensor,
-};
+use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Storage, Tensor};
 
 use super::encoder::Handover;
 use super::layers::ConvBn;
-use crate::kernels::batch_norm::BatchNorm;
+use crate::kernels::batch_norm::{BatchNorm, Normalize};
 use crate::kernels::conv_nhwc::{conv_nhwc_grads, conv_nhwc_train};
-use crate::kernels::elementwise::cuda::{relu_grad, AddAct};
+use crate::kernels::elementwise::cuda::{relu_grad, relu_grad_of_sum};
 use crate::kernels::options::{EncoderLayers, KernelOptions};
 use crate::kernels::{add, conv2d, conv2d::conv2d_grads};
 use crate::optim::ParamGrads;
@@ -38,13 +38,15 @@ pub fn runs_as_one_op(x: &Tensor) -> bool {
 }
 
 /// One unit's parameters as the model holds them (the optimizer's keys), and detached copies for the
-/// step: the filter (as KRSC over NHWC), batch norm's [weight; bias].
+/// step: the filter (as KRSC over NHWC), batch norm's weight and bias (detached views of the same
+/// buffers: no copy).
 struct Unit {
     weight: Tensor,
     bn_weight: Tensor,
     bn_bias: Tensor,
     filter: Tensor,
-    wb: Tensor,
+    w: Tensor,
+    b: Tensor,
     padding: usize,
     stride: usize,
     eps: f64,
@@ -60,13 +62,13 @@ impl Unit {
         } else {
             weight.detach()
         };
-        let wb = Tensor::stack(&[bn_weight.detach(), bn_bias.detach()], 0)?;
         Ok(Self {
             weight,
             bn_weight: bn_weight.clone(),
             bn_bias: bn_bias.clone(),
             filter,
-            wb,
+            w: bn_weight.detach(),
+            b: bn_bias.detach(),
             padding,
             stride,
             eps,
@@ -82,35 +84,46 @@ impl Unit {
         }
     }
 
-    /// conv, batch norm (its running statistics updated), ReLU when `relu`, on detached x.
-    fn forward(&self, model: &ConvBn, x: &Tensor, relu: bool) -> Result<(Tensor, UnitSaved)> {
+    /// The convolution over detached x and its output's batch statistics (the running statistics
+    /// updated): what the unit keeps but its output.
+    fn convolve(&self, model: &ConvBn, x: &Tensor) -> Result<UnitSaved> {
         let y = if self.channels_last {
             conv_nhwc_train(x, &self.filter, self.padding, self.stride)?
         } else {
             conv2d(x, &self.filter, self.padding, self.stride)?
         };
         let stats = model.bn.batch_stats(&y, self.channels_last)?;
-        let out = y.apply_op3_no_bwd(&self.wb, &stats, &self.norm(relu))?;
-        let kept = relu.then(|| out.clone());
-        Ok((
-            out,
-            UnitSaved {
-                x: x.clone(),
-                y,
-                stats,
-                out: kept,
-            },
-        ))
+        Ok(UnitSaved {
+            x: x.clone(),
+            y,
+            stats,
+            out: None,
+        })
+    }
+
+    /// conv, batch norm, ReLU when `relu`, on detached x.
+    fn forward(&self, model: &ConvBn, x: &Tensor, relu: bool) -> Result<(Tensor, UnitSaved)> {
+        let mut s = self.convolve(model, x)?;
+        let out = self.norm(relu).forward_with(&s.y, &self.w, &self.b, &s.stats, None)?;
+        s.out = relu.then(|| out.clone());
+        Ok((out, s))
+    }
+
+    /// The block's end after this unit's convolution: relu(batch norm(y) + shortcut) as one pass.
+    fn finish(&self, s: &UnitSaved, shortcut: &Tensor) -> Finish {
+        Finish {
+            y: s.y.clone(),
+            norm: self.norm(true).normalize(&self.w, &self.b, &s.stats, Some(shortcut)),
+        }
     }
 
     /// The unit's input gradient (when asked) from its output's, its parameters' gradients pushed.
     fn backward(&self, s: &UnitSaved, g: &Tensor, input_grad: bool, grads: &ParamGrads) -> Result<Option<Tensor>> {
         // Batch norm's backward reads its output only through the ReLU.
         let out = s.out.as_ref().unwrap_or(&s.y);
-        let (dy, dwb, _) = self.norm(s.out.is_some()).bwd(&s.y, &self.wb, &s.stats, out, g)?;
-        let (Some(dy), Some(dwb)) = (dy, dwb) else {
-            bail!("batch norm's backward pass returned no gradient")
-        };
+        let (dy, dwb) = self
+            .norm(s.out.is_some())
+            .backward(&s.y, &self.w, &self.b, &s.stats, out, g)?;
         let (dx, dw) = if self.channels_last {
             let (dx, dw) = conv_nhwc_grads(&s.x, &self.filter, &dy, self.padding, self.stride, input_grad)?;
             // The filter's gradient back in the parameter's KCRS layout.
@@ -131,112 +144,187 @@ struct UnitSaved {
     /// The convolution's output, batch norm's input.
     y: Tensor,
     stats: Tensor,
-    /// The unit's output, where a ReLU ends it (its gradient reads it). Without a ReLU (a block's
-    /// last unit and its projection) nothing is kept: those outputs, four times the block's width,
-    /// are freed once the block has added them, as PyTorch frees them.
+    /// The unit's output, where a ReLU ends it (its gradient reads it). Without a ReLU (the
+    /// projection) nothing is kept: that output, four times the block's width, is freed once the
+    /// block's last pass has added it, as PyTorch frees it. The path's last unit never writes its
+    /// own output: its normalisation adds the shortcut and applies the block's ReLU in one pass.
     out: Option<Tensor>,
 }
 
+/// A block's last pass, relu(batch norm(y) + shortcut), not yet run: the last convolution's output
+/// y and the normalisation holding the shortcut.
+struct Finish {
+    y: Tensor,
+    norm: Normalize,
+}
+
+/// What one block's backward pass reads.
 struct Saved {
     path: Vec<UnitSaved>,
     shortcut: Option<UnitSaved>,
 }
 
-/// The block over x ([n, h, w, c] when `channels_last`, else [n, c, h, w]) as one op: `path` (ReLU
-/// after each unit but the last), `shortcut` (a projection unit, or the identity when None),
-/// relu(path(x) + shortcut(x)). The parameters' gradients are recorded in `grads` by the backward
-/// pass. See [`runs_as_one_op`].
-pub fn forward(
-    x: &Tensor,
-    path: &[ConvBn],
-    shortcut: Option<&ConvBn>,
-    channels_last: bool,
-    grads: &ParamGrads,
-) -> Result<Tensor> {
-    let x = x.contiguous()?;
-    let input = x.detach();
-    let units: Vec<Unit> = path.iter().map(|u| Unit::of(u, channels_last)).collect::<Result<_>>()?;
-    let projection = shortcut.map(|u| Unit::of(u, channels_last)).transpose()?;
-    let mut h = input.clone();
-    let mut saved_path = Vec::with_capacity(units.len());
-    for (i, (unit, model)) in units.iter().zip(path).enumerate() {
-        let (out, s) = unit.forward(model, &h, i + 1 < units.len())?;
-        saved_path.push(s);
-        h = out;
-    }
-    let (identity, saved_shortcut) = match (&projection, shortcut) {
-        (Some(unit), Some(model)) => {
-            let (out, s) = unit.forward(model, &input, false)?;
-            (out, Some(s))
-        }
-        _ => (input.clone(), None),
-    };
-    let op = ResidualBlock {
-        units,
-        projection,
-        grads: grads.clone(),
-        branches: Handover::new((h, identity)),
-        saved: Handover::new(Saved {
-            path: saved_path,
-            shortcut: saved_shortcut,
-        }),
-    };
-    x.apply_op1(op)
+/// One block's parameters as the model holds them: the main path's units (ReLU after each but the
+/// last) and the projection, when the shapes change (else the shortcut is the identity).
+pub struct BlockParams<'a> {
+    pub path: &'a [ConvBn],
+    pub shortcut: Option<&'a ConvBn>,
 }
 
-struct ResidualBlock {
+/// One block's units with the step's detached copies of their parameters.
+struct Block {
     units: Vec<Unit>,
     projection: Option<Unit>,
-    grads: ParamGrads,
-    /// The two branches' outputs until candle's forward adds them (into the storage it records,
-    /// which the backward pass then reads for the ReLU's gradient: no copy of the output).
-    branches: Handover<(Tensor, Tensor)>,
-    /// The activations until the backward pass takes them.
-    saved: Handover<Saved>,
 }
 
-impl ResidualBlock {
-    fn backward(&self, s: &Saved, out: &Tensor, g: &Tensor) -> Result<Tensor> {
-        // Through the final ReLU: the same gradient goes down both branches.
-        let g = relu_grad(g, out)?;
+impl Block {
+    fn of(params: &BlockParams, channels_last: bool) -> Result<Self> {
+        Ok(Self {
+            units: params
+                .path
+                .iter()
+                .map(|u| Unit::of(u, channels_last))
+                .collect::<Result<_>>()?,
+            projection: params.shortcut.map(|u| Unit::of(u, channels_last)).transpose()?,
+        })
+    }
+
+    /// The block over detached `input` up to its last pass, which [`Finish`] holds: the shortcut,
+    /// the path's units but the last one's normalisation.
+    fn forward(&self, params: &BlockParams, input: &Tensor) -> Result<(Finish, Saved)> {
+        // The shortcut first: the path's last normalisation adds it.
+        let (identity, shortcut) = match (&self.projection, params.shortcut) {
+            (Some(unit), Some(model)) => {
+                let (out, s) = unit.forward(model, input, false)?;
+                (out, Some(s))
+            }
+            _ => (input.clone(), None),
+        };
+        let (last, inner) = self.units.split_last().expect("a block has convolutions");
+        let mut h = input.clone();
+        let mut path = Vec::with_capacity(self.units.len());
+        for (unit, model) in inner.iter().zip(params.path) {
+            let (out, s) = unit.forward(model, &h, true)?;
+            path.push(s);
+            h = out;
+        }
+        let s = last.convolve(&params.path[inner.len()], &h)?;
+        let finish = last.finish(&s, &identity);
+        path.push(s);
+        Ok((finish, Saved { path, shortcut }))
+    }
+
+    /// The input's gradient as its two parts, (through the path, through the shortcut), from `g`,
+    /// the gradient already carried through the block's final ReLU; the parameters' gradients
+    /// pushed to `grads`.
+    fn backward(&self, s: &Saved, g: &Tensor, grads: &ParamGrads) -> Result<(Tensor, Tensor)> {
         let mut d = g.clone();
         for (unit, saved) in self.units.iter().zip(&s.path).rev() {
             d = unit
-                .backward(saved, &d, true, &self.grads)?
+                .backward(saved, &d, true, grads)?
                 .expect("the input's gradient was asked for");
         }
         let shortcut = match (&self.projection, &s.shortcut) {
             (Some(unit), Some(saved)) => unit
-                .backward(saved, &g, true, &self.grads)?
+                .backward(saved, g, true, grads)?
                 .expect("the input's gradient was asked for"),
-            _ => g,
+            _ => g.clone(),
         };
-        add(&d, &shortcut, false)
+        Ok((d, shortcut))
     }
 }
 
-impl CustomOp1 for ResidualBlock {
+/// Blocks one after another over x ([n, h, w, c] when `channels_last`, else [n, c, h, w]) as one
+/// op: each block relu(path(x) + shortcut(x)). The parameters' gradients are recorded in `grads` by
+/// the backward pass. See [`runs_as_one_op`].
+///
+/// Why a chain rather than an op per block: each op's input gradient is one more edge, a memset
+/// and a `badd` pass over an activation (measured: docs/kernels.md#residual-block); between blocks
+/// of one chain the gradient passes straight on, and the ReLU's gradient of one block is taken in
+/// the same pass that adds the next block's two branches.
+pub fn forward(x: &Tensor, blocks: &[BlockParams], channels_last: bool, grads: &ParamGrads) -> Result<Tensor> {
+    let Some((last_params, inner_params)) = blocks.split_last() else {
+        bail!("a chain of residual blocks needs at least one block")
+    };
+    let x = x.contiguous()?;
+    let ran: Vec<Block> = blocks
+        .iter()
+        .map(|b| Block::of(b, channels_last))
+        .collect::<Result<_>>()?;
+    let mut input = x.detach();
+    let mut saved = Vec::with_capacity(blocks.len());
+    let mut outputs = Vec::with_capacity(inner_params.len());
+    for (block, params) in ran.iter().zip(inner_params) {
+        let (finish, s) = block.forward(params, &input)?;
+        // On detached tensors: our kernel, no edge.
+        input = finish.y.apply_op1_no_bwd(&finish.norm)?;
+        outputs.push(input.clone());
+        saved.push(s);
+    }
+    let (finish, s) = ran.last().expect("one block at least").forward(last_params, &input)?;
+    saved.push(s);
+    let op = ResidualBlocks {
+        blocks: ran,
+        grads: grads.clone(),
+        finish: Handover::new(finish),
+        saved: Handover::new((saved, outputs)),
+    };
+    x.apply_op1(op)
+}
+
+struct ResidualBlocks {
+    blocks: Vec<Block>,
+    grads: ParamGrads,
+    /// The last block's last pass until candle's forward runs it (into the storage it records,
+    /// which the backward pass then reads for the ReLU's gradient: no copy of the output).
+    finish: Handover<Finish>,
+    /// Each block's activations, and the output of every block but the last (the next block's
+    /// input, held anyway), until the backward pass takes them.
+    saved: Handover<(Vec<Saved>, Vec<Tensor>)>,
+}
+
+impl ResidualBlocks {
+    fn backward(&self, mut saved: Vec<Saved>, mut outputs: Vec<Tensor>, out: &Tensor, g: &Tensor) -> Result<Tensor> {
+        // Through the last block's ReLU: the same gradient goes down both of its branches.
+        let mut g = relu_grad(g, out)?;
+        for block in self.blocks.iter().rev() {
+            let s = saved.pop().expect("a block's activations were kept");
+            let (d, shortcut) = block.backward(&s, &g, &self.grads)?;
+            // Each block's activations go as soon as its gradient is through them.
+            drop(s);
+            g = match outputs.pop() {
+                // The branches meet at the block's input, the output of the block before: its
+                // ReLU's gradient in the same pass.
+                Some(below) => relu_grad_of_sum(&d, &shortcut, &below)?,
+                None => add(&d, &shortcut, false)?,
+            };
+        }
+        Ok(g)
+    }
+}
+
+impl CustomOp1 for ResidualBlocks {
     fn name(&self) -> &'static str {
-        "residual-block"
+        "residual-blocks"
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        bail!("the residual block as one op runs on CUDA devices only; on the CPU ResNet is built of candle ops")
+        bail!("residual blocks as one op run on CUDA devices only; on the CPU ResNet is built of candle ops")
     }
 
-    /// relu(path + shortcut) of the branches [`forward`] ran, written into the storage candle records.
+    /// The last block's last pass, relu(batch norm + shortcut), written into the storage candle
+    /// records.
     fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
-        let (h, identity) = self.branches.take("the residual block's forward")?;
-        let (hs, hl) = h.storage_and_layout();
-        let (is, il) = identity.storage_and_layout();
-        let (Storage::Cuda(hs), Storage::Cuda(is)) = (&*hs, &*is) else {
-            bail!("the residual block's branches are not on the GPU")
+        let finish = self.finish.take("the residual blocks' forward")?;
+        let (ys, yl) = finish.y.storage_and_layout();
+        let Storage::Cuda(ys) = &*ys else {
+            bail!("the residual block's last convolution is not on the GPU")
         };
-        AddAct { relu: true }.cuda_fwd(hs, hl, is, il)
+        finish.norm.cuda_fwd(ys, yl)
     }
 
     fn bwd(&self, _x: &Tensor, out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let saved = self.saved.take("the residual block's backward")?;
-        Ok(Some(self.backward(&saved, out, &grad.contiguous()?)?))
+        let (saved, outputs) = self.saved.take("the residual blocks' backward")?;
+        Ok(Some(self.backward(saved, outputs, out, &grad.contiguous()?)?))
     }
 }

@@ -264,15 +264,17 @@ impl Residual {
         Ok(Self { path, downsample })
     }
 
-    /// Over NCHW; a training step's block as one op where [`super::residual::runs_as_one_op`].
-    fn forward(&self, x: &Tensor, train: bool, grads: &ParamGrads) -> Result<Tensor> {
-        #[cfg(feature = "cudnn")]
-        if train && super::residual::runs_as_one_op(x) {
-            return super::residual::forward(x, &self.path, self.downsample.as_ref(), false, grads);
-        }
-        #[cfg(not(feature = "cudnn"))]
-        let _ = grads;
+    /// Over NCHW, built of ops (see [`ResNet::train_blocks`] for a training step's blocks as one).
+    fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         self.of_units(x, |unit, h, relu| unit.forward(h, train, relu))
+    }
+
+    #[cfg(feature = "cudnn")]
+    fn params(&self) -> super::residual::BlockParams<'_> {
+        super::residual::BlockParams {
+            path: &self.path,
+            shortcut: self.downsample.as_ref(),
+        }
     }
 
     /// relu(path(x) + shortcut(x)), each unit run by `run(unit, its input, relu)`; ReLU after each
@@ -308,12 +310,9 @@ impl Residual {
         last.forward_nhwc(&h, Some(&identity), true)
     }
 
-    /// Training over NHWC: as [`Self::forward`], the activations channels-last.
+    /// Training over NHWC built of ops: as [`Self::forward`], the activations channels-last.
     #[cfg(feature = "cudnn")]
-    fn forward_nhwc_train(&self, x: &Tensor, grads: &ParamGrads) -> Result<Tensor> {
-        if super::residual::runs_as_one_op(x) {
-            return super::residual::forward(x, &self.path, self.downsample.as_ref(), true, grads);
-        }
+    fn forward_nhwc_train(&self, x: &Tensor) -> Result<Tensor> {
         self.of_units(x, |unit, h, relu| unit.forward_nhwc_train(h, relu))
     }
 
@@ -385,6 +384,22 @@ impl ResNet {
         std::iter::once(&self.stem).chain(self.blocks.iter().flat_map(|b| b.units()))
     }
 
+    /// A training step's blocks over x, as one op where [`super::residual::runs_as_one_op`] (else
+    /// `block` runs each, built of ops).
+    #[cfg(feature = "cudnn")]
+    fn train_blocks(
+        &self,
+        x: Tensor,
+        channels_last: bool,
+        block: impl Fn(&Residual, &Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        if super::residual::runs_as_one_op(&x) {
+            let params: Vec<_> = self.blocks.iter().map(Residual::params).collect();
+            return super::residual::forward(&x, &params, channels_last, &self.grads);
+        }
+        self.blocks.iter().try_fold(x, |x, b| block(b, &x))
+    }
+
     /// A training step over NHWC: batch norm over NHWC after every convolution, the shortcut added
     /// (with the ReLU) by our kernel.
     #[cfg(feature = "cudnn")]
@@ -392,7 +407,7 @@ impl ResNet {
         self.channels_last(
             x,
             |stem, x| stem.forward_nhwc_train(x, true),
-            |block, x| block.forward_nhwc_train(x, &self.grads),
+            |x| self.train_blocks(x, true, Residual::forward_nhwc_train),
         )
     }
 
@@ -403,28 +418,26 @@ impl ResNet {
         self.channels_last(
             x,
             |stem, x| stem.forward_nhwc(x, None, true),
-            |block, x| block.forward_nhwc(x),
+            |x| self.blocks.iter().try_fold(x, |x, b| b.forward_nhwc(&x)),
         )
     }
 
-    /// The model over NHWC: the images transposed once, then `stem`, the pool, `block` for each
-    /// block, and the global average read channels-last, then the classifier.
+    /// The model over NHWC: the images transposed once, then `stem`, the pool, `blocks`, and the
+    /// global average read channels-last, then the classifier.
     #[cfg(feature = "cudnn")]
     fn channels_last(
         &self,
         x: &Tensor,
         stem: impl Fn(&ConvBn, &Tensor) -> Result<Tensor>,
-        block: impl Fn(&Residual, &Tensor) -> Result<Tensor>,
+        blocks: impl Fn(Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
         // Each activation is dropped once the next is made (in inference nothing else holds it): a
         // shadowed binding would keep the transposed images and the stem's output, the largest
         // activation, alive through the whole forward pass.
         let stem_out = stem(&self.stem, &crate::kernels::channels_last(x)?)?;
-        let mut x = crate::kernels::max_pool::max_pool2d_nhwc(&stem_out, 3, 2, 1)?;
+        let x = crate::kernels::max_pool::max_pool2d_nhwc(&stem_out, 3, 2, 1)?;
         drop(stem_out);
-        for b in &self.blocks {
-            x = block(b, &x)?;
-        }
+        let x = blocks(x)?;
         self.fc.forward(&crate::kernels::global_average_pool(&x)?)
     }
 }
@@ -451,10 +464,15 @@ impl Classifier for ResNet {
         }
         // The stem's output, the largest activation, not kept through the blocks (see
         // `channels_last`).
-        let mut x = max_pool2d(&self.stem.forward(x, train, true)?, 3, 2, 1)?;
-        for block in &self.blocks {
-            x = block.forward(&x, train, &self.grads)?;
-        }
+        let x = max_pool2d(&self.stem.forward(x, train, true)?, 3, 2, 1)?;
+        #[cfg(feature = "cudnn")]
+        let x = if train {
+            self.train_blocks(x, false, |b, x| b.forward(x, true))?
+        } else {
+            self.blocks.iter().try_fold(x, |x, b| b.forward(&x, false))?
+        };
+        #[cfg(not(feature = "cudnn"))]
+        let x = self.blocks.iter().try_fold(x, |x, b| b.forward(&x, train))?;
         // Global average pool, then the classifier.
         let x = x.mean((2, 3))?;
         self.fc.forward(&x)

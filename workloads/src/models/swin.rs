@@ -320,11 +320,8 @@ impl PatchMerging {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (b, h, w, c) = x.dims4()?;
-        let grid = x.reshape((b, h / 2, 2, w / 2, 2, c))?;
-        let at = |dy: usize, dx: usize| grid.narrow(2, dy, 1)?.narrow(4, dx, 1)?.reshape((b, h / 2, w / 2, c));
-        let x = Tensor::cat(&[&at(0, 0)?, &at(1, 0)?, &at(0, 1)?, &at(1, 1)?], 3)?;
-        self.reduction.forward(&self.norm.forward(&x)?)
+        self.reduction
+            .forward(&self.norm.forward(&crate::kernels::merge_neighbours(x)?)?)
     }
 }
 

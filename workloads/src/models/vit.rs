@@ -111,23 +111,22 @@ impl EncoderBlock {
         })
     }
 
-    fn forward(&self, x: &Tensor, grads: &ParamGrads) -> Result<Tensor> {
-        #[cfg(feature = "cuda")]
-        {
-            use super::encoder::{self, Norms, Params};
-            let p = Params {
-                qkv: &[&self.in_proj],
-                out: &self.out_proj,
-                norm1: &self.ln_1,
-                fc1: &self.mlp_fc1,
-                fc2: &self.mlp_fc2,
-                norm2: &self.ln_2,
-            };
-            if encoder::runs_as_one_op(x, &p) {
-                return encoder::forward(x, &p, self.heads, Norms::Pre, None, grads);
-            }
+    /// The block's parameters for the encoder op, its q/k/v layer held in `qkv`.
+    #[cfg(feature = "cuda")]
+    fn params<'a>(&'a self, qkv: &'a [&'a Linear; 1]) -> super::encoder::Params<'a> {
+        super::encoder::Params {
+            qkv,
+            out: &self.out_proj,
+            norm1: &self.ln_1,
+            fc1: &self.mlp_fc1,
+            fc2: &self.mlp_fc2,
+            norm2: &self.ln_2,
         }
-        let _ = grads;
+    }
+
+    /// The block built of ops (a training step on a GPU runs the blocks as one op: see
+    /// [`VisionTransformer::blocks`]).
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.ln_1.forward(x)?;
         let attn = attention(&self.in_proj.forward(&h)?, self.heads, ScoreBias::None)?;
         let x = self.out_proj.forward_residual(&attn, x)?;
@@ -188,6 +187,23 @@ impl VisionTransformer {
     }
 }
 
+impl VisionTransformer {
+    /// The encoder blocks over x: as one op where `encoder::runs_as_one_op` (training on a GPU),
+    /// else each built of ops.
+    fn blocks(&self, x: Tensor) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        {
+            use super::encoder::{self, Norms};
+            let qkv: Vec<[&Linear; 1]> = self.blocks.iter().map(|b| [&b.in_proj]).collect();
+            let params: Vec<_> = self.blocks.iter().zip(&qkv).map(|(b, q)| b.params(q)).collect();
+            if params.first().is_some_and(|p| encoder::runs_as_one_op(&x, p)) {
+                return encoder::forward(&x, &params, self.blocks[0].heads, Norms::Pre, None, &self.grads);
+            }
+        }
+        self.blocks.iter().try_fold(x, |x, b| b.forward(&x))
+    }
+}
+
 impl Classifier for VisionTransformer {
     fn forward(&self, inputs: &Inputs, _train: bool) -> Result<Tensor> {
         let Inputs::Images(x) = inputs else {
@@ -196,12 +212,10 @@ impl Classifier for VisionTransformer {
         let b = x.dim(0)?;
         let patches = self.conv_proj.forward(x)?.flatten(1, 2)?; // [b, patches, d]
         let cls = self.class_token.broadcast_as((b, 1, patches.dim(2)?))?;
-        let mut x = crate::kernels::add_repeating(&Tensor::cat(&[&cls, &patches], 1)?, &self.pos_embedding)?;
+        let x = crate::kernels::add_repeating(&Tensor::cat(&[&cls, &patches], 1)?, &self.pos_embedding)?;
         // Not kept through the blocks (in inference nothing else holds it).
         drop(patches);
-        for block in &self.blocks {
-            x = block.forward(&x, &self.grads)?;
-        }
+        let x = self.blocks(x)?;
         // The class token alone: layer norm is per token, so normalising it alone equals torchvision's
         // normalise-all-then-take.
         let cls = crate::kernels::first_position(&x)?;
