@@ -291,9 +291,11 @@ impl CustomOp1 for Normalize {
         let Some(z) = &self.residual else {
             return self.op.cpu_fwd(xs, xl, wbs, wbl, ss, sl);
         };
-        // Normalised without the ReLU, the residual added, then the ReLU.
+        // Normalised without the ReLU in f64 (rounded once, at the end, as the kernels do), the
+        // residual added, then the ReLU.
         let plain = BatchNorm { relu: false, ..self.op };
-        let (y, shape) = plain.cpu_fwd(xs, xl, wbs, wbl, ss, sl)?;
+        let x64 = cpu::storage(cpu::values(xs, xl)?, candle_core::DType::F64)?;
+        let (y, shape) = plain.cpu_fwd(&x64, &Layout::contiguous(xl.shape().clone()), wbs, wbl, ss, sl)?;
         let (zs, zl) = z.storage_and_layout();
         let candle_core::Storage::Cpu(zs) = &*zs else {
             bail!("batch norm: x is on the CPU, the residual is not")
@@ -318,6 +320,13 @@ impl CustomOp1 for Normalize {
         let (b, bl) = self.b.storage_and_layout();
         let (st, stl) = self.stats.storage_and_layout();
         check_parts(c, wl, bl, stl)?;
+        let dtypes = [&self.w, &self.b].into_iter().chain(&self.residual).map(|t| t.dtype());
+        if let Some(other) = dtypes.into_iter().find(|&d| d != xs.dtype()) {
+            bail!(
+                "batch norm over {:?}: its weight, bias and residual must be {0:?} too, not {other:?}",
+                xs.dtype()
+            )
+        }
         let z = self.residual.as_ref().map(|z| z.storage_and_layout());
         let residual = match &z {
             Some((_, zl)) if zl.shape() != xl.shape() => {

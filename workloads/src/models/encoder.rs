@@ -48,9 +48,10 @@ pub struct Params<'a> {
     pub norm2: &'a LayerNorm,
 }
 
-/// Whether [`forward`] runs the layer as one op: training (x and some parameter record a graph) on a
-/// CUDA device, unless the active kernel options say `layers=ops`. An input that records no graph
-/// would leave the op out of the backward pass, and with it the parameters' gradients.
+/// Whether [`forward`] runs layers with these parameters as one op: training (x and some parameter
+/// record a graph) on a CUDA device, unless the active kernel options say `layers=ops`. An input
+/// that records no graph would leave the op out of the backward pass, and with it the parameters'
+/// gradients.
 pub fn runs_as_one_op(x: &Tensor, p: &Params) -> bool {
     let trains = p.qkv.iter().chain([&p.out, &p.fc1, &p.fc2]).any(|l| l.trains())
         || [p.norm1, p.norm2]

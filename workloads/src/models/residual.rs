@@ -30,9 +30,10 @@ use crate::kernels::options::{EncoderLayers, KernelOptions};
 use crate::kernels::{add, conv2d, conv2d::conv2d_grads};
 use crate::optim::ParamGrads;
 
-/// Whether [`forward`] runs a training step's block as one op: on a CUDA device, x recording a graph
-/// (else the op would be left out of the backward pass, and with it the parameters' gradients),
-/// unless the active kernel options say `layers=ops`.
+/// Whether [`forward`] runs a training step's blocks as one op: on a CUDA device, x recording a
+/// graph (else the op would be left out of the backward pass, and with it the parameters'
+/// gradients; a model's parameters all train or none do), unless the active kernel options say
+/// `layers=ops`.
 pub fn runs_as_one_op(x: &Tensor) -> bool {
     x.device().is_cuda() && x.track_op() && KernelOptions::active().layers == EncoderLayers::Fused
 }
