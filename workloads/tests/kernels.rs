@@ -1211,7 +1211,7 @@ fn encoder_layers_as_one_op_match_the_layers_built_of_ops() {
             let p = params();
             let x = var(&[b, t, c], 540, 1.0);
             assert!(
-                encoder::runs_as_one_op(x.as_tensor(), &p),
+                encoder::runs_as_one_op(x.as_tensor(), std::slice::from_ref(&p)),
                 "{norms:?} {dtype:?}: the fused path must run"
             );
             {
@@ -1222,7 +1222,7 @@ fn encoder_layers_as_one_op_match_the_layers_built_of_ops() {
                 }
                 .enter();
                 assert!(
-                    !encoder::runs_as_one_op(x.as_tensor(), &p),
+                    !encoder::runs_as_one_op(x.as_tensor(), std::slice::from_ref(&p)),
                     "layers=ops builds the layer of ops"
                 );
             }

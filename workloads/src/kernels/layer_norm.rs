@@ -295,17 +295,17 @@ mod cuda {
     /// rows at once, and 64 rows or more each, so that its partial sums stay far smaller than the
     /// rows they sum.
     pub(super) fn param_blocks(a: &LnArgs) -> usize {
-        if sums_by_groups(a) {
+        if sums_group(a).is_some() {
             a.rows.div_ceil(64).clamp(1, 256)
         } else {
             a.rows.clamp(1, 512)
         }
     }
 
-    /// Whether the parameter sums take their group-per-row kernel (built for rows of up to 4 words a
-    /// lane), else the block-per-row one.
-    fn sums_by_groups(a: &LnArgs) -> bool {
-        matches!(row_group(a), Some(Group { words: 4, .. }))
+    /// The group the parameter sums take, where their group-per-row kernel (built for rows of up to
+    /// 4 words a lane) suits; None: the block-per-row one.
+    fn sums_group(a: &LnArgs) -> Option<Group> {
+        row_group(a).filter(|g| g.words == 4)
     }
 
     /// The group-per-row kernel's group, when the rows and tensors suit it: whole words per row,
@@ -336,7 +336,7 @@ mod cuda {
         // of 768 to a low bandwidth; measured: docs/kernels.md#layer-norm).
         let sums = matches!(pass, LnPass::ParamSums { .. });
         let warp = match pass {
-            LnPass::ParamSums { .. } => row_group(&a).filter(|_| sums_by_groups(&a)),
+            LnPass::ParamSums { .. } => sums_group(&a),
             _ => row_group(&a),
         };
         let kernel = match warp {

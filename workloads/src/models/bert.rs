@@ -239,7 +239,7 @@ impl Bert {
             use super::encoder::{self, Norms};
             let qkv: Vec<[&Linear; 3]> = self.layers.iter().map(|l| [&l.query, &l.key, &l.value]).collect();
             let params: Vec<_> = self.layers.iter().zip(&qkv).map(|(l, q)| l.params(q)).collect();
-            if params.first().is_some_and(|p| encoder::runs_as_one_op(&x, p)) {
+            if encoder::runs_as_one_op(&x, &params) {
                 let heads = self.layers[0].heads;
                 return encoder::forward(&x, &params, heads, Norms::Post, Some(&mask_bias), &self.grads);
             }

@@ -52,18 +52,20 @@ pub struct Params<'a> {
 /// record a graph) on a CUDA device, unless the active kernel options say `layers=ops`. An input
 /// that records no graph would leave the op out of the backward pass, and with it the parameters'
 /// gradients.
-pub fn runs_as_one_op(x: &Tensor, p: &Params) -> bool {
-    let trains = p.qkv.iter().chain([&p.out, &p.fc1, &p.fc2]).any(|l| l.trains())
-        || [p.norm1, p.norm2]
-            .iter()
-            .any(|n| n.weight().track_op() || n.bias().track_op());
+pub fn runs_as_one_op(x: &Tensor, layers: &[Params]) -> bool {
+    let trains = |p: &Params| {
+        p.qkv.iter().chain([&p.out, &p.fc1, &p.fc2]).any(|l| l.trains())
+            || [p.norm1, p.norm2]
+                .iter()
+                .any(|n| n.weight().track_op() || n.bias().track_op())
+    };
     let ops = KernelOptions::active().layers == EncoderLayers::Composed;
-    x.device().is_cuda() && x.track_op() && trains && !ops
+    x.device().is_cuda() && x.track_op() && layers.iter().any(trains) && !ops
 }
 
 /// Layers one after another over x [b, t, c] as one op, their parameters' gradients recorded in
 /// `grads` by the backward pass; `mask` a [b, t] key mask in x's dtype (BERT's padding). See
-/// [`runs_as_one_op`] (of the first layer's parameters: a model's layers all train or none do).
+/// [`runs_as_one_op`].
 ///
 /// Why a chain rather than an op per layer: each op's input is one more edge (a memset and a `badd`
 /// over an activation) and each op's output one more copy into the storage candle records; between
@@ -80,12 +82,13 @@ pub fn forward(
         bail!("a chain of encoder layers needs at least one layer")
     }
     let x = x.contiguous()?;
+    let mask = mask.map(|m| m.detach().contiguous()).transpose()?;
     let mut h = x.detach();
     let mut ran = Vec::with_capacity(layers.len());
     let mut saved = Vec::with_capacity(layers.len());
     for p in layers {
-        let bias = match mask {
-            Some(m) => Bias::Keys(m.detach().contiguous()?),
+        let bias = match &mask {
+            Some(m) => Bias::Keys(m.clone()),
             None => Bias::None,
         };
         let layer = Layer::new(p, heads, norms, bias)?;

@@ -266,7 +266,7 @@ impl Block {
                 fc2: &self.fc2,
                 norm2: &self.norm2,
             };
-            if encoder::runs_as_one_op(x, &p) {
+            if encoder::runs_as_one_op(x, std::slice::from_ref(&p)) {
                 return super::swin_block::forward(
                     x,
                     &p,

@@ -196,7 +196,7 @@ impl VisionTransformer {
             use super::encoder::{self, Norms};
             let qkv: Vec<[&Linear; 1]> = self.blocks.iter().map(|b| [&b.in_proj]).collect();
             let params: Vec<_> = self.blocks.iter().zip(&qkv).map(|(b, q)| b.params(q)).collect();
-            if params.first().is_some_and(|p| encoder::runs_as_one_op(&x, p)) {
+            if encoder::runs_as_one_op(&x, &params) {
                 return encoder::forward(&x, &params, self.blocks[0].heads, Norms::Pre, None, &self.grads);
             }
         }
