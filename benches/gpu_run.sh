@@ -69,7 +69,10 @@
 #              and reports it; STEP=speed runs migprof's generate cells (MODELS, default llama_3_2_1b;
 #              BATCHES, default 1,8; prompt 512, 128 tokens, bf16) and PyTorch's decoders
 #              (benches/decoder_reference.py: VARIANTS, default eager,static,gptfast, or none for
-#              migprof's alone; REF_SECS bounds it), then compare.py over both; STEP=kernels the decode
+#              migprof's alone, or REF_RUNS "[MODELS@]VARIANT:BATCHES ..." for some variants at some
+#              batches (of some models);
+#              REF_SECS bounds each), then compare.py over both, ROUNDS times (default 1) and
+#              rounds.py over the rounds; STEP=kernels the decode
 #              kernels' and CUDA-graph GPU tests (.dist/{decode_kernels,graphs}-test.gz); STEP=breakdown
 #              one decode step's kernels by Nsight Compute beside the graphed step (MODELS, BATCHES
 #              default 1; benches/decode_breakdown.py)
@@ -87,7 +90,17 @@ finish() {
 }
 trap finish EXIT
 bin=/tmp/migprof
-gunzip -c "${MIGPROF_GZ:-.dist/migprof.gz}" > "$bin" && chmod +x "$bin"
+# unpack SRC DST: a build shipped gzipped (.gz) or, smaller, as xz (.xz; the GPU machine's python
+# reads it, where no xz tool may be installed).
+unpack() {
+    case "$1" in
+    *.xz) python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2" ;;
+    *) gunzip -c "$1" > "$2" ;;
+    esac && chmod +x "$2"
+}
+# .dist/NAME.xz where shipped, else .dist/NAME.gz.
+shipped() { if [ -f ".dist/$1.xz" ]; then echo ".dist/$1.xz"; else echo ".dist/$1.gz"; fi; }
+unpack "${MIGPROF_GZ:-$(shipped migprof)}" "$bin"
 log() { echo "== $*"; }
 # MPS servers on the GPU (nvidia-smi's count) and MPS processes: none may be left after a call.
 mps_servers() { nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader | grep -c mps-server; ps -eo pid,args | grep "[n]vidia-cuda-mps" || true; }
@@ -108,7 +121,7 @@ gpu_tests() {
     local rc=0 t
     for t in "$@"; do
         log "GPU tests: workloads/tests/$t.rs"
-        gunzip -c ".dist/$t-test.gz" > "/tmp/$t-test" && chmod +x "/tmp/$t-test" || { rc=1; continue; }
+        unpack "$(shipped "$t-test")" "/tmp/$t-test" || { rc=1; continue; }
         timeout "${TEST_SECS:-600}" "/tmp/$t-test" --include-ignored --nocapture --test-threads 1 > "$out/$t.txt" 2>&1 || rc=1
         grep -E "^test |panicked|differ|relative error|worst|test result" -A2 "$out/$t.txt" | grep -v "^--$" | head -80
         cp "$out/$t.txt" "${OUT:-/tmp}/" 2>/dev/null
@@ -149,17 +162,38 @@ fi
 
 if [ "$mode" = decoders ] && [ "${STEP:-truth}" = speed ]; then
 models="${MODELS:-llama_3_2_1b}"; batches="${BATCHES:-1,8}"
-log "migprof generate: $models, bf16, batch $batches, prompt 512, 128 tokens"
-"$bin" run --model "$models" --dtype bf16 --batch "$batches" --prompt-len 512 --output-len 128 \
-    --warmup 1 --iters 3 --device "$uuid" --out "$out/speed" 2>&1 | grep -Ev "^plot:"
-[ "${VARIANTS:-}" = none ] && exit 0
-log "PyTorch's decoders (benches/decoder_reference.py), at most ${REF_SECS:-420} s"
-timeout "${REF_SECS:-420}" python3 benches/decoder_reference.py --models "$models" --batches "$batches" \
-    --variants "${VARIANTS:-eager,static,gptfast}" > "$out/decoder-reference.jsonl" 2> "$out/decoder-reference.log"
-grep -E "^#|Error|error" "$out/decoder-reference.log" | grep -v "warnings.warn" | head -20
-python3 benches/compare.py "$out/speed" "$out/decoder-reference.jsonl" | tee "$out/decode-compare.txt"
-python3 benches/compare.py "$out/speed" "$out/decoder-reference.jsonl" --markdown > "$out/decode-compare.md"
-cp "$out/decoder-reference.jsonl" "$out/decoder-reference.log" "$out/decode-compare.txt" "$out/decode-compare.md" "${OUT:-/tmp}/" 2>/dev/null
+# PyTorch's runs: REF_RUNS lists VARIANT:BATCHES items (e.g. "gptfast:1,8 static:8,32"), else
+# every variant of VARIANTS at every batch.
+runs="${REF_RUNS:-}"
+if [ -z "$runs" ]; then runs=$(for v in $(echo "${VARIANTS:-eager,static,gptfast}" | tr , ' '); do printf '%s ' "$v:$batches"; done); fi
+pairs=()
+for round in $(seq 1 "${ROUNDS:-1}"); do
+    log "round $round: migprof generate: $models, bf16, batch $batches, prompt 512, 128 tokens"
+    "$bin" run --model "$models" --dtype bf16 --batch "$batches" --prompt-len 512 --output-len 128 \
+        --warmup 1 --iters 3 --device "$uuid" --out "$out/speed-r$round" 2>&1 | grep -Ev "^plot:"
+    [ "${VARIANTS:-}" = none ] && continue
+    ref="$out/decoder-reference-r$round.jsonl"; : > "$ref"
+    for item in $runs; do
+        # MODELS@VARIANT:BATCHES narrows an item to some of the models.
+        which="$models"; case "$item" in *@*) which="${item%%@*}"; item="${item#*@}" ;; esac
+        log "round $round: PyTorch's ${item%%:*} for $which at batch ${item#*:} (benches/decoder_reference.py), at most ${REF_SECS:-420} s"
+        timeout "${REF_SECS:-420}" python3 benches/decoder_reference.py --models "$which" --batches "${item#*:}" \
+            --variants "${item%%:*}" >> "$ref" 2>> "$out/decoder-reference.log"
+        cp "$ref" "${OUT:-/tmp}/" 2>/dev/null  # kept if the call's time runs out later
+    done
+    grep -E "^#|Error|error" "$out/decoder-reference.log" | grep -v "warnings.warn" | tail -5
+    python3 benches/compare.py "$out/speed-r$round" "$ref" | tee "$out/decode-compare-r$round.txt"
+    python3 benches/compare.py "$out/speed-r$round" "$ref" --markdown > "$out/decode-compare-r$round.md"
+    cp "$out/decode-compare-r$round".* "${OUT:-/tmp}/" 2>/dev/null
+    tar czf "${OUT:-/tmp}/speed-r$round.tgz" -C "$out" "speed-r$round" 2>/dev/null
+    pairs+=("$out/speed-r$round" "$ref")
+done
+if [ ${#pairs[@]} -gt 0 ]; then
+    log "rounds (benches/rounds.py)"
+    python3 benches/rounds.py "${pairs[@]}" | tee "$out/decode-rounds.txt"
+    python3 benches/rounds.py "${pairs[@]}" --markdown > "$out/decode-rounds.md"
+fi
+cp "$out"/decoder-reference*.jsonl "$out"/decoder-reference.log "$out"/decode-compare* "$out"/decode-rounds* "${OUT:-/tmp}/" 2>/dev/null
 exit 0
 fi
 

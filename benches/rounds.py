@@ -18,6 +18,8 @@ from compare import migprof_rows, print_table
 def best_pytorch(path):
     best = {}
     for p in (json.loads(line) for line in open(path) if line.strip()):
+        if "throughput" not in p:  # a variant that failed, its error in the row
+            continue
         key = (p["model"], p["mode"], p["dtype"], p["batch"])
         if key not in best or p["throughput"] > best[key]["throughput"]:
             best[key] = p

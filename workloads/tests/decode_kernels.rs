@@ -165,11 +165,18 @@ fn decode_kernels_give_the_logits_of_candles_ops() {
                     decode::attention_takes(&gpu, dtype, cfg.head_dim, cfg.num_heads / cfg.num_kv_heads),
                 );
                 assert_eq!(takes, (batch <= decode::MAX_BATCH, true), "{label} batch {batch}");
+                // With both, the step's layers run as one op at batch 1.
+                let one_op = decode::layers_take(takes.0, takes.1, batch, cfg.hidden_size);
+                assert_eq!(one_op, batch <= decode::OVERLAP_MAX_BATCH, "{label} batch {batch}");
                 drop(_all);
                 for (what, layers, attention) in [
                     ("products", EncoderLayers::Fused, Attention::Composed),
                     ("attention", EncoderLayers::Composed, Attention::Fused),
-                    ("both", EncoderLayers::Fused, Attention::Fused),
+                    (
+                        "both (layers as one op at batch 1)",
+                        EncoderLayers::Fused,
+                        Attention::Fused,
+                    ),
                 ] {
                     let (err, agree) = against_ops(&model, &gpu, dtype, batch, options(layers, attention));
                     println!("{label} {dtype:?} batch {batch} {what}: logits {err:.2e}, tokens {agree:.3}");
@@ -534,9 +541,10 @@ fn the_prefill_s_mlp_gives_candles_logits_in_slices_of_rows_or_in_one() {
 #[ignore = "needs a CUDA GPU"]
 fn paged_decode_kernels_give_the_logits_of_candles_ops_with_each_sequence_at_its_own_position() {
     // A server's batch: sequences of prompts of 20, 29, 38, ... tokens in blocks of 16 taken in
-    // turns (no table in order), so that a chunk of the attention's split spans blocks. Three
-    // sequences run the products with the rotary embedding and the cache write; eleven run cuBLAS's
-    // products, the attention kernel still reading the pool through the tables.
+    // turns (no table in order), so that a chunk of the attention's split spans blocks. One sequence
+    // runs the step's layers as one op; three run the products with the rotary embedding and the
+    // cache write op by op; eleven run cuBLAS's products, the attention kernel still reading the pool
+    // through the tables.
     use workloads::models::decoder::{KvPool, SequenceCache};
     let gpu = gpu();
     let ops = options(EncoderLayers::Composed, Attention::Composed);
@@ -545,7 +553,7 @@ fn paged_decode_kernels_give_the_logits_of_candles_ops_with_each_sequence_at_its
         for (name, cfg) in models() {
             let model = Decoder::new(&cfg, weights(&cfg, &gpu, dtype)).unwrap();
             let vocab = cfg.vocab_size as u32;
-            for n in [3, 11] {
+            for n in [1, 3, 11] {
                 let lens: Vec<usize> = (0..n).map(|i| 20 + 9 * i).collect();
                 let most = lens.iter().max().unwrap() + STEPS;
                 let mut pools: Vec<KvPool> = (0..2)

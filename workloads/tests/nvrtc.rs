@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
 use libloading::{Library, Symbol};
-use workloads::kernels::sources::{self, Source};
+use workloads::kernels::sources::{self, Arch, Source};
 
 type Program = *mut c_void;
 
@@ -184,22 +184,36 @@ fn every_kernel_source_compiles_with_nvrtc() {
     let nvrtc = Nvrtc::load();
     let mut failures = Vec::new();
     for source in sources::ALL {
-        match nvrtc.compile(&sources::program(source), source.module, &sources::NVRTC_OPTIONS) {
-            Ok(ptx) => {
-                let defined = entries(&ptx);
-                assert!(!defined.is_empty(), "{} compiled to PTX with no kernel", source.module);
-                for name in expected(source) {
-                    assert!(
-                        defined.iter().any(|d| d == name),
-                        "{} lacks {name}; it defines {defined:?}",
+        for &arch in source.arches() {
+            match nvrtc.compile(&sources::program(source), source.module, &arch.nvrtc_options()) {
+                Ok(ptx) => {
+                    let defined = entries(&ptx);
+                    assert!(!defined.is_empty(), "{} compiled to PTX with no kernel", source.module);
+                    for name in expected(source) {
+                        assert!(
+                            defined.iter().any(|d| d == name),
+                            "{} lacks {name}; it defines {defined:?}",
+                            source.module
+                        );
+                    }
+                    // A source's Hopper build has the instructions it is built for; its Ampere
+                    // build, which every GPU loads, has none of them.
+                    assert_eq!(
+                        ptx.contains("griddepcontrol.wait"),
+                        arch == Arch::Hopper,
+                        "{} for {arch:?}",
                         source.module
                     );
+                    eprintln!("{} ({arch:?}): {} kernels", source.module, defined.len());
                 }
-                eprintln!("{}: {} kernels", source.module, defined.len());
+                Err(log) => failures.push(format!("{} ({arch:?}):\n{log}", source.module)),
             }
-            Err(log) => failures.push(format!("{}:\n{log}", source.module)),
         }
     }
+    assert!(
+        sources::ALL.iter().any(|s| s.arches().contains(&Arch::Hopper)),
+        "no source is built for Hopper"
+    );
     assert!(failures.is_empty(), "NVRTC refused:\n{}", failures.join("\n"));
 }
 
@@ -212,6 +226,8 @@ fn a_broken_source_fails_with_nvrtcs_log() {
         "{}extern \"C\" __global__ void k(float* p) {{ p[0] = undefined_name; }}\n",
         sources::PRELUDE
     );
-    let log = nvrtc.compile(&broken, "broken", &sources::NVRTC_OPTIONS).unwrap_err();
+    let log = nvrtc
+        .compile(&broken, "broken", &Arch::Ampere.nvrtc_options())
+        .unwrap_err();
     assert!(log.contains("undefined_name"), "{log}");
 }

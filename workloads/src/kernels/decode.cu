@@ -28,6 +28,20 @@
 #define DA_MAX_GROUP 16  // query heads per key-value head
 #define NORM_MAX 24320   // elements of normalized activations a product's block keeps (47.5 KB, beside its sums)
 
+// Programmatic dependent launch (Hopper): the host launches these kernels so that one may start while
+// the kernel ahead of it finishes (Kernel::launch_overlapping). Each kernel calls this before it reads
+// what an earlier kernel wrote or writes anything: it waits until the kernel ahead has ended and its
+// writes are visible, then lets the kernel after this one start. The products issue their first weight
+// loads before it, so a layer's short kernels and each kernel's last blocks overlap the next kernel's
+// reading of its weights instead of leaving the memory idle. Compiled for an older GPU (or launched
+// without the attribute) it does nothing, and kernels run one after another.
+__device__ __forceinline__ void wait_for_inputs() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // A 16-byte word of a weight row, read once: not kept in L1, where the activations are.
 __device__ __forceinline__ uint4 load_once(const void* p) {
     uint4 r;
@@ -188,6 +202,7 @@ __device__ void gemv(const typename E::T* w, const typename E::T* x, const typen
     const typename E::T* rows[1] = {w + (unsigned long long)(live ? row : 0) * k};
     uint4 first[1][Group<B>::U];
     load_group<1, Group<B>::U>(rows, lane * 8, live ? k : 0, first);
+    wait_for_inputs();
     if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps);
     if (!live) return;
     float acc[1][B];
@@ -213,6 +228,7 @@ __device__ void swiglu(const typename E::T* gate, const typename E::T* up, const
     const typename E::T* rows[2] = {gate + at, up + at};
     uint4 first[2][Group<B>::U];
     load_group<2, Group<B>::U>(rows, lane * 8, live ? k : 0, first);
+    wait_for_inputs();
     if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps);
     if (!live) return;
     float acc[2][B];
@@ -264,6 +280,7 @@ __device__ void qkv_rope(const typename E::T* wq, const typename E::T* wk, const
     const typename E::T* rows[2] = {w + (unsigned long long)r0 * k, w + (unsigned long long)r1 * k};
     uint4 first[2][Group<B>::U];
     load_group<2, Group<B>::U>(rows, lane * 8, live ? k : 0, first);
+    wait_for_inputs();
     if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps);
     if (!live) return;
     float acc[2][B];
@@ -315,6 +332,7 @@ __device__ void decode_attention(const typename E::T* q, const typename E::T* ke
     __shared__ __align__(16) T vs[DA_CHUNK * S];
     __shared__ float qs[DA_MAX_GROUP][D];
     __shared__ float ps[DA_MAX_GROUP][DA_CHUNK];
+    wait_for_inputs();
     const unsigned int chunk = blockIdx.x, chunks = gridDim.x, seq = blockIdx.y / hkv, kvh = blockIdx.y % hkv;
     const unsigned int group = hq / hkv, start = chunk * chunk_len, p = pos[seq * pos_stride];
     if (start > p) return;
@@ -417,6 +435,7 @@ __device__ void decode_attention_combine(const float* part_out, const float* par
                                          unsigned int hq, unsigned int pos_stride) {
     __shared__ float red[D / 32];
     const unsigned int sh = blockIdx.x, f = threadIdx.x, lane = f & 31, warp = f >> 5;
+    wait_for_inputs();
     const unsigned int used = min(pos[sh / hq * pos_stride] / chunk_len + 1, chunks);
     const float* ml = part_ml + (unsigned long long)sh * chunks * 2;
     float m = __int_as_float(0xff800000);  // -inf
@@ -503,6 +522,7 @@ template <typename E>
 __device__ void argmax_parts(const typename E::T* x, float2* best, unsigned int n) {
     __shared__ float sv[AM_THREADS / 32];
     __shared__ unsigned int si[AM_THREADS / 32];
+    wait_for_inputs();
     const unsigned int part = blockIdx.x, parts = gridDim.x, row = blockIdx.y;
     const unsigned int span = (n + parts - 1) / parts, start = part * span, end = min(n, start + span);
     float v = __int_as_float(0xff800000);
@@ -525,6 +545,7 @@ __device__ void argmax_parts(const typename E::T* x, float2* best, unsigned int 
 }
 // One warp a row over its parts' bests.
 __device__ void argmax_combine(const float2* best, unsigned int* out, unsigned int parts) {
+    wait_for_inputs();
     const unsigned int row = blockIdx.x, lane = threadIdx.x;
     float v = __int_as_float(0xff800000);
     unsigned int i = 0xffffffffu;

@@ -24,6 +24,13 @@ use super::KernelOptions;
 /// matrices, which cuBLAS does well.
 pub const MAX_BATCH: usize = 8;
 
+/// The most sequences for which a decode step's layers run as one op ([`layers`]) and its kernels
+/// start while the one before them finishes (`Kernel::launch_overlapping`): at batch 1 the step's
+/// short kernels leave the memory idle between them, and overlapping them made the step faster; at
+/// batch 8 it made Llama-3.2-1B's step slower, and the layers as one op without the overlap gained
+/// nothing (measured: docs/kernels.md#decode).
+pub const OVERLAP_MAX_BATCH: usize = 1;
+
 /// Head sizes of the attention kernel.
 pub const HEAD_DIMS: [usize; 2] = [64, 128];
 
@@ -220,6 +227,79 @@ pub fn swiglu(x: &Tensor, norm: Option<Norm>, gate: &Tensor, up: &Tensor) -> can
     }
 }
 
+/// One decoder layer's weights and its part of the cache, for [`layers`].
+#[derive(Debug, Clone, Copy)]
+pub struct Layer<'a> {
+    pub input_norm: Norm<'a>,
+    /// q_proj's, k_proj's and v_proj's weights and biases.
+    pub qkv: [&'a Tensor; 3],
+    pub biases: [Option<&'a Tensor>; 3],
+    pub o: &'a Tensor,
+    pub post_norm: Norm<'a>,
+    pub gate: &'a Tensor,
+    pub up: &'a Tensor,
+    pub down: &'a Tensor,
+    /// The layer's keys and values: buffers or a pool, as the step's slots say.
+    pub cache: (&'a Tensor, &'a Tensor),
+}
+
+/// Whether [`layers`] takes a decode step of `batch` sequences of `hidden` features: at most
+/// [`OVERLAP_MAX_BATCH`] sequences, where the products ([`products_take`]) and the attention kernel
+/// ([`attention_takes`]) both take it and each product keeps the batch's normalized rows itself
+/// ([`NORM_MAX`]).
+pub fn layers_take(products: bool, attention: bool, batch: usize, hidden: usize) -> bool {
+    products && attention && batch <= OVERLAP_MAX_BATCH && batch * hidden <= NORM_MAX
+}
+
+/// A decode step's layers on the residual stream `x` [batch, 1, hidden], as one op: each layer's
+/// [`qkv_rope`] (through its input norm), [`attention`], o_proj's [`gemv`] adding into the stream,
+/// [`swiglu`] (through its post-attention norm) and down's [`gemv`] adding into the stream, every
+/// kernel launched after the one before with nothing between them. Separate ops allocate each
+/// output and free each input between kernels, stream operations that keep a kernel from starting
+/// while the one before it finishes (`Kernel::launch_overlapping`); here the memory the layers write
+/// is allocated once before the first kernel. `x` after the last layer.
+pub fn layers(
+    x: &Tensor,
+    layers: &[Layer],
+    (cos, sin): (&Tensor, &Tensor),
+    slots: Slots,
+    heads: Heads,
+) -> candle_core::Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    {
+        let (pos, tables) = slots.held();
+        let norm = |n: Norm| (n.weight.clone(), n.eps as f32);
+        let op = cuda::Layers {
+            layers: layers
+                .iter()
+                .map(|l| cuda::LayerTensors {
+                    input_norm: norm(l.input_norm),
+                    qkv: l.qkv.map(Tensor::clone),
+                    biases: l.biases.map(|b| b.cloned()),
+                    o: l.o.clone(),
+                    post_norm: norm(l.post_norm),
+                    gate: l.gate.clone(),
+                    up: l.up.clone(),
+                    down: l.down.clone(),
+                    keys: l.cache.0.clone(),
+                    values: l.cache.1.clone(),
+                })
+                .collect(),
+            cos: cos.clone(),
+            sin: sin.clone(),
+            pos,
+            tables,
+            heads,
+        };
+        x.apply_op1_no_bwd(&op)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (x, layers, cos, sin, slots, heads);
+        candle_core::bail!("the decode kernels run on CUDA devices only")
+    }
+}
+
 /// One query token per sequence, `q` [batch, q heads, dim] (any shape of those elements), against
 /// each sequence's slots up to its position (`slots`) of `keys` and `values` (buffers [batch, kv
 /// heads, capacity, dim] or a pool, as `slots` says): softmax(q kᵀ / √dim) v, [batch, 1, q heads ·
@@ -261,11 +341,12 @@ pub fn argmax(x: &Tensor) -> candle_core::Result<Tensor> {
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-    use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Tensor};
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::cuda_backend::CudaDevice;
+    use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 
-    use super::Heads;
-    use crate::kernels::launch::{by_dtype, cuda, name, view, Kernel};
+    use super::{Heads, NORM_MAX};
+    use crate::kernels::launch::{address, by_dtype, name, slice_address, Kernel};
     use crate::kernels::sources::DECODE;
 
     /// Warps per block of the products (DEC_WARPS in the source), one output row (or rotary pair)
@@ -311,68 +392,51 @@ mod cuda {
         }
     }
 
-    /// The kernel of a product: `_norm` where it normalizes x itself.
-    fn product_kernel(base: &str, norm: &Option<(Tensor, f32)>, dtype: candle_core::DType, b: usize) -> String {
-        let base = if norm.is_some() {
-            format!("{base}_norm")
-        } else {
-            base.to_string()
+    /// The device address of a tensor the op holds, checked to be on the device, of `dtype`, and
+    /// contiguous.
+    fn address_of(t: &Tensor, dtype: DType, what: &str) -> Result<u64> {
+        let (s, l) = t.storage_and_layout();
+        let candle_core::Storage::Cuda(s) = &*s else {
+            bail!("{what}: a tensor the kernel reads is not on the CUDA device")
         };
-        format!("{}_b{b}", name(&base, dtype))
-    }
-
-    /// The norm's weight, locked for the launch, checked against rows of `k`.
-    #[allow(clippy::type_complexity)]
-    fn norm_weight<'a>(
-        norm: &'a Option<(Tensor, f32)>,
-        k: usize,
-        what: &str,
-    ) -> Result<
-        Option<(
-            impl std::ops::Deref<Target = candle_core::Storage> + 'a,
-            &'a Layout,
-            f32,
-        )>,
-    > {
-        let Some((w, eps)) = norm else { return Ok(None) };
-        let (ws, wl) = w.storage_and_layout();
-        if wl.dims() != [k]
-            || wl
-                .contiguous_offsets()
-                .is_none_or(|(start, _)| !start.is_multiple_of(8))
-        {
-            bail!("{what}: a norm weight {:?} for rows of {k}", wl.dims())
+        if s.dtype() != dtype {
+            bail!("{what}: {:?} beside {dtype:?}", s.dtype())
         }
-        Ok(Some((ws, wl, *eps)))
+        address(s, l, what)
     }
 
-    /// The view of a locked norm weight ([`norm_weight`]) the kernel reads.
-    fn norm_view<
-        'a,
-        T: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
-    >(
-        norm: &'a Option<(impl std::ops::Deref<Target = candle_core::Storage>, &Layout, f32)>,
-    ) -> Result<Option<candle_core::cuda_backend::cudarc::driver::CudaView<'a, T>>> {
-        norm.as_ref()
-            .map(|(s, l, _)| view::<T>(cuda(s, "norm")?, l, "norm"))
-            .transpose()
+    /// The address of an optional tensor, 0 (the kernel's "none") without one.
+    fn address_or_null(t: Option<&Tensor>, dtype: DType, what: &str) -> Result<u64> {
+        t.map_or(Ok(0), |t| address_of(t, dtype, what))
     }
 
-    /// Pushes the norm's weight (or null) and epsilon.
-    fn push_norm<
-        'a,
-        T: candle_core::cuda_backend::CudaDType + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
-    >(
-        a: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'a>,
-        view: &'a Option<candle_core::cuda_backend::cudarc::driver::CudaView<'a, T>>,
-        null: &'a u64,
-        eps: &'a f32,
-    ) {
-        match view {
-            Some(v) => a.arg(v),
-            None => a.arg(null),
-        };
-        a.arg(eps);
+    /// A weight [n, k] checked as [`weight`] does, with its address.
+    fn weight_at(t: &Tensor, k: usize, dtype: DType, what: &str) -> Result<(usize, u64)> {
+        let n = weight(t.layout(), k, what)?;
+        Ok((n, address_of(t, dtype, what)?))
+    }
+
+    /// The kernel of a product: `_norm` where it normalizes x itself.
+    fn product_kernel(dev: &CudaDevice, base: &str, norm: bool, dtype: DType, b: usize) -> Result<Kernel> {
+        let base = if norm { format!("{base}_norm") } else { base.to_string() };
+        load(dev, &format!("{}_b{b}", name(&base, dtype)), b)
+    }
+
+    /// A decode kernel for `b` sequences, overlapping the kernel before it up to
+    /// [`super::OVERLAP_MAX_BATCH`] sequences.
+    fn load(dev: &CudaDevice, kernel: &str, b: usize) -> Result<Kernel> {
+        Ok(Kernel::load(dev, &DECODE, kernel)?.overlapping(b <= super::OVERLAP_MAX_BATCH))
+    }
+
+    /// The norm's weight checked against rows of `k`: its address and epsilon, or (0, 0) without a
+    /// norm.
+    fn norm_at(norm: Option<&(Tensor, f32)>, k: usize, dtype: DType, what: &str) -> Result<(u64, f32)> {
+        let Some((w, eps)) = norm else { return Ok((0, 0.0)) };
+        let l = w.layout();
+        if l.dims() != [k] || l.contiguous_offsets().is_none_or(|(start, _)| !start.is_multiple_of(8)) {
+            bail!("{what}: a norm weight {:?} for rows of {k}", l.dims())
+        }
+        Ok((address_of(w, dtype, what)?, *eps))
     }
 
     fn product_cfg(warps: usize) -> LaunchConfig {
@@ -380,6 +444,162 @@ mod cuda {
             grid_dim: (warps.div_ceil(WARPS) as u32, 1, 1),
             block_dim: ((WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: 0,
+        }
+    }
+
+    /// Memory for `n` elements of `dtype` that a kernel writes whole, as storage, and its address.
+    fn output(dev: &CudaDevice, dtype: DType, n: usize) -> Result<(CudaStorage, u64)> {
+        Ok(by_dtype!(dtype, "the decode kernels", T => {
+            // SAFETY: the kernel given it writes every element before anything reads it.
+            let slice = unsafe { dev.alloc::<T>(n)? };
+            let at = slice_address(&slice);
+            (CudaStorage::wrap_cuda_slice(slice, dev.clone()), at)
+        }))
+    }
+
+    // One launch per kernel, from device addresses. Each kernel loads only weights before its
+    // wait_for_inputs, so each is launched to overlap the kernel ahead of it.
+
+    /// What a product reads and writes: x [b, k], the norm before it (address 0: none), out [b, n].
+    struct Product {
+        x: u64,
+        norm: (u64, f32),
+        out: u64,
+        n: usize,
+        k: usize,
+    }
+
+    /// out = x · wᵀ (+ res where its address is not 0).
+    fn launch_gemv(f: &Kernel, w: u64, res: u64, p: &Product) -> Result<()> {
+        let mut a = f.params();
+        a.ptr(w).ptr(p.x).ptr(p.norm.0).f32(p.norm.1).ptr(res).ptr(p.out);
+        a.u32(p.n as u32).u32(p.k as u32);
+        // SAFETY: parameter types and order match decode_gemv*; the caller checked w [n, k], x
+        // [b, k] from 16-byte boundaries, res and out [b, n].
+        unsafe { f.launch_overlapping(&mut a, product_cfg(p.n)) }
+    }
+
+    /// out = silu(x · gateᵀ) · (x · upᵀ).
+    fn launch_swiglu(f: &Kernel, gate: u64, up: u64, p: &Product) -> Result<()> {
+        let mut a = f.params();
+        a.ptr(gate).ptr(up).ptr(p.x).ptr(p.norm.0).f32(p.norm.1).ptr(p.out);
+        a.u32(p.n as u32).u32(p.k as u32);
+        // SAFETY: parameter types and order match decode_swiglu*; the caller checked gate and up
+        // [n, k], x [b, k] from 16-byte boundaries, out [b, n].
+        unsafe { f.launch_overlapping(&mut a, product_cfg(p.n)) }
+    }
+
+    /// Where a step's keys and values go and are read: the buffers or pool, the rotary tables, the
+    /// positions and block tables, and the cache's addressing ([`addressing`]).
+    #[derive(Clone, Copy)]
+    struct Cache {
+        keys: u64,
+        values: u64,
+        pos: u64,
+        table: u64,
+        /// Slots a block holds (buffers: their capacity), the block tables' row length (buffers:
+        /// 0), and whether each sequence has a position of its own.
+        block: usize,
+        stride: usize,
+        pos_stride: u32,
+    }
+
+    /// q, k and v of x (through its norm), rotated, k and v written into the cache; q [b, hq, d].
+    #[allow(clippy::too_many_arguments)]
+    fn launch_qkv(
+        f: &Kernel,
+        w: [u64; 3],
+        bias: [u64; 3],
+        (cos, sin): (u64, u64),
+        cache: &Cache,
+        p: &Product,
+        heads: Heads,
+    ) -> Result<()> {
+        let mut a = f.params();
+        for v in w.into_iter().chain(bias).chain([cos, sin, cache.pos, p.x, p.norm.0]) {
+            a.ptr(v);
+        }
+        a.f32(p.norm.1).ptr(p.out).ptr(cache.keys).ptr(cache.values);
+        for v in [heads.q, heads.kv, heads.dim, p.k, cache.block] {
+            a.u32(v as u32);
+        }
+        a.ptr(cache.table).u32(cache.stride as u32).u32(cache.pos_stride);
+        // SAFETY: parameter types and order match decode_qkv*; the caller checked every weight,
+        // bias, table and buffer, x [b, k], out [b, hq, d], and each position below the slots its
+        // sequence holds and the rotary tables' rows. The kernel writes each position's slot of
+        // the cache, whose later readers are kernels on this same stream.
+        unsafe { f.launch_overlapping(&mut a, product_cfg((heads.q + 2 * heads.kv) * heads.dim / 2)) }
+    }
+
+    /// The split attention's two kernels and the chunking of the cache for `b` sequences.
+    struct Attend {
+        attend: Kernel,
+        combine: Kernel,
+        chunk: usize,
+        chunks: usize,
+    }
+
+    impl Attend {
+        fn load(dev: &CudaDevice, dtype: DType, b: usize, heads: Heads, cache: &Cache) -> Result<Attend> {
+            // The most slots a sequence holds: the chunks' grid covers them.
+            let cap = cache.block * cache.stride.max(1);
+            let chunk = super::attention_chunk(b, heads.kv, cap);
+            let d = heads.dim;
+            Ok(Attend {
+                attend: load(dev, &format!("{}_d{d}", name("decode_attention", dtype)), b)?,
+                combine: load(dev, &format!("{}_d{d}", name("decode_attention_combine", dtype)), b)?,
+                chunk,
+                chunks: cap.div_ceil(chunk),
+            })
+        }
+
+        /// Elements of the partial outputs and of the (max, sum) pairs for `b` sequences.
+        fn parts(&self, b: usize, heads: Heads) -> (usize, usize) {
+            let rows = b * heads.q * self.chunks;
+            (rows * heads.dim, rows * 2)
+        }
+
+        /// softmax(q kᵀ / √d) v of q [b, hq, d] over the cache into out [b, hq · d], through the
+        /// partial softmaxes `parts` (addresses of [`Attend::parts`]'s f32 elements).
+        fn launch(&self, b: usize, heads: Heads, cache: &Cache, q: u64, parts: (u64, u64), out: u64) -> Result<()> {
+            let scale = (1.0 / (heads.dim as f64).sqrt() * std::f64::consts::LOG2_E) as f32;
+            let mut a = self.attend.params();
+            a.ptr(q)
+                .ptr(cache.keys)
+                .ptr(cache.values)
+                .ptr(cache.pos)
+                .ptr(parts.0)
+                .ptr(parts.1);
+            a.u32(heads.q as u32)
+                .u32(heads.kv as u32)
+                .u32(cache.block as u32)
+                .u32(self.chunk as u32);
+            a.f32(scale)
+                .ptr(cache.table)
+                .u32(cache.stride as u32)
+                .u32(cache.pos_stride);
+            let cfg = LaunchConfig {
+                grid_dim: (self.chunks as u32, (b * heads.kv) as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: parameter types and order match decode_attention_*; the caller checked q [b,
+            // hq, d], the cache's buffers or pool and tables, and each position below the slots
+            // its sequence holds; the parts hold b·hq·chunks·(d and 2) elements.
+            unsafe { self.attend.launch_overlapping(&mut a, cfg) }?;
+            let mut a = self.combine.params();
+            a.ptr(parts.0).ptr(parts.1).ptr(cache.pos).ptr(out);
+            a.u32(self.chunks as u32)
+                .u32(self.chunk as u32)
+                .u32(heads.q as u32)
+                .u32(cache.pos_stride);
+            let cfg = LaunchConfig {
+                grid_dim: ((b * heads.q) as u32, 1, 1),
+                block_dim: (heads.dim as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: as above; out holds b·hq·d.
+            unsafe { self.combine.launch_overlapping(&mut a, cfg) }
         }
     }
 
@@ -400,45 +620,28 @@ mod cuda {
         }
 
         fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
-            let (b, k) = activation(xl, "decode product")?;
-            let (ws, wl) = self.w.storage_and_layout();
-            let ws = cuda(&ws, "decode product's weights")?;
-            let n = weight(wl, k, "decode product")?;
-            let residual = self.residual.as_ref().map(|r| r.storage_and_layout());
-            if let Some((_, rl)) = &residual {
-                if rl.shape().elem_count() != b * n || rl.contiguous_offsets().is_none() {
-                    bail!("decode product: a residual {:?} for an output [{b}, 1, {n}]", rl.dims())
+            let what = "decode product";
+            let (b, k) = activation(xl, what)?;
+            let dtype = x.dtype();
+            let (n, w) = weight_at(&self.w, k, dtype, what)?;
+            if let Some(r) = &self.residual {
+                if r.elem_count() != b * n || !r.is_contiguous() {
+                    bail!("{what}: a residual {:?} for an output [{b}, 1, {n}]", r.dims())
                 }
             }
-            let norm = norm_weight(&self.norm, k, "decode product")?;
-            let dev = x.device().clone();
-            let func = Kernel::load(&dev, &DECODE, &product_kernel("decode_gemv", &self.norm, x.dtype(), b))?;
-            let (n32, k32) = (n as u32, k as u32);
-            let null = 0u64;
-            let eps = norm.as_ref().map_or(0.0, |(_, _, eps)| *eps);
-            let out = by_dtype!(x.dtype(), "the decode products", T => {
-                let xv = view::<T>(x, xl, "decode product")?;
-                let wv = view::<T>(ws, wl, "decode product's weights")?;
-                let nv = norm_view::<T>(&norm)?;
-                // SAFETY: the kernel writes every element.
-                let out = unsafe { dev.alloc::<T>(b * n)? };
-                let mut a = func.builder();
-                a.arg(&wv).arg(&xv);
-                push_norm(&mut a, &nv, &null, &eps);
-                let rv = match &residual {
-                    Some((rs, rl)) => Some(view::<T>(cuda(rs, "decode product's residual")?, rl, "residual")?),
-                    None => None,
-                };
-                match &rv {
-                    Some(rv) => a.arg(rv),
-                    None => a.arg(&null),
-                };
-                a.arg(&out).arg(&n32).arg(&k32);
-                // SAFETY: argument types and order match the kernel; w holds n·k and x b·k elements
-                // from 16-byte boundaries (checked above), the residual and out b·n.
-                unsafe { func.launch(&mut a, product_cfg(n)) }?;
-                CudaStorage::wrap_cuda_slice(out, dev.clone())
-            });
+            let res = address_or_null(self.residual.as_ref(), dtype, what)?;
+            let norm = norm_at(self.norm.as_ref(), k, dtype, what)?;
+            let dev = x.device();
+            let f = product_kernel(dev, "decode_gemv", self.norm.is_some(), dtype, b)?;
+            let (out, out_at) = output(dev, dtype, b * n)?;
+            let p = Product {
+                x: address(x, xl, what)?,
+                norm,
+                out: out_at,
+                n,
+                k,
+            };
+            launch_gemv(&f, w, res, &p)?;
             Ok((out, Shape::from((b, 1, n))))
         }
     }
@@ -460,59 +663,28 @@ mod cuda {
         }
 
         fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
-            let (b, k) = activation(xl, "decode MLP")?;
-            let (gs, gl) = self.gate.storage_and_layout();
-            let (us, ul) = self.up.storage_and_layout();
-            let (gs, us) = (cuda(&gs, "gate_proj")?, cuda(&us, "up_proj")?);
-            let n = weight(gl, k, "decode MLP's gate")?;
-            if weight(ul, k, "decode MLP's up")? != n {
-                bail!("decode MLP: gate {:?} and up {:?} differ", gl.dims(), ul.dims())
+            let what = "decode MLP";
+            let (b, k) = activation(xl, what)?;
+            let dtype = x.dtype();
+            let (n, gate) = weight_at(&self.gate, k, dtype, "decode MLP's gate")?;
+            let (nu, up) = weight_at(&self.up, k, dtype, "decode MLP's up")?;
+            if nu != n {
+                bail!("{what}: gate {:?} and up {:?} differ", self.gate.dims(), self.up.dims())
             }
-            let norm = norm_weight(&self.norm, k, "decode MLP")?;
-            let dev = x.device().clone();
-            let func = Kernel::load(
-                &dev,
-                &DECODE,
-                &product_kernel("decode_swiglu", &self.norm, x.dtype(), b),
-            )?;
-            let (n32, k32) = (n as u32, k as u32);
-            let null = 0u64;
-            let eps = norm.as_ref().map_or(0.0, |(_, _, eps)| *eps);
-            let out = by_dtype!(x.dtype(), "the decode products", T => {
-                let (xv, gv, uv) = (view::<T>(x, xl, "decode MLP")?, view::<T>(gs, gl, "gate")?, view::<T>(us, ul, "up")?);
-                let nv = norm_view::<T>(&norm)?;
-                // SAFETY: the kernel writes every element.
-                let out = unsafe { dev.alloc::<T>(b * n)? };
-                let mut a = func.builder();
-                a.arg(&gv).arg(&uv).arg(&xv);
-                push_norm(&mut a, &nv, &null, &eps);
-                a.arg(&out).arg(&n32).arg(&k32);
-                // SAFETY: argument types and order match the kernel; gate and up hold n·k, x b·k from
-                // 16-byte boundaries, out b·n.
-                unsafe { func.launch(&mut a, product_cfg(n)) }?;
-                CudaStorage::wrap_cuda_slice(out, dev.clone())
-            });
+            let norm = norm_at(self.norm.as_ref(), k, dtype, what)?;
+            let dev = x.device();
+            let f = product_kernel(dev, "decode_swiglu", self.norm.is_some(), dtype, b)?;
+            let (out, out_at) = output(dev, dtype, b * n)?;
+            let p = Product {
+                x: address(x, xl, what)?,
+                norm,
+                out: out_at,
+                n,
+                k,
+            };
+            launch_swiglu(&f, gate, up, &p)?;
             Ok((out, Shape::from((b, 1, n))))
         }
-    }
-
-    /// A tensor the op holds besides its argument, locked for reading while the kernel is launched.
-    fn held(t: &Tensor) -> (impl std::ops::Deref<Target = candle_core::Storage> + '_, &Layout) {
-        t.storage_and_layout()
-    }
-
-    #[derive(Debug, Clone)]
-    pub(super) struct QkvRope {
-        pub norm: Option<(Tensor, f32)>,
-        pub weights: [Tensor; 3],
-        pub biases: [Option<Tensor>; 3],
-        pub cos: Tensor,
-        pub sin: Tensor,
-        pub pos: Tensor,
-        pub tables: Option<Tensor>,
-        pub keys: Tensor,
-        pub values: Tensor,
-        pub heads: Heads,
     }
 
     /// The cache's addressing, checked against `b` sequences of `hkv` key-value heads of `d`: the
@@ -555,6 +727,130 @@ mod cuda {
         }
     }
 
+    /// The positions, block tables and one layer's keys and values as the kernels address them,
+    /// checked against `b` sequences of `heads`. The positions themselves are checked on the host
+    /// by the caller (the decoder's step): each below the rotary tables' rows and the slots its
+    /// sequence holds, and its block in the pool.
+    fn cache_at(
+        (keys, values): (&Tensor, &Tensor),
+        pos: &Tensor,
+        tables: Option<&Tensor>,
+        b: usize,
+        heads: Heads,
+        dtype: DType,
+        what: &str,
+    ) -> Result<Cache> {
+        let (block, stride, pos_stride) = addressing(
+            keys.layout(),
+            pos.layout(),
+            tables.map(Tensor::layout),
+            b,
+            heads.kv,
+            heads.dim,
+            what,
+        )?;
+        if values.dims() != keys.dims() || !keys.is_contiguous() || !values.is_contiguous() {
+            bail!(
+                "{what}: key and value buffers {:?} and {:?}",
+                keys.dims(),
+                values.dims()
+            )
+        }
+        Ok(Cache {
+            keys: address_of(keys, dtype, what)?,
+            values: address_of(values, dtype, what)?,
+            pos: address_of(pos, DType::U32, what)?,
+            table: address_or_null(tables, DType::U32, what)?,
+            block,
+            stride,
+            pos_stride,
+        })
+    }
+
+    /// The heads and the cache's buffers checked for the attention kernel: heads of
+    /// [`super::HEAD_DIMS`] read in 16-byte words from the buffers' first elements, at most
+    /// [`super::MAX_GROUP`] query heads a key-value head, one grid row per (sequence, key-value
+    /// head).
+    fn check_attention(heads: Heads, b: usize, (keys, values): (&Tensor, &Tensor), what: &str) -> Result<()> {
+        let words = |t: &Tensor| t.layout().start_offset().is_multiple_of(8);
+        if !super::HEAD_DIMS.contains(&heads.dim)
+            || heads.kv == 0
+            || !heads.q.is_multiple_of(heads.kv)
+            || heads.q / heads.kv > super::MAX_GROUP
+            || b * heads.kv > 65_535
+            || !words(keys)
+            || !words(values)
+        {
+            bail!(
+                "{what}: {} query heads over {} of {} for {b} sequences, buffers from elements {} and {}: the kernel takes heads of {:?}, at most {} query heads a key-value head, whole 16-byte words",
+                heads.q,
+                heads.kv,
+                heads.dim,
+                keys.layout().start_offset(),
+                values.layout().start_offset(),
+                super::HEAD_DIMS,
+                super::MAX_GROUP
+            )
+        }
+        Ok(())
+    }
+
+    /// The rotary tables [positions, d / 2] for heads of `d`: their addresses.
+    fn rotary_at(cos: &Tensor, sin: &Tensor, d: usize, dtype: DType, what: &str) -> Result<(u64, u64)> {
+        let positions = cos.dims().first().copied().unwrap_or(0);
+        if cos.dims() != [positions, d / 2] || sin.dims() != cos.dims() {
+            bail!(
+                "{what}: rotary tables {:?} and {:?} for heads of {d}",
+                cos.dims(),
+                sin.dims()
+            )
+        }
+        Ok((address_of(cos, dtype, what)?, address_of(sin, dtype, what)?))
+    }
+
+    /// One layer's q/k/v projections (with biases where the model has them), checked for rows of
+    /// `k` and `heads`: their addresses.
+    fn projections_at(
+        weights: &[Tensor; 3],
+        biases: &[Option<Tensor>; 3],
+        k: usize,
+        heads: Heads,
+        dtype: DType,
+        what: &str,
+    ) -> Result<([u64; 3], [u64; 3])> {
+        let rows = [heads.q, heads.kv, heads.kv].map(|h| h * heads.dim);
+        let mut w = [0; 3];
+        let mut bias = [0; 3];
+        for i in 0..3 {
+            let (n, at) = weight_at(&weights[i], k, dtype, what)?;
+            if n != rows[i] {
+                bail!("{what}: a projection {:?} for {} rows", weights[i].dims(), rows[i])
+            }
+            w[i] = at;
+            if let Some(b) = &biases[i] {
+                if b.dims() != [rows[i]] || !b.is_contiguous() {
+                    bail!("{what}: a bias {:?} for {} rows", b.dims(), rows[i])
+                }
+                bias[i] = address_of(b, dtype, what)?;
+            }
+        }
+        Ok((w, bias))
+    }
+
+    #[derive(Debug, Clone)]
+    pub(super) struct QkvRope {
+        pub norm: Option<(Tensor, f32)>,
+        pub weights: [Tensor; 3],
+        pub biases: [Option<Tensor>; 3],
+        pub cos: Tensor,
+        pub sin: Tensor,
+        pub pos: Tensor,
+        pub tables: Option<Tensor>,
+        pub keys: Tensor,
+        pub values: Tensor,
+        pub heads: Heads,
+    }
+
     impl CustomOp1 for QkvRope {
         fn name(&self) -> &'static str {
             "decode-qkv-rope"
@@ -567,98 +863,32 @@ mod cuda {
         fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
             let what = "decode q/k/v";
             let (b, k) = activation(xl, what)?;
-            let Heads { q: hq, kv: hkv, dim: d } = self.heads;
-            let weights = self.weights.each_ref().map(held);
-            for ((_, l), rows) in weights.iter().zip([hq * d, hkv * d, hkv * d]) {
-                if weight(l, k, what)? != rows {
-                    bail!("{what}: a projection {:?} for {rows} rows", l.dims())
-                }
-            }
-            let biases = self.biases.each_ref().map(|b| b.as_ref().map(held));
-            for ((_, l), rows) in biases
-                .iter()
-                .zip([hq * d, hkv * d, hkv * d])
-                .filter_map(|(b, r)| Some((b.as_ref()?, r)))
-            {
-                if l.dims() != [rows] || l.contiguous_offsets().is_none() {
-                    bail!("{what}: a bias {:?} for {rows} rows", l.dims())
-                }
-            }
-            let (cos, sin, pos) = (held(&self.cos), held(&self.sin), held(&self.pos));
-            let positions = cos.1.dims().first().copied().unwrap_or(0);
-            if cos.1.dims() != [positions, d / 2] || sin.1.dims() != cos.1.dims() {
-                bail!(
-                    "{what}: rotary tables {:?} and {:?} for heads of {d}",
-                    cos.1.dims(),
-                    sin.1.dims(),
-                )
-            }
-            let (keys, values) = (held(&self.keys), held(&self.values));
-            let tables = self.tables.as_ref().map(held);
-            let (cap, stride, pos_stride) = addressing(keys.1, pos.1, tables.as_ref().map(|t| t.1), b, hkv, d, what)?;
-            if values.1.dims() != keys.1.dims()
-                || keys.1.contiguous_offsets().is_none()
-                || values.1.contiguous_offsets().is_none()
-            {
-                bail!(
-                    "{what}: key and value buffers {:?} and {:?}",
-                    keys.1.dims(),
-                    values.1.dims()
-                )
-            }
-            // The positions are checked on the host by the caller (the decoder's step): each below the
-            // rotary tables' rows and the slots its sequence holds, and its block in the pool.
-            let norm = norm_weight(&self.norm, k, what)?;
-            let dev = x.device().clone();
-            let func = Kernel::load(&dev, &DECODE, &product_kernel("decode_qkv", &self.norm, x.dtype(), b))?;
-            let dims = [hq, hkv, d, k, cap].map(|v| v as u32);
-            let stride32 = stride as u32;
-            let null = 0u64;
-            let eps = norm.as_ref().map_or(0.0, |(_, _, eps)| *eps);
-            let out = by_dtype!(x.dtype(), "the decode products", T => {
-                let w = weights.each_ref().map(|(s, l)| cuda(s, what).and_then(|s| view::<T>(s, l, what)));
-                let [wq, wk, wv] = w;
-                let (wq, wk, wv) = (wq?, wk?, wv?);
-                let bias = biases.each_ref().map(|b| b.as_ref().map(|(s, l)| cuda(s, what).and_then(|s| view::<T>(s, l, what))).transpose());
-                let [bq, bk, bv] = bias;
-                let (bq, bk, bv) = (bq?, bk?, bv?);
-                let cv = view::<T>(cuda(&cos.0, what)?, cos.1, "cos")?;
-                let sv = view::<T>(cuda(&sin.0, what)?, sin.1, "sin")?;
-                let pv = view::<u32>(cuda(&pos.0, what)?, pos.1, "position")?;
-                let kv = view::<T>(cuda(&keys.0, what)?, keys.1, "keys")?;
-                let vv = view::<T>(cuda(&values.0, what)?, values.1, "values")?;
-                let tv = tables.as_ref().map(|(s, l)| cuda(s, what).and_then(|s| view::<u32>(s, l, "block tables"))).transpose()?;
-                let xv = view::<T>(x, xl, what)?;
-                let nv = norm_view::<T>(&norm)?;
-                // SAFETY: the kernel writes every element.
-                let out = unsafe { dev.alloc::<T>(b * hq * d)? };
-                let mut a = func.builder();
-                a.arg(&wq).arg(&wk).arg(&wv);
-                for bias in [&bq, &bk, &bv] {
-                    match bias {
-                        Some(v) => a.arg(v),
-                        None => a.arg(&null),
-                    };
-                }
-                a.arg(&cv).arg(&sv).arg(&pv).arg(&xv);
-                push_norm(&mut a, &nv, &null, &eps);
-                a.arg(&out).arg(&kv).arg(&vv);
-                for v in &dims {
-                    a.arg(v);
-                }
-                match &tv {
-                    Some(t) => a.arg(t),
-                    None => a.arg(&null),
-                };
-                a.arg(&stride32).arg(&pos_stride);
-                // SAFETY: argument types and order match the kernel; every weight, bias, table and
-                // buffer has the shape checked above, x b·k elements, out b·hq·d. The kernel writes
-                // the keys' and values' slot of each position through these views: the buffers belong to the
-                // cache, whose later readers are kernels on this same stream.
-                unsafe { func.launch(&mut a, product_cfg((hq + 2 * hkv) * d / 2)) }?;
-                CudaStorage::wrap_cuda_slice(out, dev.clone())
-            });
-            Ok((out, Shape::from((b, hq, d))))
+            let dtype = x.dtype();
+            let heads = self.heads;
+            let (w, bias) = projections_at(&self.weights, &self.biases, k, heads, dtype, what)?;
+            let rotary = rotary_at(&self.cos, &self.sin, heads.dim, dtype, what)?;
+            let cache = cache_at(
+                (&self.keys, &self.values),
+                &self.pos,
+                self.tables.as_ref(),
+                b,
+                heads,
+                dtype,
+                what,
+            )?;
+            let norm = norm_at(self.norm.as_ref(), k, dtype, what)?;
+            let dev = x.device();
+            let f = product_kernel(dev, "decode_qkv", self.norm.is_some(), dtype, b)?;
+            let (out, out_at) = output(dev, dtype, b * heads.q * heads.dim)?;
+            let p = Product {
+                x: address(x, xl, what)?,
+                norm,
+                out: out_at,
+                n: heads.q * heads.dim,
+                k,
+            };
+            launch_qkv(&f, w, bias, rotary, &cache, &p, heads)?;
+            Ok((out, Shape::from((b, heads.q, heads.dim))))
         }
     }
 
@@ -681,117 +911,188 @@ mod cuda {
 
         fn cuda_fwd(&self, q: &CudaStorage, ql: &Layout) -> Result<(CudaStorage, Shape)> {
             let what = "decode attention";
-            let (keys, values, pos) = (
-                self.keys.storage_and_layout(),
-                self.values.storage_and_layout(),
-                self.pos.storage_and_layout(),
-            );
-            let tables = self.tables.as_ref().map(|t| t.storage_and_layout());
-            let (b, hkv, d) = match (keys.1.dims(), &tables) {
+            let (b, hkv, d) = match (self.keys.dims(), &self.tables) {
                 ([b, h, _, d], None) => (*b, *h, *d),
-                ([_, h, _, d], Some((_, tl))) => (tl.dims().first().copied().unwrap_or(0), *h, *d),
+                ([_, h, _, d], Some(t)) => (t.dims().first().copied().unwrap_or(0), *h, *d),
                 (other, _) => bail!("{what}: key buffers {other:?}, not [batch or blocks, heads, slots, dim]"),
             };
-            let (block, stride, pos_stride) = addressing(keys.1, pos.1, tables.as_ref().map(|t| t.1), b, hkv, d, what)?;
-            // The most slots a sequence holds: the chunks' grid covers them.
-            let cap = block * stride.max(1);
             let per_seq = ql.shape().elem_count() / b.max(1);
-            if ql.shape().elem_count() != b * per_seq || !per_seq.is_multiple_of(d) || ql.contiguous_offsets().is_none()
-            {
-                bail!("{what}: queries {:?} for {b} sequences of heads of {d}", ql.dims())
-            }
-            let hq = per_seq / d;
-            // The kernel keeps MAX_GROUP query heads' scores in shared memory, reads queries and heads
-            // of 64 or 128 in 16-byte words from the tensors' first element, and has a grid row per
-            // (sequence, key-value head).
-            let words = |l: &Layout| l.contiguous_offsets().is_some_and(|(start, _)| start.is_multiple_of(8));
-            if !super::HEAD_DIMS.contains(&d)
-                || hkv == 0
-                || hq / hkv > super::MAX_GROUP
-                || b * hkv > 65_535
-                || !words(ql)
-                || !words(keys.1)
-                || !words(values.1)
+            if b == 0
+                || ql.shape().elem_count() != b * per_seq
+                || !per_seq.is_multiple_of(d)
+                || ql
+                    .contiguous_offsets()
+                    .is_none_or(|(start, _)| !start.is_multiple_of(8))
             {
                 bail!(
-                    "{what}: {hq} query heads over {hkv} of {d} for {b} sequences, queries from element {}, buffers from elements {:?} and {:?}: the kernel takes heads of {:?}, at most {} query heads a key-value head, whole 16-byte words",
-                    ql.start_offset(),
-                    keys.1.start_offset(),
-                    values.1.start_offset(),
-                    super::HEAD_DIMS,
-                    super::MAX_GROUP
-                )
-            }
-            if values.1.dims() != keys.1.dims() || !hq.is_multiple_of(hkv) {
-                bail!(
-                    "{what}: queries {:?}, keys {:?}, values {:?}",
+                    "{what}: queries {:?} from element {} for {b} sequences of heads of {d}: the kernel reads whole 16-byte words",
                     ql.dims(),
-                    keys.1.dims(),
-                    values.1.dims(),
+                    ql.start_offset()
                 )
             }
-            let chunk = super::attention_chunk(b, hkv, cap);
-            let chunks = cap.div_ceil(chunk);
-            let dev = q.device().clone();
-            let attend = Kernel::load(&dev, &DECODE, &format!("{}_d{d}", name("decode_attention", q.dtype())))?;
-            let combine = Kernel::load(
-                &dev,
-                &DECODE,
-                &format!("{}_d{d}", name("decode_attention_combine", q.dtype())),
+            let heads = Heads {
+                q: per_seq / d,
+                kv: hkv,
+                dim: d,
+            };
+            check_attention(heads, b, (&self.keys, &self.values), what)?;
+            let dtype = q.dtype();
+            let cache = cache_at(
+                (&self.keys, &self.values),
+                &self.pos,
+                self.tables.as_ref(),
+                b,
+                heads,
+                dtype,
+                what,
             )?;
-            // SAFETY (both): every chunk at or before the position writes its part; the combine reads
-            // only those.
-            let part_out = unsafe { dev.alloc::<f32>(b * hq * chunks * d)? };
-            let part_ml = unsafe { dev.alloc::<f32>(b * hq * chunks * 2)? };
-            let scale = (1.0 / (d as f64).sqrt() * std::f64::consts::LOG2_E) as f32;
-            let (hq32, hkv32, block32, chunks32, chunk32, stride32) = (
-                hq as u32,
-                hkv as u32,
-                block as u32,
-                chunks as u32,
-                chunk as u32,
-                stride as u32,
-            );
-            let null = 0u64;
-            let out = by_dtype!(q.dtype(), "decode attention", T => {
-                let qv = view::<T>(q, ql, what)?;
-                let kv = view::<T>(cuda(&keys.0, what)?, keys.1, "keys")?;
-                let vv = view::<T>(cuda(&values.0, what)?, values.1, "values")?;
-                let pv = view::<u32>(cuda(&pos.0, what)?, pos.1, "position")?;
-                let tv = tables.as_ref().map(|(s, l)| cuda(s, what).and_then(|s| view::<u32>(s, l, "block tables"))).transpose()?;
-                let mut a = attend.builder();
-                a.arg(&qv).arg(&kv).arg(&vv).arg(&pv).arg(&part_out).arg(&part_ml);
-                a.arg(&hq32).arg(&hkv32).arg(&block32).arg(&chunk32).arg(&scale);
-                match &tv {
-                    Some(t) => a.arg(t),
-                    None => a.arg(&null),
-                };
-                a.arg(&stride32).arg(&pos_stride);
-                let cfg = LaunchConfig {
-                    grid_dim: (chunks32, (b * hkv) as u32, 1),
-                    block_dim: (128, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: argument types and order match the kernel; q holds b·hq·d, keys and values
-                // b·hkv·cap·d (or a pool whose blocks the tables name), the parts b·hq·chunks·(d and
-                // 2); each position is below the slots its sequence holds (the decoder's step checks
-                // it on the host).
-                unsafe { attend.launch(&mut a, cfg) }?;
-                // SAFETY: the combine writes every element.
-                let out = unsafe { dev.alloc::<T>(b * hq * d)? };
-                let mut a = combine.builder();
-                a.arg(&part_out).arg(&part_ml).arg(&pv).arg(&out).arg(&chunks32).arg(&chunk32);
-                a.arg(&hq32).arg(&pos_stride);
-                let cfg = LaunchConfig {
-                    grid_dim: ((b * hq) as u32, 1, 1),
-                    block_dim: (d as u32, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: as above; out holds b·hq·d.
-                unsafe { combine.launch(&mut a, cfg) }?;
-                CudaStorage::wrap_cuda_slice(out, dev.clone())
-            });
-            Ok((out, Shape::from((b, 1, hq * d))))
+            let dev = q.device();
+            let attend = Attend::load(dev, dtype, b, heads, &cache)?;
+            let (po, pm) = attend.parts(b, heads);
+            let (part_out, part_ml) = (output(dev, DType::F32, po)?, output(dev, DType::F32, pm)?);
+            let (out, out_at) = output(dev, dtype, b * heads.q * d)?;
+            attend.launch(b, heads, &cache, address(q, ql, what)?, (part_out.1, part_ml.1), out_at)?;
+            // The parts go back in stream order, after the kernels that use them.
+            drop((part_out, part_ml));
+            Ok((out, Shape::from((b, 1, heads.q * d))))
+        }
+    }
+
+    /// One decoder layer's tensors for [`Layers`].
+    #[derive(Debug, Clone)]
+    pub(super) struct LayerTensors {
+        pub input_norm: (Tensor, f32),
+        pub qkv: [Tensor; 3],
+        pub biases: [Option<Tensor>; 3],
+        pub o: Tensor,
+        pub post_norm: (Tensor, f32),
+        pub gate: Tensor,
+        pub up: Tensor,
+        pub down: Tensor,
+        pub keys: Tensor,
+        pub values: Tensor,
+    }
+
+    /// A decode step's layers as one op: every layer's six kernels launched back to back, each
+    /// writing into memory allocated once before the first. Allocations and frees are operations
+    /// on the stream; between two kernels they would keep the second from overlapping the first.
+    #[derive(Debug, Clone)]
+    pub(super) struct Layers {
+        pub layers: Vec<LayerTensors>,
+        pub cos: Tensor,
+        pub sin: Tensor,
+        pub pos: Tensor,
+        pub tables: Option<Tensor>,
+        pub heads: Heads,
+    }
+
+    impl CustomOp1 for Layers {
+        fn name(&self) -> &'static str {
+            "decode-layers"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            on_cpu("layers")
+        }
+
+        fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
+            let what = "decode layers";
+            let (b, k) = activation(xl, what)?;
+            if b * k > NORM_MAX {
+                bail!("{what}: {b} sequences of {k} are more than a product normalizes itself ({NORM_MAX} elements)")
+            }
+            let heads = self.heads;
+            let dtype = x.dtype();
+            let width = heads.q * heads.dim;
+            let rotary = rotary_at(&self.cos, &self.sin, heads.dim, dtype, what)?;
+            let Some(first) = self.layers.first() else {
+                bail!("{what}: no layers")
+            };
+            let inner = weight(first.gate.layout(), k, what)?;
+            let dev = x.device();
+            let qkv = product_kernel(dev, "decode_qkv", true, dtype, b)?;
+            let gemv = product_kernel(dev, "decode_gemv", false, dtype, b)?;
+            let swiglu = product_kernel(dev, "decode_swiglu", true, dtype, b)?;
+            let first_cache = cache_at(
+                (&first.keys, &first.values),
+                &self.pos,
+                self.tables.as_ref(),
+                b,
+                heads,
+                dtype,
+                what,
+            )?;
+            let attend = Attend::load(dev, dtype, b, heads, &first_cache)?;
+            // Everything the layers write, allocated before the first kernel: the residual stream
+            // (each layer's o and down add into it in place), q, attention's parts and output, and
+            // the MLP's gated activation.
+            let (po, pm) = attend.parts(b, heads);
+            let (out, stream) = output(dev, dtype, b * k)?;
+            let scratch = [
+                output(dev, dtype, b * width)?,
+                output(dev, DType::F32, po)?,
+                output(dev, DType::F32, pm)?,
+                output(dev, dtype, b * width)?,
+                output(dev, dtype, b * inner)?,
+            ];
+            let [q, part_out, part_ml, attn, gated] = scratch.each_ref().map(|(_, at)| *at);
+            let parts = (part_out, part_ml);
+            let mut input = address(x, xl, what)?;
+            for (i, layer) in self.layers.iter().enumerate() {
+                let what = &format!("{what}: layer {i}");
+                let (w, bias) = projections_at(&layer.qkv, &layer.biases, k, heads, dtype, what)?;
+                let cache = cache_at(
+                    (&layer.keys, &layer.values),
+                    &self.pos,
+                    self.tables.as_ref(),
+                    b,
+                    heads,
+                    dtype,
+                    what,
+                )?;
+                check_attention(heads, b, (&layer.keys, &layer.values), what)?;
+                if (cache.block, cache.stride) != (first_cache.block, first_cache.stride) {
+                    bail!(
+                        "{what}: a cache of {:?} beside the first layer's {:?}",
+                        layer.keys.dims(),
+                        first.keys.dims()
+                    )
+                }
+                let (o_rows, o) = weight_at(&layer.o, width, dtype, what)?;
+                let (gate_rows, gate) = weight_at(&layer.gate, k, dtype, what)?;
+                let (up_rows, up) = weight_at(&layer.up, k, dtype, what)?;
+                let (down_rows, down) = weight_at(&layer.down, inner, dtype, what)?;
+                if (o_rows, gate_rows, up_rows, down_rows) != (k, inner, inner, k) {
+                    bail!(
+                        "{what}: o {:?}, gate {:?}, up {:?}, down {:?} for a hidden size of {k} and an MLP of {inner}",
+                        layer.o.dims(),
+                        layer.gate.dims(),
+                        layer.up.dims(),
+                        layer.down.dims()
+                    )
+                }
+                let input_norm = norm_at(Some(&layer.input_norm), k, dtype, what)?;
+                let post_norm = norm_at(Some(&layer.post_norm), k, dtype, what)?;
+                let product = |x: u64, norm: (u64, f32), out: u64, n: usize, k: usize| Product { x, norm, out, n, k };
+                launch_qkv(
+                    &qkv,
+                    w,
+                    bias,
+                    rotary,
+                    &cache,
+                    &product(input, input_norm, q, width, k),
+                    heads,
+                )?;
+                attend.launch(b, heads, &cache, q, parts, attn)?;
+                // The first layer adds into the stream from the op's input; later ones in place.
+                launch_gemv(&gemv, o, input, &product(attn, (0, 0.0), stream, k, width))?;
+                launch_swiglu(&swiglu, gate, up, &product(stream, post_norm, gated, inner, k))?;
+                launch_gemv(&gemv, down, stream, &product(gated, (0, 0.0), stream, k, inner))?;
+                input = stream;
+            }
+            // The scratch goes back in stream order, after the kernels that use it.
+            drop(scratch);
+            Ok((out, xl.shape().clone()))
         }
     }
 }
@@ -799,10 +1100,10 @@ mod cuda {
 #[cfg(feature = "cuda")]
 mod argmax {
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
-    use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape};
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Shape};
 
-    use crate::kernels::launch::{by_dtype, name, view, Kernel};
+    use crate::kernels::launch::{address, name, slice_address, Kernel};
     use crate::kernels::sources::DECODE;
 
     /// Elements each block of the first pass scans at least, and the most blocks a row.
@@ -823,35 +1124,42 @@ mod argmax {
 
         fn cuda_fwd(&self, x: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
             let (rows, n) = l.shape().dims2()?;
+            if !matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16) {
+                bail!("the argmax kernel takes f32, bf16 or f16, not {:?}", x.dtype())
+            }
             if n == 0 || rows == 0 || rows > 65_535 || n > u32::MAX as usize {
                 bail!("argmax over [{rows}, {n}] is not what the kernel takes")
             }
             let parts = n.div_ceil(SPAN).clamp(1, MAX_PARTS);
             let dev = x.device().clone();
-            let first = Kernel::load(&dev, &DECODE, &name("argmax_parts", x.dtype()))?;
-            let second = Kernel::load(&dev, &DECODE, "argmax_rows")?;
+            let overlap = rows <= super::OVERLAP_MAX_BATCH;
+            let first = Kernel::load(&dev, &DECODE, &name("argmax_parts", x.dtype()))?.overlapping(overlap);
+            let second = Kernel::load(&dev, &DECODE, "argmax_rows")?.overlapping(overlap);
             // SAFETY: every block writes its part, every row its index.
             let best = unsafe { dev.alloc::<f32>(rows * parts * 2)? };
             let out = unsafe { dev.alloc::<u32>(rows)? };
             let (n32, parts32) = (n as u32, parts as u32);
-            by_dtype!(x.dtype(), "argmax", T => {
-                let xv = view::<T>(x, l, "argmax")?;
-                let mut a = first.builder();
-                a.arg(&xv).arg(&best).arg(&n32);
-                let cfg = LaunchConfig { grid_dim: (parts32, rows as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-                // SAFETY: argument types and order match the kernel; x holds rows·n elements, best
-                // rows·parts pairs.
-                unsafe { first.launch(&mut a, cfg) }?;
-            });
-            let mut a = second.builder();
-            a.arg(&best).arg(&out).arg(&parts32);
+            let mut p = first.params();
+            p.ptr(address(x, l, "argmax")?).ptr(slice_address(&best)).u32(n32);
+            let cfg = LaunchConfig {
+                grid_dim: (parts32, rows as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: parameter types and order match the kernel; x holds rows·n elements, best
+            // rows·parts pairs; the kernel waits before it reads or writes anything.
+            unsafe { first.launch_overlapping(&mut p, cfg) }?;
+            let mut p = second.params();
+            p.ptr(slice_address(&best)).ptr(slice_address(&out)).u32(parts32);
             let cfg = LaunchConfig {
                 grid_dim: (rows as u32, 1, 1),
                 block_dim: (32, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: as above; out holds rows indices.
-            unsafe { second.launch(&mut a, cfg) }?;
+            unsafe { second.launch_overlapping(&mut p, cfg) }?;
+            // The parts go back in stream order, after the kernels that use them.
+            drop(best);
             Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(rows)))
         }
     }

@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaStream, CudaView, DeviceRepr, LaunchArgs, LaunchConfig,
+    sys, CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig,
 };
 use candle_core::cuda_backend::{CudaDType, CudaDevice};
 use candle_core::{bail, CudaStorage, DType, Layout, Result, Storage};
@@ -17,16 +18,84 @@ pub(crate) struct Kernel {
     func: CudaFunction,
     stream: Arc<CudaStream>,
     name: String,
+    /// Whether [`Kernel::launch_overlapping`] lets it start before the kernel ahead of it ends: its
+    /// source compiled for Hopper, on a GPU that has it.
+    overlaps: bool,
 }
 
 impl Kernel {
     pub(crate) fn load(dev: &CudaDevice, source: &'static Source, name: &str) -> Result<Kernel> {
-        let func = dev.get_or_load_custom_func(name, source.module, super::nvrtc::ptx(source)?)?;
+        let stream = dev.cuda_stream();
+        let major = stream.context().compute_capability().map_or(0, |(major, _)| major);
+        let func = dev.get_or_load_custom_func(name, source.module, super::nvrtc::ptx(source, major)?)?;
         Ok(Kernel {
             func: func.into_cuda_function(),
-            stream: dev.cuda_stream(),
+            stream,
             name: name.to_string(),
+            overlaps: source.arch_for(major) == super::sources::Arch::Hopper,
         })
+    }
+
+    /// The kernel with [`Kernel::launch_overlapping`]'s overlap kept only where `on`: an ordinary
+    /// launch otherwise.
+    pub(crate) fn overlapping(mut self, on: bool) -> Kernel {
+        self.overlaps &= on;
+        self
+    }
+
+    /// Parameters for [`Kernel::launch_overlapping`], pushed in order by the caller.
+    pub(crate) fn params(&self) -> Params {
+        Params { slots: Vec::new() }
+    }
+
+    /// Launches the kernel on the device's stream so that, on Hopper, it may start while the kernel
+    /// ahead of it is still running (programmatic dependent launch): its blocks run up to the
+    /// kernel's `griddepcontrol.wait` (`wait_for_inputs` in the sources) while the blocks ahead
+    /// finish, and pass it once that kernel, and with it everything before, has ended and its
+    /// writes are visible. A decode step's products load their weights in that time, which no
+    /// kernel writes. Elsewhere it is an ordinary launch.
+    ///
+    /// # Safety
+    /// As [`Kernel::launch`], with `params` for `args`; and the kernel neither reads what a kernel
+    /// ahead of it writes, nor writes anything, before its `wait_for_inputs`.
+    pub(crate) unsafe fn launch_overlapping(&self, params: &mut Params, cfg: LaunchConfig) -> Result<()> {
+        let mut pointers: Vec<*mut std::ffi::c_void> =
+            params.slots.iter_mut().map(|s| (s as *mut u64).cast()).collect();
+        let mut overlap = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut overlap,
+            numAttrs: u32::from(self.overlaps),
+        };
+        let failed = |e: candle_core::cuda_backend::cudarc::driver::DriverError| {
+            candle_core::Error::Msg(format!("CUDA kernel {}: {e:?}", self.name))
+        };
+        self.stream.context().bind_to_thread().map_err(failed)?;
+        // SAFETY: the config and each parameter's slot outlive the call, which copies them; the
+        // caller promises the parameters match the kernel and what it reads before its wait.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                self.func.cu_function(),
+                pointers.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(failed)
     }
 
     /// The kernel's arguments, pushed in order by the caller.
@@ -46,6 +115,59 @@ impl Kernel {
             Err(e) => Err(candle_core::Error::Msg(format!("CUDA kernel {}: {e:?}", self.name))),
         }
     }
+}
+
+/// A kernel's parameters for [`Kernel::launch_overlapping`], which cudarc's builder cannot make (it
+/// takes no launch attributes). Each value sits in an 8-byte slot from the slot's first byte: the
+/// driver copies a parameter of n bytes from the address it is given.
+pub(crate) struct Params {
+    slots: Vec<u64>,
+}
+
+impl Params {
+    fn push_bytes(&mut self, bytes: &[u8]) -> &mut Self {
+        let mut slot = [0u8; 8];
+        slot[..bytes.len()].copy_from_slice(bytes);
+        self.slots.push(u64::from_ne_bytes(slot));
+        self
+    }
+
+    /// A device address ([`address`]), or 0 for a kernel's "none".
+    pub(crate) fn ptr(&mut self, address: u64) -> &mut Self {
+        self.push_bytes(&address.to_ne_bytes())
+    }
+
+    pub(crate) fn u32(&mut self, v: u32) -> &mut Self {
+        self.push_bytes(&v.to_ne_bytes())
+    }
+
+    pub(crate) fn f32(&mut self, v: f32) -> &mut Self {
+        self.push_bytes(&v.to_ne_bytes())
+    }
+}
+
+/// The device address of a contiguous tensor's first element: what a kernel launched with
+/// [`Params`] is given. The storage must outlive the kernel's run, as a tensor's does (its memory
+/// goes back in stream order, after the kernels queued before).
+pub(crate) fn address(s: &CudaStorage, l: &Layout, what: &str) -> Result<u64> {
+    let Some((start, _)) = l.contiguous_offsets() else {
+        bail!("{what} takes contiguous tensors")
+    };
+    let stream = s.device().cuda_stream();
+    let base = match s.dtype() {
+        DType::F32 => s.as_cuda_slice::<f32>()?.device_ptr(&stream).0,
+        DType::BF16 => s.as_cuda_slice::<half::bf16>()?.device_ptr(&stream).0,
+        DType::F16 => s.as_cuda_slice::<half::f16>()?.device_ptr(&stream).0,
+        DType::U32 => s.as_cuda_slice::<u32>()?.device_ptr(&stream).0,
+        other => bail!("{what}: a kernel given addresses takes f32, bf16, f16 or u32, not {other:?}"),
+    };
+    Ok(base + (start * s.dtype().size_in_bytes()) as u64)
+}
+
+/// The device address of memory allocated for a kernel to write ([`address`]'s twin for a slice
+/// not yet a tensor's).
+pub(crate) fn slice_address<T>(s: &CudaSlice<T>) -> u64 {
+    s.device_ptr(s.stream()).0
 }
 
 /// Runs `$body` with `$T` the Rust element type of `$dtype` (f32, bf16 or f16), and fails naming

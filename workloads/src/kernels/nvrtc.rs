@@ -6,10 +6,12 @@ use candle_core::Result;
 
 use super::sources::{self, Source};
 
-/// The PTX of `source`, compiled on first use and kept in the source.
-pub(crate) fn ptx(source: &'static Source) -> Result<&'static str> {
-    let compiled = source.ptx.get_or_init(|| {
-        let options = sources::NVRTC_OPTIONS.iter().map(|o| o.to_string()).collect();
+/// The PTX of `source` for a GPU of compute capability `major`, compiled on first use and kept in
+/// the source.
+pub(crate) fn ptx(source: &'static Source, major: i32) -> Result<&'static str> {
+    let arch = source.arch_for(major);
+    let compiled = source.ptx[arch as usize].get_or_init(|| {
+        let options = arch.nvrtc_options().iter().map(|o| o.to_string()).collect();
         let opts = cudarc::nvrtc::CompileOptions {
             options,
             ..Default::default()

@@ -4,13 +4,17 @@
 
 use std::sync::OnceLock;
 
-/// One kernel source: the module name under which candle's loader keeps its functions, the code, and
-/// its PTX once NVRTC has compiled it (or NVRTC's refusal), kept for the life of the process.
+/// One kernel source: the module name under which candle's loader keeps its functions, the code, the
+/// architectures it is compiled for, and its PTX for each once NVRTC has compiled it (or NVRTC's
+/// refusal), kept for the life of the process.
 pub struct Source {
     pub module: &'static str,
     pub code: &'static str,
+    /// Whether the source has code for Hopper (compute capability 9.0) that a GPU of 9.0 or later
+    /// runs: compiled for [`Arch::Hopper`] there, for [`Arch::Ampere`] elsewhere.
+    pub hopper: bool,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) ptx: OnceLock<Result<String, String>>,
+    pub(crate) ptx: [OnceLock<Result<String, String>>; 2],
 }
 
 impl Source {
@@ -18,7 +22,55 @@ impl Source {
         Source {
             module,
             code,
-            ptx: OnceLock::new(),
+            hopper: false,
+            ptx: [OnceLock::new(), OnceLock::new()],
+        }
+    }
+
+    /// A source whose kernels use Hopper's instructions where the GPU has them (each behind
+    /// `__CUDA_ARCH__ >= 900`, so that its Ampere build is whole).
+    const fn with_hopper(module: &'static str, code: &'static str) -> Source {
+        Source {
+            module,
+            code,
+            hopper: true,
+            ptx: [OnceLock::new(), OnceLock::new()],
+        }
+    }
+
+    /// The architectures NVRTC compiles this source for, on some GPU or other.
+    pub fn arches(&self) -> &'static [Arch] {
+        match self.hopper {
+            true => &[Arch::Ampere, Arch::Hopper],
+            false => &[Arch::Ampere],
+        }
+    }
+
+    /// The architecture this source is compiled for on a GPU of compute capability `major`.
+    pub fn arch_for(&self, major: i32) -> Arch {
+        match self.hopper && major >= 9 {
+            true => Arch::Hopper,
+            false => Arch::Ampere,
+        }
+    }
+}
+
+/// The virtual architecture NVRTC compiles PTX for; the driver compiles that PTX for the GPU at hand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// compute_80: every GPU migprof runs its kernels on (the bf16 conversions need sm_80).
+    Ampere = 0,
+    /// compute_90: programmatic dependent launch (`griddepcontrol`), which lets a kernel start while
+    /// the one before it finishes.
+    Hopper = 1,
+}
+
+impl Arch {
+    /// NVRTC's options for a source compiled for this architecture.
+    pub fn nvrtc_options(self) -> [&'static str; 1] {
+        match self {
+            Arch::Ampere => ["--gpu-architecture=compute_80"],
+            Arch::Hopper => ["--gpu-architecture=compute_90"],
         }
     }
 }
@@ -30,7 +82,7 @@ pub const PRELUDE: &str = include_str!("prelude.cuh");
 pub static ADAMW: Source = Source::new("migprof_adamw", include_str!("adamw.cu"));
 pub static ATTENTION: Source = Source::new("migprof_attention", include_str!("attention.cu"));
 pub static BATCH_NORM: Source = Source::new("migprof_batch_norm", include_str!("batch_norm.cu"));
-pub static DECODE: Source = Source::new("migprof_decode", include_str!("decode.cu"));
+pub static DECODE: Source = Source::with_hopper("migprof_decode", include_str!("decode.cu"));
 pub static ELEMENTWISE: Source = Source::new("migprof_elementwise", include_str!("elementwise.cu"));
 pub static EMBEDDING: Source = Source::new("migprof_embedding", include_str!("embedding.cu"));
 pub static FUSED_ATTENTION: Source = Source::new("migprof_fused_attention", include_str!("fused_attention.cu"));
@@ -58,10 +110,6 @@ pub static ALL: [&Source; 14] = [
     &PREFILL,
     &WINDOWS,
 ];
-
-/// NVRTC's options for every source: PTX for compute capability 8.0, which the driver compiles for
-/// the GPU at hand (the bf16 conversions need sm_80).
-pub const NVRTC_OPTIONS: [&str; 1] = ["--gpu-architecture=compute_80"];
 
 /// The text NVRTC compiles for `source`.
 pub fn program(source: &Source) -> String {

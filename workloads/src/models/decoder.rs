@@ -1074,15 +1074,24 @@ impl Decoder {
             composed,
             mask,
         };
+        let buffers = (0..self.layers.len())
+            .map(|i| {
+                cache
+                    .buffers(i)
+                    .ok_or_else(|| candle_core::Error::Msg(format!("the KV cache has no layer {i}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut x = self.embed_tokens.forward(ids)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let buffers = cache
-                .buffers(i)
-                .ok_or_else(|| candle_core::Error::Msg(format!("the KV cache has no layer {i}")))?;
-            x = layer
-                .self_attn
-                .decode_step(&x, &layer.input_layernorm, &step, buffers)?;
-            x = layer.mlp.decode_step(&x, &layer.post_attention_layernorm, products)?;
+        match decode::layers_take(products, step.mask.is_none(), b, cfg.hidden_size) {
+            true => x = self.layers_as_one_op(&x, decode::Slots::Shared(pos), &buffers)?,
+            false => {
+                for (layer, buffers) in self.layers.iter().zip(buffers) {
+                    x = layer
+                        .self_attn
+                        .decode_step(&x, &layer.input_layernorm, &step, buffers)?;
+                    x = layer.mlp.decode_step(&x, &layer.post_attention_layernorm, products)?;
+                }
+            }
         }
         match products {
             true => decode::gemv(&x, Some((&self.norm).into()), self.lm_head.weight(), None),
@@ -1188,18 +1197,65 @@ impl Decoder {
             )
         }
         let mut x = self.embed_tokens.forward(ids)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            x = layer
-                .self_attn
-                .decode_paged(&x, &layer.input_layernorm, step, pool.layer(i)?)?;
-            x = layer
-                .mlp
-                .decode_step(&x, &layer.post_attention_layernorm, step.products)?;
+        match decode::layers_take(step.products, step.gathered.is_none(), n, self.cfg.hidden_size) {
+            true => {
+                let pools = (0..self.layers.len())
+                    .map(|i| pool.layer(i))
+                    .collect::<Result<Vec<_>>>()?;
+                let slots = decode::Slots::Paged {
+                    positions: &step.positions,
+                    tables: &step.tables,
+                };
+                x = self.layers_as_one_op(&x, slots, &pools)?;
+            }
+            false => {
+                for (i, layer) in self.layers.iter().enumerate() {
+                    x = layer
+                        .self_attn
+                        .decode_paged(&x, &layer.input_layernorm, step, pool.layer(i)?)?;
+                    x = layer
+                        .mlp
+                        .decode_step(&x, &layer.post_attention_layernorm, step.products)?;
+                }
+            }
         }
         match step.products {
             true => decode::gemv(&x, Some((&self.norm).into()), self.lm_head.weight(), None),
             false => self.lm_head.forward(&self.norm.forward(&x)?),
         }
+    }
+}
+
+impl Decoder {
+    /// Every layer of a decode step on the residual stream `x` as one op ([`decode::layers`]), each
+    /// layer's keys and values in `caches` at `slots`.
+    fn layers_as_one_op(&self, x: &Tensor, slots: decode::Slots, caches: &[&(Tensor, Tensor)]) -> Result<Tensor> {
+        let layers: Vec<decode::Layer> = self
+            .layers
+            .iter()
+            .zip(caches)
+            .map(|(l, (keys, values))| {
+                let (a, m) = (&l.self_attn, &l.mlp);
+                decode::Layer {
+                    input_norm: (&l.input_layernorm).into(),
+                    qkv: [a.q_proj.weight(), a.k_proj.weight(), a.v_proj.weight()],
+                    biases: [a.q_proj.bias(), a.k_proj.bias(), a.v_proj.bias()],
+                    o: a.o_proj.weight(),
+                    post_norm: (&l.post_attention_layernorm).into(),
+                    gate: m.gate_proj.weight(),
+                    up: m.up_proj.weight(),
+                    down: m.down_proj.weight(),
+                    cache: (keys, values),
+                }
+            })
+            .collect();
+        let cfg = &self.cfg;
+        let heads = decode::Heads {
+            q: cfg.num_heads,
+            kv: cfg.num_kv_heads,
+            dim: cfg.head_dim,
+        };
+        decode::layers(x, &layers, (&self.cos, &self.sin), slots, heads)
     }
 }
 
