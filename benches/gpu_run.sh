@@ -171,6 +171,8 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
     log "round $round: migprof generate: $models, bf16, batch $batches, prompt 512, 128 tokens"
     "$bin" run --model "$models" --dtype bf16 --batch "$batches" --prompt-len 512 --output-len 128 \
         --warmup 1 --iters 3 --device "$uuid" --out "$out/speed-r$round" 2>&1 | grep -Ev "^plot:"
+    # Kept if the call's time runs out in PyTorch's runs.
+    tar czf "${OUT:-/tmp}/speed-r$round.tgz" -C "$out" "speed-r$round" 2>/dev/null
     [ "${VARIANTS:-}" = none ] && continue
     ref="$out/decoder-reference-r$round.jsonl"; : > "$ref"
     for item in $runs; do
@@ -185,7 +187,6 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
     python3 benches/compare.py "$out/speed-r$round" "$ref" | tee "$out/decode-compare-r$round.txt"
     python3 benches/compare.py "$out/speed-r$round" "$ref" --markdown > "$out/decode-compare-r$round.md"
     cp "$out/decode-compare-r$round".* "${OUT:-/tmp}/" 2>/dev/null
-    tar czf "${OUT:-/tmp}/speed-r$round.tgz" -C "$out" "speed-r$round" 2>/dev/null
     pairs+=("$out/speed-r$round" "$ref")
 done
 if [ ${#pairs[@]} -gt 0 ]; then
