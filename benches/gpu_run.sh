@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: device discovery against nvidia-smi, every family in every mode and
 # dtype, the workload matrix by migprof and by PyTorch with their ratio, and the sampler's disturbance.
-# Expects the CUDA build of migprof gzipped at .dist/migprof.gz. Works in /tmp/gpu-out and leaves a
+# Expects the CUDA build of migprof at .dist/migprof.gz (or .xz, as every .dist/*.gz below may be). Works in /tmp/gpu-out and leaves a
 # tarball of it (and the comparison tables) in $OUT when set.
 #   bash benches/gpu_run.sh MODE, MODE one of
 #     quick    discovery, every family in every mode and dtype, every published model
@@ -98,8 +98,8 @@ unpack() {
     *) gunzip -c "$1" > "$2" ;;
     esac && chmod +x "$2"
 }
-# .dist/NAME.xz where shipped, else .dist/NAME.gz.
-shipped() { if [ -f ".dist/$1.xz" ]; then echo ".dist/$1.xz"; else echo ".dist/$1.gz"; fi; }
+# .dist/NAME.xz or .dist/NAME.gz, the newer where both are shipped.
+shipped() { if [ -f ".dist/$1.xz" ] && [ ! ".dist/$1.gz" -nt ".dist/$1.xz" ]; then echo ".dist/$1.xz"; else echo ".dist/$1.gz"; fi; }
 unpack "${MIGPROF_GZ:-$(shipped migprof)}" "$bin"
 log() { echo "== $*"; }
 # MPS servers on the GPU (nvidia-smi's count) and MPS processes: none may be left after a call.
@@ -178,12 +178,13 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
     for item in $runs; do
         # MODELS@VARIANT:BATCHES narrows an item to some of the models.
         which="$models"; case "$item" in *@*) which="${item%%@*}"; item="${item#*@}" ;; esac
+        case "$item" in *:*) ;; *) echo "REF_RUNS item '$item': [MODELS@]VARIANT:BATCHES, e.g. gptfast:1,8" >&2; exit 2 ;; esac
         log "round $round: PyTorch's ${item%%:*} for $which at batch ${item#*:} (benches/decoder_reference.py), at most ${REF_SECS:-420} s"
         timeout "${REF_SECS:-420}" python3 benches/decoder_reference.py --models "$which" --batches "${item#*:}" \
-            --variants "${item%%:*}" >> "$ref" 2>> "$out/decoder-reference.log"
+            --variants "${item%%:*}" >> "$ref" 2>> "$out/decoder-reference-r$round.log"
         cp "$ref" "${OUT:-/tmp}/" 2>/dev/null  # kept if the call's time runs out later
     done
-    grep -E "^#|Error|error" "$out/decoder-reference.log" | grep -v "warnings.warn" | tail -5
+    grep -E "^#|Error|error" "$out/decoder-reference-r$round.log" | grep -v "warnings.warn" | tail -5
     python3 benches/compare.py "$out/speed-r$round" "$ref" | tee "$out/decode-compare-r$round.txt"
     python3 benches/compare.py "$out/speed-r$round" "$ref" --markdown > "$out/decode-compare-r$round.md"
     cp "$out/decode-compare-r$round".* "${OUT:-/tmp}/" 2>/dev/null
@@ -194,7 +195,7 @@ if [ ${#pairs[@]} -gt 0 ]; then
     python3 benches/rounds.py "${pairs[@]}" | tee "$out/decode-rounds.txt"
     python3 benches/rounds.py "${pairs[@]}" --markdown > "$out/decode-rounds.md"
 fi
-cp "$out"/decoder-reference*.jsonl "$out"/decoder-reference.log "$out"/decode-compare* "$out"/decode-rounds* "${OUT:-/tmp}/" 2>/dev/null
+cp "$out"/decoder-reference*.jsonl "$out"/decoder-reference*.log "$out"/decode-compare* "$out"/decode-rounds* "${OUT:-/tmp}/" 2>/dev/null
 exit 0
 fi
 
@@ -300,7 +301,7 @@ fi
 if [ "$mode" = decoders ]; then
 rc=0
 log "decoders against transformers: logits and greedy tokens, f32 and bf16 (benches/decoder_truth.py)"
-gunzip -c .dist/decode_logits.gz > /tmp/decode_logits && chmod +x /tmp/decode_logits
+unpack "$(shipped decode_logits)" /tmp/decode_logits
 python3 benches/decoder_truth.py --bin /tmp/decode_logits --work /tmp/decoder-truth 2>&1 | grep -v "^ *warnings.warn" | tee "$out/decoder-truth.txt" || rc=1
 log "generate: presets from seeded weights, prompt 512, 128 output tokens, batch 1 and 8, bf16"
 "$bin" run --model llama_3_2_1b,qwen2_5_1_5b --dtype bf16 --batch 1,8 --prompt-len 512 --output-len 128 \
@@ -402,7 +403,7 @@ if [ "$mode" = ab ]; then
 models="${MODELS:-bert_base}"; batches="${BATCHES:-128}"; modes="${MODES:-infer}"; dtypes="${DTYPES:-bf16}"
 cells=(--model "$models" --mode "$modes" --dtype "$dtypes" --batch "$batches" --warmup 5 --iters 20 --device "$uuid")
 other="$bin"
-if [ -n "${AB_BIN:-}" ]; then other=/tmp/migprof-ab; gunzip -c "$AB_BIN" > "$other" && chmod +x "$other"; fi
+if [ -n "${AB_BIN:-}" ]; then other=/tmp/migprof-ab; unpack "$AB_BIN" "$other"; fi
 [ -n "${AB_ARGS:-}${AB_BIN:-}" ] || { echo "ab: set AB_ARGS (flags, e.g. a kernel option) or AB_BIN (a build) to compare"; exit 2; }
 for round in 1 2; do
     log "round $round: with ${AB_ARGS:-} ${AB_BIN:-}"
@@ -533,12 +534,12 @@ models="${MODELS:-resnet50,vit_b_16,swin_t,bert_base}"; dtypes="${DTYPES:-bf16,f
 if [ "${STEP:-1}" = 1 ]; then
     rc=0
     log "GPU tests: the master-weight kernels (GRAPHS=1: and every CUDA-graph test)"
-    gunzip -c .dist/kernels-test.gz > /tmp/kernels-test && chmod +x /tmp/kernels-test
+    unpack "$(shipped kernels-test)" /tmp/kernels-test
     /tmp/kernels-test --include-ignored --nocapture --test-threads 1 master > "$out/kernels-masters.txt" 2>&1 || rc=1
     grep -E "^test |panicked|masters|test result" "$out/kernels-masters.txt"
     [ -n "${GRAPHS:-}" ] && { gpu_tests graphs || rc=1; }
     log "update error against f64: PyTorch autocast and migprof, 1 and 3 SGD steps, one process per model"
-    gunzip -c .dist/update_steps.gz > /tmp/update_steps && chmod +x /tmp/update_steps
+    unpack "$(shipped update_steps)" /tmp/update_steps
     # The weights files (hundreds of MB a model) stay out of $out, which is archived at the end.
     work=/tmp/update-error; rm -rf "$work"
     for m in ${models//,/ }; do
@@ -581,7 +582,7 @@ fi
 
 if [ "$mode" = memory ]; then
 models="${MODELS:-resnet50,vit_b_16,swin_t,bert_base}"; batches="${BATCHES:-32}"; dtypes="${DTYPES:-bf16}"; modes="${MODES:-infer,train}"
-sides=(this); [ -n "${AB_BIN:-}" ] && { gunzip -c "$AB_BIN" > /tmp/migprof-ab && chmod +x /tmp/migprof-ab; sides+=(before); }
+sides=(this); [ -n "${AB_BIN:-}" ] && { unpack "$AB_BIN" /tmp/migprof-ab; sides+=(before); }
 # Each cell in a process of its own, on both sides: a process's later cells would count what its
 # earlier ones left (loaded kernels, libraries' caches), and a user measuring one cell runs one.
 # On PyTorch's side one process runs the cell's variants in turn (eager, bf16 weights,
@@ -650,7 +651,7 @@ if [ "$mode" = before ]; then
 [ -n "${BEFORE_GZ:-}" ] || { echo "before: set BEFORE_GZ to the gzipped build before the change"; exit 2; }
 models="${MODELS:-resnet50,vit_b_16,swin_t,bert_base}"; batches="${BATCHES:-1,8,32,128}"
 dtypes="${DTYPES:-f32,bf16}"; train_batches="${TRAIN_BATCHES:-32}"
-gunzip -c "$BEFORE_GZ" > /tmp/migprof-before && chmod +x /tmp/migprof-before
+unpack "$BEFORE_GZ" /tmp/migprof-before
 for side in before after; do
     b="$bin"; [ "$side" = before ] && b=/tmp/migprof-before
     log "$side: the comparison matrix"

@@ -400,7 +400,7 @@ mod cuda {
             bail!("{what}: a tensor the kernel reads is not on the CUDA device")
         };
         if s.dtype() != dtype {
-            bail!("{what}: {:?} beside {dtype:?}", s.dtype())
+            bail!("{what}: a tensor of {:?} where the step's are {dtype:?}", s.dtype())
         }
         address(s, l, what)
     }
@@ -417,15 +417,25 @@ mod cuda {
     }
 
     /// The kernel of a product: `_norm` where it normalizes x itself.
-    fn product_kernel(dev: &CudaDevice, base: &str, norm: bool, dtype: DType, b: usize) -> Result<Kernel> {
+    fn product_kernel(
+        dev: &CudaDevice,
+        base: &str,
+        norm: bool,
+        dtype: DType,
+        b: usize,
+        overlap: bool,
+    ) -> Result<Kernel> {
         let base = if norm { format!("{base}_norm") } else { base.to_string() };
-        load(dev, &format!("{}_b{b}", name(&base, dtype)), b)
+        load(dev, &format!("{}_b{b}", name(&base, dtype)), overlap)
     }
 
-    /// A decode kernel for `b` sequences, overlapping the kernel before it up to
-    /// [`super::OVERLAP_MAX_BATCH`] sequences.
-    fn load(dev: &CudaDevice, kernel: &str, b: usize) -> Result<Kernel> {
-        Ok(Kernel::load(dev, &DECODE, kernel)?.overlapping(b <= super::OVERLAP_MAX_BATCH))
+    /// A decode kernel, overlapping the kernel before it where `overlap`. Only [`Layers`] asks for
+    /// it: a product loads its weights before it waits for the kernel ahead, so the weights must not
+    /// be what that kernel writes, which holds for a model's parameters, not for any tensor a
+    /// caller of the single ops may pass (and between single ops the stream's allocations keep
+    /// kernels from overlapping anyway).
+    fn load(dev: &CudaDevice, kernel: &str, overlap: bool) -> Result<Kernel> {
+        Ok(Kernel::load(dev, &DECODE, kernel)?.overlapping(overlap))
     }
 
     /// The norm's weight checked against rows of `k`: its address and epsilon, or (0, 0) without a
@@ -540,14 +550,25 @@ mod cuda {
     }
 
     impl Attend {
-        fn load(dev: &CudaDevice, dtype: DType, b: usize, heads: Heads, cache: &Cache) -> Result<Attend> {
+        fn load(
+            dev: &CudaDevice,
+            dtype: DType,
+            b: usize,
+            heads: Heads,
+            cache: &Cache,
+            overlap: bool,
+        ) -> Result<Attend> {
             // The most slots a sequence holds: the chunks' grid covers them.
             let cap = cache.block * cache.stride.max(1);
             let chunk = super::attention_chunk(b, heads.kv, cap);
             let d = heads.dim;
             Ok(Attend {
-                attend: load(dev, &format!("{}_d{d}", name("decode_attention", dtype)), b)?,
-                combine: load(dev, &format!("{}_d{d}", name("decode_attention_combine", dtype)), b)?,
+                attend: load(dev, &format!("{}_d{d}", name("decode_attention", dtype)), overlap)?,
+                combine: load(
+                    dev,
+                    &format!("{}_d{d}", name("decode_attention_combine", dtype)),
+                    overlap,
+                )?,
                 chunk,
                 chunks: cap.div_ceil(chunk),
             })
@@ -632,7 +653,7 @@ mod cuda {
             let res = address_or_null(self.residual.as_ref(), dtype, what)?;
             let norm = norm_at(self.norm.as_ref(), k, dtype, what)?;
             let dev = x.device();
-            let f = product_kernel(dev, "decode_gemv", self.norm.is_some(), dtype, b)?;
+            let f = product_kernel(dev, "decode_gemv", self.norm.is_some(), dtype, b, false)?;
             let (out, out_at) = output(dev, dtype, b * n)?;
             let p = Product {
                 x: address(x, xl, what)?,
@@ -673,7 +694,7 @@ mod cuda {
             }
             let norm = norm_at(self.norm.as_ref(), k, dtype, what)?;
             let dev = x.device();
-            let f = product_kernel(dev, "decode_swiglu", self.norm.is_some(), dtype, b)?;
+            let f = product_kernel(dev, "decode_swiglu", self.norm.is_some(), dtype, b, false)?;
             let (out, out_at) = output(dev, dtype, b * n)?;
             let p = Product {
                 x: address(x, xl, what)?,
@@ -878,7 +899,7 @@ mod cuda {
             )?;
             let norm = norm_at(self.norm.as_ref(), k, dtype, what)?;
             let dev = x.device();
-            let f = product_kernel(dev, "decode_qkv", self.norm.is_some(), dtype, b)?;
+            let f = product_kernel(dev, "decode_qkv", self.norm.is_some(), dtype, b, false)?;
             let (out, out_at) = output(dev, dtype, b * heads.q * heads.dim)?;
             let p = Product {
                 x: address(x, xl, what)?,
@@ -947,7 +968,7 @@ mod cuda {
                 what,
             )?;
             let dev = q.device();
-            let attend = Attend::load(dev, dtype, b, heads, &cache)?;
+            let attend = Attend::load(dev, dtype, b, heads, &cache, false)?;
             let (po, pm) = attend.parts(b, heads);
             let (part_out, part_ml) = (output(dev, DType::F32, po)?, output(dev, DType::F32, pm)?);
             let (out, out_at) = output(dev, dtype, b * heads.q * d)?;
@@ -986,6 +1007,19 @@ mod cuda {
         pub heads: Heads,
     }
 
+    /// One layer's addresses for [`Layers`], read once its tensors are checked.
+    struct CheckedLayer {
+        qkv: [u64; 3],
+        bias: [u64; 3],
+        cache: Cache,
+        o: u64,
+        gate: u64,
+        up: u64,
+        down: u64,
+        input_norm: (u64, f32),
+        post_norm: (u64, f32),
+    }
+
     impl CustomOp1 for Layers {
         fn name(&self) -> &'static str {
             "decode-layers"
@@ -1009,20 +1043,62 @@ mod cuda {
                 bail!("{what}: no layers")
             };
             let inner = weight(first.gate.layout(), k, what)?;
+            // Every layer checked, and its addresses read, before any kernel is launched: a layer
+            // refused halfway would leave the ones before it having written the step's keys.
+            let mut checked = Vec::with_capacity(self.layers.len());
+            let mut first_cache: Option<Cache> = None;
+            for (i, layer) in self.layers.iter().enumerate() {
+                let at = |part: &str| format!("{what}: layer {i}'s {part}");
+                let (w, bias) = projections_at(&layer.qkv, &layer.biases, k, heads, dtype, &at("q/k/v"))?;
+                check_attention(heads, b, (&layer.keys, &layer.values), &at("cache"))?;
+                let cache = cache_at(
+                    (&layer.keys, &layer.values),
+                    &self.pos,
+                    self.tables.as_ref(),
+                    b,
+                    heads,
+                    dtype,
+                    &at("cache"),
+                )?;
+                let first = *first_cache.get_or_insert(cache);
+                if (cache.block, cache.stride) != (first.block, first.stride) {
+                    bail!(
+                        "{}: {:?} beside the first layer's {:?}",
+                        at("cache"),
+                        layer.keys.dims(),
+                        self.layers[0].keys.dims()
+                    )
+                }
+                let rows = |t: &Tensor, k: usize, part: &str, want: usize| -> Result<u64> {
+                    let (n, address) = weight_at(t, k, dtype, &at(part))?;
+                    if n != want {
+                        bail!(
+                            "{}: {:?} for a hidden size of {k} and an MLP of {inner}",
+                            at(part),
+                            t.dims()
+                        )
+                    }
+                    Ok(address)
+                };
+                checked.push(CheckedLayer {
+                    qkv: w,
+                    bias,
+                    cache,
+                    o: rows(&layer.o, width, "o_proj", k)?,
+                    gate: rows(&layer.gate, k, "gate_proj", inner)?,
+                    up: rows(&layer.up, k, "up_proj", inner)?,
+                    down: rows(&layer.down, inner, "down_proj", k)?,
+                    input_norm: norm_at(Some(&layer.input_norm), k, dtype, &at("input norm"))?,
+                    post_norm: norm_at(Some(&layer.post_norm), k, dtype, &at("post-attention norm"))?,
+                });
+            }
+            let first_cache = first_cache.expect("at least one layer");
             let dev = x.device();
-            let qkv = product_kernel(dev, "decode_qkv", true, dtype, b)?;
-            let gemv = product_kernel(dev, "decode_gemv", false, dtype, b)?;
-            let swiglu = product_kernel(dev, "decode_swiglu", true, dtype, b)?;
-            let first_cache = cache_at(
-                (&first.keys, &first.values),
-                &self.pos,
-                self.tables.as_ref(),
-                b,
-                heads,
-                dtype,
-                what,
-            )?;
-            let attend = Attend::load(dev, dtype, b, heads, &first_cache)?;
+            let overlap = b <= super::OVERLAP_MAX_BATCH;
+            let qkv = product_kernel(dev, "decode_qkv", true, dtype, b, overlap)?;
+            let gemv = product_kernel(dev, "decode_gemv", false, dtype, b, overlap)?;
+            let swiglu = product_kernel(dev, "decode_swiglu", true, dtype, b, overlap)?;
+            let attend = Attend::load(dev, dtype, b, heads, &first_cache, overlap)?;
             // Everything the layers write, allocated before the first kernel: the residual stream
             // (each layer's o and down add into it in place), q, attention's parts and output, and
             // the MLP's gated activation.
@@ -1038,56 +1114,15 @@ mod cuda {
             let [q, part_out, part_ml, attn, gated] = scratch.each_ref().map(|(_, at)| *at);
             let parts = (part_out, part_ml);
             let mut input = address(x, xl, what)?;
-            for (i, layer) in self.layers.iter().enumerate() {
-                let what = &format!("{what}: layer {i}");
-                let (w, bias) = projections_at(&layer.qkv, &layer.biases, k, heads, dtype, what)?;
-                let cache = cache_at(
-                    (&layer.keys, &layer.values),
-                    &self.pos,
-                    self.tables.as_ref(),
-                    b,
-                    heads,
-                    dtype,
-                    what,
-                )?;
-                check_attention(heads, b, (&layer.keys, &layer.values), what)?;
-                if (cache.block, cache.stride) != (first_cache.block, first_cache.stride) {
-                    bail!(
-                        "{what}: a cache of {:?} beside the first layer's {:?}",
-                        layer.keys.dims(),
-                        first.keys.dims()
-                    )
-                }
-                let (o_rows, o) = weight_at(&layer.o, width, dtype, what)?;
-                let (gate_rows, gate) = weight_at(&layer.gate, k, dtype, what)?;
-                let (up_rows, up) = weight_at(&layer.up, k, dtype, what)?;
-                let (down_rows, down) = weight_at(&layer.down, inner, dtype, what)?;
-                if (o_rows, gate_rows, up_rows, down_rows) != (k, inner, inner, k) {
-                    bail!(
-                        "{what}: o {:?}, gate {:?}, up {:?}, down {:?} for a hidden size of {k} and an MLP of {inner}",
-                        layer.o.dims(),
-                        layer.gate.dims(),
-                        layer.up.dims(),
-                        layer.down.dims()
-                    )
-                }
-                let input_norm = norm_at(Some(&layer.input_norm), k, dtype, what)?;
-                let post_norm = norm_at(Some(&layer.post_norm), k, dtype, what)?;
-                let product = |x: u64, norm: (u64, f32), out: u64, n: usize, k: usize| Product { x, norm, out, n, k };
-                launch_qkv(
-                    &qkv,
-                    w,
-                    bias,
-                    rotary,
-                    &cache,
-                    &product(input, input_norm, q, width, k),
-                    heads,
-                )?;
-                attend.launch(b, heads, &cache, q, parts, attn)?;
+            let product = |x: u64, norm: (u64, f32), out: u64, n: usize, k: usize| Product { x, norm, out, n, k };
+            for l in &checked {
+                let qkv_product = product(input, l.input_norm, q, width, k);
+                launch_qkv(&qkv, l.qkv, l.bias, rotary, &l.cache, &qkv_product, heads)?;
+                attend.launch(b, heads, &l.cache, q, parts, attn)?;
                 // The first layer adds into the stream from the op's input; later ones in place.
-                launch_gemv(&gemv, o, input, &product(attn, (0, 0.0), stream, k, width))?;
-                launch_swiglu(&swiglu, gate, up, &product(stream, post_norm, gated, inner, k))?;
-                launch_gemv(&gemv, down, stream, &product(gated, (0, 0.0), stream, k, inner))?;
+                launch_gemv(&gemv, l.o, input, &product(attn, (0, 0.0), stream, k, width))?;
+                launch_swiglu(&swiglu, l.gate, l.up, &product(stream, l.post_norm, gated, inner, k))?;
+                launch_gemv(&gemv, l.down, stream, &product(gated, (0, 0.0), stream, k, inner))?;
                 input = stream;
             }
             // The scratch goes back in stream order, after the kernels that use it.
@@ -1132,9 +1167,9 @@ mod argmax {
             }
             let parts = n.div_ceil(SPAN).clamp(1, MAX_PARTS);
             let dev = x.device().clone();
-            let overlap = rows <= super::OVERLAP_MAX_BATCH;
-            let first = Kernel::load(&dev, &DECODE, &name("argmax_parts", x.dtype()))?.overlapping(overlap);
-            let second = Kernel::load(&dev, &DECODE, "argmax_rows")?.overlapping(overlap);
+            // Ordinary launches: the logits before them come from an op of their own.
+            let first = Kernel::load(&dev, &DECODE, &name("argmax_parts", x.dtype()))?.overlapping(false);
+            let second = Kernel::load(&dev, &DECODE, "argmax_rows")?.overlapping(false);
             // SAFETY: every block writes its part, every row its index.
             let best = unsafe { dev.alloc::<f32>(rows * parts * 2)? };
             let out = unsafe { dev.alloc::<u32>(rows)? };

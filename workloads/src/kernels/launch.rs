@@ -26,7 +26,12 @@ pub(crate) struct Kernel {
 impl Kernel {
     pub(crate) fn load(dev: &CudaDevice, source: &'static Source, name: &str) -> Result<Kernel> {
         let stream = dev.cuda_stream();
-        let major = stream.context().compute_capability().map_or(0, |(major, _)| major);
+        // An error here is the driver's (maybe one an earlier free left): said, not taken for an
+        // older GPU, so that the overlap below always matches the PTX loaded.
+        let (major, _) = stream
+            .context()
+            .compute_capability()
+            .map_err(|e| candle_core::Error::Msg(format!("CUDA compute capability, loading {name}: {e:?}")))?;
         let func = dev.get_or_load_custom_func(name, source.module, super::nvrtc::ptx(source, major)?)?;
         Ok(Kernel {
             func: func.into_cuda_function(),

@@ -20,9 +20,12 @@ pub(crate) fn ptx(source: &'static Source, major: i32) -> Result<&'static str> {
             .map(|p| p.to_src())
             .map_err(|e| format!("{e:?}"))
     });
-    compiled
-        .as_deref()
-        .map_err(|e| candle_core::Error::Msg(format!("compiling the kernels of {} with NVRTC: {e}", source.module)))
+    compiled.as_deref().map_err(|e| {
+        candle_core::Error::Msg(format!(
+            "compiling the kernels of {} for {arch:?} with NVRTC: {e}",
+            source.module
+        ))
+    })
 }
 
 /// Threads per block for a kernel in which each thread keeps up to `per_thread` elements of a row of
