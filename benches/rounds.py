@@ -45,7 +45,9 @@ def main():
     out, short, unjudged = [], 0, 0
     for key in cells:
         ratios, mine, theirs, variant, flops, slowed = [], [], [], "-", None, set()
+        cols = []  # each round's ratio in its own column, "-" where the round lacks the cell
         for m, p in rounds:
+            cols.append(f"{m[key]['throughput'] / p[key]['throughput']:.2f}" if key in m and key in p else "-")
             if key in m and key in p:
                 ratios.append(m[key]["throughput"] / p[key]["throughput"])
                 mine.append(m[key]["throughput"])
@@ -56,7 +58,6 @@ def main():
                     slowed.add("migprof")
                 if p[key].get("verdict") == "throttled":
                     slowed.add("pytorch")
-        cols = [f"{r:.2f}" for r in ratios] + ["-"] * (len(rounds) - len(ratios))
         if len(ratios) < len(rounds):
             # A cell missing from a round cannot be judged on the rounds asked for.
             row = list(map(str, key)) + cols + ["-", "-", "-", variant] + (["-"] if peak else []) + ["missing"]
