@@ -499,6 +499,32 @@ mod cuda {
         unsafe { f.launch_overlapping(&mut a, product_cfg(p.n)) }
     }
 
+    /// What a single op's product needs once its weights are checked: its kernel (`base`, `_norm`
+    /// where `norm` is given; never overlapping, see [`load`]), its output [b, n] as storage, and
+    /// the [`Product`] over `x` [b, k].
+    fn single_product(
+        x: &CudaStorage,
+        xl: &Layout,
+        norm: Option<&(Tensor, f32)>,
+        base: &str,
+        (b, n, k): (usize, usize, usize),
+        what: &str,
+    ) -> Result<(Kernel, CudaStorage, Product)> {
+        let dtype = x.dtype();
+        let norm_at = norm_at(norm, k, dtype, what)?;
+        let dev = x.device();
+        let f = product_kernel(dev, base, norm.is_some(), dtype, b, false)?;
+        let (out, out_at) = output(dev, dtype, b * n)?;
+        let p = Product {
+            x: address(x, xl, what)?,
+            norm: norm_at,
+            out: out_at,
+            n,
+            k,
+        };
+        Ok((f, out, p))
+    }
+
     /// Where a step's keys and values go and are read: the buffers or pool, the rotary tables, the
     /// positions and block tables, and the cache's addressing ([`addressing`]).
     #[derive(Clone, Copy)]
@@ -651,17 +677,7 @@ mod cuda {
                 }
             }
             let res = address_or_null(self.residual.as_ref(), dtype, what)?;
-            let norm = norm_at(self.norm.as_ref(), k, dtype, what)?;
-            let dev = x.device();
-            let f = product_kernel(dev, "decode_gemv", self.norm.is_some(), dtype, b, false)?;
-            let (out, out_at) = output(dev, dtype, b * n)?;
-            let p = Product {
-                x: address(x, xl, what)?,
-                norm,
-                out: out_at,
-                n,
-                k,
-            };
+            let (f, out, p) = single_product(x, xl, self.norm.as_ref(), "decode_gemv", (b, n, k), what)?;
             launch_gemv(&f, w, res, &p)?;
             Ok((out, Shape::from((b, 1, n))))
         }
@@ -692,17 +708,7 @@ mod cuda {
             if nu != n {
                 bail!("{what}: gate {:?} and up {:?} differ", self.gate.dims(), self.up.dims())
             }
-            let norm = norm_at(self.norm.as_ref(), k, dtype, what)?;
-            let dev = x.device();
-            let f = product_kernel(dev, "decode_swiglu", self.norm.is_some(), dtype, b, false)?;
-            let (out, out_at) = output(dev, dtype, b * n)?;
-            let p = Product {
-                x: address(x, xl, what)?,
-                norm,
-                out: out_at,
-                n,
-                k,
-            };
+            let (f, out, p) = single_product(x, xl, self.norm.as_ref(), "decode_swiglu", (b, n, k), what)?;
             launch_swiglu(&f, gate, up, &p)?;
             Ok((out, Shape::from((b, 1, n))))
         }
@@ -897,17 +903,8 @@ mod cuda {
                 dtype,
                 what,
             )?;
-            let norm = norm_at(self.norm.as_ref(), k, dtype, what)?;
-            let dev = x.device();
-            let f = product_kernel(dev, "decode_qkv", self.norm.is_some(), dtype, b, false)?;
-            let (out, out_at) = output(dev, dtype, b * heads.q * heads.dim)?;
-            let p = Product {
-                x: address(x, xl, what)?,
-                norm,
-                out: out_at,
-                n: heads.q * heads.dim,
-                k,
-            };
+            let n = heads.q * heads.dim;
+            let (f, out, p) = single_product(x, xl, self.norm.as_ref(), "decode_qkv", (b, n, k), what)?;
             launch_qkv(&f, w, bias, rotary, &cache, &p, heads)?;
             Ok((out, Shape::from((b, heads.q, heads.dim))))
         }
