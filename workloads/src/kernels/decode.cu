@@ -70,21 +70,37 @@ template <> __device__ __forceinline__ void unpack8<F16>(uint4 w, float* f) {
     }
 }
 
+// The first NORM_WORDS words of a norm's weight that a thread of a product's block scales with
+// (rms_normalized's second pass), loaded before the kernel waits for the kernel ahead: the weight is
+// a parameter, and the layer's weights streamed since its last use push it out of L2; loaded after
+// the wait, it would be a round trip to memory between the norm's sums and the product.
+#define NORM_WORDS 2
+template <typename E>
+__device__ __forceinline__ void norm_weight_words(const typename E::T* w, unsigned int k, uint4 (&nw)[NORM_WORDS]) {
+#pragma unroll
+    for (int j = 0; j < NORM_WORDS; ++j) {
+        const unsigned int c = (threadIdx.x + j * DEC_WARPS * 32) * 8;
+        nw[j] = c < k ? __ldg((const uint4*)(w + c)) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
 // x [B, k] through Llama's RMSNorm with weight w, as transformers computes it: in f32, x / rms(x)
 // rounded to the element type, times w, rounded again; into shared memory, for the block's products
-// (NORM_MAX elements at most). Every thread of the block calls it: the norm costs the block a read of
-// x from L2 instead of a kernel of its own and a round trip of its output.
+// (NORM_MAX elements at most). Every thread of the block calls it, with the words of w that
+// norm_weight_words loaded: the norm costs the block a read of x from L2 instead of a kernel of its
+// own and a round trip of its output.
 template <typename E, int B>
 __device__ const typename E::T* rms_normalized(const typename E::T* x, const typename E::T* w, unsigned int k,
-                                               float eps) {
+                                               float eps, const uint4 (&nw)[NORM_WORDS]) {
     __shared__ __align__(16) typename E::T xs[NORM_MAX];
     __shared__ float part[DEC_WARPS][B];
     __shared__ float inv[B];
+    constexpr unsigned int STRIDE = DEC_WARPS * 32 * 8;
     const unsigned int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     float ss[B];
 #pragma unroll
     for (int s = 0; s < B; ++s) ss[s] = 0.f;
-    for (unsigned int c = tid * 8; c < k; c += DEC_WARPS * 32 * 8) {
+    for (unsigned int c = tid * 8; c < k; c += STRIDE) {
 #pragma unroll
         for (int s = 0; s < B; ++s) {
             float f[8];
@@ -105,9 +121,10 @@ __device__ const typename E::T* rms_normalized(const typename E::T* x, const typ
         inv[tid] = rsqrtf(t / k + eps);
     }
     __syncthreads();
-    for (unsigned int c = tid * 8; c < k; c += DEC_WARPS * 32 * 8) {
+    // x's words come from L1 this time (the sums just read them).
+    auto scale = [&](uint4 word, unsigned int c) {
         float wf[8];
-        unpack8<E>(__ldg((const uint4*)(w + c)), wf);
+        unpack8<E>(word, wf);
 #pragma unroll
         for (int s = 0; s < B; ++s) {
             float f[8];
@@ -115,7 +132,13 @@ __device__ const typename E::T* rms_normalized(const typename E::T* x, const typ
 #pragma unroll
             for (int e = 0; e < 8; ++e) E::put(xs, (unsigned long long)s * k + c + e, wf[e] * rounded<E>(f[e] * inv[s]));
         }
+    };
+#pragma unroll
+    for (int j = 0; j < NORM_WORDS; ++j) {
+        const unsigned int c = tid * 8 + j * STRIDE;
+        if (c < k) scale(nw[j], c);
     }
+    for (unsigned int c = tid * 8 + NORM_WORDS * STRIDE; c < k; c += STRIDE) scale(__ldg((const uint4*)(w + c)), c);
     __syncthreads();
     return xs;
 }
@@ -202,8 +225,10 @@ __device__ void gemv(const typename E::T* w, const typename E::T* x, const typen
     const typename E::T* rows[1] = {w + (unsigned long long)(live ? row : 0) * k};
     uint4 first[1][Group<B>::U];
     load_group<1, Group<B>::U>(rows, lane * 8, live ? k : 0, first);
+    uint4 nw[NORM_WORDS];
+    if constexpr (NORM) norm_weight_words<E>(norm_w, k, nw);
     wait_for_inputs();
-    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps);
+    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps, nw);
     if (!live) return;
     float acc[1][B];
     rows_dot<E, B, 1, NORM>(rows, x, k, acc, first);
@@ -228,8 +253,10 @@ __device__ void swiglu(const typename E::T* gate, const typename E::T* up, const
     const typename E::T* rows[2] = {gate + at, up + at};
     uint4 first[2][Group<B>::U];
     load_group<2, Group<B>::U>(rows, lane * 8, live ? k : 0, first);
+    uint4 nw[NORM_WORDS];
+    if constexpr (NORM) norm_weight_words<E>(norm_w, k, nw);
     wait_for_inputs();
-    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps);
+    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps, nw);
     if (!live) return;
     float acc[2][B];
     rows_dot<E, B, 2, NORM>(rows, x, k, acc, first);
@@ -280,8 +307,10 @@ __device__ void qkv_rope(const typename E::T* wq, const typename E::T* wk, const
     const typename E::T* rows[2] = {w + (unsigned long long)r0 * k, w + (unsigned long long)r1 * k};
     uint4 first[2][Group<B>::U];
     load_group<2, Group<B>::U>(rows, lane * 8, live ? k : 0, first);
+    uint4 nw[NORM_WORDS];
+    if constexpr (NORM) norm_weight_words<E>(norm_w, k, nw);
     wait_for_inputs();
-    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps);
+    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps, nw);
     if (!live) return;
     float acc[2][B];
     rows_dot<E, B, 2, NORM>(rows, x, k, acc, first);
@@ -425,40 +454,63 @@ __device__ void decode_attention(const typename E::T* q, const typename E::T* ke
     }
 }
 
-// The chunks' partial softmaxes combined: one block of D threads per (sequence, query head), out
-// [B, hq, D] (as [B, 1, hq · D]). The chunks' maxima and sums are reduced across the block, and
-// each feature's sum over the chunks keeps several loads in flight: read one chunk after another,
-// a long cache's hundreds of chunks were as many round trips.
+// The chunks' partial softmaxes combined: one block of DC_THREADS per (sequence, query head), out
+// [B, hq, D] (as [B, 1, hq · D]). Each feature's chunks are split over DC_THREADS / D threads, and a
+// thread issues the loads of DC_BATCH of its chunks (outputs and maxima) at once, before the block
+// has reduced the maxima and sums it scales them by: a cache of 640 slots in chunks of 16 is then one
+// round trip to L2 where one thread a feature, reading its chunks a few at a time, made five.
+#define DC_THREADS 512
+#define DC_BATCH 16
 template <typename E, int D>
 __device__ void decode_attention_combine(const float* part_out, const float* part_ml, const unsigned int* pos,
                                          typename E::T* out, unsigned int chunks, unsigned int chunk_len,
                                          unsigned int hq, unsigned int pos_stride) {
-    __shared__ float red[D / 32];
-    const unsigned int sh = blockIdx.x, f = threadIdx.x, lane = f & 31, warp = f >> 5;
+    constexpr unsigned int SPLIT = DC_THREADS / D;
+    __shared__ float maxima[DC_THREADS / 32];
+    __shared__ float sums[SPLIT][D];
+    const unsigned int sh = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5, f = t % D, s = t / D;
+    const float neg_inf = __int_as_float(0xff800000);
     wait_for_inputs();
     const unsigned int used = min(pos[sh / hq * pos_stride] / chunk_len + 1, chunks);
     const float* ml = part_ml + (unsigned long long)sh * chunks * 2;
-    float m = __int_as_float(0xff800000);  // -inf
-    for (unsigned int c = f; c < used; c += D) m = fmaxf(m, ml[2 * c]);
-    m = warp_max(m);
-    if (lane == 0) red[warp] = m;
-    __syncthreads();
-#pragma unroll
-    for (int v = 0; v < D / 32; ++v) m = fmaxf(m, red[v]);
-    __syncthreads();  // every thread has read the maxima before the sums take their place
-    float l = 0.f;
-    for (unsigned int c = f; c < used; c += D) l = fmaf(ml[2 * c + 1], exp2f(ml[2 * c] - m), l);
-    l = warp_sum(l);
-    if (lane == 0) red[warp] = l;
-    __syncthreads();
-    l = 0.f;
-#pragma unroll
-    for (int v = 0; v < D / 32; ++v) l += red[v];
     const float* po = part_out + (unsigned long long)sh * chunks * D + f;
+    // This thread's chunks s, s + SPLIT, ...: the first DC_BATCH of them loaded now.
+    float v[DC_BATCH], cm[DC_BATCH];
+    auto load_batch = [&](unsigned int c0) {
+#pragma unroll
+        for (int u = 0; u < DC_BATCH; ++u) {
+            const unsigned int c = c0 + u * SPLIT;
+            v[u] = c < used ? po[(unsigned long long)c * D] : 0.f;
+            cm[u] = c < used ? ml[2 * c] : neg_inf;
+        }
+    };
+    load_batch(s);
+    float m = neg_inf;
+    for (unsigned int c = t; c < used; c += DC_THREADS) m = fmaxf(m, ml[2 * c]);
+    m = warp_max(m);
+    if (lane == 0) maxima[warp] = m;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < DC_THREADS / 32; ++w) m = fmaxf(m, maxima[w]);
+    float l = 0.f;
+    for (unsigned int c = t; c < used; c += DC_THREADS) l = fmaf(ml[2 * c + 1], exp2f(ml[2 * c] - m), l);
+    l = block_sum2(l, 0.f).x;
+    // Chunks past `used` weigh exp2(-inf) = 0.
     float acc = 0.f;
-#pragma unroll 8
-    for (unsigned int c = 0; c < used; ++c) acc = fmaf(po[(unsigned long long)c * D], exp2f(ml[2 * c] - m), acc);
-    E::put(out, (unsigned long long)sh * D + f, acc / l);
+    for (unsigned int c0 = s;;) {
+#pragma unroll
+        for (int u = 0; u < DC_BATCH; ++u) acc = fmaf(v[u], exp2f(cm[u] - m), acc);
+        c0 += DC_BATCH * SPLIT;
+        if (c0 >= used) break;
+        load_batch(c0);
+    }
+    sums[s][f] = acc;
+    __syncthreads();
+    if (s == 0) {
+#pragma unroll
+        for (unsigned int r = 1; r < SPLIT; ++r) acc += sums[r][f];
+        E::put(out, (unsigned long long)sh * D + f, acc / l);
+    }
 }
 
 // Each product in two forms: on x as given, and (`_norm`) on x through the RMSNorm before it.
@@ -493,9 +545,9 @@ extern "C" __global__ void __launch_bounds__(DA_THREADS) decode_attention_##S##_
     decode_attention<E, D>(q, keys, values, pos, part_out, part_ml, hq, hkv, cap, chunk_len, scale, table, stride,  \
                            pos_stride);                                                                             \
 }                                                                                                                   \
-extern "C" __global__ void decode_attention_combine_##S##_d##D(const float* part_out, const float* part_ml,        \
-        const unsigned int* pos, E::T* out, unsigned int chunks, unsigned int chunk_len, unsigned int hq,           \
-        unsigned int pos_stride) {                                                                                  \
+extern "C" __global__ void __launch_bounds__(DC_THREADS) decode_attention_combine_##S##_d##D(                    \
+        const float* part_out, const float* part_ml, const unsigned int* pos, E::T* out, unsigned int chunks,       \
+        unsigned int chunk_len, unsigned int hq, unsigned int pos_stride) {                                         \
     decode_attention_combine<E, D>(part_out, part_ml, pos, out, chunks, chunk_len, hq, pos_stride);                 \
 }
 ATTENTION(bf16, BF16, 64)

@@ -567,6 +567,10 @@ mod cuda {
         unsafe { f.launch_overlapping(&mut a, product_cfg((heads.q + 2 * heads.kv) * heads.dim / 2)) }
     }
 
+    /// Threads of a block of the attention's combine (DC_THREADS in the source): each (sequence,
+    /// query head) has its features' chunks split over them.
+    const COMBINE_THREADS: u32 = 512;
+
     /// The split attention's two kernels and the chunking of the cache for `b` sequences.
     struct Attend {
         attend: Kernel,
@@ -642,7 +646,7 @@ mod cuda {
                 .u32(cache.pos_stride);
             let cfg = LaunchConfig {
                 grid_dim: ((b * heads.q) as u32, 1, 1),
-                block_dim: (heads.dim as u32, 1, 1),
+                block_dim: (COMBINE_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: as above; out holds b·hq·d.
