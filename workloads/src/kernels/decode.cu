@@ -70,24 +70,16 @@ template <> __device__ __forceinline__ void unpack8<F16>(uint4 w, float* f) {
     }
 }
 
-// The first NORM_WORDS words of a norm's weight that a thread of a product's block scales with
-// (rms_normalized's second pass), loaded before the kernel waits for the kernel ahead: the weight is
-// a parameter, and the layer's weights streamed since its last use push it out of L2; loaded after
-// the wait, it would be a round trip to memory between the norm's sums and the product.
+// Elements between a thread's words of a row in rms_normalized: the block's threads take 8 each.
+#define NORM_STRIDE (DEC_WARPS * 32 * 8)
+// The first NORM_WORDS words of a norm's weight that a thread scales with (rms_normalized's second
+// pass), loaded by inputs_ready before the kernel waits for the kernel ahead.
 #define NORM_WORDS 2
-template <typename E>
-__device__ __forceinline__ void norm_weight_words(const typename E::T* w, unsigned int k, uint4 (&nw)[NORM_WORDS]) {
-#pragma unroll
-    for (int j = 0; j < NORM_WORDS; ++j) {
-        const unsigned int c = (threadIdx.x + j * DEC_WARPS * 32) * 8;
-        nw[j] = c < k ? __ldg((const uint4*)(w + c)) : make_uint4(0u, 0u, 0u, 0u);
-    }
-}
 
 // x [B, k] through Llama's RMSNorm with weight w, as transformers computes it: in f32, x / rms(x)
 // rounded to the element type, times w, rounded again; into shared memory, for the block's products
-// (NORM_MAX elements at most). Every thread of the block calls it, with the words of w that
-// norm_weight_words loaded: the norm costs the block a read of x from L2 instead of a kernel of its
+// (NORM_MAX elements at most). Every thread of the block calls it, with its first NORM_WORDS words
+// of w already loaded (nw): the norm costs the block a read of x from L2 instead of a kernel of its
 // own and a round trip of its output.
 template <typename E, int B>
 __device__ const typename E::T* rms_normalized(const typename E::T* x, const typename E::T* w, unsigned int k,
@@ -95,12 +87,11 @@ __device__ const typename E::T* rms_normalized(const typename E::T* x, const typ
     __shared__ __align__(16) typename E::T xs[NORM_MAX];
     __shared__ float part[DEC_WARPS][B];
     __shared__ float inv[B];
-    constexpr unsigned int STRIDE = DEC_WARPS * 32 * 8;
     const unsigned int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     float ss[B];
 #pragma unroll
     for (int s = 0; s < B; ++s) ss[s] = 0.f;
-    for (unsigned int c = tid * 8; c < k; c += STRIDE) {
+    for (unsigned int c = tid * 8; c < k; c += NORM_STRIDE) {
 #pragma unroll
         for (int s = 0; s < B; ++s) {
             float f[8];
@@ -135,12 +126,36 @@ __device__ const typename E::T* rms_normalized(const typename E::T* x, const typ
     };
 #pragma unroll
     for (int j = 0; j < NORM_WORDS; ++j) {
-        const unsigned int c = tid * 8 + j * STRIDE;
+        const unsigned int c = tid * 8 + j * NORM_STRIDE;
         if (c < k) scale(nw[j], c);
     }
-    for (unsigned int c = tid * 8 + NORM_WORDS * STRIDE; c < k; c += STRIDE) scale(__ldg((const uint4*)(w + c)), c);
+    for (unsigned int c = tid * 8 + NORM_WORDS * NORM_STRIDE; c < k; c += NORM_STRIDE)
+        scale(__ldg((const uint4*)(w + c)), c);
     __syncthreads();
     return xs;
+}
+
+// What a product does between issuing its first weight loads and its arithmetic: waits for the
+// kernel ahead (wait_for_inputs) and returns the x its rows multiply, with NORM x through the RMSNorm
+// in shared memory (rms_normalized). The norm's weight is a parameter, so its first words are loaded
+// before the wait: the layer's weights streamed since its last use push it out of L2, and loaded
+// after the wait it would be a round trip to memory between the norm's sums and the products.
+template <typename E, int B, bool NORM>
+__device__ __forceinline__ const typename E::T* inputs_ready(const typename E::T* x, const typename E::T* norm_w,
+                                                             unsigned int k, float eps) {
+    if constexpr (NORM) {
+        uint4 nw[NORM_WORDS];
+#pragma unroll
+        for (int j = 0; j < NORM_WORDS; ++j) {
+            const unsigned int c = threadIdx.x * 8 + j * NORM_STRIDE;
+            nw[j] = c < k ? __ldg((const uint4*)(norm_w + c)) : make_uint4(0u, 0u, 0u, 0u);
+        }
+        wait_for_inputs();
+        return rms_normalized<E, B>(x, norm_w, k, eps, nw);
+    } else {
+        wait_for_inputs();
+        return x;
+    }
 }
 
 // Words of a weight row each lane has in flight, at B sequences.
@@ -225,10 +240,7 @@ __device__ void gemv(const typename E::T* w, const typename E::T* x, const typen
     const typename E::T* rows[1] = {w + (unsigned long long)(live ? row : 0) * k};
     uint4 first[1][Group<B>::U];
     load_group<1, Group<B>::U>(rows, lane * 8, live ? k : 0, first);
-    uint4 nw[NORM_WORDS];
-    if constexpr (NORM) norm_weight_words<E>(norm_w, k, nw);
-    wait_for_inputs();
-    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps, nw);
+    x = inputs_ready<E, B, NORM>(x, norm_w, k, eps);
     if (!live) return;
     float acc[1][B];
     rows_dot<E, B, 1, NORM>(rows, x, k, acc, first);
@@ -253,10 +265,7 @@ __device__ void swiglu(const typename E::T* gate, const typename E::T* up, const
     const typename E::T* rows[2] = {gate + at, up + at};
     uint4 first[2][Group<B>::U];
     load_group<2, Group<B>::U>(rows, lane * 8, live ? k : 0, first);
-    uint4 nw[NORM_WORDS];
-    if constexpr (NORM) norm_weight_words<E>(norm_w, k, nw);
-    wait_for_inputs();
-    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps, nw);
+    x = inputs_ready<E, B, NORM>(x, norm_w, k, eps);
     if (!live) return;
     float acc[2][B];
     rows_dot<E, B, 2, NORM>(rows, x, k, acc, first);
@@ -307,10 +316,7 @@ __device__ void qkv_rope(const typename E::T* wq, const typename E::T* wk, const
     const typename E::T* rows[2] = {w + (unsigned long long)r0 * k, w + (unsigned long long)r1 * k};
     uint4 first[2][Group<B>::U];
     load_group<2, Group<B>::U>(rows, lane * 8, live ? k : 0, first);
-    uint4 nw[NORM_WORDS];
-    if constexpr (NORM) norm_weight_words<E>(norm_w, k, nw);
-    wait_for_inputs();
-    if constexpr (NORM) x = rms_normalized<E, B>(x, norm_w, k, eps, nw);
+    x = inputs_ready<E, B, NORM>(x, norm_w, k, eps);
     if (!live) return;
     float acc[2][B];
     rows_dot<E, B, 2, NORM>(rows, x, k, acc, first);
