@@ -227,6 +227,57 @@ fn a_decode_product_refuses_what_it_cannot_read() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn long_rows_split_over_warps_give_candles_product() {
+    // Rows split over 1, 2, 4 and 8 warps (decode::gemv_split), with row counts that leave warps of
+    // the last block without a row and a row length whose last span is shorter, at batches of 8 and
+    // 4 words in flight, against candle's product of the same rounded inputs in f32; half the cases
+    // add a residual.
+    let gpu = gpu();
+    let shapes = [(64, 2048), (66, 4096), (65, 8192), (72, 8984)];
+    let mut splits = Vec::new();
+    let mut failures = Vec::new();
+    for (i, &(n, k)) in shapes.iter().enumerate() {
+        for batch in [1, 3, 5, 8] {
+            splits.push(decode::gemv_split(n, k, batch, false));
+            for dtype in [DType::BF16, DType::F16] {
+                let normal = |name: &str, len: usize, dims: &[usize]| {
+                    let v = workloads::init::Rng::for_name(i as u64, name).normal_vec(len, 0.0, 1.0);
+                    Tensor::from_vec(v, dims, &gpu).unwrap().to_dtype(dtype).unwrap()
+                };
+                let x = normal("x", batch * k, &[batch, 1, k]);
+                let w = (normal("w", n * k, &[n, k]) * (1.0 / (k as f64).sqrt())).unwrap();
+                let res = (batch % 2 == 1).then(|| normal("res", batch * n, &[batch, 1, n]));
+                let y = decode::gemv(&x, None, &w, res.as_ref()).unwrap();
+                let f32_of = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+                let mut want = f32_of(&x).broadcast_matmul(&f32_of(&w).t().unwrap()).unwrap();
+                // The product is rounded before the residual is added, as PyTorch's is.
+                want = f32_of(&want.to_dtype(dtype).unwrap());
+                if let Some(r) = &res {
+                    want = (want + f32_of(r)).unwrap();
+                }
+                let got = f32_of(&y).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                // Two roundings of values near 1: a few units in the last place of the type.
+                let tol = if dtype == DType::BF16 { 3e-2 } else { 4e-3 };
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(g, w)| (g - w).abs() / w.abs().max(1.0))
+                    .fold(0f32, f32::max);
+                if worst > tol || got.len() != batch * n {
+                    failures.push(format!("[{n}, {k}] batch {batch} {dtype:?}: worst {worst:.3e}"));
+                }
+            }
+        }
+    }
+    splits.sort_unstable();
+    splits.dedup();
+    assert_eq!(splits, [1, 2, 4, 8], "the shapes no longer cover every split");
+    assert!(failures.is_empty(), "beyond the bound:\n{}", failures.join("\n"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn the_causal_prefill_kernel_gives_the_logits_and_cache_of_candles_ops() {
     // Every position's logits of a prompt from position 0, through the causal kernel and through
     // candle's ops with the mask; then one decode step from each cache, so that keys and values

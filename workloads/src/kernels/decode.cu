@@ -1,9 +1,9 @@
 // A language model's decode step at small batches, where the step is matrix-vector products: every
 // weight is read once per step and used by each of B ≤ 8 sequences, so the step's time is the time to
-// stream the weights. One warp per output row (or per pair of rows: a rotary pair, gate with up): its
-// 32 lanes read the rows in 16-byte words, several words in flight per lane, and keep B sums in f32;
-// the few activations (x, [B, k]) come from L1, or from shared memory where the block normalized them
-// itself (the RMSNorm before q/k/v, the MLP and the head). What follows a product in the model is done
+// stream the weights. One warp per output row (or per pair of rows: a rotary pair, gate with up; or
+// a span of a long row, gemv): its 32 lanes read the rows in 16-byte words, several words in flight
+// per lane, and keep B sums in f32; the few activations (x, [B, k]) come from L1, or from shared
+// memory where the block normalized them itself (the RMSNorm before q/k/v, the MLP and the head). What follows a product in the model is done
 // where its sum is made: the bias, the rotary embedding and the write into the KV cache's slot (q, k
 // and v), SiLU times the up projection (the MLP's gate), the residual add (o and down). Each product's
 // output is rounded to the element type where PyTorch's is, and so is what is made of it; the rotary
@@ -30,11 +30,12 @@
 
 // Programmatic dependent launch (Hopper): the host launches these kernels so that one may start while
 // the kernel ahead of it finishes (Kernel::launch_overlapping). Each kernel calls this before it reads
-// what an earlier kernel wrote or writes anything: it waits until the kernel ahead has ended and its
-// writes are visible, then lets the kernel after this one start. The products issue their first weight
-// loads before it, so a layer's short kernels and each kernel's last blocks overlap the next kernel's
-// reading of its weights instead of leaving the memory idle. Compiled for an older GPU (or launched
-// without the attribute) it does nothing, and kernels run one after another.
+// what the kernel ahead wrote or writes anything: it waits until the kernel ahead has ended and its
+// writes are visible, then lets the kernel after this one start (so what kernels further back wrote
+// is done before a kernel starts). The products issue their first weight loads before it, and
+// attention its cache's earlier slots, so a layer's short kernels and each kernel's last blocks
+// overlap the next kernel's reading instead of leaving the memory idle. Compiled for an older GPU
+// (or launched without the attribute) it does nothing, and kernels run one after another.
 __device__ __forceinline__ void wait_for_inputs() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -136,13 +137,16 @@ __device__ const typename E::T* rms_normalized(const typename E::T* x, const typ
 }
 
 // What a product does between issuing its first weight loads and its arithmetic: waits for the
-// kernel ahead (wait_for_inputs) and returns the x its rows multiply, with NORM x through the RMSNorm
-// in shared memory (rms_normalized). The norm's weight is a parameter, so its first words are loaded
-// before the wait: the layer's weights streamed since its last use push it out of L2, and loaded
-// after the wait it would be a round trip to memory between the norm's sums and the products.
-template <typename E, int B, bool NORM>
+// kernel ahead (wait_for_inputs), issues the loads its output needs beside the product (`after_wait`:
+// q/k/v's positions and rotary angles, whose round trip then overlaps the norm), and returns the x
+// its rows multiply, with NORM x through the RMSNorm in shared memory (rms_normalized). Loaded after
+// the product, they were a round trip to memory between the last sum and the write. The norm's
+// weight is a parameter, so its first words are loaded before the wait: the layer's weights streamed
+// since its last use push it out of L2, and loaded after the wait it would be a round trip to memory
+// between the norm's sums and the products.
+template <typename E, int B, bool NORM, typename F>
 __device__ __forceinline__ const typename E::T* inputs_ready(const typename E::T* x, const typename E::T* norm_w,
-                                                             unsigned int k, float eps) {
+                                                             unsigned int k, float eps, F&& after_wait) {
     if constexpr (NORM) {
         uint4 nw[NORM_WORDS];
 #pragma unroll
@@ -151,9 +155,11 @@ __device__ __forceinline__ const typename E::T* inputs_ready(const typename E::T
             nw[j] = c < k ? __ldg((const uint4*)(norm_w + c)) : make_uint4(0u, 0u, 0u, 0u);
         }
         wait_for_inputs();
+        after_wait();
         return rms_normalized<E, B>(x, norm_w, k, eps, nw);
     } else {
         wait_for_inputs();
+        after_wait();
         return x;
     }
 }
@@ -178,11 +184,11 @@ __device__ __forceinline__ void load_group(const T* const* w, unsigned int c0, u
         }
 }
 
-// acc[r][s] += a loaded group's words of row r · x_s, for the B sequences of x [B, k] (in global
-// memory, or in shared memory when SHARED).
+// acc[r][s] += a loaded group's words of row r · x_s, for the B sequences of x (rows of ldx
+// elements, the first k of them used; in global memory, or in shared memory when SHARED).
 template <typename E, int B, int R, int U, bool SHARED>
-__device__ __forceinline__ void use_group(const uint4 (&ww)[R][U], const typename E::T* x, unsigned int c0,
-                                          unsigned int k, float (*acc)[B]) {
+__device__ __forceinline__ void use_group(const uint4 (&ww)[R][U], const typename E::T* x, unsigned int ldx,
+                                          unsigned int c0, unsigned int k, float (*acc)[B]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const unsigned int c = c0 + 256 * u;
@@ -190,7 +196,7 @@ __device__ __forceinline__ void use_group(const uint4 (&ww)[R][U], const typenam
 #pragma unroll
         for (int s = 0; s < B; ++s) {
             float xf[8];
-            const uint4* xw = (const uint4*)(x + (unsigned long long)s * k + c);
+            const uint4* xw = (const uint4*)(x + (unsigned long long)s * ldx + c);
             unpack8<E>(SHARED ? *xw : __ldg(xw), xf);
 #pragma unroll
             for (int r = 0; r < R; ++r) {
@@ -204,23 +210,23 @@ __device__ __forceinline__ void use_group(const uint4 (&ww)[R][U], const typenam
 }
 
 // acc[r][s] = w_r · x_s over R rows of k elements (k a multiple of 8, each row and x from a 16-byte
-// boundary), summed over the warp, from this lane's first group of words already loaded (`first`,
-// load_group at lane · 8): a kernel issues those loads before it normalizes x, so that the weights
-// are on their way while the block computes the norm.
+// boundary; x's rows ldx apart), summed over the warp, from this lane's first group of words
+// already loaded (`first`, load_group at lane · 8): a kernel issues those loads before it
+// normalizes x, so that the weights are on their way while the block computes the norm.
 template <typename E, int B, int R, bool SHARED>
-__device__ __forceinline__ void rows_dot(const typename E::T* const* w, const typename E::T* x, unsigned int k,
-                                         float (*acc)[B], const uint4 (&first)[R][Group<B>::U]) {
+__device__ __forceinline__ void rows_dot(const typename E::T* const* w, const typename E::T* x, unsigned int ldx,
+                                         unsigned int k, float (*acc)[B], const uint4 (&first)[R][Group<B>::U]) {
     constexpr int U = Group<B>::U;
     const unsigned int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int s = 0; s < B; ++s) acc[r][s] = 0.f;
-    use_group<E, B, R, U, SHARED>(first, x, lane * 8, k, acc);
+    use_group<E, B, R, U, SHARED>(first, x, ldx, lane * 8, k, acc);
     for (unsigned int c0 = lane * 8 + 256 * U; c0 < k; c0 += 256 * U) {
         uint4 ww[R][U];
         load_group<R, U>(w, c0, k, ww);
-        use_group<E, B, R, U, SHARED>(ww, x, c0, k, acc);
+        use_group<E, B, R, U, SHARED>(ww, x, ldx, c0, k, acc);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -231,26 +237,49 @@ __device__ __forceinline__ void rows_dot(const typename E::T* const* w, const ty
 // y[s, row] = x_s · w[row] for n rows of k, plus res[s, row] when res is given (the residual stream:
 // PyTorch adds the rounded product to it and rounds again).
 // With NORM, x is normalized first (rms_normalized, with norm_w and eps).
+//
+// A row is split over `split` consecutive warps of the block (1, 2, 4 or DEC_WARPS; the host picks
+// it, decode::gemv_split), each taking a span of whole 16-byte words of the row, whose sums the
+// block adds: a long row (down's 8,960) read by one warp is a chain of round trips to memory, each
+// group waiting for the one before, where split over warps that issue their loads at once it is one.
 template <typename E, int B, bool NORM>
 __device__ void gemv(const typename E::T* w, const typename E::T* x, const typename E::T* norm_w, float eps,
-                     const typename E::T* res, typename E::T* y, unsigned int n, unsigned int k) {
-    const unsigned int row = blockIdx.x * DEC_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    // A warp past the last row loads nothing but still takes part in the block's norm.
+                     const typename E::T* res, typename E::T* y, unsigned int n, unsigned int k, unsigned int split) {
+    // The head (NORM) keeps its rows whole: each block would redo the norm, whose shared memory
+    // leaves no room for the warps' sums.
+    if constexpr (NORM) split = 1;
+    const unsigned int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const unsigned int row = blockIdx.x * (DEC_WARPS / split) + warp / split, part = warp % split;
+    const unsigned int span = (k / 8 + split - 1) / split * 8, c0 = min(k, part * span), len = min(k - c0, span);
+    // A warp past the last row loads nothing but still takes part in the block's norm and sums.
     const bool live = row < n;
-    const typename E::T* rows[1] = {w + (unsigned long long)(live ? row : 0) * k};
+    const typename E::T* rows[1] = {w + (unsigned long long)(live ? row : 0) * k + c0};
     uint4 first[1][Group<B>::U];
-    load_group<1, Group<B>::U>(rows, lane * 8, live ? k : 0, first);
-    x = inputs_ready<E, B, NORM>(x, norm_w, k, eps);
-    if (!live) return;
+    load_group<1, Group<B>::U>(rows, lane * 8, live ? len : 0, first);
+    x = inputs_ready<E, B, NORM>(x, norm_w, k, eps, [] {});
+    // Lane s adds sequence s's residual, loaded before the product instead of after it.
+    const float r = res && live && part == 0 && lane < B ? E::get(res, (unsigned long long)lane * n + row) : 0.f;
     float acc[1][B];
-    rows_dot<E, B, 1, NORM>(rows, x, k, acc, first);
+    rows_dot<E, B, 1, NORM>(rows, x + c0, k, live ? len : 0, acc, first);
+    // Every lane has the warp's B sums; lane s keeps sequence s's, and the first warp of a row adds
+    // the others'.
+    float sum = acc[0][0];
 #pragma unroll
-    for (int s = 0; s < B; ++s) {
-        if (lane != s) continue;
-        unsigned long long at = (unsigned long long)s * n + row;
-        float v = rounded<E>(acc[0][s]);
-        if (res) v += E::get(res, at);
-        E::put(y, at, v);
+    for (int s = 1; s < B; ++s)
+        if (lane == s) sum = acc[0][s];
+    if constexpr (!NORM) {
+        __shared__ float parts[DEC_WARPS][B];
+        if (split > 1) {
+            if (lane < B) parts[warp][lane] = sum;
+            __syncthreads();
+            if (part != 0) return;
+            if (lane < B)
+                for (unsigned int p = 1; p < split; ++p) sum += parts[warp + p][lane];
+        }
+    }
+    if (live && lane < B) {
+        const unsigned long long at = (unsigned long long)lane * n + row;
+        E::put(y, at, rounded<E>(sum) + r);
     }
 }
 
@@ -265,10 +294,10 @@ __device__ void swiglu(const typename E::T* gate, const typename E::T* up, const
     const typename E::T* rows[2] = {gate + at, up + at};
     uint4 first[2][Group<B>::U];
     load_group<2, Group<B>::U>(rows, lane * 8, live ? k : 0, first);
-    x = inputs_ready<E, B, NORM>(x, norm_w, k, eps);
+    x = inputs_ready<E, B, NORM>(x, norm_w, k, eps, [] {});
     if (!live) return;
     float acc[2][B];
-    rows_dot<E, B, 2, NORM>(rows, x, k, acc, first);
+    rows_dot<E, B, 2, NORM>(rows, x, k, k, acc, first);
 #pragma unroll
     for (int s = 0; s < B; ++s) {
         if (lane != s) continue;
@@ -316,31 +345,41 @@ __device__ void qkv_rope(const typename E::T* wq, const typename E::T* wk, const
     const typename E::T* rows[2] = {w + (unsigned long long)r0 * k, w + (unsigned long long)r1 * k};
     uint4 first[2][Group<B>::U];
     load_group<2, Group<B>::U>(rows, lane * 8, live ? k : 0, first);
-    x = inputs_ready<E, B, NORM>(x, norm_w, k, eps);
+    // The biases are parameters, loaded with the weights; lane s's position and its angles once the
+    // kernel ahead is done (the position's buffer is the step's input).
+    const float ba = bias && live ? E::get(bias, r0) : 0.f, bb = bias && live ? E::get(bias, r1) : 0.f;
+    unsigned int p = 0;
+    float c = 1.f, sn = 0.f;
+    x = inputs_ready<E, B, NORM>(x, norm_w, k, eps, [&] {
+        if (!live || lane >= B) return;
+        p = pos[lane * pos_stride];
+        if (part < 2) {
+            c = E::get(cos, (unsigned long long)p * half + i);
+            sn = E::get(sin, (unsigned long long)p * half + i);
+        }
+    });
     if (!live) return;
     float acc[2][B];
-    rows_dot<E, B, 2, NORM>(rows, x, k, acc, first);
+    rows_dot<E, B, 2, NORM>(rows, x, k, k, acc, first);
+    // Lane s writes sequence s's pair.
+    if (lane >= B) return;
+    float a = acc[0][0], b = acc[1][0];
 #pragma unroll
-    for (int s = 0; s < B; ++s) {
-        if (lane != s) continue;
-        const unsigned int p = pos[s * pos_stride];
-        float a = acc[0][s], b = acc[1][s];
-        if (bias) { a += E::get(bias, r0); b += E::get(bias, r1); }
-        a = rounded<E>(a);
-        b = rounded<E>(b);
-        if (part < 2) {
-            float c = E::get(cos, (unsigned long long)p * half + i), sn = E::get(sin, (unsigned long long)p * half + i);
-            float ra = a * c - b * sn, rb = b * c + a * sn;
-            a = ra;
-            b = rb;
-        }
-        typename E::T* out;
-        unsigned long long at;
-        if (part == 0) { out = q; at = ((unsigned long long)s * hq + hh) * d; }
-        else { out = part == 1 ? keys : values; at = cache_row(table, stride, cap, s, hkv, hh, p) * d; }
-        E::put(out, at + i, a);
-        E::put(out, at + i + half, b);
+    for (int s = 1; s < B; ++s)
+        if (lane == s) { a = acc[0][s]; b = acc[1][s]; }
+    a = rounded<E>(a + ba);
+    b = rounded<E>(b + bb);
+    if (part < 2) {
+        const float ra = a * c - b * sn, rb = b * c + a * sn;
+        a = ra;
+        b = rb;
     }
+    typename E::T* out;
+    unsigned long long at;
+    if (part == 0) { out = q; at = ((unsigned long long)lane * hq + hh) * d; }
+    else { out = part == 1 ? keys : values; at = cache_row(table, stride, cap, lane, hkv, hh, p) * d; }
+    E::put(out, at + i, a);
+    E::put(out, at + i + half, b);
 }
 
 // One chunk of `chunk` (at most DA_CHUNK) slots of the cache for one (sequence, key-value head) and the
@@ -367,27 +406,34 @@ __device__ void decode_attention(const typename E::T* q, const typename E::T* ke
     __shared__ __align__(16) T vs[DA_CHUNK * S];
     __shared__ float qs[DA_MAX_GROUP][D];
     __shared__ float ps[DA_MAX_GROUP][DA_CHUNK];
-    wait_for_inputs();
+    // The chunk's slots before the step's position were written by earlier steps, and the position
+    // and block tables before the step's first kernel, so they are loaded before the wait for the
+    // kernel ahead (q/k/v, which writes the position's slot): the cache's round trip to memory
+    // overlaps that kernel instead of following it.
     const unsigned int chunk = blockIdx.x, chunks = gridDim.x, seq = blockIdx.y / hkv, kvh = blockIdx.y % hkv;
     const unsigned int group = hq / hkv, start = chunk * chunk_len, p = pos[seq * pos_stride];
     if (start > p) return;
-    const unsigned int n = min(chunk_len, p + 1 - start);
+    const unsigned int n = min(chunk_len, p + 1 - start), last = p - start;
     const unsigned int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const T* kb = keys + (((unsigned long long)seq * hkv + kvh) * cap + start) * D;
-    const T* vb = values + (((unsigned long long)seq * hkv + kvh) * cap + start) * D;
     uint4 kw[WORDS], vw[WORDS];
+    auto load_row = [&](int u, unsigned int row, unsigned int col) {
+        // A chunk may span blocks of a paged pool: each row from its own.
+        const unsigned long long at =
+            (table ? cache_row(table, stride, cap, seq, hkv, kvh, start + row)
+                   : ((unsigned long long)seq * hkv + kvh) * cap + start + row) * D + col;
+        kw[u] = __ldg((const uint4*)(keys + at));
+        vw[u] = __ldg((const uint4*)(values + at));
+    };
 #pragma unroll
     for (int u = 0; u < WORDS; ++u) {
         const unsigned int w = tid + u * DA_THREADS, row = w / (D / 8), col = (w % (D / 8)) * 8;
-        if (row < n && !table) {
-            kw[u] = __ldg((const uint4*)(kb + row * D + col));
-            vw[u] = __ldg((const uint4*)(vb + row * D + col));
-        } else if (row < n) {
-            // A chunk may span blocks: each row from its own.
-            const unsigned long long at = cache_row(table, stride, cap, seq, hkv, kvh, start + row) * D + col;
-            kw[u] = __ldg((const uint4*)(keys + at));
-            vw[u] = __ldg((const uint4*)(values + at));
-        }
+        if (row < n && row != last) load_row(u, row, col);
+    }
+    wait_for_inputs();
+#pragma unroll
+    for (int u = 0; u < WORDS; ++u) {
+        const unsigned int w = tid + u * DA_THREADS, row = w / (D / 8), col = (w % (D / 8)) * 8;
+        if (row < n && row == last) load_row(u, row, col);
     }
     // The group's queries in words too, loaded with the chunk: one at a time, element by element,
     // they were a chain of round trips to L2 before any score.
@@ -421,15 +467,16 @@ __device__ void decode_attention(const typename E::T* q, const typename E::T* ke
     // Scores: one (key, head) per thread.
     for (unsigned int e = tid; e < group * n; e += DA_THREADS) {
         const unsigned int g = e / n, j = e - g * n;
-        float dot = 0.f;
+        // Four sums, not one chain of D dependent multiply-adds.
+        float dot[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int c = 0; c < D; c += 8) {
             float kf[8];
             unpack8<E>(*(const uint4*)(ks + j * S + c), kf);
 #pragma unroll
-            for (int t = 0; t < 8; ++t) dot = fmaf(kf[t], qs[g][c + t], dot);
+            for (int t = 0; t < 8; ++t) dot[t & 3] = fmaf(kf[t], qs[g][c + t], dot[t & 3]);
         }
-        ps[g][j] = dot;
+        ps[g][j] = (dot[0] + dot[1]) + (dot[2] + dot[3]);
     }
     __syncthreads();
     // Each head's max and sum over the chunk, one warp per head.
@@ -451,12 +498,36 @@ __device__ void decode_attention(const typename E::T* q, const typename E::T* ke
         }
     }
     __syncthreads();
-    // The chunk's weighted sum of values, one (head, feature) per thread.
-    for (unsigned int e = tid; e < group * D; e += DA_THREADS) {
-        const unsigned int g = e / D, f = e - g * D;
-        float acc = 0.f;
-        for (unsigned int j = 0; j < n; ++j) acc = fmaf(ps[g][j], E::get(vs, j * S + f), acc);
-        part_out[(((unsigned long long)seq * hq + kvh * group + g) * chunks + chunk) * D + f] = acc;
+    // The chunk's weighted sum of values: a thread takes a word (8 features) of one head's output
+    // over the slots j ≡ jp (mod P), one 16-byte load a slot, and the P threads of a word, adjacent
+    // lanes, add their sums by shuffles. P spreads a small group's words over the block.
+    const unsigned int words = group * (D / 8);
+    const unsigned int P = words * 4 <= DA_THREADS ? 4 : words * 2 <= DA_THREADS ? 2 : 1;
+    for (unsigned int base = 0; base < words * P; base += DA_THREADS) {
+        const unsigned int t = base + tid, e = t / P, jp = t % P;
+        const bool active = e < words;
+        const unsigned int g = active ? e / (D / 8) : 0, c = (e % (D / 8)) * 8;
+        float acc[8];
+#pragma unroll
+        for (int f = 0; f < 8; ++f) acc[f] = 0.f;
+        if (active)
+            for (unsigned int j = jp; j < n; j += P) {
+                float vf[8];
+                unpack8<E>(*(const uint4*)(vs + j * S + c), vf);
+                const float pj = ps[g][j];
+#pragma unroll
+                for (int f = 0; f < 8; ++f) acc[f] = fmaf(pj, vf[f], acc[f]);
+            }
+        // The loop's trip count is the block's, so every lane of a warp reaches the shuffles.
+        for (unsigned int o = 1; o < P; o <<= 1)
+#pragma unroll
+            for (int f = 0; f < 8; ++f) acc[f] += __shfl_xor_sync(0xffffffffu, acc[f], o);
+        if (active && jp == 0) {
+            const unsigned long long at = (((unsigned long long)seq * hq + kvh * group + g) * chunks + chunk) * D + c;
+            float4* out = (float4*)(part_out + at);
+            out[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            out[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+        }
     }
 }
 
@@ -522,8 +593,9 @@ __device__ void decode_attention_combine(const float* part_out, const float* par
 // Each product in two forms: on x as given, and (`_norm`) on x through the RMSNorm before it.
 #define PRODUCT_FORMS(S, E, B, N, NORM)                                                                             \
 extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) decode_gemv##N##_##S##_b##B(const E::T* w,           \
-        const E::T* x, const E::T* norm_w, float eps, const E::T* res, E::T* y, unsigned int n, unsigned int k) {   \
-    gemv<E, B, NORM>(w, x, norm_w, eps, res, y, n, k);                                                              \
+        const E::T* x, const E::T* norm_w, float eps, const E::T* res, E::T* y, unsigned int n, unsigned int k,      \
+        unsigned int split) {                                                                                       \
+    gemv<E, B, NORM>(w, x, norm_w, eps, res, y, n, k, split);                                                       \
 }                                                                                                                   \
 extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) decode_swiglu##N##_##S##_b##B(const E::T* gate,      \
         const E::T* up, const E::T* x, const E::T* norm_w, float eps, E::T* y, unsigned int n, unsigned int k) {    \

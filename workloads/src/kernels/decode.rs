@@ -31,6 +31,42 @@ pub const MAX_BATCH: usize = 8;
 /// nothing (measured: docs/kernels.md#decode).
 pub const OVERLAP_MAX_BATCH: usize = 1;
 
+/// Words (16 bytes) of a weight row each lane of a product has in flight: DEC_UNROLL in the source,
+/// half that past 4 sequences (its `Group`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn words_in_flight(batch: usize) -> usize {
+    if batch <= 4 {
+        8
+    } else {
+        4
+    }
+}
+
+/// Warps of the single-row product an H100 holds at once: 132 multiprocessors of 4 blocks of 8 warps
+/// (64 registers a thread).
+const RESIDENT_WARPS: usize = 132 * 32;
+
+/// Warps the single-row product splits each of its `n` rows of `k` elements over (1, 2, 4 or 8, a
+/// block's warps), so that it makes the fewest round trips to memory one after another: a warp's
+/// groups of loads (each waits for the one before) times the waves of blocks the GPU runs one after
+/// another once the warps are more than it holds. A short product of long rows (the MLP's down
+/// projection of a small model) is a chain of groups in one wave and gains from the split; a large
+/// one (Llama-3.1-8B's down at batch 1) is one wave of seven groups that a split would turn into
+/// eight waves of one. Of equal counts, the split whose warps make fewer groups, then the smaller
+/// (fewer sums to add). A product that normalizes x itself (the head) keeps its rows whole: each
+/// block would redo the norm.
+pub fn gemv_split(n: usize, k: usize, batch: usize, norm: bool) -> usize {
+    if norm {
+        return 1;
+    }
+    let words = k.div_ceil(8);
+    let trips = |split: usize| {
+        let groups = words.div_ceil(split).div_ceil(32 * words_in_flight(batch));
+        ((n * split).div_ceil(RESIDENT_WARPS) * groups, groups)
+    };
+    [1, 2, 4, 8].into_iter().min_by_key(|split| trips(*split)).unwrap_or(1)
+}
+
 /// Head sizes of the attention kernel.
 pub const HEAD_DIMS: [usize; 2] = [64, 128];
 
@@ -379,7 +415,7 @@ mod cuda {
         }
         aligned(l, k, what)?;
         // Row offsets are 64-bit in the kernels; the counts and the grid are not.
-        if k > u32::MAX as usize || n.div_ceil(WARPS) > i32::MAX as usize {
+        if k > u32::MAX as usize || n > i32::MAX as usize {
             bail!("{what}: [{n}, {k}] is more than the kernel indexes")
         }
         Ok(n)
@@ -479,14 +515,16 @@ mod cuda {
         k: usize,
     }
 
-    /// out = x · wᵀ (+ res where its address is not 0).
-    fn launch_gemv(f: &Kernel, w: u64, res: u64, p: &Product) -> Result<()> {
+    /// out = x · wᵀ (+ res where its address is not 0), each row split over
+    /// [`super::gemv_split`] warps.
+    fn launch_gemv(f: &Kernel, w: u64, res: u64, p: &Product, b: usize) -> Result<()> {
+        let split = super::gemv_split(p.n, p.k, b, p.norm.0 != 0);
         let mut a = f.params();
         a.ptr(w).ptr(p.x).ptr(p.norm.0).f32(p.norm.1).ptr(res).ptr(p.out);
-        a.u32(p.n as u32).u32(p.k as u32);
+        a.u32(p.n as u32).u32(p.k as u32).u32(split as u32);
         // SAFETY: parameter types and order match decode_gemv*; the caller checked w [n, k], x
-        // [b, k] from 16-byte boundaries, res and out [b, n].
-        unsafe { f.launch_overlapping(&mut a, product_cfg(p.n)) }
+        // [b, k] from 16-byte boundaries, res and out [b, n]; split is 1, 2, 4 or 8 (WARPS).
+        unsafe { f.launch_overlapping(&mut a, product_cfg(p.n * split)) }
     }
 
     /// out = silu(x · gateᵀ) · (x · upᵀ).
@@ -636,7 +674,10 @@ mod cuda {
             };
             // SAFETY: parameter types and order match decode_attention_*; the caller checked q [b,
             // hq, d], the cache's buffers or pool and tables, and each position below the slots
-            // its sequence holds; the parts hold b·hq·chunks·(d and 2) elements.
+            // its sequence holds; the parts hold b·hq·chunks·(d and 2) elements. Before its wait
+            // the kernel reads the positions, the block tables and the cache's slots before each
+            // position, none of which q/k/v (the kernel ahead) writes: it writes q and the
+            // position's own slot, which the kernel loads after its wait.
             unsafe { self.attend.launch_overlapping(&mut a, cfg) }?;
             let mut a = self.combine.params();
             a.ptr(parts.0).ptr(parts.1).ptr(cache.pos).ptr(out);
@@ -682,7 +723,7 @@ mod cuda {
             }
             let res = address_or_null(self.residual.as_ref(), dtype, what)?;
             let (f, out, p) = single_product(x, xl, self.norm.as_ref(), "decode_gemv", (b, n, k), what)?;
-            launch_gemv(&f, w, res, &p)?;
+            launch_gemv(&f, w, res, &p, b)?;
             Ok((out, Shape::from((b, 1, n))))
         }
     }
@@ -1121,9 +1162,9 @@ mod cuda {
                 launch_qkv(&qkv, l.qkv, l.bias, rotary, &l.cache, &qkv_product, heads)?;
                 attend.launch(b, heads, &l.cache, q, parts, attn)?;
                 // The first layer adds into the stream from the op's input; later ones in place.
-                launch_gemv(&gemv, l.o, input, &product(attn, (0, 0.0), stream, k, width))?;
+                launch_gemv(&gemv, l.o, input, &product(attn, (0, 0.0), stream, k, width), b)?;
                 launch_swiglu(&swiglu, l.gate, l.up, &product(stream, l.post_norm, gated, inner, k))?;
-                launch_gemv(&gemv, l.down, stream, &product(gated, (0, 0.0), stream, k, inner))?;
+                launch_gemv(&gemv, l.down, stream, &product(gated, (0, 0.0), stream, k, inner), b)?;
                 input = stream;
             }
             // The scratch goes back in stream order, after the kernels that use it.
@@ -1204,6 +1245,27 @@ mod argmax {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_rows_are_split_over_warps_while_that_shortens_the_chain_of_loads() {
+        // Qwen2.5-1.5B at batch 1: o_proj's rows of 1,536 are six words a lane, one group, whole;
+        // down's 8,960 are five groups in one wave, in eight spans of one group (three waves). At
+        // batch 8 (four words in flight) down is two spans of five groups (nine whole).
+        assert_eq!(gemv_split(1536, 1536, 1, false), 1);
+        assert_eq!(gemv_split(1536, 8960, 1, false), 8);
+        assert_eq!(gemv_split(1536, 1536, 8, false), 2);
+        assert_eq!(gemv_split(1536, 8960, 8, false), 2);
+        // Llama-3.2-1B's down, and Llama-3.1-8B's o_proj and down: 4,096 rows of 14,336 are one
+        // wave of seven groups, whole at batch 1.
+        assert_eq!(gemv_split(2048, 8192, 1, false), 4);
+        assert_eq!(gemv_split(2048, 8192, 8, false), 8);
+        assert_eq!(gemv_split(4096, 4096, 1, false), 2);
+        assert_eq!(gemv_split(4096, 14336, 1, false), 1);
+        assert_eq!(gemv_split(4096, 14336, 8, false), 2);
+        // Rows of one word, and the head, which normalizes x in every block.
+        assert_eq!(gemv_split(1, 8, 1, false), 1);
+        assert_eq!(gemv_split(1536, 8960, 1, true), 1);
+    }
 
     #[test]
     fn attention_chunks_shrink_until_the_blocks_fill_the_gpu() {

@@ -61,8 +61,10 @@ impl Kernel {
     /// kernel writes. Elsewhere it is an ordinary launch.
     ///
     /// # Safety
-    /// As [`Kernel::launch`], with `params` for `args`; and the kernel neither reads what a kernel
-    /// ahead of it writes, nor writes anything, before its `wait_for_inputs`.
+    /// As [`Kernel::launch`], with `params` for `args`; and the kernel writes nothing, and reads
+    /// nothing that the kernel just ahead of it writes, before its `wait_for_inputs`. What kernels
+    /// further back wrote is done by then: each overlapping kernel lets the next one start only
+    /// once it has passed its own wait, so a kernel starts after the kernel two ahead has ended.
     pub(crate) unsafe fn launch_overlapping(&self, params: &mut Params, cfg: LaunchConfig) -> Result<()> {
         let mut pointers: Vec<*mut std::ffi::c_void> =
             params.slots.iter_mut().map(|s| (s as *mut u64).cast()).collect();
