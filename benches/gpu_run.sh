@@ -75,7 +75,10 @@
 #              rounds.py over the rounds; STEP=kernels the decode
 #              kernels' and CUDA-graph GPU tests (.dist/{decode_kernels,graphs}-test.gz); STEP=breakdown
 #              one decode step's kernels by Nsight Compute beside the graphed step (MODELS, BATCHES
-#              default 1; benches/decode_breakdown.py)
+#              default 1; benches/decode_breakdown.py); STEP=ab this build against AB_BIN (the build
+#              before a change), alternated ROUNDS times (default 2) on generate cells of MODELS
+#              (default qwen2_5_1_5b,llama_3_2_1b) at BATCHES (default 1,8), and each build's decode
+#              step p50 with their ratio (benches/decode_ab.py)
 #   MIGPROF_GZ names another build (the CPU build does everything but run models on the GPU).
 #   MODELS and BATCHES narrow the comparison (defaults: the four families, inference at 1,8,32,128).
 set -uo pipefail
@@ -196,6 +199,29 @@ if [ ${#pairs[@]} -gt 0 ]; then
     python3 benches/rounds.py "${pairs[@]}" --markdown > "$out/decode-rounds.md"
 fi
 cp "$out"/decoder-reference*.jsonl "$out"/decoder-reference*.log "$out"/decode-compare* "$out"/decode-rounds* "${OUT:-/tmp}/" 2>/dev/null
+exit 0
+fi
+
+if [ "$mode" = decoders ] && [ "${STEP:-truth}" = ab ]; then
+# Generate cells by the build before a change and by this one, one after the other in each round on
+# the same GPU, so that a kernel change is judged against its own card; the table is written after
+# every build's run, kept if the call's time runs out.
+[ -n "${AB_BIN:-}" ] || { echo "STEP=ab needs AB_BIN, the build before the change (.gz or .xz)" >&2; exit 2; }
+unpack "$AB_BIN" /tmp/migprof-ab
+models="${MODELS:-qwen2_5_1_5b,llama_3_2_1b}"; batches="${BATCHES:-1,8}"
+folders=()
+for round in $(seq 1 "${ROUNDS:-2}"); do
+    for side in before this; do
+        build="$bin"; [ "$side" = before ] && build=/tmp/migprof-ab
+        log "round $round, the build $side: $models, bf16, batch $batches, prompt 512, 128 tokens"
+        "$build" run --model "$models" --dtype bf16 --batch "$batches" --prompt-len 512 --output-len 128 \
+            --warmup 1 --iters 3 --device "$uuid" --out "$out/ab-$side-r$round" 2>&1 | grep -Ev "^(plot|report):"
+        folders+=("$out/ab-$side-r$round")
+    done
+    python3 benches/decode_ab.py "${folders[@]}" | tee "$out/decode-ab.txt"
+    python3 benches/decode_ab.py "${folders[@]}" --markdown > "$out/decode-ab.md"
+    cp "$out"/decode-ab.* "${OUT:-/tmp}/" 2>/dev/null
+done
 exit 0
 fi
 

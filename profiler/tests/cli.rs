@@ -289,14 +289,7 @@ fn models_lists_every_model_with_exact_counts() {
 #[test]
 #[ignore = "needs python3 with pyarrow"]
 fn pyarrow_reads_the_folder_and_every_row_checks_out() {
-    let has_pyarrow = Command::new("python3")
-        .args(["-c", "import pyarrow"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        has_pyarrow,
-        "this test needs python3 with pyarrow (`python3 -m pip install pyarrow`)"
-    );
+    require_pyarrow();
     let dir = tempfile::tempdir().unwrap();
     let o = run_tiny(
         dir.path(),
@@ -332,14 +325,7 @@ fn pyarrow_reads_the_folder_and_every_row_checks_out() {
 #[test]
 #[ignore = "needs python3 with pyarrow"]
 fn rounds_gives_each_cell_its_median_ratio_and_verdict() {
-    let has_pyarrow = Command::new("python3")
-        .args(["-c", "import pyarrow"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        has_pyarrow,
-        "this test needs python3 with pyarrow (`python3 -m pip install pyarrow`)"
-    );
+    require_pyarrow();
     let dir = tempfile::tempdir().unwrap();
     let mut args = Vec::new();
     // Two rounds; PyTorch's best variant made to give ratios 2.0 and 1.6 for batch 1 (median 1.8:

@@ -467,3 +467,66 @@ fn the_report_draws_decode_throughput_and_time_to_first_token() {
         }
     }
 }
+
+/// benches/decode_ab.py, a decode change against the build before it (`gpu_run.sh decoders` with
+/// STEP=ab), on real results folders: each build's step p50 in every round, their medians and this
+/// build's over the one before's, and a cell one build missed in a round said to be short. Needs
+/// python3 with pyarrow, which .ci/run installs.
+#[test]
+#[ignore = "needs python3 with pyarrow"]
+fn decode_ab_gives_each_cell_both_builds_rounds_medians_and_ratio() {
+    require_pyarrow();
+    let dir = tempfile::tempdir().unwrap();
+    // Two rounds of "before" and "this" (folders of the same binary: the script reads folders);
+    // this build's second round left batch 2 out.
+    let mut folders = Vec::new();
+    for (name, batches) in [
+        ("before-1", "1,2"),
+        ("this-1", "1,2"),
+        ("before-2", "1,2"),
+        ("this-2", "1"),
+    ] {
+        let out = dir.path().join(name);
+        let mut args = TINY_GENERATION;
+        args[3] = batches;
+        let o = generate(&out, &args);
+        assert!(o.status.success(), "{}", text(&o));
+        folders.push(out);
+    }
+    // Each folder's step p50 at a batch, as the script must read it.
+    let p50 = |folder: &Path, batch: f64| -> Option<f64> {
+        let runs = read_table(folder, Table::Runs).unwrap();
+        let at = f64s(&runs, "batch").iter().position(|b| *b == batch)?;
+        Some(f64s(&runs, "p50_ms")[at])
+    };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/decode_ab.py");
+    let o = std::process::Command::new("python3")
+        .arg(script)
+        .args(&folders)
+        .arg("--markdown")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let row = |batch: &str| -> Vec<String> {
+        out.lines()
+            .map(|l| l.split('|').map(|c| c.trim().to_string()).collect::<Vec<_>>())
+            .find(|c| c.len() > 4 && c[1] == "llama_tiny" && c[3] == batch)
+            .unwrap_or_else(|| panic!("no batch {batch}:\n{out}"))
+    };
+    let one = row("1");
+    let before = [p50(&folders[0], 1.0).unwrap(), p50(&folders[2], 1.0).unwrap()];
+    let this = [p50(&folders[1], 1.0).unwrap(), p50(&folders[3], 1.0).unwrap()];
+    assert_eq!(one[4], format!("{:.3}, {:.3}", before[0], before[1]), "{out}");
+    assert_eq!(one[5], format!("{:.3}, {:.3}", this[0], this[1]), "{out}");
+    let (mb, mt) = ((before[0] + before[1]) / 2.0, (this[0] + this[1]) / 2.0);
+    assert_eq!(
+        (one[6].as_str(), one[7].as_str()),
+        (format!("{mb:.3}").as_str(), format!("{mt:.3}").as_str())
+    );
+    assert_eq!(one[8], format!("{:.3}", mt / mb), "{out}");
+    let two = row("2");
+    assert_eq!(two[5], format!("{:.3}", p50(&folders[1], 2.0).unwrap()), "{out}");
+    assert!(two[10].contains("this: 1 of 2 rounds"), "{out}");
+    assert!(out.contains("2 rounds, 2 cells"), "{out}");
+}

@@ -19,6 +19,19 @@ pub fn migprof() -> Command {
     command
 }
 
+/// Fails the test, saying how to get it, where python3 cannot import pyarrow: the tests of the
+/// scripts that read a results folder as users do need it (.ci/run installs it).
+pub fn require_pyarrow() {
+    let has_pyarrow = Command::new("python3")
+        .args(["-c", "import pyarrow"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        has_pyarrow,
+        "this test needs python3 with pyarrow (`python3 -m pip install pyarrow`)"
+    );
+}
+
 /// The binary run with `args` to its end.
 pub fn run(args: &[&str]) -> Output {
     migprof().args(args).output().expect("migprof runs")
