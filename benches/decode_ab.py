@@ -8,6 +8,7 @@ its ratio is not one to plan on.
 
 usage: decode_ab.py BEFORE_1 THIS_1 [BEFORE_2 THIS_2 ...] [--markdown]
 """
+import os
 import statistics
 import sys
 
@@ -19,8 +20,12 @@ DOUBTFUL = ("throttled", "shared")
 
 
 def generate_rows(folder):
-    """The generate rows of a results folder by (model, dtype, batch), the latest run winning."""
+    """The generate rows of a results folder by (model, dtype, batch), the latest run winning; none
+    where the build wrote no rows (it failed before its first), which the table counts as a missed
+    round instead of losing the other rounds."""
     rows = {}
+    if not os.path.isdir(f"{folder}/runs"):
+        return rows
     for r in pq.read_table(f"{folder}/runs").to_pylist():
         if r["mode"] == "generate":
             rows[(r["model"], r["dtype"], r["batch"])] = r

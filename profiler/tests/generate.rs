@@ -529,4 +529,20 @@ fn decode_ab_gives_each_cell_both_builds_rounds_medians_and_ratio() {
     assert_eq!(two[5], format!("{:.3}", p50(&folders[1], 2.0).unwrap()), "{out}");
     assert!(two[10].contains("this: 1 of 2 rounds"), "{out}");
     assert!(out.contains("2 rounds, 2 cells"), "{out}");
+    // A build that wrote no rows in a round (its folder absent) is a missed round, not an error.
+    let o = std::process::Command::new("python3")
+        .arg(script)
+        .args(&folders[..3])
+        .arg(dir.path().join("never-written"))
+        .arg("--markdown")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let notes: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("| llama_tiny |"))
+        .filter_map(|l| l.trim_end_matches(" |").rsplit(" | ").next())
+        .collect();
+    assert_eq!(notes, ["this: 1 of 2 rounds"; 2], "{out}");
 }

@@ -3,9 +3,10 @@
 // stream the weights. One warp per output row (or per pair of rows: a rotary pair, gate with up; or
 // a span of a long row, gemv): its 32 lanes read the rows in 16-byte words, several words in flight
 // per lane, and keep B sums in f32; the few activations (x, [B, k]) come from L1, or from shared
-// memory where the block normalized them itself (the RMSNorm before q/k/v, the MLP and the head). What follows a product in the model is done
-// where its sum is made: the bias, the rotary embedding and the write into the KV cache's slot (q, k
-// and v), SiLU times the up projection (the MLP's gate), the residual add (o and down). Each product's
+// memory where the block normalized them itself (the RMSNorm before q/k/v, the MLP and the head).
+// What follows a product in the model is done where its sum is made: the bias, the rotary embedding
+// and the write into the KV cache's slot (q, k and v), SiLU times the up projection (the MLP's gate),
+// the residual add (o and down). Each product's
 // output is rounded to the element type where PyTorch's is, and so is what is made of it; the rotary
 // embedding alone is computed in f32 and rounded once (PyTorch rounds its two products and their sum).
 //
