@@ -52,9 +52,11 @@ const RESIDENT_WARPS: usize = 132 * 32;
 /// another once the warps are more than it holds. A short product of long rows (the MLP's down
 /// projection of a small model) is a chain of groups in one wave and gains from the split; a large
 /// one (Llama-3.1-8B's down at batch 1) is one wave of seven groups that a split would turn into
-/// eight waves of one. Of equal counts, the split whose warps make fewer groups, then the smaller
-/// (fewer sums to add). A product that normalizes x itself (the head) keeps its rows whole: each
-/// block would redo the norm.
+/// eight waves of one. Whole rows win a tie: a split that trades groups for waves one for one
+/// (Llama-3.1-8B's o_proj, whose 4,096 rows fill a wave) keeps the same chain and adds a sum through
+/// shared memory and a barrier. Of splits with equal counts, the one whose warps make fewer groups,
+/// then the smaller. A product that normalizes x itself (the head) keeps its rows whole: each block
+/// would redo the norm.
 pub fn gemv_split(n: usize, k: usize, batch: usize, norm: bool) -> usize {
     if norm {
         return 1;
@@ -62,7 +64,7 @@ pub fn gemv_split(n: usize, k: usize, batch: usize, norm: bool) -> usize {
     let words = k.div_ceil(8);
     let trips = |split: usize| {
         let groups = words.div_ceil(split).div_ceil(32 * words_in_flight(batch));
-        ((n * split).div_ceil(RESIDENT_WARPS) * groups, groups)
+        ((n * split).div_ceil(RESIDENT_WARPS) * groups, split > 1, groups)
     };
     [1, 2, 4, 8].into_iter().min_by_key(|split| trips(*split)).unwrap_or(1)
 }
@@ -1255,13 +1257,16 @@ mod tests {
         assert_eq!(gemv_split(1536, 8960, 1, false), 8);
         assert_eq!(gemv_split(1536, 1536, 8, false), 2);
         assert_eq!(gemv_split(1536, 8960, 8, false), 2);
-        // Llama-3.2-1B's down, and Llama-3.1-8B's o_proj and down: 4,096 rows of 14,336 are one
-        // wave of seven groups, whole at batch 1.
+        // Llama-3.2-1B's down: four groups (eight at batch 8) in one wave, in spans of one group.
         assert_eq!(gemv_split(2048, 8192, 1, false), 4);
         assert_eq!(gemv_split(2048, 8192, 8, false), 8);
-        assert_eq!(gemv_split(4096, 4096, 1, false), 2);
+        // Llama-3.1-8B: 4,096 rows fill a wave, so a split makes as many waves as it saves groups
+        // (or more), and o_proj (two groups at batch 1, four at 8) and down (seven, fourteen) stay
+        // whole.
+        assert_eq!(gemv_split(4096, 4096, 1, false), 1);
+        assert_eq!(gemv_split(4096, 4096, 8, false), 1);
         assert_eq!(gemv_split(4096, 14336, 1, false), 1);
-        assert_eq!(gemv_split(4096, 14336, 8, false), 2);
+        assert_eq!(gemv_split(4096, 14336, 8, false), 1);
         // Rows of one word, and the head, which normalizes x in every block.
         assert_eq!(gemv_split(1, 8, 1, false), 1);
         assert_eq!(gemv_split(1536, 8960, 1, true), 1);
