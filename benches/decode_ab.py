@@ -12,24 +12,19 @@ import os
 import statistics
 import sys
 
-import pyarrow.parquet as pq
-
-from compare import print_table
+from compare import migprof_rows, print_table
 
 DOUBTFUL = ("throttled", "shared")
 
 
 def generate_rows(folder):
-    """The generate rows of a results folder by (model, dtype, batch), the latest run winning; none
-    where the build wrote no rows (it failed before its first), which the table counts as a missed
+    """The generate rows of a results folder by (model, dtype, batch), the latest run winning
+    (compare.migprof_rows); none where the build wrote no rows (it failed before its first), which the table counts as a missed
     round instead of losing the other rounds."""
-    rows = {}
     if not os.path.isdir(f"{folder}/runs"):
-        return rows
-    for r in pq.read_table(f"{folder}/runs").to_pylist():
-        if r["mode"] == "generate":
-            rows[(r["model"], r["dtype"], r["batch"])] = r
-    return rows
+        return {}
+    rows = migprof_rows(folder).items()
+    return {(model, dtype, batch): r for (model, mode, dtype, batch), r in rows if mode == "generate"}
 
 
 def main():

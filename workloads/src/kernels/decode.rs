@@ -33,7 +33,6 @@ pub const OVERLAP_MAX_BATCH: usize = 1;
 
 /// Words (16 bytes) of a weight row each lane of a product has in flight: DEC_UNROLL in the source,
 /// half that past 4 sequences (its `Group`).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 fn words_in_flight(batch: usize) -> usize {
     if batch <= 4 {
         8
