@@ -8,8 +8,12 @@
 //!   to the decode steps one by one (the reference's own greedy tokens, so that both sides' logits
 //!   are of the same history). OUT gets `prefill_logits` [batch, prompt, vocab], `decode_logits`
 //!   [steps, batch, vocab] (f32), and `greedy` [batch, steps + 1]: the tokens this model generates
-//!   from the prompt alone. With BLOCK_SIZE the KV cache is paged in blocks of that many tokens,
-//!   else contiguous. Runs on the first GPU of a CUDA build, else the CPU; TF32 off.
+//!   from the prompt alone, step by step through the model's `forward`; and `generated` [batch,
+//!   steps + 1]: the tokens of the path `migprof run --mode generate` times, the `Generator` with the
+//!   run's default kernel options (a contiguous cache's decode steps replayed as CUDA graphs), each
+//!   returned token tensor held on the device until the generation's end. With BLOCK_SIZE the KV
+//!   cache is paged in blocks of that many tokens, else contiguous. Runs on the first GPU of a CUDA
+//!   build, else the CPU; TF32 off.
 
 use std::collections::HashMap;
 
@@ -85,7 +89,35 @@ fn main() -> Result<()> {
         greedy.push(token.clone());
     }
 
+    // The timed path: the generator `migprof run` drives, over the same folder and prompt.
+    let layout = match block_size {
+        None => workloads::KvLayout::Contiguous,
+        Some(block_size) => workloads::KvLayout::Paged { block_size },
+    };
+    let cfg = workloads::WorkloadConfig {
+        device: device.clone(),
+        dtype,
+        mode: workloads::Mode::Generate,
+        seed: 0,
+        seq_len: None,
+        weights: None,
+        train: workloads::TrainConfig::default(),
+        kernels: workloads::kernels::KernelOptions::default(),
+    };
+    let mut generator = workloads::Generator::build(&format!("{}{dir}", workloads::FOLDER_PREFIX), &cfg, layout)?;
+    let mut generated = vec![generator.prefill(&prompt, room)?];
+    for _ in 0..steps {
+        let next = generator.decode(generated.last().expect("the prefill's token"))?;
+        generated.push(next);
+    }
+
     let mut saved: HashMap<String, Tensor> = HashMap::new();
+    saved.insert(
+        "generated".into(),
+        Tensor::cat(&generated, 1)?
+            .to_dtype(DType::I64)?
+            .to_device(&Device::Cpu)?,
+    );
     saved.insert("prefill_logits".into(), f32_host(&prefill_logits)?);
     saved.insert("decode_logits".into(), Tensor::stack(&decode_logits, 0)?);
     saved.insert(

@@ -4,7 +4,10 @@ For each model: transformers builds it from the preset's config.json (workloads/
 seeded initialisation and saves it as a Hugging Face folder (nothing is downloaded); migprof loads
 that folder (benches/decode_logits.rs) in f32 and bf16. Both sides run the same prompts and, for
 the decode steps, the same tokens (the f64 run's greedy tokens), so their logits are of the same
-history; each side also generates greedily on its own.
+history; each side also generates greedily on its own, migprof both step by step through the
+model's `forward` and through the `Generator` that `migprof run --mode generate` times (CUDA graphs
+replaying a contiguous cache's decode steps, every token held until the end). A model named
+`PRESET-untied` is the preset with an output head of its own.
 
 Printed per model and dtype: the largest logit difference between migprof and transformers at
 that dtype (prefill and decode), each side's error against transformers in f64 (the largest
@@ -12,14 +15,14 @@ difference over the largest logit), and how many greedy tokens of each sequence 
 transformers' at that dtype before the first that differs (with the reference's margin between its
 top two logits there: a near tie is where low precision may choose either).
 
-usage: python3 decoder_truth.py --bin DECODE_LOGITS --work DIR [--models llama_3_2_1b,qwen2_5_1_5b]
+usage: python3 decoder_truth.py --bin DECODE_LOGITS --work DIR
+       [--models llama_3_2_1b,qwen2_5_1_5b,qwen2_5_0_5b-untied]
        [--batch 2] [--prompt 32] [--steps 16]
 """
 
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -33,13 +36,20 @@ DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
 def make_folder(name, work):
-    """The preset with transformers' seeded random weights, saved as a folder migprof reads."""
+    """The preset with transformers' seeded random weights, saved as a folder migprof reads. A name
+    ending in `-untied` is the preset with an output head of its own (tie_word_embeddings false)."""
     folder = os.path.join(work, name)
     if os.path.exists(os.path.join(folder, "config.json")):
         return folder
+    preset = name.removesuffix("-untied")
     spec = os.path.join(work, name + "-config")
     os.makedirs(spec, exist_ok=True)
-    shutil.copy(os.path.join(CONFIGS, name + ".json"), os.path.join(spec, "config.json"))
+    with open(os.path.join(CONFIGS, preset + ".json")) as f:
+        config_json = json.load(f)
+    if name.endswith("-untied"):
+        config_json["tie_word_embeddings"] = False
+    with open(os.path.join(spec, "config.json"), "w") as f:
+        json.dump(config_json, f)
     config = AutoConfig.from_pretrained(spec)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -89,7 +99,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--bin", required=True)
     p.add_argument("--work", required=True)
-    p.add_argument("--models", default="llama_3_2_1b,qwen2_5_1_5b")
+    p.add_argument("--models", default="llama_3_2_1b,qwen2_5_1_5b,qwen2_5_0_5b-untied")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--steps", type=int, default=16)
@@ -134,6 +144,11 @@ def main():
                 "logit_scale": scale,
                 "greedy_tokens": ours_greedy.shape[1],
                 "greedy_agree": agreeing_prefix(ours_greedy, ref[2], ref[1]),
+                # The generator `migprof run` times (graphs on, its decode steps' own kernels): its
+                # tokens against the model's own steps, and against transformers' (with the
+                # reference's margin where they part: in bf16 a near tie may go either way).
+                "generated_equal": bool((ours["generated"] == ours_greedy).all()),
+                "generated_agree": agreeing_prefix(ours["generated"], ref[2], ref[1]),
                 "transformers_greedy_vs_f64": agreeing_prefix(ref[2], truth[2], truth[1]),
             }
             row["error_ratio"] = row["migprof_vs_f64"] / max(row["transformers_vs_f64"], 1e-300)
@@ -146,20 +161,23 @@ def main():
                     err(paged["prefill_logits"], ours_pre), err(paged["decode_logits"], ours_dec)
                 )
                 row["paged_greedy_equal"] = bool((paged["greedy"] == ours_greedy).all())
+                row["paged_generated_equal"] = bool((paged["generated"] == ours_greedy).all())
             else:
                 row["paged_vs_contiguous"], row["paged_greedy_equal"] = float("nan"), f"failed ({ran.returncode})"
+                row["paged_generated_equal"] = row["paged_greedy_equal"]
             results.append(row)
             print(json.dumps(row), flush=True)
         del model
         torch.cuda.empty_cache()
-    print("\n| model | dtype | max |Δ| vs transformers, prefill | decode | migprof vs f64 | transformers vs f64 | ratio | greedy tokens equal (of n) | paged − contiguous max |Δ| | paged tokens equal |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| model | dtype | max |Δ| vs transformers, prefill | decode | migprof vs f64 | transformers vs f64 | ratio | greedy tokens equal (of n) | paged − contiguous max |Δ| | paged tokens equal | generator (run's path) tokens equal to transformers' (of n) | generator equal to the steps, contiguous / paged |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         agree = ", ".join(str(n) for n, _ in r["greedy_agree"])
+        generated = ", ".join(str(n) for n, _ in r["generated_agree"])
         print(
             f"| {r['model']} | {r['dtype']} | {r['vs_transformers_prefill']:.2e} | {r['vs_transformers_decode']:.2e} | "
             f"{r['migprof_vs_f64']:.2e} | {r['transformers_vs_f64']:.2e} | {r['error_ratio']:.2f} | {agree} (of {r['greedy_tokens']}) | "
-            f"{r['paged_vs_contiguous']:.2e} | {r['paged_greedy_equal']} |"
+            f"{r['paged_vs_contiguous']:.2e} | {r['paged_greedy_equal']} | {generated} | {r['generated_equal']} / {r['paged_generated_equal']} |"
         )
     return 0
 

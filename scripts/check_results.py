@@ -2,7 +2,9 @@
 """Read a migprof results folder with pyarrow, as any downstream user would, and check what every row
 promises: every row has the documented columns; a measured row (status ok or probe) has throughput =
 1000 / mean_ms * batch, min <= p50 <= p90 <= p95 <= p99 <= p99.9 <= max, a verdict from the documented
-set with its reason, and one sample per iteration; a failed cell's row has its error and no measurement.
+set with its reason, and one sample per iteration (a generation's decode steps; its prefills are
+samples of phase `prefill`, one per generation, with decode_tokens_per_s = throughput and the time to
+the first token's percentiles in order); a failed cell's row has its error and no measurement.
 
 usage: scripts/check_results.py DIR [--runs N]    (exit 1 on the first broken promise)
 """
@@ -28,9 +30,10 @@ def check(folder, expected_runs):
     problems = []
     if expected_runs is not None and len(runs) != expected_runs:
         problems.append(f"{len(runs)} runs, expected {expected_runs}")
-    per_run = {}
+    per_run, prefills = {}, {}
     for s in samples:
-        per_run[s["run_id"]] = per_run.get(s["run_id"], 0) + 1
+        count = prefills if s.get("phase") == "prefill" else per_run
+        count[s["run_id"]] = count.get(s["run_id"], 0) + 1
     for r in runs:
         rid = r.get("run_id")
         missing = [c for c in COLUMNS if c not in r]
@@ -56,6 +59,17 @@ def check(folder, expected_runs):
             problems.append(f"{rid}: throughput {r['throughput']} outside its interval [{lo}, {hi}]")
         if not re.fullmatch(r"v[0-9]+(;[a-z]+=[a-z0-9]+)+", r["kernel_options"] or ""):
             problems.append(f"{rid}: kernel_options {r['kernel_options']!r} is not a versioned canonical string")
+        if r["mode"] == "generate":
+            if prefills.get(rid, 0) != r.get("generations"):
+                problems.append(f"{rid}: {prefills.get(rid, 0)} prefill samples for {r.get('generations')} generations")
+            decode = r.get("decode_tokens_per_s")
+            if decode is None or abs(decode - r["throughput"]) > 1e-9 * r["throughput"]:
+                problems.append(f"{rid}: decode_tokens_per_s {decode} is not the throughput {r['throughput']}")
+            ttft = [r.get(c) for c in ("ttft_p50_ms", "ttft_p99_ms")]
+            if None in ttft or ttft != sorted(ttft):
+                problems.append(f"{rid}: time to first token's percentiles {ttft}")
+        elif prefills.get(rid):
+            problems.append(f"{rid}: prefill samples in a {r['mode']} run")
         if r["mode"] == "train" and (r["loss_first"] is None or r["loss_last"] is None):
             problems.append(f"{rid}: a training run without loss_first/loss_last")
     return runs, problems

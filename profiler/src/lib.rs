@@ -6,6 +6,7 @@ pub mod device;
 pub mod files;
 pub mod fleet;
 pub mod gpu;
+pub mod heap;
 pub mod load;
 pub mod mig;
 pub mod mps;

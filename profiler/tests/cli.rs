@@ -139,8 +139,11 @@ fn bad_values_are_refused_naming_the_choices_and_earlier_results_stay() {
             vec!["--model", "resnet19"],
             vec!["resnet19", "resnet18", "resnet50", "resnet_tiny"],
         ),
-        (vec!["--batch", "1,-2"], vec!["positive integers", "--batch 1,8,32"]),
-        (vec!["--batch", "0"], vec!["positive integers"]),
+        (
+            vec!["--batch", "1,-2"],
+            vec!["--batch `-2`", "a batch size is a whole number from 1 to 65536"],
+        ),
+        (vec!["--batch", "0"], vec!["--batch `0`", "from 1 to 65536"]),
         (
             vec!["--device", "tpu:0"],
             vec![
@@ -230,11 +233,15 @@ fn a_run_that_fails_leaves_its_row_as_a_sweep_s_cell_does() {
 fn a_batch_beyond_the_host_s_memory_is_refused_before_allocating() {
     let dir = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();
-    let o = run_tiny(dir.path(), &["--batch", "1000000000", "--iters", "2"]);
+    // The largest batch a flag takes, of a model whose every sample holds megabytes.
+    let out = dir.path().to_str().unwrap();
+    let o = run(&[
+        "run", "--model", "resnet18", "--batch", "65536", "--iters", "2", "--device", "cpu", "--out", out,
+    ]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let t = text(&o);
     assert!(
-        t.contains("batch 1000000000 needs about") && t.contains("the host (") && t.contains("has available"),
+        t.contains("batch 65536 needs about") && t.contains("the host (") && t.contains("has available"),
         "{t}"
     );
     assert!(!t.contains("memory allocation of"), "refused, not aborted: {t}");
@@ -313,6 +320,39 @@ fn pyarrow_reads_the_folder_and_every_row_checks_out() {
     assert!(check.status.success(), "{}", text(&check));
     assert!(
         String::from_utf8_lossy(&check.stdout).contains("4 runs checked, 0 problems"),
+        "{}",
+        text(&check)
+    );
+    // Generations: their prefills are samples too, one per generation, beside the decode steps.
+    let o = Command::new(env!("CARGO_BIN_EXE_migprof"))
+        .args([
+            "run",
+            "--model",
+            "llama_tiny",
+            "--prompt-len",
+            "8",
+            "--output-len",
+            "4",
+            "--iters",
+            "3",
+        ])
+        .args([
+            "--warmup",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let check = Command::new("python3")
+        .args([script, dir.path().to_str().unwrap(), "--runs", "5"])
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success() && String::from_utf8_lossy(&check.stdout).contains("5 runs checked, 0 problems"),
         "{}",
         text(&check)
     );
@@ -634,4 +674,38 @@ fn compare_matches_cells_across_a_column_and_prints_the_ratio() {
         "{}",
         text(&bad)
     );
+}
+
+/// The CPU's memory estimate, made afresh by two identical commands, gives the same largest batch
+/// within a tenth: it counts the heap's bytes, which a run allocates alike each time.
+#[test]
+fn the_same_refused_batch_twice_names_the_same_largest_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let largest = || -> f64 {
+        let o = run(&[
+            "run",
+            "--model",
+            "resnet18",
+            "--batch",
+            "65536",
+            "--device",
+            "cpu",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ]);
+        let t = text(&o);
+        assert!(!o.status.success(), "{t}");
+        let at = t
+            .find("the largest batch that fits is about ")
+            .unwrap_or_else(|| panic!("{t}"));
+        t[at..]
+            .trim_start_matches("the largest batch that fits is about ")
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (a, b) = (largest(), largest());
+    assert!(a > 0.0 && (a - b).abs() <= 0.1 * a.min(b), "{a} then {b}");
 }

@@ -102,17 +102,7 @@ fn a_generation_row_has_its_lengths_prefills_cache_and_decode_steps() {
 fn a_hugging_face_folder_runs_without_a_preset_and_keeps_its_name() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("my-finetune");
-    std::fs::create_dir(&model).unwrap();
-    std::fs::write(
-        model.join("config.json"),
-        repo_file("workloads/configs/qwen2_tiny.json"),
-    )
-    .unwrap();
-    let cfg = workloads::models::decoder::preset("qwen2_tiny").unwrap();
-    let weights =
-        workloads::models::decoder::random_weights(&cfg, 9, &candle_core::Device::Cpu, candle_core::DType::F32)
-            .unwrap();
-    candle_core::safetensors::save(&weights, model.join("model.safetensors")).unwrap();
+    let cfg = hf_folder(&model);
     let name = format!("hf:{}", model.display());
     let out = dir.path().join("D");
     let o = generate(
@@ -335,11 +325,11 @@ kv_block_size = 4
 fn a_sweep_cell_that_cannot_fit_is_an_oom_row_before_its_model_is_built() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("s.toml");
-    // Llama-3.1-8B's cache alone at batch 100,000 is terabytes: refused from its shape, in the time
+    // Llama-3.1-8B's cache alone at batch 65,536 (the largest a sweep takes) is terabytes: refused from its shape, in the time
     // it takes to say so (building its 8 billion seeded weights on a CPU would take minutes).
     std::fs::write(
         &file,
-        "name = \"big\"\n[defaults]\ntimeout_secs = 60\n[[targets]]\nlabel = \"cpu\"\ndevice = \"cpu\"\n[[matrix]]\nmodels = [\"llama_3_1_8b\"]\nmodes = [\"generate\"]\nbatches = [100000]\n",
+        "name = \"big\"\n[defaults]\ntimeout_secs = 60\n[[targets]]\nlabel = \"cpu\"\ndevice = \"cpu\"\n[[matrix]]\nmodels = [\"llama_3_1_8b\"]\nmodes = [\"generate\"]\nbatches = [65536]\n",
     )
     .unwrap();
     let out = dir.path().join("D");

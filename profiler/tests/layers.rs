@@ -15,7 +15,7 @@ type Layers = &'static [&'static [&'static str]];
 /// The library `profiler`, bottom first: each entry is one layer, its top-level modules side by side.
 /// The binary's `commands` sit on top of all of them.
 const PROFILER: Layers = &[
-    &["provenance", "files", "mig"],
+    &["provenance", "files", "heap", "mig"],
     &["gpu"],
     &["mps"],
     &["device"],

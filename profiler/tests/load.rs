@@ -163,10 +163,17 @@ fn bad_load_input_names_the_choices() {
     // A rate far beyond what the model serves is refused once the closed loop is measured, in well
     // under a second of serving and without drawing its schedule; nothing is written.
     let started = std::time::Instant::now();
-    let o = load(dir.path(), &["--qps", "1e9", "--duration", "10"]);
+    let o = load(dir.path(), &["--qps", "1e6", "--duration", "10"]);
     assert!(!o.status.success(), "{}", text(&o));
     assert!(
-        text(&o).contains("--qps 1000000000: more than 10×") && text(&o).contains("--allow-overload"),
+        text(&o).contains("--qps 1000000: more than 10×") && text(&o).contains("--allow-overload"),
+        "{}",
+        text(&o)
+    );
+    // Beyond what one step may hold, before any work, --allow-overload or not.
+    let o = load(dir.path(), &["--qps", "1e9", "--duration", "10", "--allow-overload"]);
+    assert!(
+        !o.status.success() && text(&o).contains("a step offers at most 10000000"),
         "{}",
         text(&o)
     );

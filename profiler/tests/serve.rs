@@ -553,3 +553,70 @@ fn a_sweep_says_when_a_language_models_search_may_outlast_the_time_limit() {
         text(&o)
     );
 }
+
+/// A language model from a Hugging Face folder (whose name has a comma) is served as `run` runs
+/// it, and a sweep's capacity search takes it; a folder that is not one is refused by its path.
+#[test]
+fn a_hugging_face_folder_is_served_and_searched() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tuned,v2");
+    hf_folder(&model);
+    let name = format!("hf:{}", model.display());
+    let out = dir.path().join("D");
+    let o = migprof()
+        .args([
+            "load",
+            "--model",
+            &name,
+            "--device",
+            "cpu",
+            "--qps",
+            "4",
+            "--duration",
+            "1",
+            "--warmup",
+            "0",
+        ])
+        .args(["--prompt-len", "8", "--output-len", "4", "--drain", "10", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = read_table(&out, Table::Serve).unwrap();
+    assert_eq!(strings(&rows, "model"), vec![name.clone()]);
+    // The same folder in a run: the comma is part of its name, not a second model.
+    let o = migprof()
+        .args([
+            "run", "--model", &name, "--device", "cpu", "--iters", "1", "--warmup", "0",
+        ])
+        .args(["--prompt-len", "8", "--output-len", "4", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let file = dir.path().join("sweep.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "name = \"hf\"\n[[targets]]\nlabel = \"cpu\"\ndevice = \"cpu\"\n[[capacity]]\nmodels = [\"{name}\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nprompt_len = 8\noutput_len = 4\n"
+        ),
+    )
+    .unwrap();
+    let o = migprof()
+        .args(["sweep", file.to_str().unwrap(), "--dry-run", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::write(&file, "name = \"hf\"\n[[targets]]\nlabel = \"cpu\"\ndevice = \"cpu\"\n[[capacity]]\nmodels = [\"hf:/no/such/folder\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\n").unwrap();
+    let o = migprof()
+        .args(["sweep", file.to_str().unwrap(), "--dry-run", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && text(&o).contains("/no/such/folder: no readable config.json"),
+        "{}",
+        text(&o)
+    );
+}

@@ -710,3 +710,44 @@ targets = ["1g-mem", "2g-mem"]
         "{left}"
     );
 }
+
+/// Generate cells that differ only in their cache are told apart in the progress lines; an emulated
+/// slice in a build without CUDA is refused as `migprof run` refuses it.
+#[test]
+fn generate_cells_name_their_cache_and_mps_targets_need_a_cuda_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        r#"
+name = "caches"
+[defaults]
+warmup_secs = 0
+duration_secs = 0.2
+[[targets]]
+label = "cpu"
+device = "cpu"
+[[matrix]]
+models = ["llama_tiny"]
+modes = ["generate"]
+batches = [1]
+prompt_lens = [8]
+output_lens = [4]
+kv_layouts = ["contiguous", "paged"]
+kv_block_size = 8
+"#,
+    );
+    let o = sweep(&file, &dir.path().join("out"), &[]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("prompt 8 output 4 contiguous") && t.contains("prompt 8 output 4 paged 8"),
+        "{t}"
+    );
+    let file = write(
+        dir.path(),
+        "name = \"emulated\"\n[[targets]]\nlabel = \"3g\"\ndevice = \"mps:3g.40gb\"\n[[matrix]]\nmodels = [\"resnet_tiny\"]\nbatches = [1]\n",
+    );
+    let o = sweep(&file, &dir.path().join("out2"), &[]);
+    let t = text(&o);
+    assert!(!o.status.success() && t.contains("built without CUDA support"), "{t}");
+}

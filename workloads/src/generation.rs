@@ -28,6 +28,10 @@ impl KvLayout {
     pub const NAMES: [&'static str; 2] = ["contiguous", "paged"];
     /// vLLM's block size.
     pub const DEFAULT_BLOCK_SIZE: usize = 16;
+    /// The most tokens a block holds. A pool hands out whole blocks, so each sequence leaves up to
+    /// a block of room unused; serving stacks use 16 to 256, and a block larger than this would
+    /// only size a pool by its waste (and a block of billions of tokens, one allocation, by none).
+    pub const MAX_BLOCK_SIZE: usize = 4096;
 
     /// As rows record it (`kv_layout`).
     pub fn as_str(self) -> &'static str {
@@ -44,13 +48,21 @@ impl KvLayout {
         }
     }
 
+    /// Why `block_size` is no block's size (it is outside 1..=[`Self::MAX_BLOCK_SIZE`]).
+    pub fn block_size_error(block_size: impl std::fmt::Display) -> String {
+        format!(
+            "a KV block of {block_size} tokens: a block holds 1 to {} tokens (each sequence leaves up to a block unused; serving stacks use 16 to 256)",
+            Self::MAX_BLOCK_SIZE
+        )
+    }
+
     /// The layout `name` names, paged with `block_size` tokens a block; the error names the valid
     /// ones.
     pub fn parse(name: &str, block_size: usize) -> std::result::Result<KvLayout, String> {
         match name {
             "contiguous" => Ok(KvLayout::Contiguous),
-            "paged" if block_size > 0 => Ok(KvLayout::Paged { block_size }),
-            "paged" => Err("a KV block holds at least one token".into()),
+            "paged" if (1..=Self::MAX_BLOCK_SIZE).contains(&block_size) => Ok(KvLayout::Paged { block_size }),
+            "paged" => Err(Self::block_size_error(block_size)),
             other => Err(format!(
                 "KV cache layout `{other}`; valid layouts: {}",
                 KvLayout::NAMES.join(", ")
@@ -79,9 +91,11 @@ impl Lengths {
         self.output.saturating_sub(1)
     }
 
-    /// Positions a sequence takes: the prompt and every generated token fed back (the last is not).
+    /// Positions a sequence takes: the prompt and every generated token fed back (the last is not);
+    /// saturating, so that lengths near the integers' end are refused by [`Lengths::check`] rather
+    /// than wrapped past it.
     pub fn context(self) -> usize {
-        self.prompt + self.decode_steps()
+        self.prompt.saturating_add(self.decode_steps())
     }
 
     /// Whether these lengths fit a model of `max_positions` and make at least one decode step; the

@@ -8,8 +8,9 @@
 //!
 //! How: the first step of a shape runs as usual and fills every cache a step uses (cuDNN's and
 //! cuBLASLt's measured algorithms, compiled kernels, workspaces); the second is captured from candle's
-//! stream, instantiated and launched; each later one copies its inputs into the captured ones (unless
-//! they are the very tensors captured) and replays. A replay equals a fresh step because:
+//! stream over copies of its inputs that the graph owns, instantiated and launched; each later one
+//! copies its inputs into the graph's (unless they are the very tensors it was captured from) and
+//! replays. The caller's tensors are never written. A replay equals a fresh step because:
 //! - every allocation of a step comes from `cuMemAllocAsync`, which a capture turns into the graph's
 //!   own allocations at fixed addresses, and every one is freed inside the graph: the step's output
 //!   (logits, loss) is copied into a tensor allocated before the capture, so **an output is valid
@@ -267,8 +268,13 @@ mod cuda {
         output: Tensor,
         /// The output's shape, as the step returns it.
         shape: Vec<usize>,
-        /// What the graph reads: the tensors it was captured with, refilled before a replay.
+        /// What the graph reads: copies of the tensors it was captured with, its own, refilled
+        /// before a replay. Never the caller's: each replay's refill would rewrite a tensor the
+        /// caller still holds (a generation's first decode token, kept to be read at its end).
         inputs: Vec<Tensor>,
+        /// The ids of the caller's tensors the inputs were copied from: given again, they are
+        /// already in place.
+        sources: Vec<candle_core::TensorId>,
         graph: CudaGraph,
     }
 
@@ -283,7 +289,12 @@ mod cuda {
             dtype: candle_core::DType,
             step: &mut dyn FnMut(&[Tensor]) -> Result<Tensor>,
         ) -> Result<Capture> {
-            let inputs = inputs.into_iter().map(|t| t.contiguous()).collect::<Result<Vec<_>>>()?;
+            let sources = inputs.iter().map(Tensor::id).collect();
+            // Copied before the capture begins, so the copies are not part of the graph.
+            let inputs = inputs
+                .iter()
+                .map(Tensor::force_contiguous)
+                .collect::<Result<Vec<_>>>()?;
             let elements = shape.iter().product::<usize>();
             let output = Tensor::zeros(elements, dtype, &candle_core::Device::Cuda(dev.clone()))?;
             let stream = dev.cuda_stream();
@@ -323,6 +334,7 @@ mod cuda {
                 output,
                 shape: shape.to_vec(),
                 inputs,
+                sources,
                 graph,
             };
             let output = captured.output()?;
@@ -333,11 +345,11 @@ mod cuda {
             self.output.reshape(self.shape.as_slice())
         }
 
-        /// Copies `inputs` into the captured ones (the very tensors captured are left as they are)
-        /// and replays the graph. The output is rewritten by the next replay.
+        /// Copies `inputs` into the graph's own (not those it was captured from, which they hold
+        /// already) and replays the graph. The output is rewritten by the next replay.
         pub(super) fn replay(&self, inputs: &[Tensor]) -> Result<Tensor> {
-            for (captured, given) in self.inputs.iter().zip(inputs) {
-                if captured.id() != given.id() {
+            for ((captured, source), given) in self.inputs.iter().zip(&self.sources).zip(inputs) {
+                if *source != given.id() {
                     captured.slice_set(&given.contiguous()?, 0, 0)?;
                 }
             }

@@ -201,15 +201,14 @@ fn replayed_training_steps_move_the_model_as_steps_launched_kernel_by_kernel() {
     );
 }
 
-/// The tokens of `generations` greedy generations of `name` (batch 3, prompt 9, 24 new tokens), and
-/// the generator's graph counts.
-fn generate(
+/// `name`'s generator on `device`, seeded, with the CUDA graphs of `graphs`.
+fn generator(
     name: &str,
     device: &Device,
     dtype: DType,
     graphs: CudaGraphs,
-    generations: usize,
-) -> (Vec<Vec<u32>>, GraphStats) {
+    layout: workloads::KvLayout,
+) -> workloads::Generator {
     let cfg = WorkloadConfig {
         device: device.clone(),
         dtype,
@@ -223,7 +222,20 @@ fn generate(
             ..KernelOptions::default()
         },
     };
-    let mut g = workloads::Generator::build(name, &cfg, workloads::KvLayout::Contiguous).unwrap();
+    workloads::Generator::build(name, &cfg, layout).unwrap()
+}
+
+/// The tokens of `generations` greedy generations of `name` (batch 3, prompt 9, 24 new tokens), and
+/// the generator's graph counts.
+fn generate(
+    name: &str,
+    device: &Device,
+    dtype: DType,
+    graphs: CudaGraphs,
+    generations: usize,
+    layout: workloads::KvLayout,
+) -> (Vec<Vec<u32>>, GraphStats) {
+    let mut g = generator(name, device, dtype, graphs, layout);
     let prompts = g.prompts(3, 9, 11).unwrap();
     let mut tokens = Vec::new();
     for _ in 0..generations {
@@ -252,8 +264,9 @@ fn replayed_decode_steps_give_the_tokens_of_steps_launched_op_by_op() {
         ("qwen2_5_0_5b", &[DType::BF16][..]),
     ] {
         for &dtype in dtypes {
-            let (with, stats) = generate(name, &gpu, dtype, CudaGraphs::Infer, 2);
-            let (without, none) = generate(name, &gpu, dtype, CudaGraphs::Off, 2);
+            let contiguous = workloads::KvLayout::Contiguous;
+            let (with, stats) = generate(name, &gpu, dtype, CudaGraphs::Infer, 2, contiguous);
+            let (without, none) = generate(name, &gpu, dtype, CudaGraphs::Off, 2, contiguous);
             assert_eq!(with, without, "{name} {dtype:?}");
             assert_eq!(
                 with[0], with[1],
@@ -266,4 +279,112 @@ fn replayed_decode_steps_give_the_tokens_of_steps_launched_op_by_op() {
             println!("{name} {dtype:?}: {} tokens equal, {stats:?}", with[0].len());
         }
     }
+}
+
+/// `preset` as a Hugging Face folder, its output head tied to the embeddings or its own (`tied`),
+/// seeded weights with norms spread and embeddings a tenth of their seeded size, so that the layers'
+/// outputs lead the residual stream: a tied head on seeded weights otherwise scores the token it was
+/// fed highest, and greedy decoding repeats one token.
+fn folder(preset: &str, tied: bool) -> tempfile::TempDir {
+    use workloads::models::decoder;
+    let json = decoder::PRESETS.iter().find(|(n, _)| *n == preset).unwrap().1;
+    let mut config: serde_json::Value = serde_json::from_str(json).unwrap();
+    config["tie_word_embeddings"] = serde_json::json!(tied);
+    let text = config.to_string();
+    let cfg = decoder::Config::from_json(&text).unwrap();
+    let mut weights = decoder::random_weights(&cfg, 11, &Device::Cpu, DType::F32).unwrap();
+    for (name, t) in weights.iter_mut() {
+        let (mean, std) = match name.as_str() {
+            n if n.ends_with("norm.weight") => (1.0, 0.2),
+            "model.embed_tokens.weight" => {
+                *t = (&*t * 0.1).unwrap();
+                continue;
+            }
+            _ => continue,
+        };
+        let values = workloads::init::Rng::for_name(5, name).normal_vec(t.elem_count(), mean, std);
+        *t = candle_core::Tensor::from_vec(values, t.shape(), &Device::Cpu).unwrap();
+    }
+    assert_eq!(weights.contains_key("lm_head.weight"), !tied);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), text).unwrap();
+    candle_core::safetensors::save(&weights, dir.path().join("model.safetensors")).unwrap();
+    dir
+}
+
+/// Two generations of `name` (batch 3, prompt 9, 24 new tokens) through the `Generator`, as `migprof
+/// run --mode generate` drives it, every token tensor it returns held on the device until the
+/// generation's end (as a caller collecting its tokens does) and only then read.
+fn generate_held(
+    name: &str,
+    device: &Device,
+    dtype: DType,
+    graphs: CudaGraphs,
+    layout: workloads::KvLayout,
+) -> (Vec<Vec<u32>>, GraphStats) {
+    let mut g = generator(name, device, dtype, graphs, layout);
+    let prompts = g.prompts(3, 9, 11).unwrap();
+    let mut generations = Vec::new();
+    for _ in 0..2 {
+        let mut held = vec![g.prefill(&prompts, 9 + 23).unwrap()];
+        for _ in 0..23 {
+            let next = g.decode(held.last().unwrap()).unwrap();
+            held.push(next);
+        }
+        // Step by step, each step's batch in order, as `generate` lists them.
+        let steps = candle_core::Tensor::cat(&held, 1)
+            .unwrap()
+            .t()
+            .unwrap()
+            .contiguous()
+            .unwrap();
+        generations.push(steps.to_vec2::<u32>().unwrap().concat());
+    }
+    (generations, g.graph_stats())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_generator_s_tokens_equal_the_model_s_for_tied_and_untied_heads_held_to_the_end() {
+    // The path `migprof run --mode generate` times: graphs on, a contiguous cache (its steps
+    // replayed) and a paged one, f32 and bf16, against the same generator launched op by op with
+    // each token read at once. Holding the tokens is what a replay's input copy once broke: the
+    // graph had kept the first decode token's own tensor as its input and rewrote it every step.
+    let gpu = gpu();
+    let mut failures = Vec::new();
+    for (preset, tied) in [
+        ("qwen2_tiny", true),
+        ("qwen2_tiny", false),
+        ("llama_tiny", false),
+        ("llama_tiny", true),
+    ] {
+        let dir = folder(preset, tied);
+        let name = format!("hf:{}", dir.path().display());
+        for dtype in [DType::F32, DType::BF16] {
+            for layout in [
+                workloads::KvLayout::Contiguous,
+                workloads::KvLayout::Paged { block_size: 16 },
+            ] {
+                let case = format!("{preset} tied={tied} {dtype:?} {}", layout.as_str());
+                let (reference, _) = generate(&name, &gpu, dtype, CudaGraphs::Off, 2, layout);
+                let (held, stats) = generate_held(&name, &gpu, dtype, CudaGraphs::Infer, layout);
+                // The rewrite left the first decode token's tensor holding the last token fed (the
+                // 22nd): a reference where the two are equal in every sequence could not show it.
+                let (first, last_fed) = (&reference[0][3..6], &reference[0][22 * 3..23 * 3]);
+                assert_ne!(
+                    first, last_fed,
+                    "{case}: the first and last decode tokens agree: {reference:?}"
+                );
+                if held != reference {
+                    failures.push(format!("{case}: {:?}\n  against {:?}", held[0], reference[0]));
+                }
+                let replayed = layout == workloads::KvLayout::Contiguous;
+                if (stats.captured == 1 && stats.replays == 44) != replayed {
+                    failures.push(format!("{case}: {stats:?}"));
+                }
+                println!("{case}: {} tokens a generation equal, {stats:?}", held[0].len());
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -100,7 +100,7 @@ impl Problem {
     /// An upper bound on GPUs per layout: every model on its best single instance type, each on GPUs
     /// of its own.
     fn bound(&self) -> Result<u32> {
-        let mut total = 0u32;
+        let mut total = 0f64;
         for (m, d) in &self.demand {
             let best = self
                 .layouts
@@ -115,11 +115,21 @@ impl Problem {
             if best <= 0.0 {
                 bail!("no capacity for {m} on any profile of the layouts: nothing can serve it");
             }
-            total += (d / best).ceil() as u32;
+            total += (d / best).ceil();
         }
-        Ok(total.max(1))
+        // Each model's GPUs are at least its demand over the best a GPU of any layout serves of it,
+        // so a bound this far beyond the largest plan is a demand off by a factor, not a fleet.
+        if total > MAX_PLAN_GPUS as f64 + self.demand.len() as f64 {
+            bail!(
+                "the demands need about {total:.3e} GPUs (each model's requests/s over the most a GPU serves of it); a plan is at most {MAX_PLAN_GPUS} GPUs: is a demand off by a factor?"
+            );
+        }
+        Ok((total as u32).max(1))
     }
 }
+
+/// The most GPUs a plan may take: beyond it the integer program's numbers outgrow its precision.
+pub const MAX_PLAN_GPUS: u32 = 1_000_000;
 
 pub fn solve(problem: &Problem) -> Result<FleetPlan> {
     let bound = problem.bound()?;
@@ -184,13 +194,15 @@ fn stage(problem: &Problem, bound: u32, goal: Goal, gpus: Option<u32>, unused: O
     for p in &profiles {
         model = model.with(constraint!(assigned(p) <= held(p)));
     }
+    // Each demand in units of itself (served / demand ≥ 1): demands of 10⁻³ and 10⁹ requests/s
+    // then give the solver coefficients of one scale, where raw they made its matrix singular.
     for (m, d) in &problem.demand {
         let served: Expression = x
             .iter()
             .filter(|((xm, _), _)| xm == m)
-            .map(|((xm, xp), &v)| problem.usable[&(xm.clone(), xp.clone())] * v)
+            .map(|((xm, xp), &v)| problem.usable[&(xm.clone(), xp.clone())] / d * v)
             .sum();
-        model = model.with(constraint!(served >= *d));
+        model = model.with(constraint!(served >= 1.0));
     }
     for (&yl, &zl) in y.iter().zip(&z) {
         model = model.with(constraint!(yl <= bound as f64 * zl));
@@ -444,6 +456,33 @@ mod tests {
             ..problem.clone()
         };
         assert_eq!(solve(&only_homogeneous)?.gpus, 2);
+        Ok(())
+    }
+
+    #[test]
+    fn demands_far_apart_in_scale_plan_and_an_absurd_one_is_refused_in_words() -> Result<()> {
+        let t = table("h100-80gb")?;
+        let usable = usable(&t, &[("small", 0.6), ("large", 1.5)]);
+        let problem = Problem {
+            layouts: layouts(&t),
+            demand: vec![("small".into(), 1e-3), ("large".into(), 20_000.0)],
+            usable: usable.clone(),
+        };
+        let plan = solve(&problem)?;
+        check_valid(&problem, &plan);
+        assert!(
+            plan.instances.iter().any(|(m, _, n)| m == "small" && *n >= 1),
+            "{plan:?}"
+        );
+        let absurd = Problem {
+            demand: vec![("small".into(), 1e15)],
+            ..problem
+        };
+        let e = solve(&absurd).unwrap_err().to_string();
+        assert!(
+            e.contains("is a demand off by a factor?") && e.contains("1000000 GPUs"),
+            "{e}"
+        );
         Ok(())
     }
 

@@ -8,6 +8,7 @@ use anyhow::Result;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use migprof::device::DeviceSpec;
+use migprof::run::limits::{self, Limit};
 use migprof::run::spec::Precision;
 use workloads::kernels::options::{Attention, Convolutions, CudaGraphs, EncoderLayers, GemmAlgorithm};
 use workloads::kernels::KernelOptions;
@@ -45,6 +46,40 @@ impl KvLayoutArg {
             KvLayoutArg::Paged => workloads::KvLayout::Paged { block_size },
         }
     }
+}
+
+/// `--model` as given (each occurrence a comma-separated list) as models: a piece `hf:DIR` takes the
+/// pieces after it while the folder with their commas exists and the folder without them does not,
+/// so a Hugging Face folder whose name has a comma is one model. Each is checked by [`parse_model`].
+pub fn split_models(given: &[String]) -> Result<Vec<String>, String> {
+    let mut models: Vec<String> = Vec::new();
+    for list in given {
+        let mut pieces = list.split(',').map(str::to_string).peekable();
+        while let Some(mut model) = pieces.next() {
+            if let Some(dir) = model.strip_prefix(workloads::FOLDER_PREFIX) {
+                let mut dir = dir.to_string();
+                while let Some(next) = pieces.peek() {
+                    let longer = format!("{dir},{next}");
+                    if Path::new(&dir).is_dir() || !Path::new(&longer).is_dir() {
+                        break;
+                    }
+                    dir = longer;
+                    pieces.next();
+                }
+                model = format!("{}{dir}", workloads::FOLDER_PREFIX);
+            }
+            let model = model.trim().to_string();
+            parse_model(&model)?;
+            models.push(model);
+        }
+    }
+    Ok(models)
+}
+
+/// One `--model` as given, checked whole (every model of its list) and kept as written:
+/// [`split_models`] makes the list.
+pub fn parse_model_list(s: &str) -> Result<String, String> {
+    split_models(&[s.to_string()]).map(|_| s.to_string())
 }
 
 /// A model as `--model` takes it: a catalogue name or `hf:DIR`; the error names the valid ones.
@@ -209,21 +244,47 @@ where
     PossibleValuesParser::new(values).map(|name| name.parse::<T>().expect("clap accepted a listed name"))
 }
 
+/// One of `--batch`'s sizes (comma-separated: `--batch 1,8,32`).
 pub fn parse_batch(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(b) if b > 0 => Ok(b),
-        _ => Err(format!(
-            "batch sizes are positive integers, comma-separated (e.g. --batch 1,8,32); got `{s}`"
-        )),
-    }
+    limits::BATCH.parse("--batch", s).map(|b| b as usize)
 }
 
 pub fn parse_max_batch(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(b) if b > 0 => Ok(b),
-        _ => Err(format!(
-            "the batcher's largest batch is one positive integer (e.g. --max-batch 32); got `{s}`"
-        )),
+    limits::BATCH.parse("--max-batch", s).map(|b| b as usize)
+}
+
+/// `--kv-block-size`: tokens a KV block holds.
+pub fn parse_block_size(s: &str) -> Result<u64, String> {
+    let block = Limit {
+        what: "a KV block's size in tokens",
+        min: 1,
+        max: workloads::KvLayout::MAX_BLOCK_SIZE as u64,
+        why: "each sequence leaves up to a block unused; serving stacks use 16 to 256",
+    };
+    block.parse("--kv-block-size", s)
+}
+
+/// Seconds of a span, within [`limits::seconds`]'s bounds.
+pub fn parse_seconds(flag: &str, s: &str, positive: bool) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) => limits::seconds(flag, v, positive),
+        Err(_) => Err(format!("{flag} `{s}`: expected seconds, a number such as 2.5")),
+    }
+}
+
+/// Milliseconds of an objective or a delay, within [`limits::milliseconds`]'s bounds.
+pub fn parse_milliseconds(flag: &str, s: &str, positive: bool) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) => limits::milliseconds(flag, v, positive),
+        Err(_) => Err(format!("{flag} `{s}`: expected milliseconds, a number such as 50")),
+    }
+}
+
+/// A count that must be at least 1 where its bound starts at 0.
+pub fn at_least_one(flag: &str, n: u64) -> Result<u64, String> {
+    match n {
+        0 => Err(format!("{flag} `0`: at least 1")),
+        n => Ok(n),
     }
 }
 

@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Result};
-use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use migprof::device::DeviceSpec;
 use migprof::load::arrival::Arrival;
@@ -23,15 +22,26 @@ use migprof::run::{RunContext, RunSpec};
 use migprof::sweep::cell::CellSpec;
 use workloads::{Mode, TrainConfig};
 
+use migprof::run::limits::{Limit, BLOCKS, MAX_STEP_REQUESTS, SEARCH_STEPS, SEQUENCES, TOKENS};
+
 use super::args::{
-    as_mps_client, device_or_default, parse_max_batch, parse_non_negative, parse_percent, parse_positive, parse_rate,
-    report_hint, DTypeArg, KernelArgs,
+    as_mps_client, device_or_default, parse_block_size, parse_max_batch, parse_milliseconds, parse_model,
+    parse_percent, parse_rate, parse_seconds, parse_share, report_hint, DTypeArg, KernelArgs,
+};
+
+/// `--min-requests`: enough for a p99 worth deciding on, no more than a step may offer.
+const MIN_REQUESTS: Limit = Limit {
+    what: "a count of requests",
+    min: 100,
+    max: MAX_STEP_REQUESTS as u64,
+    why: "fewer make a p99 not worth much, and a step offers at most the upper bound",
 };
 
 #[derive(Debug, Clone, Args)]
 pub struct LoadArgs {
-    /// The model served (see `migprof models`).
-    #[arg(long, value_parser = PossibleValuesParser::new(workloads::model_names()))]
+    /// The model served (see `migprof models`), or hf:DIR: a Hugging Face folder of a supported
+    /// language model.
+    #[arg(long, value_parser = parse_model)]
     pub model: String,
     /// As `migprof run --device`: cpu, cuda, an index, GPU-/MIG-<uuid>, a MIG profile, mps:<profile>,
     /// mps-mem:<profile>.
@@ -45,7 +55,7 @@ pub struct LoadArgs {
     pub dtype: DTypeArg,
     /// Tokens per sequence for token models (default 128; not for language models, whose requests'
     /// lengths --prompt-len and --output-len give).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| TOKENS.parse("--seq-len", s))]
     pub seq_len: Option<u64>,
     /// Weights from a safetensors file instead of seeded random ones.
     #[arg(long)]
@@ -53,23 +63,23 @@ pub struct LoadArgs {
     /// Offered rates in requests per second, comma-separated: one step each, in order. With
     /// --search: the first rate tried (default: half the closed loop's rate at --max-batch; for a
     /// language model, the rate of 16 requests of the mean lengths at once).
-    #[arg(long, value_delimiter = ',', value_parser = parse_rate, required_unless_present = "search")]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = parse_rate, required_unless_present = "search")]
     pub qps: Vec<f64>,
     #[arg(long, value_enum, default_value_t = ArrivalArg::from(DEFAULTS.arrival))]
     pub arrival: ArrivalArg,
     /// The batcher's largest batch (default 32; not for language models: see --max-seqs).
-    #[arg(long, value_parser = parse_max_batch)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_max_batch)]
     pub max_batch: Option<usize>,
     /// The longest a batch waits for more requests once its first has arrived (and the model is
     /// free), ms (default 5; not for language models, whose batcher admits between iterations).
-    #[arg(long, value_parser = parse_non_negative)]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| parse_milliseconds("--max-delay-ms", s, false))]
     pub max_delay_ms: Option<f64>,
     /// Seconds of measured arrivals per step (without --search); for a language model, the
     /// seconds of arrivals of every step, --warmup included (about qps × duration requests).
-    #[arg(long, default_value_t = DEFAULTS.duration_secs, value_parser = parse_positive)]
+    #[arg(long, default_value_t = DEFAULTS.duration_secs, allow_negative_numbers = true, value_parser = |s: &str| parse_seconds("--duration", s, true))]
     pub duration: f64,
     /// Seconds of arrivals at the start of each step that are served and not measured.
-    #[arg(long, default_value_t = DEFAULTS.warmup_secs, value_parser = parse_non_negative)]
+    #[arg(long, default_value_t = DEFAULTS.warmup_secs, allow_negative_numbers = true, value_parser = |s: &str| parse_seconds("--warmup", s, false))]
     pub warmup: f64,
     /// Serve --qps rates beyond 10× the closed loop's rate (with a warning) instead of refusing them:
     /// such a step measures a queue that only grows (not for language models).
@@ -80,7 +90,7 @@ pub struct LoadArgs {
     pub seed: u64,
     /// The latency objective on p99, milliseconds: judges each step (meets_slo); --search needs it
     /// (not for language models: see --slo-ttft-p99-ms and --slo-tpot-p99-ms).
-    #[arg(long, value_parser = parse_positive)]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| parse_milliseconds("--slo-p99-ms", s, true))]
     pub slo_p99_ms: Option<f64>,
     /// Search for the highest rate within the objective (--slo-p99-ms; for a language model both
     /// --slo-ttft-p99-ms and --slo-tpot-p99-ms): doubling or halving to a bracket, then bisection to
@@ -92,7 +102,7 @@ pub struct LoadArgs {
     pub resolution: Option<f64>,
     /// Measured requests a search step needs before its p99's interval may decide it (default
     /// 10,000; fewer make a p99 not worth much; not for language models).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(100..).map(|v| v as usize))]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| MIN_REQUESTS.parse("--min-requests", s).map(|v| v as usize))]
     pub min_requests: Option<usize>,
     #[command(flatten)]
     pub serving: ServingArgs,
@@ -120,36 +130,36 @@ pub struct ServingArgs {
     #[arg(long, value_name = "LEN")]
     pub output_len: Option<LengthDist>,
     /// Tokens one iteration processes at most, prefill pieces and decodes together (default 2048).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| TOKENS.parse("--max-batched-tokens", s).map(|v| v as u32))]
     pub max_batched_tokens: Option<u32>,
     /// Sequences running at once at most (default 256).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| SEQUENCES.parse("--max-seqs", s).map(|v| v as u32))]
     pub max_seqs: Option<u32>,
     /// Prefill each prompt in one iteration, waiting for one with room for all of it, instead of in
     /// pieces across iterations.
     #[arg(long)]
     pub no_chunked_prefill: bool,
-    /// Tokens a KV block holds (default 16).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Tokens a KV block holds, 1 to 4096 (default 16).
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| parse_block_size(s).map(|v| v as u32))]
     pub kv_block_size: Option<u32>,
     /// The share of the target's memory left after the weights and the workspace that the KV cache
     /// takes (default 0.9).
-    #[arg(long, value_parser = parse_positive)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_share)]
     pub kv_cache_fraction: Option<f64>,
     /// The KV cache's blocks, instead of sizing it from the target's memory.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| BLOCKS.parse("--kv-blocks", s).map(|v| v as u32))]
     pub kv_blocks: Option<u32>,
     /// Seconds a step waits after its last arrival for its requests to finish (default 30).
-    #[arg(long, value_parser = parse_non_negative)]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| parse_seconds("--drain", s, false))]
     pub drain: Option<f64>,
     /// The objective on the time to the first token's p99, ms (with --slo-tpot-p99-ms).
-    #[arg(long, value_parser = parse_positive, requires = "slo_tpot_p99_ms")]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| parse_milliseconds("--slo-ttft-p99-ms", s, true), requires = "slo_tpot_p99_ms")]
     pub slo_ttft_p99_ms: Option<f64>,
     /// The objective on the time per output token's p99, ms (with --slo-ttft-p99-ms).
-    #[arg(long, value_parser = parse_positive, requires = "slo_ttft_p99_ms")]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| parse_milliseconds("--slo-tpot-p99-ms", s, true), requires = "slo_ttft_p99_ms")]
     pub slo_tpot_p99_ms: Option<f64>,
     /// The most rates a search measures (default 8).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| SEARCH_STEPS.parse("--max-steps", s).map(|v| v as usize))]
     pub max_steps: Option<usize>,
 }
 
@@ -235,7 +245,7 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
         resolution: args.resolution.map_or(DEFAULTS.resolution, |r| r / 100.0),
         min_requests: args.min_requests.unwrap_or(DEFAULTS.min_requests),
     };
-    let rates = rates(&args);
+    let rates = rates(&args)?;
     let target = match open_target(&args, log)? {
         Ok(t) => t,
         Err(code) => return Ok(code),
@@ -338,7 +348,7 @@ fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
     if let Some(w) = &args.weights {
         ensure!(w.is_file(), "--weights {}: no such file", w.display());
     }
-    let rates = rates(&args);
+    let rates = rates(&args)?;
     let spec = RunSpec {
         model: args.model.clone(),
         mode: Mode::Generate,
@@ -385,14 +395,18 @@ fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The rates a job offers: `--qps` in order, or with `--search` a search from its first value.
-fn rates(args: &LoadArgs) -> Rates {
-    match args.search {
+/// The rates a job offers: `--qps` in order, or with `--search` a search from its first value; each
+/// refused when a step at it would offer more requests than a step may hold.
+fn rates(args: &LoadArgs) -> Result<Rates> {
+    for &qps in &args.qps {
+        migprof::run::limits::step_requests("--qps", qps, "--duration", args.duration).map_err(anyhow::Error::msg)?;
+    }
+    Ok(match args.search {
         true => Rates::Search {
             start: args.qps.first().copied(),
         },
         false => Rates::Fixed(args.qps.clone()),
-    }
+    })
 }
 
 /// Where a job runs, opened: the device as written and as opened, and the invocation.

@@ -156,7 +156,12 @@ mod tests {
             "{e}"
         );
         let e = err("--batch 1,0");
-        assert!(e.contains("positive integers"), "{e}");
+        assert!(
+            e.contains("--batch `0`: a batch size is a whole number from 1 to 65536"),
+            "{e}"
+        );
+        let e = err("--batch -1");
+        assert!(e.contains("--batch `-1`"), "{e}");
         let e = err("--batch eight");
         assert!(e.contains("`eight`"), "{e}");
         let e = err("--mode eval");
@@ -170,7 +175,7 @@ mod tests {
         let e = err("--iters 5 --duration 2");
         assert!(e.contains("cannot be used with"), "{e}");
         let e = err("--duration 0");
-        assert!(e.contains("above zero") && e.contains("`0`"), "{e}");
+        assert!(e.contains("above 0") && e.contains("`0`"), "{e}");
         let e = err("--encoder-layers op3");
         assert!(e.contains("fused") && e.contains("composed"), "{e}");
     }

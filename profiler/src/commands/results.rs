@@ -102,14 +102,13 @@ pub fn merge(args: MergeArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
 /// Fails when it found a problem.
 pub fn check(args: CheckArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
     let dir = &args.dir;
-    ensure!(dir.is_dir(), "{}: no such results folder", dir.display());
     if args.fix {
         let fixed = migprof::results::check::fix(dir)?;
         for p in &fixed.widened {
             writeln!(stdout, "fixed {}: every column of its table", p.display())?;
         }
-        for p in &fixed.removed {
-            writeln!(stdout, "removed {}: its run has no row", p.display())?;
+        for (p, held) in &fixed.removed {
+            writeln!(stdout, "removed {}: {held}, which have no row", p.display())?;
         }
     }
     let report = migprof::results::check::check(dir)?;

@@ -21,9 +21,12 @@ use migprof::run::{execute, Run, RunContext, RunSpec};
 use migprof::sweep::cell::CellSpec;
 use workloads::{Mode, TrainConfig};
 
+use migprof::run::limits::{ITERATIONS, TOKENS};
+
 use super::args::{
-    as_mps_client, device_or_default, parse_batch, parse_model, parse_non_negative, parse_percent, parse_positive,
-    report_hint, DTypeArg, KernelArgs, KvLayoutArg, MasterWeightsArg, ModeArg, OptimizerArg,
+    as_mps_client, at_least_one, device_or_default, parse_batch, parse_block_size, parse_model_list,
+    parse_non_negative, parse_percent, parse_seconds, report_hint, split_models, DTypeArg, KernelArgs, KvLayoutArg,
+    MasterWeightsArg, ModeArg, OptimizerArg,
 };
 
 /// The model of the default set: ResNet-18 inference at batch 1, 4 and 8, training at batch 4 and 8.
@@ -32,8 +35,9 @@ const DEFAULT_MODEL: &str = "resnet18";
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// Models to run, comma-separated (see `migprof models`), or hf:DIR: a Hugging Face folder
-    /// (config.json and *.safetensors) of a supported language model.
-    #[arg(long, value_delimiter = ',', value_parser = parse_model)]
+    /// (config.json and *.safetensors) of a supported language model (a folder whose name has a
+    /// comma is taken whole where it exists).
+    #[arg(long, value_parser = parse_model_list)]
     pub model: Vec<String>,
 
     /// infer (forward only, no gradients) or train (forward, cross-entropy, backward, AdamW) for image
@@ -44,12 +48,12 @@ pub struct RunArgs {
     pub mode: Vec<ModeArg>,
 
     /// Generate runs: tokens of each prompt, prefilled at once. Default 128.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| TOKENS.parse("--prompt-len", s))]
     pub prompt_len: Option<u64>,
 
     /// Generate runs: tokens generated for each prompt, the first by the prefill, each other by a
     /// decode step (at least 2). Default 128.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(2..))]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| TOKENS.parse("--output-len", s))]
     pub output_len: Option<u64>,
 
     /// Generate runs: how the KV cache is kept. contiguous: one tensor per layer, grown by appending;
@@ -58,17 +62,17 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = KvLayoutArg::Contiguous)]
     pub kv_layout: KvLayoutArg,
 
-    /// With --kv-layout paged: tokens a block holds. Default 16.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    /// With --kv-layout paged: tokens a block holds, 1 to 4096. Default 16.
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_block_size)]
     pub kv_block_size: Option<u64>,
 
     /// Batch sizes, comma-separated: one run per value.
-    #[arg(long, value_delimiter = ',', value_parser = parse_batch)]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = parse_batch)]
     pub batch: Vec<usize>,
 
     /// Tokens per sequence for token models (BERT); default 128. Image models in the same list ignore
     /// it; with image models alone it is refused.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| TOKENS.parse("--seq-len", s))]
     pub seq_len: Option<u64>,
 
     /// Load the model's weights from a safetensors file with torchvision's (ResNet, ViT, Swin) or
@@ -111,23 +115,23 @@ pub struct RunArgs {
     pub recalibrate: bool,
 
     /// Warm-up iterations before measuring.
-    #[arg(long, conflicts_with = "warmup_secs")]
+    #[arg(long, conflicts_with = "warmup_secs", allow_negative_numbers = true, value_parser = |s: &str| ITERATIONS.parse("--warmup", s))]
     pub warmup: Option<u64>,
 
     /// Warm-up time in seconds (at least one iteration). Default: 1 s and at least 3 iterations.
-    #[arg(long, value_parser = parse_non_negative)]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| parse_seconds("--warmup-secs", s, false))]
     pub warmup_secs: Option<f64>,
 
     /// Measure exactly this many iterations.
-    #[arg(long, conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, conflicts_with = "duration", allow_negative_numbers = true, value_parser = |s: &str| ITERATIONS.parse("--iters", s).and_then(|n| at_least_one("--iters", n)))]
     pub iters: Option<u64>,
 
     /// Measure for at least this many seconds (and at least --min-iters iterations). Default: 3.
-    #[arg(long, value_parser = parse_positive)]
+    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| parse_seconds("--duration", s, true))]
     pub duration: Option<f64>,
 
     /// With --duration: the fewest iterations to measure however long they take.
-    #[arg(long, default_value_t = 10, conflicts_with = "iters")]
+    #[arg(long, default_value_t = 10, conflicts_with = "iters", allow_negative_numbers = true, value_parser = |s: &str| ITERATIONS.parse("--min-iters", s))]
     pub min_iters: u64,
 
     /// Measure until the throughput's 95% interval is within ±PCT percent of it (after --duration and
@@ -137,7 +141,7 @@ pub struct RunArgs {
     pub target_precision: Option<f64>,
 
     /// With --target-precision: the most seconds to measure however wide the interval still is.
-    #[arg(long, default_value_t = 60.0, requires = "target_precision", value_parser = parse_non_negative)]
+    #[arg(long, default_value_t = 60.0, requires = "target_precision", allow_negative_numbers = true, value_parser = |s: &str| parse_seconds("--max-duration", s, false))]
     pub max_duration: f64,
 
     /// Sampler interval in milliseconds for GPU runs (NVML and GPM counters while measuring); 0 turns
@@ -348,6 +352,11 @@ fn evidence_warning(run: &Run) -> Option<String> {
 /// Every run of `migprof run`'s arguments, in order, once every argument is known to fit the others:
 /// the models and sequence length, and a weights file for exactly one model that exists.
 fn specs(args: &RunArgs) -> Result<Vec<RunSpec>> {
+    // Each --model as given is a list: the models, one by one, from here on.
+    let args = &RunArgs {
+        model: split_models(&args.model).map_err(anyhow::Error::msg)?,
+        ..args.clone()
+    };
     // A value given twice would measure the same runs twice, one after the other.
     refuse_repeats("--model", &args.model)?;
     refuse_repeats(

@@ -72,7 +72,7 @@ pub fn emit(
             .map(serde_yaml::to_string)
             .collect::<std::result::Result<_, _>>()?;
         let path = dir.join(format!("{}.yaml", slug(&target.label)));
-        std::fs::write(&path, text.join("---\n")).with_context(|| format!("writing {}", path.display()))?;
+        crate::files::write_atomically(&path, text.join("---\n").as_bytes())?;
         writeln!(
             log,
             "{}: {} cell(s): {}  (apply with: kubectl apply -f {})",

@@ -74,6 +74,34 @@ impl Engine for ModelEngine {
 /// at most this many bytes of cache.
 const CPU_CACHE_BYTES: usize = 1 << 30;
 
+/// Refuses `--kv-blocks` whose cache is larger than the target could hold (the CPU's cache is at
+/// most [`CPU_CACHE_BYTES`]), before the model or the cache is made.
+fn check_given_blocks(
+    s: &ServeSettings,
+    cfg: &workloads::models::decoder::Config,
+    dtype: candle_core::DType,
+    device: &OpenDevice,
+) -> Result<()> {
+    let Some(blocks) = s.kv_blocks else { return Ok(()) };
+    let block_bytes = cfg.kv_bytes_per_token(dtype) as f64 * s.kv_block_size as f64;
+    let bytes = blocks as f64 * block_bytes;
+    let (limit, what) = match device.info.memory_mib() {
+        Some(mib) => (mib as f64 * (1u64 << 20) as f64, format!("{} has", device.info.name)),
+        None => (CPU_CACHE_BYTES as f64, "a cache on the CPU is at most".to_string()),
+    };
+    if bytes > limit {
+        bail!(
+            "--kv-blocks {blocks} of {} tokens ({:.1} KiB each) is a cache of {:.1} MiB; {what} {:.0} MiB: give at most {} blocks, or leave --kv-blocks out to size the cache from the memory",
+            s.kv_block_size,
+            block_bytes / 1024.0,
+            bytes / (1u64 << 20) as f64,
+            limit / (1u64 << 20) as f64,
+            (limit / block_bytes).floor()
+        )
+    }
+    Ok(())
+}
+
 /// What the job found.
 pub struct ServeOutcome {
     pub steps: Vec<(f64, GenerationSummary)>,
@@ -108,6 +136,7 @@ pub fn run(
     };
     let max_model_len = decoder_cfg.max_position_embeddings as u32;
     let bs = settings.kv_block_size as usize;
+    check_given_blocks(settings, &decoder_cfg, spec.precision.dtype(), device)?;
     // The largest piece an iteration runs, from a prompt's start and after a first piece as long:
     // the memory sizing measures their workspace.
     let profile_tokens = (settings.max_batched_tokens.min(max_model_len)) as usize;
@@ -189,10 +218,15 @@ pub fn run(
             stepper.search = Some((capacity_id.clone(), resumed.as_ref().map_or(0, |r| r.done.len())));
             stepper.done = resumed.map(|r| r.done).unwrap_or_default();
             let plan = SearchPlan {
-                start_qps: first.or(*start).unwrap_or(closed.request_rate).max(0.01),
+                start_qps: first
+                    .or(*start)
+                    .unwrap_or(closed.request_rate)
+                    .max(0.01)
+                    .min(crate::run::limits::MAX_STEP_REQUESTS / settings.duration_secs),
                 resolution: settings.resolution,
                 floor_qps: (closed.request_rate / 1000.0).max(0.01),
                 max_steps: settings.max_steps,
+                ceiling_qps: crate::run::limits::MAX_STEP_REQUESTS / settings.duration_secs,
             };
             let outcome = search(&mut stepper, plan)?;
             super::generation_record::write_capacity(out, &id, &capacity_id, started, &outcome)?;

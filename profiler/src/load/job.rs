@@ -163,10 +163,13 @@ pub fn run(
                 index: 0,
             });
             let plan = SearchPlan {
-                start_qps: start.unwrap_or(closed_loop_qps / 2.0),
+                start_qps: start
+                    .unwrap_or(closed_loop_qps / 2.0)
+                    .min(crate::run::limits::MAX_STEP_REQUESTS / settings.duration_secs),
                 resolution: settings.resolution,
                 floor_qps: (closed_loop_qps / 1000.0).max(0.1),
                 max_steps: 40,
+                ceiling_qps: crate::run::limits::MAX_STEP_REQUESTS / settings.duration_secs,
             };
             let outcome = search(&mut steps, plan)?;
             let p99_at_capacity_ms = outcome.capacity_qps.and_then(|c| {

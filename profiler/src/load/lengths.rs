@@ -69,10 +69,12 @@ impl FromStr for LengthDist {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let bad = |why: &str| format!("length `{s}`: {why}; a length is {FORMS}");
+        // No model migprof serves has more positions than a length may have.
+        let most = crate::run::limits::TOKENS.max;
         let tokens = |v: &str| -> Result<u32, String> {
-            match v.trim().parse::<u32>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(bad(&format!("`{v}` is not a whole number of tokens above 0"))),
+            match v.trim().parse::<u64>() {
+                Ok(n) if n > 0 && n <= most => Ok(n as u32),
+                _ => Err(bad(&format!("`{v}` is not a whole number of tokens from 1 to {most}"))),
             }
         };
         if let Some((kind, _)) = s
@@ -95,8 +97,8 @@ impl FromStr for LengthDist {
                 .ok_or_else(|| bad("a lognormal is MEAN,SPREAD"))?;
             let number = |v: &str| v.trim().parse::<f64>().ok().filter(|x| x.is_finite());
             let mean = number(m)
-                .filter(|&x| x >= 1.0)
-                .ok_or_else(|| bad("MEAN is a number of tokens of 1 or more"))?;
+                .filter(|&x| (1.0..=most as f64).contains(&x))
+                .ok_or_else(|| bad(&format!("MEAN is a number of tokens from 1 to {most}")))?;
             let spread = number(sd)
                 .filter(|x| (0.0..=3.0).contains(x))
                 .ok_or_else(|| bad("SPREAD is a number from 0 to 3"))?;
@@ -206,6 +208,9 @@ mod tests {
             "lognormal:512",
             "lognormal:0.5,0.5",
             "lognormal:512,4",
+            "lognormal:1e300,0.5",
+            "2000000",
+            "uniform:1-4294967296",
             "gamma:2",
         ] {
             let e = bad.parse::<LengthDist>().unwrap_err();

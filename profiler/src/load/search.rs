@@ -20,6 +20,8 @@ pub struct SearchPlan {
     pub floor_qps: f64,
     /// At most this many steps, whatever the bracket.
     pub max_steps: usize,
+    /// Above this rate no step is run (the most requests a step may offer, over its duration).
+    pub ceiling_qps: f64,
 }
 
 /// What the search found.
@@ -38,7 +40,7 @@ pub struct SearchOutcome {
 
 pub fn search(runner: &mut dyn StepRunner, plan: SearchPlan) -> Result<SearchOutcome> {
     anyhow::ensure!(
-        plan.start_qps > 0.0 && plan.resolution > 0.0,
+        plan.start_qps > 0.0 && plan.resolution > 0.0 && plan.start_qps <= plan.ceiling_qps,
         "a search needs a start rate and a resolution above zero"
     );
     let mut steps = Vec::new();
@@ -70,7 +72,13 @@ pub fn search(runner: &mut dyn StepRunner, plan: SearchPlan) -> Result<SearchOut
             }
             (Some(l), Some(h)) if h / l - 1.0 <= plan.resolution => break,
             (Some(l), Some(h)) => (l * h).sqrt(),
-            (Some(l), None) => l * 2.0,
+            (Some(l), None) if l >= plan.ceiling_qps => {
+                note = Some(format!(
+                    "{l:.1} requests/s met the objective, and no step may offer more: the capacity is at least that"
+                ));
+                break;
+            }
+            (Some(l), None) => (l * 2.0).min(plan.ceiling_qps),
             (None, Some(h)) if h / 2.0 < plan.floor_qps => {
                 note = Some(format!("no rate tried, down to {h:.3} requests/s, met the objective"));
                 break;
@@ -111,7 +119,24 @@ mod tests {
             resolution: 0.02,
             floor_qps: 1.0,
             max_steps: 60,
+            ceiling_qps: 1e9,
         }
+    }
+
+    #[test]
+    fn a_search_stops_at_its_ceiling_with_a_note() -> Result<()> {
+        let out = search(
+            &mut Threshold(f64::MAX),
+            SearchPlan {
+                ceiling_qps: 1000.0,
+                ..plan(100.0)
+            },
+        )?;
+        let rates: Vec<f64> = out.steps.iter().map(|s| s.0).collect();
+        assert_eq!(rates, [100.0, 200.0, 400.0, 800.0, 1000.0]);
+        assert_eq!((out.capacity_qps, out.high), (Some(1000.0), None));
+        assert!(out.note.unwrap().contains("no step may offer more"));
+        Ok(())
     }
 
     #[test]

@@ -172,6 +172,31 @@ impl ServeSettings {
     /// `keys` spells it (a flag of `migprof load`, or a key of a sweep file's `[[capacity]]`).
     pub fn check(&self, search: bool, keys: Keys) -> Result<()> {
         let k = |key: &str| keys.name(key);
+        use crate::run::limits::{self, BLOCKS, SEARCH_STEPS, SEQUENCES, TOKENS};
+        let bounded = [
+            (TOKENS, "max_batched_tokens", self.max_batched_tokens as u64),
+            (SEQUENCES, "max_seqs", self.max_seqs as u64),
+            (BLOCKS, "kv_blocks", self.kv_blocks.unwrap_or(1) as u64),
+            (SEARCH_STEPS, "max_steps", self.max_steps.max(1) as u64),
+        ];
+        for (limit, key, value) in bounded {
+            limit.check(&k(key), value).map_err(anyhow::Error::msg)?;
+        }
+        if self.kv_block_size as usize > workloads::KvLayout::MAX_BLOCK_SIZE {
+            bail!(
+                "{} {}",
+                k("kv_block_size"),
+                workloads::KvLayout::block_size_error(self.kv_block_size)
+            )
+        }
+        for (key, v) in [
+            ("slo_ttft_p99_ms", self.slo_ttft_p99_ms),
+            ("slo_tpot_p99_ms", self.slo_tpot_p99_ms),
+        ] {
+            if let Some(v) = v {
+                limits::milliseconds(&k(key), v, true).map_err(anyhow::Error::msg)?;
+            }
+        }
         if self.max_seqs == 0 || self.max_batched_tokens < self.max_seqs {
             bail!(
                 "{} {} must be at least {} {} (one decode of each running sequence), and {} at least 1",

@@ -690,6 +690,7 @@ mod tests {
             resolution: 0.05,
             floor_qps: 1.0,
             max_steps: 12,
+            ceiling_qps: f64::MAX,
         };
         let out = crate::load::search::search(&mut load, plan).unwrap();
         let capacity = out.capacity_qps.unwrap();

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use polars::prelude::*;
 
 use crate::results::parts::{conform, part_paths, read_part, read_parts, union_schema, write_part, Table, TABLES};
@@ -24,7 +24,26 @@ pub struct Report {
     pub rows: HashMap<&'static str, usize>,
 }
 
+/// Refuses a folder that holds none of a results folder's tables or plans: checking it would only
+/// say "no problems" of a folder migprof never wrote, and `--fix` must not touch one.
+fn ensure_results_folder(out: &Path) -> Result<()> {
+    let mut expected: Vec<&str> = TABLES.iter().map(|t| t.dir_name()).collect();
+    expected.push("plans");
+    if !out.is_dir() {
+        bail!("{}: no such results folder", out.display());
+    }
+    if !expected.iter().any(|d| out.join(d).is_dir()) {
+        bail!(
+            "{} is not a migprof results folder: it holds none of {}/ (give the folder that --out of run, load or sweep wrote)",
+            out.display(),
+            expected.join("/, ")
+        );
+    }
+    Ok(())
+}
+
 pub fn check(out: &Path) -> Result<Report> {
+    ensure_results_folder(out)?;
     let mut report = Report::default();
     let mut frames = HashMap::new();
     for table in TABLES {
@@ -43,10 +62,10 @@ pub fn check(out: &Path) -> Result<Report> {
     }
     check_steps(&frames, &LOAD_STEPS, &mut report);
     check_steps(&frames, &SERVE_STEPS, &mut report);
-    let runs = &frames["runs"];
-    if runs.height() == 0 {
-        return Ok(report);
+    for orphan in orphans(out)? {
+        report.problems.push(orphan.problem());
     }
+    let runs = &frames["runs"];
     let run_ids = text(runs, "run_id");
     let statuses = text(runs, "status");
     let iterations = ints(runs, "iterations");
@@ -107,24 +126,126 @@ pub fn check(out: &Path) -> Result<Report> {
             }
         }
     }
-    let sampled: std::collections::BTreeSet<&String> = samples_per_run.keys().chain(prefills_per_run.keys()).collect();
-    for id in sampled {
-        if !seen.contains_key(id.as_str()) {
-            report.problems.push(format!(
-                "samples of run {id}: no row in runs/ (a run whose row was never written; `migprof check --fix` removes them)"
-            ));
-        }
-    }
     overlapping_measurements(runs, &mut report);
-    let metric_runs: HashSet<String> = text(&frames["metrics"], "run_id").into_iter().flatten().collect();
-    for id in metric_runs {
-        if !seen.contains_key(id.as_str()) {
-            report.problems.push(format!(
-                "metrics of run {id}: no row in runs/ (a run whose row was never written; `migprof check --fix` removes them)"
-            ));
+    Ok(report)
+}
+
+/// A detail table's rows that belong to rows of another table (a run's samples and metrics, a load
+/// step's batches, a serving step's requests and iterations), by the id they share.
+struct Detail {
+    table: Table,
+    id: &'static str,
+    parent: Table,
+    /// What the rows are and whose, for messages: "samples of run".
+    what: &'static str,
+}
+
+const DETAILS: [Detail; 5] = [
+    Detail {
+        table: Table::Samples,
+        id: "run_id",
+        parent: Table::Runs,
+        what: "samples of run",
+    },
+    Detail {
+        table: Table::Metrics,
+        id: "run_id",
+        parent: Table::Runs,
+        what: "metrics of run",
+    },
+    Detail {
+        table: Table::LoadBatches,
+        id: "load_id",
+        parent: Table::Load,
+        what: "batches of load step",
+    },
+    Detail {
+        table: Table::ServeRequests,
+        id: "serve_id",
+        parent: Table::Serve,
+        what: "requests of serving step",
+    },
+    Detail {
+        table: Table::ServeIterations,
+        id: "serve_id",
+        parent: Table::Serve,
+        what: "iterations of serving step",
+    },
+];
+
+/// A part of a detail table with rows of ids that have no row in the parent table: what a run or a
+/// step left when it was cut off before its row was written.
+struct Orphan {
+    path: PathBuf,
+    detail: &'static Detail,
+    /// The ids without a row, in order.
+    ids: Vec<String>,
+    /// Every row of the part is an orphan's (else the part also holds rows of ids that have one).
+    whole: bool,
+    /// Written at least [`ORPHAN_AGE`] ago: its row is not still coming.
+    old: bool,
+}
+
+impl Orphan {
+    /// Whether `check --fix` removes the part: the part is all orphans', and old.
+    fn removable(&self) -> bool {
+        self.whole && self.old
+    }
+
+    fn problem(&self) -> String {
+        let fate = match (self.whole, self.old) {
+            (true, true) => "`migprof check --fix` removes this part".to_string(),
+            (true, false) => format!(
+                "written less than {} s ago, so its row may still be coming: `migprof check --fix` removes it only once it is older",
+                ORPHAN_AGE.as_secs()
+            ),
+            (false, _) => format!(
+                "`migprof check --fix` leaves this part, which also holds rows of {} rows that exist",
+                self.detail.parent.dir_name()
+            ),
+        };
+        format!(
+            "{}: {} {} with no row in {}/ (cut off before its row was written); {fate}",
+            self.path.display(),
+            self.detail.what,
+            self.ids.join(", "),
+            self.detail.parent.dir_name()
+        )
+    }
+}
+
+/// Every detail part with rows whose id has no row in its parent table. `check` reports each and
+/// `fix` removes exactly the [`Orphan::removable`] ones, so `--fix` removes nothing unreported.
+fn orphans(out: &Path) -> Result<Vec<Orphan>> {
+    let mut found = Vec::new();
+    for detail in &DETAILS {
+        let (parents, _) = read_parts(out, detail.parent)?;
+        let with_rows: HashSet<String> = text(&parents, detail.id).into_iter().flatten().collect();
+        for path in part_paths(out, detail.table)? {
+            let Ok(df) = read_part(&path, detail.table) else {
+                continue;
+            };
+            let ids: Vec<String> = text(&df, detail.id).into_iter().flatten().collect();
+            let mut without: Vec<String> = ids.iter().filter(|id| !with_rows.contains(*id)).cloned().collect();
+            if without.is_empty() {
+                continue;
+            }
+            let whole = without.len() == ids.len();
+            without.sort();
+            without.dedup();
+            let old = std::fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| SystemTime::now().duration_since(t).unwrap_or_default() >= ORPHAN_AGE);
+            found.push(Orphan {
+                path,
+                detail,
+                ids: without,
+                whole,
+                old,
+            });
         }
     }
-    Ok(report)
+    Ok(found)
 }
 
 /// Runs on one device (a MIG slice, else a GPU, else the host's CPU) whose measured phases overlap in
@@ -182,14 +303,18 @@ fn overlapping_measurements(runs: &DataFrame, report: &mut Report) {
 pub struct Fixed {
     /// Parts rewritten with every column of their table.
     pub widened: Vec<PathBuf>,
-    /// Samples and metrics parts of runs that have no row, removed.
-    pub removed: Vec<PathBuf>,
+    /// Detail parts (samples, metrics, a step's batches, requests, iterations) of runs and steps
+    /// that have no row, removed, each with what it held.
+    pub removed: Vec<(PathBuf, String)>,
 }
 
 /// Rewrites each part that lacks some of its table's columns with all of them (nulls where it had
-/// none; its rows and their schema version as they were), and removes the samples and metrics parts
-/// of runs without a row that are older than [`ORPHAN_AGE`]. Parts it cannot read stay as they are.
+/// none; its rows and their schema version as they were), and removes the detail parts whose every
+/// row belongs to a run or step without a row and that are older than [`ORPHAN_AGE`] (those `check`
+/// reports as removable). Parts it cannot read, and parts filed under another table's folder, stay
+/// as they are: a part is only ever rewritten with its own table's columns.
 pub fn fix(out: &Path) -> Result<Fixed> {
+    ensure_results_folder(out)?;
     let mut fixed = Fixed::default();
     for table in TABLES {
         let schema = target_schema(out, table)?;
@@ -207,20 +332,10 @@ pub fn fix(out: &Path) -> Result<Fixed> {
             fixed.widened.push(path);
         }
     }
-    let (runs, _) = read_parts(out, Table::Runs)?;
-    let with_rows: HashSet<String> = text(&runs, "run_id").into_iter().flatten().collect();
-    for table in [Table::Samples, Table::Metrics] {
-        for path in part_paths(out, table)? {
-            let Ok(df) = read_part(&path, table) else { continue };
-            let orphan = text(&df, "run_id").iter().flatten().all(|id| !with_rows.contains(id));
-            let old = std::fs::metadata(&path)
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| SystemTime::now().duration_since(t).unwrap_or_default() >= ORPHAN_AGE);
-            if orphan && old {
-                std::fs::remove_file(&path).map_err(|e| crate::files::io_error(e, &path))?;
-                fixed.removed.push(path);
-            }
-        }
+    for orphan in orphans(out)?.into_iter().filter(Orphan::removable) {
+        std::fs::remove_file(&orphan.path).map_err(|e| crate::files::io_error(e, &orphan.path))?;
+        let held = format!("{} {}", orphan.detail.what, orphan.ids.join(", "));
+        fixed.removed.push((orphan.path, held));
     }
     Ok(fixed)
 }
@@ -361,7 +476,7 @@ mod tests {
             "{problems}"
         );
         assert!(
-            problems.contains(&format!("samples of run {}: no row", b.run_id)),
+            problems.contains(&format!("samples of run {} with no row in runs/", b.run_id)),
             "{problems}"
         );
         Ok(())
@@ -401,7 +516,10 @@ mod tests {
         );
         let fixed = fix(dir.path())?;
         assert_eq!(fixed.widened.len(), 1, "{:?}", fixed.widened);
-        assert_eq!(fixed.removed, std::slice::from_ref(&old_samples));
+        assert_eq!(
+            fixed.removed,
+            [(old_samples.clone(), format!("samples of run {}", old.run_id))]
+        );
         let after = check(dir.path())?.problems;
         assert_eq!(after.len(), 1, "only the young orphan is left: {after:?}");
         assert!(after[0].contains(&young.run_id), "{after:?}");
@@ -443,6 +561,127 @@ mod tests {
             "{:?}",
             check(dir.path())?.problems
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_misfiled_part_is_named_as_such_and_never_spread() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        // Measured ten seconds apart: no two share the device.
+        let runs: Vec<_> = (0..3)
+            .map(|i| {
+                let mut r = fake_run(2 + i, 10, Duration::ZERO);
+                r.finished_at += chrono::Duration::seconds(10 * i as i64);
+                r
+            })
+            .collect();
+        for r in &runs {
+            write_run(dir.path(), r)?;
+        }
+        let misfiled = dir.path().join("runs/part-zz-samples.parquet");
+        std::fs::copy(
+            dir.path().join(format!("samples/part-{}.parquet", runs[0].run_id)),
+            &misfiled,
+        )?;
+        let problems = check(dir.path())?.problems;
+        assert_eq!(problems.len(), 1, "only the misfiled part: {problems:?}");
+        assert!(
+            problems[0].contains("part-zz-samples.parquet: a samples part filed under runs/"),
+            "{problems:?}"
+        );
+        let before: Vec<Vec<u8>> = part_paths(dir.path(), Table::Runs)?
+            .iter()
+            .map(std::fs::read)
+            .collect::<std::io::Result<_>>()?;
+        let fixed = fix(dir.path())?;
+        assert!(fixed.widened.is_empty() && fixed.removed.is_empty(), "{fixed:?}");
+        let after: Vec<Vec<u8>> = part_paths(dir.path(), Table::Runs)?
+            .iter()
+            .map(std::fs::read)
+            .collect::<std::io::Result<_>>()?;
+        assert_eq!(before, after, "no part is rewritten, the misfiled one included");
+        assert_eq!(crate::results::parts::read_table(dir.path(), Table::Runs)?.height(), 3);
+        // A merge leaves it behind, so the merged folder reads whole.
+        let merged = tempfile::tempdir()?;
+        let m = crate::results::merge::merge(&[dir.path().to_path_buf()], merged.path())?;
+        assert!(
+            m.left
+                .iter()
+                .any(|(p, why)| p == &misfiled && why.contains("filed under runs/")),
+            "{:?}",
+            m.left
+        );
+        assert!(!merged.path().join("runs/part-zz-samples.parquet").exists());
+        assert!(check(merged.path())?.problems.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn orphans_are_reported_with_runs_empty_and_for_steps_too() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let a = fake_run(2, 10, Duration::ZERO);
+        write_run(dir.path(), &a)?;
+        std::fs::remove_file(dir.path().join(format!("runs/part-{}.parquet", a.run_id)))?;
+        // A serving step's requests whose step row was never written.
+        let mut requests = df!(
+            "schema_version" => [crate::results::parts::SCHEMA_VERSION, crate::results::parts::SCHEMA_VERSION],
+            "serve_id" => ["step-1", "step-1"],
+            "request" => [0i64, 1],
+            "arrival_ms" => [0.0, 5.0]
+        )?;
+        write_part(&dir.path().join("serve_requests"), "part-step-1.parquet", &mut requests)?;
+        let problems = check(dir.path())?.problems.join("\n");
+        assert!(
+            problems.contains(&format!("samples of run {} with no row in runs/", a.run_id)),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("requests of serving step step-1 with no row in serve/"),
+            "{problems}"
+        );
+        assert!(problems.contains("its row may still be coming"), "{problems}");
+        // Just written: --fix leaves them, as check said.
+        assert!(fix(dir.path())?.removed.is_empty());
+        for p in [
+            dir.path().join(format!("samples/part-{}.parquet", a.run_id)),
+            dir.path().join("serve_requests/part-step-1.parquet"),
+        ] {
+            std::fs::File::options()
+                .write(true)
+                .open(&p)?
+                .set_modified(SystemTime::now() - ORPHAN_AGE * 2)?;
+        }
+        let problems = check(dir.path())?.problems;
+        assert!(
+            problems
+                .iter()
+                .all(|p| p.contains("`migprof check --fix` removes this part")),
+            "{problems:?}"
+        );
+        let removed = fix(dir.path())?.removed;
+        assert_eq!(
+            removed.len(),
+            problems.len(),
+            "fix removes exactly what check reported: {removed:?}"
+        );
+        assert!(check(dir.path())?.problems.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn a_folder_that_is_no_results_folder_is_refused_and_left_alone() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join("notes.txt"), b"mine")?;
+        for e in [check(dir.path()).unwrap_err(), fix(dir.path()).unwrap_err()] {
+            let e = e.to_string();
+            assert!(
+                e.contains("is not a migprof results folder") && e.contains("runs/"),
+                "{e}"
+            );
+        }
+        assert_eq!(std::fs::read(dir.path().join("notes.txt"))?, b"mine");
+        let e = check(&dir.path().join("absent")).unwrap_err().to_string();
+        assert!(e.contains("no such results folder"), "{e}");
         Ok(())
     }
 }

@@ -193,6 +193,41 @@ struct Row {
     verdict: Option<String>,
 }
 
+/// The match fields whose values on one side appear on none of the other's cells, with both sides'
+/// values: why two sides matched nothing.
+fn mismatch(
+    fields: &[&str],
+    base: &BTreeMap<Vec<String>, Vec<&Row>>,
+    tgt: &BTreeMap<Vec<String>, Vec<&Row>>,
+) -> String {
+    let values = |side: &BTreeMap<Vec<String>, Vec<&Row>>, i: usize| -> std::collections::BTreeSet<String> {
+        side.keys()
+            .map(|k| match k[i].as_str() {
+                "" => "(none)".to_string(),
+                v => v.to_string(),
+            })
+            .collect()
+    };
+    let differ: Vec<String> = fields
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| {
+            let (b, t) = (values(base, i), values(tgt, i));
+            b.is_disjoint(&t).then(|| {
+                format!(
+                    "{f} is {} on one side and {} on the other",
+                    b.into_iter().collect::<Vec<_>>().join("/"),
+                    t.into_iter().collect::<Vec<_>>().join("/")
+                )
+            })
+        })
+        .collect();
+    match differ.is_empty() {
+        true => "no one combination of them is on both sides".to_string(),
+        false => format!("{}: select runs that share them", differ.join("; ")),
+    }
+}
+
 pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Result<Comparison> {
     if baseline.column != target.column {
         bail!("--baseline {baseline} and --target {target} select on different columns; compare one column's two values (e.g. target=full and target=3g)")
@@ -210,7 +245,17 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
     }
     let rows = read_rows(runs, column)?;
     // Where the selectors pick devices, devices are what is compared; otherwise each with itself.
-    let mut key_fields: Vec<&'static str> = WORKLOAD.iter().copied().filter(|f| *f != column).collect();
+    // A field that follows from the selectors' column is left out with it: a contiguous cache has no
+    // block size, so kv_layout=contiguous against kv_layout=paged would otherwise match nothing.
+    let follows: &[&str] = match column {
+        "kv_layout" => &["kv_block_size"],
+        _ => &[],
+    };
+    let mut key_fields: Vec<&'static str> = WORKLOAD
+        .iter()
+        .copied()
+        .filter(|f| *f != column && !follows.contains(f))
+        .collect();
     if !DEVICE.contains(&column) {
         key_fields.push("target");
     }
@@ -295,6 +340,13 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
             beyond_noise: low.zip(high).map(|(l, h)| l > 1.0 || h < 1.0),
             range,
         });
+    }
+    if out.is_empty() {
+        bail!(
+            "no cell of {baseline} has a match in {target}: rows are matched on {}, and {}",
+            key_fields.join(", "),
+            mismatch(&key_fields, &base, &tgt)
+        )
     }
     Ok(Comparison {
         baseline: baseline.to_string(),
@@ -688,6 +740,37 @@ mod tests {
         let at = |p: &str| c.rows.iter().find(|r| r.cell["prompt_len"] == p).unwrap();
         assert!((at("128").ratio - 0.5).abs() < 1e-12);
         assert!((at("512").ratio - 1.0 / 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn cache_layouts_compare_without_their_block_size_and_no_match_says_why() {
+        let mut runs = frame(&[
+            ("a1", "r1", "full", "bf16", 1, 200.0, 2.0),
+            ("b1", "r2", "full", "bf16", 1, 180.0, 2.0),
+        ]);
+        runs.with_column(Column::new("kv_layout".into(), vec!["contiguous", "paged"]))
+            .unwrap();
+        runs.with_column(Column::new("kv_block_size".into(), vec![None, Some(16i64)]))
+            .unwrap();
+        let c = compare(&runs, &sel("kv_layout=contiguous"), &sel("kv_layout=paged")).unwrap();
+        assert_eq!(c.rows.len(), 1);
+        assert!((c.rows[0].ratio - 0.9).abs() < 1e-12);
+        // Other batches on each side: nothing matches, and the reason is the field that differs.
+        let mut runs = frame(&[
+            ("a1", "r1", "full", "bf16", 1, 200.0, 2.0),
+            ("b1", "r2", "full", "f32", 8, 180.0, 2.0),
+        ]);
+        runs.with_column(Column::new("kv_layout".into(), vec!["contiguous", "paged"]))
+            .unwrap();
+        let e = compare(&runs, &sel("kv_layout=contiguous"), &sel("kv_layout=paged"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no cell of kv_layout=contiguous has a match in kv_layout=paged")
+                && e.contains("batch is 1 on one side and 8 on the other")
+                && e.contains("dtype is bf16 on one side and f32 on the other"),
+            "{e}"
+        );
     }
 
     #[test]

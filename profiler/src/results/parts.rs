@@ -74,6 +74,31 @@ impl Table {
             Table::ServeCapacity => "serve_capacity",
         }
     }
+
+    /// Columns that every part of this table has had since it was first written and that no other
+    /// table's parts have all of: they tell a part filed in the wrong folder from an old one.
+    fn marks(self) -> &'static [&'static str] {
+        match self {
+            Table::Runs => &["run_id", "model"],
+            Table::Samples => &["run_id", "latency_ns"],
+            Table::Metrics => &["run_id", "t_ms"],
+            Table::Load => &["load_id", "offered_qps"],
+            Table::LoadBatches => &["load_id", "batch_index"],
+            Table::Capacity => &["capacity_id", "capacity_qps", "min_requests"],
+            Table::Serve => &["serve_id", "offered_qps"],
+            Table::ServeRequests => &["serve_id", "arrival_ms"],
+            Table::ServeIterations => &["serve_id", "start_ms"],
+            Table::ServeCapacity => &["capacity_id", "capacity_qps", "max_steps"],
+        }
+    }
+
+    /// The table whose parts have `df`'s columns, by their marks; `None` when no table's are all
+    /// there (a part of none, or an old part of one).
+    pub fn of_part(df: &DataFrame) -> Option<Table> {
+        TABLES
+            .into_iter()
+            .find(|t| t.marks().iter().all(|c| df.column(c).is_ok()))
+    }
 }
 
 /// Every part of a table under `out`, oldest part first, as one frame; empty when there is none.
@@ -141,6 +166,16 @@ pub fn read_part(path: &Path, table: Table) -> std::result::Result<DataFrame, St
         Table::Capacity | Table::ServeCapacity => &["schema_version", "capacity_id"],
         Table::Serve | Table::ServeRequests | Table::ServeIterations => &["schema_version", "serve_id"],
     };
+    if let Some(other) = Table::of_part(&df).filter(|&t| t != table) {
+        return Err(format!(
+            "a {} part filed under {}/ (it has the columns of {}/, not those of {}/): move it to {}/",
+            other.dir_name(),
+            table.dir_name(),
+            other.dir_name(),
+            table.dir_name(),
+            other.dir_name()
+        ));
+    }
     let missing: Vec<&str> = required.iter().copied().filter(|c| df.column(c).is_err()).collect();
     if !missing.is_empty() {
         return Err(format!(

@@ -282,8 +282,8 @@ fn host_available_mib() -> Option<f64> {
     kib_field_mib("/proc/meminfo", "MemAvailable:")
 }
 
-/// The most memory in use since a reset, above what was in use at the reset: the process's resident
-/// set on the CPU, the memory pool's high-water mark on a GPU.
+/// The most memory in use since a reset, above what was in use at the reset: the heap's bytes on the
+/// CPU (counted by the allocator, `heap`), the memory pool's high-water mark on a GPU.
 enum Peak {
     Host { base: f64 },
     Pool { device: Device, base: f64 },
@@ -292,7 +292,9 @@ enum Peak {
 impl Peak {
     fn of(device: &Device) -> Result<Option<Peak>> {
         Ok(match device {
-            Device::Cpu => resident_mib().map(|base| Peak::Host { base }),
+            Device::Cpu => Some(Peak::Host {
+                base: mib(crate::heap::in_use() as u64),
+            }),
             other => workloads::memory::ledger(other)?.map(|l| Peak::Pool {
                 device: other.clone(),
                 base: mib(l.pool_used),
@@ -302,10 +304,7 @@ impl Peak {
 
     fn reset(&mut self) -> Result<()> {
         match self {
-            // Writing 5 to clear_refs resets the peak resident set (VmHWM) to the current one.
-            Peak::Host { .. } => {
-                let _ = std::fs::write("/proc/self/clear_refs", "5");
-            }
+            Peak::Host { .. } => crate::heap::reset_peak(),
             // The pool's high-water mark starts again from what is in use (the weights): `base`, from
             // before the model was built, stays.
             Peak::Pool { device, .. } => workloads::memory::release_pooled(device)?,
@@ -315,7 +314,7 @@ impl Peak {
 
     fn read(&self) -> Result<f64> {
         Ok(match self {
-            Peak::Host { base } => (peak_resident_mib().unwrap_or(*base) - base).max(0.0),
+            Peak::Host { base } => (mib(crate::heap::peak() as u64) - base).max(0.0),
             Peak::Pool { device, base } => {
                 workloads::memory::ledger(device)?.map_or(0.0, |l| (mib(l.pool_used_high) - base).max(0.0))
             }
@@ -335,14 +334,6 @@ fn kib_field_mib(path: &str, key: &str) -> Option<f64> {
         .parse()
         .ok()?;
     Some(kib / 1024.0)
-}
-
-fn resident_mib() -> Option<f64> {
-    kib_field_mib("/proc/self/status", "VmRSS:")
-}
-
-fn peak_resident_mib() -> Option<f64> {
-    kib_field_mib("/proc/self/status", "VmHWM:")
 }
 
 #[cfg(test)]
@@ -508,7 +499,7 @@ mod tests {
     fn a_batch_beyond_the_host_is_refused_naming_both_numbers() -> Result<()> {
         let device = DeviceSpec::Cpu.open()?;
         let mut s = spec(1_000_000_000, 1);
-        let estimate = probe(&s, &device)?.expect("the CPU's resident set is readable");
+        let estimate = probe(&s, &device)?.expect("the CPU's heap is counted");
         assert!(estimate.per_sample_mib > 0.0, "{estimate:?}");
         let limit = limit_mib(&device)?.expect("MemAvailable");
         let e = check_fits(&s, &estimate, limit, "the host has available")

@@ -9,6 +9,7 @@ pub mod evidence;
 pub mod execute;
 pub mod fingerprint;
 pub mod group;
+pub mod limits;
 pub mod measure;
 pub mod preflight;
 pub mod record;

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use crate::device::DeviceSpec;
 use crate::load::lengths::LengthDist;
 use crate::load::settings::{LoadSettings, ServeSettings};
+use crate::run::limits;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -228,18 +229,26 @@ impl CapacitySearch {
         if let Some(r) = self.resolution_pct.filter(|r| !(*r > 0.0 && *r < 100.0)) {
             bail!("{at}: resolution_pct = {r}: expected a percentage above 0 and below 100");
         }
-        if self.warmup_secs.is_some_and(|w| !(w.is_finite() && w >= 0.0)) {
-            bail!("{at}: warmup_secs: expected a non-negative number of seconds");
+        if let Some(w) = self.warmup_secs {
+            limits::seconds(&format!("{at}: warmup_secs"), w, false).map_err(anyhow::Error::msg)?;
         }
         if kinds.contains(&Served::Passes) {
             let l = self.load_settings(seed);
-            if l.max_batch == 0 || !(l.max_delay_ms.is_finite() && l.max_delay_ms >= 0.0) || l.min_requests < 100 {
+            let refused = |e: String| anyhow::anyhow!("{at}: {e}");
+            limits::BATCH.check("max_batch", l.max_batch as u64).map_err(refused)?;
+            limits::milliseconds("max_delay_ms", l.max_delay_ms, false).map_err(refused)?;
+            if let Some(slo) = l.slo_p99_ms {
+                limits::milliseconds("slo_p99_ms", slo, true).map_err(refused)?;
+            }
+            if !(100..=limits::MAX_STEP_REQUESTS as usize).contains(&l.min_requests) {
                 bail!(
-                    "{at}: max_batch ≥ 1, max_delay_ms ≥ 0 and min_requests ≥ 100 (10,000 makes a p99 worth trusting)"
+                    "{at}: min_requests {}: from 100 (10,000 makes a p99 worth trusting) to {} (the most a step offers)",
+                    l.min_requests,
+                    limits::MAX_STEP_REQUESTS
                 );
             }
-            if self.seq_len == Some(0) {
-                bail!("{at}: seq_len: a sequence holds at least one token");
+            if let Some(n) = self.seq_len {
+                limits::TOKENS.check("seq_len", n as u64).map_err(refused)?;
             }
         }
         if kinds.contains(&Served::Generation) {
@@ -444,10 +453,14 @@ impl<'de> Deserialize<'de> for BatchSize {
         #[serde(untagged)]
         enum Raw {
             Number(i64),
+            Fraction(f64),
             Text(String),
         }
         match Raw::deserialize(d)? {
             Raw::Number(n) if n > 0 => Ok(BatchSize::Fixed(n as usize)),
+            Raw::Fraction(x) => Err(serde::de::Error::custom(format!(
+                "a batch size is a positive integer or \"max\", not {x}"
+            ))),
             Raw::Text(t) if t == "max" => Ok(BatchSize::Max),
             Raw::Number(n) => Err(serde::de::Error::custom(format!(
                 "a batch size is a positive integer or \"max\", not {n}"
@@ -481,11 +494,13 @@ impl SweepFile {
             ("duration_secs", d.duration_secs),
             ("timeout_secs", d.timeout_secs),
             ("cooldown_secs", d.cooldown_secs),
+            ("max_duration_secs", d.max_duration_secs),
         ] {
-            if !v.is_finite() || v < 0.0 {
-                bail!("[defaults] {key} = {v}: expected a non-negative number of seconds");
-            }
+            limits::seconds(&format!("[defaults] {key}"), v, false).map_err(anyhow::Error::msg)?;
         }
+        limits::BATCH
+            .check("[defaults] max_batch_limit", d.max_batch_limit as u64)
+            .map_err(anyhow::Error::msg)?;
         if d.target_precision.is_some_and(|p| !(p > 0.0 && p < 100.0)) {
             bail!("[defaults] target_precision: expected a percentage above 0 and below 100 (e.g. 2 for ±2%)");
         }
@@ -582,11 +597,14 @@ impl SweepFile {
                 if workloads::lookup(&b.model).is_ok_and(|(_, info)| info.family.is_decoder()) {
                     bail!("{at}: busy: `{}` is a language model; a busy neighbour runs an image or encoder model (mode infer or train)", b.model);
                 }
-                if !["infer", "train"].contains(&b.mode.as_str()) || !DTYPES.contains(&b.dtype.as_str()) || b.batch == 0
+                if !["infer", "train"].contains(&b.mode.as_str())
+                    || !DTYPES.contains(&b.dtype.as_str())
+                    || limits::BATCH.check("batch", b.batch as u64).is_err()
                 {
                     bail!(
-                        "{at}: busy: mode infer|train, dtype one of {}, a positive batch",
-                        DTYPES.join(", ")
+                        "{at}: busy: mode infer|train, dtype one of {}, a batch from 1 to {}",
+                        DTYPES.join(", "),
+                        limits::BATCH.max
                     );
                 }
             }
@@ -600,19 +618,17 @@ impl SweepFile {
         if !self.capacity.is_empty() && self.targets.iter().all(|t| !t.alone) {
             bail!("[[capacity]] searches run on targets alone, and every target has alone = false");
         }
-        let names = workloads::model_names();
         for (i, c) in self.capacity.iter().enumerate() {
             let at = format!("[[capacity]] #{}", i + 1);
             if c.models.is_empty() {
                 bail!("{at}: models is empty");
             }
             for model in &c.models {
-                if !names.contains(&model.as_str()) {
-                    bail!(
-                        "{at}: models: unknown model `{model}`; valid models: {}",
-                        names.join(", ")
-                    );
-                }
+                // A folder is read here, so that one that is not a language model's is said now.
+                workloads::check_name(model)
+                    .map_err(anyhow::Error::msg)
+                    .and_then(|()| workloads::lookup(model).map(drop).map_err(anyhow::Error::from))
+                    .map_err(|e| anyhow::anyhow!("{at}: models: {e:#}"))?;
             }
             if !DTYPES.contains(&c.dtype.as_str()) {
                 bail!(
@@ -633,6 +649,24 @@ impl SweepFile {
                 .iter()
                 .map(|mode| workloads::Mode::parse(mode).map_err(|e| anyhow::anyhow!("{at}: modes: {e}")))
                 .collect::<Result<Vec<_>>>()?;
+            for b in &m.batches {
+                if let BatchSize::Fixed(b) = b {
+                    limits::BATCH
+                        .check(&format!("{at}: batches"), *b as u64)
+                        .map_err(anyhow::Error::msg)?;
+                }
+            }
+            for (key, lengths) in [
+                ("seq_lens", &m.seq_lens),
+                ("prompt_lens", &m.prompt_lens),
+                ("output_lens", &m.output_lens),
+            ] {
+                for &l in lengths {
+                    limits::TOKENS
+                        .check(&format!("{at}: {key}"), l as u64)
+                        .map_err(anyhow::Error::msg)?;
+                }
+            }
             for model in &m.models {
                 let (_, info) = workloads::lookup(model).with_context(|| format!("{at}: models"))?;
                 let fitting = workloads::Mode::fitting(&modes, &info)
@@ -641,8 +675,13 @@ impl SweepFile {
                     (fitting.contains(&workloads::Mode::Generate), info.input)
                 {
                     for l in m.lengths() {
-                        l.check(model, max_positions)
-                            .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+                        // Named as this file names them, not as `migprof run`'s flags.
+                        l.check(model, max_positions).map_err(|e| {
+                            let e = e
+                                .replace("--prompt-len", "prompt_lens")
+                                .replace("--output-len", "output_lens");
+                            anyhow::anyhow!("{at}: {e}")
+                        })?;
                     }
                 }
             }
@@ -663,9 +702,6 @@ impl SweepFile {
                 if list == 0 {
                     bail!("{at}: {key} is empty");
                 }
-            }
-            if m.seq_lens.contains(&0) {
-                bail!("{at}: seq_lens: a sequence holds at least one token");
             }
             m.kernel_options().with_context(|| at.clone())?;
             m.master_weights().with_context(|| at.clone())?;
@@ -696,6 +732,9 @@ impl Matrix {
         let block = self.kv_block_size.unwrap_or(workloads::KvLayout::DEFAULT_BLOCK_SIZE);
         if self.kv_block_size.is_some() && !self.kv_layouts.iter().any(|l| l == "paged") {
             anyhow::bail!("kv_block_size applies to a paged cache: add \"paged\" to kv_layouts");
+        }
+        if !(1..=workloads::KvLayout::MAX_BLOCK_SIZE).contains(&block) {
+            anyhow::bail!("kv_block_size: {}", workloads::KvLayout::block_size_error(block));
         }
         if self.kv_layouts.is_empty() {
             return Ok(vec![workloads::KvLayout::default()]);
@@ -819,6 +858,17 @@ seq_lens = [128]
         assert!(e.contains("used twice"), "{e}");
         let e = err(&EXAMPLE.replace("dtypes = [\"bf16\"]", "dtypes = [\"fp8\"]"));
         assert!(e.contains("fp8") && e.contains("f32, bf16, f16, tf32"), "{e}");
+        // A fraction or a size beyond the bound, in migprof's words.
+        let e = err(&EXAMPLE.replace("\"max\"]", "1.5]"));
+        assert!(
+            e.contains("a batch size is a positive integer or \"max\", not 1.5"),
+            "{e}"
+        );
+        let e = err(&EXAMPLE.replace("\"max\"]", "100000]"));
+        assert!(
+            e.contains("batches `100000`: a batch size is a whole number from 1 to 65536"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -206,7 +206,16 @@ fn device_key(device: &str) -> String {
 
 /// A few words on a cell for the progress lines.
 fn describe(c: &CellSpec) -> String {
-    let seq = c.seq_len.map(|l| format!(" seq {l}")).unwrap_or_default();
+    let mut seq = c.seq_len.map(|l| format!(" seq {l}")).unwrap_or_default();
+    // A generation's lengths and cache: cells that differ only there are told apart.
+    if let (Some(p), Some(o), None) = (c.prompt_len, c.output_len, &c.serve) {
+        seq += &format!(" prompt {p} output {o}");
+        match (c.kv_layout.as_deref(), c.kv_block_size) {
+            (Some("paged"), Some(b)) => seq += &format!(" paged {b}"),
+            (Some(layout), _) => seq += &format!(" {layout}"),
+            (None, _) => {}
+        }
+    }
     let batch = match (c.batch_as_written == "max", c.batch) {
         // A "max" cell before its search has answered.
         (true, 0) => "max".to_string(),
@@ -1174,7 +1183,17 @@ fn mps_target(device: &str) -> Result<crate::mps::MpsTarget> {
 
 /// Starts migprof's MPS daemon for the GPU of an `mps:` device, checking the share first.
 fn start_mps_daemon(device: &str) -> Result<crate::mps::daemon::Daemon> {
-    Ok(crate::mps::start_daemon(&mps_target(device)?)?.2)
+    let target = mps_target(device)?;
+    crate::mps::start_daemon(&target)
+        .map(|(_, _, daemon)| daemon)
+        .map_err(|e| {
+            // In a build without CUDA the daemon's failure (no driver, no NVML) is not the point: say
+            // first what `migprof run` says of the same device.
+            match crate::device::no_cuda_is_an_error(&crate::device::DeviceSpec::Mps(target.clone())) {
+                Err(no_cuda) => e.context(no_cuda.to_string()),
+                Ok(()) => e,
+            }
+        })
 }
 
 /// A probe of a `max` search at `batch`.

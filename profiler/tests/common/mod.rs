@@ -109,3 +109,20 @@ pub fn undocumented<'a>(page: &str, names: impl IntoIterator<Item = &'a str>) ->
 pub fn columns(df: &DataFrame) -> Vec<String> {
     df.get_column_names().iter().map(|c| c.to_string()).collect()
 }
+
+/// Writes `model` as a Hugging Face folder of Qwen2's tiny preset with seeded weights, as a user's
+/// fine-tune would be laid out; its config.
+pub fn hf_folder(model: &std::path::Path) -> workloads::models::decoder::Config {
+    std::fs::create_dir_all(model).unwrap();
+    std::fs::write(
+        model.join("config.json"),
+        repo_file("workloads/configs/qwen2_tiny.json"),
+    )
+    .unwrap();
+    let cfg = workloads::models::decoder::preset("qwen2_tiny").unwrap();
+    let weights =
+        workloads::models::decoder::random_weights(&cfg, 9, &candle_core::Device::Cpu, candle_core::DType::F32)
+            .unwrap();
+    candle_core::safetensors::save(&weights, model.join("model.safetensors")).unwrap();
+    cfg
+}

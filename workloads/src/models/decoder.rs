@@ -40,7 +40,7 @@ impl Architecture {
 /// Why a `config.json` cannot be run.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ConfigError {
-    #[error("config.json: {0}")]
+    #[error("{0}")]
     Json(String),
     #[error("architecture `{found}` is not supported; supported: {}", ARCHITECTURES.join(", "))]
     Architecture { found: String },
@@ -317,8 +317,9 @@ pub fn preset(name: &str) -> Option<Config> {
 pub enum FolderError {
     #[error("{dir}: {why}")]
     Folder { dir: String, why: String },
-    #[error("{dir}/config.json: {source}")]
-    Config { dir: String, source: ConfigError },
+    // `why`, not `source`: as an error's source the reason would be printed a second time after it.
+    #[error("{dir}/config.json: {why}")]
+    Config { dir: String, why: ConfigError },
 }
 
 /// A Hugging Face model folder (`config.json` and its weights as `*.safetensors`, one file or
@@ -334,9 +335,9 @@ pub fn read_folder(dir: &std::path::Path) -> std::result::Result<(Config, Vec<st
             "no readable config.json ({e}); a model folder holds config.json and its *.safetensors"
         ))
     })?;
-    let cfg = Config::from_json(&text).map_err(|source| FolderError::Config {
+    let cfg = Config::from_json(&text).map_err(|why| FolderError::Config {
         dir: shown.clone(),
-        source,
+        why,
     })?;
     let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| folder(e.to_string()))?
