@@ -191,6 +191,19 @@ fn a_hugging_face_folder_runs_without_a_preset_and_a_bad_one_says_why() {
         e.ends_with("config.json: architecture `GemmaForCausalLM` is not supported; supported: LlamaForCausalLM, Qwen2ForCausalLM"),
         "{e}"
     );
+    // A field of the wrong type: said once, with the file (no error source to print it again).
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": "x"}"#,
+    )
+    .unwrap();
+    let e = decoder::read_folder(dir.path()).unwrap_err();
+    let said = e.to_string();
+    assert!(
+        said.contains("config.json: invalid type") && said.matches("invalid type").count() == 1,
+        "{said}"
+    );
+    assert!(std::error::Error::source(&e).is_none(), "{said}");
     // No weights, no config.
     std::fs::write(dir.path().join("config.json"), json).unwrap();
     std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
