@@ -158,7 +158,7 @@ fn load_s_rates_sizes_and_spans_are_refused_by_name_or_taken() {
         ("--max-batch", "65536"),
         ("--max-delay-ms", "86400000"),
         ("--slo-p99-ms", "86400000"),
-        ("--min-requests", "10000000"),
+        ("--min-requests", "2500000"),
         ("--warmup", "0.25"),
     ] {
         drive(&encoder, flag, limit);

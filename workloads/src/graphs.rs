@@ -272,9 +272,9 @@ mod cuda {
         /// before a replay. Never the caller's: each replay's refill would rewrite a tensor the
         /// caller still holds (a generation's first decode token, kept to be read at its end).
         inputs: Vec<Tensor>,
-        /// The ids of the caller's tensors the inputs were copied from: given again, they are
-        /// already in place.
-        sources: Vec<candle_core::TensorId>,
+        /// The id of the caller's tensor each input was last copied from: given again, it is
+        /// already in place (another tensor copied in since would have replaced it).
+        sources: Vec<std::cell::Cell<candle_core::TensorId>>,
         graph: CudaGraph,
     }
 
@@ -289,7 +289,7 @@ mod cuda {
             dtype: candle_core::DType,
             step: &mut dyn FnMut(&[Tensor]) -> Result<Tensor>,
         ) -> Result<Capture> {
-            let sources = inputs.iter().map(Tensor::id).collect();
+            let sources = inputs.iter().map(|t| std::cell::Cell::new(t.id())).collect();
             // Copied before the capture begins, so the copies are not part of the graph.
             let inputs = inputs
                 .iter()
@@ -349,8 +349,9 @@ mod cuda {
         /// already) and replays the graph. The output is rewritten by the next replay.
         pub(super) fn replay(&self, inputs: &[Tensor]) -> Result<Tensor> {
             for ((captured, source), given) in self.inputs.iter().zip(&self.sources).zip(inputs) {
-                if *source != given.id() {
+                if source.get() != given.id() {
                     captured.slice_set(&given.contiguous()?, 0, 0)?;
+                    source.set(given.id());
                 }
             }
             self.graph.launch().map_err(driver("replaying"))?;

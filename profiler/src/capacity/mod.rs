@@ -23,9 +23,10 @@ pub fn parse_demand(s: &str) -> std::result::Result<(String, f64), String> {
     if model.is_empty() {
         return Err(format!("a demand names its model: model=requests/s; got `{s}`"));
     }
+    // Rates this far apart keep the integer program's coefficients within its precision.
     match qps.trim().parse::<f64>() {
-        Ok(q) if q.is_finite() && q > 0.0 => Ok((model.to_string(), q)),
-        _ => Err(format!("{model}: `{qps}` is no rate above zero (requests/s)")),
+        Ok(q) if (1e-3..=1e12).contains(&q) => Ok((model.to_string(), q)),
+        _ => Err(format!("{model}: `{qps}` is no rate from 0.001 to 10^12 requests/s")),
     }
 }
 

@@ -29,12 +29,13 @@ use super::args::{
     parse_percent, parse_rate, parse_seconds, parse_share, report_hint, DTypeArg, KernelArgs,
 };
 
-/// `--min-requests`: enough for a p99 worth deciding on, no more than a step may offer.
+/// `--min-requests`: enough for a p99 worth deciding on, no more than a step may hold (a search step
+/// runs on to four times its minimum).
 const MIN_REQUESTS: Limit = Limit {
     what: "a count of requests",
     min: 100,
-    max: MAX_STEP_REQUESTS as u64,
-    why: "fewer make a p99 not worth much, and a step offers at most the upper bound",
+    max: MAX_STEP_REQUESTS as u64 / 4,
+    why: "fewer make a p99 not worth much, and a search step may measure four times as many",
 };
 
 #[derive(Debug, Clone, Args)]
@@ -245,7 +246,7 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
         resolution: args.resolution.map_or(DEFAULTS.resolution, |r| r / 100.0),
         min_requests: args.min_requests.unwrap_or(DEFAULTS.min_requests),
     };
-    let rates = rates(&args)?;
+    let rates = rates(&args, !args.search)?;
     let target = match open_target(&args, log)? {
         Ok(t) => t,
         Err(code) => return Ok(code),
@@ -348,7 +349,7 @@ fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
     if let Some(w) = &args.weights {
         ensure!(w.is_file(), "--weights {}: no such file", w.display());
     }
-    let rates = rates(&args)?;
+    let rates = rates(&args, true)?;
     let spec = RunSpec {
         model: args.model.clone(),
         mode: Mode::Generate,
@@ -396,9 +397,11 @@ fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
 }
 
 /// The rates a job offers: `--qps` in order, or with `--search` a search from its first value; each
-/// refused when a step at it would offer more requests than a step may hold.
-fn rates(args: &LoadArgs) -> Result<Rates> {
-    for &qps in &args.qps {
+/// refused when a step of `--duration` at it would offer more requests than a step may hold (where
+/// `steps_last_duration`: a search of a model served one pass per request measures a number of
+/// requests instead, and stops at its own ceiling).
+fn rates(args: &LoadArgs, steps_last_duration: bool) -> Result<Rates> {
+    for &qps in args.qps.iter().filter(|_| steps_last_duration) {
         migprof::run::limits::step_requests("--qps", qps, "--duration", args.duration).map_err(anyhow::Error::msg)?;
     }
     Ok(match args.search {

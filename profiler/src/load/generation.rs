@@ -74,8 +74,8 @@ impl Engine for ModelEngine {
 /// at most this many bytes of cache.
 const CPU_CACHE_BYTES: usize = 1 << 30;
 
-/// Refuses `--kv-blocks` whose cache is larger than the target could hold (the CPU's cache is at
-/// most [`CPU_CACHE_BYTES`]), before the model or the cache is made.
+/// Refuses `--kv-blocks` whose cache is larger than the target could hold (a GPU's or slice's
+/// memory, the host's available memory on the CPU), before the model or the cache is made.
 fn check_given_blocks(
     s: &ServeSettings,
     cfg: &workloads::models::decoder::Config,
@@ -85,9 +85,15 @@ fn check_given_blocks(
     let Some(blocks) = s.kv_blocks else { return Ok(()) };
     let block_bytes = cfg.kv_bytes_per_token(dtype) as f64 * s.kv_block_size as f64;
     let bytes = blocks as f64 * block_bytes;
-    let (limit, what) = match device.info.memory_mib() {
-        Some(mib) => (mib as f64 * (1u64 << 20) as f64, format!("{} has", device.info.name)),
-        None => (CPU_CACHE_BYTES as f64, "a cache on the CPU is at most".to_string()),
+    let (limit_mib, what) = match device.info.memory_mib() {
+        Some(mib) => (Some(mib as f64), format!("{} has", device.info.name)),
+        None => (
+            crate::run::estimate::limit_mib(device)?,
+            format!("the host ({}) has available", device.info.name),
+        ),
+    };
+    let Some(limit) = limit_mib.map(|m| m * (1u64 << 20) as f64) else {
+        return Ok(());
     };
     if bytes > limit {
         bail!(

@@ -158,18 +158,19 @@ pub fn run(
         Rates::Search { start } => {
             let capacity_id = provenance::run_id(provenance::now());
             let started = provenance::now();
+            // A search step holds at most four times its minimum of measured requests, whatever
+            // its rate, and its warm-up's arrivals: the warm-up bounds the rate.
+            let ceiling_qps = crate::run::limits::MAX_STEP_REQUESTS / settings.warmup_secs.max(1.0);
             steps.search = Some(SearchStep {
                 capacity_id: capacity_id.clone(),
                 index: 0,
             });
             let plan = SearchPlan {
-                start_qps: start
-                    .unwrap_or(closed_loop_qps / 2.0)
-                    .min(crate::run::limits::MAX_STEP_REQUESTS / settings.duration_secs),
+                start_qps: start.unwrap_or(closed_loop_qps / 2.0).min(ceiling_qps),
                 resolution: settings.resolution,
                 floor_qps: (closed_loop_qps / 1000.0).max(0.1),
                 max_steps: 40,
-                ceiling_qps: crate::run::limits::MAX_STEP_REQUESTS / settings.duration_secs,
+                ceiling_qps,
             };
             let outcome = search(&mut steps, plan)?;
             let p99_at_capacity_ms = outcome.capacity_qps.and_then(|c| {

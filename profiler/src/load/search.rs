@@ -41,7 +41,7 @@ pub struct SearchOutcome {
 pub fn search(runner: &mut dyn StepRunner, plan: SearchPlan) -> Result<SearchOutcome> {
     anyhow::ensure!(
         plan.start_qps > 0.0 && plan.resolution > 0.0 && plan.start_qps <= plan.ceiling_qps,
-        "a search needs a start rate and a resolution above zero"
+        "a search needs a start rate and a resolution above zero, and a start no higher than its ceiling"
     );
     let mut steps = Vec::new();
     let (mut low, mut high): (Option<f64>, Option<f64>) = (None, None);

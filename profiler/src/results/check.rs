@@ -184,16 +184,23 @@ struct Orphan {
     whole: bool,
     /// Written at least [`ORPHAN_AGE`] ago: its row is not still coming.
     old: bool,
+    /// Parts of the parent table that could not be read: the row may be in one of them.
+    parents_unread: usize,
 }
 
 impl Orphan {
     /// Whether `check --fix` removes the part: the part is all orphans', and old.
     fn removable(&self) -> bool {
-        self.whole && self.old
+        self.whole && self.old && self.parents_unread == 0
     }
 
     fn problem(&self) -> String {
         let fate = match (self.whole, self.old) {
+            _ if self.parents_unread > 0 => format!(
+                "`migprof check --fix` leaves this part while {} part(s) of {}/ cannot be read (its row may be in one)",
+                self.parents_unread,
+                self.detail.parent.dir_name()
+            ),
             (true, true) => "`migprof check --fix` removes this part".to_string(),
             (true, false) => format!(
                 "written less than {} s ago, so its row may still be coming: `migprof check --fix` removes it only once it is older",
@@ -219,7 +226,7 @@ impl Orphan {
 fn orphans(out: &Path) -> Result<Vec<Orphan>> {
     let mut found = Vec::new();
     for detail in &DETAILS {
-        let (parents, _) = read_parts(out, detail.parent)?;
+        let (parents, unread) = read_parts(out, detail.parent)?;
         let with_rows: HashSet<String> = text(&parents, detail.id).into_iter().flatten().collect();
         for path in part_paths(out, detail.table)? {
             let Ok(df) = read_part(&path, detail.table) else {
@@ -242,6 +249,7 @@ fn orphans(out: &Path) -> Result<Vec<Orphan>> {
                 ids: without,
                 whole,
                 old,
+                parents_unread: unread.len(),
             });
         }
     }
@@ -658,9 +666,21 @@ mod tests {
                 .all(|p| p.contains("`migprof check --fix` removes this part")),
             "{problems:?}"
         );
+        // A runs part that cannot be read may hold the run's row: its samples stay while it is
+        // there; the serving step's requests, whose serve/ reads whole, go.
+        let unreadable = dir.path().join("runs/part-unreadable.parquet");
+        std::fs::write(&unreadable, b"PAR1 cut short")?;
+        let said = check(dir.path())?.problems.join("\n");
+        assert!(
+            said.contains("leaves this part while 1 part(s) of runs/ cannot be read"),
+            "{said}"
+        );
+        let removed: Vec<PathBuf> = fix(dir.path())?.removed.into_iter().map(|(p, _)| p).collect();
+        assert_eq!(removed, [dir.path().join("serve_requests/part-step-1.parquet")]);
+        std::fs::remove_file(&unreadable)?;
         let removed = fix(dir.path())?.removed;
         assert_eq!(
-            removed.len(),
+            removed.len() + 1,
             problems.len(),
             "fix removes exactly what check reported: {removed:?}"
         );

@@ -294,6 +294,22 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
                     targets.join(", ")
                 )
             }
+            // A field left out of the match because it follows from the selectors' column must
+            // still be one value within a side, or cells that differ in it would be pooled.
+            for field in follows {
+                let mut values: Vec<&str> = rows
+                    .iter()
+                    .map(|r| r.fields.get(field).map_or("", String::as_str))
+                    .collect();
+                values.sort_unstable();
+                values.dedup();
+                if values.len() > 1 {
+                    bail!(
+                        "{sel} holds cells that differ only in {field} ({}): they would be averaged as repeats; compare them with --baseline {field}=… --target {field}=…",
+                        values.join(", ")
+                    )
+                }
+            }
         }
     }
     if base.is_empty() || tgt.is_empty() {
@@ -755,6 +771,20 @@ mod tests {
         let c = compare(&runs, &sel("kv_layout=contiguous"), &sel("kv_layout=paged")).unwrap();
         assert_eq!(c.rows.len(), 1);
         assert!((c.rows[0].ratio - 0.9).abs() < 1e-12);
+        // Paged cells of two block sizes are two cells, never pooled as repeats of one.
+        let mut two = frame(&[
+            ("a1", "r1", "full", "bf16", 1, 200.0, 2.0),
+            ("b1", "r2", "full", "bf16", 1, 180.0, 2.0),
+            ("b2", "r3", "full", "bf16", 1, 160.0, 2.0),
+        ]);
+        two.with_column(Column::new("kv_layout".into(), vec!["contiguous", "paged", "paged"]))
+            .unwrap();
+        two.with_column(Column::new("kv_block_size".into(), vec![None, Some(16i64), Some(32)]))
+            .unwrap();
+        let e = compare(&two, &sel("kv_layout=contiguous"), &sel("kv_layout=paged"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("differ only in kv_block_size (16, 32)"), "{e}");
         // Other batches on each side: nothing matches, and the reason is the field that differs.
         let mut runs = frame(&[
             ("a1", "r1", "full", "bf16", 1, 200.0, 2.0),
