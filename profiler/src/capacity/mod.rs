@@ -806,7 +806,7 @@ mod tests {
             "{e}"
         );
         assert!(parse_demand("resnet50").unwrap_err().contains("model=requests/s"));
-        assert!(parse_demand("resnet50=-3").unwrap_err().contains("above zero"));
+        assert!(parse_demand("resnet50=-3").unwrap_err().contains("from 0.001 to 10^12"));
         let table = crate::mig::profile::table("h100-80gb").unwrap();
         let gathered = Gathered {
             capacities: vec![measured("resnet50", "1g.10gb", 900.0, false)],
