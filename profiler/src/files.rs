@@ -52,7 +52,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// Where a write to `path` lands, following its symbolic links, and the permissions of the regular
 /// file there (`None`: nothing is there yet). Anything else there is refused by what it is.
-pub fn write_target(path: &Path) -> Result<(PathBuf, Option<fs::Permissions>)> {
+fn write_target(path: &Path) -> Result<(PathBuf, Option<fs::Permissions>)> {
     let mut at = path.to_path_buf();
     for _ in 0..MAX_LINKS {
         let meta = match fs::symlink_metadata(&at) {

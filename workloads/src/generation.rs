@@ -32,6 +32,8 @@ impl KvLayout {
     /// a block of room unused; serving stacks use 16 to 256, and a block larger than this would
     /// only size a pool by its waste (and a block of billions of tokens, one allocation, by none).
     pub const MAX_BLOCK_SIZE: usize = 4096;
+    /// Why a block is at most [`Self::MAX_BLOCK_SIZE`] tokens, for the messages that refuse one.
+    pub const BLOCK_SIZE_WHY: &'static str = "each sequence leaves up to a block unused; serving stacks use 16 to 256";
 
     /// As rows record it (`kv_layout`).
     pub fn as_str(self) -> &'static str {
@@ -48,21 +50,17 @@ impl KvLayout {
         }
     }
 
-    /// Why `block_size` is no block's size (it is outside 1..=[`Self::MAX_BLOCK_SIZE`]).
-    pub fn block_size_error(block_size: impl std::fmt::Display) -> String {
-        format!(
-            "a KV block of {block_size} tokens: a block holds 1 to {} tokens (each sequence leaves up to a block unused; serving stacks use 16 to 256)",
-            Self::MAX_BLOCK_SIZE
-        )
-    }
-
     /// The layout `name` names, paged with `block_size` tokens a block; the error names the valid
     /// ones.
     pub fn parse(name: &str, block_size: usize) -> std::result::Result<KvLayout, String> {
         match name {
             "contiguous" => Ok(KvLayout::Contiguous),
             "paged" if (1..=Self::MAX_BLOCK_SIZE).contains(&block_size) => Ok(KvLayout::Paged { block_size }),
-            "paged" => Err(Self::block_size_error(block_size)),
+            "paged" => Err(format!(
+                "a KV block of {block_size} tokens: a block holds 1 to {} tokens ({})",
+                Self::MAX_BLOCK_SIZE,
+                Self::BLOCK_SIZE_WHY
+            )),
             other => Err(format!(
                 "KV cache layout `{other}`; valid layouts: {}",
                 KvLayout::NAMES.join(", ")

@@ -8,7 +8,7 @@ use anyhow::Result;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use migprof::device::DeviceSpec;
-use migprof::run::limits::{self, Limit};
+use migprof::run::limits;
 use migprof::run::spec::Precision;
 use workloads::kernels::options::{Attention, Convolutions, CudaGraphs, EncoderLayers, GemmAlgorithm};
 use workloads::kernels::KernelOptions;
@@ -255,13 +255,7 @@ pub fn parse_max_batch(s: &str) -> Result<usize, String> {
 
 /// `--kv-block-size`: tokens a KV block holds.
 pub fn parse_block_size(s: &str) -> Result<u64, String> {
-    let block = Limit {
-        what: "a KV block's size in tokens",
-        min: 1,
-        max: workloads::KvLayout::MAX_BLOCK_SIZE as u64,
-        why: "each sequence leaves up to a block unused; serving stacks use 16 to 256",
-    };
-    block.parse("--kv-block-size", s)
+    limits::BLOCK_SIZE.parse("--kv-block-size", s)
 }
 
 /// Seconds of a span, within [`limits::seconds`]'s bounds.

@@ -22,20 +22,11 @@ use migprof::run::{RunContext, RunSpec};
 use migprof::sweep::cell::CellSpec;
 use workloads::{Mode, TrainConfig};
 
-use migprof::run::limits::{Limit, BLOCKS, MAX_STEP_REQUESTS, SEARCH_STEPS, SEQUENCES, TOKENS};
+use migprof::run::limits::{BLOCKS, MIN_REQUESTS, SEARCH_STEPS, SEQUENCES, TOKENS};
 
 use super::args::{
     as_mps_client, device_or_default, parse_block_size, parse_max_batch, parse_milliseconds, parse_model,
     parse_percent, parse_rate, parse_seconds, parse_share, report_hint, DTypeArg, KernelArgs,
-};
-
-/// `--min-requests`: enough for a p99 worth deciding on, no more than a step may hold (a search step
-/// runs on to four times its minimum).
-const MIN_REQUESTS: Limit = Limit {
-    what: "a count of requests",
-    min: 100,
-    max: MAX_STEP_REQUESTS as u64 / 4,
-    why: "fewer make a p99 not worth much, and a search step may measure four times as many",
 };
 
 #[derive(Debug, Clone, Args)]

@@ -223,16 +223,18 @@ pub fn run(
             let started = crate::provenance::now();
             stepper.search = Some((capacity_id.clone(), resumed.as_ref().map_or(0, |r| r.done.len())));
             stepper.done = resumed.map(|r| r.done).unwrap_or_default();
+            // Every step offers --duration's seconds of arrivals: the most a step holds bounds the rate.
+            let ceiling_qps = crate::run::limits::MAX_STEP_REQUESTS / settings.duration_secs;
             let plan = SearchPlan {
                 start_qps: first
                     .or(*start)
                     .unwrap_or(closed.request_rate)
                     .max(0.01)
-                    .min(crate::run::limits::MAX_STEP_REQUESTS / settings.duration_secs),
+                    .min(ceiling_qps),
                 resolution: settings.resolution,
                 floor_qps: (closed.request_rate / 1000.0).max(0.01),
                 max_steps: settings.max_steps,
-                ceiling_qps: crate::run::limits::MAX_STEP_REQUESTS / settings.duration_secs,
+                ceiling_qps,
             };
             let outcome = search(&mut stepper, plan)?;
             super::generation_record::write_capacity(out, &id, &capacity_id, started, &outcome)?;

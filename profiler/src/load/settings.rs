@@ -172,22 +172,16 @@ impl ServeSettings {
     /// `keys` spells it (a flag of `migprof load`, or a key of a sweep file's `[[capacity]]`).
     pub fn check(&self, search: bool, keys: Keys) -> Result<()> {
         let k = |key: &str| keys.name(key);
-        use crate::run::limits::{self, BLOCKS, SEARCH_STEPS, SEQUENCES, TOKENS};
+        use crate::run::limits::{self, BLOCKS, BLOCK_SIZE, SEARCH_STEPS, SEQUENCES, TOKENS};
         let bounded = [
             (TOKENS, "max_batched_tokens", self.max_batched_tokens as u64),
             (SEQUENCES, "max_seqs", self.max_seqs as u64),
+            (BLOCK_SIZE, "kv_block_size", self.kv_block_size as u64),
             (BLOCKS, "kv_blocks", self.kv_blocks.unwrap_or(1) as u64),
             (SEARCH_STEPS, "max_steps", self.max_steps.max(1) as u64),
         ];
         for (limit, key, value) in bounded {
             limit.check(&k(key), value).map_err(anyhow::Error::msg)?;
-        }
-        if self.kv_block_size as usize > workloads::KvLayout::MAX_BLOCK_SIZE {
-            bail!(
-                "{} {}",
-                k("kv_block_size"),
-                workloads::KvLayout::block_size_error(self.kv_block_size)
-            )
         }
         for (key, v) in [
             ("slo_ttft_p99_ms", self.slo_ttft_p99_ms),
@@ -197,27 +191,22 @@ impl ServeSettings {
                 limits::milliseconds(&k(key), v, true).map_err(anyhow::Error::msg)?;
             }
         }
-        if self.max_seqs == 0 || self.max_batched_tokens < self.max_seqs {
+        // (Zero sequences, blocks or block tokens are refused by their bounds above.)
+        if self.max_batched_tokens < self.max_seqs {
             bail!(
-                "{} {} must be at least {} {} (one decode of each running sequence), and {} at least 1",
+                "{} {} must be at least {} {} (one decode of each running sequence)",
                 k("max_batched_tokens"),
                 self.max_batched_tokens,
                 k("max_seqs"),
-                self.max_seqs,
-                k("max_seqs")
+                self.max_seqs
             )
         }
-        if self.kv_block_size == 0 || !(self.kv_cache_fraction > 0.0 && self.kv_cache_fraction <= 1.0) {
+        if !(self.kv_cache_fraction > 0.0 && self.kv_cache_fraction <= 1.0) {
             bail!(
-                "{} {} must be at least 1 and {} {} within (0, 1]",
-                k("kv_block_size"),
-                self.kv_block_size,
+                "{} {} must be within (0, 1]",
                 k("kv_cache_fraction"),
                 self.kv_cache_fraction
             )
-        }
-        if self.kv_blocks == Some(0) {
-            bail!("{} must be at least 1", k("kv_blocks"))
         }
         // A day bounds every span: a search's longest time is worked out from them.
         let seconds = |v: f64| v.is_finite() && (0.0..=86_400.0).contains(&v);

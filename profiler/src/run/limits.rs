@@ -45,6 +45,14 @@ pub const ITERATIONS: Limit = Limit {
     why: "each measured iteration keeps its latency in memory and in the samples table",
 };
 
+/// Tokens a KV block holds (`--kv-block-size`, a sweep's `kv_block_size`).
+pub const BLOCK_SIZE: Limit = Limit {
+    what: "a KV block's size in tokens",
+    min: 1,
+    max: workloads::KvLayout::MAX_BLOCK_SIZE as u64,
+    why: workloads::KvLayout::BLOCK_SIZE_WHY,
+};
+
 /// A KV cache's blocks as given (`--kv-blocks`).
 pub const BLOCKS: Limit = Limit {
     what: "a count of KV blocks",
@@ -91,33 +99,40 @@ pub const MAX_SECONDS: f64 = 86_400.0;
 
 /// Checks a span in seconds: finite, at most a day, and above 0 (`positive`) or at least 0.
 pub fn seconds(setting: &str, value: f64, positive: bool) -> Result<f64, String> {
-    let low_ok = if positive { value > 0.0 } else { value >= 0.0 };
-    if value.is_finite() && low_ok && value <= MAX_SECONDS {
-        return Ok(value);
-    }
-    Err(format!(
-        "{setting} `{value}`: seconds from {} to a day ({MAX_SECONDS}), as every span is bounded so that a run's longest time can be worked out",
-        if positive { "above 0" } else { "0" }
-    ))
+    let why = ", as every span is bounded so that a run's longest time can be worked out";
+    within_a_day(setting, value, positive, "seconds", MAX_SECONDS, why)
 }
 
 /// Checks a time in milliseconds (an objective, a batcher's delay): finite, at most a day, and
 /// above 0 (`positive`) or at least 0.
 pub fn milliseconds(setting: &str, value: f64, positive: bool) -> Result<f64, String> {
+    within_a_day(setting, value, positive, "milliseconds", MAX_SECONDS * 1e3, "")
+}
+
+/// `value` in `unit`s, of which a day is `day`: finite, at most a day, above or from 0.
+fn within_a_day(setting: &str, value: f64, positive: bool, unit: &str, day: f64, why: &str) -> Result<f64, String> {
     let low_ok = if positive { value > 0.0 } else { value >= 0.0 };
-    if value.is_finite() && low_ok && value <= MAX_SECONDS * 1e3 {
+    if value.is_finite() && low_ok && value <= day {
         return Ok(value);
     }
     Err(format!(
-        "{setting} `{value}`: milliseconds from {} to a day ({})",
-        if positive { "above 0" } else { "0" },
-        MAX_SECONDS * 1e3
+        "{setting} `{value}`: {unit} from {} to a day ({day}){why}",
+        if positive { "above 0" } else { "0" }
     ))
 }
 
 /// Requests one load or serving step offers at most (rate × seconds of arrivals): a step keeps each
 /// measured request's latency, and its queue may hold them all.
 pub const MAX_STEP_REQUESTS: f64 = 10_000_000.0;
+
+/// A search step's measured requests at the fewest (`--min-requests`, a sweep's `min_requests`):
+/// enough for a p99 worth deciding on, and a quarter of a step, which runs on to four times as many.
+pub const MIN_REQUESTS: Limit = Limit {
+    what: "a count of requests",
+    min: 100,
+    max: MAX_STEP_REQUESTS as u64 / 4,
+    why: "fewer make a p99 not worth much, and a search step may measure four times as many",
+};
 
 /// Checks that `qps` over `duration_secs` offers at most [`MAX_STEP_REQUESTS`], naming both settings.
 pub fn step_requests(rate_setting: &str, qps: f64, duration_setting: &str, duration_secs: f64) -> Result<(), String> {

@@ -240,13 +240,9 @@ impl CapacitySearch {
             if let Some(slo) = l.slo_p99_ms {
                 limits::milliseconds("slo_p99_ms", slo, true).map_err(refused)?;
             }
-            let most = limits::MAX_STEP_REQUESTS as usize / 4;
-            if !(100..=most).contains(&l.min_requests) {
-                bail!(
-                    "{at}: min_requests {}: from 100 (10,000 makes a p99 worth trusting) to {most} (a search step may measure four times as many)",
-                    l.min_requests
-                );
-            }
+            limits::MIN_REQUESTS
+                .check("min_requests", l.min_requests as u64)
+                .map_err(refused)?;
             if let Some(n) = self.seq_len {
                 limits::TOKENS.check("seq_len", n as u64).map_err(refused)?;
             }
@@ -730,9 +726,9 @@ impl Matrix {
         if self.kv_block_size.is_some() && !self.kv_layouts.iter().any(|l| l == "paged") {
             anyhow::bail!("kv_block_size applies to a paged cache: add \"paged\" to kv_layouts");
         }
-        if !(1..=workloads::KvLayout::MAX_BLOCK_SIZE).contains(&block) {
-            anyhow::bail!("kv_block_size: {}", workloads::KvLayout::block_size_error(block));
-        }
+        limits::BLOCK_SIZE
+            .check("kv_block_size", block as u64)
+            .map_err(anyhow::Error::msg)?;
         if self.kv_layouts.is_empty() {
             return Ok(vec![workloads::KvLayout::default()]);
         }
