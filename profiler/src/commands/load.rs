@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{bail, ensure, Context, Result};
 use clap::{Args, ValueEnum};
 use migprof::device::DeviceSpec;
 use migprof::load::arrival::Arrival;
@@ -243,7 +243,13 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     let device = &target.device;
-    migprof::run::preflight::check(std::slice::from_ref(&spec), device)?;
+    let one = std::slice::from_ref(&spec);
+    migprof::run::preflight::check_precision(one, device)?;
+    migprof::run::preflight::check_kernels(one, device)?;
+    // The largest batch a load job forms is --max-batch: a batch that does not fit is that flag's.
+    migprof::run::preflight::check_memory(one, device).with_context(|| {
+        format!("--max-batch {}: a load job serves batches up to it", settings.max_batch)
+    })?;
     let identity = target.cell(&spec, |cell| cell.load = Some(settings.clone()))?;
     let how = format!(
         "{} arrivals, batches up to {} or {} ms",

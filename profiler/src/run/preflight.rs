@@ -98,7 +98,7 @@ pub fn check_memory(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
 }
 
 /// Each (family, mode, dtype, kernels) by one step of its tiny preset.
-fn check_kernels(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
+pub fn check_kernels(specs: &[RunSpec], device: &OpenDevice) -> Result<()> {
     let mut checked: Vec<(Family, Mode, DType, KernelOptions, KvLayout)> = Vec::new();
     for s in specs {
         let (_, info) = workloads::lookup(&s.model)?;
