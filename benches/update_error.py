@@ -11,8 +11,11 @@ trainable tensor's update (weights after minus weights before) is compared with 
 downloaded.
 
 usage: update_error.py --bin PATH/update_steps [--models resnet50,vit_b_16,swin_t,bert_base] [--batch 8]
-       [--work DIR]      measures, each model's rows to DIR/update-error-MODEL.jsonl as it finishes
-       update_error.py --report [--work DIR] [--markdown]      the table of every model measured in DIR
+       [--work DIR]      measures, each model's rows to DIR/update-error-MODEL.jsonl as it finishes (with
+                         every step's losses and the gradients GradScaler found not finite) and each
+                         tensor's error to DIR/update-tensors-MODEL.jsonl
+       update_error.py --report [--work DIR] [--markdown]      the tables of every model measured in DIR:
+                         the medians, the losses, and the error by kind of tensor
 """
 import glob
 import argparse
@@ -58,21 +61,27 @@ def migprof_name(name, key):
 
 def steps(model, kind, x, labels, mode, counts):
     """SGD steps of `model` under `mode` (f64, f32, autocast-bf16, autocast-f16); the trainable weights
-    (f64, on the host) after each step count in `counts`, and the steps GradScaler had skipped by then."""
+    (f64, on the host) after each step count in `counts`, the steps GradScaler had skipped by then, the
+    loss of every step, and for each step GradScaler skipped the parameters whose gradient was not finite."""
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR, momentum=MOMENTUM)
     half = HALF.get(mode.removeprefix("autocast-")) if mode.startswith("autocast-") else None
     scaler = torch.amp.GradScaler("cuda", init_scale=65536.0) if mode == "autocast-f16" else None
     model.train()
     out, skipped, skips = {}, 0, {}
+    losses, overflowed = [], {}
     for step in range(1, max(counts) + 1):
         with torch.autocast("cuda", dtype=half or torch.float32, enabled=half is not None):
             logits = logits_of(model, kind, x)
             # The exact run keeps its loss in f64 too; the others compute it in f32, as autocast does.
             loss = F.cross_entropy(logits.double() if mode == "f64" else logits.float(), labels)
         opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
         if scaler:
             before = scaler.get_scale()
             scaler.scale(loss).backward()
+            bad = [k for k, p in model.named_parameters() if p.grad is not None and not p.grad.isfinite().all()]
+            if bad:
+                overflowed[step] = bad
             scaler.step(opt)
             scaler.update()
             skipped += scaler.get_scale() < before
@@ -82,22 +91,27 @@ def steps(model, kind, x, labels, mode, counts):
         if step in counts:
             out[step] = {k: v.detach().double().cpu() for k, v in model.named_parameters()}
             skips[step] = skipped
-    return out, skips
+    return out, skips, losses, overflowed
+
+
+def errors(origin, start, after, exact):
+    """Each tensor's |update - exact update| / |exact update| (see `error`), by name."""
+    if set(after) != set(exact):
+        raise SystemExit(f"the runs name their tensors differently: {sorted(set(after) ^ set(exact))[:5]}")
+    out = {}
+    for k, e in exact.items():
+        d_exact = e - origin[k]
+        norm = d_exact.norm().item()
+        if norm != 0.0:
+            out[k] = ((after[k] - start[k]) - d_exact).norm().item() / norm
+    return out
 
 
 def error(origin, start, after, exact):
     """Median over tensors of |update - exact update| / |exact update|: the update from `start` (the
     weights the steps began from) to `after`, the exact one from `origin` (the f32 weights the f64 run
     began from) to `exact`."""
-    if set(after) != set(exact):
-        raise SystemExit(f"the runs name their tensors differently: {sorted(set(after) ^ set(exact))[:5]}")
-    errs = []
-    for k, e in exact.items():
-        d_exact = e - origin[k]
-        norm = d_exact.norm().item()
-        if norm == 0.0:
-            continue
-        errs.append(((after[k] - start[k]) - d_exact).norm().item() / norm)
+    errs = list(errors(origin, start, after, exact).values())
     return statistics.median(errs) if errs else float("nan")
 
 
@@ -148,20 +162,26 @@ def main():
             if mode == "f64":
                 m = m.double()
                 xs = tuple(t.double() if t.is_floating_point() else t for t in x)
-            got, skipped = steps(m, kind, xs, labels, mode, counts)
-            return {s: {migprof_name(name, k): v for k, v in w.items()} for s, w in got.items()}, skipped
+            got, skipped, losses, overflowed = steps(m, kind, xs, labels, mode, counts)
+            named = {s: {migprof_name(name, k): v for k, v in w.items()} for s, w in got.items()}
+            overflowed = {s: [migprof_name(name, k) for k in ks] for s, ks in overflowed.items()}
+            return named, skipped, losses, overflowed
 
-        exact, _ = run("f64")
-        f32, _ = run("f32")
+        exact, _, exact_losses, _ = run("f64")
+        f32, _, _, _ = run("f32")
+        tensors = []
         for dtype in ("bf16", "f16"):
-            auto, auto_skipped = run(f"autocast-{dtype}")
-            ours = {}
+            auto, auto_skipped, auto_losses, auto_overflowed = run(f"autocast-{dtype}")
+            ours, our_losses = {}, {}
             for masters in ("f32", "none"):
                 prefix = f"{args.work}/{name}-{dtype}-{masters}"
                 p = subprocess.run([args.bin, name, dtype, masters, ",".join(map(str, counts)), weights, batch_file,
                                     prefix], capture_output=True, text=True)
                 if p.returncode != 0:
                     raise SystemExit(f"update_steps {name} {dtype} {masters}:\n{p.stderr}")
+                # "step N: loss X" after each step.
+                our_losses[masters] = [float(l.split("loss ")[1]) for l in p.stderr.splitlines()
+                                       if l.startswith("step ") and ": loss " in l]
                 for n in counts:
                     # "after step N: ScaleReading { scale: …, skipped: K, … }" where training keeps masters.
                     skipped = next((int(l.split("skipped: ")[1].split(",")[0]) for l in p.stderr.splitlines()
@@ -170,19 +190,31 @@ def main():
                     # Without masters the steps start from the weights rounded to the dtype.
                     start = before if masters == "f32" else {k: v.to(HALF[dtype]).double() for k, v in before.items()}
                     ours[masters, n] = (error(before, start, got, exact[n]), skipped)
+                    if masters == "f32":
+                        theirs = errors(before, before, auto[n], exact[n])
+                        for k, e in errors(before, start, got, exact[n]).items():
+                            tensors.append({"model": name, "dtype": dtype, "steps": n, "tensor": k,
+                                            "kind": tensor_kind(k, before[k].dim()), "pytorch_autocast": theirs[k],
+                                            "migprof_masters": e})
             for n in counts:
                 e_f32, e_auto = error(before, before, f32[n], exact[n]), error(before, before, auto[n], exact[n])
                 mine, none = ours["f32", n], ours["none", n]
                 ratio = mine[0] / e_auto
                 rec = {"model": name, "dtype": dtype, "steps": n, "pytorch_f32": e_f32, "pytorch_autocast": e_auto,
                        "migprof_masters": mine[0], "ratio": ratio, "migprof_none": none[0],
-                       "skipped_pytorch": auto_skipped[n], "skipped_migprof": mine[1]}
+                       "skipped_pytorch": auto_skipped[n], "skipped_migprof": mine[1],
+                       "loss_f64": exact_losses[:n], "loss_pytorch_autocast": auto_losses[:n],
+                       "loss_migprof_masters": our_losses["f32"][:n],
+                       "overflowed_pytorch": {str(s): ks for s, ks in auto_overflowed.items() if s <= n}}
                 records.append(rec)
                 print(json.dumps(rec), flush=True)
             del auto
         torch.cuda.empty_cache()
         with open(f"{args.work}/update-error-{name}.jsonl", "w") as f:
             for r in records:
+                f.write(json.dumps(r) + "\n")
+        with open(f"{args.work}/update-tensors-{name}.jsonl", "w") as f:
+            for r in tensors:
                 f.write(json.dumps(r) + "\n")
         print(f"{name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
@@ -199,6 +231,47 @@ def report(work, markdown):
     met = sum(r["ratio"] <= 2.0 for r in kept)
     print(f"\n{met} of {len(kept)} judged cells within 2x PyTorch autocast's own update error; "
           f"{len(records) - len(kept)} not judged (a step skipped, or f32's own error within 10x of autocast's)")
+    for r in records:
+        if "loss_f64" in r and r["steps"] == max(x["steps"] for x in records if x["model"] == r["model"]):
+            losses = ", ".join(f"{k.removeprefix('loss_')} {' '.join(f'{v:.4g}' for v in r[k])}"
+                               for k in ("loss_f64", "loss_pytorch_autocast", "loss_migprof_masters"))
+            print(f"{r['model']} {r['dtype']} losses by step: {losses}")
+            for step, names in r.get("overflowed_pytorch", {}).items():
+                print(f"  step {step} skipped by GradScaler: {len(names)} gradients not finite, e.g. {names[:4]}")
+    report_tensors(work, markdown)
+
+
+def tensor_kind(name, dims):
+    """Where a tensor sits, for the error by kind: what autocast keeps in f32 (layer norms,
+    embeddings) apart from the products' weights and biases it computes in half precision."""
+    lower = name.lower()
+    if "norm" in lower or ".ln" in lower or lower.startswith("ln"):
+        return "layer norm"
+    if "embedding" in lower or "class_token" in lower:
+        return "embedding"
+    if dims >= 2:
+        return "weight"
+    return "bias"
+
+
+def report_tensors(work, markdown):
+    """Each kind of tensor's median error on both sides, and the tensors furthest from autocast's."""
+    rows = [json.loads(line) for path in sorted(glob.glob(f"{work}/update-tensors-*.jsonl")) for line in open(path)]
+    if not rows:
+        return
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["dtype"], r["steps"], r["kind"]), []).append(r)
+    table = []
+    for (model, dtype, n, kind), rs in sorted(groups.items()):
+        auto = statistics.median(r["pytorch_autocast"] for r in rs)
+        mine = statistics.median(r["migprof_masters"] for r in rs)
+        worst = max(rs, key=lambda r: r["migprof_masters"] / max(r["pytorch_autocast"], 1e-30))
+        table.append([model, dtype, str(n), kind, str(len(rs)), f"{auto:.2g}", f"{mine:.2g}", f"{mine / auto:.2f}",
+                      f"{worst['tensor']} ({worst['migprof_masters'] / max(worst['pytorch_autocast'], 1e-30):.1f}x)"])
+    print()
+    print_table(["model", "dtype", "steps", "kind", "tensors", "autocast median", "masters median",
+                 "masters / autocast", "furthest from autocast"], table, markdown)
 
 
 def judged(r):
