@@ -2,6 +2,7 @@
 //! measured, where, and whether the number can be trusted.
 
 pub mod capacity;
+pub mod cell;
 pub mod device;
 pub mod files;
 pub mod fleet;

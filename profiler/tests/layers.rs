@@ -22,6 +22,7 @@ const PROFILER: Layers = &[
     &["run"],
     &["results"],
     &["load"],
+    &["cell"],
     &["sweep", "capacity"],
     &["fleet", "report"],
     &["commands"],
@@ -96,6 +97,124 @@ fn no_file_imports_itself_back_through_others() {
     );
 }
 
+#[test]
+fn no_two_modules_import_each_other() {
+    let mut circles = Vec::new();
+    for (crate_dir, _, skip) in crates() {
+        let modules = modules_of(&imports(&crate_dir, &skip));
+        for circle in circles_of(&modules) {
+            circles.push(format!("{}: {}", crate_dir.display(), said(&modules, &circle)));
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "modules that import each other (a layer's modules sit side by side: neither may use the other's \
+         parts both ways):\n{}",
+        circles.join("\n")
+    );
+}
+
+/// The order the test holds is the order docs/architecture.md draws: each crate's table of layers,
+/// bottom first, names the same modules in the same layers.
+#[test]
+fn the_architecture_document_draws_the_test_s_layers() {
+    let drawn = "# A\n## The layers, bottom first\n\n| layer | modules | what |\n|---|---|---|\n| 1 | `a`, `b` | x |\n\
+                 | 2 | `c` | y, z |\n\nwords\n\n| layer | modules | what |\n|---|---|---|\n| 1 | `d` | w |\n\n## Next\n| 1 | `e` | v |\n";
+    assert_eq!(
+        layer_tables(drawn),
+        [vec![vec!["a", "b"], vec!["c"]], vec![vec!["d"]]],
+        "the document's tables are read row by row, the next section left out"
+    );
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/architecture.md");
+    let text = std::fs::read_to_string(&doc).unwrap();
+    let tables = layer_tables(&text);
+    let expected: Vec<Vec<Vec<String>>> = [WORKLOADS, &PROFILER[..PROFILER.len() - 1]]
+        .iter()
+        .map(|layers| {
+            layers
+                .iter()
+                .map(|l| l.iter().map(|m| m.to_string()).collect())
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        tables, expected,
+        "docs/architecture.md's tables of layers (workloads', then the profiler library's; the binary's \
+         `commands` on top of them is said in words) differ from this test's WORKLOADS and PROFILER"
+    );
+}
+
+/// Each table under "## The layers" of the architecture document: its rows' modules, bottom first.
+fn layer_tables(text: &str) -> Vec<Vec<Vec<String>>> {
+    let section = text
+        .split("\n## ")
+        .find(|s| s.starts_with("The layers"))
+        .expect("docs/architecture.md has a section \"The layers, bottom first\"");
+    let mut tables: Vec<Vec<Vec<String>>> = Vec::new();
+    let mut in_table = false;
+    for line in section.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let row = line.starts_with('|') && cells.len() > 3;
+        if !row {
+            in_table = false;
+            continue;
+        }
+        if cells[1] == "layer" {
+            tables.push(Vec::new());
+            in_table = true;
+            continue;
+        }
+        let Ok(n) = cells[1].parse::<usize>() else {
+            continue; // the line under the head
+        };
+        let table = tables
+            .last_mut()
+            .filter(|_| in_table)
+            .expect("a layer's row outside a table");
+        assert_eq!(n, table.len() + 1, "docs/architecture.md: layer {n} is out of order");
+        let modules = cells[2]
+            .split(',')
+            .map(|m| m.trim().trim_matches('`').to_string())
+            .collect();
+        table.push(modules);
+    }
+    tables
+}
+
+/// The graph of top-level modules: one node a module (`run`), an arrow where any of its files
+/// imports a file of another.
+fn modules_of(files: &BTreeMap<PathBuf, Imports>) -> BTreeMap<PathBuf, Imports> {
+    let mut modules: BTreeMap<PathBuf, Imports> = BTreeMap::new();
+    for (file, imports) in files {
+        let from = PathBuf::from(top(file));
+        let node = modules
+            .entry(from.clone())
+            .or_insert_with(|| Imports { files: BTreeMap::new() });
+        for (to_file, written) in &imports.files {
+            let to = PathBuf::from(top(to_file));
+            if to != from {
+                node.files
+                    .entry(to)
+                    .or_insert_with(|| format!("{}: {written}", file.display()));
+            }
+        }
+    }
+    modules
+}
+
+/// A circle of modules in words: each arrow with one import that makes it.
+fn said(modules: &BTreeMap<PathBuf, Imports>, circle: &[PathBuf]) -> String {
+    let mut arrows = Vec::new();
+    for from in circle {
+        for (to, example) in &modules[from].files {
+            if circle.contains(to) {
+                arrows.push(format!("{} -> {} ({example})", from.display(), to.display()));
+            }
+        }
+    }
+    arrows.join("; ")
+}
+
 /// The test's reading of imports, on files it writes: braces, `super`, inline paths, aliases, and
 /// test items left out.
 #[test]
@@ -138,6 +257,20 @@ fn imports_are_read_as_the_compiler_resolves_them() {
     assert_eq!(files("b/mod.rs"), ["a/x.rs", "a/y.rs", "b/w.rs"]);
     assert!(!graph.contains_key(Path::new("testing/mod.rs")));
     assert!(circles_of(&graph).is_empty());
+    // No file imports itself back, yet the modules import each other: `a/y.rs` uses `b/z.rs`, and
+    // `b/mod.rs` uses `a/x.rs`.
+    let modules = modules_of(&graph);
+    assert_eq!(circles_of(&modules), [vec![PathBuf::from("a"), PathBuf::from("b")]]);
+    assert_eq!(
+        said(&modules, &[PathBuf::from("a"), PathBuf::from("b")]),
+        "a -> b (a/y.rs: crate::b::z::go); b -> a (b/mod.rs: crate::a::x::X)"
+    );
+    write("a/y.rs", "pub struct Y;\n");
+    assert!(
+        circles_of(&modules_of(&imports(src, &["testing"]))).is_empty(),
+        "b uses a, a no longer uses b"
+    );
+    write("a/y.rs", "pub struct Y;\nfn f() { crate::b::z::go(); }\n");
     write("b/z.rs", "use crate::a::y::Y;\npub fn go() {}\n");
     assert_eq!(
         circles_of(&imports(src, &["testing"])),

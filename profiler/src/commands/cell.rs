@@ -10,7 +10,7 @@ use clap::Args;
 
 #[derive(Debug, Args)]
 pub struct CellArgs {
-    /// The cell spec (JSON, see `sweep::cell::CellSpec`).
+    /// The cell spec (JSON, see `cell::CellSpec`).
     #[arg(long)]
     pub spec: PathBuf,
     /// The results folder to write the cell's row to.

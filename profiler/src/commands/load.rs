@@ -6,20 +6,18 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, ensure, Result};
 use clap::{Args, ValueEnum};
+use migprof::cell::runner::{self, Offer, Target};
 use migprof::device::DeviceSpec;
 use migprof::load::arrival::Arrival;
-use migprof::load::generation::ServeJob;
-use migprof::load::job::{Job, Rates};
+use migprof::load::job::Rates;
 use migprof::load::lengths::LengthDist;
-use migprof::load::settings::{LoadSettings, ServeSettings, DEFAULTS, SERVE_DEFAULTS};
+use migprof::load::settings::{Keys, LoadSettings, ServeSettings, DEFAULTS, SERVE_DEFAULTS};
 use migprof::provenance;
 use migprof::results::parts::Table;
 use migprof::run::measure::{Stop, Warmup};
-use migprof::run::record::{CellIdentity, Status};
-use migprof::run::{RunContext, RunSpec};
-use migprof::sweep::cell::CellSpec;
+use migprof::run::RunSpec;
 use workloads::{Mode, TrainConfig};
 
 use migprof::run::limits::{BLOCKS, MIN_REQUESTS, SEARCH_STEPS, SEQUENCES, TOKENS};
@@ -242,29 +240,20 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
         Ok(t) => t,
         Err(code) => return Ok(code),
     };
-    let device = &target.device;
-    let one = std::slice::from_ref(&spec);
-    migprof::run::preflight::check_precision(one, device)?;
-    migprof::run::preflight::check_kernels(one, device)?;
-    // The largest batch a load job forms is --max-batch: a batch that does not fit is that flag's.
-    migprof::run::preflight::check_memory(one, device).with_context(|| {
-        format!("--max-batch {}: a load job serves batches up to it", settings.max_batch)
-    })?;
-    let identity = target.cell(&spec, |cell| cell.load = Some(settings.clone()))?;
+    let mut cell = target.cell(&spec)?;
+    cell.load = Some(settings.clone());
     let how = format!(
         "{} arrivals, batches up to {} or {} ms",
         settings.arrival.as_str(),
         settings.max_batch,
         settings.max_delay_ms
     );
-    target.announce(&spec, &how, &args.out.join(Table::Load.dir_name()), "", log)?;
-    let job = Job {
-        spec: &spec,
-        settings: &settings,
-        rates: &rates,
+    announce(&target, &spec, &how, &args.out.join(Table::Load.dir_name()), "", log)?;
+    let offer = Offer {
+        rates,
         allow_overload: args.allow_overload,
     };
-    migprof::load::job::run(job, device, &target.context, &identity, &args.out, log)?;
+    runner::run(&cell, &spec, &offer, &target, &args.out, Keys::Flags, log)?;
     writeln!(log, "{}", report_hint(&args.out))?;
     Ok(ExitCode::SUCCESS)
 }
@@ -370,9 +359,8 @@ fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
         Ok(t) => t,
         Err(code) => return Ok(code),
     };
-    let device = &target.device;
-    migprof::run::preflight::check_precision(std::slice::from_ref(&spec), device)?;
-    let identity = target.cell(&spec, |cell| cell.serve_with(settings.clone()))?;
+    let mut cell = target.cell(&spec)?;
+    cell.serve_with(settings.clone());
     let how = format!(
         "{} arrivals, prompts {} and outputs {} tokens, iterations of up to {} tokens and {} sequences",
         settings.arrival.as_str(),
@@ -382,13 +370,12 @@ fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
         settings.max_seqs
     );
     let rows = args.out.join(Table::Serve.dir_name());
-    target.announce(&spec, &how, &rows, "; energy is the whole GPU's", log)?;
-    let job = ServeJob {
-        spec: &spec,
-        settings: &settings,
-        rates: &rates,
+    announce(&target, &spec, &how, &rows, "; energy is the whole GPU's", log)?;
+    let offer = Offer {
+        rates,
+        allow_overload: false,
     };
-    migprof::load::generation::run(job, device, &target.context, &identity, &args.out, log)?;
+    runner::run(&cell, &spec, &offer, &target, &args.out, Keys::Flags, log)?;
     writeln!(log, "{}", report_hint(&args.out))?;
     Ok(ExitCode::SUCCESS)
 }
@@ -409,56 +396,36 @@ fn rates(args: &LoadArgs, steps_last_duration: bool) -> Result<Rates> {
     })
 }
 
-/// Where a job runs, opened: the device as written and as opened, and the invocation.
-struct Target {
-    spec: DeviceSpec,
-    device: migprof::device::OpenDevice,
-    context: RunContext,
+/// The job's first lines: what is served where and `how`, where the rows go, and on an emulated
+/// slice which bound its figures are (with `on_slices` said of them).
+fn announce(
+    target: &Target,
+    spec: &RunSpec,
+    how: &str,
+    rows: &std::path::Path,
+    on_slices: &str,
+    log: &mut dyn Write,
+) -> Result<()> {
+    writeln!(
+        log,
+        "migprof {}: {} {} on {} [{}], {how}; rows to {}",
+        provenance::VERSION,
+        spec.model,
+        spec.precision.as_str(),
+        target.written,
+        target.device.info.name,
+        rows.display()
+    )?;
+    match target.device.info.emulation.as_ref().map(|e| e.memory()) {
+        Some(migprof::mps::MemoryEmulation::Alone) => writeln!(log, "note: an MPS-emulated slice alone: it shares L2 and memory bandwidth with the whole GPU, so it serves more than a real MIG slice would (mps-mem: gives the lower bound){on_slices}")?,
+        Some(migprof::mps::MemoryEmulation::Partitioned) => writeln!(log, "note: a memory-partitioned emulated slice: held to its share of the bandwidth, with less than its L2, it serves less than a real MIG slice would (mps: gives the upper bound){on_slices}")?,
+        None => {}
+    }
+    Ok(())
 }
 
-impl Target {
-    /// The job's first lines: what is served where and `how`, where the rows go, and on an emulated
-    /// slice which bound its figures are (with `on_slices` said of them).
-    fn announce(
-        &self,
-        spec: &RunSpec,
-        how: &str,
-        rows: &std::path::Path,
-        on_slices: &str,
-        log: &mut dyn Write,
-    ) -> Result<()> {
-        writeln!(
-            log,
-            "migprof {}: {} {} on {} [{}], {how}; rows to {}",
-            provenance::VERSION,
-            spec.model,
-            spec.precision.as_str(),
-            self.spec,
-            self.device.info.name,
-            rows.display()
-        )?;
-        match self.device.info.emulation.as_ref().map(|e| e.memory()) {
-            Some(migprof::mps::MemoryEmulation::Alone) => writeln!(log, "note: an MPS-emulated slice alone: it shares L2 and memory bandwidth with the whole GPU, so it serves more than a real MIG slice would (mps-mem: gives the lower bound){on_slices}")?,
-            Some(migprof::mps::MemoryEmulation::Partitioned) => writeln!(log, "note: a memory-partitioned emulated slice: held to its share of the bandwidth, with less than its L2, it serves less than a real MIG slice would (mps: gives the upper bound){on_slices}")?,
-            None => {}
-        }
-        Ok(())
-    }
-
-    /// The identity of the job's rows: the cell of `spec` on this target, with what `load_settings`
-    /// adds to it.
-    fn cell(&self, spec: &RunSpec, load_settings: impl FnOnce(&mut CellSpec)) -> Result<CellIdentity> {
-        let mut cell = CellSpec::of_run(spec, &self.device.info.name, &self.spec.to_string())?;
-        load_settings(&mut cell);
-        Ok(CellIdentity {
-            sweep: None,
-            ..cell.identity(Status::Ok)
-        })
-    }
-}
-
-/// Checks `--out`, then opens `--device`: the target, or the exit code of this command re-run as an
-/// MPS client of an emulated slice (which did the work).
+/// The job's target, opened after its results folder is known to be writable; or the exit code of
+/// the MPS client this process re-ran itself as, which did the job.
 fn open_target(args: &LoadArgs, log: &mut dyn Write) -> Result<std::result::Result<Target, ExitCode>> {
     // The folder before anything else, so that a bad --out fails before any time is spent.
     migprof::files::ensure_writable_dir(&args.out)?;
@@ -467,7 +434,5 @@ fn open_target(args: &LoadArgs, log: &mut dyn Write) -> Result<std::result::Resu
     if let Some(code) = as_mps_client(&spec, log)? {
         return Ok(Err(code));
     }
-    let device = spec.open()?;
-    let context = RunContext::new_invocation(&device.info);
-    Ok(Ok(Target { spec, device, context }))
+    Ok(Ok(Target::open(&spec)?))
 }

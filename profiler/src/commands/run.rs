@@ -8,17 +8,15 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Result};
 use clap::Args;
+use migprof::cell::runner::{self, Offer, Ran, Target};
 use migprof::device::DeviceSpec;
+use migprof::load::settings::Keys;
 use migprof::provenance;
 use migprof::results::parts::{read_table, Table};
-use migprof::results::runs::{write_failure, write_run};
 use migprof::results::{plot, summary};
-use migprof::run::fingerprint::Fingerprint;
 use migprof::run::measure::{Stop, Warmup};
-use migprof::run::record::{CellIdentity, Failure, Status};
 use migprof::run::verdict::{Flag, Verdict};
-use migprof::run::{execute, Run, RunContext, RunSpec};
-use migprof::sweep::cell::CellSpec;
+use migprof::run::{Run, RunSpec};
 use workloads::{Mode, TrainConfig};
 
 use migprof::run::limits::{ITERATIONS, TOKENS};
@@ -196,18 +194,18 @@ pub fn exec(args: RunArgs, stdout: &mut dyn Write, log: &mut dyn Write) -> Resul
 }
 
 /// Opens the device, checks every run against it, then measures and writes the runs in order until
-/// one fails.
+/// one fails (its row says how).
 fn measure(args: &RunArgs, specs: &[RunSpec], device_spec: &DeviceSpec, log: &mut dyn Write) -> Result<Outcome> {
-    let device = device_spec.open()?;
-    migprof::run::preflight::check(specs, &device)?;
-    let context = RunContext::new_invocation(&device.info);
+    let target = Target::open(device_spec)?;
+    // Every run at once, so that the last run's mistake is known before the first is measured.
+    migprof::run::preflight::check(specs, &target.device)?;
     writeln!(
         log,
         "migprof {}: {} run(s) on {} [{}], results to {}",
         provenance::VERSION,
         specs.len(),
         device_spec,
-        device.info.name,
+        target.device.info.name,
         args.out.display()
     )?;
 
@@ -225,77 +223,54 @@ fn measure(args: &RunArgs, specs: &[RunSpec], device_spec: &DeviceSpec, log: &mu
             s.batch
         )?;
         log.flush()?;
-        let cell = CellSpec::of_run(s, &device.info.name, &device_spec.to_string())?;
-        let started = provenance::now();
-        let outcome = execute(
-            s,
-            &device,
-            context.clone(),
-            CellIdentity {
-                sweep: None,
-                ..cell.identity(Status::Ok)
-            },
-        )
-        .and_then(|run| write_run(&args.out, &run).map(|_| run));
-        match outcome {
-            Ok(run) => {
-                match &run.generation {
-                    Some(g) => writeln!(
-                        log,
-                        "{} generations, time to first token p50 {:.3} ms, decode step p50 {:.3} ms, {:.1} tokens/s, {}",
-                        g.count(),
-                        g.prefill.p50_ns as f64 / 1e6,
-                        run.stats.p50_ns as f64 / 1e6,
-                        run.throughput(),
-                        run.assessment.verdict
-                    )?,
-                    None => writeln!(
-                        log,
-                        "{} iterations, p50 {:.3} ms, {:.1} samples/s, {}",
-                        run.stats.iterations,
-                        run.stats.p50_ns as f64 / 1e6,
-                        run.throughput(),
-                        run.assessment.verdict
-                    )?,
-                }
-                if let Some(w) = run.assessment.outlier_warning() {
-                    writeln!(log, "warning: {w}")?;
-                }
-                if let Some(w) = evidence_warning(&run) {
-                    writeln!(log, "warning: {w}")?;
-                }
-                if let Some(w) = run.fingerprint.pool_warning() {
-                    writeln!(log, "warning: {w}")?;
-                }
-                completed.push(run);
+        let cell = target.cell(s)?;
+        let ran = runner::run(&cell, s, &Offer::default(), &target, &args.out, Keys::Flags, log);
+        match ran {
+            Ok(Ran::Measured(run)) => {
+                said(&run, log)?;
+                completed.push(*run);
             }
+            Ok(_) => bail!("{} {}: a cell of `run` ran a serving job", s.model, s.mode.as_str()),
             Err(e) => {
                 writeln!(log, "failed")?;
-                // Its row, as a sweep's failed cell has one: `oom` or `error`, and why.
-                let status = Status::of_error(&e);
-                let failure = Failure {
-                    run_id: provenance::run_id(started),
-                    invocation_id: context.invocation_id.clone(),
-                    host: context.host.clone(),
-                    started_at: started,
-                    finished_at: provenance::now(),
-                    workload: cell.workload(),
-                    identity: CellIdentity {
-                        sweep: None,
-                        ..cell.identity(status)
-                    },
-                    error: format!("{e:#}"),
-                    fingerprint: Fingerprint::collect(device.info.selected.as_ref()),
-                };
-                if let Err(w) = write_failure(&args.out, &failure) {
-                    writeln!(log, "warning: the failed run's row could not be written: {w:#}")?;
-                }
                 failed = Some((s.clone(), e));
                 break;
             }
         }
     }
     Ok(Outcome { completed, failed })
+}
+
+/// A measured run's line and its warnings.
+fn said(run: &Run, log: &mut dyn Write) -> Result<()> {
+    match &run.generation {
+        Some(g) => writeln!(
+            log,
+            "{} generations, time to first token p50 {:.3} ms, decode step p50 {:.3} ms, {:.1} tokens/s, {}",
+            g.count(),
+            g.prefill.p50_ns as f64 / 1e6,
+            run.stats.p50_ns as f64 / 1e6,
+            run.throughput(),
+            run.assessment.verdict
+        )?,
+        None => writeln!(
+            log,
+            "{} iterations, p50 {:.3} ms, {:.1} samples/s, {}",
+            run.stats.iterations,
+            run.stats.p50_ns as f64 / 1e6,
+            run.throughput(),
+            run.assessment.verdict
+        )?,
+    }
+    let warnings = [
+        run.assessment.outlier_warning(),
+        evidence_warning(run),
+        run.fingerprint.pool_warning(),
+    ];
+    for w in warnings.into_iter().flatten() {
+        writeln!(log, "warning: {w}")?;
+    }
+    Ok(())
 }
 
 /// Plots everything in the folder and prints the summary and where things are.
@@ -561,6 +536,7 @@ mod tests {
     use super::*;
     use crate::commands::{Cli, Command};
     use clap::Parser;
+    use migprof::cell::CellSpec;
     use workloads::kernels::KernelOptions;
     use workloads::Mode;
 

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::request::Request;
 use super::{cluster_cells, slug};
-use crate::sweep::cell::CellSpec;
+use crate::cell::CellSpec;
 use crate::sweep::file::SweepFile;
 use crate::sweep::schedule::Options;
 
@@ -210,10 +210,10 @@ mod tests {
     #[test]
     fn a_target_becomes_a_config_map_and_an_indexed_job_asking_for_its_slice() -> Result<()> {
         let cells = vec![
-            crate::sweep::cell::tests::cell(),
+            crate::cell::spec::tests::cell(),
             CellSpec {
                 batch: 8,
-                ..crate::sweep::cell::tests::cell()
+                ..crate::cell::spec::tests::cell()
             },
         ];
         let mig = Request::Mig {

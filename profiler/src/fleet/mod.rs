@@ -10,7 +10,7 @@ pub mod slurm;
 
 use anyhow::{bail, Result};
 
-use crate::sweep::cell::CellSpec;
+use crate::cell::CellSpec;
 use crate::sweep::file::{BatchSize, SweepFile};
 use crate::sweep::schedule::Options;
 

@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use super::request::Request;
 use super::{cluster_cells, slug};
+use crate::cell::CellSpec;
 use crate::provenance;
-use crate::sweep::cell::CellSpec;
 use crate::sweep::file::SweepFile;
 use crate::sweep::schedule::Options;
 
@@ -397,10 +397,10 @@ mod tests {
     #[test]
     fn a_script_asks_for_its_target_and_runs_each_task_s_cell() {
         let cells = vec![
-            crate::sweep::cell::tests::cell(),
+            crate::cell::spec::tests::cell(),
             CellSpec {
                 batch: 8,
-                ..crate::sweep::cell::tests::cell()
+                ..crate::cell::spec::tests::cell()
             },
         ];
         let request = Request::Mig {

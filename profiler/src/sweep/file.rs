@@ -503,6 +503,12 @@ impl SweepFile {
         if d.repeats == 0 {
             bail!("[defaults] repeats = 0: expected at least 1");
         }
+        if self.name.trim().is_empty() {
+            bail!(
+                "name = \"{}\": give the sweep a name (e.g. name = \"slices\"); every row records it as `sweep`",
+                self.name
+            );
+        }
         if self.targets.is_empty() {
             bail!("no [[targets]]: name at least one, e.g. [[targets]] label = \"cpu\" device = \"cpu\"");
         }
@@ -830,6 +836,10 @@ seq_lens = [128]
             e.contains("line 5") && e.contains("duraton_secs") && e.contains("duration_secs"),
             "{e}"
         );
+        // A sweep without a name: its rows could not be told from a plain run's.
+        let first = EXAMPLE.lines().find(|l| l.starts_with("name = ")).unwrap();
+        let e = err(&EXAMPLE.replace(first, "name = \" \""));
+        assert!(e.contains("give the sweep a name"), "{e}");
         let e = err(&EXAMPLE.replace("repeats = 2", "repeats = \"two\""));
         assert!(e.contains("line 6") && e.contains("repeats"), "{e}");
         let e = err(&EXAMPLE.replace("\"max\"]", "\"biggest\"]"));

@@ -1,8 +1,7 @@
 //! `migprof sweep`: a matrix of cells from a file ([`file`]), each cell run in a child process of its
-//! own ([`cell`] is the contract between them, [`child`] the sweep's side of it, [`worker`] the child's),
-//! with a row for every cell however it ends.
+//! own (the cell layer, [`crate::cell`], is the contract between them and runs it; [`child`] is the
+//! sweep's side of a child, [`worker`] the child's), with a row for every cell however it ends.
 
-pub mod cell;
 pub mod child;
 pub mod claim;
 pub mod file;

@@ -3,8 +3,8 @@
 
 use anyhow::{bail, Result};
 
-use super::cell::{CellSpec, Purpose, CELL_SPEC_VERSION};
 use super::file::{BatchSize, CapacitySearch, Served, SweepFile, Target};
+use crate::cell::{CellSpec, Purpose, CELL_SPEC_VERSION};
 use workloads::TrainConfig;
 
 /// One cell to run: its spec, the batch as the file wrote it (`max` is searched for first), and for a
@@ -20,7 +20,7 @@ pub struct PlannedCell {
 #[derive(Debug, Clone, PartialEq)]
 struct Work {
     model: String,
-    /// A Hugging Face folder's hash ([`super::cell::model_sha256`]); `None` for a catalogue model.
+    /// A Hugging Face folder's hash ([`crate::cell::spec::model_sha256`]); `None` for a catalogue model.
     model_sha256: Option<String>,
     mode: String,
     dtype: String,
@@ -159,7 +159,7 @@ impl Work {
         if self.kernels != workloads::kernels::KernelOptions::default().canonical() {
             d += &format!("/{}", self.kernels);
         }
-        if super::cell::masters_apply(&self.mode, &self.dtype)
+        if crate::cell::spec::masters_apply(&self.mode, &self.dtype)
             && self.master_weights != workloads::MasterWeights::default()
         {
             d += &format!("/masters {}", self.master_weights.as_str());
@@ -177,7 +177,7 @@ fn matrix_work(file: &SweepFile) -> Result<Vec<Work>> {
         let master_weights = m.master_weights()?;
         for model in &m.models {
             let (_, info) = workloads::lookup(model)?;
-            let model_sha256 = super::cell::model_sha256(model)?;
+            let model_sha256 = crate::cell::spec::model_sha256(model)?;
             // Image models have no sequence length: one cell, not one per listed length.
             let seq_lens: Vec<Option<usize>> = match (info.input.seq_len(), m.seq_lens.is_empty()) {
                 (Some(_), false) => m.seq_lens.iter().map(|&l| Some(l)).collect(),

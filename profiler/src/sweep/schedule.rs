@@ -11,16 +11,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use super::cell::{CellSpec, Purpose};
 use super::child::{self, Ending, Running};
 use super::claim::{self, Claim, Claimed};
 use super::file::{BatchSize, SweepFile};
 use super::plan::{self, Filter, PlannedCell};
 use super::progress::Progress;
+use crate::cell::{CellSpec, Purpose};
 use crate::provenance;
 use crate::results::parts::{read_table, text_column, Table};
 use crate::results::runs::write_failure;
-use crate::run::record::{Failure, Status};
+use crate::run::record::Status;
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -1236,19 +1236,17 @@ pub(crate) fn record_failure(
     invocation_id: &str,
     host: &str,
 ) -> Result<()> {
-    let failure = Failure {
-        run_id: provenance::run_id(started),
-        invocation_id: invocation_id.to_string(),
-        host: host.to_string(),
-        started_at: started,
-        finished_at: provenance::now(),
-        workload: cell.workload(),
-        identity: cell.identity(ending.status),
-        error: ending.message.clone(),
-        fingerprint: crate::run::fingerprint::Fingerprint::collect(None),
-    };
-    write_failure(out, &failure)?;
-    Ok(())
+    // The sweep never opened the cell's device: the fingerprint is what its own process can tell.
+    let fingerprint = crate::run::fingerprint::Fingerprint::collect(None);
+    let failure = cell.failure(
+        ending.status,
+        ending.message.clone(),
+        started,
+        invocation_id,
+        host,
+        fingerprint,
+    );
+    write_failure(out, &failure).map(|_| ())
 }
 
 #[cfg(test)]
@@ -1261,7 +1259,7 @@ mod tests {
             fails,
             limit: 100,
             waiting: Vec::new(),
-            template: crate::sweep::cell::tests::cell(),
+            template: crate::cell::spec::tests::cell(),
         }
     }
 

@@ -20,8 +20,9 @@ use workloads::kernels::KernelOptions;
 use workloads::Mode;
 
 use crate::provenance;
+use crate::run::fingerprint::Fingerprint;
 use crate::run::measure::{Stop, Warmup};
-use crate::run::record::{CellIdentity, FailedWorkload, Status};
+use crate::run::record::{CellIdentity, FailedWorkload, Failure, Status};
 use crate::run::spec::{Precision, RunSpec};
 
 /// The contract's version: bumped when a field changes meaning; a child refuses other versions.
@@ -31,7 +32,7 @@ pub const CELL_SPEC_VERSION: u32 = 1;
 #[serde(deny_unknown_fields)]
 pub struct CellSpec {
     pub version: u32,
-    /// The sweep's name (`sweep` column); not part of the id.
+    /// The sweep's name (`sweep` column; empty for a cell of `run` or `load`); not part of the id.
     pub sweep: String,
     /// The target's label (`target` column) and its device as written.
     pub target: String,
@@ -228,10 +229,11 @@ impl CellSpec {
         digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
     }
 
-    /// The identity of this cell's row once it ended with `status`.
+    /// The identity of this cell's row once it ended with `status` (no sweep's for a cell of `run`
+    /// or `load`, whose `sweep` is empty).
     pub fn identity(&self, status: Status) -> CellIdentity {
         CellIdentity {
-            sweep: Some(self.sweep.clone()),
+            sweep: (!self.sweep.is_empty()).then(|| self.sweep.clone()),
             target: self.target.clone(),
             cell_id: self.cell_id(),
             status,
@@ -279,6 +281,31 @@ impl CellSpec {
             seed: self.seed,
             kernel_options: self.kernel_options.clone(),
             master_weights: self.keeps_masters_choice().then(|| self.master_weights.clone()),
+        }
+    }
+
+    /// The row of this cell when it ended with `status` and no measurement, `error` saying why:
+    /// from `started` to now, in the invocation `invocation_id` on `host`, with what the writer can
+    /// tell of the build and device (`fingerprint`).
+    pub fn failure(
+        &self,
+        status: Status,
+        error: String,
+        started: chrono::DateTime<chrono::Utc>,
+        invocation_id: &str,
+        host: &str,
+        fingerprint: Fingerprint,
+    ) -> Failure {
+        Failure {
+            run_id: provenance::run_id(started),
+            invocation_id: invocation_id.to_string(),
+            host: host.to_string(),
+            started_at: started,
+            finished_at: provenance::now(),
+            workload: self.workload(),
+            identity: self.identity(status),
+            error,
+            fingerprint,
         }
     }
 

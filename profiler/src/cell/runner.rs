@@ -1,0 +1,306 @@
+//! Runs one cell on an opened target: `migprof run` (each of its runs), `migprof load` and a sweep's
+//! child all come here, so a cell is checked, named and recorded one way whoever asked for it.
+//!
+//! What the cell is decides the job: a measurement (`run::execute`, its row written), a load job of
+//! a model served one forward pass per request (`load::job`), or a language model's serving job
+//! (`load::generation`). Before the job, the cell's preflight refuses what cannot run, in its own
+//! words and before any large allocation; a job that then fails leaves a row saying how, where the
+//! target records failures (a sweep's child leaves that row to its sweep, which also sees the ends a
+//! child cannot report: a signal, the kernel's OOM killer, the sweep's time limit).
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use super::spec::{CellSpec, Purpose};
+use crate::device::{DeviceSpec, OpenDevice};
+use crate::load::generation::{ServeJob, ServeOutcome};
+use crate::load::job::{Job, JobOutcome, Rates};
+use crate::load::settings::Keys;
+use crate::provenance;
+use crate::results::runs::{write_failure, write_run};
+use crate::run::fingerprint::Fingerprint;
+use crate::run::record::{Run, RunContext, Status};
+use crate::run::spec::RunSpec;
+use crate::run::{estimate, execute, preflight};
+
+/// Where cells run: a device opened, as it was written, and the invocation its rows belong to.
+pub struct Target {
+    /// The device as the user wrote it (`--device`, a sweep target's `device`): part of a cell's id.
+    pub written: String,
+    pub device: OpenDevice,
+    pub context: RunContext,
+    /// Whether a cell that fails here writes its own row (see the module).
+    records_failures: bool,
+}
+
+impl Target {
+    /// A new invocation of `run` or `load` on `spec`: the device opened, its cells' failures
+    /// recorded here.
+    pub fn open(spec: &DeviceSpec) -> Result<Target> {
+        let device = spec.open()?;
+        Ok(Target {
+            written: spec.to_string(),
+            context: RunContext::new_invocation(&device.info),
+            device,
+            records_failures: true,
+        })
+    }
+
+    /// The target of a sweep's child running `cell`: its device as the cell writes it, or for a
+    /// cluster's cell the first device the scheduler made visible (which must be what the cell asked
+    /// for); in the sweep's `invocation` (a new one where none is given) and, where the cell is a
+    /// member of a concurrent group, that group. Its failures are recorded by the sweep.
+    pub fn of_child(cell: &CellSpec, invocation: Option<&str>) -> Result<Target> {
+        let device = if cell.scheduled {
+            scheduled_device(&cell.device)?
+        } else {
+            cell.device.parse::<DeviceSpec>()?.open()?
+        };
+        let mut context = RunContext::new_invocation(&device.info);
+        if let Some(id) = invocation {
+            context.invocation_id = id.to_string();
+        }
+        context.group = crate::run::group::GroupMember::from_env(&cell.cell_id());
+        Ok(Target {
+            written: cell.device.clone(),
+            device,
+            context,
+            records_failures: false,
+        })
+    }
+
+    /// The cell of `spec` on this target: its identity names its rows; no sweep's.
+    pub fn cell(&self, spec: &RunSpec) -> Result<CellSpec> {
+        CellSpec::of_run(spec, &self.device.info.name, &self.written)
+    }
+}
+
+/// The device a cluster's scheduler assigned to a cell that asked for `asked` (a MIG profile, `cuda`
+/// or `cpu`): the first visible one, which must be what was asked for.
+fn scheduled_device(asked: &str) -> Result<OpenDevice> {
+    if asked == "cpu" {
+        return DeviceSpec::Cpu.open();
+    }
+    let device = DeviceSpec::Cuda.open()?;
+    let got = device
+        .info
+        .selected
+        .as_ref()
+        .and_then(|s| s.mig.as_ref())
+        .map(|m| m.profile.clone());
+    match (asked, got) {
+        ("cuda", None) => Ok(device),
+        ("cuda", Some(p)) => anyhow::bail!(
+            "the scheduler assigned a MIG {p} slice ({}); the target asks for a whole GPU",
+            device.info.name
+        ),
+        (profile, Some(p)) if p == profile => Ok(device),
+        (profile, got) => anyhow::bail!(
+            "the scheduler assigned {} ({}); the target asks for a MIG {profile} slice",
+            device.info.name,
+            got.map_or("a whole GPU".to_string(), |p| format!("a {p} slice"))
+        ),
+    }
+}
+
+/// What a serving cell offers its model: the rates and whether rates past the overload bound are
+/// served. A measurement offers nothing; a sweep's serving cells search from a guess.
+pub struct Offer {
+    pub rates: Rates,
+    /// `load --allow-overload`: serve rates beyond the closed loop's bound with a warning.
+    pub allow_overload: bool,
+}
+
+impl Default for Offer {
+    /// A search for the highest rate within the objectives, from the job's own first guess.
+    fn default() -> Offer {
+        Offer {
+            rates: Rates::Search { start: None },
+            allow_overload: false,
+        }
+    }
+}
+
+/// What a cell did.
+pub enum Ran {
+    /// A measurement, its row written.
+    Measured(Box<Run>),
+    /// A load job's steps (and a search's capacity), their rows written.
+    Loaded(JobOutcome),
+    /// A language model's serving steps (and a search's capacity), their rows written.
+    Served(ServeOutcome),
+}
+
+/// Runs `cell` (made as `spec`) on `target`, its rows to `out`; a job's progress goes to `log`.
+/// Refusals name settings as `keys` spells them (`load`'s flags, or a sweep file's keys).
+pub fn run(
+    cell: &CellSpec,
+    spec: &RunSpec,
+    offer: &Offer,
+    target: &Target,
+    out: &Path,
+    keys: Keys,
+    log: &mut dyn Write,
+) -> Result<Ran> {
+    check(cell, spec, &target.device, keys)?;
+    let started = provenance::now();
+    let status = match cell.purpose {
+        Purpose::Probe => Status::Probe,
+        Purpose::Measure => Status::Ok,
+    };
+    let identity = cell.identity(status);
+    let (device, context) = (&target.device, &target.context);
+    let ran = if let Some(settings) = &cell.load {
+        let job = Job {
+            spec,
+            settings,
+            rates: &offer.rates,
+            allow_overload: offer.allow_overload,
+        };
+        crate::load::job::run(job, device, context, &identity, out, log).map(Ran::Loaded)
+    } else if let Some(settings) = &cell.serve {
+        let job = ServeJob {
+            spec,
+            settings,
+            rates: &offer.rates,
+        };
+        crate::load::generation::run(job, device, context, &identity, out, log).map(Ran::Served)
+    } else {
+        execute(spec, device, context.clone(), identity)
+            .and_then(|run| write_run(out, &run).map(|_| Ran::Measured(Box::new(run))))
+    };
+    if let (Err(e), true) = (&ran, target.records_failures) {
+        let failure = cell.failure(
+            Status::of_error(e),
+            format!("{e:#}"),
+            started,
+            &context.invocation_id,
+            &context.host,
+            Fingerprint::collect(device.info.selected.as_ref()),
+        );
+        if let Err(w) = write_failure(out, &failure) {
+            writeln!(log, "warning: the failed cell's row could not be written: {w:#}")?;
+        }
+    }
+    ran
+}
+
+/// The cell's preflight: what its device cannot run is refused before the job builds anything.
+/// A load job is checked whole (its dtype, its kernels, its largest batch's memory: a search takes
+/// minutes); a language model's serving job sizes its own cache from what the device has; a
+/// generation that cannot fit is known from the model's shape, and refused as out of memory instead
+/// of building gigabytes of weights to find out (a `max` search's probes find the limit by running).
+fn check(cell: &CellSpec, spec: &RunSpec, device: &OpenDevice, keys: Keys) -> Result<()> {
+    let one = std::slice::from_ref(spec);
+    preflight::check_precision(one, device)?;
+    if let Some(settings) = &cell.load {
+        preflight::check_kernels(one, device)?;
+        // The largest batch a load job forms is its max batch: a batch that does not fit is that
+        // setting's.
+        return preflight::check_memory(one, device).with_context(|| {
+            format!(
+                "{} {}: a load job serves batches up to it",
+                keys.name("max_batch"),
+                settings.max_batch
+            )
+        });
+    }
+    if spec.lengths.is_some() && cell.serve.is_none() && cell.purpose == Purpose::Measure {
+        preflight::check_memory(one, device).map_err(|e| {
+            if e.is::<estimate::DoesNotFit>() {
+                e.context("out of memory before it starts, by the estimate from the model's shape")
+            } else {
+                e
+            }
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::results::parts::{read_table, text_column, Table};
+
+    /// The test cell of `run` or `load` (no sweep's) with `changed` applied.
+    fn cell(changed: impl FnOnce(&mut CellSpec)) -> CellSpec {
+        let mut cell = CellSpec {
+            sweep: String::new(),
+            ..crate::cell::spec::tests::cell()
+        };
+        changed(&mut cell);
+        cell
+    }
+
+    /// Runs `cell` on `target` into `out`, as `run` names settings.
+    fn run_in(cell: &CellSpec, target: &Target, out: &Path) -> Result<Ran> {
+        run(
+            cell,
+            &cell.run_spec()?,
+            &Offer::default(),
+            target,
+            out,
+            Keys::Flags,
+            &mut Vec::new(),
+        )
+    }
+
+    #[test]
+    fn a_cell_that_fails_leaves_its_row_where_its_target_records_failures() -> Result<()> {
+        // Its weights file is gone: it passes the preflight and fails when its model is built.
+        let cell = cell(|c| c.weights = Some("/nonexistent/weights.safetensors".into()));
+        let dir = tempfile::tempdir()?;
+        let target = Target::open(&DeviceSpec::Cpu)?;
+        let err = run_in(&cell, &target, dir.path())
+            .err()
+            .expect("a missing weights file fails the cell");
+        let rows = read_table(dir.path(), Table::Runs)?;
+        assert_eq!(rows.height(), 1, "{err:#}");
+        assert_eq!(text_column(&rows, "status")?, vec![Some("error".to_string())]);
+        assert_eq!(text_column(&rows, "cell_id")?, vec![Some(cell.cell_id())]);
+        // `run` and `load` name no sweep.
+        assert_eq!(text_column(&rows, "sweep")?, vec![None]);
+
+        // A sweep's child leaves the row to its sweep, which writes one for every way a child ends.
+        let child_dir = tempfile::tempdir()?;
+        let child = Target::of_child(&cell, Some("sweep-1"))?;
+        assert_eq!(child.context.invocation_id, "sweep-1");
+        assert!(run_in(&cell, &child, child_dir.path()).is_err());
+        assert_eq!(read_table(child_dir.path(), Table::Runs)?.height(), 0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_cell_refused_before_it_starts_leaves_no_row() -> Result<()> {
+        // tf32 is a mode of NVIDIA tensor cores: the CPU refuses it in the preflight.
+        let cell = cell(|c| c.dtype = "tf32".into());
+        let dir = tempfile::tempdir()?;
+        let target = Target::open(&DeviceSpec::Cpu)?;
+        let err = run_in(&cell, &target, dir.path())
+            .err()
+            .expect("tf32 on the CPU is refused");
+        assert!(format!("{err:#}").contains("--dtype f32"), "{err:#}");
+        assert_eq!(read_table(dir.path(), Table::Runs)?.height(), 0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_measured_cell_s_row_carries_its_identity() -> Result<()> {
+        let cell = cell(|c| {
+            c.warmup_secs = 0.0;
+            c.duration_secs = 0.05;
+        });
+        let dir = tempfile::tempdir()?;
+        let target = Target::open(&DeviceSpec::Cpu)?;
+        let Ran::Measured(run) = run_in(&cell, &target, dir.path())? else {
+            panic!("a cell without load or serving settings measures");
+        };
+        assert_eq!(run.cell.cell_id, cell.cell_id());
+        assert_eq!(run.cell.sweep, None);
+        let rows = read_table(dir.path(), Table::Runs)?;
+        assert_eq!(text_column(&rows, "status")?, vec![Some("ok".to_string())]);
+        Ok(())
+    }
+}
