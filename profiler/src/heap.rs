@@ -81,8 +81,10 @@ mod tests {
 
     #[test]
     fn a_buffer_is_counted_in_use_and_in_the_peak() {
-        // Other tests run beside this one and probe the peak themselves (estimate): it is never
-        // reset here, and only what no other thread can undo is asserted.
+        // Its 64 MiB would show in an estimate probed beside it.
+        let _heap = crate::testing::heap_alone();
+        // Other tests run beside this one: the peak is never reset here, and only what no other
+        // thread can undo is asserted.
         let buffer = vec![1u8; 64 << 20];
         let (now, most) = (in_use(), peak());
         assert!(now >= 64 << 20 && most >= 64 << 20, "{now} in use, {most} at most");

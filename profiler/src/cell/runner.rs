@@ -249,6 +249,7 @@ mod tests {
 
     #[test]
     fn a_cell_that_fails_leaves_its_row_where_its_target_records_failures() -> Result<()> {
+        let _heap = crate::testing::heap_alone();
         // Its weights file is gone: it passes the preflight and fails when its model is built.
         let cell = cell(|c| c.weights = Some("/nonexistent/weights.safetensors".into()));
         let dir = tempfile::tempdir()?;
@@ -274,6 +275,7 @@ mod tests {
 
     #[test]
     fn a_cell_refused_before_it_starts_leaves_no_row() -> Result<()> {
+        let _heap = crate::testing::heap_alone();
         // tf32 is a mode of NVIDIA tensor cores: the CPU refuses it in the preflight.
         let cell = cell(|c| c.dtype = "tf32".into());
         let dir = tempfile::tempdir()?;
@@ -288,6 +290,7 @@ mod tests {
 
     #[test]
     fn a_measured_cell_s_row_carries_its_identity() -> Result<()> {
+        let _heap = crate::testing::heap_alone();
         let cell = cell(|c| {
             c.warmup_secs = 0.0;
             c.duration_secs = 0.05;

@@ -344,6 +344,7 @@ mod tests {
 
     #[test]
     fn the_estimate_is_a_line_through_batch_1_and_2() {
+        let _heap = crate::testing::heap_alone();
         let e = MemoryEstimate::from_peaks(110.0, 130.0);
         assert_eq!(
             e,
@@ -360,6 +361,7 @@ mod tests {
 
     #[test]
     fn the_causal_kernel_s_prefill_holds_no_scores_and_its_mlp_one_slice_of_rows() {
+        let _heap = crate::testing::heap_alone();
         // Llama-3.2-1B, a prompt of 1,920: composed attention's scores (32 heads × 1,920² × 12
         // bytes, 1.3 GiB a sequence) are most of the workspace; with the kernel, the rows of the
         // stream, q/k/v and attention are.
@@ -413,6 +415,7 @@ mod tests {
 
     #[test]
     fn llama_3_1_8b_in_bf16_is_refused_on_a_1g_slice_naming_weights_and_cache() -> Result<()> {
+        let _heap = crate::testing::heap_alone();
         let table = crate::mig::profile::table("h100-80gb")?;
         let slice_mib = table.profile("1g.10gb")?.memory_gib * 1024.0;
         let cfg = workloads::lookup("llama_3_1_8b")?.1.decoder.expect("a decoder");
@@ -497,6 +500,7 @@ mod tests {
 
     #[test]
     fn a_batch_beyond_the_host_is_refused_naming_both_numbers() -> Result<()> {
+        let _heap = crate::testing::heap_alone();
         let device = DeviceSpec::Cpu.open()?;
         let mut s = spec(1_000_000_000, 1);
         let estimate = probe(&s, &device)?.expect("the CPU's heap is counted");

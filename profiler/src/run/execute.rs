@@ -423,6 +423,7 @@ mod tests {
 
     #[test]
     fn real_tiny_training_run_records_a_falling_loss() -> Result<()> {
+        let _heap = crate::testing::heap_alone();
         let mut spec = spec(4, 12);
         spec.mode = Mode::Train;
         let device = crate::device::DeviceSpec::Cpu.open()?;

@@ -184,6 +184,7 @@ mod tests {
 
     #[test]
     fn f32_inference_and_training_pass_on_cpu() -> Result<()> {
+        let _heap = crate::testing::heap_alone();
         let device = DeviceSpec::Cpu.open()?;
         let mut train = spec(2, 1);
         train.mode = Mode::Train;
@@ -192,6 +193,7 @@ mod tests {
 
     #[test]
     fn bf16_on_cpu_fails_naming_the_cause_and_what_runs() -> Result<()> {
+        let _heap = crate::testing::heap_alone();
         // candle's CPU matmul has no bf16 kernel.
         let device = DeviceSpec::Cpu.open()?;
         let mut s = spec(2, 1);
@@ -208,6 +210,7 @@ mod tests {
 
     #[test]
     fn tf32_is_refused_on_the_cpu() -> Result<()> {
+        let _heap = crate::testing::heap_alone();
         let device = DeviceSpec::Cpu.open()?;
         let mut s = spec(2, 1);
         s.precision = crate::run::spec::Precision::Tf32;

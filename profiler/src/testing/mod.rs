@@ -4,3 +4,10 @@
 
 pub mod clock;
 pub mod nvml;
+
+/// Taken first by each test that builds a workload or reads a memory estimate: the heap is counted
+/// for the whole process (`heap`), so a workload built in one test would show in another's estimate.
+pub fn heap_alone() -> std::sync::MutexGuard<'static, ()> {
+    static HEAP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    HEAP.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
