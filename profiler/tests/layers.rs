@@ -9,6 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+mod common;
+
 /// A crate's layers, bottom first: each entry is one layer, its top-level modules side by side.
 type Layers = &'static [&'static [&'static str]];
 
@@ -304,7 +306,7 @@ fn top(file: &Path) -> &str {
 /// Every file under `src` but the crate roots and the `skip`ped modules, with what it imports.
 fn imports(src: &Path, skip: &[&str]) -> BTreeMap<PathBuf, Imports> {
     let mut files = Vec::new();
-    walk(src, &mut files);
+    common::rust_files(src, &mut files);
     let mut graph = BTreeMap::new();
     for full in files {
         let rel = full.strip_prefix(src).unwrap().to_path_buf();
@@ -327,16 +329,6 @@ fn imports(src: &Path, skip: &[&str]) -> BTreeMap<PathBuf, Imports> {
     graph
 }
 
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            walk(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
 
 /// `run/execute.rs` is `run::execute`, `run/mod.rs` is `run`.
 fn module_path(rel: &Path) -> Vec<String> {

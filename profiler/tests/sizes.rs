@@ -6,6 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
+mod common;
+
 /// The most lines a file may have.
 const FILE_LINES: usize = 1_000;
 /// The most lines a function may have.
@@ -103,22 +105,12 @@ fn sources(root: &Path) -> Vec<PathBuf> {
         "workloads/tests",
         "benches",
     ] {
-        walk(&root.join(dir), &mut files);
+        common::rust_files(&root.join(dir), &mut files);
     }
     files.sort();
     files
 }
 
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            walk(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
 
 /// Integration tests and their support: a test's length is its own business.
 fn is_test_file(file: &Path) -> bool {

@@ -126,3 +126,15 @@ pub fn hf_folder(model: &std::path::Path) -> workloads::models::decoder::Config 
     candle_core::safetensors::save(&weights, model.join("model.safetensors")).unwrap();
     cfg
 }
+
+/// Every `.rs` file under `dir`, at any depth, added to `out`.
+pub fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
