@@ -31,8 +31,8 @@ fn main() -> Result<()> {
             tokens,
             out,
             Some(
-                b.parse::<usize>()
-                    .map_err(|e| candle_core::Error::Msg(format!("BLOCK_SIZE {b}: {e}")))?,
+                b.parse::<workloads::BlockSize>()
+                    .map_err(|e| candle_core::Error::Msg(format!("BLOCK_SIZE {e}")))?,
             ),
         ),
         _ => candle_core::bail!("usage: decode_logits DIR DTYPE TOKENS.safetensors OUT.safetensors [BLOCK_SIZE]"),
@@ -62,8 +62,8 @@ fn main() -> Result<()> {
             Some(b) => Box::new(PagedKvCache::new(
                 model.config(),
                 batch,
-                PagedKvCache::blocks_for(batch, room, b),
-                b,
+                PagedKvCache::blocks_for(batch, room, b.get()),
+                b.get(),
                 dtype,
                 &device,
             )?),

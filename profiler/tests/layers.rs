@@ -329,7 +329,6 @@ fn imports(src: &Path, skip: &[&str]) -> BTreeMap<PathBuf, Imports> {
     graph
 }
 
-
 /// `run/execute.rs` is `run::execute`, `run/mod.rs` is `run`.
 fn module_path(rel: &Path) -> Vec<String> {
     let mut parts: Vec<String> = rel

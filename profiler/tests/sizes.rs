@@ -111,7 +111,6 @@ fn sources(root: &Path) -> Vec<PathBuf> {
     files
 }
 
-
 /// Integration tests and their support: a test's length is its own business.
 fn is_test_file(file: &Path) -> bool {
     file.components().any(|c| c.as_os_str() == "tests")

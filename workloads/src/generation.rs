@@ -21,19 +21,76 @@ pub enum KvLayout {
     #[default]
     Contiguous,
     /// Blocks of `block_size` tokens from a pool, a block table per sequence (as vLLM keeps them).
-    Paged { block_size: usize },
+    Paged { block_size: BlockSize },
+}
+
+/// The tokens one block of a paged KV cache holds: 1 to [`BlockSize::MAX`], vLLM's 16 unless given.
+/// One type wherever a block size is given, carried or recorded (flags, sweep files, serving
+/// settings, cells, rows), so that one out of its bounds cannot be made; written as its number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "i64", into = "u64")]
+pub struct BlockSize(u32);
+
+impl BlockSize {
+    /// vLLM's block size.
+    pub const DEFAULT: BlockSize = BlockSize(16);
+    /// The most tokens a block holds. A pool hands out whole blocks, so each sequence leaves up to
+    /// a block of room unused; serving stacks use 16 to 256, and a block larger than this would
+    /// only size a pool by its waste (and a block of billions of tokens, one allocation, by none).
+    pub const MAX: usize = 4096;
+    /// Why a block is at most [`Self::MAX`] tokens, for the messages that refuse one.
+    pub const WHY: &'static str = "each sequence leaves up to a block unused; serving stacks use 16 to 256";
+
+    /// A block of `tokens` tokens, or why there is none.
+    pub fn new(tokens: i64) -> std::result::Result<BlockSize, String> {
+        match u32::try_from(tokens) {
+            Ok(n) if (1..=Self::MAX as u32).contains(&n) => Ok(BlockSize(n)),
+            _ => Err(format!(
+                "a KV block of {tokens} tokens: a block holds 1 to {} tokens ({})",
+                Self::MAX,
+                Self::WHY
+            )),
+        }
+    }
+
+    /// Its tokens.
+    pub fn get(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl TryFrom<i64> for BlockSize {
+    type Error = String;
+    fn try_from(tokens: i64) -> std::result::Result<BlockSize, String> {
+        BlockSize::new(tokens)
+    }
+}
+
+impl From<BlockSize> for u64 {
+    fn from(b: BlockSize) -> u64 {
+        b.0 as u64
+    }
+}
+
+impl std::fmt::Display for BlockSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::str::FromStr for BlockSize {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<BlockSize, String> {
+        let tokens = s
+            .trim()
+            .parse::<i64>()
+            .map_err(|_| format!("`{s}`: a KV block size is a number of tokens from 1 to {}", Self::MAX))?;
+        BlockSize::new(tokens)
+    }
 }
 
 impl KvLayout {
     pub const NAMES: [&'static str; 2] = ["contiguous", "paged"];
-    /// vLLM's block size.
-    pub const DEFAULT_BLOCK_SIZE: usize = 16;
-    /// The most tokens a block holds. A pool hands out whole blocks, so each sequence leaves up to
-    /// a block of room unused; serving stacks use 16 to 256, and a block larger than this would
-    /// only size a pool by its waste (and a block of billions of tokens, one allocation, by none).
-    pub const MAX_BLOCK_SIZE: usize = 4096;
-    /// Why a block is at most [`Self::MAX_BLOCK_SIZE`] tokens, for the messages that refuse one.
-    pub const BLOCK_SIZE_WHY: &'static str = "each sequence leaves up to a block unused; serving stacks use 16 to 256";
 
     /// As rows record it (`kv_layout`).
     pub fn as_str(self) -> &'static str {
@@ -43,7 +100,7 @@ impl KvLayout {
         }
     }
 
-    pub fn block_size(self) -> Option<usize> {
+    pub fn block_size(self) -> Option<BlockSize> {
         match self {
             KvLayout::Contiguous => None,
             KvLayout::Paged { block_size } => Some(block_size),
@@ -52,15 +109,10 @@ impl KvLayout {
 
     /// The layout `name` names, paged with `block_size` tokens a block; the error names the valid
     /// ones.
-    pub fn parse(name: &str, block_size: usize) -> std::result::Result<KvLayout, String> {
+    pub fn parse(name: &str, block_size: BlockSize) -> std::result::Result<KvLayout, String> {
         match name {
             "contiguous" => Ok(KvLayout::Contiguous),
-            "paged" if (1..=Self::MAX_BLOCK_SIZE).contains(&block_size) => Ok(KvLayout::Paged { block_size }),
-            "paged" => Err(format!(
-                "a KV block of {block_size} tokens: a block holds 1 to {} tokens ({})",
-                Self::MAX_BLOCK_SIZE,
-                Self::BLOCK_SIZE_WHY
-            )),
+            "paged" => Ok(KvLayout::Paged { block_size }),
             other => Err(format!(
                 "KV cache layout `{other}`; valid layouts: {}",
                 KvLayout::NAMES.join(", ")
@@ -230,6 +282,7 @@ impl Generator {
                 cache.reserve(batch, room, self.dtype, &self.device)?;
             }
             KvLayout::Paged { block_size } => {
+                let block_size = block_size.get();
                 let blocks = PagedKvCache::blocks_for(batch, room.max(tokens), block_size);
                 if self.pool == Some((batch, blocks)) {
                     // The same pool serves each generation of the run, as a server's does.
@@ -359,6 +412,39 @@ pub fn greedy(logits: &Tensor) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_block_size_is_one_to_its_bound_as_given_anywhere() {
+        assert_eq!(BlockSize::new(16), Ok(BlockSize::DEFAULT));
+        assert_eq!(
+            BlockSize::new(BlockSize::MAX as i64).map(BlockSize::get),
+            Ok(BlockSize::MAX)
+        );
+        for refused in [0, -1, BlockSize::MAX as i64 + 1, i64::MAX] {
+            let e = BlockSize::new(refused).unwrap_err();
+            assert!(
+                e.contains(&format!("a KV block of {refused} tokens"))
+                    && e.contains("1 to 4096")
+                    && e.contains(BlockSize::WHY),
+                "{e}"
+            );
+        }
+        assert_eq!("32".parse::<BlockSize>().map(BlockSize::get), Ok(32));
+        let e = "x".parse::<BlockSize>().unwrap_err();
+        assert!(
+            e.contains("`x`") && e.contains("number of tokens from 1 to 4096"),
+            "{e}"
+        );
+        // Written and read as its number; a number out of bounds is refused in the same words.
+        assert_eq!(serde_json::to_string(&BlockSize::DEFAULT).unwrap(), "16");
+        assert_eq!(serde_json::from_str::<BlockSize>("64").unwrap().get(), 64);
+        let e = serde_json::from_str::<BlockSize>("0").unwrap_err().to_string();
+        assert!(e.contains("a KV block of 0 tokens"), "{e}");
+        assert!(KvLayout::parse("paged", BlockSize::DEFAULT).is_ok());
+        assert!(KvLayout::parse("pages", BlockSize::DEFAULT)
+            .unwrap_err()
+            .contains("contiguous, paged"));
+    }
 
     #[test]
     fn lengths_that_do_not_fit_say_what_does() {

@@ -13,7 +13,7 @@ pub mod serving;
 mod workload;
 mod zoo;
 
-pub use generation::{Generator, KvLayout, Lengths};
+pub use generation::{BlockSize, Generator, KvLayout, Lengths};
 pub use graphs::GraphStats;
 pub use models::{is_buffer, Inputs};
 pub use optim::{MasterWeights, OptimizerKind, ScaleReading};

@@ -411,7 +411,9 @@ fn the_generator_s_paged_cache_decodes_as_its_contiguous_one() {
         (runs.remove(0), g.cache_bytes())
     };
     let (contiguous, bytes) = tokens(workloads::KvLayout::Contiguous);
-    let (paged, paged_bytes) = tokens(workloads::KvLayout::Paged { block_size: 4 });
+    let (paged, paged_bytes) = tokens(workloads::KvLayout::Paged {
+        block_size: workloads::BlockSize::new(4).unwrap(),
+    });
     assert_eq!(contiguous, paged);
     // 16 tokens a sequence: exactly 4 blocks of 4, so the paged cache holds no more.
     assert_eq!(bytes, paged_bytes);

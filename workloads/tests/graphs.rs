@@ -363,7 +363,9 @@ fn the_generator_s_tokens_equal_the_model_s_for_tied_and_untied_heads_held_to_th
         for dtype in [DType::F32, DType::BF16] {
             for layout in [
                 workloads::KvLayout::Contiguous,
-                workloads::KvLayout::Paged { block_size: 16 },
+                workloads::KvLayout::Paged {
+                    block_size: workloads::BlockSize::DEFAULT,
+                },
             ] {
                 let case = format!("{preset} tied={tied} {dtype:?} {}", layout.as_str());
                 let (reference, _) = generate(&name, &gpu, dtype, CudaGraphs::Off, 2, layout);

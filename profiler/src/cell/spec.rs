@@ -57,7 +57,7 @@ pub struct CellSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_layout: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kv_block_size: Option<usize>,
+    pub kv_block_size: Option<workloads::BlockSize>,
     /// Which of the sweep's independent repetitions (0-based).
     pub repeat: u32,
     pub seed: u64,
@@ -200,10 +200,10 @@ impl CellSpec {
     /// in their blocks (its id and a failed cell's row say so).
     pub fn serve_with(&mut self, settings: crate::load::settings::ServeSettings) {
         let paged = workloads::KvLayout::Paged {
-            block_size: settings.kv_block_size as usize,
+            block_size: settings.kv_block_size,
         };
         self.kv_layout = Some(paged.as_str().to_string());
-        self.kv_block_size = Some(settings.kv_block_size as usize);
+        self.kv_block_size = Some(settings.kv_block_size);
         self.serve = Some(settings);
     }
 
@@ -214,7 +214,7 @@ impl CellSpec {
             self.kv_layout
                 .as_deref()
                 .unwrap_or(workloads::KvLayout::Contiguous.as_str()),
-            self.kv_block_size.unwrap_or(workloads::KvLayout::DEFAULT_BLOCK_SIZE),
+            self.kv_block_size.unwrap_or(workloads::BlockSize::DEFAULT),
         )
     }
 
@@ -407,7 +407,7 @@ impl CellSpec {
         };
         let kv_layout = match &self.serve {
             Some(s) => workloads::KvLayout::Paged {
-                block_size: s.kv_block_size as usize,
+                block_size: s.kv_block_size,
             },
             None => self.kv_layout().map_err(|e| anyhow::anyhow!("cell spec: {e}"))?,
         };
@@ -693,16 +693,17 @@ pub(crate) mod tests {
         assert_ne!(g.cell_id(), more.cell_id());
         // A paged cache is identified by the block size it runs with, given or the default; a
         // block size does not change a contiguous cache.
-        let paged = |b: Option<usize>| CellSpec {
+        let block = |n: i64| workloads::BlockSize::new(n).unwrap();
+        let paged = |b: Option<i64>| CellSpec {
             kv_layout: Some("paged".into()),
-            kv_block_size: b,
+            kv_block_size: b.map(block),
             ..g.clone()
         };
         assert_eq!(paged(None).cell_id(), paged(Some(16)).cell_id());
         assert_ne!(paged(Some(16)).cell_id(), paged(Some(32)).cell_id());
         assert_ne!(paged(Some(16)).cell_id(), g.cell_id());
         let sized = CellSpec {
-            kv_block_size: Some(8),
+            kv_block_size: Some(block(8)),
             ..g.clone()
         };
         assert_eq!(sized.cell_id(), g.cell_id());
@@ -734,7 +735,7 @@ pub(crate) mod tests {
             ..g.clone()
         };
         served.serve_with(crate::load::settings::ServeSettings {
-            kv_block_size: 8,
+            kv_block_size: block(8),
             ..crate::load::settings::SERVE_DEFAULTS
         });
         assert!(served
@@ -743,10 +744,13 @@ pub(crate) mod tests {
         let spec = served.run_spec()?;
         assert_eq!(
             (spec.lengths, spec.kv_layout),
-            (None, workloads::KvLayout::Paged { block_size: 8 })
+            (None, workloads::KvLayout::Paged { block_size: block(8) })
         );
         let w = served.workload();
-        assert_eq!((w.kv_layout.as_deref(), w.kv_block_size), (Some("paged"), Some(8)));
+        assert_eq!(
+            (w.kv_layout.as_deref(), w.kv_block_size),
+            (Some("paged"), Some(block(8)))
+        );
         assert_eq!(served.settings(), "sample_interval_ms=100");
         Ok(())
     }

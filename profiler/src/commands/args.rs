@@ -40,7 +40,7 @@ pub enum KvLayoutArg {
 }
 
 impl KvLayoutArg {
-    pub fn layout(self, block_size: usize) -> workloads::KvLayout {
+    pub fn layout(self, block_size: workloads::BlockSize) -> workloads::KvLayout {
         match self {
             KvLayoutArg::Contiguous => workloads::KvLayout::Contiguous,
             KvLayoutArg::Paged => workloads::KvLayout::Paged { block_size },
@@ -254,8 +254,9 @@ pub fn parse_max_batch(s: &str) -> Result<usize, String> {
 }
 
 /// `--kv-block-size`: tokens a KV block holds.
-pub fn parse_block_size(s: &str) -> Result<u64, String> {
-    limits::BLOCK_SIZE.parse("--kv-block-size", s)
+pub fn parse_block_size(s: &str) -> Result<workloads::BlockSize, String> {
+    let tokens = limits::BLOCK_SIZE.parse("--kv-block-size", s)?;
+    workloads::BlockSize::new(tokens as i64)
 }
 
 /// Seconds of a span, within [`limits::seconds`]'s bounds.

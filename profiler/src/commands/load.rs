@@ -130,8 +130,8 @@ pub struct ServingArgs {
     #[arg(long)]
     pub no_chunked_prefill: bool,
     /// Tokens a KV block holds, 1 to 4096 (default 16).
-    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| parse_block_size(s).map(|v| v as u32))]
-    pub kv_block_size: Option<u32>,
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_block_size)]
+    pub kv_block_size: Option<workloads::BlockSize>,
     /// The share of the target's memory left after the weights and the workspace that the KV cache
     /// takes (default 0.9).
     #[arg(long, allow_negative_numbers = true, value_parser = parse_share)]
@@ -344,7 +344,7 @@ fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
         seq_len: None,
         lengths: None,
         kv_layout: workloads::KvLayout::Paged {
-            block_size: settings.kv_block_size as usize,
+            block_size: settings.kv_block_size,
         },
         weights: args.weights.clone(),
         train: TrainConfig::default(),

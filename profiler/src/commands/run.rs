@@ -62,7 +62,7 @@ pub struct RunArgs {
 
     /// With --kv-layout paged: tokens a block holds, 1 to 4096. Default 16.
     #[arg(long, allow_negative_numbers = true, value_parser = parse_block_size)]
-    pub kv_block_size: Option<u64>,
+    pub kv_block_size: Option<workloads::BlockSize>,
 
     /// Batch sizes, comma-separated: one run per value.
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = parse_batch)]
@@ -510,10 +510,9 @@ fn cross_product(args: &RunArgs) -> Result<Vec<RunSpec>> {
                         batch,
                         seq_len: args.seq_len.filter(|_| takes_tokens(model)).map(|l| l as usize),
                         lengths: (mode == Mode::Generate).then_some(lengths),
-                        kv_layout: args.kv_layout.layout(
-                            args.kv_block_size
-                                .map_or(workloads::KvLayout::DEFAULT_BLOCK_SIZE, |b| b as usize),
-                        ),
+                        kv_layout: args
+                            .kv_layout
+                            .layout(args.kv_block_size.unwrap_or(workloads::BlockSize::DEFAULT)),
                         weights: args.weights.clone(),
                         train: train_config(args),
                         kernels: args.kernels.options(),

@@ -28,7 +28,7 @@ use anyhow::{bail, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
     /// Tokens a KV block holds.
-    pub block_size: u32,
+    pub block_size: workloads::BlockSize,
     /// Blocks of the cache.
     pub blocks: u32,
     /// Tokens one iteration processes at most: prefill chunks and decodes together.
@@ -44,11 +44,11 @@ pub struct Budget {
 impl Budget {
     /// The most tokens the cache holds.
     pub fn capacity(&self) -> u64 {
-        self.blocks as u64 * self.block_size as u64
+        self.blocks as u64 * self.block_size.get() as u64
     }
 
     fn blocks_for(&self, tokens: u32) -> u32 {
-        tokens.div_ceil(self.block_size)
+        tokens.div_ceil(self.block_size.get() as u32)
     }
 }
 
@@ -143,13 +143,8 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(budget: Budget) -> Result<Scheduler> {
-        if budget.block_size == 0
-            || budget.blocks == 0
-            || budget.max_batched_tokens == 0
-            || budget.max_seqs == 0
-            || budget.max_model_len == 0
-        {
-            bail!("a continuous batcher needs blocks of at least one token, at least one block, a token budget and a batch above zero: {budget:?}")
+        if budget.blocks == 0 || budget.max_batched_tokens == 0 || budget.max_seqs == 0 || budget.max_model_len == 0 {
+            bail!("a continuous batcher needs at least one block, a token budget and a batch above zero: {budget:?}")
         }
         // Every running sequence's decode fits one iteration, so none waits behind the others.
         if budget.max_seqs > budget.max_batched_tokens {
@@ -350,7 +345,7 @@ impl Scheduler {
         };
         if budget.chunked_prefill {
             // As much as the free blocks hold.
-            let room = (seq.blocks + *free) as u64 * budget.block_size as u64 - seq.cached as u64;
+            let room = (seq.blocks + *free) as u64 * budget.block_size.get() as u64 - seq.cached as u64;
             len = len.min(room.min(u32::MAX as u64) as u32);
         }
         if len == 0 || !Self::reserve(free, budget, seq, seq.cached + len) {
@@ -411,7 +406,7 @@ mod tests {
 
     fn budget(blocks: u32, max_batched_tokens: u32, chunked_prefill: bool) -> Budget {
         Budget {
-            block_size: 16,
+            block_size: workloads::BlockSize::DEFAULT,
             blocks,
             max_batched_tokens,
             max_seqs: 64,

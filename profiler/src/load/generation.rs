@@ -83,7 +83,7 @@ fn check_given_blocks(
     device: &OpenDevice,
 ) -> Result<()> {
     let Some(blocks) = s.kv_blocks else { return Ok(()) };
-    let block_bytes = cfg.kv_bytes_per_token(dtype) as f64 * s.kv_block_size as f64;
+    let block_bytes = cfg.kv_bytes_per_token(dtype) as f64 * s.kv_block_size.get() as f64;
     let bytes = blocks as f64 * block_bytes;
     let (limit_mib, what) = match device.info.memory_mib() {
         Some(mib) => (Some(mib as f64), format!("{} has", device.info.name)),
@@ -141,7 +141,7 @@ pub fn run(
         bail!("{} is not a language model", spec.model)
     };
     let max_model_len = decoder_cfg.max_position_embeddings as u32;
-    let bs = settings.kv_block_size as usize;
+    let bs = settings.kv_block_size.get();
     check_given_blocks(settings, &decoder_cfg, spec.precision.dtype(), device)?;
     // The largest piece an iteration runs, from a prompt's start and after a first piece as long:
     // the memory sizing measures their workspace.
@@ -325,7 +325,7 @@ fn size_cache(
         }
         _ => {
             // (--kv-cache-fraction applies to a target's memory: the CPU's rule does not use it.)
-            let per_seq = model.max_positions().div_ceil(s.kv_block_size as usize);
+            let per_seq = model.max_positions().div_ceil(s.kv_block_size.get());
             let blocks = (s.max_seqs as usize * per_seq).min(CPU_CACHE_BYTES / block_bytes.max(1));
             (blocks, "cpu", None, None)
         }

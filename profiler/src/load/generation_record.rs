@@ -89,7 +89,7 @@ fn identity_columns(
         col("max_batched_tokens", vec![s.max_batched_tokens as i64]),
         col("max_seqs", vec![s.max_seqs as i64]),
         col("chunked_prefill", vec![s.chunked_prefill]),
-        col("kv_block_size", vec![s.kv_block_size as i64]),
+        col("kv_block_size", vec![s.kv_block_size.get() as i64]),
         col("kv_cache_fraction", vec![s.kv_cache_fraction]),
         col("kv_blocks", vec![c.blocks as i64]),
         col("kv_cache_mib", vec![mib(c.blocks as f64 * id.block_bytes as f64)]),

@@ -78,7 +78,7 @@ pub struct ServeSettings {
     pub max_seqs: u32,
     pub chunked_prefill: bool,
     /// Tokens a KV block holds.
-    pub kv_block_size: u32,
+    pub kv_block_size: workloads::BlockSize,
     /// The share of the memory left after the weights and the workspace that the cache takes.
     pub kv_cache_fraction: f64,
     /// The cache's blocks as given, instead of sized from the memory.
@@ -106,7 +106,7 @@ pub const SERVE_DEFAULTS: ServeSettings = ServeSettings {
     max_batched_tokens: 2048,
     max_seqs: 256,
     chunked_prefill: true,
-    kv_block_size: 16,
+    kv_block_size: workloads::BlockSize::DEFAULT,
     kv_cache_fraction: 0.9,
     kv_blocks: None,
     arrival: Arrival::Poisson,
@@ -172,11 +172,10 @@ impl ServeSettings {
     /// `keys` spells it (a flag of `migprof load`, or a key of a sweep file's `[[capacity]]`).
     pub fn check(&self, search: bool, keys: Keys) -> Result<()> {
         let k = |key: &str| keys.name(key);
-        use crate::run::limits::{self, BLOCKS, BLOCK_SIZE, SEARCH_STEPS, SEQUENCES, TOKENS};
+        use crate::run::limits::{self, BLOCKS, SEARCH_STEPS, SEQUENCES, TOKENS};
         let bounded = [
             (TOKENS, "max_batched_tokens", self.max_batched_tokens as u64),
             (SEQUENCES, "max_seqs", self.max_seqs as u64),
-            (BLOCK_SIZE, "kv_block_size", self.kv_block_size as u64),
             (BLOCKS, "kv_blocks", self.kv_blocks.unwrap_or(1) as u64),
             (SEARCH_STEPS, "max_steps", self.max_steps.max(1) as u64),
         ];
@@ -191,7 +190,7 @@ impl ServeSettings {
                 limits::milliseconds(&k(key), v, true).map_err(anyhow::Error::msg)?;
             }
         }
-        // (Zero sequences, blocks or block tokens are refused by their bounds above.)
+        // (Zero sequences or blocks are refused by their bounds above; a block size is one by its type.)
         if self.max_batched_tokens < self.max_seqs {
             bail!(
                 "{} {} must be at least {} {} (one decode of each running sequence)",

@@ -516,7 +516,7 @@ mod tests {
 
     fn budget(blocks: u32) -> Budget {
         Budget {
-            block_size: 16,
+            block_size: workloads::BlockSize::DEFAULT,
             blocks,
             max_batched_tokens: 2048,
             max_seqs: 256,

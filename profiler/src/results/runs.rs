@@ -367,7 +367,7 @@ pub fn runs_frame(runs: &[Run]) -> Result<DataFrame> {
                 r.generation
                     .as_ref()
                     .and_then(|g| g.kv_layout.block_size())
-                    .map(|b| b as i64)
+                    .map(|b| b.get() as i64)
             }),
         ),
     ])
@@ -552,7 +552,7 @@ pub fn write_failure(out: &Path, failure: &Failure) -> Result<PathBuf> {
         Column::new("prompt_len".into(), vec![c.prompt_len.map(|l| l as i64)]),
         Column::new("output_len".into(), vec![c.output_len.map(|l| l as i64)]),
         Column::new("kv_layout".into(), vec![c.kv_layout.clone()]),
-        Column::new("kv_block_size".into(), vec![c.kv_block_size.map(|b| b as i64)]),
+        Column::new("kv_block_size".into(), vec![c.kv_block_size.map(|b| b.get() as i64)]),
         Column::new("seed".into(), vec![c.seed]),
         col("kernel_options", vec![c.kernel_options.clone()]),
         Column::new("master_weights".into(), vec![c.master_weights.clone()]),

@@ -82,7 +82,7 @@ impl GenerationMemory {
         let context = lengths.context() as f64;
         // A paged cache holds whole blocks.
         let held = match layout.block_size() {
-            Some(b) => (lengths.context().div_ceil(b) * b) as f64 * per_token,
+            Some(b) => (lengths.context().div_ceil(b.get()) * b.get()) as f64 * per_token,
             None => context * per_token,
         };
         // One layer's keys and values at the full context, and its copies for grouped-query
@@ -435,7 +435,9 @@ mod tests {
             &cfg,
             candle_core::DType::BF16,
             lengths,
-            workloads::KvLayout::Paged { block_size: 16 },
+            workloads::KvLayout::Paged {
+                block_size: workloads::BlockSize::DEFAULT,
+            },
             false,
         );
         assert!((paged.kv_cache_mib_per_seq - 640.0 * 128.0 / 1024.0).abs() < 1e-9);
@@ -457,7 +459,9 @@ mod tests {
             &cfg,
             candle_core::DType::BF16,
             long,
-            workloads::KvLayout::Paged { block_size: 16 },
+            workloads::KvLayout::Paged {
+                block_size: workloads::BlockSize::DEFAULT,
+            },
             false,
         );
         assert!(

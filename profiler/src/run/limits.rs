@@ -49,8 +49,8 @@ pub const ITERATIONS: Limit = Limit {
 pub const BLOCK_SIZE: Limit = Limit {
     what: "a KV block's size in tokens",
     min: 1,
-    max: workloads::KvLayout::MAX_BLOCK_SIZE as u64,
-    why: workloads::KvLayout::BLOCK_SIZE_WHY,
+    max: workloads::BlockSize::MAX as u64,
+    why: workloads::BlockSize::WHY,
 };
 
 /// A KV cache's blocks as given (`--kv-blocks`).

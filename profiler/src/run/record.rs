@@ -162,7 +162,7 @@ pub struct FailedWorkload {
     pub prompt_len: Option<usize>,
     pub output_len: Option<usize>,
     pub kv_layout: Option<String>,
-    pub kv_block_size: Option<usize>,
+    pub kv_block_size: Option<workloads::BlockSize>,
 }
 
 #[derive(Debug, Clone)]

@@ -77,7 +77,7 @@ pub struct CapacitySearch {
     #[serde(default)]
     pub chunked_prefill: Option<bool>,
     #[serde(default)]
-    pub kv_block_size: Option<u32>,
+    pub kv_block_size: Option<workloads::BlockSize>,
     #[serde(default)]
     pub kv_cache_fraction: Option<f64>,
     #[serde(default)]
@@ -398,7 +398,7 @@ pub struct Matrix {
     #[serde(default)]
     pub kv_layouts: Vec<String>,
     #[serde(default)]
-    pub kv_block_size: Option<usize>,
+    pub kv_block_size: Option<workloads::BlockSize>,
     /// Kernel options as `--attention` and friends take them; default: the defaults.
     #[serde(default)]
     pub attention: Option<String>,
@@ -728,13 +728,10 @@ impl Matrix {
 
     /// A generate cell's KV cache layouts, contiguous where none is given.
     pub fn kv_layouts(&self) -> Result<Vec<workloads::KvLayout>> {
-        let block = self.kv_block_size.unwrap_or(workloads::KvLayout::DEFAULT_BLOCK_SIZE);
+        let block = self.kv_block_size.unwrap_or(workloads::BlockSize::DEFAULT);
         if self.kv_block_size.is_some() && !self.kv_layouts.iter().any(|l| l == "paged") {
             anyhow::bail!("kv_block_size applies to a paged cache: add \"paged\" to kv_layouts");
         }
-        limits::BLOCK_SIZE
-            .check("kv_block_size", block as u64)
-            .map_err(anyhow::Error::msg)?;
         if self.kv_layouts.is_empty() {
             return Ok(vec![workloads::KvLayout::default()]);
         }
