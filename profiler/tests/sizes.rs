@@ -22,7 +22,7 @@ const LONG_FILES: &[&str] = &[
     "workloads/src/kernels/decode.rs",
 ];
 /// The most functions over [`FUNCTION_LINES`] outside tests.
-const LONG_FUNCTIONS: usize = 47;
+const LONG_FUNCTIONS: usize = 46;
 
 #[test]
 fn no_file_passes_a_thousand_lines_but_those_named() {

@@ -454,10 +454,6 @@ impl CellSpec {
             }
         };
         Ok(RunSpec {
-            model: self.model.clone(),
-            mode,
-            precision,
-            batch: self.batch,
             seq_len: self.seq_len,
             lengths,
             kv_layout,
@@ -474,6 +470,7 @@ impl CellSpec {
             seed: self.seed,
             sample_interval: (self.sample_interval_ms > 0).then(|| Duration::from_millis(self.sample_interval_ms)),
             probe: self.purpose == Purpose::Probe,
+            ..RunSpec::new(&self.model, mode, precision, self.batch)
         })
     }
 }

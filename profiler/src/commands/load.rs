@@ -16,9 +16,8 @@ use migprof::load::lengths::LengthDist;
 use migprof::load::settings::{Keys, LoadSettings, ServeSettings, DEFAULTS, SERVE_DEFAULTS};
 use migprof::provenance;
 use migprof::results::parts::Table;
-use migprof::run::measure::{Stop, Warmup};
 use migprof::run::RunSpec;
-use workloads::{Mode, TrainConfig};
+use workloads::Mode;
 
 use migprof::run::limits::{BLOCKS, MIN_REQUESTS, SEARCH_STEPS, SEQUENCES, TOKENS};
 
@@ -269,22 +268,14 @@ fn served(args: &LoadArgs) -> Result<RunSpec> {
     if let Some(w) = &args.weights {
         ensure!(w.is_file(), "--weights {}: no such file", w.display());
     }
+    let batch = args.max_batch.unwrap_or(DEFAULTS.max_batch);
     Ok(RunSpec {
-        model: args.model.clone(),
-        mode: Mode::Infer,
-        precision: args.dtype.into(),
-        batch: args.max_batch.unwrap_or(DEFAULTS.max_batch),
         seq_len: info.input.seq_len().and(seq_len),
-        lengths: None,
-        kv_layout: workloads::KvLayout::default(),
         weights: args.weights.clone(),
-        train: TrainConfig::default(),
         kernels: args.kernels.options(),
-        warmup: Warmup::Iterations(0),
-        stop: Stop::Iterations(1),
         seed: args.seed,
-        sample_interval: (args.sample_interval_ms > 0).then(|| Duration::from_millis(args.sample_interval_ms)),
-        probe: false,
+        sample_interval: sample_interval(args),
+        ..RunSpec::new(&args.model, Mode::Infer, args.dtype.into(), batch)
     })
 }
 
@@ -337,23 +328,19 @@ fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
     }
     let rates = rates(&args, true)?;
     let spec = RunSpec {
-        model: args.model.clone(),
-        mode: Mode::Generate,
-        precision: args.dtype.into(),
-        batch: settings.max_seqs as usize,
-        seq_len: None,
-        lengths: None,
         kv_layout: workloads::KvLayout::Paged {
             block_size: settings.kv_block_size,
         },
         weights: args.weights.clone(),
-        train: TrainConfig::default(),
         kernels: args.kernels.serving_options(),
-        warmup: Warmup::Iterations(0),
-        stop: Stop::Iterations(1),
         seed: args.seed,
-        sample_interval: (args.sample_interval_ms > 0).then(|| Duration::from_millis(args.sample_interval_ms)),
-        probe: false,
+        sample_interval: sample_interval(&args),
+        ..RunSpec::new(
+            &args.model,
+            Mode::Generate,
+            args.dtype.into(),
+            settings.max_seqs as usize,
+        )
     };
     let target = match open_target(&args, log)? {
         Ok(t) => t,
@@ -378,6 +365,11 @@ fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
     runner::run(&cell, &spec, &offer, &target, &args.out, Keys::Flags, log)?;
     writeln!(log, "{}", report_hint(&args.out))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// How often the sampler reads the device while a job serves (`--sample-interval-ms`; 0: never).
+fn sample_interval(args: &LoadArgs) -> Option<Duration> {
+    (args.sample_interval_ms > 0).then(|| Duration::from_millis(args.sample_interval_ms))
 }
 
 /// The rates a job offers: `--qps` in order, or with `--search` a search from its first value; each

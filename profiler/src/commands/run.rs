@@ -504,10 +504,6 @@ fn cross_product(args: &RunArgs) -> Result<Vec<RunSpec>> {
             for &dtype in &args.dtype {
                 for batch in batches_for(mode) {
                     specs.push(RunSpec {
-                        model: model.clone(),
-                        mode,
-                        precision: dtype.into(),
-                        batch,
                         seq_len: args.seq_len.filter(|_| takes_tokens(model)).map(|l| l as usize),
                         lengths: (mode == Mode::Generate).then_some(lengths),
                         kv_layout: args
@@ -521,7 +517,7 @@ fn cross_product(args: &RunArgs) -> Result<Vec<RunSpec>> {
                         seed: args.seed,
                         sample_interval: (args.sample_interval_ms > 0)
                             .then(|| Duration::from_millis(args.sample_interval_ms)),
-                        probe: false,
+                        ..RunSpec::new(model, mode, dtype.into(), batch)
                     });
                 }
             }

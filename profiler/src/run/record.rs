@@ -412,21 +412,10 @@ pub(crate) mod tests {
 
     pub fn spec(batch: usize, iters: u64) -> RunSpec {
         RunSpec {
-            model: "resnet_tiny".into(),
-            mode: Mode::Infer,
-            precision: Precision::F32,
-            batch,
-            seq_len: None,
-            lengths: None,
-            kv_layout: workloads::KvLayout::default(),
-            weights: None,
-            train: workloads::TrainConfig::default(),
-            kernels: KernelOptions::default(),
             warmup: Warmup::Iterations(2),
             stop: Stop::Iterations(iters),
             seed: 1,
-            sample_interval: None,
-            probe: false,
+            ..RunSpec::new("resnet_tiny", Mode::Infer, Precision::F32, batch)
         }
     }
 

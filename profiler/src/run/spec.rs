@@ -113,6 +113,31 @@ pub struct RunSpec {
 pub const PROBE_DECODE_STEPS: usize = 3;
 
 impl RunSpec {
+    /// `model` in `mode` at `precision` and `batch`, every other choice as a run makes it unless
+    /// told: the model's own sequence length, no generation lengths, a contiguous cache, seeded
+    /// weights (seed 0), the default optimizer and kernels, no warm-up, one measured step, no
+    /// sampler. The one constructor: a caller names what it sets and takes the rest from here
+    /// (`RunSpec { seed, ..RunSpec::new(…) }`).
+    pub fn new(model: &str, mode: Mode, precision: Precision, batch: usize) -> RunSpec {
+        RunSpec {
+            model: model.to_string(),
+            mode,
+            precision,
+            batch,
+            seq_len: None,
+            lengths: None,
+            kv_layout: workloads::KvLayout::default(),
+            weights: None,
+            train: workloads::TrainConfig::default(),
+            kernels: KernelOptions::default(),
+            warmup: Warmup::Iterations(0),
+            stop: Stop::Iterations(1),
+            seed: 0,
+            sample_interval: None,
+            probe: false,
+        }
+    }
+
     /// Builds the spec's workload on `device`, after setting TF32 for the process as the spec says
     /// (process-wide in cuBLAS and cuDNN: set for every run, so that a tf32 run does not leak into the
     /// f32 one after it).
