@@ -190,7 +190,7 @@ fn modes_models_and_lengths_that_do_not_go_together_are_refused_before_any_work(
     refused(&["--model", "llama_tiny", "--kv-layout", "ring"], "contiguous, paged");
     refused(
         &["--model", "llama_tiny", "--kv-block-size", "8"],
-        "--kv-block-size applies to --kv-layout paged",
+        "--kv-block-size 8 applies to a paged cache: --kv-layout names only contiguous",
     );
     refused(&["--model", "gpt2"], "valid models:");
     refused(&["--model", "gpt2"], "or hf:DIR");

@@ -17,7 +17,6 @@ const LONG_FILES: &[&str] = &[
     "profiler/src/capacity/source.rs",
     "profiler/src/results/compare.rs",
     "profiler/src/results/runs.rs",
-    "profiler/src/sweep/file.rs",
     "profiler/src/sweep/schedule.rs",
     "workloads/src/kernels/decode.rs",
 ];

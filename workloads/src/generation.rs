@@ -107,6 +107,31 @@ impl KvLayout {
         }
     }
 
+    /// The layouts `names` name (contiguous alone where there is none), paged ones in blocks of
+    /// `block_size` (its default where none is given). A block size given where no layout is paged
+    /// is refused, the settings named as the caller spells them: `keys` are the layouts' and the
+    /// block size's (`--kv-layout` and `--kv-block-size`, or a sweep file's keys).
+    pub fn from_names(
+        names: &[&str],
+        block_size: Option<BlockSize>,
+        keys: [&str; 2],
+    ) -> std::result::Result<Vec<KvLayout>, String> {
+        let [layouts, block] = keys;
+        if let Some(b) = block_size.filter(|_| !names.contains(&"paged")) {
+            return Err(format!(
+                "{block} {b} applies to a paged cache: {layouts} names only contiguous"
+            ));
+        }
+        if names.is_empty() {
+            return Ok(vec![KvLayout::default()]);
+        }
+        let block_size = block_size.unwrap_or(BlockSize::DEFAULT);
+        names
+            .iter()
+            .map(|n| KvLayout::parse(n, block_size).map_err(|e| format!("{layouts}: {e}")))
+            .collect()
+    }
+
     /// The layout `name` names, paged with `block_size` tokens a block; the error names the valid
     /// ones.
     pub fn parse(name: &str, block_size: BlockSize) -> std::result::Result<KvLayout, String> {
@@ -440,6 +465,31 @@ mod tests {
         assert_eq!(serde_json::from_str::<BlockSize>("64").unwrap().get(), 64);
         let e = serde_json::from_str::<BlockSize>("0").unwrap_err().to_string();
         assert!(e.contains("a KV block of 0 tokens"), "{e}");
+        // A list of layouts with one block size, checked as run's flags and a sweep's keys are.
+        let keys = ["kv_layouts", "kv_block_size"];
+        let b32 = BlockSize::new(32).ok();
+        assert_eq!(KvLayout::from_names(&[], None, keys), Ok(vec![KvLayout::Contiguous]));
+        assert_eq!(
+            KvLayout::from_names(&["contiguous", "paged"], b32, keys),
+            Ok(vec![
+                KvLayout::Contiguous,
+                KvLayout::Paged {
+                    block_size: b32.unwrap()
+                }
+            ])
+        );
+        assert_eq!(
+            KvLayout::from_names(&["paged"], None, keys),
+            Ok(vec![KvLayout::Paged {
+                block_size: BlockSize::DEFAULT
+            }])
+        );
+        assert_eq!(
+            KvLayout::from_names(&["contiguous"], b32, keys),
+            Err("kv_block_size 32 applies to a paged cache: kv_layouts names only contiguous".into())
+        );
+        let e = KvLayout::from_names(&["ring"], None, keys).unwrap_err();
+        assert!(e.starts_with("kv_layouts: KV cache layout `ring`"), "{e}");
         assert!(KvLayout::parse("paged", BlockSize::DEFAULT).is_ok());
         assert!(KvLayout::parse("pages", BlockSize::DEFAULT)
             .unwrap_err()

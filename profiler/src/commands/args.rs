@@ -40,11 +40,16 @@ pub enum KvLayoutArg {
 }
 
 impl KvLayoutArg {
-    pub fn layout(self, block_size: workloads::BlockSize) -> workloads::KvLayout {
-        match self {
-            KvLayoutArg::Contiguous => workloads::KvLayout::Contiguous,
-            KvLayoutArg::Paged => workloads::KvLayout::Paged { block_size },
-        }
+    /// The layout, a paged one in blocks of `block_size` (`--kv-block-size`, refused beside a
+    /// contiguous one).
+    pub fn layout(self, block_size: Option<workloads::BlockSize>) -> Result<workloads::KvLayout, String> {
+        let name = match self {
+            KvLayoutArg::Contiguous => "contiguous",
+            KvLayoutArg::Paged => "paged",
+        };
+        let layouts = workloads::KvLayout::from_names(&[name], block_size, ["--kv-layout", "--kv-block-size"])?;
+        // One name, one layout.
+        Ok(layouts.into_iter().next().unwrap_or_default())
     }
 }
 

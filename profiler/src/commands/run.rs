@@ -371,9 +371,6 @@ fn specs(args: &RunArgs) -> Result<Vec<RunSpec>> {
     if (args.prompt_len.is_some() || args.output_len.is_some()) && specs.iter().all(|s| s.lengths.is_none()) {
         bail!("--prompt-len and --output-len apply to generate runs of language models only, and none was asked for");
     }
-    if args.kv_block_size.is_some() && args.kv_layout != KvLayoutArg::Paged {
-        bail!("--kv-block-size applies to --kv-layout paged");
-    }
     if args.kv_layout != KvLayoutArg::Contiguous && specs.iter().all(|s| s.lengths.is_none()) {
         bail!("--kv-layout applies to generate runs of language models only, and none was asked for");
     }
@@ -492,6 +489,7 @@ fn cross_product(args: &RunArgs) -> Result<Vec<RunSpec>> {
             .output_len
             .map_or(workloads::generation::DEFAULT_OUTPUT_LEN, |l| l as usize),
     };
+    let kv_layout = args.kv_layout.layout(args.kv_block_size).map_err(anyhow::Error::msg)?;
     let mut specs = Vec::new();
     for model in &models {
         let (_, info) = workloads::lookup(model)?;
@@ -506,9 +504,7 @@ fn cross_product(args: &RunArgs) -> Result<Vec<RunSpec>> {
                     specs.push(RunSpec {
                         seq_len: args.seq_len.filter(|_| takes_tokens(model)).map(|l| l as usize),
                         lengths: (mode == Mode::Generate).then_some(lengths),
-                        kv_layout: args
-                            .kv_layout
-                            .layout(args.kv_block_size.unwrap_or(workloads::BlockSize::DEFAULT)),
+                        kv_layout,
                         weights: args.weights.clone(),
                         train: train_config(args),
                         kernels: args.kernels.options(),

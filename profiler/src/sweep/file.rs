@@ -728,17 +728,9 @@ impl Matrix {
 
     /// A generate cell's KV cache layouts, contiguous where none is given.
     pub fn kv_layouts(&self) -> Result<Vec<workloads::KvLayout>> {
-        let block = self.kv_block_size.unwrap_or(workloads::BlockSize::DEFAULT);
-        if self.kv_block_size.is_some() && !self.kv_layouts.iter().any(|l| l == "paged") {
-            anyhow::bail!("kv_block_size applies to a paged cache: add \"paged\" to kv_layouts");
-        }
-        if self.kv_layouts.is_empty() {
-            return Ok(vec![workloads::KvLayout::default()]);
-        }
-        self.kv_layouts
-            .iter()
-            .map(|l| workloads::KvLayout::parse(l, block).map_err(|e| anyhow::anyhow!("kv_layouts: {e}")))
-            .collect()
+        let names: Vec<&str> = self.kv_layouts.iter().map(String::as_str).collect();
+        workloads::KvLayout::from_names(&names, self.kv_block_size, ["kv_layouts", "kv_block_size"])
+            .map_err(anyhow::Error::msg)
     }
 
     /// The matrix's `master_weights`, the default when it has none.
