@@ -140,9 +140,9 @@ pub fn compare(args: CompareArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
     ensure!(runs.height() > 0, "{}: no runs to compare", dir.display());
     let c = migprof::results::compare::compare(&runs, &args.baseline, &args.target)?;
     let format = match args.format {
-        CompareFormat::Text => migprof::results::compare::Format::Text,
-        CompareFormat::Md => migprof::results::compare::Format::Md,
-        CompareFormat::Json => migprof::results::compare::Format::Json,
+        CompareFormat::Text => migprof::results::compare::render::Format::Text,
+        CompareFormat::Md => migprof::results::compare::render::Format::Md,
+        CompareFormat::Json => migprof::results::compare::render::Format::Json,
     };
     write!(stdout, "{}", c.render(format)?)?;
     Ok(ExitCode::SUCCESS)
