@@ -94,7 +94,7 @@ pub fn exec(args: CapacityArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
     );
     let memory = args.memory_emulation.map(MemoryEmulationArg::into);
     let gathered = match (&args.capacities, args.from.is_empty()) {
-        (Some(csv), _) => migprof::capacity::source::from_csv(csv, &table, &objectives)?,
+        (Some(csv), _) => migprof::capacity::source::csv::from_csv(csv, &table, &objectives)?,
         (None, false) => {
             let served_per_request = match objectives.p99_ms {
                 Some(ms) => migprof::capacity::source::from_folders(
