@@ -99,7 +99,7 @@ pub fn exec(args: SweepArgs, log: &mut dyn Write) -> Result<ExitCode> {
 
 fn run(args: &SweepArgs, log: &mut dyn Write) -> Result<bool> {
     let file = migprof::sweep::file::SweepFile::read(&args.file)?;
-    let opts = schedule::Options {
+    let opts = migprof::sweep::Options {
         out: args.out.clone(),
         dry_run: args.dry_run,
         force: args.force,
@@ -155,7 +155,7 @@ fn run(args: &SweepArgs, log: &mut dyn Write) -> Result<bool> {
         }
     }
     if opts.dry_run {
-        schedule::dry_run(&file, &opts, log)?;
+        migprof::sweep::preview::dry_run(&file, &opts, log)?;
         return Ok(true);
     }
     let exe = std::env::current_exe().context("finding this migprof to start its cells")?;

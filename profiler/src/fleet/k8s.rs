@@ -14,7 +14,7 @@ use super::request::Request;
 use super::{cluster_cells, slug};
 use crate::cell::CellSpec;
 use crate::sweep::file::SweepFile;
-use crate::sweep::schedule::Options;
+use crate::sweep::Options;
 
 /// How MIG slices are exposed by the device plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

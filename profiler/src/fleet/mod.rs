@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 
 use crate::cell::CellSpec;
 use crate::sweep::file::{BatchSize, SweepFile};
-use crate::sweep::schedule::Options;
+use crate::sweep::Options;
 
 /// The sweep's cells for a cluster, each with whether it is done: every target a request a
 /// scheduler can serve; no `max` batches and no concurrent groups, which need one machine.
@@ -23,7 +23,7 @@ pub fn cluster_cells(file: &SweepFile, opts: &Options) -> Result<Vec<(CellSpec, 
     if let Some(g) = file.groups.first() {
         bail!("[[groups]] `{}`: a concurrent group runs its members on one machine at once; run it with the local backend", g.label);
     }
-    let cells = crate::sweep::schedule::plan(file, opts)?;
+    let cells = crate::sweep::preview::plan(file, opts)?;
     if let Some((c, _)) = cells.iter().find(|(c, _)| c.batch == BatchSize::Max) {
         bail!(
             "{}: batch \"max\" is searched for by probing one device; on a cluster give batch sizes",

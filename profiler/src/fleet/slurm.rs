@@ -16,7 +16,7 @@ use super::{cluster_cells, slug};
 use crate::cell::CellSpec;
 use crate::provenance;
 use crate::sweep::file::SweepFile;
-use crate::sweep::schedule::Options;
+use crate::sweep::Options;
 
 /// How the job arrays are written and submitted.
 #[derive(Debug, Clone)]
@@ -147,7 +147,7 @@ pub fn states(file: &SweepFile, opts: &Options) -> Result<Vec<(CellSpec, CellSta
     let jobs = read_jobs(&opts.out)?;
     let in_queue = queued(&jobs)?;
     let ended = markers(&opts.out);
-    let statuses = crate::sweep::schedule::row_statuses(&opts.out)?;
+    let statuses = crate::sweep::written::row_statuses(&opts.out)?;
     // The latest submission of each cell.
     let mut task_of: HashMap<&str, String> = HashMap::new();
     for j in &jobs {

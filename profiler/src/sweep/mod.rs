@@ -6,6 +6,28 @@ pub mod child;
 pub mod claim;
 pub mod file;
 pub mod plan;
+pub mod preview;
 pub mod progress;
 pub mod schedule;
 pub mod worker;
+pub mod written;
+
+use std::path::PathBuf;
+
+use self::plan::Filter;
+
+/// How a sweep runs, as its flags made it: where its rows go, which cells run, how many at once.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub out: PathBuf,
+    pub dry_run: bool,
+    /// Run every cell, done or not.
+    pub force: bool,
+    /// Run cells whose row says `oom` again.
+    pub retry_oom: bool,
+    pub only: Filter,
+    /// Cells at once, each on a device of its own.
+    pub jobs: usize,
+    /// Draw a progress bar (stderr is a terminal).
+    pub terminal: bool,
+}
