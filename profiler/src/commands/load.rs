@@ -13,7 +13,7 @@ use migprof::device::DeviceSpec;
 use migprof::load::arrival::Arrival;
 use migprof::load::job::Rates;
 use migprof::load::lengths::LengthDist;
-use migprof::load::settings::{Keys, LoadSettings, ServeSettings, DEFAULTS, SERVE_DEFAULTS};
+use migprof::load::settings::{Keys, LoadGiven, ServeGiven, DEFAULTS};
 use migprof::provenance;
 use migprof::results::parts::Table;
 use migprof::run::RunSpec;
@@ -223,17 +223,17 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
         bail!("--search needs the objective it searches within: --slo-p99-ms");
     }
     let spec = served(&args)?;
-    let settings = LoadSettings {
-        arrival: args.arrival.into(),
-        max_batch: args.max_batch.unwrap_or(DEFAULTS.max_batch),
-        max_delay_ms: args.max_delay_ms.unwrap_or(DEFAULTS.max_delay_ms),
-        warmup_secs: args.warmup,
-        duration_secs: args.duration,
-        arrival_seed: args.seed,
+    let settings = LoadGiven {
+        arrival: Some(args.arrival.into()),
+        max_batch: args.max_batch,
+        max_delay_ms: args.max_delay_ms,
+        warmup_secs: Some(args.warmup),
+        duration_secs: Some(args.duration),
         slo_p99_ms: args.slo_p99_ms,
-        resolution: args.resolution.map_or(DEFAULTS.resolution, |r| r / 100.0),
-        min_requests: args.min_requests.unwrap_or(DEFAULTS.min_requests),
-    };
+        resolution: args.resolution.map(|r| r / 100.0),
+        min_requests: args.min_requests,
+    }
+    .settings(args.seed);
     let rates = rates(&args, !args.search)?;
     let target = match open_target(&args, log)? {
         Ok(t) => t,
@@ -301,27 +301,26 @@ fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
             args.model
         );
     }
-    let d = &SERVE_DEFAULTS;
     let a = &args.serving;
-    let settings = ServeSettings {
-        prompt: a.prompt_len.unwrap_or(d.prompt),
-        output: a.output_len.unwrap_or(d.output),
-        max_batched_tokens: a.max_batched_tokens.unwrap_or(d.max_batched_tokens),
-        max_seqs: a.max_seqs.unwrap_or(d.max_seqs),
-        chunked_prefill: !a.no_chunked_prefill,
-        kv_block_size: a.kv_block_size.unwrap_or(d.kv_block_size),
-        kv_cache_fraction: a.kv_cache_fraction.unwrap_or(d.kv_cache_fraction),
+    let settings = ServeGiven {
+        prompt: a.prompt_len,
+        output: a.output_len,
+        max_batched_tokens: a.max_batched_tokens,
+        max_seqs: a.max_seqs,
+        chunked_prefill: a.no_chunked_prefill.then_some(false),
+        kv_block_size: a.kv_block_size,
+        kv_cache_fraction: a.kv_cache_fraction,
         kv_blocks: a.kv_blocks,
-        arrival: args.arrival.into(),
-        arrival_seed: args.seed,
-        warmup_secs: args.warmup,
-        duration_secs: args.duration,
-        drain_secs: a.drain.unwrap_or(d.drain_secs),
+        arrival: Some(args.arrival.into()),
+        warmup_secs: Some(args.warmup),
+        duration_secs: Some(args.duration),
+        drain_secs: a.drain,
         slo_ttft_p99_ms: a.slo_ttft_p99_ms,
         slo_tpot_p99_ms: a.slo_tpot_p99_ms,
-        resolution: args.resolution.map_or(d.resolution, |r| r / 100.0),
-        max_steps: a.max_steps.unwrap_or(d.max_steps),
-    };
+        resolution: args.resolution.map(|r| r / 100.0),
+        max_steps: a.max_steps,
+    }
+    .settings(args.seed);
     settings.check(args.search, migprof::load::settings::Keys::Flags)?;
     if let Some(w) = &args.weights {
         ensure!(w.is_file(), "--weights {}: no such file", w.display());

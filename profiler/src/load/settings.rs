@@ -63,6 +63,39 @@ impl LoadSettings {
     }
 }
 
+/// A load job's settings as given, by `load`'s flags or a sweep's `[[capacity]]` keys: each one not
+/// given takes `migprof load`'s default ([`DEFAULTS`]), here and nowhere else.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoadGiven {
+    pub arrival: Option<Arrival>,
+    pub max_batch: Option<usize>,
+    pub max_delay_ms: Option<f64>,
+    pub warmup_secs: Option<f64>,
+    pub duration_secs: Option<f64>,
+    pub slo_p99_ms: Option<f64>,
+    /// A fraction (0.02: 2 %).
+    pub resolution: Option<f64>,
+    pub min_requests: Option<usize>,
+}
+
+impl LoadGiven {
+    /// The settings: what was given, the defaults for the rest, the arrivals seeded by `seed`.
+    pub fn settings(&self, seed: u64) -> LoadSettings {
+        let d = &DEFAULTS;
+        LoadSettings {
+            arrival: self.arrival.unwrap_or(d.arrival),
+            max_batch: self.max_batch.unwrap_or(d.max_batch),
+            max_delay_ms: self.max_delay_ms.unwrap_or(d.max_delay_ms),
+            warmup_secs: self.warmup_secs.unwrap_or(d.warmup_secs),
+            duration_secs: self.duration_secs.unwrap_or(d.duration_secs),
+            arrival_seed: seed,
+            slo_p99_ms: self.slo_p99_ms.or(d.slo_p99_ms),
+            resolution: self.resolution.unwrap_or(d.resolution),
+            min_requests: self.min_requests.unwrap_or(d.min_requests),
+        }
+    }
+}
+
 /// How a serving job offers requests and batches them; part of its cell's identity.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -119,6 +152,55 @@ pub const SERVE_DEFAULTS: ServeSettings = ServeSettings {
     resolution: 0.1,
     max_steps: 8,
 };
+
+/// A language model's serving settings as given, by `load`'s flags or a sweep's `[[capacity]]` keys:
+/// each one not given takes `migprof load`'s default ([`SERVE_DEFAULTS`]), here and nowhere else.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServeGiven {
+    pub prompt: Option<LengthDist>,
+    pub output: Option<LengthDist>,
+    pub max_batched_tokens: Option<u32>,
+    pub max_seqs: Option<u32>,
+    pub chunked_prefill: Option<bool>,
+    pub kv_block_size: Option<workloads::BlockSize>,
+    pub kv_cache_fraction: Option<f64>,
+    pub kv_blocks: Option<u32>,
+    pub arrival: Option<Arrival>,
+    pub warmup_secs: Option<f64>,
+    pub duration_secs: Option<f64>,
+    pub drain_secs: Option<f64>,
+    pub slo_ttft_p99_ms: Option<f64>,
+    pub slo_tpot_p99_ms: Option<f64>,
+    /// A fraction (0.1: 10 %).
+    pub resolution: Option<f64>,
+    pub max_steps: Option<usize>,
+}
+
+impl ServeGiven {
+    /// The settings: what was given, the defaults for the rest, the arrivals seeded by `seed`.
+    pub fn settings(&self, seed: u64) -> ServeSettings {
+        let d = &SERVE_DEFAULTS;
+        ServeSettings {
+            prompt: self.prompt.unwrap_or(d.prompt),
+            output: self.output.unwrap_or(d.output),
+            max_batched_tokens: self.max_batched_tokens.unwrap_or(d.max_batched_tokens),
+            max_seqs: self.max_seqs.unwrap_or(d.max_seqs),
+            chunked_prefill: self.chunked_prefill.unwrap_or(d.chunked_prefill),
+            kv_block_size: self.kv_block_size.unwrap_or(d.kv_block_size),
+            kv_cache_fraction: self.kv_cache_fraction.unwrap_or(d.kv_cache_fraction),
+            kv_blocks: self.kv_blocks.or(d.kv_blocks),
+            arrival: self.arrival.unwrap_or(d.arrival),
+            arrival_seed: seed,
+            warmup_secs: self.warmup_secs.unwrap_or(d.warmup_secs),
+            duration_secs: self.duration_secs.unwrap_or(d.duration_secs),
+            drain_secs: self.drain_secs.unwrap_or(d.drain_secs),
+            slo_ttft_p99_ms: self.slo_ttft_p99_ms.or(d.slo_ttft_p99_ms),
+            slo_tpot_p99_ms: self.slo_tpot_p99_ms.or(d.slo_tpot_p99_ms),
+            resolution: self.resolution.unwrap_or(d.resolution),
+            max_steps: self.max_steps.unwrap_or(d.max_steps),
+        }
+    }
+}
 
 mod length_text {
     use super::LengthDist;
@@ -260,5 +342,36 @@ impl Keys {
             (Keys::Flags, "drain_secs") => "--drain".to_string(),
             (Keys::Flags, _) => format!("--{}", key.replace('_', "-")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_is_not_given_takes_load_s_defaults_and_what_is_given_stays() {
+        assert_eq!(LoadGiven::default().settings(0), DEFAULTS);
+        assert_eq!(ServeGiven::default().settings(0), SERVE_DEFAULTS);
+        let load = LoadGiven {
+            max_batch: Some(8),
+            duration_secs: Some(0.0),
+            ..LoadGiven::default()
+        }
+        .settings(7);
+        assert_eq!((load.max_batch, load.duration_secs, load.arrival_seed), (8, 0.0, 7));
+        assert_eq!(load.min_requests, DEFAULTS.min_requests);
+        let serve = ServeGiven {
+            chunked_prefill: Some(false),
+            kv_blocks: Some(100),
+            resolution: Some(0.05),
+            ..ServeGiven::default()
+        }
+        .settings(3);
+        assert_eq!(
+            (serve.chunked_prefill, serve.kv_blocks, serve.resolution, serve.arrival_seed),
+            (false, Some(100), 0.05, 3)
+        );
+        assert_eq!(serve.max_seqs, SERVE_DEFAULTS.max_seqs);
     }
 }

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use crate::device::DeviceSpec;
 use crate::load::lengths::LengthDist;
-use crate::load::settings::{LoadSettings, ServeSettings};
+use crate::load::settings::{LoadGiven, LoadSettings, ServeGiven, ServeSettings};
 use crate::run::limits;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -165,43 +165,41 @@ impl CapacitySearch {
     /// The load settings of a model served one forward pass per request: `migprof load`'s defaults
     /// where a key is not given.
     pub fn load_settings(&self, seed: u64) -> LoadSettings {
-        let d = &crate::load::settings::DEFAULTS;
-        LoadSettings {
-            arrival: self.arrival.unwrap_or(d.arrival),
-            max_batch: self.max_batch.unwrap_or(d.max_batch),
-            max_delay_ms: self.max_delay_ms.unwrap_or(d.max_delay_ms),
-            warmup_secs: self.warmup_secs.unwrap_or(d.warmup_secs),
+        LoadGiven {
+            arrival: self.arrival,
+            max_batch: self.max_batch,
+            max_delay_ms: self.max_delay_ms,
+            warmup_secs: self.warmup_secs,
             // A search's steps run until they hold `min_requests`.
-            duration_secs: 0.0,
-            arrival_seed: seed,
+            duration_secs: Some(0.0),
             slo_p99_ms: self.slo_p99_ms,
-            resolution: self.resolution_pct.map_or(d.resolution, |r| r / 100.0),
-            min_requests: self.min_requests.unwrap_or(d.min_requests),
+            resolution: self.resolution_pct.map(|r| r / 100.0),
+            min_requests: self.min_requests,
         }
+        .settings(seed)
     }
 
     /// The serving settings of a language model: `migprof load`'s defaults where a key is not given.
     pub fn serve_settings(&self, seed: u64) -> ServeSettings {
-        let d = &crate::load::settings::SERVE_DEFAULTS;
-        ServeSettings {
-            prompt: self.prompt_len.unwrap_or(d.prompt),
-            output: self.output_len.unwrap_or(d.output),
-            max_batched_tokens: self.max_batched_tokens.unwrap_or(d.max_batched_tokens),
-            max_seqs: self.max_seqs.unwrap_or(d.max_seqs),
-            chunked_prefill: self.chunked_prefill.unwrap_or(d.chunked_prefill),
-            kv_block_size: self.kv_block_size.unwrap_or(d.kv_block_size),
-            kv_cache_fraction: self.kv_cache_fraction.unwrap_or(d.kv_cache_fraction),
+        ServeGiven {
+            prompt: self.prompt_len,
+            output: self.output_len,
+            max_batched_tokens: self.max_batched_tokens,
+            max_seqs: self.max_seqs,
+            chunked_prefill: self.chunked_prefill,
+            kv_block_size: self.kv_block_size,
+            kv_cache_fraction: self.kv_cache_fraction,
             kv_blocks: self.kv_blocks,
-            arrival: self.arrival.unwrap_or(d.arrival),
-            arrival_seed: seed,
-            warmup_secs: self.warmup_secs.unwrap_or(d.warmup_secs),
-            duration_secs: self.duration_secs.unwrap_or(d.duration_secs),
-            drain_secs: self.drain_secs.unwrap_or(d.drain_secs),
+            arrival: self.arrival,
+            warmup_secs: self.warmup_secs,
+            duration_secs: self.duration_secs,
+            drain_secs: self.drain_secs,
             slo_ttft_p99_ms: self.slo_ttft_p99_ms,
             slo_tpot_p99_ms: self.slo_tpot_p99_ms,
-            resolution: self.resolution_pct.map_or(d.resolution, |r| r / 100.0),
-            max_steps: self.max_steps.unwrap_or(d.max_steps),
+            resolution: self.resolution_pct.map(|r| r / 100.0),
+            max_steps: self.max_steps,
         }
+        .settings(seed)
     }
 
     /// What a search's keys must hold, for the kinds of model it lists.
