@@ -15,7 +15,7 @@ const FUNCTION_LINES: usize = 80;
 /// The files still over [`FILE_LINES`], each to be split.
 const LONG_FILES: &[&str] = &["profiler/src/results/runs.rs"];
 /// The most functions over [`FUNCTION_LINES`] outside tests.
-const LONG_FUNCTIONS: usize = 46;
+const LONG_FUNCTIONS: usize = 44;
 
 #[test]
 fn no_file_passes_a_thousand_lines_but_those_named() {
@@ -46,7 +46,10 @@ fn no_file_passes_a_thousand_lines_but_those_named() {
 fn functions_over_eighty_lines_do_not_grow_in_number() {
     let root = repository();
     let mut long = Vec::new();
-    for file in sources(&root).into_iter().filter(|f| !is_test_file(f)) {
+    for file in sources(&root)
+        .into_iter()
+        .filter(|f| !is_test_file(f.strip_prefix(&root).unwrap()))
+    {
         let text = std::fs::read_to_string(&file).unwrap();
         for (name, lines) in functions(&text) {
             if lines > FUNCTION_LINES {
@@ -74,12 +77,12 @@ fn functions_over_eighty_lines_do_not_grow_in_number() {
 /// their indentation, test modules left out, declarations without a body skipped.
 #[test]
 fn functions_are_measured_from_their_signature_to_their_closing_brace() {
-    let text = "pub fn a(\n    x: u8,\n) -> u8 {\n    x\n}\n\nimpl T {\n    fn b(&self) {\n        if c {\n        }\n    }\n}\n\
+    let text = "pub fn a(\n    x: u8,\n) -> u8 {\n    x\n}\n\nimpl T {\n    fn b(&self) {\n        if c {\n        }\n    }\n    fn f(&self) {}\n}\n\
                 trait U {\n    fn d(&self);\n}\n#[cfg(test)]\nmod tests {\n    fn e() {\n    }\n}\n";
     assert_eq!(
         functions(text),
-        [("a".to_string(), 5), ("b".to_string(), 4)],
-        "a spans 5 lines, b 4; d has no body; e is a test's"
+        [("a".to_string(), 5), ("b".to_string(), 4), ("f".to_string(), 1)],
+        "a spans 5 lines, b 4, f one; d has no body; e is a test's"
     );
 }
 
@@ -104,7 +107,8 @@ fn sources(root: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// Integration tests and their support: a test's length is its own business.
+/// Integration tests and their support (`file` relative to the repository): a test's length is its
+/// own business.
 fn is_test_file(file: &Path) -> bool {
     file.components().any(|c| c.as_os_str() == "tests")
 }
@@ -127,13 +131,16 @@ fn functions(text: &str) -> Vec<(String, usize)> {
         };
         let indent = line.len() - line.trim_start().len();
         // The signature ends at its body's brace, or at a semicolon for a declaration.
-        let Some(open) = (i..end).find(|&j| {
-            let l = lines[j].trim_end();
-            l.ends_with('{') || l.ends_with(';')
-        }) else {
+        let Some(open) = (i..end).find(|&j| lines[j].contains('{') || lines[j].trim_end().ends_with(';')) else {
             break;
         };
-        if lines[open].trim_end().ends_with(';') {
+        if !lines[open].contains('{') {
+            i = open + 1;
+            continue;
+        }
+        // A body that closes on the line it opens (`fn f() {}`).
+        if lines[open].matches('{').count() == lines[open].matches('}').count() {
+            out.push((name, open - i + 1));
             i = open + 1;
             continue;
         }

@@ -168,7 +168,8 @@ pub fn run(
         };
         crate::load::generation::run(job, device, context, &identity, out, log).map(Ran::Served)
     } else {
-        execute(spec, device, context.clone(), identity)
+        fits_by_shape(cell, spec, device)
+            .and_then(|()| execute(spec, device, context.clone(), identity))
             .and_then(|run| write_run(out, &run).map(|_| Ran::Measured(Box::new(run))))
     };
     if let (Err(e), true) = (&ran, target.records_failures) {
@@ -187,11 +188,10 @@ pub fn run(
     ran
 }
 
-/// The cell's preflight: what its device cannot run is refused before the job builds anything.
-/// A load job is checked whole (its dtype, its kernels, its largest batch's memory: a search takes
-/// minutes); a language model's serving job sizes its own cache from what the device has; a
-/// generation that cannot fit is known from the model's shape, and refused as out of memory instead
-/// of building gigabytes of weights to find out (a `max` search's probes find the limit by running).
+/// The cell's preflight: what its device cannot run is refused before the job builds anything, and
+/// leaves no row (the input's fault, said at once). A load job is checked whole (its dtype, its
+/// kernels, its largest batch's memory: a search takes minutes); a language model's serving job its
+/// dtype and a cache it was given (it sizes its own from what the device has otherwise).
 fn check(cell: &CellSpec, spec: &RunSpec, device: &OpenDevice, keys: Keys) -> Result<()> {
     let one = std::slice::from_ref(spec);
     preflight::check_precision(one, device)?;
@@ -207,16 +207,26 @@ fn check(cell: &CellSpec, spec: &RunSpec, device: &OpenDevice, keys: Keys) -> Re
             )
         });
     }
-    if spec.lengths.is_some() && cell.serve.is_none() && cell.purpose == Purpose::Measure {
-        preflight::check_memory(one, device).map_err(|e| {
-            if e.is::<estimate::DoesNotFit>() {
-                e.context("out of memory before it starts, by the estimate from the model's shape")
-            } else {
-                e
-            }
-        })?;
+    if let Some(settings) = &cell.serve {
+        return crate::load::generation::preflight(spec, settings, device);
     }
     Ok(())
+}
+
+/// A generation that cannot fit is known from the model's shape: the cell ends out of memory (its
+/// row says so, as a run that ran out does) instead of building gigabytes of weights to find out. A
+/// `max` search's probes find the limit by running.
+fn fits_by_shape(cell: &CellSpec, spec: &RunSpec, device: &OpenDevice) -> Result<()> {
+    if spec.lengths.is_none() || cell.purpose != Purpose::Measure {
+        return Ok(());
+    }
+    preflight::check_memory(std::slice::from_ref(spec), device).map_err(|e| {
+        if e.is::<estimate::DoesNotFit>() {
+            e.context("out of memory before it starts, by the estimate from the model's shape")
+        } else {
+            e
+        }
+    })
 }
 
 #[cfg(test)]

@@ -25,6 +25,9 @@ use crate::run::measure::{Stop, Warmup};
 use crate::run::record::{CellIdentity, FailedWorkload, Failure, Status};
 use crate::run::spec::{Precision, RunSpec};
 
+/// The dtypes a cell may ask for, as `--dtype` spells them.
+pub const DTYPES: [&str; 4] = ["f32", "bf16", "f16", "tf32"];
+
 /// The contract's version: bumped when a field changes meaning; a child refuses other versions.
 pub const CELL_SPEC_VERSION: u32 = 1;
 

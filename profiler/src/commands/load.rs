@@ -279,9 +279,9 @@ fn served(args: &LoadArgs) -> Result<RunSpec> {
     })
 }
 
-/// `migprof load` for a language model: its requests served by a continuous batcher over a paged KV
-/// cache, at each rate or searched for the highest within both objectives.
-fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
+/// Refuses the flags of a model served one pass per request given for a language model, naming its
+/// own.
+fn refuse_pass_flags(args: &LoadArgs) -> Result<()> {
     let foreign: Vec<&str> = [
         ("--seq-len", args.seq_len.is_some()),
         ("--max-batch", args.max_batch.is_some()),
@@ -301,6 +301,13 @@ fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
             args.model
         );
     }
+    Ok(())
+}
+
+/// `migprof load` for a language model: its requests served by a continuous batcher over a paged KV
+/// cache, at each rate or searched for the highest within both objectives.
+fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
+    refuse_pass_flags(&args)?;
     let a = &args.serving;
     let settings = ServeGiven {
         prompt: a.prompt_len,

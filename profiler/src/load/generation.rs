@@ -74,8 +74,17 @@ impl Engine for ModelEngine {
 /// at most this many bytes of cache.
 const CPU_CACHE_BYTES: usize = 1 << 30;
 
-/// Refuses `--kv-blocks` whose cache is larger than the target could hold (a GPU's or slice's
-/// memory, the host's available memory on the CPU), before the model or the cache is made.
+/// A serving job's preflight: `--kv-blocks` whose cache is larger than the target could hold (a
+/// GPU's or slice's memory, the host's available memory on the CPU) is refused before the model or
+/// the cache is made.
+pub fn preflight(spec: &RunSpec, settings: &ServeSettings, device: &OpenDevice) -> Result<()> {
+    let (_, info) = workloads::lookup(&spec.model)?;
+    let Some(cfg) = info.decoder else {
+        bail!("{} is not a language model", spec.model)
+    };
+    check_given_blocks(settings, &cfg, spec.precision.dtype(), device)
+}
+
 fn check_given_blocks(
     s: &ServeSettings,
     cfg: &workloads::models::decoder::Config,
@@ -142,7 +151,6 @@ pub fn run(
     };
     let max_model_len = decoder_cfg.max_position_embeddings as u32;
     let bs = settings.kv_block_size.get();
-    check_given_blocks(settings, &decoder_cfg, spec.precision.dtype(), device)?;
     // The largest piece an iteration runs, from a prompt's start and after a first piece as long:
     // the memory sizing measures their workspace.
     let profile_tokens = (settings.max_batched_tokens.min(max_model_len)) as usize;

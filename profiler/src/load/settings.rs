@@ -369,7 +369,12 @@ mod tests {
         }
         .settings(3);
         assert_eq!(
-            (serve.chunked_prefill, serve.kv_blocks, serve.resolution, serve.arrival_seed),
+            (
+                serve.chunked_prefill,
+                serve.kv_blocks,
+                serve.resolution,
+                serve.arrival_seed
+            ),
             (false, Some(100), 0.05, 3)
         );
         assert_eq!(serve.max_seqs, SERVE_DEFAULTS.max_seqs);

@@ -7,10 +7,12 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
+use crate::cell::spec::DTYPES;
 use crate::device::DeviceSpec;
-use crate::load::lengths::LengthDist;
-use crate::load::settings::{LoadGiven, LoadSettings, ServeGiven, ServeSettings};
 use crate::run::limits;
+
+mod capacity;
+pub use capacity::{CapacitySearch, Served};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -28,245 +30,6 @@ pub struct SweepFile {
     /// Capacity searches: each model's highest rate within a p99 objective on every target run alone.
     #[serde(default)]
     pub capacity: Vec<CapacitySearch>,
-}
-
-/// A capacity search on every target that runs alone: a cell per target and model, `migprof load
-/// --search` in its child. A model served one forward pass per request is searched within
-/// `slo_p99_ms` (the `capacity` table); a language model, served by the continuous batcher, within
-/// `slo_ttft_p99_ms` and `slo_tpot_p99_ms` (the `serve_capacity` table). A key that applies to one
-/// kind is refused in a search that lists no model of that kind. A search runs several load steps:
-/// give it a `timeout_secs` to match (a language model's search cut off goes on from its measured
-/// steps when the sweep runs again; the other kind's starts over).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CapacitySearch {
-    pub models: Vec<String>,
-    #[serde(default = "bf16")]
-    pub dtype: String,
-    #[serde(default)]
-    pub arrival: Option<crate::load::arrival::Arrival>,
-    /// Percent: the search stops once its bracket is this narrow.
-    #[serde(default)]
-    pub resolution_pct: Option<f64>,
-    #[serde(default)]
-    pub warmup_secs: Option<f64>,
-    // Models served one forward pass per request.
-    #[serde(default)]
-    pub seq_len: Option<usize>,
-    #[serde(default)]
-    pub slo_p99_ms: Option<f64>,
-    #[serde(default)]
-    pub max_batch: Option<usize>,
-    #[serde(default)]
-    pub max_delay_ms: Option<f64>,
-    #[serde(default)]
-    pub min_requests: Option<usize>,
-    // Language models.
-    #[serde(default)]
-    pub slo_ttft_p99_ms: Option<f64>,
-    #[serde(default)]
-    pub slo_tpot_p99_ms: Option<f64>,
-    #[serde(default, deserialize_with = "length")]
-    pub prompt_len: Option<LengthDist>,
-    #[serde(default, deserialize_with = "length")]
-    pub output_len: Option<LengthDist>,
-    #[serde(default)]
-    pub max_batched_tokens: Option<u32>,
-    #[serde(default)]
-    pub max_seqs: Option<u32>,
-    #[serde(default)]
-    pub chunked_prefill: Option<bool>,
-    #[serde(default)]
-    pub kv_block_size: Option<workloads::BlockSize>,
-    #[serde(default)]
-    pub kv_cache_fraction: Option<f64>,
-    #[serde(default)]
-    pub kv_blocks: Option<u32>,
-    #[serde(default)]
-    pub duration_secs: Option<f64>,
-    #[serde(default)]
-    pub drain_secs: Option<f64>,
-    #[serde(default)]
-    pub max_steps: Option<usize>,
-}
-
-/// A length as `--prompt-len` takes it: a number of tokens, or a distribution's text.
-fn length<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<LengthDist>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        Number(i64),
-        Fraction(f64),
-        Text(String),
-    }
-    let text = match Raw::deserialize(d)? {
-        Raw::Number(n) => n.to_string(),
-        // Refused by the parse, which names the forms a length takes.
-        Raw::Fraction(x) => x.to_string(),
-        Raw::Text(t) => t,
-    };
-    text.parse().map(Some).map_err(serde::de::Error::custom)
-}
-
-/// How a capacity search serves a model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Served {
-    /// One forward pass per request, behind the dynamic batcher.
-    Passes,
-    /// Generation, by the continuous batcher.
-    Generation,
-}
-
-impl Served {
-    pub fn of(model: &str) -> Served {
-        match workloads::lookup(model).is_ok_and(|(_, info)| info.family.is_decoder()) {
-            true => Served::Generation,
-            false => Served::Passes,
-        }
-    }
-
-    fn models(self) -> &'static str {
-        match self {
-            Served::Passes => "models served one forward pass per request (image and encoder models)",
-            Served::Generation => "language models",
-        }
-    }
-}
-
-impl CapacitySearch {
-    /// The keys given that apply to one kind of model only, with that kind.
-    fn kind_keys(&self) -> Vec<(&'static str, Served)> {
-        use Served::{Generation, Passes};
-        [
-            ("seq_len", self.seq_len.is_some(), Passes),
-            ("slo_p99_ms", self.slo_p99_ms.is_some(), Passes),
-            ("max_batch", self.max_batch.is_some(), Passes),
-            ("max_delay_ms", self.max_delay_ms.is_some(), Passes),
-            ("min_requests", self.min_requests.is_some(), Passes),
-            ("slo_ttft_p99_ms", self.slo_ttft_p99_ms.is_some(), Generation),
-            ("slo_tpot_p99_ms", self.slo_tpot_p99_ms.is_some(), Generation),
-            ("prompt_len", self.prompt_len.is_some(), Generation),
-            ("output_len", self.output_len.is_some(), Generation),
-            ("max_batched_tokens", self.max_batched_tokens.is_some(), Generation),
-            ("max_seqs", self.max_seqs.is_some(), Generation),
-            ("chunked_prefill", self.chunked_prefill.is_some(), Generation),
-            ("kv_block_size", self.kv_block_size.is_some(), Generation),
-            ("kv_cache_fraction", self.kv_cache_fraction.is_some(), Generation),
-            ("kv_blocks", self.kv_blocks.is_some(), Generation),
-            ("duration_secs", self.duration_secs.is_some(), Generation),
-            ("drain_secs", self.drain_secs.is_some(), Generation),
-            ("max_steps", self.max_steps.is_some(), Generation),
-        ]
-        .into_iter()
-        .filter_map(|(key, given, kind)| given.then_some((key, kind)))
-        .collect()
-    }
-
-    /// The load settings of a model served one forward pass per request: `migprof load`'s defaults
-    /// where a key is not given.
-    pub fn load_settings(&self, seed: u64) -> LoadSettings {
-        LoadGiven {
-            arrival: self.arrival,
-            max_batch: self.max_batch,
-            max_delay_ms: self.max_delay_ms,
-            warmup_secs: self.warmup_secs,
-            // A search's steps run until they hold `min_requests`.
-            duration_secs: Some(0.0),
-            slo_p99_ms: self.slo_p99_ms,
-            resolution: self.resolution_pct.map(|r| r / 100.0),
-            min_requests: self.min_requests,
-        }
-        .settings(seed)
-    }
-
-    /// The serving settings of a language model: `migprof load`'s defaults where a key is not given.
-    pub fn serve_settings(&self, seed: u64) -> ServeSettings {
-        ServeGiven {
-            prompt: self.prompt_len,
-            output: self.output_len,
-            max_batched_tokens: self.max_batched_tokens,
-            max_seqs: self.max_seqs,
-            chunked_prefill: self.chunked_prefill,
-            kv_block_size: self.kv_block_size,
-            kv_cache_fraction: self.kv_cache_fraction,
-            kv_blocks: self.kv_blocks,
-            arrival: self.arrival,
-            warmup_secs: self.warmup_secs,
-            duration_secs: self.duration_secs,
-            drain_secs: self.drain_secs,
-            slo_ttft_p99_ms: self.slo_ttft_p99_ms,
-            slo_tpot_p99_ms: self.slo_tpot_p99_ms,
-            resolution: self.resolution_pct.map(|r| r / 100.0),
-            max_steps: self.max_steps,
-        }
-        .settings(seed)
-    }
-
-    /// What a search's keys must hold, for the kinds of model it lists.
-    fn check(&self, at: &str, seed: u64) -> Result<()> {
-        let kinds: Vec<Served> = self.models.iter().map(|m| Served::of(m)).collect();
-        for (key, kind) in self.kind_keys() {
-            if !kinds.contains(&kind) {
-                bail!(
-                    "{at}: {key} applies to {}, and models lists none ({})",
-                    kind.models(),
-                    self.models.join(", ")
-                );
-            }
-        }
-        let positive = |v: Option<f64>| v.is_some_and(|v| v > 0.0 && v.is_finite());
-        if kinds.contains(&Served::Passes) && !positive(self.slo_p99_ms) {
-            bail!(
-                "{at}: slo_p99_ms: the p99 objective in milliseconds (above 0) is required for {}",
-                Served::Passes.models()
-            );
-        }
-        if kinds.contains(&Served::Generation) && !(positive(self.slo_ttft_p99_ms) && positive(self.slo_tpot_p99_ms)) {
-            bail!("{at}: slo_ttft_p99_ms and slo_tpot_p99_ms: both objectives in milliseconds (above 0) are required for language models");
-        }
-        if let Some(r) = self.resolution_pct.filter(|r| !(*r > 0.0 && *r < 100.0)) {
-            bail!("{at}: resolution_pct = {r}: expected a percentage above 0 and below 100");
-        }
-        if let Some(w) = self.warmup_secs {
-            limits::seconds(&format!("{at}: warmup_secs"), w, false).map_err(anyhow::Error::msg)?;
-        }
-        if kinds.contains(&Served::Passes) {
-            let l = self.load_settings(seed);
-            let refused = |e: String| anyhow::anyhow!("{at}: {e}");
-            limits::BATCH.check("max_batch", l.max_batch as u64).map_err(refused)?;
-            limits::milliseconds("max_delay_ms", l.max_delay_ms, false).map_err(refused)?;
-            if let Some(slo) = l.slo_p99_ms {
-                limits::milliseconds("slo_p99_ms", slo, true).map_err(refused)?;
-            }
-            limits::MIN_REQUESTS
-                .check("min_requests", l.min_requests as u64)
-                .map_err(refused)?;
-            if let Some(n) = self.seq_len {
-                limits::TOKENS.check("seq_len", n as u64).map_err(refused)?;
-            }
-        }
-        if kinds.contains(&Served::Generation) {
-            let s = self.serve_settings(seed);
-            s.check(true, crate::load::settings::Keys::SweepFile)
-                .map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
-            // A request of the lengths' means must fit the model, or every step refuses its requests.
-            let mean = s.prompt.mean() + s.output.mean();
-            for model in self.models.iter().filter(|m| Served::of(m) == Served::Generation) {
-                if let Ok((_, info)) = workloads::lookup(model) {
-                    if let workloads::InputShape::Prompt { max_positions, .. } = info.input {
-                        if mean > max_positions as f64 {
-                            bail!(
-                                "{at}: prompt_len {} and output_len {} make requests of {mean:.0} tokens on average; {model} holds {max_positions} positions",
-                                s.prompt,
-                                s.output
-                            );
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 /// A concurrent group: its targets run each matrix cell at the same time (a member's cell process per
@@ -482,6 +245,36 @@ impl SweepFile {
 
     /// What TOML cannot say: names that must exist, values that must fit.
     fn check(&self) -> Result<()> {
+        self.check_defaults()?;
+        let labels = self.check_targets()?;
+        let mut group_labels = std::collections::HashSet::new();
+        for (i, g) in self.groups.iter().enumerate() {
+            let at = format!("[[groups]] #{} `{}`", i + 1, g.label);
+            if g.label.is_empty() || !group_labels.insert(g.label.as_str()) {
+                bail!("{at}: label is empty or used twice; each group needs its own");
+            }
+            self.check_group(&at, g, &labels)?;
+        }
+        if self.targets.iter().all(|t| !t.alone) && self.groups.is_empty() {
+            bail!("every target has alone = false and there is no [[groups]]: nothing would run");
+        }
+        if self.matrix.is_empty() && self.capacity.is_empty() {
+            bail!("no [[matrix]] and no [[capacity]]: give at least one, e.g. [[matrix]] models = [\"resnet18\"] batches = [1, 8]");
+        }
+        if !self.capacity.is_empty() && self.targets.iter().all(|t| !t.alone) {
+            bail!("[[capacity]] searches run on targets alone, and every target has alone = false");
+        }
+        for (i, c) in self.capacity.iter().enumerate() {
+            c.check(&format!("[[capacity]] #{}", i + 1), self.defaults.seed)?;
+        }
+        for (i, m) in self.matrix.iter().enumerate() {
+            m.check(&format!("[[matrix]] #{}", i + 1))?;
+        }
+        Ok(())
+    }
+
+    /// `[defaults]` and the sweep's name.
+    fn check_defaults(&self) -> Result<()> {
         let d = &self.defaults;
         for (key, v, positive) in [
             ("warmup_secs", d.warmup_secs, false),
@@ -507,6 +300,12 @@ impl SweepFile {
                 self.name
             );
         }
+        Ok(())
+    }
+
+    /// The targets, each with its own label and a device that parses, at most one the baseline:
+    /// their labels.
+    fn check_targets(&self) -> Result<std::collections::HashSet<&str>> {
         if self.targets.is_empty() {
             bail!("no [[targets]]: name at least one, e.g. [[targets]] label = \"cpu\" device = \"cpu\"");
         }
@@ -535,181 +334,152 @@ impl SweepFile {
                 baselines.join(", ")
             );
         }
-        let mut group_labels = std::collections::HashSet::new();
-        for (i, g) in self.groups.iter().enumerate() {
-            let at = format!("[[groups]] #{} `{}`", i + 1, g.label);
-            if g.label.is_empty() || !group_labels.insert(g.label.as_str()) {
-                bail!("{at}: label is empty or used twice; each group needs its own");
+        Ok(labels)
+    }
+
+    /// One group (`at` names it) of targets among `labels`: concurrent, two or more members each
+    /// once, emulated members of one GPU emulated one way, a busy neighbour that runs.
+    fn check_group(&self, at: &str, g: &Group, labels: &std::collections::HashSet<&str>) -> Result<()> {
+        if !g.concurrent {
+            bail!("{at}: concurrent = false; a group runs its targets at once (targets that run apart need no group)");
+        }
+        if g.targets.len() < 2 {
+            bail!("{at}: targets: a group needs at least two");
+        }
+        let mut seen = std::collections::HashSet::new();
+        for t in &g.targets {
+            if !labels.contains(t.as_str()) {
+                let known: Vec<&str> = self.targets.iter().map(|t| t.label.as_str()).collect();
+                bail!("{at}: targets: no target `{t}`; targets: {}", known.join(", "));
             }
-            if !g.concurrent {
-                bail!(
-                    "{at}: concurrent = false; a group runs its targets at once (targets that run apart need no group)"
-                );
-            }
-            if g.targets.len() < 2 {
-                bail!("{at}: targets: a group needs at least two");
-            }
-            let mut seen = std::collections::HashSet::new();
-            for t in &g.targets {
-                if !labels.contains(t.as_str()) {
-                    let known: Vec<&str> = self.targets.iter().map(|t| t.label.as_str()).collect();
-                    bail!("{at}: targets: no target `{t}`; targets: {}", known.join(", "));
-                }
-                if !seen.insert(t.as_str()) {
-                    bail!("{at}: targets: `{t}` twice; a target is one device and runs one member");
-                }
-            }
-            // The mps-mem: members of a GPU share one memory-system neighbour on the SMs none of
-            // them has; an mps: member beside them would run on those SMs too.
-            let mut ways: std::collections::HashMap<String, (crate::mps::MemoryEmulation, &str)> =
-                std::collections::HashMap::new();
-            for t in &g.targets {
-                let device = self
-                    .targets
-                    .iter()
-                    .find(|x| &x.label == t)
-                    .map_or("", |x| x.device.as_str());
-                let Some(Ok(target)) = crate::mps::MpsTarget::parse_device(device) else {
-                    continue;
-                };
-                let gpu = target.gpu.clone().unwrap_or_else(|| "0".into());
-                match ways.get(&gpu) {
-                    Some((way, other)) if *way != target.memory => bail!(
-                        "{at}: targets `{other}` and `{t}` emulate slices of one GPU, one alone (mps:) and one memory-partitioned (mps-mem:); a group's emulated members on a GPU are all mps: or all mps-mem: (the mps-mem: members share one memory-system neighbour on the SMs none of them has)"
-                    ),
-                    Some(_) => {}
-                    None => {
-                        ways.insert(gpu, (target.memory, t.as_str()));
-                    }
-                }
-            }
-            if let Some(b) = &g.busy {
-                if !workloads::model_names().contains(&b.model.as_str()) {
-                    bail!(
-                        "{at}: busy: unknown model `{}`; valid models: {}",
-                        b.model,
-                        workloads::model_names().join(", ")
-                    );
-                }
-                if workloads::lookup(&b.model).is_ok_and(|(_, info)| info.family.is_decoder()) {
-                    bail!("{at}: busy: `{}` is a language model; a busy neighbour runs an image or encoder model (mode infer or train)", b.model);
-                }
-                if !["infer", "train"].contains(&b.mode.as_str())
-                    || !DTYPES.contains(&b.dtype.as_str())
-                    || limits::BATCH.check("batch", b.batch as u64).is_err()
-                {
-                    bail!(
-                        "{at}: busy: mode infer|train, dtype one of {}, a batch from 1 to {}",
-                        DTYPES.join(", "),
-                        limits::BATCH.max
-                    );
-                }
+            if !seen.insert(t.as_str()) {
+                bail!("{at}: targets: `{t}` twice; a target is one device and runs one member");
             }
         }
-        if self.targets.iter().all(|t| !t.alone) && self.groups.is_empty() {
-            bail!("every target has alone = false and there is no [[groups]]: nothing would run");
-        }
-        if self.matrix.is_empty() && self.capacity.is_empty() {
-            bail!("no [[matrix]] and no [[capacity]]: give at least one, e.g. [[matrix]] models = [\"resnet18\"] batches = [1, 8]");
-        }
-        if !self.capacity.is_empty() && self.targets.iter().all(|t| !t.alone) {
-            bail!("[[capacity]] searches run on targets alone, and every target has alone = false");
-        }
-        for (i, c) in self.capacity.iter().enumerate() {
-            let at = format!("[[capacity]] #{}", i + 1);
-            if c.models.is_empty() {
-                bail!("{at}: models is empty");
-            }
-            for model in &c.models {
-                // A folder is read here, so that one that is not a language model's is said now.
-                workloads::check_name(model)
-                    .map_err(anyhow::Error::msg)
-                    .and_then(|()| workloads::lookup(model).map(drop).map_err(anyhow::Error::from))
-                    .map_err(|e| anyhow::anyhow!("{at}: models: {e:#}"))?;
-            }
-            if !DTYPES.contains(&c.dtype.as_str()) {
-                bail!(
-                    "{at}: dtype: unknown dtype `{}`; valid dtypes: {}",
-                    c.dtype,
-                    DTYPES.join(", ")
-                );
-            }
-            c.check(&at, self.defaults.seed)?;
-        }
-        for (i, m) in self.matrix.iter().enumerate() {
-            let at = format!("[[matrix]] #{}", i + 1);
-            for model in &m.models {
-                workloads::check_name(model).map_err(|e| anyhow::anyhow!("{at}: models: {e}"))?;
-            }
-            let modes = m
-                .modes
+        // The mps-mem: members of a GPU share one memory-system neighbour on the SMs none of
+        // them has; an mps: member beside them would run on those SMs too.
+        let mut ways: std::collections::HashMap<String, (crate::mps::MemoryEmulation, &str)> =
+            std::collections::HashMap::new();
+        for t in &g.targets {
+            let device = self
+                .targets
                 .iter()
-                .map(|mode| workloads::Mode::parse(mode).map_err(|e| anyhow::anyhow!("{at}: modes: {e}")))
-                .collect::<Result<Vec<_>>>()?;
-            for b in &m.batches {
-                if let BatchSize::Fixed(b) = b {
-                    limits::BATCH
-                        .check(&format!("{at}: batches"), *b as u64)
-                        .map_err(anyhow::Error::msg)?;
+                .find(|x| &x.label == t)
+                .map_or("", |x| x.device.as_str());
+            let Some(Ok(target)) = crate::mps::MpsTarget::parse_device(device) else {
+                continue;
+            };
+            let gpu = target.gpu.clone().unwrap_or_else(|| "0".into());
+            match ways.get(&gpu) {
+                Some((way, other)) if *way != target.memory => bail!(
+                    "{at}: targets `{other}` and `{t}` emulate slices of one GPU, one alone (mps:) and one memory-partitioned (mps-mem:); a group's emulated members on a GPU are all mps: or all mps-mem: (the mps-mem: members share one memory-system neighbour on the SMs none of them has)"
+                ),
+                Some(_) => {}
+                None => {
+                    ways.insert(gpu, (target.memory, t.as_str()));
                 }
             }
-            for (key, lengths) in [
-                ("seq_lens", &m.seq_lens),
-                ("prompt_lens", &m.prompt_lens),
-                ("output_lens", &m.output_lens),
-            ] {
-                for &l in lengths {
-                    limits::TOKENS
-                        .check(&format!("{at}: {key}"), l as u64)
-                        .map_err(anyhow::Error::msg)?;
-                }
-            }
-            for model in &m.models {
-                let (_, info) = workloads::lookup(model).with_context(|| format!("{at}: models"))?;
-                let fitting = workloads::Mode::fitting(&modes, &info)
-                    .map_err(|why| anyhow::anyhow!("{at}: no mode of the matrix runs `{model}`: {why}"))?;
-                if let (true, workloads::InputShape::Prompt { max_positions, .. }) =
-                    (fitting.contains(&workloads::Mode::Generate), info.input)
-                {
-                    for l in m.lengths() {
-                        // Named as this file names them, not as `migprof run`'s flags.
-                        l.check(model, max_positions).map_err(|e| {
-                            let e = e
-                                .replace("--prompt-len", "prompt_lens")
-                                .replace("--output-len", "output_lens");
-                            anyhow::anyhow!("{at}: {e}")
-                        })?;
-                    }
-                }
-            }
-            for dtype in &m.dtypes {
-                if !DTYPES.contains(&dtype.as_str()) {
-                    bail!(
-                        "{at}: dtypes: unknown dtype `{dtype}`; valid dtypes: {}",
-                        DTYPES.join(", ")
-                    );
-                }
-            }
-            for (key, list) in [
-                ("models", m.models.len()),
-                ("modes", m.modes.len()),
-                ("dtypes", m.dtypes.len()),
-                ("batches", m.batches.len()),
-            ] {
-                if list == 0 {
-                    bail!("{at}: {key} is empty");
-                }
-            }
-            m.kernel_options().with_context(|| at.clone())?;
-            m.master_weights().with_context(|| at.clone())?;
-            m.kv_layouts().with_context(|| at.clone())?;
         }
+        if let Some(b) = &g.busy {
+            if !workloads::model_names().contains(&b.model.as_str()) {
+                bail!(
+                    "{at}: busy: unknown model `{}`; valid models: {}",
+                    b.model,
+                    workloads::model_names().join(", ")
+                );
+            }
+            if workloads::lookup(&b.model).is_ok_and(|(_, info)| info.family.is_decoder()) {
+                bail!("{at}: busy: `{}` is a language model; a busy neighbour runs an image or encoder model (mode infer or train)", b.model);
+            }
+            if !["infer", "train"].contains(&b.mode.as_str())
+                || !DTYPES.contains(&b.dtype.as_str())
+                || limits::BATCH.check("batch", b.batch as u64).is_err()
+            {
+                bail!(
+                    "{at}: busy: mode infer|train, dtype one of {}, a batch from 1 to {}",
+                    DTYPES.join(", "),
+                    limits::BATCH.max
+                );
+            }
+        }
+
         Ok(())
     }
 }
 
-/// The dtypes a cell may ask for, as `--dtype` spells them.
-pub const DTYPES: [&str; 4] = ["f32", "bf16", "f16", "tf32"];
+impl Matrix {
+    /// One matrix (`at` names it): models, modes, batches, lengths, dtypes, kernel options, master
+    /// weights and cache layouts that a run takes.
+    fn check(&self, at: &str) -> Result<()> {
+        for model in &self.models {
+            workloads::check_name(model).map_err(|e| anyhow::anyhow!("{at}: models: {e}"))?;
+        }
+        let modes = self
+            .modes
+            .iter()
+            .map(|mode| workloads::Mode::parse(mode).map_err(|e| anyhow::anyhow!("{at}: modes: {e}")))
+            .collect::<Result<Vec<_>>>()?;
+        for b in &self.batches {
+            if let BatchSize::Fixed(b) = b {
+                limits::BATCH
+                    .check(&format!("{at}: batches"), *b as u64)
+                    .map_err(anyhow::Error::msg)?;
+            }
+        }
+        for (key, lengths) in [
+            ("seq_lens", &self.seq_lens),
+            ("prompt_lens", &self.prompt_lens),
+            ("output_lens", &self.output_lens),
+        ] {
+            for &l in lengths {
+                limits::TOKENS
+                    .check(&format!("{at}: {key}"), l as u64)
+                    .map_err(anyhow::Error::msg)?;
+            }
+        }
+        for model in &self.models {
+            let (_, info) = workloads::lookup(model).with_context(|| format!("{at}: models"))?;
+            let fitting = workloads::Mode::fitting(&modes, &info)
+                .map_err(|why| anyhow::anyhow!("{at}: no mode of the matrix runs `{model}`: {why}"))?;
+            if let (true, workloads::InputShape::Prompt { max_positions, .. }) =
+                (fitting.contains(&workloads::Mode::Generate), info.input)
+            {
+                for l in self.lengths() {
+                    // Named as this file names them, not as `migprof run`'s flags.
+                    l.check(model, max_positions).map_err(|e| {
+                        let e = e
+                            .replace("--prompt-len", "prompt_lens")
+                            .replace("--output-len", "output_lens");
+                        anyhow::anyhow!("{at}: {e}")
+                    })?;
+                }
+            }
+        }
+        for dtype in &self.dtypes {
+            if !DTYPES.contains(&dtype.as_str()) {
+                bail!(
+                    "{at}: dtypes: unknown dtype `{dtype}`; valid dtypes: {}",
+                    DTYPES.join(", ")
+                );
+            }
+        }
+        for (key, list) in [
+            ("models", self.models.len()),
+            ("modes", self.modes.len()),
+            ("dtypes", self.dtypes.len()),
+            ("batches", self.batches.len()),
+        ] {
+            if list == 0 {
+                bail!("{at}: {key} is empty");
+            }
+        }
+        self.kernel_options().with_context(|| at.to_string())?;
+        self.master_weights().with_context(|| at.to_string())?;
+        self.kv_layouts().with_context(|| at.to_string())?;
+
+        Ok(())
+    }
+}
 
 impl Matrix {
     /// A generate cell's lengths: every pair of `prompt_lens` and `output_lens`, the defaults where
@@ -772,6 +542,7 @@ impl Matrix {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::load::lengths::LengthDist;
 
     const EXAMPLE: &str = r#"
 name = "resnet-slices"
