@@ -107,12 +107,16 @@ def errors(origin, start, after, exact):
     return out
 
 
+def median(errs):
+    """The median of tensors' errors (`errors`), nan where no tensor moved."""
+    return statistics.median(errs.values()) if errs else float("nan")
+
+
 def error(origin, start, after, exact):
     """Median over tensors of |update - exact update| / |exact update|: the update from `start` (the
     weights the steps began from) to `after`, the exact one from `origin` (the f32 weights the f64 run
     began from) to `exact`."""
-    errs = list(errors(origin, start, after, exact).values())
-    return statistics.median(errs) if errs else float("nan")
+    return median(errors(origin, start, after, exact))
 
 
 def main():
@@ -172,6 +176,7 @@ def main():
         tensors = []
         for dtype in ("bf16", "f16"):
             auto, auto_skipped, auto_losses, auto_overflowed = run(f"autocast-{dtype}")
+            theirs = {n: errors(before, before, auto[n], exact[n]) for n in counts}
             ours, our_losses = {}, {}
             for masters in ("f32", "none"):
                 prefix = f"{args.work}/{name}-{dtype}-{masters}"
@@ -189,15 +194,15 @@ def main():
                     got = {k: v.double() for k, v in load_file(f"{prefix}-{n}.safetensors").items()}
                     # Without masters the steps start from the weights rounded to the dtype.
                     start = before if masters == "f32" else {k: v.to(HALF[dtype]).double() for k, v in before.items()}
-                    ours[masters, n] = (error(before, start, got, exact[n]), skipped)
+                    mine = errors(before, start, got, exact[n])
+                    ours[masters, n] = (median(mine), skipped)
                     if masters == "f32":
-                        theirs = errors(before, before, auto[n], exact[n])
-                        for k, e in errors(before, start, got, exact[n]).items():
+                        for k, e in mine.items():
                             tensors.append({"model": name, "dtype": dtype, "steps": n, "tensor": k,
-                                            "kind": tensor_kind(k, before[k].dim()), "pytorch_autocast": theirs[k],
+                                            "kind": tensor_kind(k, before[k].dim()), "pytorch_autocast": theirs[n][k],
                                             "migprof_masters": e})
             for n in counts:
-                e_f32, e_auto = error(before, before, f32[n], exact[n]), error(before, before, auto[n], exact[n])
+                e_f32, e_auto = error(before, before, f32[n], exact[n]), median(theirs[n])
                 mine, none = ours["f32", n], ours["none", n]
                 ratio = mine[0] / e_auto
                 rec = {"model": name, "dtype": dtype, "steps": n, "pytorch_f32": e_f32, "pytorch_autocast": e_auto,
