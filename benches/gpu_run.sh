@@ -77,8 +77,9 @@
 #              one decode step's kernels by Nsight Compute beside the graphed step (MODELS, BATCHES
 #              default 1; benches/decode_breakdown.py); STEP=ab this build against AB_BIN (the build
 #              before a change), alternated ROUNDS times (default 2) on generate cells of MODELS
-#              (default qwen2_5_1_5b,llama_3_2_1b) at BATCHES (default 1,8), and each build's decode
-#              step p50 with their ratio (benches/decode_ab.py)
+#              (default qwen2_5_1_5b,llama_3_2_1b) at BATCHES (default 1,8) on each of AB_DEVICES
+#              (default 0, the whole GPU; e.g. "0 mps:1g.18gb mps:3g.71gb"), and each build's decode
+#              step p50 with their ratio (benches/decode_ab.py), per device
 #   MIGPROF_GZ names another build (the CPU build does everything but run models on the GPU).
 #   MODELS and BATCHES narrow the comparison (defaults: the four families, inference at 1,8,32,128).
 set -uo pipefail
@@ -209,19 +210,26 @@ if [ "$mode" = decoders ] && [ "${STEP:-truth}" = ab ]; then
 [ -n "${AB_BIN:-}" ] || { echo "STEP=ab needs AB_BIN, the build before the change (.gz or .xz)" >&2; exit 2; }
 unpack "$AB_BIN" /tmp/migprof-ab
 models="${MODELS:-qwen2_5_1_5b,llama_3_2_1b}"; batches="${BATCHES:-1,8}"
-folders=()
-for round in $(seq 1 "${ROUNDS:-2}"); do
-    for side in before this; do
-        build="$bin"; [ "$side" = before ] && build=/tmp/migprof-ab
-        log "round $round, the build $side: $models, bf16, batch $batches, prompt 512, 128 tokens"
-        "$build" run --model "$models" --dtype bf16 --batch "$batches" --prompt-len 512 --output-len 128 \
-            --warmup 1 --iters 3 --device "$uuid" --out "$out/ab-$side-r$round" 2>&1 | grep -Ev "^(plot|report):"
-        folders+=("$out/ab-$side-r$round")
+log "MPS before"; mps_servers
+for dev in ${AB_DEVICES:-0}; do
+    [ "$dev" = 0 ] && dev="$uuid"
+    name="${dev//[:.]/-}"; [ "$dev" = "$uuid" ] && name=gpu
+    folders=()
+    for round in $(seq 1 "${ROUNDS:-2}"); do
+        for side in before this; do
+            build="$bin"; [ "$side" = before ] && build=/tmp/migprof-ab
+            log "$dev, round $round, the build $side: $models, bf16, batch $batches, prompt 512, 128 tokens"
+            "$build" run --model "$models" --dtype bf16 --batch "$batches" --prompt-len 512 --output-len 128 \
+                --warmup 1 --iters 3 --device "$dev" --out "$out/ab-$name-$side-r$round" 2>&1 | grep -Ev "^(plot|report):"
+            folders+=("$out/ab-$name-$side-r$round")
+        done
+        python3 benches/decode_ab.py "${folders[@]}" | tee "$out/decode-ab-$name.txt"
+        python3 benches/decode_ab.py "${folders[@]}" --markdown > "$out/decode-ab-$name.md"
+        python3 -c "import pyarrow.parquet as pq, sys; t = pq.read_table(sys.argv[1] + '/runs'); print('kernel_sm_count', sorted(set(t.column('kernel_sm_count').to_pylist())) if 'kernel_sm_count' in t.column_names else 'absent', 'sm_count', sorted(set(t.column('sm_count').to_pylist())))" "$out/ab-$name-this-r$round" | tee -a "$out/decode-ab-$name.txt"
+        cp "$out"/decode-ab-* "${OUT:-/tmp}/" 2>/dev/null
     done
-    python3 benches/decode_ab.py "${folders[@]}" | tee "$out/decode-ab.txt"
-    python3 benches/decode_ab.py "${folders[@]}" --markdown > "$out/decode-ab.md"
-    cp "$out"/decode-ab.* "${OUT:-/tmp}/" 2>/dev/null
 done
+log "MPS after"; mps_servers
 exit 0
 fi
 

@@ -75,6 +75,9 @@ pub struct DeviceInfo {
     /// The DRAM bandwidth the process reached, measured on a slice (real or emulated); `None`
     /// on a whole GPU and the CPU, or where the probe failed (it says so).
     pub memory_system: Option<gpu::memory_system::MemorySystem>,
+    /// The multiprocessors migprof's kernels size their grids to (a slice's, where the driver tells
+    /// the process its slice); `None` on the CPU.
+    pub kernel_sms: Option<u32>,
 }
 
 impl DeviceInfo {
@@ -150,11 +153,12 @@ impl DeviceSpec {
         };
         workloads::memory::pool_allocations(&device)?;
         Ok(OpenDevice {
-            device,
             info: DeviceInfo {
                 memory_system,
+                kernel_sms: kernel_sms(&device),
                 ..describe(selected)
             },
+            device,
             neighbour: None,
         })
     }
@@ -237,6 +241,7 @@ fn open_mps_client(target: &crate::mps::MpsTarget) -> Result<OpenDevice> {
     if let Err(e) = &reach {
         eprintln!("warning: could not measure what the MPS client got: {e:#}");
     }
+    hold_kernels_to_the_share(&device, reach.as_ref().ok().map(|r| r.sms));
     if let Some(why) = emulation.mismatch() {
         eprintln!("warning: {why}");
     }
@@ -251,14 +256,15 @@ fn open_mps_client(target: &crate::mps::MpsTarget) -> Result<OpenDevice> {
         }
     );
     Ok(OpenDevice {
-        device,
         info: DeviceInfo {
             kind: "mps",
             name,
             selected: Some(selected),
             emulation: Some(emulation),
             memory_system,
+            kernel_sms: kernel_sms(&device),
         },
+        device,
         neighbour: neighbour.map(std::sync::Mutex::new),
     })
 }
@@ -488,8 +494,33 @@ fn describe(selected: Selected) -> DeviceInfo {
         selected: Some(selected),
         emulation: None,
         memory_system: None,
+        kernel_sms: None,
     }
 }
+
+/// The multiprocessors migprof's kernels size their grids to on `device`.
+fn kernel_sms(device: &Device) -> Option<u32> {
+    workloads::kernels::multiprocessors(device).and_then(|n| u32::try_from(n).ok())
+}
+
+/// An MPS client's kernels sized to the SMs it measured where its driver reports more (the driver
+/// of the H200 here tells a client its share; one that reports the whole GPU would have the
+/// kernels fill SMs the client cannot use).
+#[cfg(feature = "cuda")]
+fn hold_kernels_to_the_share(device: &Device, measured: Option<u32>) {
+    let (Some(reported), Some(measured)) = (kernel_sms(device), measured) else {
+        return;
+    };
+    if reported > measured {
+        eprintln!(
+            "note: the driver reports {reported} multiprocessors to this MPS client, which reached {measured}; migprof's kernels size their grids to {measured}"
+        );
+        workloads::kernels::hold_multiprocessors(measured as usize);
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn hold_kernels_to_the_share(_: &Device, _: Option<u32>) {}
 
 fn cpu() -> OpenDevice {
     OpenDevice {
@@ -500,6 +531,7 @@ fn cpu() -> OpenDevice {
             selected: None,
             emulation: None,
             memory_system: None,
+            kernel_sms: None,
         },
         neighbour: None,
     }
@@ -581,6 +613,7 @@ pub(crate) mod tests {
             selected,
             emulation,
             memory_system: None,
+            kernel_sms: None,
         };
         assert_eq!(info("cpu", None, None).gpm_scope(), None);
         assert_eq!(info("cuda", Some(whole.clone()), None).gpm_scope(), Some("gpu"));

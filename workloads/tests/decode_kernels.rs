@@ -234,11 +234,12 @@ fn long_rows_split_over_warps_give_candles_product() {
     // add a residual.
     let gpu = gpu();
     let shapes = [(64, 2048), (66, 4096), (65, 8192), (72, 8984)];
+    let sms = workloads::kernels::multiprocessors(&gpu).expect("the GPU's multiprocessor count");
     let mut splits = Vec::new();
     let mut failures = Vec::new();
     for (i, &(n, k)) in shapes.iter().enumerate() {
         for batch in [1, 3, 5, 8] {
-            splits.push(decode::gemv_split(n, k, batch, false));
+            splits.push(decode::gemv_split(n, k, batch, false, sms));
             for dtype in [DType::BF16, DType::F16] {
                 let normal = |name: &str, len: usize, dims: &[usize]| {
                     let v = workloads::init::Rng::for_name(i as u64, name).normal_vec(len, 0.0, 1.0);

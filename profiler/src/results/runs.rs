@@ -227,6 +227,15 @@ pub(crate) fn device_columns(devices: &[&DeviceInfo]) -> Vec<Column> {
                 })
                 .collect::<Vec<Option<i64>>>(),
         ),
+        // What migprof's kernels sized their grids to: the driver's count (a slice's where it tells
+        // the process its slice), apart from `sm_count` so that a row says if they differed.
+        Column::new(
+            "kernel_sm_count".into(),
+            devices
+                .iter()
+                .map(|d| d.kernel_sms.map(i64::from))
+                .collect::<Vec<Option<i64>>>(),
+        ),
         Column::new(
             "device_memory_mib".into(),
             devices
@@ -1020,6 +1029,7 @@ print("read whole:", t.num_rows, "rows,", t.num_columns, "columns")
                     l2_mib: Some(6.0),
                 }),
                 selected: Some(selected),
+                kernel_sms: (kind != "cpu").then_some(if kind == "mig" { 16 } else { 132 }),
             };
             r.metric_summary.gract_mean = gpm.then_some(40.0);
             r
@@ -1036,6 +1046,8 @@ print("read whole:", t.num_rows, "rows,", t.num_columns, "columns")
         assert_eq!(scope, [None, Some("gpu_instance"), Some("gpu"), None]);
         let bandwidth: Vec<Option<f64>> = df.column("measured_bandwidth_gbps")?.f64()?.iter().collect();
         assert_eq!(bandwidth, [None, Some(373.0), None, None]);
+        let kernel_sms: Vec<Option<i64>> = df.column("kernel_sm_count")?.i64()?.iter().collect();
+        assert_eq!(kernel_sms, [None, Some(16), Some(132), Some(132)]);
         Ok(())
     }
 
@@ -1054,6 +1066,7 @@ print("read whole:", t.num_rows, "rows,", t.num_columns, "columns")
                     l2_mib: None,
                 }),
                 selected: Some(whole.clone()),
+                kernel_sms: Some(16),
             };
             r
         };

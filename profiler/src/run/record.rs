@@ -387,6 +387,7 @@ pub(crate) mod tests {
                 selected: None,
                 emulation: None,
                 memory_system: None,
+                kernel_sms: None,
             },
             expected: Expected::this_process(),
             group: None,

@@ -51,8 +51,8 @@ return scale * E::get(s, base + j) + attn_bias<E>(bias, j, bi, hi, i, h, t, r, m
 
 // Keys per lane kept in registers, consecutive ones loaded as one word: rows of up to 32 · KEEP keys
 // (ViT's 197, BERT's 128, Swin's 49) are read once; longer rows are read again on each pass. tp is
-// a multiple of KEEP, so a lane's keys never straddle two rows.
-#define KEEP 8
+// a multiple of KEEP, so a lane's keys never straddle two rows. KEEP is defined by the Rust side
+// (kernels/attention.rs), which sizes the launches with it.
 
 // Lanes that share a row: half a warp for rows of up to 16 · KEEP keys, so that a warp moves two
 // rows at once (BERT's rows of 128 bf16 keys left half of every warp idle; measured:

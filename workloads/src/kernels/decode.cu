@@ -22,12 +22,11 @@
 // of its own (a server's batch, whose sequences came at different times). Contiguous buffers are the
 // pool of one block of cap slots per sequence, so one addressing serves both (cache_row).
 
-#define DEC_WARPS 8    // warps per block of the product kernels
-#define DEC_UNROLL 8   // words of a weight row each lane has in flight (half that past 4 sequences)
-#define DA_CHUNK 64    // the most cache slots a block of the attention kernel takes
-#define DA_THREADS 128
-#define DA_MAX_GROUP 16  // query heads per key-value head
-#define NORM_MAX 24320   // elements of normalized activations a product's block keeps (47.5 KB, beside its sums)
+// Defined by the Rust side (kernels/decode/mod.rs), which launches with them: DEC_WARPS (warps per block
+// of the product kernels), DEC_UNROLL (words of a weight row each lane has in flight, half that past 4
+// sequences), DA_CHUNK (the most cache slots a block of the attention kernel takes), DA_THREADS,
+// DA_MAX_GROUP (query heads per key-value head), NORM_MAX (elements of normalized activations a
+// product's block keeps: 47.5 KB, beside its sums), DC_THREADS and AM_THREADS.
 
 // Programmatic dependent launch (Hopper): the host launches these kernels so that one may start while
 // the kernel ahead of it finishes (Kernel::launch_overlapping). Each kernel calls this before it reads
@@ -537,7 +536,6 @@ __device__ void decode_attention(const typename E::T* q, const typename E::T* ke
 // thread issues the loads of DC_BATCH of its chunks (outputs and maxima) at once, before the block
 // has reduced the maxima and sums it scales them by: a cache of 640 slots in chunks of 16 is then one
 // round trip to L2 where one thread a feature, reading its chunks a few at a time, made five.
-#define DC_THREADS 512
 #define DC_BATCH 16
 template <typename E, int D>
 __device__ void decode_attention_combine(const float* part_out, const float* part_ml, const unsigned int* pos,
@@ -638,7 +636,6 @@ ATTENTION(f16, F16, 128)
 // PyTorch's argmax). Candle's argmax scans a row in one block, a tenth of a small model's decode step
 // (measured: docs/kernels.md#decode). Here a row is split over many blocks whose bests one warp a row
 // then combines. x [rows, n]; best [rows, parts] (value, index); out [rows] u32.
-#define AM_THREADS 256
 __device__ __forceinline__ bool am_better(float v, unsigned int i, float bv, unsigned int bi) {
     return v > bv || (v == bv && i < bi);
 }

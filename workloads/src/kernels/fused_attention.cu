@@ -6,7 +6,7 @@
 // features and output in registers. Probabilities are rounded to the input dtype for P·V, as
 // FlashAttention does.
 
-#define FA_Q 64   // queries per block: four warps of 16
+// FA_Q, queries per block (four warps of 16), is defined by the Rust side (kernels/attention.rs).
 #define FA_K 64   // keys per shared-memory tile
 
 // c += a b for one m16n8k16 tile: a the 16x16 row-major fragment (4 registers of 2 elements), b the

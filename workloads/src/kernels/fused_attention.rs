@@ -35,8 +35,6 @@ use candle_core::{bail, DType, Result};
 
 use crate::kernels::launch::{refuse_timing_in_capture, stream_id, Kernel, StreamId};
 
-/// Queries per block (FA_Q in the source).
-const QUERIES_PER_BLOCK: usize = 64;
 /// Queries per block of the f32 kernels, one kernel each (`attn_fused_f32_d{D}_q{Q}`; Q in the
 /// source): four warps of 32 lanes, which hold 128 queries (two over two lanes for heads of 64, one
 /// per lane for heads of 32) down to 16 (one over eight lanes).
@@ -140,7 +138,7 @@ impl Fused {
     ) -> Result<()> {
         if dtype != DType::F32 {
             let kernel = format!("{}_d{}", super::launch::name("attn_fused", dtype), self.d);
-            return self.launch_as(dev, &kernel, QUERIES_PER_BLOCK, qkv, bias, out);
+            return self.launch_as(dev, &kernel, super::attention::FUSED_QUERIES_PER_BLOCK, qkv, bias, out);
         }
         let simt = |queries: usize, out: &mut CudaViewMut<T>| {
             self.launch_as(

@@ -21,6 +21,8 @@ pub(crate) struct Kernel {
     /// Whether [`Kernel::launch_overlapping`] lets it start before the kernel ahead of it ends: its
     /// source compiled for Hopper, on a GPU that has it.
     overlaps: bool,
+    /// The multiprocessors this process runs on ([`multiprocessors`]), for grids sized to them.
+    multiprocessors: usize,
 }
 
 impl Kernel {
@@ -38,7 +40,13 @@ impl Kernel {
             stream,
             name: name.to_string(),
             overlaps: source.arch_for(major) == super::sources::Arch::Hopper,
+            multiprocessors: multiprocessors(dev)?,
         })
+    }
+
+    /// The multiprocessors of the device as this process has it: what a grid is sized to fill.
+    pub(crate) fn multiprocessors(&self) -> usize {
+        self.multiprocessors
     }
 
     /// The kernel with [`Kernel::launch_overlapping`]'s overlap kept only where `on`: an ordinary
@@ -122,6 +130,34 @@ impl Kernel {
             Err(e) => Err(candle_core::Error::Msg(format!("CUDA kernel {}: {e:?}", self.name))),
         }
     }
+}
+
+/// The multiprocessors this process may run on: the driver's count, which is a MIG slice's on a slice
+/// and an MPS client's share where `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` holds it (measured on an
+/// H200: 13 % is told 16 of 132, 46 % 60), so a grid sized from it fills the slice it runs on and
+/// no more; at most what [`hold_multiprocessors`] was given. Read where the compute capability is,
+/// when a kernel loads.
+pub(crate) fn multiprocessors(dev: &CudaDevice) -> Result<usize> {
+    let count = dev
+        .cuda_stream()
+        .context()
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| candle_core::Error::Msg(format!("CUDA multiprocessor count: {e:?}")))?;
+    let held = HELD_MULTIPROCESSORS.load(std::sync::atomic::Ordering::Relaxed);
+    match usize::try_from(count) {
+        Ok(n) if n > 0 && held > 0 => Ok(n.min(held)),
+        Ok(n) if n > 0 => Ok(n),
+        _ => bail!("the CUDA driver reports {count} multiprocessors"),
+    }
+}
+
+/// The most multiprocessors this process's kernels size their grids to; 0: the driver's count.
+static HELD_MULTIPROCESSORS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Sizes this process's grids to at most `count` multiprocessors from now on: for a process held to
+/// fewer than its driver reports (an MPS client whose driver tells it the whole GPU's count).
+pub fn hold_multiprocessors(count: usize) {
+    HELD_MULTIPROCESSORS.store(count, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// A kernel's parameters for [`Kernel::launch_overlapping`], which cudarc's builder cannot make (it

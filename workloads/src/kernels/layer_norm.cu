@@ -2,8 +2,8 @@
 // warp) where the row fits their registers in 16-byte words, else a block per row; statistics in f32.
 
 // Layer norm, one block per row (blocks stride over rows); each thread keeps up to PER elements
-// of its row in registers (columns threadIdx.x + k * blockDim.x).
-#define PER 8
+// of its row in registers (columns threadIdx.x + k * blockDim.x); PER is defined by the Rust side
+// (kernels/layer_norm.rs), which sizes the blocks with it.
 // pass 0: out = y from (x, w, b = third).
 // pass 1: out = dx from (x, w, g = third).
 // pass 2: out = this block's [2, cols] sums of g·x̂ and g (f32), from (x, g = third).

@@ -10,14 +10,8 @@
 //   state[5]    = good steps since the scale last changed
 //   state[6]    = steps skipped so far
 //   state[7]    = steps attempted so far
-#define T_ 0
-#define C1 1
-#define C2 2
-#define SCALE 3
-#define FOUND 4
-#define GOOD 5
-#define SKIPPED 6
-#define ATTEMPTED 7
+// The indices T_, C1, C2, SCALE, FOUND, GOOD, SKIPPED and ATTEMPTED are defined by the Rust side
+// (kernels/masters.rs, `at`), which reads the state.
 
 // AdamW on element i of an f32 state [m; v; master] of 3n, from the unscaled gradient gi: the
 // state written, the new master returned.
@@ -54,9 +48,8 @@ __device__ __forceinline__ float sgd_at(float gi, float* buf, unsigned int n, un
 // was captured with. Each parameter is cut into chunks of CHUNK elements, a block a chunk: first[i]
 // is parameter i's first block, first[count] the grid's size. Why: a launch per parameter and pass
 // (ResNet-50: 161 parameters, two passes) cost more than the updates' memory traffic
-// (docs/kernels.md#masters). The working copy is written in the update's pass.
-#define GROUP 96
-#define CHUNK 4096
+// (docs/kernels.md#masters). The working copy is written in the update's pass. GROUP and CHUNK are
+// defined by the Rust side (kernels/masters.rs), which fills the groups.
 struct Group {
     unsigned long long g[GROUP];      // the gradients (the working copies' type)
     unsigned long long state[GROUP];  // the f32 states [buffers; master]

@@ -14,8 +14,12 @@ use candle_core::{bail, CpuStorage, DType, InplaceOp1, InplaceOp2, InplaceOp3, L
 use super::adamw::AdamStep;
 use super::cpu;
 
-/// Where each field of the step state lives (the kernel's `#define`s, in the same order).
-mod at {
+/// Parameters a launch takes, and elements a block takes (GROUP and CHUNK in `masters.cu`).
+pub(crate) const GROUP: usize = 96;
+pub(crate) const CHUNK: usize = 4096;
+
+/// Where each field of the step state lives (handed to the kernels as `#define`s).
+pub(crate) mod at {
     pub const T: usize = 0;
     pub const C1: usize = 1;
     pub const C2: usize = 2;
@@ -394,9 +398,7 @@ mod cuda {
         unsafe { func.launch(&mut b, ONE_THREAD) }
     }
 
-    /// Parameters a launch takes, and elements a block takes (GROUP and CHUNK in `masters.cu`).
-    const GROUP: usize = 96;
-    const CHUNK: usize = 4096;
+    use super::{CHUNK, GROUP};
 
     /// `masters.cu`'s `struct Group`: field for field, in its order and C layout.
     #[repr(C)]

@@ -60,3 +60,17 @@ pub use max_pool::max_pool2d;
 pub use options::KernelOptions;
 pub use positions::{channels_first, channels_last, first_position, global_average_pool, mean_over_positions};
 pub use windows::{merge_neighbours, window_merge, window_partition};
+
+/// The multiprocessors the kernels size their grids to on `device`: its CUDA driver's count, which
+/// is a MIG slice's or an MPS client's share, at most what [`hold_multiprocessors`] was given;
+/// `None` off CUDA, or where the driver could not say.
+pub fn multiprocessors(device: &candle_core::Device) -> Option<usize> {
+    match device {
+        #[cfg(feature = "cuda")]
+        candle_core::Device::Cuda(d) => launch::multiprocessors(d).ok(),
+        _ => None,
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub use launch::hold_multiprocessors;

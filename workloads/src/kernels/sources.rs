@@ -15,26 +15,35 @@ pub struct Source {
     pub hopper: bool,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) ptx: [OnceLock<Result<String, String>>; 2],
+    /// Constants the code shares with the Rust side that launches it, handed to NVRTC as
+    /// `#define NAME value` ahead of the code: each is written once, in Rust, beside its reason.
+    pub defines: &'static [(&'static str, usize)],
 }
 
 impl Source {
-    const fn new(module: &'static str, code: &'static str) -> Source {
+    const fn new(module: &'static str, code: &'static str, defines: &'static [(&'static str, usize)]) -> Source {
         Source {
             module,
             code,
             hopper: false,
             ptx: [OnceLock::new(), OnceLock::new()],
+            defines,
         }
     }
 
     /// A source whose kernels use Hopper's instructions where the GPU has them (each behind
     /// `__CUDA_ARCH__ >= 900`, so that its Ampere build is whole).
-    const fn with_hopper(module: &'static str, code: &'static str) -> Source {
+    const fn with_hopper(
+        module: &'static str,
+        code: &'static str,
+        defines: &'static [(&'static str, usize)],
+    ) -> Source {
         Source {
             module,
             code,
             hopper: true,
             ptx: [OnceLock::new(), OnceLock::new()],
+            defines,
         }
     }
 
@@ -79,20 +88,60 @@ impl Arch {
 /// compiled in front of each.
 pub const PRELUDE: &str = include_str!("prelude.cuh");
 
-pub static ADAMW: Source = Source::new("migprof_adamw", include_str!("adamw.cu"));
-pub static ATTENTION: Source = Source::new("migprof_attention", include_str!("attention.cu"));
-pub static BATCH_NORM: Source = Source::new("migprof_batch_norm", include_str!("batch_norm.cu"));
-pub static DECODE: Source = Source::with_hopper("migprof_decode", include_str!("decode.cu"));
-pub static ELEMENTWISE: Source = Source::new("migprof_elementwise", include_str!("elementwise.cu"));
-pub static EMBEDDING: Source = Source::new("migprof_embedding", include_str!("embedding.cu"));
-pub static FUSED_ATTENTION: Source = Source::new("migprof_fused_attention", include_str!("fused_attention.cu"));
-pub static LAYER_NORM: Source = Source::new("migprof_layer_norm", include_str!("layer_norm.cu"));
-pub static LOSS: Source = Source::new("migprof_loss", include_str!("loss.cu"));
-pub static MASTERS: Source = Source::new("migprof_masters", include_str!("masters.cu"));
-pub static MAX_POOL: Source = Source::new("migprof_max_pool", include_str!("max_pool.cu"));
-pub static POSITIONS: Source = Source::new("migprof_positions", include_str!("positions.cu"));
-pub static PREFILL: Source = Source::new("migprof_prefill", include_str!("prefill.cu"));
-pub static WINDOWS: Source = Source::new("migprof_windows", include_str!("windows.cu"));
+pub static ADAMW: Source = Source::new("migprof_adamw", include_str!("adamw.cu"), &[]);
+pub static ATTENTION: Source = Source::new(
+    "migprof_attention",
+    include_str!("attention.cu"),
+    &[("KEEP", super::attention::KEEP_KEYS)],
+);
+pub static BATCH_NORM: Source = Source::new("migprof_batch_norm", include_str!("batch_norm.cu"), &[]);
+pub static DECODE: Source = Source::with_hopper(
+    "migprof_decode",
+    include_str!("decode.cu"),
+    &[
+        ("DEC_WARPS", super::decode::WARPS),
+        ("DEC_UNROLL", super::decode::WORDS_IN_FLIGHT),
+        ("DA_CHUNK", super::decode::CHUNK),
+        ("DA_THREADS", super::decode::ATTENTION_THREADS),
+        ("DA_MAX_GROUP", super::decode::MAX_GROUP),
+        ("NORM_MAX", super::decode::NORM_MAX),
+        ("DC_THREADS", super::decode::COMBINE_THREADS),
+        ("AM_THREADS", super::decode::ARGMAX_THREADS),
+    ],
+);
+pub static ELEMENTWISE: Source = Source::new("migprof_elementwise", include_str!("elementwise.cu"), &[]);
+pub static EMBEDDING: Source = Source::new("migprof_embedding", include_str!("embedding.cu"), &[]);
+pub static FUSED_ATTENTION: Source = Source::new(
+    "migprof_fused_attention",
+    include_str!("fused_attention.cu"),
+    &[("FA_Q", super::attention::FUSED_QUERIES_PER_BLOCK)],
+);
+pub static LAYER_NORM: Source = Source::new(
+    "migprof_layer_norm",
+    include_str!("layer_norm.cu"),
+    &[("PER", super::layer_norm::PER_THREAD)],
+);
+pub static LOSS: Source = Source::new("migprof_loss", include_str!("loss.cu"), &[]);
+pub static MASTERS: Source = Source::new(
+    "migprof_masters",
+    include_str!("masters.cu"),
+    &[
+        ("T_", super::masters::at::T),
+        ("C1", super::masters::at::C1),
+        ("C2", super::masters::at::C2),
+        ("SCALE", super::masters::at::SCALE),
+        ("FOUND", super::masters::at::FOUND),
+        ("GOOD", super::masters::at::GOOD),
+        ("SKIPPED", super::masters::at::SKIPPED),
+        ("ATTEMPTED", super::masters::at::ATTEMPTED),
+        ("GROUP", super::masters::GROUP),
+        ("CHUNK", super::masters::CHUNK),
+    ],
+);
+pub static MAX_POOL: Source = Source::new("migprof_max_pool", include_str!("max_pool.cu"), &[]);
+pub static POSITIONS: Source = Source::new("migprof_positions", include_str!("positions.cu"), &[]);
+pub static PREFILL: Source = Source::new("migprof_prefill", include_str!("prefill.cu"), &[]);
+pub static WINDOWS: Source = Source::new("migprof_windows", include_str!("windows.cu"), &[]);
 
 pub static ALL: [&Source; 14] = [
     &ADAMW,
@@ -111,9 +160,14 @@ pub static ALL: [&Source; 14] = [
     &WINDOWS,
 ];
 
-/// The text NVRTC compiles for `source`.
+/// The text NVRTC compiles for `source`: the prelude, the constants it shares with Rust, its code.
 pub fn program(source: &Source) -> String {
-    format!("{PRELUDE}{}", source.code)
+    let defines: String = source
+        .defines
+        .iter()
+        .map(|(name, value)| format!("#define {name} {value}\n"))
+        .collect();
+    format!("{PRELUDE}{defines}{}", source.code)
 }
 
 #[cfg(test)]
@@ -145,5 +199,31 @@ mod tests {
             assert_eq!(listed.len(), 1, "{f} is listed {} times", listed.len());
             assert_eq!(listed[0].module, format!("migprof_{}", f.trim_end_matches(".cu")));
         }
+    }
+
+    /// A constant handed to NVRTC is defined nowhere else (a second definition would be the one
+    /// written twice) and is used by the code it is handed to.
+    #[test]
+    fn shared_constants_are_defined_in_rust_alone_and_used_by_their_source() {
+        let mut handed = 0;
+        for source in ALL {
+            for (name, _) in source.defines {
+                handed += 1;
+                let defined = format!("#define {name} ");
+                assert!(
+                    !source.code.contains(&defined) && !PRELUDE.contains(&defined),
+                    "{} defines {name} itself",
+                    source.module
+                );
+                let used = source.code.match_indices(name).any(|(at, _)| {
+                    let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+                    !word(source.code[..at].chars().next_back()) && !word(source.code[at + name.len()..].chars().next())
+                });
+                assert!(used, "{} is handed {name} but does not use it", source.module);
+            }
+        }
+        assert!(handed >= 20, "{handed} constants handed to NVRTC");
+        let program = program(&DECODE);
+        assert!(program.contains("#define DA_CHUNK 64\n"), "{program:.2000}");
     }
 }

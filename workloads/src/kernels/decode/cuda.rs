@@ -6,13 +6,9 @@ use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::cuda_backend::CudaDevice;
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 
-use super::{Heads, NORM_MAX};
+use super::{Heads, ATTENTION_THREADS, COMBINE_THREADS, NORM_MAX, WARPS};
 use crate::kernels::launch::{address, by_dtype, name, slice_address, Kernel};
 use crate::kernels::sources::DECODE;
-
-/// Warps per block of the products (DEC_WARPS in the source), one output row (or rotary pair)
-/// each.
-const WARPS: usize = 8;
 
 fn on_cpu(op: &str) -> Result<(CpuStorage, Shape)> {
     bail!("the decode kernel {op} runs on CUDA devices only; on the CPU migprof uses candle's ops")
@@ -136,7 +132,7 @@ struct Product {
 /// out = x · wᵀ (+ res where its address is not 0), each row split over
 /// [`super::gemv_split`] warps.
 fn launch_gemv(f: &Kernel, w: u64, res: u64, p: &Product, b: usize) -> Result<()> {
-    let split = super::gemv_split(p.n, p.k, b, p.norm.0 != 0);
+    let split = super::gemv_split(p.n, p.k, b, p.norm.0 != 0, f.multiprocessors());
     let mut a = f.params();
     a.ptr(w).ptr(p.x).ptr(p.norm.0).f32(p.norm.1).ptr(res).ptr(p.out);
     a.u32(p.n as u32).u32(p.k as u32).u32(split as u32);
@@ -223,10 +219,6 @@ fn launch_qkv(
     unsafe { f.launch_overlapping(&mut a, product_cfg((heads.q + 2 * heads.kv) * heads.dim / 2)) }
 }
 
-/// Threads of a block of the attention's combine (DC_THREADS in the source): each (sequence,
-/// query head) has its features' chunks split over them.
-const COMBINE_THREADS: u32 = 512;
-
 /// The split attention's two kernels and the chunking of the cache for `b` sequences.
 struct Attend {
     attend: Kernel,
@@ -239,10 +231,11 @@ impl Attend {
     fn load(dev: &CudaDevice, dtype: DType, b: usize, heads: Heads, cache: &Cache, overlap: bool) -> Result<Attend> {
         // The most slots a sequence holds: the chunks' grid covers them.
         let cap = cache.block * cache.stride.max(1);
-        let chunk = super::attention_chunk(b, heads.kv, cap);
         let d = heads.dim;
+        let attend = load(dev, &format!("{}_d{d}", name("decode_attention", dtype)), overlap)?;
+        let chunk = super::attention_chunk(b, heads.kv, cap, attend.multiprocessors());
         Ok(Attend {
-            attend: load(dev, &format!("{}_d{d}", name("decode_attention", dtype)), overlap)?,
+            attend,
             combine: load(
                 dev,
                 &format!("{}_d{d}", name("decode_attention_combine", dtype)),
@@ -280,7 +273,7 @@ impl Attend {
             .u32(cache.pos_stride);
         let cfg = LaunchConfig {
             grid_dim: (self.chunks as u32, (b * heads.kv) as u32, 1),
-            block_dim: (128, 1, 1),
+            block_dim: (ATTENTION_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: parameter types and order match decode_attention_*; the caller checked q [b,
@@ -298,7 +291,7 @@ impl Attend {
             .u32(cache.pos_stride);
         let cfg = LaunchConfig {
             grid_dim: ((b * heads.q) as u32, 1, 1),
-            block_dim: (COMBINE_THREADS, 1, 1),
+            block_dim: (COMBINE_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: as above; out holds b·hq·d.

@@ -31,19 +31,35 @@ pub const MAX_BATCH: usize = 8;
 /// nothing (measured: docs/kernels.md#decode).
 pub const OVERLAP_MAX_BATCH: usize = 1;
 
-/// Words (16 bytes) of a weight row each lane of a product has in flight: DEC_UNROLL in the source,
-/// half that past 4 sequences (its `Group`).
+/// Words (16 bytes) of a weight row each lane of a product has in flight (DEC_UNROLL in the source);
+/// half that past 4 sequences (its `Group`), whose sums take the registers.
+pub(crate) const WORDS_IN_FLIGHT: usize = 8;
+
 fn words_in_flight(batch: usize) -> usize {
     if batch <= 4 {
-        8
+        WORDS_IN_FLIGHT
     } else {
-        4
+        WORDS_IN_FLIGHT / 2
     }
 }
 
-/// Warps of the single-row product an H100 holds at once: 132 multiprocessors of 4 blocks of 8 warps
-/// (64 registers a thread).
-const RESIDENT_WARPS: usize = 132 * 32;
+/// Warps per block of the products (DEC_WARPS in the source), one output row (or rotary pair)
+/// each.
+pub(crate) const WARPS: usize = 8;
+
+/// Threads of a block of the attention kernel (DA_THREADS in the source).
+pub(crate) const ATTENTION_THREADS: usize = 128;
+
+/// Threads of a block of the attention's combine (DC_THREADS in the source): each (sequence,
+/// query head) has its features' chunks split over them.
+pub(crate) const COMBINE_THREADS: usize = 512;
+
+/// Threads of a block of greedy decoding's argmax (AM_THREADS in the source).
+pub(crate) const ARGMAX_THREADS: usize = 256;
+
+/// Warps of the single-row product a multiprocessor holds at once: 4 blocks of 8 warps (64 registers
+/// a thread).
+const WARPS_PER_MULTIPROCESSOR: usize = 32;
 
 /// Warps the single-row product splits each of its `n` rows of `k` elements over (1, 2, 4 or 8, a
 /// block's warps), so that it makes the fewest round trips to memory one after another: a warp's
@@ -55,15 +71,17 @@ const RESIDENT_WARPS: usize = 132 * 32;
 /// (Llama-3.1-8B's o_proj, whose 4,096 rows fill a wave) keeps the same chain and adds a sum through
 /// shared memory and a barrier. Of splits with equal counts, the one whose warps make fewer groups,
 /// then the smaller. A product that normalizes x itself (the head) keeps its rows whole: each block
-/// would redo the norm.
-pub fn gemv_split(n: usize, k: usize, batch: usize, norm: bool) -> usize {
+/// would redo the norm. A wave is what `multiprocessors` hold: a slice of 16 runs a product in more
+/// waves than the whole GPU, and splits less.
+pub fn gemv_split(n: usize, k: usize, batch: usize, norm: bool, multiprocessors: usize) -> usize {
     if norm {
         return 1;
     }
     let words = k.div_ceil(8);
     let trips = |split: usize| {
         let groups = words.div_ceil(split).div_ceil(32 * words_in_flight(batch));
-        ((n * split).div_ceil(RESIDENT_WARPS) * groups, split > 1, groups)
+        let resident = multiprocessors.max(1) * WARPS_PER_MULTIPROCESSOR;
+        ((n * split).div_ceil(resident) * groups, split > 1, groups)
     };
     [1, 2, 4, 8].into_iter().min_by_key(|split| trips(*split)).unwrap_or(1)
 }
@@ -77,16 +95,18 @@ pub const MAX_GROUP: usize = 16;
 /// The most cache slots a block of the attention kernel takes (DA_CHUNK in the source).
 pub const CHUNK: usize = 64;
 
-/// The fewest blocks the attention kernel is given where the cache allows: twice an H100's 132
-/// multiprocessors. At batch 1, a model of two key-value heads over 640 slots in chunks of 64 is 20
-/// blocks, each a long chain of work, while the GPU's other multiprocessors wait.
-const ATTENTION_BLOCKS: usize = 264;
+/// The fewest blocks the attention kernel is given where the cache allows, per multiprocessor: two.
+/// At batch 1, a model of two key-value heads over 640 slots in chunks of 64 is 20 blocks, each a
+/// long chain of work, while most of an H200's 132 multiprocessors wait.
+const ATTENTION_BLOCKS_PER_MULTIPROCESSOR: usize = 2;
 
 /// Slots a block of the attention kernel takes: [`CHUNK`], halved down to 16 while the cache's
-/// chunks give fewer than [`ATTENTION_BLOCKS`] blocks.
-pub fn attention_chunk(batch: usize, kv_heads: usize, capacity: usize) -> usize {
+/// chunks give fewer than [`ATTENTION_BLOCKS_PER_MULTIPROCESSOR`] blocks for each of the
+/// `multiprocessors`.
+pub fn attention_chunk(batch: usize, kv_heads: usize, capacity: usize, multiprocessors: usize) -> usize {
+    let blocks = multiprocessors.max(1) * ATTENTION_BLOCKS_PER_MULTIPROCESSOR;
     let mut chunk = CHUNK;
-    while chunk > 16 && batch * kv_heads * capacity.div_ceil(chunk) < ATTENTION_BLOCKS {
+    while chunk > 16 && batch * kv_heads * capacity.div_ceil(chunk) < blocks {
         chunk /= 2;
     }
     chunk
@@ -385,40 +405,63 @@ mod argmax;
 mod tests {
     use super::*;
 
+    /// An H200's multiprocessors, and a 1g slice's (MIG, or an MPS client held to 13 %).
+    const H200: usize = 132;
+    const SLICE_1G: usize = 16;
+
     #[test]
     fn long_rows_are_split_over_warps_while_that_shortens_the_chain_of_loads() {
         // Qwen2.5-1.5B at batch 1: o_proj's rows of 1,536 are six words a lane, one group, whole;
         // down's 8,960 are five groups in one wave, in eight spans of one group (three waves). At
         // batch 8 (four words in flight) down is two spans of five groups (nine whole).
-        assert_eq!(gemv_split(1536, 1536, 1, false), 1);
-        assert_eq!(gemv_split(1536, 8960, 1, false), 8);
-        assert_eq!(gemv_split(1536, 1536, 8, false), 2);
-        assert_eq!(gemv_split(1536, 8960, 8, false), 2);
+        assert_eq!(gemv_split(1536, 1536, 1, false, H200), 1);
+        assert_eq!(gemv_split(1536, 8960, 1, false, H200), 8);
+        assert_eq!(gemv_split(1536, 1536, 8, false, H200), 2);
+        assert_eq!(gemv_split(1536, 8960, 8, false, H200), 2);
         // Llama-3.2-1B's down: four groups (eight at batch 8) in one wave, in spans of one group.
-        assert_eq!(gemv_split(2048, 8192, 1, false), 4);
-        assert_eq!(gemv_split(2048, 8192, 8, false), 8);
+        assert_eq!(gemv_split(2048, 8192, 1, false, H200), 4);
+        assert_eq!(gemv_split(2048, 8192, 8, false, H200), 8);
         // Llama-3.1-8B: 4,096 rows fill a wave, so a split makes as many waves as it saves groups
         // (or more), and o_proj (two groups at batch 1, four at 8) and down (seven, fourteen) stay
         // whole.
-        assert_eq!(gemv_split(4096, 4096, 1, false), 1);
-        assert_eq!(gemv_split(4096, 4096, 8, false), 1);
-        assert_eq!(gemv_split(4096, 14336, 1, false), 1);
-        assert_eq!(gemv_split(4096, 14336, 8, false), 1);
+        assert_eq!(gemv_split(4096, 4096, 1, false, H200), 1);
+        assert_eq!(gemv_split(4096, 4096, 8, false, H200), 1);
+        assert_eq!(gemv_split(4096, 14336, 1, false, H200), 1);
+        assert_eq!(gemv_split(4096, 14336, 8, false, H200), 1);
         // Rows of one word, and the head, which normalizes x in every block.
-        assert_eq!(gemv_split(1, 8, 1, false), 1);
-        assert_eq!(gemv_split(1536, 8960, 1, true), 1);
+        assert_eq!(gemv_split(1, 8, 1, false, H200), 1);
+        assert_eq!(gemv_split(1536, 8960, 1, true, H200), 1);
+    }
+
+    #[test]
+    fn a_slice_of_fewer_multiprocessors_splits_rows_less() {
+        // Qwen2.5-1.5B's down at batch 1 on a 1g slice: its 1,536 whole rows are three waves of
+        // five groups (15 trips); eight spans of one group would be 24 waves.
+        assert_eq!(gemv_split(1536, 8960, 1, false, SLICE_1G), 1);
+        // Llama-3.2-1B's down at batch 1: four waves of four groups against eight waves of two.
+        assert_eq!(gemv_split(2048, 8192, 1, false, SLICE_1G), 1);
+        // No multiprocessors reported is taken as one.
+        assert_eq!(gemv_split(1536, 8960, 1, false, 0), 1);
+    }
+
+    #[test]
+    fn a_slice_is_filled_by_longer_attention_chunks() {
+        // Qwen2.5-1.5B at batch 1 on a 1g slice: 40 blocks of 32 fill its 16 multiprocessors twice.
+        assert_eq!(attention_chunk(1, 2, 640, SLICE_1G), 32);
+        assert_eq!(attention_chunk(1, 8, 640, SLICE_1G), 64);
+        assert_eq!(attention_chunk(1, 1, 1, 0), 16);
     }
 
     #[test]
     fn attention_chunks_shrink_until_the_blocks_fill_the_gpu() {
         // Qwen2.5-1.5B at batch 1 (two key-value heads, 640 slots): 20 blocks of 64 would idle the
         // GPU; 80 of 16. Llama-3.2-1B at batch 32 fills it with chunks of 64.
-        assert_eq!(attention_chunk(1, 2, 640), 16);
-        assert_eq!(attention_chunk(1, 8, 640), 16);
-        assert_eq!(attention_chunk(2, 8, 640), 32);
-        assert_eq!(attention_chunk(4, 8, 640), 64);
-        assert_eq!(attention_chunk(32, 8, 640), 64);
-        assert_eq!(attention_chunk(1, 8, 4096), 64);
-        assert!(attention_chunk(1, 1, 1) == 16);
+        assert_eq!(attention_chunk(1, 2, 640, H200), 16);
+        assert_eq!(attention_chunk(1, 8, 640, H200), 16);
+        assert_eq!(attention_chunk(2, 8, 640, H200), 32);
+        assert_eq!(attention_chunk(4, 8, 640, H200), 64);
+        assert_eq!(attention_chunk(32, 8, 640, H200), 64);
+        assert_eq!(attention_chunk(1, 8, 4096, H200), 64);
+        assert!(attention_chunk(1, 1, 1, H200) == 16);
     }
 }
