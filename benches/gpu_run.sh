@@ -78,8 +78,9 @@
 #              default 1; benches/decode_breakdown.py); STEP=ab this build against AB_BIN (the build
 #              before a change), alternated ROUNDS times (default 2) on generate cells of MODELS
 #              (default qwen2_5_1_5b,llama_3_2_1b) at BATCHES (default 1,8) on each of AB_DEVICES
-#              (default 0, the whole GPU; e.g. "0 mps:1g.18gb mps:3g.71gb"), and each build's decode
-#              step p50 with their ratio (benches/decode_ab.py), per device
+#              (default 0, the whole GPU; e.g. "0 mps:1g.18gb mps:3g.71gb"), starting runs for at most
+#              AB_SECS (480) s, and each build's decode step p50 with their ratio
+#              (benches/decode_ab.py), per device
 #   MIGPROF_GZ names another build (the CPU build does everything but run models on the GPU).
 #   MODELS and BATCHES narrow the comparison (defaults: the four families, inference at 1,8,32,128).
 set -uo pipefail
@@ -210,13 +211,19 @@ if [ "$mode" = decoders ] && [ "${STEP:-truth}" = ab ]; then
 [ -n "${AB_BIN:-}" ] || { echo "STEP=ab needs AB_BIN, the build before the change (.gz or .xz)" >&2; exit 2; }
 unpack "$AB_BIN" /tmp/migprof-ab
 models="${MODELS:-qwen2_5_1_5b,llama_3_2_1b}"; batches="${BATCHES:-1,8}"
+# Runs start only while AB_SECS (default 480) have not passed since the first, so that no outer
+# timeout kills a run (and an emulated slice's MPS daemon with it) midway; the tables say what ran.
 log "MPS before"; mps_servers
+ab_start=$SECONDS
 for dev in ${AB_DEVICES:-0}; do
     [ "$dev" = 0 ] && dev="$uuid"
     name="${dev//[:.]/-}"; [ "$dev" = "$uuid" ] && name=gpu
     folders=()
     for round in $(seq 1 "${ROUNDS:-2}"); do
         for side in before this; do
+            if [ $((SECONDS - ab_start)) -ge "${AB_SECS:-480}" ]; then
+                log "AB_SECS (${AB_SECS:-480} s) passed: $dev round $round, the build $side and what follows not run"; break 3
+            fi
             build="$bin"; [ "$side" = before ] && build=/tmp/migprof-ab
             log "$dev, round $round, the build $side: $models, bf16, batch $batches, prompt 512, 128 tokens"
             "$build" run --model "$models" --dtype bf16 --batch "$batches" --prompt-len 512 --output-len 128 \

@@ -18,13 +18,6 @@
 
 use candle_core::{bail, Result, Tensor, D};
 
-/// Keys per lane in the softmax kernels (KEEP in the source).
-pub(crate) const KEEP_KEYS: usize = 8;
-
-/// Queries per block of the fused tensor-core kernels (FA_Q in `fused_attention.cu`): four warps of
-/// 16.
-pub(crate) const FUSED_QUERIES_PER_BLOCK: usize = 64;
-
 /// What is added to the scores before the softmax.
 #[derive(Debug, Clone, Copy)]
 pub enum ScoreBias<'a> {
@@ -369,7 +362,11 @@ mod cuda {
         fn warp_rows(&self) -> LaunchConfig {
             let rows = (self.dims.bh() * self.dims.tp) as u64;
             // Eight warps a block, each taking two short rows (lanes_per_row in the source) or one.
-            let per_block = if self.dims.tp <= 16 * super::KEEP_KEYS { 16 } else { 8 };
+            let per_block = if self.dims.tp <= 16 * crate::kernels::defines::attention::KEEP_KEYS {
+                16
+            } else {
+                8
+            };
             LaunchConfig {
                 grid_dim: (rows.div_ceil(per_block).clamp(1, 1 << 20) as u32, 1, 1),
                 block_dim: (256, 1, 1),

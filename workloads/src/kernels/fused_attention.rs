@@ -138,7 +138,14 @@ impl Fused {
     ) -> Result<()> {
         if dtype != DType::F32 {
             let kernel = format!("{}_d{}", super::launch::name("attn_fused", dtype), self.d);
-            return self.launch_as(dev, &kernel, super::attention::FUSED_QUERIES_PER_BLOCK, qkv, bias, out);
+            return self.launch_as(
+                dev,
+                &kernel,
+                super::defines::attention::FUSED_QUERIES_PER_BLOCK,
+                qkv,
+                bias,
+                out,
+            );
         }
         let simt = |queries: usize, out: &mut CudaViewMut<T>| {
             self.launch_as(

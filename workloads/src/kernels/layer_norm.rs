@@ -16,9 +16,6 @@ use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::cpu;
 
-/// Elements of a row each layer-norm thread keeps (PER in the source).
-pub(crate) const PER_THREAD: usize = 8;
-
 /// Layer normalisation over the last dimension (`torch.nn.LayerNorm`): our differentiable op,
 /// except for inference on the CPU, where candle's fused kernel is faster than our reference loops.
 pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
@@ -267,7 +264,7 @@ mod cuda {
     use super::{group_for, Group};
     use crate::kernels::launch::{by_dtype, name, view, whole_words, Kernel};
 
-    use super::PER_THREAD as PER;
+    use crate::kernels::defines::layer_norm::PER_THREAD as PER;
 
     fn rows_u32(rows: usize, cols: usize) -> Result<(u32, u32)> {
         if rows * cols > u32::MAX as usize {

@@ -14,22 +14,7 @@ use candle_core::{bail, CpuStorage, DType, InplaceOp1, InplaceOp2, InplaceOp3, L
 use super::adamw::AdamStep;
 use super::cpu;
 
-/// Parameters a launch takes, and elements a block takes (GROUP and CHUNK in `masters.cu`).
-pub(crate) const GROUP: usize = 96;
-pub(crate) const CHUNK: usize = 4096;
-
-/// Where each field of the step state lives (handed to the kernels as `#define`s).
-pub(crate) mod at {
-    pub const T: usize = 0;
-    pub const C1: usize = 1;
-    pub const C2: usize = 2;
-    pub const SCALE: usize = 3;
-    pub const FOUND: usize = 4;
-    pub const GOOD: usize = 5;
-    pub const SKIPPED: usize = 6;
-    pub const ATTEMPTED: usize = 7;
-    pub const LEN: usize = 8;
-}
+use super::defines::masters::at;
 
 /// The step state of a mixed-precision optimizer, eight f64 in device memory: AdamW's step count and
 /// bias corrections, the loss scale, whether this step's gradients hold an inf or a nan, the good
@@ -398,7 +383,7 @@ mod cuda {
         unsafe { func.launch(&mut b, ONE_THREAD) }
     }
 
-    use super::{CHUNK, GROUP};
+    use crate::kernels::defines::masters::{CHUNK, GROUP};
 
     /// `masters.cu`'s `struct Group`: field for field, in its order and C layout.
     #[repr(C)]

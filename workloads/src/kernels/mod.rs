@@ -24,6 +24,7 @@ mod cpu;
 #[cfg(feature = "cudnn")]
 mod cudnn_graph;
 pub mod decode;
+pub mod defines;
 pub mod elementwise;
 pub mod embedding;
 #[cfg(feature = "cuda")]

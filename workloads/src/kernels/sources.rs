@@ -92,21 +92,21 @@ pub static ADAMW: Source = Source::new("migprof_adamw", include_str!("adamw.cu")
 pub static ATTENTION: Source = Source::new(
     "migprof_attention",
     include_str!("attention.cu"),
-    &[("KEEP", super::attention::KEEP_KEYS)],
+    &[("KEEP", super::defines::attention::KEEP_KEYS)],
 );
 pub static BATCH_NORM: Source = Source::new("migprof_batch_norm", include_str!("batch_norm.cu"), &[]);
 pub static DECODE: Source = Source::with_hopper(
     "migprof_decode",
     include_str!("decode.cu"),
     &[
-        ("DEC_WARPS", super::decode::WARPS),
-        ("DEC_UNROLL", super::decode::WORDS_IN_FLIGHT),
-        ("DA_CHUNK", super::decode::CHUNK),
-        ("DA_THREADS", super::decode::ATTENTION_THREADS),
-        ("DA_MAX_GROUP", super::decode::MAX_GROUP),
-        ("NORM_MAX", super::decode::NORM_MAX),
-        ("DC_THREADS", super::decode::COMBINE_THREADS),
-        ("AM_THREADS", super::decode::ARGMAX_THREADS),
+        ("DEC_WARPS", super::defines::decode::WARPS),
+        ("DEC_UNROLL", super::defines::decode::WORDS_IN_FLIGHT),
+        ("DA_CHUNK", super::defines::decode::CHUNK),
+        ("DA_THREADS", super::defines::decode::ATTENTION_THREADS),
+        ("DA_MAX_GROUP", super::defines::decode::MAX_GROUP),
+        ("NORM_MAX", super::defines::decode::NORM_MAX),
+        ("DC_THREADS", super::defines::decode::COMBINE_THREADS),
+        ("AM_THREADS", super::defines::decode::ARGMAX_THREADS),
     ],
 );
 pub static ELEMENTWISE: Source = Source::new("migprof_elementwise", include_str!("elementwise.cu"), &[]);
@@ -114,28 +114,28 @@ pub static EMBEDDING: Source = Source::new("migprof_embedding", include_str!("em
 pub static FUSED_ATTENTION: Source = Source::new(
     "migprof_fused_attention",
     include_str!("fused_attention.cu"),
-    &[("FA_Q", super::attention::FUSED_QUERIES_PER_BLOCK)],
+    &[("FA_Q", super::defines::attention::FUSED_QUERIES_PER_BLOCK)],
 );
 pub static LAYER_NORM: Source = Source::new(
     "migprof_layer_norm",
     include_str!("layer_norm.cu"),
-    &[("PER", super::layer_norm::PER_THREAD)],
+    &[("PER", super::defines::layer_norm::PER_THREAD)],
 );
 pub static LOSS: Source = Source::new("migprof_loss", include_str!("loss.cu"), &[]);
 pub static MASTERS: Source = Source::new(
     "migprof_masters",
     include_str!("masters.cu"),
     &[
-        ("T_", super::masters::at::T),
-        ("C1", super::masters::at::C1),
-        ("C2", super::masters::at::C2),
-        ("SCALE", super::masters::at::SCALE),
-        ("FOUND", super::masters::at::FOUND),
-        ("GOOD", super::masters::at::GOOD),
-        ("SKIPPED", super::masters::at::SKIPPED),
-        ("ATTEMPTED", super::masters::at::ATTEMPTED),
-        ("GROUP", super::masters::GROUP),
-        ("CHUNK", super::masters::CHUNK),
+        ("T_", super::defines::masters::at::T),
+        ("C1", super::defines::masters::at::C1),
+        ("C2", super::defines::masters::at::C2),
+        ("SCALE", super::defines::masters::at::SCALE),
+        ("FOUND", super::defines::masters::at::FOUND),
+        ("GOOD", super::defines::masters::at::GOOD),
+        ("SKIPPED", super::defines::masters::at::SKIPPED),
+        ("ATTEMPTED", super::defines::masters::at::ATTEMPTED),
+        ("GROUP", super::defines::masters::GROUP),
+        ("CHUNK", super::defines::masters::CHUNK),
     ],
 );
 pub static MAX_POOL: Source = Source::new("migprof_max_pool", include_str!("max_pool.cu"), &[]);

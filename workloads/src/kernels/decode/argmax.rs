@@ -45,7 +45,7 @@ impl CustomOp1 for Argmax {
         p.ptr(address(x, l, "argmax")?).ptr(slice_address(&best)).u32(n32);
         let cfg = LaunchConfig {
             grid_dim: (parts32, rows as u32, 1),
-            block_dim: (super::ARGMAX_THREADS as u32, 1, 1),
+            block_dim: (crate::kernels::defines::decode::ARGMAX_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: parameter types and order match the kernel; x holds rows·n elements, best

@@ -6,7 +6,8 @@ use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::cuda_backend::CudaDevice;
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 
-use super::{Heads, ATTENTION_THREADS, COMBINE_THREADS, NORM_MAX, WARPS};
+use super::Heads;
+use crate::kernels::defines::decode::{ATTENTION_THREADS, COMBINE_THREADS, NORM_MAX, WARPS};
 use crate::kernels::launch::{address, by_dtype, name, slice_address, Kernel};
 use crate::kernels::sources::DECODE;
 

@@ -16,6 +16,8 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::defines::decode::WORDS_IN_FLIGHT;
+pub use super::defines::decode::{CHUNK, MAX_GROUP, NORM_MAX};
 use super::options::{Attention, EncoderLayers};
 use super::KernelOptions;
 
@@ -31,10 +33,6 @@ pub const MAX_BATCH: usize = 8;
 /// nothing (measured: docs/kernels.md#decode).
 pub const OVERLAP_MAX_BATCH: usize = 1;
 
-/// Words (16 bytes) of a weight row each lane of a product has in flight (DEC_UNROLL in the source);
-/// half that past 4 sequences (its `Group`), whose sums take the registers.
-pub(crate) const WORDS_IN_FLIGHT: usize = 8;
-
 fn words_in_flight(batch: usize) -> usize {
     if batch <= 4 {
         WORDS_IN_FLIGHT
@@ -42,20 +40,6 @@ fn words_in_flight(batch: usize) -> usize {
         WORDS_IN_FLIGHT / 2
     }
 }
-
-/// Warps per block of the products (DEC_WARPS in the source), one output row (or rotary pair)
-/// each.
-pub(crate) const WARPS: usize = 8;
-
-/// Threads of a block of the attention kernel (DA_THREADS in the source).
-pub(crate) const ATTENTION_THREADS: usize = 128;
-
-/// Threads of a block of the attention's combine (DC_THREADS in the source): each (sequence,
-/// query head) has its features' chunks split over them.
-pub(crate) const COMBINE_THREADS: usize = 512;
-
-/// Threads of a block of greedy decoding's argmax (AM_THREADS in the source).
-pub(crate) const ARGMAX_THREADS: usize = 256;
 
 /// Warps of the single-row product a multiprocessor holds at once: 4 blocks of 8 warps (64 registers
 /// a thread).
@@ -89,12 +73,6 @@ pub fn gemv_split(n: usize, k: usize, batch: usize, norm: bool, multiprocessors:
 /// Head sizes of the attention kernel.
 pub const HEAD_DIMS: [usize; 2] = [64, 128];
 
-/// The most query heads one key-value head serves in the attention kernel.
-pub const MAX_GROUP: usize = 16;
-
-/// The most cache slots a block of the attention kernel takes (DA_CHUNK in the source).
-pub const CHUNK: usize = 64;
-
 /// The fewest blocks the attention kernel is given where the cache allows, per multiprocessor: two.
 /// At batch 1, a model of two key-value heads over 640 slots in chunks of 64 is 20 blocks, each a
 /// long chain of work, while most of an H200's 132 multiprocessors wait.
@@ -111,10 +89,6 @@ pub fn attention_chunk(batch: usize, kv_heads: usize, capacity: usize, multiproc
     }
     chunk
 }
-
-/// The most elements (sequences × row length) a product normalizes itself (NORM_MAX in the source:
-/// what a block keeps in shared memory); past it the RMSNorm before it runs as a kernel of its own.
-pub const NORM_MAX: usize = 24_320;
 
 /// The RMSNorm in front of a product: its weight and epsilon (Llama's and Qwen2's, computed as
 /// transformers does: x / rms(x) rounded, times the weight, rounded).
