@@ -13,9 +13,9 @@ const FILE_LINES: usize = 1_000;
 /// The most lines a function may have.
 const FUNCTION_LINES: usize = 80;
 /// The files still over [`FILE_LINES`], each to be split.
-const LONG_FILES: &[&str] = &["profiler/src/results/runs.rs"];
+const LONG_FILES: &[&str] = &[];
 /// The most functions over [`FUNCTION_LINES`] outside tests.
-const LONG_FUNCTIONS: usize = 44;
+const LONG_FUNCTIONS: usize = 42;
 
 #[test]
 fn no_file_passes_a_thousand_lines_but_those_named() {
@@ -110,7 +110,7 @@ fn sources(root: &Path) -> Vec<PathBuf> {
 /// Integration tests and their support (`file` relative to the repository): a test's length is its
 /// own business.
 fn is_test_file(file: &Path) -> bool {
-    file.components().any(|c| c.as_os_str() == "tests")
+    file.components().any(|c| c.as_os_str() == "tests") || file.file_name().is_some_and(|n| n == "tests.rs")
 }
 
 /// Each function with a body outside `#[cfg(test)]` modules: its name and its lines, from the line
