@@ -9,6 +9,7 @@ use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use migprof::device::DeviceSpec;
 use migprof::run::limits;
+pub use migprof::run::limits::{parse_block_size, parse_percent, parse_seconds, parse_share};
 use migprof::run::spec::Precision;
 use workloads::kernels::options::{Attention, Convolutions, CudaGraphs, EncoderLayers, GemmAlgorithm};
 use workloads::kernels::KernelOptions;
@@ -254,47 +255,11 @@ pub fn parse_batch(s: &str) -> Result<usize, String> {
     limits::BATCH.parse("--batch", s).map(|b| b as usize)
 }
 
-pub fn parse_max_batch(s: &str) -> Result<usize, String> {
-    limits::BATCH.parse("--max-batch", s).map(|b| b as usize)
-}
-
-/// `--kv-block-size`: tokens a KV block holds.
-pub fn parse_block_size(s: &str) -> Result<workloads::BlockSize, String> {
-    let tokens = limits::BLOCK_SIZE.parse("--kv-block-size", s)?;
-    workloads::BlockSize::new(tokens as i64)
-}
-
-/// Seconds of a span, within [`limits::seconds`]'s bounds.
-pub fn parse_seconds(flag: &str, s: &str, positive: bool) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) => limits::seconds(flag, v, positive),
-        Err(_) => Err(format!("{flag} `{s}`: expected seconds, a number such as 2.5")),
-    }
-}
-
-/// Milliseconds of an objective or a delay, within [`limits::milliseconds`]'s bounds.
-pub fn parse_milliseconds(flag: &str, s: &str, positive: bool) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) => limits::milliseconds(flag, v, positive),
-        Err(_) => Err(format!("{flag} `{s}`: expected milliseconds, a number such as 50")),
-    }
-}
-
 /// A count that must be at least 1 where its bound starts at 0.
 pub fn at_least_one(flag: &str, n: u64) -> Result<u64, String> {
     match n {
         0 => Err(format!("{flag} `0`: at least 1")),
         n => Ok(n),
-    }
-}
-
-/// A precision in percent: above 0, below 100.
-pub fn parse_percent(s: &str) -> Result<f64, String> {
-    match s.trim().trim_end_matches('%').parse::<f64>() {
-        Ok(v) if v > 0.0 && v < 100.0 => Ok(v),
-        _ => Err(format!(
-            "expected a percentage above 0 and below 100 (e.g. 2 for ±2%); got `{s}`"
-        )),
     }
 }
 
@@ -313,14 +278,6 @@ pub fn parse_positive(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
         _ => Err(format!("expected a number above zero (e.g. 50 or 2.5); got `{s}`")),
-    }
-}
-
-/// A share above 0 and at most 1.
-pub fn parse_share(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
-        _ => Err(format!("expected a share above 0 and at most 1 (e.g. 0.8); got `{s}`")),
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 
 /// The arrival process of a load step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Arrival {
     /// Independent arrivals at a constant mean rate: exponential gaps, as MLPerf's Server scenario

@@ -20,6 +20,7 @@ pub mod arrival;
 pub mod continuous;
 pub mod generation;
 pub mod generation_record;
+pub mod given;
 pub mod job;
 pub mod lengths;
 pub mod record;

@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::load::arrival::Arrival;
+use crate::load::given::{Offered, PassGiven, ServeGiven};
 use crate::load::lengths::LengthDist;
 use crate::load::tokens::Slo;
 
@@ -63,36 +64,47 @@ impl LoadSettings {
     }
 }
 
-/// A load job's settings as given, by `load`'s flags or a sweep's `[[capacity]]` keys: each one not
-/// given takes `migprof load`'s default ([`DEFAULTS`]), here and nowhere else.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct LoadGiven {
-    pub arrival: Option<Arrival>,
-    pub max_batch: Option<usize>,
-    pub max_delay_ms: Option<f64>,
-    pub warmup_secs: Option<f64>,
-    pub duration_secs: Option<f64>,
-    pub slo_p99_ms: Option<f64>,
-    /// A fraction (0.02: 2 %).
-    pub resolution: Option<f64>,
-    pub min_requests: Option<usize>,
-}
-
-impl LoadGiven {
-    /// The settings: what was given, the defaults for the rest, the arrivals seeded by `seed`.
-    pub fn settings(&self, seed: u64) -> LoadSettings {
+impl LoadSettings {
+    /// A load job's settings: what `offered` and `pass` give, `migprof load`'s defaults
+    /// ([`DEFAULTS`]) for the rest, here and nowhere else; the arrivals seeded by `seed`.
+    pub fn given(offered: &Offered, pass: &PassGiven, seed: u64) -> LoadSettings {
         let d = &DEFAULTS;
         LoadSettings {
-            arrival: self.arrival.unwrap_or(d.arrival),
-            max_batch: self.max_batch.unwrap_or(d.max_batch),
-            max_delay_ms: self.max_delay_ms.unwrap_or(d.max_delay_ms),
-            warmup_secs: self.warmup_secs.unwrap_or(d.warmup_secs),
-            duration_secs: self.duration_secs.unwrap_or(d.duration_secs),
+            arrival: offered.arrival.unwrap_or(d.arrival),
+            max_batch: pass.max_batch.unwrap_or(d.max_batch),
+            max_delay_ms: pass.max_delay_ms.unwrap_or(d.max_delay_ms),
+            warmup_secs: offered.warmup_secs.unwrap_or(d.warmup_secs),
+            duration_secs: offered.duration_secs.unwrap_or(d.duration_secs),
             arrival_seed: seed,
-            slo_p99_ms: self.slo_p99_ms.or(d.slo_p99_ms),
-            resolution: self.resolution.unwrap_or(d.resolution),
-            min_requests: self.min_requests.unwrap_or(d.min_requests),
+            slo_p99_ms: pass.slo_p99_ms.or(d.slo_p99_ms),
+            resolution: offered.resolution_pct.map_or(d.resolution, |r| r / 100.0),
+            min_requests: pass.min_requests.unwrap_or(d.min_requests),
         }
+    }
+
+    /// Checks what no job could take, before any work, naming a bad setting as `keys` spells it.
+    pub fn check(&self, keys: Keys) -> Result<()> {
+        use crate::run::limits;
+        let k = |key: &str| keys.name(key);
+        limits::BATCH
+            .check(&k("max_batch"), self.max_batch as u64)
+            .map_err(anyhow::Error::msg)?;
+        limits::milliseconds(&k("max_delay_ms"), self.max_delay_ms, false).map_err(anyhow::Error::msg)?;
+        if let Some(slo) = self.slo_p99_ms {
+            limits::milliseconds(&k("slo_p99_ms"), slo, true).map_err(anyhow::Error::msg)?;
+        }
+        limits::MIN_REQUESTS
+            .check(&k("min_requests"), self.min_requests as u64)
+            .map_err(anyhow::Error::msg)?;
+        limits::seconds(&k("warmup_secs"), self.warmup_secs, false).map_err(anyhow::Error::msg)?;
+        if !(self.resolution > 0.0 && self.resolution < 1.0) {
+            bail!(
+                "{} {}: expected a percentage above 0 and below 100",
+                k("resolution_pct"),
+                self.resolution * 100.0
+            )
+        }
+        Ok(())
     }
 }
 
@@ -153,51 +165,29 @@ pub const SERVE_DEFAULTS: ServeSettings = ServeSettings {
     max_steps: 8,
 };
 
-/// A language model's serving settings as given, by `load`'s flags or a sweep's `[[capacity]]` keys:
-/// each one not given takes `migprof load`'s default ([`SERVE_DEFAULTS`]), here and nowhere else.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ServeGiven {
-    pub prompt: Option<LengthDist>,
-    pub output: Option<LengthDist>,
-    pub max_batched_tokens: Option<u32>,
-    pub max_seqs: Option<u32>,
-    pub chunked_prefill: Option<bool>,
-    pub kv_block_size: Option<workloads::BlockSize>,
-    pub kv_cache_fraction: Option<f64>,
-    pub kv_blocks: Option<u32>,
-    pub arrival: Option<Arrival>,
-    pub warmup_secs: Option<f64>,
-    pub duration_secs: Option<f64>,
-    pub drain_secs: Option<f64>,
-    pub slo_ttft_p99_ms: Option<f64>,
-    pub slo_tpot_p99_ms: Option<f64>,
-    /// A fraction (0.1: 10 %).
-    pub resolution: Option<f64>,
-    pub max_steps: Option<usize>,
-}
-
-impl ServeGiven {
-    /// The settings: what was given, the defaults for the rest, the arrivals seeded by `seed`.
-    pub fn settings(&self, seed: u64) -> ServeSettings {
+impl ServeSettings {
+    /// A serving job's settings: what `offered` and `serve` give, `migprof load`'s defaults
+    /// ([`SERVE_DEFAULTS`]) for the rest, here and nowhere else; the arrivals seeded by `seed`.
+    pub fn given(offered: &Offered, serve: &ServeGiven, seed: u64) -> ServeSettings {
         let d = &SERVE_DEFAULTS;
         ServeSettings {
-            prompt: self.prompt.unwrap_or(d.prompt),
-            output: self.output.unwrap_or(d.output),
-            max_batched_tokens: self.max_batched_tokens.unwrap_or(d.max_batched_tokens),
-            max_seqs: self.max_seqs.unwrap_or(d.max_seqs),
-            chunked_prefill: self.chunked_prefill.unwrap_or(d.chunked_prefill),
-            kv_block_size: self.kv_block_size.unwrap_or(d.kv_block_size),
-            kv_cache_fraction: self.kv_cache_fraction.unwrap_or(d.kv_cache_fraction),
-            kv_blocks: self.kv_blocks.or(d.kv_blocks),
-            arrival: self.arrival.unwrap_or(d.arrival),
+            prompt: serve.prompt_len.unwrap_or(d.prompt),
+            output: serve.output_len.unwrap_or(d.output),
+            max_batched_tokens: serve.max_batched_tokens.unwrap_or(d.max_batched_tokens),
+            max_seqs: serve.max_seqs.unwrap_or(d.max_seqs),
+            chunked_prefill: serve.chunked_prefill.unwrap_or(d.chunked_prefill),
+            kv_block_size: serve.kv_block_size.unwrap_or(d.kv_block_size),
+            kv_cache_fraction: serve.kv_cache_fraction.unwrap_or(d.kv_cache_fraction),
+            kv_blocks: serve.kv_blocks.or(d.kv_blocks),
+            arrival: offered.arrival.unwrap_or(d.arrival),
             arrival_seed: seed,
-            warmup_secs: self.warmup_secs.unwrap_or(d.warmup_secs),
-            duration_secs: self.duration_secs.unwrap_or(d.duration_secs),
-            drain_secs: self.drain_secs.unwrap_or(d.drain_secs),
-            slo_ttft_p99_ms: self.slo_ttft_p99_ms.or(d.slo_ttft_p99_ms),
-            slo_tpot_p99_ms: self.slo_tpot_p99_ms.or(d.slo_tpot_p99_ms),
-            resolution: self.resolution.unwrap_or(d.resolution),
-            max_steps: self.max_steps.unwrap_or(d.max_steps),
+            warmup_secs: offered.warmup_secs.unwrap_or(d.warmup_secs),
+            duration_secs: offered.duration_secs.unwrap_or(d.duration_secs),
+            drain_secs: serve.drain_secs.unwrap_or(d.drain_secs),
+            slo_ttft_p99_ms: serve.slo_ttft_p99_ms.or(d.slo_ttft_p99_ms),
+            slo_tpot_p99_ms: serve.slo_tpot_p99_ms.or(d.slo_tpot_p99_ms),
+            resolution: offered.resolution_pct.map_or(d.resolution, |r| r / 100.0),
+            max_steps: serve.max_steps.unwrap_or(d.max_steps),
         }
     }
 }
@@ -316,6 +306,13 @@ impl ServeSettings {
                 k("slo_tpot_p99_ms")
             )
         }
+        if !(self.resolution > 0.0 && self.resolution < 1.0) {
+            bail!(
+                "{} {}: expected a percentage above 0 and below 100",
+                k("resolution_pct"),
+                self.resolution * 100.0
+            )
+        }
         if search && self.max_steps == 0 {
             bail!("{} must be at least 1", k("max_steps"))
         }
@@ -337,10 +334,7 @@ impl Keys {
     pub fn name(self, key: &str) -> String {
         match (self, key) {
             (Keys::SweepFile, _) => key.to_string(),
-            (Keys::Flags, "warmup_secs") => "--warmup".to_string(),
-            (Keys::Flags, "duration_secs") => "--duration".to_string(),
-            (Keys::Flags, "drain_secs") => "--drain".to_string(),
-            (Keys::Flags, _) => format!("--{}", key.replace('_', "-")),
+            (Keys::Flags, _) => super::given::flag(key).unwrap_or_else(|| format!("--{}", key.replace('_', "-"))),
         }
     }
 }
@@ -351,23 +345,30 @@ mod tests {
 
     #[test]
     fn what_is_not_given_takes_load_s_defaults_and_what_is_given_stays() {
-        assert_eq!(LoadGiven::default().settings(0), DEFAULTS);
-        assert_eq!(ServeGiven::default().settings(0), SERVE_DEFAULTS);
-        let load = LoadGiven {
-            max_batch: Some(8),
+        let none = Offered::default();
+        assert_eq!(LoadSettings::given(&none, &PassGiven::default(), 0), DEFAULTS);
+        assert_eq!(ServeSettings::given(&none, &ServeGiven::default(), 0), SERVE_DEFAULTS);
+        let searched = Offered {
             duration_secs: Some(0.0),
-            ..LoadGiven::default()
-        }
-        .settings(7);
+            ..Offered::default()
+        };
+        let pass = PassGiven {
+            max_batch: Some(8),
+            ..PassGiven::default()
+        };
+        let load = LoadSettings::given(&searched, &pass, 7);
         assert_eq!((load.max_batch, load.duration_secs, load.arrival_seed), (8, 0.0, 7));
         assert_eq!(load.min_requests, DEFAULTS.min_requests);
+        let five = Offered {
+            resolution_pct: Some(5.0),
+            ..Offered::default()
+        };
         let serve = ServeGiven {
             chunked_prefill: Some(false),
             kv_blocks: Some(100),
-            resolution: Some(0.05),
             ..ServeGiven::default()
-        }
-        .settings(3);
+        };
+        let serve = ServeSettings::given(&five, &serve, 3);
         assert_eq!(
             (
                 serve.chunked_prefill,
@@ -378,5 +379,13 @@ mod tests {
             (false, Some(100), 0.05, 3)
         );
         assert_eq!(serve.max_seqs, SERVE_DEFAULTS.max_seqs);
+    }
+
+    #[test]
+    fn keys_are_named_as_each_surface_spells_them() {
+        assert_eq!(Keys::Flags.name("warmup_secs"), "--warmup");
+        assert_eq!(Keys::Flags.name("resolution_pct"), "--resolution");
+        assert_eq!(Keys::Flags.name("kv_blocks"), "--kv-blocks");
+        assert_eq!(Keys::SweepFile.name("kv_blocks"), "kv_blocks");
     }
 }

@@ -146,6 +146,52 @@ pub fn step_requests(rate_setting: &str, qps: f64, duration_setting: &str, durat
     ))
 }
 
+// The command line's and a sweep file's readings of a setting, in the bounds above.
+
+pub fn parse_max_batch(s: &str) -> Result<usize, String> {
+    BATCH.parse("--max-batch", s).map(|b| b as usize)
+}
+
+/// `--kv-block-size`: tokens a KV block holds.
+pub fn parse_block_size(s: &str) -> Result<workloads::BlockSize, String> {
+    let tokens = BLOCK_SIZE.parse("--kv-block-size", s)?;
+    workloads::BlockSize::new(tokens as i64)
+}
+
+/// Seconds of a span, within [`seconds`]'s bounds.
+pub fn parse_seconds(flag: &str, s: &str, positive: bool) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) => seconds(flag, v, positive),
+        Err(_) => Err(format!("{flag} `{s}`: expected seconds, a number such as 2.5")),
+    }
+}
+
+/// Milliseconds of an objective or a delay, within [`milliseconds`]'s bounds.
+pub fn parse_milliseconds(flag: &str, s: &str, positive: bool) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) => milliseconds(flag, v, positive),
+        Err(_) => Err(format!("{flag} `{s}`: expected milliseconds, a number such as 50")),
+    }
+}
+
+/// A precision in percent: above 0, below 100.
+pub fn parse_percent(s: &str) -> Result<f64, String> {
+    match s.trim().trim_end_matches('%').parse::<f64>() {
+        Ok(v) if v > 0.0 && v < 100.0 => Ok(v),
+        _ => Err(format!(
+            "expected a percentage above 0 and below 100 (e.g. 2 for ±2%); got `{s}`"
+        )),
+    }
+}
+
+/// A share above 0 and at most 1.
+pub fn parse_share(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("expected a share above 0 and at most 1 (e.g. 0.8); got `{s}`")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

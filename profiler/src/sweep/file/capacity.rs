@@ -5,8 +5,8 @@ use anyhow::{bail, Result};
 use serde::Deserialize;
 
 use crate::cell::spec::DTYPES;
-use crate::load::lengths::LengthDist;
-use crate::load::settings::{LoadGiven, LoadSettings, ServeGiven, ServeSettings};
+use crate::load::given::{given_keys, group_keys, Offered, PassGiven, ServeGiven};
+use crate::load::settings::{Keys, LoadSettings, ServeSettings};
 use crate::run::limits;
 
 /// A capacity search on every target that runs alone: a cell per target and model, `migprof load
@@ -16,75 +16,90 @@ use crate::run::limits;
 /// kind is refused in a search that lists no model of that kind. A search runs several load steps:
 /// give it a `timeout_secs` to match (a language model's search cut off goes on from its measured
 /// steps when the sweep runs again; the other kind's starts over).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct CapacitySearch {
     pub models: Vec<String>,
-    #[serde(default = "bf16")]
     pub dtype: String,
-    #[serde(default)]
-    pub arrival: Option<crate::load::arrival::Arrival>,
-    /// Percent: the search stops once its bracket is this narrow.
-    #[serde(default)]
-    pub resolution_pct: Option<f64>,
-    #[serde(default)]
-    pub warmup_secs: Option<f64>,
-    // Models served one forward pass per request.
-    #[serde(default)]
+    /// Tokens per sequence of token models (models served one forward pass per request).
     pub seq_len: Option<usize>,
-    #[serde(default)]
-    pub slo_p99_ms: Option<f64>,
-    #[serde(default)]
-    pub max_batch: Option<usize>,
-    #[serde(default)]
-    pub max_delay_ms: Option<f64>,
-    #[serde(default)]
-    pub min_requests: Option<usize>,
-    // Language models.
-    #[serde(default)]
-    pub slo_ttft_p99_ms: Option<f64>,
-    #[serde(default)]
-    pub slo_tpot_p99_ms: Option<f64>,
-    #[serde(default, deserialize_with = "length")]
-    pub prompt_len: Option<LengthDist>,
-    #[serde(default, deserialize_with = "length")]
-    pub output_len: Option<LengthDist>,
-    #[serde(default)]
-    pub max_batched_tokens: Option<u32>,
-    #[serde(default)]
-    pub max_seqs: Option<u32>,
-    #[serde(default)]
-    pub chunked_prefill: Option<bool>,
-    #[serde(default)]
-    pub kv_block_size: Option<workloads::BlockSize>,
-    #[serde(default)]
-    pub kv_cache_fraction: Option<f64>,
-    #[serde(default)]
-    pub kv_blocks: Option<u32>,
-    #[serde(default)]
-    pub duration_secs: Option<f64>,
-    #[serde(default)]
-    pub drain_secs: Option<f64>,
-    #[serde(default)]
-    pub max_steps: Option<usize>,
+    /// How requests are offered (`migprof load`'s `--arrival`, `--warmup`, `--duration`,
+    /// `--resolution`).
+    pub offered: Offered,
+    /// Models served one forward pass per request.
+    pub pass: PassGiven,
+    /// Language models.
+    pub serve: ServeGiven,
 }
 
-/// A length as `--prompt-len` takes it: a number of tokens, or a distribution's text.
-fn length<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<LengthDist>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        Number(i64),
-        Fraction(f64),
-        Text(String),
+/// The keys of a search that are not load settings.
+#[derive(Deserialize)]
+struct Own {
+    models: Vec<String>,
+    #[serde(default = "bf16")]
+    dtype: String,
+    #[serde(default)]
+    seq_len: Option<usize>,
+}
+
+const OWN_KEYS: [&str; 3] = ["models", "dtype", "seq_len"];
+
+/// Read key by key: each group of settings takes its own keys (declared once, in
+/// [`crate::load::given`]), a bad value is named by its key, and a key no group takes is refused
+/// with the keys there are.
+impl<'de> Deserialize<'de> for CapacitySearch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error;
+        let table = toml::Table::deserialize(d)?;
+        let (offered, pass, serve) = (
+            group_keys::<Offered>(),
+            group_keys::<PassGiven>(),
+            group_keys::<ServeGiven>(),
+        );
+        if let Some(key) = table
+            .keys()
+            .find(|k| !OWN_KEYS.contains(&k.as_str()) && ![&offered, &pass, &serve].iter().any(|g| g.contains(k)))
+        {
+            let every: Vec<&str> = OWN_KEYS
+                .into_iter()
+                .chain([&offered, &pass, &serve].into_iter().flatten().map(String::as_str))
+                .collect();
+            // Worded as serde words the file's other tables' unknown keys.
+            let every: Vec<String> = every.iter().map(|k| format!("`{k}`")).collect();
+            return Err(D::Error::custom(format!(
+                "unknown field `{key}`, expected one of {}",
+                every.join(", ")
+            )));
+        }
+        let part = |keys: &[String]| -> toml::Table {
+            table
+                .iter()
+                .filter(|(k, _)| keys.contains(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        };
+        let own: Own = toml::Value::Table(part(&OWN_KEYS.map(String::from)))
+            .try_into()
+            .map_err(D::Error::custom)?;
+        Ok(CapacitySearch {
+            models: own.models,
+            dtype: own.dtype,
+            seq_len: own.seq_len,
+            offered: read_group(part(&offered)).map_err(D::Error::custom)?,
+            pass: read_group(part(&pass)).map_err(D::Error::custom)?,
+            serve: read_group(part(&serve)).map_err(D::Error::custom)?,
+        })
     }
-    let text = match Raw::deserialize(d)? {
-        Raw::Number(n) => n.to_string(),
-        // Refused by the parse, which names the forms a length takes.
-        Raw::Fraction(x) => x.to_string(),
-        Raw::Text(t) => t,
-    };
-    text.parse().map(Some).map_err(serde::de::Error::custom)
+}
+
+/// A group of settings from its keys, a key at a time first so that an error names its key.
+fn read_group<T: serde::de::DeserializeOwned>(keys: toml::Table) -> std::result::Result<T, String> {
+    for (key, value) in &keys {
+        let one = toml::Table::from_iter([(key.clone(), value.clone())]);
+        toml::Value::Table(one)
+            .try_into::<T>()
+            .map_err(|e| format!("{key}: {}", e.message()))?;
+    }
+    toml::Value::Table(keys).try_into().map_err(|e| e.to_string())
 }
 
 /// How a capacity search serves a model.
@@ -113,72 +128,34 @@ impl Served {
 }
 
 impl CapacitySearch {
-    /// The keys given that apply to one kind of model only, with that kind.
-    fn kind_keys(&self) -> Vec<(&'static str, Served)> {
-        use Served::{Generation, Passes};
-        [
-            ("seq_len", self.seq_len.is_some(), Passes),
-            ("slo_p99_ms", self.slo_p99_ms.is_some(), Passes),
-            ("max_batch", self.max_batch.is_some(), Passes),
-            ("max_delay_ms", self.max_delay_ms.is_some(), Passes),
-            ("min_requests", self.min_requests.is_some(), Passes),
-            ("slo_ttft_p99_ms", self.slo_ttft_p99_ms.is_some(), Generation),
-            ("slo_tpot_p99_ms", self.slo_tpot_p99_ms.is_some(), Generation),
-            ("prompt_len", self.prompt_len.is_some(), Generation),
-            ("output_len", self.output_len.is_some(), Generation),
-            ("max_batched_tokens", self.max_batched_tokens.is_some(), Generation),
-            ("max_seqs", self.max_seqs.is_some(), Generation),
-            ("chunked_prefill", self.chunked_prefill.is_some(), Generation),
-            ("kv_block_size", self.kv_block_size.is_some(), Generation),
-            ("kv_cache_fraction", self.kv_cache_fraction.is_some(), Generation),
-            ("kv_blocks", self.kv_blocks.is_some(), Generation),
-            ("duration_secs", self.duration_secs.is_some(), Generation),
-            ("drain_secs", self.drain_secs.is_some(), Generation),
-            ("max_steps", self.max_steps.is_some(), Generation),
-        ]
-        .into_iter()
-        .filter_map(|(key, given, kind)| given.then_some((key, kind)))
-        .collect()
+    /// The keys given that apply to one kind of model only, with that kind. A search's steps
+    /// of a model served one pass per request hold `min_requests`, not `duration_secs`.
+    fn kind_keys(&self) -> Vec<(String, Served)> {
+        let pass = given_keys(&self.pass)
+            .into_iter()
+            .chain(self.seq_len.map(|_| "seq_len".to_string()));
+        let serve = given_keys(&self.serve)
+            .into_iter()
+            .chain(self.offered.duration_secs.map(|_| "duration_secs".to_string()));
+        pass.map(|k| (k, Served::Passes))
+            .chain(serve.map(|k| (k, Served::Generation)))
+            .collect()
     }
 
     /// The load settings of a model served one forward pass per request: `migprof load`'s defaults
     /// where a key is not given.
     pub fn load_settings(&self, seed: u64) -> LoadSettings {
-        LoadGiven {
-            arrival: self.arrival,
-            max_batch: self.max_batch,
-            max_delay_ms: self.max_delay_ms,
-            warmup_secs: self.warmup_secs,
-            // A search's steps run until they hold `min_requests`.
+        // A search's steps run until they hold `min_requests`.
+        let offered = Offered {
             duration_secs: Some(0.0),
-            slo_p99_ms: self.slo_p99_ms,
-            resolution: self.resolution_pct.map(|r| r / 100.0),
-            min_requests: self.min_requests,
-        }
-        .settings(seed)
+            ..self.offered.clone()
+        };
+        LoadSettings::given(&offered, &self.pass, seed)
     }
 
     /// The serving settings of a language model: `migprof load`'s defaults where a key is not given.
     pub fn serve_settings(&self, seed: u64) -> ServeSettings {
-        ServeGiven {
-            prompt: self.prompt_len,
-            output: self.output_len,
-            max_batched_tokens: self.max_batched_tokens,
-            max_seqs: self.max_seqs,
-            chunked_prefill: self.chunked_prefill,
-            kv_block_size: self.kv_block_size,
-            kv_cache_fraction: self.kv_cache_fraction,
-            kv_blocks: self.kv_blocks,
-            arrival: self.arrival,
-            warmup_secs: self.warmup_secs,
-            duration_secs: self.duration_secs,
-            drain_secs: self.drain_secs,
-            slo_ttft_p99_ms: self.slo_ttft_p99_ms,
-            slo_tpot_p99_ms: self.slo_tpot_p99_ms,
-            resolution: self.resolution_pct.map(|r| r / 100.0),
-            max_steps: self.max_steps,
-        }
-        .settings(seed)
+        ServeSettings::given(&self.offered, &self.serve, seed)
     }
 
     /// The models a search serves and its dtype: each one migprof runs.
@@ -217,39 +194,30 @@ impl CapacitySearch {
             }
         }
         let positive = |v: Option<f64>| v.is_some_and(|v| v > 0.0 && v.is_finite());
-        if kinds.contains(&Served::Passes) && !positive(self.slo_p99_ms) {
+        if kinds.contains(&Served::Passes) && !positive(self.pass.slo_p99_ms) {
             bail!(
                 "{at}: slo_p99_ms: the p99 objective in milliseconds (above 0) is required for {}",
                 Served::Passes.models()
             );
         }
-        if kinds.contains(&Served::Generation) && !(positive(self.slo_ttft_p99_ms) && positive(self.slo_tpot_p99_ms)) {
+        if kinds.contains(&Served::Generation)
+            && !(positive(self.serve.slo_ttft_p99_ms) && positive(self.serve.slo_tpot_p99_ms))
+        {
             bail!("{at}: slo_ttft_p99_ms and slo_tpot_p99_ms: both objectives in milliseconds (above 0) are required for language models");
         }
-        if let Some(r) = self.resolution_pct.filter(|r| !(*r > 0.0 && *r < 100.0)) {
-            bail!("{at}: resolution_pct = {r}: expected a percentage above 0 and below 100");
-        }
-        if let Some(w) = self.warmup_secs {
-            limits::seconds(&format!("{at}: warmup_secs"), w, false).map_err(anyhow::Error::msg)?;
-        }
         if kinds.contains(&Served::Passes) {
-            let l = self.load_settings(seed);
-            let refused = |e: String| anyhow::anyhow!("{at}: {e}");
-            limits::BATCH.check("max_batch", l.max_batch as u64).map_err(refused)?;
-            limits::milliseconds("max_delay_ms", l.max_delay_ms, false).map_err(refused)?;
-            if let Some(slo) = l.slo_p99_ms {
-                limits::milliseconds("slo_p99_ms", slo, true).map_err(refused)?;
-            }
-            limits::MIN_REQUESTS
-                .check("min_requests", l.min_requests as u64)
-                .map_err(refused)?;
+            self.load_settings(seed)
+                .check(Keys::SweepFile)
+                .map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
             if let Some(n) = self.seq_len {
-                limits::TOKENS.check("seq_len", n as u64).map_err(refused)?;
+                limits::TOKENS
+                    .check("seq_len", n as u64)
+                    .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
             }
         }
         if kinds.contains(&Served::Generation) {
             let s = self.serve_settings(seed);
-            s.check(true, crate::load::settings::Keys::SweepFile)
+            s.check(true, Keys::SweepFile)
                 .map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
             // A request of the lengths' means must fit the model, or every step refuses its requests.
             let mean = s.prompt.mean() + s.output.mean();

@@ -713,7 +713,7 @@ seq_lens = [128]
         let e = err("models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nprompt_len = \"zipf:3\"");
         assert!(e.contains("prompt_len") && e.contains("lognormal:MEAN,SPREAD"), "{e}");
         let e = err("models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nresolution_pct = 100");
-        assert!(e.contains("resolution_pct = 100"), "{e}");
+        assert!(e.contains("resolution_pct 100: expected a percentage"), "{e}");
     }
 
     #[test]
