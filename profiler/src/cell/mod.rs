@@ -6,4 +6,4 @@
 pub mod runner;
 pub mod spec;
 
-pub use spec::{CellSpec, Purpose, CELL_SPEC_VERSION};
+pub use spec::{CellSpec, Job, Purpose, CELL_SPEC_VERSION};

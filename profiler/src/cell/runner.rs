@@ -13,10 +13,10 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::spec::{CellSpec, Purpose};
+use super::spec::{CellSpec, Job, Purpose};
 use crate::device::{DeviceSpec, OpenDevice};
 use crate::load::generation::{ServeJob, ServeOutcome};
-use crate::load::job::{Job, JobOutcome, Rates};
+use crate::load::job::{JobOutcome, LoadJob, Rates};
 use crate::load::settings::Keys;
 use crate::provenance;
 use crate::results::runs::{write_failure, write_run};
@@ -152,25 +152,27 @@ pub fn run(
     };
     let identity = cell.identity(status);
     let (device, context) = (&target.device, &target.context);
-    let ran = if let Some(settings) = &cell.load {
-        let job = Job {
-            spec,
-            settings,
-            rates: &offer.rates,
-            allow_overload: offer.allow_overload,
-        };
-        crate::load::job::run(job, device, context, &identity, out, log).map(Ran::Loaded)
-    } else if let Some(settings) = &cell.serve {
-        let job = ServeJob {
-            spec,
-            settings,
-            rates: &offer.rates,
-        };
-        crate::load::generation::run(job, device, context, &identity, out, log).map(Ran::Served)
-    } else {
-        fits_by_shape(cell, spec, device)
+    let ran = match &cell.job {
+        Job::Load(settings) => {
+            let job = LoadJob {
+                spec,
+                settings,
+                rates: &offer.rates,
+                allow_overload: offer.allow_overload,
+            };
+            crate::load::job::run(job, device, context, &identity, out, log).map(Ran::Loaded)
+        }
+        Job::Serve(settings) => {
+            let job = ServeJob {
+                spec,
+                settings,
+                rates: &offer.rates,
+            };
+            crate::load::generation::run(job, device, context, &identity, out, log).map(Ran::Served)
+        }
+        Job::Measure => fits_by_shape(cell, spec, device)
             .and_then(|()| execute(spec, device, context.clone(), identity))
-            .and_then(|run| write_run(out, &run).map(|_| Ran::Measured(Box::new(run))))
+            .and_then(|run| write_run(out, &run).map(|_| Ran::Measured(Box::new(run)))),
     };
     if let (Err(e), true) = (&ran, target.records_failures) {
         let failure = cell.failure(
@@ -195,7 +197,7 @@ pub fn run(
 fn check(cell: &CellSpec, spec: &RunSpec, device: &OpenDevice, keys: Keys) -> Result<()> {
     let one = std::slice::from_ref(spec);
     preflight::check_precision(one, device)?;
-    if let Some(settings) = &cell.load {
+    if let Job::Load(settings) = &cell.job {
         preflight::check_kernels(one, device)?;
         // The largest batch a load job forms is its max batch: a batch that does not fit is that
         // setting's.
@@ -207,7 +209,7 @@ fn check(cell: &CellSpec, spec: &RunSpec, device: &OpenDevice, keys: Keys) -> Re
             )
         });
     }
-    if let Some(settings) = &cell.serve {
+    if let Job::Serve(settings) = &cell.job {
         return crate::load::generation::preflight(spec, settings, device);
     }
     Ok(())

@@ -96,13 +96,9 @@ pub struct CellSpec {
     /// The cell's target is the sweep's baseline (for reports; not part of the id).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub baseline: bool,
-    /// A serving-load job instead of a run: the model behind a dynamic batcher, searched for the
-    /// highest rate within the settings' p99 objective (`load` and `capacity` rows).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub load: Option<crate::load::settings::LoadSettings>,
-    /// A language model's serving job: the continuous batcher under open-loop load (`serve` rows).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub serve: Option<crate::load::settings::ServeSettings>,
+    /// What the cell does with its workload: measure its steps, or serve it under load.
+    #[serde(default, skip_serializing_if = "Job::is_measure")]
+    pub job: Job,
     /// The sweep's `timeout_secs`: the cell ends itself a little after it, should its sweep be gone
     /// (not part of the id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -121,6 +117,43 @@ pub(crate) fn masters_apply(mode: &str, dtype: &str) -> bool {
 
 fn default_master_weights() -> String {
     workloads::MasterWeights::default().as_str().to_string()
+}
+
+/// What a cell does with its workload: one job, holding its settings.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Job {
+    /// Measures its steps (`runs` rows).
+    #[default]
+    Measure,
+    /// Serves the model behind a dynamic batcher under open-loop load, at rates or searched for
+    /// the highest within the p99 objective (`load` and `capacity` rows).
+    Load(crate::load::settings::LoadSettings),
+    /// Serves a language model by the continuous batcher under open-loop load (`serve` and
+    /// `serve_capacity` rows).
+    Serve(crate::load::settings::ServeSettings),
+}
+
+impl Job {
+    fn is_measure(&self) -> bool {
+        matches!(self, Job::Measure)
+    }
+
+    /// A load job's settings.
+    pub fn load(&self) -> Option<&crate::load::settings::LoadSettings> {
+        match self {
+            Job::Load(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// A language model's serving job's settings.
+    pub fn serve(&self) -> Option<&crate::load::settings::ServeSettings> {
+        match self {
+            Job::Serve(s) => Some(s),
+            _ => None,
+        }
+    }
 }
 
 /// Why a cell runs.
@@ -186,11 +219,10 @@ impl CellSpec {
             ));
         }
         // Only for load jobs and group members, so that the ids of other cells stay as they were.
-        if let Some(l) = &self.load {
-            fields.push(("load", l.identity()));
-        }
-        if let Some(s) = &self.serve {
-            fields.push(("serve", s.identity()));
+        match &self.job {
+            Job::Measure => {}
+            Job::Load(l) => fields.push(("load", l.identity())),
+            Job::Serve(s) => fields.push(("serve", s.identity())),
         }
         if let Some(g) = &self.concurrency_group {
             fields.push(("concurrency_group", g.clone()));
@@ -207,7 +239,7 @@ impl CellSpec {
         };
         self.kv_layout = Some(paged.as_str().to_string());
         self.kv_block_size = Some(settings.kv_block_size);
-        self.serve = Some(settings);
+        self.job = Job::Serve(settings);
     }
 
     /// The KV cache a generate cell runs with: contiguous where none is written, a paged one's
@@ -251,7 +283,7 @@ impl CellSpec {
     /// rerun whose settings differ from its latest row's runs the cell again.
     pub fn settings(&self) -> String {
         // A serving job's steps are set by its own settings, which are part of its id.
-        if self.load.is_some() || self.serve.is_some() {
+        if !self.job.is_measure() {
             return format!("sample_interval_ms={}", self.sample_interval_ms);
         }
         let or_none = |v: Option<f64>| v.map_or("none".to_string(), |v| v.to_string());
@@ -389,8 +421,7 @@ impl CellSpec {
             concurrency_group: None,
             neighbours: Vec::new(),
             baseline: false,
-            load: None,
-            serve: None,
+            job: Job::Measure,
             timeout_secs: None,
             scheduled: false,
         })
@@ -403,12 +434,12 @@ impl CellSpec {
         let lengths = match (mode, self.prompt_len, self.output_len) {
             (Mode::Generate, Some(prompt), Some(output)) => Some(workloads::Lengths { prompt, output }),
             // A served language model draws each request's lengths.
-            (Mode::Generate, None, None) if self.serve.is_some() => None,
+            (Mode::Generate, None, None) if self.job.serve().is_some() => None,
             (Mode::Generate, _, _) => bail!("cell spec: a generate cell needs prompt_len and output_len"),
             (_, None, None) => None,
             _ => bail!("cell spec: prompt_len and output_len apply to generate cells only"),
         };
-        let kv_layout = match &self.serve {
+        let kv_layout = match self.job.serve() {
             Some(s) => workloads::KvLayout::Paged {
                 block_size: s.kv_block_size,
             },
@@ -561,8 +592,7 @@ pub(crate) mod tests {
             concurrency_group: None,
             neighbours: Vec::new(),
             baseline: false,
-            load: None,
-            serve: None,
+            job: Job::Measure,
             timeout_secs: None,
             scheduled: false,
         }
@@ -646,6 +676,19 @@ pub(crate) mod tests {
         // (v6), then their decode and prefill kernels (v7), then a chunked prompt's later pieces on
         // the causal kernel (v8).
         assert_eq!(a.cell_id(), "9066f07b558bdbc4");
+        // A load job's and a serving job's ids, as they were when a cell held its job in two
+        // optional fields.
+        let load = CellSpec {
+            job: Job::Load(crate::load::settings::DEFAULTS),
+            ..a.clone()
+        };
+        assert_eq!(load.cell_id(), "c844527784a70199");
+        let mut serve = CellSpec {
+            mode: "generate".into(),
+            ..a.clone()
+        };
+        serve.serve_with(crate::load::settings::SERVE_DEFAULTS);
+        assert_eq!(serve.cell_id(), "d000f946444b5f39");
         // "max" keeps one id whatever batch the search found.
         let max = CellSpec {
             batch_as_written: "max".into(),

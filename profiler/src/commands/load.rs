@@ -107,7 +107,7 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     let mut cell = target.cell(&spec)?;
-    cell.load = Some(settings.clone());
+    cell.job = migprof::cell::Job::Load(settings.clone());
     let how = format!(
         "{} arrivals, batches up to {} or {} ms",
         settings.arrival.as_str(),

@@ -58,7 +58,7 @@ impl Server for WorkloadServer {
 }
 
 /// What to serve and how: the model (inference at the max batch), the batcher and arrivals, the rates.
-pub struct Job<'a> {
+pub struct LoadJob<'a> {
     pub spec: &'a RunSpec,
     pub settings: &'a LoadSettings,
     pub rates: &'a Rates,
@@ -71,14 +71,14 @@ pub struct Job<'a> {
 pub const OVERLOAD: f64 = 10.0;
 
 pub fn run(
-    job: Job,
+    job: LoadJob,
     device: &OpenDevice,
     context: &RunContext,
     cell: &CellIdentity,
     out: &Path,
     log: &mut dyn Write,
 ) -> Result<JobOutcome> {
-    let Job {
+    let LoadJob {
         spec,
         settings,
         rates,

@@ -275,8 +275,7 @@ fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
         concurrency_group: None,
         neighbours: Vec::new(),
         baseline: target.baseline,
-        load: None,
-        serve: None,
+        job: crate::cell::Job::Measure,
         timeout_secs: Some(file.defaults.timeout_secs),
         scheduled: false,
     }
@@ -315,7 +314,7 @@ fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &Capaci
     };
     let mut cell = cell(file, target, &work);
     match served {
-        Served::Passes => cell.load = Some(search.load_settings(seed)),
+        Served::Passes => cell.job = crate::cell::Job::Load(search.load_settings(seed)),
         Served::Generation => cell.serve_with(search.serve_settings(seed)),
     }
     cell

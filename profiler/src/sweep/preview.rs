@@ -11,7 +11,7 @@ use super::file::{BatchSize, SweepFile};
 use super::plan::{self, PlannedCell};
 use super::written::{done_cells, settings_change};
 use super::Options;
-use crate::cell::{CellSpec, Purpose};
+use crate::cell::{CellSpec, Job, Purpose};
 
 /// Which physical device a target's device string names: the MIG or GPU UUID when NVML knows it, so
 /// that "0" and "GPU-…" never run at once; the string itself otherwise.
@@ -43,7 +43,7 @@ pub(super) fn device_key(device: &str) -> String {
 pub(super) fn describe(c: &CellSpec) -> String {
     let mut seq = c.seq_len.map(|l| format!(" seq {l}")).unwrap_or_default();
     // A generation's lengths and cache: cells that differ only there are told apart.
-    if let (Some(p), Some(o), None) = (c.prompt_len, c.output_len, &c.serve) {
+    if let (Some(p), Some(o), None) = (c.prompt_len, c.output_len, c.job.serve()) {
         seq += &format!(" prompt {p} output {o}");
         match (c.kv_layout.as_deref(), c.kv_block_size) {
             (Some("paged"), Some(b)) => seq += &format!(" paged {b}"),
@@ -57,26 +57,26 @@ pub(super) fn describe(c: &CellSpec) -> String {
         (true, b) => format!("max={b}"),
         (false, b) => b.to_string(),
     };
-    let what = match (&c.load, &c.serve, c.purpose) {
-        (Some(l), _, _) => format!(" (capacity within p99 {} ms)", l.slo_p99_ms.unwrap_or_default()),
-        (None, Some(s), _) => format!(
+    let what = match (&c.job, c.purpose) {
+        (Job::Load(l), _) => format!(" (capacity within p99 {} ms)", l.slo_p99_ms.unwrap_or_default()),
+        (Job::Serve(s), _) => format!(
             " (capacity within TTFT p99 {} ms and TPOT p99 {} ms, prompts {} and outputs {} tokens)",
             s.slo_ttft_p99_ms.unwrap_or_default(),
             s.slo_tpot_p99_ms.unwrap_or_default(),
             s.prompt,
             s.output
         ),
-        (None, None, Purpose::Probe) => " (max search)".to_string(),
-        (None, None, Purpose::Measure) => String::new(),
+        (Job::Measure, Purpose::Probe) => " (max search)".to_string(),
+        (Job::Measure, Purpose::Measure) => String::new(),
     };
     let group = c
         .concurrency_group
         .as_ref()
         .map(|g| format!(" [group {g}]"))
         .unwrap_or_default();
-    let size = match c.serve {
-        Some(_) => format!("up to {batch} sequences"),
-        None => format!("batch {batch}"),
+    let size = match c.job {
+        Job::Serve(_) => format!("up to {batch} sequences"),
+        _ => format!("batch {batch}"),
     };
     format!(
         "{} {} {} {} {size}{seq} #{}{what}{group}",
@@ -188,7 +188,7 @@ pub(super) fn say_plan(file: &SweepFile, plan: &Plan, log: &mut dyn Write) -> Re
         .cells
         .iter()
         .filter(|(_, done, _)| !done)
-        .filter_map(|(c, _, _)| c.spec.serve.as_ref().map(|s| (c, s)))
+        .filter_map(|(c, _, _)| c.spec.job.serve().map(|s| (c, s)))
         .find(|(_, s)| longest_search(s) > file.defaults.timeout_secs)
     {
         writeln!(
@@ -232,7 +232,7 @@ pub fn dry_run(file: &SweepFile, opts: &Options, log: &mut dyn Write) -> Result<
     let secs: f64 = cells
         .iter()
         .filter(|(_, done)| !done)
-        .map(|(c, _)| c.spec.serve.as_ref().map_or(per_cell, |s| longest_search(s) + per_cell))
+        .map(|(c, _)| c.spec.job.serve().map_or(per_cell, |s| longest_search(s) + per_cell))
         .sum();
     writeln!(log, "{:<16}  {:<6}  cell", "cell_id", "state")?;
     for (c, done, why) in &planned.cells {
@@ -248,7 +248,7 @@ pub fn dry_run(file: &SweepFile, opts: &Options, log: &mut dyn Write) -> Result<
     } else {
         ""
     };
-    let serve_note = if cells.iter().any(|(c, d)| !d && c.spec.serve.is_some()) {
+    let serve_note = if cells.iter().any(|(c, d)| !d && c.spec.job.serve().is_some()) {
         " (a language model's capacity search counted at its longest)"
     } else {
         ""

@@ -73,10 +73,10 @@ fn result_line(cell: &CellSpec, ran: &Ran) -> String {
         Ran::Loaded(outcome) => format!(
             "ok capacity {} within p99 {} ms",
             or_none(outcome.capacity, 1),
-            cell.load.as_ref().and_then(|s| s.slo_p99_ms).unwrap_or_default()
+            cell.job.load().and_then(|s| s.slo_p99_ms).unwrap_or_default()
         ),
         Ran::Served(outcome) => {
-            let settings = cell.serve.as_ref();
+            let settings = cell.job.serve();
             format!(
                 "ok capacity {} within TTFT p99 {} ms and TPOT p99 {} ms",
                 or_none(outcome.capacity, 2),
