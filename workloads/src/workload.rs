@@ -230,6 +230,56 @@ pub trait Workload {
     fn scale_reading(&self) -> Result<Option<ScaleReading>>;
 }
 
+/// The optimizer over the trainable parameters, by name, with f32 masters where `originals` kept
+/// their values; none when inferring.
+fn optimizer_for(
+    params: &Params,
+    originals: Option<crate::init::Originals>,
+    cfg: &WorkloadConfig,
+) -> Result<(Option<Optimizer>, Vec<String>)> {
+    Ok(match params {
+        Params::Trainable(vm) => {
+            let named: Vec<(String, Var)> = {
+                let data = vm.data().lock().unwrap();
+                let mut named: Vec<(String, Var)> = data
+                    .iter()
+                    .filter(|(n, _)| !is_buffer(n))
+                    .map(|(n, v)| (n.clone(), v.clone()))
+                    .collect();
+                named.sort_by(|a, b| a.0.cmp(&b.0));
+                named
+            };
+            let names = named.iter().map(|(n, _)| n.clone()).collect();
+            let t = &cfg.train;
+            let optimizer = match originals {
+                Some(originals) => {
+                    // Taken out of the map as they are uploaded: the host copies go one by one.
+                    let mut originals = originals.lock().unwrap();
+                    let pairs = named
+                        .into_iter()
+                        .map(|(n, v)| {
+                            let original = originals.remove(&n).ok_or_else(|| {
+                                candle_core::Error::Msg(format!("{n}: no f32 value kept for its master"))
+                            })?;
+                            Ok((v, original))
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    let dynamic = cfg.dtype == DType::F16;
+                    Optimizer::Mixed(MixedOptimizer::new(t.optimizer, pairs, t.lr, t.weight_decay, dynamic)?)
+                }
+                None => Optimizer::new(
+                    t.optimizer,
+                    named.into_iter().map(|(_, v)| v).collect(),
+                    t.lr,
+                    t.weight_decay,
+                )?,
+            };
+            (Some(optimizer), names)
+        }
+        Params::Frozen(_) => (None, Vec::new()),
+    })
+}
+
 /// Builds the named model as a workload.
 pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
     let (arch, info) = lookup_with(name, cfg.seq_len).map_err(candle_core::Error::wrap)?;
@@ -270,47 +320,7 @@ pub fn build(name: &str, cfg: &WorkloadConfig) -> Result<Box<dyn Workload>> {
             )
         }
     }
-    let (optimizer, trained) = match &params {
-        Params::Trainable(vm) => {
-            let named: Vec<(String, Var)> = {
-                let data = vm.data().lock().unwrap();
-                let mut named: Vec<(String, Var)> = data
-                    .iter()
-                    .filter(|(n, _)| !is_buffer(n))
-                    .map(|(n, v)| (n.clone(), v.clone()))
-                    .collect();
-                named.sort_by(|a, b| a.0.cmp(&b.0));
-                named
-            };
-            let names = named.iter().map(|(n, _)| n.clone()).collect();
-            let t = &cfg.train;
-            let optimizer = match originals {
-                Some(originals) => {
-                    // Taken out of the map as they are uploaded: the host copies go one by one.
-                    let mut originals = originals.lock().unwrap();
-                    let pairs = named
-                        .into_iter()
-                        .map(|(n, v)| {
-                            let original = originals.remove(&n).ok_or_else(|| {
-                                candle_core::Error::Msg(format!("{n}: no f32 value kept for its master"))
-                            })?;
-                            Ok((v, original))
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    let dynamic = cfg.dtype == DType::F16;
-                    Optimizer::Mixed(MixedOptimizer::new(t.optimizer, pairs, t.lr, t.weight_decay, dynamic)?)
-                }
-                None => Optimizer::new(
-                    t.optimizer,
-                    named.into_iter().map(|(_, v)| v).collect(),
-                    t.lr,
-                    t.weight_decay,
-                )?,
-            };
-            (Some(optimizer), names)
-        }
-        Params::Frozen(_) => (None, Vec::new()),
-    };
+    let (optimizer, trained) = optimizer_for(&params, originals, cfg)?;
     // Beside the ledger before a step's capture (graphs.rs), this tells what the first step left
     // reserved in the pool from what the parameters and optimizer state hold.
     if std::env::var_os("MIGPROF_MEMORY_LOG").is_some() {

@@ -553,6 +553,16 @@ impl Report {
                 s.model, s.demand_qps, s.serves_qps, s.spare_qps
             );
         }
+        self.by_hand(&mut o);
+        for n in &self.notes {
+            let _ = writeln!(o, "note: {n}");
+        }
+        o
+    }
+
+    /// The plans made by hand beside this one, and what this one saves.
+    fn by_hand(&self, o: &mut String) {
+        use std::fmt::Write as _;
         let _ = writeln!(o, "\nBy hand, for comparison:");
         for (name, hand) in [
             ("a whole GPU per model", &self.whole_gpu_per_model),
@@ -591,10 +601,6 @@ impl Report {
                 100.0 * (best_hand - self.gpus) as f64 / best_hand as f64
             );
         }
-        for n in &self.notes {
-            let _ = writeln!(o, "note: {n}");
-        }
-        o
     }
 
     /// The plan's layouts as a mig-parted file, one named config per distinct layout.

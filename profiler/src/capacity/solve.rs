@@ -216,11 +216,22 @@ fn stage(problem: &Problem, bound: u32, goal: Goal, gpus: Option<u32>, unused: O
     let solution = model
         .solve()
         .map_err(|e| anyhow!("the integer program found no plan: {e}"))?;
-    let round = |v: Variable| solution.value(v).round().max(0.0) as u32;
+    Ok(read_plan(problem, &y, &x, |v| solution.value(v)))
+}
+
+/// The plan a solution gives: the layouts used and how many GPUs of each, the instances of each
+/// model and profile, and the instances held that serve nothing.
+fn read_plan(
+    problem: &Problem,
+    y: &[Variable],
+    x: &BTreeMap<(String, String), Variable>,
+    value: impl Fn(Variable) -> f64,
+) -> FleetPlan {
+    let round = |v: Variable| value(v).round().max(0.0) as u32;
     let mut layouts: Vec<(Layout, u32)> = problem
         .layouts
         .iter()
-        .zip(&y)
+        .zip(y)
         .map(|(l, &v)| (l.clone(), round(v)))
         .filter(|(_, n)| *n > 0)
         .collect();
@@ -233,12 +244,12 @@ fn stage(problem: &Problem, bound: u32, goal: Goal, gpus: Option<u32>, unused: O
     let gpus = layouts.iter().map(|(_, n)| n).sum();
     let held_total: u32 = layouts.iter().map(|(l, n)| l.profiles.len() as u32 * n).sum();
     let assigned_total: u32 = instances.iter().map(|(_, _, n)| n).sum();
-    Ok(FleetPlan {
+    FleetPlan {
         gpus,
         layouts,
         instances,
         unused: held_total.saturating_sub(assigned_total),
-    })
+    }
 }
 
 #[cfg(test)]

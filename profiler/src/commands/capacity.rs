@@ -92,31 +92,7 @@ pub fn exec(args: CapacityArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
         objectives != Objectives::default(),
         "which objective were the capacities measured for? give --slo-p99-ms, or for language models --slo-ttft-p99-ms and --slo-tpot-p99-ms (or all three)"
     );
-    let memory = args.memory_emulation.map(MemoryEmulationArg::into);
-    let gathered = match (&args.capacities, args.from.is_empty()) {
-        (Some(csv), _) => migprof::capacity::source::csv::from_csv(csv, &table, &objectives)?,
-        (None, false) => {
-            let served_per_request = match objectives.p99_ms {
-                Some(ms) => migprof::capacity::source::from_folders(
-                    &args.from,
-                    ms,
-                    dtype,
-                    &table.product,
-                    args.closed_loop_estimates,
-                    memory,
-                )?,
-                None => Default::default(),
-            };
-            let generating = match objectives.serving {
-                Some(slo) => {
-                    migprof::capacity::source::serving_from_folders(&args.from, slo, dtype, &table.product, memory)?
-                }
-                None => Default::default(),
-            };
-            served_per_request.and(generating)
-        }
-        (None, true) => anyhow::bail!("where do the capacities come from? give --from DIR (results of `migprof load --search`) or --capacities FILE.csv"),
-    };
+    let gathered = gather(&args, &table, &objectives, dtype)?;
     if objectives.serving.is_none() {
         if let Some((m, _)) = args
             .demand
@@ -167,4 +143,39 @@ pub fn exec(args: CapacityArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The capacities a plan is made from: a CSV's, or those measured in `--from` folders for each
+/// objective given.
+fn gather(
+    args: &CapacityArgs,
+    table: &migprof::mig::profile::ProfileTable,
+    objectives: &Objectives,
+    dtype: Option<&'static str>,
+) -> Result<migprof::capacity::source::Gathered> {
+    let memory = args.memory_emulation.map(MemoryEmulationArg::into);
+    Ok(match (&args.capacities, args.from.is_empty()) {
+        (Some(csv), _) => migprof::capacity::source::csv::from_csv(csv, table, objectives)?,
+        (None, false) => {
+            let served_per_request = match objectives.p99_ms {
+                Some(ms) => migprof::capacity::source::from_folders(
+                    &args.from,
+                    ms,
+                    dtype,
+                    &table.product,
+                    args.closed_loop_estimates,
+                    memory,
+                )?,
+                None => Default::default(),
+            };
+            let generating = match objectives.serving {
+                Some(slo) => {
+                    migprof::capacity::source::serving_from_folders(&args.from, slo, dtype, &table.product, memory)?
+                }
+                None => Default::default(),
+            };
+            served_per_request.and(generating)
+        }
+        (None, true) => anyhow::bail!("where do the capacities come from? give --from DIR (results of `migprof load --search`) or --capacities FILE.csv"),
+    })
 }

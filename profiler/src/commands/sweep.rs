@@ -160,42 +160,34 @@ fn run(args: &SweepArgs, log: &mut dyn Write) -> Result<bool> {
     }
     let exe = std::env::current_exe().context("finding this migprof to start its cells")?;
     let summary = schedule::run(&file, &opts, &exe, log)?;
+    writeln!(log, "{}; rows in {}", said(&summary), rows_in(&file, &args.out))?;
+    writeln!(log, "{}", report_hint(&args.out))?;
+    Ok(!summary.interrupted && summary.failed() == 0)
+}
+
+/// How a sweep ended, in one line: what was planned, skipped, run (by status), probed and left to
+/// another sweep.
+fn said(summary: &migprof::sweep::schedule::Summary) -> String {
     let statuses: Vec<String> = summary
         .by_status
         .iter()
         .map(|(s, n)| format!("{n} {}", s.as_str()))
         .collect();
-    writeln!(
-        log,
-        "{}: {} cell(s) planned, {} skipped (done already), {} run{}{}{}{}; rows in {}",
+    let or_nothing = |show: bool, text: String| if show { text } else { String::new() };
+    format!(
+        "{}: {} cell(s) planned, {} skipped (done already), {} run{}{}{}{}",
         if summary.interrupted { "interrupted" } else { "done" },
         summary.planned,
         summary.skipped,
         summary.ran,
-        if statuses.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", statuses.join(", "))
-        },
-        if summary.probes > 0 {
-            format!(", {} max-search probe(s)", summary.probes)
-        } else {
-            String::new()
-        },
-        if summary.claimed > 0 {
+        or_nothing(!statuses.is_empty(), format!(" ({})", statuses.join(", "))),
+        or_nothing(summary.probes > 0, format!(", {} max-search probe(s)", summary.probes)),
+        or_nothing(
+            summary.claimed > 0,
             format!(", {} measured by another sweep", summary.claimed)
-        } else {
-            String::new()
-        },
-        if summary.interrupted {
-            "; rerun the same command to finish"
-        } else {
-            ""
-        },
-        rows_in(&file, &args.out)
-    )?;
-    writeln!(log, "{}", report_hint(&args.out))?;
-    Ok(!summary.interrupted && summary.failed() == 0)
+        ),
+        or_nothing(summary.interrupted, "; rerun the same command to finish".to_string()),
+    )
 }
 
 /// How MIG slices are exposed by the device plugin.

@@ -89,6 +89,35 @@ pub fn emit(
     Ok(written)
 }
 
+/// What a target's pod asks for and where it may run: a GPU, a MIG slice as the device plugin's
+/// strategy exposes it, or nothing (CPU cells).
+fn resources(request: &Request, strategy: MigStrategy, label: &str) -> Result<(Value, Value)> {
+    Ok(match (request, strategy) {
+        (Request::Cpu, _) => (json!({}), json!({})),
+        (Request::Gpu { product }, _) => (
+            json!({ "nvidia.com/gpu": 1 }),
+            product
+                .as_ref()
+                .map_or(json!({}), |p| json!({ "nvidia.com/gpu.product": p })),
+        ),
+        (Request::Mig { profile, product }, MigStrategy::Mixed) => (
+            json!({ format!("nvidia.com/mig-{profile}"): 1 }),
+            product
+                .as_ref()
+                .map_or(json!({}), |p| json!({ "nvidia.com/gpu.product": p })),
+        ),
+        (Request::Mig { profile, product }, MigStrategy::Single) => {
+            let Some(p) = product else {
+                bail!("target `{label}`: under the single MIG strategy a slice is `nvidia.com/gpu` on a node whose product label names the profile; give product = \"NVIDIA-H100-80GB-HBM3\" (the GPU's label) so the selector can be NVIDIA-H100-80GB-HBM3-MIG-{profile}")
+            };
+            (
+                json!({ "nvidia.com/gpu": 1 }),
+                json!({ "nvidia.com/gpu.product": format!("{p}-MIG-{profile}") }),
+            )
+        }
+    })
+}
+
 /// The ConfigMap and the indexed Job of one target.
 pub fn manifests(
     sweep: &str,
@@ -118,30 +147,7 @@ pub fn manifests(
         "metadata": { "name": format!("{name}-cells"), "namespace": k.namespace, "labels": labels },
         "data": data,
     });
-    let (limits, selector) = match (request, k.strategy) {
-        (Request::Cpu, _) => (json!({}), json!({})),
-        (Request::Gpu { product }, _) => (
-            json!({ "nvidia.com/gpu": 1 }),
-            product
-                .as_ref()
-                .map_or(json!({}), |p| json!({ "nvidia.com/gpu.product": p })),
-        ),
-        (Request::Mig { profile, product }, MigStrategy::Mixed) => (
-            json!({ format!("nvidia.com/mig-{profile}"): 1 }),
-            product
-                .as_ref()
-                .map_or(json!({}), |p| json!({ "nvidia.com/gpu.product": p })),
-        ),
-        (Request::Mig { profile, product }, MigStrategy::Single) => {
-            let Some(p) = product else {
-                bail!("target `{label}`: under the single MIG strategy a slice is `nvidia.com/gpu` on a node whose product label names the profile; give product = \"NVIDIA-H100-80GB-HBM3\" (the GPU's label) so the selector can be NVIDIA-H100-80GB-HBM3-MIG-{profile}")
-            };
-            (
-                json!({ "nvidia.com/gpu": 1 }),
-                json!({ "nvidia.com/gpu.product": format!("{p}-MIG-{profile}") }),
-            )
-        }
-    };
+    let (limits, selector) = resources(request, k.strategy, label)?;
     let mut pod_spec = json!({
         "restartPolicy": "Never",
         // The sweep's per-cell timeout, with a minute for the pod around the cell.

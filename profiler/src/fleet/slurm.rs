@@ -207,6 +207,29 @@ pub fn status(file: &SweepFile, opts: &Options, log: &mut dyn Write) -> Result<b
     Ok(states.iter().all(|(_, s)| matches!(s, CellState::Done(_))))
 }
 
+/// Submits a job script, returning its job's id.
+fn sbatch(script: &Path) -> Result<String> {
+    let output = Command::new("sbatch")
+        .arg("--parsable")
+        .arg(script)
+        .output()
+        .context("running sbatch (Slurm's client commands must be on PATH)")?;
+    if !output.status.success() {
+        bail!(
+            "sbatch {} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    // `--parsable` prints `jobid` or `jobid;cluster`.
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .to_string())
+}
+
 /// Writes one job array per target for the cells that want running, and submits them with
 /// `--submit`. Returns the job ids submitted.
 pub fn submit(
@@ -275,25 +298,7 @@ pub fn submit(
             )?;
             continue;
         }
-        let output = Command::new("sbatch")
-            .arg("--parsable")
-            .arg(&script)
-            .output()
-            .context("running sbatch (Slurm's client commands must be on PATH)")?;
-        if !output.status.success() {
-            bail!(
-                "sbatch {} failed: {}",
-                script.display(),
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
-        }
-        // `--parsable` prints `jobid` or `jobid;cluster`.
-        let job_id = String::from_utf8_lossy(&output.stdout)
-            .trim()
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .to_string();
+        let job_id = sbatch(&script)?;
         writeln!(log, "{label}: {} cell(s) submitted as job array {job_id}", cells.len())?;
         jobs.push(Submitted {
             job_id: job_id.clone(),

@@ -272,6 +272,31 @@ pub fn run(
     Ok(ServeOutcome { steps, capacity, cache })
 }
 
+/// Makes the KV pool of `blocks`; where they were sized from the memory (`shrink`) and do not
+/// fit, of a tenth fewer at a time, `blocks` then what fitted and the note saying so.
+fn make_pool(model: &mut PagedModel, blocks: &mut usize, shrink: bool) -> Result<Option<String>> {
+    let sized = *blocks;
+    let mut note = None;
+    loop {
+        match model.resize_pool(*blocks) {
+            Ok(()) => return Ok(note),
+            Err(e)
+                if shrink
+                    && crate::run::record::Status::of_error(&anyhow::anyhow!("{e}"))
+                        == crate::run::record::Status::Oom
+                    && *blocks > 16 =>
+            {
+                *blocks = *blocks * 9 / 10;
+                note = Some(format!(
+                    "a pool of the {sized} blocks the memory's sizing allowed did not fit; {} did",
+                    *blocks
+                ));
+            }
+            Err(e) => return Err(anyhow::Error::from(e).context(format!("making a KV pool of {} blocks", *blocks))),
+        }
+    }
+}
+
 /// Sizes the cache and makes its pool: `--kv-blocks` as given; on a GPU, the target's memory less
 /// the weights and the workspace (measured over two prefill pieces of `profile_tokens`, the largest
 /// an iteration runs, the second after the first, on a pool just big enough for them), times the
@@ -346,25 +371,7 @@ fn size_cache(
             s.max_batched_tokens
         )
     }
-    let sized = blocks;
-    let mut note = None;
-    loop {
-        match model.resize_pool(blocks) {
-            Ok(()) => break,
-            Err(e)
-                if sizing == "memory"
-                    && crate::run::record::Status::of_error(&anyhow::anyhow!("{e}"))
-                        == crate::run::record::Status::Oom
-                    && blocks > 16 =>
-            {
-                blocks = blocks * 9 / 10;
-                note = Some(format!(
-                    "a pool of the {sized} blocks the memory's sizing allowed did not fit; {blocks} did"
-                ));
-            }
-            Err(e) => return Err(anyhow::Error::from(e).context(format!("making a KV pool of {blocks} blocks"))),
-        }
-    }
+    let note = make_pool(model, &mut blocks, sizing == "memory")?;
     Ok(CacheSize {
         blocks: u32::try_from(blocks).unwrap_or(u32::MAX),
         sizing,

@@ -162,17 +162,9 @@ pub struct SearchStep {
     pub index: usize,
 }
 
-/// Writes a step's `load` row and its `load_batches` part (batches first: a row is only ever present
-/// with them).
-pub fn write_step(
-    out: &Path,
-    id: &JobIdentity,
-    load_id: &str,
-    started: DateTime<Utc>,
-    step: &Step,
-    search: Option<&SearchStep>,
-) -> Result<()> {
-    let file = format!("part-{load_id}.parquet");
+/// The step's batches (`load_batches`): when each was dispatched and done, its size and the queue
+/// behind it.
+fn write_batches(out: &Path, file: &str, load_id: &str, step: &Step) -> Result<()> {
     let b = &step.served.batches;
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     let mut batches = DataFrame::new(
@@ -190,7 +182,22 @@ pub fn write_step(
             col("queued", b.iter().map(|b| b.queued as i64).collect::<Vec<i64>>()),
         ],
     )?;
-    write_part(&out.join(Table::LoadBatches.dir_name()), &file, &mut batches)?;
+    write_part(&out.join(Table::LoadBatches.dir_name()), file, &mut batches)?;
+    Ok(())
+}
+
+/// Writes a step's `load` row and its `load_batches` part (batches first: a row is only ever present
+/// with them).
+pub fn write_step(
+    out: &Path,
+    id: &JobIdentity,
+    load_id: &str,
+    started: DateTime<Utc>,
+    step: &Step,
+    search: Option<&SearchStep>,
+) -> Result<()> {
+    let file = format!("part-{load_id}.parquet");
+    write_batches(out, &file, load_id, step)?;
 
     let st = &step.stats;
     let interval = |high: bool| {

@@ -167,39 +167,7 @@ impl Step {
         // Latency's growth over the step (s/s), carried on over the horizon: a queue that grows will
         // cross any objective; a step too short to show it must not pass.
         let growth = crate::load::serve::growth(&served.arrivals, &served.latencies_ns);
-        let growth_ms = growth * crate::load::serve::GROWTH_HORIZON.as_secs_f64() * 1e3;
-        let meets = objective.map(|slo| {
-            let slo_ms = slo.as_secs_f64() * 1e3;
-            let p99_ms = stats.p99_ns as f64 / 1e6;
-            match (&served.ending, &p99_interval) {
-                (Ending::Over(why), _) => {
-                    notes.push(format!("stopped early: {why}"));
-                    false
-                }
-                (Ending::Backlog, _) => false,
-                (_, _) if growth_ms > 0.0 && p99_ms + growth_ms > slo_ms => {
-                    notes.push(format!(
-                        "latency grew {:.2} ms per second of the step: at this rate the queue grows, and p99 {p99_ms:.2} ms would pass the objective within {} s",
-                        growth * 1e3,
-                        crate::load::serve::GROWTH_HORIZON.as_secs()
-                    ));
-                    false
-                }
-                (_, Ok(i)) if i.high <= slo_ms => true,
-                (_, Ok(i)) if i.low > slo_ms => false,
-                (_, Ok(i)) => {
-                    notes.push(format!(
-                        "p99's 95% interval [{:.2}, {:.2}] ms holds the {slo_ms:.1} ms objective: decided on the estimate {p99_ms:.2} ms",
-                        i.low, i.high
-                    ));
-                    p99_ms <= slo_ms
-                }
-                (_, Err(why)) => {
-                    notes.push(format!("no interval for p99 ({why}): decided on the estimate {p99_ms:.2} ms"));
-                    p99_ms <= slo_ms
-                }
-            }
-        });
+        let meets = objective.map(|slo| meets_objective(slo, &served, &stats, &p99_interval, growth, &mut notes));
         let service = Service::of(&served);
         if service.stalled > 0 {
             notes.push(format!(
@@ -305,6 +273,53 @@ impl Step {
             line.push_str(&format!(" [{}]", self.verdict().as_str()));
         }
         line
+    }
+}
+
+/// Whether a step met the objective `slo`, the reason added to `notes` where it is not plain: a
+/// step stopped early or outlived by its queue fails; one whose latency grows (`growth`, s/s) fails
+/// where carried on over the horizon it would pass the objective; else p99's interval decides, or
+/// the estimate where the interval holds the objective or there is none.
+fn meets_objective(
+    slo: Duration,
+    served: &Served,
+    stats: &LatencyStats,
+    p99_interval: &crate::run::uncertainty::Estimate,
+    growth: f64,
+    notes: &mut Vec<String>,
+) -> bool {
+    let growth_ms = growth * crate::load::serve::GROWTH_HORIZON.as_secs_f64() * 1e3;
+    let slo_ms = slo.as_secs_f64() * 1e3;
+    let p99_ms = stats.p99_ns as f64 / 1e6;
+    match (&served.ending, &p99_interval) {
+        (Ending::Over(why), _) => {
+            notes.push(format!("stopped early: {why}"));
+            false
+        }
+        (Ending::Backlog, _) => false,
+        (_, _) if growth_ms > 0.0 && p99_ms + growth_ms > slo_ms => {
+            notes.push(format!(
+                    "latency grew {:.2} ms per second of the step: at this rate the queue grows, and p99 {p99_ms:.2} ms would pass the objective within {} s",
+                    growth * 1e3,
+                    crate::load::serve::GROWTH_HORIZON.as_secs()
+                ));
+            false
+        }
+        (_, Ok(i)) if i.high <= slo_ms => true,
+        (_, Ok(i)) if i.low > slo_ms => false,
+        (_, Ok(i)) => {
+            notes.push(format!(
+                    "p99's 95% interval [{:.2}, {:.2}] ms holds the {slo_ms:.1} ms objective: decided on the estimate {p99_ms:.2} ms",
+                    i.low, i.high
+                ));
+            p99_ms <= slo_ms
+        }
+        (_, Err(why)) => {
+            notes.push(format!(
+                "no interval for p99 ({why}): decided on the estimate {p99_ms:.2} ms"
+            ));
+            p99_ms <= slo_ms
+        }
     }
 }
 

@@ -107,6 +107,30 @@ pub struct GenerationServed {
     pub end: Duration,
 }
 
+/// Hands the scheduler every request that has arrived by `now`, each recorded (with the reason
+/// where the scheduler refused it).
+fn admit_arrived(
+    scheduler: &mut Scheduler,
+    requests: &[(Duration, u32, u32)],
+    records: &mut Vec<RequestRecord>,
+    now: Duration,
+) {
+    while let Some(&(arrival, prompt, output)) = requests.get(records.len()).filter(|r| r.0 <= now) {
+        let id = records.len();
+        let refused = scheduler
+            .add(Request { id, prompt, output })
+            .err()
+            .map(|e| e.to_string());
+        records.push(RequestRecord {
+            arrival,
+            prompt,
+            output,
+            tokens: Vec::with_capacity(output as usize),
+            refused,
+        });
+    }
+}
+
 /// Serves `requests` (arrival, prompt tokens, output tokens; arrivals ascending) through
 /// `scheduler` on `engine` until every one is finished or `limit` passes. Every request is in the
 /// record: one the batcher refuses (it could never fit) with why, and those not done by the limit
@@ -126,20 +150,7 @@ pub fn drive(
     let mut iterations = Vec::new();
     loop {
         let now = timer.now();
-        while let Some(&(arrival, prompt, output)) = requests.get(records.len()).filter(|r| r.0 <= now) {
-            let id = records.len();
-            let refused = scheduler
-                .add(Request { id, prompt, output })
-                .err()
-                .map(|e| e.to_string());
-            records.push(RequestRecord {
-                arrival,
-                prompt,
-                output,
-                tokens: Vec::with_capacity(output as usize),
-                refused,
-            });
-        }
+        admit_arrived(&mut scheduler, requests, &mut records, now);
         if now >= limit {
             break;
         }

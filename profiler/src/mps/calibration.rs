@@ -171,6 +171,26 @@ pub fn within(gbps: f64, share_gbps: f64) -> bool {
     (gbps - share_gbps).abs() <= TOLERANCE * share_gbps
 }
 
+/// The fine search: `blocks` take too much without pausing; pause them, on a log2 scale, until
+/// the client reads within aim (`at` sets a load, reads the client and says whether it is).
+fn pause_search(at: &mut dyn FnMut(Load) -> Result<(f64, bool)>, blocks: u32, share_gbps: f64) -> Result<Outcome> {
+    let (mut lo, mut hi) = (f64::from(MIN_PAUSE_NS).log2(), f64::from(MAX_PAUSE_NS).log2());
+    for _ in 0..PAUSE_STEPS {
+        let mid = (lo + hi) / 2.0;
+        let pause_ns = mid.exp2().round() as u32;
+        let (got, done) = at(Load { blocks, pause_ns })?;
+        if done {
+            return Ok(Outcome::Reached);
+        }
+        if got < share_gbps {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(Outcome::NotConverged)
+}
+
 /// Finds the neighbour's load at which `probe` reads `share_gbps` within [`TOLERANCE`], or says why
 /// none does; the neighbour is left at the setting returned.
 pub fn calibrate(neighbour: &mut dyn Neighbour, probe: &mut dyn BandwidthProbe, share_gbps: f64) -> Result<Setting> {
@@ -225,25 +245,7 @@ pub fn calibrate(neighbour: &mut dyn Neighbour, probe: &mut dyn BandwidthProbe, 
                 weak = blocks;
             }
         }
-        // Fine: `strong` blocks take too much without pausing; pause them, on a log2 scale.
-        let (mut lo, mut hi) = (f64::from(MIN_PAUSE_NS).log2(), f64::from(MAX_PAUSE_NS).log2());
-        for _ in 0..PAUSE_STEPS {
-            let mid = (lo + hi) / 2.0;
-            let pause_ns = mid.exp2().round() as u32;
-            let (got, done) = at(Load {
-                blocks: strong,
-                pause_ns,
-            })?;
-            if done {
-                break 'search Outcome::Reached;
-            }
-            if got < share_gbps {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        Outcome::NotConverged
+        pause_search(&mut at, strong, share_gbps)?
     };
     let (load, bandwidth_gbps) = best.expect("one setting was tried");
     let outcome = match outcome {

@@ -145,6 +145,52 @@ impl Calibrations<'_> {
     }
 }
 
+/// Calibrates the neighbour afresh, says what it found and keeps it for the next client.
+fn calibrate_anew(
+    neighbour: &mut dyn calibration::Neighbour,
+    probe: &mut dyn ClientProbe,
+    share_gbps: f64,
+    calibrations: &Calibrations,
+    gpu_bandwidth_gbps: f64,
+    log: &mut dyn FnMut(String),
+) -> Result<calibration::Setting> {
+    let s = calibration::calibrate(neighbour, probe, share_gbps)?;
+    log(format!(
+        "memory-system neighbour on the SMs the client lacks: {}, the client reads {:.0} GB/s of a {share_gbps:.0} GB/s share ({}, {} settings tried)",
+        s.load,
+        s.bandwidth_gbps,
+        s.outcome.as_str(),
+        s.tries
+    ));
+    keep(calibrations, gpu_bandwidth_gbps, &s, log);
+    Ok(s)
+}
+
+/// The record of a client that holds every SM: no neighbour could run beside it.
+fn no_spare_sms(
+    gpu_bandwidth_gbps: f64,
+    share_gbps: f64,
+    alone_bandwidth_gbps: f64,
+    sm_clock_mhz: Option<u32>,
+    throttle_reasons: Option<u64>,
+) -> Partition {
+    Partition {
+        gpu_bandwidth_gbps,
+        share_gbps,
+        alone_bandwidth_gbps: Some(alone_bandwidth_gbps),
+        bandwidth_gbps: alone_bandwidth_gbps,
+        load: None,
+        outcome: Outcome::NoSpareSms,
+        cached: false,
+        neighbour_sms: None,
+        shared_sms: None,
+        compute_slowdown_pct: None,
+        sm_clock_mhz,
+        throttle_reasons,
+        neighbour_pid: None,
+    }
+}
+
 /// Partitions the memory system of a client holding `percent` of the SMs and `memory_fraction` of
 /// the memory: returns the record and the neighbour, which must run as long as the client measures.
 /// `clocks` reads the GPU's SM clock and throttle reasons.
@@ -164,21 +210,13 @@ pub fn partition<N: Neighbours>(
     if percent >= 100 {
         let (sm_clock_mhz, throttle_reasons) = clocks();
         return Ok((
-            Partition {
+            no_spare_sms(
                 gpu_bandwidth_gbps,
                 share_gbps,
-                alone_bandwidth_gbps: Some(alone_bandwidth_gbps),
-                bandwidth_gbps: alone_bandwidth_gbps,
-                load: None,
-                outcome: Outcome::NoSpareSms,
-                cached: false,
-                neighbour_sms: None,
-                shared_sms: None,
-                compute_slowdown_pct: None,
+                alone_bandwidth_gbps,
                 sm_clock_mhz,
                 throttle_reasons,
-                neighbour_pid: None,
-            },
+            ),
             None,
         ));
     }
@@ -197,18 +235,7 @@ pub fn partition<N: Neighbours>(
     for attempt in 0..2 {
         let s = match setting {
             Some(s) => s,
-            None => {
-                let s = calibration::calibrate(&mut neighbour, probe, share_gbps)?;
-                log(format!(
-                    "memory-system neighbour on the SMs the client lacks: {}, the client reads {:.0} GB/s of a {share_gbps:.0} GB/s share ({}, {} settings tried)",
-                    s.load,
-                    s.bandwidth_gbps,
-                    s.outcome.as_str(),
-                    s.tries
-                ));
-                keep(calibrations, gpu_bandwidth_gbps, &s, log);
-                s
-            }
+            None => calibrate_anew(&mut neighbour, probe, share_gbps, calibrations, gpu_bandwidth_gbps, log)?,
         };
         // While both run: where each computes, and whether the client still has its SMs to itself.
         let neighbour_sms = neighbour.sms()?;

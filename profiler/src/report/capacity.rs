@@ -99,7 +99,24 @@ impl Serving {
         if self.steps.iter().any(|r| r.s("emulation") == "mps") {
             blocks.push(Block::Text("Emulated slices (MPS) share L2 and memory bandwidth with the whole GPU: their capacities flatter small slices against real MIG.".into()));
         }
-        // One chart per model, dtype, sequence length, objective and batcher: a line per target.
+        blocks.extend(self.step_charts(colour)?);
+        blocks.extend(self.capacity_table());
+        let mut out = vec![Section {
+            id: "capacity".into(),
+            title: "Serving capacity".into(),
+            level: 2,
+            blocks,
+        }];
+        for (path, plan) in &self.plans {
+            out.push(plan_section(path, plan));
+        }
+        Ok(out)
+    }
+
+    /// One chart per model, dtype, sequence length, objective and batcher: each step's p99
+    /// against its offered rate, a line per target.
+    fn step_charts(&self, colour: &dyn Fn(&str) -> usize) -> Result<Vec<Block>> {
+        let mut blocks = Vec::new();
         let mut groups: BTreeMap<(String, String, String, String, String), Vec<&Row>> = BTreeMap::new();
         for r in self
             .steps
@@ -172,6 +189,12 @@ impl Serving {
                 legend: chart.legend(),
             });
         }
+        Ok(blocks)
+    }
+
+    /// The capacities found, a row per search.
+    fn capacity_table(&self) -> Vec<Block> {
+        let mut blocks = Vec::new();
         let mut rows: Vec<Vec<String>> = self
             .capacities
             .iter()
@@ -226,16 +249,7 @@ impl Serving {
                 rows,
             ));
         }
-        let mut out = vec![Section {
-            id: "capacity".into(),
-            title: "Serving capacity".into(),
-            level: 2,
-            blocks,
-        }];
-        for (path, plan) in &self.plans {
-            out.push(plan_section(path, plan));
-        }
-        Ok(out)
+        blocks
     }
 }
 

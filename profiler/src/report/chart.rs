@@ -219,26 +219,54 @@ impl Chart<'_> {
         l
     }
 
+    /// The axes' ranges: every point and whisker (and the objective's line), and on a chart with
+    /// the diagonal the same range on both.
+    fn ranges(&self) -> ((f64, f64), (f64, f64)) {
+        let xs = self.series.iter().flat_map(|s| s.points.iter().map(|p| p.x));
+        let ys = self.series.iter().flat_map(|s| {
+            s.points.iter().flat_map(|p| {
+                [Some(p.y), p.whisker.map(|w| w.0), p.whisker.map(|w| w.1)]
+                    .into_iter()
+                    .flatten()
+            })
+        });
+        let (x0, x1) = axis(xs, self.x_scale, self.diagonal);
+        let (mut y0, mut y1) = axis(ys.chain(self.hline), self.y_scale, true);
+        if self.diagonal {
+            y0 = y0.min(x0);
+            y1 = y1.max(x1);
+        }
+        ((x0, x1), (y0, y1))
+    }
+
+    /// The ticks of a log axis, at the batches drawn (whole numbers) or at 1-2-5 values, and how
+    /// many labels the x axis takes.
+    fn ticks(&self, (x0, x1): (f64, f64), (y0, y1): (f64, f64)) -> (Vec<f64>, Vec<f64>, usize) {
+        let x_ticks = match (self.x_whole, self.x_scale) {
+            (true, _) => whole_ticks(self.series.iter().flat_map(|s| s.points.iter())),
+            (false, Scale::Log) => log_ticks(x0, x1),
+            (false, Scale::Linear) => Vec::new(),
+        };
+        let y_ticks = match self.y_scale {
+            Scale::Log => log_ticks(y0, y1),
+            Scale::Linear => Vec::new(),
+        };
+        // plotters' default is 10 labels.
+        let x_labels = if self.x_whole {
+            ((x1 - x0).floor() as usize).clamp(1, 10)
+        } else {
+            10
+        };
+        (x_ticks, y_ticks, x_labels)
+    }
+
     /// The chart as an SVG document (760×420).
     pub fn svg(&self) -> Result<String> {
         let mut out = String::new();
         {
             let root = SVGBackend::with_string(&mut out, (760, 420)).into_drawing_area();
             root.fill(&WHITE)?;
-            let xs = self.series.iter().flat_map(|s| s.points.iter().map(|p| p.x));
-            let ys = self.series.iter().flat_map(|s| {
-                s.points.iter().flat_map(|p| {
-                    [Some(p.y), p.whisker.map(|w| w.0), p.whisker.map(|w| w.1)]
-                        .into_iter()
-                        .flatten()
-                })
-            });
-            let (x0, x1) = axis(xs.clone(), self.x_scale, self.diagonal);
-            let (mut y0, mut y1) = axis(ys.chain(self.hline), self.y_scale, true);
-            if self.diagonal {
-                y0 = y0.min(x0);
-                y1 = y1.max(x1);
-            }
+            let ((x0, x1), (y0, y1)) = self.ranges();
             let mut builder = ChartBuilder::on(&root);
             builder
                 .caption(self.title, ("sans-serif", 18))
@@ -252,22 +280,7 @@ impl Chart<'_> {
                     tick_label(*v)
                 }
             };
-            // A log axis ticks at the batches drawn (whole numbers) or at 1-2-5 values.
-            let x_ticks = match (self.x_whole, self.x_scale) {
-                (true, _) => whole_ticks(self.series.iter().flat_map(|s| s.points.iter())),
-                (false, Scale::Log) => log_ticks(x0, x1),
-                (false, Scale::Linear) => Vec::new(),
-            };
-            let y_ticks = match self.y_scale {
-                Scale::Log => log_ticks(y0, y1),
-                Scale::Linear => Vec::new(),
-            };
-            // plotters' default is 10 labels.
-            let x_labels = if self.x_whole {
-                ((x1 - x0).floor() as usize).clamp(1, 10)
-            } else {
-                10
-            };
+            let (x_ticks, y_ticks, x_labels) = self.ticks((x0, x1), (y0, y1));
             // plotters types a chart by its axes: one body per combination.
             macro_rules! draw {
                 ($xr:expr, $yr:expr) => {{

@@ -65,6 +65,13 @@ pub fn check(out: &Path) -> Result<Report> {
     for orphan in orphans(out)? {
         report.problems.push(orphan.problem());
     }
+    check_runs(&frames, &mut report);
+    Ok(report)
+}
+
+/// Each run's row: one per run, a known status, and as many samples as it measured (steps and
+/// a generation's prefills counted apart); then runs measured at once on one device.
+fn check_runs(frames: &HashMap<&str, DataFrame>, report: &mut Report) {
     let runs = &frames["runs"];
     let run_ids = text(runs, "run_id");
     let statuses = text(runs, "status");
@@ -126,8 +133,7 @@ pub fn check(out: &Path) -> Result<Report> {
             }
         }
     }
-    overlapping_measurements(runs, &mut report);
-    Ok(report)
+    overlapping_measurements(runs, report);
 }
 
 /// A detail table's rows that belong to rows of another table (a run's samples and metrics, a load

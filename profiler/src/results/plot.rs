@@ -22,6 +22,24 @@ pub struct Point {
     pub p99_ms: f64,
 }
 
+/// Which rows are points: rows without a measurement (a cell that failed) and the probes of a max
+/// search are not; nor are a concurrent group's members: these plots show cells alone.
+fn measured_alone(runs: &DataFrame) -> Result<Vec<bool>> {
+    let status: Vec<bool> = match runs.column("status") {
+        Ok(c) => c.str()?.iter().map(|v| v.unwrap_or("ok") == "ok").collect(),
+        Err(_) => vec![true; runs.height()],
+    };
+    let grouped: Vec<bool> = match runs.column("concurrency_group") {
+        Ok(c) => c.str()?.iter().map(|v| v.is_some()).collect(),
+        Err(_) => vec![false; runs.height()],
+    };
+    Ok(status
+        .into_iter()
+        .zip(grouped)
+        .map(|(ok, grouped)| ok && !grouped)
+        .collect())
+}
+
 /// Groups rows into series keyed by "model mode dtype · device", sorted by batch size; where a
 /// folder holds several runs of one configuration, the latest (largest run id) is plotted.
 pub fn series(runs: &DataFrame) -> Result<BTreeMap<String, Vec<Point>>> {
@@ -59,23 +77,10 @@ pub fn series(runs: &DataFrame) -> Result<BTreeMap<String, Vec<Point>>> {
         number("p50_ms")?,
         number("p99_ms")?,
     );
-    // Rows without a measurement (a cell that failed) and the probes of a max search are not points;
-    // nor are a concurrent group's members: these plots show cells alone.
-    let status = runs
-        .column("status")
-        .ok()
-        .map(|c| {
-            c.str()
-                .map(|s| s.iter().map(|v| v.unwrap_or("ok").to_string()).collect::<Vec<_>>())
-        })
-        .transpose()?;
-    let grouped: Vec<bool> = match runs.column("concurrency_group") {
-        Ok(c) => c.str()?.iter().map(|v| v.is_some()).collect(),
-        Err(_) => vec![false; runs.height()],
-    };
+    let alone = measured_alone(runs)?;
     let mut latest: BTreeMap<String, BTreeMap<u64, Point>> = BTreeMap::new();
     for i in 0..runs.height() {
-        if throughput[i].is_nan() || status.as_ref().is_some_and(|s| s[i] != "ok") || grouped[i] {
+        if throughput[i].is_nan() || !alone[i] {
             continue;
         }
         // A generation's lengths and cache layout are part of what a point is.

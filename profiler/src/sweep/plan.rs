@@ -34,6 +34,50 @@ struct Work {
     master_weights: workloads::MasterWeights,
 }
 
+/// What each member of a group instance runs: with `busy`, the first member the matrix cell and
+/// the others the busy workload; else every member the matrix cell.
+fn members_work(g: &super::file::Group, members: usize, w: &Work) -> Vec<Work> {
+    (0..members)
+        .map(|i| match (&g.busy, i) {
+            (Some(b), i) if i > 0 => Work {
+                model: b.model.clone(),
+                model_sha256: None,
+                mode: b.mode.clone(),
+                dtype: b.dtype.clone(),
+                batch: BatchSize::Fixed(b.batch),
+                seq_len: b.seq_len,
+                lengths: None,
+                kv_layout: workloads::KvLayout::default(),
+                repeat: w.repeat,
+                kernels: w.kernels.clone(),
+                master_weights: w.master_weights,
+            },
+            _ => w.clone(),
+        })
+        .collect()
+}
+
+/// A group instance's cells, each naming the group and its neighbours.
+fn group_members(file: &SweepFile, g: &super::file::Group, targets: &[&Target], work: &[Work]) -> Vec<CellSpec> {
+    let described: Vec<String> = targets.iter().zip(work).map(|(t, w)| w.describe(&t.label)).collect();
+    targets
+        .iter()
+        .zip(work)
+        .enumerate()
+        .map(|(i, (t, mw))| {
+            let mut spec = cell(file, t, mw);
+            spec.concurrency_group = Some(g.label.clone());
+            spec.neighbours = described
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, d)| d.clone())
+                .collect();
+            spec
+        })
+        .collect()
+}
+
 /// Every cell of the file, in order: each target's cells alone (targets with `alone = false` skip
 /// these), then each group's instances, one per matrix cell, its members in the group's order.
 pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
@@ -86,42 +130,8 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
                     g.label
                 )
             };
-            // With `busy`, the first member runs the matrix cell and the others the busy workload.
-            let member_work: Vec<Work> = (0..targets.len())
-                .map(|i| match (&g.busy, i) {
-                    (Some(b), i) if i > 0 => Work {
-                        model: b.model.clone(),
-                        model_sha256: None,
-                        mode: b.mode.clone(),
-                        dtype: b.dtype.clone(),
-                        batch: BatchSize::Fixed(b.batch),
-                        seq_len: b.seq_len,
-                        lengths: None,
-                        kv_layout: workloads::KvLayout::default(),
-                        repeat: w.repeat,
-                        kernels: w.kernels.clone(),
-                        master_weights: w.master_weights,
-                    },
-                    _ => w.clone(),
-                })
-                .collect();
-            let described: Vec<String> = targets
-                .iter()
-                .zip(&member_work)
-                .map(|(t, w)| w.describe(&t.label))
-                .collect();
-            let mut members: Vec<CellSpec> = Vec::new();
-            for (i, (t, mw)) in targets.iter().zip(&member_work).enumerate() {
-                let mut spec = cell(file, t, mw);
-                spec.concurrency_group = Some(g.label.clone());
-                spec.neighbours = described
-                    .iter()
-                    .enumerate()
-                    .filter(|(j, _)| *j != i)
-                    .map(|(_, d)| d.clone())
-                    .collect();
-                members.push(spec);
-            }
+            let member_work = members_work(g, targets.len(), w);
+            let members = group_members(file, g, &targets, &member_work);
             let key = format!(
                 "{}#{}",
                 g.label,

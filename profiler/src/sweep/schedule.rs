@@ -479,30 +479,34 @@ impl Scheduler<'_> {
                     work.queue.push_front(c);
                 }
             }
-            Some(Err(failed)) => {
-                for c in std::mem::take(&mut search.waiting) {
-                    record_failure(
-                        &self.opts.out,
-                        &c.spec,
-                        provenance::now(),
-                        &failed,
-                        &self.invocation_id,
-                        &self.host,
-                    )?;
-                    self.summary.count(failed.status);
-                    self.summary.ran += 1;
-                    self.finished += 1;
-                    self.progress.advance();
-                    self.progress.line(&format!(
-                        "[{}/{}] {}: {} {}",
-                        self.finished,
-                        self.total,
-                        describe(&c.spec),
-                        failed.status.as_str(),
-                        failed.message.lines().next().unwrap_or("")
-                    ))?;
-                }
-            }
+            Some(Err(failed)) => self.search_failed(std::mem::take(&mut search.waiting), &failed)?,
+        }
+        Ok(())
+    }
+
+    /// A max search that ended without a batch: each of its waiting cells gets the failure's row.
+    fn search_failed(&mut self, waiting: Vec<PlannedCell>, failed: &Ending) -> Result<()> {
+        for c in waiting {
+            record_failure(
+                &self.opts.out,
+                &c.spec,
+                provenance::now(),
+                failed,
+                &self.invocation_id,
+                &self.host,
+            )?;
+            self.summary.count(failed.status);
+            self.summary.ran += 1;
+            self.finished += 1;
+            self.progress.advance();
+            self.progress.line(&format!(
+                "[{}/{}] {}: {} {}",
+                self.finished,
+                self.total,
+                describe(&c.spec),
+                failed.status.as_str(),
+                failed.message.lines().next().unwrap_or("")
+            ))?;
         }
         Ok(())
     }
@@ -590,32 +594,13 @@ impl Scheduler<'_> {
             let Some((cell, search, planned)) = next else { break };
             let device = self.keys[&cell.device].clone();
             // The device, then the cell: another sweep may measure on either (claim.rs).
-            let device_claim = match Claim::take(&claim::device_claim(&device))? {
-                Claimed::Ours { claim, took_over } => {
-                    if let Some(h) = took_over {
-                        self.progress.line(&format!(
-                            "warning: took over device {device}'s stale claim ({})",
-                            h.describe()
-                        ))?;
-                    }
-                    claim
+            let Some(device_claim) = self.claim_device(&device)? else {
+                match (planned, search) {
+                    (Some(p), _) => work.queue.push_front(p),
+                    (None, Some(s)) => work.probes.push_front((cell, s)),
+                    (None, None) => unreachable!("a cell is queued or a probe"),
                 }
-                Claimed::Theirs(h) => {
-                    // Its cells wait, as for a cool-down, and try again.
-                    self.free_at.insert(device.clone(), Instant::now() + CLAIM_RETRY);
-                    if self.waiting_for.insert(device.clone()) {
-                        self.progress.line(&format!(
-                            "device {device}: another sweep measures on it ({}); its cells wait",
-                            h.describe()
-                        ))?;
-                    }
-                    match (planned, search) {
-                        (Some(p), _) => work.queue.push_front(p),
-                        (None, Some(s)) => work.probes.push_front((cell, s)),
-                        (None, None) => unreachable!("a cell is queued or a probe"),
-                    }
-                    continue;
-                }
+                continue;
             };
             let cell_claim = match Claim::take(&claim::cell_claim(&self.opts.out, &cell.cell_id()))? {
                 Claimed::Ours { claim, took_over } => {
@@ -659,6 +644,32 @@ impl Scheduler<'_> {
             });
         }
         Ok(())
+    }
+
+    /// The device's claim; `None` where another sweep measures on it, whose cells then wait, as
+    /// for a cool-down, and try again (said once).
+    fn claim_device(&mut self, device: &str) -> Result<Option<Claim>> {
+        match Claim::take(&claim::device_claim(device))? {
+            Claimed::Ours { claim, took_over } => {
+                if let Some(h) = took_over {
+                    self.progress.line(&format!(
+                        "warning: took over device {device}'s stale claim ({})",
+                        h.describe()
+                    ))?;
+                }
+                Ok(Some(claim))
+            }
+            Claimed::Theirs(h) => {
+                self.free_at.insert(device.to_string(), Instant::now() + CLAIM_RETRY);
+                if self.waiting_for.insert(device.to_string()) {
+                    self.progress.line(&format!(
+                        "device {device}: another sweep measures on it ({}); its cells wait",
+                        h.describe()
+                    ))?;
+                }
+                Ok(None)
+            }
+        }
     }
 
     /// A cell another sweep measured or measures: counted as done there, and said.

@@ -41,102 +41,7 @@ pub(super) fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usi
     }
     let published = crate::mig::reference::points()?;
     for (model, points) in by_model {
-        let targets: BTreeSet<&str> = points.iter().map(|(r, _, _)| r.s("target")).collect();
-        let mut series: Vec<Series> = targets
-            .iter()
-            .map(|t| Series {
-                name: t.to_string(),
-                colour: colour(t),
-                points: points
-                    .iter()
-                    .filter(|(r, _, _)| r.s("target") == *t)
-                    .map(|(_, x, y)| Point {
-                        x: *x,
-                        y: *y,
-                        whisker: None,
-                    })
-                    .collect(),
-            })
-            .collect();
-        // Real slices of another GPU, as published, where the same model and mode were measured here.
-        let modes: BTreeSet<&str> = points.iter().map(|(r, _, _)| r.s("mode")).collect();
-        let theirs: Vec<&crate::mig::reference::ReferencePoint> = published
-            .iter()
-            .filter(|p| p.model == model && modes.contains(p.mode.as_str()))
-            .collect();
-        for p in &theirs {
-            let name = format!(
-                "published, another GPU: {} {} against {}{}",
-                p.product,
-                p.profile,
-                p.baseline,
-                p.batch.map_or(String::new(), |b| format!(", batch {b}"))
-            );
-            series.push(Series {
-                colour: colour(&name),
-                name,
-                points: vec![Point {
-                    x: p.sm_share,
-                    y: p.relative_throughput,
-                    whisker: None,
-                }],
-            });
-        }
-        let title = format!("{model}: throughput against share of SMs (relative to {baseline})");
-        let chart = Chart {
-            title: &title,
-            x_label: "share of the baseline's SMs",
-            y_label: "throughput relative to the baseline",
-            x_scale: Scale::Linear,
-            y_scale: Scale::Linear,
-            series: &series,
-            diagonal: true,
-            markers: true,
-            hline: None,
-            x_whole: false,
-        };
-        blocks.push(Block::Text(format!("{model}:")));
-        blocks.push(Block::Chart {
-            name: format!("scaling-{}.svg", slug(&model)),
-            svg: chart.svg()?,
-            legend: chart.legend(),
-        });
-        let mut rows: Vec<Vec<String>> = points
-            .iter()
-            .map(|(r, share, rel)| {
-                vec![
-                    r.s("target").into(),
-                    format!("{} {} {}", r.s("mode"), r.s("dtype"), r.s("batch")),
-                    fmt(r.n("sm_count"), 0),
-                    format!("{share:.3}"),
-                    format!("{rel:.3}"),
-                    format!("{:.2}", rel / share),
-                ]
-            })
-            .collect();
-        rows.sort();
-        blocks.push(table(
-            &[
-                "target",
-                "mode dtype batch",
-                "SMs",
-                "SM share",
-                "relative throughput",
-                "per-SM efficiency",
-            ],
-            rows,
-        ));
-        if let Some(ranges) = emulated_ranges(&points) {
-            blocks.push(Block::Text(format!("{model}, emulated slices as ranges:")));
-            blocks.push(ranges);
-            blocks.push(Block::Text(crate::mps::PLAN_WITH.into()));
-        }
-        for p in &theirs {
-            blocks.push(Block::Text(format!(
-                "Published, not measured here: {} {} at {:.3} of the SMs of {} ran {} {} at {:.3} of its throughput ({}). Source: {}.",
-                p.product, p.profile, p.sm_share, p.baseline, model, p.mode, p.relative_throughput, p.setting, p.source
-            )));
-        }
+        blocks.extend(model_scaling(&model, &points, &published, baseline, colour)?);
     }
     Ok(vec![Section {
         id: "scaling".into(),
@@ -144,6 +49,124 @@ pub(super) fn scaling(rows: &[Row], baseline: &str, colour: &dyn Fn(&str) -> usi
         level: 2,
         blocks,
     }])
+}
+
+/// One model's throughput against its share of the SMs: its chart (with published slices of
+/// another GPU where the same model and mode were measured here) and its table.
+fn model_scaling(
+    model: &str,
+    points: &[(&Row, f64, f64)],
+    published: &[crate::mig::reference::ReferencePoint],
+    baseline: &str,
+    colour: &dyn Fn(&str) -> usize,
+) -> Result<Vec<Block>> {
+    let mut blocks = Vec::new();
+    let targets: BTreeSet<&str> = points.iter().map(|(r, _, _)| r.s("target")).collect();
+    let mut series: Vec<Series> = targets
+        .iter()
+        .map(|t| Series {
+            name: t.to_string(),
+            colour: colour(t),
+            points: points
+                .iter()
+                .filter(|(r, _, _)| r.s("target") == *t)
+                .map(|(_, x, y)| Point {
+                    x: *x,
+                    y: *y,
+                    whisker: None,
+                })
+                .collect(),
+        })
+        .collect();
+    // Real slices of another GPU, as published, where the same model and mode were measured here.
+    let modes: BTreeSet<&str> = points.iter().map(|(r, _, _)| r.s("mode")).collect();
+    let theirs: Vec<&crate::mig::reference::ReferencePoint> = published
+        .iter()
+        .filter(|p| p.model == *model && modes.contains(p.mode.as_str()))
+        .collect();
+    series.extend(theirs.iter().map(|p| published_point(p, colour)));
+    let title = format!("{model}: throughput against share of SMs (relative to {baseline})");
+    let chart = Chart {
+        title: &title,
+        x_label: "share of the baseline's SMs",
+        y_label: "throughput relative to the baseline",
+        x_scale: Scale::Linear,
+        y_scale: Scale::Linear,
+        series: &series,
+        diagonal: true,
+        markers: true,
+        hline: None,
+        x_whole: false,
+    };
+    blocks.push(Block::Text(format!("{model}:")));
+    blocks.push(Block::Chart {
+        name: format!("scaling-{}.svg", slug(model)),
+        svg: chart.svg()?,
+        legend: chart.legend(),
+    });
+    blocks.push(scaling_table(points));
+    if let Some(ranges) = emulated_ranges(points) {
+        blocks.push(Block::Text(format!("{model}, emulated slices as ranges:")));
+        blocks.push(ranges);
+        blocks.push(Block::Text(crate::mps::PLAN_WITH.into()));
+    }
+    for p in &theirs {
+        blocks.push(Block::Text(format!(
+            "Published, not measured here: {} {} at {:.3} of the SMs of {} ran {} {} at {:.3} of its throughput ({}). Source: {}.",
+            p.product, p.profile, p.sm_share, p.baseline, model, p.mode, p.relative_throughput, p.setting, p.source
+        )));
+    }
+    Ok(blocks)
+}
+
+/// A real slice of another GPU as published: one point of its own.
+fn published_point(p: &crate::mig::reference::ReferencePoint, colour: &dyn Fn(&str) -> usize) -> Series {
+    let name = format!(
+        "published, another GPU: {} {} against {}{}",
+        p.product,
+        p.profile,
+        p.baseline,
+        p.batch.map_or(String::new(), |b| format!(", batch {b}"))
+    );
+    Series {
+        colour: colour(&name),
+        name,
+        points: vec![Point {
+            x: p.sm_share,
+            y: p.relative_throughput,
+            whisker: None,
+        }],
+    }
+}
+
+/// Each point of a model's scaling: its target, cell, SMs, share, relative throughput and per-SM
+/// efficiency.
+fn scaling_table(points: &[(&Row, f64, f64)]) -> Block {
+    let mut rows: Vec<Vec<String>> = points
+        .iter()
+        .map(|(r, share, rel)| {
+            vec![
+                r.s("target").into(),
+                format!("{} {} {}", r.s("mode"), r.s("dtype"), r.s("batch")),
+                fmt(r.n("sm_count"), 0),
+                format!("{share:.3}"),
+                format!("{rel:.3}"),
+                format!("{:.2}", rel / share),
+            ]
+        })
+        .collect();
+    rows.sort();
+    table(
+        &[
+            "target",
+            "mode dtype batch",
+            "SMs",
+            "SM share",
+            "relative throughput",
+            "per-SM efficiency",
+        ],
+        rows,
+    )
 }
 
 /// The emulated profiles measured both alone and memory-partitioned, cell by cell: each bound's

@@ -62,6 +62,19 @@ pub(super) fn what_ran(
             "Baseline of the scaling chart and the comparisons: {b} ({why})."
         )));
     }
+    blocks.extend(how_it_ran(rows, everyone));
+    Section {
+        id: "what-ran".into(),
+        title: "What ran".into(),
+        level: 2,
+        blocks,
+    }
+}
+
+/// The environment each row ran in, how the runs ended, the serving steps beside them, and the
+/// cells that did not measure.
+fn how_it_ran(rows: &[Row], everyone: &[Row]) -> Vec<Block> {
+    let mut blocks = Vec::new();
     // The environment: each fingerprint field with every value it took.
     let mut env = Vec::new();
     for k in super::data::ENVIRONMENT {
@@ -123,10 +136,5 @@ pub(super) fn what_ran(
             failed,
         ));
     }
-    Section {
-        id: "what-ran".into(),
-        title: "What ran".into(),
-        level: 2,
-        blocks,
-    }
+    blocks
 }

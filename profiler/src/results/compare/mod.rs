@@ -229,6 +229,86 @@ fn mismatch(
     }
 }
 
+/// The values the selectors' column takes in `rows`, for an error.
+fn values_of(rows: &[Row]) -> String {
+    let values: std::collections::BTreeSet<&str> =
+        rows.iter().map(|r| r.selected.as_deref().unwrap_or("(null)")).collect();
+    values.into_iter().collect::<Vec<_>>().join(", ")
+}
+
+/// Pooling is for repeats of one cell on one target, never for several targets' rows, nor for
+/// cells that differ in a field left out of the match because it follows from the selectors'
+/// column.
+fn one_cell_per_key(sel: &Selector, by_key: &BTreeMap<Vec<String>, Vec<&Row>>, follows: &[&str]) -> Result<()> {
+    for rows in by_key.values() {
+        let mut targets: Vec<&str> = rows
+            .iter()
+            .map(|r| r.fields.get("target").map_or("?", String::as_str))
+            .collect();
+        targets.sort_unstable();
+        targets.dedup();
+        if targets.len() > 1 {
+            bail!(
+                "{sel} holds runs of one cell on several targets ({}): they would be averaged as repeats; select on `target` (or a column with one target per value)",
+                targets.join(", ")
+            )
+        }
+        // A field left out of the match because it follows from the selectors' column must
+        // still be one value within a side, or cells that differ in it would be pooled.
+        for field in follows {
+            let mut values: Vec<&str> = rows
+                .iter()
+                .map(|r| r.fields.get(field).map_or("", String::as_str))
+                .collect();
+            values.sort_unstable();
+            values.dedup();
+            if values.len() > 1 {
+                bail!(
+                    "{sel} holds cells that differ only in {field} ({}): they would be averaged as repeats; compare them with --baseline {field}=… --target {field}=…",
+                    values.join(", ")
+                )
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One cell's comparison: each side's repeats pooled, the ratio of their throughputs with its
+/// interval, and an emulated slice's range.
+fn compared(key_fields: &[&'static str], key: &[String], latest: &[&Row], b: &[&Row], t: &[&Row]) -> Compared {
+    let range = emulated_range(latest, b, t);
+    let (b, t) = (pool(b), pool(t));
+    let ratio = t.throughput / b.throughput;
+    let se = match (b.throughput_se, t.throughput_se) {
+        (Some(sb), Some(st)) => Some(((sb / b.throughput).powi(2) + (st / t.throughput).powi(2)).sqrt()),
+        _ => None,
+    };
+    let (low, high) = (
+        se.map(|s| ratio * (-Z95 * s).exp()),
+        se.map(|s| ratio * (Z95 * s).exp()),
+    );
+    Compared {
+        cell: key_fields
+            .iter()
+            .zip(key)
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(f, v)| (f.to_string(), v.clone()))
+            .collect(),
+        ordered: key_fields
+            .iter()
+            .zip(key)
+            .map(|(f, v)| (f.to_string(), v.clone()))
+            .collect(),
+        baseline: b,
+        target: t,
+        ratio,
+        ratio_ci_low: low,
+        ratio_ci_high: high,
+        beyond_noise: low.zip(high).map(|(l, h)| l > 1.0 || h < 1.0),
+        range,
+    }
+}
+
 pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Result<Comparison> {
     if baseline.column != target.column {
         bail!("--baseline {baseline} and --target {target} select on different columns; compare one column's two values (e.g. target=full and target=3g)")
@@ -280,83 +360,18 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
         by_key
     };
     let (base, tgt) = (side(baseline), side(target));
-    // Pooling is for repeats of one cell on one target, never for several targets' rows.
     for (sel, by_key) in [(baseline, &base), (target, &tgt)] {
-        for rows in by_key.values() {
-            let mut targets: Vec<&str> = rows
-                .iter()
-                .map(|r| r.fields.get("target").map_or("?", String::as_str))
-                .collect();
-            targets.sort_unstable();
-            targets.dedup();
-            if targets.len() > 1 {
-                bail!(
-                    "{sel} holds runs of one cell on several targets ({}): they would be averaged as repeats; select on `target` (or a column with one target per value)",
-                    targets.join(", ")
-                )
-            }
-            // A field left out of the match because it follows from the selectors' column must
-            // still be one value within a side, or cells that differ in it would be pooled.
-            for field in follows {
-                let mut values: Vec<&str> = rows
-                    .iter()
-                    .map(|r| r.fields.get(field).map_or("", String::as_str))
-                    .collect();
-                values.sort_unstable();
-                values.dedup();
-                if values.len() > 1 {
-                    bail!(
-                        "{sel} holds cells that differ only in {field} ({}): they would be averaged as repeats; compare them with --baseline {field}=… --target {field}=…",
-                        values.join(", ")
-                    )
-                }
-            }
-        }
+        one_cell_per_key(sel, by_key, follows)?;
     }
     if base.is_empty() || tgt.is_empty() {
-        let values: std::collections::BTreeSet<&str> =
-            rows.iter().map(|r| r.selected.as_deref().unwrap_or("(null)")).collect();
         let empty = if base.is_empty() { baseline } else { target };
-        bail!(
-            "no ok run has {empty}; values of `{column}` here: {}",
-            values.into_iter().collect::<Vec<_>>().join(", ")
-        )
+        bail!("no ok run has {empty}; values of `{column}` here: {}", values_of(&rows))
     }
     let latest = latest_per_cell(rows.iter());
     let mut out = Vec::new();
     for (key, b) in &base {
         let Some(t) = tgt.get(key) else { continue };
-        let range = emulated_range(&latest, b, t);
-        let (b, t) = (pool(b), pool(t));
-        let ratio = t.throughput / b.throughput;
-        let se = match (b.throughput_se, t.throughput_se) {
-            (Some(sb), Some(st)) => Some(((sb / b.throughput).powi(2) + (st / t.throughput).powi(2)).sqrt()),
-            _ => None,
-        };
-        let (low, high) = (
-            se.map(|s| ratio * (-Z95 * s).exp()),
-            se.map(|s| ratio * (Z95 * s).exp()),
-        );
-        out.push(Compared {
-            cell: key_fields
-                .iter()
-                .zip(key)
-                .filter(|(_, v)| !v.is_empty())
-                .map(|(f, v)| (f.to_string(), v.clone()))
-                .collect(),
-            ordered: key_fields
-                .iter()
-                .zip(key)
-                .map(|(f, v)| (f.to_string(), v.clone()))
-                .collect(),
-            baseline: b,
-            target: t,
-            ratio,
-            ratio_ci_low: low,
-            ratio_ci_high: high,
-            beyond_noise: low.zip(high).map(|(l, h)| l > 1.0 || h < 1.0),
-            range,
-        });
+        out.push(compared(&key_fields, key, &latest, b, t));
     }
     if out.is_empty() {
         bail!(

@@ -31,36 +31,7 @@ impl Comparison {
             "verdicts b/t",
         ];
         let same = self.same_fields();
-        let label = |r: &Compared| self.label(r, &same);
-        let verdicts = |s: &Side| {
-            if s.caveats.is_empty() {
-                "ok".to_string()
-            } else {
-                s.caveats.join("+")
-            }
-        };
-        let lines: Vec<[String; 9]> = self
-            .rows
-            .iter()
-            .map(|r| {
-                let ci = match (r.ratio_ci_low, r.ratio_ci_high) {
-                    (Some(l), Some(h)) => format!("{:.3} ({l:.3}–{h:.3})", r.ratio),
-                    _ => format!("{:.3} (no interval)", r.ratio),
-                };
-                [
-                    label(r),
-                    format!("{:.1}", r.baseline.throughput),
-                    format!("{:.1}", r.target.throughput),
-                    ci,
-                    r.beyond_noise
-                        .map_or("?".into(), |b| if b { "yes".into() } else { "no".into() }),
-                    format!("{:.3}→{:.3}", r.baseline.p50_ms, r.target.p50_ms),
-                    format!("{:.3}→{:.3}", r.baseline.p99_ms, r.target.p99_ms),
-                    format!("{}/{}", r.baseline.runs, r.target.runs),
-                    format!("{}/{}", verdicts(&r.baseline), verdicts(&r.target)),
-                ]
-            })
-            .collect();
+        let lines = self.lines(&same);
         let mut out = format!(
             "{} (target) against {} (baseline): {} matched cell(s)",
             self.target,
@@ -87,30 +58,43 @@ impl Comparison {
             out += &self.ranges();
             return Ok(out);
         }
-        let mut widths = header.map(|h| h.chars().count());
-        for l in &lines {
-            for (w, c) in widths.iter_mut().zip(l) {
-                *w = (*w).max(c.chars().count());
-            }
-        }
-        let line = |cells: &[String]| {
-            cells
-                .iter()
-                .zip(widths)
-                .map(|(c, w)| format!("{c:<w$}"))
-                .collect::<Vec<_>>()
-                .join("  ")
-                .trim_end()
-                .to_string()
-        };
-        out += &line(&header.map(String::from));
-        out.push('\n');
-        for l in &lines {
-            out += &line(l);
-            out.push('\n');
-        }
+        out += &aligned(&header, &lines);
         out += &self.ranges();
         Ok(out)
+    }
+
+    /// Each compared cell's line: its cell (less what every cell shares), both throughputs, the
+    /// ratio with its interval, the latencies, the runs pooled and their verdicts.
+    fn lines(&self, same: &[(String, String)]) -> Vec<[String; 9]> {
+        let label = |r: &Compared| self.label(r, same);
+        let verdicts = |s: &Side| {
+            if s.caveats.is_empty() {
+                "ok".to_string()
+            } else {
+                s.caveats.join("+")
+            }
+        };
+        self.rows
+            .iter()
+            .map(|r| {
+                let ci = match (r.ratio_ci_low, r.ratio_ci_high) {
+                    (Some(l), Some(h)) => format!("{:.3} ({l:.3}–{h:.3})", r.ratio),
+                    _ => format!("{:.3} (no interval)", r.ratio),
+                };
+                [
+                    label(r),
+                    format!("{:.1}", r.baseline.throughput),
+                    format!("{:.1}", r.target.throughput),
+                    ci,
+                    r.beyond_noise
+                        .map_or("?".into(), |b| if b { "yes".into() } else { "no".into() }),
+                    format!("{:.3}→{:.3}", r.baseline.p50_ms, r.target.p50_ms),
+                    format!("{:.3}→{:.3}", r.baseline.p99_ms, r.target.p99_ms),
+                    format!("{}/{}", r.baseline.runs, r.target.runs),
+                    format!("{}/{}", verdicts(&r.baseline), verdicts(&r.target)),
+                ]
+            })
+            .collect()
     }
 
     /// The key fields equal in every matched cell: said once above the table; rows show the rest.
@@ -178,4 +162,32 @@ impl Comparison {
         }
         out
     }
+}
+
+/// A plain-text table: each column as wide as its widest cell, two spaces between.
+fn aligned(header: &[&str; 9], lines: &[[String; 9]]) -> String {
+    let mut out = String::new();
+    let mut widths = header.map(|h| h.chars().count());
+    for l in lines {
+        for (w, c) in widths.iter_mut().zip(l) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    out += &line(&header.map(String::from));
+    out.push('\n');
+    for l in lines {
+        out += &line(l);
+        out.push('\n');
+    }
+    out
 }

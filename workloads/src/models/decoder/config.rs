@@ -148,31 +148,7 @@ impl Config {
                 return Err(ConfigError::Unsupported { field, why });
             }
         }
-        // transformers 4 writes `rope_theta` and `rope_scaling`; transformers 5 one `rope_parameters`
-        // holding both (its `rope_type` "default" where nothing scales).
-        let parameters = raw.rope_parameters.filter(|v| !v.is_null());
-        let rope_theta = raw
-            .rope_theta
-            .or_else(|| parameters.as_ref()?.get("rope_theta")?.as_f64())
-            .unwrap_or(DEFAULT_ROPE_THETA);
-        let rope_scaling = match parameters.or(raw.rope_scaling) {
-            None | Some(serde_json::Value::Null) => None,
-            Some(v) => {
-                let kind = v
-                    .get("rope_type")
-                    .or_else(|| v.get("type"))
-                    .and_then(|t| t.as_str())
-                    .unwrap_or("")
-                    .to_string();
-                match kind.as_str() {
-                    "default" => None,
-                    "llama3" => {
-                        Some(serde_json::from_value(v).map_err(|e| ConfigError::Json(format!("rope_scaling: {e}")))?)
-                    }
-                    _ => return Err(ConfigError::RopeScaling { found: kind }),
-                }
-            }
-        };
+        let (rope_theta, rope_scaling) = rope(&raw)?;
         let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
         if raw.num_attention_heads == 0 || num_kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
             return Err(ConfigError::Shape(format!(
@@ -297,4 +273,34 @@ pub fn preset(name: &str) -> Option<Config> {
         .iter()
         .find(|(n, _)| *n == name)
         .map(|(_, json)| Config::from_json(json).expect("the presets' config.json files read"))
+}
+
+/// The rotary embedding's base and scaling. transformers 4 writes `rope_theta` and
+/// `rope_scaling`; transformers 5 one `rope_parameters` holding both (its `rope_type` "default"
+/// where nothing scales).
+fn rope(raw: &RawConfig) -> std::result::Result<(f64, Option<Llama3Scaling>), ConfigError> {
+    let parameters = raw.rope_parameters.clone().filter(|v| !v.is_null());
+    let rope_theta = raw
+        .rope_theta
+        .or_else(|| parameters.as_ref()?.get("rope_theta")?.as_f64())
+        .unwrap_or(DEFAULT_ROPE_THETA);
+    let rope_scaling = match parameters.or(raw.rope_scaling.clone()) {
+        None | Some(serde_json::Value::Null) => None,
+        Some(v) => {
+            let kind = v
+                .get("rope_type")
+                .or_else(|| v.get("type"))
+                .and_then(|t| t.as_str())
+                .unwrap_or("")
+                .to_string();
+            match kind.as_str() {
+                "default" => None,
+                "llama3" => {
+                    Some(serde_json::from_value(v).map_err(|e| ConfigError::Json(format!("rope_scaling: {e}")))?)
+                }
+                _ => return Err(ConfigError::RopeScaling { found: kind }),
+            }
+        }
+    };
+    Ok((rope_theta, rope_scaling))
 }
