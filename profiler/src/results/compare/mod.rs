@@ -229,6 +229,17 @@ fn mismatch(
     }
 }
 
+/// The targets `rows` ran on, each once, in order.
+fn targets_of<'a>(rows: &[&'a Row]) -> Vec<&'a str> {
+    let mut targets: Vec<&str> = rows
+        .iter()
+        .map(|r| r.fields.get("target").map_or("?", String::as_str))
+        .collect();
+    targets.sort_unstable();
+    targets.dedup();
+    targets
+}
+
 /// The values the selectors' column takes in `rows`, for an error.
 fn values_of(rows: &[Row]) -> String {
     let values: std::collections::BTreeSet<&str> =
@@ -241,12 +252,7 @@ fn values_of(rows: &[Row]) -> String {
 /// column.
 fn one_cell_per_key(sel: &Selector, by_key: &BTreeMap<Vec<String>, Vec<&Row>>, follows: &[&str]) -> Result<()> {
     for rows in by_key.values() {
-        let mut targets: Vec<&str> = rows
-            .iter()
-            .map(|r| r.fields.get("target").map_or("?", String::as_str))
-            .collect();
-        targets.sort_unstable();
-        targets.dedup();
+        let targets = targets_of(rows);
         if targets.len() > 1 {
             bail!(
                 "{sel} holds runs of one cell on several targets ({}): they would be averaged as repeats; select on `target` (or a column with one target per value)",
@@ -482,12 +488,7 @@ fn pool(rows: &[&Row]) -> Side {
         (Some(w), Some(b)) => Some(w.max(b)),
         (w, b) => w.or(b),
     };
-    let mut targets: Vec<&str> = rows
-        .iter()
-        .map(|r| r.fields.get("target").map_or("?", String::as_str))
-        .collect();
-    targets.sort_unstable();
-    targets.dedup();
+    let targets = targets_of(rows);
     let mut caveats: Vec<String> = rows
         .iter()
         .filter_map(|r| r.verdict.clone())
