@@ -511,7 +511,7 @@ fn hold_kernels_to_the_share(device: &Device, measured: Option<u32>) {
     let (Some(reported), Some(measured)) = (kernel_sms(device), measured) else {
         return;
     };
-    if reported > measured {
+    if measured > 0 && reported > measured {
         eprintln!(
             "note: the driver reports {reported} multiprocessors to this MPS client, which reached {measured}; migprof's kernels size their grids to {measured}"
         );

@@ -351,6 +351,16 @@ impl CellSpec {
     pub fn read(path: &std::path::Path) -> Result<CellSpec> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading the cell spec {}", path.display()))?;
+        // The contract's version is part of every cell's id, so a change of shape that keeps the ids
+        // is told apart by its fields: a job written as `load` or `serve` is an earlier migprof's.
+        if let Ok(serde_json::Value::Object(fields)) = serde_json::from_str::<serde_json::Value>(&text) {
+            if let Some(old) = ["load", "serve"].into_iter().find(|k| fields.contains_key(*k)) {
+                bail!(
+                    "cell spec {}: written by an earlier migprof (its job as `{old}`, where this one writes `job`); plan the sweep again with this migprof",
+                    path.display()
+                );
+            }
+        }
         let spec: CellSpec =
             serde_json::from_str(&text).with_context(|| format!("parsing the cell spec {}", path.display()))?;
         if spec.version != CELL_SPEC_VERSION {
@@ -596,6 +606,20 @@ pub(crate) mod tests {
             timeout_secs: None,
             scheduled: false,
         }
+    }
+
+    #[test]
+    fn a_spec_an_earlier_migprof_wrote_is_refused_in_words_that_say_so() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("cell.json");
+        let mut json: serde_json::Value = serde_json::from_str(&cell().to_json()?)?;
+        json["load"] = serde_json::to_value(crate::load::settings::DEFAULTS)?;
+        std::fs::write(&path, json.to_string())?;
+        let e = CellSpec::read(&path).unwrap_err().to_string();
+        assert!(e.contains("written by an earlier migprof (its job as `load`"), "{e}");
+        std::fs::write(&path, cell().to_json()?)?;
+        assert_eq!(CellSpec::read(&path)?, cell());
+        Ok(())
     }
 
     #[test]

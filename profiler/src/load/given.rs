@@ -151,15 +151,16 @@ pub fn group_keys<T: Args>() -> Vec<String> {
         .collect()
 }
 
-/// The keys of the settings given in `group`, in its order.
+/// The keys of the settings given in `group`, in its order. (TOML's form, which leaves out what
+/// was not given and keeps a value that is not a number, `nan`, as given: JSON's would make it null.)
 pub fn given_keys<T: Serialize>(group: &T) -> Vec<String> {
-    let Ok(serde_json::Value::Object(map)) = serde_json::to_value(group) else {
+    let Ok(toml::Value::Table(map)) = toml::Value::try_from(group) else {
         return Vec::new();
     };
     AllGiven::command()
         .get_arguments()
         .map(|a| a.get_id().to_string())
-        .filter(|id| map.get(id).is_some_and(|v| !v.is_null()))
+        .filter(|id| map.contains_key(id))
         .collect()
 }
 
@@ -296,6 +297,16 @@ mod tests {
         let none = AllGiven::try_parse_from(["x"]).unwrap();
         assert_eq!(none.serve.chunked_prefill, None, "no flag, no setting");
         assert!(given_keys(&none.serve).is_empty());
+    }
+
+    /// A value that is no number is a value given: its kind's checks refuse it, where reading it
+    /// as not given would let it pass unseen.
+    #[test]
+    fn a_value_that_is_not_a_number_counts_as_given() {
+        let pass: PassGiven = toml::from_str("slo_p99_ms = nan\nmax_delay_ms = inf").unwrap();
+        assert_eq!(given_keys(&pass), ["max_delay_ms", "slo_p99_ms"]);
+        let serve: ServeGiven = toml::from_str("kv_cache_fraction = nan").unwrap();
+        assert_eq!(given_keys(&serve), ["kv_cache_fraction"]);
     }
 
     #[test]

@@ -101,7 +101,7 @@ impl LoadSettings {
             bail!(
                 "{} {}: expected a percentage above 0 and below 100",
                 k("resolution_pct"),
-                self.resolution * 100.0
+                percent(self.resolution)
             )
         }
         Ok(())
@@ -310,7 +310,7 @@ impl ServeSettings {
             bail!(
                 "{} {}: expected a percentage above 0 and below 100",
                 k("resolution_pct"),
-                self.resolution * 100.0
+                percent(self.resolution)
             )
         }
         if search && self.max_steps == 0 {
@@ -318,6 +318,12 @@ impl ServeSettings {
         }
         Ok(())
     }
+}
+
+/// A fraction as the percentage it was given as (the division by 100 undone without its
+/// rounding's noise: 100.7, not 100.70000000000002).
+fn percent(fraction: f64) -> f64 {
+    (fraction * 1e8).round() / 1e6
 }
 
 /// How a setting is named where it was given, for errors.
@@ -379,6 +385,12 @@ mod tests {
             (false, Some(100), 0.05, 3)
         );
         assert_eq!(serve.max_seqs, SERVE_DEFAULTS.max_seqs);
+    }
+
+    #[test]
+    fn a_percentage_is_said_as_it_was_given() {
+        assert_eq!(percent(100.7 / 100.0), 100.7);
+        assert_eq!(percent(0.02), 2.0);
     }
 
     #[test]

@@ -689,6 +689,12 @@ seq_lens = [128]
         );
         let e = err("models = [\"bert_tiny\"]\nslo_p99_ms = 50\nmax_seqs = 8");
         assert!(e.contains("max_seqs applies to language models"), "{e}");
+        // A value that is no number is given all the same.
+        let e = err("models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nslo_p99_ms = nan");
+        assert!(
+            e.contains("slo_p99_ms applies to models served one forward pass"),
+            "{e}"
+        );
         // Serving settings are checked as `migprof load` checks them, named as the file names them.
         let e = err("models = [\"llama_tiny\"]\nslo_ttft_p99_ms = 500\nslo_tpot_p99_ms = 50\nmax_seqs = 64\nmax_batched_tokens = 32");
         assert!(e.contains("max_batched_tokens 32 must be at least max_seqs 64"), "{e}");
