@@ -10,7 +10,7 @@ use anyhow::{bail, ensure, Result};
 use clap::Args;
 use migprof::cell::runner::{self, Offer, Target};
 use migprof::device::DeviceSpec;
-use migprof::load::given::{flag, given_keys, Offered, PassGiven, ServeGiven};
+use migprof::load::given::{given_keys, Offered, PassGiven, ServeGiven};
 use migprof::load::job::Rates;
 use migprof::load::settings::{Keys, LoadSettings, ServeSettings, DEFAULTS};
 use migprof::provenance;
@@ -219,7 +219,7 @@ fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
 
 /// The flags of settings given, by their keys.
 fn flags(keys: &[String]) -> Vec<String> {
-    keys.iter().map(|k| flag(k).unwrap_or_else(|| k.clone())).collect()
+    keys.iter().map(|k| Keys::Flags.name(k)).collect()
 }
 
 /// How often the sampler reads the device while a job serves (`--sample-interval-ms`; 0: never).

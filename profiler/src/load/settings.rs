@@ -97,13 +97,7 @@ impl LoadSettings {
             .check(&k("min_requests"), self.min_requests as u64)
             .map_err(anyhow::Error::msg)?;
         limits::seconds(&k("warmup_secs"), self.warmup_secs, false).map_err(anyhow::Error::msg)?;
-        if !(self.resolution > 0.0 && self.resolution < 1.0) {
-            bail!(
-                "{} {}: expected a percentage above 0 and below 100",
-                k("resolution_pct"),
-                percent(self.resolution)
-            )
-        }
+        check_resolution(self.resolution, keys)?;
         Ok(())
     }
 }
@@ -306,18 +300,24 @@ impl ServeSettings {
                 k("slo_tpot_p99_ms")
             )
         }
-        if !(self.resolution > 0.0 && self.resolution < 1.0) {
-            bail!(
-                "{} {}: expected a percentage above 0 and below 100",
-                k("resolution_pct"),
-                percent(self.resolution)
-            )
-        }
+        check_resolution(self.resolution, keys)?;
         if search && self.max_steps == 0 {
             bail!("{} must be at least 1", k("max_steps"))
         }
         Ok(())
     }
+}
+
+/// A search's resolution, a fraction: above 0 and below 1, said as the percentage it was given as.
+fn check_resolution(resolution: f64, keys: Keys) -> Result<()> {
+    if !(resolution > 0.0 && resolution < 1.0) {
+        bail!(
+            "{} {}: expected a percentage above 0 and below 100",
+            keys.name("resolution_pct"),
+            percent(resolution)
+        )
+    }
+    Ok(())
 }
 
 /// A fraction as the percentage it was given as (the division by 100 undone without its

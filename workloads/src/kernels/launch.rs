@@ -21,8 +21,6 @@ pub(crate) struct Kernel {
     /// Whether [`Kernel::launch_overlapping`] lets it start before the kernel ahead of it ends: its
     /// source compiled for Hopper, on a GPU that has it.
     overlaps: bool,
-    /// The multiprocessors this process runs on ([`multiprocessors`]), for grids sized to them.
-    multiprocessors: usize,
 }
 
 impl Kernel {
@@ -40,13 +38,13 @@ impl Kernel {
             stream,
             name: name.to_string(),
             overlaps: source.arch_for(major) == super::sources::Arch::Hopper,
-            multiprocessors: multiprocessors(dev)?,
         })
     }
 
-    /// The multiprocessors of the device as this process has it: what a grid is sized to fill.
-    pub(crate) fn multiprocessors(&self) -> usize {
-        self.multiprocessors
+    /// The multiprocessors of the device as this process has it ([`multiprocessors`]): what a grid
+    /// is sized to fill. Asked by the kernels that size a grid so, not by every kernel's load.
+    pub(crate) fn multiprocessors(&self) -> Result<usize> {
+        context_multiprocessors(self.stream.context())
     }
 
     /// The kernel with [`Kernel::launch_overlapping`]'s overlap kept only where `on`: an ordinary
@@ -138,9 +136,11 @@ impl Kernel {
 /// no more; at most what [`hold_multiprocessors`] was given. Read where the compute capability is,
 /// when a kernel loads.
 pub(crate) fn multiprocessors(dev: &CudaDevice) -> Result<usize> {
-    let count = dev
-        .cuda_stream()
-        .context()
+    context_multiprocessors(dev.cuda_stream().context())
+}
+
+fn context_multiprocessors(context: &candle_core::cuda_backend::cudarc::driver::CudaContext) -> Result<usize> {
+    let count = context
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(|e| candle_core::Error::Msg(format!("CUDA multiprocessor count: {e:?}")))?;
     let held = HELD_MULTIPROCESSORS.load(std::sync::atomic::Ordering::Relaxed);

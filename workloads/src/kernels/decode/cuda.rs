@@ -133,7 +133,7 @@ struct Product {
 /// out = x · wᵀ (+ res where its address is not 0), each row split over
 /// [`super::gemv_split`] warps.
 fn launch_gemv(f: &Kernel, w: u64, res: u64, p: &Product, b: usize) -> Result<()> {
-    let split = super::gemv_split(p.n, p.k, b, p.norm.0 != 0, f.multiprocessors());
+    let split = super::gemv_split(p.n, p.k, b, p.norm.0 != 0, f.multiprocessors()?);
     let mut a = f.params();
     a.ptr(w).ptr(p.x).ptr(p.norm.0).f32(p.norm.1).ptr(res).ptr(p.out);
     a.u32(p.n as u32).u32(p.k as u32).u32(split as u32);
@@ -234,7 +234,7 @@ impl Attend {
         let cap = cache.block * cache.stride.max(1);
         let d = heads.dim;
         let attend = load(dev, &format!("{}_d{d}", name("decode_attention", dtype)), overlap)?;
-        let chunk = super::attention_chunk(b, heads.kv, cap, attend.multiprocessors());
+        let chunk = super::attention_chunk(b, heads.kv, cap, attend.multiprocessors()?);
         Ok(Attend {
             attend,
             combine: load(
