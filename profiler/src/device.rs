@@ -189,6 +189,91 @@ impl DeviceSpec {
     }
 }
 
+/// A target resolved for a program migprof did not write: the environment that pins it there as a
+/// user pins it, what its rows record of the device, and migprof's MPS daemon serving an emulated
+/// slice (stopped when this is dropped). migprof opens no CUDA context of its own for it.
+pub struct ProgramTarget {
+    /// Set in the program's environment (the rest of it is the user's).
+    pub env: Vec<(String, String)>,
+    pub info: DeviceInfo,
+    pub daemon: Option<crate::mps::daemon::Daemon>,
+}
+
+impl DeviceSpec {
+    /// Resolves `self` for a program: a GPU or MIG device by its UUID in CUDA_VISIBLE_DEVICES (NVML
+    /// alone, so a build without CUDA pins one too); an `mps:` slice as a client of migprof's own
+    /// daemon with the profile's SM share and memory limit; the CPU with no GPU visible. `mps-mem:`
+    /// is refused: its share of the bandwidth is held by a neighbour calibrated against migprof's
+    /// own client, which a program migprof did not write cannot be.
+    pub fn for_program(&self) -> Result<ProgramTarget> {
+        let visible = |uuid: &str| ("CUDA_VISIBLE_DEVICES".to_string(), uuid.to_string());
+        let id = match self {
+            DeviceSpec::Cpu => {
+                return Ok(ProgramTarget {
+                    env: vec![visible("")],
+                    info: DeviceInfo {
+                        name: host_cpu_name(),
+                        ..cpu().info
+                    },
+                    daemon: None,
+                })
+            }
+            DeviceSpec::Cuda => first_visible(),
+            DeviceSpec::Gpu(id) => id.clone(),
+            DeviceSpec::Mps(target) => return program_on_mps(target),
+        };
+        let topology = gpu::discover().map_err(|e| anyhow!("`{self}`: {e:#}"))?;
+        let selected = gpu::select(&topology, &id)?;
+        Ok(ProgramTarget {
+            env: vec![visible(selected.uuid())],
+            info: describe(selected),
+            daemon: None,
+        })
+    }
+}
+
+fn program_on_mps(target: &crate::mps::MpsTarget) -> Result<ProgramTarget> {
+    if target.memory == crate::mps::MemoryEmulation::Partitioned {
+        bail!(
+            "`{target}`: a memory-partitioned slice holds its client to its share of the bandwidth with a neighbour calibrated against migprof's own kernels, which a program migprof did not write cannot be held to; use mps:{} (the SM share and memory limit) or a real MIG device",
+            target.share
+        );
+    }
+    let (selected, share, daemon) = crate::mps::start_daemon(target)?;
+    let mut env = vec![("CUDA_VISIBLE_DEVICES".to_string(), selected.uuid().to_string())];
+    env.extend(
+        crate::mps::daemon::client_env(&daemon.pipe_dir(), &share)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v)),
+    );
+    let name = format!("{} MPS-emulated {}", selected.gpu.name, share.describe());
+    Ok(ProgramTarget {
+        env,
+        info: DeviceInfo {
+            kind: "mps",
+            name,
+            selected: Some(selected),
+            emulation: Some(crate::mps::Emulation {
+                share,
+                measured_sms: None,
+                measured_memory_mib: None,
+                partition: None,
+            }),
+            memory_system: None,
+            kernel_sms: None,
+        },
+        daemon: Some(daemon),
+    })
+}
+
+/// The CPU model and the host's threads (a program's, not candle's).
+fn host_cpu_name() -> String {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let model = cpu_name();
+    let model = model.rsplit_once(" (").map_or(model.as_str(), |(m, _)| m);
+    format!("{model} ({threads} threads)")
+}
+
 /// The refusal of a GPU device in a build without CUDA.
 pub fn no_cuda_is_an_error(spec: &DeviceSpec) -> Result<()> {
     if !candle_core::utils::cuda_is_available() {

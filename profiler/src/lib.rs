@@ -11,6 +11,7 @@ pub mod heap;
 pub mod load;
 pub mod mig;
 pub mod mps;
+pub mod program;
 pub mod provenance;
 pub mod report;
 pub mod results;

@@ -23,7 +23,7 @@ const PROFILER: Layers = &[
     &["device"],
     &["run"],
     &["results"],
-    &["load"],
+    &["load", "program"],
     &["cell"],
     &["sweep", "capacity"],
     &["fleet", "report"],

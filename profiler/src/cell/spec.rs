@@ -21,6 +21,7 @@ use workloads::Mode;
 
 use crate::provenance;
 use crate::run::fingerprint::Fingerprint;
+use crate::run::given::{self, Measuring};
 use crate::run::measure::{Stop, Warmup};
 use crate::run::record::{CellIdentity, FailedWorkload, Failure, Status};
 use crate::run::spec::{Precision, RunSpec};
@@ -341,6 +342,7 @@ impl CellSpec {
             identity: self.identity(status),
             error,
             fingerprint,
+            program: None,
         }
     }
 
@@ -437,6 +439,19 @@ impl CellSpec {
         })
     }
 
+    /// How this cell measures, as a sweep's defaults resolved it.
+    pub fn measuring(&self) -> Measuring {
+        Measuring {
+            warmup_secs: self.warmup_secs,
+            warmup_min_iterations: 1,
+            duration_secs: self.duration_secs,
+            target_precision: self.target_precision,
+            max_duration_secs: self.max_duration_secs.unwrap_or(given::MAX_DURATION_SECS),
+            sample_interval_ms: self.sample_interval_ms,
+            seed: self.seed,
+        }
+    }
+
     /// The run this cell makes. A probe of a `max` search runs one warm-up and one measured step:
     /// enough to know whether the batch fits.
     pub fn run_spec(&self) -> Result<RunSpec> {
@@ -472,30 +487,10 @@ impl CellSpec {
             .kernel_options
             .parse::<KernelOptions>()
             .map_err(|e| anyhow::anyhow!("cell spec: {e}"))?;
+        let measuring = self.measuring();
         let (warmup, stop) = match self.purpose {
             Purpose::Probe => (Warmup::Iterations(1), Stop::Iterations(1)),
-            Purpose::Measure => {
-                let min = Duration::from_secs_f64(self.duration_secs);
-                let stop = match self.target_precision {
-                    Some(pct) => Stop::Precision {
-                        target: pct / 100.0,
-                        min,
-                        max: Duration::from_secs_f64(self.max_duration_secs.unwrap_or(60.0)).max(min),
-                        min_iterations: 10,
-                    },
-                    None => Stop::Duration {
-                        min,
-                        min_iterations: 10,
-                    },
-                };
-                (
-                    Warmup::Duration {
-                        min: Duration::from_secs_f64(self.warmup_secs),
-                        min_iterations: 1,
-                    },
-                    stop,
-                )
-            }
+            Purpose::Measure => (measuring.warmup(), measuring.stop(given::MIN_ITERATIONS)),
         };
         Ok(RunSpec {
             seq_len: self.seq_len,
@@ -512,7 +507,7 @@ impl CellSpec {
             warmup,
             stop,
             seed: self.seed,
-            sample_interval: (self.sample_interval_ms > 0).then(|| Duration::from_millis(self.sample_interval_ms)),
+            sample_interval: measuring.sample_interval(),
             probe: self.purpose == Purpose::Probe,
             ..RunSpec::new(&self.model, mode, precision, self.batch)
         })

@@ -9,7 +9,7 @@ use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use migprof::device::DeviceSpec;
 use migprof::run::limits;
-pub use migprof::run::limits::{parse_block_size, parse_percent, parse_seconds, parse_share};
+pub use migprof::run::limits::{parse_block_size, parse_seconds, parse_share};
 use migprof::run::spec::Precision;
 use workloads::kernels::options::{Attention, Convolutions, CudaGraphs, EncoderLayers, GemmAlgorithm};
 use workloads::kernels::KernelOptions;

@@ -6,6 +6,7 @@ mod args;
 mod capacity;
 mod catalogue;
 mod cell;
+mod exec;
 mod load;
 mod mig;
 mod results;
@@ -43,6 +44,14 @@ pub enum Command {
     /// demand within the objective, solved exactly as an integer program; beside it the plans made by
     /// hand (a whole GPU per model, one profile per model).
     Capacity(capacity::CapacityArgs),
+    /// Run your own program on a target and measure it: pinned as you would pin it
+    /// (CUDA_VISIBLE_DEVICES, an MPS client of migprof's daemon for mps:), its output kept, the
+    /// device sampled, its whole process tree stopped when it ends, and the steps it reports (a line
+    /// of JSON each, or its output read by --step-pattern) written as the rows `run` writes.
+    Exec(exec::ExecArgs),
+    /// Keep a program's process tree for `exec` (what `exec` starts between itself and the program).
+    #[command(hide = true)]
+    Keep(exec::KeepArgs),
     /// Run a sweep file: a matrix of cells over targets (devices), each cell in a child process of its
     /// own, a row for every cell however it ends; a rerun runs only the cells not done.
     Sweep(sweep::SweepArgs),
@@ -100,6 +109,8 @@ pub fn exec(cli: Cli) -> Result<ExitCode> {
         Command::Load(args) => load::exec(args, &mut stderr),
         Command::Capacity(args) => capacity::exec(args, &mut stdout),
         Command::Sweep(args) => sweep::exec(args, &mut stderr),
+        Command::Exec(args) => exec::exec(args, &mut stdout, &mut stderr),
+        Command::Keep(args) => exec::keep(args),
         Command::Cell(args) => cell::exec(args, &mut stdout),
         Command::CellEnded(args) => cell::exec_ended(args),
         Command::MemoryNeighbour { sms } => memory_neighbour(sms, &mut stdout),
@@ -174,8 +185,8 @@ mod tests {
         assert!(e.contains("--iters"), "{e}");
         let e = err("--iters 5 --duration 2");
         assert!(e.contains("cannot be used with"), "{e}");
-        let e = err("--duration 0");
-        assert!(e.contains("above 0") && e.contains("`0`"), "{e}");
+        let e = err("--duration -1");
+        assert!(e.contains("--duration") && e.contains("`-1`"), "{e}");
         let e = err("--encoder-layers op3");
         assert!(e.contains("fused") && e.contains("composed"), "{e}");
     }

@@ -4,7 +4,6 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{bail, ensure, Result};
 use clap::Args;
@@ -14,6 +13,7 @@ use migprof::load::settings::Keys;
 use migprof::provenance;
 use migprof::results::parts::{read_table, Table};
 use migprof::results::{plot, summary};
+use migprof::run::given::{self, MeasureGiven};
 use migprof::run::measure::{Stop, Warmup};
 use migprof::run::verdict::{Flag, Verdict};
 use migprof::run::{Run, RunSpec};
@@ -23,8 +23,8 @@ use migprof::run::limits::{ITERATIONS, TOKENS};
 
 use super::args::{
     as_mps_client, at_least_one, device_or_default, parse_batch, parse_block_size, parse_model_list,
-    parse_non_negative, parse_percent, parse_seconds, report_hint, split_models, DTypeArg, KernelArgs, KvLayoutArg,
-    MasterWeightsArg, ModeArg, OptimizerArg,
+    parse_non_negative, report_hint, split_models, DTypeArg, KernelArgs, KvLayoutArg, MasterWeightsArg, ModeArg,
+    OptimizerArg,
 };
 
 /// The model of the default set: ResNet-18 inference at batch 1, 4 and 8, training at batch 4 and 8.
@@ -116,44 +116,20 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "warmup_secs", allow_negative_numbers = true, value_parser = |s: &str| ITERATIONS.parse("--warmup", s))]
     pub warmup: Option<u64>,
 
-    /// Warm-up time in seconds (at least one iteration). Default: 1 s and at least 3 iterations.
-    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| parse_seconds("--warmup-secs", s, false))]
-    pub warmup_secs: Option<f64>,
-
     /// Measure exactly this many iterations.
-    #[arg(long, conflicts_with = "duration", allow_negative_numbers = true, value_parser = |s: &str| ITERATIONS.parse("--iters", s).and_then(|n| at_least_one("--iters", n)))]
+    #[arg(long, conflicts_with_all = ["duration_secs", "target_precision"], allow_negative_numbers = true, value_parser = |s: &str| ITERATIONS.parse("--iters", s).and_then(|n| at_least_one("--iters", n)))]
     pub iters: Option<u64>,
 
-    /// Measure for at least this many seconds (and at least --min-iters iterations). Default: 3.
-    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| parse_seconds("--duration", s, true))]
-    pub duration: Option<f64>,
-
     /// With --duration: the fewest iterations to measure however long they take.
-    #[arg(long, default_value_t = 10, conflicts_with = "iters", allow_negative_numbers = true, value_parser = |s: &str| ITERATIONS.parse("--min-iters", s))]
+    #[arg(long, default_value_t = given::MIN_ITERATIONS, conflicts_with = "iters", allow_negative_numbers = true, value_parser = |s: &str| ITERATIONS.parse("--min-iters", s))]
     pub min_iters: u64,
 
-    /// Measure until the throughput's 95% interval is within ±PCT percent of it (after --duration and
-    /// --min-iters), at most --max-duration seconds; a run stopped by that bound says so in its
-    /// verdict_reason.
-    #[arg(long, value_name = "PCT", conflicts_with = "iters", value_parser = parse_percent)]
-    pub target_precision: Option<f64>,
-
-    /// With --target-precision: the most seconds to measure however wide the interval still is.
-    #[arg(long, default_value_t = 60.0, requires = "target_precision", allow_negative_numbers = true, value_parser = |s: &str| parse_seconds("--max-duration", s, false))]
-    pub max_duration: f64,
-
-    /// Sampler interval in milliseconds for GPU runs (NVML and GPM counters while measuring); 0 turns
-    /// the sampler off.
-    #[arg(long, default_value_t = 100)]
-    pub sample_interval_ms: u64,
+    #[command(flatten)]
+    pub measure: MeasureGiven,
 
     /// Results folder: Parquet tables under runs/ and samples/, SVG plots beside them.
     #[arg(long, default_value = "data/results")]
     pub out: PathBuf,
-
-    /// Seeds the weights and the synthetic inputs.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
 
     #[command(flatten)]
     pub kernels: KernelArgs,
@@ -410,18 +386,11 @@ fn train_config(args: &RunArgs) -> TrainConfig {
     }
 }
 
+/// `--warmup` iterations exactly; else the warm-up [`given::RUN`] makes of `--warmup-secs`.
 fn warmup_rule(args: &RunArgs) -> Warmup {
-    match (args.warmup, args.warmup_secs) {
-        (Some(n), _) => Warmup::Iterations(n),
-        (None, Some(secs)) => Warmup::Duration {
-            min: Duration::from_secs_f64(secs),
-            min_iterations: 1,
-        },
-        // The first steps allocate and fault in memory; on a CPU one second can be one step.
-        (None, None) => Warmup::Duration {
-            min: Duration::from_secs(1),
-            min_iterations: 3,
-        },
+    match args.warmup {
+        Some(n) => Warmup::Iterations(n),
+        None => args.measure.resolve(&given::RUN).warmup(),
     }
 }
 
@@ -433,24 +402,15 @@ const DEFAULT_SET_PRECISION: (f64, f64) = (5.0, 20.0);
 /// `--target-precision` on until the interval is tight enough or `--max-duration` has passed. The
 /// default set, given no rule, measures to [`DEFAULT_SET_PRECISION`].
 fn stop_rule(args: &RunArgs, defaults_only: bool) -> Stop {
-    let min = Duration::from_secs_f64(args.duration.unwrap_or(3.0));
-    let (precision, max) = match (args.target_precision, defaults_only && args.duration.is_none()) {
-        (Some(p), _) => (Some(p), args.max_duration),
-        (None, true) => (Some(DEFAULT_SET_PRECISION.0), DEFAULT_SET_PRECISION.1),
-        (None, false) => (None, args.max_duration),
-    };
-    match (args.iters, precision) {
-        (Some(n), _) => Stop::Iterations(n),
-        (None, Some(pct)) => Stop::Precision {
-            target: pct / 100.0,
-            min,
-            max: Duration::from_secs_f64(max).max(min),
-            min_iterations: args.min_iters,
-        },
-        (None, None) => Stop::Duration {
-            min,
-            min_iterations: args.min_iters,
-        },
+    let given = &args.measure;
+    let mut measuring = given.resolve(&given::RUN);
+    if defaults_only && given.duration_secs.is_none() && given.target_precision.is_none() {
+        (measuring.target_precision, measuring.max_duration_secs) =
+            (Some(DEFAULT_SET_PRECISION.0), DEFAULT_SET_PRECISION.1);
+    }
+    match args.iters {
+        Some(n) => Stop::Iterations(n),
+        None => measuring.stop(args.min_iters),
     }
 }
 
@@ -490,6 +450,7 @@ fn cross_product(args: &RunArgs) -> Result<Vec<RunSpec>> {
             .map_or(workloads::generation::DEFAULT_OUTPUT_LEN, |l| l as usize),
     };
     let kv_layout = args.kv_layout.layout(args.kv_block_size).map_err(anyhow::Error::msg)?;
+    let measuring = args.measure.resolve(&given::RUN);
     let mut specs = Vec::new();
     for model in &models {
         let (_, info) = workloads::lookup(model)?;
@@ -510,9 +471,8 @@ fn cross_product(args: &RunArgs) -> Result<Vec<RunSpec>> {
                         kernels: args.kernels.options(),
                         warmup: warmup_rule(args),
                         stop: stop_rule(args, defaults_only),
-                        seed: args.seed,
-                        sample_interval: (args.sample_interval_ms > 0)
-                            .then(|| Duration::from_millis(args.sample_interval_ms)),
+                        seed: measuring.seed,
+                        sample_interval: measuring.sample_interval(),
                         ..RunSpec::new(model, mode, dtype.into(), batch)
                     });
                 }
@@ -528,6 +488,7 @@ mod tests {
     use crate::commands::{Cli, Command};
     use clap::Parser;
     use migprof::cell::CellSpec;
+    use std::time::Duration;
     use workloads::kernels::KernelOptions;
     use workloads::Mode;
 

@@ -143,14 +143,6 @@ pub fn flag(key: &str) -> Option<String> {
         .map(|long| format!("--{long}"))
 }
 
-/// The keys of a group's settings, in its order.
-pub fn group_keys<T: Args>() -> Vec<String> {
-    T::augment_args(clap::Command::new("keys"))
-        .get_arguments()
-        .map(|a| a.get_id().to_string())
-        .collect()
-}
-
 /// The keys of the settings given in `group`, in its order. (TOML's form, which leaves out what
 /// was not given and keeps a value that is not a number, `nan`, as given: JSON's would make it null.)
 pub fn given_keys<T: Serialize>(group: &T) -> Vec<String> {

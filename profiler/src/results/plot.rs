@@ -285,6 +285,7 @@ mod tests {
             },
             error: "out of memory".into(),
             fingerprint: crate::run::fingerprint::Fingerprint::collect(None),
+            program: None,
         };
         crate::results::runs::write_failure(dir.path(), &failure)?;
         let runs = crate::results::parts::read_table(dir.path(), crate::results::parts::Table::Runs)?;

@@ -47,8 +47,8 @@ fn generations_table(runs: &[&Run]) -> String {
         .map(|r| {
             let g = r.generation.as_ref().expect("partitioned on it");
             vec![
-                r.model.name.to_string(),
-                r.precision().to_string(),
+                r.subject.name().to_string(),
+                r.precision().unwrap_or("-").to_string(),
                 r.batch.to_string(),
                 g.lengths.prompt.to_string(),
                 g.lengths.output.to_string(),
@@ -79,9 +79,9 @@ fn steps_table(runs: &[&Run]) -> String {
         .iter()
         .map(|r| {
             vec![
-                r.model.name.to_string(),
+                r.subject.name().to_string(),
                 r.mode.as_str().to_string(),
-                r.precision().to_string(),
+                r.precision().unwrap_or("-").to_string(),
                 r.batch.to_string(),
                 format!("{:.3}", ns_to_ms(r.stats.p50_ns)),
                 format!("{:.3}", ns_to_ms(r.stats.p99_ns)),

@@ -8,6 +8,7 @@ pub mod estimate;
 pub mod evidence;
 pub mod execute;
 pub mod fingerprint;
+pub mod given;
 pub mod group;
 pub mod limits;
 pub mod measure;
@@ -15,6 +16,7 @@ pub mod preflight;
 pub mod record;
 pub mod spec;
 pub mod stats;
+pub mod subject;
 pub mod uncertainty;
 pub mod verdict;
 

@@ -2,8 +2,9 @@
 //! workload, the latencies and their statistics, the verdict, the sampler's readings. The results
 //! model that the Parquet store, the plots and the summary read.
 
+use std::time::Duration;
+
 use anyhow::Result;
-use candle_core::DType;
 use chrono::{DateTime, Utc};
 use workloads::kernels::KernelOptions;
 use workloads::{Mode, ModelInfo};
@@ -16,6 +17,7 @@ use crate::run::fingerprint::Fingerprint;
 use crate::run::measure::Measurement;
 use crate::run::spec::{Precision, RunSpec};
 use crate::run::stats::{wall_throughput, LatencyStats};
+use crate::run::subject::{Program, Subject};
 use crate::run::uncertainty::Uncertainty;
 use crate::run::verdict::{assess, assess_generations, Assessment};
 
@@ -140,6 +142,8 @@ pub struct Failure {
     /// What the sweep's own process can tell of the build and host (the cell's device was never
     /// opened by it).
     pub fingerprint: Fingerprint,
+    /// The program of a failed `migprof exec`; `None` for migprof's own cells.
+    pub program: Option<Program>,
 }
 
 /// What a failed cell was to run, as its row records it (the spellings of a sweep's cell).
@@ -174,10 +178,11 @@ pub struct Run {
     pub fingerprint: Fingerprint,
     pub started_at: DateTime<Utc>,
     pub finished_at: DateTime<Utc>,
-    pub model: ModelInfo,
+    /// The model, or the program, it measured.
+    pub subject: Subject,
     pub mode: Mode,
-    pub dtype: DType,
-    pub tf32: bool,
+    /// `None` for a program that did not say.
+    pub precision: Option<Precision>,
     pub batch: usize,
     pub seed: u64,
     /// The checkpoint the weights came from; `None` for seeded random weights.
@@ -253,16 +258,7 @@ impl Run {
             }),
             _ => None,
         };
-        let (metrics, sampler_error) = match metrics {
-            Ok(m) => (m, None),
-            Err(e) => (Vec::new(), Some(format!("{e:#}"))),
-        };
-        let evidence = match (&context.device.selected, spec.sample_interval, &sampler_error) {
-            (None, _, _) => Evidence::none(Sampling::NotAGpu),
-            (Some(_), None, _) => Evidence::none(Sampling::Off),
-            (Some(_), Some(_), Some(e)) => Evidence::none(Sampling::Failed(e.clone())),
-            (Some(_), Some(_), None) => Evidence::from_samples(&metrics, &context.expected),
-        };
+        let (metrics, sampler_error, evidence) = sampled(&context, spec.sample_interval, metrics);
         let judged = match spec.lengths {
             Some(l) => assess_generations(&measurement.latencies_ns, l.decode_steps()),
             None => assess(&measurement.latencies_ns),
@@ -284,10 +280,9 @@ impl Run {
             fingerprint,
             started_at,
             finished_at: provenance::now(),
-            model,
+            subject: Subject::Model(model),
             mode: spec.mode,
-            dtype: spec.precision.dtype(),
-            tf32: spec.precision.tf32(),
+            precision: Some(spec.precision),
             batch: spec.batch,
             seed: spec.seed,
             weights: spec.weights.as_ref().map(|p| p.display().to_string()),
@@ -309,9 +304,76 @@ impl Run {
         })
     }
 
-    /// The precision as `--dtype` names it: `tf32`, or the dtype.
-    pub fn precision(&self) -> &'static str {
-        Precision::of(self.dtype, self.tf32).as_str()
+    /// The row of a program's measured steps of one phase and size (`migprof exec`): `latencies_ns`
+    /// in order, `items` each, after `warmup_steps` left out; the sampler's readings over the
+    /// program's whole run, judged with the program's processes expected on the device.
+    #[allow(clippy::too_many_arguments)]
+    pub fn of_program(
+        program: Program,
+        mode: Mode,
+        precision: Option<Precision>,
+        steps: ProgramSteps,
+        context: RunContext,
+        started_at: DateTime<Utc>,
+        metrics: Option<Result<Vec<Sample>>>,
+        cell: CellIdentity,
+        fingerprint: Fingerprint,
+    ) -> Result<Self> {
+        let latencies = &steps.latencies_ns;
+        let stats = LatencyStats::from_latencies(latencies)?;
+        let uncertainty = Uncertainty::of(latencies, steps.items);
+        let (metrics, sampler_error, evidence) =
+            sampled(&context, steps.sample_interval, metrics.unwrap_or(Ok(Vec::new())));
+        let sample_interval = steps.sample_interval.filter(|_| context.device.selected.is_some());
+        let assessment = assess(latencies).with_evidence(&evidence, None);
+        let metric_summary = summarize(&metrics, stats.iterations * steps.items as u64);
+        let measurement = Measurement {
+            warmup_iterations: steps.warmup_steps,
+            elapsed: Duration::from_nanos(latencies.iter().sum()),
+            latencies_ns: steps.latencies_ns,
+            loss_first: None,
+            loss_last: None,
+            stop_note: None,
+            graphs_refused: Vec::new(),
+            skipped_steps: None,
+            loss_scale: None,
+            begin_ns: Vec::new(),
+            kv_cache_bytes: None,
+        };
+        Ok(Self {
+            run_id: provenance::run_id(started_at),
+            context,
+            cell,
+            fingerprint,
+            started_at,
+            finished_at: provenance::now(),
+            subject: Subject::Program(program),
+            mode,
+            precision,
+            batch: steps.items,
+            seed: 0,
+            weights: None,
+            optimizer: None,
+            master_weights: None,
+            kernels: KernelOptions::default(),
+            warmup_iterations: steps.warmup_steps,
+            measurement,
+            stats,
+            uncertainty,
+            assessment,
+            evidence,
+            metrics,
+            metric_summary,
+            sampler_error,
+            sample_interval,
+            generation: None,
+        })
+    }
+
+    /// The precision as `--dtype` names it (`tf32`, or the dtype); `None` for a program that did not
+    /// say.
+    pub fn precision(&self) -> Option<&'static str> {
+        self.precision.map(Precision::as_str)
     }
 
     /// `1000 / mean_latency_ms * batch`, samples per second.
@@ -344,19 +406,47 @@ impl Run {
     }
 
     /// Forward FLOPs per sample for inference, 3x that for training; for a generation, of a decoded
-    /// token, averaged over the positions its decode steps attend to.
-    pub fn flops_per_sample(&self) -> u64 {
-        match (self.mode, &self.generation, &self.model.decoder) {
+    /// token, averaged over the positions its decode steps attend to. `None` for a program.
+    pub fn flops_per_sample(&self) -> Option<u64> {
+        let model = self.subject.model()?;
+        Some(match (self.mode, &self.generation, &model.decoder) {
             (Mode::Generate, Some(g), Some(d)) => {
                 let steps = g.lengths.decode_steps();
                 // Step i feeds the token at position prompt + i, attending to prompt + i + 1 tokens.
                 let total: u64 = (0..steps).map(|i| d.flops_per_token(g.lengths.prompt + i + 1)).sum();
                 total / steps.max(1) as u64
             }
-            (Mode::Train, _, _) => self.model.train_flops_per_sample(),
-            _ => self.model.flops_per_sample,
-        }
+            (Mode::Train, _, _) => model.train_flops_per_sample(),
+            _ => model.flops_per_sample,
+        })
     }
+}
+
+/// A program's measured steps of one phase and size, as [`Run::of_program`] takes them.
+pub struct ProgramSteps {
+    pub latencies_ns: Vec<u64>,
+    pub items: usize,
+    pub warmup_steps: u64,
+    pub sample_interval: Option<Duration>,
+}
+
+/// The sampler's readings (none where it failed), why it failed, and what they say of the run.
+fn sampled(
+    context: &RunContext,
+    interval: Option<Duration>,
+    metrics: Result<Vec<Sample>>,
+) -> (Vec<Sample>, Option<String>, Evidence) {
+    let (metrics, sampler_error) = match metrics {
+        Ok(m) => (m, None),
+        Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+    };
+    let evidence = match (&context.device.selected, interval, &sampler_error) {
+        (None, _, _) => Evidence::none(Sampling::NotAGpu),
+        (Some(_), None, _) => Evidence::none(Sampling::Off),
+        (Some(_), Some(_), Some(e)) => Evidence::none(Sampling::Failed(e.clone())),
+        (Some(_), Some(_), None) => Evidence::from_samples(&metrics, &context.expected),
+    };
+    (metrics, sampler_error, evidence)
 }
 
 fn describe(t: &workloads::TrainConfig) -> String {
@@ -530,8 +620,8 @@ pub(crate) mod tests {
     #[test]
     fn training_flops_are_three_forwards() {
         let mut run = fake_run(1, 10, Duration::ZERO);
-        let fwd = run.flops_per_sample();
+        let fwd = run.flops_per_sample().unwrap();
         run.mode = Mode::Train;
-        assert_eq!(run.flops_per_sample(), 3 * fwd);
+        assert_eq!(run.flops_per_sample(), Some(3 * fwd));
     }
 }

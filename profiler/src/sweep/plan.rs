@@ -268,7 +268,7 @@ fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
         kv_layout: w.lengths.map(|_| w.kv_layout.as_str().to_string()),
         kv_block_size: w.lengths.and(w.kv_layout.block_size()),
         repeat: w.repeat,
-        seed: d.seed,
+        seed: d.measure.seed,
         weights: None,
         weights_sha256: w.model_sha256.clone(),
         optimizer: "adamw".into(),
@@ -276,11 +276,11 @@ fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
         weight_decay: train.weight_decay,
         master_weights: w.master_weights.as_str().to_string(),
         kernel_options: w.kernels.clone(),
-        warmup_secs: d.warmup_secs,
-        duration_secs: d.duration_secs,
-        target_precision: d.target_precision,
-        max_duration_secs: d.target_precision.map(|_| d.max_duration_secs),
-        sample_interval_ms: d.sample_interval_ms,
+        warmup_secs: d.measure.warmup_secs,
+        duration_secs: d.measure.duration_secs,
+        target_precision: d.measure.target_precision,
+        max_duration_secs: d.measure.target_precision.map(|_| d.measure.max_duration_secs),
+        sample_interval_ms: d.measure.sample_interval_ms,
         purpose: Purpose::Measure,
         concurrency_group: None,
         neighbours: Vec::new(),
@@ -296,7 +296,7 @@ fn cell(file: &SweepFile, target: &Target, w: &Work) -> CellSpec {
 /// to its `max_seqs` sequences at once, with its serving settings and the kernel options `migprof
 /// load` serves with.
 fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &CapacitySearch) -> CellSpec {
-    let (seed, served) = (file.defaults.seed, Served::of(model));
+    let (seed, served) = (file.defaults.measure.seed, Served::of(model));
     let defaults = workloads::kernels::KernelOptions::default();
     let (mode, batch, kernels) = match served {
         Served::Passes => ("infer", search.load_settings(seed).max_batch, defaults),

@@ -226,7 +226,8 @@ pub fn dry_run(file: &SweepFile, opts: &Options, log: &mut dyn Write) -> Result<
     let cells: Vec<(PlannedCell, bool)> = planned.cells.iter().map(|(c, d, _)| (c.clone(), *d)).collect();
     // Per cell: warm-up and measurement, plus a child's start and model build (about 2 s on a
     // 2-core CPU for the tiny presets; more for large models on a GPU).
-    let per_cell = file.defaults.warmup_secs + file.defaults.duration_secs + 2.0 + file.defaults.cooldown_secs;
+    let per_cell =
+        file.defaults.measure.warmup_secs + file.defaults.measure.duration_secs + 2.0 + file.defaults.cooldown_secs;
     let to_run = cells.iter().filter(|(_, done)| !done).count();
     // A language model's search at most as long as its steps allow.
     let secs: f64 = cells

@@ -10,6 +10,7 @@ use anyhow::{bail, Result};
 use crate::mps::MemoryEmulation;
 use crate::results::parts::{number_column, read_table, text_column, Table};
 
+mod closed_loop;
 pub mod csv;
 
 /// One model's capacity on one profile, requests/s within the objective.
@@ -35,10 +36,12 @@ pub enum Source {
         partitioned: bool,
     },
     Csv,
-    /// The highest closed-loop throughput of a batch whose p99, doubled, is within the objective.
+    /// The highest closed-loop throughput of a batch whose p99, doubled, is within the objective;
+    /// `program`: from the steps of the user's own program (`migprof exec`).
     ClosedLoop {
         emulated: bool,
         batch: i64,
+        program: bool,
     },
 }
 
@@ -61,9 +64,14 @@ impl Source {
                 }
             ),
             Source::Csv => "CSV".into(),
-            Source::ClosedLoop { emulated, batch } => {
+            Source::ClosedLoop {
+                emulated,
+                batch,
+                program,
+            } => {
                 format!(
-                    "closed-loop estimate at batch {batch}{}",
+                    "closed-loop estimate{} at batch {batch}{}",
+                    if *program { " from the program's steps" } else { "" },
                     if *emulated { " (MPS-emulated)" } else { "" }
                 )
             }
@@ -178,7 +186,7 @@ pub fn from_folders(
         ));
     }
     if closed_loop {
-        for c in closed_loop_estimates(dirs, slo_ms, dtype, memory, &mut g.notes)?
+        for c in closed_loop::closed_loop_estimates(dirs, slo_ms, dtype, memory, &mut g.notes)?
             .into_iter()
             .filter(|c| c.gpu.as_deref().is_none_or(|g| g == product))
         {
@@ -515,71 +523,6 @@ fn profile_of_row(emulated: Option<&str>, mig: Option<&str>, gpu: Option<&str>, 
     }
 }
 
-/// Per model and profile: the highest throughput among inference runs whose p99 doubled (a request
-/// waits up to one batch in the queue, then its own) is within the objective.
-fn closed_loop_estimates(
-    dirs: &[PathBuf],
-    slo_ms: f64,
-    dtype: Option<&str>,
-    memory: Option<MemoryEmulation>,
-    notes: &mut Vec<String>,
-) -> Result<Vec<Capacity>> {
-    /// Per (model, profile, "", memory emulation): throughput, batch, emulated, GPU.
-    type Best = BTreeMap<(String, String, String, String), (f64, i64, bool, Option<String>)>;
-    let mut best: Best = BTreeMap::new();
-    for dir in dirs {
-        let df = read_table(dir, Table::Runs)?;
-        let t = |c| text_column(&df, c);
-        let (model, mode, status, dt) = (t("model")?, t("mode")?, t("status")?, t("dtype")?);
-        let (emulated, mig, gpu, group) = (
-            t("emulated_profile")?,
-            t("mig_profile")?,
-            t("gpu_name")?,
-            t("concurrency_group")?,
-        );
-        let memory_of = t("memory_emulation")?;
-        let (p99, throughput, batch, pct) = (
-            number_column(&df, "p99_ms")?,
-            number_column(&df, "throughput")?,
-            number_column(&df, "batch")?,
-            number_column(&df, "mps_share_pct")?,
-        );
-        for i in 0..df.height() {
-            let ok = status[i].as_deref().is_none_or(|s| s == "ok")
-                && mode[i].as_deref() == Some("infer")
-                && group[i].is_none();
-            if !ok || dtype.is_some_and(|d| dt[i].as_deref() != Some(d)) {
-                continue;
-            }
-            let (Some(p99), Some(x), Some(m)) = (p99[i], throughput[i], model[i].clone()) else {
-                continue;
-            };
-            if 2.0 * p99 > slo_ms {
-                continue;
-            }
-            let profile = profile_of_row(emulated[i].as_deref(), mig[i].as_deref(), gpu[i].as_deref(), pct[i]);
-            let mem = memory_key(memory_of[i].as_deref(), pct[i].is_some());
-            let entry = best
-                .entry((m, profile, String::new(), mem))
-                .or_insert((0.0, 0, false, None));
-            if x > entry.0 {
-                *entry = (x, batch[i].unwrap_or(0.0) as i64, pct[i].is_some(), gpu[i].clone());
-            }
-        }
-    }
-    Ok(pick_memory_emulation(best, memory, notes)
-        .into_iter()
-        .map(|((model, profile, _, _), (qps, batch, emulated, gpu))| Capacity {
-            model,
-            profile,
-            qps,
-            source: Source::ClosedLoop { emulated, batch },
-            gpu,
-            lengths: None,
-        })
-        .collect())
-}
-
 /// A row's memory emulation as the capacities are keyed by it: an emulated slice written before the
 /// column existed (schema 7 or older) ran alone; empty for real slices and whole GPUs.
 fn memory_key(column: Option<&str>, emulated: bool) -> String {
@@ -835,12 +778,48 @@ mod tests {
             c.source,
             Source::ClosedLoop {
                 emulated: false,
-                batch: 8
+                batch: 8,
+                program: false
             }
         );
         assert!(c.source.describe().contains("closed-loop estimate at batch 8"));
         // Doubled, a p99 of 3 ms does not fit 5 ms: no estimate.
         assert!(from_folders(&dirs, 5.0, None, "cpu", true, None).is_err());
+        // The user's program of the same name, slower: its steps are what the plan takes.
+        let mut program = fake_run(4, 30, Duration::ZERO);
+        program.subject = crate::run::subject::Subject::Program(crate::run::subject::Program {
+            name: "resnet_tiny".into(),
+            command: "python3 serve.py".into(),
+            exit_code: Some(0),
+            exit_signal: None,
+            wall: Duration::from_secs(1),
+            steps: crate::run::subject::StepsFrom::Protocol,
+            device_memory_max_mib: None,
+            pids_seen: None,
+        });
+        crate::results::runs::write_run(dir.path(), &program)?;
+        let g = from_folders(&dirs, 10.0, None, "cpu", true, None)?;
+        assert_eq!(g.capacities.len(), 1);
+        let c = &g.capacities[0];
+        assert_eq!(
+            (c.qps, c.source.clone()),
+            (
+                2000.0,
+                Source::ClosedLoop {
+                    emulated: false,
+                    batch: 4,
+                    program: true
+                }
+            )
+        );
+        assert!(c.source.describe().contains("from the program's steps"));
+        assert!(
+            g.notes
+                .iter()
+                .any(|n| n.contains("resnet_tiny: closed-loop estimates from your program's steps")),
+            "{:?}",
+            g.notes
+        );
         Ok(())
     }
 

@@ -10,6 +10,7 @@ use crate::provenance;
 use crate::results::parts::{utc_micros, SCHEMA_VERSION};
 use crate::run::record::Failure;
 use crate::run::stats::ns_to_ms;
+use crate::run::subject::PROGRAM_FAMILY;
 use crate::run::uncertainty::{Estimate, Uncertainty};
 use crate::run::Run;
 
@@ -30,6 +31,16 @@ const fn both<V>(run: fn(&Run) -> V, failed: fn(&Failure) -> V) -> Read<V> {
         run,
         failed: Some(failed),
     }
+}
+
+/// A column of a program's rows, measured or failed (null in migprof's own).
+macro_rules! program {
+    ($read:expr) => {
+        both(
+            |r| r.subject.program().and_then($read),
+            |f| f.program.as_ref().and_then($read),
+        )
+    };
 }
 
 /// One entry of the table: a column with the type of its values, or a group of shared columns.
@@ -91,16 +102,20 @@ pub(super) static RUNS: &[Entry] = &[
     Cell,
     Text(
         "model",
-        both(|r| Some(r.model.name.to_string()), |f| Some(f.workload.model.clone())),
+        both(
+            |r| Some(r.subject.name().to_string()),
+            |f| Some(f.workload.model.clone()),
+        ),
     ),
     Text(
         "family",
         both(
-            |r| Some(r.model.family.as_str().to_string()),
-            |f| {
-                workloads::lookup(&f.workload.model)
+            |r| Some(r.subject.family().to_string()),
+            |f| match &f.program {
+                Some(_) => Some(PROGRAM_FAMILY.to_string()),
+                None => workloads::lookup(&f.workload.model)
                     .ok()
-                    .map(|(_, m)| m.family.as_str().to_string())
+                    .map(|(_, m)| m.family.as_str().to_string()),
             },
         ),
     ),
@@ -110,7 +125,10 @@ pub(super) static RUNS: &[Entry] = &[
     ),
     Text(
         "dtype",
-        both(|r| Some(r.precision().to_string()), |f| Some(f.workload.dtype.clone())),
+        both(
+            |r| r.precision().map(str::to_string),
+            |f| Some(f.workload.dtype.clone()).filter(|d| !d.is_empty()),
+        ),
     ),
     Int(
         "batch",
@@ -119,7 +137,7 @@ pub(super) static RUNS: &[Entry] = &[
     Int(
         "seq_len",
         both(
-            |r| r.model.input.seq_len().map(|l| l as i64),
+            |r| r.subject.model().and_then(|m| m.input.seq_len()).map(|l| l as i64),
             |f| f.workload.seq_len.map(|l| l as i64),
         ),
     ),
@@ -157,7 +175,14 @@ pub(super) static RUNS: &[Entry] = &[
         ),
     ),
     Device,
-    Unsigned("seed", both(|r| Some(r.seed), |f| Some(f.workload.seed))),
+    // A program's seed and kernels are its own business: null in its rows.
+    Unsigned(
+        "seed",
+        both(
+            |r| r.subject.model().map(|_| r.seed),
+            |f| f.program.is_none().then_some(f.workload.seed),
+        ),
+    ),
     Text("weights", run(|r| r.weights.clone())),
     Text("optimizer", run(|r| r.optimizer.clone())),
     Text(
@@ -172,13 +197,13 @@ pub(super) static RUNS: &[Entry] = &[
     Text(
         "kernel_options",
         both(
-            |r| Some(r.kernels.canonical()),
-            |f| Some(f.workload.kernel_options.clone()),
+            |r| r.subject.model().map(|_| r.kernels.canonical()),
+            |f| f.program.is_none().then(|| f.workload.kernel_options.clone()),
         ),
     ),
     Int("warmup_iterations", run(|r| Some(r.warmup_iterations as i64))),
-    Int("params", run(|r| Some(r.model.params as i64))),
-    Int("flops_per_sample", run(|r| Some(r.flops_per_sample() as i64))),
+    Int("params", run(|r| r.subject.model().map(|m| m.params as i64))),
+    Int("flops_per_sample", run(|r| r.flops_per_sample().map(|f| f as i64))),
     Int("iterations", run(|r| Some(r.stats.iterations as i64))),
     Float("measured_s", run(|r| Some(r.measurement.elapsed.as_secs_f64()))),
     Float("mean_ms", run(|r| Some(r.stats.mean_ms()))),
@@ -265,6 +290,34 @@ pub(super) static RUNS: &[Entry] = &[
     Float("gpu_energy_j", run(|r| r.metric_summary.gpu_energy_j)),
     Float("j_per_sample", run(|r| r.metric_summary.j_per_sample)),
     Text("sampler_error", run(|r| r.sampler_error.clone())),
+    Text(
+        "program_command",
+        program!(|p: &crate::run::subject::Program| Some(p.command.clone())),
+    ),
+    Int(
+        "program_exit_code",
+        program!(|p: &crate::run::subject::Program| p.exit_code.map(i64::from)),
+    ),
+    Int(
+        "program_exit_signal",
+        program!(|p: &crate::run::subject::Program| p.exit_signal.map(i64::from)),
+    ),
+    Float(
+        "program_wall_s",
+        program!(|p: &crate::run::subject::Program| Some(p.wall.as_secs_f64())),
+    ),
+    Text(
+        "program_steps",
+        program!(|p: &crate::run::subject::Program| Some(p.steps.as_str().to_string())),
+    ),
+    Float(
+        "program_device_memory_max_mib",
+        program!(|p: &crate::run::subject::Program| p.device_memory_max_mib),
+    ),
+    Int(
+        "program_pids_seen",
+        program!(|p: &crate::run::subject::Program| p.pids_seen.map(i64::from)),
+    ),
     Text(
         "migprof_version",
         both(

@@ -173,6 +173,7 @@ fn a_failed_cell_s_row_has_every_column_of_a_run_s_row() -> Result<()> {
         identity: crate::run::record::tests::identity_with(crate::run::record::Status::Error),
         error: "bf16 cannot run on cpu".into(),
         fingerprint: run.fingerprint.clone(),
+        program: None,
     };
     let path = write_failure(dir.path(), &failure)?;
     let failed = read_part(&path, Table::Runs).map_err(anyhow::Error::msg)?;
@@ -237,6 +238,7 @@ fn a_folder_of_every_status_reads_whole_in_pyarrow_duckdb_and_polars() -> Result
                 identity: crate::run::record::tests::identity_with(status),
                 error: format!("{} ended it", status.as_str()),
                 fingerprint: ok.fingerprint.clone(),
+                program: None,
             },
         )?;
     }

@@ -5,7 +5,10 @@ use anyhow::{bail, Result};
 use serde::Deserialize;
 
 use crate::cell::spec::DTYPES;
-use crate::load::given::{given_keys, group_keys, Offered, PassGiven, ServeGiven};
+use crate::load::given::{given_keys, Offered, PassGiven, ServeGiven};
+use crate::run::given::group_keys;
+
+use super::keyed;
 use crate::load::settings::{Keys, LoadSettings, ServeSettings};
 use crate::run::limits;
 
@@ -34,6 +37,8 @@ pub struct CapacitySearch {
 /// The keys of a search that are not load settings.
 #[derive(Deserialize)]
 struct Own {
+    /// Read key by key, so required by the search's check (which names it) rather than here.
+    #[serde(default)]
     models: Vec<String>,
     #[serde(default = "bf16")]
     dtype: String,
@@ -43,63 +48,40 @@ struct Own {
 
 const OWN_KEYS: [&str; 3] = ["models", "dtype", "seq_len"];
 
-/// Read key by key: each group of settings takes its own keys (declared once, in
-/// [`crate::load::given`]), a bad value is named by its key, and a key no group takes is refused
-/// with the keys there are.
+/// Read key by key ([`keyed`]): each group of settings takes its own keys (declared once, in
+/// [`crate::load::given`]), a bad value is named by its key at its line.
 impl<'de> Deserialize<'de> for CapacitySearch {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         use serde::de::Error;
-        let table = toml::Table::deserialize(d)?;
+        let own_keys = OWN_KEYS.map(String::from).to_vec();
         let (offered, pass, serve) = (
             group_keys::<Offered>(),
             group_keys::<PassGiven>(),
             group_keys::<ServeGiven>(),
         );
-        if let Some(key) = table
-            .keys()
-            .find(|k| !OWN_KEYS.contains(&k.as_str()) && ![&offered, &pass, &serve].iter().any(|g| g.contains(k)))
-        {
-            let every: Vec<&str> = OWN_KEYS
-                .into_iter()
-                .chain([&offered, &pass, &serve].into_iter().flatten().map(String::as_str))
-                .collect();
-            // Worded as serde words the file's other tables' unknown keys.
-            let every: Vec<String> = every.iter().map(|k| format!("`{k}`")).collect();
-            return Err(D::Error::custom(format!(
-                "unknown field `{key}`, expected one of {}",
-                every.join(", ")
-            )));
-        }
-        let part = |keys: &[String]| -> toml::Table {
-            table
-                .iter()
-                .filter(|(k, _)| keys.contains(k))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        };
-        let own: Own = toml::Value::Table(part(&OWN_KEYS.map(String::from)))
-            .try_into()
-            .map_err(D::Error::custom)?;
+        let own = |t: toml::Table| keyed::typed::<Own>(t).map(|_| ());
+        let offered_read = |t: toml::Table| keyed::typed::<Offered>(t).map(|_| ());
+        let pass_read = |t: toml::Table| keyed::typed::<PassGiven>(t).map(|_| ());
+        let serve_read = |t: toml::Table| keyed::typed::<ServeGiven>(t).map(|_| ());
+        let table = keyed::read(
+            d,
+            &[
+                keyed::Group::new(own_keys.clone(), &own),
+                keyed::Group::new(offered.clone(), &offered_read),
+                keyed::Group::new(pass.clone(), &pass_read),
+                keyed::Group::new(serve.clone(), &serve_read),
+            ],
+        )?;
+        let own: Own = keyed::take(&table, &own_keys).map_err(D::Error::custom)?;
         Ok(CapacitySearch {
             models: own.models,
             dtype: own.dtype,
             seq_len: own.seq_len,
-            offered: read_group(part(&offered)).map_err(D::Error::custom)?,
-            pass: read_group(part(&pass)).map_err(D::Error::custom)?,
-            serve: read_group(part(&serve)).map_err(D::Error::custom)?,
+            offered: keyed::take(&table, &offered).map_err(D::Error::custom)?,
+            pass: keyed::take(&table, &pass).map_err(D::Error::custom)?,
+            serve: keyed::take(&table, &serve).map_err(D::Error::custom)?,
         })
     }
-}
-
-/// A group of settings from its keys, a key at a time first so that an error names its key.
-fn read_group<T: serde::de::DeserializeOwned>(keys: toml::Table) -> std::result::Result<T, String> {
-    for (key, value) in &keys {
-        let one = toml::Table::from_iter([(key.clone(), value.clone())]);
-        toml::Value::Table(one)
-            .try_into::<T>()
-            .map_err(|e| format!("{key}: {}", e.message()))?;
-    }
-    toml::Value::Table(keys).try_into().map_err(|e| e.to_string())
 }
 
 /// How a capacity search serves a model.
@@ -161,7 +143,7 @@ impl CapacitySearch {
     /// The models a search serves and its dtype: each one migprof runs.
     fn check_models(&self, at: &str) -> Result<()> {
         if self.models.is_empty() {
-            bail!("{at}: models is empty");
+            bail!("{at}: no models: give at least one, e.g. models = [\"resnet50\"]");
         }
         for model in &self.models {
             // A folder is read here, so that one that is not a language model's is said now.

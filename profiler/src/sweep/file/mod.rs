@@ -9,9 +9,11 @@ use serde::Deserialize;
 
 use crate::cell::spec::DTYPES;
 use crate::device::DeviceSpec;
+use crate::run::given::{self, group_keys, MeasureGiven, Measuring};
 use crate::run::limits;
 
 mod capacity;
+mod keyed;
 pub use capacity::{CapacitySearch, Served};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -71,12 +73,11 @@ fn bf16() -> String {
     "bf16".into()
 }
 
-/// Settings of every cell.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+/// Settings of every cell: how each is measured (`migprof run`'s settings, declared once in
+/// [`crate::run::given`], with a sweep's defaults) and how the sweep runs them.
+#[derive(Debug, Clone)]
 pub struct Defaults {
-    pub warmup_secs: f64,
-    pub duration_secs: f64,
+    pub measure: Measuring,
     /// Independent repetitions of each cell, each a fresh process with the same seed.
     pub repeats: u32,
     /// A cell still running after this long is killed and recorded as `timeout`.
@@ -85,28 +86,68 @@ pub struct Defaults {
     pub cooldown_secs: f64,
     /// The largest batch a `"max"` search tries.
     pub max_batch_limit: usize,
-    pub seed: u64,
-    pub sample_interval_ms: u64,
-    /// Measure until the throughput's 95% interval is within ± this many percent (after
-    /// `duration_secs`), at most `max_duration_secs`; none: `duration_secs` alone.
-    pub target_precision: Option<f64>,
-    pub max_duration_secs: f64,
 }
 
-impl Default for Defaults {
+/// The keys of `[defaults]` that are the sweep's own, not a measurement's.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct Own {
+    repeats: u32,
+    timeout_secs: f64,
+    cooldown_secs: f64,
+    max_batch_limit: usize,
+}
+
+impl Default for Own {
     fn default() -> Self {
-        Self {
-            warmup_secs: 2.0,
-            duration_secs: 10.0,
+        Own {
             repeats: 1,
             timeout_secs: 600.0,
             cooldown_secs: 0.0,
             max_batch_limit: 4096,
-            seed: 0,
-            sample_interval_ms: 100,
-            target_precision: None,
-            max_duration_secs: 60.0,
         }
+    }
+}
+
+const OWN_KEYS: [&str; 4] = ["repeats", "timeout_secs", "cooldown_secs", "max_batch_limit"];
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Defaults::of(MeasureGiven::default(), Own::default())
+    }
+}
+
+impl Defaults {
+    fn of(given: MeasureGiven, own: Own) -> Defaults {
+        Defaults {
+            measure: given.resolve(&given::SWEEP),
+            repeats: own.repeats,
+            timeout_secs: own.timeout_secs,
+            cooldown_secs: own.cooldown_secs,
+            max_batch_limit: own.max_batch_limit,
+        }
+    }
+}
+
+/// Read key by key ([`keyed`]): the measurement's keys by their group, checked as `migprof run`
+/// checks its flags, the sweep's own beside them.
+impl<'de> Deserialize<'de> for Defaults {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error;
+        let (measure_keys, own_keys) = (group_keys::<MeasureGiven>(), OWN_KEYS.map(String::from).to_vec());
+        let measure = |t: toml::Table| keyed::typed::<MeasureGiven>(t)?.check("[defaults]");
+        let own = |t: toml::Table| keyed::typed::<Own>(t).map(|_| ());
+        let table = keyed::read(
+            d,
+            &[
+                keyed::Group::new(measure_keys.clone(), &measure),
+                keyed::Group::new(own_keys.clone(), &own),
+            ],
+        )?;
+        let given: MeasureGiven = keyed::take(&table, &measure_keys).map_err(D::Error::custom)?;
+        given.check_together("[defaults]").map_err(D::Error::custom)?;
+        let own: Own = keyed::take(&table, &own_keys).map_err(D::Error::custom)?;
+        Ok(Defaults::of(given, own))
     }
 }
 
@@ -265,7 +306,7 @@ impl SweepFile {
             bail!("[[capacity]] searches run on targets alone, and every target has alone = false");
         }
         for (i, c) in self.capacity.iter().enumerate() {
-            c.check(&format!("[[capacity]] #{}", i + 1), self.defaults.seed)?;
+            c.check(&format!("[[capacity]] #{}", i + 1), self.defaults.measure.seed)?;
         }
         for (i, m) in self.matrix.iter().enumerate() {
             m.check(&format!("[[matrix]] #{}", i + 1))?;
@@ -277,20 +318,14 @@ impl SweepFile {
     fn check_defaults(&self) -> Result<()> {
         let d = &self.defaults;
         for (key, v, positive) in [
-            ("warmup_secs", d.warmup_secs, false),
-            ("duration_secs", d.duration_secs, false),
             ("timeout_secs", d.timeout_secs, true),
             ("cooldown_secs", d.cooldown_secs, false),
-            ("max_duration_secs", d.max_duration_secs, false),
         ] {
             limits::seconds(&format!("[defaults] {key}"), v, positive).map_err(anyhow::Error::msg)?;
         }
         limits::BATCH
             .check("[defaults] max_batch_limit", d.max_batch_limit as u64)
             .map_err(anyhow::Error::msg)?;
-        if d.target_precision.is_some_and(|p| !(p > 0.0 && p < 100.0)) {
-            bail!("[defaults] target_precision: expected a percentage above 0 and below 100 (e.g. 2 for ±2%)");
-        }
         if d.repeats == 0 {
             bail!("[defaults] repeats = 0: expected at least 1");
         }

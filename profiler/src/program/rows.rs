@@ -1,0 +1,393 @@
+//! What a program's run comes to in the runs table: a row per phase and step size it measured (the
+//! same row `migprof run` writes), one row of its whole run when it reported no steps, or the row of
+//! a failed cell naming what happened when it did not end well.
+
+use std::collections::BTreeSet;
+
+use anyhow::Result;
+use sha2::{Digest, Sha256};
+use workloads::Mode;
+
+use super::launch::Outcome;
+use super::steps::{Phase, Step};
+use super::{ProgramOptions, MIN_STEPS};
+use crate::gpu::sampler::Sample;
+use crate::run::fingerprint::Fingerprint;
+use crate::run::record::{CellIdentity, FailedWorkload, Failure, ProgramSteps, Status};
+use crate::run::subject::Program;
+use crate::run::{Run, RunContext};
+
+/// The rows of a program's run, and what a reader should be told of the steps left out.
+pub struct Rows {
+    pub runs: Vec<Run>,
+    pub failure: Option<Failure>,
+    pub notes: Vec<String>,
+}
+
+/// The rows of `outcome` on the target named `target` (as `run` names it: the device's name), in
+/// `context`.
+pub fn rows(outcome: &Outcome, options: &ProgramOptions, target: &str, context: &RunContext) -> Result<Rows> {
+    let program = describe(outcome, options);
+    let settings = settings(options);
+    let identity = |mode: Mode, items: usize, status: Status| CellIdentity {
+        sweep: None,
+        target: target.to_string(),
+        cell_id: cell_id(options, target, mode, items),
+        status,
+        concurrency_group: None,
+        neighbours: Vec::new(),
+        baseline: false,
+        settings: Some(settings.clone()),
+    };
+    let failure = |status: Status, error: String| Failure {
+        run_id: outcome.run_id.clone(),
+        invocation_id: context.invocation_id.clone(),
+        host: context.host.clone(),
+        started_at: outcome.started_at,
+        finished_at: outcome.finished_at,
+        workload: workload(options),
+        identity: identity(options.mode, 0, status),
+        error,
+        fingerprint: Fingerprint::collect(context.device.selected.as_ref()),
+        program: Some(program.clone()),
+    };
+    if let Some((status, why)) = failed(outcome) {
+        return Ok(Rows {
+            runs: Vec::new(),
+            failure: Some(failure(status, why)),
+            notes: Vec::new(),
+        });
+    }
+    let (groups, notes) = measured(&outcome.steps, options.warmup_steps);
+    let groups = if outcome.steps.is_empty() {
+        // Nothing reported: the whole run is its one step.
+        vec![Group {
+            mode: options.mode,
+            items: 1,
+            latencies_ns: vec![outcome.wall.as_nanos().max(1) as u64],
+            warmup_steps: 0,
+        }]
+    } else {
+        groups
+    };
+    if groups.is_empty() {
+        let why = format!(
+            "the program reported {} step(s) and none of its phases and sizes had {MIN_STEPS} measured steps after warm-up: {}",
+            outcome.steps.len(),
+            notes.join("; ")
+        );
+        return Ok(Rows {
+            runs: Vec::new(),
+            failure: Some(failure(Status::Error, why)),
+            notes,
+        });
+    }
+    let mut context = context.clone();
+    context.expected.pids.extend(outcome.pids.iter().copied());
+    let runs = groups
+        .into_iter()
+        .map(|g| {
+            let identity = identity(g.mode, g.items, Status::Ok);
+            row(outcome, options, &program, g, &context, identity)
+        })
+        .collect::<Result<Vec<Run>>>()?;
+    Ok(Rows {
+        runs,
+        failure: None,
+        notes,
+    })
+}
+
+/// The row of one phase and size.
+fn row(
+    outcome: &Outcome,
+    options: &ProgramOptions,
+    program: &Program,
+    g: Group,
+    context: &RunContext,
+    identity: CellIdentity,
+) -> Result<Run> {
+    let steps = ProgramSteps {
+        latencies_ns: g.latencies_ns,
+        items: g.items,
+        warmup_steps: g.warmup_steps,
+        sample_interval: options.sample_interval,
+    };
+    let metrics = outcome.metrics.as_ref().map(|m| match m {
+        Ok(samples) => Ok(samples.clone()),
+        Err(e) => Err(anyhow::anyhow!("{e:#}")),
+    });
+    Run::of_program(
+        program.clone(),
+        g.mode,
+        options.precision,
+        steps,
+        context.clone(),
+        outcome.started_at,
+        metrics,
+        identity,
+        Fingerprint::collect(context.device.selected.as_ref()),
+    )
+}
+
+/// How the run did not end well, if it did not: the status and the words of its row.
+fn failed(o: &Outcome) -> Option<(Status, String)> {
+    let steps = format!(
+        "after {} step(s); its output and steps are in {}",
+        o.steps.len(),
+        o.dir.display()
+    );
+    let last = |why: String| {
+        let lines = o.last_lines(5);
+        if lines.is_empty() {
+            why
+        } else {
+            format!("{why}; its last lines:\n{lines}")
+        }
+    };
+    if o.ended.error.is_some() {
+        return Some((Status::Error, format!("the program {}", o.ended.describe())));
+    }
+    if o.timed_out {
+        return Some((
+            Status::Timeout,
+            format!("the program ran past its timeout and was stopped {steps}"),
+        ));
+    }
+    if let Some(s) = o.interrupted {
+        return Some((
+            Status::Error,
+            format!(
+                "migprof got {} and passed it on: the program was stopped {steps}",
+                super::keeper::signal_name(s)
+            ),
+        ));
+    }
+    if o.ended.signal.is_some() {
+        return Some((
+            Status::Crashed,
+            last(format!("the program was {} {steps}", o.ended.describe())),
+        ));
+    }
+    if o.ended.code != Some(0) {
+        return Some((
+            Status::Error,
+            last(format!("the program ended with {} {steps}", o.ended.describe())),
+        ));
+    }
+    if !o.malformed.is_empty() {
+        let shown: Vec<&str> = o.malformed.iter().take(3).map(String::as_str).collect();
+        return Some((
+            Status::Error,
+            format!(
+                "{} line(s) were no step (see `migprof exec --help` for the step protocol): {}",
+                o.malformed.len(),
+                shown.join("; ")
+            ),
+        ));
+    }
+    None
+}
+
+/// The steps of one phase and size, warm-up left out.
+struct Group {
+    mode: Mode,
+    items: usize,
+    latencies_ns: Vec<u64>,
+    warmup_steps: u64,
+}
+
+/// The measured steps by phase and size, in the order each first appears, and what was left out.
+/// Warm-up is every step marked so, then the first `warmup` measured steps of each phase (none
+/// given: one, unless the program marked warm-up steps itself).
+fn measured(steps: &[Step], warmup: Option<usize>) -> (Vec<Group>, Vec<String>) {
+    let marked = steps.iter().filter(|s| s.phase == Phase::Warmup).count();
+    let skip = warmup.unwrap_or(if marked > 0 { 0 } else { 1 });
+    let mut seen_per_mode: Vec<(Mode, usize)> = Vec::new();
+    let mut groups: Vec<Group> = Vec::new();
+    for s in steps {
+        let Phase::Measured(mode) = s.phase else { continue };
+        let seen = match seen_per_mode.iter_mut().find(|(m, _)| *m == mode) {
+            Some((_, n)) => n,
+            None => {
+                seen_per_mode.push((mode, 0));
+                &mut seen_per_mode.last_mut().expect("just pushed").1
+            }
+        };
+        *seen += 1;
+        if *seen <= skip {
+            continue;
+        }
+        let items = s.items as usize;
+        let ns = s.duration.as_nanos().max(1) as u64;
+        match groups.iter_mut().find(|g| g.mode == mode && g.items == items) {
+            Some(g) => g.latencies_ns.push(ns),
+            None => groups.push(Group {
+                mode,
+                items,
+                latencies_ns: vec![ns],
+                warmup_steps: (skip + marked) as u64,
+            }),
+        }
+    }
+    let mut notes = Vec::new();
+    groups.retain(|g| {
+        let keep = g.latencies_ns.len() >= MIN_STEPS;
+        if !keep {
+            notes.push(format!(
+                "{} {} step(s) of {} item(s) left out: a row needs at least {MIN_STEPS}",
+                g.latencies_ns.len(),
+                g.mode.as_str(),
+                g.items
+            ));
+        }
+        keep
+    });
+    (groups, notes)
+}
+
+/// The program as its rows record it.
+fn describe(o: &Outcome, options: &ProgramOptions) -> Program {
+    let samples: &[Sample] = match &o.metrics {
+        Some(Ok(s)) => s,
+        _ => &[],
+    };
+    let (memory, seen) = on_device(samples, &o.pids);
+    let sampled = matches!(&o.metrics, Some(Ok(s)) if !s.is_empty());
+    Program {
+        name: options.name.clone(),
+        command: super::command_line(&options.command),
+        exit_code: o.ended.code,
+        exit_signal: o.ended.signal,
+        wall: o.wall,
+        steps: o.steps_from,
+        device_memory_max_mib: memory.filter(|_| sampled),
+        pids_seen: sampled.then_some(seen),
+    }
+}
+
+/// The most device memory the program's processes held at once (MiB; `None` where none was seen),
+/// and how many of them NVML listed on the device.
+pub fn on_device(samples: &[Sample], pids: &BTreeSet<u32>) -> (Option<f64>, u32) {
+    let mut seen = BTreeSet::new();
+    let mut most: Option<f64> = None;
+    for s in samples {
+        let Some(procs) = &s.compute_processes else { continue };
+        let mine: Vec<_> = procs.iter().filter(|p| pids.contains(&p.pid)).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        seen.extend(mine.iter().map(|p| p.pid));
+        let held: u64 = mine.iter().filter_map(|p| p.used_mib).sum();
+        most = Some(most.map_or(held as f64, |m: f64| m.max(held as f64)));
+    }
+    (most, seen.len() as u32)
+}
+
+/// The settings that change what a row measures without changing the program's cell.
+fn settings(options: &ProgramOptions) -> String {
+    let warmup = options.warmup_steps.map_or("auto".to_string(), |n| n.to_string());
+    let interval = options
+        .sample_interval
+        .map_or("0".to_string(), |d| d.as_millis().to_string());
+    format!("warmup_steps={warmup};sample_interval_ms={interval}")
+}
+
+/// A program's cell: its name, command and what it says it computes in, on the target, in one phase
+/// at one step size.
+fn cell_id(options: &ProgramOptions, target: &str, mode: Mode, items: usize) -> String {
+    let fields = format!(
+        "program;v1;name={};command={};target={target};mode={};items={items};dtype={}",
+        options.name,
+        super::command_line(&options.command),
+        mode.as_str(),
+        options.precision.map_or("", |p| p.as_str())
+    );
+    Sha256::digest(fields.as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The workload fields of a program's failed row (its step size unknown: 0).
+fn workload(options: &ProgramOptions) -> FailedWorkload {
+    FailedWorkload {
+        model: options.name.clone(),
+        mode: options.mode.as_str().to_string(),
+        dtype: options.precision.map_or(String::new(), |p| p.as_str().to_string()),
+        batch: 0,
+        seq_len: None,
+        seed: 0,
+        kernel_options: String::new(),
+        master_weights: None,
+        prompt_len: None,
+        output_len: None,
+        kv_layout: None,
+        kv_block_size: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn step(ms: u64, items: u64, phase: Phase) -> Step {
+        Step {
+            duration: Duration::from_millis(ms),
+            items: items as f64,
+            phase,
+        }
+    }
+
+    #[test]
+    fn steps_group_by_phase_and_size_after_warm_up() {
+        let train = Phase::Measured(Mode::Train);
+        let infer = Phase::Measured(Mode::Infer);
+        let mut steps = vec![step(500, 8, train)];
+        steps.extend((0..4).map(|_| step(10, 8, train)));
+        steps.extend((0..3).map(|_| step(5, 8, infer)));
+        steps.push(step(7, 3, train));
+        let (groups, notes) = measured(&steps, None);
+        let got: Vec<(Mode, usize, usize)> = groups.iter().map(|g| (g.mode, g.items, g.latencies_ns.len())).collect();
+        // The first train step and the first infer step are warm-up; the last train step is alone.
+        assert_eq!(got, vec![(Mode::Train, 8, 4)]);
+        assert!(notes.iter().any(|n| n.contains("2 infer step(s) of 8")), "{notes:?}");
+        assert!(notes.iter().any(|n| n.contains("1 train step(s) of 3")), "{notes:?}");
+        // Steps marked as warm-up are the warm-up: none of the others is left out.
+        let marked: Vec<Step> = std::iter::once(step(500, 8, Phase::Warmup))
+            .chain((0..3).map(|_| step(10, 8, train)))
+            .collect();
+        let (groups, _) = measured(&marked, None);
+        assert_eq!((groups[0].latencies_ns.len(), groups[0].warmup_steps), (3, 1));
+        let (groups, _) = measured(&marked, Some(2));
+        assert!(groups.is_empty(), "two more left out leave one");
+    }
+
+    #[test]
+    fn the_program_s_memory_is_its_own_processes_at_once() {
+        use crate::gpu::sampler::GpuProcess;
+        let sample = |procs: Vec<(u32, u64)>| Sample {
+            compute_processes: Some(
+                procs
+                    .into_iter()
+                    .map(|(pid, mib)| GpuProcess {
+                        pid,
+                        name: None,
+                        used_mib: Some(mib),
+                    })
+                    .collect(),
+            ),
+            ..Sample::default()
+        };
+        let pids: BTreeSet<u32> = [10, 11].into();
+        let samples = [
+            sample(vec![(10, 100), (99, 5000)]),
+            sample(vec![(10, 300), (11, 200)]),
+            sample(vec![]),
+        ];
+        assert_eq!(on_device(&samples, &pids), (Some(500.0), 2));
+        assert_eq!(on_device(&samples[2..], &pids), (None, 0));
+    }
+}
