@@ -239,10 +239,25 @@ fn program_on_mps(target: &crate::mps::MpsTarget) -> Result<ProgramTarget> {
             target.share
         );
     }
-    let (selected, share, daemon) = crate::mps::start_daemon(target)?;
+    // A sweep's child is handed the sweep's daemon; anything else starts its own.
+    let (selected, share, daemon) = match std::env::var_os(crate::mps::daemon::CLIENT_PIPE_ENV) {
+        Some(pipe) => {
+            let topology = gpu::discover().map_err(|e| anyhow!("`{target}`: {e:#}"))?;
+            let (selected, share) = crate::mps::resolve(&topology, target, crate::mps::profile_table)?;
+            (selected, share, Err(std::path::PathBuf::from(pipe)))
+        }
+        None => {
+            let (selected, share, daemon) = crate::mps::start_daemon(target)?;
+            (selected, share, Ok(daemon))
+        }
+    };
+    let pipe = match &daemon {
+        Ok(d) => d.pipe_dir(),
+        Err(pipe) => pipe.clone(),
+    };
     let mut env = vec![("CUDA_VISIBLE_DEVICES".to_string(), selected.uuid().to_string())];
     env.extend(
-        crate::mps::daemon::client_env(&daemon.pipe_dir(), &share)
+        crate::mps::daemon::client_env(&pipe, &share)
             .into_iter()
             .map(|(k, v)| (k.to_string(), v)),
     );
@@ -262,7 +277,7 @@ fn program_on_mps(target: &crate::mps::MpsTarget) -> Result<ProgramTarget> {
             memory_system: None,
             kernel_sms: None,
         },
-        daemon: Some(daemon),
+        daemon: daemon.ok(),
     })
 }
 

@@ -99,6 +99,7 @@ fn every_key_of_the_sweep_file_is_in_the_guide() {
         ("[[matrix]]", format!("name = \"s\"\n{target}[[matrix]]\nmodels = [\"resnet_tiny\"]\nbatches = [1]\nbogus = 1\n")),
         ("[[capacity]]", format!("name = \"s\"\n{target}[[capacity]]\nmodels = [\"resnet_tiny\"]\nslo_p99_ms = 50\nbogus = 1\n")),
         ("[[groups]]", format!("name = \"s\"\n{target}[[groups]]\nlabel = \"g\"\ntargets = [\"a\"]\nbogus = 1\n")),
+        ("[[programs]]", format!("name = \"s\"\n{target}[[programs]]\nname = \"p\"\ncommand = [\"true\"]\nbogus = 1\n")),
         (
             "[groups.busy]",
             format!("name = \"s\"\n{target}[[groups]]\nlabel = \"g\"\ntargets = [\"a\"]\n[groups.busy]\nmodel = \"resnet_tiny\"\nbatch = 1\nbogus = 1\n"),

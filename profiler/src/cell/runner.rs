@@ -18,6 +18,7 @@ use crate::device::{DeviceSpec, OpenDevice};
 use crate::load::generation::{ServeJob, ServeOutcome};
 use crate::load::job::{JobOutcome, LoadJob, Rates};
 use crate::load::settings::Keys;
+use crate::program::{launch, rows, ProgramOptions};
 use crate::provenance;
 use crate::results::runs::{write_failure, write_run};
 use crate::run::fingerprint::Fingerprint;
@@ -170,6 +171,10 @@ pub fn run(
             };
             crate::load::generation::run(job, device, context, &identity, out, log).map(Ran::Served)
         }
+        // A program runs beside a device migprof must not hold: it has its own runner.
+        Job::Program(_) => Err(anyhow::anyhow!(
+            "a program's cell runs by run_program, on a device this process does not open"
+        )),
         Job::Measure => fits_by_shape(cell, spec, device)
             .and_then(|()| execute(spec, device, context.clone(), identity))
             .and_then(|run| write_run(out, &run).map(|_| Ran::Measured(Box::new(run)))),
@@ -188,6 +193,47 @@ pub fn run(
         }
     }
     ran
+}
+
+/// Runs a user's program's cell (a sweep's `[[programs]]`) in the sweep's child: the program started
+/// on the cell's device as `migprof exec` starts it (this process opens no device of its own), the
+/// cell's row made of its phase's steps of the cell's batch and written. A program that did not end
+/// well, or reported no such steps, is an error saying so, whose row the sweep writes; the sweep's
+/// time limit ends this process, and with it the program's whole tree.
+pub fn run_program(cell: &CellSpec, invocation: Option<&str>, out: &Path) -> Result<Run> {
+    let job = cell.job.program().context("a program's cell without its program")?;
+    let target = cell.device.parse::<DeviceSpec>()?.for_program()?;
+    let mut context = RunContext::new_invocation(&target.info);
+    if let Some(id) = invocation {
+        context.invocation_id = id.to_string();
+    }
+    let options = ProgramOptions {
+        command: job.command.iter().map(std::ffi::OsString::from).collect(),
+        name: cell.model.clone(),
+        mode: workloads::Mode::parse(&cell.mode).map_err(anyhow::Error::msg)?,
+        precision: match cell.dtype.as_str() {
+            "" => None,
+            d => Some(d.parse().map_err(anyhow::Error::msg)?),
+        },
+        pattern: job
+            .step_pattern
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
+        warmup_steps: job.warmup_steps,
+        timeout: None,
+        sample_interval: (cell.sample_interval_ms > 0)
+            .then(|| std::time::Duration::from_millis(cell.sample_interval_ms)),
+    };
+    let outcome = launch::run(&options, &target, out);
+    if let Some(daemon) = target.daemon {
+        daemon.stop()?;
+    }
+    let batch = (cell.batch > 0).then_some(cell.batch);
+    let run = rows::cell_row(&outcome?, &options, &context, cell.identity(Status::Ok), batch)?;
+    write_run(out, &run)?;
+    Ok(run)
 }
 
 /// The cell's preflight: what its device cannot run is refused before the job builds anything, and

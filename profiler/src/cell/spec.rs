@@ -25,6 +25,7 @@ use crate::run::given::{self, Measuring};
 use crate::run::measure::{Stop, Warmup};
 use crate::run::record::{CellIdentity, FailedWorkload, Failure, Status};
 use crate::run::spec::{Precision, RunSpec};
+use crate::run::subject::{Program, StepsFrom};
 
 /// The dtypes a cell may ask for, as `--dtype` spells them.
 pub const DTYPES: [&str; 4] = ["f32", "bf16", "f16", "tf32"];
@@ -133,6 +134,21 @@ pub enum Job {
     /// Serves a language model by the continuous batcher under open-loop load (`serve` and
     /// `serve_capacity` rows).
     Serve(crate::load::settings::ServeSettings),
+    /// Runs a user's program and measures the steps it reports (a `runs` row, as `migprof exec`):
+    /// the cell's `model` is its name, `mode` the phase measured, `batch` the items a step (0: what
+    /// it runs).
+    Program(ProgramJob),
+}
+
+/// A program cell's command and how its steps are read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgramJob {
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_pattern: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_steps: Option<usize>,
 }
 
 impl Job {
@@ -152,6 +168,14 @@ impl Job {
     pub fn serve(&self) -> Option<&crate::load::settings::ServeSettings> {
         match self {
             Job::Serve(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// A program's job.
+    pub fn program(&self) -> Option<&ProgramJob> {
+        match self {
+            Job::Program(p) => Some(p),
             _ => None,
         }
     }
@@ -224,6 +248,8 @@ impl CellSpec {
             Job::Measure => {}
             Job::Load(l) => fields.push(("load", l.identity())),
             Job::Serve(s) => fields.push(("serve", s.identity())),
+            // Its arguments one per line, as a shell could not run them together by mistake.
+            Job::Program(p) => fields.push(("program", p.command.join("\u{1f}"))),
         }
         if let Some(g) = &self.concurrency_group {
             fields.push(("concurrency_group", g.clone()));
@@ -283,6 +309,10 @@ impl CellSpec {
     /// What the cell's row measures with that is not in its id: `key=value;…` in a fixed order. A
     /// rerun whose settings differ from its latest row's runs the cell again.
     pub fn settings(&self) -> String {
+        if let Job::Program(p) = &self.job {
+            let warmup = p.warmup_steps.map_or("auto".to_string(), |n| n.to_string());
+            return format!("warmup_steps={warmup};sample_interval_ms={}", self.sample_interval_ms);
+        }
         // A serving job's steps are set by its own settings, which are part of its id.
         if !self.job.is_measure() {
             return format!("sample_interval_ms={}", self.sample_interval_ms);
@@ -342,7 +372,16 @@ impl CellSpec {
             identity: self.identity(status),
             error,
             fingerprint,
-            program: None,
+            program: self.job.program().map(|p| Program {
+                name: self.model.clone(),
+                command: crate::program::command_line(&p.command),
+                exit_code: None,
+                exit_signal: None,
+                wall: None,
+                steps: StepsFrom::None,
+                device_memory_max_mib: None,
+                pids_seen: None,
+            }),
         }
     }
 

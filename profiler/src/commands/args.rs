@@ -5,14 +5,12 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::Result;
-use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
-use clap::{Args, ValueEnum};
+use clap::ValueEnum;
 use migprof::device::DeviceSpec;
+pub use migprof::run::given::KernelGiven;
 use migprof::run::limits;
 pub use migprof::run::limits::{parse_block_size, parse_seconds, parse_share};
 use migprof::run::spec::Precision;
-use workloads::kernels::options::{Attention, Convolutions, CudaGraphs, EncoderLayers, GemmAlgorithm};
-use workloads::kernels::KernelOptions;
 use workloads::Mode;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -171,83 +169,6 @@ impl From<DTypeArg> for Precision {
             DTypeArg::Tf32 => Precision::Tf32,
         }
     }
-}
-
-/// Kernel choices for experts comparing kernels (shown by --help, not -h). Each is part of what a run
-/// measures: every row records them as `kernel_options`.
-#[derive(Debug, Clone, Args)]
-#[command(next_help_heading = "Kernel options (recorded in every row as kernel_options)")]
-pub struct KernelArgs {
-    /// Attention's forward on a GPU: one fused kernel where the shape allows (a language model's
-    /// prefill one causal kernel, its decode steps' attention split over the cache), or products,
-    /// softmax and head moves as separate kernels.
-    #[arg(long, default_value = "fused", hide_short_help = true, value_parser = choice::<Attention>(Attention::NAMES, Attention::ALIASES))]
-    pub attention: Attention,
-
-    /// ViT and BERT encoder layers, Swin blocks and ResNet's residual blocks, in training on a GPU:
-    /// fused, one op each with a hand-written backward, or composed of their ops, each an edge of the
-    /// gradient graph (`op` and `ops` are older names of the two; rows record them as layers=op|ops).
-    /// A language model's decode steps at up to 8 sequences: fused, its projections and MLP as the
-    /// decode kernels (rotary embedding, cache write, gate and residual inside), or candle's ops.
-    #[arg(long, default_value = "fused", hide_short_help = true, value_parser = choice::<EncoderLayers>(EncoderLayers::NAMES, EncoderLayers::ALIASES))]
-    pub encoder_layers: EncoderLayers,
-
-    /// cuBLASLt's algorithm per product shape: the fastest of its candidates, timed on first use, or
-    /// its heuristic's first guess (what PyTorch launches). Default timed; for a language model
-    /// served by `load`, whose prompts make a new shape of nearly every product, heuristic.
-    #[arg(long, hide_short_help = true, value_parser = choice::<GemmAlgorithm>(GemmAlgorithm::NAMES, GemmAlgorithm::ALIASES))]
-    pub gemm_algorithm: Option<GemmAlgorithm>,
-
-    /// Steps on a GPU replayed as CUDA graphs: each shape's second step captured, every later one
-    /// replayed with one launch (as torch.compile's "reduce-overhead" does), so that small batches
-    /// measure the GPU and not the host's kernel launches. on: inference and training steps; infer:
-    /// inference steps only; off: every kernel launched at every step.
-    #[arg(long, default_value = "on", hide_short_help = true, value_parser = choice::<CudaGraphs>(CudaGraphs::NAMES, CudaGraphs::ALIASES))]
-    pub cuda_graphs: CudaGraphs,
-
-    /// ResNet's convolutions on a GPU in half types or TF32: nhwc, on cuDNN's current engines (as
-    /// PyTorch's channels_last reaches), in inference each with its batch norm, residual add and ReLU
-    /// fused, in training with batch norm over NHWC; or nchw, on cuDNN's legacy calls.
-    #[arg(long, default_value = "nhwc", hide_short_help = true, value_parser = choice::<Convolutions>(Convolutions::NAMES, Convolutions::ALIASES))]
-    pub convs: Convolutions,
-}
-
-impl KernelArgs {
-    pub fn options(&self) -> KernelOptions {
-        KernelOptions {
-            attention: self.attention,
-            layers: self.encoder_layers,
-            gemm: self.gemm_algorithm.unwrap_or(GemmAlgorithm::Timed),
-            graphs: self.cuda_graphs,
-            convs: self.convs,
-        }
-    }
-
-    /// The options of a language model served by a continuous batcher
-    /// ([`KernelOptions::serving`]), with `--gemm-algorithm` where it is given (the row says
-    /// graphs=off).
-    pub fn serving_options(&self) -> KernelOptions {
-        let served = self.options().serving();
-        KernelOptions {
-            gemm: self.gemm_algorithm.unwrap_or(served.gemm),
-            ..served
-        }
-    }
-}
-
-/// A parser that accepts exactly `names` and their older spellings `aliases` (clap lists the names in
-/// the help and in its errors) and parses the one given.
-pub fn choice<T>(
-    names: &'static [&'static str],
-    aliases: &'static [(&'static str, &'static str)],
-) -> impl TypedValueParser<Value = T>
-where
-    T: std::str::FromStr<Err = String> + Clone + Send + Sync + 'static,
-{
-    let values = names.iter().map(|&name| {
-        PossibleValue::new(name).aliases(aliases.iter().filter(|(_, to)| *to == name).map(|(alias, _)| *alias))
-    });
-    PossibleValuesParser::new(values).map(|name| name.parse::<T>().expect("clap accepted a listed name"))
 }
 
 /// One of `--batch`'s sizes (comma-separated: `--batch 1,8,32`).

@@ -20,7 +20,7 @@ use workloads::Mode;
 
 use migprof::run::limits::TOKENS;
 
-use super::args::{as_mps_client, device_or_default, parse_model, parse_rate, report_hint, DTypeArg, KernelArgs};
+use super::args::{as_mps_client, device_or_default, parse_model, parse_rate, report_hint, DTypeArg, KernelGiven};
 
 #[derive(Debug, Clone, Args)]
 pub struct LoadArgs {
@@ -76,7 +76,7 @@ pub struct LoadArgs {
     #[command(flatten)]
     pub serving: ServeGiven,
     #[command(flatten)]
-    pub kernels: KernelArgs,
+    pub kernels: KernelGiven,
 }
 
 /// A search that finds no rate within the objective has still measured: its row says so, and the

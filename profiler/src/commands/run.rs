@@ -23,7 +23,7 @@ use migprof::run::limits::{ITERATIONS, TOKENS};
 
 use super::args::{
     as_mps_client, at_least_one, device_or_default, parse_batch, parse_block_size, parse_model_list,
-    parse_non_negative, report_hint, split_models, DTypeArg, KernelArgs, KvLayoutArg, MasterWeightsArg, ModeArg,
+    parse_non_negative, report_hint, split_models, DTypeArg, KernelGiven, KvLayoutArg, MasterWeightsArg, ModeArg,
     OptimizerArg,
 };
 
@@ -132,7 +132,7 @@ pub struct RunArgs {
     pub out: PathBuf,
 
     #[command(flatten)]
-    pub kernels: KernelArgs,
+    pub kernels: KernelGiven,
 }
 
 /// What `migprof run` measured: the runs written, and the run that failed, which ended the list.

@@ -158,6 +158,11 @@ fn run(args: &SweepArgs, log: &mut dyn Write) -> Result<bool> {
         migprof::sweep::preview::dry_run(&file, &opts, log)?;
         return Ok(true);
     }
+    // A program that is not here would fail every one of its cells: said before any runs.
+    for p in &file.programs {
+        migprof::program::launch::check_command(&p.command_for(None))
+            .with_context(|| format!("[[programs]] `{}`", p.name))?;
+    }
     let exe = std::env::current_exe().context("finding this migprof to start its cells")?;
     let summary = schedule::run(&file, &opts, &exe, log)?;
     writeln!(log, "{}; rows in {}", said(&summary), rows_in(&file, &args.out))?;

@@ -3,7 +3,6 @@
 //! timeout and the signals migprof gets passed on. What it comes to is an [`Outcome`].
 
 use std::collections::BTreeSet;
-use std::ffi::OsString;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -54,13 +53,14 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// The last lines of its standard error (else its output), for a row that says why it failed.
+    /// The last lines of its standard error (else its output) on one line, `|` between them, for a
+    /// row that says why it failed.
     pub fn last_lines(&self, n: usize) -> String {
         for name in ["stderr.log", "stdout.log"] {
             let text = std::fs::read_to_string(self.dir.join(name)).unwrap_or_default();
             let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
             if !lines.is_empty() {
-                return lines[lines.len().saturating_sub(n)..].join("\n");
+                return lines[lines.len().saturating_sub(n)..].join(" | ");
             }
         }
         String::new()
@@ -69,7 +69,7 @@ impl Outcome {
 
 /// The command's program as the keeper will find it: a path that is an executable file, or a name
 /// on PATH. Checked before anything starts, so that a typo is an error naming it.
-pub fn check_command(command: &[OsString]) -> Result<()> {
+pub fn check_command<S: AsRef<std::ffi::OsStr>>(command: &[S]) -> Result<()> {
     let Some(program) = command.first() else {
         bail!("no command: give the program after `--`, e.g. migprof exec --device cpu -- python3 train.py");
     };
@@ -78,6 +78,7 @@ pub fn check_command(command: &[OsString]) -> Result<()> {
         p.metadata()
             .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
     };
+    let program = program.as_ref();
     let path = Path::new(program);
     let found = if path.components().count() > 1 {
         executable(path)

@@ -62,11 +62,11 @@ pub fn default_name(command: &[OsString]) -> String {
 }
 
 /// The command as one line, each argument quoted where a shell would need it.
-pub fn command_line(command: &[OsString]) -> String {
+pub fn command_line<S: AsRef<std::ffi::OsStr>>(command: &[S]) -> String {
     command
         .iter()
         .map(|a| {
-            let a = a.to_string_lossy();
+            let a = a.as_ref().to_string_lossy();
             let plain = !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
             if plain {
                 a.into_owned()

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use sha2::{Digest, Sha256};
 use workloads::Mode;
 
@@ -60,13 +60,7 @@ pub fn rows(outcome: &Outcome, options: &ProgramOptions, target: &str, context: 
     }
     let (groups, notes) = measured(&outcome.steps, options.warmup_steps);
     let groups = if outcome.steps.is_empty() {
-        // Nothing reported: the whole run is its one step.
-        vec![Group {
-            mode: options.mode,
-            items: 1,
-            latencies_ns: vec![outcome.wall.as_nanos().max(1) as u64],
-            warmup_steps: 0,
-        }]
+        vec![whole_run(outcome, options.mode)]
     } else {
         groups
     };
@@ -96,6 +90,68 @@ pub fn rows(outcome: &Outcome, options: &ProgramOptions, target: &str, context: 
         failure: None,
         notes,
     })
+}
+
+/// The row of a sweep's program cell, `identity` its: the steps of its phase (`options.mode`) and
+/// of `batch` items (of the one size it ran where `None`; its whole run where it reported no step);
+/// an error saying why there is none.
+pub fn cell_row(
+    outcome: &Outcome,
+    options: &ProgramOptions,
+    context: &RunContext,
+    identity: CellIdentity,
+    batch: Option<usize>,
+) -> Result<Run> {
+    if let Some((_, why)) = failed(outcome) {
+        bail!(why);
+    }
+    let program = describe(outcome, options);
+    let mut context = context.clone();
+    context.expected.pids.extend(outcome.pids.iter().copied());
+    if outcome.steps.is_empty() && batch.is_none() {
+        return row(
+            outcome,
+            options,
+            &program,
+            whole_run(outcome, options.mode),
+            &context,
+            identity,
+        );
+    }
+    let (groups, notes) = measured(&outcome.steps, options.warmup_steps);
+    let mode = options.mode;
+    let mut mine: Vec<Group> = groups
+        .into_iter()
+        .filter(|g| g.mode == mode && batch.is_none_or(|b| g.items == b))
+        .collect();
+    match mine.len() {
+        1 => row(outcome, options, &program, mine.remove(0), &context, identity),
+        0 => bail!(
+            "the program reported no {} {} step(s) of {} after warm-up ({} step(s) in all{}{})",
+            MIN_STEPS,
+            mode.as_str(),
+            batch.map_or("any size".to_string(), |b| format!("{b} item(s)")),
+            outcome.steps.len(),
+            if notes.is_empty() { "" } else { "; " },
+            notes.join("; ")
+        ),
+        _ => bail!(
+            "the program reported {} steps of {} sizes ({}): give its batches in the sweep file (batches = [..] and {{batch}} in the command) so that each is a cell",
+            mode.as_str(),
+            mine.len(),
+            mine.iter().map(|g| g.items.to_string()).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
+
+/// A program that reported no step: its whole run as its one step.
+fn whole_run(outcome: &Outcome, mode: Mode) -> Group {
+    Group {
+        mode,
+        items: 1,
+        latencies_ns: vec![outcome.wall.as_nanos().max(1) as u64],
+        warmup_steps: 0,
+    }
 }
 
 /// The row of one phase and size.
@@ -142,7 +198,7 @@ fn failed(o: &Outcome) -> Option<(Status, String)> {
         if lines.is_empty() {
             why
         } else {
-            format!("{why}; its last lines:\n{lines}")
+            format!("{why}; its last lines: {lines}")
         }
     };
     if o.ended.error.is_some() {
@@ -259,7 +315,7 @@ fn describe(o: &Outcome, options: &ProgramOptions) -> Program {
         command: super::command_line(&options.command),
         exit_code: o.ended.code,
         exit_signal: o.ended.signal,
-        wall: o.wall,
+        wall: Some(o.wall),
         steps: o.steps_from,
         device_memory_max_mib: memory.filter(|_| sampled),
         pids_seen: sampled.then_some(seen),
@@ -331,6 +387,7 @@ fn workload(options: &ProgramOptions) -> FailedWorkload {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run::subject::StepsFrom;
     use std::time::Duration;
 
     fn step(ms: u64, items: u64, phase: Phase) -> Step {
@@ -363,6 +420,80 @@ mod tests {
         assert_eq!((groups[0].latencies_ns.len(), groups[0].warmup_steps), (3, 1));
         let (groups, _) = measured(&marked, Some(2));
         assert!(groups.is_empty(), "two more left out leave one");
+    }
+
+    fn outcome(steps: Vec<Step>) -> Outcome {
+        let now = crate::provenance::now();
+        Outcome {
+            run_id: crate::provenance::run_id(now),
+            started_at: now,
+            finished_at: now,
+            wall: Duration::from_secs(2),
+            ended: super::super::keeper::Ended {
+                pid: Some(1),
+                code: Some(0),
+                ..Default::default()
+            },
+            timed_out: false,
+            interrupted: None,
+            steps,
+            steps_from: StepsFrom::Protocol,
+            malformed: Vec::new(),
+            metrics: None,
+            pids: BTreeSet::new(),
+            dir: std::path::PathBuf::from("/nonexistent"),
+        }
+    }
+
+    /// A sweep's cell is one phase at one size: the batch it asks for, or the one size the program
+    /// ran; several sizes without a batch are refused, saying what to give.
+    #[test]
+    fn a_cell_s_row_is_its_phase_at_its_size() {
+        let options = ProgramOptions {
+            command: vec!["serve".into()],
+            name: "serve".into(),
+            mode: Mode::Infer,
+            precision: None,
+            pattern: None,
+            warmup_steps: Some(0),
+            timeout: None,
+            sample_interval: None,
+        };
+        let info = crate::device::DeviceSpec::Cpu.for_program().unwrap().info;
+        let context = RunContext::new_invocation(&info);
+        let identity = || crate::run::record::tests::identity_with(Status::Ok);
+        let infer = Phase::Measured(Mode::Infer);
+        let steps: Vec<Step> = (0..4)
+            .map(|_| step(10, 8, infer))
+            .chain((0..4).map(|_| step(30, 32, infer)))
+            .chain((0..4).map(|_| step(90, 32, Phase::Measured(Mode::Train))))
+            .collect();
+        let o = outcome(steps);
+        let run = cell_row(&o, &options, &context, identity(), Some(32)).unwrap();
+        assert_eq!((run.batch, run.stats.iterations, run.mode), (32, 4, Mode::Infer));
+        let e = cell_row(&o, &options, &context, identity(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("infer steps of 2 sizes (8, 32)"), "{e}");
+        assert!(e.contains("batches = [..]"), "{e}");
+        let e = cell_row(&o, &options, &context, identity(), Some(16))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no 3 infer step(s) of 16 item(s)"), "{e}");
+        // Nothing reported: the whole run is the cell's one step.
+        let run = cell_row(&outcome(Vec::new()), &options, &context, identity(), None).unwrap();
+        assert_eq!((run.batch, run.stats.iterations), (1, 1));
+        let failed = Outcome {
+            ended: super::super::keeper::Ended {
+                code: Some(2),
+                ..Default::default()
+            },
+            ..outcome(Vec::new())
+        };
+        let e = cell_row(&failed, &options, &context, identity(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("exit code 2"), "{e}");
     }
 
     #[test]

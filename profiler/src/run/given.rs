@@ -1,5 +1,6 @@
-//! How long and how a run is measured, declared once for both places it is given in: `migprof run`'s
-//! flags (clap) and a sweep file's `[defaults]` keys (serde). A field's name is its key and its
+//! How long and how a run is measured ([`MeasureGiven`]) and the kernels it measures with
+//! ([`KernelGiven`]), each declared once for both places it is given in: `migprof run`'s flags
+//! (clap) and a sweep file's `[defaults]` and `[[matrix]]` keys (serde). A field's name is its key and its
 //! flag's id; its flag is `--` and the key in kebab case unless its `#[arg]` says otherwise
 //! (`--duration` for `duration_secs`). What was not given takes the defaults of where it was given
 //! ([`RUN`] or [`SWEEP`]), applied in [`MeasureGiven::resolve`]; the bounds are checked by the same
@@ -11,8 +12,11 @@
 
 use std::time::Duration;
 
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::Args;
 use serde::{Deserialize, Serialize};
+use workloads::kernels::options::{Attention, Convolutions, CudaGraphs, EncoderLayers, GemmAlgorithm};
+use workloads::kernels::KernelOptions;
 
 use crate::run::limits::{self, parse_percent, parse_seconds};
 use crate::run::measure::{Stop, Warmup};
@@ -51,6 +55,103 @@ pub struct MeasureGiven {
     #[arg(long)]
     #[serde(default)]
     pub seed: Option<u64>,
+}
+
+/// The kernel choices a run measures with, for both places they are given: `migprof run`'s and
+/// `migprof load`'s flags and a sweep's `[[matrix]]` keys of the same names. Each row records them
+/// as `kernel_options`; what was not given takes [`KernelOptions::default`]'s.
+#[derive(Debug, Clone, Default, PartialEq, Args, Deserialize)]
+#[command(next_help_heading = "Kernel options (recorded in every row as kernel_options)")]
+#[serde(deny_unknown_fields)]
+pub struct KernelGiven {
+    /// Attention's forward on a GPU: one fused kernel where the shape allows (a language model's
+    /// prefill one causal kernel, its decode steps' attention split over the cache), or products,
+    /// softmax and head moves as separate kernels. Default fused.
+    #[arg(long, hide_short_help = true, value_parser = choice::<Attention>(Attention::NAMES, Attention::ALIASES))]
+    #[serde(default, deserialize_with = "named")]
+    pub attention: Option<Attention>,
+
+    /// ViT and BERT encoder layers, Swin blocks and ResNet's residual blocks, in training on a GPU:
+    /// fused, one op each with a hand-written backward, or composed of their ops, each an edge of the
+    /// gradient graph (`op` and `ops` are older names of the two; rows record them as layers=op|ops).
+    /// A language model's decode steps at up to 8 sequences: fused, its projections and MLP as the
+    /// decode kernels (rotary embedding, cache write, gate and residual inside), or candle's ops.
+    /// Default fused.
+    #[arg(long, hide_short_help = true, value_parser = choice::<EncoderLayers>(EncoderLayers::NAMES, EncoderLayers::ALIASES))]
+    #[serde(default, deserialize_with = "named")]
+    pub encoder_layers: Option<EncoderLayers>,
+
+    /// cuBLASLt's algorithm per product shape: the fastest of its candidates, timed on first use, or
+    /// its heuristic's first guess (what PyTorch launches). Default timed; for a language model
+    /// served by `load`, whose prompts make a new shape of nearly every product, heuristic.
+    #[arg(long, hide_short_help = true, value_parser = choice::<GemmAlgorithm>(GemmAlgorithm::NAMES, GemmAlgorithm::ALIASES))]
+    #[serde(default, deserialize_with = "named")]
+    pub gemm_algorithm: Option<GemmAlgorithm>,
+
+    /// Steps on a GPU replayed as CUDA graphs: each shape's second step captured, every later one
+    /// replayed with one launch (as torch.compile's "reduce-overhead" does), so that small batches
+    /// measure the GPU and not the host's kernel launches. on: inference and training steps; infer:
+    /// inference steps only; off: every kernel launched at every step. Default on.
+    #[arg(long, hide_short_help = true, value_parser = choice::<CudaGraphs>(CudaGraphs::NAMES, CudaGraphs::ALIASES))]
+    #[serde(default, deserialize_with = "named")]
+    pub cuda_graphs: Option<CudaGraphs>,
+
+    /// ResNet's convolutions on a GPU in half types or TF32: nhwc, on cuDNN's current engines (as
+    /// PyTorch's channels_last reaches), in inference each with its batch norm, residual add and ReLU
+    /// fused, in training with batch norm over NHWC; or nchw, on cuDNN's legacy calls. Default nhwc.
+    #[arg(long, hide_short_help = true, value_parser = choice::<Convolutions>(Convolutions::NAMES, Convolutions::ALIASES))]
+    #[serde(default, deserialize_with = "named")]
+    pub convs: Option<Convolutions>,
+}
+
+impl KernelGiven {
+    /// The options, what was not given taking the defaults.
+    pub fn options(&self) -> KernelOptions {
+        let d = KernelOptions::default();
+        KernelOptions {
+            attention: self.attention.unwrap_or(d.attention),
+            layers: self.encoder_layers.unwrap_or(d.layers),
+            gemm: self.gemm_algorithm.unwrap_or(d.gemm),
+            graphs: self.cuda_graphs.unwrap_or(d.graphs),
+            convs: self.convs.unwrap_or(d.convs),
+        }
+    }
+
+    /// The options of a language model served by a continuous batcher
+    /// ([`KernelOptions::serving`]), with the GEMM algorithm where it is given (the row says
+    /// graphs=off).
+    pub fn serving_options(&self) -> KernelOptions {
+        let served = self.options().serving();
+        KernelOptions {
+            gemm: self.gemm_algorithm.unwrap_or(served.gemm),
+            ..served
+        }
+    }
+}
+
+/// A parser that accepts exactly `names` and their older spellings `aliases` (clap lists the names
+/// in the help and in its errors) and parses the one given.
+pub fn choice<T>(
+    names: &'static [&'static str],
+    aliases: &'static [(&'static str, &'static str)],
+) -> impl TypedValueParser<Value = T>
+where
+    T: std::str::FromStr<Err = String> + Clone + Send + Sync + 'static,
+{
+    let values = names.iter().map(|&name| {
+        PossibleValue::new(name).aliases(aliases.iter().filter(|(_, to)| *to == name).map(|(alias, _)| *alias))
+    });
+    PossibleValuesParser::new(values).map(|name| name.parse::<T>().expect("clap accepted a listed name"))
+}
+
+/// A choice as a file writes it: its name (or an older spelling), parsed as its flag parses it.
+fn named<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: std::str::FromStr<Err = String>,
+{
+    let name = String::deserialize(d)?;
+    name.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
 /// What a setting not given takes, where defaults differ by where it is given.

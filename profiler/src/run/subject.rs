@@ -23,8 +23,8 @@ pub struct Program {
     /// Its exit code, when it exited; the signal that ended it, when one did.
     pub exit_code: Option<i32>,
     pub exit_signal: Option<i32>,
-    /// From its start to its end.
-    pub wall: Duration,
+    /// From its start to its end; `None` where it did not run to an end migprof saw.
+    pub wall: Option<Duration>,
     /// Where its steps came from.
     pub steps: StepsFrom,
     /// The most device memory its processes held at once, as NVML lists them; `None` where nothing

@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Result};
 
-use super::file::{BatchSize, CapacitySearch, Served, SweepFile, Target};
+use super::file::{BatchSize, CapacitySearch, Program, Served, SweepFile, Target};
 use crate::cell::{CellSpec, Purpose, CELL_SPEC_VERSION};
 use workloads::TrainConfig;
 
@@ -111,6 +111,7 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
             }
         }
     }
+    out.extend(program_cells(file, &mut alone));
     let mut instances = std::collections::HashSet::new();
     for g in &file.groups {
         let targets: Vec<&Target> = g
@@ -183,19 +184,20 @@ impl Work {
 fn matrix_work(file: &SweepFile) -> Result<Vec<Work>> {
     let mut out = Vec::new();
     for m in &file.matrix {
-        let kernels = m.kernel_options()?.canonical();
-        let master_weights = m.master_weights()?;
-        for model in &m.models {
+        let kernels = m.kernels.options().canonical();
+        let master_weights = m.cells.master_weights()?;
+        for model in &m.cells.models {
             let (_, info) = workloads::lookup(model)?;
             let model_sha256 = crate::cell::spec::model_sha256(model)?;
             // Image models have no sequence length: one cell, not one per listed length.
-            let seq_lens: Vec<Option<usize>> = match (info.input.seq_len(), m.seq_lens.is_empty()) {
-                (Some(_), false) => m.seq_lens.iter().map(|&l| Some(l)).collect(),
+            let seq_lens: Vec<Option<usize>> = match (info.input.seq_len(), m.cells.seq_lens.is_empty()) {
+                (Some(_), false) => m.cells.seq_lens.iter().map(|&l| Some(l)).collect(),
                 _ => vec![None],
             };
             // A mixed matrix runs each model in the modes that apply to it (the file's check made
             // sure one does).
             let modes = m
+                .cells
                 .modes
                 .iter()
                 .map(|mode| workloads::Mode::parse(mode))
@@ -205,17 +207,17 @@ fn matrix_work(file: &SweepFile) -> Result<Vec<Work>> {
             for mode in modes {
                 let generate = mode == workloads::Mode::Generate;
                 let lengths: Vec<Option<workloads::Lengths>> = if generate {
-                    m.lengths().into_iter().map(Some).collect()
+                    m.cells.lengths().into_iter().map(Some).collect()
                 } else {
                     vec![None]
                 };
                 let layouts = if generate {
-                    m.kv_layouts()?
+                    m.cells.kv_layouts()?
                 } else {
                     vec![workloads::KvLayout::default()]
                 };
-                for dtype in &m.dtypes {
-                    for &batch in &m.batches {
+                for dtype in &m.cells.dtypes {
+                    for &batch in &m.cells.batches {
                         for &seq_len in &seq_lens {
                             for (&lengths, &kv_layout) in
                                 lengths.iter().flat_map(|l| layouts.iter().map(move |k| (l, k)))
@@ -327,6 +329,54 @@ fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &Capaci
         Served::Passes => cell.job = crate::cell::Job::Load(search.load_settings(seed)),
         Served::Generation => cell.serve_with(search.serve_settings(seed)),
     }
+    cell
+}
+
+/// The cells of the file's programs on every target that runs alone, each once (`alone` holds the
+/// ids planned so far).
+fn program_cells(file: &SweepFile, alone: &mut std::collections::HashSet<String>) -> Vec<PlannedCell> {
+    let mut out = Vec::new();
+    for program in &file.programs {
+        for target in file.targets.iter().filter(|t| t.alone) {
+            for batch in program.cells() {
+                for repeat in 0..file.defaults.repeats {
+                    let spec = program_cell(file, target, program, batch, repeat);
+                    if alone.insert(spec.cell_id()) {
+                        out.push(PlannedCell {
+                            batch: BatchSize::Fixed(spec.batch),
+                            spec,
+                            group: None,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The cell of a user's program on `target` at `batch` (`None`: what it runs): its name as the
+/// model, its command with the batch, no kernel options of migprof's.
+fn program_cell(file: &SweepFile, target: &Target, p: &Program, batch: Option<usize>, repeat: u32) -> CellSpec {
+    let work = Work {
+        model: p.name.clone(),
+        model_sha256: None,
+        mode: p.mode.clone(),
+        dtype: p.dtype.clone().unwrap_or_default(),
+        batch: BatchSize::Fixed(batch.unwrap_or(0)),
+        seq_len: None,
+        lengths: None,
+        kv_layout: workloads::KvLayout::default(),
+        repeat,
+        kernels: String::new(),
+        master_weights: workloads::MasterWeights::default(),
+    };
+    let mut cell = cell(file, target, &work);
+    cell.job = crate::cell::Job::Program(crate::cell::spec::ProgramJob {
+        command: p.command_for(batch),
+        step_pattern: p.step_pattern.clone(),
+        warmup_steps: p.warmup_steps,
+    });
     cell
 }
 

@@ -66,6 +66,7 @@ pub(super) fn describe(c: &CellSpec) -> String {
             s.prompt,
             s.output
         ),
+        (Job::Program(p), _) => format!(" (program: {})", crate::program::command_line(&p.command)),
         (Job::Measure, Purpose::Probe) => " (max search)".to_string(),
         (Job::Measure, Purpose::Measure) => String::new(),
     };
@@ -76,11 +77,18 @@ pub(super) fn describe(c: &CellSpec) -> String {
         .unwrap_or_default();
     let size = match c.job {
         Job::Serve(_) => format!("up to {batch} sequences"),
+        Job::Program(_) if c.batch == 0 => "steps as it runs them".to_string(),
         _ => format!("batch {batch}"),
     };
+    // A program that did not say what it computes in has no dtype to show.
+    let dtype = if c.dtype.is_empty() {
+        String::new()
+    } else {
+        format!(" {}", c.dtype)
+    };
     format!(
-        "{} {} {} {} {size}{seq} #{}{what}{group}",
-        c.target, c.model, c.mode, c.dtype, c.repeat
+        "{} {} {}{dtype} {size}{seq} #{}{what}{group}",
+        c.target, c.model, c.mode, c.repeat
     )
 }
 
@@ -254,9 +262,14 @@ pub fn dry_run(file: &SweepFile, opts: &Options, log: &mut dyn Write) -> Result<
     } else {
         ""
     };
+    let program_note = if cells.iter().any(|(c, d)| !d && c.spec.job.program().is_some()) {
+        " (a program's cell counted as one cell: it runs as long as the program does, at most timeout_secs)"
+    } else {
+        ""
+    };
     writeln!(
         log,
-        "{} cell(s), {} done, {to_run} to run: about {} at {per_cell:.0} s a cell on one device{max_note}{serve_note}",
+        "{} cell(s), {} done, {to_run} to run: about {} at {per_cell:.0} s a cell on one device{max_note}{serve_note}{program_note}",
         cells.len(),
         cells.len() - to_run,
         duration(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))

@@ -25,6 +25,10 @@ pub fn run_cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: 
         if let Some(limit) = cell.timeout_secs {
             end_after(Duration::from_secs_f64(limit) + OWN_LIMIT_GRACE);
         }
+        if cell.job.program().is_some() {
+            let run = runner::run_program(&cell, invocation, out)?;
+            return Ok(result_line(&cell, &Ran::Measured(Box::new(run))));
+        }
         let spec = cell.run_spec()?;
         let target = Target::of_child(&cell, invocation)?;
         // A serving job's steps report their progress to the cell's log.

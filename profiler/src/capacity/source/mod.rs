@@ -792,7 +792,7 @@ mod tests {
             command: "python3 serve.py".into(),
             exit_code: Some(0),
             exit_signal: None,
-            wall: Duration::from_secs(1),
+            wall: Some(Duration::from_secs(1)),
             steps: crate::run::subject::StepsFrom::Protocol,
             device_memory_max_mib: None,
             pids_seen: None,

@@ -332,12 +332,8 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
     }
     let rows = read_rows(runs, column)?;
     // Where the selectors pick devices, devices are what is compared; otherwise each with itself.
-    // A field that follows from the selectors' column is left out with it: a contiguous cache has no
-    // block size, so kv_layout=contiguous against kv_layout=paged would otherwise match nothing.
-    let follows: &[&str] = match column {
-        "kv_layout" => &["kv_block_size"],
-        _ => &[],
-    };
+    // A field that follows from the selectors' column is left out with it.
+    let follows = follows_from(column);
     let mut key_fields: Vec<&'static str> = WORKLOAD
         .iter()
         .copied()
@@ -393,6 +389,19 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
         target_only: tgt.keys().filter(|k| !base.contains_key(*k)).count(),
         rows: out,
     })
+}
+
+/// The match fields that follow from the selectors' `column` and are left out with it: a
+/// contiguous cache has no block size (kv_layout=contiguous against kv_layout=paged would otherwise
+/// match nothing); a user's program (family `program`) has none of migprof's kernel options,
+/// optimizer, weights or sequence length, so against migprof's engine it is matched on model, mode,
+/// dtype and batch.
+fn follows_from(column: &str) -> &'static [&'static str] {
+    match column {
+        "kv_layout" => &["kv_block_size"],
+        "family" => &["seq_len", "kernel_options", "optimizer", "master_weights", "weights"],
+        _ => &[],
+    }
 }
 
 /// Of `rows`, each cell's latest (reruns replaced).

@@ -304,7 +304,7 @@ pub(super) static RUNS: &[Entry] = &[
     ),
     Float(
         "program_wall_s",
-        program!(|p: &crate::run::subject::Program| Some(p.wall.as_secs_f64())),
+        program!(|p: &crate::run::subject::Program| p.wall.map(|w| w.as_secs_f64())),
     ),
     Text(
         "program_steps",

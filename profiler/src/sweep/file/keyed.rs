@@ -28,6 +28,39 @@ pub fn typed<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T, St
         .map_err(|e: toml::de::Error| e.message().to_string())
 }
 
+/// The keys of a struct that derives `Deserialize`, as serde asks for them: the field names its
+/// derived code hands a deserializer (which answers nothing).
+pub fn keys_of<'de, T: Deserialize<'de>>() -> Vec<String> {
+    struct Asked(Vec<&'static str>);
+
+    impl<'de> Deserializer<'de> for &mut Asked {
+        type Error = serde::de::value::Error;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(Error::custom("not a struct"))
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            self.0 = fields.to_vec();
+            Err(Error::custom("asked"))
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option
+            unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+
+    let mut asked = Asked(Vec::new());
+    let _ = T::deserialize(&mut asked);
+    asked.0.into_iter().map(String::from).collect()
+}
+
 /// The table, each value read by its group.
 pub fn read<'de, D: Deserializer<'de>>(d: D, groups: &[Group]) -> Result<toml::Table, D::Error> {
     d.deserialize_map(Table { groups })
@@ -150,6 +183,13 @@ mod tests {
 
     fn err(text: &str) -> String {
         toml::from_str::<File>(text).err().unwrap().to_string()
+    }
+
+    #[test]
+    fn a_struct_s_keys_are_the_ones_serde_reads() {
+        assert_eq!(keys_of::<Small>(), ["n"]);
+        assert_eq!(keys_of::<File>(), ["name", "settings"]);
+        assert!(keys_of::<String>().is_empty());
     }
 
     #[test]

@@ -9,12 +9,14 @@ use serde::Deserialize;
 
 use crate::cell::spec::DTYPES;
 use crate::device::DeviceSpec;
-use crate::run::given::{self, group_keys, MeasureGiven, Measuring};
+use crate::run::given::{self, group_keys, KernelGiven, MeasureGiven, Measuring};
 use crate::run::limits;
 
 mod capacity;
 mod keyed;
+mod programs;
 pub use capacity::{CapacitySearch, Served};
+pub use programs::Program;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -32,6 +34,9 @@ pub struct SweepFile {
     /// Capacity searches: each model's highest rate within a p99 objective on every target run alone.
     #[serde(default)]
     pub capacity: Vec<CapacitySearch>,
+    /// The user's own programs, each measured on every target run alone (as `migprof exec`).
+    #[serde(default)]
+    pub programs: Vec<Program>,
 }
 
 /// A concurrent group: its targets run each matrix cell at the same time (a member's cell process per
@@ -176,15 +181,27 @@ fn yes() -> bool {
     true
 }
 
-/// A cross product of cells; several add up.
+/// A cross product of cells; several add up: what runs, and the kernels it runs with (the
+/// `--attention` and friends of `migprof run`, declared once in [`crate::run::given`]).
+#[derive(Debug, Clone)]
+pub struct Matrix {
+    pub cells: Cells,
+    pub kernels: KernelGiven,
+}
+
+/// What a matrix runs: the cross product of its lists.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Matrix {
+pub struct Cells {
+    /// At least one (the matrix's check says so: read key by key, nothing is missing here).
+    #[serde(default)]
     pub models: Vec<String>,
     #[serde(default = "infer")]
     pub modes: Vec<String>,
     #[serde(default = "f32")]
     pub dtypes: Vec<String>,
+    /// At least one.
+    #[serde(default)]
     pub batches: Vec<BatchSize>,
     /// Tokens per sequence for token models; image models ignore them. Default: the model's.
     #[serde(default)]
@@ -201,24 +218,31 @@ pub struct Matrix {
     pub kv_layouts: Vec<String>,
     #[serde(default)]
     pub kv_block_size: Option<workloads::BlockSize>,
-    /// Kernel options as `--attention` and friends take them; default: the defaults.
-    #[serde(default)]
-    pub attention: Option<String>,
-    #[serde(default)]
-    pub encoder_layers: Option<String>,
-    #[serde(default)]
-    pub gemm_algorithm: Option<String>,
-    /// "on", "infer" or "off": steps on a GPU replayed as CUDA graphs (default on: inference and
-    /// training steps; infer: inference steps only).
-    #[serde(default)]
-    pub cuda_graphs: Option<String>,
-    /// "nhwc" or "nchw": the layout ResNet's inference convolutions run in on a GPU (default nhwc).
-    #[serde(default)]
-    pub convs: Option<String>,
     /// "f32" or "none": bf16 and f16 training over f32 master weights (default) or on the weights
     /// themselves, as `--master-weights` takes it.
     #[serde(default)]
     pub master_weights: Option<String>,
+}
+
+/// Read key by key ([`keyed`]): the cells' keys and the kernel options', each value at its line.
+impl<'de> Deserialize<'de> for Matrix {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error;
+        let (cell_keys, kernel_keys) = (keyed::keys_of::<Cells>(), group_keys::<KernelGiven>());
+        let cells = |t: toml::Table| keyed::typed::<Cells>(t).map(|_| ());
+        let kernels = |t: toml::Table| keyed::typed::<KernelGiven>(t).map(|_| ());
+        let table = keyed::read(
+            d,
+            &[
+                keyed::Group::new(cell_keys.clone(), &cells),
+                keyed::Group::new(kernel_keys.clone(), &kernels),
+            ],
+        )?;
+        Ok(Matrix {
+            cells: keyed::take(&table, &cell_keys).map_err(D::Error::custom)?,
+            kernels: keyed::take(&table, &kernel_keys).map_err(D::Error::custom)?,
+        })
+    }
 }
 
 fn infer() -> Vec<String> {
@@ -299,11 +323,32 @@ impl SweepFile {
         if self.targets.iter().all(|t| !t.alone) && self.groups.is_empty() {
             bail!("every target has alone = false and there is no [[groups]]: nothing would run");
         }
-        if self.matrix.is_empty() && self.capacity.is_empty() {
-            bail!("no [[matrix]] and no [[capacity]]: give at least one, e.g. [[matrix]] models = [\"resnet18\"] batches = [1, 8]");
+        if self.matrix.is_empty() && self.capacity.is_empty() && self.programs.is_empty() {
+            bail!("no [[matrix]], [[capacity]] or [[programs]]: give at least one, e.g. [[matrix]] models = [\"resnet18\"] batches = [1, 8]");
         }
-        if !self.capacity.is_empty() && self.targets.iter().all(|t| !t.alone) {
-            bail!("[[capacity]] searches run on targets alone, and every target has alone = false");
+        if !(self.capacity.is_empty() && self.programs.is_empty()) && self.targets.iter().all(|t| !t.alone) {
+            bail!("[[capacity]] searches and [[programs]] run on targets alone, and every target has alone = false");
+        }
+        if let Some(t) = self.targets.iter().find(|t| {
+            !self.programs.is_empty()
+                && t.alone
+                && t.device
+                    .trim()
+                    .starts_with(crate::mps::MemoryEmulation::Partitioned.prefix())
+        }) {
+            bail!(
+                "[[targets]] `{}`: device {}: [[programs]] run on every target alone, and a program migprof did not write cannot be held to a memory-partitioned slice's bandwidth (its neighbour is calibrated against migprof's own kernels); use mps: for it, or alone = false",
+                t.label,
+                t.device
+            );
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, p) in self.programs.iter().enumerate() {
+            let at = format!("[[programs]] #{} `{}`", i + 1, p.name);
+            p.check(&at)?;
+            if !names.insert((p.name.as_str(), &p.command)) {
+                bail!("{at}: the same name and command twice: they would be the same cells");
+            }
         }
         for (i, c) in self.capacity.iter().enumerate() {
             c.check(&format!("[[capacity]] #{}", i + 1), self.defaults.measure.seed)?;
@@ -443,8 +488,14 @@ impl SweepFile {
 }
 
 impl Matrix {
-    /// One matrix (`at` names it): models, modes, batches, lengths, dtypes, kernel options, master
-    /// weights and cache layouts that a run takes.
+    /// One matrix (`at` names it): its cells (the kernel options were checked as they were read).
+    fn check(&self, at: &str) -> Result<()> {
+        self.cells.check(at)
+    }
+}
+
+impl Cells {
+    /// Models, modes, batches, lengths, dtypes, master weights and cache layouts that a run takes.
     fn check(&self, at: &str) -> Result<()> {
         for model in &self.models {
             workloads::check_name(model).map_err(|e| anyhow::anyhow!("{at}: models: {e}"))?;
@@ -508,7 +559,6 @@ impl Matrix {
                 bail!("{at}: {key} is empty");
             }
         }
-        self.kernel_options().with_context(|| at.to_string())?;
         self.master_weights().with_context(|| at.to_string())?;
         self.kv_layouts().with_context(|| at.to_string())?;
 
@@ -516,7 +566,7 @@ impl Matrix {
     }
 }
 
-impl Matrix {
+impl Cells {
     /// A generate cell's lengths: every pair of `prompt_lens` and `output_lens`, the defaults where
     /// one is not given.
     pub fn lengths(&self) -> Vec<workloads::Lengths> {
@@ -544,33 +594,6 @@ impl Matrix {
                 .map_err(|e| anyhow::anyhow!("master_weights: {e}")),
             None => Ok(workloads::MasterWeights::default()),
         }
-    }
-
-    pub fn kernel_options(&self) -> Result<workloads::kernels::KernelOptions> {
-        use workloads::kernels::options::{Attention, Convolutions, CudaGraphs, EncoderLayers, GemmAlgorithm};
-        let mut k = workloads::kernels::KernelOptions::default();
-        if let Some(a) = &self.attention {
-            k.attention = a.parse::<Attention>().map_err(|e| anyhow::anyhow!("attention: {e}"))?;
-        }
-        if let Some(l) = &self.encoder_layers {
-            k.layers = l
-                .parse::<EncoderLayers>()
-                .map_err(|e| anyhow::anyhow!("encoder_layers: {e}"))?;
-        }
-        if let Some(g) = &self.gemm_algorithm {
-            k.gemm = g
-                .parse::<GemmAlgorithm>()
-                .map_err(|e| anyhow::anyhow!("gemm_algorithm: {e}"))?;
-        }
-        if let Some(g) = &self.cuda_graphs {
-            k.graphs = g
-                .parse::<CudaGraphs>()
-                .map_err(|e| anyhow::anyhow!("cuda_graphs: {e}"))?;
-        }
-        if let Some(c) = &self.convs {
-            k.convs = c.parse::<Convolutions>().map_err(|e| anyhow::anyhow!("convs: {e}"))?;
-        }
-        Ok(k)
     }
 }
 
@@ -609,7 +632,7 @@ seq_lens = [128]
         );
         assert_eq!(f.targets[1].device, "3g.40gb");
         assert_eq!(
-            f.matrix[0].batches,
+            f.matrix[0].cells.batches,
             vec![
                 BatchSize::Fixed(1),
                 BatchSize::Fixed(8),
@@ -618,6 +641,23 @@ seq_lens = [128]
                 BatchSize::Max
             ]
         );
+    }
+
+    #[test]
+    fn programs_are_checked_with_the_file() {
+        let file = |targets: &str, programs: &str| {
+            SweepFile::parse(&format!("name = \"p\"\n{targets}\n{programs}")).map_err(|e| format!("{e:#}"))
+        };
+        let cpu = "[[targets]]\nlabel = \"cpu\"\ndevice = \"cpu\"";
+        let program =
+            "[[programs]]\nname = \"train\"\ncommand = [\"python3\", \"train.py\", \"{batch}\"]\nbatches = [8]";
+        assert_eq!(file(cpu, program).unwrap().programs.len(), 1);
+        let e = file("[[targets]]\nlabel = \"1g\"\ndevice = \"mps-mem:1g.10gb\"", program).unwrap_err();
+        assert!(e.contains("`1g`") && e.contains("memory-partitioned"), "{e}");
+        let e = file(cpu, &format!("{program}\n{program}")).unwrap_err();
+        assert!(e.contains("[[programs]] #2 `train`") && e.contains("twice"), "{e}");
+        let e = file(cpu, "[[programs]]\nname = \"x\"\ncommand = [\"x\", \"{batch}\"]").unwrap_err();
+        assert!(e.contains("[[programs]] #1 `x`") && e.contains("no batches"), "{e}");
     }
 
     #[test]
