@@ -131,7 +131,7 @@ fn raw_step_lines_make_a_row_per_phase_and_size_and_rows_already_written_stay() 
     let o = exec(&out, &["--name", "serve", "--warmup-steps", "0"], &["sh", "-c", lines]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(
-        text(&o).contains("1 infer step(s) of 2 item(s) left out"),
+        text(&o).contains("1 infer step(s) of 2 item(s) after warm-up left out"),
         "{}",
         text(&o)
     );
@@ -149,6 +149,9 @@ fn raw_step_lines_make_a_row_per_phase_and_size_and_rows_already_written_stay() 
     assert!(f64s(&runs, "program_wall_s")[0] >= 0.3);
     let ids = strings(&runs, "cell_id");
     assert!(ids[1] != ids[2], "each size is a cell of its own");
+    // One program's rows are one measurement, not two runs that shared the device.
+    let o = run(&["check", out.to_str().unwrap()]);
+    assert!(o.status.success() && text(&o).contains("no problems"), "{}", text(&o));
 }
 
 #[test]
@@ -161,9 +164,10 @@ fn a_step_pattern_reads_a_program_that_cannot_be_edited() {
         dir.path(),
         "bench.py",
         r#"
-import sys
+import sys, time
 print("loading")
 for i, ms in enumerate([90, 12, 11, 13, 12]):
+    time.sleep(ms / 1000)
     print(f"iter {i}: {ms} ms, batch 16", file=sys.stderr if i % 2 else sys.stdout, flush=True)
 "#,
     );
@@ -316,6 +320,9 @@ fn what_a_program_leaves_running_is_stopped_and_a_sigterm_reaches_it() {
     let o = exec(&out, &[], &["sh", "-c", "setsid sleep 300 & exit 0"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("left 1 process(es) running"), "{}", text(&o));
+    // Its time is its own, not the stopping of what it left.
+    let wall = f64s(&read_table(&out, Table::Runs).unwrap(), "program_wall_s")[0];
+    assert!(wall < 1.5, "{wall}");
     assert!(started.elapsed() < Duration::from_secs(20));
 
     let migprof = migprof()
@@ -431,7 +438,7 @@ name = "sizes"
 command = ["sh", "-c", '{steps}; echo "{{\"duration_ms\": 1, \"items\": 9}}" >> "$MIGPROF_STEPS"', "sh", "3"]
 [[programs]]
 name = "bad"
-command = ["sh", "-c", "echo broken >&2; exit 4"]
+command = ["sh", "-c", "echo broken >&2; printf 'caf\\351\\n' >&2; exit 4"]
 "#
         ),
     )

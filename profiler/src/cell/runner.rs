@@ -227,12 +227,12 @@ pub fn run_program(cell: &CellSpec, invocation: Option<&str>, out: &Path) -> Res
             .then(|| std::time::Duration::from_millis(cell.sample_interval_ms)),
     };
     let outcome = launch::run(&options, &target, out);
-    if let Some(daemon) = target.daemon {
-        daemon.stop()?;
-    }
+    // Stopped now, its error said after the row is written: it loses no measurement.
+    let stopped = target.daemon.map(|d| d.stop());
     let batch = (cell.batch > 0).then_some(cell.batch);
     let run = rows::cell_row(&outcome?, &options, &context, cell.identity(Status::Ok), batch)?;
     write_run(out, &run)?;
+    stopped.transpose()?;
     Ok(run)
 }
 

@@ -249,7 +249,13 @@ impl CellSpec {
             Job::Load(l) => fields.push(("load", l.identity())),
             Job::Serve(s) => fields.push(("serve", s.identity())),
             // Its arguments one per line, as a shell could not run them together by mistake.
-            Job::Program(p) => fields.push(("program", p.command.join("\u{1f}"))),
+            Job::Program(p) => {
+                fields.push(("program", p.command.join("\u{1f}")));
+                // Another pattern reads other steps: another cell.
+                if let Some(pattern) = &p.step_pattern {
+                    fields.push(("step_pattern", pattern.clone()));
+                }
+            }
         }
         if let Some(g) = &self.concurrency_group {
             fields.push(("concurrency_group", g.clone()));
@@ -379,6 +385,7 @@ impl CellSpec {
                 exit_signal: None,
                 wall: None,
                 steps: StepsFrom::None,
+                step_pattern: p.step_pattern.clone(),
                 device_memory_max_mib: None,
                 pids_seen: None,
             }),

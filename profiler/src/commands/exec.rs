@@ -60,12 +60,12 @@ pub struct ExecArgs {
     #[arg(long, value_name = "REGEX", value_parser = |s: &str| s.parse::<Pattern>())]
     pub step_pattern: Option<Pattern>,
 
-    /// Measured steps of each phase left out at its start as warm-up. Default: 1, or 0 when the
-    /// program marks warm-up steps itself.
+    /// Measured steps of each phase and size left out at its start as warm-up. Default: 1, or 0
+    /// when the program marks warm-up steps itself.
     #[arg(long, value_name = "N")]
     pub warmup_steps: Option<usize>,
 
-    /// Stop the program after SECS (SIGTERM, then SIGKILL to its whole tree 5 s later); its row
+    /// Stop the program after SECS (SIGTERM, then SIGKILL to its whole tree 10 s later); its row
     /// says `timeout`.
     #[arg(long, value_name = "SECS", allow_negative_numbers = true, value_parser = |s: &str| parse_seconds("--timeout", s, true))]
     pub timeout: Option<f64>,
@@ -94,8 +94,11 @@ pub fn keep(args: KeepArgs) -> Result<ExitCode> {
 }
 
 impl ExecArgs {
-    fn options(&self) -> ProgramOptions {
-        ProgramOptions {
+    fn options(&self) -> Result<ProgramOptions> {
+        if self.name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+            anyhow::bail!("--name is empty: give the program a name, which its rows record as `model`");
+        }
+        Ok(ProgramOptions {
             name: self
                 .name
                 .clone()
@@ -107,12 +110,12 @@ impl ExecArgs {
             warmup_steps: self.warmup_steps,
             timeout: self.timeout.map(Duration::from_secs_f64),
             sample_interval: (self.sample_interval_ms > 0).then(|| Duration::from_millis(self.sample_interval_ms)),
-        }
+        })
     }
 }
 
 pub fn exec(args: ExecArgs, stdout: &mut dyn Write, log: &mut dyn Write) -> Result<ExitCode> {
-    let options = args.options();
+    let options = args.options()?;
     // Before anything starts: a command that is not there, a folder that cannot be written.
     launch::check_command(&options.command)?;
     migprof::files::ensure_writable_dir(&args.out)?;
@@ -144,10 +147,8 @@ pub fn exec(args: ExecArgs, stdout: &mut dyn Write, log: &mut dyn Write) -> Resu
     let context = RunContext::new_invocation(&target.info);
     let target_is_gpu = target.info.selected.is_some();
     let outcome = launch::run(&options, &target, &args.out);
-    if let Some(daemon) = target.daemon {
-        daemon.stop()?;
-        writeln!(log, "MPS: daemon stopped")?;
-    }
+    // Stopped now, said after the rows are written: a daemon that stops badly loses no measurement.
+    let stopped = target.daemon.map(|d| d.stop());
     let outcome = outcome?;
     // Named as `run` names its rows' target: the device as it calls itself.
     let made = rows::rows(&outcome, &options, &context.device.name, &context)?;
@@ -156,6 +157,10 @@ pub fn exec(args: ExecArgs, stdout: &mut dyn Write, log: &mut dyn Write) -> Resu
     }
     if let Some(f) = &made.failure {
         migprof::results::runs::write_failure(&args.out, f)?;
+    }
+    if let Some(stopped) = stopped {
+        stopped?;
+        writeln!(log, "MPS: daemon stopped")?;
     }
     said(&outcome, &made, &options, target_is_gpu, log)?;
     for run in &made.runs {
@@ -206,6 +211,12 @@ fn said(
     }
     for note in &made.notes {
         writeln!(log, "note: {note}")?;
+    }
+    if options.pattern.is_some() && outcome.steps.is_empty() {
+        writeln!(
+            log,
+            "warning: --step-pattern matched no line of the program's output: its row is its whole run"
+        )?;
     }
     if on_gpu && options.sample_interval.is_some() {
         let samples = match &outcome.metrics {

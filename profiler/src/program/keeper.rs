@@ -23,8 +23,9 @@ use super::tree;
 /// The descriptor the keeper finds its watch pipe's read end on.
 pub const WATCH_FD: i32 = 3;
 
-/// How long a program has to end after a SIGTERM before its tree is killed.
-pub const TERM_GRACE: Duration = Duration::from_secs(5);
+/// How long a program has to end after a SIGTERM before its tree is killed: `docker stop`'s grace,
+/// which a server that unloads its models needs (PyTriton's took up to 5 s on 2 cores).
+pub const TERM_GRACE: Duration = Duration::from_secs(10);
 
 /// How long what a program left running has to end after a SIGTERM before it is killed.
 const LEFTOVER_GRACE: Duration = Duration::from_secs(2);
@@ -40,6 +41,9 @@ pub struct Ended {
     pub signal: Option<i32>,
     /// Processes it left running when it ended, which the keeper stopped.
     pub left_running: usize,
+    /// Seconds from its start to its end, before what it left running was stopped.
+    #[serde(default)]
+    pub wall_secs: Option<f64>,
     /// Why it could not be started.
     pub error: Option<String>,
 }
@@ -57,10 +61,10 @@ impl Ended {
         }
     }
 
-    /// How it ended in words: `exit code 0`, `killed by signal 9 (SIGKILL)`.
+    /// How it ended in words, after "the program": `exit code 0`, `killed by signal 9 (SIGKILL)`.
     pub fn describe(&self) -> String {
         match (self.code, self.signal, &self.error) {
-            (_, _, Some(e)) => format!("could not start: {e}"),
+            (_, _, Some(e)) => e.clone(),
             (Some(c), _, _) => format!("exit code {c}"),
             (None, Some(s), _) => format!("killed by signal {s} ({})", signal_name(s)),
             _ => "ended without a status".into(),
@@ -117,7 +121,7 @@ pub fn keep(status: &Path, command: &[OsString]) -> ExitCode {
     std::thread::spawn(move || watch_migprof(me));
     let Some((program, args)) = command.split_first() else {
         Ended {
-            error: Some("no command given".into()),
+            error: Some("could not start: no command given".into()),
             ..Ended::default()
         }
         .write(status);
@@ -125,20 +129,27 @@ pub fn keep(status: &Path, command: &[OsString]) -> ExitCode {
     };
     let mut cmd = Command::new(program);
     cmd.args(args).process_group(0);
-    // SAFETY: between fork and exec, only resetting dispositions to their defaults.
+    // SAFETY: between fork and exec, only async-signal-safe calls: dispositions reset to their
+    // defaults, and the program killed should the keeper itself be killed (then nobody would stop
+    // it; its own children are the tree the keeper cannot reach any more).
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
                 libc::signal(s, libc::SIG_DFL);
+            }
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() as u32 != me {
+                libc::_exit(1);
             }
             Ok(())
         });
     }
+    let started = Instant::now();
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             Ended {
-                error: Some(format!("`{}`: {e}", program.to_string_lossy())),
+                error: Some(format!("could not start: `{}`: {e}", program.to_string_lossy())),
                 ..Ended::default()
             }
             .write(status);
@@ -162,6 +173,7 @@ pub fn keep(status: &Path, command: &[OsString]) -> ExitCode {
         }
         std::thread::sleep(Duration::from_millis(10));
     };
+    let wall_secs = Some(started.elapsed().as_secs_f64());
     PROGRAM.store(0, Ordering::SeqCst);
     let left_running = tree::stop_below(me, LEFTOVER_GRACE);
     Ended {
@@ -169,6 +181,7 @@ pub fn keep(status: &Path, command: &[OsString]) -> ExitCode {
         code: exit.and_then(|e| e.code()),
         signal: exit.and_then(|e| e.signal()),
         left_running,
+        wall_secs,
         error: None,
     }
     .write(status);

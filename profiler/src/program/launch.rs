@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use chrono::{DateTime, Utc};
 
 use super::keeper::{Ended, WATCH_FD};
-use super::steps::{self, Step, STEPS_ENV};
+use super::steps::{self, Pattern, Step, STEPS_ENV};
 use super::{tree, ProgramOptions};
 use crate::device::ProgramTarget;
 use crate::gpu::sampler::Sample;
@@ -57,7 +57,8 @@ impl Outcome {
     /// row that says why it failed.
     pub fn last_lines(&self, n: usize) -> String {
         for name in ["stderr.log", "stdout.log"] {
-            let text = std::fs::read_to_string(self.dir.join(name)).unwrap_or_default();
+            let bytes = std::fs::read(self.dir.join(name)).unwrap_or_default();
+            let text = String::from_utf8_lossy(&bytes);
             let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
             if !lines.is_empty() {
                 return lines[lines.len().saturating_sub(n)..].join(" | ");
@@ -99,11 +100,25 @@ pub fn check_command<S: AsRef<std::ffi::OsStr>>(command: &[S]) -> Result<()> {
     Ok(())
 }
 
+/// How often the program's tree is read while it runs (its pids, for what NVML lists on the device).
+const TREE_READ: Duration = Duration::from_millis(250);
+
 /// The signal migprof got while a program ran (0: none), for its handler.
 static GOT: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn note_signal(signal: libc::c_int) {
     GOT.store(signal, Ordering::SeqCst);
+}
+
+/// The run's folder under `out`, made, with its step file (empty: the program appends) and where its
+/// keeper writes how it ended.
+fn program_folder(out: &Path, run_id: &str) -> Result<(PathBuf, PathBuf, PathBuf)> {
+    let dir = out.join(PROGRAMS_DIR).join(run_id);
+    std::fs::create_dir_all(&dir).map_err(|e| crate::files::io_error(e, &dir))?;
+    let step_file = dir.join("steps.jsonl");
+    File::create(&step_file).map_err(|e| crate::files::io_error(e, &step_file))?;
+    let ended_file = dir.join("ended.json");
+    Ok((dir, step_file, ended_file))
 }
 
 /// Sets what SIGINT, SIGTERM and SIGHUP do to migprof while a program runs: noted and passed on
@@ -120,12 +135,7 @@ pub fn run(options: &ProgramOptions, target: &ProgramTarget, out: &Path) -> Resu
     check_command(&options.command)?;
     let started_at = provenance::now();
     let run_id = provenance::run_id(started_at);
-    let dir = out.join(PROGRAMS_DIR).join(&run_id);
-    std::fs::create_dir_all(&dir).map_err(|e| crate::files::io_error(e, &dir))?;
-    let step_file = dir.join("steps.jsonl");
-    File::create(&step_file).map_err(|e| crate::files::io_error(e, &step_file))?;
-    let ended_file = dir.join("ended.json");
-
+    let (dir, step_file, ended_file) = program_folder(out, &run_id)?;
     GOT.store(0, Ordering::SeqCst);
     set_signals(note_signal as extern "C" fn(libc::c_int) as libc::sighandler_t);
     let clock = Instant::now();
@@ -154,7 +164,12 @@ pub fn run(options: &ProgramOptions, target: &ProgramTarget, out: &Path) -> Resu
         )?,
     ];
     let watched = watch(&mut keeper, options.timeout);
-    let wall = clock.elapsed();
+    let ended = Ended::read(&ended_file);
+    if let (Err(_), Ok((pids, _, _))) = (&ended, &watched) {
+        // The keeper ended without its word (killed): what it kept may still run, and hold the
+        // output pipes the copies below wait on. Its processes were seen moments ago.
+        tree::signal(&pids.iter().copied().collect::<Vec<_>>(), libc::SIGKILL);
+    }
     // The keeper has ended: what it started is gone, and the pipe that watched migprof can close.
     drop(watch_write);
     for t in tees {
@@ -163,15 +178,16 @@ pub fn run(options: &ProgramOptions, target: &ProgramTarget, out: &Path) -> Resu
     let metrics = sampler.map(|s| s.stop());
     set_signals(libc::SIG_DFL);
     let (pids, timed_out, interrupted) = watched?;
-    let ended = Ended::read(&ended_file).unwrap_or_else(|e| Ended {
-        error: Some(format!("its keeper ended without saying how the program did ({e:#})")),
+    let ended = ended.unwrap_or_else(|e| Ended {
+        error: Some(format!(
+            "was left without its keeper, which ended without saying how the program did ({e:#}); migprof stopped the processes it had seen"
+        )),
         ..Ended::default()
     });
+    // The program's own time, without the stopping of what it left running.
+    let wall = ended.wall_secs.map_or(clock.elapsed(), Duration::from_secs_f64);
     let (steps, steps_from, malformed) = match &options.pattern {
-        Some(_) => {
-            let found = std::mem::take(&mut *pattern_steps.lock().unwrap_or_else(|e| e.into_inner()));
-            (found.steps, StepsFrom::Pattern, found.malformed)
-        }
+        Some(_) => pattern_steps.lock().unwrap_or_else(|e| e.into_inner()).in_order(),
         None => read_step_file(&step_file, options.mode)?,
     };
     let steps_from = if steps.is_empty() { StepsFrom::None } else { steps_from };
@@ -256,11 +272,17 @@ fn watch(keeper: &mut Child, timeout: Option<Duration>) -> Result<(BTreeSet<u32>
     let kpid = keeper.id();
     let mut pids = BTreeSet::new();
     let (mut timed_out, mut interrupted) = (false, None);
+    // Reading the tree reads every process's stat: a few times a second, so that a host of many
+    // processes does not lend the program's CPU to the watch.
+    let mut last_read: Option<Instant> = None;
     loop {
         if keeper.try_wait()?.is_some() {
             return Ok((pids, timed_out, interrupted));
         }
-        pids.extend(tree::descendants(kpid));
+        if last_read.is_none_or(|t| t.elapsed() >= TREE_READ) {
+            pids.extend(tree::descendants(kpid));
+            last_read = Some(Instant::now());
+        }
         let got = GOT.swap(0, Ordering::SeqCst);
         if got != 0 {
             interrupted = Some(got);
@@ -275,10 +297,11 @@ fn watch(keeper: &mut Child, timeout: Option<Duration>) -> Result<(BTreeSet<u32>
     }
 }
 
-/// Steps a pattern found in the output, and the lines it matched that were no step.
+/// Steps a pattern found in the output, each with when it was read (the two streams are read
+/// apart: their steps are put in order by it), and the lines it matched that were no step.
 #[derive(Default)]
 struct PatternSteps {
-    steps: Vec<Step>,
+    steps: Vec<(Instant, Step)>,
     malformed: Vec<String>,
 }
 
@@ -292,40 +315,107 @@ fn tee(
     found: &Arc<Mutex<PatternSteps>>,
     name: &'static str,
 ) -> Result<std::thread::JoinHandle<()>> {
-    let mut file = File::create(log).map_err(|e| crate::files::io_error(e, log))?;
+    let file = File::create(log).map_err(|e| crate::files::io_error(e, log))?;
     let (pattern, mode, found) = (options.pattern.clone(), options.mode, Arc::clone(found));
     Ok(std::thread::spawn(move || {
-        let Some(stream) = stream else { return };
-        let mut reader = BufReader::new(stream);
-        let mut line = Vec::new();
-        let mut number = 0;
+        let Some(mut stream) = stream else { return };
+        // Copied as it comes, in chunks (a progress bar's `\r` shows at once, a line of any length
+        // costs no more than its bytes); lines are cut out only for the pattern.
+        let mut file = std::io::BufWriter::new(file);
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut lines = LineReader::default();
         loop {
-            line.clear();
-            match reader.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            number += 1;
-            let _ = shown.write_all(&line).and_then(|_| shown.flush());
-            let _ = file.write_all(&line);
+            let n = match stream.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            let _ = shown.write_all(&chunk[..n]).and_then(|_| shown.flush());
+            let _ = file.write_all(&chunk[..n]);
             if let Some(p) = &pattern {
-                let text = String::from_utf8_lossy(&line);
-                let mut found = found.lock().unwrap_or_else(|e| e.into_inner());
-                match p.step(text.trim_end(), mode) {
-                    Ok(Some(step)) => found.steps.push(step),
-                    Ok(None) => {}
-                    Err(e) => found
-                        .malformed
-                        .push(format!("{name} line {number}: {e}: {}", text.trim_end())),
-                }
+                lines.feed(&chunk[..n], |number, text| {
+                    read_step(p, mode, &found, name, number, text)
+                });
             }
         }
+        if let Some(p) = &pattern {
+            lines.finish(|number, text| read_step(p, mode, &found, name, number, text));
+        }
+        let _ = file.flush();
     }))
+}
+
+impl PatternSteps {
+    /// The steps in the order they were read, and the lines that were no step.
+    fn in_order(&mut self) -> (Vec<Step>, StepsFrom, Vec<String>) {
+        let mut steps = std::mem::take(&mut self.steps);
+        steps.sort_by_key(|(read, _)| *read);
+        let steps = steps.into_iter().map(|(_, s)| s).collect();
+        (steps, StepsFrom::Pattern, std::mem::take(&mut self.malformed))
+    }
+}
+
+/// A line of output read by the pattern: a step, no step, or a line the pattern matched that is no
+/// step (kept with its place).
+fn read_step(p: &Pattern, mode: workloads::Mode, found: &Mutex<PatternSteps>, name: &str, number: usize, text: &str) {
+    let mut found = found.lock().unwrap_or_else(|e| e.into_inner());
+    match p.step(text, mode) {
+        Ok(Some(step)) => found.steps.push((Instant::now(), step)),
+        Ok(None) => {}
+        Err(e) => found.malformed.push(format!("{name} line {number}: {e}: {text}")),
+    }
+}
+
+/// Output cut into lines as it arrives in chunks; a line longer than [`LineReader::LONGEST`] is
+/// read as its first part (no step line is that long), so that no output grows memory.
+#[derive(Default)]
+struct LineReader {
+    partial: Vec<u8>,
+    number: usize,
+}
+
+impl LineReader {
+    const LONGEST: usize = 64 * 1024;
+
+    fn feed(&mut self, mut bytes: &[u8], mut each: impl FnMut(usize, &str)) {
+        while let Some(end) = bytes.iter().position(|&b| b == b'\n') {
+            self.take(&bytes[..end]);
+            self.emit(&mut each);
+            bytes = &bytes[end + 1..];
+        }
+        self.take(bytes);
+    }
+
+    fn finish(&mut self, mut each: impl FnMut(usize, &str)) {
+        if !self.partial.is_empty() {
+            self.emit(&mut each);
+        }
+    }
+
+    fn take(&mut self, bytes: &[u8]) {
+        let room = Self::LONGEST.saturating_sub(self.partial.len());
+        self.partial.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+
+    fn emit(&mut self, each: &mut impl FnMut(usize, &str)) {
+        self.number += 1;
+        let text = String::from_utf8_lossy(&self.partial);
+        each(self.number, text.trim_end_matches(['\r', ' ', '\t']));
+        self.partial.clear();
+    }
 }
 
 /// The steps in the step file, and each line that was none, with its number.
 fn read_step_file(path: &Path, mode: workloads::Mode) -> Result<(Vec<Step>, StepsFrom, Vec<String>)> {
-    let text = std::fs::read_to_string(path).map_err(|e| crate::files::io_error(e, path))?;
+    // A program may remove its step file, or write bytes that are no text: no steps, or lines that
+    // are no step, never a run without a row.
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(crate::files::io_error(e, path)),
+    };
+    let text = String::from_utf8_lossy(&bytes);
     let (mut found, mut malformed) = (Vec::new(), Vec::new());
     for (i, line) in text.lines().enumerate() {
         match steps::parse_line(line, mode) {
@@ -335,4 +425,31 @@ fn read_step_file(path: &Path, mode: workloads::Mode) -> Result<(Vec<Step>, Step
         }
     }
     Ok((found, StepsFrom::Protocol, malformed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_is_cut_into_lines_across_chunks_and_long_lines_are_bounded() {
+        let mut lines = LineReader::default();
+        let mut got = Vec::new();
+        lines.feed(b"iter 1: 12 ms\r\niter 2: ", |n, t| got.push((n, t.to_string())));
+        lines.feed(b"13 ms\nlast", |n, t| got.push((n, t.to_string())));
+        lines.finish(|n, t| got.push((n, t.to_string())));
+        assert_eq!(
+            got,
+            [
+                (1, "iter 1: 12 ms".to_string()),
+                (2, "iter 2: 13 ms".to_string()),
+                (3, "last".to_string())
+            ]
+        );
+        let mut long = LineReader::default();
+        let mut len = 0;
+        long.feed(&vec![b'x'; 3 * LineReader::LONGEST], |_, _| {});
+        long.feed(b"\n", |_, t| len = t.len());
+        assert_eq!(len, LineReader::LONGEST);
+    }
 }

@@ -31,8 +31,8 @@ pub struct ProgramOptions {
     pub precision: Option<Precision>,
     /// Steps read from the output instead of the step file.
     pub pattern: Option<Pattern>,
-    /// Measured steps of each phase left out at its start as warm-up; `None`: one, unless the
-    /// program marked warm-up steps itself (then none).
+    /// Measured steps of each phase and size left out at its start as warm-up; `None`: one, unless
+    /// the program marked warm-up steps itself (then none).
     pub warmup_steps: Option<usize>,
     /// The program is stopped (SIGTERM, then SIGKILL) after this long.
     pub timeout: Option<Duration>,

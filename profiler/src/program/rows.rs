@@ -254,44 +254,44 @@ struct Group {
 }
 
 /// The measured steps by phase and size, in the order each first appears, and what was left out.
-/// Warm-up is every step marked so, then the first `warmup` measured steps of each phase (none
-/// given: one, unless the program marked warm-up steps itself).
+/// Warm-up is every step marked so, then the first `warmup` measured steps of each phase and size
+/// (none given: one, unless the program marked warm-up steps itself).
 fn measured(steps: &[Step], warmup: Option<usize>) -> (Vec<Group>, Vec<String>) {
-    let marked = steps.iter().filter(|s| s.phase == Phase::Warmup).count();
-    let skip = warmup.unwrap_or(if marked > 0 { 0 } else { 1 });
-    let mut seen_per_mode: Vec<(Mode, usize)> = Vec::new();
+    let marked = |items: usize| {
+        steps
+            .iter()
+            .filter(|s| s.phase == Phase::Warmup && s.items as usize == items)
+            .count()
+    };
+    let any_marked = steps.iter().any(|s| s.phase == Phase::Warmup);
+    let skip = warmup.unwrap_or(if any_marked { 0 } else { 1 });
+    // Every measured step by phase and size, in the order each first appears.
     let mut groups: Vec<Group> = Vec::new();
     for s in steps {
         let Phase::Measured(mode) = s.phase else { continue };
-        let seen = match seen_per_mode.iter_mut().find(|(m, _)| *m == mode) {
-            Some((_, n)) => n,
-            None => {
-                seen_per_mode.push((mode, 0));
-                &mut seen_per_mode.last_mut().expect("just pushed").1
-            }
-        };
-        *seen += 1;
-        if *seen <= skip {
-            continue;
-        }
-        let items = s.items as usize;
-        let ns = s.duration.as_nanos().max(1) as u64;
+        let (items, ns) = (s.items as usize, s.duration.as_nanos().max(1) as u64);
         match groups.iter_mut().find(|g| g.mode == mode && g.items == items) {
             Some(g) => g.latencies_ns.push(ns),
             None => groups.push(Group {
                 mode,
                 items,
                 latencies_ns: vec![ns],
-                warmup_steps: (skip + marked) as u64,
+                warmup_steps: 0,
             }),
         }
     }
     let mut notes = Vec::new();
+    for g in &mut groups {
+        // A size's first steps warm its own shapes up, whatever ran before at other sizes.
+        let left_out = skip.min(g.latencies_ns.len());
+        g.latencies_ns.drain(..left_out);
+        g.warmup_steps = (left_out + marked(g.items)) as u64;
+    }
     groups.retain(|g| {
         let keep = g.latencies_ns.len() >= MIN_STEPS;
         if !keep {
             notes.push(format!(
-                "{} {} step(s) of {} item(s) left out: a row needs at least {MIN_STEPS}",
+                "{} {} step(s) of {} item(s) after warm-up left out: a row needs at least {MIN_STEPS}",
                 g.latencies_ns.len(),
                 g.mode.as_str(),
                 g.items
@@ -317,6 +317,7 @@ fn describe(o: &Outcome, options: &ProgramOptions) -> Program {
         exit_signal: o.ended.signal,
         wall: Some(o.wall),
         steps: o.steps_from,
+        step_pattern: options.pattern.as_ref().map(|p| p.as_str().to_string()),
         device_memory_max_mib: memory.filter(|_| sampled),
         pids_seen: sampled.then_some(seen),
     }
@@ -353,11 +354,12 @@ fn settings(options: &ProgramOptions) -> String {
 /// at one step size.
 fn cell_id(options: &ProgramOptions, target: &str, mode: Mode, items: usize) -> String {
     let fields = format!(
-        "program;v1;name={};command={};target={target};mode={};items={items};dtype={}",
+        "program;v1;name={};command={};target={target};mode={};items={items};dtype={};step_pattern={}",
         options.name,
         super::command_line(&options.command),
         mode.as_str(),
-        options.precision.map_or("", |p| p.as_str())
+        options.precision.map_or("", |p| p.as_str()),
+        options.pattern.as_ref().map_or("", |p| p.as_str())
     );
     Sha256::digest(fields.as_bytes())
         .iter()
@@ -411,7 +413,20 @@ mod tests {
         // The first train step and the first infer step are warm-up; the last train step is alone.
         assert_eq!(got, vec![(Mode::Train, 8, 4)]);
         assert!(notes.iter().any(|n| n.contains("2 infer step(s) of 8")), "{notes:?}");
-        assert!(notes.iter().any(|n| n.contains("1 train step(s) of 3")), "{notes:?}");
+        assert!(notes.iter().any(|n| n.contains("0 train step(s) of 3")), "{notes:?}");
+        // A new size warms up on its own: its first step is left out too, and counted.
+        let sizes: Vec<Step> = (0..4)
+            .map(|_| step(10, 8, train))
+            .chain(std::iter::once(step(900, 32, train)))
+            .chain((0..3).map(|_| step(30, 32, train)))
+            .collect();
+        let (groups, _) = measured(&sizes, None);
+        let got: Vec<(usize, usize, u64)> = groups
+            .iter()
+            .map(|g| (g.items, g.latencies_ns.len(), g.warmup_steps))
+            .collect();
+        assert_eq!(got, vec![(8, 3, 1), (32, 3, 1)]);
+        assert!(groups[1].latencies_ns.iter().all(|&ns| ns == 30_000_000));
         // Steps marked as warm-up are the warm-up: none of the others is left out.
         let marked: Vec<Step> = std::iter::once(step(500, 8, Phase::Warmup))
             .chain((0..3).map(|_| step(10, 8, train)))

@@ -69,8 +69,11 @@ fn step(secs: f64, items: f64, phase: Phase) -> Result<Step, String> {
     if !(secs.is_finite() && secs > 0.0 && secs <= MAX_STEP_SECS) {
         return Err(format!("a step's duration is above 0 and at most a day; got {secs} s"));
     }
-    if !(items.is_finite() && items > 0.0) {
-        return Err(format!("a step's items are a number above 0; got {items}"));
+    if !(items.fract() == 0.0 && (1.0..=crate::run::limits::BATCH.max as f64).contains(&items)) {
+        return Err(format!(
+            "a step's items are a whole number from 1 to {}; got {items}",
+            crate::run::limits::BATCH.max
+        ));
     }
     Ok(Step {
         duration: Duration::from_secs_f64(secs),
@@ -151,6 +154,11 @@ impl std::str::FromStr for Pattern {
 }
 
 impl Pattern {
+    /// The regular expression as given.
+    pub fn as_str(&self) -> &str {
+        self.regex.as_str()
+    }
+
     /// The step in an output line (`None`: the line is no step), of `mode`'s phase.
     pub fn step(&self, line: &str, mode: Mode) -> Result<Option<Step>, String> {
         let Some(caps) = self.regex.captures(line) else {
@@ -217,6 +225,8 @@ mod tests {
         assert!(e(r#"{"duration_ms": 1, "duration_s": 1}"#).contains("not both"));
         assert!(e(r#"{"duration_ms": -1}"#).contains("above 0"));
         assert!(e(r#"{"duration_ms": 1, "items": 0}"#).contains("items"));
+        assert!(e(r#"{"duration_ms": 1, "items": 0.5}"#).contains("whole number"));
+        assert!(e(r#"{"duration_ms": 1, "items": 1e300}"#).contains("whole number"));
         assert!(e(r#"{"duration_ms": 1, "phase": "eval"}"#).contains("warmup, infer, train, generate"));
     }
 

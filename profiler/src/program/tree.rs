@@ -4,12 +4,16 @@
 
 use std::time::{Duration, Instant};
 
-/// The parent of `pid` as `/proc/<pid>/stat` gives it; `None` for a process gone or unreadable.
+/// The parent of `pid` as `/proc/<pid>/stat` gives it; `None` for a process gone, unreadable, or
+/// a zombie (ended, waiting to be reaped: no longer running).
 fn parent(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // `pid (comm) state ppid …`: the name may hold spaces and parentheses, so read after the last.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    if fields.next()? == "Z" {
+        return None;
+    }
+    fields.next()?.parse().ok()
 }
 
 /// Every process below `root` (`root` itself not included), parents before their children.
@@ -109,10 +113,8 @@ mod tests {
         let _ = shell.wait();
         // With the shell gone its children went to init, out of this tree: stop them by pid.
         signal(&tree, libc::SIGKILL);
-        let gone = |pid: u32| {
-            parent(pid).is_none()
-                || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
-        };
+        // Gone, or a zombie its new parent has yet to reap.
+        let gone = |pid: u32| parent(pid).is_none();
         let deadline = Instant::now() + Duration::from_secs(5);
         while !tree.iter().all(|&p| gone(p)) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));

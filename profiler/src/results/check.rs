@@ -265,6 +265,10 @@ fn orphans(out: &Path) -> Result<Vec<Orphan>> {
 /// Runs on one device (a MIG slice, else a GPU, else the host's CPU) whose measured phases overlap in
 /// time: two measurements that shared the device, each slower than alone. Members of a concurrent
 /// group overlap on purpose and are left out.
+/// A measured window: its start and end (µs), its run's id, and its program run's start where it is
+/// a row of one.
+type Span = (i64, i64, String, Option<i64>);
+
 fn overlapping_measurements(runs: &DataFrame, report: &mut Report) {
     let measured_s =
         crate::results::parts::number_column(runs, "measured_s").unwrap_or_else(|_| vec![None; runs.height()]);
@@ -279,7 +283,15 @@ fn overlapping_measurements(runs: &DataFrame, report: &mut Report) {
         text(runs, "gpu_uuid"),
         text(runs, "device_name"),
     );
-    let mut by_device: HashMap<String, Vec<(i64, i64, String)>> = HashMap::new();
+    // The rows of one program's run (`migprof exec`: one per phase and size, its steps interleaved)
+    // are one measurement: they share their program run's start.
+    let (started, family) = (ints(runs, "started_at"), text(runs, "family"));
+    let one_program_run = |i: usize| {
+        (family[i].as_deref() == Some(crate::run::subject::PROGRAM_FAMILY))
+            .then_some(started[i])
+            .flatten()
+    };
+    let mut by_device: HashMap<String, Vec<Span>> = HashMap::new();
     for i in 0..runs.height() {
         let (Some(end), Some(secs), Some(id)) = (finished[i], measured_s[i], &ids[i]) else {
             continue;
@@ -296,13 +308,13 @@ fn overlapping_measurements(runs: &DataFrame, report: &mut Report) {
         by_device
             .entry(key)
             .or_default()
-            .push((end - (secs * 1e6) as i64, end, id.clone()));
+            .push((end - (secs * 1e6) as i64, end, id.clone(), one_program_run(i)));
     }
     for (device, mut spans) in by_device {
         spans.sort();
         for pair in spans.windows(2) {
-            let ((_, end, a), (start, _, b)) = (&pair[0], &pair[1]);
-            if start < end {
+            let ((_, end, a, run_a), (start, _, b, run_b)) = (&pair[0], &pair[1]);
+            if start < end && !(run_a.is_some() && run_a == run_b) {
                 report.problems.push(format!(
                     "runs {a} and {b}: measured at the same time on {device} ({:.1} s together): each shared the device",
                     (end - start) as f64 / 1e6

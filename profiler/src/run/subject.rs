@@ -27,6 +27,8 @@ pub struct Program {
     pub wall: Option<Duration>,
     /// Where its steps came from.
     pub steps: StepsFrom,
+    /// The regular expression its steps were read from its output by, if they were.
+    pub step_pattern: Option<String>,
     /// The most device memory its processes held at once, as NVML lists them; `None` where nothing
     /// was sampled or none of them was seen on the device.
     pub device_memory_max_mib: Option<f64>,

@@ -158,9 +158,10 @@ impl Running {
     fn output(&self) -> Result<String> {
         let mut f = File::open(&self.log)?;
         f.seek(SeekFrom::Start(self.log_start))?;
-        let mut text = String::new();
-        f.read_to_string(&mut text)?;
-        Ok(text)
+        // A program's cell logs the program's output, which need not be UTF-8.
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes)?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 }
 

@@ -794,6 +794,7 @@ mod tests {
             exit_signal: None,
             wall: Some(Duration::from_secs(1)),
             steps: crate::run::subject::StepsFrom::Protocol,
+            step_pattern: None,
             device_memory_max_mib: None,
             pids_seen: None,
         });

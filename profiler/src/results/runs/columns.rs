@@ -310,6 +310,10 @@ pub(super) static RUNS: &[Entry] = &[
         "program_steps",
         program!(|p: &crate::run::subject::Program| Some(p.steps.as_str().to_string())),
     ),
+    Text(
+        "program_step_pattern",
+        program!(|p: &crate::run::subject::Program| p.step_pattern.clone()),
+    ),
     Float(
         "program_device_memory_max_mib",
         program!(|p: &crate::run::subject::Program| p.device_memory_max_mib),
