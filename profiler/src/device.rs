@@ -284,9 +284,7 @@ fn program_on_mps(target: &crate::mps::MpsTarget) -> Result<ProgramTarget> {
 /// The CPU model and the host's threads (a program's, not candle's).
 fn host_cpu_name() -> String {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let model = cpu_name();
-    let model = model.rsplit_once(" (").map_or(model.as_str(), |(m, _)| m);
-    format!("{model} ({threads} threads)")
+    format!("{} ({threads} threads)", cpu_model())
 }
 
 /// The refusal of a GPU device in a build without CUDA.
@@ -637,18 +635,16 @@ fn cpu() -> OpenDevice {
     }
 }
 
-/// The CPU model from /proc/cpuinfo and the number of threads candle's CPU kernels use.
+/// The CPU model and the number of threads candle's CPU kernels use.
 fn cpu_name() -> String {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.split_whitespace().collect::<Vec<_>>().join(" "))
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-    format!("{model} ({} threads)", candle_core::utils::get_num_threads())
+    format!("{} ({} threads)", cpu_model(), candle_core::utils::get_num_threads())
+}
+
+/// The CPU model as a device's name says it (its runs of spaces made one), else the architecture.
+fn cpu_model() -> String {
+    crate::provenance::cpu_model()
+        .map(|m| m.split_whitespace().collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
 #[cfg(test)]

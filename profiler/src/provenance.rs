@@ -38,6 +38,16 @@ pub fn run_id(started: DateTime<Utc>) -> String {
     )
 }
 
+/// The first `model name` of /proc/cpuinfo (Linux x86 and most Arm kernels).
+pub fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    info.lines().find_map(|l| {
+        l.strip_prefix("model name")
+            .and_then(|r| r.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -316,8 +316,7 @@ impl CellSpec {
     /// rerun whose settings differ from its latest row's runs the cell again.
     pub fn settings(&self) -> String {
         if let Job::Program(p) = &self.job {
-            let warmup = p.warmup_steps.map_or("auto".to_string(), |n| n.to_string());
-            return format!("warmup_steps={warmup};sample_interval_ms={}", self.sample_interval_ms);
+            return crate::program::cell_settings(p.warmup_steps, self.sample_interval_ms);
         }
         // A serving job's steps are set by its own settings, which are part of its id.
         if !self.job.is_measure() {

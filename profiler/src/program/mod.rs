@@ -40,6 +40,13 @@ pub struct ProgramOptions {
     pub sample_interval: Option<Duration>,
 }
 
+/// The settings that change what a program's row measures without changing its cell, as its row
+/// records them (`cell_settings`): `migprof exec`'s and a sweep's program cell's alike.
+pub fn cell_settings(warmup_steps: Option<usize>, sample_interval_ms: u64) -> String {
+    let warmup = warmup_steps.map_or("auto".to_string(), |n| n.to_string());
+    format!("warmup_steps={warmup};sample_interval_ms={sample_interval_ms}")
+}
+
 /// The fewest measured steps a row is made of: fewer say nothing about a distribution.
 pub const MIN_STEPS: usize = 3;
 

@@ -343,11 +343,8 @@ pub fn on_device(samples: &[Sample], pids: &BTreeSet<u32>) -> (Option<f64>, u32)
 
 /// The settings that change what a row measures without changing the program's cell.
 fn settings(options: &ProgramOptions) -> String {
-    let warmup = options.warmup_steps.map_or("auto".to_string(), |n| n.to_string());
-    let interval = options
-        .sample_interval
-        .map_or("0".to_string(), |d| d.as_millis().to_string());
-    format!("warmup_steps={warmup};sample_interval_ms={interval}")
+    let interval_ms = options.sample_interval.map_or(0, |d| d.as_millis() as u64);
+    super::cell_settings(options.warmup_steps, interval_ms)
 }
 
 /// A program's cell: its name, command and what it says it computes in, on the target, in one phase

@@ -49,7 +49,7 @@ impl Fingerprint {
             candle_version: provenance::CANDLE_VERSION.to_string(),
             build_features: build_features(),
             git_dirty: provenance::GIT_COMMIT.ends_with("-dirty"),
-            cpu_model: cpu_model(),
+            cpu_model: provenance::cpu_model(),
             ..Default::default()
         };
         if let Some(sel) = selected {
@@ -91,16 +91,6 @@ fn build_features() -> String {
         features.push("cudnn");
     }
     features.join(",")
-}
-
-/// The first `model name` of /proc/cpuinfo (Linux x86 and most Arm kernels).
-fn cpu_model() -> Option<String> {
-    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    info.lines().find_map(|l| {
-        l.strip_prefix("model name")
-            .and_then(|r| r.split_once(':'))
-            .map(|(_, v)| v.trim().to_string())
-    })
 }
 
 /// The GPU's settings through NVML: whatever fails to answer stays `None`.
