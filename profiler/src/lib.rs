@@ -16,6 +16,7 @@ pub mod provenance;
 pub mod report;
 pub mod results;
 pub mod run;
+pub mod server;
 pub mod sweep;
 #[cfg(test)]
 pub(crate) mod testing;

@@ -176,7 +176,7 @@ fn modes_models_and_lengths_that_do_not_go_together_are_refused_before_any_work(
     );
     refused(
         &["--model", "resnet_tiny", "--prompt-len", "8"],
-        "--prompt-len and --output-len apply to generate runs",
+        "--prompt-len applies to generate runs of language models only",
     );
     refused(
         &["--model", "llama_tiny", "--prompt-len", "250", "--output-len", "10"],
@@ -296,7 +296,7 @@ kv_block_size = 4
     // A matrix whose modes run none of a model is refused naming why.
     std::fs::write(
         &file,
-        "name = \"x\"\n[[targets]]\nlabel = \"cpu\"\ndevice = \"cpu\"\n[[matrix]]\nmodels = [\"llama_tiny\"]\nbatches = [1]\n",
+        "name = \"x\"\n[[targets]]\nlabel = \"cpu\"\ndevice = \"cpu\"\n[[matrix]]\nmodels = [\"llama_tiny\"]\nmodes = [\"infer\"]\nbatches = [1]\n",
     )
     .unwrap();
     let o = run(&["sweep", file.to_str().unwrap(), "--out", out.to_str().unwrap()]);

@@ -24,6 +24,7 @@ const PROFILER: Layers = &[
     &["run"],
     &["results"],
     &["load", "program"],
+    &["server"],
     &["cell"],
     &["sweep", "capacity"],
     &["fleet", "report"],

@@ -80,6 +80,14 @@ impl Mode {
     }
 }
 
+impl std::str::FromStr for Mode {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Mode, String> {
+        Mode::parse(s)
+    }
+}
+
 /// The optimizer of a training workload.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TrainConfig {

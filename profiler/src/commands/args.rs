@@ -7,9 +7,8 @@ use std::path::Path;
 use anyhow::Result;
 use clap::ValueEnum;
 use migprof::device::DeviceSpec;
-pub use migprof::run::given::KernelGiven;
-use migprof::run::limits;
-pub use migprof::run::limits::{parse_block_size, parse_seconds, parse_share};
+pub use migprof::run::given::{parse_model, KernelGiven};
+pub use migprof::run::limits::{parse_seconds, parse_share};
 use migprof::run::spec::Precision;
 use workloads::Mode;
 
@@ -31,90 +30,11 @@ impl From<ModeArg> for Mode {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum KvLayoutArg {
-    /// One buffer per layer for keys and one for values, reserved for the generation.
-    Contiguous,
-    /// Blocks of --kv-block-size tokens from a pool, a block table per sequence.
-    Paged,
-}
-
-impl KvLayoutArg {
-    /// The layout, a paged one in blocks of `block_size` (`--kv-block-size`, refused beside a
-    /// contiguous one).
-    pub fn layout(self, block_size: Option<workloads::BlockSize>) -> Result<workloads::KvLayout, String> {
-        let name = match self {
-            KvLayoutArg::Contiguous => "contiguous",
-            KvLayoutArg::Paged => "paged",
-        };
-        let layouts = workloads::KvLayout::from_names(&[name], block_size, ["--kv-layout", "--kv-block-size"])?;
-        // One name, one layout.
-        Ok(layouts.into_iter().next().unwrap_or_default())
-    }
-}
-
-/// `--model` as given (each occurrence a comma-separated list) as models: a piece `hf:DIR` takes the
-/// pieces after it while the folder with their commas exists and the folder without them does not,
-/// so a Hugging Face folder whose name has a comma is one model. Each is checked by [`parse_model`].
-pub fn split_models(given: &[String]) -> Result<Vec<String>, String> {
-    let mut models: Vec<String> = Vec::new();
-    for list in given {
-        let mut pieces = list.split(',').map(str::to_string).peekable();
-        while let Some(mut model) = pieces.next() {
-            if let Some(dir) = model.strip_prefix(workloads::FOLDER_PREFIX) {
-                let mut dir = dir.to_string();
-                while let Some(next) = pieces.peek() {
-                    let longer = format!("{dir},{next}");
-                    if Path::new(&dir).is_dir() || !Path::new(&longer).is_dir() {
-                        break;
-                    }
-                    dir = longer;
-                    pieces.next();
-                }
-                model = format!("{}{dir}", workloads::FOLDER_PREFIX);
-            }
-            let model = model.trim().to_string();
-            parse_model(&model)?;
-            models.push(model);
-        }
-    }
-    Ok(models)
-}
-
-/// One `--model` as given, checked whole (every model of its list) and kept as written:
-/// [`split_models`] makes the list.
-pub fn parse_model_list(s: &str) -> Result<String, String> {
-    split_models(&[s.to_string()]).map(|_| s.to_string())
-}
-
-/// A model as `--model` takes it: a catalogue name or `hf:DIR`; the error names the valid ones.
-pub fn parse_model(s: &str) -> Result<String, String> {
-    workloads::check_name(s).map(|()| s.to_string())
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OptimizerArg {
     /// AdamW, PyTorch's defaults: lr 1e-3, weight decay 0.01.
     Adamw,
     /// SGD with momentum 0.9: lr 0.01, no weight decay.
     Sgd,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum MasterWeightsArg {
-    /// f32 master weights the optimizer updates, bf16/f16 working copies written from them; in f16 a
-    /// dynamic loss scale (PyTorch's autocast with GradScaler).
-    F32,
-    /// The bf16/f16 weights updated themselves (AdamW's moments still f32), no loss scale.
-    None,
-}
-
-impl MasterWeightsArg {
-    pub fn choice(self) -> workloads::MasterWeights {
-        match self {
-            MasterWeightsArg::F32 => workloads::MasterWeights::F32,
-            MasterWeightsArg::None => workloads::MasterWeights::None,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -169,11 +89,6 @@ impl From<DTypeArg> for Precision {
             DTypeArg::Tf32 => Precision::Tf32,
         }
     }
-}
-
-/// One of `--batch`'s sizes (comma-separated: `--batch 1,8,32`).
-pub fn parse_batch(s: &str) -> Result<usize, String> {
-    limits::BATCH.parse("--batch", s).map(|b| b as usize)
 }
 
 /// A count that must be at least 1 where its bound starts at 0.

@@ -24,10 +24,10 @@ use super::args::{as_mps_client, device_or_default, parse_model, parse_rate, rep
 
 #[derive(Debug, Clone, Args)]
 pub struct LoadArgs {
-    /// The model served (see `migprof models`), or hf:DIR: a Hugging Face folder of a supported
-    /// language model.
-    #[arg(long, value_parser = parse_model)]
-    pub model: String,
+    /// The model served by migprof's engine (see `migprof models`), or hf:DIR: a Hugging Face folder
+    /// of a supported language model. A server of your own: --endpoint instead.
+    #[arg(long, value_parser = parse_model, required_unless_present = "endpoint", conflicts_with = "endpoint")]
+    pub model: Option<String>,
     /// As `migprof run --device`: cpu, cuda, an index, GPU-/MIG-<uuid>, a MIG profile, mps:<profile>,
     /// mps-mem:<profile>.
     #[arg(long)]
@@ -48,7 +48,7 @@ pub struct LoadArgs {
     /// Offered rates in requests per second, comma-separated: one step each, in order. With
     /// --search: the first rate tried (default: half the closed loop's rate at --max-batch; for a
     /// language model, the rate of 16 requests of the mean lengths at once).
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = parse_rate, required_unless_present = "search")]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = parse_rate, required_unless_present_any = ["search", "endpoint"])]
     pub qps: Vec<f64>,
     #[command(flatten)]
     pub offered: Offered,
@@ -77,12 +77,33 @@ pub struct LoadArgs {
     pub serving: ServeGiven,
     #[command(flatten)]
     pub kernels: KernelGiven,
+    #[command(flatten)]
+    pub server: Box<super::server::ServerArgs>,
+}
+
+/// The model migprof's engine serves (`--model`, which clap requires without `--endpoint`).
+fn model(args: &LoadArgs) -> &str {
+    args.model.as_deref().unwrap_or_default()
 }
 
 /// A search that finds no rate within the objective has still measured: its row says so, and the
 /// command succeeds.
 pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
-    let (_, info) = workloads::lookup_with(&args.model, None)?;
+    if args.server.endpoint.is_some() {
+        refuse_engine_flags(&args)?;
+        let asked = super::server::Asked {
+            offered: &args.offered,
+            pass: &args.pass,
+            qps: &args.qps,
+            search: args.search,
+            seed: args.seed,
+            device: args.device.as_ref(),
+            sample_interval_ms: args.sample_interval_ms,
+            out: &args.out,
+        };
+        return super::server::exec(&args.server, asked, log);
+    }
+    let (_, info) = workloads::lookup_with(model(&args), None)?;
     if info.family.is_decoder() {
         return exec_serving(args, log);
     }
@@ -92,7 +113,7 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
             "{} appl{} to language models, served by a continuous batcher; {} is served one forward pass per request (see --max-batch, --max-delay-ms, --slo-p99-ms)",
             given.join(", "),
             if given.len() == 1 { "ies" } else { "y" },
-            args.model
+            model(&args)
         );
     }
     if args.search && args.pass.slo_p99_ms.is_none() {
@@ -128,9 +149,9 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
 /// weights, seed and kernels.
 fn served(args: &LoadArgs) -> Result<RunSpec> {
     let seq_len = args.seq_len.map(|l| l as usize);
-    let (_, info) = workloads::lookup_with(&args.model, seq_len)?;
+    let (_, info) = workloads::lookup_with(model(args), seq_len)?;
     if seq_len.is_some() && info.input.seq_len().is_none() {
-        bail!("--seq-len applies to token models (bert_*) only, not {}", args.model);
+        bail!("--seq-len applies to token models (bert_*) only, not {}", model(args));
     }
     if let Some(w) = &args.weights {
         ensure!(w.is_file(), "--weights {}: no such file", w.display());
@@ -142,7 +163,7 @@ fn served(args: &LoadArgs) -> Result<RunSpec> {
         kernels: args.kernels.options(),
         seed: args.seed,
         sample_interval: sample_interval(args),
-        ..RunSpec::new(&args.model, Mode::Infer, args.dtype.into(), batch)
+        ..RunSpec::new(model(args), Mode::Infer, args.dtype.into(), batch)
     })
 }
 
@@ -161,7 +182,7 @@ fn refuse_pass_flags(args: &LoadArgs) -> Result<()> {
             "{} appl{} to models served one forward pass per request; {} is a language model, served by a continuous batcher: its settings are --prompt-len, --output-len, --max-batched-tokens, --max-seqs, --no-chunked-prefill, --kv-block-size, --kv-cache-fraction, --kv-blocks, --drain, --slo-ttft-p99-ms, --slo-tpot-p99-ms and --max-steps",
             foreign.join(", "),
             if foreign.len() == 1 { "ies" } else { "y" },
-            args.model
+            model(args)
         );
     }
     Ok(())
@@ -186,7 +207,7 @@ fn exec_serving(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
         seed: args.seed,
         sample_interval: sample_interval(&args),
         ..RunSpec::new(
-            &args.model,
+            model(&args),
             Mode::Generate,
             args.dtype.into(),
             settings.max_seqs as usize,
@@ -282,4 +303,32 @@ fn open_target(args: &LoadArgs, log: &mut dyn Write) -> Result<std::result::Resu
         return Ok(Err(code));
     }
     Ok(Ok(Target::open(&spec)?))
+}
+
+/// Flags of migprof's own engine that a server cannot take, named.
+fn refuse_engine_flags(args: &LoadArgs) -> Result<()> {
+    let mut foreign: Vec<&str> = Vec::new();
+    if args.weights.is_some() {
+        foreign.push("--weights");
+    }
+    if args.seq_len.is_some() {
+        foreign.push("--seq-len (give the shape: --shape NAME:DIMS)");
+    }
+    if args.pass.max_batch.is_some() || args.pass.max_delay_ms.is_some() {
+        foreign.push("--max-batch and --max-delay-ms (the server batches as it is configured)");
+    }
+    if args.kernels != migprof::run::given::KernelGiven::default() {
+        foreign.push("the kernel options");
+    }
+    if args.allow_overload {
+        foreign.push("--allow-overload");
+    }
+    if !foreign.is_empty() {
+        bail!(
+            "{} appl{} to migprof's own engine, not to a server of your own (--endpoint)",
+            foreign.join(", "),
+            if foreign.len() == 1 { "ies" } else { "y" }
+        );
+    }
+    Ok(())
 }

@@ -11,6 +11,7 @@ mod load;
 mod mig;
 mod results;
 mod run;
+mod server;
 mod sweep;
 
 use std::process::ExitCode;

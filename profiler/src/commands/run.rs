@@ -13,65 +13,20 @@ use migprof::load::settings::Keys;
 use migprof::provenance;
 use migprof::results::parts::{read_table, Table};
 use migprof::results::{plot, summary};
-use migprof::run::given::{self, MeasureGiven};
+use migprof::run::given::{self, BatchSize, KernelGiven, MeasureGiven, Place, WorkloadGiven};
 use migprof::run::measure::{Stop, Warmup};
 use migprof::run::verdict::{Flag, Verdict};
 use migprof::run::{Run, RunSpec};
-use workloads::{Mode, TrainConfig};
+use workloads::TrainConfig;
 
-use migprof::run::limits::{ITERATIONS, TOKENS};
+use migprof::run::limits::ITERATIONS;
 
-use super::args::{
-    as_mps_client, at_least_one, device_or_default, parse_batch, parse_block_size, parse_model_list,
-    parse_non_negative, report_hint, split_models, DTypeArg, KernelGiven, KvLayoutArg, MasterWeightsArg, ModeArg,
-    OptimizerArg,
-};
-
-/// The model of the default set: ResNet-18 inference at batch 1, 4 and 8, training at batch 4 and 8.
-const DEFAULT_MODEL: &str = "resnet18";
+use super::args::{as_mps_client, at_least_one, device_or_default, parse_non_negative, report_hint, OptimizerArg};
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    /// Models to run, comma-separated (see `migprof models`), or hf:DIR: a Hugging Face folder
-    /// (config.json and *.safetensors) of a supported language model (a folder whose name has a
-    /// comma is taken whole where it exists).
-    #[arg(long, value_parser = parse_model_list)]
-    pub model: Vec<String>,
-
-    /// infer (forward only, no gradients) or train (forward, cross-entropy, backward, AdamW) for image
-    /// and encoder models; generate (prefill, then greedy decoding with a KV cache) for language
-    /// models, comma-separated. Each model runs in the modes that apply to it; default: infer, or
-    /// generate for a language model.
-    #[arg(long, value_delimiter = ',')]
-    pub mode: Vec<ModeArg>,
-
-    /// Generate runs: tokens of each prompt, prefilled at once. Default 128.
-    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| TOKENS.parse("--prompt-len", s))]
-    pub prompt_len: Option<u64>,
-
-    /// Generate runs: tokens generated for each prompt, the first by the prefill, each other by a
-    /// decode step (at least 2). Default 128.
-    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| TOKENS.parse("--output-len", s))]
-    pub output_len: Option<u64>,
-
-    /// Generate runs: how the KV cache is kept. contiguous: one tensor per layer, grown by appending;
-    /// paged: blocks of --kv-block-size tokens from a pool, a block table per sequence, as serving
-    /// stacks keep them.
-    #[arg(long, value_enum, default_value_t = KvLayoutArg::Contiguous)]
-    pub kv_layout: KvLayoutArg,
-
-    /// With --kv-layout paged: tokens a block holds, 1 to 4096. Default 16.
-    #[arg(long, allow_negative_numbers = true, value_parser = parse_block_size)]
-    pub kv_block_size: Option<workloads::BlockSize>,
-
-    /// Batch sizes, comma-separated: one run per value.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = parse_batch)]
-    pub batch: Vec<usize>,
-
-    /// Tokens per sequence for token models (BERT); default 128. Image models in the same list ignore
-    /// it; with image models alone it is refused.
-    #[arg(long, allow_negative_numbers = true, value_parser = |s: &str| TOKENS.parse("--seq-len", s))]
-    pub seq_len: Option<u64>,
+    #[command(flatten)]
+    pub workload: WorkloadGiven,
 
     /// Load the model's weights from a safetensors file with torchvision's (ResNet, ViT, Swin) or
     /// Hugging Face BertModel's names, instead of seeded random weights. Needs exactly one --model.
@@ -89,15 +44,6 @@ pub struct RunArgs {
     /// Weight decay of training runs (default: the optimizer's).
     #[arg(long, value_parser = parse_non_negative)]
     pub weight_decay: Option<f64>,
-
-    /// bf16 and f16 training: over f32 master weights, as PyTorch's autocast trains (f16 with a dynamic
-    /// loss scale), or on the half-precision weights themselves. f32 training and inference ignore it.
-    #[arg(long, value_enum, default_value_t = MasterWeightsArg::F32)]
-    pub master_weights: MasterWeightsArg,
-
-    /// Element types, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "f32")]
-    pub dtype: Vec<DTypeArg>,
 
     /// cpu, cuda (the first GPU), a GPU index (nvidia-smi's), GPU-<uuid>, MIG-<uuid> or a MIG profile
     /// name such as 3g.40gb (when exactly one MIG device has it); migprof pins
@@ -300,80 +246,48 @@ fn evidence_warning(run: &Run) -> Option<String> {
         .flatten()
 }
 
-/// Every run of `migprof run`'s arguments, in order, once every argument is known to fit the others:
-/// the models and sequence length, and a weights file for exactly one model that exists.
+/// Every run of `migprof run`'s arguments, in order (as [`WorkloadGiven::workloads`] makes them),
+/// once every argument is known to fit the others: a weights file for exactly one model that exists.
 fn specs(args: &RunArgs) -> Result<Vec<RunSpec>> {
-    // Each --model as given is a list: the models, one by one, from here on.
-    let args = &RunArgs {
-        model: split_models(&args.model).map_err(anyhow::Error::msg)?,
-        ..args.clone()
-    };
-    // A value given twice would measure the same runs twice, one after the other.
-    refuse_repeats("--model", &args.model)?;
-    refuse_repeats(
-        "--mode",
-        &args
-            .mode
-            .iter()
-            .map(|m| format!("{m:?}").to_lowercase())
-            .collect::<Vec<_>>(),
-    )?;
-    refuse_repeats(
-        "--dtype",
-        &args
-            .dtype
-            .iter()
-            .map(|d| format!("{d:?}").to_lowercase())
-            .collect::<Vec<_>>(),
-    )?;
-    refuse_repeats("--batch", &args.batch)?;
-    if args.weights.is_some() && args.model.len() != 1 {
+    let given = &args.workload;
+    let models = given.models(Place::Run)?;
+    if args.weights.is_some() && models.len() != 1 {
         bail!("--weights loads one checkpoint into one model: give exactly one --model");
     }
     if let Some(w) = &args.weights {
         ensure!(w.is_file(), "--weights {}: no such file", w.display());
-        if let Some(m) = args.model.iter().find(|m| m.starts_with(workloads::FOLDER_PREFIX)) {
+        if let Some(m) = models.iter().find(|m| m.starts_with(workloads::FOLDER_PREFIX)) {
             bail!("{m} carries its own weights; --weights applies to the presets");
         }
     }
-    let specs = cross_product(args)?;
-    for s in &specs {
-        let (_, info) = workloads::lookup_with(&s.model, s.seq_len)?;
-        s.check_model(&info)?;
-    }
-    if args.seq_len.is_some() && specs.iter().all(|s| s.seq_len.is_none()) {
-        bail!("--seq-len applies to token models (bert_*) only, and none was asked for");
-    }
-    if (args.prompt_len.is_some() || args.output_len.is_some()) && specs.iter().all(|s| s.lengths.is_none()) {
-        bail!("--prompt-len and --output-len apply to generate runs of language models only, and none was asked for");
-    }
-    if args.kv_layout != KvLayoutArg::Contiguous && specs.iter().all(|s| s.lengths.is_none()) {
-        bail!("--kv-layout applies to generate runs of language models only, and none was asked for");
-    }
-    Ok(specs)
+    let measuring = args.measure.resolve(&given::RUN);
+    let (warmup, stop) = (warmup_rule(args), stop_rule(args, given.is_default_set()));
+    let train = train_config(args, given);
+    given
+        .workloads(Place::Run)?
+        .into_iter()
+        .map(|w| {
+            let BatchSize::Fixed(batch) = w.batch else {
+                bail!("--batch max: the largest batch that fits is searched by a sweep; give sizes");
+            };
+            Ok(RunSpec {
+                seq_len: w.seq_len,
+                lengths: w.lengths,
+                kv_layout: w.kv_layout,
+                weights: args.weights.clone(),
+                train,
+                kernels: args.kernels.options(),
+                warmup,
+                stop,
+                seed: measuring.seed,
+                sample_interval: measuring.sample_interval(),
+                ..RunSpec::new(&w.model, w.mode, w.precision, batch)
+            })
+        })
+        .collect()
 }
 
-/// Refuses a list that names a value more than once, naming the values.
-fn refuse_repeats<T: PartialEq + std::fmt::Display>(flag: &str, values: &[T]) -> Result<()> {
-    let mut repeated: Vec<String> = Vec::new();
-    for (i, v) in values.iter().enumerate() {
-        if values[..i].contains(v) && !repeated.contains(&v.to_string()) {
-            repeated.push(v.to_string());
-        }
-    }
-    ensure!(
-        repeated.is_empty(),
-        "{flag} names {} more than once: give each value once",
-        repeated.join(", ")
-    );
-    Ok(())
-}
-
-fn takes_tokens(model: &str) -> bool {
-    workloads::lookup(model).is_ok_and(|(_, info)| info.input.seq_len().is_some())
-}
-
-fn train_config(args: &RunArgs) -> TrainConfig {
+fn train_config(args: &RunArgs, given: &WorkloadGiven) -> TrainConfig {
     let base = match args.optimizer {
         OptimizerArg::Adamw => TrainConfig::adamw(),
         OptimizerArg::Sgd => TrainConfig::sgd(),
@@ -381,7 +295,7 @@ fn train_config(args: &RunArgs) -> TrainConfig {
     TrainConfig {
         lr: args.lr.unwrap_or(base.lr),
         weight_decay: args.weight_decay.unwrap_or(base.weight_decay),
-        master_weights: args.master_weights.choice(),
+        master_weights: given.master_weights(),
         ..base
     }
 }
@@ -412,74 +326,6 @@ fn stop_rule(args: &RunArgs, defaults_only: bool) -> Stop {
         Some(n) => Stop::Iterations(n),
         None => measuring.stop(args.min_iters),
     }
-}
-
-/// Every run to make, in order: model, then mode, then dtype, then batch. Unset lists take the
-/// default set's values; each model runs in the modes that apply to it, and one that none applies to
-/// is refused.
-fn cross_product(args: &RunArgs) -> Result<Vec<RunSpec>> {
-    let defaults_only = args.model.is_empty() && args.mode.is_empty() && args.batch.is_empty();
-    let models = if args.model.is_empty() {
-        vec![DEFAULT_MODEL.to_string()]
-    } else {
-        args.model.clone()
-    };
-    let modes: Vec<Mode> = if args.mode.is_empty() {
-        if defaults_only {
-            vec![Mode::Infer, Mode::Train]
-        } else {
-            vec![Mode::Infer]
-        }
-    } else {
-        args.mode.iter().map(|&m| m.into()).collect()
-    };
-    let batches_for = |mode: Mode| -> Vec<usize> {
-        match (args.batch.is_empty(), defaults_only, mode) {
-            (false, _, _) => args.batch.clone(),
-            (true, true, Mode::Train) => vec![4, 8],
-            (true, true, _) => vec![1, 4, 8],
-            (true, false, _) => vec![1],
-        }
-    };
-    let lengths = workloads::Lengths {
-        prompt: args
-            .prompt_len
-            .map_or(workloads::generation::DEFAULT_PROMPT_LEN, |l| l as usize),
-        output: args
-            .output_len
-            .map_or(workloads::generation::DEFAULT_OUTPUT_LEN, |l| l as usize),
-    };
-    let kv_layout = args.kv_layout.layout(args.kv_block_size).map_err(anyhow::Error::msg)?;
-    let measuring = args.measure.resolve(&given::RUN);
-    let mut specs = Vec::new();
-    for model in &models {
-        let (_, info) = workloads::lookup(model)?;
-        let modes: Vec<Mode> = if args.mode.is_empty() && info.family.is_decoder() {
-            vec![Mode::Generate]
-        } else {
-            Mode::fitting(&modes, &info).map_err(anyhow::Error::msg)?
-        };
-        for &mode in &modes {
-            for &dtype in &args.dtype {
-                for batch in batches_for(mode) {
-                    specs.push(RunSpec {
-                        seq_len: args.seq_len.filter(|_| takes_tokens(model)).map(|l| l as usize),
-                        lengths: (mode == Mode::Generate).then_some(lengths),
-                        kv_layout,
-                        weights: args.weights.clone(),
-                        train: train_config(args),
-                        kernels: args.kernels.options(),
-                        warmup: warmup_rule(args),
-                        stop: stop_rule(args, defaults_only),
-                        seed: measuring.seed,
-                        sample_interval: measuring.sample_interval(),
-                        ..RunSpec::new(model, mode, dtype.into(), batch)
-                    });
-                }
-            }
-        }
-    }
-    Ok(specs)
 }
 
 #[cfg(test)]

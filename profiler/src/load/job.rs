@@ -135,6 +135,7 @@ pub fn run(
     let id = JobIdentity {
         head: RowHead::of(context, cell, &device.info, &fingerprint, &info, spec),
         settings,
+        server: None,
     };
     let sampling = device.info.selected.clone().zip(spec.sample_interval);
     let mut steps = Stepper {
@@ -328,7 +329,7 @@ impl Stepper<'_> {
             &readings,
         )?;
         let load_id = provenance::run_id(started);
-        record::write_step(self.out, self.id, &load_id, started, &step, self.search.as_ref())?;
+        record::write_step(self.out, self.id, &load_id, started, &step, self.search.as_ref(), None)?;
         writeln!(self.log, "{}", step.describe())?;
         if let Some(n) = &step.note {
             writeln!(self.log, "  note: {n}")?;

@@ -28,7 +28,12 @@ pub struct RowHead<'a> {
     pub cell: &'a CellIdentity,
     pub device: &'a DeviceInfo,
     pub fingerprint: &'a Fingerprint,
-    pub model: &'a workloads::ModelInfo,
+    /// What is served: a catalogue model, or the model a user's server names.
+    pub model: &'a str,
+    /// The model's family (`server` for a user's server).
+    pub family: &'a str,
+    /// A token model's sequence length.
+    pub seq_len: Option<usize>,
     /// As `--dtype` names it.
     pub precision: &'a str,
     pub kernel_options: String,
@@ -53,7 +58,9 @@ impl<'a> RowHead<'a> {
             cell,
             device,
             fingerprint,
-            model,
+            model: &model.name,
+            family: model.family.as_str(),
+            seq_len: model.input.seq_len(),
             precision: spec.precision.as_str(),
             kernel_options: spec.kernels.canonical(),
             seed: spec.seed,
@@ -66,6 +73,94 @@ impl<'a> RowHead<'a> {
 pub struct JobIdentity<'a> {
     pub head: RowHead<'a>,
     pub settings: &'a LoadSettings,
+    /// The user's server that answered, where it was one (`migprof load --endpoint`).
+    pub server: Option<&'a ServerRow>,
+}
+
+/// A user's server behind a job's rows: who answered and how it was asked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerRow {
+    /// The server's name and version as it gives them (`triton 2.51.0`).
+    pub engine: String,
+    pub protocol: String,
+    pub endpoint: String,
+    /// The command migprof started the server with; `None`: a server already running.
+    pub command: Option<String>,
+    /// The request's tensors: `name [shape] DATATYPE`, comma-separated.
+    pub inputs: String,
+    /// How the tensors travelled: `json` or `binary`.
+    pub encoding: String,
+    /// Samples a request holds.
+    pub request_batch: usize,
+}
+
+/// What a step offered and what decided its length: a search's step and minimum, or seconds of
+/// arrivals; the rate (none for a server's step at a fixed concurrency).
+fn offer_columns(
+    id: &JobIdentity,
+    step: &Step,
+    search: Option<&SearchStep>,
+    client: Option<&ClientRow>,
+) -> Vec<Column> {
+    vec![
+        Column::new("capacity_id".into(), vec![search.map(|s| s.capacity_id.clone())]),
+        Column::new("search_step".into(), vec![search.map(|s| s.index as i64)]),
+        // What decided the step's length: its seconds of arrivals, or a search's minimum count.
+        Column::new(
+            "duration_s".into(),
+            vec![search.is_none().then_some(id.settings.duration_secs)],
+        ),
+        Column::new(
+            "min_requests".into(),
+            vec![search.map(|_| id.settings.min_requests as i64)],
+        ),
+        // A step at a fixed concurrency offers no rate.
+        Column::new(
+            "offered_qps".into(),
+            vec![client
+                .is_none_or(|c| c.concurrency.is_none())
+                .then_some(step.offered_qps)],
+        ),
+    ]
+}
+
+/// The measured requests' latency: mean, percentiles and p99's interval.
+fn latency_columns(step: &Step) -> Vec<Column> {
+    let st = &step.stats;
+    let interval = |high: bool| {
+        step.p99_interval
+            .as_ref()
+            .ok()
+            .map(|i| if high { i.high } else { i.low })
+    };
+    vec![
+        col("mean_ms", vec![st.mean_ms()]),
+        col("p50_ms", vec![ns_to_ms(st.p50_ns)]),
+        col("p90_ms", vec![ns_to_ms(st.p90_ns)]),
+        col("p99_ms", vec![ns_to_ms(st.p99_ns)]),
+        col("p999_ms", vec![ns_to_ms(st.p999_ns)]),
+        col("max_ms", vec![ns_to_ms(st.max_ns)]),
+        Column::new("p99_ms_ci_low".into(), vec![interval(false)]),
+        Column::new("p99_ms_ci_high".into(), vec![interval(true)]),
+    ]
+}
+
+/// A server's step as its client saw it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ClientRow {
+    /// Requests always in flight; `None`: the step offered a rate.
+    pub concurrency: Option<usize>,
+    /// Measured requests that failed (left out of the latencies), and the most frequent reasons.
+    pub failed: usize,
+    pub failures: Option<String>,
+    /// The client's own time per request, ms.
+    pub overhead_p50_ms: f64,
+    pub overhead_p99_ms: f64,
+    /// Measured requests started over 1 ms after they were due.
+    pub late: usize,
+    /// Whether NVML saw the server's processes on the target; `None`: not checked (no GPU, no
+    /// sampler, or a server migprof did not start).
+    pub on_target: Option<bool>,
 }
 
 /// The columns a row of a serving job starts with: its id, when, where, the cell, the model
@@ -86,8 +181,8 @@ pub(crate) fn head_columns(
     ];
     columns.extend(cell_columns(&[h.cell]));
     columns.extend([
-        col("model", vec![h.model.name.to_string()]),
-        col("family", vec![h.model.family.as_str().to_string()]),
+        col("model", vec![h.model.to_string()]),
+        col("family", vec![h.family.to_string()]),
         col("dtype", vec![h.precision.to_string()]),
     ]);
     columns.extend(after_dtype);
@@ -141,7 +236,7 @@ fn identity_columns(
     finished: DateTime<Utc>,
 ) -> Vec<Column> {
     let h = &id.head;
-    let seq_len = Column::new("seq_len".into(), vec![h.model.input.seq_len().map(|l| l as i64)]);
+    let seq_len = Column::new("seq_len".into(), vec![h.seq_len.map(|l| l as i64)]);
     let mut columns = head_columns(h, row_id, (started, finished), vec![seq_len]);
     let s = id.settings;
     columns.extend([
@@ -151,6 +246,17 @@ fn identity_columns(
         col("max_delay_ms", vec![s.max_delay_ms]),
         col("warmup_s", vec![s.warmup_secs]),
         Column::new("slo_p99_ms".into(), vec![s.slo_p99_ms]),
+    ]);
+    let server = id.server;
+    let text = |f: fn(&ServerRow) -> Option<String>| server.and_then(f);
+    columns.extend([
+        Column::new("engine".into(), vec![text(|s| Some(s.engine.clone()))]),
+        Column::new("protocol".into(), vec![text(|s| Some(s.protocol.clone()))]),
+        Column::new("endpoint".into(), vec![text(|s| Some(s.endpoint.clone()))]),
+        Column::new("server_command".into(), vec![text(|s| s.command.clone())]),
+        Column::new("request_inputs".into(), vec![text(|s| Some(s.inputs.clone()))]),
+        Column::new("encoding".into(), vec![text(|s| Some(s.encoding.clone()))]),
+        Column::new("request_batch".into(), vec![server.map(|s| s.request_batch as i64)]),
     ]);
     columns
 }
@@ -195,47 +301,26 @@ pub fn write_step(
     started: DateTime<Utc>,
     step: &Step,
     search: Option<&SearchStep>,
+    client: Option<&ClientRow>,
 ) -> Result<()> {
     let file = format!("part-{load_id}.parquet");
     write_batches(out, &file, load_id, step)?;
 
     let st = &step.stats;
-    let interval = |high: bool| {
-        step.p99_interval
-            .as_ref()
-            .ok()
-            .map(|i| if high { i.high } else { i.low })
-    };
     let (queue_mean, queue_max) = step.queue_at_dispatch();
     let counts = Series::new("".into(), step.batch_size_counts(id.settings.max_batch));
     let mut counts: ListChunked = std::iter::once(Some(counts)).collect();
     counts.rename("batch_size_counts".into());
     let mut columns = identity_columns(id, ("load_id", load_id), started, provenance::now());
+    columns.extend(offer_columns(id, step, search, client));
     columns.extend([
-        Column::new("capacity_id".into(), vec![search.map(|s| s.capacity_id.clone())]),
-        Column::new("search_step".into(), vec![search.map(|s| s.index as i64)]),
-        // What decided the step's length: its seconds of arrivals, or a search's minimum count.
-        Column::new(
-            "duration_s".into(),
-            vec![search.is_none().then_some(id.settings.duration_secs)],
-        ),
-        Column::new(
-            "min_requests".into(),
-            vec![search.map(|_| id.settings.min_requests as i64)],
-        ),
-        col("offered_qps", vec![step.offered_qps]),
         col("achieved_qps", vec![step.achieved_qps]),
         col("requests", vec![step.served.latencies_ns.len() as i64]),
         col("unfinished", vec![step.served.unfinished_ns.len() as i64]),
         col("measured_s", vec![step.served.window.as_secs_f64()]),
-        col("mean_ms", vec![st.mean_ms()]),
-        col("p50_ms", vec![ns_to_ms(st.p50_ns)]),
-        col("p90_ms", vec![ns_to_ms(st.p90_ns)]),
-        col("p99_ms", vec![ns_to_ms(st.p99_ns)]),
-        col("p999_ms", vec![ns_to_ms(st.p999_ns)]),
-        col("max_ms", vec![ns_to_ms(st.max_ns)]),
-        Column::new("p99_ms_ci_low".into(), vec![interval(false)]),
-        Column::new("p99_ms_ci_high".into(), vec![interval(true)]),
+    ]);
+    columns.extend(latency_columns(step));
+    columns.extend([
         col("mean_batch", vec![step.mean_batch()]),
         counts.into_series().into_column(),
         col("queue_mean", vec![queue_mean]),
@@ -261,6 +346,16 @@ pub fn write_step(
         Column::new("j_per_sample".into(), vec![step.metrics.j_per_sample]),
         Column::new("note".into(), vec![step.note.clone()]),
         Column::new("histogram".into(), vec![st.histogram_v2_deflate()?.as_slice()]),
+        Column::new(
+            "concurrency".into(),
+            vec![client.and_then(|c| c.concurrency.map(|n| n as i64))],
+        ),
+        Column::new("failed_requests".into(), vec![client.map(|c| c.failed as i64)]),
+        Column::new("failures".into(), vec![client.and_then(|c| c.failures.clone())]),
+        Column::new("client_overhead_p50_ms".into(), vec![client.map(|c| c.overhead_p50_ms)]),
+        Column::new("client_overhead_p99_ms".into(), vec![client.map(|c| c.overhead_p99_ms)]),
+        Column::new("client_late".into(), vec![client.map(|c| c.late as i64)]),
+        Column::new("server_on_target".into(), vec![client.and_then(|c| c.on_target)]),
     ]);
     columns.extend(closing_columns(id.head.fingerprint));
     let mut df = DataFrame::new(1, columns)?;

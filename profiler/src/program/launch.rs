@@ -139,7 +139,7 @@ pub fn run(options: &ProgramOptions, target: &ProgramTarget, out: &Path) -> Resu
     GOT.store(0, Ordering::SeqCst);
     set_signals(note_signal as extern "C" fn(libc::c_int) as libc::sighandler_t);
     let clock = Instant::now();
-    let (mut keeper, watch_write) = start_keeper(options, target, &step_file, &ended_file)?;
+    let (mut keeper, watch_write) = start_keeper(&options.command, target, Some(&step_file), &ended_file)?;
     let sampler = match (&target.info.selected, options.sample_interval) {
         (Some(selected), Some(interval)) => Some(crate::run::execute::start_nvml_sampler(selected.clone(), interval)),
         _ => None,
@@ -209,12 +209,12 @@ pub fn run(options: &ProgramOptions, target: &ProgramTarget, out: &Path) -> Resu
 }
 
 /// Starts the keeper with the program: its environment the user's with the target's pinning and
-/// the step file, its output piped to migprof, its watch pipe's read end on [`WATCH_FD`]. The
+/// the step file (a program's, not a server's), its output piped to migprof, its watch pipe's read end on [`WATCH_FD`]. The
 /// keeper, and the write end of its watch pipe, which only migprof holds.
-fn start_keeper(
-    options: &ProgramOptions,
+pub fn start_keeper(
+    command: &[std::ffi::OsString],
     target: &ProgramTarget,
-    step_file: &Path,
+    step_file: Option<&Path>,
     ended_file: &Path,
 ) -> Result<(Child, OwnedFd)> {
     let (watch_read, watch_write) = watch_pipe()?;
@@ -224,9 +224,9 @@ fn start_keeper(
         .arg("--status")
         .arg(ended_file)
         .arg("--")
-        .args(&options.command)
+        .args(command)
         .envs(target.env.iter().map(|(k, v)| (k, v)))
-        .env(STEPS_ENV, step_file)
+        .envs(step_file.map(|f| (STEPS_ENV, f)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

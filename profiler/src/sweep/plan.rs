@@ -5,6 +5,7 @@ use anyhow::{bail, Result};
 
 use super::file::{BatchSize, CapacitySearch, Program, Served, SweepFile, Target};
 use crate::cell::{CellSpec, Purpose, CELL_SPEC_VERSION};
+use crate::run::given::Place;
 use workloads::TrainConfig;
 
 /// One cell to run: its spec, the batch as the file wrote it (`max` is searched for first), and for a
@@ -179,68 +180,32 @@ impl Work {
     }
 }
 
-/// The cells of the matrices, target aside, in order: matrix, model, mode, dtype, batch, sequence
-/// length, repeat.
+/// The cells of the matrices, target aside, in order: matrix, then the matrix's runs in
+/// [`crate::run::given::WorkloadGiven::workloads`]'s order, then repeat.
 fn matrix_work(file: &SweepFile) -> Result<Vec<Work>> {
     let mut out = Vec::new();
-    for m in &file.matrix {
+    for (i, m) in file.matrix.iter().enumerate() {
         let kernels = m.kernels.options().canonical();
-        let master_weights = m.cells.master_weights()?;
-        for model in &m.cells.models {
-            let (_, info) = workloads::lookup(model)?;
-            let model_sha256 = crate::cell::spec::model_sha256(model)?;
-            // Image models have no sequence length: one cell, not one per listed length.
-            let seq_lens: Vec<Option<usize>> = match (info.input.seq_len(), m.cells.seq_lens.is_empty()) {
-                (Some(_), false) => m.cells.seq_lens.iter().map(|&l| Some(l)).collect(),
-                _ => vec![None],
-            };
-            // A mixed matrix runs each model in the modes that apply to it (the file's check made
-            // sure one does).
-            let modes = m
-                .cells
-                .modes
-                .iter()
-                .map(|mode| workloads::Mode::parse(mode))
-                .collect::<std::result::Result<Vec<_>, String>>()
-                .and_then(|modes| workloads::Mode::fitting(&modes, &info))
-                .map_err(anyhow::Error::msg)?;
-            for mode in modes {
-                let generate = mode == workloads::Mode::Generate;
-                let lengths: Vec<Option<workloads::Lengths>> = if generate {
-                    m.cells.lengths().into_iter().map(Some).collect()
-                } else {
-                    vec![None]
-                };
-                let layouts = if generate {
-                    m.cells.kv_layouts()?
-                } else {
-                    vec![workloads::KvLayout::default()]
-                };
-                for dtype in &m.cells.dtypes {
-                    for &batch in &m.cells.batches {
-                        for &seq_len in &seq_lens {
-                            for (&lengths, &kv_layout) in
-                                lengths.iter().flat_map(|l| layouts.iter().map(move |k| (l, k)))
-                            {
-                                for repeat in 0..file.defaults.repeats {
-                                    out.push(Work {
-                                        model: model.clone(),
-                                        model_sha256: model_sha256.clone(),
-                                        mode: mode.as_str().to_string(),
-                                        dtype: dtype.clone(),
-                                        batch,
-                                        seq_len,
-                                        lengths,
-                                        kv_layout,
-                                        repeat,
-                                        kernels: kernels.clone(),
-                                        master_weights,
-                                    });
-                                }
-                            }
-                        }
-                    }
-                }
+        let at = format!("[[matrix]] #{}", i + 1);
+        let mut model_sha256 = std::collections::HashMap::new();
+        for w in m.cells.workloads(Place::Matrix(&at))? {
+            if !model_sha256.contains_key(&w.model) {
+                model_sha256.insert(w.model.clone(), crate::cell::spec::model_sha256(&w.model)?);
+            }
+            for repeat in 0..file.defaults.repeats {
+                out.push(Work {
+                    model: w.model.clone(),
+                    model_sha256: model_sha256[&w.model].clone(),
+                    mode: w.mode.as_str().to_string(),
+                    dtype: w.precision.as_str().to_string(),
+                    batch: w.batch,
+                    seq_len: w.seq_len,
+                    lengths: w.lengths,
+                    kv_layout: w.kv_layout,
+                    repeat,
+                    kernels: kernels.clone(),
+                    master_weights: w.master_weights,
+                });
             }
         }
     }

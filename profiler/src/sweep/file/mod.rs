@@ -9,7 +9,8 @@ use serde::Deserialize;
 
 use crate::cell::spec::DTYPES;
 use crate::device::DeviceSpec;
-use crate::run::given::{self, group_keys, KernelGiven, MeasureGiven, Measuring};
+pub use crate::run::given::BatchSize;
+use crate::run::given::{self, group_keys, KernelGiven, MeasureGiven, Measuring, Place, WorkloadGiven};
 use crate::run::limits;
 
 mod capacity;
@@ -185,51 +186,18 @@ fn yes() -> bool {
 /// `--attention` and friends of `migprof run`, declared once in [`crate::run::given`]).
 #[derive(Debug, Clone)]
 pub struct Matrix {
-    pub cells: Cells,
+    /// What runs (`migprof run`'s `--model`, `--batch` and the rest, declared once in
+    /// [`crate::run::given`]): the cross product of its lists.
+    pub cells: WorkloadGiven,
     pub kernels: KernelGiven,
-}
-
-/// What a matrix runs: the cross product of its lists.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Cells {
-    /// At least one (the matrix's check says so: read key by key, nothing is missing here).
-    #[serde(default)]
-    pub models: Vec<String>,
-    #[serde(default = "infer")]
-    pub modes: Vec<String>,
-    #[serde(default = "f32")]
-    pub dtypes: Vec<String>,
-    /// At least one.
-    #[serde(default)]
-    pub batches: Vec<BatchSize>,
-    /// Tokens per sequence for token models; image models ignore them. Default: the model's.
-    #[serde(default)]
-    pub seq_lens: Vec<usize>,
-    /// Generate cells: prompt and output lengths, one cell per pair. Default: `--prompt-len` and
-    /// `--output-len`'s defaults.
-    #[serde(default)]
-    pub prompt_lens: Vec<usize>,
-    #[serde(default)]
-    pub output_lens: Vec<usize>,
-    /// Generate cells: the KV cache's layouts, one cell each (`contiguous`, `paged`; default
-    /// contiguous), and a paged cache's tokens a block (default 16).
-    #[serde(default)]
-    pub kv_layouts: Vec<String>,
-    #[serde(default)]
-    pub kv_block_size: Option<workloads::BlockSize>,
-    /// "f32" or "none": bf16 and f16 training over f32 master weights (default) or on the weights
-    /// themselves, as `--master-weights` takes it.
-    #[serde(default)]
-    pub master_weights: Option<String>,
 }
 
 /// Read key by key ([`keyed`]): the cells' keys and the kernel options', each value at its line.
 impl<'de> Deserialize<'de> for Matrix {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         use serde::de::Error;
-        let (cell_keys, kernel_keys) = (keyed::keys_of::<Cells>(), group_keys::<KernelGiven>());
-        let cells = |t: toml::Table| keyed::typed::<Cells>(t).map(|_| ());
+        let (cell_keys, kernel_keys) = (keyed::keys_of::<WorkloadGiven>(), group_keys::<KernelGiven>());
+        let cells = |t: toml::Table| keyed::typed::<WorkloadGiven>(t).map(|_| ());
         let kernels = |t: toml::Table| keyed::typed::<KernelGiven>(t).map(|_| ());
         let table = keyed::read(
             d,
@@ -242,55 +210,6 @@ impl<'de> Deserialize<'de> for Matrix {
             cells: keyed::take(&table, &cell_keys).map_err(D::Error::custom)?,
             kernels: keyed::take(&table, &kernel_keys).map_err(D::Error::custom)?,
         })
-    }
-}
-
-fn infer() -> Vec<String> {
-    vec!["infer".into()]
-}
-
-fn f32() -> Vec<String> {
-    vec!["f32".into()]
-}
-
-/// A batch size as written: a number, or `"max"` (the largest that fits on the target).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BatchSize {
-    Fixed(usize),
-    Max,
-}
-
-impl std::fmt::Display for BatchSize {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BatchSize::Fixed(n) => write!(f, "{n}"),
-            BatchSize::Max => f.write_str("max"),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for BatchSize {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Number(i64),
-            Fraction(f64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Number(n) if n > 0 => Ok(BatchSize::Fixed(n as usize)),
-            Raw::Fraction(x) => Err(serde::de::Error::custom(format!(
-                "a batch size is a positive integer or \"max\", not {x}"
-            ))),
-            Raw::Text(t) if t == "max" => Ok(BatchSize::Max),
-            Raw::Number(n) => Err(serde::de::Error::custom(format!(
-                "a batch size is a positive integer or \"max\", not {n}"
-            ))),
-            Raw::Text(t) => Err(serde::de::Error::custom(format!(
-                "a batch size is a positive integer or \"max\", not \"{t}\""
-            ))),
-        }
     }
 }
 
@@ -490,110 +409,7 @@ impl SweepFile {
 impl Matrix {
     /// One matrix (`at` names it): its cells (the kernel options were checked as they were read).
     fn check(&self, at: &str) -> Result<()> {
-        self.cells.check(at)
-    }
-}
-
-impl Cells {
-    /// Models, modes, batches, lengths, dtypes, master weights and cache layouts that a run takes.
-    fn check(&self, at: &str) -> Result<()> {
-        for model in &self.models {
-            workloads::check_name(model).map_err(|e| anyhow::anyhow!("{at}: models: {e}"))?;
-        }
-        let modes = self
-            .modes
-            .iter()
-            .map(|mode| workloads::Mode::parse(mode).map_err(|e| anyhow::anyhow!("{at}: modes: {e}")))
-            .collect::<Result<Vec<_>>>()?;
-        for b in &self.batches {
-            if let BatchSize::Fixed(b) = b {
-                limits::BATCH
-                    .check(&format!("{at}: batches"), *b as u64)
-                    .map_err(anyhow::Error::msg)?;
-            }
-        }
-        for (key, lengths) in [
-            ("seq_lens", &self.seq_lens),
-            ("prompt_lens", &self.prompt_lens),
-            ("output_lens", &self.output_lens),
-        ] {
-            for &l in lengths {
-                limits::TOKENS
-                    .check(&format!("{at}: {key}"), l as u64)
-                    .map_err(anyhow::Error::msg)?;
-            }
-        }
-        for model in &self.models {
-            let (_, info) = workloads::lookup(model).with_context(|| format!("{at}: models"))?;
-            let fitting = workloads::Mode::fitting(&modes, &info)
-                .map_err(|why| anyhow::anyhow!("{at}: no mode of the matrix runs `{model}`: {why}"))?;
-            if let (true, workloads::InputShape::Prompt { max_positions, .. }) =
-                (fitting.contains(&workloads::Mode::Generate), info.input)
-            {
-                for l in self.lengths() {
-                    // Named as this file names them, not as `migprof run`'s flags.
-                    l.check(model, max_positions).map_err(|e| {
-                        let e = e
-                            .replace("--prompt-len", "prompt_lens")
-                            .replace("--output-len", "output_lens");
-                        anyhow::anyhow!("{at}: {e}")
-                    })?;
-                }
-            }
-        }
-        for dtype in &self.dtypes {
-            if !DTYPES.contains(&dtype.as_str()) {
-                bail!(
-                    "{at}: dtypes: unknown dtype `{dtype}`; valid dtypes: {}",
-                    DTYPES.join(", ")
-                );
-            }
-        }
-        for (key, list) in [
-            ("models", self.models.len()),
-            ("modes", self.modes.len()),
-            ("dtypes", self.dtypes.len()),
-            ("batches", self.batches.len()),
-        ] {
-            if list == 0 {
-                bail!("{at}: {key} is empty");
-            }
-        }
-        self.master_weights().with_context(|| at.to_string())?;
-        self.kv_layouts().with_context(|| at.to_string())?;
-
-        Ok(())
-    }
-}
-
-impl Cells {
-    /// A generate cell's lengths: every pair of `prompt_lens` and `output_lens`, the defaults where
-    /// one is not given.
-    pub fn lengths(&self) -> Vec<workloads::Lengths> {
-        let or = |v: &[usize], d: usize| if v.is_empty() { vec![d] } else { v.to_vec() };
-        let prompts = or(&self.prompt_lens, workloads::generation::DEFAULT_PROMPT_LEN);
-        let outputs = or(&self.output_lens, workloads::generation::DEFAULT_OUTPUT_LEN);
-        prompts
-            .iter()
-            .flat_map(|&prompt| outputs.iter().map(move |&output| workloads::Lengths { prompt, output }))
-            .collect()
-    }
-
-    /// A generate cell's KV cache layouts, contiguous where none is given.
-    pub fn kv_layouts(&self) -> Result<Vec<workloads::KvLayout>> {
-        let names: Vec<&str> = self.kv_layouts.iter().map(String::as_str).collect();
-        workloads::KvLayout::from_names(&names, self.kv_block_size, ["kv_layouts", "kv_block_size"])
-            .map_err(anyhow::Error::msg)
-    }
-
-    /// The matrix's `master_weights`, the default when it has none.
-    pub fn master_weights(&self) -> Result<workloads::MasterWeights> {
-        match &self.master_weights {
-            Some(m) => m
-                .parse::<workloads::MasterWeights>()
-                .map_err(|e| anyhow::anyhow!("master_weights: {e}")),
-            None => Ok(workloads::MasterWeights::default()),
-        }
+        self.cells.workloads(Place::Matrix(at)).map(|_| ())
     }
 }
 
@@ -702,7 +518,8 @@ seq_lens = [128]
         );
         let e = err(&EXAMPLE.replace("\"max\"]", "100000]"));
         assert!(
-            e.contains("batches `100000`: a batch size is a whole number from 1 to 65536"),
+            e.contains("line 17")
+                && e.contains("batches: size `100000`: a batch size is a whole number from 1 to 65536"),
             "{e}"
         );
     }

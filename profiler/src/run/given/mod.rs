@@ -1,5 +1,5 @@
-//! How long and how a run is measured ([`MeasureGiven`]) and the kernels it measures with
-//! ([`KernelGiven`]), each declared once for both places it is given in: `migprof run`'s flags
+//! What a run measures ([`WorkloadGiven`]), how long and how it is measured ([`MeasureGiven`]) and
+//! the kernels it measures with ([`KernelGiven`]), each declared once for both places it is given in: `migprof run`'s flags
 //! (clap) and a sweep file's `[defaults]` and `[[matrix]]` keys (serde). A field's name is its key and its
 //! flag's id; its flag is `--` and the key in kebab case unless its `#[arg]` says otherwise
 //! (`--duration` for `duration_secs`). What was not given takes the defaults of where it was given
@@ -20,6 +20,11 @@ use workloads::kernels::KernelOptions;
 
 use crate::run::limits::{self, parse_percent, parse_seconds};
 use crate::run::measure::{Stop, Warmup};
+
+mod workload;
+pub use workload::{
+    parse_model, parse_model_list, split_models, BatchSize, Place, Workload, WorkloadGiven, DEFAULT_MODEL,
+};
 
 /// The measurement settings as given: what was not given is `None`.
 #[derive(Debug, Clone, Default, PartialEq, Args, Serialize, Deserialize)]

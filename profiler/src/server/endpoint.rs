@@ -1,0 +1,159 @@
+//! Where a user's server answers and how migprof reaches it: the base URL, the headers every request
+//! carries, and the HTTP agent of one client connection.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+
+/// A server's address and what every request to it carries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    /// The base URL without a trailing slash: `http://127.0.0.1:8000`.
+    pub url: String,
+    /// Headers every request carries (an API key, a tenant), as `Name: value`.
+    pub headers: Vec<(String, String)>,
+    /// A request not answered within this long is a failed request.
+    pub request_timeout: Duration,
+}
+
+/// An answer as read off the wire: status, headers that matter, body, and when the last byte came.
+pub struct Answer {
+    pub status: u16,
+    /// The value of `Inference-Header-Content-Length` (KServe's binary extension), if any.
+    pub inference_header_length: Option<usize>,
+    pub body: Vec<u8>,
+    pub read_at: Instant,
+}
+
+/// A request that got no answer to check: the connection failed, timed out, or the body broke off.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unanswered(pub String);
+
+/// The most bytes an answer may have: a larger one is a broken server, not a result.
+const MAX_ANSWER_BYTES: u64 = 1 << 30;
+
+impl Endpoint {
+    /// The endpoint of `url` (`http://` or `https://`, a host, perhaps a port and a path prefix),
+    /// with the headers given as `Name: value`.
+    pub fn new(url: &str, headers: &[String], request_timeout: Duration) -> Result<Endpoint> {
+        let url = url.trim();
+        let Some(rest) = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")) else {
+            bail!("--endpoint {url}: give the server's base URL with its scheme, e.g. http://127.0.0.1:8000");
+        };
+        let url = url.trim_end_matches('/');
+        if rest.is_empty() || rest.starts_with('/') || rest.starts_with(':') {
+            bail!("--endpoint {url}: no host; e.g. http://127.0.0.1:8000");
+        }
+        let headers = headers
+            .iter()
+            .map(|h| match h.split_once(':') {
+                Some((name, value)) if !name.trim().is_empty() && name.trim().bytes().all(is_token) => {
+                    Ok((name.trim().to_string(), value.trim().to_string()))
+                }
+                _ => bail!("--header {h:?}: give it as `Name: value`, e.g. `Authorization: Bearer $KEY`"),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Endpoint {
+            url: url.to_string(),
+            headers,
+            request_timeout,
+        })
+    }
+
+    /// A client of its own connection (kept alive between its requests, as perf_analyzer's
+    /// workers keep theirs): 4xx and 5xx are answers to read, not errors.
+    pub fn agent(&self) -> ureq::Agent {
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(self.request_timeout))
+            .max_idle_connections(4)
+            .max_idle_connections_per_host(4)
+            .user_agent(format!("migprof/{}", crate::provenance::VERSION))
+            .build()
+            .into()
+    }
+
+    /// GETs `path` (from the base URL).
+    pub fn get(&self, agent: &ureq::Agent, path: &str) -> Result<Answer, Unanswered> {
+        let mut request = agent.get(format!("{}{path}", self.url));
+        for (name, value) in &self.headers {
+            request = request.header(name, value);
+        }
+        read(request.call())
+    }
+
+    /// POSTs `body` to `path` with `headers` besides the endpoint's own.
+    pub fn post(
+        &self,
+        agent: &ureq::Agent,
+        path: &str,
+        headers: &[(&str, String)],
+        body: &[u8],
+    ) -> Result<Answer, Unanswered> {
+        let mut request = agent.post(format!("{}{path}", self.url));
+        for (name, value) in &self.headers {
+            request = request.header(name, value);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        read(request.send(body))
+    }
+}
+
+fn read(sent: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Result<Answer, Unanswered> {
+    let mut response = sent.map_err(|e| Unanswered(e.to_string()))?;
+    let status = response.status().as_u16();
+    let inference_header_length = response
+        .headers()
+        .get("inference-header-content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok());
+    let body = response
+        .body_mut()
+        .with_config()
+        .limit(MAX_ANSWER_BYTES)
+        .read_to_vec()
+        .map_err(|e| Unanswered(format!("reading the answer: {e}")))?;
+    Ok(Answer {
+        status,
+        inference_header_length,
+        body,
+        read_at: Instant::now(),
+    })
+}
+
+/// A byte of an HTTP header's name (RFC 9110's token).
+fn is_token(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+impl Answer {
+    /// The body as text, cut to `n` characters: what a server said when it refused.
+    pub fn text(&self, n: usize) -> String {
+        let text = String::from_utf8_lossy(&self.body);
+        let text = text.trim();
+        match text.char_indices().nth(n) {
+            Some((i, _)) => format!("{}…", &text[..i]),
+            None => text.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_headers_are_checked_naming_what_to_give() {
+        let t = Duration::from_secs(1);
+        let e = Endpoint::new("http://127.0.0.1:8000/", &["Authorization: Bearer k".into()], t).unwrap();
+        assert_eq!(e.url, "http://127.0.0.1:8000");
+        assert_eq!(e.headers, vec![("Authorization".to_string(), "Bearer k".to_string())]);
+        let err = |url: &str, headers: &[String]| Endpoint::new(url, headers, t).unwrap_err().to_string();
+        assert!(err("127.0.0.1:8000", &[]).contains("with its scheme"));
+        assert!(err("http://", &[]).contains("no host"));
+        assert!(err("http://h", &["novalue".into()]).contains("`Name: value`"));
+        assert!(err("http://h", &["a b: c".into()]).contains("`Name: value`"));
+    }
+}

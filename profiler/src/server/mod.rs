@@ -1,0 +1,69 @@
+//! A user's inference server measured on a target (`migprof load --endpoint`): one migprof did not
+//! write, reached over its own protocol.
+//!
+//! [`endpoint`] is where it answers and the headers it needs; [`kserve`] speaks KServe v2 (Triton,
+//! KServe's runtimes): the model's metadata, a request of its inputs, each answer checked against
+//! its outputs; [`drive`] loads it, at a fixed concurrency or at open-loop rates, and times every
+//! request from when it was due; [`launch`] starts a server command pinned to the target, waits
+//! until it is ready, and stops its whole process tree however migprof ends; [`job`] runs the steps
+//! (rates, concurrencies, a capacity search) beside the GPU sampler and writes each as a `load`
+//! row naming the server.
+
+pub mod drive;
+pub mod endpoint;
+pub mod job;
+pub mod kserve;
+pub mod launch;
+
+use std::time::Instant;
+
+use endpoint::Endpoint;
+
+/// One request a protocol sends again and again, and how each answer is checked.
+pub trait Exchange: Send + Sync {
+    /// Sends the request on `agent` (one client's connection) and checks the answer: when the
+    /// answer had been read whole, or what was wrong with it.
+    fn exchange(&self, endpoint: &Endpoint, agent: &ureq::Agent) -> Result<Instant, String>;
+
+    /// Samples one request holds.
+    fn batch(&self) -> usize;
+}
+
+/// The protocols migprof speaks to a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// KServe v2 over HTTP/REST (Triton, KServe, TorchServe, Seldon MLServer).
+    Kserve,
+}
+
+impl Protocol {
+    pub const NAMES: [&'static str; 1] = ["kserve"];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Kserve => "kserve",
+        }
+    }
+
+    /// The path that answers 200 once the model can be served.
+    pub fn ready_path(self, model: Option<&str>) -> String {
+        match (self, model) {
+            (Protocol::Kserve, Some(m)) => format!("/v2/models/{m}/ready"),
+            (Protocol::Kserve, None) => "/v2/health/ready".to_string(),
+        }
+    }
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Protocol, String> {
+        match s {
+            "kserve" => Ok(Protocol::Kserve),
+            other => Err(format!(
+                "protocol `{other}`; valid protocols: {}",
+                Protocol::NAMES.join(", ")
+            )),
+        }
+    }
+}
