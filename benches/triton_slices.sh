@@ -5,8 +5,9 @@
 # MPS client of migprof's daemon) at concurrency 1-3 and by a capacity search; then, on the whole
 # GPU, one server measured in turn by perf_analyzer, by migprof and by Triton's own client
 # (benches/triton/closed_loop.py). Run from the repository root with migprof in
-# .dist/migprof-server.xz and the wheels (nvidia-pytriton 0.7.0, numpy 1.26.4, tritonclient 2.60.0
-# and theirs, for the machine's python 3.12) in $WHEELS:
+# .dist/migprof-server.xz (a stripped release build, xz) and the wheels that benches/triton/wheels.sh
+# makes (nvidia-pytriton 0.7.0, numpy 1.26.4, tritonclient 2.60.0 and theirs, for the machine's
+# python 3.12) in $WHEELS, both carried to the machine:
 #
 #   OUT=/tmp/out MODEL=resnet50|bert_base WHEELS=.dist/triton-wheels [PHASES="slices search trio"] \
 #       bash benches/triton_slices.sh
