@@ -138,6 +138,9 @@ pub fn from_folders(
         let verdict = text_column(&df, "verdict")?;
         let arrival = text_column(&df, "arrival")?;
         let memory_of = text_column(&df, "memory_emulation")?;
+        // A user's server (`migprof load --endpoint`) batches as it is configured, not by `load`'s
+        // batcher: its rows name the server and the request instead.
+        let (engine, request_batch) = (text_column(&df, "engine")?, number_column(&df, "request_batch")?);
         for i in 0..df.height() {
             if status[i].as_deref() != Some("ok") {
                 continue;
@@ -161,11 +164,11 @@ pub fn from_folders(
                 d,
                 memory_key(memory_of[i].as_deref(), emulated[i].as_deref() == Some("true")),
             );
-            let settings = format!(
-                "{} arrivals, max batch {}, max delay {} ms",
-                arrival[i].as_deref().unwrap_or("?"),
-                max_batch[i].unwrap_or(0.0),
-                max_delay[i].unwrap_or(0.0)
+            let settings = searched_with(
+                arrival[i].as_deref(),
+                engine[i].as_deref(),
+                request_batch[i],
+                (max_batch[i], max_delay[i]),
             );
             if let Some(v) = verdict[i].as_deref().filter(|v| *v != "ok") {
                 g.notes.push(format!(
@@ -533,12 +536,51 @@ fn memory_key(column: Option<&str>, emulated: bool) -> String {
     }
 }
 
+/// How a capacity was searched, as its notes say: the arrivals and `load`'s batcher, or, for a
+/// user's server, the server and its requests' batch (it batches as it is configured).
+fn searched_with(
+    arrival: Option<&str>,
+    engine: Option<&str>,
+    request_batch: Option<f64>,
+    (max_batch, max_delay_ms): (Option<f64>, Option<f64>),
+) -> String {
+    let arrivals = arrival.unwrap_or("?");
+    match engine {
+        Some(server) => format!(
+            "{arrivals} arrivals to the server {server}, requests of batch {}",
+            request_batch.unwrap_or(0.0)
+        ),
+        None => format!(
+            "{arrivals} arrivals, max batch {}, max delay {} ms",
+            max_batch.unwrap_or(0.0),
+            max_delay_ms.unwrap_or(0.0)
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
 
     use super::csv::from_csv;
     use super::*;
+
+    #[test]
+    fn a_server_s_search_is_described_by_its_server_not_by_load_s_batcher() {
+        assert_eq!(
+            searched_with(Some("poisson"), None, None, (Some(32.0), Some(5.0))),
+            "poisson arrivals, max batch 32, max delay 5 ms"
+        );
+        assert_eq!(
+            searched_with(
+                Some("poisson"),
+                Some("triton 2.51.0"),
+                Some(8.0),
+                (Some(32.0), Some(5.0))
+            ),
+            "poisson arrivals to the server triton 2.51.0, requests of batch 8"
+        );
+    }
 
     /// A search's row: model, profile, capacity, (TTFT, TPOT) objectives, memory emulation.
     type Searched<'a> = (&'a str, &'a str, f64, (f64, f64), &'a str);
