@@ -151,9 +151,12 @@ impl Server {
 
 /// Whether GET `path` on the local `port` answers 200.
 fn answers(port: u16, path: &str) -> bool {
-    std::net::TcpStream::connect(("127.0.0.1", port))
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2))
         .and_then(|mut s| {
             use std::io::{Read, Write};
+            // A server that keeps the connection open must not hold the wait forever.
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
             s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())?;
             let mut answer = String::new();
             s.read_to_string(&mut answer)?;

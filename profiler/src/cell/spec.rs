@@ -293,8 +293,7 @@ impl CellSpec {
 
     /// 16 hex digits of the SHA-256 of [`id_fields`](Self::id_fields).
     pub fn cell_id(&self) -> String {
-        let digest = Sha256::digest(self.id_fields().as_bytes());
-        digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+        crate::run::record::id_of(&self.id_fields())
     }
 
     /// The identity of this cell's row once it ended with `status` (no sweep's for a cell of `run`

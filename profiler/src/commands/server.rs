@@ -40,7 +40,7 @@ pub struct ServerArgs {
     #[arg(long, requires = "endpoint")]
     pub server_cmd: Option<String>,
     /// With --server-cmd: how long the server may take to become ready, seconds.
-    #[arg(long, default_value_t = 300.0, value_parser = |s: &str| parse_seconds("--server-timeout", s, true))]
+    #[arg(long, default_value_t = 300.0, allow_negative_numbers = true, value_parser = |s: &str| parse_seconds("--server-timeout", s, true))]
     pub server_timeout: f64,
     /// The model to load, as the server names it (default: the one model a Triton server has ready).
     #[arg(long, requires = "endpoint")]
@@ -50,10 +50,10 @@ pub struct ServerArgs {
     pub headers: Vec<String>,
     /// Requests always in flight, comma-separated: one step each (perf_analyzer's
     /// --concurrency-range), before the --qps steps.
-    #[arg(long, value_delimiter = ',', requires = "endpoint", value_parser = |s: &str| migprof::run::limits::BATCH.parse("--concurrency", s).map(|n| n as usize))]
+    #[arg(long, value_delimiter = ',', requires = "endpoint", allow_negative_numbers = true, value_parser = |s: &str| migprof::run::limits::IN_FLIGHT.parse("--concurrency", s).map(|n| n as usize))]
     pub concurrency: Vec<usize>,
     /// Samples in each request, in the batch dimension of a model that batches.
-    #[arg(long, default_value_t = 1, requires = "endpoint", value_parser = |s: &str| migprof::run::limits::BATCH.parse("--batch", s).map(|n| n as usize))]
+    #[arg(long, default_value_t = 1, requires = "endpoint", allow_negative_numbers = true, value_parser = |s: &str| migprof::run::limits::BATCH.parse("--batch", s).map(|n| n as usize))]
     pub batch: usize,
     /// The sizes of an input's dimensions of any size, the batch dimension left out, as
     /// perf_analyzer's --shape: NAME:DIM,DIM (repeat for each input).
@@ -63,11 +63,11 @@ pub struct ServerArgs {
     #[arg(long, default_value = "binary", value_parser = PossibleValuesParser::new(Encoding::NAMES), requires = "endpoint")]
     pub encoding: String,
     /// A request not answered within this many seconds fails.
-    #[arg(long, default_value_t = 30.0, value_parser = |s: &str| parse_seconds("--request-timeout", s, true))]
+    #[arg(long, default_value_t = 30.0, allow_negative_numbers = true, value_parser = |s: &str| parse_seconds("--request-timeout", s, true))]
     pub request_timeout: f64,
     /// At --qps: the most requests in flight (one client connection each); a request due while all
     /// are busy waits in the client, its latency counted from its arrival, and the step says so.
-    #[arg(long, default_value_t = 256, value_parser = |s: &str| migprof::run::limits::BATCH.parse("--max-in-flight", s).map(|n| n as usize))]
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = |s: &str| migprof::run::limits::IN_FLIGHT.parse("--max-in-flight", s).map(|n| n as usize))]
     pub max_in_flight: usize,
 }
 

@@ -5,7 +5,6 @@
 use std::collections::BTreeSet;
 
 use anyhow::{bail, Result};
-use sha2::{Digest, Sha256};
 use workloads::Mode;
 
 use super::launch::Outcome;
@@ -358,11 +357,7 @@ fn cell_id(options: &ProgramOptions, target: &str, mode: Mode, items: usize) -> 
         options.precision.map_or("", |p| p.as_str()),
         options.pattern.as_ref().map_or("", |p| p.as_str())
     );
-    Sha256::digest(fields.as_bytes())
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::run::record::id_of(&fields)
 }
 
 /// The workload fields of a program's failed row (its step size unknown: 0).

@@ -21,6 +21,14 @@ pub const BATCH: Limit = Limit {
     why: "the inputs of a larger one are made before the memory estimate can refuse them",
 };
 
+/// Requests a server's client keeps in flight (`migprof load --concurrency`, `--max-in-flight`).
+pub const IN_FLIGHT: Limit = Limit {
+    what: "a number of requests in flight",
+    min: 1,
+    max: 65_536,
+    why: "each is a client thread with a connection of its own",
+};
+
 /// A sequence's tokens: `--seq-len`, `--prompt-len`, `--output-len`, and a serving job's token budgets.
 pub const TOKENS: Limit = Limit {
     what: "a length in tokens",

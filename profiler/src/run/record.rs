@@ -110,6 +110,17 @@ impl Status {
     }
 }
 
+/// A cell's id made of its identifying fields: 16 hex digits of their SHA-256 (migprof's own cells,
+/// a program's, a server's, a concurrent group's folder).
+pub fn id_of(fields: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(fields.as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Which cell a row belongs to: its sweep (none for `migprof run`), target, id, and how it ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CellIdentity {

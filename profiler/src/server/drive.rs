@@ -188,16 +188,20 @@ pub struct ClientSide {
 }
 
 impl ClientSide {
+    /// The most frequent reasons of the failures with their counts (`N× reason; …`); `None` when
+    /// none failed.
+    pub fn reasons(&self) -> Option<String> {
+        let reasons: Vec<String> = self.failures.iter().map(|(why, n)| format!("{n}× {why}")).collect();
+        (!reasons.is_empty()).then(|| reasons.join("; "))
+    }
+
     /// What needs saying about the client: failures, and a client that fell behind.
     pub fn notes(&self, load: &Load) -> Vec<String> {
         let mut notes = Vec::new();
-        if self.failed > 0 {
-            let reasons: Vec<String> = self.failures.iter().map(|(why, n)| format!("{n}× {why}")).collect();
+        if let Some(reasons) = self.reasons() {
             notes.push(format!(
-                "{} of {} measured request(s) failed, left out of the latencies: {}",
-                self.failed,
-                self.measured,
-                reasons.join("; ")
+                "{} of {} measured request(s) failed, left out of the latencies: {reasons}",
+                self.failed, self.measured
             ));
         }
         if self.late > 0 {

@@ -8,7 +8,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use sha2::{Digest, Sha256};
 
 use super::drive::{drive, ClientSide, Load};
 use super::endpoint::Endpoint;
@@ -127,15 +126,13 @@ pub fn run(
 
 /// A step none of whose measured requests was answered: what the server said instead.
 fn none_answered(load: &Load, client: &ClientSide) -> anyhow::Error {
-    let why: Vec<String> = client.failures.iter().map(|(w, n)| format!("{n}× {w}")).collect();
     anyhow::anyhow!(
         "{}: no measured request was answered ({} failed: {}); the steps before it are kept",
         load.describe(),
         client.failed,
-        match why.is_empty() {
-            true => "none was sent: lengthen --duration".to_string(),
-            false => why.join("; "),
-        }
+        client
+            .reasons()
+            .unwrap_or_else(|| "none was sent: lengthen --duration".to_string())
     )
 }
 
@@ -147,10 +144,7 @@ fn client_row(load: &Load, client: &ClientSide, on_target: Option<bool>) -> Clie
             Load::Rate { .. } => None,
         },
         failed: client.failed,
-        failures: (!client.failures.is_empty()).then(|| {
-            let reasons: Vec<String> = client.failures.iter().map(|(w, n)| format!("{n}× {w}")).collect();
-            reasons.join("; ")
-        }),
+        failures: client.reasons(),
         overhead_p50_ms: client.overhead_p50_ms,
         overhead_p99_ms: client.overhead_p99_ms,
         late: client.late,
@@ -193,11 +187,7 @@ fn cell_id(job: &ServerJob, target: &str) -> String {
         s.inputs,
         s.encoding
     );
-    Sha256::digest(fields.as_bytes())
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::run::record::id_of(&fields)
 }
 
 struct Stepper<'a> {

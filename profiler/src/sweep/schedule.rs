@@ -709,13 +709,7 @@ fn mps_env(
 /// A fresh meeting folder for a group instance.
 fn group_dir(out: &Path, members: &[PlannedCell]) -> Result<PathBuf> {
     let key = members[0].group.as_deref().expect("a group's member");
-    let digest = sha2::Digest::finalize(sha2::Digest::chain_update(
-        <sha2::Sha256 as sha2::Digest>::new(),
-        key.as_bytes(),
-    ));
-    let dir = out
-        .join("groups")
-        .join(digest.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>());
+    let dir = out.join("groups").join(crate::run::record::id_of(key));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| crate::files::io_error(e, &dir))?;
     Ok(dir)
