@@ -4,9 +4,12 @@ study "Triton on a whole GPU against a slice", for `migprof load --endpoint` (be
     python serve.py --model resnet50|bert_base [--http-port 8000 --grpc-port 8001 --metrics-port 8002]
 
 resnet50: torchvision ResNet-50 (seeded random weights), fp16, channels_last; input FP32
-[-1, 3, 224, 224], output FP32 [-1, 1000]. bert_base: Hugging Face BertModel (bert-base config,
-seeded random weights), fp16; inputs INT64 input_ids and attention_mask [-1, -1], output FP32
-pooled [-1, 768]. Dynamic batching up to 64, 100 us queue delay. SIGTERM stops it as Ctrl-C does.
+[-1, 3, 224, 224], output FP32 [-1, 1000]. bert_base: BERT-base's encoder written in PyTorch
+(embeddings of a 30522-token vocabulary, 12 post-norm layers of width 768, 12 heads, GELU MLP of
+3072, the tanh pooler; seeded random weights), fp16, the attention through PyTorch's fused kernel
+(scaled_dot_product_attention); inputs INT64 input_ids and attention_mask [-1, -1], output FP32
+pooled [-1, 768]. Hugging Face's BertModel computes the same; it is not imported because PyTriton
+0.7 needs numpy below 2, under which transformers 5.17 does not import it. Dynamic batching up to 64, 100 us queue delay. SIGTERM stops it as Ctrl-C does.
 """
 
 import argparse
@@ -38,18 +41,55 @@ def resnet50():
     return infer, inputs, outputs
 
 
-def bert_base():
-    from transformers import BertConfig, BertModel
+class Bert(torch.nn.Module):
+    """BERT-base's encoder and pooler: the computation of Hugging Face's BertModel(BertConfig())."""
 
+    def __init__(self, vocab=30522, width=768, layers=12, heads=12, mlp=3072, positions=512):
+        super().__init__()
+        self.heads = heads
+        self.words = torch.nn.Embedding(vocab, width)
+        self.positions = torch.nn.Embedding(positions, width)
+        self.types = torch.nn.Embedding(2, width)
+        self.norm = torch.nn.LayerNorm(width, eps=1e-12)
+        self.layers = torch.nn.ModuleList(
+            torch.nn.ModuleDict(
+                {
+                    "qkv": torch.nn.Linear(width, 3 * width),
+                    "out": torch.nn.Linear(width, width),
+                    "norm1": torch.nn.LayerNorm(width, eps=1e-12),
+                    "up": torch.nn.Linear(width, mlp),
+                    "down": torch.nn.Linear(mlp, width),
+                    "norm2": torch.nn.LayerNorm(width, eps=1e-12),
+                }
+            )
+            for _ in range(layers)
+        )
+        self.pool = torch.nn.Linear(width, width)
+
+    def forward(self, ids, mask):
+        b, n = ids.shape
+        pos = torch.arange(n, device=ids.device)
+        x = self.norm(self.words(ids) + self.positions(pos) + self.types(torch.zeros_like(ids)))
+        # Padding keys are left out: -inf where the mask is 0 (BERT's extended attention mask).
+        bias = (1.0 - mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        for layer in self.layers:
+            q, k, v = layer["qkv"](x).view(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+            a = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            x = layer["norm1"](x + layer["out"](a.transpose(1, 2).reshape(b, n, -1)))
+            x = layer["norm2"](x + layer["down"](torch.nn.functional.gelu(layer["up"](x))))
+        return torch.tanh(self.pool(x[:, 0]))
+
+
+def bert_base():
     torch.manual_seed(0)
-    net = BertModel(BertConfig()).cuda().eval().half()
+    net = Bert().cuda().eval().half()
 
     @batch
     def infer(input_ids, attention_mask):
         ids = torch.from_numpy(input_ids).cuda(non_blocking=True)
         mask = torch.from_numpy(attention_mask).cuda(non_blocking=True)
         with torch.inference_mode():
-            return {"pooled": net(input_ids=ids, attention_mask=mask).pooler_output.float().cpu().numpy()}
+            return {"pooled": net(ids, mask).float().cpu().numpy()}
 
     inputs = [
         Tensor(name="input_ids", dtype=np.int64, shape=(-1,)),

@@ -467,6 +467,9 @@ command = ["sh", "-c", "echo broken >&2; printf 'caf\\351\\n' >&2; exit 4"]
         "{errors:?}"
     );
     assert!(strings(&runs, "program_command")[0].contains("exit 4"));
+    // How the program ended reaches the failed row the sweep writes.
+    assert_eq!(ints(&runs, "program_exit_code")[0], Some(4));
+    assert!(numbers(&runs, "program_wall_s")[0].is_some_and(|w| w > 0.0));
     // A rerun runs only the failed cell again.
     let o = run_sweep();
     assert!(text(&o).contains("3 skipped (done already)"), "{}", text(&o));

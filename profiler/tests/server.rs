@@ -103,8 +103,24 @@ struct Server {
 
 impl Server {
     /// Starts the test server with `models`, and waits until each is ready; fails with its last
-    /// lines if it ends or is not ready within 4 minutes.
+    /// lines if it ends or is not ready within 4 minutes. PyTriton's model proxies meet their
+    /// backend through a socket handshake that a machine of two cores busy with other tests can
+    /// miss (`load failed for model …: Connection refused`): a server that ended so is started
+    /// again, three times at most, what it left stopped first.
     fn start(python: &str, models: &str, extra: &str) -> Server {
+        for attempt in 1..=3 {
+            match Server::try_start(python, models, extra) {
+                Ok(server) => return server,
+                Err(why) if attempt < 3 && why.contains("load failed for model") => {
+                    eprintln!("the test's Triton server did not load its models (attempt {attempt}); starting it again")
+                }
+                Err(why) => panic!("{why}"),
+            }
+        }
+        unreachable!("the third attempt returns or panics")
+    }
+
+    fn try_start(python: &str, models: &str, extra: &str) -> Result<Server, String> {
         let ports = free_ports();
         let log = std::env::temp_dir().join(format!("migprof-test-triton-{}.log", ports[0]));
         let file = std::fs::File::create(&log).unwrap();
@@ -129,7 +145,11 @@ impl Server {
                 let text = std::fs::read_to_string(&log).unwrap_or_default();
                 let tail: Vec<&str> = text.lines().rev().take(30).collect();
                 let _ = child.kill();
-                panic!(
+                let _ = child.wait();
+                for pid in gone(&format!("--http-port {}", ports[0]), Duration::from_secs(10)) {
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                }
+                return Err(format!(
                     "the test's Triton server {} ({ended:?}); its last lines:\n{}",
                     if ended.is_some() {
                         "ended"
@@ -137,11 +157,11 @@ impl Server {
                         "was not ready in 240 s"
                     },
                     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                );
+                ));
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        Server { child, port: ports[0] }
+        Ok(Server { child, port: ports[0] })
     }
 
     fn url(&self) -> String {
@@ -436,7 +456,17 @@ fn wrong_answers_shapes_and_encodings_are_named() {
         "--shape attention_mask:N",
     );
     fails(&["--served-model", "half", "--encoding", "json"], "--encoding binary");
-    fails(&["--served-model", "dense", "--shape", "z:3"], "has no such input");
+    fails(&["--served-model", "dense", "--shape", "z:3"], "has no input `z`");
+    // The user's tensors: one sample of 16 values for a request of 2, and one that fits no shape.
+    let data = dir.path().join("data.json");
+    let sample: Vec<String> = (0..16).map(|i| format!("{}", i as f64 / 16.0)).collect();
+    std::fs::write(&data, format!("{{\"data\": [{{\"x\": [{}]}}]}}", sample.join(","))).unwrap();
+    let wrong = dir.path().join("wrong.json");
+    std::fs::write(&wrong, "{\"data\": [{\"x\": [1, 2, 3]}]}").unwrap();
+    fails(
+        &["--served-model", "dense", "--input-data", wrong.to_str().unwrap()],
+        "--input-data data[0].x: 3 values",
+    );
     // What works: the sequence length given, half types over the binary extension, JSON.
     for args in [
         &[
@@ -449,6 +479,14 @@ fn wrong_answers_shapes_and_encodings_are_named() {
         ][..],
         &["--served-model", "half"][..],
         &["--served-model", "dense", "--encoding", "json", "--batch", "2"][..],
+        &[
+            "--served-model",
+            "dense",
+            "--batch",
+            "2",
+            "--input-data",
+            data.to_str().unwrap(),
+        ][..],
     ] {
         let mut all = vec![
             "--endpoint",
@@ -465,7 +503,98 @@ fn wrong_answers_shapes_and_encodings_are_named() {
         assert!(o.status.success(), "{args:?}: {}", text(&o));
     }
     let rows = read_table(&out, Table::Load).unwrap();
-    assert_eq!(rows.height(), 3);
+    assert_eq!(rows.height(), 4);
+    assert!(
+        strings(&rows, "request_inputs").contains(&"x [2, 16] FP32".to_string()),
+        "{:?}",
+        strings(&rows, "request_inputs")
+    );
+}
+
+/// A sweep's `[[servers]]`: the server started for its cell, a row per step with the sweep's
+/// identity, stopped whole; a rerun finds the cell done.
+#[test]
+#[ignore = "needs the Triton environment (.ci/run makes it: scripts/setup-triton-venv.sh)"]
+fn a_sweep_starts_its_server_on_each_target_and_finds_it_done_when_run_again() {
+    let _alone = one_at_a_time();
+    let python = triton_python();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("D");
+    let ports = free_ports();
+    let cmd = server_cmd(&python, ports, "--models dense");
+    let file = dir.path().join("sweep.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+name = "served"
+[defaults]
+timeout_secs = 300
+[[targets]]
+label = "host"
+device = "cpu"
+[[servers]]
+endpoint = "http://127.0.0.1:{}"
+server_cmd = '{cmd}'
+served_model = "dense"
+server_timeout = 120
+concurrency = [1, 2]
+batch = 2
+warmup_secs = 0.5
+duration_secs = 1
+"#,
+            ports[0]
+        ),
+    )
+    .unwrap();
+    let sweep = || {
+        migprof()
+            .args(["sweep", file.to_str().unwrap(), "--out", out.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let o = sweep();
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = read_table(&out, Table::Load).unwrap();
+    assert_eq!(rows.height(), 2, "{}", text(&o));
+    assert_eq!(strings(&rows, "sweep"), vec!["served"; 2]);
+    assert_eq!(strings(&rows, "target"), vec!["host"; 2]);
+    assert_eq!(strings(&rows, "model"), vec!["dense"; 2]);
+    let ids = strings(&rows, "cell_id");
+    assert_eq!(ids[0], ids[1], "one cell, a row per step");
+    assert_eq!(strings(&rows, "request_inputs"), vec!["x [2, 16] FP32"; 2]);
+    assert_eq!(
+        gone(&format!("{}", ports[0]), Duration::from_secs(15)),
+        Vec::<u32>::new()
+    );
+    // Read as users read it: pyarrow, a duckdb glob and a polars scan see both rows and the server.
+    let script = r#"
+import sys, duckdb, polars as pl, pyarrow.parquet as pq
+d = sys.argv[1]
+t = pq.read_table(f"{d}/load").to_pylist()
+assert sorted(r["concurrency"] for r in t) == [1, 2], t
+assert all(r["engine"].startswith("triton ") and r["offered_qps"] is None and r["failed_requests"] == 0 for r in t), t
+n, c, answered = duckdb.sql(f"select count(*), sum(concurrency), min(achieved_qps) from '{d}/load/*.parquet'").fetchall()[0]
+assert (n, c) == (2, 3) and answered > 0, (n, c, answered)
+df = pl.scan_parquet(f"{d}/load/*.parquet").collect()
+assert df["protocol"].to_list() == ["kserve", "kserve"] and df["client_overhead_p50_ms"].null_count() == 0, df
+print("read whole")
+"#;
+    let read = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        read.status.success(),
+        "pyarrow, duckdb and polars (.ci/run installs them): {}",
+        text(&read)
+    );
+    let o = sweep();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("1 skipped (done already)"), "{}", text(&o));
+    assert_eq!(read_table(&out, Table::Load).unwrap().height(), 2);
 }
 
 /// No Triton needed: a server that cannot start, never gets ready, or is not there.
@@ -518,6 +647,17 @@ fn a_server_that_ends_never_answers_or_is_not_there_is_named_and_nothing_is_left
     assert!(text(&o).contains("GET /v2"), "{}", text(&o));
     let o = load(&out, &["--endpoint", &url]);
     assert!(text(&o).contains("say how to load the server"), "{}", text(&o));
+    // Something already answers at the endpoint: the command is not started, lest that be measured.
+    let squatter = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let marker = format!("sleep 4{port}");
+    let o = load(
+        &out,
+        &["--endpoint", &url, "--server-cmd", &marker, "--concurrency", "1"],
+    );
+    assert!(!o.status.success());
+    assert!(text(&o).contains("something already answers at"), "{}", text(&o));
+    assert!(processes_with(&marker).is_empty(), "the command was not started");
+    drop(squatter);
     let o = load(
         &out,
         &["--endpoint", &url, "--model", "resnet_tiny", "--concurrency", "1"],
@@ -539,5 +679,9 @@ fn a_server_that_ends_never_answers_or_is_not_there_is_named_and_nothing_is_left
         .arg(&out)
         .output()
         .unwrap();
-    assert!(text(&o).contains("give --server-cmd"), "{}", text(&o));
+    assert!(
+        text(&o).contains("give the command that starts it (--server-cmd"),
+        "{}",
+        text(&o)
+    );
 }

@@ -132,6 +132,8 @@ pub enum Ran {
     Loaded(JobOutcome),
     /// A language model's serving steps (and a search's capacity), their rows written.
     Served(ServeOutcome),
+    /// A user's server's steps (and a search's capacity), their rows written.
+    Server(crate::server::job::ServerOutcome),
 }
 
 /// Runs `cell` (made as `spec`) on `target`, its rows to `out`; a job's progress goes to `log`.
@@ -171,9 +173,10 @@ pub fn run(
             };
             crate::load::generation::run(job, device, context, &identity, out, log).map(Ran::Served)
         }
-        // A program runs beside a device migprof must not hold: it has its own runner.
-        Job::Program(_) => Err(anyhow::anyhow!(
-            "a program's cell runs by run_program, on a device this process does not open"
+        // A program or a server runs beside a device migprof must not hold: each has its own
+        // runner.
+        Job::Program(_) | Job::Server(_) => Err(anyhow::anyhow!(
+            "a program's or a server's cell runs by its own runner, on a device this process does not open"
         )),
         Job::Measure => fits_by_shape(cell, spec, device)
             .and_then(|()| execute(spec, device, context.clone(), identity))
@@ -193,6 +196,50 @@ pub fn run(
         }
     }
     ran
+}
+
+/// What a program's cell prints before it fails, the line [`ProgramEnded`] follows: the sweep that
+/// writes the cell's failed row sees only this process's exit, not the program's.
+pub const PROGRAM_ENDED_PREFIX: &str = "program ended: ";
+
+/// How the program of a failed program's cell ended, for its row's `program_*` columns.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ProgramEnded {
+    pub exit_code: Option<i32>,
+    pub exit_signal: Option<i32>,
+    pub wall_s: Option<f64>,
+    pub device_memory_max_mib: Option<f64>,
+    pub pids_seen: Option<u32>,
+}
+
+impl ProgramEnded {
+    fn of(p: &crate::run::subject::Program) -> ProgramEnded {
+        ProgramEnded {
+            exit_code: p.exit_code,
+            exit_signal: p.exit_signal,
+            wall_s: p.wall.map(|w| w.as_secs_f64()),
+            device_memory_max_mib: p.device_memory_max_mib,
+            pids_seen: p.pids_seen,
+        }
+    }
+
+    /// Puts what it says into the failed row's program.
+    pub fn fill(&self, p: &mut crate::run::subject::Program) {
+        p.exit_code = self.exit_code;
+        p.exit_signal = self.exit_signal;
+        p.wall = self.wall_s.map(std::time::Duration::from_secs_f64);
+        p.device_memory_max_mib = self.device_memory_max_mib;
+        p.pids_seen = self.pids_seen;
+    }
+
+    /// The last such line in a cell's output.
+    pub fn in_output(output: &str) -> Option<ProgramEnded> {
+        output
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix(PROGRAM_ENDED_PREFIX))
+            .and_then(|json| serde_json::from_str(json).ok())
+    }
 }
 
 /// Runs a user's program's cell (a sweep's `[[programs]]`) in the sweep's child: the program started
@@ -230,10 +277,43 @@ pub fn run_program(cell: &CellSpec, invocation: Option<&str>, out: &Path) -> Res
     // Stopped now, its error said after the row is written: it loses no measurement.
     let stopped = target.daemon.map(|d| d.stop());
     let batch = (cell.batch > 0).then_some(cell.batch);
-    let run = rows::cell_row(&outcome?, &options, &context, cell.identity(Status::Ok), batch)?;
+    let outcome = outcome?;
+    let run = match rows::cell_row(&outcome, &options, &context, cell.identity(Status::Ok), batch) {
+        Ok(run) => run,
+        Err(e) => {
+            // The sweep writes this cell's failed row, and hears how the program ended from this.
+            let ended = ProgramEnded::of(&rows::describe(&outcome, &options));
+            println!("{PROGRAM_ENDED_PREFIX}{}", serde_json::to_string(&ended)?);
+            return Err(e);
+        }
+    };
     write_run(out, &run)?;
     stopped.transpose()?;
     Ok(run)
+}
+
+/// Runs a user's server's cell (a sweep's `[[servers]]`) in the sweep's child, as `migprof load
+/// --endpoint` runs a server: started on the cell's device (an emulated slice as a client of the
+/// sweep's daemon), loaded at its steps, its rows written with the cell's identity, and its whole
+/// process tree stopped when the steps end or this process does.
+pub fn run_server(cell: &CellSpec, invocation: Option<&str>, out: &Path) -> Result<crate::server::job::ServerOutcome> {
+    let job = cell.job.server().context("a server's cell without its server")?;
+    let server = job.server.resolve(cell.seed, Keys::SweepFile)?;
+    let device = cell.device.parse::<DeviceSpec>()?;
+    let identity = cell.identity(Status::Ok);
+    let m = crate::server::measure::Measure {
+        server: &server,
+        load: &job.load,
+        rates: &job.rates,
+        search: job.search,
+        device: &device,
+        sample_interval: (cell.sample_interval_ms > 0)
+            .then(|| std::time::Duration::from_millis(cell.sample_interval_ms)),
+        out,
+        cell: Some(&identity),
+        invocation,
+    };
+    crate::server::measure::measure(&m, &mut std::io::stderr())
 }
 
 /// The cell's preflight: what its device cannot run is refused before the job builds anything, and

@@ -138,6 +138,24 @@ pub enum Job {
     /// the cell's `model` is its name, `mode` the phase measured, `batch` the items a step (0: what
     /// it runs).
     Program(ProgramJob),
+    /// Starts a user's server on the cell's device and loads it (`load` and `capacity` rows, as
+    /// `migprof load --endpoint`): the cell's `model` is the served model's name, `batch` the samples
+    /// a request holds.
+    Server(Box<ServerJob>),
+}
+
+/// A server cell's server, its requests and its steps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerJob {
+    pub server: crate::server::given::ServerGiven,
+    /// Warm-up, duration, arrivals, the objective and the search's bounds.
+    pub load: crate::load::settings::LoadSettings,
+    /// Open-loop rates, after the server's concurrencies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rates: Vec<f64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub search: bool,
 }
 
 /// A program cell's command and how its steps are read.
@@ -176,6 +194,14 @@ impl Job {
     pub fn program(&self) -> Option<&ProgramJob> {
         match self {
             Job::Program(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// A server's job.
+    pub fn server(&self) -> Option<&ServerJob> {
+        match self {
+            Job::Server(s) => Some(s),
             _ => None,
         }
     }
@@ -256,6 +282,11 @@ impl CellSpec {
                     fields.push(("step_pattern", pattern.clone()));
                 }
             }
+            // Everything it was given: another server, request or step is another cell.
+            Job::Server(s) => fields.push((
+                "server",
+                serde_json::to_string(s).unwrap_or_else(|e| format!("unwritable: {e}")),
+            )),
         }
         if let Some(g) = &self.concurrency_group {
             fields.push(("concurrency_group", g.clone()));

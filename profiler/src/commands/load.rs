@@ -78,7 +78,7 @@ pub struct LoadArgs {
     #[command(flatten)]
     pub kernels: KernelGiven,
     #[command(flatten)]
-    pub server: Box<super::server::ServerArgs>,
+    pub server: Box<migprof::server::given::ServerGiven>,
 }
 
 /// The model migprof's engine serves (`--model`, which clap requires without `--endpoint`).

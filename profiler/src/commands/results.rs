@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{ensure, Result};
 use clap::{Args, ValueEnum};
 use migprof::results::compare::Selector;
-use migprof::results::parts::{read_table, Table};
+use migprof::results::parts::read_table;
 
 use super::args::report_hint;
 
@@ -36,12 +36,17 @@ pub struct CheckArgs {
 pub struct CompareArgs {
     /// The results folder.
     pub dir: PathBuf,
-    /// The runs to compare against: column=value over the runs table.
+    /// The runs to compare against: column=value over the table's rows.
     #[arg(long)]
     pub baseline: Selector,
     /// The runs compared: column=value over the same column.
     #[arg(long)]
     pub target: Selector,
+    /// The rows compared: runs (throughput in items/s), load (a step's achieved requests/s at its
+    /// concurrency or rate: migprof's engine or a server of your own) or capacity (a search's
+    /// requests/s within its objective).
+    #[arg(long, value_enum, default_value = "runs")]
+    pub table: migprof::results::compare::Kind,
     #[arg(long, value_enum, default_value = "text")]
     pub format: CompareFormat,
 }
@@ -136,9 +141,30 @@ pub fn check(args: CheckArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
 pub fn compare(args: CompareArgs, stdout: &mut dyn Write) -> Result<ExitCode> {
     let dir = &args.dir;
     ensure!(dir.is_dir(), "{}: no such results folder", dir.display());
-    let runs = read_table(dir, Table::Runs)?;
-    ensure!(runs.height() > 0, "{}: no runs to compare", dir.display());
-    let c = migprof::results::compare::compare(&runs, &args.baseline, &args.target)?;
+    let kind = args.table;
+    let rows = read_table(dir, kind.table())?;
+    if rows.height() == 0 {
+        let others: Vec<String> = migprof::results::compare::Kind::ALL
+            .into_iter()
+            .filter(|k| *k != kind)
+            .map(|k| k.table())
+            .filter_map(|t| {
+                let n = read_table(dir, t).map(|f| f.height()).unwrap_or(0);
+                (n > 0).then(|| format!("--table {} ({n} rows)", t.dir_name()))
+            })
+            .collect();
+        anyhow::bail!(
+            "{}: no {} rows to compare{}",
+            dir.display(),
+            kind.table().dir_name(),
+            if others.is_empty() {
+                String::new()
+            } else {
+                format!("; there are {}", others.join(", "))
+            }
+        );
+    }
+    let c = migprof::results::compare::compare_rows(&rows, kind, &args.baseline, &args.target)?;
     let format = match args.format {
         CompareFormat::Text => migprof::results::compare::render::Format::Text,
         CompareFormat::Md => migprof::results::compare::render::Format::Md,

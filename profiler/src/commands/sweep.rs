@@ -163,6 +163,9 @@ fn run(args: &SweepArgs, log: &mut dyn Write) -> Result<bool> {
         migprof::program::launch::check_command(&p.command_for(None))
             .with_context(|| format!("[[programs]] `{}`", p.name))?;
     }
+    if !file.servers.is_empty() {
+        migprof::program::launch::check_command(&["sh"]).context("[[servers]] start through sh")?;
+    }
     let exe = std::env::current_exe().context("finding this migprof to start its cells")?;
     let summary = schedule::run(&file, &opts, &exe, log)?;
     writeln!(log, "{}; rows in {}", said(&summary), rows_in(&file, &args.out))?;

@@ -23,6 +23,12 @@ pub fn cluster_cells(file: &SweepFile, opts: &Options) -> Result<Vec<(CellSpec, 
     if let Some(g) = file.groups.first() {
         bail!("[[groups]] `{}`: a concurrent group runs its members on one machine at once; run it with the local backend", g.label);
     }
+    if let Some(s) = file.servers.first() {
+        bail!(
+            "[[servers]] `{}`: a server's cells answer at one endpoint, one at a time, which tasks a cluster places on any node cannot keep; run it with the local backend",
+            s.model()
+        );
+    }
     let cells = crate::sweep::preview::plan(file, opts)?;
     if let Some((c, _)) = cells.iter().find(|(c, _)| c.batch == BatchSize::Max) {
         bail!(

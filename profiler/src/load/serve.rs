@@ -120,6 +120,9 @@ pub struct Served {
     pub window: Duration,
     pub batches: Vec<BatchRecord>,
     pub ending: Ending,
+    /// Each batch is one request's round trip to a server of the user's own (whose batches
+    /// migprof does not see), not a batch of migprof's batcher.
+    pub round_trips: bool,
 }
 
 /// A step's arrivals, drawn as the step reaches them and let go once served: a step holds the requests
@@ -365,6 +368,7 @@ pub fn drive(
         unfinished_ns,
         batches,
         ending,
+        round_trips: false,
     })
 }
 

@@ -169,7 +169,12 @@ impl Step {
         let growth = crate::load::serve::growth(&served.arrivals, &served.latencies_ns);
         let meets = objective.map(|slo| meets_objective(slo, &served, &stats, &p99_interval, growth, &mut notes));
         let service = Service::of(&served);
-        if service.stalled > 0 {
+        if service.stalled > 0 && served.round_trips {
+            notes.push(format!(
+                "{} request(s) stalled (over {STALL}× the median round trip {:.2} ms, up to {:.1} ms): the server paused",
+                service.stalled, service.p50_ms, service.max_ms
+            ));
+        } else if service.stalled > 0 {
             notes.push(format!(
                 "{} batch(es) stalled (over {STALL}× the median {:.2} ms, up to {:.1} ms): the model's step paused, and every request queued behind it waited",
                 service.stalled, service.p50_ms, service.max_ms
@@ -346,6 +351,7 @@ mod tests {
             latencies_ns,
             unfinished_ns: Vec::new(),
             ending,
+            round_trips: false,
         }
     }
 
@@ -414,6 +420,34 @@ mod tests {
         );
         assert_eq!(s.verdict(), StepVerdict::Stalled);
         assert!(s.note.unwrap().contains("2 batch(es) stalled"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_server_s_stalls_are_named_as_its_requests_not_migprof_s_batches() -> Result<()> {
+        let lat: Vec<f64> = (0..100).map(|i| if i % 50 == 7 { 52.0 } else { 2.0 }).collect();
+        let mut sv = served(&lat, Ending::Schedule);
+        sv.batches = lat
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| BatchRecord {
+                dispatched: Duration::from_millis(i as u64 * 3),
+                done: Duration::from_millis(i as u64 * 3) + Duration::from_secs_f64(l / 1e3),
+                size: 1,
+                queued: 1,
+            })
+            .collect();
+        let note = |round_trips: bool| -> Result<String> {
+            let mut sv = sv.clone();
+            sv.round_trips = round_trips;
+            Ok(Step::new(100.0, sv, None)?.note.unwrap_or_default())
+        };
+        assert!(
+            note(true)?.contains("2 request(s) stalled (over 4× the median round trip 2.00 ms"),
+            "{}",
+            note(true)?
+        );
+        assert!(note(false)?.contains("2 batch(es) stalled"), "{}", note(false)?);
         Ok(())
     }
 }

@@ -302,7 +302,7 @@ fn measured(steps: &[Step], warmup: Option<usize>) -> (Vec<Group>, Vec<String>) 
 }
 
 /// The program as its rows record it.
-fn describe(o: &Outcome, options: &ProgramOptions) -> Program {
+pub fn describe(o: &Outcome, options: &ProgramOptions) -> Program {
     let samples: &[Sample] = match &o.metrics {
         Some(Ok(s)) => s,
         _ => &[],

@@ -12,7 +12,7 @@ use super::data::{read_rows, with_target, Row};
 use super::page::{fmt, slug, table, Block, Section};
 use crate::results::parts::Table;
 
-const STEP_TEXT: [&str; 10] = [
+const STEP_TEXT: [&str; 12] = [
     "target",
     "status",
     "model",
@@ -23,8 +23,10 @@ const STEP_TEXT: [&str; 10] = [
     "meets_slo",
     "ending",
     "capacity_id",
+    "engine",
+    "verdict",
 ];
-const STEP_NUM: [&str; 8] = [
+const STEP_NUM: [&str; 13] = [
     "offered_qps",
     "achieved_qps",
     "p99_ms",
@@ -33,6 +35,11 @@ const STEP_NUM: [&str; 8] = [
     "slo_p99_ms",
     "max_batch",
     "max_delay_ms",
+    "concurrency",
+    "request_batch",
+    "p50_ms",
+    "failed_requests",
+    "client_late",
 ];
 const CAPACITY_TEXT: [&str; 8] = [
     "target", "status", "model", "dtype", "seq_len", "profile", "emulated", "note",
@@ -100,6 +107,7 @@ impl Serving {
             blocks.push(Block::Text("Emulated slices (MPS) share L2 and memory bandwidth with the whole GPU: their capacities flatter small slices against real MIG.".into()));
         }
         blocks.extend(self.step_charts(colour)?);
+        blocks.extend(self.concurrency_table());
         blocks.extend(self.capacity_table());
         let mut out = vec![Section {
             id: "capacity".into(),
@@ -118,17 +126,15 @@ impl Serving {
     fn step_charts(&self, colour: &dyn Fn(&str) -> usize) -> Result<Vec<Block>> {
         let mut blocks = Vec::new();
         let mut groups: BTreeMap<(String, String, String, String, String), Vec<&Row>> = BTreeMap::new();
+        // A step at a fixed concurrency (a server of the user's own) offered no rate: its table
+        // follows.
         for r in self
             .steps
             .iter()
-            .filter(|r| r.s("status") == "ok" && r.n("p99_ms").is_some())
+            .filter(|r| r.s("status") == "ok" && r.n("p99_ms").is_some() && r.n("offered_qps").is_some())
         {
             let slo = r.n("slo_p99_ms").map_or(String::new(), |s| format!("{s}"));
-            let batcher = format!(
-                "batches ≤ {}, wait ≤ {} ms",
-                fmt(r.n("max_batch"), 0),
-                r.n("max_delay_ms").unwrap_or(0.0)
-            );
+            let batcher = batcher(r);
             groups
                 .entry((
                     r.s("model").into(),
@@ -192,6 +198,69 @@ impl Serving {
         Ok(blocks)
     }
 
+    /// The steps of servers of the user's own at a fixed concurrency, a row per step: the rate each
+    /// concurrency pushed through and its latencies, beside what the client saw of itself.
+    fn concurrency_table(&self) -> Vec<Block> {
+        let mut steps: Vec<&Row> = self
+            .steps
+            .iter()
+            .filter(|r| r.s("status") == "ok" && r.n("concurrency").is_some())
+            .collect();
+        // By target and server, then by concurrency as a number (1, 2, 16, not 1, 16, 2).
+        steps.sort_by(|a, b| {
+            (a.s("target"), a.s("model"), a.s("engine"))
+                .cmp(&(b.s("target"), b.s("model"), b.s("engine")))
+                .then(
+                    a.n("concurrency")
+                        .unwrap_or(0.0)
+                        .total_cmp(&b.n("concurrency").unwrap_or(0.0)),
+                )
+        });
+        let rows: Vec<Vec<String>> = steps
+            .into_iter()
+            .map(|r| {
+                let samples = r.n("achieved_qps").zip(r.n("request_batch")).map(|(q, b)| q * b);
+                vec![
+                    r.s("target").into(),
+                    r.s("profile").into(),
+                    format!("{} ({})", r.s("model"), r.s("engine")),
+                    fmt(r.n("request_batch"), 0),
+                    fmt(r.n("concurrency"), 0),
+                    fmt(r.n("achieved_qps"), 1),
+                    fmt(samples, 1),
+                    fmt(r.n("p50_ms"), 2),
+                    fmt(r.n("p99_ms"), 2),
+                    fmt(r.n("failed_requests"), 0),
+                    fmt(r.n("client_late"), 0),
+                    r.s("verdict").into(),
+                ]
+            })
+            .collect();
+        if rows.is_empty() {
+            return Vec::new();
+        }
+        vec![
+            Block::Text("Servers of your own at a fixed concurrency (migprof load --endpoint --concurrency): that many requests always in flight, each timed from when its client was free to the last byte of its answer. Failed requests are left out of the latencies; late ones are requests the client itself sent over 1 ms after their client was free (a client slower than the server).".into()),
+            table(
+                &[
+                    "target",
+                    "profile",
+                    "model (server)",
+                    "request batch",
+                    "concurrency",
+                    "req/s",
+                    "samples/s",
+                    "p50 ms",
+                    "p99 ms",
+                    "failed",
+                    "late",
+                    "verdict",
+                ],
+                rows,
+            ),
+        ]
+    }
+
     /// The capacities found, a row per search.
     fn capacity_table(&self) -> Vec<Block> {
         let mut blocks = Vec::new();
@@ -250,6 +319,19 @@ impl Serving {
             ));
         }
         blocks
+    }
+}
+
+/// What batched a step's requests: migprof's batcher and its bounds, or a server of the user's own
+/// and the samples its requests held.
+fn batcher(r: &Row) -> String {
+    match r.s("engine") {
+        "" => format!(
+            "batches ≤ {}, wait ≤ {} ms",
+            fmt(r.n("max_batch"), 0),
+            r.n("max_delay_ms").unwrap_or(0.0)
+        ),
+        engine => format!("{engine}, requests of {}", fmt(r.n("request_batch"), 0)),
     }
 }
 

@@ -290,6 +290,7 @@ impl Driven {
             window: last_read.saturating_sub(self.warmup),
             batches,
             ending: Ending::Schedule,
+            round_trips: true,
         }
     }
 }

@@ -29,6 +29,16 @@ pub struct Answer {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Unanswered(pub String);
 
+/// A header given as `Name: value`, checked.
+pub fn header(h: &str) -> Result<(String, String)> {
+    match h.split_once(':') {
+        Some((name, value)) if !name.trim().is_empty() && name.trim().bytes().all(is_token) => {
+            Ok((name.trim().to_string(), value.trim().to_string()))
+        }
+        _ => bail!("{h:?}: give it as `Name: value`, e.g. `Authorization: Bearer $KEY`"),
+    }
+}
+
 /// The most bytes an answer may have: a larger one is a broken server, not a result.
 const MAX_ANSWER_BYTES: u64 = 1 << 30;
 
@@ -38,25 +48,34 @@ impl Endpoint {
     pub fn new(url: &str, headers: &[String], request_timeout: Duration) -> Result<Endpoint> {
         let url = url.trim();
         let Some(rest) = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")) else {
-            bail!("--endpoint {url}: give the server's base URL with its scheme, e.g. http://127.0.0.1:8000");
+            bail!("{url}: give the server's base URL with its scheme, e.g. http://127.0.0.1:8000");
         };
         let url = url.trim_end_matches('/');
         if rest.is_empty() || rest.starts_with('/') || rest.starts_with(':') {
-            bail!("--endpoint {url}: no host; e.g. http://127.0.0.1:8000");
+            bail!("{url}: no host; e.g. http://127.0.0.1:8000");
         }
-        let headers = headers
-            .iter()
-            .map(|h| match h.split_once(':') {
-                Some((name, value)) if !name.trim().is_empty() && name.trim().bytes().all(is_token) => {
-                    Ok((name.trim().to_string(), value.trim().to_string()))
-                }
-                _ => bail!("--header {h:?}: give it as `Name: value`, e.g. `Authorization: Bearer $KEY`"),
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let headers = headers.iter().map(|h| header(h)).collect::<Result<Vec<_>>>()?;
         Ok(Endpoint {
             url: url.to_string(),
             headers,
             request_timeout,
+        })
+    }
+
+    /// Whether something accepts connections at its host and port now (a second from now at most).
+    pub fn listening(&self) -> bool {
+        let rest = self.url.split_once("://").map_or(self.url.as_str(), |(_, r)| r);
+        let authority = rest.split('/').next().unwrap_or_default();
+        let with_port = match (authority.rsplit_once(':'), self.url.starts_with("https://")) {
+            (Some((_, port)), _) if port.bytes().all(|b| b.is_ascii_digit()) && !port.is_empty() => {
+                authority.to_string()
+            }
+            (_, true) => format!("{authority}:443"),
+            (_, false) => format!("{authority}:80"),
+        };
+        use std::net::ToSocketAddrs;
+        with_port.to_socket_addrs().is_ok_and(|mut addresses| {
+            addresses.any(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_secs(1)).is_ok())
         })
     }
 
@@ -155,5 +174,16 @@ mod tests {
         assert!(err("http://", &[]).contains("no host"));
         assert!(err("http://h", &["novalue".into()]).contains("`Name: value`"));
         assert!(err("http://h", &["a b: c".into()]).contains("`Name: value`"));
+    }
+
+    #[test]
+    fn something_listening_is_seen_and_nothing_is_not() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let at = |url: &str| Endpoint::new(url, &[], Duration::from_secs(1)).unwrap();
+        assert!(at(&format!("http://127.0.0.1:{port}")).listening());
+        assert!(at(&format!("http://127.0.0.1:{port}/prefix/")).listening());
+        drop(listener);
+        assert!(!at(&format!("http://127.0.0.1:{port}")).listening());
     }
 }

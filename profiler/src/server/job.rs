@@ -45,6 +45,8 @@ pub struct ServerJob<'a> {
     pub server_pids: Option<&'a dyn Fn() -> BTreeSet<u32>>,
     /// The GPU sampler's interval; `None`: off.
     pub sample_interval: Option<Duration>,
+    /// A sweep's cell, whose identity the rows carry; `None`: `migprof load`'s own.
+    pub cell: Option<&'a CellIdentity>,
 }
 
 /// The steps measured, and a search's capacity (`Some(None)`: nothing met the objective).
@@ -62,7 +64,7 @@ pub fn run(
     log: &mut dyn Write,
 ) -> Result<ServerOutcome> {
     let fingerprint = Fingerprint::collect(device.selected.as_ref());
-    let cell = CellIdentity {
+    let cell = job.cell.cloned().unwrap_or_else(|| CellIdentity {
         sweep: None,
         target: device.name.clone(),
         cell_id: cell_id(job, &device.name),
@@ -76,7 +78,7 @@ pub fn run(
             job.settings.duration_secs,
             job.sample_interval.map_or(0, |d| d.as_millis())
         )),
-    };
+    });
     let id = JobIdentity {
         head: RowHead {
             invocation_id: &context.invocation_id,
@@ -122,6 +124,28 @@ pub fn run(
         steps: stepper.steps,
         capacity,
     })
+}
+
+/// A job's steps in words: its concurrencies, its rates and its search.
+pub fn steps_described(concurrencies: &[usize], rates: &[f64], search_within_ms: Option<f64>) -> String {
+    let list = |v: Vec<String>| v.join(",");
+    let mut parts = Vec::new();
+    if !concurrencies.is_empty() {
+        parts.push(format!(
+            "concurrency {}",
+            list(concurrencies.iter().map(usize::to_string).collect())
+        ));
+    }
+    if !rates.is_empty() {
+        parts.push(format!(
+            "{} requests/s",
+            list(rates.iter().map(f64::to_string).collect())
+        ));
+    }
+    if let Some(slo) = search_within_ms {
+        parts.push(format!("capacity within p99 {slo} ms"));
+    }
+    parts.join("; ")
 }
 
 /// A step none of whose measured requests was answered: what the server said instead.

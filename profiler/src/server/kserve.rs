@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::endpoint::{Answer, Endpoint};
+use super::input_data;
 use super::Exchange;
 
 /// The server as it names itself (`GET /v2`).
@@ -89,6 +90,9 @@ pub struct RequestOptions {
     pub shapes: BTreeMap<String, Vec<usize>>,
     pub encoding: Encoding,
     pub seed: u64,
+    /// The user's tensors (`--input-data`), one request per entry; inputs an entry leaves out are
+    /// seeded.
+    pub input_data: Option<input_data::InputData>,
 }
 
 /// The server's name and version, and the model's metadata: the model named, or where none is, the
@@ -260,12 +264,21 @@ fn values(datatype: Datatype, count: usize, seed: u64) -> (Vec<Value>, Vec<u8>) 
     (json, bytes)
 }
 
-/// A request to one model, made once and sent again and again, and what its answer must hold.
+/// One request's headers and body, made once and sent again and again.
 #[derive(Debug, Clone)]
-pub struct Kserve {
-    path: String,
+struct Request {
     headers: Vec<(&'static str, String)>,
     body: Vec<u8>,
+}
+
+/// The requests to one model (one of seeded inputs, or one per entry of the user's input data, sent
+/// in turn), and what their answers must hold.
+#[derive(Debug)]
+pub struct Kserve {
+    path: String,
+    requests: Vec<Request>,
+    /// The request sent next, counted over every client.
+    next: std::sync::atomic::AtomicUsize,
     pub encoding: Encoding,
     /// Each output with the shape the answer must have (`-1`: any size).
     outputs: Vec<TensorSpec>,
@@ -276,7 +289,7 @@ pub struct Kserve {
 }
 
 impl Kserve {
-    /// The request of `options` to the model of `metadata`, every input shaped and every choice
+    /// The requests of `options` to the model of `metadata`, every input shaped and every choice
     /// checked before anything is sent.
     pub fn new(metadata: &ModelMetadata, options: &RequestOptions) -> Result<Kserve> {
         let batches = metadata.inputs.first().is_some_and(|i| i.shape.first() == Some(&-1));
@@ -287,41 +300,43 @@ impl Kserve {
                 describe(&metadata.inputs)
             );
         }
-        for name in options.shapes.keys() {
-            if !metadata.inputs.iter().any(|i| &i.name == name) {
-                bail!(
-                    "--shape {name}: model `{}` has no such input; its inputs: {}",
-                    metadata.name,
-                    describe(&metadata.inputs)
-                );
-            }
+        let unknown = |name: &str, given: &str| {
+            anyhow!(
+                "{given}: model `{}` has no input `{name}`; its inputs: {}",
+                metadata.name,
+                describe(&metadata.inputs)
+            )
+        };
+        if let Some(name) = options
+            .shapes
+            .keys()
+            .find(|n| !metadata.inputs.iter().any(|i| &i.name == *n))
+        {
+            return Err(unknown(name, &format!("--shape {name}")));
         }
-        let mut json_inputs = Vec::new();
-        let mut header_inputs = Vec::new();
-        let mut blob = Vec::new();
-        let mut sent = Vec::new();
-        for (i, input) in metadata.inputs.iter().enumerate() {
-            let datatype = Datatype::of(&input.datatype).with_context(|| format!("input `{}`", input.name))?;
-            if options.encoding == Encoding::Json && matches!(datatype, Datatype::F16 | Datatype::Bf16) {
-                bail!(
-                    "input `{}` is {}, which travels only through the binary extension: --encoding binary",
-                    input.name,
-                    input.datatype
-                );
+        let entries: Vec<Option<&input_data::Entry>> = match &options.input_data {
+            Some(data) => data.entries.iter().map(Some).collect(),
+            None => vec![None],
+        };
+        let mut requests = Vec::with_capacity(entries.len());
+        let mut described = String::new();
+        for (e, entry) in entries.iter().enumerate() {
+            let at = |name: &str| format!("--input-data data[{e}].{name}");
+            if let Some(name) = entry.and_then(|en| en.keys().find(|n| !metadata.inputs.iter().any(|i| &i.name == *n)))
+            {
+                return Err(unknown(name, &at(name)));
             }
-            let shape = shape_of(input, batches, options)?;
-            let count: usize = shape.iter().product();
-            let (json_values, bytes) = values(
-                datatype,
-                count,
-                options.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            let (request, sent) = request(metadata, *entry, &at, batches, options)?;
+            if e == 0 {
+                described = sent;
+            }
+            requests.push(request);
+        }
+        if requests.len() > 1 {
+            described = format!(
+                "{described} (the first of {} requests of given data, sent in turn)",
+                requests.len()
             );
-            json_inputs
-                .push(json!({"name": input.name, "shape": shape, "datatype": input.datatype, "data": json_values}));
-            header_inputs.push(json!({"name": input.name, "shape": shape, "datatype": input.datatype,
-                                      "parameters": {"binary_data_size": bytes.len()}}));
-            blob.extend(bytes);
-            sent.push(format!("{} {:?} {}", input.name, shape, input.datatype));
         }
         let mut outputs = metadata.outputs.clone();
         if batches {
@@ -331,15 +346,14 @@ impl Kserve {
                 }
             }
         }
-        let (headers, body) = encode(options.encoding, json_inputs, header_inputs, blob, &metadata.outputs)?;
         Ok(Kserve {
             path: format!("/v2/models/{}/infer", metadata.name),
-            headers,
-            body,
+            requests,
+            next: std::sync::atomic::AtomicUsize::new(0),
             encoding: options.encoding,
             outputs,
             batch: if batches { options.batch } else { 1 },
-            described: sent.join(", "),
+            described,
         })
     }
 
@@ -391,8 +405,10 @@ impl Kserve {
 
 impl Exchange for Kserve {
     fn exchange(&self, endpoint: &Endpoint, agent: &ureq::Agent) -> std::result::Result<Instant, String> {
+        let turn = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let request = &self.requests[turn % self.requests.len()];
         let answer = endpoint
-            .post(agent, &self.path, &self.headers, &self.body)
+            .post(agent, &self.path, &request.headers, &request.body)
             .map_err(|e| e.0)?;
         self.check(&answer)?;
         Ok(answer.read_at)
@@ -516,52 +532,227 @@ fn leaves(v: &Value) -> usize {
     }
 }
 
-/// An input's shape as sent: the batch for its first dimension where the model batches, the
-/// `--shape` given for the rest, each dimension of any size given.
-fn shape_of(input: &TensorSpec, batches: bool, options: &RequestOptions) -> Result<Vec<usize>> {
+/// An input's shape as sent: the batch for its first dimension where the model batches, `dims`
+/// (given as `given` names them) for the rest, each dimension of any size given.
+fn shape_of(
+    input: &TensorSpec,
+    batches: bool,
+    batch: usize,
+    dims: Option<&Vec<usize>>,
+    given: &str,
+) -> Result<Vec<usize>> {
+    if batches && input.shape.is_empty() {
+        bail!(
+            "input `{}` is a scalar (shape []) beside inputs that batch: a request cannot give it a batch dimension",
+            input.name
+        );
+    }
     let rest = if batches { &input.shape[1..] } else { &input.shape[..] };
-    let dims: Vec<usize> =
-        match options.shapes.get(&input.name) {
-            Some(given) => {
-                let fits = given.len() == rest.len()
-                    && given
-                        .iter()
-                        .zip(rest)
-                        .all(|(&g, &want)| want == -1 || want as usize == g);
-                if !fits {
-                    bail!(
-                    "--shape {}:{}: the input's shape is {:?}{}; give a size for each dimension, {} for the fixed ones",
-                    input.name,
-                    given.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+    let dims: Vec<usize> = match dims {
+        Some(dims) => {
+            let fits = dims.len() == rest.len()
+                && dims
+                    .iter()
+                    .zip(rest)
+                    .all(|(&g, &want)| want == -1 || want as usize == g);
+            if !fits {
+                bail!(
+                    "{given}: shape {:?} does not fit the input's {:?}{}; give a size for each dimension, the same for the fixed ones",
+                    dims,
                     input.shape,
                     if batches { " (the batch dimension first, which --batch sets)" } else { "" },
-                    "the same"
                 );
-                }
-                given.clone()
             }
-            None => {
-                if rest.iter().any(|&d| d < 0) {
-                    bail!(
-                        "input `{}` has dimensions of any size ({:?}): give them with --shape {}:{}",
-                        input.name,
-                        input.shape,
-                        input.name,
-                        rest.iter()
-                            .map(|&d| if d < 0 { "N".to_string() } else { d.to_string() })
-                            .collect::<Vec<_>>()
-                            .join(",")
-                    );
-                }
-                rest.iter().map(|&d| d as usize).collect()
+            dims.clone()
+        }
+        None => {
+            if rest.iter().any(|&d| d < 0) {
+                bail!(
+                    "{}input `{}` has dimensions of any size ({:?}): give them with --shape {}:{}{}",
+                    if given == "--shape" {
+                        String::new()
+                    } else {
+                        format!("{given}: ")
+                    },
+                    input.name,
+                    input.shape,
+                    input.name,
+                    rest.iter()
+                        .map(|&d| if d < 0 { "N".to_string() } else { d.to_string() })
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    if given == "--shape" {
+                        ""
+                    } else {
+                        " or a \"shape\" in the entry"
+                    }
+                );
             }
-        };
+            rest.iter().map(|&d| d as usize).collect()
+        }
+    };
     let mut shape = Vec::with_capacity(dims.len() + 1);
     if batches {
-        shape.push(options.batch);
+        shape.push(batch);
     }
     shape.extend(dims);
     Ok(shape)
+}
+
+/// A given tensor's values for an input of `shape`: all of them, or, where the model batches, one
+/// sample's repeated for each sample; as JSON values and as the binary extension's bytes.
+fn given_values(
+    datatype: Datatype,
+    shape: &[usize],
+    batches: bool,
+    tensor: &input_data::GivenTensor,
+) -> std::result::Result<(Vec<Value>, Vec<u8>), String> {
+    let count: usize = shape.iter().product();
+    let sample = if batches { count / shape[0].max(1) } else { count };
+    let repeat = match tensor.values.len() {
+        n if n == count => 1,
+        n if batches && n == sample => shape[0],
+        n => {
+            return Err(format!(
+                "{n} values, where shape {shape:?} takes {count}{}",
+                if batches {
+                    format!(" (or one sample's {sample})")
+                } else {
+                    String::new()
+                }
+            ))
+        }
+    };
+    let mut json = Vec::with_capacity(count);
+    let mut bytes = Vec::with_capacity(count * datatype.size().unwrap_or(20));
+    for (k, v) in tensor.values.iter().enumerate() {
+        let (j, b) = given_value(datatype, v).map_err(|why| format!("value {k}: {why}"))?;
+        json.push(j);
+        bytes.extend(b);
+    }
+    let json = (0..repeat).flat_map(|_| json.iter().cloned()).collect();
+    Ok((json, bytes.repeat(repeat)))
+}
+
+/// The request of one entry of given data (`None`: every input seeded), and its inputs as sent;
+/// `at` names an input of the entry in an error.
+fn request(
+    metadata: &ModelMetadata,
+    entry: Option<&input_data::Entry>,
+    at: &dyn Fn(&str) -> String,
+    batches: bool,
+    options: &RequestOptions,
+) -> Result<(Request, String)> {
+    let mut json_inputs = Vec::new();
+    let mut header_inputs = Vec::new();
+    let mut blob = Vec::new();
+    let mut sent = Vec::new();
+    for (i, input) in metadata.inputs.iter().enumerate() {
+        let datatype = Datatype::of(&input.datatype).with_context(|| format!("input `{}`", input.name))?;
+        if options.encoding == Encoding::Json && matches!(datatype, Datatype::F16 | Datatype::Bf16) {
+            bail!(
+                "input `{}` is {}, which travels only through the binary extension: --encoding binary",
+                input.name,
+                input.datatype
+            );
+        }
+        let (shape, json_values, bytes) = match entry.and_then(|en| en.get(&input.name)) {
+            Some(tensor) => {
+                let dims = tensor.shape.as_ref().or(options.shapes.get(&input.name));
+                let shape = shape_of(input, batches, options.batch, dims, &at(&input.name))?;
+                let (json_values, bytes) = given_values(datatype, &shape, batches, tensor)
+                    .map_err(|why| anyhow!("{}: {why}", at(&input.name)))?;
+                (shape, json_values, bytes)
+            }
+            None => {
+                let shape = shape_of(
+                    input,
+                    batches,
+                    options.batch,
+                    options.shapes.get(&input.name),
+                    "--shape",
+                )?;
+                let seed = options.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let (json_values, bytes) = values(datatype, shape.iter().product(), seed);
+                (shape, json_values, bytes)
+            }
+        };
+        json_inputs.push(json!({"name": input.name, "shape": shape, "datatype": input.datatype, "data": json_values}));
+        header_inputs.push(json!({"name": input.name, "shape": shape, "datatype": input.datatype,
+                                  "parameters": {"binary_data_size": bytes.len()}}));
+        blob.extend(bytes);
+        sent.push(format!("{} {:?} {}", input.name, shape, input.datatype));
+    }
+    let (headers, body) = encode(options.encoding, json_inputs, header_inputs, blob, &metadata.outputs)?;
+    Ok((Request { headers, body }, sent.join(", ")))
+}
+
+/// One given value as `datatype` holds it: as JSON, and as the binary extension's bytes.
+fn given_value(datatype: Datatype, v: &Value) -> std::result::Result<(Value, Vec<u8>), String> {
+    use Datatype::*;
+    let integer = |low: i128, high: i128| -> std::result::Result<i128, String> {
+        let n = v
+            .as_i64()
+            .map(i128::from)
+            .or_else(|| v.as_u64().map(i128::from))
+            .or_else(|| v.as_bool().map(i128::from))
+            .ok_or_else(|| format!("{v} is no whole number"))?;
+        match (low..=high).contains(&n) {
+            true => Ok(n),
+            false => Err(format!("{n} is beyond {low}..={high}")),
+        }
+    };
+    Ok(match datatype {
+        Bytes => {
+            let s = v
+                .as_str()
+                .ok_or_else(|| format!("{v} is no string (a BYTES input takes strings)"))?;
+            let mut b = (s.len() as u32).to_le_bytes().to_vec();
+            b.extend(s.as_bytes());
+            (json!(s), b)
+        }
+        Bool => {
+            let b = v.as_bool().map_or_else(|| integer(0, 1).map(|n| n == 1), Ok)?;
+            (json!(b), vec![b as u8])
+        }
+        F16 | Bf16 | F32 | F64 => {
+            let x = v.as_f64().ok_or_else(|| format!("{v} is no number"))?;
+            let (held, b) = match datatype {
+                F16 => (
+                    half::f16::from_f64(x).to_f64(),
+                    half::f16::from_f64(x).to_le_bytes().to_vec(),
+                ),
+                Bf16 => (
+                    half::bf16::from_f64(x).to_f64(),
+                    half::bf16::from_f64(x).to_le_bytes().to_vec(),
+                ),
+                F32 => ((x as f32) as f64, (x as f32).to_le_bytes().to_vec()),
+                _ => (x, x.to_le_bytes().to_vec()),
+            };
+            // A value the type cannot hold would travel as infinity.
+            if !held.is_finite() {
+                return Err(format!("{x} is beyond what the input's type holds"));
+            }
+            (json!(x), b)
+        }
+        U8 => int_bytes(integer(0, u8::MAX.into())?, 1),
+        U16 => int_bytes(integer(0, u16::MAX.into())?, 2),
+        U32 => int_bytes(integer(0, u32::MAX.into())?, 4),
+        U64 => int_bytes(integer(0, u64::MAX.into())?, 8),
+        I8 => int_bytes(integer(i8::MIN.into(), i8::MAX.into())?, 1),
+        I16 => int_bytes(integer(i16::MIN.into(), i16::MAX.into())?, 2),
+        I32 => int_bytes(integer(i32::MIN.into(), i32::MAX.into())?, 4),
+        I64 => int_bytes(integer(i64::MIN.into(), i64::MAX.into())?, 8),
+    })
+}
+
+/// A whole number as JSON and as its `size` little-endian bytes (two's complement).
+fn int_bytes(n: i128, size: usize) -> (Value, Vec<u8>) {
+    let json = match i64::try_from(n) {
+        Ok(i) => json!(i),
+        Err(_) => json!(n as u64),
+    };
+    (json, n.to_le_bytes()[..size].to_vec())
 }
 
 /// Tensors as `name [shape] DATATYPE`, comma-separated.
@@ -592,6 +783,7 @@ mod tests {
             shapes: BTreeMap::new(),
             encoding,
             seed: 0,
+            input_data: None,
         }
     }
 
@@ -609,7 +801,8 @@ mod tests {
     #[test]
     fn a_binary_request_holds_its_header_then_each_input_s_bytes() {
         let r = Kserve::new(&metadata(), &options(Encoding::Binary)).unwrap();
-        let header_length: usize = r
+        let one = &r.requests[0];
+        let header_length: usize = one
             .headers
             .iter()
             .find(|h| h.0 == "Inference-Header-Content-Length")
@@ -617,14 +810,14 @@ mod tests {
             .1
             .parse()
             .unwrap();
-        let header: Value = serde_json::from_slice(&r.body[..header_length]).unwrap();
+        let header: Value = serde_json::from_slice(&one.body[..header_length]).unwrap();
         assert_eq!(header["inputs"][0]["shape"], json!([2, 16]));
         assert_eq!(header["inputs"][0]["parameters"]["binary_data_size"], json!(2 * 16 * 4));
         assert_eq!(header["outputs"][0]["parameters"]["binary_data"], json!(true));
-        assert_eq!(r.body.len(), header_length + 2 * 16 * 4);
+        assert_eq!(one.body.len(), header_length + 2 * 16 * 4);
         assert_eq!(r.described, "x [2, 16] FP32");
         let same = Kserve::new(&metadata(), &options(Encoding::Binary)).unwrap();
-        assert_eq!(r.body, same.body, "seeded");
+        assert_eq!(one.body, same.requests[0].body, "seeded");
     }
 
     #[test]
@@ -654,6 +847,13 @@ mod tests {
         let e = Kserve::new(&m, &options(Encoding::Binary)).unwrap_err().to_string();
         assert!(e.contains("--shape x:N"), "{e}");
         let mut o = options(Encoding::Binary);
+        o.shapes.insert("z".into(), vec![7]);
+        let e = Kserve::new(&m, &o).unwrap_err().to_string();
+        assert!(
+            e.contains("--shape z: model `dense` has no input `z`; its inputs: x"),
+            "{e}"
+        );
+        let mut o = options(Encoding::Binary);
         o.shapes.insert("x".into(), vec![7]);
         assert_eq!(Kserve::new(&m, &o).unwrap().described, "x [2, 7] FP32");
         o.shapes.insert("x".into(), vec![7, 7]);
@@ -671,5 +871,98 @@ mod tests {
         m.inputs[0].datatype = "FP8".into();
         let e = format!("{:#}", Kserve::new(&m, &options(Encoding::Binary)).unwrap_err());
         assert!(e.contains("FP8") && e.contains("BF16"), "{e}");
+    }
+
+    /// Requests of `data` (JSON of perf_analyzer's form) to `m`.
+    fn given(m: &ModelMetadata, data: Value, encoding: Encoding) -> Result<Kserve> {
+        let mut o = options(encoding);
+        o.input_data = Some(input_data::InputData::parse_value(&data).unwrap());
+        Kserve::new(m, &o)
+    }
+
+    #[test]
+    fn given_data_is_sent_in_turn_one_sample_repeated_or_whole() {
+        let mut m = metadata();
+        m.inputs[0].shape = vec![-1, 2];
+        m.inputs.push(TensorSpec {
+            name: "ids".into(),
+            datatype: "INT64".into(),
+            shape: vec![-1, -1],
+        });
+        let data = json!({"data": [
+            {"x": [0.5, 1.5], "ids": {"content": [1, 2, 3], "shape": [3]}},
+            {"x": [[1, 2], [3, 4]], "ids": {"content": [-1, 0, 0, 7, 8, 9], "shape": [3]}}
+        ]});
+        let r = given(&m, data.clone(), Encoding::Json).unwrap();
+        assert_eq!(r.requests.len(), 2);
+        assert!(
+            r.described
+                .starts_with("x [2, 2] FP32, ids [2, 3] INT64 (the first of 2 requests"),
+            "{}",
+            r.described
+        );
+        let body = |k: usize| -> Value { serde_json::from_slice(&r.requests[k].body).unwrap() };
+        assert_eq!(
+            body(0)["inputs"][0]["data"],
+            json!([0.5, 1.5, 0.5, 1.5]),
+            "one sample, repeated"
+        );
+        assert_eq!(body(0)["inputs"][1]["data"], json!([1, 2, 3, 1, 2, 3]));
+        assert_eq!(
+            body(1)["inputs"][0]["data"],
+            json!([1.0, 2.0, 3.0, 4.0]),
+            "the whole request"
+        );
+        assert_eq!(body(1)["inputs"][1]["data"], json!([-1, 0, 0, 7, 8, 9]));
+        let bin = given(&m, data, Encoding::Binary).unwrap();
+        let tail = &bin.requests[1].body[bin.requests[1].body.len() - 48..];
+        assert_eq!(
+            &tail[..8],
+            &(-1i64).to_le_bytes(),
+            "INT64 little-endian, two's complement"
+        );
+        let nowhere = Endpoint::new("http://127.0.0.1:9", &[], std::time::Duration::from_millis(50)).unwrap();
+        let agent = nowhere.agent();
+        for _ in 0..3 {
+            let _ = bin.exchange(&nowhere, &agent);
+        }
+        assert_eq!(
+            bin.next.load(std::sync::atomic::Ordering::Relaxed),
+            3,
+            "each send takes the next"
+        );
+    }
+
+    #[test]
+    fn given_data_that_does_not_fit_the_model_is_named_by_entry_and_input() {
+        let m = metadata();
+        let e = |data: Value| format!("{:#}", given(&m, data, Encoding::Json).unwrap_err());
+        let msg = e(json!({"data": [{"x": vec![1.0; 16]}, {"x": [1, 2, 3]}]}));
+        assert!(
+            msg.contains("--input-data data[1].x: 3 values, where shape [2, 16] takes 32 (or one sample's 16)"),
+            "{msg}"
+        );
+        let msg = e(json!({"data": [{"w": [1]}]}));
+        assert!(
+            msg.contains("data[0].w: model `dense` has no input `w`; its inputs: x"),
+            "{msg}"
+        );
+        let msg = e(json!({"data": [{"x": {"content": [1.0, 2.0], "shape": [2]}}]}));
+        assert!(
+            msg.contains("data[0].x: shape [2] does not fit the input's [-1, 16]"),
+            "{msg}"
+        );
+        let mut ints = metadata();
+        ints.inputs[0].datatype = "UINT8".into();
+        let msg = format!(
+            "{:#}",
+            given(&ints, json!({"data": [{"x": vec![300; 16]}]}), Encoding::Json).unwrap_err()
+        );
+        assert!(msg.contains("value 0: 300 is beyond 0..=255"), "{msg}");
+        let msg = format!(
+            "{:#}",
+            given(&ints, json!({"data": [{"x": vec![0.5; 16]}]}), Encoding::Json).unwrap_err()
+        );
+        assert!(msg.contains("is no whole number"), "{msg}");
     }
 }

@@ -7,13 +7,18 @@
 //! request from when it was due; [`launch`] starts a server command pinned to the target, waits
 //! until it is ready, and stops its whole process tree however migprof ends; [`job`] runs the steps
 //! (rates, concurrencies, a capacity search) beside the GPU sampler and writes each as a `load`
-//! row naming the server.
+//! row naming the server; [`measure`] does all of it from start to stop. [`given`] declares the
+//! settings once for `migprof load`'s flags and a sweep file's `[[servers]]`; [`input_data`] reads
+//! a user's tensors.
 
 pub mod drive;
 pub mod endpoint;
+pub mod given;
+pub mod input_data;
 pub mod job;
 pub mod kserve;
 pub mod launch;
+pub mod measure;
 
 use std::time::Instant;
 

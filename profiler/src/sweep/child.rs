@@ -45,6 +45,8 @@ pub struct Ending {
     pub status: Status,
     /// The child's result line when it measured; otherwise the error or the log's last lines.
     pub message: String,
+    /// How a program's cell's program ended, where the cell said.
+    pub program: Option<crate::cell::runner::ProgramEnded>,
 }
 
 /// Starts `migprof cell` for the spec at `spec`, its stdout and stderr appended to `log`.
@@ -239,7 +241,11 @@ pub fn classify(exit: &Exit, output: &str, oom_killed: bool, timeout: Duration) 
             ),
         ),
     };
-    Ending { status, message }
+    Ending {
+        status,
+        message,
+        program: crate::cell::runner::ProgramEnded::in_output(output),
+    }
 }
 
 fn signal_name(signal: i32) -> &'static str {

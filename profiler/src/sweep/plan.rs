@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Result};
 
-use super::file::{BatchSize, CapacitySearch, Program, Served, SweepFile, Target};
+use super::file::{BatchSize, CapacitySearch, Program, Served, ServerEntry, SweepFile, Target};
 use crate::cell::{CellSpec, Purpose, CELL_SPEC_VERSION};
 use crate::run::given::Place;
 use workloads::TrainConfig;
@@ -113,6 +113,7 @@ pub fn cells(file: &SweepFile) -> Result<Vec<PlannedCell>> {
         }
     }
     out.extend(program_cells(file, &mut alone));
+    out.extend(server_cells(file, &mut alone));
     let mut instances = std::collections::HashSet::new();
     for g in &file.groups {
         let targets: Vec<&Target> = g
@@ -300,48 +301,102 @@ fn capacity_cell(file: &SweepFile, target: &Target, model: &str, search: &Capaci
 /// The cells of the file's programs on every target that runs alone, each once (`alone` holds the
 /// ids planned so far).
 fn program_cells(file: &SweepFile, alone: &mut std::collections::HashSet<String>) -> Vec<PlannedCell> {
-    let mut out = Vec::new();
-    for program in &file.programs {
-        for target in file.targets.iter().filter(|t| t.alone) {
-            for batch in program.cells() {
-                for repeat in 0..file.defaults.repeats {
-                    let spec = program_cell(file, target, program, batch, repeat);
-                    if alone.insert(spec.cell_id()) {
-                        out.push(PlannedCell {
-                            batch: BatchSize::Fixed(spec.batch),
-                            spec,
-                            group: None,
-                        });
-                    }
-                }
-            }
-        }
-    }
-    out
+    let repeats = 0..file.defaults.repeats;
+    once_each(
+        file.programs.iter().flat_map(|program| {
+            let repeats = repeats.clone();
+            file.targets.iter().filter(|t| t.alone).flat_map(move |target| {
+                let repeats = repeats.clone();
+                program.cells().into_iter().flat_map(move |batch| {
+                    repeats
+                        .clone()
+                        .map(move |repeat| program_cell(file, target, program, batch, repeat))
+                })
+            })
+        }),
+        alone,
+    )
+}
+
+/// `specs` planned, each whose id `alone` does not hold yet.
+fn once_each(specs: impl Iterator<Item = CellSpec>, alone: &mut std::collections::HashSet<String>) -> Vec<PlannedCell> {
+    specs
+        .filter(|spec| alone.insert(spec.cell_id()))
+        .map(|spec| PlannedCell {
+            batch: BatchSize::Fixed(spec.batch),
+            spec,
+            group: None,
+        })
+        .collect()
 }
 
 /// The cell of a user's program on `target` at `batch` (`None`: what it runs): its name as the
 /// model, its command with the batch, no kernel options of migprof's.
 fn program_cell(file: &SweepFile, target: &Target, p: &Program, batch: Option<usize>, repeat: u32) -> CellSpec {
-    let work = Work {
-        model: p.name.clone(),
-        model_sha256: None,
-        mode: p.mode.clone(),
-        dtype: p.dtype.clone().unwrap_or_default(),
-        batch: BatchSize::Fixed(batch.unwrap_or(0)),
-        seq_len: None,
-        lengths: None,
-        kv_layout: workloads::KvLayout::default(),
+    let work = users_work(
+        &p.name,
+        &p.mode,
+        p.dtype.as_deref().unwrap_or_default(),
+        batch.unwrap_or(0),
         repeat,
-        kernels: String::new(),
-        master_weights: workloads::MasterWeights::default(),
-    };
+    );
     let mut cell = cell(file, target, &work);
     cell.job = crate::cell::Job::Program(crate::cell::spec::ProgramJob {
         command: p.command_for(batch),
         step_pattern: p.step_pattern.clone(),
         warmup_steps: p.warmup_steps,
     });
+    cell
+}
+
+/// The work of a cell of the user's own (a program, a server): its name, phase, dtype and batch;
+/// none of migprof's weights, lengths or kernel options.
+fn users_work(name: &str, mode: &str, dtype: &str, batch: usize, repeat: u32) -> Work {
+    Work {
+        model: name.to_string(),
+        model_sha256: None,
+        mode: mode.to_string(),
+        dtype: dtype.to_string(),
+        batch: BatchSize::Fixed(batch),
+        seq_len: None,
+        lengths: None,
+        kv_layout: workloads::KvLayout::default(),
+        repeat,
+        kernels: String::new(),
+        master_weights: workloads::MasterWeights::default(),
+    }
+}
+
+/// The cells of the file's servers: one per target that runs alone and repeat, each starting the
+/// server there (`alone` holds the ids planned so far).
+fn server_cells(file: &SweepFile, alone: &mut std::collections::HashSet<String>) -> Vec<PlannedCell> {
+    let repeats = 0..file.defaults.repeats;
+    once_each(
+        file.servers.iter().flat_map(|entry| {
+            let repeats = repeats.clone();
+            file.targets.iter().filter(|t| t.alone).flat_map(move |target| {
+                repeats
+                    .clone()
+                    .map(move |repeat| server_cell(file, target, entry, repeat))
+            })
+        }),
+        alone,
+    )
+}
+
+/// The cell of a user's server on `target`: the served model's name as the model, its requests'
+/// batch, no kernel options of migprof's.
+fn server_cell(file: &SweepFile, target: &Target, entry: &ServerEntry, repeat: u32) -> CellSpec {
+    let seed = file.defaults.measure.seed;
+    let batch = entry.server.batch.unwrap_or(crate::server::given::DEFAULTS.batch);
+    let work = users_work(entry.model(), workloads::Mode::Infer.as_str(), "", batch, repeat);
+    let mut cell = cell(file, target, &work);
+    cell.job = crate::cell::Job::Server(Box::new(crate::cell::spec::ServerJob {
+        server: entry.server.clone(),
+        load: entry.load_settings(seed),
+        rates: entry.qps.clone(),
+        search: entry.search,
+    }));
     cell
 }
 

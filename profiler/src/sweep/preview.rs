@@ -67,6 +67,16 @@ pub(super) fn describe(c: &CellSpec) -> String {
             s.output
         ),
         (Job::Program(p), _) => format!(" (program: {})", crate::program::command_line(&p.command)),
+        (Job::Server(s), _) => format!(
+            " (server: {}{})",
+            s.server.server_cmd.as_deref().unwrap_or_default(),
+            "; ".to_string()
+                + &crate::server::job::steps_described(
+                    &s.server.concurrency,
+                    &s.rates,
+                    s.search.then_some(s.load.slo_p99_ms).flatten()
+                )
+        ),
         (Job::Measure, Purpose::Probe) => " (max search)".to_string(),
         (Job::Measure, Purpose::Measure) => String::new(),
     };
@@ -78,6 +88,7 @@ pub(super) fn describe(c: &CellSpec) -> String {
     let size = match c.job {
         Job::Serve(_) => format!("up to {batch} sequences"),
         Job::Program(_) if c.batch == 0 => "steps as it runs them".to_string(),
+        Job::Server(_) => format!("requests of {batch}"),
         _ => format!("batch {batch}"),
     };
     // A program that did not say what it computes in has no dtype to show.
@@ -128,6 +139,14 @@ pub(super) fn plan_with_reasons(file: &SweepFile, opts: &Options) -> Result<Plan
         done_cells(&opts.out, opts.retry_oom)?
     };
     let cells = plan::cells(file)?;
+    // A server's cell writes a row per step: it is done when each step it plans has one.
+    for c in cells.iter().filter(|c| c.spec.job.server().is_some()) {
+        let id = c.spec.cell_id();
+        match !opts.force && super::written::done_as_planned(&opts.out, &c.spec, opts.retry_oom)? {
+            true => done.insert(id.clone(), super::written::CellRow::done(id)),
+            false => done.remove(&id),
+        };
+    }
     // A cell whose settings changed since its latest row runs again (that row stays, superseded).
     let mut changed: HashMap<String, String> = HashMap::new();
     for c in &cells {

@@ -372,6 +372,7 @@ impl Scheduler<'_> {
         let ending = Ending {
             status: Status::Error,
             message: format!("the group's memory-system neighbour: {why}"),
+            program: None,
         };
         for m in members {
             record_failure(
@@ -452,6 +453,7 @@ impl Scheduler<'_> {
                         None
                     }
                     None if search.fits == 0 => Some(Err(Ending {
+                        program: None,
                         status: Status::Oom,
                         message: format!(
                             "a batch of 1 does not fit on `{}` (the max search's first probe ran out of memory)",
@@ -462,6 +464,7 @@ impl Scheduler<'_> {
                 }
             }
             _ => Some(Err(Ending {
+                program: None,
                 status: ending.status,
                 message: format!(
                     "the max search's probe at batch {} failed: {}",
@@ -586,10 +589,16 @@ impl Scheduler<'_> {
                 let (cell, s) = work.probes.remove(p).expect("found");
                 Some((cell, Some(s), None))
             } else {
-                work.queue.iter().position(|c| ready(&c.spec.device)).map(|p| {
-                    let planned = work.queue.remove(p).expect("found");
-                    (planned.spec.clone(), None, Some(planned))
-                })
+                // A server answers at one endpoint: its cells on other devices wait their turn.
+                let endpoints: HashSet<&str> = self.active.iter().filter_map(|a| endpoint_of(&a.cell)).collect();
+                let free = |c: &CellSpec| endpoint_of(c).is_none_or(|e| !endpoints.contains(e));
+                work.queue
+                    .iter()
+                    .position(|c| ready(&c.spec.device) && free(&c.spec))
+                    .map(|p| {
+                        let planned = work.queue.remove(p).expect("found");
+                        (planned.spec.clone(), None, Some(planned))
+                    })
             };
             let Some((cell, search, planned)) = next else { break };
             let device = self.keys[&cell.device].clone();
@@ -819,6 +828,11 @@ fn start_memory_neighbours(
     Ok(records)
 }
 
+/// The endpoint a server's cell answers at.
+fn endpoint_of(cell: &CellSpec) -> Option<&str> {
+    cell.job.server().and_then(|s| s.server.endpoint.as_deref())
+}
+
 /// The key a device string's cells are kept apart by (its GPU), worked out once per string.
 fn key_of(keys: &mut HashMap<String, String>, device: &str) -> String {
     keys.entry(device.to_string())
@@ -891,7 +905,7 @@ pub(crate) fn record_failure(
 ) -> Result<()> {
     // The sweep never opened the cell's device: the fingerprint is what its own process can tell.
     let fingerprint = crate::run::fingerprint::Fingerprint::collect(None);
-    let failure = cell.failure(
+    let mut failure = cell.failure(
         ending.status,
         ending.message.clone(),
         started,
@@ -899,6 +913,9 @@ pub(crate) fn record_failure(
         host,
         fingerprint,
     );
+    if let (Some(ended), Some(program)) = (&ending.program, failure.program.as_mut()) {
+        ended.fill(program);
+    }
     write_failure(out, &failure).map(|_| ())
 }
 

@@ -25,6 +25,10 @@ pub fn run_cell(spec_path: &Path, out: &Path, invocation: Option<&str>, stdout: 
         if let Some(limit) = cell.timeout_secs {
             end_after(Duration::from_secs_f64(limit) + OWN_LIMIT_GRACE);
         }
+        if cell.job.server().is_some() {
+            let outcome = runner::run_server(&cell, invocation, out)?;
+            return Ok(result_line(&cell, &Ran::Server(outcome)));
+        }
         if cell.job.program().is_some() {
             let run = runner::run_program(&cell, invocation, out)?;
             return Ok(result_line(&cell, &Ran::Measured(Box::new(run))));
@@ -79,6 +83,21 @@ fn result_line(cell: &CellSpec, ran: &Ran) -> String {
             or_none(outcome.capacity, 1),
             cell.job.load().and_then(|s| s.slo_p99_ms).unwrap_or_default()
         ),
+        Ran::Server(outcome) => match outcome.capacity {
+            Some(capacity) => format!(
+                "ok {} steps, capacity {} within p99 {} ms",
+                outcome.steps.len(),
+                or_none(Some(capacity), 1),
+                cell.job
+                    .server()
+                    .map(|s| s.load.slo_p99_ms.unwrap_or_default())
+                    .unwrap_or_default()
+            ),
+            None => {
+                let rates: Vec<String> = outcome.steps.iter().map(|s| format!("{:.1}", s.achieved_qps)).collect();
+                format!("ok {} steps at {} requests/s", outcome.steps.len(), rates.join(", "))
+            }
+        },
         Ran::Served(outcome) => {
             let settings = cell.job.serve();
             format!(

@@ -21,6 +21,18 @@ pub(super) struct CellRow {
     pub(super) sweep: Option<String>,
 }
 
+impl CellRow {
+    /// A cell found done by its rows, as measured with the settings planned now.
+    pub(super) fn done(id: String) -> CellRow {
+        CellRow {
+            id,
+            status: Status::Ok.as_str().to_string(),
+            settings: None,
+            sweep: None,
+        }
+    }
+}
+
 /// Every row's cell id, status, settings and sweep in `runs` (a failed capacity cell's row is there
 /// too), in `capacity` and in `serve_capacity` (a search's row), in the order of the parts: oldest
 /// first.
@@ -63,7 +75,12 @@ pub(super) fn done_cells(out: &Path, retry_oom: bool) -> Result<HashMap<String, 
 }
 
 /// Whether the folder has a final row of `cell` measured with its settings (or with none recorded).
+/// A server's cell writes a row per step: it is done when every step it plans has one (and its
+/// search, where it searches, its capacity row).
 pub(super) fn done_as_planned(out: &Path, cell: &CellSpec, retry_oom: bool) -> Result<bool> {
+    if let Some(job) = cell.job.server() {
+        return server_done(out, cell, job);
+    }
     Ok(
         match done_cells(out, retry_oom)?
             .get(&cell.cell_id())
@@ -74,6 +91,37 @@ pub(super) fn done_as_planned(out: &Path, cell: &CellSpec, retry_oom: bool) -> R
             None => false,
         },
     )
+}
+
+/// Whether every step of the server's cell has a row measured with its settings.
+fn server_done(out: &Path, cell: &CellSpec, job: &crate::cell::spec::ServerJob) -> Result<bool> {
+    let id = cell.cell_id();
+    let settings = cell.settings();
+    if job.search
+        && !cell_rows(out)?
+            .iter()
+            .any(|r| r.id == id && r.status == "ok" && r.settings.as_deref().is_none_or(|s| s == settings))
+    {
+        return Ok(false);
+    }
+    let rows = read_table(out, Table::Load)?;
+    if rows.column("cell_id").is_err() || rows.column("concurrency").is_err() {
+        return Ok(job.server.concurrency.is_empty() && job.rates.is_empty());
+    }
+    let ids = text_column(&rows, "cell_id")?;
+    let written_with = text_column(&rows, "cell_settings")?;
+    let searched = text_column(&rows, "capacity_id")?;
+    let concurrency = crate::results::parts::number_column(&rows, "concurrency")?;
+    let offered = crate::results::parts::number_column(&rows, "offered_qps")?;
+    let ours = |i: usize| {
+        ids[i].as_deref() == Some(id.as_str())
+            && searched[i].is_none()
+            && written_with[i].as_deref().is_none_or(|s| s == settings)
+    };
+    let has_concurrency = |n: usize| (0..rows.height()).any(|i| ours(i) && concurrency[i] == Some(n as f64));
+    let has_rate =
+        |qps: f64| (0..rows.height()).any(|i| ours(i) && concurrency[i].is_none() && offered[i] == Some(qps));
+    Ok(job.server.concurrency.iter().all(|&n| has_concurrency(n)) && job.rates.iter().all(|&q| has_rate(q)))
 }
 
 /// What differs between the settings a cell's row was measured with and the file's now, or `None`.

@@ -51,7 +51,7 @@ pub(super) fn against_baseline(rows: &[Row], baseline: &str) -> Result<Vec<Secti
                     ),
                     r.beyond_noise
                         .map_or("?".into(), |b| if b { "yes".into() } else { "no".into() }),
-                    format!("{:.3} → {:.3}", r.baseline.p50_ms, r.target.p50_ms),
+                    format!("{} → {}", fmt(r.baseline.p50_ms, 3), fmt(r.target.p50_ms, 3)),
                     format!("{:.3} → {:.3}", r.baseline.p99_ms, r.target.p99_ms),
                 ]
             })

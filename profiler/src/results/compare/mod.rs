@@ -26,7 +26,10 @@ use anyhow::{bail, Result};
 use polars::prelude::*;
 use serde::Serialize;
 
+mod kind;
 pub mod render;
+
+pub use kind::Kind;
 
 /// What a cell's rows are named by: the workload's shape and, for a generation, its lengths and
 /// cache.
@@ -43,7 +46,7 @@ pub const CELL: [&str; 9] = [
 ];
 
 /// The workload fields two runs must share to be compared: the cell's name and its settings.
-const WORKLOAD: [&str; 14] = {
+pub(super) const WORKLOAD: [&str; 14] = {
     const SETTINGS: [&str; 5] = [
         "kernel_options",
         "optimizer",
@@ -122,7 +125,8 @@ pub struct Side {
     pub runs: usize,
     pub throughput: f64,
     pub throughput_se: Option<f64>,
-    pub p50_ms: f64,
+    /// None for a capacity, which has only its p99.
+    pub p50_ms: Option<f64>,
     pub p99_ms: f64,
     /// Targets (devices) the rows ran on.
     pub targets: String,
@@ -189,7 +193,7 @@ struct Row {
     fields: BTreeMap<&'static str, String>,
     throughput: f64,
     ci: Option<(f64, f64)>,
-    p50_ms: f64,
+    p50_ms: Option<f64>,
     p99_ms: f64,
     verdict: Option<String>,
 }
@@ -281,8 +285,15 @@ fn one_cell_per_key(sel: &Selector, by_key: &BTreeMap<Vec<String>, Vec<&Row>>, f
 
 /// One cell's comparison: each side's repeats pooled, the ratio of their throughputs with its
 /// interval, and an emulated slice's range.
-fn compared(key_fields: &[&'static str], key: &[String], latest: &[&Row], b: &[&Row], t: &[&Row]) -> Compared {
-    let range = emulated_range(latest, b, t);
+fn compared(
+    kind: Kind,
+    key_fields: &[&'static str],
+    key: &[String],
+    latest: &[&Row],
+    b: &[&Row],
+    t: &[&Row],
+) -> Compared {
+    let range = emulated_range(&kind.workload(), latest, b, t);
     let (b, t) = (pool(b), pool(t));
     let ratio = t.throughput / b.throughput;
     let se = match (b.throughput_se, t.throughput_se) {
@@ -315,7 +326,15 @@ fn compared(key_fields: &[&'static str], key: &[String], latest: &[&Row], b: &[&
     }
 }
 
+/// Compares the runs table's rows of `baseline` and `target`.
 pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Result<Comparison> {
+    compare_rows(runs, Kind::Runs, baseline, target)
+}
+
+/// Compares the rows of `frame` (a table of `kind`) of `baseline` and `target`.
+pub fn compare_rows(frame: &DataFrame, kind: Kind, baseline: &Selector, target: &Selector) -> Result<Comparison> {
+    let runs = frame;
+    let table = kind.table().dir_name();
     if baseline.column != target.column {
         bail!("--baseline {baseline} and --target {target} select on different columns; compare one column's two values (e.g. target=full and target=3g)")
     }
@@ -326,15 +345,16 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
     if runs.column(column).is_err() {
         let names: Vec<String> = runs.get_column_names().iter().map(|n| n.to_string()).collect();
         bail!(
-            "the runs table has no column `{column}`; its columns: {}",
+            "the {table} table has no column `{column}`; its columns: {}",
             names.join(", ")
         )
     }
-    let rows = read_rows(runs, column)?;
+    let rows = read_rows(runs, column, kind)?;
     // Where the selectors pick devices, devices are what is compared; otherwise each with itself.
     // A field that follows from the selectors' column is left out with it.
     let follows = follows_from(column);
-    let mut key_fields: Vec<&'static str> = WORKLOAD
+    let mut key_fields: Vec<&'static str> = kind
+        .workload()
         .iter()
         .copied()
         .filter(|f| *f != column && !follows.contains(f))
@@ -373,7 +393,7 @@ pub fn compare(runs: &DataFrame, baseline: &Selector, target: &Selector) -> Resu
     let mut out = Vec::new();
     for (key, b) in &base {
         let Some(t) = tgt.get(key) else { continue };
-        out.push(compared(&key_fields, key, &latest, b, t));
+        out.push(compared(kind, &key_fields, key, &latest, b, t));
     }
     if out.is_empty() {
         bail!(
@@ -420,7 +440,7 @@ fn latest_per_cell<'a>(rows: impl Iterator<Item = &'a Row>) -> Vec<&'a Row> {
 
 /// Where the target rows are an emulated slice: its range, the same workload emulated the other way
 /// found among `all`, both relative to the baseline rows.
-fn emulated_range(all: &[&Row], base: &[&Row], target: &[&Row]) -> Option<EmulatedRange> {
+fn emulated_range(workload: &[&str], all: &[&Row], base: &[&Row], target: &[&Row]) -> Option<EmulatedRange> {
     let first = target.first()?;
     let field = |r: &Row, f: &str| r.fields.get(f).cloned().unwrap_or_default();
     // Emulated rows written before `memory_emulation` existed (schema 7) ran alone.
@@ -438,7 +458,7 @@ fn emulated_range(all: &[&Row], base: &[&Row], target: &[&Row]) -> Option<Emulat
     } else {
         crate::mps::MemoryEmulation::Alone.as_str()
     };
-    let same_work = |r: &Row| WORKLOAD.iter().all(|f| field(r, f) == field(first, f));
+    let same_work = |r: &Row| workload.iter().all(|f| field(r, f) == field(first, f));
     let twins: Vec<&Row> = all
         .iter()
         .copied()
@@ -509,43 +529,80 @@ fn pool(rows: &[&Row]) -> Side {
         runs: rows.len(),
         throughput,
         throughput_se,
-        p50_ms: mean(&|r| r.p50_ms),
+        p50_ms: rows.iter().map(|r| r.p50_ms).sum::<Option<f64>>().map(|sum| sum / k),
         p99_ms: mean(&|r| r.p99_ms),
         targets: targets.join(","),
         caveats,
     }
 }
 
-fn read_rows(runs: &DataFrame, column: &str) -> Result<Vec<Row>> {
+/// Row `i`'s value of `field` among `fields`, empty where null.
+fn fields_at(fields: &[(&'static str, Vec<Option<String>>)], field: &str, i: usize) -> String {
+    fields
+        .iter()
+        .find(|(f, _)| *f == field)
+        .and_then(|(_, v)| v[i].clone())
+        .unwrap_or_default()
+}
+
+fn read_rows(runs: &DataFrame, column: &str, kind: Kind) -> Result<Vec<Row>> {
     let status = text_column(runs, "status")?;
     let (selected, verdict) = (text_column(runs, column)?, text_column(runs, "verdict")?);
-    let (cell_id, run_id) = (text_column(runs, "cell_id")?, text_column(runs, "run_id")?);
-    let fields: Vec<(&'static str, Vec<Option<String>>)> = WORKLOAD
+    let id_column = match kind {
+        Kind::Runs => "run_id",
+        Kind::Load => "load_id",
+        Kind::Capacity => "capacity_id",
+    };
+    let (cell_id, run_id) = (text_column(runs, "cell_id")?, text_column(runs, id_column)?);
+    // A search's steps: their rates are the search's, not a step asked for.
+    let searched = match kind {
+        Kind::Load => text_column(runs, "capacity_id")?,
+        _ => vec![None; runs.height()],
+    };
+    let fields: Vec<(&'static str, Vec<Option<String>>)> = kind
+        .workload()
         .iter()
         .chain(DEVICE.iter())
         .chain(PARTITION.iter())
         .map(|f| Ok((*f, text_column(runs, f)?)))
         .collect::<Result<_>>()?;
-    let (tp, low, high, p50, p99) = (
-        number_column(runs, "throughput")?,
-        number_column(runs, "throughput_ci_low")?,
-        number_column(runs, "throughput_ci_high")?,
-        number_column(runs, "p50_ms")?,
-        number_column(runs, "p99_ms")?,
-    );
+    let (tp_column, ci_columns, p50_column, p99_column) = kind.columns();
+    let (tp, p99) = (number_column(runs, tp_column)?, number_column(runs, p99_column)?);
+    let (low, high) = match ci_columns {
+        Some((l, h)) => (number_column(runs, l)?, number_column(runs, h)?),
+        None => (vec![None; runs.height()], vec![None; runs.height()]),
+    };
+    let p50 = match p50_column {
+        Some(c) => number_column(runs, c)?,
+        None => vec![None; runs.height()],
+    };
     let mut rows = Vec::new();
     for i in 0..runs.height() {
         // Rows of a plain `run` before the status column existed count as measured.
-        if status[i].as_deref().is_some_and(|s| s != "ok") {
+        if status[i].as_deref().is_some_and(|s| s != "ok") || searched[i].is_some() {
             continue;
         }
-        let (Some(throughput), Some(p50_ms), Some(p99_ms)) = (tp[i], p50[i], p99[i]) else {
+        let (Some(throughput), Some(p99_ms)) = (tp[i], p99[i]) else {
             continue;
+        };
+        if p50_column.is_some() && p50[i].is_none() {
+            continue;
+        }
+        // A load job's steps share its cell id: a step is the job's cell at its concurrency or
+        // rate (a rerun of it replaces it, as a rerun of a run does).
+        let cell = match kind {
+            Kind::Load => format!(
+                "{}/{}/{}",
+                cell_id[i].clone().unwrap_or_default(),
+                fields_at(&fields, "concurrency", i),
+                fields_at(&fields, "offered_qps", i)
+            ),
+            _ => cell_id[i].clone().unwrap_or_else(|| format!("row{i}")),
         };
         rows.push(Row {
             selected: selected[i].clone(),
             verdict: verdict[i].clone(),
-            cell_id: cell_id[i].clone().unwrap_or_else(|| format!("row{i}")),
+            cell_id: cell,
             run_id: run_id[i].clone().unwrap_or_default(),
             fields: fields
                 .iter()
@@ -553,7 +610,7 @@ fn read_rows(runs: &DataFrame, column: &str) -> Result<Vec<Row>> {
                 .collect(),
             throughput,
             ci: low[i].zip(high[i]),
-            p50_ms,
+            p50_ms: p50[i],
             p99_ms,
         });
     }

@@ -88,7 +88,10 @@ impl Comparison {
                     ci,
                     r.beyond_noise
                         .map_or("?".into(), |b| if b { "yes".into() } else { "no".into() }),
-                    format!("{:.3}→{:.3}", r.baseline.p50_ms, r.target.p50_ms),
+                    match (r.baseline.p50_ms, r.target.p50_ms) {
+                        (Some(b), Some(t)) => format!("{b:.3}→{t:.3}"),
+                        _ => "-".to_string(),
+                    },
                     format!("{:.3}→{:.3}", r.baseline.p99_ms, r.target.p99_ms),
                     format!("{}/{}", r.baseline.runs, r.target.runs),
                     format!("{}/{}", verdicts(&r.baseline), verdicts(&r.target)),

@@ -16,8 +16,10 @@ use crate::run::limits;
 mod capacity;
 mod keyed;
 mod programs;
+mod servers;
 pub use capacity::{CapacitySearch, Served};
 pub use programs::Program;
+pub use servers::ServerEntry;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -38,6 +40,10 @@ pub struct SweepFile {
     /// The user's own programs, each measured on every target run alone (as `migprof exec`).
     #[serde(default)]
     pub programs: Vec<Program>,
+    /// The user's own servers, each started and loaded on every target run alone (as `migprof load
+    /// --endpoint --server-cmd`).
+    #[serde(default)]
+    pub servers: Vec<ServerEntry>,
 }
 
 /// A concurrent group: its targets run each matrix cell at the same time (a member's cell process per
@@ -242,24 +248,42 @@ impl SweepFile {
         if self.targets.iter().all(|t| !t.alone) && self.groups.is_empty() {
             bail!("every target has alone = false and there is no [[groups]]: nothing would run");
         }
-        if self.matrix.is_empty() && self.capacity.is_empty() && self.programs.is_empty() {
-            bail!("no [[matrix]], [[capacity]] or [[programs]]: give at least one, e.g. [[matrix]] models = [\"resnet18\"] batches = [1, 8]");
+        if self.matrix.is_empty() && self.capacity.is_empty() && self.programs.is_empty() && self.servers.is_empty() {
+            bail!("no [[matrix]], [[capacity]], [[programs]] or [[servers]]: give at least one, e.g. [[matrix]] models = [\"resnet18\"] batches = [1, 8]");
         }
-        if !(self.capacity.is_empty() && self.programs.is_empty()) && self.targets.iter().all(|t| !t.alone) {
-            bail!("[[capacity]] searches and [[programs]] run on targets alone, and every target has alone = false");
+        if !(self.capacity.is_empty() && self.programs.is_empty() && self.servers.is_empty())
+            && self.targets.iter().all(|t| !t.alone)
+        {
+            bail!("[[capacity]] searches, [[programs]] and [[servers]] run on targets alone, and every target has alone = false");
         }
-        if let Some(t) = self.targets.iter().find(|t| {
-            !self.programs.is_empty()
-                && t.alone
-                && t.device
-                    .trim()
-                    .starts_with(crate::mps::MemoryEmulation::Partitioned.prefix())
+        let foreign = match (self.programs.is_empty(), self.servers.is_empty()) {
+            (false, _) => Some("[[programs]] run on every target alone, and a program"),
+            (true, false) => Some("[[servers]] run on every target alone, and a server"),
+            (true, true) => None,
+        };
+        if let Some((t, foreign)) = foreign.and_then(|f| {
+            self.targets
+                .iter()
+                .find(|t| {
+                    t.alone
+                        && t.device
+                            .trim()
+                            .starts_with(crate::mps::MemoryEmulation::Partitioned.prefix())
+                })
+                .map(|t| (t, f))
         }) {
             bail!(
-                "[[targets]] `{}`: device {}: [[programs]] run on every target alone, and a program migprof did not write cannot be held to a memory-partitioned slice's bandwidth (its neighbour is calibrated against migprof's own kernels); use mps: for it, or alone = false",
+                "[[targets]] `{}`: device {}: {foreign} migprof did not write cannot be held to a memory-partitioned slice's bandwidth (its neighbour is calibrated against migprof's own kernels); use mps: for it, or alone = false",
                 t.label,
                 t.device
             );
+        }
+        for (i, server) in self.servers.iter().enumerate() {
+            server.check(
+                &format!("[[servers]] #{}", i + 1),
+                self.defaults.measure.seed,
+                self.defaults.timeout_secs,
+            )?;
         }
         let mut names = std::collections::HashSet::new();
         for (i, p) in self.programs.iter().enumerate() {
