@@ -18,9 +18,9 @@ const LOAD_JOB: [&str; 12] = [
     "max_batch",
     "max_delay_ms",
 ];
-/// A load step's offer (a concurrency or a rate). A search's steps are left out: their rates differ
-/// by target.
-const STEP: [&str; 2] = ["concurrency", "offered_qps"];
+/// A load step's offer (a concurrency, or a rate and how its requests arrive). A search's steps are
+/// left out: their rates differ by target.
+const STEP: [&str; 3] = ["concurrency", "offered_qps", "arrival"];
 /// What a capacity search searched within.
 const SEARCH: [&str; 1] = ["slo_p99_ms"];
 
@@ -134,6 +134,26 @@ mod tests {
             text.contains("family=server") && text.contains("engine=triton 2.51.0"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn rates_offered_by_other_arrival_processes_are_other_steps() {
+        let mut rows = load_rows();
+        let arrival = Column::new(
+            "arrival".into(),
+            ["poisson", "poisson", "constant", "poisson", "poisson"],
+        );
+        rows.with_column(arrival).unwrap();
+        let b: Selector = "target=full".parse().unwrap();
+        let t: Selector = "target=3g".parse().unwrap();
+        let c = compare_rows(&rows, Kind::Load, &b, &t).unwrap();
+        assert_eq!(
+            c.rows.len(),
+            1,
+            "concurrency 1 arrived otherwise on the 3g: only concurrency 2 matches"
+        );
+        assert_eq!(c.rows[0].cell["concurrency"], "2");
+        assert_eq!((c.baseline_only, c.target_only), (1, 1));
     }
 
     #[test]
