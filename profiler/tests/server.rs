@@ -430,7 +430,8 @@ fn wrong_answers_shapes_and_encodings_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("D");
     let url = server.url();
-    let fails = |args: &[&str], expected: &str| {
+    // One short step at concurrency 1 against the test server, with `args`.
+    let step = |args: &[&str]| {
         let mut all = vec![
             "--endpoint",
             &url,
@@ -442,7 +443,10 @@ fn wrong_answers_shapes_and_encodings_are_named() {
             "0",
         ];
         all.extend_from_slice(args);
-        let o = load(&out, &all);
+        load(&out, &all)
+    };
+    let fails = |args: &[&str], expected: &str| {
+        let o = step(args);
         assert!(!o.status.success(), "{args:?} ran");
         assert!(text(&o).contains(expected), "{args:?}: {}", text(&o));
     };
@@ -488,18 +492,7 @@ fn wrong_answers_shapes_and_encodings_are_named() {
             data.to_str().unwrap(),
         ][..],
     ] {
-        let mut all = vec![
-            "--endpoint",
-            &url,
-            "--concurrency",
-            "1",
-            "--duration",
-            "0.5",
-            "--warmup",
-            "0",
-        ];
-        all.extend_from_slice(args);
-        let o = load(&out, &all);
+        let o = step(args);
         assert!(o.status.success(), "{args:?}: {}", text(&o));
     }
     let rows = read_table(&out, Table::Load).unwrap();
