@@ -224,12 +224,29 @@ impl DeviceSpec {
         };
         let topology = gpu::discover().map_err(|e| anyhow!("`{self}`: {e:#}"))?;
         let selected = gpu::select(&topology, &id)?;
+        let info = describe(selected);
+        let mut env = vec![visible(info.selected.as_ref().map_or("", |s| s.uuid()))];
+        env.extend(memory_env(&info));
         Ok(ProgramTarget {
-            env: vec![visible(selected.uuid())],
-            info: describe(selected),
+            env,
+            info,
             daemon: None,
         })
     }
+}
+
+/// The memory a program's target allows and the whole GPU's, MiB, in its environment: a server that
+/// sizes itself from the parent GPU's memory on a slice (vLLM's NVML paths) is given the slice's
+/// through its command line (`$MIGPROF_TARGET_MEMORY_MIB`).
+fn memory_env(info: &DeviceInfo) -> Vec<(String, String)> {
+    let mut env = Vec::new();
+    if let Some(mib) = info.memory_mib() {
+        env.push(("MIGPROF_TARGET_MEMORY_MIB".to_string(), mib.to_string()));
+    }
+    if let Some(s) = &info.selected {
+        env.push(("MIGPROF_GPU_MEMORY_MIB".to_string(), s.gpu.memory_mib.to_string()));
+    }
+    env
 }
 
 fn program_on_mps(target: &crate::mps::MpsTarget) -> Result<ProgramTarget> {
@@ -262,21 +279,23 @@ fn program_on_mps(target: &crate::mps::MpsTarget) -> Result<ProgramTarget> {
             .map(|(k, v)| (k.to_string(), v)),
     );
     let name = format!("{} MPS-emulated {}", selected.gpu.name, share.describe());
+    let info = DeviceInfo {
+        kind: "mps",
+        name,
+        selected: Some(selected),
+        emulation: Some(crate::mps::Emulation {
+            share,
+            measured_sms: None,
+            measured_memory_mib: None,
+            partition: None,
+        }),
+        memory_system: None,
+        kernel_sms: None,
+    };
+    env.extend(memory_env(&info));
     Ok(ProgramTarget {
         env,
-        info: DeviceInfo {
-            kind: "mps",
-            name,
-            selected: Some(selected),
-            emulation: Some(crate::mps::Emulation {
-                share,
-                measured_sms: None,
-                measured_memory_mib: None,
-                partition: None,
-            }),
-            memory_system: None,
-            kernel_sms: None,
-        },
+        info,
         daemon: daemon.ok(),
     })
 }

@@ -657,6 +657,15 @@ fn a_server_that_ends_never_answers_or_is_not_there_is_named_and_nothing_is_left
     );
     assert!(text(&o).contains("cannot be used with"), "{}", text(&o));
     let o = load(&out, &["--endpoint", &url, "--max-batch", "8", "--concurrency", "1"]);
+    assert!(
+        text(&o).contains("a server batches as it is configured"),
+        "{}",
+        text(&o)
+    );
+    let o = load(
+        &out,
+        &["--endpoint", &url, "--weights", "w.safetensors", "--concurrency", "1"],
+    );
     assert!(text(&o).contains("not to a server of your own"), "{}", text(&o));
     let o = migprof()
         .args([

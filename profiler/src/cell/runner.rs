@@ -133,7 +133,7 @@ pub enum Ran {
     /// A language model's serving steps (and a search's capacity), their rows written.
     Served(ServeOutcome),
     /// A user's server's steps (and a search's capacity), their rows written.
-    Server(crate::server::job::ServerOutcome),
+    Server(crate::server::measure::Measured),
 }
 
 /// Runs `cell` (made as `spec`) on `target`, its rows to `out`; a job's progress goes to `log`.
@@ -296,14 +296,17 @@ pub fn run_program(cell: &CellSpec, invocation: Option<&str>, out: &Path) -> Res
 /// --endpoint` runs a server: started on the cell's device (an emulated slice as a client of the
 /// sweep's daemon), loaded at its steps, its rows written with the cell's identity, and its whole
 /// process tree stopped when the steps end or this process does.
-pub fn run_server(cell: &CellSpec, invocation: Option<&str>, out: &Path) -> Result<crate::server::job::ServerOutcome> {
+pub fn run_server(cell: &CellSpec, invocation: Option<&str>, out: &Path) -> Result<crate::server::measure::Measured> {
     let job = cell.job.server().context("a server's cell without its server")?;
     let server = job.server.resolve(cell.seed, Keys::SweepFile)?;
     let device = cell.device.parse::<DeviceSpec>()?;
     let identity = cell.identity(Status::Ok);
     let m = crate::server::measure::Measure {
         server: &server,
-        load: &job.load,
+        offer: match &job.generation {
+            Some(g) => crate::server::measure::Offer::Generation(g),
+            None => crate::server::measure::Offer::Requests(&job.load),
+        },
         rates: &job.rates,
         search: job.search,
         device: &device,

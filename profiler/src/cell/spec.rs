@@ -149,8 +149,12 @@ pub enum Job {
 #[serde(deny_unknown_fields)]
 pub struct ServerJob {
     pub server: crate::server::given::ServerGiven,
-    /// Warm-up, duration, arrivals, the objective and the search's bounds.
+    /// Warm-up, duration, arrivals, the objective and the search's bounds (a KServe server's).
     pub load: crate::load::settings::LoadSettings,
+    /// A language model's server's: the requests' lengths, arrivals, the TTFT and TPOT objectives
+    /// and the search's bounds (`load` is then not used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<crate::load::settings::ServeSettings>,
     /// Open-loop rates, after the server's concurrencies.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rates: Vec<f64>,

@@ -94,6 +94,7 @@ pub fn exec(args: LoadArgs, log: &mut dyn Write) -> Result<ExitCode> {
         let asked = super::server::Asked {
             offered: &args.offered,
             pass: &args.pass,
+            serving: &args.serving,
             qps: &args.qps,
             search: args.search,
             seed: args.seed,
@@ -313,9 +314,6 @@ fn refuse_engine_flags(args: &LoadArgs) -> Result<()> {
     }
     if args.seq_len.is_some() {
         foreign.push("--seq-len (give the shape: --shape NAME:DIMS)");
-    }
-    if args.pass.max_batch.is_some() || args.pass.max_delay_ms.is_some() {
-        foreign.push("--max-batch and --max-delay-ms (the server batches as it is configured)");
     }
     if args.kernels != migprof::run::given::KernelGiven::default() {
         foreign.push("the kernel options");

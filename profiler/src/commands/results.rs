@@ -43,8 +43,9 @@ pub struct CompareArgs {
     #[arg(long)]
     pub target: Selector,
     /// The rows compared: runs (throughput in items/s), load (a step's achieved requests/s at its
-    /// concurrency or rate: migprof's engine or a server of your own) or capacity (a search's
-    /// requests/s within its objective).
+    /// concurrency or rate: migprof's engine or a server of your own), capacity (a search's
+    /// requests/s within its objective) or serve (a language model's step: its achieved requests/s
+    /// and TTFT, migprof's engine or an OpenAI-compatible server).
     #[arg(long, value_enum, default_value = "runs")]
     pub table: migprof::results::compare::Kind,
     #[arg(long, value_enum, default_value = "text")]

@@ -188,9 +188,12 @@ pub fn run(
     let id = super::generation_record::ServeIdentity {
         head: super::record::RowHead::of(context, cell, &device.info, &fingerprint, &info, spec),
         settings,
-        cache: &cache,
-        block_bytes: engine.model.block_bytes() as u64,
-        closed_loop: closed,
+        own: Some(super::generation_record::OwnEngine {
+            cache: &cache,
+            block_bytes: engine.model.block_bytes() as u64,
+            closed_loop: closed,
+        }),
+        server: None,
     };
     let mut stepper = Stepper {
         engine: &mut engine,
@@ -502,6 +505,7 @@ impl Stepper<'_> {
             evidence: &evidence,
             metrics: &metrics,
             note: (!notes.is_empty()).then(|| notes.join("; ")),
+            server: None,
         };
         let serve_id = crate::provenance::run_id(started);
         super::generation_record::write_step(

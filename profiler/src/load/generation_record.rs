@@ -56,16 +56,75 @@ pub struct ServedStep<'a> {
     pub evidence: &'a Evidence,
     pub metrics: &'a crate::gpu::sampler::MetricSummary,
     pub note: Option<String>,
+    /// A user's server's step: what its client saw.
+    pub server: Option<&'a ServerStep>,
+}
+
+/// A step on a user's server as its client saw it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ServerStep {
+    /// Requests always in flight; `None`: the step offered a rate.
+    pub concurrency: Option<usize>,
+    /// Measured requests that failed (no answer, an error, a stream that broke off), and the most
+    /// frequent reasons with their counts.
+    pub failed: usize,
+    pub failures: Option<String>,
+    /// Measured requests that came back with fewer tokens than they asked for.
+    pub short: usize,
+    /// How the tokens were counted: `usage`, `timings`, `chunks`, or several joined by `+`.
+    pub counted: String,
+    /// Measured requests started over 1 ms after they were due.
+    pub late: usize,
+    /// Whether NVML saw the server's processes on the target; `None`: not checked.
+    pub on_target: Option<bool>,
+    /// Each request's own, in the order of `served.requests`.
+    pub requests: Vec<ServerRequest>,
+}
+
+/// A request to a user's server beyond what every served request records.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ServerRequest {
+    /// It came back with fewer tokens than it asked for.
+    pub short: bool,
+    /// Why it failed, where it did.
+    pub failure: Option<String>,
+    /// Chunks with text it received.
+    pub chunks: u32,
+}
+
+/// A user's language-model server behind a job's rows: who answered and how it was asked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationServer {
+    /// The server's name as it gives it (`vllm`, `llamacpp`).
+    pub engine: String,
+    pub protocol: String,
+    pub endpoint: String,
+    /// The command migprof started it with; `None`: a server already running.
+    pub command: Option<String>,
+    /// `completions` or `chat`.
+    pub api: String,
+    /// `ids` or `text`.
+    pub prompt_form: String,
+    /// Whether requests asked for exactly their length (`min_tokens`, `ignore_eos`).
+    pub output_enforced: bool,
+}
+
+/// What migprof's own engine adds to a job's rows: its cache and its closed loop.
+pub struct OwnEngine<'a> {
+    pub cache: &'a CacheSize,
+    /// Bytes of one KV block, every layer.
+    pub block_bytes: u64,
+    pub closed_loop: ClosedLoop,
 }
 
 /// What every row of one serving job shares.
 pub struct ServeIdentity<'a> {
     pub head: RowHead<'a>,
     pub settings: &'a ServeSettings,
-    pub cache: &'a CacheSize,
-    /// Bytes of one KV block, every layer.
-    pub block_bytes: u64,
-    pub closed_loop: ClosedLoop,
+    /// migprof's engine: `None` for a user's server, whose batcher and cache migprof does not know
+    /// (their columns are null).
+    pub own: Option<OwnEngine<'a>>,
+    pub server: Option<&'a GenerationServer>,
 }
 
 /// The columns every `serve` and `serve_capacity` row starts with.
@@ -77,8 +136,10 @@ fn identity_columns(
 ) -> Vec<Column> {
     let mut columns = head_columns(&id.head, row_id, (started, finished), Vec::new());
     let s = id.settings;
-    let c = id.cache;
+    let own = id.own.as_ref();
+    let c = own.map(|o| o.cache);
     let mib = |b: f64| b / (1u64 << 20) as f64;
+    let engine = |v: i64| vec![own.map(|_| v)];
     columns.extend([
         col("arrival", vec![s.arrival.as_str().to_string()]),
         col("arrival_seed", vec![s.arrival_seed]),
@@ -86,28 +147,45 @@ fn identity_columns(
         col("output_len", vec![s.output.to_string()]),
         col("prompt_len_mean", vec![s.prompt.mean()]),
         col("output_len_mean", vec![s.output.mean()]),
-        col("max_batched_tokens", vec![s.max_batched_tokens as i64]),
-        col("max_seqs", vec![s.max_seqs as i64]),
-        col("chunked_prefill", vec![s.chunked_prefill]),
-        col("kv_block_size", vec![s.kv_block_size.get() as i64]),
-        col("kv_cache_fraction", vec![s.kv_cache_fraction]),
-        col("kv_blocks", vec![c.blocks as i64]),
-        col("kv_cache_mib", vec![mib(c.blocks as f64 * id.block_bytes as f64)]),
-        col("kv_sizing", vec![c.sizing.to_string()]),
-        Column::new("memory_limit_mib".into(), vec![c.limit_mib]),
-        col("weights_mib", vec![c.weights_mib]),
-        Column::new("workspace_mib".into(), vec![c.workspace_mib]),
+        Column::new("max_batched_tokens".into(), engine(s.max_batched_tokens as i64)),
+        Column::new("max_seqs".into(), engine(s.max_seqs as i64)),
+        Column::new("chunked_prefill".into(), vec![own.map(|_| s.chunked_prefill)]),
+        Column::new("kv_block_size".into(), engine(s.kv_block_size.get() as i64)),
+        Column::new("kv_cache_fraction".into(), vec![own.map(|_| s.kv_cache_fraction)]),
+        Column::new("kv_blocks".into(), vec![c.map(|c| c.blocks as i64)]),
+        Column::new(
+            "kv_cache_mib".into(),
+            vec![own.map(|o| mib(o.cache.blocks as f64 * o.block_bytes as f64))],
+        ),
+        Column::new("kv_sizing".into(), vec![c.map(|c| c.sizing.to_string())]),
+        Column::new("memory_limit_mib".into(), vec![c.and_then(|c| c.limit_mib)]),
+        Column::new("weights_mib".into(), vec![c.map(|c| c.weights_mib)]),
+        Column::new("workspace_mib".into(), vec![c.and_then(|c| c.workspace_mib)]),
         col("warmup_s", vec![s.warmup_secs]),
         col("duration_s", vec![s.duration_secs]),
         col("drain_s", vec![s.drain_secs]),
         Column::new("slo_ttft_p99_ms".into(), vec![s.slo_ttft_p99_ms]),
         Column::new("slo_tpot_p99_ms".into(), vec![s.slo_tpot_p99_ms]),
-        col("closed_loop_concurrency", vec![id.closed_loop.concurrency as i64]),
-        col("closed_loop_qps", vec![id.closed_loop.request_rate]),
-        col(
-            "closed_loop_output_tokens_per_s",
-            vec![id.closed_loop.output_token_rate],
+        Column::new(
+            "closed_loop_concurrency".into(),
+            vec![own.map(|o| o.closed_loop.concurrency as i64)],
         ),
+        Column::new("closed_loop_qps".into(), vec![own.map(|o| o.closed_loop.request_rate)]),
+        Column::new(
+            "closed_loop_output_tokens_per_s".into(),
+            vec![own.map(|o| o.closed_loop.output_token_rate)],
+        ),
+    ]);
+    let server = id.server;
+    let text = |f: fn(&GenerationServer) -> Option<String>| vec![server.and_then(f)];
+    columns.extend([
+        Column::new("engine".into(), text(|s| Some(s.engine.clone()))),
+        Column::new("protocol".into(), text(|s| Some(s.protocol.clone()))),
+        Column::new("endpoint".into(), text(|s| Some(s.endpoint.clone()))),
+        Column::new("server_command".into(), text(|s| s.command.clone())),
+        Column::new("api".into(), text(|s| Some(s.api.clone()))),
+        Column::new("prompt_form".into(), text(|s| Some(s.prompt_form.clone()))),
+        Column::new("output_enforced".into(), vec![server.map(|s| s.output_enforced)]),
     ]);
     columns
 }
@@ -147,6 +225,13 @@ pub fn write_step(
     let r = &step.served.requests;
     let n = r.len();
     let measured = step.start + step.warmup;
+    // A server's requests' own columns; null for migprof's engine.
+    fn per_request<T>(step: &ServedStep, n: usize, f: &dyn Fn(&ServerRequest) -> Option<T>) -> Vec<Option<T>> {
+        match step.server {
+            Some(s) => s.requests.iter().map(f).collect(),
+            None => (0..n).map(|_| None).collect(),
+        }
+    }
     let mut requests = DataFrame::new(
         n,
         vec![
@@ -181,6 +266,9 @@ pub fn write_step(
                 "refused".into(),
                 r.iter().map(|q| q.refused.clone()).collect::<Vec<Option<String>>>(),
             ),
+            Column::new("short".into(), per_request(step, n, &|d| Some(d.short))),
+            Column::new("failure".into(), per_request(step, n, &|d| d.failure.clone())),
+            Column::new("chunks".into(), per_request(step, n, &|d| Some(d.chunks as i64))),
         ],
     )?;
     write_part(&out.join(Table::ServeRequests.dir_name()), &file, &mut requests)?;
@@ -230,11 +318,22 @@ pub fn write_step(
     } else {
         "ok"
     };
+    let client = step.server;
     let mut columns = identity_columns(id, ("serve_id", serve_id), started, provenance::now());
     columns.extend([
         Column::new("capacity_id".into(), vec![search.map(|s| s.0.to_string())]),
         Column::new("search_step".into(), vec![search.map(|s| s.1 as i64)]),
-        col("offered_qps", vec![step.offered_qps]),
+        // A step at a fixed concurrency offers no rate.
+        Column::new(
+            "offered_qps".into(),
+            vec![client
+                .is_none_or(|c| c.concurrency.is_none())
+                .then_some(step.offered_qps)],
+        ),
+        Column::new(
+            "concurrency".into(),
+            vec![client.and_then(|c| c.concurrency.map(|n| n as i64))],
+        ),
         col("requests", vec![s.requests as i64]),
         col("finished", vec![s.finished as i64]),
         col("refused", vec![s.refused as i64]),
@@ -246,12 +345,20 @@ pub fn write_step(
     for (name, p) in [("ttft", &s.ttft), ("tpot", &s.tpot), ("itl", &s.itl), ("e2e", &s.e2e)] {
         columns.extend(percentile_columns(name, p));
     }
+    // What only migprof's own batcher knows: null for a user's server.
+    let own = client.is_none();
     columns.extend([
-        col("kv_occupancy_mean", vec![s.kv_occupancy_mean]),
-        col("kv_occupancy_max", vec![s.kv_occupancy_max]),
-        col("batch_mean", vec![s.batch_mean]),
-        col("batch_max", vec![s.batch_max as i64]),
-        col("preemptions", vec![s.preemptions as i64]),
+        Column::new("kv_occupancy_mean".into(), vec![own.then_some(s.kv_occupancy_mean)]),
+        Column::new("kv_occupancy_max".into(), vec![own.then_some(s.kv_occupancy_max)]),
+        Column::new("batch_mean".into(), vec![own.then_some(s.batch_mean)]),
+        Column::new("batch_max".into(), vec![own.then_some(s.batch_max as i64)]),
+        Column::new("preemptions".into(), vec![own.then_some(s.preemptions as i64)]),
+        Column::new("failed_requests".into(), vec![client.map(|c| c.failed as i64)]),
+        Column::new("failures".into(), vec![client.and_then(|c| c.failures.clone())]),
+        Column::new("short_requests".into(), vec![client.map(|c| c.short as i64)]),
+        Column::new("tokens_counted_by".into(), vec![client.map(|c| c.counted.clone())]),
+        Column::new("client_late".into(), vec![client.map(|c| c.late as i64)]),
+        Column::new("server_on_target".into(), vec![client.and_then(|c| c.on_target)]),
         col("ttft_growth_ms_per_s", vec![s.ttft_growth * 1e3]),
         Column::new("meets_slo".into(), vec![step.meets]),
         col("verdict", vec![verdict.to_string()]),

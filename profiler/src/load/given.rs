@@ -122,6 +122,17 @@ pub struct ServeGiven {
     pub max_steps: Option<usize>,
 }
 
+/// The keys of [`ServeGiven`] that set migprof's continuous batcher and its KV cache, not the
+/// requests or how they are judged: a user's server batches and caches as it is configured.
+pub const BATCHER_KEYS: [&str; 6] = [
+    "max_batched_tokens",
+    "max_seqs",
+    "chunked_prefill",
+    "kv_block_size",
+    "kv_cache_fraction",
+    "kv_blocks",
+];
+
 /// The three groups on one command line: what names each setting's flag.
 #[derive(Parser)]
 struct AllGiven {

@@ -384,21 +384,26 @@ pub struct StepPlan {
     pub seed: u64,
 }
 
+/// Whether a step's summary meets both objectives (none without objectives): every measured request
+/// finished, and the p99s are within them, TTFT's also once its growth over the step is carried on
+/// for [`super::serve::GROWTH_HORIZON`] (as `load`'s steps are judged).
+pub fn meets(slo: Option<Slo>, s: &GenerationSummary) -> Option<bool> {
+    let slo = slo?;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    Some(
+        s.finished == s.requests
+            && s.requests > 0
+            && s.ttft
+                .as_ref()
+                .is_some_and(|p| p.p99_ms + s.ttft_growth_over_horizon_ms() <= ms(slo.ttft_p99))
+            && s.tpot.as_ref().is_none_or(|p| p.p99_ms <= ms(slo.tpot_p99)),
+    )
+}
+
 impl StepPlan {
-    /// Whether a step's summary meets both objectives (none without objectives): every measured
-    /// request finished, and the p99s are within them, TTFT's also once its growth over the step is
-    /// carried on for [`super::serve::GROWTH_HORIZON`] (as `load`'s steps are judged).
+    /// Whether a step's summary meets both objectives: [`meets`].
     pub fn meets(&self, s: &GenerationSummary) -> Option<bool> {
-        let slo = self.slo?;
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        Some(
-            s.finished == s.requests
-                && s.requests > 0
-                && s.ttft
-                    .as_ref()
-                    .is_some_and(|p| p.p99_ms + s.ttft_growth_over_horizon_ms() <= ms(slo.ttft_p99))
-                && s.tpot.as_ref().is_none_or(|p| p.p99_ms <= ms(slo.tpot_p99)),
-        )
+        meets(self.slo, s)
     }
 
     /// The requests a step at `qps` offers (arrival from `start`, prompt tokens, output tokens).

@@ -12,8 +12,9 @@ use super::data::{read_rows, with_target, Row};
 use super::page::{fmt, slug, table, Block, Section};
 use crate::results::parts::Table;
 
-const STEP_TEXT: [&str; 11] = [
+const STEP_TEXT: [&str; 12] = [
     "serve_id",
+    "engine",
     "target",
     "status",
     "model",
@@ -25,8 +26,9 @@ const STEP_TEXT: [&str; 11] = [
     "emulation",
     "memory_emulation",
 ];
-const STEP_NUM: [&str; 12] = [
+const STEP_NUM: [&str; 13] = [
     "offered_qps",
+    "concurrency",
     "achieved_qps",
     "goodput_qps",
     "ttft_p99_ms",
@@ -41,8 +43,9 @@ const STEP_NUM: [&str; 12] = [
 ];
 const ITERATION_TEXT: [&str; 1] = ["serve_id"];
 const ITERATION_NUM: [&str; 2] = ["start_ms", "kv_occupancy"];
-const CAPACITY_TEXT: [&str; 8] = [
+const CAPACITY_TEXT: [&str; 9] = [
     "target",
+    "engine",
     "status",
     "model",
     "dtype",
@@ -92,12 +95,16 @@ impl Generation {
         if self.steps.iter().any(|r| r.s("emulation") == "mps") {
             blocks.push(Block::Text("Emulated slices are bounds, not real MIG slices: alone (mps:) they share L2 and memory bandwidth with the whole GPU and flatter small slices; memory-partitioned (mps-mem:) they are held to their share of the bandwidth with less than their L2, and serve less than a real slice would. Energy is the whole GPU's.".into()));
         }
-        // One pair of charts per model, dtype and request lengths: a line per target.
-        let mut groups: BTreeMap<(String, String, String, String), Vec<&Row>> = BTreeMap::new();
+        if self.steps.iter().any(|r| !r.s("engine").is_empty()) {
+            blocks.push(Block::Text("A server of your own (migprof load --endpoint --protocol openai) is timed by its client on the same definitions: a request is due at its arrival, or at a fixed concurrency when its client is free; its first token is its first streamed chunk with text. Its steps at a fixed concurrency are charted against the requests in flight.".into()));
+        }
+        // One pair of charts per model, server, dtype and request lengths: a line per target.
+        let mut groups: BTreeMap<(String, String, String, String, String), Vec<&Row>> = BTreeMap::new();
         for r in self.steps.iter().filter(|r| r.is_ok()) {
             groups
                 .entry((
                     r.s("model").into(),
+                    r.s("engine").into(),
                     r.s("dtype").into(),
                     r.s("prompt_len").into(),
                     r.s("output_len").into(),
@@ -105,42 +112,15 @@ impl Generation {
                 .or_default()
                 .push(r);
         }
-        for (i, ((model, dtype, prompt, output), steps)) in groups.iter().enumerate() {
+        for (i, ((model, engine, dtype, prompt, output), steps)) in groups.iter().enumerate() {
+            let served = match engine.as_str() {
+                "" => format!("{model} {dtype}"),
+                e => format!("{model} on {e}"),
+            };
             blocks.push(Block::Text(format!(
-                "{model}, {dtype}, prompts {prompt} and outputs {output} tokens:"
+                "{served}, prompts {prompt} and outputs {output} tokens:"
             )));
-            for (what, key, slo) in [
-                ("TTFT", "ttft_p99_ms", "slo_ttft_p99_ms"),
-                ("TPOT", "tpot_p99_ms", "slo_tpot_p99_ms"),
-            ] {
-                let objective = steps.iter().find_map(|r| r.n(slo));
-                let series = per_target(steps, colour, |r| {
-                    Some(Point {
-                        x: r.n("offered_qps")?,
-                        y: r.n(key)?,
-                        whisker: r.n(&format!("{key}_ci_low")).zip(r.n(&format!("{key}_ci_high"))),
-                    })
-                });
-                let title = format!("{model} {dtype}: {what} p99 against offered rate");
-                let y_label = format!("{what} p99 (ms)");
-                let chart = Chart {
-                    title: &title,
-                    x_label: "offered requests/s",
-                    y_label: &y_label,
-                    x_scale: scale_for(steps.iter().filter_map(|r| r.n("offered_qps"))),
-                    y_scale: scale_for(steps.iter().filter_map(|r| r.n(key)).chain(objective)),
-                    series: &series,
-                    diagonal: false,
-                    markers: true,
-                    hline: objective,
-                    x_whole: false,
-                };
-                blocks.push(Block::Chart {
-                    name: format!("serve-{}-{dtype}-{}-{}.svg", slug(model), i + 1, what.to_lowercase()),
-                    svg: chart.svg()?,
-                    legend: chart.legend(),
-                });
-            }
+            blocks.extend(p99_charts(&served, model, dtype, i, steps, colour)?);
             if let Some(b) = self.occupancy(model, dtype, steps, colour, i)? {
                 blocks.extend(b);
             }
@@ -232,7 +212,10 @@ impl Generation {
                 vec![
                     r.s("target").into(),
                     r.s("profile").into(),
-                    format!("{} {}", r.s("model"), r.s("dtype")),
+                    match r.s("engine") {
+                        "" => format!("{} {}", r.s("model"), r.s("dtype")),
+                        e => format!("{} on {e}", r.s("model")),
+                    },
                     format!("{} + {}", r.s("prompt_len"), r.s("output_len")),
                     format!(
                         "{} / {}",
@@ -270,6 +253,69 @@ impl Generation {
             ),
         ])
     }
+}
+
+/// The p99 charts of one group's steps, TTFT's and TPOT's: against the offered rate, and against
+/// the requests in flight where a server's steps were at fixed concurrencies.
+fn p99_charts(
+    served: &str,
+    model: &str,
+    dtype: &str,
+    i: usize,
+    steps: &[&Row],
+    colour: &dyn Fn(&str) -> usize,
+) -> Result<Vec<Block>> {
+    let mut blocks = Vec::new();
+    for (x_key, x_label, x_name) in [
+        ("offered_qps", "offered requests/s", "offered rate"),
+        ("concurrency", "requests in flight", "concurrency"),
+    ] {
+        if !steps.iter().any(|r| r.n(x_key).is_some()) {
+            continue;
+        }
+        for (what, key, slo) in [
+            ("TTFT", "ttft_p99_ms", "slo_ttft_p99_ms"),
+            ("TPOT", "tpot_p99_ms", "slo_tpot_p99_ms"),
+        ] {
+            let objective = steps.iter().find_map(|r| r.n(slo));
+            let series = per_target(steps, colour, |r| {
+                Some(Point {
+                    x: r.n(x_key)?,
+                    y: r.n(key)?,
+                    whisker: r.n(&format!("{key}_ci_low")).zip(r.n(&format!("{key}_ci_high"))),
+                })
+            });
+            let title = format!("{served}: {what} p99 against {x_name}");
+            let y_label = format!("{what} p99 (ms)");
+            let chart = Chart {
+                title: &title,
+                x_label,
+                y_label: &y_label,
+                x_scale: scale_for(steps.iter().filter_map(|r| r.n(x_key))),
+                y_scale: scale_for(steps.iter().filter_map(|r| r.n(key)).chain(objective)),
+                series: &series,
+                diagonal: false,
+                markers: true,
+                hline: objective,
+                x_whole: x_key == "concurrency",
+            };
+            let by = match x_key {
+                "concurrency" => "-concurrency",
+                _ => "",
+            };
+            blocks.push(Block::Chart {
+                name: format!(
+                    "serve-{}-{dtype}-{}-{}{by}.svg",
+                    slug(model),
+                    i + 1,
+                    what.to_lowercase()
+                ),
+                svg: chart.svg()?,
+                legend: chart.legend(),
+            });
+        }
+    }
+    Ok(blocks)
 }
 
 /// A line per target of `steps`, its points as `point` makes them, in order of offered rate.

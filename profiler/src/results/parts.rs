@@ -16,7 +16,7 @@ use polars::prelude::*;
 /// `concurrency_group`, `neighbours`, `baseline`. 4: the `load`, `load_batches` and `capacity` tables.
 /// 5: every row of a table has every column of it, a failed cell's row included, with nulls where
 /// nothing was measured; before, a failed cell's `runs` row had only its identity columns).
-pub const SCHEMA_VERSION: i32 = 15;
+pub const SCHEMA_VERSION: i32 = 16;
 
 /// Every table, in the order a folder is read.
 pub const TABLES: [Table; 10] = [

@@ -6,6 +6,7 @@
 //! never better; how far behind it fell is measured and said.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -73,34 +74,53 @@ pub struct Driven {
     pub end: Duration,
 }
 
-/// Runs one step: warm-up, then `duration` of measured requests, then waits for those in flight.
-pub fn drive(exchange: &dyn Exchange, endpoint: &Endpoint, load: Load, warmup: Duration, duration: Duration) -> Driven {
-    let end = warmup + duration;
+/// One client's way of sending a step's requests: the `n`-th of the step (from 0, in the order
+/// they were handed out), due `due` after the step's start `t0`, on the client's own connection.
+pub trait Client: Sync {
+    /// The request as its client saw it.
+    type Sent: Send;
+    fn send(&self, endpoint: &Endpoint, agent: &ureq::Agent, t0: Instant, n: usize, due: Duration) -> Self::Sent;
+    /// When the request was done with, from `t0`: a client at a fixed concurrency sends its next
+    /// one then.
+    fn done(sent: &Self::Sent) -> Duration;
+}
+
+/// Runs one step of `load`: requests due until `end` from its start, then waits for those in
+/// flight; every request as its client saw it, in no particular order.
+pub fn run_clients<C: Client>(client: &C, endpoint: &Endpoint, load: Load, end: Duration) -> Vec<C::Sent> {
     let t0 = Instant::now();
-    let mut requests = match load {
-        Load::Concurrency(n) => closed_loop(exchange, endpoint, n, t0, end),
+    match load {
+        Load::Concurrency(n) => closed_loop(client, endpoint, n, t0, end),
         Load::Rate {
             qps,
             arrival,
             seed,
             clients,
-        } => open_loop(exchange, endpoint, arrivals(arrival, qps, seed), clients, t0, end),
-    };
+        } => open_loop(client, endpoint, arrivals(arrival, qps, seed), clients, t0, end),
+    }
+}
+
+/// Runs one step: warm-up, then `duration` of measured requests, then waits for those in flight.
+pub fn drive(exchange: &dyn Exchange, endpoint: &Endpoint, load: Load, warmup: Duration, duration: Duration) -> Driven {
+    let end = warmup + duration;
+    let mut requests = run_clients(&Checked(exchange), endpoint, load, end);
     requests.sort_by_key(|r| r.due);
     Driven { requests, warmup, end }
 }
 
-fn closed_loop(exchange: &dyn Exchange, endpoint: &Endpoint, clients: usize, t0: Instant, end: Duration) -> Vec<Sent> {
+fn closed_loop<C: Client>(client: &C, endpoint: &Endpoint, clients: usize, t0: Instant, end: Duration) -> Vec<C::Sent> {
+    let next = AtomicUsize::new(0);
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..clients)
             .map(|_| {
+                let next = &next;
                 scope.spawn(move || {
                     let agent = endpoint.agent();
                     let mut sent = Vec::new();
                     let mut due = t0.elapsed();
                     while due < end {
-                        let r = send(exchange, endpoint, &agent, t0, due);
-                        due = r.done;
+                        let r = client.send(endpoint, &agent, t0, next.fetch_add(1, Ordering::Relaxed), due);
+                        due = C::done(&r);
                         sent.push(r);
                     }
                     sent
@@ -111,15 +131,15 @@ fn closed_loop(exchange: &dyn Exchange, endpoint: &Endpoint, clients: usize, t0:
     })
 }
 
-fn open_loop(
-    exchange: &dyn Exchange,
+fn open_loop<C: Client>(
+    client: &C,
     endpoint: &Endpoint,
     schedule: impl Iterator<Item = Duration>,
     clients: usize,
     t0: Instant,
     end: Duration,
-) -> Vec<Sent> {
-    let (tx, rx) = mpsc::channel::<Duration>();
+) -> Vec<C::Sent> {
+    let (tx, rx) = mpsc::channel::<(usize, Duration)>();
     let rx = Arc::new(Mutex::new(rx));
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..clients)
@@ -130,19 +150,19 @@ fn open_loop(
                     let mut sent = Vec::new();
                     loop {
                         let next = rx.lock().map(|r| r.recv());
-                        let Ok(Ok(due)) = next else { break };
-                        sent.push(send(exchange, endpoint, &agent, t0, due));
+                        let Ok(Ok((n, due))) = next else { break };
+                        sent.push(client.send(endpoint, &agent, t0, n, due));
                     }
                     sent
                 })
             })
             .collect();
-        for due in schedule.take_while(|&d| d < end) {
+        for (n, due) in schedule.take_while(|&d| d < end).enumerate() {
             let now = t0.elapsed();
             if due > now {
                 std::thread::sleep(due - now);
             }
-            if tx.send(due).is_err() {
+            if tx.send((n, due)).is_err() {
                 break;
             }
         }
@@ -151,26 +171,70 @@ fn open_loop(
     })
 }
 
-fn send(exchange: &dyn Exchange, endpoint: &Endpoint, agent: &ureq::Agent, t0: Instant, due: Duration) -> Sent {
-    let started = t0.elapsed();
-    let answered = exchange.exchange(endpoint, agent);
-    let done = t0.elapsed();
-    match answered {
-        Ok(read_at) => Sent {
-            due,
-            started,
-            read: read_at.saturating_duration_since(t0),
-            done,
-            failure: None,
-        },
-        Err(why) => Sent {
-            due,
-            started,
-            read: done,
-            done,
-            failure: Some(why),
-        },
+/// A request of one exchange, checked: what a KServe step sends.
+struct Checked<'a>(&'a dyn Exchange);
+
+impl Client for Checked<'_> {
+    type Sent = Sent;
+
+    fn send(&self, endpoint: &Endpoint, agent: &ureq::Agent, t0: Instant, _n: usize, due: Duration) -> Sent {
+        let started = t0.elapsed();
+        let answered = self.0.exchange(endpoint, agent);
+        let done = t0.elapsed();
+        match answered {
+            Ok(read_at) => Sent {
+                due,
+                started,
+                read: read_at.saturating_duration_since(t0),
+                done,
+                failure: None,
+            },
+            Err(why) => Sent {
+                due,
+                started,
+                read: done,
+                done,
+                failure: Some(why),
+            },
+        }
     }
+
+    fn done(sent: &Sent) -> Duration {
+        sent.done
+    }
+}
+
+/// How many requests failed and the three most frequent reasons with their counts.
+pub fn tally<'a>(failures: impl Iterator<Item = &'a str>) -> (usize, Vec<(String, usize)>) {
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    for why in failures {
+        *reasons.entry(why).or_default() += 1;
+    }
+    let failed = reasons.values().sum();
+    let mut most: Vec<(String, usize)> = reasons.into_iter().map(|(why, n)| (why.to_string(), n)).collect();
+    most.sort_by_key(|f| std::cmp::Reverse(f.1));
+    most.truncate(3);
+    (failed, most)
+}
+
+/// The reasons of [`tally`] in words (`N× reason; …`); `None` when none failed.
+pub fn reasons(failures: &[(String, usize)]) -> Option<String> {
+    let reasons: Vec<String> = failures.iter().map(|(why, n)| format!("{n}× {why}")).collect();
+    (!reasons.is_empty()).then(|| reasons.join("; "))
+}
+
+/// What a step says of `late` requests: the client, not the server, held them.
+pub fn late_note(load: &Load, late: usize) -> Option<String> {
+    (late > 0).then(|| match load {
+        Load::Rate { clients, .. } => format!(
+            "{late} request(s) started over {} ms after their arrival: the client fell behind its schedule (its CPU busy, or all {clients} of --max-in-flight in flight); their times count from their arrival",
+            LATE.as_millis()
+        ),
+        Load::Concurrency(_) => format!(
+            "{late} request(s) started over {} ms after their client was free: the client fell behind its concurrency",
+            LATE.as_millis()
+        ),
+    })
 }
 
 /// What the client says of a step beside the server's numbers.
@@ -191,8 +255,7 @@ impl ClientSide {
     /// The most frequent reasons of the failures with their counts (`N× reason; …`); `None` when
     /// none failed.
     pub fn reasons(&self) -> Option<String> {
-        let reasons: Vec<String> = self.failures.iter().map(|(why, n)| format!("{n}× {why}")).collect();
-        (!reasons.is_empty()).then(|| reasons.join("; "))
+        reasons(&self.failures)
     }
 
     /// What needs saying about the client: failures, and a client that fell behind.
@@ -204,20 +267,7 @@ impl ClientSide {
                 self.failed, self.measured
             ));
         }
-        if self.late > 0 {
-            notes.push(match load {
-                Load::Rate { clients, .. } => format!(
-                    "{} request(s) started over {} ms after their arrival: the client fell behind its schedule (all {clients} of --max-in-flight busy); their latency counts from their arrival",
-                    self.late,
-                    LATE.as_millis()
-                ),
-                Load::Concurrency(_) => format!(
-                    "{} request(s) started over {} ms after their client was free: the client fell behind its concurrency",
-                    self.late,
-                    LATE.as_millis()
-                ),
-            });
-        }
+        notes.extend(late_note(load, self.late));
         notes
     }
 }
@@ -236,16 +286,7 @@ impl Driven {
             0 => 0.0,
             n => overheads[((n - 1) as f64 * q).round() as usize],
         };
-        let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
-        for r in self.measured() {
-            if let Some(why) = &r.failure {
-                *reasons.entry(why.clone()).or_default() += 1;
-            }
-        }
-        let failed = reasons.values().sum();
-        let mut failures: Vec<(String, usize)> = reasons.into_iter().collect();
-        failures.sort_by_key(|f| std::cmp::Reverse(f.1));
-        failures.truncate(3);
+        let (failed, failures) = tally(self.measured().filter_map(|r| r.failure.as_deref()));
         ClientSide {
             failed,
             failures,

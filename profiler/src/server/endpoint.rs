@@ -101,6 +101,32 @@ impl Endpoint {
         read(request.call())
     }
 
+    /// POSTs `body` to `path` with `headers` besides the endpoint's own, its answer's body left to
+    /// be read as it comes (a stream of server-sent events): the status, and a reader of the body.
+    pub fn post_streaming(
+        &self,
+        agent: &ureq::Agent,
+        path: &str,
+        headers: &[(&str, String)],
+        body: &[u8],
+    ) -> Result<(u16, ureq::BodyReader<'static>), Unanswered> {
+        let mut request = agent.post(format!("{}{path}", self.url));
+        for (name, value) in self
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v))
+            .chain(headers.iter().map(|(n, v)| (*n, v)))
+        {
+            request = request.header(name, value);
+        }
+        let response = request.send(body).map_err(|e| Unanswered(e.to_string()))?;
+        let status = response.status().as_u16();
+        Ok((
+            status,
+            response.into_body().into_with_config().limit(MAX_ANSWER_BYTES).reader(),
+        ))
+    }
+
     /// POSTs `body` to `path` with `headers` besides the endpoint's own.
     pub fn post(
         &self,

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::endpoint::Endpoint;
 use super::kserve::{Encoding, RequestOptions};
+use super::openai::{Api, PromptForm};
 use super::Protocol;
 use crate::load::settings::Keys;
 use crate::run::limits::{self, parse_seconds};
@@ -29,8 +30,8 @@ pub struct ServerGiven {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
-    /// The server's protocol: kserve (KServe v2 over HTTP: Triton, KServe, TorchServe, MLServer).
-    /// Default: kserve.
+    /// The server's protocol: kserve (KServe v2 over HTTP: Triton, KServe, TorchServe, MLServer) or
+    /// openai (streaming completions: vLLM, SGLang, TGI, llama.cpp, NIM). Default: kserve.
     #[arg(long, value_parser = PossibleValuesParser::new(Protocol::NAMES), requires = "endpoint")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
@@ -78,7 +79,24 @@ pub struct ServerGiven {
     #[arg(long, value_parser = PossibleValuesParser::new(Encoding::NAMES), requires = "endpoint")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoding: Option<String>,
-    /// A request not answered within this many seconds fails (default 30).
+    /// openai: the endpoint requests go to, completions (/v1/completions) or chat
+    /// (/v1/chat/completions). Default: completions.
+    #[arg(long, value_parser = PossibleValuesParser::new(Api::NAMES), requires = "endpoint")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api: Option<String>,
+    /// openai: prompts of token ids (exactly --prompt-len; vLLM, SGLang and llama.cpp take them on
+    /// completions) or of text (words; the server's count is recorded). Default: ids for
+    /// completions, text for chat.
+    #[arg(long, value_parser = PossibleValuesParser::new(PromptForm::NAMES), requires = "endpoint")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_form: Option<String>,
+    /// openai: ask for at most --output-len tokens only, without min_tokens and ignore_eos (for a
+    /// server that refuses fields it does not know); answers that stop early count as short.
+    #[arg(long = "no-enforce-output", num_args = 0, default_missing_value = "false", action = clap::ArgAction::Set, requires = "endpoint")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforce_output: Option<bool>,
+    /// A request not answered within this many seconds fails (default 30; a streamed answer must
+    /// end within it).
     #[arg(long, value_name = "SECS", allow_negative_numbers = true, value_parser = |s: &str| parse_seconds("--request-timeout", s, true))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_timeout: Option<f64>,
@@ -120,7 +138,18 @@ pub struct ServerSettings {
     pub served_model: Option<String>,
     pub concurrency: Vec<usize>,
     pub request: RequestOptions,
+    /// How an OpenAI-compatible server is asked.
+    pub openai: OpenaiOptions,
     pub max_in_flight: usize,
+}
+
+/// How an OpenAI-compatible server is asked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OpenaiOptions {
+    pub api: Api,
+    pub form: PromptForm,
+    /// Ask for exactly the output length (`min_tokens`, `ignore_eos`).
+    pub enforce_output: bool,
 }
 
 impl ServerGiven {
@@ -176,6 +205,8 @@ impl ServerGiven {
                 k("server_cmd")
             );
         }
+        self.one_protocol(protocol, keys)?;
+        let openai = self.openai(keys)?;
         let input_data = match &self.input_data {
             Some(path) => Some(super::input_data::InputData::read(path).with_context(|| k("input_data"))?),
             None => None,
@@ -194,9 +225,105 @@ impl ServerGiven {
                 seed,
                 input_data,
             },
+            openai,
             max_in_flight,
         })
     }
+
+    /// How an OpenAI-compatible server is asked: the endpoint, the prompts' form (ids where they
+    /// can be), the output's length enforced unless said otherwise.
+    fn openai(&self, keys: Keys) -> Result<OpenaiOptions> {
+        let k = |key: &str| name(keys, key);
+        let api = match &self.api {
+            Some(a) => a.parse().map_err(|e| anyhow::anyhow!("{}: {e}", k("api")))?,
+            None => Api::Completions,
+        };
+        let form = match (&self.prompt_form, api) {
+            (Some(f), _) => f.parse().map_err(|e| anyhow::anyhow!("{}: {e}", k("prompt_form")))?,
+            (None, Api::Completions) => PromptForm::Ids,
+            (None, Api::Chat) => PromptForm::Text,
+        };
+        if (api, form) == (Api::Chat, PromptForm::Ids) {
+            bail!(
+                "{} ids: a chat message is text; no server takes token ids there (use {} completions for prompts of ids)",
+                k("prompt_form"),
+                k("api")
+            );
+        }
+        Ok(OpenaiOptions {
+            api,
+            form,
+            enforce_output: self.enforce_output.unwrap_or(true),
+        })
+    }
+
+    /// Refuses the settings of the other protocol, named as `keys` spells them.
+    fn one_protocol(&self, protocol: Protocol, keys: Keys) -> Result<()> {
+        let kserve = [
+            ("batch", self.batch.is_some()),
+            ("shapes", !self.shapes.is_empty()),
+            ("input_data", self.input_data.is_some()),
+            ("encoding", self.encoding.is_some()),
+        ];
+        let openai = [
+            ("api", self.api.is_some()),
+            ("prompt_form", self.prompt_form.is_some()),
+            ("enforce_output", self.enforce_output.is_some()),
+        ];
+        let (foreign, theirs) = match protocol {
+            Protocol::Kserve => (&openai[..], "openai"),
+            Protocol::Openai => (&kserve[..], "kserve"),
+        };
+        let given: Vec<String> = foreign
+            .iter()
+            .filter(|(_, g)| *g)
+            .map(|(key, _)| name(keys, key))
+            .collect();
+        if !given.is_empty() {
+            bail!(
+                "{} appl{} to the {theirs} protocol, not to {} ({})",
+                given.join(", "),
+                if given.len() == 1 { "ies" } else { "y" },
+                protocol.as_str(),
+                name(keys, "protocol")
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Refuses load settings a server of `protocol` does not take, named as `keys` spells them: `pass`
+/// and `serve` are the keys given of [`crate::load::given::PassGiven`] and
+/// [`crate::load::given::ServeGiven`]. A server batches and caches as it is configured; a KServe
+/// server is judged by one p99 objective, a language model's by TTFT and TPOT.
+pub fn refuse_foreign(protocol: Protocol, pass: &[String], serve: &[String], keys: Keys) -> Result<()> {
+    use crate::load::given::BATCHER_KEYS as ENGINE;
+    let batcher = |k: &String| k == "max_batch" || k == "max_delay_ms";
+    let (foreign, why): (Vec<&String>, &str) = match protocol {
+        Protocol::Kserve => match pass.iter().find(|k| batcher(k)) {
+            Some(_) => (pass.iter().filter(|k| batcher(k)).collect(), "migprof's batcher's: a server batches as it is configured"),
+            None => (serve.iter().collect(), "for language models (--protocol openai), not a KServe server"),
+        },
+        Protocol::Openai => match serve.iter().find(|k| ENGINE.contains(&k.as_str())) {
+            Some(_) => (
+                serve.iter().filter(|k| ENGINE.contains(&k.as_str())).collect(),
+                "migprof's continuous batcher's and cache's: a server batches and caches as it is configured",
+            ),
+            None => (
+                pass.iter().collect(),
+                "for models served one pass per request: a language model's server is judged by TTFT and TPOT (--slo-ttft-p99-ms, --slo-tpot-p99-ms)",
+            ),
+        },
+    };
+    if !foreign.is_empty() {
+        let names: Vec<String> = foreign.iter().map(|k| keys.name(k)).collect();
+        bail!(
+            "{} {} {why}",
+            names.join(", "),
+            if names.len() == 1 { "is" } else { "are" }
+        );
+    }
+    Ok(())
 }
 
 /// What every server job must say of its steps: at least one concurrency, rate or search, and a
@@ -205,22 +332,22 @@ pub fn check_steps(
     concurrency: &[usize],
     rates: &[f64],
     search: bool,
-    slo_p99_ms: Option<f64>,
+    protocol: Protocol,
+    objective_given: bool,
     keys: Keys,
 ) -> Result<()> {
-    let (c, q, s, slo) = match keys {
-        Keys::Flags => ("--concurrency 1,2,4", "--qps 10,20", "--search", "--slo-p99-ms"),
-        Keys::SweepFile => (
-            "concurrency = [1, 2, 4]",
-            "qps = [10, 20]",
-            "search = true",
-            "slo_p99_ms",
-        ),
+    let (c, q, s) = match keys {
+        Keys::Flags => ("--concurrency 1,2,4", "--qps 10,20", "--search"),
+        Keys::SweepFile => ("concurrency = [1, 2, 4]", "qps = [10, 20]", "search = true"),
+    };
+    let slo = match protocol {
+        Protocol::Kserve => keys.name("slo_p99_ms"),
+        Protocol::Openai => format!("{} and {}", keys.name("slo_ttft_p99_ms"), keys.name("slo_tpot_p99_ms")),
     };
     if concurrency.is_empty() && rates.is_empty() && !search {
         bail!("say how to load the server: concurrencies ({c}), rates ({q}), or a search ({s}) within its objective ({slo})");
     }
-    if search && slo_p99_ms.is_none() {
+    if search && !objective_given {
         bail!("{s}: a capacity search needs the objective it searches within: {slo}");
     }
     Ok(())

@@ -25,19 +25,15 @@ use crate::run::record::{CellIdentity, RunContext, Status};
 /// The family of a user's server's rows.
 pub const SERVER_FAMILY: &str = "server";
 
-/// What to load and how.
-pub struct ServerJob<'a> {
+/// What every job on a user's server shares: where it answers, the steps asked for, and what
+/// watches it.
+pub struct Plan<'a> {
     pub endpoint: &'a Endpoint,
-    pub exchange: &'a dyn Exchange,
-    pub server: &'a ServerRow,
-    /// The served model's name, as the server names it.
-    pub model: &'a str,
-    /// Warm-up, duration, arrivals, objective and search bounds.
-    pub settings: &'a LoadSettings,
     pub concurrencies: &'a [usize],
+    /// Open-loop rates, after the concurrencies.
     pub rates: &'a [f64],
-    /// Search for the capacity within `settings.slo_p99_ms`, starting here (`None`: from
-    /// concurrency 1's rate).
+    /// Search for the capacity within the objective, starting here (`None`: from the rate a
+    /// concurrency reached).
     pub search: Option<Option<f64>>,
     /// Requests in flight at most at a rate.
     pub max_in_flight: usize,
@@ -47,6 +43,17 @@ pub struct ServerJob<'a> {
     pub sample_interval: Option<Duration>,
     /// A sweep's cell, whose identity the rows carry; `None`: `migprof load`'s own.
     pub cell: Option<&'a CellIdentity>,
+}
+
+/// What to load and how.
+pub struct ServerJob<'a> {
+    pub plan: Plan<'a>,
+    pub exchange: &'a dyn Exchange,
+    pub server: &'a ServerRow,
+    /// The served model's name, as the server names it.
+    pub model: &'a str,
+    /// Warm-up, duration, arrivals, objective and search bounds.
+    pub settings: &'a LoadSettings,
 }
 
 /// The steps measured, and a search's capacity (`Some(None)`: nothing met the objective).
@@ -64,20 +71,14 @@ pub fn run(
     log: &mut dyn Write,
 ) -> Result<ServerOutcome> {
     let fingerprint = Fingerprint::collect(device.selected.as_ref());
-    let cell = job.cell.cloned().unwrap_or_else(|| CellIdentity {
-        sweep: None,
-        target: device.name.clone(),
-        cell_id: cell_id(job, &device.name),
-        status: Status::Ok,
-        concurrency_group: None,
-        neighbours: Vec::new(),
-        baseline: false,
-        settings: Some(format!(
-            "warmup_secs={};duration_secs={};sample_interval_ms={}",
+    let cell = job.plan.cell.cloned().unwrap_or_else(|| {
+        own_cell(
+            cell_id(job, &device.name),
+            device,
             job.settings.warmup_secs,
             job.settings.duration_secs,
-            job.sample_interval.map_or(0, |d| d.as_millis())
-        )),
+            job.plan.sample_interval,
+        )
     });
     let id = JobIdentity {
         head: RowHead {
@@ -92,7 +93,7 @@ pub fn run(
             precision: "",
             kernel_options: String::new(),
             seed: job.settings.arrival_seed,
-            sample_interval: job.sample_interval,
+            sample_interval: job.plan.sample_interval,
         },
         settings: job.settings,
         server: Some(job.server),
@@ -100,30 +101,40 @@ pub fn run(
     let mut stepper = Stepper {
         job,
         id: &id,
-        context,
         out,
         log,
         steps: Vec::new(),
         search: None,
-        already: match job.server_pids {
-            Some(_) => BTreeSet::new(),
-            None => computing_now(device.selected.clone().zip(job.sample_interval), &context.expected),
-        },
+        watch: Watch::new(job.plan.server_pids, device, job.plan.sample_interval, context),
     };
-    for &n in job.concurrencies {
-        stepper.step(Load::Concurrency(n))?;
-    }
-    for &qps in job.rates {
-        stepper.step(stepper.rate(qps))?;
-    }
-    let capacity = match job.search {
-        None => None,
-        Some(start) => Some(stepper.search(start)?),
-    };
+    let capacity = run_steps(&job.plan, &mut stepper)?;
     Ok(ServerOutcome {
         steps: stepper.steps,
         capacity,
     })
+}
+
+/// How a job measures a step at a load, and searches.
+pub(super) trait Stepping {
+    /// The load of an open-loop step at `qps`.
+    fn rate(&self, qps: f64) -> Load;
+    /// Measures one step and writes its rows.
+    fn measure(&mut self, load: Load) -> Result<()>;
+    /// Searches the capacity from `start` and writes its row: the capacity found, if any.
+    fn capacity(&mut self, start: Option<f64>) -> Result<Option<f64>>;
+}
+
+/// Runs `plan`'s concurrencies, then its rates, then its search: the search's capacity
+/// (`Some(None)`: nothing met the objective), where it had one.
+pub(super) fn run_steps(plan: &Plan, stepper: &mut impl Stepping) -> Result<Option<Option<f64>>> {
+    for &n in plan.concurrencies {
+        stepper.measure(Load::Concurrency(n))?;
+    }
+    for &qps in plan.rates {
+        let load = stepper.rate(qps);
+        stepper.measure(load)?;
+    }
+    plan.search.map(|start| stepper.capacity(start)).transpose()
 }
 
 /// A job's steps in words: its concurrencies, its rates and its search.
@@ -217,15 +228,94 @@ fn cell_id(job: &ServerJob, target: &str) -> String {
 struct Stepper<'a> {
     job: &'a ServerJob<'a>,
     id: &'a JobIdentity<'a>,
-    context: &'a RunContext,
     out: &'a Path,
     log: &'a mut dyn Write,
     steps: Vec<Step>,
     search: Option<SearchStep>,
-    /// A server migprof did not start: the processes computing on the target before its first step,
-    /// taken as the server's (NVML's pids, whatever namespace they are of).
-    already: BTreeSet<u32>,
+    watch: Watch<'a>,
 }
+
+/// The identity of `migprof load --endpoint`'s own cell (a sweep's cells bring theirs).
+pub(super) fn own_cell(
+    cell_id: String,
+    device: &DeviceInfo,
+    warmup_secs: f64,
+    duration_secs: f64,
+    sample_interval: Option<Duration>,
+) -> CellIdentity {
+    CellIdentity {
+        sweep: None,
+        target: device.name.clone(),
+        cell_id,
+        status: Status::Ok,
+        concurrency_group: None,
+        neighbours: Vec::new(),
+        baseline: false,
+        settings: Some(format!(
+            "warmup_secs={warmup_secs};duration_secs={duration_secs};sample_interval_ms={}",
+            sample_interval.map_or(0, |d| d.as_millis())
+        )),
+    }
+}
+
+/// Whose work on the target a step expects: the server's processes, which compute there on
+/// purpose and do not make a step shared.
+pub(super) struct Watch<'a> {
+    /// The processes of the server migprof started.
+    server_pids: Option<&'a dyn Fn() -> BTreeSet<u32>>,
+    /// A server migprof did not start: the processes computing on the target before its first
+    /// step, taken as the server's (NVML's pids, whatever namespace they are of).
+    already: BTreeSet<u32>,
+    expected: &'a Expected,
+}
+
+impl<'a> Watch<'a> {
+    pub(super) fn new(
+        server_pids: Option<&'a dyn Fn() -> BTreeSet<u32>>,
+        device: &DeviceInfo,
+        sample_interval: Option<Duration>,
+        context: &'a RunContext,
+    ) -> Watch<'a> {
+        Watch {
+            server_pids,
+            already: match server_pids {
+                Some(_) => BTreeSet::new(),
+                None => computing_now(device.selected.clone().zip(sample_interval), &context.expected),
+            },
+            expected: &context.expected,
+        }
+    }
+
+    /// What a step expects on the target now, and the server's processes now.
+    pub(super) fn expected(&self) -> (Expected, BTreeSet<u32>) {
+        let server_pids = self.server_pids.map(|pids| pids()).unwrap_or_default();
+        let expected = Expected {
+            pids: self
+                .expected
+                .pids
+                .iter()
+                .copied()
+                .chain(server_pids.iter().copied())
+                .chain(self.already.iter().copied())
+                .collect(),
+            mps_server: self.expected.mps_server,
+        };
+        (expected, server_pids)
+    }
+
+    /// Whether NVML saw the server's processes (`pids`) among a step's readings; `None` where it
+    /// could not tell (no readings, or a server migprof did not start).
+    pub(super) fn on_target(&self, readings: &[crate::gpu::sampler::Sample], pids: &BTreeSet<u32>) -> Option<bool> {
+        match (self.server_pids, readings.is_empty()) {
+            (Some(_), false) => Some(crate::program::rows::on_device(readings, pids).1 > 0),
+            _ => None,
+        }
+    }
+}
+
+/// What a step says where NVML did not see the server on the target.
+pub(super) const NOT_ON_TARGET: &str =
+    "NVML saw none of the server's processes on the target: it may compute elsewhere";
 
 /// The processes computing on the device of `sampling` now, as the sampler reads them for a moment.
 fn computing_now(sampling: Option<(crate::gpu::Selected, Duration)>, expected: &Expected) -> BTreeSet<u32> {
@@ -253,34 +343,21 @@ impl Stepper<'_> {
             arrival: s.arrival,
             // Each rate its own draw of the same process, as migprof's own load steps.
             seed: s.arrival_seed ^ qps.to_bits(),
-            clients: self.job.max_in_flight,
+            clients: self.job.plan.max_in_flight,
         }
     }
 
     fn step(&mut self, load: Load) -> Result<&Step> {
         let s = self.job.settings;
         let device = self.id.head.device;
-        let sampling = device.selected.clone().zip(self.job.sample_interval);
-        let server_pids = self.job.server_pids.map(|pids| pids()).unwrap_or_default();
-        // The server computes on the device on purpose: its processes do not make the step shared.
-        let expected = Expected {
-            pids: self
-                .context
-                .expected
-                .pids
-                .iter()
-                .copied()
-                .chain(server_pids.iter().copied())
-                .chain(self.already.iter().copied())
-                .collect(),
-            mps_server: self.context.expected.mps_server,
-        };
+        let sampling = device.selected.clone().zip(self.job.plan.sample_interval);
+        let (expected, server_pids) = self.watch.expected();
         let started = provenance::now();
         let (driven, evidence, readings) =
             crate::run::execute::beside_sampler(sampling, device.selected.is_some(), &expected, || {
                 Ok(drive(
                     self.job.exchange,
-                    self.job.endpoint,
+                    self.job.plan.endpoint,
                     load,
                     Duration::from_secs_f64(s.warmup_secs),
                     Duration::from_secs_f64(s.duration_secs),
@@ -299,12 +376,9 @@ impl Stepper<'_> {
         let mut step = Step::with_evidence(offered, served, slo, evidence, &readings)?;
         let mut notes: Vec<String> = client.notes(&load);
         notes.extend(step.note.take());
-        let on_target = match (&self.job.server_pids, readings.is_empty()) {
-            (Some(_), false) => Some(crate::program::rows::on_device(&readings, &server_pids).1 > 0),
-            _ => None,
-        };
+        let on_target = self.watch.on_target(&readings, &server_pids);
         if on_target == Some(false) {
-            notes.push("NVML saw none of the server's processes on the target: it may compute elsewhere".to_string());
+            notes.push(NOT_ON_TARGET.to_string());
         }
         step.note = (!notes.is_empty()).then(|| notes.join("; "));
         let row = client_row(&load, &client, on_target);
@@ -341,7 +415,7 @@ impl Stepper<'_> {
         };
         // What one client pushes through back to back: the search's first guess and its floor.
         // Concurrency steps come first: the first step's rate, where it was concurrency 1.
-        let closed = match (self.job.concurrencies.first(), self.steps.first()) {
+        let closed = match (self.job.plan.concurrencies.first(), self.steps.first()) {
             (Some(1), Some(step)) => step.achieved_qps,
             _ => self.step(Load::Concurrency(1))?.achieved_qps,
         };
@@ -357,7 +431,7 @@ impl Stepper<'_> {
             resolution: s.resolution,
             floor_qps: (closed / 1000.0).max(0.1),
             max_steps: 40,
-            ceiling_qps: (self.job.max_in_flight as f64 * closed * 4.0).max(closed * 2.0),
+            ceiling_qps: (self.job.plan.max_in_flight as f64 * closed * 4.0).max(closed * 2.0),
         };
         let outcome = search(self, plan)?;
         let searched = &self.steps[first..];
@@ -395,6 +469,20 @@ impl Stepper<'_> {
         }
         self.search = None;
         Ok(outcome.capacity_qps)
+    }
+}
+
+impl Stepping for Stepper<'_> {
+    fn rate(&self, qps: f64) -> Load {
+        Stepper::rate(self, qps)
+    }
+
+    fn measure(&mut self, load: Load) -> Result<()> {
+        self.step(load).map(|_| ())
+    }
+
+    fn capacity(&mut self, start: Option<f64>) -> Result<Option<f64>> {
+        self.search(start)
     }
 }
 

@@ -10,15 +10,23 @@
 //! row naming the server; [`measure`] does all of it from start to stop. [`given`] declares the
 //! settings once for `migprof load`'s flags and a sweep file's `[[servers]]`; [`input_data`] reads
 //! a user's tensors.
+//!
+//! A language model's server speaks OpenAI's protocol instead: [`openai`] reads its model and
+//! streams a request of a drawn length, [`generation`] times every token of every request as
+//! migprof's own serving engine's are timed, and [`generation_job`] runs the steps and the
+//! two-objective search and writes the `serve` rows.
 
 pub mod drive;
 pub mod endpoint;
+pub mod generation;
+pub mod generation_job;
 pub mod given;
 pub mod input_data;
 pub mod job;
 pub mod kserve;
 pub mod launch;
 pub mod measure;
+pub mod openai;
 
 use std::time::Instant;
 
@@ -39,14 +47,17 @@ pub trait Exchange: Send + Sync {
 pub enum Protocol {
     /// KServe v2 over HTTP/REST (Triton, KServe, TorchServe, Seldon MLServer).
     Kserve,
+    /// OpenAI's completions over HTTP with server-sent events (vLLM, SGLang, TGI, llama.cpp, NIM).
+    Openai,
 }
 
 impl Protocol {
-    pub const NAMES: [&'static str; 1] = ["kserve"];
+    pub const NAMES: [&'static str; 2] = ["kserve", "openai"];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Protocol::Kserve => "kserve",
+            Protocol::Openai => "openai",
         }
     }
 
@@ -55,6 +66,9 @@ impl Protocol {
         match (self, model) {
             (Protocol::Kserve, Some(m)) => format!("/v2/models/{m}/ready"),
             (Protocol::Kserve, None) => "/v2/health/ready".to_string(),
+            // Every OpenAI-compatible server lists its models once it serves them (llama.cpp's
+            // answers 503 while it loads).
+            (Protocol::Openai, _) => "/v1/models".to_string(),
         }
     }
 }
@@ -65,6 +79,7 @@ impl std::str::FromStr for Protocol {
     fn from_str(s: &str) -> Result<Protocol, String> {
         match s {
             "kserve" => Ok(Protocol::Kserve),
+            "openai" => Ok(Protocol::Openai),
             other => Err(format!(
                 "protocol `{other}`; valid protocols: {}",
                 Protocol::NAMES.join(", ")

@@ -394,6 +394,7 @@ fn server_cell(file: &SweepFile, target: &Target, entry: &ServerEntry, repeat: u
     cell.job = crate::cell::Job::Server(Box::new(crate::cell::spec::ServerJob {
         server: entry.server.clone(),
         load: entry.load_settings(seed),
+        generation: entry.generation_settings(seed),
         rates: entry.qps.clone(),
         search: entry.search,
     }));

@@ -85,17 +85,14 @@ fn result_line(cell: &CellSpec, ran: &Ran) -> String {
         ),
         Ran::Server(outcome) => match outcome.capacity {
             Some(capacity) => format!(
-                "ok {} steps, capacity {} within p99 {} ms",
-                outcome.steps.len(),
+                "ok {} steps, capacity {} within {}",
+                outcome.rates.len(),
                 or_none(Some(capacity), 1),
-                cell.job
-                    .server()
-                    .map(|s| s.load.slo_p99_ms.unwrap_or_default())
-                    .unwrap_or_default()
+                outcome.within
             ),
             None => {
-                let rates: Vec<String> = outcome.steps.iter().map(|s| format!("{:.1}", s.achieved_qps)).collect();
-                format!("ok {} steps at {} requests/s", outcome.steps.len(), rates.join(", "))
+                let rates: Vec<String> = outcome.rates.iter().map(|r| format!("{r:.1}")).collect();
+                format!("ok {} steps at {} requests/s", outcome.rates.len(), rates.join(", "))
             }
         },
         Ran::Served(outcome) => {

@@ -104,7 +104,12 @@ fn server_done(out: &Path, cell: &CellSpec, job: &crate::cell::spec::ServerJob) 
     {
         return Ok(false);
     }
-    let rows = read_table(out, Table::Load)?;
+    // A language model's server's steps are serving steps.
+    let table = match job.generation {
+        Some(_) => Table::Serve,
+        None => Table::Load,
+    };
+    let rows = read_table(out, table)?;
     if rows.column("cell_id").is_err() || rows.column("concurrency").is_err() {
         return Ok(job.server.concurrency.is_empty() && job.rates.is_empty());
     }

@@ -18,6 +18,24 @@ const LOAD_JOB: [&str; 12] = [
     "max_batch",
     "max_delay_ms",
 ];
+/// What a serving job served: the language model or the server and how it was asked, the request
+/// lengths, and migprof's continuous batcher.
+const SERVE_JOB: [&str; 14] = [
+    "model",
+    "family",
+    "dtype",
+    "kernel_options",
+    "engine",
+    "protocol",
+    "api",
+    "prompt_form",
+    "output_enforced",
+    "prompt_len",
+    "output_len",
+    "max_batched_tokens",
+    "max_seqs",
+    "kv_block_size",
+];
 /// A load step's offer (a concurrency, or a rate and how its requests arrive). A search's steps are
 /// left out: their rates differ by target.
 const STEP: [&str; 3] = ["concurrency", "offered_qps", "arrival"];
@@ -25,18 +43,20 @@ const STEP: [&str; 3] = ["concurrency", "offered_qps", "arrival"];
 const SEARCH: [&str; 1] = ["slo_p99_ms"];
 
 /// Which rows are compared: measured runs (throughput in items/s with its interval), a load step's
-/// achieved rate (requests/s, migprof's engine or a server of the user's own), or a capacity
-/// search's capacity (requests/s within the objective).
+/// achieved rate (requests/s, migprof's engine or a server of the user's own), a capacity search's
+/// capacity (requests/s within the objective), or a language model's serving step's achieved rate
+/// with its TTFT (migprof's engine or an OpenAI-compatible server).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
     Runs,
     Load,
     Capacity,
+    Serve,
 }
 
 impl Kind {
-    pub const NAMES: [&'static str; 3] = ["runs", "load", "capacity"];
-    pub const ALL: [Kind; 3] = [Kind::Runs, Kind::Load, Kind::Capacity];
+    pub const NAMES: [&'static str; 4] = ["runs", "load", "capacity", "serve"];
+    pub const ALL: [Kind; 4] = [Kind::Runs, Kind::Load, Kind::Capacity, Kind::Serve];
 
     pub fn table(self) -> crate::results::parts::Table {
         use crate::results::parts::Table;
@@ -44,7 +64,24 @@ impl Kind {
             Kind::Runs => Table::Runs,
             Kind::Load => Table::Load,
             Kind::Capacity => Table::Capacity,
+            Kind::Serve => Table::Serve,
         }
+    }
+
+    /// The column of a row's id.
+    pub(super) fn id_column(self) -> &'static str {
+        match self {
+            Kind::Runs => "run_id",
+            Kind::Load => "load_id",
+            Kind::Capacity => "capacity_id",
+            Kind::Serve => "serve_id",
+        }
+    }
+
+    /// Whether a row is one step of a job of several (a load's or a serving job's), each the job's
+    /// cell at its concurrency or rate, a search's steps left out.
+    pub(super) fn stepped(self) -> bool {
+        matches!(self, Kind::Load | Kind::Serve)
     }
 
     /// The fields two rows must share to be compared.
@@ -53,6 +90,7 @@ impl Kind {
             Kind::Runs => WORKLOAD.to_vec(),
             Kind::Load => LOAD_JOB.iter().chain(&STEP).copied().collect(),
             Kind::Capacity => LOAD_JOB.iter().chain(&SEARCH).copied().collect(),
+            Kind::Serve => SERVE_JOB.iter().chain(&STEP).copied().collect(),
         }
     }
 
@@ -74,6 +112,7 @@ impl Kind {
             ),
             Kind::Load => ("achieved_qps", None, Some("p50_ms"), "p99_ms"),
             Kind::Capacity => ("capacity_qps", None, None, "p99_at_capacity_ms"),
+            Kind::Serve => ("achieved_qps", None, Some("ttft_p50_ms"), "ttft_p99_ms"),
         }
     }
 }
@@ -86,6 +125,7 @@ impl std::str::FromStr for Kind {
             "runs" => Ok(Kind::Runs),
             "load" => Ok(Kind::Load),
             "capacity" => Ok(Kind::Capacity),
+            "serve" => Ok(Kind::Serve),
             other => Err(format!("table `{other}`; valid tables: {}", Kind::NAMES.join(", "))),
         }
     }
@@ -183,6 +223,43 @@ mod tests {
     #[test]
     fn a_table_is_named_by_its_name() {
         assert_eq!("load".parse::<Kind>(), Ok(Kind::Load));
-        assert!("serve".parse::<Kind>().unwrap_err().contains("runs, load, capacity"));
+        assert_eq!("serve".parse::<Kind>(), Ok(Kind::Serve));
+        assert!("plans"
+            .parse::<Kind>()
+            .unwrap_err()
+            .contains("runs, load, capacity, serve"));
+    }
+
+    #[test]
+    fn serving_steps_compare_engine_with_engine_and_server_with_server() {
+        let rows = df!(
+            "status" => vec!["ok"; 5],
+            "cell_id" => ["a", "b", "c", "d", "d"],
+            "serve_id" => ["s1", "s2", "s3", "s4", "s5"],
+            "target" => ["full", "3g", "full", "3g", "3g"],
+            "model" => ["llama_3_2_1b", "llama_3_2_1b", "llama", "llama", "llama"],
+            "family" => ["llama", "llama", "server", "server", "server"],
+            "engine" => [None, None, Some("llamacpp"), Some("llamacpp"), Some("llamacpp")],
+            "prompt_len" => vec!["512"; 5],
+            "output_len" => vec!["128"; 5],
+            "concurrency" => [None, None, Some(4i64), Some(4), None],
+            "offered_qps" => [Some(2.0), Some(2.0), None, None, Some(3.0)],
+            "capacity_id" => [None, None, None, None, Some("c")],
+            "achieved_qps" => [2.0, 1.5, 4.0, 2.0, 2.9],
+            "ttft_p50_ms" => [30.0, 45.0, 20.0, 40.0, 50.0],
+            "ttft_p99_ms" => [60.0, 90.0, 40.0, 80.0, 99.0],
+        )
+        .unwrap();
+        let b: Selector = "target=full".parse().unwrap();
+        let t: Selector = "target=3g".parse().unwrap();
+        let c = compare_rows(&rows, Kind::Serve, &b, &t).unwrap();
+        assert_eq!(
+            c.rows.len(),
+            2,
+            "the engine at 2/s, the server at concurrency 4; the search's step stays out"
+        );
+        let server = c.rows.iter().find(|r| r.cell["concurrency"] == "4").unwrap();
+        assert!((server.ratio - 0.5).abs() < 1e-12);
+        assert_eq!(server.target.p50_ms, Some(40.0), "TTFT's p50");
     }
 }

@@ -548,16 +548,11 @@ fn fields_at(fields: &[(&'static str, Vec<Option<String>>)], field: &str, i: usi
 fn read_rows(runs: &DataFrame, column: &str, kind: Kind) -> Result<Vec<Row>> {
     let status = text_column(runs, "status")?;
     let (selected, verdict) = (text_column(runs, column)?, text_column(runs, "verdict")?);
-    let id_column = match kind {
-        Kind::Runs => "run_id",
-        Kind::Load => "load_id",
-        Kind::Capacity => "capacity_id",
-    };
-    let (cell_id, run_id) = (text_column(runs, "cell_id")?, text_column(runs, id_column)?);
+    let (cell_id, run_id) = (text_column(runs, "cell_id")?, text_column(runs, kind.id_column())?);
     // A search's steps: their rates are the search's, not a step asked for.
-    let searched = match kind {
-        Kind::Load => text_column(runs, "capacity_id")?,
-        _ => vec![None; runs.height()],
+    let searched = match kind.stepped() {
+        true => text_column(runs, "capacity_id")?,
+        false => vec![None; runs.height()],
     };
     let fields: Vec<(&'static str, Vec<Option<String>>)> = kind
         .workload()
@@ -590,14 +585,14 @@ fn read_rows(runs: &DataFrame, column: &str, kind: Kind) -> Result<Vec<Row>> {
         }
         // A load job's steps share its cell id: a step is the job's cell at its concurrency or
         // rate (a rerun of it replaces it, as a rerun of a run does).
-        let cell = match kind {
-            Kind::Load => format!(
+        let cell = match kind.stepped() {
+            true => format!(
                 "{}/{}/{}",
                 cell_id[i].clone().unwrap_or_default(),
                 fields_at(&fields, "concurrency", i),
                 fields_at(&fields, "offered_qps", i)
             ),
-            _ => cell_id[i].clone().unwrap_or_else(|| format!("row{i}")),
+            false => cell_id[i].clone().unwrap_or_else(|| format!("row{i}")),
         };
         rows.push(Row {
             selected: selected[i].clone(),

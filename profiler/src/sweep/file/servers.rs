@@ -9,8 +9,8 @@ use anyhow::{bail, Result};
 use serde::Deserialize;
 
 use super::keyed;
-use crate::load::given::{Offered, PassGiven};
-use crate::load::settings::{Keys, LoadSettings};
+use crate::load::given::{given_keys, Offered, PassGiven, ServeGiven};
+use crate::load::settings::{Keys, LoadSettings, ServeSettings};
 use crate::run::given::group_keys;
 use crate::run::limits;
 use crate::server::given::ServerGiven;
@@ -20,8 +20,12 @@ use crate::server::given::ServerGiven;
 pub struct ServerEntry {
     pub server: ServerGiven,
     pub offered: Offered,
-    /// The objective and a search step's requests (the batcher's keys are the server's own).
+    /// A KServe server's objective and a search step's requests (the batcher's keys are the
+    /// server's own).
     pub pass: PassGiven,
+    /// A language model's server's requests' lengths, drain and objectives (the batcher's and the
+    /// cache's keys are the server's own).
+    pub serve: ServeGiven,
     /// Open-loop rates, after the concurrencies.
     pub qps: Vec<f64>,
     /// Search the capacity within `slo_p99_ms`.
@@ -44,15 +48,17 @@ impl<'de> Deserialize<'de> for ServerEntry {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         use serde::de::Error;
         let own_keys = OWN_KEYS.map(String::from).to_vec();
-        let (server, offered, pass) = (
+        let (server, offered, pass, serve) = (
             group_keys::<ServerGiven>(),
             group_keys::<Offered>(),
             group_keys::<PassGiven>(),
+            group_keys::<ServeGiven>(),
         );
         let own = |t: toml::Table| keyed::typed::<Own>(t).map(|_| ());
         let server_read = |t: toml::Table| keyed::typed::<ServerGiven>(t).map(|_| ());
         let offered_read = |t: toml::Table| keyed::typed::<Offered>(t).map(|_| ());
         let pass_read = |t: toml::Table| keyed::typed::<PassGiven>(t).map(|_| ());
+        let serve_read = |t: toml::Table| keyed::typed::<ServeGiven>(t).map(|_| ());
         let table = keyed::read(
             d,
             &[
@@ -60,6 +66,7 @@ impl<'de> Deserialize<'de> for ServerEntry {
                 keyed::Group::new(server.clone(), &server_read),
                 keyed::Group::new(offered.clone(), &offered_read),
                 keyed::Group::new(pass.clone(), &pass_read),
+                keyed::Group::new(serve.clone(), &serve_read),
             ],
         )?;
         let own: Own = keyed::take(&table, &own_keys).map_err(D::Error::custom)?;
@@ -67,6 +74,7 @@ impl<'de> Deserialize<'de> for ServerEntry {
             server: keyed::take(&table, &server).map_err(D::Error::custom)?,
             offered: keyed::take(&table, &offered).map_err(D::Error::custom)?,
             pass: keyed::take(&table, &pass).map_err(D::Error::custom)?,
+            serve: keyed::take(&table, &serve).map_err(D::Error::custom)?,
             qps: own.qps,
             search: own.search,
         })
@@ -84,6 +92,21 @@ impl ServerEntry {
         LoadSettings::given(&self.offered, &self.pass, seed)
     }
 
+    /// A language model's server's settings (`protocol = "openai"`): `migprof load`'s defaults
+    /// where a key is not given; `None` for a KServe server.
+    pub fn generation_settings(&self, seed: u64) -> Option<ServeSettings> {
+        (self.protocol() == Some(crate::server::Protocol::Openai))
+            .then(|| ServeSettings::given(&self.offered, &self.serve, seed))
+    }
+
+    /// Its protocol, where it names a valid one (the default's where it names none).
+    fn protocol(&self) -> Option<crate::server::Protocol> {
+        match &self.server.protocol {
+            Some(p) => p.parse().ok(),
+            None => Some(crate::server::given::DEFAULTS.protocol),
+        }
+    }
+
     /// What the file must say of a server that runs on every target, and every value checked as
     /// `migprof load` checks its flags; problems named with `at`.
     pub fn check(&self, at: &str, seed: u64, timeout_secs: f64) -> Result<()> {
@@ -96,25 +119,44 @@ impl ServerEntry {
         if s.server_cmd.is_none() {
             bail!("{at}: server_cmd: a sweep starts the server on every target, pinned there: give the shell command that starts it");
         }
-        if self.pass.max_batch.is_some() || self.pass.max_delay_ms.is_some() {
-            bail!("{at}: max_batch and max_delay_ms are migprof's batcher's: a server batches as it is configured");
-        }
+        let resolved = s
+            .resolve(seed, Keys::SweepFile)
+            .map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
+        let within = |e: anyhow::Error| anyhow::anyhow!("{at}: {e:#}");
+        crate::server::given::refuse_foreign(
+            resolved.protocol,
+            &given_keys(&self.pass),
+            &given_keys(&self.serve),
+            Keys::SweepFile,
+        )
+        .map_err(within)?;
+        // Each step's seconds: a language model's also its drain.
+        let (step_secs, duration_secs, objective) = match self.generation_settings(seed) {
+            Some(g) => {
+                g.check(self.search, Keys::SweepFile).map_err(within)?;
+                (g.duration_secs + g.drain_secs, g.duration_secs, g.slo().is_some())
+            }
+            None => {
+                let load = self.load_settings(seed);
+                load.check(Keys::SweepFile).map_err(within)?;
+                (
+                    load.warmup_secs + load.duration_secs,
+                    load.duration_secs,
+                    load.slo_p99_ms.is_some(),
+                )
+            }
+        };
         crate::server::given::check_steps(
             &s.concurrency,
             &self.qps,
             self.search,
-            self.pass.slo_p99_ms,
+            resolved.protocol,
+            objective,
             Keys::SweepFile,
         )
-        .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
-        let resolved = s
-            .resolve(seed, Keys::SweepFile)
-            .map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
-        let load = self.load_settings(seed);
-        load.check(Keys::SweepFile)
-            .map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
+        .map_err(within)?;
         // The sweep's time limit kills a cell whose server is still starting or stepping.
-        let steps = (s.concurrency.len() + self.qps.len()) as f64 * (load.warmup_secs + load.duration_secs);
+        let steps = (s.concurrency.len() + self.qps.len()) as f64 * step_secs;
         let ready = resolved.server_timeout.as_secs_f64();
         if ready + steps > timeout_secs {
             bail!(
@@ -123,7 +165,7 @@ impl ServerEntry {
             );
         }
         for (i, &qps) in self.qps.iter().enumerate() {
-            limits::step_requests("qps", qps, "duration_secs", load.duration_secs)
+            limits::step_requests("qps", qps, "duration_secs", duration_secs)
                 .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
             if self.qps[..i].contains(&qps) {
                 bail!("{at}: qps lists {qps} more than once");
