@@ -496,7 +496,7 @@ impl Stepper<'_> {
             notes.push(e);
         }
         let step = ServedStep {
-            offered_qps: qps,
+            offered_qps: Some(qps),
             served: &served,
             summary: &summary,
             start,
@@ -605,7 +605,8 @@ fn describe(step: &ServedStep) -> String {
     };
     format!(
         "{:.2} requests/s offered: {} of {} finished, {:.2} requests/s, {:.0} output tokens/s; TTFT {}; TPOT {}; batch {:.1} (most {}), KV cache {:.0}% (most {:.0}%), {} preemptions{}",
-        step.offered_qps,
+        // The engine's steps always offer a rate.
+        step.offered_qps.unwrap_or_default(),
         s.finished,
         s.requests,
         s.request_rate,

@@ -46,7 +46,8 @@ pub struct ClosedLoop {
 
 /// A measured step, as its rows record it.
 pub struct ServedStep<'a> {
-    pub offered_qps: f64,
+    /// The rate the step offered; `None` for a server's step at a fixed concurrency.
+    pub offered_qps: Option<f64>,
     pub served: &'a GenerationServed,
     pub summary: &'a GenerationSummary,
     /// When the step's schedule started, on the served records' clock.
@@ -323,13 +324,7 @@ pub fn write_step(
     columns.extend([
         Column::new("capacity_id".into(), vec![search.map(|s| s.0.to_string())]),
         Column::new("search_step".into(), vec![search.map(|s| s.1 as i64)]),
-        // A step at a fixed concurrency offers no rate.
-        Column::new(
-            "offered_qps".into(),
-            vec![client
-                .is_none_or(|c| c.concurrency.is_none())
-                .then_some(step.offered_qps)],
-        ),
+        Column::new("offered_qps".into(), vec![step.offered_qps]),
         Column::new(
             "concurrency".into(),
             vec![client.and_then(|c| c.concurrency.map(|n| n as i64))],

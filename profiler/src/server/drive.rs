@@ -32,6 +32,22 @@ pub enum Load {
 }
 
 impl Load {
+    /// Requests always in flight; `None` at a rate.
+    pub fn concurrency(&self) -> Option<usize> {
+        match *self {
+            Load::Concurrency(n) => Some(n),
+            Load::Rate { .. } => None,
+        }
+    }
+
+    /// The rate offered; `None` at a fixed concurrency, which offers none.
+    pub fn offered_qps(&self) -> Option<f64> {
+        match *self {
+            Load::Rate { qps, .. } => Some(qps),
+            Load::Concurrency(_) => None,
+        }
+    }
+
     pub fn describe(&self) -> String {
         match self {
             Load::Concurrency(n) => format!("concurrency {n}"),

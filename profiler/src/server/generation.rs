@@ -275,10 +275,7 @@ impl ClientSummary {
     /// The row's columns of the client's side, with the server's processes' presence.
     pub fn row(&self, load: &Load, on_target: Option<bool>, requests: Vec<ServerRequest>) -> ServerStep {
         ServerStep {
-            concurrency: match load {
-                Load::Concurrency(n) => Some(*n),
-                Load::Rate { .. } => None,
-            },
+            concurrency: load.concurrency(),
             failed: self.failed,
             failures: reasons(&self.failures),
             short: self.short,

@@ -127,16 +127,6 @@ struct Stepper<'a> {
 }
 
 impl Stepper<'_> {
-    fn rate(&self, qps: f64) -> Load {
-        Load::Rate {
-            qps,
-            arrival: self.job.settings.arrival,
-            // Every rate offers the same requests at its own pace, as migprof's engine's steps do.
-            seed: self.job.settings.arrival_seed,
-            clients: self.job.plan.max_in_flight,
-        }
-    }
-
     /// Measures one step and writes its rows: its summary and whether it met both objectives.
     fn step(&mut self, load: Load) -> Result<(&GenerationSummary, Option<bool>)> {
         let s = self.job.settings;
@@ -172,13 +162,10 @@ impl Stepper<'_> {
         }
         let finished = served.requests.iter().filter(|r| r.finished()).count() as u64;
         let metrics = crate::gpu::sampler::summarize(&readings, finished);
-        let offered = match load {
-            Load::Rate { qps, .. } => Some(qps),
-            Load::Concurrency(_) => None,
-        };
+        let offered = load.offered_qps();
         let row = client.row(&load, on_target, details);
         let served_step = ServedStep {
-            offered_qps: offered.unwrap_or(0.0),
+            offered_qps: offered,
             served: &served,
             summary: &summary,
             start: Duration::ZERO,
@@ -209,9 +196,25 @@ impl Stepper<'_> {
         let (_, summary) = self.steps.last().expect("just pushed");
         Ok((summary, met))
     }
+}
+
+impl Stepping for Stepper<'_> {
+    fn rate(&self, qps: f64) -> Load {
+        Load::Rate {
+            qps,
+            arrival: self.job.settings.arrival,
+            // Every rate offers the same requests at its own pace, as migprof's engine's steps do.
+            seed: self.job.settings.arrival_seed,
+            clients: self.job.plan.max_in_flight,
+        }
+    }
+
+    fn measure(&mut self, load: Load) -> Result<()> {
+        self.step(load).map(|_| ())
+    }
 
     /// The highest rate that meets both objectives; its `serve_capacity` row written.
-    fn search(&mut self, start: Option<f64>) -> Result<Option<f64>> {
+    fn capacity(&mut self, start: Option<f64>) -> Result<Option<f64>> {
         let s = self.job.settings;
         if s.slo().is_none() {
             bail!("a capacity search needs both objectives: --slo-ttft-p99-ms and --slo-tpot-p99-ms");
@@ -254,20 +257,6 @@ impl Stepper<'_> {
         }
         self.search = None;
         Ok(outcome.capacity_qps)
-    }
-}
-
-impl Stepping for Stepper<'_> {
-    fn rate(&self, qps: f64) -> Load {
-        Stepper::rate(self, qps)
-    }
-
-    fn measure(&mut self, load: Load) -> Result<()> {
-        self.step(load).map(|_| ())
-    }
-
-    fn capacity(&mut self, start: Option<f64>) -> Result<Option<f64>> {
-        self.search(start)
     }
 }
 

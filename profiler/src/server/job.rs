@@ -174,10 +174,7 @@ fn none_answered(load: &Load, client: &ClientSide) -> anyhow::Error {
 /// The client's columns of a step's row.
 fn client_row(load: &Load, client: &ClientSide, on_target: Option<bool>) -> ClientRow {
     ClientRow {
-        concurrency: match load {
-            Load::Concurrency(n) => Some(*n),
-            Load::Rate { .. } => None,
-        },
+        concurrency: load.concurrency(),
         failed: client.failed,
         failures: client.reasons(),
         overhead_p50_ms: client.overhead_p50_ms,
@@ -336,17 +333,6 @@ fn computing_now(sampling: Option<(crate::gpu::Selected, Duration)>, expected: &
 }
 
 impl Stepper<'_> {
-    fn rate(&self, qps: f64) -> Load {
-        let s = self.job.settings;
-        Load::Rate {
-            qps,
-            arrival: s.arrival,
-            // Each rate its own draw of the same process, as migprof's own load steps.
-            seed: s.arrival_seed ^ qps.to_bits(),
-            clients: self.job.plan.max_in_flight,
-        }
-    }
-
     fn step(&mut self, load: Load) -> Result<&Step> {
         let s = self.job.settings;
         let device = self.id.head.device;
@@ -368,10 +354,7 @@ impl Stepper<'_> {
         if served.latencies_ns.is_empty() {
             return Err(none_answered(&load, &client));
         }
-        let offered = match load {
-            Load::Rate { qps, .. } => qps,
-            Load::Concurrency(_) => 0.0,
-        };
+        let offered = load.offered_qps().unwrap_or(0.0);
         let slo = s.slo_p99_ms.map(|ms| Duration::from_secs_f64(ms / 1e3));
         let mut step = Step::with_evidence(offered, served, slo, evidence, &readings)?;
         let mut notes: Vec<String> = client.notes(&load);
@@ -406,9 +389,26 @@ impl Stepper<'_> {
         self.steps.push(step);
         Ok(self.steps.last().expect("just pushed"))
     }
+}
+
+impl Stepping for Stepper<'_> {
+    fn rate(&self, qps: f64) -> Load {
+        let s = self.job.settings;
+        Load::Rate {
+            qps,
+            arrival: s.arrival,
+            // Each rate its own draw of the same process, as migprof's own load steps.
+            seed: s.arrival_seed ^ qps.to_bits(),
+            clients: self.job.plan.max_in_flight,
+        }
+    }
+
+    fn measure(&mut self, load: Load) -> Result<()> {
+        self.step(load).map(|_| ())
+    }
 
     /// The highest rate whose p99 meets the objective; its `capacity` row written.
-    fn search(&mut self, start: Option<f64>) -> Result<Option<f64>> {
+    fn capacity(&mut self, start: Option<f64>) -> Result<Option<f64>> {
         let s = self.job.settings;
         let Some(slo) = s.slo_p99_ms else {
             bail!("a capacity search needs its objective: --slo-p99-ms");
@@ -469,20 +469,6 @@ impl Stepper<'_> {
         }
         self.search = None;
         Ok(outcome.capacity_qps)
-    }
-}
-
-impl Stepping for Stepper<'_> {
-    fn rate(&self, qps: f64) -> Load {
-        Stepper::rate(self, qps)
-    }
-
-    fn measure(&mut self, load: Load) -> Result<()> {
-        self.step(load).map(|_| ())
-    }
-
-    fn capacity(&mut self, start: Option<f64>) -> Result<Option<f64>> {
-        self.search(start)
     }
 }
 

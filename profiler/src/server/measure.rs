@@ -4,13 +4,12 @@
 //! server's whole process tree and migprof's MPS daemon stopped however the steps ended (after the
 //! rows are written: a stop that goes badly loses no measurement).
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-
-use std::collections::BTreeSet;
 
 use super::generation_job::{self, GenerationJob, GenerationOutcome};
 use super::given::ServerSettings;
